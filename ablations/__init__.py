@@ -1,0 +1,18 @@
+"""WHAT to run: factors, designs (full / fractional factorial), scale ladders, studies (DESIGN §4-5).
+
+Pure Python + numpy + pydoe; never imports torch, so a design can be planned and costed anywhere.
+Entry points: `get_study(name)` -> Study (`.runs()`, `.describe()`); `fraction`, `full_factorial`,
+`arms` -> Design; `Factor`, `recipe_factor`, `get_factor`; `Rung`, `get_rung`.
+"""
+
+from ablations.designs import Design, arm_name, arms, fraction, full_factorial
+from ablations.factors import QUALITY_FACTORS, RECIPE_FACTORS, Factor, get_factor, recipe_factor
+from ablations.ladders import CPU_RUNGS, GPU_RUNGS, RUNGS, Rung, get_rung
+from ablations.studies import STUDIES, HeroPlan, Study, get_study
+
+__all__ = [
+    "Design", "arm_name", "arms", "fraction", "full_factorial",
+    "QUALITY_FACTORS", "RECIPE_FACTORS", "Factor", "get_factor", "recipe_factor",
+    "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "Rung", "get_rung",
+    "STUDIES", "HeroPlan", "Study", "get_study",
+]

@@ -1,0 +1,272 @@
+"""Scale ladders: rungs of one model family, each sized by tokens per active parameter.
+
+A `Rung` turns into (ModelConfig, TrainConfig): the preset plus overrides (width, depth, heads,
+experts), tokens = tokens_per_active_param x active parameters (rounded to whole steps), the batch,
+and peak learning rates from Marin's heuristic (`marin.config.LRHeuristic`, issue #5951).
+
+Parameter and FLOP counts come from `marin.flops` when that module provides them
+(`params_active(cfg, recipe)`, `params_total(cfg, recipe)`, `flops_per_token(cfg, recipe)`); until
+then from the analytic fallback below (Marin's per-layer active count, DESIGN §2.2, plus the 6N rule
+and causal / windowed attention). `counts_source()` says which one is in use. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from marin.config import LRHeuristic, ModelConfig, Recipe, TrainConfig, apply_overrides, preset
+
+# ---------------------------------------------------------------------------------------------
+# Parameter / FLOP accounting (marin.flops when present, else the fallback)
+# ---------------------------------------------------------------------------------------------
+
+
+def _flops_fn(name: str) -> Callable | None:
+    try:
+        from marin import flops  # noqa: PLC0415  (optional: written by the model helper)
+    except ImportError:
+        return None
+    return getattr(flops, name, None)
+
+
+def counts_source() -> str:
+    """'marin.flops' when it provides params_active, params_total and flops_per_token, else 'fallback'."""
+    ok = all(_flops_fn(n) is not None for n in ("params_active", "params_total", "flops_per_token"))
+    return "marin.flops" if ok else "fallback"
+
+
+def _layer_counts(cfg: ModelConfig, recipe: Recipe, layer: int) -> tuple[int, int]:
+    """(active, total) parameters of one block: Marin's count (attention, router, routed, latent,
+    shared) plus the small terms (attention gate, SConv kernels, norm gains)."""
+    d, H, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+    kv = cfg.kv_heads(layer)
+    g = cfg.moe_geometry(recipe)
+    attn = 2 * d * H * h + 2 * d * kv * h
+    gate = d * H if cfg.attn_gate else 0
+    router = d * g.n_experts
+    expert = 3 * g.width * g.hidden
+    latent = (2 * d * g.width + g.width) if g.latent else 0
+    shared = cfg.n_shared_experts * 3 * d * cfg.shared_hidden
+    sconv = 0
+    if recipe.sconv != "none":
+        width = {"k": kv * h, "v": kv * h, "attn_out": d, "mlp_out": d}
+        sconv = cfg.sconv_kernel * sum(width[s] for s in cfg.sconv_sites)
+    norms = 2 * d + (2 * h if recipe.qk_norm == "learned_gain" else 0)
+    common = attn + gate + router + latent + shared + sconv + norms
+    return common + g.top_k * expert, common + g.n_experts * expert
+
+
+def params_active(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
+    """Parameters touched per token: every block's active count plus lm_head (the input embedding
+    is a lookup and is not counted)."""
+    fn = _flops_fn("params_active")
+    if fn is not None:
+        return int(fn(cfg, recipe))
+    return sum(_layer_counts(cfg, recipe, l)[0] for l in range(cfg.n_layers)) + cfg.d_model * cfg.vocab_size + cfg.d_model
+
+
+def params_total(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
+    fn = _flops_fn("params_total")
+    if fn is not None:
+        return int(fn(cfg, recipe))
+    blocks = sum(_layer_counts(cfg, recipe, l)[1] for l in range(cfg.n_layers))
+    return blocks + 2 * cfg.d_model * cfg.vocab_size + cfg.d_model
+
+
+def _mean_context(seq_len: int, window: int | None) -> float:
+    """Mean number of keys a causal query attends to (window includes self)."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    w = window
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+
+
+def flops_per_token(cfg: ModelConfig, recipe: Recipe = Recipe(), seq_len: int | None = None) -> float:
+    """Training FLOPs per token: 6 x active matmul parameters + 12 x H x h x mean context per layer."""
+    fn = _flops_fn("flops_per_token")
+    if fn is not None:
+        return float(fn(cfg, recipe))
+    S = seq_len or cfg.seq_len
+    dense = 6 * params_active(cfg, recipe)
+    attn = sum(12 * cfg.n_heads * cfg.head_dim * _mean_context(S, None if cfg.is_global(l) else cfg.window)
+               for l in range(cfg.n_layers))
+    return float(dense + attn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rungs
+# ---------------------------------------------------------------------------------------------
+
+#: Optimizer levels whose `lr` is the MuonH/AdamH (hyperball) rate; the rest use the Adam rate.
+_HYPERBALL_LR = ("hyperball", "muon_adamw", "adamh")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One scale: a preset plus model overrides, a token budget, a batch and resources.
+
+    tokens = tokens_per_active_param x params_active(model, reference recipe), rounded up to whole
+    steps of batch_size x seq_len tokens. The reference recipe is `Recipe()` (all on) so every arm
+    of a study trains on the same tokens in the same order (paired comparisons, DESIGN §3), while its
+    own FLOPs differ (DESIGN §4.2 uses each run's own FLOPs).
+    """
+
+    name: str
+    preset: str
+    model_overrides: Any = ()  # Mapping[field, value] of ModelConfig (width/depth/heads/experts ...)
+    tokens_per_active_param: float = 60.0
+    batch_size: int = 8  # sequences per step
+    fixed_steps: int | None = None  # set the steps directly (CPU rungs sized by wall time); overrides tpp
+    device: str = "cpu"
+    precision: str = "fp32"
+    threads: int | None = 1
+    gpus: int = 0  # GPUs per run (0: CPU)
+    train_overrides: Any = ()  # Mapping[field, value] of TrainConfig (eval_every, log_every ...)
+    est_tokens_per_s: float | None = None  # CPU budgeting assumption, one run on its own core(s)
+    overhead_s: float = 0.0  # per-run start-up + eval + checkpoint estimate (budgeting only)
+    lr_heuristic: LRHeuristic = field(default_factory=LRHeuristic)
+
+    def __post_init__(self) -> None:
+        for attr in ("model_overrides", "train_overrides"):
+            v = getattr(self, attr)
+            object.__setattr__(self, attr, tuple(sorted(dict(v).items())) if isinstance(v, Mapping) else tuple(v))
+        if self.tokens_per_active_param <= 0:
+            raise ValueError(f"Rung {self.name!r}: tokens_per_active_param must be > 0, got {self.tokens_per_active_param}")
+        if self.fixed_steps is not None and self.fixed_steps < 1:
+            raise ValueError(f"Rung {self.name!r}: fixed_steps must be >= 1, got {self.fixed_steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"Rung {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        self.model()  # validates preset and overrides now, naming the field
+
+    def model(self) -> ModelConfig:
+        try:
+            cfg = preset(self.preset)
+            return apply_overrides(cfg, dict(self.model_overrides)) if self.model_overrides else cfg
+        except ValueError as e:
+            raise ValueError(f"Rung {self.name!r}: {e}") from None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.model().seq_len
+
+    def steps(self) -> int:
+        if self.fixed_steps is not None:
+            return self.fixed_steps
+        target = self.tokens_per_active_param * params_active(self.model(), Recipe())
+        return max(1, math.ceil(target / self.tokens_per_step))
+
+    def tokens(self) -> int:
+        return self.steps() * self.tokens_per_step
+
+    def lrs(self, recipe: Recipe = Recipe()) -> tuple[float, float]:
+        """(lr, adam_lr) from the heuristic: lr is MuonH's rate for hyperball-style optimizers and the
+        Adam rate for AdamW; adam_lr is the Adam group's rate."""
+        h = self.lr_heuristic
+        d = self.model().d_model
+        adam = h.adam_lr(self.tokens(), d, self.tokens_per_step)
+        lr = h.muonh_lr(self.tokens(), d, self.tokens_per_step) if recipe.optimizer in _HYPERBALL_LR else adam
+        return lr, adam
+
+    def train_config(self, recipe: Recipe = Recipe(), lr_multiplier: float = 1.0) -> TrainConfig:
+        """TrainConfig for one arm; `lr_multiplier` carries a per-arm tuned LR up the ladder (DESIGN §4.6)."""
+        if lr_multiplier <= 0:
+            raise ValueError(f"lr_multiplier must be > 0, got {lr_multiplier}")
+        lr, adam = self.lrs(recipe)
+        steps = self.steps()
+        base = dict(steps=steps, batch_size=self.batch_size, lr=lr * lr_multiplier, adam_lr=adam * lr_multiplier,
+                    device=self.device, precision=self.precision, threads=self.threads,
+                    eval_every=steps, checkpoint_every=max(1, steps // 4), log_every=max(1, min(10, steps // 20)))
+        base.update(dict(self.train_overrides))
+        try:
+            return TrainConfig(**base)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"Rung {self.name!r}: {e}") from None
+
+    def configs(self, recipe: Recipe = Recipe(), lr_multiplier: float = 1.0) -> tuple[ModelConfig, TrainConfig]:
+        return self.model(), self.train_config(recipe, lr_multiplier)
+
+    def est_wall_s(self) -> float | None:
+        """Budget estimate of one run's wall time on its own core(s); None without a throughput."""
+        if self.est_tokens_per_s is None:
+            return None
+        return self.tokens() / self.est_tokens_per_s + self.overhead_s
+
+    def describe(self, recipe: Recipe = Recipe()) -> dict:
+        cfg = self.model()
+        lr, adam = self.lrs(recipe)
+        out = {
+            "name": self.name, "preset": self.preset, "model_overrides": dict(self.model_overrides),
+            "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
+            "n_experts": cfg.n_experts, "top_k": cfg.top_k, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
+            "params_active": params_active(cfg, recipe), "params_total": params_total(cfg, recipe),
+            "tokens_per_active_param": round(self.tokens() / params_active(cfg, Recipe()), 4),
+            "tokens": self.tokens(),
+            "batch_size": self.batch_size, "tokens_per_step": self.tokens_per_step, "steps": self.steps(),
+            "lr_muonh": self.lr_heuristic.muonh_lr(self.tokens(), cfg.d_model, self.tokens_per_step),
+            "lr_adam": adam, "beta2": self.lr_heuristic.beta2(self.tokens_per_step),
+            "device": self.device, "precision": self.precision, "threads": self.threads, "gpus": self.gpus,
+            "flops_per_token": flops_per_token(cfg, recipe),
+        }
+        if self.est_tokens_per_s is not None:
+            out.update(est_tokens_per_s=self.est_tokens_per_s, est_wall_s=round(self.est_wall_s(), 1))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Ladders used by the studies
+# ---------------------------------------------------------------------------------------------
+
+#: CPU rungs for the smoke study (presets cpu_s/cpu_m/cpu_l; seq 128, byte vocab, 16 experts top-4,
+#: batch 8 = 1024 tokens per step). They are sized by wall time, not tokens per parameter: steps are
+#: fixed so the 48-run smoke fits 10 minutes on 2 cores (budget in `ablations.studies.smoke`).
+#: est_tokens_per_s assumes ONE thread per run with the other core busy with the other run. Measured
+#: 2026-11-29 (all-on recipe, 40 steps, 1 thread, machine shared with other jobs, load ~6 on 2 cores):
+#: cpu_s 7.9k tok/s (14.9 s wall incl. ~5 s start-up/eval), cpu_m 3.8k, cpu_l 0.96k (68.8 s, ~7 s overhead).
+#: The assumptions below are ~2-3x those contended numbers (one process per core); re-measure.
+CPU_RUNGS: dict[str, Rung] = {
+    "cpu_s": Rung("cpu_s", "cpu_s", fixed_steps=128, batch_size=8, est_tokens_per_s=15_000, overhead_s=6.0),
+    "cpu_m": Rung("cpu_m", "cpu_m", fixed_steps=64, batch_size=8, est_tokens_per_s=6_000, overhead_s=6.0),
+    "cpu_l": Rung("cpu_l", "cpu_l", fixed_steps=48, batch_size=8, est_tokens_per_s=3_000, overhead_s=7.0),
+}
+
+
+def _gpu(name: str, batch: int, gpus: int) -> Rung:
+    # Marin's fast ladder: 60 tokens per active parameter (DESIGN §2.2), bf16 on GPU.
+    return Rung(name, name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
+                threads=None, gpus=gpus, train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10})
+
+
+#: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096).
+GPU_RUNGS: dict[str, Rung] = {
+    "d512": _gpu("d512", 64, 1),
+    "d768": _gpu("d768", 128, 1),
+    "d1024": _gpu("d1024", 256, 8),
+    "d1536": _gpu("d1536", 512, 8),
+}
+
+RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS}
+
+
+def get_rung(rung: str | Rung) -> Rung:
+    if isinstance(rung, Rung):
+        return rung
+    if rung not in RUNGS:
+        raise ValueError(f"unknown rung {rung!r}; allowed values: {', '.join(RUNGS)}")
+    return RUNGS[rung]
+
+
+def ladder(names: "list[str | Rung] | tuple[str | Rung, ...]") -> tuple[Rung, ...]:
+    """Rungs by name (or Rung objects), validated, in the given order; names must be distinct."""
+    out = tuple(get_rung(r) for r in names)
+    if not out:
+        raise ValueError("a ladder needs at least one rung")
+    names_ = [r.name for r in out]
+    if len(set(names_)) != len(names_):
+        raise ValueError(f"rung names repeat: {names_}")
+    return out
+
+
+def with_rung(r: Rung, **changes: Any) -> Rung:
+    return replace(r, **changes)

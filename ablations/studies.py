@@ -1,0 +1,467 @@
+"""Studies: a design over factors, run at the rungs of a ladder with seed replicates (DESIGN §4–5).
+
+`Study.runs()` is what sweeps executes: a list of (RunSpec, meta) where meta is the run directory's
+meta.json (CONTRACTS: study, rung, arm, seed, design_row, factors). `Study.describe()` is what
+`marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
+rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
+
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs, <= 10 min.
+- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
+- marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
+- marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
+- noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
+- hero        GB200: the full recipe at 535B-A23B, 18T tokens, EP64 (plan and sbatch fields only).
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from marin.config import FACTORS, DataConfig, Recipe, RunSpec, TrainConfig, preset, to_dict
+
+from ablations.designs import Design, arm_name, arms, fraction, full_factorial
+from ablations.factors import QUALITY_FACTORS, Factor, apply_levels, check_levels, resolve_factors
+from ablations.ladders import Rung, counts_source, flops_per_token, ladder, params_active, params_total
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Cost assumptions: peak dense bf16 FLOP/s per accelerator and the model FLOPs utilisation."""
+
+    name: str
+    peak_flops: float
+    mfu: float
+
+    def gpu_hours(self, flops: float) -> float:
+        return flops / (self.peak_flops * self.mfu) / 3600.0
+
+
+#: H100/H200 SXM dense bf16 peak 989 TFLOP/s; MFU 0.20 for small MoE rungs (environment.md: the
+#: d1024-rung MoE block ran at 209-270 TFLOP/s fwd+bwd, i.e. 21-27% of peak, before attention/optimizer).
+H100 = Hardware("H100/H200 (989 TFLOP/s bf16 dense)", 989e12, 0.20)
+#: One GB200 GPU (NVL72: 180 PFLOP/s dense bf16 over 72 GPUs = 2.5 PFLOP/s each); MFU 0.30 assumed.
+GB200 = Hardware("GB200 NVL72 (2.5 PFLOP/s bf16 dense per GPU)", 2.5e15, 0.30)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hero run's resources (plan only)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeroPlan:
+    """Resources of the hero run on GB200 NVL72, and the fields sweeps needs to print its sbatch.
+
+    Assumptions: a SLURM node is one NVL72 compute tray = 4 B200 GPUs + 2 Grace CPUs (144 cores,
+    36 per GPU); a rack is 18 trays = 72 GPUs in one NVLink domain. EP64 = 16 trays of one rack, so
+    every all-to-all stays on NVLink (`--segment=16` asks SLURM's topology/block plugin to place each
+    16-node block within a rack; 2 trays per rack stay free as spares). Data parallel (FSDP2) over
+    the `ep_groups` replicas. One task per GPU started by srun (no torchrun), requeued on USR2.
+    """
+
+    ep_groups: int = 44
+    gpus_per_node: int = 4
+    cpus_per_node: int = 144
+    ep_size: int = 64
+    gpus_per_nvl_domain: int = 72
+    hbm_gib_per_gpu: float = 186.0
+    time_per_job: str = "04:00:00"
+    requeue_signal: str = "USR2@300"
+    hardware: Hardware = GB200
+
+    def __post_init__(self) -> None:
+        if self.ep_size % self.gpus_per_node:
+            raise ValueError(f"HeroPlan.ep_size={self.ep_size} must be a multiple of gpus_per_node={self.gpus_per_node}")
+        if self.ep_size > self.gpus_per_nvl_domain:
+            raise ValueError(f"HeroPlan.ep_size={self.ep_size} exceeds the NVLink domain of {self.gpus_per_nvl_domain} GPUs")
+        if self.ep_groups < 1:
+            raise ValueError(f"HeroPlan.ep_groups must be >= 1, got {self.ep_groups}")
+
+    @property
+    def gpus(self) -> int:
+        return self.ep_groups * self.ep_size
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def nodes_per_ep_group(self) -> int:
+        return self.ep_size // self.gpus_per_node
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.train.batch_size % self.gpus:
+            raise ValueError(f"HeroPlan: batch_size={spec.train.batch_size} sequences do not split over "
+                             f"{self.gpus} GPUs; allowed ep_groups divide {spec.train.batch_size // self.ep_size}")
+        g = spec.model.moe_geometry(spec.recipe)
+        if g.n_experts % self.ep_size:
+            raise ValueError(f"HeroPlan: {g.n_experts} experts do not split over ep_size={self.ep_size}")
+
+    def describe(self, spec: RunSpec) -> dict:
+        self.check(spec)
+        m, t = spec.model, spec.train
+        tokens = t.steps * t.batch_size * m.seq_len
+        fpt = flops_per_token(m, spec.recipe)
+        flops = fpt * tokens
+        rate = self.gpus * self.hardware.peak_flops * self.hardware.mfu
+        seconds = flops / rate
+        g = m.moe_geometry(spec.recipe)
+        n_total = params_total(m, spec.recipe)
+        routed = m.n_layers * g.n_experts * 3 * g.width * g.hidden
+        hours_per_job = _hours(self.time_per_job)
+        return {
+            "preset": "hero_535b",
+            "params_total": n_total, "params_active": params_active(m, spec.recipe),
+            "tokens": tokens, "steps": t.steps, "batch_sequences": t.batch_size, "seq_len": m.seq_len,
+            "flops_per_token": fpt, "train_flops": flops,
+            "hardware": self.hardware.name, "assumed_mfu": self.hardware.mfu,
+            "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "gpus": self.gpus,
+            "layout": {
+                "ep_size": self.ep_size, "ep_groups": self.ep_groups, "data_parallel_replicas": self.ep_groups,
+                "nodes_per_ep_group": self.nodes_per_ep_group,
+                "nvl72_racks": self.ep_groups,
+                "experts_per_gpu": g.n_experts // self.ep_size,
+                "routed_params_per_gpu_unsharded": routed // self.ep_size,
+                "sequences_per_gpu_per_step": t.batch_size // self.gpus,
+                "tokens_per_gpu_per_step": t.batch_size // self.gpus * m.seq_len,
+                # bf16 weights + fp32 master + one fp32 momentum (MuonH) ~ 10 B/param, FSDP-sharded over all GPUs
+                "state_gib_per_gpu_fsdp": round(10 * n_total / self.gpus / 2**30, 2),
+                "hbm_gib_per_gpu": self.hbm_gib_per_gpu,
+            },
+            "expected_seconds": seconds, "expected_days": seconds / 86400,
+            "gpu_hours": self.gpus * seconds / 3600,
+            "seconds_per_step": seconds / t.steps,
+            "jobs_of_time_limit": math.ceil(seconds / 3600 / hours_per_job),
+            "sbatch": self.sbatch_fields(),
+        }
+
+    def sbatch_fields(self) -> dict:
+        """What sweeps renders into `#SBATCH` lines (None: leave it to the cluster default / user)."""
+        return {
+            "job_name": "marin535-hero",
+            "nodes": self.nodes,
+            "ntasks_per_node": self.gpus_per_node,
+            "gpus_per_node": self.gpus_per_node,
+            "cpus_per_task": self.cpus_per_node // self.gpus_per_node,
+            "mem": "0",
+            "exclusive": True,
+            "segment": self.nodes_per_ep_group,
+            "time": self.time_per_job,
+            "signal": self.requeue_signal,
+            "requeue": True,
+            "partition": None,
+            "account": None,
+            "launcher": "srun",  # one task per GPU; torch.distributed from SLURM env, no torchrun
+            "env": {"OMP_NUM_THREADS": str(self.cpus_per_node // self.gpus_per_node)},
+        }
+
+
+def _hours(hms: str) -> float:
+    parts = [int(x) for x in hms.split(":")]
+    if len(parts) != 3:
+        raise ValueError(f"time {hms!r} must look like HH:MM:SS")
+    return parts[0] + parts[1] / 60 + parts[2] / 3600
+
+
+# ---------------------------------------------------------------------------------------------
+# Study
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Study:
+    """A design over factors x rungs x seeds.
+
+    Levels of recipe switches that are not factors come from `base_recipe`. Every arm at a given
+    (rung, seed) shares the data config, data seed, steps and batch (paired comparisons, DESIGN §3);
+    with `vary_data_seed` the data order changes with the seed replicate (data_seed + seed), so the
+    seed panel measures init and data-order noise together.
+    """
+
+    name: str
+    description: str
+    factors: tuple[Factor, ...]
+    design: Design
+    rungs: tuple[Rung, ...]
+    seeds: tuple[int, ...] = (0,)
+    data: DataConfig = field(default_factory=DataConfig)
+    base_recipe: Recipe = field(default_factory=Recipe)
+    executor: Any = ()  # Mapping of executor defaults for sweeps (stored as sorted pairs)
+    hardware: Hardware | None = None  # None: CPU study (costed by wall-time assumptions)
+    vary_data_seed: bool = True
+    companions: tuple[str, ...] = ()
+    hero: HeroPlan | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factors", resolve_factors(self.factors))
+        object.__setattr__(self, "rungs", ladder(self.rungs))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "companions", tuple(self.companions))
+        ex = self.executor
+        object.__setattr__(self, "executor", tuple(sorted(dict(ex).items())) if isinstance(ex, Mapping) else tuple(ex))
+        names = tuple(f.name for f in self.factors)
+        if self.design.factors != names:
+            raise ValueError(f"Study {self.name!r}: design factors {self.design.factors} differ from the study's {names}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
+            raise ValueError(f"Study {self.name!r}: seeds={self.seeds} must be distinct non-negative integers")
+
+    # ---- arms ----------------------------------------------------------------------------------
+    @property
+    def arm_names(self) -> list[str]:
+        return [arm_name(self.design, i) for i in range(self.design.n_runs)]
+
+    def levels(self, row: int) -> dict[str, str]:
+        """{factor: level name} of design row `row` (+1 = high = recipe level)."""
+        if not 0 <= row < self.design.n_runs:
+            raise ValueError(f"design_row={row}; allowed values: 0..{self.design.n_runs - 1}")
+        return {f.name: f.level(c) for f, c in zip(self.factors, self.design.matrix[row])}
+
+    def _rung(self, rung: str | Rung) -> Rung:
+        name = rung.name if isinstance(rung, Rung) else rung
+        for r in self.rungs:
+            if r.name == name:
+                return r
+        raise ValueError(f"Study {self.name!r} has no rung {name!r}; allowed values: {', '.join(r.name for r in self.rungs)}")
+
+    def spec(self, rung: str | Rung, levels: Mapping[str, str], seed: int, lr_multiplier: float = 1.0) -> RunSpec:
+        """The RunSpec of one arm (any level combination, not only design rows) at a rung and seed."""
+        r = self._rung(rung)
+        check_levels(self.factors, levels)
+        missing = [f.name for f in self.factors if f.name not in levels]
+        if missing:
+            raise ValueError(f"levels miss factor(s) {missing}; every factor of study {self.name!r} needs a level")
+        model = r.model()
+        data = self.data
+        if data.tokenizer == "bpe":
+            data = replace(data, bpe_vocab=model.vocab_size)
+        if self.vary_data_seed:
+            data = replace(data, data_seed=self.data.data_seed + seed)
+        # the arm's optimizer picks which heuristic LR is `lr`, so resolve the recipe first
+        recipe = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=TrainConfig(),
+                              data=data)["recipe"]
+        train = r.train_config(recipe, lr_multiplier)
+        s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
+        return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
+
+    def _factor(self, name: str) -> Factor:
+        for f in self.factors:
+            if f.name == name:
+                return f
+        raise ValueError(f"unknown factor {name!r}; allowed values: {', '.join(f.name for f in self.factors)}")
+
+    def runs(self, lr_multipliers: Mapping[str, float] | None = None,
+             rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
+        """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
+
+        meta = {"study", "rung", "arm", "seed", "design_row", "factors": {factor: level}} (meta.json).
+        `lr_multipliers` {arm name: multiplier} scales that arm's heuristic LRs (per-arm tuning);
+        `rungs` restricts to some rungs (e.g. the smallest, for tuning).
+        """
+        names = self.arm_names
+        mult = dict(lr_multipliers or {})
+        bad = [a for a in mult if a not in names]
+        if bad:
+            raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(names)}")
+        chosen = self.rungs if rungs is None else tuple(self._rung(r) for r in rungs)
+        out: list[tuple[RunSpec, dict]] = []
+        for r in chosen:
+            for seed in self.seeds:
+                for row, arm in enumerate(names):
+                    lv = self.levels(row)
+                    spec = self.spec(r, lv, seed, mult.get(arm, 1.0))
+                    out.append((spec, {"study": self.name, "rung": r.name, "arm": arm, "seed": seed,
+                                       "design_row": row, "factors": lv}))
+        ids = [s.run_id for s, _ in out]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
+        return out
+
+    # ---- plan ----------------------------------------------------------------------------------
+    def describe(self, alias_order: int = 3) -> dict:
+        """Everything `plan --json` prints: design and alias structure, runs per rung/seed, cost."""
+        d = self.design.describe(alias_order)
+        n_rows, n_seeds = self.design.n_runs, len(self.seeds)
+        par = int(dict(self.executor).get("max_parallel", 1))
+        rung_rows, total_flops, total_wall, total_gpuh = [], 0.0, 0.0, 0.0
+        specs = {(r.name, row): self.spec(r, self.levels(row), self.seeds[0]) for r in self.rungs for row in range(n_rows)}
+        for r in self.rungs:
+            info = r.describe(self.base_recipe)
+            flops = n_seeds * sum(flops_per_token(s.model, s.recipe) * r.tokens()
+                                  for (rn, _), s in specs.items() if rn == r.name)
+            info.update(n_runs=n_rows * n_seeds, train_flops=flops)
+            if self.hardware is not None:
+                gh = self.hardware.gpu_hours(flops)
+                per_run_h = gh / (n_rows * n_seeds)
+                wall_h = per_run_h / max(1, r.gpus)
+                # a SLURM time limit with 50% headroom, at least 30 min
+                info.update(gpu_hours=gh, gpu_hours_per_run=per_run_h, wall_hours_per_run=wall_h,
+                            timeout_min=max(30, math.ceil(1.5 * wall_h * 60)))
+                total_gpuh += gh
+            if r.est_wall_s() is not None:
+                info.update(core_seconds=r.est_wall_s() * n_rows * n_seeds,
+                            timeout_min=max(2, math.ceil(3 * r.est_wall_s() / 60)))
+                total_wall += r.est_wall_s() * n_rows * n_seeds
+            total_flops += flops
+            rung_rows.append(info)
+        cost: dict[str, Any] = {"train_flops": total_flops, "counts_source": counts_source()}
+        if self.hardware is not None:
+            cost.update(hardware=self.hardware.name, assumed_mfu=self.hardware.mfu, gpu_hours=total_gpuh)
+        if total_wall:
+            cost.update(est_core_seconds=total_wall, max_parallel=par, est_wall_s=total_wall / par)
+        fixed = {k: getattr(self.base_recipe, k) for k in FACTORS
+                 if not any(f.field == f"recipe.{k}" for f in self.factors)}
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "factors": [f.to_dict() for f in self.factors],
+            "fixed_recipe": fixed,
+            "design": d,
+            "kind": d["kind"],
+            "resolution": d["resolution"],
+            "defining_relation": d["defining_relation"],
+            "alias_table": d["alias_table"],
+            "all_2fi_estimable": d["all_2fi_estimable"],
+            "arms": self.arm_names,
+            "n_runs_per_rung_seed": n_rows,
+            "seeds": list(self.seeds),
+            "rungs": rung_rows,
+            "n_runs": n_rows * n_seeds * len(self.rungs),
+            "n_runs_by_rung": {r.name: n_rows * n_seeds for r in self.rungs},
+            "data": to_dict(self.data),
+            "vary_data_seed": self.vary_data_seed,
+            "executor": dict(self.executor),
+            "cost": cost,
+            "companions": list(self.companions),
+        }
+        if self.hero is not None:
+            out["hero"] = self.hero.describe(self.spec(self.rungs[0], self.levels(0), self.seeds[0]))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The registered studies
+# ---------------------------------------------------------------------------------------------
+
+_CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
+                 "timeout_min": 10}
+_GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (DESIGN §2.2)
+
+
+def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s", "cpu_m", "cpu_l")) -> Study:
+    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, at three CPU rungs.
+
+    Design: 16 arms, generators chosen by pydoe.fracfact_by_res(7, 4) and verified (resolution IV:
+    main effects clear of 2FIs; 2FIs aliased in threes). The all-on and all-off arms are in the
+    fraction. ep_transport stays a factor: virtual-EP drops (fixed cf 1.33 vs ragged cf 1.15 over 4
+    shards) change the trained model even on CPU.
+
+    Budget (2 cores, one thread per run, 2 runs at a time; 1024 tokens per step):
+        rung   steps  tokens   assumed tok/s  train s  + overhead s  = per run
+        cpu_s   128   131,072     15,000        8.7        6.0         14.7
+        cpu_m    64    65,536      6,000       10.9        6.0         16.9
+        cpu_l    48    49,152      3,000       16.4        7.0         23.4
+        per arm (3 rungs) 55.0 core-s x 16 arms x 1 seed = 881 core-s / 2 cores = 440 s <= 600 s.
+    Train FLOPs per arm grow ~8.6e10 -> 1.25e11 -> 2.1e11 across the rungs (the reference law needs
+    three rungs). A second seed doubles the time (use `noise_cpu` for seed noise instead). Measured on
+    this machine while other jobs loaded it (load ~6.5 on 2 cores, all-on arm, 1 thread): cpu_s 7.9k,
+    cpu_m 3.8k, cpu_l 0.96k tok/s; at those speeds the study takes ~14 min, so run it on a quiet machine
+    (or pass rungs=("cpu_s", "cpu_m")).
+    """
+    names = list(FACTORS)
+    design = fraction(names, resolution=4)
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, 3 CPU rungs, <= 10 min on 2 cores",
+                 tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
+                 _CPU_EXECUTOR, None, True, ("noise_cpu",))
+
+
+def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("cpu_s",)) -> Study:
+    """Seed panel on CPU: all-on and all-off over the seven factors, 5 seeds at cpu_s (10 runs,
+    ~10 x 14.7 core-s = 147 core-s, ~75 s on 2 cores)."""
+    names = list(FACTORS)
+    return Study("noise_cpu", "CPU seed panel: all-on vs all-off, 5 seeds at cpu_s", tuple(names),
+                 arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
+                 _CPU_EXECUTOR, None, True, ("smoke",))
+
+
+def _gpu_executor(**extra: Any) -> dict:
+    # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
+    ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
+          "slurm_array_parallelism": 32}
+    ex.update(extra)
+    return ex
+
+
+def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[int] = (0,),
+             include_d1536: bool = False) -> Study:
+    """The six quality factors, 2^(6-1) half fraction F=ABCDE (I=ABCDEF, resolution VI): every main
+    effect and 2FI is clear (main effects alias 5FIs, 2FIs alias 4FIs). EP transport fixed at the
+    recipe's ragged (cf 1.15) so drops do not confound the quality factors; it has its own study
+    (`marin535_ep`). Seed noise comes from `noise`. One GPU per run at d512/d768 (virtual EP over 8
+    shards), 8 GPUs at d1024/d1536. Cost at the assumed 20% MFU on H100/H200 in `describe()`."""
+    names = list(QUALITY_FACTORS)
+    design = fraction(names, generators=["F=ABCDE"], resolution=6)
+    rs = tuple(rungs) + (("d1536",) if include_d1536 and "d1536" not in rungs else ())
+    return Study("marin535", "Six quality factors of the Marin 535B recipe, 2^(6-1) resolution VI (F=ABCDE)",
+                 tuple(names), design, ladder(rs), tuple(seeds), _GPU_DATA, Recipe(), _gpu_executor(), H100, True,
+                 ("marin535_ep", "noise"))
+
+
+def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[int] = (0, 1)) -> Study:
+    """EP transport alone: ragged (pooled receiver cf 1.15) vs fixed (per sender-expert cf 1.33), the
+    other six switches at the recipe level. Measures drop rate, its quality cost and throughput; runs
+    use the real EP transport over 8 GPUs (one EP group), so tokens/s and MFU are comparable."""
+    design = full_factorial(["ep_transport"])
+    eight = tuple(replace(r, gpus=8) for r in ladder(rungs))
+    return Study("marin535_ep", "EP transport (ragged vs fixed): drops, quality and throughput, 2 arms",
+                 ("ep_transport",), design, eight, tuple(seeds), _GPU_DATA, Recipe(),
+                 _gpu_executor(gpus_per_run=8, ep="real", ep_size=8), H100, True, ("marin535",))
+
+
+def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512",)) -> Study:
+    """Seed panel: the all-on and all-off arms of the six quality factors, 5 seeds at d512 (10 runs),
+    run before the factorial to size its replication (DESIGN §4.5)."""
+    names = list(QUALITY_FACTORS)
+    return Study("noise", "Seed panel: all-on vs all-off over the six quality factors, 5 seeds at d512",
+                 tuple(names), arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), _GPU_DATA,
+                 Recipe(), _gpu_executor(), H100, True, ("marin535",))
+
+
+def hero(ep_groups: int = 44, corpus: str = "embedded") -> Study:
+    """The full recipe at 535B-A23B on GB200 NVL72 (DESIGN §2.2): 390,251 steps x 11,264 x 4,096 tokens
+    (18.0T), EP64 within a rack, `ep_groups` data-parallel replicas (default 44 -> 704 nodes, 2,816
+    GPUs, 4 sequences per GPU per step). A plan: sweeps prints the sbatch from `describe()["hero"]`.
+    `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder."""
+    plan = HeroPlan(ep_groups=ep_groups)
+    model = preset("hero_535b")
+    steps, batch = 390_251, 11_264
+    tokens = steps * batch * model.seq_len
+    rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
+                batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
+                train_overrides={"eval_every": 5_000, "checkpoint_every": 1_000, "log_every": 10})
+    names = list(FACTORS)
+    return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
+                 tuple(names), arms(names, ["all_on"]), (rung,), (0,),
+                 DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),
+                 {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
+                 False, (), plan)
+
+
+#: Study builders by name; `get_study(name, **kwargs)` builds one.
+STUDIES: dict[str, Callable[..., Study]] = {
+    "smoke": smoke,
+    "noise_cpu": noise_cpu,
+    "marin535": marin535,
+    "marin535_ep": marin535_ep,
+    "noise": noise,
+    "hero": hero,
+}
+
+
+def get_study(name: str, **kwargs: Any) -> Study:
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)}")
+    return STUDIES[name](**kwargs)

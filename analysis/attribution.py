@@ -1,0 +1,425 @@
+"""Effects-coded attribution of ln M to the recipe components (DESIGN §4.3–4).
+
+Model. Each study factor i is coded x_i = +1 (recipe level) / −1 (baseline level); z = ln(C/C_ref)
+with C the run's own analytic FLOPs and C_ref the geometric mean compute of the study. The response
+y (ln M_flop, ln R or ln M_flop·R) is fitted by OLS on
+
+    y = b0 + b_z·z + Σ_i β_i x_i + Σ_{i<j} β_ij x_i x_j + Σ_i γ_i x_i z
+
+(z terms only when the study spans ≥ 2 rungs). Standard errors are heteroskedasticity-robust (HC2
+by default), plus the propagated uncertainty of the reference law (delta method), t with n − p df.
+
+Per component i, with f(S) = predicted y of the arm with the factors in S on, the rest off, at z:
+  * Shapley φ_i = Σ_{S∌i} |S|!(k−|S|−1)!/k! [f(S∪i) − f(S)]; with this model φ_i = 2β_i + 2γ_i z
+    (an x_i x_j term is +1 at all-on and at all-off, so it adds nothing to the total and splits 0/0);
+  * leave-one-out LOO_i = f(N) − f(N∖i) = φ_i + 2Σ_j β_ij   (what papers report, from all-on);
+  * add-one-in AOI_i = f({i}) − f(∅) = φ_i − 2Σ_j β_ij       (from all-off).
+The component multiplier is exp(φ_i) = exp(2β_i + 2γ_i z): the all-off → all-on change of factor
+i averaged over the others. Σ_i φ_i = f(N) − f(∅), the total gain. These are computed generically by
+enumerating the 2^k arms over the fitted model; tests check the closed forms.
+
+Aliasing. Candidate columns identical up to sign (a regular fraction) form alias groups; such an
+estimate is only ever reported for the group (e.g. "xsa:sconv = −qk_norm:optimizer"). A column
+that is another linear combination (missing runs) is not estimable. A contrast is reported only if
+it lies in the row space of the design matrix (is estimable), otherwise as not estimable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from math import factorial
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.levels import code_level
+
+HC_TYPES = ("HC0", "HC1", "HC2", "HC3")
+
+
+@dataclass(frozen=True)
+class Term:
+    """A model column: product of the coded factors in `factors`, times z when `scale`."""
+
+    factors: tuple[str, ...]
+    scale: bool = False
+
+    @property
+    def name(self) -> str:
+        base = ":".join(self.factors) if self.factors else ("intercept" if not self.scale else "")
+        if self.scale:
+            return f"{base}:logC" if base else "logC"
+        return base
+
+    @property
+    def kind(self) -> str:
+        if not self.factors:
+            return "scale" if self.scale else "intercept"
+        if len(self.factors) == 1:
+            return "main_x_scale" if self.scale else "main"
+        return "2fi"
+
+
+def build_terms(factors: list[str], *, interactions: bool = True, scale: bool = False) -> list[Term]:
+    """Hierarchical order: intercept, logC, main effects, two-factor interactions, factor×logC."""
+    terms = [Term(())]
+    if scale:
+        terms.append(Term((), True))
+    terms += [Term((f,)) for f in factors]
+    if interactions:
+        terms += [Term(p) for p in itertools.combinations(factors, 2)]
+    if scale:
+        terms += [Term((f,), True) for f in factors]
+    return terms
+
+
+def design_matrix(terms: list[Term], factors: list[str], X_nk: np.ndarray, z_n: np.ndarray) -> np.ndarray:
+    """Columns of `terms` evaluated at coded factors X_nk (±1) and z_n."""
+    col = {f: i for i, f in enumerate(factors)}
+    out = np.ones((X_nk.shape[0], len(terms)))
+    for j, t in enumerate(terms):
+        for f in t.factors:
+            out[:, j] *= X_nk[:, col[f]]
+        if t.scale:
+            out[:, j] *= z_n
+    return out
+
+
+@dataclass
+class AliasStructure:
+    """Which candidate columns are estimated; alias groups (same column up to sign); the rest."""
+
+    kept: np.ndarray  # bool (p,)
+    groups: list[list[tuple[int, int]]]  # each group: [(term index, sign relative to the first)]
+    not_estimable: dict[int, list[int]]  # dropped column -> kept columns it is a combination of
+    rowspace_V: np.ndarray  # (p, r) orthonormal basis of the design's row space
+
+    def group_of(self, j: int) -> list[tuple[int, int]] | None:
+        for g in self.groups:
+            if any(j == t for t, _ in g):
+                return g
+        return None
+
+
+def alias_structure(Xf: np.ndarray, tol: float = 1e-9) -> AliasStructure:
+    """Greedy rank in hierarchical order + ±identical-column groups (our own check, no library)."""
+    n, p = Xf.shape
+    norms = np.linalg.norm(Xf, axis=0)
+    kept = np.zeros(p, bool)
+    Q = np.zeros((n, 0))
+    for j in range(p):
+        if norms[j] <= tol:
+            continue
+        v = Xf[:, j] - Q @ (Q.T @ Xf[:, j]) if Q.shape[1] else Xf[:, j].copy()
+        v = v - Q @ (Q.T @ v) if Q.shape[1] else v  # re-orthogonalise for stability
+        if np.linalg.norm(v) > 1e-7 * norms[j]:
+            kept[j] = True
+            Q = np.column_stack([Q, v / np.linalg.norm(v)])
+    groups: list[list[tuple[int, int]]] = []
+    not_est: dict[int, list[int]] = {}
+    K = np.flatnonzero(kept)
+    for j in np.flatnonzero(~kept):
+        if norms[j] <= tol:
+            not_est[int(j)] = []
+            continue
+        match = None
+        for k in K:
+            for s in (1, -1):
+                if np.allclose(Xf[:, j], s * Xf[:, k], atol=1e-9 * max(norms[k], 1.0)):
+                    match = (int(k), s)
+                    break
+            if match:
+                break
+        if match:
+            g = next((g for g in groups if g[0][0] == match[0]), None)
+            if g is None:
+                g = [(match[0], 1)]
+                groups.append(g)
+            g.append((int(j), match[1]))
+        else:
+            coef, *_ = np.linalg.lstsq(Xf[:, K], Xf[:, j], rcond=None)
+            not_est[int(j)] = [int(K[i]) for i in np.flatnonzero(np.abs(coef) > 1e-8)]
+    _, s, Vt = np.linalg.svd(Xf, full_matrices=False)
+    r = int(np.sum(s > 1e-9 * (s[0] if len(s) else 1.0)))
+    return AliasStructure(kept=kept, groups=groups, not_estimable=not_est, rowspace_V=Vt[:r].T)
+
+
+@dataclass
+class EffectsFit:
+    """Fitted coefficients over all candidate terms (0 for dropped ones) and their covariance."""
+
+    response: str
+    factors: list[str]
+    terms: list[Term]
+    alias: AliasStructure
+    theta: np.ndarray  # (p,) full
+    cov: np.ndarray  # (p, p) full
+    dof: int
+    n: int
+    resid: np.ndarray
+    leverage: np.ndarray
+    X: np.ndarray  # (n, p) full candidate design
+    z_ref: float = 0.0
+    method: str = "ols-HC2"
+    notes: list[str] = field(default_factory=list)
+
+    def estimable(self, c: np.ndarray) -> bool:
+        V = self.alias.rowspace_V
+        return bool(np.linalg.norm(c - V @ (V.T @ c)) <= 1e-7 * max(np.linalg.norm(c), 1e-12))
+
+    def contrast(self, c: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float, bool]:
+        """(estimate, se, lo, hi, estimable) of c·θ; NaN for a contrast the design cannot estimate."""
+        if not self.estimable(c):
+            return (np.nan, np.nan, np.nan, np.nan, False)
+        q = _t_quantile(level, self.dof)
+        est = float(c @ self.theta)
+        se = float(np.sqrt(max(c @ self.cov @ c, 0.0)))
+        return (est, se, est - q * se, est + q * se, True)
+
+    def term_label(self, j: int) -> str:
+        g = self.alias.group_of(j)
+        if g is None:
+            return self.terms[j].name
+        return " = ".join(("−" if s < 0 else "") + self.terms[t].name for t, s in g)
+
+    def coef_table(self, level: float = 0.95) -> pd.DataFrame:
+        """One row per estimated column (alias groups as one row, labelled with all members)."""
+        rows = []
+        for j in np.flatnonzero(self.alias.kept):
+            c = np.zeros(len(self.terms))
+            c[j] = 1
+            est, se, lo, hi, _ = self.contrast(c, level)
+            t = est / se if se > 0 else np.nan
+            p = 2 * stats.t.sf(abs(t), max(self.dof, 1)) if np.isfinite(t) and self.dof > 0 else np.nan
+            rows.append({"term": self.term_label(j), "kind": self.terms[j].kind, "estimate": est, "se": se,
+                         "t": t, "p": p, "lo": lo, "hi": hi, "aliased": self.alias.group_of(j) is not None})
+        return pd.DataFrame(rows)
+
+    def predict_phi(self, X_mk: np.ndarray, z: float | np.ndarray) -> np.ndarray:
+        z_m = np.broadcast_to(np.asarray(z, float), (X_mk.shape[0],))
+        return design_matrix(self.terms, self.factors, X_mk, z_m)
+
+
+_TQ: dict[tuple[float, int], float] = {}
+
+
+def _t_quantile(level: float, dof: int) -> float:
+    """Two-sided t critical value (cached: contrasts are many, df few)."""
+    if dof <= 0:
+        return float("nan")
+    key = (level, dof)
+    if key not in _TQ:
+        _TQ[key] = float(stats.t.ppf(0.5 + level / 2, dof))
+    return _TQ[key]
+
+
+def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
+    XtX_inv = np.linalg.pinv(Xk.T @ Xk)
+    theta = XtX_inv @ (Xk.T @ y)
+    e = y - Xk @ theta
+    h = np.einsum("ij,jk,ik->i", Xk, XtX_inv, Xk)
+    n, p = Xk.shape
+    one_minus_h = np.clip(1 - h, 0, None)
+    safe = one_minus_h > 1e-10
+    if hc == "HC0":
+        w = e**2
+    elif hc == "HC1":
+        w = e**2 * n / max(n - p, 1)
+    elif hc == "HC2":
+        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1), 0.0)
+    else:
+        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1) ** 2, 0.0)
+    meat = (Xk * w[:, None]).T @ Xk
+    cov = XtX_inv @ meat @ XtX_inv
+    return theta, cov, e, h, XtX_inv
+
+
+def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
+                response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC2",
+                extra_jac: np.ndarray | None = None, extra_cov: np.ndarray | None = None,
+                groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
+    """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed).
+
+    `extra_jac` (n × q) and `extra_cov` (q × q) add the uncertainty of quantities every y shares
+    (the reference law): cov += G·extra_cov·Gᵀ with G = (XᵀX)⁻¹Xᵀ·extra_jac.
+    """
+    if hc not in HC_TYPES:
+        raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
+    terms = build_terms(factors, interactions=interactions, scale=scale)
+    Xf = design_matrix(terms, factors, X_nk, z_n)
+    al = alias_structure(Xf)
+    K = np.flatnonzero(al.kept)
+    Xk = Xf[:, K]
+    theta_k, cov_k, e, h, XtX_inv = _ols(Xk, y_n, hc)
+    method = f"ols-{hc}"
+    notes: list[str] = []
+    if mixed:
+        if groups is None:
+            raise ValueError("mixed=True needs groups (the seed of each run)")
+        import statsmodels.api as sm
+
+        import warnings
+
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = sm.MixedLM(y_n, Xk, groups=np.asarray(groups)).fit(reml=True)
+            msgs = list(dict.fromkeys(str(w.message) for w in caught))
+            if msgs:
+                notes.append(f"mixed model: {len(msgs)} optimizer warning(s), e.g. {msgs[-1]!r}")
+            theta_k = np.asarray(res.fe_params)
+            cov_k = np.asarray(res.cov_params())[: len(K), : len(K)]
+            e = y_n - Xk @ theta_k
+            method = "mixedlm-seed"
+        except Exception as ex:  # singular random-effect fits fall back to OLS, with a note
+            notes.append(f"mixed model failed ({type(ex).__name__}: {ex}); OLS used")
+    if extra_jac is not None and extra_cov is not None:
+        J = np.nan_to_num(extra_jac)
+        G = XtX_inv @ Xk.T @ J
+        cov_k = cov_k + G @ np.nan_to_num(extra_cov) @ G.T
+    p = len(terms)
+    theta = np.zeros(p)
+    theta[K] = theta_k
+    cov = np.zeros((p, p))
+    cov[np.ix_(K, K)] = cov_k
+    dof = len(y_n) - len(K)
+    if dof <= 0:
+        notes.append("saturated design: no residual degrees of freedom, no standard errors")
+    return EffectsFit(response=response, factors=list(factors), terms=terms, alias=al, theta=theta, cov=cov,
+                      dof=dof, n=len(y_n), resid=e, leverage=h, X=Xf, method=method, notes=notes)
+
+
+def all_arms(k: int) -> np.ndarray:
+    """(2^k, k) coded arms; row index bit i set ⇔ factor i on."""
+    m = np.arange(2**k)
+    return np.where((m[:, None] >> np.arange(k)[None, :]) & 1, 1.0, -1.0)
+
+
+def component_contrasts(fit: EffectsFit, z: float) -> dict[str, np.ndarray]:
+    """Contrast vectors over θ: shapley, loo, aoi (each k × p) and total (p,), at z, by enumeration."""
+    k = len(fit.factors)
+    if k > 12:
+        raise ValueError(f"factors: {k} factors; enumeration supports at most 12")
+    A = all_arms(k)
+    Phi = fit.predict_phi(A, z)  # (2^k, p)
+    m = np.arange(2**k)
+    size = np.array([bin(i).count("1") for i in m])
+    full, empty = 2**k - 1, 0
+    shap = np.zeros((k, Phi.shape[1]))
+    loo = np.zeros_like(shap)
+    aoi = np.zeros_like(shap)
+    for i in range(k):
+        bit = 1 << i
+        S = m[(m & bit) == 0]
+        w = np.array([factorial(s) * factorial(k - s - 1) / factorial(k) for s in size[S]])
+        shap[i] = w @ (Phi[S | bit] - Phi[S])
+        loo[i] = Phi[full] - Phi[full & ~bit]
+        aoi[i] = Phi[bit] - Phi[empty]
+    return {"shapley": shap, "loo": loo, "aoi": aoi, "total": Phi[full] - Phi[empty]}
+
+
+def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: np.ndarray | None = None,
+                    loo_fit: EffectsFit | None = None, loo_boot: np.ndarray | None = None) -> pd.DataFrame:
+    """Per component: Shapley, LOO, AOI on the ln scale, CIs (analytic; bootstrap when given).
+
+    `loo_fit` (with `loo_boot`): the model LOO/AOI come from when `fit` is a reduced (main-effects)
+    model used for the Shapley values because the full model cannot estimate them.
+    """
+    cc = component_contrasts(fit, z)
+    cl = component_contrasts(loo_fit, z) if loo_fit is not None else cc
+    rows = []
+    for i, f in enumerate(fit.factors + ["TOTAL"]):
+        row = {"response": fit.response, "component": f}
+        for kind in ("shapley", "loo", "aoi"):
+            use_loo = loo_fit is not None and kind != "shapley"
+            src, bt, ccs = (loo_fit, loo_boot, cl) if use_loo else (fit, boot_theta, cc)
+            c = ccs["total"] if f == "TOTAL" else ccs[kind][i]
+            est, se, lo, hi, ok = src.contrast(c, level)
+            row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok})
+            if bt is not None and ok:
+                b = bt @ c
+                q = (1 - level) / 2
+                row[f"{kind}_boot_lo"], row[f"{kind}_boot_hi"] = (float(x) for x in np.nanquantile(b, [q, 1 - q]))
+            else:
+                row[f"{kind}_boot_lo"] = row[f"{kind}_boot_hi"] = np.nan
+        row["aliased_with"] = _component_alias_note(loo_fit or fit, f)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _component_alias_note(fit: EffectsFit, f: str) -> str:
+    notes = []
+    for j, t in enumerate(fit.terms):
+        if f in t.factors and fit.alias.group_of(j) is not None:
+            lab = fit.term_label(j)
+            if lab not in notes:
+                notes.append(lab)
+    return "; ".join(notes)
+
+
+def interaction_matrix(fit: EffectsFit) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """2β_ij (the ln-scale interaction on the all-on vs all-off contrast scale) and estimability."""
+    est = pd.DataFrame(np.nan, index=fit.factors, columns=fit.factors)
+    ali = pd.DataFrame(False, index=fit.factors, columns=fit.factors)
+    for j, t in enumerate(fit.terms):
+        if t.kind == "2fi":
+            a, b = t.factors
+            c = np.zeros(len(fit.terms))
+            c[j] = 2.0
+            e, *_ = fit.contrast(c)
+            aliased = fit.alias.group_of(j) is not None
+            if aliased or not np.isfinite(e):
+                e = np.nan
+            est.loc[a, b] = est.loc[b, a] = e
+            ali.loc[a, b] = ali.loc[b, a] = aliased
+    return est, ali
+
+
+def anova_table(fit: EffectsFit) -> pd.DataFrame:
+    """Drop-one (Type III with ±1 coding) sums of squares per estimated column, F tests."""
+    K = np.flatnonzero(fit.alias.kept)
+    Xk = fit.X[:, K]
+    y = fit.X[:, K] @ fit.theta[K] + fit.resid
+    rss_full = float(fit.resid @ fit.resid)
+    dof = fit.dof
+    mse = rss_full / dof if dof > 0 else np.nan
+    rows = []
+    for pos, j in enumerate(K):
+        if fit.terms[j].kind == "intercept":
+            continue
+        Xr = np.delete(Xk, pos, axis=1)
+        beta, *_ = np.linalg.lstsq(Xr, y, rcond=None)
+        ss = float(np.sum((y - Xr @ beta) ** 2) - rss_full)
+        F = ss / mse if dof > 0 and mse > 0 else np.nan
+        p = float(stats.f.sf(F, 1, dof)) if np.isfinite(F) else np.nan
+        rows.append({"term": fit.term_label(j), "df": 1, "sum_sq": ss, "mean_sq": ss, "F": F, "p": p})
+    rows.append({"term": "Residual", "df": dof, "sum_sq": rss_full, "mean_sq": mse, "F": np.nan, "p": np.nan})
+    return pd.DataFrame(rows)
+
+
+def code_table(df: pd.DataFrame, factors: list[str], third_levels: str = "error") -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Coded (n, k) ±1 matrix of `factors`; rows at a third level raise (or are dropped, noted)."""
+    if third_levels not in ("error", "drop"):
+        raise ValueError(f"third_levels {third_levels!r}; allowed values: error, drop")
+    codes = np.zeros((len(df), len(factors)))
+    keep = np.ones(len(df), bool)
+    notes = []
+    for i, f in enumerate(factors):
+        c = np.array([code_level(f, lv) if isinstance(lv, str) else None for lv in df[f]], dtype=object)
+        bad = np.array([v is None for v in c])
+        if bad.any():
+            levels = sorted({str(v) for v in df[f][bad]})
+            from analysis.levels import BASELINE_LEVEL, RECIPE_LEVEL
+
+            if third_levels == "error":
+                raise ValueError(
+                    f"factor {f!r} has level(s) {', '.join(levels)} outside the two-level attribution; allowed "
+                    f"values: {RECIPE_LEVEL[f]} (recipe, +1), {BASELINE_LEVEL[f]} (baseline, −1); "
+                    "restrict the table to two levels (third_levels='drop')")
+            notes.append(f"factor {f}: {int(bad.sum())} run(s) at level(s) {', '.join(levels)} left out "
+                         "(two-level attribution)")
+            keep &= ~bad
+        codes[:, i] = np.where(bad, 0, c).astype(float)
+    return codes, keep, notes

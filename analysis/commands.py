@@ -1,0 +1,104 @@
+"""`marin-ablate analyze` and `marin-ablate forecast` (issue 6). No torch anywhere on this path."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+
+STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
+
+
+def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
+    """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/."""
+    from analysis.results import load_table
+
+    p = Path(study)
+    cands = [p]
+    if not p.is_absolute():
+        for root in (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results"):
+            if root:
+                cands.append(Path(root) / study)
+    for c in cands:
+        if c.is_file():
+            return c.parent, load_table(c)
+        if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
+            return c, load_table(c)
+    raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
+                     f".parquet, or a name under ${STUDY_ROOTS_ENV}, studies/, runs/, results/ (tried "
+                     f"{', '.join(map(str, cands))})")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", metavar="STUDY", help="study directory, results.parquet, or study name")
+    parser.add_argument("--pin-linf", type=float, default=None, help="pin L∞ of the reference law")
+    parser.add_argument("--pin-alpha", type=float, default=None, help="pin α of the reference law")
+    parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (0: none)")
+    parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
+                        help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
+    parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC2", help="robust SE type")
+    parser.add_argument("--mixed", action="store_true", help="mixed model with a random intercept per seed")
+    parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
+    parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
+                        help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _analyze(args, table: pd.DataFrame, target: float | None):
+    from analysis.pipeline import analyze_table
+
+    if args.n_boot < 0:
+        raise ValueError(f"--n-boot must be >= 0, got {args.n_boot}")
+    return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
+                         boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
+                         target_compute=target, third_levels=args.third_levels, seed=args.seed)
+
+
+def analyze_args(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--out", default=None, help="report directory (default STUDY/report)")
+    parser.add_argument("--target", type=float, default=None, help="extrapolate multipliers to this compute (FLOPs)")
+    parser.add_argument("--no-figures", action="store_true")
+
+
+def cmd_analyze(args) -> int:
+    from analysis.forecast import judge, read_forecasts
+    from analysis.report import attribution_table, write_report
+
+    study_dir, table = resolve_study(args.study)
+    a = _analyze(args, table, args.target)
+    fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
+    out = Path(args.out) if args.out else study_dir / "report"
+    title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
+    md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(attribution_table(a).to_string(index=False))
+    for n in a.notes:
+        print(f"note: {n}")
+    print(f"wrote {md} and {html}")
+    return 0
+
+
+def forecast_args(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--target", type=float, required=True, help="target compute in FLOPs")
+    parser.add_argument("--arm", default="recipe", help="recipe (all on), baseline (all off), or an arm name")
+    parser.add_argument("--note", default="", help="free text stored in the forecast")
+    parser.add_argument("--out", default=None, help="study directory to hold forecasts/ (default: the study's)")
+
+
+def cmd_forecast(args) -> int:
+    from analysis.forecast import arm_codes, write_forecast
+
+    if not args.target > 0:
+        raise ValueError(f"--target must be > 0 FLOPs, got {args.target}")
+    study_dir, table = resolve_study(args.study)
+    a = _analyze(args, table, args.target)
+    path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
+                          arm=args.arm, note=args.note)
+    pred = a.arm_prediction(arm_codes(a, args.arm), args.target)
+    print(f"forecast {path}: arm {args.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "
+          f"[{pred['loss_lo']:.4f}, {pred['loss_hi']:.4f}]")
+    return 0

@@ -1,0 +1,177 @@
+"""Figures of the report (seaborn/matplotlib, Agg backend). Each returns its path, or None when the
+study has nothing to draw for it (the report then says so)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from analysis.attribution import interaction_matrix  # noqa: E402
+from analysis.pipeline import StudyAnalysis  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
+    """Per-component multiplier exp(Shapley) with its 95% CI, one marker per rung."""
+    d = a.per_rung[(a.per_rung["response"] == response) & a.per_rung["estimable"]] if len(a.per_rung) else a.per_rung
+    if not len(d):
+        return None
+    comps = list(dict.fromkeys(d["component"]))
+    rungs = list(dict.fromkeys(d.sort_values("compute")["rung"]))
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(comps) * max(1, len(rungs) / 2)))
+    pal = sns.color_palette("viridis", len(rungs))
+    for j, r in enumerate(rungs):
+        e = d[d["rung"] == r].set_index("component").reindex(comps)
+        yy = np.arange(len(comps)) + (j - (len(rungs) - 1) / 2) * 0.8 / max(len(rungs), 1)
+        m = np.exp(e["effect"])
+        ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
+    ax.axvline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.set_yticks(range(len(comps)), comps)
+    ax.invert_yaxis()
+    ax.set_xlabel({"ln_M": "quality multiplier M_flop (compute-equivalent)", "ln_R": "throughput ratio R",
+                   "ln_W": "wall-clock multiplier M_flop·R"}.get(response, response))
+    ax.legend(title="rung", fontsize=8)
+    ax.set_title("Per-component multipliers (Shapley), 95% CI")
+    return _save(fig, path)
+
+
+def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
+    """Shapley values stacked from the all-off arm to the all-on arm (the total gain)."""
+    c = a.components[(a.components["response"] == response)] if len(a.components) else a.components
+    if not len(c):
+        return None
+    c = c.set_index("component")
+    comps = [f for f in a.factors if f in c.index and np.isfinite(c.loc[f, "shapley"])]
+    if not comps:
+        return None
+    vals = c.loc[comps, "shapley"].to_numpy()
+    start = np.concatenate([[0], np.cumsum(vals)[:-1]])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * (len(comps) + 1), 4))
+    cols = ["tab:green" if v >= 0 else "tab:red" for v in vals]
+    ax.bar(range(len(comps)), vals, bottom=start, color=cols)
+    tot = c.loc["TOTAL", "shapley"] if "TOTAL" in c.index else vals.sum()
+    ax.bar(len(comps), tot, color="tab:blue")
+    ax.set_xticks(range(len(comps) + 1), comps + ["total"], rotation=30, ha="right")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_ylabel(f"Shapley value ({response}); multiplier = exp")
+    ax.set_title("Shapley waterfall: all-off → all-on")
+    return _save(fig, path)
+
+
+def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality") -> Path | None:
+    """2β_ij on the ln scale; aliased or absent pairs blank and marked."""
+    fit = a.fits.get(response)
+    if fit is None or len(a.factors) < 2:
+        return None
+    est, ali = interaction_matrix(fit)
+    if est.isna().all().all() and not ali.any().any():
+        return None
+    annot = est.map(lambda v: "" if not np.isfinite(v) else f"{v:+.3f}")
+    annot = annot.where(~ali, "alias")
+    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(a.factors), 1.2 + 0.7 * len(a.factors)))
+    v = np.nanmax(np.abs(est.to_numpy())) if np.isfinite(est.to_numpy()).any() else 1.0
+    sns.heatmap(est, annot=annot, fmt="", cmap="RdBu_r", center=0, vmin=-v, vmax=v, ax=ax, cbar_kws={"label": "2·β_ij"})
+    ax.set_title(f"Two-factor interactions ({fit.response})")
+    return _save(fig, path)
+
+
+def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
+    """Train loss curves (summary.json loss_curve), one line per run, coloured by arm."""
+    if "loss_curve" not in raw:
+        return None
+    rows = []
+    for r in raw[raw["status"] == "completed"].itertuples():
+        lc = getattr(r, "loss_curve", None)
+        if not isinstance(lc, str):
+            continue
+        for step, loss in json.loads(lc):
+            rows.append({"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")), "rung": str(getattr(r, "rung", "")),
+                         "run": r.run_id})
+    if not rows:
+        return None
+    d = pd.DataFrame(rows)
+    rungs = sorted(d["rung"].unique())
+    arms = sorted(d["arm"].unique())
+    pal = dict(zip(arms, sns.color_palette("husl", len(arms))))
+    fig, axes = plt.subplots(1, len(rungs), figsize=(4.5 * len(rungs), 3.6), squeeze=False)
+    for ax, rg in zip(axes[0], rungs):
+        for (arm, _), g in d[d["rung"] == rg].groupby(["arm", "run"], sort=False):
+            ax.plot(g["step"], g["loss"], color=pal[arm], lw=0.8, label=arm)
+        ax.set_title(f"rung {rg}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+    if len(arms) <= 12:  # one legend entry per arm
+        h, lab = axes[0][0].get_legend_handles_labels()
+        uniq = dict(zip(lab, h))
+        axes[0][-1].legend(uniq.values(), uniq.keys(), title="arm", fontsize=7)
+    return _save(fig, path)
+
+
+def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
+    """Baseline losses with the reference law and its bootstrap band; other arms faded."""
+    if a.law is None:
+        return None
+    t = a.table
+    base = np.all(np.stack([t[f"x_{f}"] == -1 for f in a.factors]), axis=0)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(t.loc[~base, "train_flops"], t.loc[~base, "eval_macro_loss"], s=8, color="grey", alpha=0.4, label="other arms")
+    ax.scatter(t.loc[base, "train_flops"], t.loc[base, "eval_macro_loss"], s=18, color="tab:blue", label="baseline arm")
+    lo_c, hi_c = float(t["train_flops"].min()), float(t["train_flops"].max())
+    if a.target_compute:
+        hi_c = max(hi_c, a.target_compute)
+    Cg = np.logspace(np.log10(lo_c) - 0.1, np.log10(hi_c) + 0.1, 100)
+    ax.plot(Cg, a.law.predict(Cg), color="tab:blue", label=f"L∞={a.law.linf:.3f}, α={a.law.alpha:.3f}")
+    lo, hi = a.law.band(Cg)
+    ax.fill_between(Cg, lo, hi, color="tab:blue", alpha=0.2, label="95% band")
+    ax.set_xscale("log")
+    ax.set_xlabel("training compute C (analytic FLOPs)")
+    ax.set_ylabel("eval macro loss")
+    ax.legend(fontsize=8)
+    ax.set_title("Reference law L = L∞ + A·C^−α")
+    return _save(fig, path)
+
+
+def drop_rate(raw: pd.DataFrame, path: Path) -> Path | None:
+    """Routed-token drop rate per EP transport level."""
+    if "drop_rate" not in raw or "ep_transport" not in raw:
+        return None
+    d = raw[(raw["status"] == "completed") & raw["drop_rate"].notna()]
+    if not len(d):
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    sns.boxplot(d, x="ep_transport", y="drop_rate", ax=ax, color="lightgrey")
+    sns.stripplot(d, x="ep_transport", y="drop_rate", ax=ax, size=3, alpha=0.6)
+    ax.set_title("Drop rate per transport")
+    return _save(fig, path)
+
+
+def all_figures(a: StudyAnalysis, raw: pd.DataFrame, out_dir: Path) -> dict[str, Path | None]:
+    out_dir = Path(out_dir)
+    return {
+        "forest_quality": forest(a, out_dir / "forest_quality.png", "ln_M"),
+        "forest_throughput": forest(a, out_dir / "forest_throughput.png", "ln_R"),
+        "waterfall": waterfall(a, out_dir / "shapley_waterfall.png"),
+        "interactions": interaction_heatmap(a, out_dir / "interactions.png"),
+        "loss_curves": loss_curves(a, raw, out_dir / "loss_curves.png"),
+        "scaling": scaling_fit(a, out_dir / "scaling_fit.png"),
+        "drop_rate": drop_rate(raw, out_dir / "drop_rate.png"),
+    }

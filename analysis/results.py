@@ -1,0 +1,156 @@
+"""Run directories -> the results table (DESIGN §3; CONTRACTS "Run directories and the results table").
+
+`collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,spec,summary}.json`, writes one row per
+run to `<study_dir>/results.parquet` and returns it. A run with meta.json and no summary.json gets
+status "missing"; a summary with status "failed" keeps its error. `load_table` accepts a study
+directory, a parquet file or a DataFrame.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.levels import FACTORS
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
+    "macro_bpb", "final_train_loss", "tokens_per_s", "model_flops_per_s", "mfu", "drop_rate",
+    "max_grad_norm", "spikes", "wall_s", "hardware", "code_version", "error",
+)
+ID_COLUMNS: tuple[str, ...] = ("run_id", "study", "rung", "arm", "seed", "design_row")
+STATUSES: tuple[str, ...] = ("completed", "failed", "missing")
+
+
+@dataclass
+class Inventory:
+    """What a study directory holds: counts by status and the ids of runs that did not complete."""
+
+    n_runs: int
+    n_completed: int
+    missing: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (run_id, error)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.n_runs} runs: {self.n_completed} completed, {len(self.failed)} failed, "
+               f"{len(self.missing)} missing"]
+        out += [f"missing: {r}" for r in self.missing]
+        out += [f"failed: {r}: {e}" for r, e in self.failed]
+        return out
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _row(run_dir: Path) -> dict:
+    meta = _read_json(run_dir / "meta.json") or {}
+    spec = _read_json(run_dir / "spec.json") or {}
+    summ = _read_json(run_dir / "summary.json")
+    row: dict = {
+        "run_id": (summ or {}).get("run_id") or run_dir.name,
+        "study": meta.get("study"), "rung": meta.get("rung"), "arm": meta.get("arm"),
+        "seed": meta.get("seed", spec.get("seed")), "design_row": meta.get("design_row"),
+    }
+    levels = dict(spec.get("recipe", {}) or {})
+    levels.update(meta.get("factors", {}) or {})
+    for f in FACTORS:
+        row[f] = levels.get(f)
+    for f in levels:  # a factor this copy of the registry does not know still reaches the table
+        row.setdefault(f, levels[f])
+    if summ is None:
+        row["status"] = "missing"
+        row["error"] = None
+        return row
+    row["status"] = summ.get("status", "completed")
+    for c in SUMMARY_COLUMNS:
+        row[c] = summ.get(c)
+    for dom, loss in (summ.get("eval_domain_loss") or {}).items():
+        row[f"loss_{dom}"] = loss
+    curve = summ.get("loss_curve")
+    row["loss_curve"] = json.dumps(curve) if curve is not None else None
+    # Start time of the run, for refusing forecasts written after it (DESIGN §4.7).
+    started = summ.get("started_at")
+    if started is None and summ.get("wall_s") is not None:
+        started = os.path.getmtime(run_dir / "summary.json") - float(summ["wall_s"])
+    row["started_at"] = started
+    return row
+
+
+def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
+    """One row per run directory under `study_dir/runs`; writes `study_dir/results.parquet`."""
+    study_dir = Path(study_dir)
+    runs = study_dir / "runs"
+    if not runs.is_dir():
+        raise ValueError(f"study_dir {str(study_dir)!r} has no runs/ directory")
+    rows = [_row(d) for d in sorted(runs.iterdir()) if d.is_dir()
+            and ((d / "meta.json").exists() or (d / "summary.json").exists())]
+    df = pd.DataFrame(rows)
+    for c in ID_COLUMNS + FACTORS + SUMMARY_COLUMNS + ("status", "loss_curve", "started_at"):
+        if c not in df.columns:
+            df[c] = None
+    for c in ("params_total", "params_active", "flops_per_token", "tokens", "train_flops",
+              "eval_macro_loss", "macro_bpb", "final_train_loss", "tokens_per_s", "model_flops_per_s",
+              "mfu", "drop_rate", "max_grad_norm", "spikes", "wall_s", "started_at"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    if write and len(df):
+        df.to_parquet(study_dir / "results.parquet", index=False)
+    return df
+
+
+def inventory(df: pd.DataFrame) -> Inventory:
+    """Counts and ids of missing and failed runs."""
+    st = df["status"].fillna("missing")
+    return Inventory(
+        n_runs=len(df), n_completed=int((st == "completed").sum()),
+        missing=sorted(df.loc[st == "missing", "run_id"].astype(str)),
+        failed=[(str(r), str(e)) for r, e in df.loc[st == "failed", ["run_id", "error"]].itertuples(index=False)],
+    )
+
+
+def load_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """A results table from a DataFrame, a parquet file, or a study directory (collected afresh)."""
+    if isinstance(source, pd.DataFrame):
+        return source.copy()
+    p = Path(source)
+    if p.is_file():
+        if p.suffix == ".parquet":
+            return pd.read_parquet(p)
+        if p.suffix == ".csv":
+            return pd.read_csv(p)
+        raise ValueError(f"source {str(p)!r}: allowed values: a study directory, a .parquet or .csv file")
+    if p.is_dir():
+        if (p / "runs").is_dir():
+            return collect(p)
+        if (p / "results.parquet").exists():
+            return pd.read_parquet(p / "results.parquet")
+    raise ValueError(f"source {str(p)!r} is neither a study directory (with runs/) nor a results file")
+
+
+def factor_columns(df: pd.DataFrame) -> list[str]:
+    """Factors whose level varies among the completed runs: the factors of the study."""
+    ok = df[df["status"] == "completed"] if "status" in df else df
+    return [f for f in FACTORS if f in ok.columns and ok[f].dropna().nunique() > 1]
+
+
+def arm_label(row: pd.Series | dict, factors: list[str]) -> str:
+    """A readable arm name from the factor levels: '+' recipe level, '-' baseline, else the level."""
+    from analysis.levels import code_level
+
+    parts = []
+    for f in factors:
+        c = code_level(f, row[f])
+        parts.append(f"{f}{'+' if c == 1 else '-' if c == -1 else '=' + str(row[f])}")
+    return " ".join(parts)
+
+
+def nan_to_none(x):
+    return None if x is None or (isinstance(x, float) and np.isnan(x)) else x

@@ -1,0 +1,182 @@
+"""A study simulator with known truth: per-component multipliers, interactions, scale trends, seed noise.
+
+Truth (±1 coding, z = ln(C/c_ref)): ln M(x, z) = b0 + b_z z + Σβ_i x_i + Σβ_ij x_i x_j + Σγ_i x_i z, with
+b0 and b_z chosen so that the all-baseline arm has ln M ≡ 0 (it *is* the reference law). A run's loss
+is L = L∞ + A·(M·C)^(−α) + seed shift + noise, C its own FLOPs (sconv-like factors add FLOPs/token).
+Used by the tests (coverage, Shapley algebra) and by benchmarks/analysis.py; handy for planning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.levels import BASELINE_LEVEL, FACTORS, RECIPE_LEVEL
+
+
+@dataclass
+class SimTruth:
+    factors: list[str]
+    main: dict[str, float]
+    inter: dict[tuple[str, str], float] = field(default_factory=dict)
+    scale: dict[str, float] = field(default_factory=dict)
+    throughput: dict[str, float] = field(default_factory=dict)  # ln R = Σ ρ_i (x_i + 1)
+    flops_extra: dict[str, float] = field(default_factory=dict)  # FLOPs/token fraction added when on
+    linf: float = 2.0
+    A: float = 400.0
+    alpha: float = 0.2
+    c_ref: float = 1e17
+    seed_sd: float = 0.005
+    noise_sd: float = 0.005
+    flops_per_token: float = 6e8
+
+    def __post_init__(self):
+        for f in self.factors:
+            if f not in FACTORS:
+                raise ValueError(f"factors: {f!r}; allowed values: {', '.join(FACTORS)}")
+
+    def _b(self, f: str) -> float:
+        return self.main.get(f, 0.0)
+
+    def _bij(self, a: str, b: str) -> float:
+        return self.inter.get((a, b), self.inter.get((b, a), 0.0))
+
+    def log_m(self, X_nk: np.ndarray, z_n: np.ndarray) -> np.ndarray:
+        k = len(self.factors)
+        out = np.zeros(len(X_nk))
+        b0 = sum(self._b(f) for f in self.factors) - sum(self._bij(a, b) for a, b in itertools.combinations(self.factors, 2))
+        bz = sum(self.scale.get(f, 0.0) for f in self.factors)
+        out += b0 + bz * z_n
+        for i in range(k):
+            f = self.factors[i]
+            out += self._b(f) * X_nk[:, i] + self.scale.get(f, 0.0) * X_nk[:, i] * z_n
+            for j in range(i + 1, k):
+                out += self._bij(f, self.factors[j]) * X_nk[:, i] * X_nk[:, j]
+        return out
+
+    def z(self, C) -> np.ndarray:
+        return np.log(np.asarray(C, float) / self.c_ref)
+
+    def shapley(self, C: float) -> dict[str, float]:
+        """True Shapley value (ln scale) of each component at compute C: 2β_i + 2γ_i z."""
+        z = float(self.z(C))
+        return {f: 2 * self._b(f) + 2 * self.scale.get(f, 0.0) * z for f in self.factors}
+
+    def loo(self, C: float) -> dict[str, float]:
+        s = self.shapley(C)
+        return {f: s[f] + 2 * sum(self._bij(f, g) for g in self.factors if g != f) for f in self.factors}
+
+    def aoi(self, C: float) -> dict[str, float]:
+        s = self.shapley(C)
+        return {f: s[f] - 2 * sum(self._bij(f, g) for g in self.factors if g != f) for f in self.factors}
+
+    def throughput_effect(self) -> dict[str, float]:
+        return {f: 2 * self.throughput.get(f, 0.0) for f in self.factors}
+
+
+def random_truth(factors: list[str], rng: np.random.Generator, *, main_sd: float = 0.08, inter_sd: float = 0.03,
+                 scale_sd: float = 0.02, **kw) -> SimTruth:
+    """A truth with random effects of realistic size (multipliers within ~±30%)."""
+    return SimTruth(
+        factors=list(factors),
+        main={f: float(rng.normal(0, main_sd)) for f in factors},
+        inter={p: float(rng.normal(0, inter_sd)) for p in itertools.combinations(factors, 2)},
+        scale={f: float(rng.normal(0, scale_sd)) for f in factors},
+        throughput={f: float(rng.normal(0, 0.03)) for f in factors},
+        flops_extra={f: (0.01 if f == "sconv" else 0.0) for f in factors}, **kw)
+
+
+def design_rows(k: int, fraction: int = 0) -> np.ndarray:
+    """Full 2^k factorial, or a regular 2^(k−p) fraction (p ≤ 2) whose last factors are products."""
+    if fraction not in (0, 1, 2):
+        raise ValueError(f"fraction {fraction}; allowed values: 0, 1, 2")
+    base = k - fraction
+    X = np.array(list(itertools.product((-1.0, 1.0), repeat=base)))[:, ::-1]
+    if fraction >= 1:
+        X = np.column_stack([X, np.prod(X, axis=1)])  # generator: last = product of all base factors
+    if fraction == 2:
+        X = np.column_stack([X, np.prod(X[:, : base - 1], axis=1)])
+    return X
+
+
+def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, fraction: int = 0,
+                   rng: np.random.Generator | None = None, study: str = "sim", hardware: str = "H100",
+                   fail: int = 0, missing: int = 0, loss_curves: bool = False) -> pd.DataFrame:
+    """A results table (CONTRACTS schema) of a simulated study; `rungs`: rung name -> tokens."""
+    rng = rng or np.random.default_rng(0)
+    k = len(truth.factors)
+    D = design_rows(k, fraction)
+    seed_shift = {s: rng.normal(0, truth.seed_sd) for s in range(seeds)}
+    rows = []
+    for rung, tokens in rungs.items():
+        for s in range(seeds):
+            for r, x in enumerate(D):
+                lv = {f: (RECIPE_LEVEL[f] if x[i] > 0 else BASELINE_LEVEL[f]) for i, f in enumerate(truth.factors)}
+                fpt = truth.flops_per_token * np.prod([1 + truth.flops_extra.get(f, 0.0) * (x[i] > 0)
+                                                       for i, f in enumerate(truth.factors)])
+                C = fpt * tokens
+                lnm = float(truth.log_m(x[None], truth.z(C)[None])[0])
+                L = truth.linf + truth.A * (np.exp(lnm) * C) ** (-truth.alpha) + seed_shift[s] + rng.normal(0, truth.noise_sd)
+                lnr = sum(truth.throughput.get(f, 0.0) * (x[i] + 1) for i, f in enumerate(truth.factors))
+                mfs = 4e14 * np.exp(lnr) * np.exp(rng.normal(0, 0.01))
+                arm = "".join("+" if v > 0 else "-" for v in x)
+                rid = hashlib.sha256(f"{study}|{rung}|{s}|{arm}".encode()).hexdigest()[:16]
+                row = {"run_id": rid, "study": study, "rung": rung, "arm": arm, "seed": s, "design_row": r,
+                       **{f: BASELINE_LEVEL[f] for f in FACTORS}, **lv,
+                       "params_total": 1e8, "params_active": 2e7, "flops_per_token": fpt, "tokens": tokens,
+                       "train_flops": C, "eval_macro_loss": L, "loss_web": L + 0.05, "loss_code": L - 0.05,
+                       "macro_bpb": L / np.log(2) / 4, "final_train_loss": L - 0.02, "tokens_per_s": mfs / fpt,
+                       "model_flops_per_s": mfs, "mfu": mfs / 9.9e14,
+                       "drop_rate": max(0.0, (0.03 if lv.get("ep_transport", "fixed") == "fixed" else 0.004)
+                                        + rng.normal(0, 0.002)),
+                       "max_grad_norm": 1.0, "spikes": 0, "status": "completed", "error": None,
+                       "wall_s": C / mfs, "hardware": hardware, "code_version": "sim", "started_at": 1.7e9}
+                if loss_curves:
+                    steps = np.linspace(10, 1000, 20)
+                    row["loss_curve"] = json.dumps([[int(t), float(L + 3.0 * (t / 1000) ** -0.5 - 3.0)] for t in steps])
+                rows.append(row)
+    df = pd.DataFrame(rows)
+    if fail or missing:
+        nonbase = df.index[df["arm"] != "-" * k].to_numpy()
+        pick = rng.choice(nonbase, size=fail + missing, replace=False)
+        for j, i in enumerate(pick):
+            if j < fail:
+                df.loc[i, ["status", "error"]] = ["failed", "simulated failure: loss NaN at step 17"]
+            else:
+                df.loc[i, "status"] = "missing"
+            df.loc[i, ["eval_macro_loss", "model_flops_per_s"]] = np.nan
+    return df
+
+
+def write_study(df: pd.DataFrame, study_dir: str | Path) -> Path:
+    """Lay a simulated table out as run directories (meta.json, spec.json, summary.json)."""
+    study_dir = Path(study_dir)
+    for row in df.to_dict("records"):
+        d = study_dir / "runs" / row["run_id"]
+        d.mkdir(parents=True, exist_ok=True)
+        factors = {f: row[f] for f in FACTORS}
+        (d / "meta.json").write_text(json.dumps({"study": row["study"], "rung": row["rung"], "arm": row["arm"],
+                                                 "seed": int(row["seed"]), "design_row": int(row["design_row"]),
+                                                 "factors": factors}))
+        (d / "spec.json").write_text(json.dumps({"seed": int(row["seed"]), "recipe": factors}))
+        if row["status"] == "missing":
+            continue
+        summ = {k: row.get(k) for k in ("run_id", "status", "error", "params_total", "params_active",
+                                        "flops_per_token", "tokens", "train_flops", "eval_macro_loss", "macro_bpb",
+                                        "final_train_loss", "tokens_per_s", "model_flops_per_s", "mfu", "drop_rate",
+                                        "max_grad_norm", "spikes", "wall_s", "hardware", "code_version",
+                                        "started_at")}
+        summ = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in summ.items()}
+        summ["failed_step"] = 17 if row["status"] == "failed" else None
+        summ["eval_domain_loss"] = {d_: row[f"loss_{d_}"] for d_ in ("web", "code")
+                                    if isinstance(row.get(f"loss_{d_}"), float) and np.isfinite(row[f"loss_{d_}"])}
+        lc = row.get("loss_curve")
+        summ["loss_curve"] = json.loads(lc) if isinstance(lc, str) else []
+        (d / "summary.json").write_text(json.dumps(summ))
+    return study_dir

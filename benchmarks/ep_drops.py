@@ -1,0 +1,226 @@
+"""Replay realistic routing through the fixed (cf 1.33) and ragged (cf 1.15) EP transports and print
+drop rates and bytes moved for S in {4, 16, 64} shards (DESIGN §2.1 "EP transports", issue 4).
+
+Marin measured 5.5-7.1% drops for fixed against 0.01-0.14% for ragged and attributed it to how many
+documents a shard holds. Three routing sources, each over packed documents, few per shard:
+
+  tiny   the routing of a `tiny`-shaped MarinModel (64 experts top-8 latent, QB balancing) trained here
+         for --train-steps steps on the embedded corpus, replayed dropless on held-out packed batches,
+         1024 tokens per shard (--train-steps 0: the router at init plus a per-document Zipf skew, said
+         in the output). With 64 experts, S=64 leaves one expert per receiver (a single chunk);
+  zipf   a synthetic router at the hero geometry (384 experts top-8, 4096 tokens per shard): every
+         document prefers experts by a Zipf law over its own random expert order, tokens sample their
+         top-8 from it (Gumbel top-k); globally balanced, locally skewed;
+  iid    the same synthetic router without document locality (a fresh expert order per token): the
+         control that isolates the document effect.
+
+    OMP_NUM_THREADS=1 python benchmarks/ep_drops.py [--train-steps 150] [--zipf 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from marin.dispatch import fixed_cell_capacity, plan_drops, transport_bytes
+
+SHARDS = (4, 16, 64)
+CF_FIXED, CF_RAGGED = 1.33, 1.15
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing sources
+# ---------------------------------------------------------------------------------------------
+
+
+def zipf_routing(n_tokens: int, E: int, K: int, mean_doc: int, zipf: float, local: bool, seed: int,
+                 block: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert_idx_TK, doc_T): packed documents with geometric lengths (mean `mean_doc`); a document's
+    expert distribution is p(e) ~ (rank_d(e)+1)^-zipf over its own random order rank_d; tokens draw K
+    distinct experts from it by Gumbel top-k. local=False draws a fresh order per token."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < n_tokens:
+        lengths.append(1 + int(torch.empty(1).geometric_(1.0 / mean_doc, generator=g)))
+    doc_T = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:n_tokens]
+    logw_E = -zipf * torch.log(torch.arange(1, E + 1, dtype=torch.float32))
+    out = []
+    for s in range(0, n_tokens, block):
+        d = doc_T[s:s + block]
+        n = d.numel()
+        if local:
+            uniq, inv = torch.unique(d, return_inverse=True)
+            order_DE = torch.argsort(torch.rand(uniq.numel(), E, generator=g), dim=1)  # rank -> expert
+            logp_DE = torch.empty(uniq.numel(), E).scatter_(1, order_DE, logw_E.expand(uniq.numel(), E))
+            logp_TE = logp_DE[inv]
+        else:
+            order_TE = torch.argsort(torch.rand(n, E, generator=g), dim=1)
+            logp_TE = torch.empty(n, E).scatter_(1, order_TE, logw_E.expand(n, E))
+        gumbel = -torch.log(-torch.log(torch.rand(n, E, generator=g).clamp_min(1e-20)))
+        out.append(torch.topk(logp_TE + gumbel, K, dim=1).indices)
+    return torch.cat(out), doc_T
+
+
+def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple[list[torch.Tensor], torch.Tensor, str]:
+    """Per-layer expert_idx_TK of a tiny model on packed held-out data, doc ids, and a description."""
+    from marin.config import DataConfig, ModelConfig, Recipe
+    from marin.data import PackedBatches, load_corpus
+    from marin.model import MarinModel
+    from marin.moe import Router
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(seq_len=256, window=64, n_experts=64, top_k=8, ep_shards=4)
+    recipe = Recipe(optimizer="adamw")
+    model = MarinModel(cfg, recipe)
+    corpus = load_corpus(DataConfig())
+    note = ""
+    if train_steps > 0:
+        train = PackedBatches(corpus, "train", cfg.seq_len, 8, seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        model.train()
+        t0, first = time.time(), None
+        for step in range(train_steps):
+            tok, tgt, doc = train.batch(step)
+            out = model(tok, doc, tgt)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            model.update_router_biases()
+            first = first if first is not None else out.ce_loss.item()
+        note = (f"trained {train_steps} steps x 8 x {cfg.seq_len} tokens in {time.time() - t0:.0f}s, "
+                f"train CE {first:.2f} -> {out.ce_loss.item():.2f}")
+    heldout = PackedBatches(corpus, "heldout", cfg.seq_len, n_seqs, seed + 1)
+    tok, _, doc = heldout.batch(0)
+    captured: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, o: captured.append(o.expert_idx_TK))
+             for m in model.modules() if isinstance(m, Router)]
+    model.eval()
+    with torch.no_grad():
+        model(tok, doc)
+    for h in hooks:
+        h.remove()
+    # Document ids are per sequence; make them global so a shard counts its distinct documents.
+    doc_T = (doc + (doc.max() + 1) * torch.arange(doc.shape[0])[:, None]).reshape(-1)
+    if train_steps == 0:
+        # Init routers are nearly uniform: add a per-document Zipf skew so the replay has locality.
+        note = f"router at init plus a per-document Zipf({zipf}) skew (no training)"
+        E = cfg.n_experts
+        logw_E = -zipf * torch.log(torch.arange(1, E + 1, dtype=torch.float32))
+        g = torch.Generator().manual_seed(seed)
+        uniq, inv = torch.unique(doc_T, return_inverse=True)
+        order = torch.argsort(torch.rand(uniq.numel(), E, generator=g), dim=1)
+        logp = torch.empty(uniq.numel(), E).scatter_(1, order, logw_E.expand(uniq.numel(), E))[inv]
+        x = model.embed(tok).reshape(-1, cfg.d_model)
+        captured = []
+        for m in model.modules():
+            if isinstance(m, Router):
+                with torch.no_grad():
+                    s = torch.nn.functional.linear(x, m.weight)
+                captured.append(torch.topk(s + logp, cfg.top_k, dim=1).indices)
+    return captured, doc_T, note
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+# ---------------------------------------------------------------------------------------------
+
+
+def replay(idx_TK: torch.Tensor, doc_T: torch.Tensor, E: int, S: int, Ts: int, row_bytes: int) -> dict:
+    """Drops and bytes of the first S*Ts tokens cut into S shards of Ts tokens (an EP group of S ranks,
+    each holding Ts tokens: the per-shard token count stays fixed as S grows, as in a real run)."""
+    K = idx_TK.shape[1]
+    idx_TK, doc_T = idx_TK[:Ts * S], doc_T[:Ts * S]
+    row = {"S": S, "Ts": Ts, "docs_per_shard": float(torch.tensor(
+        [torch.unique(doc_T[s * Ts:(s + 1) * Ts]).numel() for s in range(S)], dtype=torch.float).mean())}
+    for name, cf in (("fixed", CF_FIXED), ("ragged", CF_RAGGED)):
+        keep = plan_drops(idx_TK, n_experts=E, n_shards=S, transport=name, capacity_factor=cf)
+        row[f"{name}_drop"] = 1.0 - keep.float().mean().item()
+        row[f"{name}_bytes"] = transport_bytes(idx_TK, keep, n_experts=E, n_shards=S, transport=name,
+                                               capacity_factor=cf, row_bytes=row_bytes) / S
+    row["cell_rows"] = fixed_cell_capacity(Ts, K, E, CF_FIXED)
+    load_E = torch.bincount(idx_TK.reshape(-1), minlength=E).float()
+    row["max_load"] = float(load_E.max() / load_E.mean())  # global imbalance: what pooling cannot absorb
+    return row
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"{'S':>4} {'T_s':>6} {'docs/shard':>10} {'cell cap':>8} {'fixed drop':>11} {'ragged drop':>12} "
+          f"{'fixed MB/shard':>15} {'ragged MB/shard':>16} {'max load/mean':>14}")
+    for r in rows:
+        print(f"{r['S']:>4} {r['Ts']:>6} {r['docs_per_shard']:>10.1f} {r['cell_rows']:>8} {100 * r['fixed_drop']:>10.2f}% "
+              f"{100 * r['ragged_drop']:>11.3f}% {r['fixed_bytes'] / 1e6:>15.2f} {r['ragged_bytes'] / 1e6:>16.2f} "
+              f"{r['max_load']:>14.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--train-steps", type=int, default=150)
+    ap.add_argument("--zipf", type=float, default=0.5, help="per-document Zipf exponent of the synthetic router")
+    ap.add_argument("--tokens-per-shard", type=int, default=4096, help="synthetic router (hero: one 4096-token sequence)")
+    ap.add_argument("--mean-doc", type=int, default=1000, help="mean document length of the synthetic packing")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"EP drop replay: fixed cf {CF_FIXED} (per sender-expert cell) vs ragged cf {CF_RAGGED} "
+          "(pooled per receiver, 2 chunks); MB/shard = bytes a shard sends off-shard, dispatch + return")
+    summary = {}
+
+    # Tiny model: S=64 shards of 4 sequences of 256 tokens.
+    try:
+        layers, doc_T, note = tiny_routing(n_seqs=4 * max(SHARDS), train_steps=args.train_steps, zipf=args.zipf,
+                                           seed=args.seed)
+        rows = []
+        for S in SHARDS:
+            per_layer = [replay(idx, doc_T, 64, S, 1024, row_bytes=32 * 4) for idx in layers]
+            r = dict(per_layer[0])
+            for k in ("fixed_drop", "ragged_drop", "fixed_bytes", "ragged_bytes", "max_load"):
+                r[k] = sum(p[k] for p in per_layer) / len(per_layer)
+            rows.append(r)
+        print_rows(f"[tiny] {note}; 64 experts top-8, 1024 tokens/shard, latent rows 32 x fp32, mean of "
+                   f"{len(layers)} layers", rows)
+        summary["tiny"] = rows
+    except Exception as e:  # the replay of the synthetic routers below does not need the corpus
+        print(f"\n[tiny] skipped: {type(e).__name__}: {e}")
+
+    E, K, Ts = 384, 8, args.tokens_per_shard
+    for name, local in (("zipf", True), ("iid", False)):
+        idx, doc_T = zipf_routing(Ts * max(SHARDS), E, K, args.mean_doc, args.zipf, local, args.seed)
+        rows = [replay(idx, doc_T, E, S, Ts, row_bytes=3072 * 2) for S in SHARDS]
+        what = ("per-document Zipf" if local else "no document locality, per-token Zipf")
+        print_rows(f"[{name}] synthetic router, {what} (exponent {args.zipf}), 384 experts top-8, {Ts} tokens/shard, "
+                   f"mean document {args.mean_doc} tokens, hero latent rows 3072 x bf16", rows)
+        summary[name] = rows
+
+    print(f"\n[zipf sweep] S=64, {Ts} tokens/shard: the per-document exponent is a free parameter of the "
+          "synthetic router")
+    for z in (0.3, 0.5, 0.7, 1.0):
+        idx, doc_T = zipf_routing(Ts * 64, E, K, args.mean_doc, z, True, args.seed)
+        r = replay(idx, doc_T, E, 64, Ts, row_bytes=3072 * 2)
+        print(f"  zipf {z:.1f}: fixed {100 * r['fixed_drop']:6.2f}%  ragged {100 * r['ragged_drop']:6.3f}%")
+
+    print("\nMarin: fixed 5.5-7.1% vs ragged 0.01-0.14%.")
+    for name, rows in summary.items():
+        f = [r["fixed_drop"] for r in rows]
+        g = [r["ragged_drop"] for r in rows]
+        same = min(f) >= 0.01 and max(g) <= 0.002
+        print(f"  {name:>5}: fixed {100 * min(f):.2f}-{100 * max(f):.2f}%, ragged {100 * min(g):.3f}-{100 * max(g):.3f}% "
+              f"-> pattern (fixed >= 1% and ragged <= 0.2% at every S) {'reproduced' if same else 'NOT reproduced'}")
+    print("Why: a fixed cell is one (sender, expert) pair, so it overflows whenever the few documents of a shard\n"
+          "favour an expert, regardless of the global balance; a ragged receiver pools S senders over E/S\n"
+          "experts, whose sum is balanced by the router (QB) — document locality averages out across senders.\n"
+          "The iid control, with the same per-token skew but no locality, shows how much comes from documents.\n"
+          "Ragged also sends fewer bytes: only accepted rows, while fixed pads every cell to capacity.\n"
+          "Ragged pools only over the E/(S*chunks) experts of one chunk: when the GLOBAL load of an expert exceeds\n"
+          "cf 1.15 times the mean (max load/mean column; a briefly trained tiny model, few experts per chunk) it\n"
+          "drops too, and can then drop more than fixed's 1.33 per cell. Marin's hero had 384/64 = 6 experts per\n"
+          "receiver and a long-trained QB router.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""Typed configuration for marin-ablate: the model, the seven recipe switches, training, data, runs.
+
+Pure dataclasses and arithmetic; this module never imports torch (DESIGN §1) so that a design can
+be planned and costed on a laptop. Every field that takes a named level is validated against its
+allowed values, and every error names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name}={value!r} is not a known level; allowed values: {', '.join(map(repr, allowed))}")
+
+
+def _check(cond: bool, owner: str, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{owner}.{name}: {msg}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe: the seven switches (DESIGN §2). Each field names a level; index 0 of LEVELS is the recipe.
+# ---------------------------------------------------------------------------------------------
+
+RECIPE_LEVELS: dict[str, tuple[str, ...]] = {
+    # Exclusive Self Attention (arXiv 2603.09078) vs the plain SDPA output.
+    "xsa": ("xsa", "none"),
+    # Short causal depthwise conv (kernel 4) at k, attn-out and mlp-out vs none.
+    "sconv": ("short_conv", "none"),
+    # Parameter-free q/k RMSNorm then q*1.3; baseline: RMSNorm with learned gain; extra: no norm.
+    "qk_norm": ("fixed_1.3", "learned_gain", "none"),
+    # Latent MoE, compression alpha: 2E experts top-2K at width d/alpha; baseline: E experts top-K at d.
+    "latent_moe": ("latent", "standard"),
+    # Quantile balancing bias (no aux loss); baseline: Switch aux loss; extra: DeepSeek aux-free bias.
+    "router_balance": ("quantile", "switch_aux", "aux_free"),
+    # Ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity.
+    "ep_transport": ("ragged", "fixed", "dropless"),
+    # Hyperball (MuonH + AdamH + Adam); baseline AdamW; extras Muon+AdamW, AdamH.
+    "optimizer": ("hyperball", "adamw", "muon_adamw", "adamh"),
+}
+
+# The level a peer would use (DESIGN §2 table, "baseline level").
+BASELINE_LEVELS: dict[str, str] = {
+    "xsa": "none",
+    "sconv": "none",
+    "qk_norm": "learned_gain",
+    "latent_moe": "standard",
+    "router_balance": "switch_aux",
+    "ep_transport": "fixed",
+    "optimizer": "adamw",
+}
+
+FACTORS: tuple[str, ...] = tuple(RECIPE_LEVELS)
+MODEL_FACTORS: tuple[str, ...] = tuple(f for f in FACTORS if f != "optimizer")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The seven Marin 535B-A23B recipe switches; defaults are the recipe (all on)."""
+
+    xsa: str = "xsa"
+    sconv: str = "short_conv"
+    qk_norm: str = "fixed_1.3"
+    latent_moe: str = "latent"
+    router_balance: str = "quantile"
+    ep_transport: str = "ragged"
+    optimizer: str = "hyperball"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_level("Recipe", f.name, getattr(self, f.name), RECIPE_LEVELS[f.name])
+
+    @classmethod
+    def baseline(cls) -> "Recipe":
+        """Every switch at the level a peer would use (DESIGN §2)."""
+        return cls(**BASELINE_LEVELS)
+
+    def with_(self, **levels: str) -> "Recipe":
+        for k in levels:
+            if k not in RECIPE_LEVELS:
+                raise ValueError(f"unknown recipe factor {k!r}; allowed values: {', '.join(FACTORS)}")
+        return replace(self, **levels)
+
+    def is_on(self, factor: str) -> bool:
+        """True when `factor` sits at the recipe level."""
+        return getattr(self, factor) == RECIPE_LEVELS[factor][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------
+
+QB_ESTIMATORS = ("topk", "hist")
+KERNEL_BACKENDS = ("torch", "triton")
+SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one model. MoE numbers (n_experts, top_k) are the recipe's latent geometry;
+    the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d."""
+
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    head_dim: int = 16
+    n_kv_heads: int = 2  # local (sliding-window) layers
+    n_kv_heads_global: int = 1  # global NoPE layers
+    vocab_size: int = 256
+    seq_len: int = 64
+    window: int = 32  # sliding window of local layers (tokens, including self)
+    global_every: int = 4  # every global_every-th layer is global (NoPE); the last layer is global too
+    rope_theta: float = 10_000.0
+    rope_fraction: float = 0.5  # half-RoPE on local layers: this fraction of head dims is rotated
+    attn_gate: bool = True  # headwise sigmoid gate 2*sigmoid(x W_g), zero-initialised
+    gated_norm: bool = False  # optional GatedNorm after RMSNorm
+    norm_eps: float = 1e-6
+    qk_mult: float = 1.3  # the fixed q multiplier of qk_norm=fixed_1.3
+    # MoE (recipe / latent geometry)
+    n_experts: int = 16
+    top_k: int = 4
+    expert_hidden: int = 32
+    n_shared_experts: int = 2
+    shared_hidden: int = 32
+    latent_ratio: int = 2  # alpha: latent width = d_model // latent_ratio
+    combine_scale: float = 2.5  # sigmoid combine weights renormalised to this sum
+    router_aux_weight: float = 0.01  # Switch aux loss lambda (router_balance=switch_aux)
+    aux_free_rate: float = 1e-3  # DeepSeek aux-free bias update speed (router_balance=aux_free)
+    qb_estimator: str = "topk"
+    qb_hist_bins: int = 256
+    # Expert parallel geometry: drops are decided as if tokens lived on ep_shards shards
+    ep_shards: int = 4
+    capacity_fixed: float = 1.33
+    capacity_ragged: float = 1.15
+    ragged_chunks: int = 2
+    # Short conv
+    sconv_kernel: int = 4
+    sconv_sites: tuple[str, ...] = ("k", "attn_out", "mlp_out")
+    # Init / loss
+    init_scale: float = 0.5  # truncated-normal sigma = init_scale / sqrt(d_model) for every matrix
+    z_loss_weight: float = 1e-4
+    kernels: str = "torch"
+
+    def __post_init__(self) -> None:
+        o = "ModelConfig"
+        for name in ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "n_kv_heads_global",
+                     "vocab_size", "seq_len", "window", "global_every", "n_experts", "top_k",
+                     "expert_hidden", "latent_ratio", "ep_shards", "ragged_chunks", "sconv_kernel"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v >= 1, o, name, f"must be a positive integer, got {v!r}")
+        _check(self.d_model % self.n_heads == 0, o, "d_model",
+               f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        for kv in ("n_kv_heads", "n_kv_heads_global"):
+            _check(self.n_heads % getattr(self, kv) == 0, o, kv,
+                   f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
+        _check(self.top_k <= self.n_experts, o, "top_k",
+               f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
+        _check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
+               f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}")
+        for name in ("n_experts", "top_k"):
+            _check(getattr(self, name) % self.latent_ratio == 0, o, name,
+                   f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
+                   "(the standard level uses n_experts/alpha experts, top_k/alpha)")
+        _check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
+        _check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
+        _check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",
+               "rotated dims (head_dim*rope_fraction) must be even")
+        _check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
+               "capacity factors must be positive")
+        _check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
+        _check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
+        for s in self.sconv_sites:
+            _check_level(o, "sconv_sites", s, SCONV_SITES)
+
+    # ---- derived geometry --------------------------------------------------------------------
+    def is_global(self, layer: int) -> bool:
+        """Global NoPE layers: every global_every-th layer (1-based) and the last layer."""
+        return (layer + 1) % self.global_every == 0 or layer == self.n_layers - 1
+
+    def kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_global if self.is_global(layer) else self.n_kv_heads
+
+    @property
+    def latent_dim(self) -> int:
+        return self.d_model // self.latent_ratio
+
+    def moe_geometry(self, recipe: Recipe) -> "MoEGeometry":
+        """Experts, top-k and expert width for the recipe's latent_moe level (DESIGN §2.1)."""
+        if recipe.latent_moe == "latent":
+            return MoEGeometry(self.n_experts, self.top_k, self.latent_dim, self.expert_hidden, True)
+        a = self.latent_ratio
+        return MoEGeometry(self.n_experts // a, self.top_k // a, self.d_model, self.expert_hidden, False)
+
+    def capacity_factor(self, recipe: Recipe) -> float | None:
+        return {"fixed": self.capacity_fixed, "ragged": self.capacity_ragged, "dropless": None}[recipe.ep_transport]
+
+
+@dataclass(frozen=True)
+class MoEGeometry:
+    n_experts: int
+    top_k: int
+    width: int  # the width the experts see (latent dim or d_model); also the dispatched row width
+    hidden: int
+    latent: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and data
+# ---------------------------------------------------------------------------------------------
+
+LR_SCHEDULES = ("linear", "cosine", "wsd")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ContextStage:
+    """From `start_frac` of training on, train at `seq_len` (tokens per step held constant)."""
+
+    start_frac: float
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 16  # sequences per step at the model's seq_len
+    lr: float | None = None  # peak MuonH/AdamH lr (or AdamW lr); None -> Marin's heuristic (#5951)
+    adam_lr: float | None = None  # peak lr of the Adam group; None -> heuristic
+    lr_schedule: str = "linear"
+    warmup_frac: float = 0.01
+    final_lr_frac: float = 0.05
+    weight_decay: float = 0.1  # AdamW baseline only; Hyperball uses none
+    beta1: float | None = None  # None -> heuristic (0.9062 for Hyperball, 0.9 for AdamW)
+    beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
+    muon_momentum: float = 0.95
+    ns_steps: int = 5
+    grad_clip: float | None = None
+    eval_every: int = 50
+    eval_batches: int = 4
+    log_every: int = 10
+    checkpoint_every: int = 50
+    spike_window: int = 50  # a spike: loss > spike_factor * running median of the last spike_window
+    spike_factor: float = 1.5
+    context_stages: tuple[ContextStage, ...] = ()
+    precision: str = "fp32"
+    device: str = "cpu"
+    compile: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        o = "TrainConfig"
+        _check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
+        _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
+        _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_level(o, "precision", self.precision, PRECISIONS)
+        fr = [s.start_frac for s in self.context_stages]
+        _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
+               "stage start fractions must be increasing and lie in [0, 1)")
+
+
+TOKENIZERS = ("byte", "bpe")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str = "embedded"  # "embedded", a local directory/file, or "paloma" when present locally
+    tokenizer: str = "byte"
+    bpe_vocab: int = 4096
+    data_seed: int = 0
+    eval_domains: tuple[str, ...] = ()  # empty -> every domain of the corpus
+
+    def __post_init__(self) -> None:
+        _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id is a hash of its canonical JSON."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    recipe: Recipe = field(default_factory=Recipe)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RunSpec":
+        train = dict(d.get("train", {}))
+        train["context_stages"] = tuple(ContextStage(**s) for s in train.get("context_stages", ()))
+        model = dict(d.get("model", {}))
+        if "sconv_sites" in model:
+            model["sconv_sites"] = tuple(model["sconv_sites"])
+        data = dict(d.get("data", {}))
+        if "eval_domains" in data:
+            data["eval_domains"] = tuple(data["eval_domains"])
+        return cls(model=ModelConfig(**model), recipe=Recipe(**d.get("recipe", {})),
+                   train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses to plain JSON-able dicts (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# --set field=value overrides
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_overrides(cfg: Any, overrides: Mapping[str, str] | list[str]) -> Any:
+    """Apply `field=value` strings (or a mapping) to a frozen dataclass, parsing by the field's type."""
+    if isinstance(overrides, list):
+        pairs = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ValueError(f"override {item!r} must look like field=value")
+            k, v = item.split("=", 1)
+            pairs[k.strip()] = v.strip()
+        overrides = pairs
+    names = {f.name: f for f in fields(cfg)}
+    changes = {}
+    for k, v in overrides.items():
+        if k not in names:
+            raise ValueError(f"{type(cfg).__name__} has no field {k!r}; allowed values: {', '.join(sorted(names))}")
+        cur = getattr(cfg, k)
+        where = f"{type(cfg).__name__}.{k}"
+        changes[k] = _parse_like(cur, v, where, str(names[k].type)) if isinstance(v, str) else v
+    return replace(cfg, **changes)
+
+
+def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
+    """Parse `v` like the field's current value; an unset optional field parses by its annotation."""
+    if cur is None:
+        if v.lower() in ("none", "null"):
+            return None
+        cur = {"int": 0, "float": 0.0, "str": "", "bool": False}.get(annotation.split("|")[0].strip(), 0.0)
+    try:
+        if isinstance(cur, bool):
+            if v.lower() in ("1", "true", "yes", "on"):
+                return True
+            if v.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(cur, int):
+            return int(v)
+        if isinstance(cur, float):
+            return float(v)
+        if isinstance(cur, tuple):
+            return tuple(x for x in v.split(",") if x)
+        return v
+    except ValueError:
+        raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny() -> ModelConfig:
+    """CPU tests: seconds per step."""
+    return ModelConfig()
+
+
+def _rung(d: int, n_layers: int, vocab: int = 16_384) -> ModelConfig:
+    """Hero routing geometry at width d: 384 experts top-8, latent d/2, expert and shared hidden d/2,
+    window 2048, head dim 128, a global layer every 4th layer and last, GQA 4:1 local, 8:1 global."""
+    n_heads = d // 128
+    kv = max(1, n_heads // 4)
+    return ModelConfig(
+        d_model=d, n_layers=n_layers, n_heads=n_heads, head_dim=128, n_kv_heads=kv,
+        n_kv_heads_global=max(1, n_heads // 8), vocab_size=vocab, seq_len=4096, window=2048,
+        global_every=4, n_experts=384, top_k=8, expert_hidden=d // 2, n_shared_experts=2,
+        shared_hidden=d // 2, latent_ratio=2, ep_shards=8,
+    )
+
+
+def hero_535b() -> ModelConfig:
+    """The Marin 535B-A23B hero (DESIGN §2.2)."""
+    return ModelConfig(
+        d_model=6144, n_layers=48, n_heads=48, head_dim=128, n_kv_heads=12, n_kv_heads_global=6,
+        vocab_size=128_256, seq_len=4096, window=2048, global_every=4, n_experts=384, top_k=8,
+        expert_hidden=3072, n_shared_experts=2, shared_hidden=3072, latent_ratio=2, ep_shards=64,
+    )
+
+
+PRESETS = {
+    "tiny": tiny,
+    # CPU ladder for the smoke study: seconds to minutes per run on 2 cores.
+    "cpu_s": lambda: ModelConfig(d_model=64, n_layers=2, n_heads=4, head_dim=16, seq_len=128, window=64),
+    "cpu_m": lambda: ModelConfig(d_model=96, n_layers=3, n_heads=6, head_dim=16, n_kv_heads=3,
+                                 n_kv_heads_global=1, seq_len=128, window=64, expert_hidden=48,
+                                 shared_hidden=48),
+    "cpu_l": lambda: ModelConfig(d_model=128, n_layers=4, n_heads=8, head_dim=16, n_kv_heads=4,
+                                 n_kv_heads_global=2, seq_len=128, window=64, expert_hidden=64,
+                                 shared_hidden=64),
+    "d512": lambda: _rung(512, 6),
+    "d768": lambda: _rung(768, 8),
+    "d1024": lambda: _rung(1024, 10),
+    "d1536": lambda: _rung(1536, 14),
+    "d2048": lambda: _rung(2048, 18),
+    "hero_535b": hero_535b,
+}
+
+
+def preset(name: str, overrides: Mapping[str, str] | list[str] | None = None) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; allowed values: {', '.join(PRESETS)}")
+    cfg = PRESETS[name]()
+    return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Marin's LR heuristic (issue #5951), pure arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LRHeuristic:
+    """adam_lr = c * D^a * d^b * sqrt(B) (cap 0.05); eta_MuonH = min(0.05, 13/3 adam_lr)."""
+
+    coeff: float = 0.06602
+    tokens_exp: float = -0.395
+    dim_exp: float = -0.150
+    muonh_ratio: float = 13 / 3
+    cap: float = 0.05
+    beta1: float = 0.9062
+
+    def adam_lr(self, tokens: float, d_model: int, tokens_per_batch: int) -> float:
+        return min(self.cap, self.coeff * tokens**self.tokens_exp * d_model**self.dim_exp * math.sqrt(tokens_per_batch))
+
+    def muonh_lr(self, tokens: float, d_model: int, tokens_per_batch: int) -> float:
+        return min(self.cap, self.muonh_ratio * self.adam_lr(tokens, d_model, tokens_per_batch))
+
+    @staticmethod
+    def beta2(tokens_per_batch: int) -> float:
+        return max(0.95, min(0.9999, 0.999 ** (tokens_per_batch / 131_072)))

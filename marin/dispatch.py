@@ -1,0 +1,336 @@
+"""Token dispatch for the routed experts: the drop decision, a grouped GEMM, and the local dispatcher.
+
+DESIGN §2.1 "EP transports" (Marin 535B-A23B recipe: ragged all-to-all with pooled receiver capacity
+vs fixed per-(sender, expert) capacity). The drop decision lives in one pure function, `plan_drops`,
+used by the virtual-EP `LocalDispatcher` here and by the real expert-parallel dispatcher in
+`marin/ep.py`, so a single-process run drops exactly what an S-rank EP run would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+TRANSPORTS = ("fixed", "ragged", "dropless")
+
+# Guards ceil(cf * n) against float noise (1.15 * 20 = 22.999999999999996): a capacity is a count of
+# rows, and a factor given to two decimals must not gain or lose a row through rounding error.
+_CEIL_EPS = 1e-9
+
+
+def _ceil(x: float) -> int:
+    return int(math.ceil(x - _CEIL_EPS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Capacities (shared by the planner, the EP transports and the benchmarks)
+# ---------------------------------------------------------------------------------------------
+
+
+def fixed_cell_capacity(tokens_per_shard: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Rows of one (sender shard, expert) cell of the fixed transport: ceil(cf * T_s * K / E)."""
+    return max(1, _ceil(capacity_factor * tokens_per_shard * top_k / n_experts))
+
+
+def ragged_chunk_layout(n_local_experts: int, n_chunks: int) -> tuple[int, int]:
+    """(chunks, experts per chunk) of one receiver. Like Marin, fall back to one chunk when the local
+    expert count is not divisible by n_chunks (the chunking exists to bound transport memory)."""
+    chunks = n_chunks if n_chunks > 1 and n_local_experts % n_chunks == 0 else 1
+    return chunks, n_local_experts // chunks
+
+
+def ragged_capacities(tokens_per_shard: int, top_k: int, n_local_experts: int, capacity_factor: float,
+                      n_chunks: int) -> tuple[int, int]:
+    """(pooled receiver capacity, per-chunk capacity) of the ragged transport, in rows.
+
+    Pooled: max(E_local, ceil(cf * T_s * K)). It is split evenly over the chunks: each chunk of local
+    experts gets max(E_chunk, ceil(pooled / chunks)) rows and capacity a chunk leaves unused is NOT
+    carried to the next chunk (Marin's grug `ep_ragged_all_to_all`: each chunk owns its own receive
+    buffer, so clipping is per chunk).
+    """
+    chunks, chunk_experts = ragged_chunk_layout(n_local_experts, n_chunks)
+    pooled = max(n_local_experts, _ceil(capacity_factor * tokens_per_shard * top_k))
+    return pooled, max(chunk_experts, _ceil(pooled / chunks))
+
+
+def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
+                   capacity_factor: float | None, n_chunks: int) -> None:
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+    if expert_idx_TK.dim() != 2:
+        raise ValueError(f"expert_idx_TK must be 2-D (tokens, top_k), got shape {tuple(expert_idx_TK.shape)}")
+    if expert_idx_TK.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+        raise ValueError(f"expert_idx_TK must be an integer tensor, got dtype {expert_idx_TK.dtype}")
+    if n_experts < 1 or n_shards < 1:
+        raise ValueError(f"n_experts={n_experts} and n_shards={n_shards} must be positive integers")
+    T = expert_idx_TK.shape[0]
+    if T % n_shards != 0:
+        raise ValueError(f"tokens T={T} are not divisible by n_shards={n_shards}; allowed: T % n_shards == 0")
+    if n_experts % n_shards != 0:
+        raise ValueError(f"n_experts={n_experts} is not divisible by n_shards={n_shards}; "
+                         "allowed: n_experts % n_shards == 0 (experts live contiguously on receivers)")
+    if n_chunks < 1:
+        raise ValueError(f"n_chunks={n_chunks} must be >= 1")
+    if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
+        raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+    if expert_idx_TK.numel() and (int(expert_idx_TK.min()) < 0 or int(expert_idx_TK.max()) >= n_experts):
+        raise ValueError(f"expert_idx_TK holds ids outside 0..{n_experts - 1}")
+
+
+def cell_counts(expert_idx_TK: Tensor, n_experts: int, n_shards: int) -> tuple[Tensor, Tensor]:
+    """(counts_SE, rank_N): assignments per (sender shard, expert) and, for each flat assignment
+    n = t*K + k, its rank inside its (shard, expert) cell in (token, k) order (0 = earliest)."""
+    T, K = expert_idx_TK.shape
+    N = T * K
+    e_N = expert_idx_TK.reshape(-1).long()
+    shard_N = torch.arange(N, device=e_N.device) // (N // n_shards)
+    key_N = shard_N * n_experts + e_N
+    # Stable sort keeps (token, k) order inside a cell: the rank is "how many earlier in my cell".
+    order_N = torch.sort(key_N, stable=True).indices
+    counts = torch.bincount(key_N, minlength=n_shards * n_experts)
+    starts = torch.cumsum(counts, 0) - counts
+    rank_sorted = torch.arange(N, device=e_N.device) - starts[key_N[order_N]]
+    rank_N = torch.empty_like(rank_sorted)
+    rank_N[order_N] = rank_sorted
+    return counts.view(n_shards, n_experts), rank_N
+
+
+def ragged_accepted(counts_SE: Tensor, n_chunks: int, chunk_capacity: int) -> Tensor:
+    """accepted_SE: rows of each (sender, expert) cell a ragged receiver accepts.
+
+    Receiver r holds experts [r*E_l, (r+1)*E_l) in chunks of E_c experts, each chunk with
+    `chunk_capacity` rows. Inside a chunk rows are taken in (expert, sender) order -- earlier experts,
+    then earlier senders -- and a cell is clipped to what remains, so clipping only happens when the
+    chunk overflows.
+    """
+    S, E = counts_SE.shape
+    El = E // S
+    chunks, Ec = ragged_chunk_layout(El, n_chunks)
+    # (sender, receiver, chunk, expert-in-chunk) -> (receiver, chunk, expert-in-chunk, sender): the
+    # priority order inside one chunk's buffer is expert-major, sender-minor.
+    c_RCXS = counts_SE.view(S, S, chunks, Ec).permute(1, 2, 3, 0).reshape(S, chunks, Ec * S)
+    start = torch.cumsum(c_RCXS, -1) - c_RCXS
+    acc = torch.minimum(c_RCXS, (chunk_capacity - start).clamp(min=0))
+    return acc.view(S, chunks, Ec, S).permute(3, 0, 1, 2).reshape(S, E)
+
+
+def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
+               capacity_factor: float | None, n_chunks: int = 2) -> Tensor:
+    """keep_TK: which routed assignments survive the EP transport (DESIGN §2.1; Marin EP drops).
+
+    Tokens are cut into n_shards contiguous equal shards (shard s holds tokens [s*T_s, (s+1)*T_s));
+    each shard sends its T_s*K assignments sorted by expert; expert e lives on receiver e // (E/S).
+    Within a (sender, expert) cell the earliest (token, k) in flat order t*K+k is kept first.
+
+    - "fixed": each (sender, expert) cell holds ceil(cf*T_s*K/E) rows (at least 1); the cell's later
+      positions are dropped at the sender.
+    - "ragged": receiver capacity is pooled, max(E/S, ceil(cf*T_s*K)) rows, split evenly over the
+      chunks of local experts (n_chunks, or 1 when E/S % n_chunks != 0): a chunk gets
+      max(E_chunk, ceil(pooled/chunks)) rows, unused capacity is not carried over between chunks
+      (Marin grug `ep_ragged_all_to_all`). Only an overflowing chunk clips, taking earlier experts,
+      then earlier senders, first; a clipped cell keeps its earliest positions.
+    - "dropless": keeps everything.
+    """
+    _validate_plan(expert_idx_TK, n_experts, n_shards, transport, capacity_factor, n_chunks)
+    if transport == "dropless":
+        return torch.ones(expert_idx_TK.shape, dtype=torch.bool, device=expert_idx_TK.device)
+    T, K = expert_idx_TK.shape
+    Ts = T // n_shards
+    counts_SE, rank_N = cell_counts(expert_idx_TK, n_experts, n_shards)
+    shard_N = torch.arange(T * K, device=rank_N.device) // (Ts * K)
+    e_N = expert_idx_TK.reshape(-1).long()
+    if transport == "fixed":
+        keep_N = rank_N < fixed_cell_capacity(Ts, K, n_experts, capacity_factor)
+    else:
+        _, chunk_cap = ragged_capacities(Ts, K, n_experts // n_shards, capacity_factor, n_chunks)
+        accepted_SE = ragged_accepted(counts_SE, n_chunks, chunk_cap)
+        keep_N = rank_N < accepted_SE[shard_N, e_N]
+    return keep_N.view(T, K)
+
+
+# ---------------------------------------------------------------------------------------------
+# Experts and the grouped GEMM
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpertWeights:
+    """Stacked SwiGLU expert weights, experts leading: y = (silu(x Wg) * (x Wu)) Wd.
+
+    Under expert parallelism a rank holds only its E/S local experts (the leading dim is E_local)."""
+
+    w_gate_EWH: Tensor
+    w_up_EWH: Tensor
+    w_down_EHW: Tensor
+
+    @property
+    def n_experts(self) -> int:
+        return self.w_gate_EWH.shape[0]
+
+    def slice(self, start: int, stop: int) -> "ExpertWeights":
+        return ExpertWeights(self.w_gate_EWH[start:stop], self.w_up_EWH[start:stop], self.w_down_EHW[start:stop])
+
+
+@dataclass
+class DispatchStats:
+    """Drop and traffic accounting of one dispatch.
+
+    bytes_moved: bytes that cross shard boundaries, dispatch plus the mirrored return (rows whose
+    receiver is another shard, times row width times element size); the fixed transport sends every
+    padded cell; the ragged (and dropless) exchange also all-gathers the S x E int64 count matrix.
+    0 with one shard.
+    """
+
+    assigned: int
+    dropped: int
+    dropped_per_shard: list[int] | None
+    bytes_moved: int
+
+
+class Dispatcher(Protocol):
+    def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
+                 dropless: bool) -> tuple[Tensor, DispatchStats]: ...
+
+
+class _MaterializeGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: torch._grouped_mm's backward rejects
+    zero-stride gradients (an expanded ones from `.sum().backward()`), measured on H200."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor) -> Tensor:
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        return g.contiguous()
+
+
+def _native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
+    if not (x_NI.is_cuda and hasattr(torch, "_grouped_mm")):
+        return False
+    if x_NI.dtype != torch.bfloat16 or w_EIO.dtype != torch.bfloat16:
+        return False
+    if torch.cuda.get_device_capability(x_NI.device) < (9, 0):
+        return False
+    # The kernel wants 16-byte aligned rows in every operand.
+    return x_NI.shape[1] % 8 == 0 and w_EIO.shape[2] % 8 == 0
+
+
+def grouped_mm(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
+    """y[n] = x[n] @ w[e] for rows n in group e = [offsets[e-1], offsets[e]) (offsets: cumulative
+    int32 group ends, as torch._grouped_mm takes them). Rows past offsets[-1] come back as zeros.
+
+    torch._grouped_mm on CUDA sm90+ in bf16; elsewhere a loop over non-empty groups (autograd-exact).
+    """
+    if x_NI.dim() != 2 or w_EIO.dim() != 3 or x_NI.shape[1] != w_EIO.shape[1]:
+        raise ValueError(f"grouped_mm: shapes x {tuple(x_NI.shape)} and w {tuple(w_EIO.shape)} do not match "
+                         "(want x_NI and w_EIO with the same I)")
+    if offsets_E.numel() != w_EIO.shape[0]:
+        raise ValueError(f"grouped_mm: {offsets_E.numel()} offsets for {w_EIO.shape[0]} experts")
+    N, O = x_NI.shape[0], w_EIO.shape[2]
+    if _native_grouped_mm_ok(x_NI, w_EIO):
+        offs = offsets_E.to(device=x_NI.device, dtype=torch.int32)
+        total = int(offs[-1]) if offs.numel() else 0
+        # The kernel leaves rows past the last group unspecified, forward and backward (measured on
+        # H200: garbage in dx), so it only ever sees the grouped rows.
+        y = _MaterializeGrad.apply(torch._grouped_mm(x_NI[:total], w_EIO, offs=offs))
+        return torch.cat([y, y.new_zeros(N - total, O)]) if total < N else y
+    ends = offsets_E.tolist()
+    parts, start = [], 0
+    for e, end in enumerate(ends):
+        if end > start:
+            parts.append(x_NI[start:end] @ w_EIO[e])
+        start = end
+    if start < N:
+        parts.append(x_NI.new_zeros(N - start, O))
+    if not parts:
+        return x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
+    return torch.cat(parts, 0)
+
+
+def expert_offsets(expert_sorted_N: Tensor, n_experts: int) -> Tensor:
+    """Cumulative group ends (int32) of rows already sorted by expert id."""
+    return torch.cumsum(torch.bincount(expert_sorted_N, minlength=n_experts), 0).to(torch.int32)
+
+
+def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights) -> Tensor:
+    """SwiGLU experts over rows grouped by expert: (silu(x Wg) * (x Wu)) Wd per group."""
+    h_NH = F.silu(grouped_mm(x_NW, experts.w_gate_EWH, offsets_E)) * grouped_mm(x_NW, experts.w_up_EWH, offsets_E)
+    return grouped_mm(h_NH, experts.w_down_EHW, offsets_E)
+
+
+# ---------------------------------------------------------------------------------------------
+# Virtual EP: one process, drops as an S-shard EP run would see them
+# ---------------------------------------------------------------------------------------------
+
+
+def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
+                    capacity_factor: float | None, row_bytes: int) -> int:
+    """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats."""
+    S = n_shards
+    if S == 1:
+        return 0
+    T, K = expert_idx_TK.shape
+    El = n_experts // S
+    if transport == "fixed":
+        cap = fixed_cell_capacity(T // S, K, n_experts, capacity_factor)
+        return 2 * S * (S - 1) * El * cap * row_bytes
+    shard_N = torch.arange(T * K, device=expert_idx_TK.device) // ((T // S) * K)
+    recv_N = expert_idx_TK.reshape(-1).long() // El
+    off = int(((recv_N != shard_N) & keep_TK.reshape(-1)).sum())
+    counts_bytes = S * (S - 1) * n_experts * 8  # every shard all-gathers its E int64 counts
+    return 2 * off * row_bytes + counts_bytes
+
+
+class LocalDispatcher:
+    """Virtual EP (DESIGN §2.1): drops decided by `plan_drops` over n_shards virtual shards, experts
+    computed with one grouped GEMM, outputs weighted by combine_TK and scattered back to tokens."""
+
+    def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
+            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+        if n_shards < 1 or n_chunks < 1:
+            raise ValueError(f"n_shards={n_shards} and n_chunks={n_chunks} must be >= 1")
+        self.transport = transport
+        self.n_shards = n_shards
+        self.capacity_factor = capacity_factor
+        self.n_chunks = n_chunks
+
+    def __repr__(self) -> str:
+        return (f"LocalDispatcher(transport={self.transport!r}, n_shards={self.n_shards}, "
+                f"capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks})")
+
+    def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
+                 dropless: bool) -> tuple[Tensor, DispatchStats]:
+        T, K = expert_idx_TK.shape
+        E = experts.n_experts
+        transport = "dropless" if dropless else self.transport
+        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=self.n_shards, transport=transport,
+                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks)
+        y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts)
+        dropped_S = (~keep_TK).view(self.n_shards, -1).sum(1).tolist()
+        nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=self.n_shards, transport=transport,
+                                 capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size())
+        return y_TW, DispatchStats(assigned=T * K, dropped=sum(dropped_S), dropped_per_shard=dropped_S,
+                                   bytes_moved=nbytes)
+
+
+def combine_kept(x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, keep_TK: Tensor,
+                 experts: ExpertWeights) -> Tensor:
+    """y_TW = sum over kept (t,k) of combine[t,k] * SwiGLU_{e[t,k]}(x[t]), one grouped GEMM per matrix."""
+    T, K = expert_idx_TK.shape
+    kept_M = torch.nonzero(keep_TK.reshape(-1)).squeeze(1)
+    e_M = expert_idx_TK.reshape(-1)[kept_M].long()
+    order = torch.sort(e_M, stable=True).indices
+    src_M = kept_M[order]
+    tok_M = src_M // K
+    out_MW = swiglu_grouped(x_TW[tok_M], expert_offsets(e_M[order], experts.n_experts), experts)
+    w_M1 = combine_TK.reshape(-1)[src_M].unsqueeze(1).to(out_MW.dtype)
+    return torch.zeros_like(x_TW).index_add(0, tok_M, out_MW * w_M1)

@@ -1,0 +1,428 @@
+"""Real expert parallelism on torch.distributed: fixed and ragged all-to-all transports, data parallel
+for the rest of the model, sharded checkpoints (DESIGN §2.1 "EP transports", §5; issue 4).
+
+Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_rank * ep + ep_rank, so an
+EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
+E/ep per rank, contiguous (rank q holds experts [q*E/ep, (q+1)*E/ep)); each rank is one token shard.
+Non-expert parameters are data parallel over all `world` ranks with FSDP2 `fully_shard` (it works on
+gloo CPU as well as NCCL); expert parameters are left out of FSDP (ignored_params) and their gradients
+are averaged over the "dp" dimension by `sync_expert_grads` after backward.
+
+Drops. Every rank decides its own drops with the same functions `plan_drops` uses
+(marin.dispatch: cell_counts, fixed_cell_capacity, ragged_capacities, ragged_accepted): the fixed
+transport needs only local information (per-(sender, expert) cell capacity); the ragged transport
+first all-gathers the S x E count matrix, from which every rank computes every receiver's accepted
+cells. The result equals `plan_drops` on the globally gathered expert ids (pinned by tests/test_ep.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from marin.dispatch import (
+    TRANSPORTS,
+    DispatchStats,
+    ExpertWeights,
+    LocalDispatcher,
+    cell_counts,
+    expert_offsets,
+    fixed_cell_capacity,
+    ragged_accepted,
+    ragged_capacities,
+    ragged_chunk_layout,
+    swiglu_grouped,
+)
+
+EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
+DP_MODES = ("fsdp2", "none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout and process groups
+# ---------------------------------------------------------------------------------------------
+
+
+def check_ep_layout(n_experts: int, ep_size: int, world_size: int) -> None:
+    """Raise ValueError (before any collective) unless ep_size divides both world_size and n_experts."""
+    if ep_size < 1 or world_size < 1:
+        raise ValueError(f"ep_size={ep_size} and world_size={world_size} must be positive")
+    if world_size % ep_size != 0:
+        raise ValueError(f"EP size ep_size={ep_size} does not divide world_size={world_size}; "
+                         f"allowed ep_size: divisors of {world_size}")
+    if n_experts % ep_size != 0:
+        raise ValueError(f"n_experts={n_experts} is not divisible by EP size ep_size={ep_size}; "
+                         f"allowed ep_size: divisors of {n_experts} that divide world_size={world_size}")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    source: str  # "torchrun", "slurm" or "single"
+
+
+def dist_env() -> DistEnv:
+    """Rank and world size, in this order of precedence: torchrun's variables (RANK, WORLD_SIZE,
+    LOCAL_RANK); a submitit SLURM task (SUBMITIT_EXECUTOR=slurm: submitit's TorchDistributedEnvironment
+    exports MASTER_ADDR/PORT, RANK, WORLD_SIZE from the SLURM variables); a bare srun task
+    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR/PORT must be set); else one process."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun")
+    if env.get("SUBMITIT_EXECUTOR") == "slurm":
+        from submitit.helpers import TorchDistributedEnvironment
+
+        e = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        return DistEnv(e.rank, e.world_size, e.local_rank, "slurm")
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise ValueError("an srun task without submitit needs MASTER_ADDR and MASTER_PORT in the environment")
+        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "slurm")
+    return DistEnv(0, 1, 0, "single")
+
+
+@dataclass
+class EPGroups:
+    """The device mesh ("dp", "ep") and its groups. `ep` is the all-to-all group; `dp` joins the
+    ranks holding the same experts (expert gradients are averaged over it)."""
+
+    mesh: object  # torch.distributed.device_mesh.DeviceMesh
+    world_mesh: object  # 1-D mesh over all ranks, for FSDP2 of the non-expert parameters
+    ep_size: int
+    dp_size: int
+
+    @property
+    def ep_group(self):
+        return self.mesh.get_group("ep")
+
+    @property
+    def dp_group(self):
+        return self.mesh.get_group("dp")
+
+    @property
+    def ep_rank(self) -> int:
+        return self.mesh.get_local_rank("ep")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.get_local_rank("dp")
+
+    @property
+    def world_size(self) -> int:
+        return self.ep_size * self.dp_size
+
+
+def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = None) -> EPGroups:
+    """Initialise torch.distributed from the environment (see `dist_env`) and build the dp x ep mesh.
+    The layout is checked before any collective; ep_size defaults to the world size."""
+    env = dist_env()
+    world = dist.get_world_size() if dist.is_initialized() else env.world_size
+    ep = world if ep_size is None else ep_size
+    check_ep_layout(n_experts, ep, world)
+    device = "cuda" if torch.cuda.is_available() and backend != "gloo" else "cpu"
+    if not dist.is_initialized():
+        if device == "cuda":
+            torch.cuda.set_device(env.local_rank)
+        dist.init_process_group(backend or ("nccl" if device == "cuda" else "gloo"),
+                                rank=env.rank, world_size=env.world_size)
+    return build_ep_groups(ep, device)
+
+
+def build_ep_groups(ep_size: int, device: str = "cpu") -> EPGroups:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world % ep_size != 0:
+        raise ValueError(f"EP size ep_size={ep_size} does not divide world_size={world}")
+    mesh = init_device_mesh(device, (world // ep_size, ep_size), mesh_dim_names=("dp", "ep"))
+    world_mesh = init_device_mesh(device, (world,), mesh_dim_names=("world",))
+    return EPGroups(mesh, world_mesh, ep_size, world // ep_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The EP dispatcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
+    """Differentiable all_to_all_single (its backward is the mirrored exchange)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+
+    return wait_tensor(all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group))
+
+
+def _all_gather_flat(out: Tensor, inp: Tensor, group) -> None:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
+    gather(out, inp, group=group)
+
+
+def _swiglu_bmm(x_EMW: Tensor, w_gate_EWH: Tensor, w_up_EWH: Tensor, w_down_EHW: Tensor) -> Tensor:
+    """Static-shape experts: every local expert sees the same padded row count (fixed transport)."""
+    h = F.silu(torch.bmm(x_EMW, w_gate_EWH)) * torch.bmm(x_EMW, w_up_EWH)
+    return torch.bmm(h, w_down_EHW)
+
+
+class EPDispatcher:
+    """Expert-parallel Dispatcher (DESIGN §2.1): tokens of this rank are one shard of the EP group,
+    `experts` holds this rank's E/S local experts, expert ids are global.
+
+    fixed: one dense all_to_all_single of equal splits, S x E/S cells of ceil(cf*T_s*K/E) padded rows,
+      overflow dropped at the sender, static-shape experts (bmm), mirrored return.
+    ragged: all-gather the S x E count matrix, then per chunk of local experts an all_to_all_single with
+      split sizes of the accepted rows (pooled receiver capacity, clipped per chunk), rows regrouped
+      expert-major for the grouped GEMM, mirrored return.
+    dropless=True (eval): the ragged exchange with nothing clipped, whatever the transport.
+
+    Stats are this rank's: assigned = T_s*K, dropped (equals plan_drops on the gathered ids restricted to
+    this shard), dropped_per_shard (every shard's, ragged only: it is known from the counts),
+    bytes_moved = bytes this rank sends to other ranks, dispatch + return (+ its counts row).
+    All ranks of the group must pass the same T_s.
+    """
+
+    def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
+            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+        self.group = group
+        self.S = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        check_ep_layout(n_experts, self.S, self.S)
+        self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
+        self.n_local = n_experts // self.S
+
+    def __repr__(self) -> str:
+        return (f"EPDispatcher(transport={self.transport!r}, ep={self.S}, rank={self.rank}, "
+                f"n_experts={self.n_experts}, capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks})")
+
+    def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
+                 dropless: bool) -> tuple[Tensor, DispatchStats]:
+        if experts.n_experts != self.n_local:
+            raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
+                             f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
+        counts_1E, rank_N = cell_counts(expert_idx_TK, self.n_experts, 1)
+        if self.transport == "fixed" and not dropless:
+            return self._fixed(x_TW, expert_idx_TK, combine_TK, experts, rank_N)
+        return self._ragged(x_TW, expert_idx_TK, combine_TK, experts, counts_1E[0], rank_N, dropless)
+
+    # -- fixed: static shapes ---------------------------------------------------------------------
+    def _fixed(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, rank_N):
+        T, K = idx_TK.shape
+        W, S, El, E = x_TW.shape[1], self.S, self.n_local, self.n_experts
+        cap = fixed_cell_capacity(T, K, E, self.capacity_factor)
+        e_N = idx_TK.reshape(-1).long()
+        kept_M = torch.nonzero(rank_N < cap).squeeze(1)
+        slot_M = e_N[kept_M] * cap + rank_N[kept_M]  # cells are receiver-major because experts are
+        tok_M = kept_M // K
+        src_slot = torch.full((E * cap,), T, dtype=torch.long, device=x_TW.device)
+        src_slot[slot_M] = tok_M
+        send = torch.cat([x_TW, x_TW.new_zeros(1, W)])[src_slot]  # padded rows are zero rows
+        splits = [El * cap] * S
+        recv = _a2a(send, splits, splits, self.group)
+        x_EMW = recv.view(S, El, cap, W).transpose(0, 1).reshape(El, S * cap, W)
+        # Zero padding rows give zero outputs (no biases, silu(0) = 0), and zero gradients.
+        out_EMW = _swiglu_bmm(x_EMW, experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)
+        back = out_EMW.view(El, S, cap, W).transpose(0, 1).reshape(S * El * cap, W)
+        ret = _a2a(back, splits, splits, self.group)
+        w_M1 = combine_TK.reshape(-1)[kept_M].unsqueeze(1).to(ret.dtype)
+        y_TW = torch.zeros_like(x_TW).index_add(0, tok_M, ret[slot_M] * w_M1)
+        dropped = T * K - kept_M.numel()
+        nbytes = 2 * (S - 1) * El * cap * W * x_TW.element_size()
+        return y_TW, DispatchStats(assigned=T * K, dropped=dropped, dropped_per_shard=None, bytes_moved=nbytes)
+
+    # -- ragged: counts first, then split sizes --------------------------------------------------
+    def _ragged(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, counts_E, rank_N, dropless: bool):
+        T, K = idx_TK.shape
+        W, S, El, E, r = x_TW.shape[1], self.S, self.n_local, self.n_experts, self.rank
+        counts_SE = torch.empty(S * E, dtype=torch.long, device=counts_E.device)
+        _all_gather_flat(counts_SE, counts_E.contiguous(), self.group)  # the count exchange
+        counts_SE = counts_SE.view(S, E)
+        chunks, Ec = ragged_chunk_layout(El, self.n_chunks)
+        if dropless:
+            accepted_SE = counts_SE
+        else:
+            _, chunk_cap = ragged_capacities(T, K, El, self.capacity_factor, self.n_chunks)
+            accepted_SE = ragged_accepted(counts_SE, self.n_chunks, chunk_cap)
+        e_N = idx_TK.reshape(-1).long()
+        keep_N = rank_N < accepted_SE[r, e_N]
+        kept_M = torch.nonzero(keep_N).squeeze(1)
+        e_M = e_N[kept_M]
+        # Sorting by global expert id orders the send buffer receiver-major; stable keeps (t, k) order.
+        order = torch.sort(e_M, stable=True).indices
+        src_M, e_M = kept_M[order], e_M[order]
+        chunk_M = (e_M % El) // Ec
+        acc_SQX = accepted_SE.view(S, S, chunks, Ec)  # (sender, receiver, chunk, expert in chunk)
+        y_TW = torch.zeros_like(x_TW)
+        for c in range(chunks):
+            sel = torch.nonzero(chunk_M == c).squeeze(1)
+            src_c, tok_c = src_M[sel], src_M[sel] // K
+            in_splits = acc_SQX[r, :, c].sum(-1).tolist()
+            recv_SX = acc_SQX[:, r, c]  # rows I receive from each sender, per local expert of chunk c
+            out_splits = recv_SX.sum(-1).tolist()
+            recv = _a2a(x_TW[tok_c], out_splits, in_splits, self.group)
+            # Arrivals are sender-major; the grouped GEMM wants them expert-major (senders in order).
+            label = torch.repeat_interleave(torch.arange(Ec, device=x_TW.device).repeat(S), recv_SX.reshape(-1))
+            perm = torch.sort(label, stable=True).indices
+            out = swiglu_grouped(recv[perm], expert_offsets(label[perm], Ec), experts.slice(c * Ec, (c + 1) * Ec))
+            back = torch.empty_like(out).index_copy(0, perm, out) if out.numel() else out
+            ret = _a2a(back, in_splits, out_splits, self.group)
+            w_M1 = combine_TK.reshape(-1)[src_c].unsqueeze(1).to(ret.dtype)
+            y_TW = y_TW.index_add(0, tok_c, ret * w_M1)
+        dropped_S = (counts_SE - accepted_SE).sum(1).tolist()
+        off_rows = sum(v for q, v in enumerate(accepted_SE[r].view(S, El).sum(1).tolist()) if q != r)
+        nbytes = 2 * off_rows * W * x_TW.element_size() + (S - 1) * E * 8
+        return y_TW, DispatchStats(assigned=T * K, dropped=dropped_S[r], dropped_per_shard=dropped_S,
+                                   bytes_moved=nbytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the EP model from a MarinModel (or any module holding MoE layers)
+# ---------------------------------------------------------------------------------------------
+
+
+def moe_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Modules with a settable `dispatcher` and the stacked expert parameters (marin.moe.MoE)."""
+    for name, m in model.named_modules():
+        if hasattr(m, "dispatcher") and all(isinstance(getattr(m, p, None), nn.Parameter) for p in EXPERT_PARAM_NAMES):
+            yield name, m
+
+
+def expert_param_names(model: nn.Module) -> list[str]:
+    return [f"{n}.{p}" if n else p for n, _ in moe_layers(model) for p in EXPERT_PARAM_NAMES]
+
+
+def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = None) -> nn.Module:
+    """In place: keep this rank's E/ep slice of every MoE layer's expert stacks and swap its dispatcher
+    for an EPDispatcher with the same transport, capacity factor and chunks (from its LocalDispatcher)."""
+    S, q = groups.ep_size, groups.ep_rank
+    found = False
+    for name, m in moe_layers(model):
+        found = True
+        E = m.w_gate_EWH.shape[0]
+        check_ep_layout(E, S, groups.world_size)
+        old = m.dispatcher
+        if not isinstance(old, LocalDispatcher):
+            raise ValueError(f"{name}.dispatcher is {type(old).__name__}; shard_experts expects a LocalDispatcher")
+        El = E // S
+        for p in EXPERT_PARAM_NAMES:
+            full = getattr(m, p)
+            setattr(m, p, nn.Parameter(full.detach()[q * El:(q + 1) * El].clone(), requires_grad=full.requires_grad))
+        m.dispatcher = EPDispatcher(transport or old.transport, groups.ep_group, E, old.capacity_factor, old.n_chunks)
+    if not found:
+        raise ValueError("shard_experts: the model has no MoE layer (a module with `dispatcher` and "
+                         f"parameters {', '.join(EXPERT_PARAM_NAMES)})")
+    return model
+
+
+def apply_data_parallel(model: nn.Module, groups: EPGroups, mode: str = "fsdp2") -> nn.Module:
+    """Data parallel for the non-expert parameters over all ranks: FSDP2 fully_shard per transformer
+    block (the first nn.ModuleList named `blocks` or `layers`, when present) and at the root, expert
+    parameters ignored (they are EP-sharded; see sync_expert_grads). mode "none" leaves the model alone
+    (then call sync_grads for a plain all-reduce of every gradient)."""
+    if mode not in DP_MODES:
+        raise ValueError(f"mode={mode!r} is not known; allowed values: {', '.join(map(repr, DP_MODES))}")
+    if mode == "none":
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    ignored = {getattr(m, p) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
+    for attr in ("blocks", "layers"):
+        blocks = getattr(model, attr, None)
+        if isinstance(blocks, nn.ModuleList):
+            for b in blocks:
+                fully_shard(b, mesh=groups.world_mesh, ignored_params=ignored)
+            break
+    fully_shard(model, mesh=groups.world_mesh, ignored_params=ignored)
+    return model
+
+
+def parallelize(model: nn.Module, groups: EPGroups, *, dp: str = "fsdp2", transport: str | None = None) -> nn.Module:
+    """The EP model: shard_experts, then data parallel for everything else."""
+    return apply_data_parallel(shard_experts(model, groups, transport), groups, dp)
+
+
+@torch.no_grad()
+def sync_expert_grads(model: nn.Module, groups: EPGroups) -> None:
+    """After backward: the all-to-all backward already summed every EP-group member's contribution
+    into the local expert gradient; sum it over the "dp" replicas and divide by the world size, so it
+    is the gradient of the mean of the per-rank losses (what FSDP2 gives the other parameters)."""
+    grads = [getattr(m, p).grad for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES]
+    grads = [g for g in grads if g is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if groups.dp_size > 1:
+        dist.all_reduce(flat, group=groups.dp_group)
+    flat /= groups.world_size
+    i = 0
+    for g in grads:
+        g.copy_(flat[i:i + g.numel()].view_as(g))
+        i += g.numel()
+
+
+@torch.no_grad()
+def sync_grads(model: nn.Module, groups: EPGroups) -> None:
+    """dp="none": average non-expert gradients over all ranks, then sync_expert_grads."""
+    experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
+    for p in model.parameters():
+        if id(p) not in experts and p.grad is not None and groups.world_size > 1:
+            dist.all_reduce(p.grad)
+            p.grad /= groups.world_size
+    sync_expert_grads(model, groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded checkpoints (torch.distributed.checkpoint): any layout saves, any layout loads
+# ---------------------------------------------------------------------------------------------
+
+
+def _ep_state_dict(model: nn.Module, groups: EPGroups | None) -> dict:
+    """The model state dict with expert stacks as DTensors sharded over "ep" (replicated over "dp"),
+    FSDP2 parameters as their DTensors, everything else plain (replicated)."""
+    sd = model.state_dict()
+    if groups is None:
+        return sd
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    for name in expert_param_names(model):
+        sd[name] = DTensor.from_local(sd[name], groups.mesh, [Replicate(), Shard(0)], run_check=False)
+    return sd
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None) -> None:
+    """Save with torch.distributed.checkpoint (every rank calls it; groups=None in one process)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_ep_state_dict(model, groups), checkpoint_id=str(path), no_dist=groups is None)
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None) -> None:
+    """Load a checkpoint saved by any number of ranks into this layout (resharded by DCP)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor
+
+    sd = _ep_state_dict(model, groups)
+    dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None)
+    # DCP writes in place into the tensors it was given; copy anyway, so a state dict entry that
+    # was a copy (not a view of the parameter) still lands in the model.
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, v in sd.items():
+            t = own.get(name)
+            if t is None:
+                continue
+            src = v.to_local() if isinstance(v, DTensor) and not isinstance(t, DTensor) else v
+            if isinstance(t, DTensor):
+                t.to_local().copy_(src.to_local() if isinstance(src, DTensor) else src)
+            else:
+                t.copy_(src)

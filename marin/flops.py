@@ -1,0 +1,156 @@
+"""Analytic parameter and FLOP accounting per (ModelConfig, Recipe) (DESIGN §2.2, §3). No torch.
+
+Definitions (kept equal to what `MarinModel` builds; tests check both against the meta-device model
+and against torch's FlopCounterMode):
+
+- params_total: every trainable parameter, counted exactly: embedding, lm_head (untied), norms,
+  attention, headwise gates, SConv kernels, GatedNorm, router, latent projections and latent norm,
+  all routed experts, shared experts. Buffers (the router bias) are not parameters.
+- params_active: the non-embedding parameters one token touches: params_total minus the embedding,
+  minus the lm_head, minus the (E − K) routed experts a token does not use, in every layer. On top
+  of Marin's count (attention 2·d·H·h + 2·d·H_kv·h, router d·E, routed K·3·ℓ·m, latent 2·d·ℓ,
+  shared 2·3·d·m_s) this includes the small terms: norm gains, gates, SConv, GatedNorm.
+- forward FLOPs per token: 2 × multiply-accumulates per token of every matmul (attention q/k/v/o and
+  gate projections, the attention scores QKᵀ and AV over the keys a query sees, router, latent down
+  and up, the K routed experts, shared experts, GatedNorm, lm_head) plus two small elementwise terms
+  the recipe adds (SConv taps, the XSA projection). Attention keys per query: causal and windowed
+  ("causal", the default: min(t+1, window) on local layers, t+1 on global ones, averaged over the
+  sequence) or every position ("dense", what a masked S×S kernel computes); document masking is not
+  discounted. Norms, softmax, activations and the embedding lookup are not counted.
+- flops_per_token: training FLOPs per token = 3 × forward (backward = 2 × forward).
+- dispatch_bytes_per_token: routed rows that cross the all-to-all per token, summed over layers,
+  dispatch and return: n_layers · 2 · K · W · bytes_per_element.
+"""
+
+from __future__ import annotations
+
+from marin.config import ModelConfig, Recipe, to_dict
+
+GATED_NORM_RANK = 16  # keep equal to marin.model.GATED_NORM_RANK
+MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",
+                "gated_norm", "lm_head")
+ELEMENTWISE_TERMS = ("sconv", "xsa")
+ATTENTION_MODES = ("causal", "dense")
+
+
+def _sconv_channels(cfg: ModelConfig, recipe: Recipe, layer: int) -> int:
+    """Channels carrying an SConv in one layer (0 when sconv is off)."""
+    if recipe.sconv != "short_conv":
+        return 0
+    kv = cfg.kv_heads(layer) * cfg.head_dim
+    width = {"k": kv, "v": kv, "attn_out": cfg.d_model, "mlp_out": cfg.d_model}
+    return sum(width[s] for s in cfg.sconv_sites)
+
+
+def layer_params(cfg: ModelConfig, recipe: Recipe, layer: int) -> dict[str, int]:
+    """Parameters of one block, by component (routed = all E experts)."""
+    d, H, h, Hkv = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.kv_heads(layer)
+    g = cfg.moe_geometry(recipe)
+    return {
+        "norms": 2 * d + (2 * h if recipe.qk_norm == "learned_gain" else 0) + (g.width if g.latent else 0),
+        "attention": 2 * d * H * h + 2 * d * Hkv * h,
+        "attn_gate": d * H if cfg.attn_gate else 0,
+        "sconv": cfg.sconv_kernel * _sconv_channels(cfg, recipe, layer),
+        "gated_norm": 2 * 2 * d * GATED_NORM_RANK if cfg.gated_norm else 0,
+        "router": d * g.n_experts,
+        "latent": 2 * d * g.width if g.latent else 0,
+        "routed": g.n_experts * 3 * g.width * g.hidden,
+        "shared": cfg.n_shared_experts * 3 * d * cfg.shared_hidden,
+    }
+
+
+def params_breakdown(cfg: ModelConfig, recipe: Recipe) -> dict[str, int]:
+    out = {"embed": cfg.vocab_size * cfg.d_model, "lm_head": cfg.d_model * cfg.vocab_size,
+           "final_norm": cfg.d_model}
+    for layer in range(cfg.n_layers):
+        for k, v in layer_params(cfg, recipe, layer).items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def params_total(cfg: ModelConfig, recipe: Recipe) -> int:
+    return sum(params_breakdown(cfg, recipe).values())
+
+
+def params_routed(cfg: ModelConfig, recipe: Recipe) -> int:
+    """All routed-expert parameters (E experts, every layer)."""
+    return params_breakdown(cfg, recipe)["routed"]
+
+
+def params_active(cfg: ModelConfig, recipe: Recipe) -> int:
+    g = cfg.moe_geometry(recipe)
+    b = params_breakdown(cfg, recipe)
+    inactive = cfg.n_layers * (g.n_experts - g.top_k) * 3 * g.width * g.hidden
+    return params_total(cfg, recipe) - b["embed"] - b["lm_head"] - inactive
+
+
+def mean_keys_per_query(seq_len: int, window: int | None) -> float:
+    """Average number of keys a causal query attends to over positions 0..S-1 (window incl. self)."""
+    S = seq_len
+    if window is None or window >= S:
+        return (S + 1) / 2
+    w = window
+    return (w * (w + 1) / 2 + (S - w) * w) / S
+
+
+def forward_flops_breakdown(cfg: ModelConfig, recipe: Recipe, seq_len: int | None = None,
+                            attention: str = "causal") -> dict[str, float]:
+    """Forward FLOPs per token by term (see the module docstring)."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention={attention!r} is not known; allowed values: {', '.join(ATTENTION_MODES)}")
+    S = cfg.seq_len if seq_len is None else seq_len
+    d, H, h = cfg.d_model, cfg.n_heads, cfg.head_dim
+    g = cfg.moe_geometry(recipe)
+    out = dict.fromkeys(MATMUL_TERMS + ELEMENTWISE_TERMS, 0.0)
+    for layer in range(cfg.n_layers):
+        Hkv = cfg.kv_heads(layer)
+        if attention == "dense":
+            keys = S
+        else:
+            keys = mean_keys_per_query(S, None if cfg.is_global(layer) else cfg.window)
+        out["attn_proj"] += 2 * (2 * d * H * h + 2 * d * Hkv * h)
+        out["attn_gate"] += 2 * d * H if cfg.attn_gate else 0
+        out["attn_scores"] += 2 * 2 * H * h * keys  # QKᵀ and AV
+        out["router"] += 2 * d * g.n_experts
+        out["latent"] += 2 * 2 * d * g.width if g.latent else 0
+        out["routed"] += 2 * g.top_k * 3 * g.width * g.hidden
+        out["shared"] += 2 * cfg.n_shared_experts * 3 * d * cfg.shared_hidden
+        out["gated_norm"] += 2 * 2 * 2 * d * GATED_NORM_RANK if cfg.gated_norm else 0
+        out["sconv"] += 2 * cfg.sconv_kernel * _sconv_channels(cfg, recipe, layer)
+        out["xsa"] += 2 * 3 * H * h if recipe.xsa == "xsa" else 0  # ⟨y,v⟩, ‖v‖², y − c·v
+    out["lm_head"] = 2.0 * d * cfg.vocab_size
+    return out
+
+
+def forward_flops_per_token(cfg: ModelConfig, recipe: Recipe, seq_len: int | None = None,
+                            attention: str = "causal") -> float:
+    return sum(forward_flops_breakdown(cfg, recipe, seq_len, attention).values())
+
+
+def flops_per_token(cfg: ModelConfig, recipe: Recipe, seq_len: int | None = None) -> float:
+    """Training model FLOPs per token: 3 × forward (causal-windowed attention)."""
+    return 3.0 * forward_flops_per_token(cfg, recipe, seq_len)
+
+
+def dispatch_bytes_per_token(cfg: ModelConfig, recipe: Recipe, bytes_per_element: int = 2) -> int:
+    """Routed rows through the all-to-all per token, all layers, dispatch + return (bf16 default)."""
+    g = cfg.moe_geometry(recipe)
+    return cfg.n_layers * 2 * g.top_k * g.width * bytes_per_element
+
+
+def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
+    """Resolved config and accounting, for `marin-ablate describe` and run summaries."""
+    g = cfg.moe_geometry(recipe)
+    return {
+        "model": to_dict(cfg),
+        "recipe": to_dict(recipe),
+        "moe_geometry": to_dict(g),
+        "params_total": params_total(cfg, recipe),
+        "params_active": params_active(cfg, recipe),
+        "params_routed": params_routed(cfg, recipe),
+        "params_breakdown": params_breakdown(cfg, recipe),
+        "flops_per_token": flops_per_token(cfg, recipe),
+        "forward_flops_per_token": forward_flops_per_token(cfg, recipe),
+        "forward_flops_breakdown": forward_flops_breakdown(cfg, recipe),
+        "dispatch_bytes_per_token": dispatch_bytes_per_token(cfg, recipe),
+    }

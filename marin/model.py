@@ -1,0 +1,343 @@
+"""The marin-ablate transformer: one PyTorch model in which every Marin 535B-A23B recipe switch
+(DESIGN §2) is a visible branch in a forward().
+
+Layout: token embedding -> n_layers x [pre-RMSNorm attention, pre-RMSNorm MoE] -> final RMSNorm ->
+untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss (when that level is on).
+
+Fixed architecture (from the hero, each with a ModelConfig field): GQA with per-layer KV heads;
+local sliding-window layers with half-RoPE, global NoPE layers; causal attention that never crosses
+a packed document; zero-initialised headwise gate 2σ(x·W_g); optional GatedNorm; truncated-normal
+init σ = init_scale/√d for every matrix.
+
+Shape suffixes: B batch, S sequence, D model width, H query heads, K kv heads (in attention),
+h head dim, V vocab, R rotated dims / 2, C channels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from marin.config import ModelConfig, Recipe
+from marin.flops import GATED_NORM_RANK  # low-rank width of GatedNorm's gate MLP (arXiv 2601.22966)
+from marin.kernels import get_kernels
+from marin.moe import MoE, RMSNorm, ROUTER_STATS, Router
+
+
+@dataclass
+class ModelOutput:
+    logits_BSV: Tensor
+    loss: Tensor | None  # ce + z_loss + aux_loss (when targets given)
+    ce_loss: Tensor | None  # token-mean NLL
+    z_loss: Tensor | None
+    aux_loss: Tensor  # Switch aux, summed over layers (0 for other balance levels)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, eps: float) -> Tensor:
+    """Parameter-free RMSNorm over the last dim (accumulates in fp32 for bf16 inputs)."""
+    return F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
+class GatedNorm(nn.Module):
+    """Learned per-dimension gate after RMSNorm: y ⊙ σ(silu(y·W_down)·W_up) (arXiv 2601.22966)."""
+
+    def __init__(self, d_model: int, rank: int = GATED_NORM_RANK):
+        super().__init__()
+        self.w_down = nn.Linear(d_model, rank, bias=False)
+        self.w_up = nn.Linear(rank, d_model, bias=False)
+
+    def forward(self, y: Tensor) -> Tensor:
+        return y * torch.sigmoid(self.w_up(F.silu(self.w_down(y))))
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal conv of kernel K over C channels, identity at init (w[0]=1, others 0)."""
+
+    def __init__(self, channels: int, kernel: int, backend: str):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(kernel, channels))  # w_KC
+        with torch.no_grad():
+            self.weight[0] = 1.0
+        self.sconv = get_kernels(backend).sconv
+
+    def forward(self, x_BSC: Tensor, doc_ids_BS: Tensor | None) -> Tensor:
+        return self.sconv(x_BSC, self.weight.to(x_BSC.dtype), doc_ids_BS)
+
+
+def rope_tables(seq_len: int, rot_dims: int, theta: float, device) -> tuple[Tensor, Tensor]:
+    """cos_SR, sin_SR for the `rot_dims` rotated dims (R = rot_dims/2 frequencies)."""
+    inv_freq_R = theta ** (-torch.arange(0, rot_dims, 2, device=device, dtype=torch.float32) / rot_dims)
+    ang_SR = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv_freq_R
+    return ang_SR.cos(), ang_SR.sin()
+
+
+def apply_rope(x_BHSh: Tensor, cos_SR: Tensor, sin_SR: Tensor) -> Tensor:
+    """Rotate the first 2R dims of each head (half-RoPE: the rest pass through untouched)."""
+    R = cos_SR.shape[-1]
+    x1, x2, rest = x_BHSh[..., :R].float(), x_BHSh[..., R:2 * R].float(), x_BHSh[..., 2 * R:]
+    out = torch.cat([x1 * cos_SR - x2 * sin_SR, x2 * cos_SR + x1 * sin_SR], -1).to(x_BHSh.dtype)
+    return torch.cat([out, rest], -1)
+
+
+def attention_masks(doc_ids_BS: Tensor | None, B: int, S: int, window: int, device) -> tuple[Tensor, Tensor]:
+    """(local_B1SS, global_B1SS) boolean masks, True = may attend: causal, same document, and for
+    local layers within the last `window` positions (self included)."""
+    q_S1 = torch.arange(S, device=device)[:, None]
+    k_1S = torch.arange(S, device=device)[None, :]
+    causal_SS = k_1S <= q_S1
+    local_SS = causal_SS & (q_S1 - k_1S < window)
+    if doc_ids_BS is None:
+        return local_SS.expand(B, 1, S, S), causal_SS.expand(B, 1, S, S)
+    same_B1SS = (doc_ids_BS[:, :, None] == doc_ids_BS[:, None, :]).unsqueeze(1)
+    return same_B1SS & local_SS, same_B1SS & causal_SS
+
+
+@dataclass
+class ForwardContext:
+    """What every layer needs, built once per forward."""
+
+    doc_ids_BS: Tensor | None
+    mask_local_B1SS: Tensor
+    mask_global_B1SS: Tensor
+    cos_SR: Tensor
+    sin_SR: Tensor
+    q_scale: float  # context-extension multiplier on q (1 + 0.1·ln(L/L0); 1.0 at the base length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, layer: int):
+        super().__init__()
+        self.cfg, self.recipe = cfg, recipe
+        self.is_global = cfg.is_global(layer)
+        self.H, self.Hkv, self.h = cfg.n_heads, cfg.kv_heads(layer), cfg.head_dim
+        D, qd, kvd = cfg.d_model, cfg.n_heads * cfg.head_dim, self.Hkv * cfg.head_dim
+        self.wq = nn.Linear(D, qd, bias=False)
+        self.wk = nn.Linear(D, kvd, bias=False)
+        self.wv = nn.Linear(D, kvd, bias=False)
+        self.wo = nn.Linear(qd, D, bias=False)
+        if cfg.attn_gate:
+            self.gate = nn.Linear(D, self.H, bias=False)  # W_g, zero-init: gate = 1 at init
+        if recipe.qk_norm == "learned_gain":
+            self.q_norm = RMSNorm(self.h, cfg.norm_eps)
+            self.k_norm = RMSNorm(self.h, cfg.norm_eps)
+        sites = cfg.sconv_sites if recipe.sconv == "short_conv" else ()
+        self.sconv = nn.ModuleDict()
+        for site, ch in (("k", kvd), ("v", kvd), ("attn_out", D)):
+            if site in sites:
+                self.sconv[site] = ShortConv(ch, cfg.sconv_kernel, cfg.kernels)
+        self.kernels = get_kernels(cfg.kernels)
+
+    def project_qkv(self, x_BSD: Tensor, ctx: ForwardContext) -> tuple[Tensor, Tensor, Tensor]:
+        """q_BHSh, k_BKSh (normed, rotated, scaled as the attention sees them) and v_BKSh."""
+        B, S, _ = x_BSD.shape
+        q = self.wq(x_BSD)
+        k = self.wk(x_BSD)
+        v = self.wv(x_BSD)
+        if self.recipe.sconv == "short_conv" and "k" in self.sconv:  # after W_k, before q/k norm and RoPE
+            k = self.sconv["k"](k, ctx.doc_ids_BS)
+        if self.recipe.sconv == "short_conv" and "v" in self.sconv:  # optional site
+            v = self.sconv["v"](v, ctx.doc_ids_BS)
+        q = q.view(B, S, self.H, self.h).transpose(1, 2)
+        k = k.view(B, S, self.Hkv, self.h).transpose(1, 2)
+        v = v.view(B, S, self.Hkv, self.h).transpose(1, 2)
+
+        if self.recipe.qk_norm == "fixed_1.3":
+            q, k = rms_norm(q, 1e-6), rms_norm(k, 1e-6)
+        elif self.recipe.qk_norm == "learned_gain":
+            q, k = self.q_norm(q), self.k_norm(k)
+        # qk_norm == "none": q and k as projected
+
+        if not self.is_global:  # local layers: half-RoPE; global layers are NoPE
+            q = apply_rope(q, ctx.cos_SR, ctx.sin_SR)
+            k = apply_rope(k, ctx.cos_SR, ctx.sin_SR)
+
+        q_mult = ctx.q_scale * (self.cfg.qk_mult if self.recipe.qk_norm == "fixed_1.3" else 1.0)
+        if q_mult != 1.0:
+            q = q * q_mult
+        return q, k, v
+
+    def attention_logits(self, x_BSD: Tensor, ctx: ForwardContext) -> Tensor:
+        """Pre-mask attention logits q·kᵀ/√h (B, H, S, S): the quantity qk_norm bounds."""
+        q, k, _ = self.project_qkv(x_BSD, ctx)
+        k = k.repeat_interleave(self.H // self.Hkv, dim=1)
+        return q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.h)
+
+    def forward(self, x_BSD: Tensor, ctx: ForwardContext) -> Tensor:
+        B, S, _ = x_BSD.shape
+        q, k, v = self.project_qkv(x_BSD, ctx)
+        mask = ctx.mask_global_B1SS if self.is_global else ctx.mask_local_B1SS
+        rep = self.H // self.Hkv
+        # Explicit GQA expansion: SDPA's enable_gqa falls back to the math kernel when a mask is given.
+        k_rep = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        v_rep = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        y = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=1.0 / math.sqrt(self.h))
+
+        gate_BSH = self.gate(x_BSD) if self.cfg.attn_gate else None  # headwise gate 2σ(x·W_g)
+        if self.recipe.xsa == "xsa":  # remove the component along the token's own value vector
+            y = self.kernels.xsa(y, v) if gate_BSH is None else self.kernels.xsa_gate(y, v, gate_BSH)
+        elif gate_BSH is not None:
+            y = y * (2.0 * torch.sigmoid(gate_BSH.float())).transpose(1, 2).unsqueeze(-1).to(y.dtype)
+
+        out = self.wo(y.transpose(1, 2).reshape(B, S, self.H * self.h))
+        if self.recipe.sconv == "short_conv" and "attn_out" in self.sconv:  # on the branch after W_o
+            out = self.sconv["attn_out"](out, ctx.doc_ids_BS)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Block and model
+# ---------------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, layer: int):
+        super().__init__()
+        self.cfg, self.recipe = cfg, recipe
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, recipe, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.moe = MoE(cfg, recipe)
+        if cfg.gated_norm:
+            self.attn_gated_norm = GatedNorm(cfg.d_model)
+            self.mlp_gated_norm = GatedNorm(cfg.d_model)
+        if recipe.sconv == "short_conv" and "mlp_out" in cfg.sconv_sites:
+            self.sconv_mlp_out = ShortConv(cfg.d_model, cfg.sconv_kernel, cfg.kernels)
+
+    def forward(self, x_BSD: Tensor, ctx: ForwardContext):
+        a = self.attn_norm(x_BSD)
+        if self.cfg.gated_norm:
+            a = self.attn_gated_norm(a)
+        x_BSD = x_BSD + self.attn(a, ctx)
+
+        m = self.mlp_norm(x_BSD)
+        if self.cfg.gated_norm:
+            m = self.mlp_gated_norm(m)
+        moe = self.moe(m)
+        y = moe.y_BSD
+        if self.recipe.sconv == "short_conv" and "mlp_out" in self.cfg.sconv_sites:
+            y = self.sconv_mlp_out(y, ctx.doc_ids_BS)  # SConv site mlp_out: before the residual add
+        return x_BSD + y, moe
+
+
+class MarinModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, recipe: Recipe):
+        super().__init__()
+        self.cfg, self.recipe = cfg, recipe
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, recipe, i) for i in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.rot_dims = int(cfg.head_dim * cfg.rope_fraction)
+        # Context extension (DESIGN §2.1): the trainer sets 1 + 0.1·ln(L_new/L_0) at each stage.
+        self.q_scale = 1.0
+        self.reset_parameters()
+
+    # ---- parameters ------------------------------------------------------------------------------
+    def param_roles(self) -> dict[str, str]:
+        """Parameter name -> role (the optimizer groups of DESIGN §2.1 "Hyperball")."""
+        roles = {}
+        for mname, mod in self.named_modules():
+            for pname, p in mod.named_parameters(recurse=False):
+                roles[f"{mname}.{pname}" if mname else pname] = _role(self, mname, mod, p)
+        return roles
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_scale / math.sqrt(self.cfg.d_model)
+        params = dict(self.named_parameters())
+        for name, role in self.param_roles().items():
+            p = params[name]
+            if role in ("matrix", "expert", "lm_head", "embed", "router"):
+                nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
+            elif role == "gate":
+                p.zero_()
+            elif role == "norm":
+                p.fill_(1.0)
+            elif role == "sconv":
+                p.zero_()
+                p[0].fill_(1.0)
+        for mod in self.modules():
+            if isinstance(mod, Router):
+                mod.bias_E.zero_()
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def forward(self, tokens_BS: Tensor, doc_ids_BS: Tensor | None = None,
+                targets_BS: Tensor | None = None) -> ModelOutput:
+        cfg = self.cfg
+        B, S = tokens_BS.shape
+        dev = tokens_BS.device
+        local_mask, global_mask = attention_masks(doc_ids_BS, B, S, cfg.window, dev)
+        cos_SR, sin_SR = rope_tables(S, self.rot_dims, cfg.rope_theta, dev)
+        ctx = ForwardContext(doc_ids_BS, local_mask, global_mask, cos_SR, sin_SR, self.q_scale)
+
+        x = self.embed(tokens_BS)
+        aux_loss = x.new_zeros((), dtype=torch.float32)
+        router_stats, assigned, dropped, moved = [], 0, 0, 0
+        for block in self.blocks:
+            x, moe = block(x, ctx)
+            aux_loss = aux_loss + moe.aux_loss
+            router_stats.append(moe.stats_R)
+            assigned, dropped, moved = (assigned + moe.dispatch.assigned, dropped + moe.dispatch.dropped,
+                                        moved + moe.dispatch.bytes_moved)
+        logits_BSV = self.lm_head(self.final_norm(x))
+
+        stats_LR = torch.stack(router_stats).float()
+        vals = torch.cat([stats_LR.mean(0), stats_LR[:, 1].max().view(1)]).tolist()  # one device sync
+        stats = dict(zip(ROUTER_STATS, vals[:-1]))
+        stats["max_load_ratio"] = vals[-1]  # the worst layer
+        stats.update(assigned=float(assigned), dropped=float(dropped),
+                     drop_rate=dropped / max(assigned, 1), dispatch_bytes=float(moved))
+
+        loss = ce_loss = z_loss = None
+        if targets_BS is not None:
+            logits_NV = logits_BSV.float().reshape(B * S, -1)
+            targets_N = targets_BS.reshape(-1)
+            ce_loss = F.cross_entropy(logits_NV, targets_N, ignore_index=-100)
+            valid_N = targets_N != -100
+            lse_N = torch.logsumexp(logits_NV, -1)
+            z_loss = cfg.z_loss_weight * (lse_N.pow(2) * valid_N).sum() / valid_N.sum().clamp(min=1)
+            loss = ce_loss + z_loss + aux_loss
+        return ModelOutput(logits_BSV, loss, ce_loss, z_loss, aux_loss, stats)
+
+    def update_router_biases(self, group=None) -> None:
+        """QB / aux-free: compute each router's bias from the routing of the training forwards since
+        the last call; it applies from the next forward (one step late). Eval uses it too."""
+        for mod in self.modules():
+            if isinstance(mod, Router):
+                mod.update_bias(group)
+
+
+def _role(model: MarinModel, mname: str, mod: nn.Module, p: nn.Parameter) -> str:
+    if mod is model.embed:
+        return "embed"
+    if mod is model.lm_head:
+        return "lm_head"
+    if isinstance(mod, Router):
+        return "router"
+    if isinstance(mod, RMSNorm):
+        return "norm"
+    if isinstance(mod, ShortConv):
+        return "sconv"
+    if mname.endswith("attn.gate"):
+        return "gate"
+    if p.dim() == 3:
+        return "expert"
+    if p.dim() == 2:
+        return "matrix"
+    raise ValueError(f"parameter {mname} has no role")  # a new parameter kind must be placed in a group

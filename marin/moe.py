@@ -1,0 +1,322 @@
+"""Mixture of experts of the Marin recipe: router and balancing, latent projections, routed and
+shared SwiGLU experts (DESIGN §2.1 "Latent MoE", "Router and Quantile Balancing").
+
+Legend of shape suffixes:
+  B batch   S sequence   T tokens (B·S)   D model width   L latent width (D / latent_ratio)
+  W dispatched width (L for latent MoE, D for the standard level)   E routed experts   K top-k
+  H routed-expert hidden   F shared-expert hidden   N histogram bins
+
+The router always reads the full-width input in fp32. Its bias c_E (a buffer, never trained)
+only changes WHICH experts are chosen; combine weights come from the unbiased logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from marin.config import ModelConfig, Recipe
+from marin.dispatch import DispatchStats, ExpertWeights, LocalDispatcher
+
+# Order of the per-layer router statistics tensor (logged only, never differentiated).
+ROUTER_STATS = ("load_cv", "max_load_ratio", "router_z", "switch_balance")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure routing functions (tested one by one)
+# ---------------------------------------------------------------------------------------------
+
+
+def select_experts(logits_TE: Tensor, bias_E: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+    """(expert_idx_TK, alpha_T): top-K of s + c, and the token threshold alpha = the (K+1)-th value
+    of s + c (QB step 1). alpha is -inf when K == E (no (K+1)-th expert)."""
+    biased_TE = logits_TE + bias_E
+    E = logits_TE.shape[1]
+    if top_k < E:
+        vals_TK1, idx_TK1 = biased_TE.topk(top_k + 1, dim=-1)
+        return idx_TK1[:, :top_k], vals_TK1[:, top_k]
+    idx_TK = biased_TE.topk(top_k, dim=-1).indices
+    return idx_TK, logits_TE.new_full((logits_TE.shape[0],), -math.inf)
+
+
+def combine_weights(logits_TE: Tensor, expert_idx_TK: Tensor, scale: float) -> Tensor:
+    """Sigmoid of the UNBIASED logits of the chosen experts, renormalised to sum `scale` (2.5)."""
+    g_TK = torch.sigmoid(logits_TE.gather(1, expert_idx_TK))
+    return scale * g_TK / g_TK.sum(-1, keepdim=True)
+
+
+def expert_load(expert_idx_TK: Tensor, n_experts: int) -> Tensor:
+    """Assignments per expert (before any transport drop), float."""
+    return torch.bincount(expert_idx_TK.reshape(-1), minlength=n_experts).float()
+
+
+def router_probs(logits_TE: Tensor) -> Tensor:
+    """P_ie for the Switch statistic under sigmoid routing: sigmoid scores normalised over experts
+    (Megatron-Core's choice for sigmoid score functions)."""
+    p_TE = torch.sigmoid(logits_TE)
+    return p_TE / p_TE.sum(-1, keepdim=True)
+
+
+def switch_balance(logits_TE: Tensor, expert_idx_TK: Tensor) -> Tensor:
+    """E·Σ_e f_e·P_e with f_e the fraction of assignments to e and P_e the mean router probability
+    (Switch Transformer, arXiv 2101.03961); 1 at perfect balance. Differentiable through P."""
+    T, K = expert_idx_TK.shape
+    E = logits_TE.shape[1]
+    f_E = expert_load(expert_idx_TK, E) / (T * K)
+    P_E = router_probs(logits_TE).mean(0)
+    return E * (f_E * P_E).sum()
+
+
+def qb_n_star(n_tokens: int, top_k: int, n_experts: int) -> int:
+    """n* = T·K/E, the assignments each expert should receive (rounded, at least 1, at most T)."""
+    return max(1, min(n_tokens, round(n_tokens * top_k / n_experts)))
+
+
+def qb_threshold_topk(margins_TE: Tensor, n_star: int) -> Tensor:
+    """beta_E: the n*-th largest margin of each column (QB estimator "topk")."""
+    return margins_TE.topk(n_star, dim=0).values[-1]
+
+
+def margin_histogram(margins_TE: Tensor, lo: Tensor, hi: Tensor, bins: int) -> Tensor:
+    """counts_EN: per-expert histogram of margins over `bins` equal bins spanning [lo, hi]."""
+    T, E = margins_TE.shape
+    width = torch.clamp((hi - lo) / bins, min=1e-12)
+    bin_TE = ((margins_TE - lo) / width).floor().long().clamp_(0, bins - 1)
+    flat = (torch.arange(E, device=margins_TE.device) * bins + bin_TE).reshape(-1)
+    counts = torch.zeros(E * bins, device=margins_TE.device, dtype=torch.float64)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+    return counts.view(E, bins)
+
+
+def qb_threshold_hist(counts_EN: Tensor, lo: Tensor, hi: Tensor, n_star: float) -> Tensor:
+    """beta_E from a margin histogram (QB estimator "hist"): find the bin where the count from the
+    top crosses n*, and interpolate linearly inside it (values assumed uniform within a bin)."""
+    E, N = counts_EN.shape
+    width = (hi - lo) / N
+    from_top_EN = counts_EN.flip(1).cumsum(1).flip(1)  # count of margins in bin b or above
+    b_E = ((from_top_EN >= n_star).sum(1) - 1).clamp(min=0)
+    c_E = counts_EN.gather(1, b_E[:, None]).squeeze(1)
+    above_E = from_top_EN.gather(1, b_E[:, None]).squeeze(1) - c_E
+    frac_E = ((n_star - above_E) / c_E.clamp(min=1.0)).clamp(0.0, 1.0)
+    upper_E = lo + (b_E + 1).to(counts_EN.dtype) * width
+    return (upper_E - frac_E * width).float()
+
+
+def qb_bias(beta_E: Tensor) -> Tensor:
+    """Next step's bias c = −beta, mean-centred (a common shift of c changes no selection)."""
+    c_E = -beta_E
+    return c_E - c_E.mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# Router
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RouterOutput:
+    expert_idx_TK: Tensor  # long
+    combine_TK: Tensor  # fp32, rows sum to combine_scale
+    logits_TE: Tensor  # fp32, unbiased s
+    aux_loss: Tensor  # Switch aux loss (0 for other balance levels)
+    stats_R: Tensor  # ROUTER_STATS, detached
+
+
+class Router(nn.Module):
+    """s = b·W_r in fp32 from the full-width input; selection by s + c; balancing by `balance`:
+    "quantile" (QB bias), "switch_aux" (aux loss, c stays 0), "aux_free" (DeepSeek sign update)."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, *, balance: str, combine_scale: float,
+                 aux_weight: float, aux_free_rate: float, qb_estimator: str, qb_hist_bins: int):
+        super().__init__()
+        self.n_experts, self.top_k, self.balance = n_experts, top_k, balance
+        self.combine_scale, self.aux_weight, self.aux_free_rate = combine_scale, aux_weight, aux_free_rate
+        self.qb_estimator, self.qb_hist_bins = qb_estimator, qb_hist_bins
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # W_r, Linear layout (E, D)
+        self.register_buffer("bias_E", torch.zeros(n_experts))
+        self.reset_pending()
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # The bias stays fp32 whatever dtype the model is cast to: QB thresholds are small gaps.
+        self.bias_E = self.bias_E.float()
+        return self
+
+    def reset_pending(self) -> None:
+        """Routing statistics of the training forwards since the last bias update (not state)."""
+        self._beta_sum_E: Tensor | None = None  # topk estimator: Σ over forwards of beta_E
+        self._n_forwards = 0
+        self._margins: list[Tensor] = []  # hist estimator: detached margins_TE per forward
+        self._load_E: Tensor | None = None  # aux_free: assignments per expert
+
+    def forward(self, x_TD: Tensor) -> RouterOutput:
+        with torch.autocast(device_type=x_TD.device.type, enabled=False):
+            logits_TE = F.linear(x_TD.float(), self.weight.float())
+        expert_idx_TK, alpha_T = select_experts(logits_TE.detach(), self.bias_E, self.top_k)
+        combine_TK = combine_weights(logits_TE, expert_idx_TK, self.combine_scale)
+
+        if self.balance == "switch_aux":
+            aux_loss = self.aux_weight * switch_balance(logits_TE, expert_idx_TK)
+        else:
+            aux_loss = logits_TE.new_zeros(())
+
+        if self.training:
+            self._record(logits_TE.detach(), expert_idx_TK, alpha_T)
+
+        with torch.no_grad():
+            load_E = expert_load(expert_idx_TK, self.n_experts)
+            mean = load_E.mean()
+            z = torch.logsumexp(logits_TE.detach(), -1).pow(2).mean()
+            stats_R = torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z,
+                                   switch_balance(logits_TE.detach(), expert_idx_TK)])
+        return RouterOutput(expert_idx_TK, combine_TK, logits_TE, aux_loss, stats_R)
+
+    def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor) -> None:
+        if self.balance == "quantile" and self.top_k < self.n_experts:
+            margins_TE = logits_TE - alpha_T[:, None]  # QB step 3: m_ie = s_ie − alpha_i
+            if self.qb_estimator == "topk":
+                beta_E = qb_threshold_topk(margins_TE, qb_n_star(margins_TE.shape[0], self.top_k, self.n_experts))
+                self._beta_sum_E = beta_E if self._beta_sum_E is None else self._beta_sum_E + beta_E
+                self._n_forwards += 1
+            else:
+                self._margins.append(margins_TE)
+        elif self.balance == "aux_free":
+            load_E = expert_load(expert_idx_TK, self.n_experts)
+            self._load_E = load_E if self._load_E is None else self._load_E + load_E
+
+    @torch.no_grad()
+    def update_bias(self, group=None) -> None:
+        """Replace c from the routing recorded since the last call; it applies from the next forward.
+        With a process group: topk thresholds are averaged over processes, histograms all-reduced,
+        aux-free loads summed."""
+        distributed = group is not None and dist.is_available() and dist.is_initialized()
+        if self.balance == "quantile" and self.qb_estimator == "topk" and self._beta_sum_E is not None:
+            stat = torch.cat([self._beta_sum_E, self._beta_sum_E.new_tensor([self._n_forwards])])
+            if distributed:
+                dist.all_reduce(stat, op=dist.ReduceOp.SUM, group=group)
+            self.bias_E.copy_(qb_bias(stat[:-1] / stat[-1]))
+        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:
+            margins_TE = torch.cat(self._margins)
+            ext = torch.stack([-margins_TE.min(), margins_TE.max()])
+            if distributed:
+                dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=group)
+            lo, hi = -ext[0], ext[1]
+            counts_EN = margin_histogram(margins_TE, lo, hi, self.qb_hist_bins)
+            tokens = counts_EN.new_tensor([margins_TE.shape[0]])
+            if distributed:
+                dist.all_reduce(counts_EN, op=dist.ReduceOp.SUM, group=group)
+                dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
+            n_star = float(tokens) * self.top_k / self.n_experts
+            self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))
+        elif self.balance == "aux_free" and self._load_E is not None:
+            load_E = self._load_E.clone()
+            if distributed:
+                dist.all_reduce(load_E, op=dist.ReduceOp.SUM, group=group)
+            # DeepSeek-V3 auxiliary-loss-free balancing (arXiv 2412.19437): c_e += rate·sign(mean − load_e).
+            self.bias_E.add_(self.aux_free_rate * torch.sign(load_E.mean() - load_E))
+        self.reset_pending()
+
+
+# ---------------------------------------------------------------------------------------------
+# Experts and the MoE block
+# ---------------------------------------------------------------------------------------------
+
+
+class SwiGLU(nn.Module):
+    """Full-width SwiGLU, (silu(x Wg) * (x Wu)) Wd: one shared expert."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w_gate = nn.Linear(d_model, hidden, bias=False)
+        self.w_up = nn.Linear(d_model, hidden, bias=False)
+        self.w_down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain (init 1); torch's kernel accumulates in fp32 for bf16 inputs."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+
+
+@dataclass
+class MoEOutput:
+    y_BSD: Tensor
+    aux_loss: Tensor
+    stats_R: Tensor  # ROUTER_STATS
+    dispatch: DispatchStats
+
+
+class MoE(nn.Module):
+    """Router + (latent) routed experts + shared experts. Geometry from cfg.moe_geometry(recipe):
+    latent = 2E experts, top-2K at width L = D/alpha; standard = E experts, top-K at width D
+    (the same routed parameters, FLOPs and dispatched bytes)."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe):
+        super().__init__()
+        g = cfg.moe_geometry(recipe)
+        if g.n_experts % cfg.ep_shards != 0:  # experts live contiguously on EP shards
+            raise ValueError(f"ModelConfig.ep_shards={cfg.ep_shards} does not divide the {g.n_experts} routed experts "
+                             f"of latent_moe={recipe.latent_moe!r}; allowed values: divisors of {g.n_experts}")
+        self.recipe, self.geometry = recipe, g
+        self.router = Router(cfg.d_model, g.n_experts, g.top_k, balance=recipe.router_balance,
+                             combine_scale=cfg.combine_scale, aux_weight=cfg.router_aux_weight,
+                             aux_free_rate=cfg.aux_free_rate, qb_estimator=cfg.qb_estimator,
+                             qb_hist_bins=cfg.qb_hist_bins)
+        if recipe.latent_moe == "latent":
+            self.latent_down = nn.Linear(cfg.d_model, g.width, bias=False)  # W_down: D -> L
+            # Marin measured +0.05 loss without this norm (DESIGN §2.1).
+            self.latent_norm = RMSNorm(g.width, cfg.norm_eps)
+            self.latent_up = nn.Linear(g.width, cfg.d_model, bias=False)  # W_up: L -> D
+        E, W, H = g.n_experts, g.width, g.hidden
+        self.w_gate_EWH = nn.Parameter(torch.empty(E, W, H))
+        self.w_up_EWH = nn.Parameter(torch.empty(E, W, H))
+        self.w_down_EHW = nn.Parameter(torch.empty(E, H, W))
+        self.shared = nn.ModuleList(SwiGLU(cfg.d_model, cfg.shared_hidden) for _ in range(cfg.n_shared_experts))
+        # Virtual EP by default; the real EP dispatcher (marin/ep.py) implements the same protocol
+        # and may replace this attribute.
+        self.dispatcher = LocalDispatcher(recipe.ep_transport, cfg.ep_shards, cfg.capacity_factor(recipe),
+                                          cfg.ragged_chunks)
+
+    def experts(self) -> ExpertWeights:
+        return ExpertWeights(self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW)
+
+    def forward(self, x_BSD: Tensor) -> MoEOutput:
+        B, S, D = x_BSD.shape
+        x_TD = x_BSD.reshape(B * S, D)
+        r = self.router(x_TD)
+
+        if self.recipe.latent_moe == "latent":
+            u_TW = self.latent_norm(self.latent_down(x_TD))
+        else:
+            u_TW = x_TD
+
+        # Eval is always dropless; training drops what recipe.ep_transport ("ragged" pooled receiver
+        # capacity | "fixed" per-(sender, expert) cells, set in the dispatcher) drops over cfg.ep_shards shards.
+        dropless = not self.training or self.recipe.ep_transport == "dropless"
+        routed_TW, dstats = self.dispatcher(u_TW, r.expert_idx_TK, r.combine_TK.to(u_TW.dtype), self.experts(),
+                                            dropless=dropless)
+
+        if self.recipe.latent_moe == "latent":
+            routed_TD = self.latent_up(routed_TW)  # combined in latent space, one projection up
+        else:
+            routed_TD = routed_TW
+
+        y_TD = routed_TD
+        for expert in self.shared:
+            y_TD = y_TD + expert(x_TD)
+        return MoEOutput(y_TD.view(B, S, D), r.aux_loss, r.stats_R, dstats)

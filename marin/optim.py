@@ -1,0 +1,313 @@
+"""Optimizers: Hyperball (MuonH + AdamH + Adam, DESIGN §2.1) and the peers' baselines.
+
+One `torch.optim.Optimizer` holds every parameter group; each group carries a `kind`:
+
+- ``muonh``  Muon direction projected back onto the sphere of the matrix's init Frobenius norm.
+- ``adamh``  the bias-corrected Adam direction, same projection, same eta.
+- ``adam``   Adam without weight decay (embedding, router, gates, norm gains, SConv kernels).
+- ``adamw``  decoupled weight decay (the AdamW baseline, and the AdamW half of ``muon_adamw``).
+- ``muon``   plain Muon with Moonlight's shape scaling (arXiv 2502.16982), decoupled weight decay.
+
+Which parameter lands in which group is decided only by the model's ``param_roles()``.
+
+Newton–Schulz: 5 steps of the quintic p(x) = a x + b x^3 + c x^5 with (a, b, c) = (3.4445, -4.7750,
+2.0315) (K. Jordan, "Muon", 2024). The input is scaled to unit Frobenius norm, so every singular
+value starts in (0, 1]; p acts on each singular value independently. The coefficients trade exact
+orthogonality for a steep slope at 0 (a = 3.4445): after 5 steps a singular value x0 lands in
+`ns_band(x0_min)`: [0.682, 1.134] for every x0 >= 1e-2, [0.471, 1.202] for x0 >= 1e-3 (never
+exactly 1; it is not meant to be). `ns_band` computes the band for any lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from marin.config import LR_SCHEDULES, LRHeuristic, Recipe, RunSpec, TrainConfig
+
+NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
+MATRIX_ROLES = ("matrix", "expert")  # MuonH (or Muon / AdamH by level)
+ADAM_ROLES = ("embed", "router", "gate", "norm", "sconv")
+NO_DECAY_ROLES = ("norm", "sconv")  # AdamW baselines: no decay on gains or the identity-init conv taps
+WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
+MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
+ADAMW_BETAS = (0.9, 0.95)
+
+
+# ---------------------------------------------------------------------------------------------
+# Newton–Schulz
+# ---------------------------------------------------------------------------------------------
+
+
+def _quintic(x: float) -> float:
+    a, b, c = NS_COEFFS
+    return a * x + b * x**3 + c * x**5
+
+
+def ns_band(x_min: float, steps: int = 5, n_grid: int = 20001) -> tuple[float, float]:
+    """The interval the singular values land in after `steps` quintic steps from any x0 in [x_min, 1]."""
+    lo, hi = math.inf, -math.inf
+    for i in range(n_grid):
+        # geometric grid: the map is steep near 0, where the low end of the band is decided
+        x = x_min * (1.0 / x_min) ** (i / (n_grid - 1))
+        for _ in range(steps):
+            x = _quintic(x)
+        lo, hi = min(lo, x), max(hi, x)
+    return lo, hi
+
+
+def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+    """Approximate the orthogonal polar factor of each trailing matrix of `u` (batched over leading
+    dims: one Newton–Schulz per expert for expert stacks). Keller Jordan's quintic, 2024."""
+    a, b, c = NS_COEFFS
+    dtype = torch.bfloat16 if u_XMN.is_cuda else torch.float32
+    x = u_XMN.to(dtype)
+    transposed = x.shape[-2] > x.shape[-1]
+    if transposed:  # iterate on the smaller Gram matrix
+        x = x.mT
+    x = x / (torch.linalg.matrix_norm(x.float(), keepdim=True).to(dtype) + eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    if transposed:
+        x = x.mT
+    return x.to(u_XMN.dtype)
+
+
+def _fro(x: Tensor) -> Tensor:
+    """Frobenius norm of each trailing matrix, shaped for broadcasting."""
+    return torch.linalg.matrix_norm(x, keepdim=True) if x.ndim >= 2 else x.norm().reshape(())
+
+
+# ---------------------------------------------------------------------------------------------
+# Hyperparameters: Marin's heuristic (issue #5951) with TrainConfig overrides
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimHparams:
+    """Resolved peak learning rates and betas of one run."""
+
+    level: str  # Recipe.optimizer
+    lr: float  # peak lr of the matrix group (MuonH / AdamH eta, Muon lr, or AdamW lr)
+    adam_lr: float  # peak lr of the Adam / AdamW group
+    beta1: float
+    beta2: float
+    weight_decay: float  # used by the AdamW/Muon baselines only
+    momentum: float
+    ns_steps: int
+
+
+def resolve_hparams(spec: RunSpec, heuristic: LRHeuristic = LRHeuristic()) -> OptimHparams:
+    """Marin's heuristic: D = steps*B tokens, d = d_model, B = tokens per step (constant across
+    context stages); TrainConfig.lr / adam_lr / beta1 / beta2 override."""
+    t: TrainConfig = spec.train
+    level = spec.recipe.optimizer
+    tokens_per_batch = t.batch_size * spec.model.seq_len
+    tokens = float(t.steps * tokens_per_batch)
+    h_adam = heuristic.adam_lr(tokens, spec.model.d_model, tokens_per_batch)
+    h_eta = heuristic.muonh_lr(tokens, spec.model.d_model, tokens_per_batch)
+    adam_lr = t.adam_lr if t.adam_lr is not None else h_adam
+    if level in ("hyperball", "adamh"):
+        lr = t.lr if t.lr is not None else h_eta
+        b1 = t.beta1 if t.beta1 is not None else heuristic.beta1
+        b2 = t.beta2 if t.beta2 is not None else heuristic.beta2(tokens_per_batch)
+    elif level == "adamw":
+        lr = t.lr if t.lr is not None else adam_lr
+        adam_lr = lr  # one lr everywhere: what a peer runs
+        b1 = t.beta1 if t.beta1 is not None else ADAMW_BETAS[0]
+        b2 = t.beta2 if t.beta2 is not None else ADAMW_BETAS[1]
+    elif level == "muon_adamw":
+        lr = t.lr if t.lr is not None else adam_lr  # RMS-matched Muon shares AdamW's lr
+        b1 = t.beta1 if t.beta1 is not None else ADAMW_BETAS[0]
+        b2 = t.beta2 if t.beta2 is not None else ADAMW_BETAS[1]
+    else:
+        raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: "
+                         "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
+    return OptimHparams(level, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
+                        float(t.muon_momentum), int(t.ns_steps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouping by role
+# ---------------------------------------------------------------------------------------------
+
+
+def group_kinds(level: str) -> dict[str, str]:
+    """role -> group kind for an optimizer level (DESIGN §2.1 table)."""
+    if level == "hyperball":
+        m = {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}
+        return {r: m.get(r, "adam") for r in ROLES}
+    if level == "adamh":
+        m = {"matrix": "adamh", "expert": "adamh", "lm_head": "adamh"}
+        return {r: m.get(r, "adam") for r in ROLES}
+    if level == "adamw":
+        return {r: "adamw" for r in ROLES}
+    if level == "muon_adamw":
+        return {r: ("muon" if r in MATRIX_ROLES else "adamw") for r in ROLES}
+    raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: "
+                     "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
+
+
+def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str, str],
+                 hp: OptimHparams) -> list[dict]:
+    """One group per (kind, role) so the assignment can be read off `group["role"]`/`["names"]`."""
+    kinds = group_kinds(hp.level)
+    buckets: dict[tuple[str, str], dict] = {}
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        if name not in roles:
+            raise ValueError(f"param_roles() has no role for parameter {name!r}; allowed values: {', '.join(ROLES)}")
+        role = roles[name]
+        if role not in kinds:
+            raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; allowed values: {', '.join(ROLES)}")
+        kind = kinds[role]
+        if kind in ("muonh", "adamh") and float(p.detach().float().norm()) == 0.0:
+            raise ValueError(f"parameter {name!r} (role {role!r}) has zero Frobenius norm: it cannot live "
+                             "on a hyperball; give it a nonzero init or another role")
+        key = (kind, role)
+        if key not in buckets:
+            lr = hp.adam_lr if kind in ("adam", "adamw") else hp.lr
+            wd = hp.weight_decay if kind in ("adamw", "muon") and role not in NO_DECAY_ROLES else 0.0
+            buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
+                                betas=(hp.beta1, hp.beta2), eps=1e-8, weight_decay=wd,
+                                momentum=hp.momentum, ns_steps=hp.ns_steps)
+        buckets[key]["params"].append(p)
+        buckets[key]["names"].append(name)
+    return list(buckets.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimizer
+# ---------------------------------------------------------------------------------------------
+
+
+class MarinOptimizer(torch.optim.Optimizer):
+    """All groups of one run in one optimizer; `state_dict()` round-trips exactly (resume)."""
+
+    def __init__(self, groups: list[dict]):
+        super().__init__(groups, defaults=dict(lr=1e-3, peak_lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                                               weight_decay=0.0, momentum=0.95, ns_steps=5, kind="adam",
+                                               role="", names=[]))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g in self.param_groups:
+            fn = {"muonh": self._muonh, "adamh": self._adamh, "adam": self._adam, "adamw": self._adam,
+                  "muon": self._muon}[g["kind"]]
+            for p in g["params"]:
+                if p.grad is not None:
+                    fn(p, g)
+        return loss
+
+    # -- direction helpers ------------------------------------------------------------------------
+    def _nesterov(self, p: Tensor, g: dict) -> Tensor:
+        st = self.state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+        buf = st["momentum_buffer"]
+        grad = p.grad.float()
+        buf.mul_(g["momentum"]).add_(grad)
+        return grad.add(buf, alpha=g["momentum"])
+
+    def _adam_direction(self, p: Tensor, g: dict) -> Tensor:
+        st = self.state[p]
+        if "exp_avg" not in st:
+            st["step"] = torch.zeros((), dtype=torch.float64)
+            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        b1, b2 = g["betas"]
+        st["step"] += 1
+        t = float(st["step"])
+        grad = p.grad.float()
+        st["exp_avg"].lerp_(grad, 1 - b1)
+        st["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        m_hat = st["exp_avg"] / (1 - b1**t)
+        v_hat = st["exp_avg_sq"] / (1 - b2**t)
+        return m_hat / (v_hat.sqrt() + g["eps"])
+
+    def _project(self, p: Tensor, g: dict, direction: Tensor) -> None:
+        """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix; R fixed at its init."""
+        st = self.state[p]
+        w = p.float()
+        if "radius" not in st:
+            st["radius"] = _fro(w).clone()
+        r = st["radius"]
+        d_unit = direction / (_fro(direction) + 1e-12)
+        x = w - g["lr"] * r * d_unit
+        p.copy_((x * (r / (_fro(x) + 1e-30))).to(p.dtype))
+
+    # -- group kinds ---------------------------------------------------------------------------------
+    def _muonh(self, p: Tensor, g: dict) -> None:
+        self._project(p, g, newton_schulz(self._nesterov(p, g), g["ns_steps"]).float())
+
+    def _adamh(self, p: Tensor, g: dict) -> None:
+        self._project(p, g, self._adam_direction(p, g))
+
+    def _adam(self, p: Tensor, g: dict) -> None:
+        upd = self._adam_direction(p, g)
+        if g["weight_decay"]:
+            p.mul_(1 - g["lr"] * g["weight_decay"])
+        p.add_(upd.to(p.dtype), alpha=-g["lr"])
+
+    def _muon(self, p: Tensor, g: dict) -> None:
+        o = newton_schulz(self._nesterov(p, g), g["ns_steps"]).float()
+        scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))
+        if g["weight_decay"]:
+            p.mul_(1 - g["lr"] * g["weight_decay"])
+        p.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
+
+
+def build_optimizer(model: torch.nn.Module, hp: OptimHparams) -> MarinOptimizer:
+    """Group `model`'s parameters by `model.param_roles()` for `hp.level`."""
+    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp))
+
+
+def group_assignment(opt: torch.optim.Optimizer) -> dict[str, str]:
+    """parameter name -> group kind (what the tests and `describe` print)."""
+    return {n: g["kind"] for g in opt.param_groups for n in g["names"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+
+
+def lr_multiplier(step: int, total_steps: int, schedule: str = "linear", warmup_frac: float = 0.01,
+                  final_frac: float = 0.05) -> float:
+    """Multiplier of the peak lr at 0-based `step`: linear warmup over max(1, warmup_frac*steps)
+    steps reaching 1 at its last step, then linear / cosine / WSD decay reaching `final_frac` at the
+    last step."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"TrainConfig.lr_schedule={schedule!r} is not a known level; allowed values: "
+                         f"{', '.join(map(repr, LR_SCHEDULES))}")
+    warm = max(1, round(warmup_frac * total_steps))
+    if step < warm:
+        return (step + 1) / warm
+    last = total_steps - 1
+    if schedule == "wsd":
+        decay_start = max(warm, last - round(WSD_DECAY_FRAC * total_steps))
+        if step <= decay_start:
+            return 1.0
+        p = min(1.0, (step - decay_start) / max(1, last - decay_start))
+        return 1.0 - (1.0 - final_frac) * p
+    p = min(1.0, (step - (warm - 1)) / max(1, last - (warm - 1)))
+    if schedule == "linear":
+        return 1.0 - (1.0 - final_frac) * p
+    return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+def set_lr(opt: torch.optim.Optimizer, multiplier: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = g["peak_lr"] * multiplier

@@ -1,0 +1,51 @@
+"""`marin-ablate`: one entry point; each subcommand lives with the package that owns it.
+
+The table below is static so that `marin-ablate --help` and `analyze` never import torch; the
+owning module is imported only when its command runs. Each owner exposes `<name>_args(parser)` and
+`cmd_<name>(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "describe": ("marin.commands", "resolved config, parameter and FLOP counts of a preset"),
+    "train": ("marin.train", "train one run into an output directory"),
+    "plan": ("sweeps.commands", "print a study's design, alias table, runs and cost"),
+    "run": ("sweeps.commands", "run a study (local, debug or slurm executor), then analyse it"),
+    "status": ("sweeps.commands", "progress of a study's runs"),
+    "tune": ("sweeps.commands", "per-arm learning-rate profile at the smallest rung"),
+    "analyze": ("analysis.commands", "results table, multipliers, attribution, report and plots"),
+    "forecast": ("analysis.commands", "write an immutable pre-registered forecast"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        lines = [f"  {k:<{width}}  {v[1]}" for k, v in COMMANDS.items()]
+        msg = "usage: marin-ablate COMMAND [options]\n\ncommands:\n" + "\n".join(lines)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"marin-ablate: unknown command {argv[0]!r}; allowed values: {', '.join(COMMANDS)}\n", file=sys.stderr)
+            print(msg, file=sys.stderr)
+            return 2
+        print(msg)
+        return 0
+    name = argv[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"marin-ablate {name}", description=COMMANDS[name][1])
+    getattr(module, f"{name}_args")(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(getattr(module, f"cmd_{name}")(args) or 0)
+    except ValueError as e:  # bad input: one clear line, no traceback
+        print(f"marin-ablate {name}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

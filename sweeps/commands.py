@@ -1,0 +1,330 @@
+"""`marin-ablate plan | run | status | tune` (sweeps/cli.py dispatches here).
+
+    marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
+    marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]
+    marin-ablate status STUDY [--out DIR] [--json]
+    marin-ablate tune STUDY [--points 5] [--span 4] [--storage PATH|URL]
+
+`plan` imports no torch. A bad option raises ValueError (cli.py prints one line and exits 2)
+before anything is written or submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = "runs"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def _study_args(p: argparse.ArgumentParser) -> None:
+    from ablations.studies import STUDIES
+
+    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}) or module:attribute")
+    p.add_argument("--rungs", default=None, help="comma-separated rungs (default: the study's)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
+
+
+def _out_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output root; runs go to OUT/STUDY/runs/RUN_ID (default {DEFAULT_OUT})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a field of every run's spec (model., train., data., recipe.); changes run ids")
+
+
+def _exec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("execution")
+    g.add_argument("--executor", default=None, help="local, debug or slurm (default: the study's, else local)")
+    g.add_argument("--workers", type=int, default=None, help="local: parallel worker processes (default: study's max_parallel, else 2)")
+    g.add_argument("--threads", type=int, default=None, help="local/debug: torch threads per worker (default cpus // workers)")
+    g.add_argument("--retry-failed", action="store_true", help="run failed runs again (their old summary is kept aside)")
+    g.add_argument("--no-wait", action="store_true", help="submit and return (slurm)")
+    s = p.add_argument_group("slurm")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--account", default=None)
+    s.add_argument("--qos", default=None)
+    s.add_argument("--time-min", type=int, default=None, help="time limit per run in minutes (default: per rung)")
+    s.add_argument("--gpus-per-run", type=int, default=None, help="GPUs per run, one task each (default: per rung)")
+    s.add_argument("--cpus-per-task", type=int, default=None)
+    s.add_argument("--mem-gb", type=float, default=None, help="memory per run")
+    s.add_argument("--array-parallelism", type=int, default=None, help="array tasks running at once (default: study's)")
+    s.add_argument("--constraint", default=None)
+    s.add_argument("--exclude", default=None)
+    s.add_argument("--setup", action="append", default=[], metavar="LINE", help="shell line before srun (repeatable)")
+    s.add_argument("--signal-delay-s", type=int, default=90, help="USR2 this long before the time limit (checkpoint, requeue)")
+
+
+def _csv(v: str | None, cast: Any = str) -> list | None:
+    if v is None:
+        return None
+    try:
+        return [cast(x.strip()) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"cannot parse {v!r} as a comma-separated list of {cast.__name__}") from None
+
+
+def _study(args: argparse.Namespace) -> Any:
+    from sweeps.sweep import resolve_study
+
+    kw = {}
+    if args.rungs is not None:
+        kw["rungs"] = _csv(args.rungs)
+    if args.seeds is not None:
+        kw["seeds"] = _csv(args.seeds, int)
+    return resolve_study(args.study, **kw)
+
+
+def _exec_options(args: argparse.Namespace, study: Any):
+    from sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
+
+    ex = dict(getattr(study, "executor", ()) or ())
+    executor = args.executor or ex.get("executor") or "local"
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
+    slurm = SlurmOptions(
+        partition=args.partition, account=args.account, qos=args.qos, time_min=args.time_min,
+        gpus_per_run=args.gpus_per_run, cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
+        array_parallelism=args.array_parallelism or ex.get("slurm_array_parallelism"),
+        signal_delay_s=args.signal_delay_s, constraint=args.constraint, exclude=args.exclude,
+        setup=tuple(args.setup))
+    return ExecOptions(executor=executor, workers=args.workers or int(ex.get("max_parallel", 2)),
+                       threads=args.threads, retry_failed=args.retry_failed, wait=not args.no_wait, slurm=slurm)
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_args(parser: argparse.ArgumentParser) -> None:
+    _study_args(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable plan")
+    parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
+
+
+def _fmt_num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    cells = [[_fmt_num(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def hero_sbatch(hero: dict, folder: str = "runs/hero/submitit/%j") -> str:
+    """The sbatch script submitit would submit for the hero run (DESIGN §2.2, §5)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    sb = dict(hero["sbatch"])
+    h, m, s = (int(x) for x in str(sb["time"]).split(":"))
+    params: dict[str, Any] = {
+        "job_name": sb["job_name"], "nodes": sb["nodes"], "ntasks_per_node": sb["ntasks_per_node"],
+        "gpus_per_node": sb["gpus_per_node"], "cpus_per_task": sb["cpus_per_task"], "mem": sb["mem"],
+        "exclusive": bool(sb.get("exclusive")), "time": h * 60 + m + (1 if s else 0),
+        "signal_delay_s": int(str(sb["signal"]).split("@")[1]) if "@" in str(sb.get("signal", "")) else 90,
+        "setup": [f"export {k}={shlex.quote(str(v))}" for k, v in sorted((sb.get("env") or {}).items())],
+        "additional_parameters": {k: v for k, v in (("segment", sb.get("segment")), ("requeue", bool(sb.get("requeue"))))
+                                  if v},
+    }
+    for k in ("partition", "account"):
+        if sb.get(k):
+            params[k] = sb[k]
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(folder)}"
+    return _make_sbatch_string(command=command, folder=folder, **params)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    study = _study(args)
+    d = study.describe()
+    runs = study.runs()
+    run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    if "hero" in d:
+        d["hero"]["sbatch_script"] = hero_sbatch(d["hero"])
+    if args.json:
+        d = dict(d, runs=run_rows) if args.runs else d
+        print(json.dumps(d, indent=1, default=str))
+        return 0
+    des = d["design"]
+    print(f"study {d['name']}: {d['description']}")
+    print(f"design: {des['kind']}, {des['n_runs']} arms over {len(d['factors'])} factors, "
+          f"resolution {des.get('resolution_roman') or des.get('resolution')}")
+    if des.get("generators"):
+        print(f"generators: {', '.join(des['generators'])}")
+    if des.get("defining_relation"):
+        rel = list(des["defining_relation"])
+        print(f"defining relation: {' = '.join(rel if rel[0] == 'I' else ['I', *rel])}")
+    print("\nfactors (letter  name  recipe level / baseline level):")
+    for letter, f in zip(des.get("letters", ""), d["factors"]):
+        print(f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / {f.get('low', f.get('baseline', ''))}")
+    if d.get("fixed_recipe"):
+        print("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))
+    if d.get("alias_table"):
+        print(f"\nalias table (up to order {des.get('alias_max_order', 3)}):")
+        for eff, al in d["alias_table"].items():
+            print(f"  {eff} = {' = '.join(al) if al else '(clear)'}")
+    print(f"all two-factor interactions estimable: {d.get('all_2fi_estimable')}")
+    print(f"\narms ({len(d['arms'])}): {', '.join(d['arms'])}")
+    print(f"seeds: {d['seeds']}\n\nrungs:")
+    cols = [c for c in ("name", "d_model", "n_layers", "params_active", "params_total", "tokens", "steps", "batch_size",
+                        "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min") if any(c in r for r in d["rungs"])]
+    print(_table(d["rungs"], cols))
+    print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
+    print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    if d.get("companions"):
+        print(f"companion studies: {', '.join(d['companions'])}")
+    if args.runs:
+        print("\n" + _table(run_rows, ["run_id", "rung", "arm", "seed", "design_row"]))
+    if "hero" in d:
+        hero = {k: v for k, v in d["hero"].items() if k not in ("sbatch", "sbatch_script", "layout")}
+        print("\nhero: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in hero.items()))
+        print("layout: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["hero"]["layout"].items()))
+        print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
+        print(d["hero"]["sbatch_script"])
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+
+def run_args(parser: argparse.ArgumentParser) -> None:
+    _study_args(parser)
+    _out_args(parser)
+    _exec_args(parser)
+    parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
+    parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
+
+
+def analyze_study(study_dir: Path) -> int | None:
+    """Run `marin-ablate analyze` on the study directory through its Python entry point; None when
+    the analysis package does not provide it (a note is printed)."""
+    try:
+        from analysis import commands as ac
+    except ImportError as e:
+        print(f"note: analysis skipped ({e})")
+        return None
+    if not hasattr(ac, "cmd_analyze") or not hasattr(ac, "analyze_args"):
+        print("note: analysis skipped (analysis.commands has no cmd_analyze)")
+        return None
+    p = argparse.ArgumentParser(prog="marin-ablate analyze")
+    ac.analyze_args(p)
+    ns = p.parse_args([str(study_dir)])
+    try:
+        return int(ac.cmd_analyze(ns) or 0)
+    except ValueError as e:  # e.g. too few rungs for the reference law: the runs themselves are fine
+        print(f"note: analysis of {study_dir} stopped: {e}")
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sweeps.sweep import run_study
+    from sweeps.tuning import tuned_multipliers
+
+    study = _study(args)
+    opts = _exec_options(args, study)
+    mult = tuned_multipliers(args.out, study.name) if args.tuned else None
+    rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides)
+    skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
+    if rep.submitted == 0:
+        print(f"{study.name}: nothing to submit ({rep.n_runs} runs; skipped: {skipped})")
+    else:
+        jobs = sorted({j.split("_")[0] for j in rep.job_ids})
+        where = f" as job(s) {', '.join(jobs)}" if opts.executor == "slurm" else ""
+        print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
+              f"(skipped: {skipped})")
+    c = rep.counts
+    print(f"{study.name}: {c['completed']} completed, {c['failed']} failed, {c['running']} running, "
+          f"{c['partial']} partial, {c['pending']} pending; results in {rep.study_dir}")
+    if c["failed"]:
+        print(f"failed runs keep their error in summary.json; `marin-ablate status {study.name}` lists them; "
+              "--retry-failed runs them again")
+    if opts.wait and not args.no_analyze and c["completed"]:
+        analyze_study(rep.study_dir)
+    if not opts.wait:
+        return 0
+    return 0 if c["failed"] == 0 and c["pending"] == 0 and c["partial"] == 0 else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------------
+
+
+def status_args(parser: argparse.ArgumentParser) -> None:
+    _study_args(parser)
+    _out_args(parser)
+    parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
+    parser.add_argument("--json", action="store_true")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from sweeps.progress import format_counts
+    from sweeps.sweep import study_status
+    from sweeps.tuning import tuned_multipliers
+
+    study = _study(args)
+    mult = tuned_multipliers(args.out, study.name) if args.tuned else None
+    st = study_status(study, args.out, lr_multipliers=mult, overrides=args.overrides)
+    if args.json:
+        print(json.dumps(st, indent=1, default=str))
+        return 0
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + f"  ({st['study_dir']})")
+    print(_table(st["runs"], ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
+    for r in st["runs"]:
+        if r["state"] == "failed":
+            print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# tune
+# ---------------------------------------------------------------------------------------------
+
+
+def tune_args(parser: argparse.ArgumentParser) -> None:
+    _study_args(parser)
+    _out_args(parser)
+    _exec_args(parser)
+    parser.add_argument("--points", type=int, default=5, help="LR points per arm (log-spaced)")
+    parser.add_argument("--span", type=float, default=4.0, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
+    parser.add_argument("--storage", default=None,
+                        help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) or an RDB URL")
+    parser.add_argument("--rung", default=None, help="rung to tune at (default: the smallest)")
+    parser.add_argument("--seed", type=int, default=None, help="seed to tune with (default: the study's first)")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from sweeps.tuning import TuneOptions, tune_dir, tune_study
+
+    study = _study(args)
+    opts = _exec_options(args, study)
+    res = tune_study(study, args.out, opts,
+                     TuneOptions(points=args.points, span=args.span, storage=args.storage, rung=args.rung,
+                                 seed=args.seed), overrides=args.overrides)
+    print(f"{study.name}: LR profile at rung {res.rung}, seed {res.seed}, log2 multipliers {res.grid}")
+    rows = res.rows()
+    if rows:
+        print(_table(rows, ["arm", "points", "best_grid_multiplier", "multiplier", "lr", "loss_opt", "edge"]))
+    for r in rows:
+        if r["edge"]:
+            print(f"edge: {r['arm']}: {r['note']}")
+    for arm, xs in res.missing.items():
+        print(f"missing: {arm}: log2 multipliers {xs} have no finished run")
+    print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; use `marin-ablate run {study.name} --tuned`")
+    return 0 if not res.missing else 1

@@ -1,0 +1,431 @@
+"""Executors: how a study's runs get executed (DESIGN §5): `slurm`, `local`, `debug`, via submitit.
+
+- `slurm`: one job array per resource group (runs needing the same GPUs and time limit), one array
+  task per run, `slurm_array_parallelism` at a time. Each task is a `RunJob` (a
+  submitit Checkpointable): on SIGUSR2 (submitit asks SLURM for it `signal_delay_s` before the
+  time limit; preemption tooling sends it too) train writes a checkpoint at the next step boundary
+  and hands the signal back to submitit, which calls `RunJob.checkpoint` (a DelayedSubmission of
+  itself, same task) and requeues the job; the requeued task resumes from the checkpoint.
+  Multi-GPU runs get one task per GPU (srun starts them, no torchrun) and the torch.distributed
+  environment from `submitit.helpers.TorchDistributedEnvironment`.
+- `local`: `workers` submitit LocalExecutor processes on this machine; each pulls runs from the list
+  in order and claims one through its run lock, so no run executes twice and imports are paid once
+  per worker. CPU: one thread per worker unless told otherwise.
+- `debug`: in this process, one run after another (pdb works).
+
+Validation happens before anything is submitted: an unknown executor, an unwritable output folder,
+a missing SLURM partition or bad resource numbers raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import submitit
+
+from sweeps.progress import Progress
+from sweeps.runs import (PlannedRun, RunTask, atomic_write_json, count_states, execute, read_json, record_failure,
+                         run_state)
+
+EXECUTORS = ("local", "debug", "slurm")
+
+
+# ---------------------------------------------------------------------------------------------
+# Options and validation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """sbatch resources. gpus_per_run=None: from the study's rung (Rung.gpus); time_min=None: from
+    the study's per-rung timeout_min (or 60)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int | None = None
+    gpus_per_run: int | None = None
+    cpus_per_task: int | None = None  # per task (= per GPU for GPU runs); None: 1 on CPU, study's cpus_per_gpu on GPU
+    mem_gb: float | None = None  # per run; None: study's mem_gb (CPU) or mem_gb_per_gpu x GPUs
+    array_parallelism: int | None = None
+    signal_delay_s: int = 90
+    max_num_timeout: int = 3  # requeues after a time-out before submitit gives up
+    constraint: str | None = None
+    exclude: str | None = None
+    setup: tuple[str, ...] = ()  # shell lines before srun (module load, source venv ...)
+    use_srun: bool = True
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    executor: str = "local"
+    workers: int = 2  # local: processes; slurm: ignored (array parallelism decides)
+    threads: int | None = None  # local: torch threads per worker (None: cpus // workers, at least 1)
+    retry_failed: bool = False
+    wait: bool = True
+    poll_s: float = 2.0
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+
+def _sinfo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sinfo", *args], capture_output=True, text=True, timeout=60)
+
+
+def validate(opts: ExecOptions, out_dir: str | Path) -> None:
+    """Everything that can be checked before a submission; raises ValueError naming the field."""
+    if opts.executor not in EXECUTORS:
+        raise ValueError(f"executor={opts.executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
+    if not isinstance(opts.workers, int) or opts.workers < 1:
+        raise ValueError(f"workers={opts.workers!r} must be a positive integer")
+    if opts.threads is not None and opts.threads < 1:
+        raise ValueError(f"threads={opts.threads!r} must be a positive integer")
+    if opts.executor == "slurm":
+        validate_slurm(opts.slurm)
+    check_writable(out_dir)
+
+
+def check_writable(out_dir: str | Path) -> None:
+    p = Path(out_dir)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-probe-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"out={str(p)!r} is not a writable folder ({e.strerror or e})") from None
+
+
+def validate_slurm(s: SlurmOptions) -> None:
+    for name in ("time_min", "cpus_per_task", "array_parallelism"):
+        v = getattr(s, name)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"slurm {name}={v!r} must be a positive integer")
+    if s.gpus_per_run is not None and s.gpus_per_run < 0:
+        raise ValueError(f"slurm gpus_per_run={s.gpus_per_run!r} must be >= 0")
+    if s.mem_gb is not None and s.mem_gb <= 0:
+        raise ValueError(f"slurm mem_gb={s.mem_gb!r} must be > 0")
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        raise ValueError("executor='slurm' needs the SLURM client commands (sinfo, sbatch) on PATH; "
+                         "allowed values here: local, debug")
+    r = _sinfo("-h", "-o", "%P")
+    if r.returncode != 0:
+        raise ValueError(f"executor='slurm': sinfo failed ({r.stderr.strip() or r.returncode}); "
+                         "is the cluster up and SLURM_CONF set?")
+    partitions = [p.rstrip("*") for p in r.stdout.split()]
+    if s.partition is not None:
+        q = _sinfo("-h", "-p", s.partition, "-o", "%P")
+        if q.returncode != 0 or not q.stdout.strip():
+            raise ValueError(f"slurm partition={s.partition!r} does not exist; allowed values: "
+                             f"{', '.join(partitions) or '(none)'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------------------------
+
+
+def _job_id() -> str | None:
+    try:
+        env = submitit.JobEnvironment()
+        return env.job_id
+    except RuntimeError:
+        return None
+
+
+def _set_threads(threads: int | None) -> None:
+    n = threads or (int(os.environ["SLURM_CPUS_PER_TASK"]) if os.environ.get("SLURM_CPUS_PER_TASK") else None)
+    if n:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _distributed_setup() -> int:
+    """One task per GPU: export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK for env://; returns rank."""
+    try:
+        env = submitit.JobEnvironment()
+    except RuntimeError:
+        return 0
+    if env.num_tasks <= 1:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    # when SLURM already gives each task its own GPU, do not narrow it again
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices="," in visible, overwrite=True)
+    return env.global_rank
+
+
+def _mark_job(task: RunTask, job_id: str | None) -> None:
+    d = Path(task.dir)
+    rec = read_json(d / "job.json") or {}
+    rec.update(job_id=job_id, host=os.uname().nodename, pid=os.getpid(), started=time.time())
+    atomic_write_json(d / "job.json", rec)
+
+
+class RunJob(submitit.helpers.Checkpointable):
+    """One array task = one run. Checkpointable: submitit's USR2 handler calls `checkpoint(task)`
+    (inherited: a DelayedSubmission of this object with the same task) and requeues the job;
+    train has already written its checkpoint by then, so the requeued task resumes from it."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+
+    def __call__(self, task: RunTask) -> dict:
+        _set_threads(self.threads)
+        rank = _distributed_setup()
+        if rank != 0:  # the run's files belong to rank 0; other ranks only train
+            from marin.train import train
+
+            train(task.spec, task.dir, resume=True)
+            return {"run_id": task.run_id, "outcome": "rank", "status": None, "error": None}
+        _mark_job(task, _job_id())
+        return execute(task)
+
+
+class Worker(submitit.helpers.Checkpointable):
+    """A local worker: executes the tasks in order, claiming each through its run lock; stops
+    after a run was interrupted by a signal (the run stays resumable)."""
+
+    def __init__(self, threads: int | None = 1):
+        self.threads = threads
+
+    def __call__(self, tasks: Sequence[RunTask]) -> list[dict]:
+        _set_threads(self.threads)
+        jid = _job_id()
+        out = []
+        for task in tasks:
+            if run_state(task.dir) in ("completed", "running") or (
+                    run_state(task.dir) == "failed" and not task.retry_failed):
+                continue
+            _mark_job(task, jid)
+            res = execute(task)
+            out.append(res)
+            if res["outcome"] == "interrupted":
+                break
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Submission:
+    """What an executor started: submitit jobs and the runs they cover."""
+
+    executor: str
+    jobs: list = field(default_factory=list)
+    runs: list[PlannedRun] = field(default_factory=list)
+    folder: Path | None = None
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [j.job_id for j in self.jobs]
+
+
+def select_runs(runs: Sequence[PlannedRun], retry_failed: bool) -> tuple[list[PlannedRun], dict[str, int]]:
+    """The runs that need executing, and counts of those skipped by reason."""
+    todo, skipped = [], {"completed": 0, "failed": 0, "running": 0, "queued": 0}
+    queued = _queued_slurm_runs(runs)
+    for r in runs:
+        st = run_state(r.dir)
+        if st == "completed" or st == "running" or (st == "failed" and not retry_failed):
+            skipped[st] += 1
+        elif r.run_id in queued:
+            skipped["queued"] += 1
+        else:
+            todo.append(r)
+    return todo, {k: v for k, v in skipped.items() if v}
+
+
+def _queued_slurm_runs(runs: Sequence[PlannedRun]) -> set[str]:
+    """Runs whose recorded SLURM job is still in the queue (pending or running): not resubmitted."""
+    recs = {}
+    for r in runs:
+        rec = read_json(r.dir / "job.json")
+        if rec and rec.get("executor") == "slurm" and rec.get("job_id"):
+            recs[r.run_id] = str(rec["job_id"])
+    if not recs or shutil.which("squeue") is None:
+        return set()
+    try:
+        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    if q.returncode != 0:
+        return set()
+    alive = set(q.stdout.split())
+    return {rid for rid, jid in recs.items() if jid in alive}
+
+
+def _folder(study_dir: Path, executor: str) -> Path:
+    # a fresh submitit folder per submission: job ids can repeat across clusters/state wipes
+    return study_dir / "submitit" / f"{executor}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+
+def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
+           resources: Callable[[PlannedRun], dict] | None = None,
+           on_run_done: Callable[[], None] | None = None) -> Submission:
+    """Start the runs with the chosen executor (debug: runs them now, calling `on_run_done` after
+    each). `resources(run)` gives the per-run {gpus, time_min, cpus_per_task, mem_gb} defaults of
+    the study (slurm only)."""
+    tasks = [RunTask.of(r, opts.retry_failed) for r in runs]
+    sub = Submission(opts.executor, runs=list(runs))
+    if not runs:
+        return sub
+    if opts.executor == "debug":
+        _set_threads(opts.threads)
+        for t in tasks:
+            execute(t)
+            if on_run_done is not None:
+                on_run_done()
+        return sub
+    sub.folder = _folder(study_dir, opts.executor)
+    if opts.executor == "local":
+        cpus = os.cpu_count() or 1
+        threads = opts.threads or max(1, cpus // opts.workers)
+        ex = submitit.LocalExecutor(folder=sub.folder)
+        # a worker runs many runs: no wall-clock limit of its own (runs have their own budget)
+        ex.update_parameters(timeout_min=7 * 24 * 60)
+        env_backup = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
+        try:
+            with ex.batch():
+                for _ in range(min(opts.workers, len(tasks))):
+                    sub.jobs.append(ex.submit(Worker(threads), tasks))
+        finally:
+            if env_backup is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = env_backup
+        return sub
+    # slurm: one array per resource group
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(runs):
+        res = _slurm_resources(r, opts.slurm, resources)
+        groups.setdefault(tuple(sorted(res.items())), []).append(i)
+    for key, idx in groups.items():
+        res = dict(key)
+        ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
+        ex.update_parameters(**_sbatch_params(res, opts.slurm, len(idx), study_dir.name))
+        jobs = ex.map_array(RunJob(None), [tasks[i] for i in idx])
+        for i, j in zip(idx, jobs):
+            rec = read_json(runs[i].dir / "job.json") or {}
+            rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
+            atomic_write_json(runs[i].dir / "job.json", rec)
+        sub.jobs.extend(jobs)
+    _log_submission(study_dir, sub)
+    return sub
+
+
+def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None) -> dict:
+    base = dict(resources(run)) if resources else {}
+    gpus = s.gpus_per_run if s.gpus_per_run is not None else int(base.get("gpus", 0) or 0)
+    time_min = s.time_min or int(base.get("time_min") or 60)
+    cpus = s.cpus_per_task or int(base.get("cpus_per_task") or 1)
+    mem = s.mem_gb if s.mem_gb is not None else base.get("mem_gb")
+    per_node = int(base.get("gpus_per_node") or 8)
+    return {"gpus": gpus, "gpus_per_node": min(gpus, per_node) if gpus else 0, "time_min": time_min,
+            "cpus_per_task": cpus, "mem_gb": mem, "exclusive": bool(base.get("exclusive")),
+            "max_num_timeout": max(s.max_num_timeout, int(base.get("max_num_timeout") or 0))}
+
+
+def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
+    gpus, per_node = res["gpus"], res.get("gpus_per_node") or res["gpus"]
+    nodes = -(-gpus // per_node) if gpus else 1
+    if gpus and gpus % per_node:
+        raise ValueError(f"slurm gpus_per_run={gpus} does not fill whole nodes of {per_node} GPUs")
+    p: dict[str, Any] = {
+        "job_name": f"marin-{name}",
+        "time": res["time_min"],
+        "nodes": nodes,
+        # one task per GPU (srun starts them; torch.distributed env from SLURM), one task on CPU
+        "ntasks_per_node": max(1, per_node if gpus else 1),
+        "cpus_per_task": res["cpus_per_task"],
+        "signal_delay_s": s.signal_delay_s,
+        "array_parallelism": s.array_parallelism or n,
+        "use_srun": s.use_srun,
+        "additional_parameters": {"requeue": True},
+    }
+    if gpus:
+        p["gpus_per_node"] = per_node
+    if res.get("exclusive"):
+        p["exclusive"] = True
+    if res.get("mem_gb"):
+        p["mem"] = f"{int(round(float(res['mem_gb']) * 1024))}M"
+    for k in ("partition", "account", "qos", "constraint", "exclude"):
+        if getattr(s, k):
+            p[k] = getattr(s, k)
+    setup = [f"export OMP_NUM_THREADS={res['cpus_per_task']}", *s.setup]
+    p["setup"] = setup
+    return p
+
+
+def _log_submission(study_dir: Path, sub: Submission) -> None:
+    rec = {"time": time.time(), "executor": sub.executor, "folder": str(sub.folder),
+           "job_ids": sub.job_ids, "run_ids": [r.run_id for r in sub.runs]}
+    with open(study_dir / "submissions.jsonl", "a") as f:
+        import json
+
+        f.write(json.dumps(rec) + "\n")
+
+
+def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0, progress: Progress | None = None,
+         timeout_s: float | None = None) -> dict[str, int]:
+    """Poll until every job of the submission is done, updating the progress line; then record a
+    failure for each run whose job died without a summary (killed, out of memory, node failure).
+    Returns the final state counts over `all_runs`."""
+    dirs = [r.dir for r in all_runs]
+    t0 = time.time()
+    pending_jobs = list(sub.jobs)
+    while True:
+        counts = count_states(dirs)
+        if progress:
+            progress.update(counts)
+        pending_jobs = [j for j in pending_jobs if not _done(j)]
+        if not pending_jobs:
+            break
+        if timeout_s is not None and time.time() - t0 > timeout_s:
+            raise TimeoutError(f"jobs {[j.job_id for j in pending_jobs]} still running after {timeout_s:.0f}s")
+        time.sleep(poll_s)
+    _record_dead_jobs(sub)
+    counts = count_states(dirs)
+    if progress:
+        progress.update(counts)
+        progress.close()
+    return counts
+
+
+def _done(job: Any) -> bool:
+    try:
+        return bool(job.done())
+    except Exception:  # noqa: BLE001 - a flaky sacct call: ask again next poll
+        return False
+
+
+def _record_dead_jobs(sub: Submission) -> None:
+    """A job that ended with an exception (or no result) and left its run(s) without a summary:
+    write a failure summary with the job's error, so the run is not silently pending."""
+    if sub.executor == "debug":
+        return
+    by_job: dict[str, list[PlannedRun]] = {}
+    for r in sub.runs:
+        rec = read_json(r.dir / "job.json") or {}
+        by_job.setdefault(str(rec.get("job_id")), []).append(r)
+    for job in sub.jobs:
+        try:
+            job.result()
+            continue
+        except Exception as e:  # noqa: BLE001 - turned into the run's error
+            err = f"job {job.job_id} ended without a result: {type(e).__name__}: {str(e).strip()[-1500:]}"
+        for r in by_job.get(str(job.job_id), []):
+            if run_state(r.dir) in ("pending", "partial"):
+                record_failure(r, err)

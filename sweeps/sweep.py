@@ -1,0 +1,177 @@
+"""Run a study: plan its runs, write their directories, submit what is not done, wait, report.
+
+`run_study(study, out, opts)` is the Python API behind `marin-ablate run`; `study_status` behind
+`marin-ablate status`. A study is anything with `name`, `runs(lr_multipliers=, rungs=)` returning
+[(RunSpec, meta)], as `ablations.studies.Study` (CONTRACTS).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from marin.config import RunSpec, apply_overrides
+
+from sweeps.executors import ExecOptions, Submission, select_runs, submit, validate, wait
+from sweeps.progress import Progress
+from sweeps.runs import PlannedRun, count_states, plan_runs, read_json, run_state, study_dir, write_run_files
+
+SPEC_SECTIONS = ("model", "train", "data", "recipe")
+
+
+# ---------------------------------------------------------------------------------------------
+# Studies
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_study(name: str, **kwargs: Any) -> Any:
+    """A registered study (`ablations.studies.get_study`) or `package.module:attribute` (a Study or
+    a function returning one). kwargs (rungs, seeds) go to the builder when it takes them."""
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"study {name!r}: cannot import ({e})") from None
+        if callable(obj) and not hasattr(obj, "runs"):
+            obj = obj(**_accepted(obj, kwargs))
+        return obj
+    from ablations.studies import STUDIES, get_study
+
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)} (or module:attribute)")
+    return get_study(name, **_accepted(STUDIES[name], kwargs))
+
+
+def _accepted(fn: Any, kwargs: Mapping[str, Any]) -> dict:
+    kw = {k: v for k, v in kwargs.items() if v is not None}
+    params = inspect.signature(fn).parameters
+    bad = [k for k in kw if k not in params]
+    if bad:
+        raise ValueError(f"this study does not take {', '.join(bad)}; it takes: {', '.join(params) or 'nothing'}")
+    return kw
+
+
+def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
+    """`section.field=value` (section in model, train, data, recipe) applied to one spec."""
+    by_section: dict[str, list[str]] = {}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        section, dot, fld = key.strip().partition(".")
+        if not eq or not dot or section not in SPEC_SECTIONS:
+            raise ValueError(f"--set {item!r} must look like section.field=value with section in "
+                             f"{', '.join(SPEC_SECTIONS)}")
+        by_section.setdefault(section, []).append(f"{fld}={value}")
+    changes = {s: apply_overrides(getattr(spec, s), items) for s, items in by_section.items()}
+    return replace(spec, **changes)
+
+
+def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
+                 rungs: Sequence[str] | None = None, overrides: Sequence[str] = (),
+                 sdir: Path | None = None) -> list[PlannedRun]:
+    runs = study.runs(lr_multipliers=lr_multipliers, rungs=rungs)
+    if overrides:
+        runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
+    return plan_runs(runs, sdir or study_dir(out, study.name))
+
+
+def study_resources(study: Any) -> Any:
+    """run -> {gpus, time_min, cpus_per_task, mem_gb} from the study's rungs and executor defaults."""
+    ex = dict(getattr(study, "executor", ()) or ())
+    timeouts: dict[str, int] = {}
+    gpus_by_rung: dict[str, int] = {}
+    for r in getattr(study, "rungs", ()):
+        gpus_by_rung[r.name] = int(getattr(r, "gpus", 0) or 0)
+    try:
+        for r in study.describe().get("rungs", []):
+            if r.get("timeout_min"):
+                timeouts[r["name"]] = int(r["timeout_min"])
+    except Exception:  # noqa: BLE001 - a study without describe(): executor defaults only
+        pass
+
+    hero = getattr(study, "hero", None)
+    hero_sb = hero.sbatch_fields() if hero is not None else None
+
+    def resources(run: PlannedRun) -> dict:
+        rung = run.meta.get("rung")
+        if hero_sb is not None:  # the hero: its plan's layout, 4 h jobs requeued until done
+            h, m, _ = (int(x) for x in str(hero_sb["time"]).split(":"))
+            return {"gpus": hero.gpus, "gpus_per_node": hero_sb["gpus_per_node"], "time_min": h * 60 + m,
+                    "cpus_per_task": hero_sb["cpus_per_task"], "mem_gb": None, "exclusive": True,
+                    # the run spans many time-limited jobs: every time-out is a planned requeue
+                    "max_num_timeout": 100_000}
+        gpus = int(ex.get("gpus_per_run") or gpus_by_rung.get(rung, 0))
+        cpus = int(ex.get("cpus_per_gpu", 1)) if gpus else int(ex.get("cpus_per_task", 1))
+        mem = (float(ex["mem_gb_per_gpu"]) * gpus if gpus and ex.get("mem_gb_per_gpu") else ex.get("mem_gb"))
+        return {"gpus": gpus, "gpus_per_node": int(ex.get("gpus_per_node", 8)),
+                "time_min": timeouts.get(rung) or ex.get("timeout_min") or 60, "cpus_per_task": cpus, "mem_gb": mem}
+
+    return resources
+
+
+# ---------------------------------------------------------------------------------------------
+# run / status
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunReport:
+    study: str
+    study_dir: Path
+    n_runs: int
+    submitted: int
+    skipped: dict[str, int]
+    job_ids: list[str]
+    counts: dict[str, int]
+    submission: Submission | None = field(default=None, repr=False)
+
+
+def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers: Mapping[str, float] | None = None,
+              rungs: Sequence[str] | None = None, overrides: Sequence[str] = (), progress: bool = True) -> RunReport:
+    """Plan, validate (before anything is written or submitted), write run dirs, submit the runs
+    that are not done, and (opts.wait) wait for them with a progress line."""
+    sdir = study_dir(out, study.name)
+    runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir)
+    return run_planned(runs, sdir, opts, resources=study_resources(study), label=study.name, progress=progress)
+
+
+def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
+                label: str = "", progress: bool = True) -> RunReport:
+    """Write run dirs, submit what is not done, wait (opts.wait). Call `validate` first."""
+    validate(opts, sdir)
+    for r in runs:
+        write_run_files(r)
+    todo, skipped = select_runs(runs, opts.retry_failed)
+    prog = Progress(len(runs), label or sdir.name) if progress else None
+    dirs = [r.dir for r in runs]
+    sub = submit(todo, sdir, opts, resources=resources,
+                 on_run_done=(lambda: prog.update(count_states(dirs))) if prog else None)
+    if todo and opts.wait and opts.executor != "debug":
+        counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
+    else:
+        counts = count_states(dirs)
+        if prog:
+            prog.update(counts)
+            prog.close()
+    return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
+
+
+def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
+                 rungs: Sequence[str] | None = None, overrides: Sequence[str] = ()) -> dict:
+    """Counts by state, and one row per run: run_id, rung, arm, seed, state, error, job."""
+    runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
+    rows = []
+    for r in runs:
+        st = run_state(r.dir)
+        summary = read_json(r.dir / "summary.json") or {}
+        job = read_json(r.dir / "job.json") or {}
+        rows.append({"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"),
+                     "seed": r.meta.get("seed"), "state": st, "error": summary.get("error") if st == "failed" else None,
+                     "eval_macro_loss": summary.get("eval_macro_loss") if st == "completed" else None,
+                     "job_id": job.get("job_id")})
+    counts = count_states([r.dir for r in runs])
+    return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),
+            "counts": counts, "runs": rows}

@@ -1,0 +1,173 @@
+"""Results table, report, forecasts, notebook and the no-torch rule of `analysis` (issue 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.forecast import judge, read_forecasts, write_forecast
+from analysis.pipeline import analyze_table
+from analysis.results import collect
+from analysis.simulate import random_truth, simulate_table, write_study
+
+FACTORS3 = ["xsa", "sconv", "ep_transport"]
+RUNGS = {"r0": 1e8, "r1": 4e8, "r2": 1.6e9}
+
+
+def _study(tmp_path: Path, *, fail=0, missing=0, seed=0, drop_arms=()) -> tuple[Path, pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    df = simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng, fail=fail, missing=missing,
+                        loss_curves=True)
+    df = df[~df["arm"].isin(drop_arms)]
+    return write_study(df, tmp_path / "study"), df
+
+
+def test_analysis_imports_no_torch():
+    code = ("import importlib, pkgutil, sys, analysis\n"
+            "for m in pkgutil.walk_packages(analysis.__path__, 'analysis.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "import analysis.commands, analysis.plots, analysis.report\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "assert not any(k == 'marin' or k.startswith('marin.') for k in sys.modules), 'marin imported'\n"
+            "print(len([k for k in sys.modules if k.startswith('analysis')]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip()) >= 10
+
+
+def test_level_coding_matches_marin_config():
+    from analysis.levels import BASELINE_LEVEL, RECIPE_LEVEL
+    from marin.config import BASELINE_LEVELS, RECIPE_LEVELS
+
+    assert RECIPE_LEVEL == {f: lv[0] for f, lv in RECIPE_LEVELS.items()}
+    assert BASELINE_LEVEL == dict(BASELINE_LEVELS)
+
+
+def test_collect_reports_missing_and_failed_runs(tmp_path):
+    sd, df = _study(tmp_path, fail=2, missing=3)
+    t = collect(sd)
+    assert (sd / "results.parquet").exists()
+    assert len(t) == len(df)
+    assert t["status"].value_counts().to_dict() == {"completed": len(df) - 5, "failed": 2, "missing": 3}
+    for col in ("run_id", "study", "rung", "arm", "seed", "xsa", "optimizer", "train_flops", "eval_macro_loss",
+                "loss_web", "model_flops_per_s", "drop_rate", "status", "error", "hardware", "code_version"):
+        assert col in t.columns, col
+    assert t.loc[t["status"] == "failed", "error"].str.contains("simulated failure").all()
+    assert t.loc[t["status"] == "completed", "optimizer"].eq("adamw").all()
+    pd.testing.assert_frame_equal(pd.read_parquet(sd / "results.parquet"), t)
+
+
+def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
+    # Two whole arms lost (+ failures): one of the 2FIs is no longer estimable.
+    sd, df = _study(tmp_path, fail=2, missing=3, drop_arms=("++-", "+-+"))
+    from sweeps.cli import main
+
+    rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--out", str(tmp_path / "rep")])
+    assert rc == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    nf, nm = int((df["status"] == "failed").sum()), int((df["status"] == "missing").sum())
+    assert nm > 0 and f"{nf} failed, {nm} missing" in md and "missing: " in md
+    assert "Not estimable" in md and "main-effects model" in md
+    t = collect(sd, write=False)
+    a = analyze_table(t, n_boot=0)
+    assert a.not_estimable()
+    c = a.components[a.components["response"] == "ln_M"].set_index("component")
+    # every Shapley value is reported (from the main-effects model); what the full model cannot
+    # estimate is reported as such, never as a number
+    assert "quality" in a.reduced and c.loc[FACTORS3, "shapley_estimable"].all()
+    assert (~c["loo_estimable"]).any() and c.loc[~c["loo_estimable"], "loo"].isna().all()
+
+
+def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys):
+    sd, _ = _study(tmp_path, fail=1)
+    from sweeps.cli import main
+
+    assert main(["analyze", str(sd), "--n-boot", "20", "--target", "1e19"]) == 0
+    out = capsys.readouterr().out
+    assert "component" in out and "M_flop" in out and "M_flop·R" in out and "TOTAL" in out
+    rep = sd / "report"
+    md, html = (rep / "report.md").read_text(), (rep / "report.html").read_text()
+    for name in ("forest_quality", "shapley_waterfall", "interactions", "loss_curves", "scaling_fit", "drop_rate"):
+        assert f"](figures/{name}.png)" in md
+        assert (rep / "figures" / f"{name}.png").stat().st_size > 1000
+        assert f'src="figures/{name}.png"' in html
+    assert "<table>" in html and "Extrapolation to the target compute" in md
+
+
+def test_analyze_refuses_unknown_study_with_exit_2(tmp_path, capsys):
+    from sweeps.cli import main
+
+    assert main(["analyze", str(tmp_path / "nope")]) == 2
+    assert "STUDY" in capsys.readouterr().err
+
+
+def test_forecast_is_immutable_hashed_and_scored_beside_the_outcome(tmp_path):
+    sd, df = _study(tmp_path)
+    t = collect(sd)
+    a = analyze_table(t, n_boot=30)
+    target = 6.4e9 * 6e8
+    path = write_forecast(sd, a, t, target_compute=target, arm="recipe", now=1.8e9)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    with pytest.raises(FileExistsError):  # the same forecast is never rewritten
+        write_forecast(sd, a, t, target_compute=target, arm="recipe", now=1.8e9)
+    (fc,) = read_forecasts(sd)
+    assert fc["valid_hash"] and fc["content"]["prediction"]["loss_lo"] < fc["content"]["prediction"]["loss"] < fc["content"]["prediction"]["loss_hi"]
+    assert judge(fc, t, a.factors)["status"].startswith("pending")
+    # the target run arrives after the forecast: scored beside it
+    truth_loss = fc["content"]["prediction"]["loss"] + 0.001
+    run = t[t["arm"] == "+++"].iloc[0].copy()
+    run["run_id"], run["rung"], run["train_flops"], run["eval_macro_loss"], run["started_at"] = "tgt", "r3", target, truth_loss, 1.9e9
+    t2 = pd.concat([t, run.to_frame().T], ignore_index=True)
+    j = judge(fc, t2, a.factors)
+    assert j["status"] == "scored" and j["outcome"] == pytest.approx(truth_loss)
+    # a forecast written after the target run started is refused
+    t3 = t2.copy()
+    t3.loc[t3["run_id"] == "tgt", "started_at"] = 1.7e9
+    assert judge(fc, t3, a.factors)["status"].startswith("refused")
+    with pytest.raises(ValueError, match="already started"):
+        write_forecast(sd, a, t3, target_compute=target, arm="recipe", now=1.8e9 + 5)
+    # tampering with the content breaks the hash
+    d = json.loads(path.read_text())
+    d["content"]["prediction"]["loss"] += 0.1
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(d))
+    assert judge(read_forecasts(sd)[0], t2, a.factors)["status"].startswith("tampered")
+
+
+def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
+    sd, _ = _study(tmp_path)
+    from sweeps.cli import main
+
+    assert main(["forecast", str(sd), "--target", "4e18", "--n-boot", "20"]) == 0
+    assert "forecast " in capsys.readouterr().out
+    assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
+    md = (sd / "report" / "report.md").read_text()
+    assert "pending: no completed target run yet" in md
+
+
+def test_notebook_executes_headless(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    assert "python3" in KernelSpecManager().find_kernel_specs()  # ipykernel's spec is installed
+    rng = np.random.default_rng(1)
+    df = simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng)
+    df.to_parquet(tmp_path / "results.parquet")
+    nb = nbformat.read(Path(__file__).parents[1] / "analysis" / "notebooks" / "attribution.ipynb", as_version=4)
+    os.environ["MARIN_RESULTS"], os.environ["MARIN_N_BOOT"] = str(tmp_path / "results.parquet"), "10"
+    try:
+        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        del os.environ["MARIN_RESULTS"], os.environ["MARIN_N_BOOT"]
+    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert any("48 runs" in o.get("text", "") for o in outs)
+    assert sum("image/png" in o.get("data", {}) for o in outs) >= 3
