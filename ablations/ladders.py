@@ -229,6 +229,11 @@ CPU_RUNGS: dict[str, Rung] = {
     "cpu_s": Rung("cpu_s", "cpu_s", fixed_steps=128, batch_size=8, est_tokens_per_s=15_000, overhead_s=6.0),
     "cpu_m": Rung("cpu_m", "cpu_m", fixed_steps=64, batch_size=8, est_tokens_per_s=6_000, overhead_s=6.0),
     "cpu_l": Rung("cpu_l", "cpu_l", fixed_steps=48, batch_size=8, est_tokens_per_s=3_000, overhead_s=7.0),
+    # A token ladder at width 64 for the smoke study: compute grows 8x by training longer. On two
+    # cores a width ladder cannot give the baseline enough tokens per parameter for its loss to fall
+    # with compute (measured: all-off at cpu_s/m/l, 96 steps each: 3.13, 3.31, 3.30).
+    **{f"cpu_s{n}": Rung(f"cpu_s{n}", "cpu_s", fixed_steps=n, batch_size=8, est_tokens_per_s=15_000, overhead_s=2.0)
+       for n in (32, 64, 128, 256)},
 }
 
 

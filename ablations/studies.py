@@ -351,29 +351,29 @@ _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "th
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (DESIGN §2.2)
 
 
-def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s", "cpu_m", "cpu_l")) -> Study:
-    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, at three CPU rungs.
+def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256")) -> Study:
+    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, on a four-rung token ladder.
 
     Design: 16 arms, generators chosen by pydoe.fracfact_by_res(7, 4) and verified (resolution IV:
     main effects clear of 2FIs; 2FIs aliased in threes). The all-on and all-off arms are in the
     fraction. ep_transport stays a factor: virtual-EP drops (fixed cf 1.33 vs ragged cf 1.15 over 4
     shards) change the trained model even on CPU.
 
-    Budget (2 cores, one thread per run, 2 runs at a time; 1024 tokens per step):
-        rung   steps  tokens   assumed tok/s  train s  + overhead s  = per run
-        cpu_s   128   131,072     15,000        8.7        6.0         14.7
-        cpu_m    64    65,536      6,000       10.9        6.0         16.9
-        cpu_l    48    49,152      3,000       16.4        7.0         23.4
-        per arm (3 rungs) 55.0 core-s x 16 arms x 1 seed = 881 core-s / 2 cores = 440 s <= 600 s.
-    Train FLOPs per arm grow ~8.6e10 -> 1.25e11 -> 2.1e11 across the rungs (the reference law needs
-    three rungs). A second seed doubles the time (use `noise_cpu` for seed noise instead). Measured on
-    this machine while other jobs loaded it (load ~6.5 on 2 cores, all-on arm, 1 thread): cpu_s 7.9k,
-    cpu_m 3.8k, cpu_l 0.96k tok/s; at those speeds the study takes ~14 min, so run it on a quiet machine
-    (or pass rungs=("cpu_s", "cpu_m")).
+    Rungs: the cpu_s model (d64, 2 layers) trained for 32, 64, 128 and 256 steps of 1024 tokens, so
+    compute grows 8x and the reference law has one residual degree of freedom. A width ladder does
+    not work at this budget: the all-off arm's loss did not fall with width (3.13, 3.31, 3.30 at
+    cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
+    assignments to fixed-capacity drops in so short a run.
+
+    Budget (2 cores, one thread per run, 2 runs at a time), measured on a quiet machine at 64 and
+    256 steps: all-off 25.8k tok/s, all-on 15.8k tok/s; with ~2 s of per-run overhead:
+        per arm ~ (32+64+128+256) x 1024 tokens / ~19k tok/s + 4 x 2 s = 34 core-s
+        x 16 arms = ~550 core-s / 2 cores = ~4.6 min (+ corpus build and analysis).
+    A second seed doubles the time (use `noise_cpu` for seed noise instead).
     """
     names = list(FACTORS)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, 3 CPU rungs, <= 10 min on 2 cores",
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, <= 10 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ("noise_cpu",))
 

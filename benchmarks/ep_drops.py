@@ -20,7 +20,6 @@ documents a shard holds. Three routing sources, each over packed documents, few 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 

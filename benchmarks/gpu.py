@@ -203,11 +203,14 @@ def bench_sconv(dev, K):
         for bs, bc, nw in ((16, 256, 4), (8, 256, 4), (32, 256, 8), (16, 512, 8), (8, 512, 4), (32, 128, 4)):
             ms = timeit(lambda: sconv_fwd(x, w, doc, block_s=bs, block_c=bc, num_warps=nw), dev)
             best = max(best, gbps_row("sconv", f"  fwd block_s={bs} block_c={bc} warps={nw}", fwd_bytes, ms))
-    gbps_row("sconv", f"triton bwd dx+dw {shape}", bwd_bytes, timeit(lambda: sconv_bwd(x, w, doc, dy), dev))
+    best_b = gbps_row("sconv", f"triton bwd dx+dw {shape}", bwd_bytes, timeit(lambda: sconv_bwd(x, w, doc, dy), dev))
     if not ARGS.quick and not ARGS.tiny:
-        for bs, bc, tiles, nw in ((8, 128, 8, 4), (16, 128, 8, 4), (32, 128, 8, 8), (8, 256, 16, 8), (16, 256, 4, 8)):
+        for bs, bc, tiles, nw in ((8, 128, 8, 4), (16, 128, 8, 4), (8, 256, 16, 4), (16, 256, 4, 8), (2, 2048, 32, 8)):
             ms = timeit(lambda: sconv_bwd(x, w, doc, dy, block_s=bs, block_c=bc, tiles=tiles, num_warps=nw), dev)
-            gbps_row("sconv", f"  bwd block_s={bs} block_c={bc} tiles={tiles} warps={nw}", bwd_bytes, ms)
+            best_b = max(best_b, gbps_row("sconv", f"  bwd block_s={bs} block_c={bc} tiles={tiles} warps={nw}",
+                                          bwd_bytes, ms))
+    for nm, gb in (("fwd", best), ("bwd", best_b)):
+        row("sconv", f"best triton {nm} vs the 2.5 TB/s target", gb, "GB/s", "met" if gb >= 2500 else "not met")
 
     # Baselines: depthwise F.conv1d on (B, C, S) (no document masking, transposes not timed) and the
     # torch reference (with masking), eager and compiled.
@@ -320,7 +323,8 @@ def bench_grouped_gemm(dev):
     from marin.kernels.torch_ops import grouped_mm_torch, sort_by_expert
 
     T, K, E, I, O = (64, 2, 4, 32, 32) if ARGS.tiny else (16384, 8, 64, 1024, 512)
-    bf = torch.bfloat16
+    # The interpreter's bf16 tl.dot is wrong (fp16 is exact): on CPU check the code path in fp16.
+    bf = torch.bfloat16 if dev.type == "cuda" else torch.float16
     eidx = torch.rand(T, E, device=dev).topk(K, dim=1).indices
     _, offs = sort_by_expert(eidx, E)
     N = T * K
@@ -328,16 +332,56 @@ def bench_grouped_gemm(dev):
     w = torch.randn(E, I, O, device=dev, dtype=bf) / math.sqrt(I)
     dy = torch.randn(N, O, device=dev, dtype=bf)
     kt = get_kernels("triton")
-    err_row("gmm", "triton fwd bf16 vs torch", kt.grouped_mm(x, w, offs), grouped_mm_torch(x.float(), w.float(), offs), 2e-2)
+    err_row("gmm", f"triton fwd {str(bf)[6:]} vs fp32 torch", kt.grouped_mm(x, w, offs), grouped_mm_torch(x.float(), w.float(), offs), 2e-2)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+    got = torch.autograd.grad(kt.grouped_mm(xg, wg, offs), (xg, wg), dy)
+    ref = torch.autograd.grad(grouped_mm_torch(xr, wr, offs), (xr, wr), dy.float())
+    err_row("gmm", "triton bwd dx vs fp32 torch", got[0], ref[0], 2e-2)
+    err_row("gmm", "triton bwd dw vs fp32 torch", got[1], ref[1], 2e-2)
     flops = 2 * N * I * O
-    shape = f"N{N} I{I} O{O} E{E} bf16"
+    shape = f"N{N} I{I} O{O} E{E} {str(bf)[6:]}"
     tflops_row("gmm", f"triton grouped GEMM fwd {shape}", flops, timeit(lambda: kt.grouped_mm(x, w, offs), dev))
     tflops_row("gmm", "torch grouped_mm fwd (torch._grouped_mm on sm90)", flops,
                timeit(lambda: grouped_mm_torch(x, w, offs), dev))
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     for nm, f in (("triton", kt.grouped_mm), ("torch", grouped_mm_torch)):
         tflops_row("gmm", f"{nm} grouped GEMM fwd+bwd", 3 * flops,
                    timeit(lambda: torch.autograd.grad(f(xg, wg, offs), (xg, wg), dy), dev))
+
+
+@section
+def bench_model_parity(dev):
+    """The whole model with kernels='triton' against kernels='torch' on the same weights and batch."""
+    import torch
+
+    from dataclasses import replace
+
+    from marin.config import PRESETS, Recipe
+    from marin.model import MarinModel
+
+    cfg = PRESETS["cpu_l" if dev.type == "cuda" else "tiny"]()
+    B, S = (4, cfg.seq_len) if dev.type == "cuda" else (1, 32)
+    tokens = torch.randint(0, cfg.vocab_size, (B, S), device=dev)
+    doc = random_doc_ids(B, S, 32, dev)
+    amp = dev.type == "cuda"
+    outs = {}
+    for kb in ("torch", "triton"):
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = MarinModel(replace(cfg, kernels=kb), Recipe()).eval()  # eval: dropless, same routing
+        if kb == "triton":
+            model.load_state_dict(outs["torch"][2])
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(tokens, doc, tokens)
+        out.loss.backward()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+        outs[kb] = (out.loss.item(), grads, model.state_dict())
+    (lt, gt, _), (lk, gk, _) = outs["torch"], outs["triton"]
+    row("parity", "model loss triton vs torch (eval, bf16 autocast)", abs(lk - lt) / abs(lt), "rel err",
+        "ok" if abs(lk - lt) <= 1e-2 * abs(lt) else "FAIL", f"loss {lt:.4f} vs {lk:.4f}")
+    worst = max(((gk[n] - gt[n]).norm() / gt[n].norm().clamp_min(1e-12)).item() for n in gt)
+    row("parity", "worst parameter-gradient rel. L2 error", worst, "rel err", "ok" if worst <= 5e-2 else "FAIL",
+        f"{len(gt)} parameters")
 
 
 # ---- blocks ---------------------------------------------------------------------------------
@@ -377,7 +421,9 @@ def plain_block_cls():
             q = F.rms_norm(self.wq(a).view(B, S, H, h).transpose(1, 2), (h,), self.qn)
             k = F.rms_norm(self.wk(a).view(B, S, Hkv, h).transpose(1, 2), (h,), self.kn)
             v = self.wv(a).view(B, S, Hkv, h).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            if Hkv != H:  # explicit GQA expansion keeps SDPA on its flash kernel in every torch version
+                k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x_BSD = x_BSD + self.wo(y.transpose(1, 2).reshape(B, S, H * h))
             m_TD = F.rms_norm(x_BSD, (D,), self.n2).view(B * S, D)
             probs = self.router(m_TD).float().softmax(-1)
@@ -396,6 +442,10 @@ def plain_block_cls():
             return x_BSD + (routed + shared).view(B, S, D)
 
     return PlainBlock
+
+
+def _train(mod):
+    return mod.train() if hasattr(mod, "train") else mod
 
 
 def block_fwd_flops_per_token(d, H, Hkv, h, keys, E, K, width, m, n_shared, m_shared, latent):
@@ -446,17 +496,36 @@ def bench_blocks(dev, compiled=False):
                     p[0] = 1
         return cfg, blk
 
-    cfg, _ = recipe_block("torch")
-    local_mask, global_mask = attention_masks(doc, B, S, cfg.window, dev)
-    cos, sin = rope_tables(S, int(h * cfg.rope_fraction), cfg.rope_theta, dev)
-    ctx = ForwardContext(doc, local_mask, global_mask, cos, sin, 1.0)
     f_recipe = 3 * T * block_fwd_flops_per_token(d, H, Hkv, h, mean_keys_per_query(S, win), 2 * E, 2 * K, d // 2, m,
                                                  1, m, True)
+    try:  # the model's block-level API; if it moved, fall back to a one-layer MarinModel below
+        cfg, _ = recipe_block("torch")
+        local_mask, global_mask = attention_masks(doc, B, S, cfg.window, dev)
+        cos, sin = rope_tables(S, int(h * cfg.rope_fraction), cfg.rope_theta, dev)
+        ctx = ForwardContext(doc, local_mask, global_mask, cos, sin, 1.0)
+    except Exception as e:  # noqa: BLE001
+        row("blocks", "Block/ForwardContext API", f"changed ({type(e).__name__}): timing a 1-layer MarinModel", "")
+        ctx = None
+        f_recipe = 3 * T * block_fwd_flops_per_token(d, H, Hkv, h, (S + 1) / 2, 2 * E, 2 * K, d // 2, m, 1, m, True)
+
+        def recipe_block(kernels):  # noqa: F811 - the fallback: one global layer, vocab 256
+            from marin.model import MarinModel
+
+            cfg = ModelConfig(d_model=d, n_layers=1, n_heads=H, head_dim=h, n_kv_heads=Hkv, n_kv_heads_global=Hkv,
+                              vocab_size=256, seq_len=S, window=win, n_experts=2 * E, top_k=2 * K, expert_hidden=m,
+                              n_shared_experts=1, shared_hidden=m, latent_ratio=2, ep_shards=8, kernels=kernels)
+            with torch.device(dev):
+                model = MarinModel(cfg, Recipe()).to(bf)
+            tokens = torch.randint(0, 256, (B, S), device=dev)
+            return cfg, (lambda xg, _ctx: (model(tokens, doc).logits_BSV.float().square().mean(),))
 
     def step(mod, with_ctx):
         xg = x.clone().requires_grad_()
 
         def run():
+            if with_ctx and ctx is None:
+                mod(xg, None)[0].backward()
+                return
             out = mod(xg, ctx)[0] if with_ctx else mod(xg)
             out.backward(g)
 
@@ -465,10 +534,10 @@ def bench_blocks(dev, compiled=False):
     backends = ["torch"] + (["triton"] if TRITON_OK else [])
     if not compiled:
         runs = [("plain eager", plain, False, f_plain)]
-        runs += [(f"recipe eager kernels={kb}", recipe_block(kb)[1].train(), True, f_recipe) for kb in backends]
+        runs += [(f"recipe eager kernels={kb}", _train(recipe_block(kb)[1]), True, f_recipe) for kb in backends]
     else:
         runs = [("plain torch.compile", torch.compile(plain), False, f_plain)]
-        runs += [(f"recipe torch.compile kernels={kb}", torch.compile(recipe_block(kb)[1].train()), True, f_recipe)
+        runs += [(f"recipe torch.compile kernels={kb}", torch.compile(_train(recipe_block(kb)[1])), True, f_recipe)
                  for kb in backends]
     for name, mod, with_ctx, flops in runs:
         if compiled and elapsed() > ARGS.budget_s - 90:  # a block compiles in about a minute
@@ -489,14 +558,16 @@ def bench_blocks(dev, compiled=False):
         return
     row("blocks", "plain: model FLOPs/token fwd", f_plain / 3 / T, "FLOP", None, "causal keys (S+1)/2")
     row("blocks", "recipe: model FLOPs/token fwd", f_recipe / 3 / T, "FLOP", None,
-        f"window {win} keys, latent 2E/top-2K at d/2")
+        (f"window {win} keys" if ctx is not None else "1-layer model, causal keys") + ", latent 2E/top-2K at d/2")
 
 
 @section
 def bench_full_model(dev):
     import torch
 
-    from marin.config import PRESETS, Recipe, replace
+    from dataclasses import replace
+
+    from marin.config import PRESETS, Recipe
     from marin.flops import flops_per_token
     from marin.model import MarinModel
 
@@ -598,6 +669,7 @@ def main(argv=None) -> int:
         bench_xsa(dev)
         bench_moe_permute(dev)
         bench_grouped_gemm(dev)
+        bench_model_parity(dev)
     else:
         row("kernels", "Triton sections", "skipped: triton not installed", "")
     bench_blocks(dev)

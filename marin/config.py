@@ -160,18 +160,21 @@ class ModelConfig:
             v = getattr(self, name)
             _check(isinstance(v, int) and v >= 1, o, name, f"must be a positive integer, got {v!r}")
         _check(self.d_model % self.n_heads == 0, o, "d_model",
-               f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+               f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: multiples of n_heads")
         for kv in ("n_kv_heads", "n_kv_heads_global"):
             _check(self.n_heads % getattr(self, kv) == 0, o, kv,
                    f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
         _check(self.top_k <= self.n_experts, o, "top_k",
                f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
         _check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
-               f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}")
+               f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}; allowed values: divisors of d_model")
         for name in ("n_experts", "top_k"):
             _check(getattr(self, name) % self.latent_ratio == 0, o, name,
                    f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
                    "(the standard level uses n_experts/alpha experts, top_k/alpha)")
+        _check((self.n_experts // self.latent_ratio) % self.ep_shards == 0, o, "ep_shards",
+               f"ep_shards={self.ep_shards} must divide the expert count at every latent_moe level "
+               f"({self.n_experts} and {self.n_experts // self.latent_ratio}); allowed values: their common divisors")
         _check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
         _check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
         _check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",

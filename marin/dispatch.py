@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from marin.kernels.torch_ops import grouped_mm_torch as grouped_mm  # the one grouped GEMM of the torch path
+
 TRANSPORTS = ("fixed", "ragged", "dropless")
 
 # Guards ceil(cf * n) against float noise (1.15 * 20 = 22.999999999999996): a capacity is a count of
@@ -197,62 +199,6 @@ class Dispatcher(Protocol):
                  dropless: bool) -> tuple[Tensor, DispatchStats]: ...
 
 
-class _MaterializeGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient: torch._grouped_mm's backward rejects
-    zero-stride gradients (an expanded ones from `.sum().backward()`), measured on H200."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor) -> Tensor:
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> Tensor:
-        return g.contiguous()
-
-
-def _native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
-    if not (x_NI.is_cuda and hasattr(torch, "_grouped_mm")):
-        return False
-    if x_NI.dtype != torch.bfloat16 or w_EIO.dtype != torch.bfloat16:
-        return False
-    if torch.cuda.get_device_capability(x_NI.device) < (9, 0):
-        return False
-    # The kernel wants 16-byte aligned rows in every operand.
-    return x_NI.shape[1] % 8 == 0 and w_EIO.shape[2] % 8 == 0
-
-
-def grouped_mm(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
-    """y[n] = x[n] @ w[e] for rows n in group e = [offsets[e-1], offsets[e]) (offsets: cumulative
-    int32 group ends, as torch._grouped_mm takes them). Rows past offsets[-1] come back as zeros.
-
-    torch._grouped_mm on CUDA sm90+ in bf16; elsewhere a loop over non-empty groups (autograd-exact).
-    """
-    if x_NI.dim() != 2 or w_EIO.dim() != 3 or x_NI.shape[1] != w_EIO.shape[1]:
-        raise ValueError(f"grouped_mm: shapes x {tuple(x_NI.shape)} and w {tuple(w_EIO.shape)} do not match "
-                         "(want x_NI and w_EIO with the same I)")
-    if offsets_E.numel() != w_EIO.shape[0]:
-        raise ValueError(f"grouped_mm: {offsets_E.numel()} offsets for {w_EIO.shape[0]} experts")
-    N, O = x_NI.shape[0], w_EIO.shape[2]
-    if _native_grouped_mm_ok(x_NI, w_EIO):
-        offs = offsets_E.to(device=x_NI.device, dtype=torch.int32)
-        total = int(offs[-1]) if offs.numel() else 0
-        # The kernel leaves rows past the last group unspecified, forward and backward (measured on
-        # H200: garbage in dx), so it only ever sees the grouped rows.
-        y = _MaterializeGrad.apply(torch._grouped_mm(x_NI[:total], w_EIO, offs=offs))
-        return torch.cat([y, y.new_zeros(N - total, O)]) if total < N else y
-    ends = offsets_E.tolist()
-    parts, start = [], 0
-    for e, end in enumerate(ends):
-        if end > start:
-            parts.append(x_NI[start:end] @ w_EIO[e])
-        start = end
-    if start < N:
-        parts.append(x_NI.new_zeros(N - start, O))
-    if not parts:
-        return x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
-    return torch.cat(parts, 0)
-
-
 def expert_offsets(expert_sorted_N: Tensor, n_experts: int) -> Tensor:
     """Cumulative group ends (int32) of rows already sorted by expert id."""
     return torch.cumsum(torch.bincount(expert_sorted_N, minlength=n_experts), 0).to(torch.int32)
@@ -310,13 +256,19 @@ class LocalDispatcher:
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
                  dropless: bool) -> tuple[Tensor, DispatchStats]:
         T, K = expert_idx_TK.shape
-        E = experts.n_experts
+        E, S = experts.n_experts, self.n_shards
         transport = "dropless" if dropless else self.transport
-        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=self.n_shards, transport=transport,
+        if transport == "dropless" and (T % S or E % S):
+            # Nothing is dropped, so the shard layout only matters for accounting: an eval batch whose
+            # token count the shards do not divide still runs, without per-shard stats.
+            keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)
+            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts)
+            return y_TW, DispatchStats(assigned=T * K, dropped=0, dropped_per_shard=None, bytes_moved=0)
+        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=S, transport=transport,
                              capacity_factor=self.capacity_factor, n_chunks=self.n_chunks)
         y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts)
-        dropped_S = (~keep_TK).view(self.n_shards, -1).sum(1).tolist()
-        nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=self.n_shards, transport=transport,
+        dropped_S = (~keep_TK).view(S, -1).sum(1).tolist()
+        nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
                                  capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size())
         return y_TW, DispatchStats(assigned=T * K, dropped=sum(dropped_S), dropped_per_shard=dropped_S,
                                    bytes_moved=nbytes)
@@ -333,4 +285,4 @@ def combine_kept(x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, keep_T
     tok_M = src_M // K
     out_MW = swiglu_grouped(x_TW[tok_M], expert_offsets(e_M[order], experts.n_experts), experts)
     w_M1 = combine_TK.reshape(-1)[src_M].unsqueeze(1).to(out_MW.dtype)
-    return torch.zeros_like(x_TW).index_add(0, tok_M, out_MW * w_M1)
+    return torch.zeros_like(x_TW).index_add(0, tok_M, (out_MW * w_M1).to(x_TW.dtype))

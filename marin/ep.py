@@ -132,7 +132,8 @@ def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = No
     device = "cuda" if torch.cuda.is_available() and backend != "gloo" else "cpu"
     if not dist.is_initialized():
         if device == "cuda":
-            torch.cuda.set_device(env.local_rank)
+            # modulo: a task that SLURM (or submitit) narrowed to its own GPU sees it as device 0
+            torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         dist.init_process_group(backend or ("nccl" if device == "cuda" else "gloo"),
                                 rank=env.rank, world_size=env.world_size)
     return build_ep_groups(ep, device)
@@ -154,11 +155,28 @@ def build_ep_groups(ep_size: int, device: str = "cpu") -> EPGroups:
 # ---------------------------------------------------------------------------------------------
 
 
-def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
-    """Differentiable all_to_all_single (its backward is the mirrored exchange)."""
-    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single whose backward is the mirrored exchange (splits swapped). Written out because
+    torch's functional `all_to_all_single_autograd` costs ~4 s on its first call per process (measured
+    on gloo CPU), which dominates short runs and tests."""
 
-    return wait_tensor(all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group))
+    @staticmethod
+    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        gx = g.new_empty((sum(ctx.in_splits),) + tuple(g.shape[1:]))
+        dist.all_to_all_single(gx, g.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        return gx, None, None, None
+
+
+def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
+    """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it."""
+    return _AllToAll.apply(x, out_splits, in_splits, group)
 
 
 def _all_gather_flat(out: Tensor, inp: Tensor, group) -> None:
@@ -235,7 +253,7 @@ class EPDispatcher:
         back = out_EMW.view(El, S, cap, W).transpose(0, 1).reshape(S * El * cap, W)
         ret = _a2a(back, splits, splits, self.group)
         w_M1 = combine_TK.reshape(-1)[kept_M].unsqueeze(1).to(ret.dtype)
-        y_TW = torch.zeros_like(x_TW).index_add(0, tok_M, ret[slot_M] * w_M1)
+        y_TW = torch.zeros_like(x_TW).index_add(0, tok_M, (ret[slot_M] * w_M1).to(x_TW.dtype))
         dropped = T * K - kept_M.numel()
         nbytes = 2 * (S - 1) * El * cap * W * x_TW.element_size()
         return y_TW, DispatchStats(assigned=T * K, dropped=dropped, dropped_per_shard=None, bytes_moved=nbytes)
@@ -277,7 +295,7 @@ class EPDispatcher:
             back = torch.empty_like(out).index_copy(0, perm, out) if out.numel() else out
             ret = _a2a(back, in_splits, out_splits, self.group)
             w_M1 = combine_TK.reshape(-1)[src_c].unsqueeze(1).to(ret.dtype)
-            y_TW = y_TW.index_add(0, tok_c, ret * w_M1)
+            y_TW = y_TW.index_add(0, tok_c, (ret * w_M1).to(y_TW.dtype))
         dropped_S = (counts_SE - accepted_SE).sum(1).tolist()
         off_rows = sum(v for q, v in enumerate(accepted_SE[r].view(S, El).sum(1).tolist()) if q != r)
         nbytes = 2 * off_rows * W * x_TW.element_size() + (S - 1) * E * 8
@@ -374,10 +392,15 @@ def sync_expert_grads(model: nn.Module, groups: EPGroups) -> None:
 def sync_grads(model: nn.Module, groups: EPGroups) -> None:
     """dp="none": average non-expert gradients over all ranks, then sync_expert_grads."""
     experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
-    for p in model.parameters():
-        if id(p) not in experts and p.grad is not None and groups.world_size > 1:
-            dist.all_reduce(p.grad)
-            p.grad /= groups.world_size
+    grads = [p.grad for p in model.parameters() if id(p) not in experts and p.grad is not None]
+    if grads and groups.world_size > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one all-reduce, not one per parameter
+        dist.all_reduce(flat)
+        flat /= groups.world_size
+        i = 0
+        for g in grads:
+            g.copy_(flat[i:i + g.numel()].view_as(g))
+            i += g.numel()
     sync_expert_grads(model, groups)
 
 
@@ -386,43 +409,75 @@ def sync_grads(model: nn.Module, groups: EPGroups) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _ep_state_dict(model: nn.Module, groups: EPGroups | None) -> dict:
-    """The model state dict with expert stacks as DTensors sharded over "ep" (replicated over "dp"),
-    FSDP2 parameters as their DTensors, everything else plain (replicated)."""
-    sd = model.state_dict()
-    if groups is None:
-        return sd
+def _expert_dtensor(t: Tensor, groups: EPGroups):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    for name in expert_param_names(model):
-        sd[name] = DTensor.from_local(sd[name], groups.mesh, [Replicate(), Shard(0)], run_check=False)
-    return sd
+    return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
 
-def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None) -> None:
-    """Save with torch.distributed.checkpoint (every rank calls it; groups=None in one process)."""
+def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) -> dict:
+    """{"model": ..., "optim": ...}: expert stacks (and their optimizer states with the local expert
+    dim leading) as DTensors sharded over "ep" and replicated over "dp", FSDP2 parameters as their
+    DTensors, everything else plain (replicated). Optimizer states keyed by parameter name."""
+    sd = model.state_dict()
+    experts = set(expert_param_names(model))
+    if groups is not None:
+        for name in experts:
+            sd[name] = _expert_dtensor(sd[name], groups)
+    out = {"model": sd}
+    if optimizer is not None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        # Creates the state of a fresh optimizer, so that a load has tensors to fill.
+        osd = get_optimizer_state_dict(model, optimizer)
+        if groups is not None:
+            params = dict(model.named_parameters())
+            for fqn, st in list(osd["state"].items()):
+                if fqn in experts:
+                    # a copy: these dicts are the optimizer's live state (training goes on after a save)
+                    osd["state"][fqn] = st = dict(st)
+                    for k, v in st.items():
+                        # per-expert states lead with the local expert dim too: moments, and MuonH's
+                        # radius (E_local, 1, 1); replicated saving would keep rank 0's experts only
+                        if torch.is_tensor(v) and v.ndim >= 1 and v.shape[0] == params[fqn].shape[0]:
+                            st[k] = _expert_dtensor(v, groups)
+        out["optim"] = osd
+    return out
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None) -> None:
+    """Save model (and optimizer) with torch.distributed.checkpoint: every rank calls it; groups=None
+    in one process. Any layout (world size, EP size, FSDP2 or not) can load it."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_ep_state_dict(model, groups), checkpoint_id=str(path), no_dist=groups is None)
+    dcp.save(_ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None) -> None:
-    """Load a checkpoint saved by any number of ranks into this layout (resharded by DCP)."""
+def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None) -> None:
+    """Load a checkpoint saved by any number of ranks into this layout (DCP reshards)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor
 
-    sd = _ep_state_dict(model, groups)
+    sd = _ep_state_dict(model, groups, optimizer)
     dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None)
-    # DCP writes in place into the tensors it was given; copy anyway, so a state dict entry that
-    # was a copy (not a view of the parameter) still lands in the model.
+    # DCP writes in place into the tensors it was given; copy anyway, so an entry that was a copy
+    # (not a view of the parameter) still lands in the model.
     own = dict(model.named_parameters()) | dict(model.named_buffers())
     with torch.no_grad():
-        for name, v in sd.items():
+        for name, v in sd["model"].items():
             t = own.get(name)
             if t is None:
                 continue
-            src = v.to_local() if isinstance(v, DTensor) and not isinstance(t, DTensor) else v
-            if isinstance(t, DTensor):
-                t.to_local().copy_(src.to_local() if isinstance(src, DTensor) else src)
-            else:
-                t.copy_(src)
+            src = v.to_local() if isinstance(v, DTensor) else v
+            (t.to_local() if isinstance(t, DTensor) else t).copy_(src)
+    if optimizer is not None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        experts = set(expert_param_names(model))
+        osd = sd["optim"]
+        for fqn, st in osd["state"].items():
+            if fqn in experts:
+                for k, v in st.items():
+                    if isinstance(v, DTensor):
+                        st[k] = v.to_local()
+        set_optimizer_state_dict(model, optimizer, osd)

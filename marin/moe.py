@@ -291,6 +291,14 @@ class MoE(nn.Module):
         # and may replace this attribute.
         self.dispatcher = LocalDispatcher(recipe.ep_transport, cfg.ep_shards, cfg.capacity_factor(recipe),
                                           cfg.ragged_chunks)
+        self.reset_parameters(cfg.init_scale / math.sqrt(cfg.d_model))
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """The model's rule (truncated normal, sigma = init_scale/sqrt(d)) for the tensors created with
+        torch.empty, so a standalone MoE never computes with uninitialised memory."""
+        for p in (self.router.weight, self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW):
+            nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
 
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW)

@@ -8,7 +8,23 @@ One `torch.optim.Optimizer` holds every parameter group; each group carries a `k
 - ``adamw``  decoupled weight decay (the AdamW baseline, and the AdamW half of ``muon_adamw``).
 - ``muon``   plain Muon with Moonlight's shape scaling (arXiv 2502.16982), decoupled weight decay.
 
-Which parameter lands in which group is decided only by the model's ``param_roles()``.
+Which parameter lands in which group is decided only by the model's ``param_roles()``:
+
+| level        | matrix, expert | lm_head | embed, router, gate | norm, sconv |
+|--------------|----------------|---------|---------------------|-------------|
+| hyperball    | muonh          | adamh   | adam                | adam        |
+| adamh        | adamh          | adamh   | adam                | adam        |
+| adamw        | adamw (wd)     | adamw (wd) | adamw (wd)       | adamw, no wd |
+| muon_adamw   | muon (wd)      | adamw (wd) | adamw (wd)       | adamw, no wd |
+
+Baselines decay every weight matrix, embedding and router included (GPT-2/nanoGPT practice: decay
+every >= 2-D weight), but not RMSNorm gains (decay pulls them off 1) nor the SConv taps (identity
+at init; decay would pull the conv towards zero, i.e. switch the component off). Learning rates:
+MuonH/AdamH eta = TrainConfig.lr or min(0.05, 13/3 adam_lr); the Adam group adam_lr; AdamW one lr
+(TrainConfig.lr, else adam_lr) with betas (0.9, 0.95); muon_adamw shares that lr because the
+Moonlight scale makes Muon's update RMS match AdamW's. Hyperball projections of expert stacks are
+per expert (each expert matrix keeps its own norm); MuonH radius R is stored at the first step so
+round-off cannot drift it.
 
 Newton–Schulz: 5 steps of the quintic p(x) = a x + b x^3 + c x^5 with (a, b, c) = (3.4445, -4.7750,
 2.0315) (K. Jordan, "Muon", 2024). The input is scaled to unit Frobenius norm, so every singular
@@ -27,7 +43,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor
 
-from marin.config import LR_SCHEDULES, LRHeuristic, Recipe, RunSpec, TrainConfig
+from marin.config import LR_SCHEDULES, LRHeuristic, RunSpec, TrainConfig
 
 NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
@@ -78,6 +94,19 @@ def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
     if transposed:
         x = x.mT
     return x.to(u_XMN.dtype)
+
+
+def newton_schulz_many(us: list[Tensor], steps: int = 5) -> list[Tensor]:
+    """`newton_schulz` of every tensor in `us`, batched by trailing matrix shape (fewer, larger calls)."""
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, u in enumerate(us):
+        by_shape.setdefault(tuple(u.shape[-2:]), []).append(i)
+    out: list[Tensor | None] = [None] * len(us)
+    for (m, n), idx in by_shape.items():
+        o = newton_schulz(torch.cat([us[i].reshape(-1, m, n) for i in idx]), steps)
+        for i, part in zip(idx, o.split([us[i].numel() // (m * n) for i in idx])):
+            out[i] = part.reshape(us[i].shape)
+    return out  # type: ignore[return-value]
 
 
 def _fro(x: Tensor) -> Tensor:
@@ -204,10 +233,16 @@ class MarinOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for g in self.param_groups:
-            fn = {"muonh": self._muonh, "adamh": self._adamh, "adam": self._adam, "adamw": self._adam,
-                  "muon": self._muon}[g["kind"]]
-            for p in g["params"]:
-                if p.grad is not None:
+            params = [p for p in g["params"] if p.grad is not None]
+            if g["kind"] in ("muonh", "muon"):
+                # one Newton–Schulz call per matrix shape: the group's matrices (and experts) in a batch
+                ortho = newton_schulz_many([self._nesterov(p, g) for p in params], g["ns_steps"])
+                apply = self._project if g["kind"] == "muonh" else self._muon_apply
+                for p, o in zip(params, ortho):
+                    apply(p, g, o.float())
+            else:
+                fn = self._adamh if g["kind"] == "adamh" else self._adam
+                for p in params:
                     fn(p, g)
         return loss
 
@@ -249,9 +284,6 @@ class MarinOptimizer(torch.optim.Optimizer):
         p.copy_((x * (r / (_fro(x) + 1e-30))).to(p.dtype))
 
     # -- group kinds ---------------------------------------------------------------------------------
-    def _muonh(self, p: Tensor, g: dict) -> None:
-        self._project(p, g, newton_schulz(self._nesterov(p, g), g["ns_steps"]).float())
-
     def _adamh(self, p: Tensor, g: dict) -> None:
         self._project(p, g, self._adam_direction(p, g))
 
@@ -261,8 +293,7 @@ class MarinOptimizer(torch.optim.Optimizer):
             p.mul_(1 - g["lr"] * g["weight_decay"])
         p.add_(upd.to(p.dtype), alpha=-g["lr"])
 
-    def _muon(self, p: Tensor, g: dict) -> None:
-        o = newton_schulz(self._nesterov(p, g), g["ns_steps"]).float()
+    def _muon_apply(self, p: Tensor, g: dict, o: Tensor) -> None:
         scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))
         if g["weight_decay"]:
             p.mul_(1 - g["lr"] * g["weight_decay"])

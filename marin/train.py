@@ -9,6 +9,27 @@ summary.json (atomic, at the end), checkpoints/ckpt_<step>.pt (atomic), train.lo
 Preemption: SIGTERM or SIGUSR2 only sets a flag; the loop writes a checkpoint at the next step
 boundary and returns {"status": "interrupted"}. Under submitit, SIGUSR2 is then handed back to the
 handler that was installed before ours (submitit's, which requeues the job).
+
+Distributed (DESIGN §5). Launched with a world size W > 1 (torchrun variables, or a SLURM task, see
+`marin.ep.dist_env`), the loop runs real expert parallelism over EP groups of `ModelConfig.ep_shards`
+ranks and data parallelism over the D = W / ep_shards groups (`marin.ep` mesh: rank = dp_rank * ep +
+ep_rank). Token layout: the global batch is the single-process batch (B rows of L tokens) and rank r
+takes rows [r B/W, (r+1) B/W). So DP replica g holds the contiguous rows [g B/D, (g+1) B/D), and EP
+rank s of it holds the s-th contiguous 1/ep of the replica's row-major tokens: exactly shard s of
+`plan_drops`. With D = 1 (W = ep_shards) the real run therefore drops what the single-process
+virtual-EP run drops on the same global batch; with D > 1 it drops what the single-process run drops
+on each replica's B/D rows on their own (per-shard token count T_s = B L / W sets the capacities).
+Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by
+n_r W / N (n_r its valid targets, N the global count) so that the all-reduced gradient mean is the
+gradient of the global token mean, as in one process; the Switch aux loss is the mean of the ranks'
+(a product of batch means: not exactly the global one), QB-topk thresholds are averaged over ranks
+(QB-hist and aux-free are exact). Gradients are plain tensors (parallelize(dp="none") + sync_grads),
+so MuonH's Newton–Schulz sees full matrices and per-expert slices. Rank 0 alone writes spec.json,
+metrics.jsonl, summary.json and train.log; checkpoints are directories checkpoints/ckpt_<step>/
+holding a torch.distributed.checkpoint of model + optimizer (dcp/, any layout can load it),
+rng_<rank>.pt per rank, and loop.json (step, counters, spike window, metrics offset) written last
+by rank 0, so a directory without loop.json is not a checkpoint. Any world size (one process too)
+resumes such a directory (DCP reshards); a distributed run refuses a newer single-process .pt one.
 """
 
 from __future__ import annotations
@@ -33,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from marin.config import (
@@ -109,9 +131,18 @@ def code_version() -> str:
 
 
 def hardware_name(device: torch.device) -> str:
+    """GPU name, or the CPU model and thread count (throughput ratios only compare like with like)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu:{platform.machine()}x{torch.get_num_threads()}"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{model} x{torch.get_num_threads()}"
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
@@ -318,14 +349,17 @@ def _device(t: TrainConfig) -> torch.device:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, float], device: torch.device,
-             autocast: Callable) -> dict:
-    """Dropless eval: per-domain token-mean NLL, macro loss = unweighted mean over domains, bpb."""
+             autocast: Callable, dist_ctx: "_Dist | None" = None) -> dict:
+    """Dropless eval: per-domain token-mean NLL, macro loss = unweighted mean over domains, bpb.
+    Distributed: each rank scores its rows of every batch; NLL sums and counts are all-reduced."""
     was_training = model.training
     model.eval()
-    domain_loss: dict[str, float] = {}
+    sums: dict[str, list[float]] = {}
     for dom, bs in batches.items():
         nll, count = 0.0, 0
         for tokens, targets, doc_ids in bs:
+            if dist_ctx is not None:
+                tokens, targets, doc_ids = dist_ctx.rows(tokens), dist_ctx.rows(targets), dist_ctx.rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
             with autocast():
                 out = model(tokens, doc_ids)
@@ -333,7 +367,12 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
             nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                          ignore_index=-100, reduction="sum"))
             count += int((targets != -100).sum())
-        domain_loss[dom] = nll / max(count, 1)
+        sums[dom] = [nll, float(count)]
+    if dist_ctx is not None:
+        flat = torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device)
+        dist.all_reduce(flat)
+        sums = {dom: flat[2 * i:2 * i + 2].tolist() for i, dom in enumerate(sums)}
+    domain_loss = {dom: nll / max(count, 1) for dom, (nll, count) in sums.items()}
     model.train(was_training)
     domain_bpb = {d: v / math.log(2) / bpt[d] for d, v in domain_loss.items()}
     return {"eval_macro_loss": statistics.fmean(domain_loss.values()), "eval_domain_loss": domain_loss,
@@ -367,11 +406,175 @@ def forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.Tensor
     return out, loss_v, ce_v, float(gnorm_t)
 
 
-def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    """Update, clear grads, then the router biases from this step's routing (apply from the next)."""
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, group=None) -> None:
+    """Update, clear grads, then the router biases from this step's routing (apply from the next);
+    `group` (distributed runs: the world) pools the routing statistics of every rank."""
     opt.step()
     opt.zero_grad(set_to_none=True)
-    model.update_router_biases()
+    model.update_router_biases(group)
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed: layout, the step, checkpoints (module docstring, DESIGN §5)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Dist:
+    """This process's place in a distributed run."""
+
+    groups: Any  # marin.ep.EPGroups
+    rank: int
+    world: int
+    owns_pg: bool  # train() initialised the process group, so train() destroys it
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, x_B: torch.Tensor) -> torch.Tensor:
+        """Rank r's rows [r B/W, (r+1) B/W) of a global batch: EP rank s of DP replica g gets the
+        s-th contiguous token shard of the replica's rows (what plan_drops assumes)."""
+        b = x_B.shape[0] // self.world
+        return x_B[self.rank * b:(self.rank + 1) * b]
+
+
+def launch_world_size() -> int:
+    """World size of this launch: an initialised process group, torchrun's WORLD_SIZE, a SLURM task
+    with SLURM_NTASKS > 1 (marin.ep.dist_env), else 1 (the single-process loop)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["WORLD_SIZE"])
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        from marin.ep import dist_env
+
+        return dist_env().world_size
+    return 1
+
+
+def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
+    """Before any collective: EP groups of ModelConfig.ep_shards ranks must tile the world and hold
+    the experts evenly, and every stage's global batch must split into equal rows per rank."""
+    from marin.ep import check_ep_layout
+
+    ep = spec.model.ep_shards
+    try:
+        check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
+    except ValueError as e:
+        raise ValueError(f"ModelConfig.ep_shards={ep} (the EP group size) with world_size={world}: {e}") from None
+    for s in stages:
+        if s.batch_size % world != 0:
+            raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
+                             f"{s.seq_len}) does not split over world_size={world} ranks; allowed values: "
+                             f"multiples of {world}")
+
+
+def _init_dist(spec: RunSpec, device: torch.device) -> tuple[_Dist, torch.device]:
+    from marin import ep
+
+    owns = not dist.is_initialized()
+    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
+                        backend="gloo" if device.type == "cpu" else None)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _Dist(groups, dist.get_rank(), dist.get_world_size(), owns), device
+
+
+@dataclass
+class _GlobalOut:
+    """What the loop logs from a distributed step: world-reduced (ModelOutput's logged fields)."""
+
+    stats: dict[str, float]
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+
+
+def dist_forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.Tensor, targets: torch.Tensor,
+                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: _Dist):
+    """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
+    CE and z-loss are reweighted by n_r W / N so that the averaged gradient (sync_grads) is the
+    gradient of the global token mean; the grad norm (and clipping) is over the full model, expert
+    slices summed over the EP group."""
+    from marin import ep
+
+    dev = tokens.device
+    n_loc = int((targets != -100).sum())
+    n_all = torch.tensor([float(n_loc)], dtype=torch.float64, device=dev)
+    dist.all_reduce(n_all)
+    n_all_f = max(float(n_all), 1.0)
+    with autocast():
+        out = fwd(tokens, doc_ids, targets)
+    zero = out.aux_loss.new_zeros(())
+    z = out.z_loss if out.z_loss is not None else zero
+    dense = out.ce_loss + z
+    if n_loc:
+        obj = dense * (n_loc * d.world / n_all_f) + out.aux_loss
+    else:  # every target masked here: still run the backward, its all-to-alls are collective
+        obj = out.aux_loss + 0.0 * out.logits_BSV.float().sum()
+    obj.backward()
+    ep.sync_grads(model, d.groups)
+    expert_ids = {id(p) for _, m in ep.moe_layers(model) for p in (getattr(m, n) for n in ep.EXPERT_PARAM_NAMES)}
+    grads = [(p.grad, id(p) in expert_ids) for p in model.parameters() if p.grad is not None]
+    dense_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if not is_e)
+    expert_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if is_e)
+    st = out.stats
+    frac = n_loc / n_all_f
+    dense_v = float(dense.detach()) if n_loc else 0.0
+    ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
+    z_v = float(z.detach()) if n_loc else 0.0
+    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, float(out.aux_loss.detach()) / d.world,
+                        st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
+                        st.get("router_z", 0.0) / d.world, expert_sq], dtype=torch.float64, device=dev)
+    dist.all_reduce(vec)
+    mx = torch.tensor([st.get("max_load_ratio", 0.0)], dtype=torch.float64, device=dev)
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    v = vec.tolist()
+    # expert slices are replicated over the dp dimension: the world sum counts each dp_size times
+    gnorm = math.sqrt(dense_sq + v[8] / d.groups.dp_size)
+    if grad_clip is not None:
+        coef = grad_clip / (gnorm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
+        if coef < 1.0:
+            for g, _ in grads:
+                g.mul_(coef)
+    stats = dict(st, dropped=v[4], assigned=v[5], drop_rate=v[4] / max(v[5], 1.0), load_cv=v[6], router_z=v[7],
+                 max_load_ratio=float(mx))
+    g_out = _GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))
+    return g_out, v[0] + v[3], v[1], gnorm
+
+
+def latest_dist_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete distributed checkpoint directory (loop.json is written last)."""
+    ck = sorted(p for p in (run_dir / "checkpoints").glob("ckpt_*") if p.is_dir() and (p / "loop.json").exists())
+    return ck[-1] if ck else None
+
+
+def _newest(single: Path | None, distributed: Path | None) -> Path | None:
+    """The later of a ckpt_<step>.pt file and a ckpt_<step>/ directory."""
+    cands = [p for p in (single, distributed) if p is not None]
+    return max(cands, key=lambda p: p.name.split(".")[0]) if cands else None
+
+
+def _load_dist_checkpoint(ck: Path, spec: RunSpec, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                          d: _Dist | None, device: torch.device, metrics_path: Path) -> LoopState:
+    """Load a checkpoint directory into this layout (any world size; d=None: one process, which DCP
+    reshards into), restore this rank's RNG and truncate metrics.jsonl to the checkpoint's offset."""
+    from marin import ep
+
+    loop = json.loads((ck / "loop.json").read_text())
+    if loop["run_id"] != spec.run_id:
+        raise ValueError(f"checkpoint {ck} belongs to run {loop['run_id']}, not {spec.run_id}")
+    ep.load_checkpoint(model, ck / "dcp", d.groups if d is not None else None, opt)
+    rng = ck / f"rng_{d.rank if d is not None else 0}.pt"
+    if rng.exists():  # a checkpoint written by a smaller world has no state for this rank
+        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False), device)
+    if d is None or d.main:
+        with open(metrics_path, "a+b") as f:  # drop lines logged after the checkpoint
+            f.truncate(loop["metrics_offset"])
+    log.info("resumed %s from %s at step %d", spec.run_id, ck.name, loop["loop"]["step"])
+    return LoopState(**loop["loop"])
+
 
 
 def _subsample(curve: list[list], n: int = LOSS_CURVE_POINTS) -> list[list]:
@@ -421,7 +624,8 @@ def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
           log_to: tuple[str, ...] = ()) -> dict:
     """Train `spec` into `run_dir`; returns the summary (also summary.json), or
-    {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written)."""
+    {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written).
+    Launched with a world size > 1 every rank calls this (module docstring); all return the summary."""
     t0 = time.perf_counter()
     if not isinstance(spec, RunSpec):
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
@@ -437,6 +641,9 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
         if importlib.util.find_spec(name) is None:
             raise ValueError(f"log_to={name} needs the '{name}' extra: pip install marin-ablate[{name}]")
+    world = launch_world_size()
+    if world > 1:
+        check_dist_layout(spec, stages, world)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -453,9 +660,14 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         if old.run_id != spec.run_id:
             raise ValueError(f"run_dir {str(run_dir)!r} holds run {old.run_id}, not {spec.run_id}; "
                              "use another --out or resume=False")
-    _atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1, sort_keys=True))
+    d: _Dist | None = None
+    if world > 1:
+        d, device = _init_dist(spec, device)
+    main = d is None or d.main
+    if main:
+        _atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1, sort_keys=True))
 
-    handler = logging.FileHandler(run_dir / "train.log")
+    handler = logging.FileHandler(run_dir / "train.log") if main else logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -470,11 +682,11 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
 
         corpus = mdata.load_corpus(spec.data)
         domains = list(spec.data.eval_domains) or list(corpus.domains)
-        unknown = [d for d in domains if d not in corpus.domains]
+        unknown = [dom for dom in domains if dom not in corpus.domains]
         if unknown:
             raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(corpus.domains)}")
         packers = {s.seq_len: _packer(mdata, corpus, s.seq_len, s.batch_size, spec.data.data_seed) for s in stages}
-        bpt = {d: mdata.bytes_per_token(corpus, d) for d in domains}
+        bpt = {dom: mdata.bytes_per_token(corpus, dom) for dom in domains}
         if corpus.tokenizer.vocab_size > spec.model.vocab_size:
             raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's "
                              f"vocabulary ({corpus.tokenizer.vocab_size}, DataConfig.tokenizer="
@@ -482,6 +694,14 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
 
         torch.manual_seed(spec.seed)
         model = _build_model(spec).to(device)
+        if d is not None:
+            from marin import ep
+
+            # every rank built the full model from one seed; it keeps its experts (plain tensors, no
+            # FSDP: MuonH's Newton-Schulz needs whole matrices)
+            ep.parallelize(model, d.groups, dp="none")
+            log.info("distributed: world %d = dp %d x ep %d, rank %d", d.world, d.groups.dp_size,
+                     d.groups.ep_size, d.rank)
         hp = resolve_hparams(spec)
         opt = build_optimizer(model, hp)
         fwd = torch.compile(model) if t.compile else model
@@ -494,11 +714,11 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
 
         # built up front: a held-out split too small for one eval batch fails before any training
-        eval_sets = {s.seq_len: {d: mdata.eval_batches(corpus, d, s.seq_len, s.batch_size, t.eval_batches)
-                                 for d in domains} for s in stages}
+        eval_sets = {s.seq_len: {dom: mdata.eval_batches(corpus, dom, s.seq_len, s.batch_size, t.eval_batches)
+                                 for dom in domains} for s in stages}
 
         def eval_now(seq_len: int) -> dict:
-            return evaluate(fwd, eval_sets[seq_len], bpt, device, autocast)
+            return evaluate(fwd, eval_sets[seq_len], bpt, device, autocast, d)
 
         from marin import flops as mflops
 
@@ -511,8 +731,31 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
 
         st = LoopState()
         metrics_path = run_dir / "metrics.jsonl"
-        ck = latest_checkpoint(run_dir) if resume else None
-        if ck is not None:
+        if d is not None:
+            ck = None
+            if resume:
+                found = [(latest_dist_checkpoint(run_dir), latest_checkpoint(run_dir)) if d.main else None]
+                dist.broadcast_object_list(found, src=0)  # one decision for every rank
+                ck, single_ck = found[0]
+                if single_ck is not None and (ck is None or single_ck.stem > ck.name):
+                    raise ValueError(f"checkpoint {single_ck} was written by a single-process run; resume it "
+                                     "in one process (that can load any checkpoint), or pass resume=False")
+            if ck is not None:
+                st = _load_dist_checkpoint(ck, spec, model, opt, d, device, metrics_path)
+            else:
+                if d.main:
+                    if not resume:
+                        import shutil
+
+                        for p in (run_dir / "checkpoints").glob("ckpt_*"):
+                            shutil.rmtree(p) if p.is_dir() else p.unlink()
+                    metrics_path.write_text("")
+                log.info("start %s: %s", spec.run_id, spec.canonical_json())
+            dist.barrier()
+        elif resume and (ck := _newest(latest_checkpoint(run_dir), latest_dist_checkpoint(run_dir))) is not None \
+                and ck.is_dir():
+            st = _load_dist_checkpoint(ck, spec, model, opt, None, device, metrics_path)
+        elif (ck := latest_checkpoint(run_dir) if resume else None) is not None:
             blob = torch.load(ck, map_location="cpu", weights_only=False)  # RNG states must stay on CPU
             if blob["run_id"] != spec.run_id:
                 raise ValueError(f"checkpoint {ck} belongs to run {blob['run_id']}, not {spec.run_id}")
@@ -525,15 +768,48 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             log.info("resumed %s from %s at step %d", spec.run_id, ck.name, st.step)
         else:
             if not resume:
-                for p in (run_dir / "checkpoints").glob("ckpt_*.pt"):
-                    p.unlink()
+                import shutil
+
+                for p in (run_dir / "checkpoints").glob("ckpt_*"):
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
             metrics_path.write_text("")
             log.info("start %s: %s", spec.run_id, spec.canonical_json())
-        sinks = _Sinks(tuple(log_to), run_dir, spec)
+        sinks = _Sinks(tuple(log_to) if main else (), run_dir, spec)
         stop.install()
         self_signal = _parse_self_signal()
 
+        def checkpoint_dist() -> None:
+            """Every rank: DCP shards + its RNG into a temporary directory; rank 0 then writes
+            loop.json and renames the directory (a crash leaves no half checkpoint behind)."""
+            import shutil
+
+            ckdir = run_dir / "checkpoints"
+            name = f"ckpt_{st.step:09d}"
+            tmp = ckdir / f".{name}.tmp"
+            if d.main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            dist.barrier()
+            ep.save_checkpoint(model, tmp / "dcp", d.groups, opt)
+            _atomic_torch_save(_rng_state(device), tmp / f"rng_{d.rank}.pt")
+            dist.barrier()
+            if d.main:
+                loop = dict(st.__dict__, wall_s=st.wall_s + (time.perf_counter() - t0))
+                _atomic_write_text(tmp / "loop.json", json.dumps(
+                    {"run_id": spec.run_id, "loop": loop, "metrics_offset": metrics_path.stat().st_size,
+                     "world_size": d.world, "ep_size": d.groups.ep_size}))
+                final = ckdir / name
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                for old in sorted(p for p in ckdir.glob("ckpt_*") if p.is_dir())[:-2]:
+                    shutil.rmtree(old)
+                log.info("checkpoint %s", name)
+            dist.barrier()
+
         def checkpoint() -> None:
+            if d is not None:
+                return checkpoint_dist()
             ckdir = run_dir / "checkpoints"
             loop = dict(st.__dict__, wall_s=st.wall_s + (time.perf_counter() - t0))
             blob = {"run_id": spec.run_id, "model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -546,6 +822,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             log.info("checkpoint %s", path.name)
 
         def emit(rec: dict) -> None:
+            if not main:
+                return
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             sinks.log(rec)
@@ -558,7 +836,12 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         window = deque(st.spike_history, maxlen=t.spike_window)
         cur_stage: Stage | None = None
         while st.step < t.steps:
-            if stop.signum is not None or (stop_after is not None and steps_this_session >= stop_after):
+            stop_now = stop.signum is not None
+            if d is not None:  # a signal seen by any rank stops every rank at the same step
+                flag = torch.tensor([float(stop_now)], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                stop_now = bool(flag.item())
+            if stop_now or (stop_after is not None and steps_this_session >= stop_after):
                 checkpoint()
                 st_out = {"run_id": spec.run_id, "status": "interrupted", "step": st.step,
                           "signal": stop.signum}
@@ -577,8 +860,16 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
 
             ts = time.perf_counter()
             tokens, targets, doc_ids = packers[stage.seq_len].batch(step)
+            n_tok = tokens.numel()  # the global batch's tokens
+            if d is not None:
+                tokens, targets, doc_ids = d.rows(tokens), d.rows(targets), d.rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
-            out, loss_v, ce_v, gnorm = forward_backward(model, fwd, tokens, targets, doc_ids, autocast, t.grad_clip)
+            if d is not None:
+                out, loss_v, ce_v, gnorm = dist_forward_backward(model, fwd, tokens, targets, doc_ids, autocast,
+                                                                 t.grad_clip, d)
+            else:
+                out, loss_v, ce_v, gnorm = forward_backward(model, fwd, tokens, targets, doc_ids, autocast,
+                                                            t.grad_clip)
             if not (math.isfinite(loss_v) and math.isfinite(gnorm)):
                 what = "loss" if not math.isfinite(loss_v) else "grad norm"
                 val = loss_v if not math.isfinite(loss_v) else gnorm
@@ -586,15 +877,15 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                 log.error(reason)
                 emit({"step": step, "loss": loss_v, "ce": ce_v, "grad_norm": gnorm, "lr": opt.param_groups[0]["lr"]})
                 summary = _summary(spec, st, "failed", reason, step, params_total, params_active, fpt, peak,
-                                   device, t0, metrics_path, hp)
-                _atomic_write_text(summary_path, json.dumps(summary, indent=1))
+                                   device, t0, metrics_path, hp, d)
+                if main:
+                    _atomic_write_text(summary_path, json.dumps(summary, indent=1))
                 return summary
-            optimizer_step(model, opt)
+            optimizer_step(model, opt, dist.group.WORLD if d is not None else None)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - ts
 
-            n_tok = tokens.numel()
             st.tokens += n_tok
             st.train_flops += fpt_at[stage.seq_len] * n_tok
             stats = dict(out.stats)
@@ -642,8 +933,9 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                 checkpoint()
 
         summary = _summary(spec, st, "completed", None, None, params_total, params_active, fpt, peak, device, t0,
-                           metrics_path, hp)
-        _atomic_write_text(summary_path, json.dumps(summary, indent=1))
+                           metrics_path, hp, d)
+        if main:
+            _atomic_write_text(summary_path, json.dumps(summary, indent=1))
         log.info("done %s: eval macro %.4f", spec.run_id, summary["eval_macro_loss"])
         return summary
     finally:
@@ -653,6 +945,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             sinks.close()
         log.removeHandler(handler)
         handler.close()
+        if d is not None and d.owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
         if stop.signum == signal.SIGUSR2 and callable(prev_usr2):
             # submitit (or any caller) installed a USR2 handler before us: hand the signal back so
             # it can requeue the job; our checkpoint is already on disk.
@@ -669,7 +963,14 @@ def _parse_self_signal() -> tuple[int, int] | None:
 
 def _summary(spec: RunSpec, st: LoopState, status: str, error: str | None, failed_step: int | None,
              params_total: int, params_active: int, fpt: float, peak: float | None, device: torch.device,
-             t0: float, metrics_path: Path, hp) -> dict:
+             t0: float, metrics_path: Path, hp, d: _Dist | None = None) -> dict:
+    """The summary (CONTRACTS); distributed: rank 0's, broadcast so that every rank returns it."""
+    if d is not None:
+        box = [_summary(spec, st, status, error, failed_step, params_total, params_active, fpt, peak, device, t0,
+                        metrics_path, hp) if d.main else None]
+        dist.broadcast_object_list(box, src=0)
+        box[0]["hardware"] = f"{box[0]['hardware']} [world {d.world}: dp {d.groups.dp_size} x ep {d.groups.ep_size}]"
+        return box[0]
     tps = st.timed_tokens / st.timed_s if st.timed_s > 0 else None
     mfps = st.timed_flops / st.timed_s if st.timed_s > 0 else None
     if st.tokens:  # token-weighted over context stages, so that train_flops = flops_per_token * tokens

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"marin-ablate {name}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: finished runs are kept; running them again resumes the rest
+        print(f"marin-ablate {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -284,7 +284,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
-    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + f"  ({st['study_dir']})")
+    queued = f", {st['queued']} queued in SLURM" if st["queued"] else ""
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued +
+          f"  ({st['study_dir']})")
     print(_table(st["runs"], ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
     for r in st["runs"]:
         if r["state"] == "failed":

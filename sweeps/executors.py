@@ -5,7 +5,10 @@
   submitit Checkpointable): on SIGUSR2 (submitit asks SLURM for it `signal_delay_s` before the
   time limit; preemption tooling sends it too) train writes a checkpoint at the next step boundary
   and hands the signal back to submitit, which calls `RunJob.checkpoint` (a DelayedSubmission of
-  itself, same task) and requeues the job; the requeued task resumes from the checkpoint.
+  itself, same task) and requeues the job; the requeued task resumes from the checkpoint. A job
+  SLURM requeues itself (`scontrol requeue`, preemption in REQUEUE mode) gets SIGTERM: train
+  checkpoints and returns "interrupted", SLURM starts the task again, and `wait` keeps waiting
+  while the job is back in the queue.
   Multi-GPU runs get one task per GPU (srun starts them, no torchrun) and the torch.distributed
   environment from `submitit.helpers.TorchDistributedEnvironment`.
 - `local`: `workers` submitit LocalExecutor processes on this machine; each pulls runs from the list
@@ -21,10 +24,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -197,19 +200,28 @@ class Worker(submitit.helpers.Checkpointable):
         self.threads = threads
 
     def __call__(self, tasks: Sequence[RunTask]) -> list[dict]:
-        _set_threads(self.threads)
-        jid = _job_id()
-        out = []
-        for task in tasks:
-            if run_state(task.dir) in ("completed", "running") or (
-                    run_state(task.dir) == "failed" and not task.retry_failed):
-                continue
-            _mark_job(task, jid)
-            res = execute(task)
-            out.append(res)
-            if res["outcome"] == "interrupted":
-                break
-        return out
+        # submitit ignores SIGTERM in jobs; a worker between runs must stop on it (train handles
+        # it during a run: checkpoint, return "interrupted")
+        stop: list[int] = []
+        prev = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+        try:
+            _set_threads(self.threads)
+            jid = _job_id()
+            out = []
+            for task in tasks:
+                if stop:
+                    break
+                state = run_state(task.dir)
+                if state in ("completed", "running") or (state == "failed" and not task.retry_failed):
+                    continue
+                _mark_job(task, jid)
+                res = execute(task)
+                out.append(res)
+                if res["outcome"] == "interrupted":
+                    break
+            return out
+        finally:
+            signal.signal(signal.SIGTERM, prev)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,7 +247,7 @@ class Submission:
 def select_runs(runs: Sequence[PlannedRun], retry_failed: bool) -> tuple[list[PlannedRun], dict[str, int]]:
     """The runs that need executing, and counts of those skipped by reason."""
     todo, skipped = [], {"completed": 0, "failed": 0, "running": 0, "queued": 0}
-    queued = _queued_slurm_runs(runs)
+    queued = queued_slurm_runs(runs)
     for r in runs:
         st = run_state(r.dir)
         if st == "completed" or st == "running" or (st == "failed" and not retry_failed):
@@ -247,7 +259,16 @@ def select_runs(runs: Sequence[PlannedRun], retry_failed: bool) -> tuple[list[Pl
     return todo, {k: v for k, v in skipped.items() if v}
 
 
-def _queued_slurm_runs(runs: Sequence[PlannedRun]) -> set[str]:
+def _squeue_ids() -> set[str]:
+    """Ids (array tasks as JOB_TASK) of every job in the SLURM queue; empty when squeue fails."""
+    try:
+        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(q.stdout.split()) if q.returncode == 0 else set()
+
+
+def queued_slurm_runs(runs: Sequence[PlannedRun]) -> set[str]:
     """Runs whose recorded SLURM job is still in the queue (pending or running): not resubmitted."""
     recs = {}
     for r in runs:
@@ -256,13 +277,7 @@ def _queued_slurm_runs(runs: Sequence[PlannedRun]) -> set[str]:
             recs[r.run_id] = str(rec["job_id"])
     if not recs or shutil.which("squeue") is None:
         return set()
-    try:
-        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    if q.returncode != 0:
-        return set()
-    alive = set(q.stdout.split())
+    alive = _squeue_ids()
     return {rid for rid, jid in recs.items() if jid in alive}
 
 
@@ -277,7 +292,8 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
     """Start the runs with the chosen executor (debug: runs them now, calling `on_run_done` after
     each). `resources(run)` gives the per-run {gpus, time_min, cpus_per_task, mem_gb} defaults of
     the study (slurm only)."""
-    tasks = [RunTask.of(r, opts.retry_failed) for r in runs]
+    # failures to retry were cleared by the caller (run_planned): tasks never retry on their own
+    tasks = [RunTask.of(r) for r in runs]
     sub = Submission(opts.executor, runs=list(runs))
     if not runs:
         return sub
@@ -350,7 +366,8 @@ def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
         # one task per GPU (srun starts them; torch.distributed env from SLURM), one task on CPU
         "ntasks_per_node": max(1, per_node if gpus else 1),
         "cpus_per_task": res["cpus_per_task"],
-        "signal_delay_s": s.signal_delay_s,
+        # short CPU jobs: USR2 no earlier than 3/4 through the limit
+        "signal_delay_s": max(1, min(s.signal_delay_s, res["time_min"] * 60 // 4)),
         "array_parallelism": s.array_parallelism or n,
         "use_srun": s.use_srun,
         "additional_parameters": {"requeue": True},
@@ -390,7 +407,10 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
         counts = count_states(dirs)
         if progress:
             progress.update(counts)
-        pending_jobs = [j for j in pending_jobs if not _done(j)]
+        # a SLURM job requeued after it returned (scontrol requeue, preemption by requeue) left a
+        # result file but runs again: it is done only once it has left the queue
+        queued = _squeue_ids() if sub.executor == "slurm" else set()
+        pending_jobs = [j for j in pending_jobs if not _done(j) or j.job_id in queued]
         if not pending_jobs:
             break
         if timeout_s is not None and time.time() - t0 > timeout_s:
@@ -402,6 +422,22 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
         progress.update(counts)
         progress.close()
     return counts
+
+
+def stop_local(sub: Submission, grace_s: float = 30.0) -> None:
+    """SIGTERM the local workers (their controller forwards it): train checkpoints at the next step
+    boundary and the worker stops; runs stay partial and resume on the next `run`."""
+    procs = [getattr(j, "_process", None) for j in sub.jobs]
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    for p in procs:
+        if p is not None:
+            try:
+                p.wait(timeout=max(0.1, grace_s - (time.time() - t0)))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _done(job: Any) -> bool:

@@ -145,12 +145,13 @@ def write_run_files(run: PlannedRun) -> None:
 
 
 class RunLock:
-    """An exclusive, non-blocking POSIX lock on `<run_dir>/.lock`.
+    """An exclusive, non-blocking flock on `<run_dir>/.lock`.
 
-    fcntl locks are released by the kernel when the holder dies (a killed or requeued job leaves
-    no stale lock) and work across machines on NFS (lockd / NFSv4). The file records who holds it
-    (host, pid, job id) for `status`. POSIX locks are per process: two threads of one process do
-    not exclude each other (executors run one run per process)."""
+    The kernel releases it when the holder dies (a killed or requeued job leaves no stale lock);
+    on NFS the Linux client maps flock to byte-range locks, so it holds across machines. flock
+    belongs to the open file: a second RunLock in the same process is excluded too, and probing
+    does not drop a lock held through another descriptor (POSIX fcntl locks would). The file
+    records who holds it (host, pid, job id)."""
 
     def __init__(self, run_dir_: str | Path):
         self.path = Path(run_dir_) / ".lock"
@@ -160,10 +161,10 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
-            if e.errno in (errno.EACCES, errno.EAGAIN):
+            if e.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 return False
             raise
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(),
@@ -178,7 +179,7 @@ class RunLock:
     def release(self) -> None:
         if self._fd is not None:
             try:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 os.close(self._fd)
                 self._fd = None
@@ -263,7 +264,8 @@ def clear_failure(run_dir_: str | Path) -> None:
     d = Path(run_dir_)
     summary = read_json(d / "summary.json")
     if summary is not None and summary.get("status") == "failed":
-        os.replace(d / "summary.json", d / f"summary.failed-{time.strftime('%Y%m%dT%H%M%S')}.json")
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}.{time.time_ns() % 10**9:09d}"
+        os.replace(d / "summary.json", d / f"summary.failed-{stamp}.json")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from marin.config import RunSpec, apply_overrides
 
-from sweeps.executors import ExecOptions, Submission, select_runs, submit, validate, wait
+from sweeps.executors import (ExecOptions, Submission, queued_slurm_runs, select_runs, stop_local, submit, validate,
+                              wait)
 from sweeps.progress import Progress
-from sweeps.runs import PlannedRun, count_states, plan_runs, read_json, run_state, study_dir, write_run_files
+from sweeps.runs import (PlannedRun, clear_failure, count_states, plan_runs, read_json, run_state, study_dir,
+                         write_run_files)
 
 SPEC_SECTIONS = ("model", "train", "data", "recipe")
 
@@ -105,8 +108,11 @@ def study_resources(study: Any) -> Any:
                     "max_num_timeout": 100_000}
         gpus = int(ex.get("gpus_per_run") or gpus_by_rung.get(rung, 0))
         cpus = int(ex.get("cpus_per_gpu", 1)) if gpus else int(ex.get("cpus_per_task", 1))
-        mem = (float(ex["mem_gb_per_gpu"]) * gpus if gpus and ex.get("mem_gb_per_gpu") else ex.get("mem_gb"))
-        return {"gpus": gpus, "gpus_per_node": int(ex.get("gpus_per_node", 8)),
+        per_node = int(ex.get("gpus_per_node", 8))
+        # sbatch --mem is per node
+        mem = (float(ex["mem_gb_per_gpu"]) * min(gpus, per_node) if gpus and ex.get("mem_gb_per_gpu")
+               else ex.get("mem_gb"))
+        return {"gpus": gpus, "gpus_per_node": per_node,
                 "time_min": timeouts.get(rung) or ex.get("timeout_min") or 60, "cpus_per_task": cpus, "mem_gb": mem}
 
     return resources
@@ -140,17 +146,31 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
                 label: str = "", progress: bool = True) -> RunReport:
-    """Write run dirs, submit what is not done, wait (opts.wait). Call `validate` first."""
+    """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait)."""
     validate(opts, sdir)
     for r in runs:
         write_run_files(r)
     todo, skipped = select_runs(runs, opts.retry_failed)
+    if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
+        for r in todo:
+            clear_failure(r.dir)
     prog = Progress(len(runs), label or sdir.name) if progress else None
     dirs = [r.dir for r in runs]
     sub = submit(todo, sdir, opts, resources=resources,
                  on_run_done=(lambda: prog.update(count_states(dirs))) if prog else None)
     if todo and opts.wait and opts.executor != "debug":
-        counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
+        try:
+            counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
+        except KeyboardInterrupt:
+            if prog:
+                prog.close()
+            if opts.executor == "local":  # workers checkpoint at the next step and stop
+                stop_local(sub)
+                print(f"stopped the local workers; partial runs resume on the next `run` ({sdir})", file=sys.stderr)
+            else:
+                print(f"SLURM job(s) {', '.join(sorted({j.split('_')[0] for j in sub.job_ids}))} keep running; "
+                      f"`marin-ablate status` follows them, scancel stops them", file=sys.stderr)
+            raise
     else:
         counts = count_states(dirs)
         if prog:
@@ -163,9 +183,12 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = ()) -> dict:
     """Counts by state, and one row per run: run_id, rung, arm, seed, state, error, job."""
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
+    queued = queued_slurm_runs(runs)
     rows = []
     for r in runs:
         st = run_state(r.dir)
+        if st in ("pending", "partial") and r.run_id in queued:
+            st = f"{st}, queued"
         summary = read_json(r.dir / "summary.json") or {}
         job = read_json(r.dir / "job.json") or {}
         rows.append({"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"),
@@ -174,4 +197,4 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
                      "job_id": job.get("job_id")})
     counts = count_states([r.dir for r in runs])
     return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),
-            "counts": counts, "runs": rows}
+            "counts": counts, "queued": len(queued), "runs": rows}

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sweeps.executors import ExecOptions, validate
-from sweeps.runs import PlannedRun, atomic_write_json, plan_runs, read_json, study_dir
+from sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
 from sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"

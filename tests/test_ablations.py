@@ -45,7 +45,7 @@ def test_unknown_factor_or_level_raises_naming_allowed_values():
     study = get_study("smoke")
     levels = study.levels(0) | {"optimizer": "sgd"}
     with pytest.raises(ValueError, match=r"factor 'optimizer' has no level 'sgd'; allowed values: adamw, hyperball"):
-        study.spec("cpu_s", levels, seed=0)
+        study.spec("cpu_s32", levels, seed=0)
     with pytest.raises(ValueError, match=r"unknown study 'smok'; allowed values: smoke"):
         get_study("smok")
 
@@ -163,7 +163,7 @@ def test_marin535_plan_reports_32_runs_per_rung_and_seed_resolution_6_all_2fi_es
 def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
     study = get_study("smoke")
     runs = study.runs()
-    assert len(runs) == 16 * 3 and study.design.resolution == 4
+    assert len(runs) == 16 * 4 and study.design.resolution == 4
     assert len({s.run_id for s, _ in runs}) == len(runs)
     by_cell: dict = {}
     for spec, meta in runs:
@@ -180,8 +180,8 @@ def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
 
 def test_lr_multiplier_scales_only_the_named_arm():
     study = get_study("smoke")
-    base = {m["arm"]: s.train.lr for s, m in study.runs(rungs=["cpu_s"])}
-    tuned = {m["arm"]: s.train.lr for s, m in study.runs(lr_multipliers={"all_off": 0.5}, rungs=["cpu_s"])}
+    base = {m["arm"]: s.train.lr for s, m in study.runs(rungs=["cpu_s32"])}
+    tuned = {m["arm"]: s.train.lr for s, m in study.runs(lr_multipliers={"all_off": 0.5}, rungs=["cpu_s32"])}
     assert tuned["all_off"] == pytest.approx(0.5 * base["all_off"])
     assert all(tuned[a] == base[a] for a in base if a != "all_off")
     with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]; allowed values: all_off"):

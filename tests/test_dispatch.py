@@ -182,6 +182,19 @@ def test_local_dispatcher_dropless_equals_dense_reference_with_gradients():
         assert torch.allclose(a, b)
 
 
+def test_local_dispatcher_dropless_runs_token_counts_the_shards_do_not_divide():
+    T, K, E, W, H = 9, 2, 4, 6, 5  # 9 tokens over 4 shards: fine for eval (nothing is dropped)
+    ex = _experts(E, W, H)
+    x = torch.randn(T, W, dtype=torch.float64)
+    idx, comb = _routing(T, K, E)
+    d = LocalDispatcher("ragged", 4, 1.15)
+    y, stats = d(x, idx, comb, ex, dropless=True)
+    assert torch.allclose(y, _dense_reference(x, idx, comb, torch.ones(T, K, dtype=torch.bool), ex))
+    assert stats.dropped == 0 and stats.dropped_per_shard is None
+    with pytest.raises(ValueError, match="n_shards=4"):
+        d(x, idx, comb, ex, dropless=False)
+
+
 @pytest.mark.parametrize("transport, cf", [("fixed", 1.0), ("ragged", 0.8)])
 def test_local_dispatcher_drops_exactly_the_planned_assignments(transport, cf):
     T, K, E, W, H, S = 32, 2, 8, 6, 5, 4

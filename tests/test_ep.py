@@ -91,14 +91,14 @@ def _check_dispatcher(rank, S, out):
 
 
 def _check_moe(rank, world, ep, out, tmp):
-    from marin.ep import build_ep_groups, load_checkpoint, parallelize, save_checkpoint, sync_expert_grads
+    from marin.ep import build_ep_groups, parallelize, sync_expert_grads, sync_grads
     from marin.moe import MoE
 
     groups = build_ep_groups(ep)
     B_l, L = 2, 8
     n_groups, Bg = world // ep, ep * B_l  # EP groups hold consecutive ranks, Bg sequences each
-    for transport in ("fixed", "ragged"):
-        name = f"moe_{transport}_ep{ep}_dp{n_groups}"
+    for transport, dp in (("fixed", "fsdp2"), ("ragged", "fsdp2"), ("ragged", "none")):
+        name = f"moe_{transport}_ep{ep}_dp{n_groups}" + ("_plain" if dp == "none" else "")
         try:
             cfg, recipe = _moe_cfg(ep), Recipe(ep_transport=transport)
             gen = torch.Generator().manual_seed(3)
@@ -112,11 +112,11 @@ def _check_moe(rank, world, ep, out, tmp):
             keep = torch.cat([plan_drops(_routing(ref, x[i * Bg:(i + 1) * Bg]), n_experts=cfg.n_experts, n_shards=ep,
                                          transport=transport, capacity_factor=cfg.capacity_factor(recipe))
                               for i in range(n_groups)])
-            ep_moe = parallelize(_init_moe(MoE(cfg, recipe), seed=4).train(), groups, dp="fsdp2")
+            ep_moe = parallelize(_init_moe(MoE(cfg, recipe), seed=4).train(), groups, dp=dp)
             sl = slice(rank * B_l, (rank + 1) * B_l)
             o = ep_moe(x[sl])
             (o.y_BSD * g[sl]).sum().backward()
-            sync_expert_grads(ep_moe, groups)
+            (sync_expert_grads if dp == "fsdp2" else sync_grads)(ep_moe, groups)
             El = ref.w_gate_EWH.shape[0] // ep
             el = slice(groups.ep_rank * El, (groups.ep_rank + 1) * El)
             ref_p = dict(ref.named_parameters())
@@ -124,25 +124,13 @@ def _check_moe(rank, world, ep, out, tmp):
             for n, p in ep_moe.named_parameters():
                 if n.endswith("_EWH") or n.endswith("_EHW"):
                     gdiff = max(gdiff, _maxdiff(p.grad * world, ref_p[n].grad[el]))
-                else:  # FSDP2 DTensor grad, averaged over ranks
-                    gdiff = max(gdiff, _maxdiff(p.grad.full_tensor() * world, ref_p[n].grad))
+                else:  # averaged over ranks (an FSDP2 DTensor, or plain with dp="none")
+                    full = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                    gdiff = max(gdiff, _maxdiff(full * world, ref_p[n].grad))
             Ts = B_l * L
             out[name] = dict(y=_maxdiff(o.y_BSD, y_ref[sl]), grads=gdiff, dropped=o.dispatch.dropped,
                              planner_dropped=int((~keep[rank * Ts:(rank + 1) * Ts]).sum()),
                              total_dropped=int((~keep).sum()))
-            if transport == "ragged" and world == 2:
-                save_checkpoint(ep_moe, os.path.join(tmp, "ckpt"), groups)
-            if transport == "ragged" and world == 4:
-                fresh = parallelize(_init_moe(MoE(cfg, recipe), seed=99), groups, dp="fsdp2")
-                load_checkpoint(fresh, os.path.join(tmp, "ckpt"), groups)
-                saved = _init_moe(MoE(cfg, recipe), seed=4)  # the weights the 2 ranks saved
-                sp = dict(saved.named_parameters())
-                ldiff = 0.0
-                for n, p in fresh.named_parameters():
-                    full = p.full_tensor() if hasattr(p, "full_tensor") else p
-                    want = sp[n][el] if (n.endswith("_EWH") or n.endswith("_EHW")) else sp[n]
-                    ldiff = max(ldiff, _maxdiff(full.detach(), want.detach()))
-                out["ckpt_load_4"] = dict(maxdiff=ldiff)
         except Exception:
             out[name] = dict(error=traceback.format_exc())
 
@@ -190,6 +178,59 @@ def _check_model(rank, world, ep, out):
             out[name] = dict(error=traceback.format_exc())
 
 
+def _ckpt_reference():
+    """One AdamW step of the ragged MoE block on 4 sequences, in one process: what the 2-rank run
+    (2 sequences per rank, loss averaged over ranks) saves."""
+    from marin.moe import MoE
+
+    cfg = _moe_cfg(2)
+    ref = _init_moe(MoE(cfg, Recipe(ep_transport="ragged")), seed=4).train()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    x = torch.randn(4, 8, cfg.d_model, generator=torch.Generator().manual_seed(7))
+    (ref(x).y_BSD.pow(2).sum() / 2).backward()
+    opt.step()
+    return ref, opt, x
+
+
+def _check_checkpoint(rank, world, out, tmp):
+    """2 ranks (EP 2, FSDP2) take the reference step and save model + optimizer; 4 ranks (EP 2 x DP 2)
+    load both into a differently initialised model."""
+    from marin.ep import build_ep_groups, load_checkpoint, parallelize, save_checkpoint, sync_expert_grads
+    from marin.moe import MoE
+
+    try:
+        groups = build_ep_groups(2)
+        cfg = _moe_cfg(2)
+        ref, ref_opt, x = _ckpt_reference()
+        if world == 2:
+            moe = parallelize(_init_moe(MoE(cfg, Recipe(ep_transport="ragged")), seed=4).train(), groups)
+            opt = torch.optim.AdamW(moe.parameters(), lr=1e-2)
+            moe(x[2 * rank:2 * rank + 2]).y_BSD.pow(2).sum().backward()
+            sync_expert_grads(moe, groups)
+            opt.step()
+            save_checkpoint(moe, os.path.join(tmp, "ckpt"), groups, opt)
+            return
+        moe = parallelize(_init_moe(MoE(cfg, Recipe(ep_transport="ragged")), seed=99).train(), groups)
+        opt = torch.optim.AdamW(moe.parameters(), lr=1e-2)
+        load_checkpoint(moe, os.path.join(tmp, "ckpt"), groups, opt)
+        El = cfg.n_experts // 2
+        el = slice(groups.ep_rank * El, (groups.ep_rank + 1) * El)
+        ref_p = dict(ref.named_parameters())
+        pdiff = sdiff = 0.0
+        for n, p in moe.named_parameters():
+            q = ref_p[n]
+            full = (lambda t: t.full_tensor()) if hasattr(p, "full_tensor") else (lambda t: t)
+            want = (lambda t: t[el]) if (n.endswith("_EWH") or n.endswith("_EHW")) else (lambda t: t)
+            pdiff = max(pdiff, _maxdiff(full(p).detach(), want(q).detach()))
+            for k in ("exp_avg", "exp_avg_sq"):
+                r = want(ref_opt.state[q][k])
+                sdiff = max(sdiff, _maxdiff(full(opt.state[p][k]), r) / (float(r.abs().max()) + 1e-12))
+            sdiff = max(sdiff, abs(float(opt.state[p]["step"]) - float(ref_opt.state[q]["step"])))
+        out["ckpt_load_4"] = dict(params=pdiff, optim=sdiff)  # optim: relative to the largest entry
+    except Exception:
+        out["ckpt_load_4"] = dict(error=traceback.format_exc())
+
+
 def _routing(moe, x):
     """The routing the MoE block used (its router is deterministic given weights and input)."""
     with torch.no_grad():
@@ -208,6 +249,7 @@ def _worker(rank, world, port, tmp):
         _check_moe(rank, world, 2, out, tmp)
         t2 = time.perf_counter()
         _check_model(rank, world, 2, out)
+        _check_checkpoint(rank, world, out, tmp)
         out["seconds"] = dict(dispatch=t1 - t0, moe=t2 - t1, model=time.perf_counter() - t2)
     finally:
         with open(os.path.join(tmp, f"w{world}_r{rank}.json"), "w") as f:
@@ -248,9 +290,10 @@ def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs,
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("transport", ["fixed", "ragged"])
-def test_ep_moe_block_with_fsdp2_equals_single_process(ep_runs, world, transport):
-    rows = _rows(ep_runs[1][world], f"moe_{transport}_ep2_dp{world // 2}")
+@pytest.mark.parametrize("case", ["fixed", "ragged", "ragged_plain"])
+def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, case):
+    transport, _, plain = case.partition("_")
+    rows = _rows(ep_runs[1][world], f"moe_{transport}_ep2_dp{world // 2}" + ("_plain" if plain else ""))
     for row in rows:
         assert row["y"] < 1e-5 and row["grads"] < 1e-4
         assert row["dropped"] == row["planner_dropped"]
@@ -271,14 +314,17 @@ def test_checkpoint_saved_by_2_ranks_loads_in_1_and_in_4(ep_runs):
     from marin.moe import MoE
 
     tmp, results = ep_runs
-    cfg, recipe = _moe_cfg(2), Recipe(ep_transport="ragged")
-    one = _init_moe(MoE(cfg, recipe), seed=99)
-    load_checkpoint(one, os.path.join(tmp, "ckpt"))
-    want = _init_moe(MoE(cfg, recipe), seed=4)
-    for (n, p), (_, q) in zip(one.named_parameters(), want.named_parameters()):
-        assert torch.equal(p, q), n
+    ref, ref_opt, _ = _ckpt_reference()
+    one = _init_moe(MoE(_moe_cfg(2), Recipe(ep_transport="ragged")), seed=99)
+    opt = torch.optim.AdamW(one.parameters(), lr=1e-2)
+    load_checkpoint(one, os.path.join(tmp, "ckpt"), optimizer=opt)
+    for (n, p), (_, q) in zip(one.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(opt.state[p][k], ref_opt.state[q][k], rtol=1e-4, atol=1e-6), (n, k)
+        assert float(opt.state[p]["step"]) == 1.0
     for row in _rows(results[4], "ckpt_load_4"):
-        assert row["maxdiff"] == 0.0
+        assert row["params"] < 1e-6 and row["optim"] < 1e-5
 
 
 def test_bad_ep_layout_names_the_numbers():

@@ -16,6 +16,7 @@ from marin.optim import (
     group_assignment,
     lr_multiplier,
     newton_schulz,
+    newton_schulz_many,
     ns_band,
     resolve_hparams,
     set_lr,
@@ -223,3 +224,12 @@ def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere(
             model.update_router_biases()
         for n, p in sphere.items():
             torch.testing.assert_close(torch.linalg.matrix_norm(p.detach()), init[n], rtol=1e-5, atol=0.0)
+
+
+def test_batched_newton_schulz_equals_one_call_per_matrix():
+    torch.manual_seed(3)
+    us = [torch.randn(8, 12), torch.randn(3, 8, 12), torch.randn(12, 8), torch.randn(8, 12)]
+    many = newton_schulz_many(us, 5)
+    for u, o in zip(us, many):
+        assert o.shape == u.shape
+        torch.testing.assert_close(o, newton_schulz(u, 5), atol=1e-5, rtol=1e-5)

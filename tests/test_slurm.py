@@ -14,13 +14,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from ablations.designs import full_factorial
 from ablations.ladders import Rung
 from ablations.studies import Study
 from sweeps.cli import main as cli_main
-from sweeps.executors import ExecOptions, SlurmOptions, wait
+from sweeps.executors import ExecOptions, wait
 from sweeps.runs import read_json
 from sweeps.sweep import planned_runs, run_study
 
@@ -86,39 +87,61 @@ def test_study_goes_in_as_one_array_and_a_rerun_submits_nothing(tmp_path, capsys
     assert len(list((tmp_path / "tiny_slurm" / "submitit").iterdir())) == 1
 
 
-def test_preempted_run_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path):
+def _train_steps(run_dir: Path) -> int:
+    p = run_dir / "metrics.jsonl"
+    lines = p.read_text().splitlines() if p.exists() else []
+    return max([json.loads(x)["step"] for x in lines if '"loss"' in x] or [-1])
+
+
+def test_preempted_runs_requeue_resume_and_match_uninterrupted_runs(tmp_path):
+    """Arm 0 gets USR2 (what SLURM sends before the time limit): train checkpoints, submitit's
+    handler requeues. Arm 1 is requeued by SLURM (`scontrol requeue`, as preemption in REQUEUE
+    mode): SIGTERM, train checkpoints, SLURM starts it again. Both resume and end bit-identical
+    to the same runs done in one go."""
     study = tiny_study(factors=("xsa",), steps=120, checkpoint_every=10, name="tiny_preempt")
-    # the reference: the same specs, uninterrupted, in this process
     ref = run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
     assert ref.counts["completed"] == 2
 
     rep = run_study(study, tmp_path / "slurm", ExecOptions(executor="slurm", wait=False, poll_s=1.0), progress=False)
-    run, job = rep.submission.runs[0], rep.submission.jobs[0]
-    metrics = run.dir / "metrics.jsonl"
+    (usr2_run, requeue_run), (usr2_job, requeue_job) = rep.submission.runs, rep.submission.jobs
     t0 = time.time()
-    while True:  # interrupt mid-run: after a checkpoint, well before the end
-        lines = metrics.read_text().splitlines() if metrics.exists() else []
-        steps = [json.loads(x)["step"] for x in lines if '"loss"' in x]
-        if steps and max(steps) >= 15:
-            break
-        assert time.time() - t0 < 120, "the run did not start"
+    while min(_train_steps(usr2_run.dir), _train_steps(requeue_run.dir)) < 15:  # mid-run, after a checkpoint
+        assert time.time() - t0 < 120, "the runs did not start"
         time.sleep(0.05)
-    # USR2 to the job's tasks, as SLURM sends it before the time limit. scancel retries while
-    # the job is being requeued and would signal the requeued job again: stop it once delivered.
-    scancel = subprocess.Popen(["scancel", "--signal=USR2", job.job_id])
-    log = run.dir / "train.log"
-    while "interrupted at step" not in log.read_text():
-        assert time.time() - t0 < 150, "USR2 was not delivered"
-        time.sleep(0.05)
+    # scancel retries while the job is being requeued and would signal the requeued job again:
+    # stop it once the signal has been delivered
+    scancel = subprocess.Popen(["scancel", "--signal=USR2", usr2_job.job_id])
+    subprocess.run(["scontrol", "requeue", requeue_job.job_id], check=True, timeout=60)
+    for run in (usr2_run, requeue_run):
+        while "interrupted at step" not in (run.dir / "train.log").read_text():
+            assert time.time() - t0 < 150, f"{run.meta['arm']} was not interrupted"
+            time.sleep(0.05)
     scancel.terminate()
     scancel.wait()
     counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=170)
     assert counts["completed"] == 2, counts
 
-    text = log.read_text()
-    assert text.count("interrupted at step") == 1 and text.count("resumed") == 1
-    assert "REQUEUED" in _sacct_states(job.job_id)
-    got, want = read_json(run.dir / "summary.json"), read_json(planned_runs(study, tmp_path / "ref")[0].dir / "summary.json")
-    assert got["run_id"] == want["run_id"] and got["step"] == want["step"] == 120
-    assert got["eval_macro_loss"] == want["eval_macro_loss"]
-    assert got["loss_curve"] == want["loss_curve"]
+    for run, job, sig in ((usr2_run, usr2_job, "signal 12"), (requeue_run, requeue_job, "signal 15")):
+        text = (run.dir / "train.log").read_text()
+        assert text.count("interrupted at step") == 1 and sig in text and text.count("resumed") == 1
+        assert "REQUEUED" in _sacct_states(job.job_id)
+        got = read_json(run.dir / "summary.json")
+        want = read_json(tmp_path / "ref" / "tiny_preempt" / "runs" / run.run_id / "summary.json")
+        assert got["step"] == want["step"] == 120
+        assert got["eval_macro_loss"] == want["eval_macro_loss"] and got["loss_curve"] == want["loss_curve"]
+
+
+def test_smoke_through_slurm_gives_the_same_table_as_the_local_executor(tmp_path):
+    """Issue 8: `run smoke --executor slurm` reproduces the local study (CPU runs are deterministic,
+    so "within noise" is exact here), on the smoke study's smallest rung with a few steps."""
+    small = ["smoke", "--rungs", "cpu_s", "--set", "train.steps=4", "--no-analyze"]
+    assert cli_main(["run", *small, "--out", str(tmp_path / "local"), "--executor", "debug", "--threads", "1"]) == 0
+    assert cli_main(["run", *small, "--out", str(tmp_path / "slurm"), "--executor", "slurm",
+                     "--cpus-per-task", "1", "--mem-gb", "1"]) == 0
+    from analysis.results import collect
+
+    cols = ["run_id", "arm", "eval_macro_loss", "final_train_loss", "drop_rate", "status"]
+    local = collect(tmp_path / "local" / "smoke")[cols].sort_values("run_id").reset_index(drop=True)
+    slurm = collect(tmp_path / "slurm" / "smoke")[cols].sort_values("run_id").reset_index(drop=True)
+    assert len(local) == 16 and (slurm["status"] == "completed").all()
+    pd.testing.assert_frame_equal(local, slurm, rtol=1e-6, atol=1e-7)

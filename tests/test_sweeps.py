@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -110,6 +109,8 @@ def test_run_lock_keeps_a_second_process_out(tmp_path):
     write_run_files(run)
     lock = RunLock(run.dir)
     assert lock.acquire()
+    assert not RunLock(run.dir).acquire() and run_state(run.dir) == "running"  # a second claim here
+    assert RunLock(run.dir).held_elsewhere()  # probing does not drop the held lock
     probe = ("import sys; from sweeps.runs import RunLock, run_state; "
              f"print(RunLock({str(run.dir)!r}).acquire(), run_state({str(run.dir)!r}))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
@@ -135,8 +136,25 @@ def test_failed_run_keeps_its_error_and_is_retried_only_when_asked(tmp_path):
     again = run_study(study, tmp_path / "out", ExecOptions(executor="debug"), progress=False)
     assert again.submitted == 0 and again.skipped == {"failed": 2}
     assert read_json(run.dir / "summary.json") == first  # not silently retried
-    retried = execute(RunTask.of(run, retry_failed=True))
-    assert retried["outcome"] == "failed" and len(list(run.dir.glob("summary.failed-*.json"))) == 1
+    retried = run_study(study, tmp_path / "out", ExecOptions(executor="debug", retry_failed=True), progress=False)
+    assert retried.submitted == 2 and retried.counts["failed"] == 2
+    assert len(list(run.dir.glob("summary.failed-*.json"))) == 1  # the first failure, kept aside
+    assert execute(RunTask.of(run))["outcome"] == "skipped"
+
+
+def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, monkeypatch):
+    from marin.train import SIGNAL_SELF_ENV
+
+    study = tiny_study(steps=4)
+    run = planned_runs(study, tmp_path)[0]
+    write_run_files(run)
+    monkeypatch.setenv(SIGNAL_SELF_ENV, "1:TERM")  # train sends itself SIGTERM after step 1
+    first = execute(RunTask.of(run))
+    assert first["outcome"] == "interrupted" and run_state(run.dir) == "partial"
+    monkeypatch.delenv(SIGNAL_SELF_ENV)
+    rep = run_study(study, tmp_path, ExecOptions(executor="debug"), progress=False)
+    assert rep.submitted == 2 and rep.counts["completed"] == 2
+    assert "resumed" in (run.dir / "train.log").read_text() and read_json(run.dir / "summary.json")["step"] == 4
 
 
 def test_local_executor_runs_each_run_once_and_a_rerun_submits_nothing(tmp_path):
@@ -168,3 +186,18 @@ def test_lr_profile_finds_an_interior_optimum_and_flags_the_edge():
     assert concave.edge and "not convex" in concave.reason
     failed = fit_profile(grid, [float("inf"), 3.2, 3.1, 3.15, 3.3], grid)  # a diverged point is left out
     assert len(failed.x) == 4 and not failed.edge
+
+
+def test_tune_records_trials_in_a_journal_and_a_rerun_reuses_them(tmp_path):
+    from sweeps.tuning import TuneOptions, tune_study, tuned_multipliers
+
+    study = tiny_study(steps=2)
+    opts = ExecOptions(executor="debug")
+    res = tune_study(study, tmp_path, opts, TuneOptions(points=3, span=4.0), progress=False)
+    assert res.rung == "tiny" and res.grid == [-2.0, 0.0, 2.0] and res.report.submitted == 6
+    assert set(res.profiles) == {"all_off", "all_on"} and all(len(p.x) == 3 for p in res.profiles.values())
+    assert (tmp_path / "tiny" / "tune" / "optuna.journal").stat().st_size > 0
+    assert tuned_multipliers(tmp_path, "tiny") == res.multipliers
+    again = tune_study(study, tmp_path, opts, TuneOptions(points=3, span=4.0), progress=False)
+    assert again.report.submitted == 0 and again.multipliers == res.multipliers
+    assert {a: p.loss for a, p in again.profiles.items()} == {a: p.loss for a, p in res.profiles.items()}

@@ -89,8 +89,9 @@ def _inverse(src_N: torch.Tensor, T: int, K: int) -> torch.Tensor:
 
 
 def _row_blocks(W: int, elem: int) -> tuple[int, int]:
+    # ~32 fp32 values per thread at 4 warps: the unpermute backward holds two such tiles.
     block_w = min(next_pow2(W), max(16, 4096 // elem))
-    return max(1, min(32, 8192 // block_w)), block_w
+    return max(1, min(32, 4096 // block_w)), block_w
 
 
 def _launch_gather(x, idx, div, n_rows):
@@ -106,7 +107,6 @@ def _launch_combine(y, pos_TK, c_TK, T, K, acc_like):
     W = y.shape[1]
     out = torch.empty((T, W), device=y.device, dtype=y.dtype)
     bt, bw = _row_blocks(W, y.element_size())
-    bt = max(1, bt // 2)
     _combine_rows_kernel[(triton.cdiv(T, bt),)](
         y, pos_TK, c_TK if c_TK is not None else pos_TK, out, T, W, *y.stride(), *out.stride(),
         K=K, HAS_C=c_TK is not None, ACC=acc_dtype(acc_like), BLOCK_T=bt, BLOCK_W=bw)
@@ -330,4 +330,6 @@ def grouped_mm_triton(x_NI: torch.Tensor, w_EIO: torch.Tensor, offsets_E: torch.
     if offsets_E.dim() != 1 or offsets_E.numel() != w_EIO.shape[0]:
         raise ValueError(f"grouped_mm: offsets_E must be 1-D with {w_EIO.shape[0]} entries, got {tuple(offsets_E.shape)}")
     check_runnable(x_NI, w_EIO, name="grouped_mm")
+    if w_EIO.dtype != x_NI.dtype:  # fp32 master weights under bf16 autocast: tl.dot wants one dtype
+        w_EIO = w_EIO.to(x_NI.dtype)
     return _GroupedMM.apply(x_NI, w_EIO, offsets_E)

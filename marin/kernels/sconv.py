@@ -56,8 +56,9 @@ def _sconv_bwd_kernel(
     x_ptr, w_ptr, doc_ptr, dy_ptr, dx_ptr, dwp_ptr,
     S, C,
     sxb, sxs, sxc, swk, swc, sdb, sds, syb, sys_, syc, sdxb, sdxs, sdxc,
+    TILES,  # runtime: one compiled kernel serves every tiles value
     K: tl.constexpr, KP: tl.constexpr, HAS_DOC: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     # One program: TILES consecutive S tiles of one (batch row, C tile); it writes dx for them and
     # one [K, BLOCK_C] partial of dw (summed over programs on the host, deterministic, no atomics).
@@ -146,9 +147,9 @@ def sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC, *, block_s=None, block_c=None, ti
     grid = (n_s, triton.cdiv(C, block_c), B)
     _sconv_bwd_kernel[grid](
         x_BSC, w_KC, doc, dy_BSC, dx, dw_part, S, C,
-        *x_BSC.stride(), *w_KC.stride(), *sd, *dy_BSC.stride(), *dx.stride(),
+        *x_BSC.stride(), *w_KC.stride(), *sd, *dy_BSC.stride(), *dx.stride(), tiles,
         K=K, KP=next_pow2(K), HAS_DOC=doc_ids_BS is not None, ACC=acc_dtype(x_BSC),
-        BLOCK_S=block_s, BLOCK_C=block_c, TILES=tiles, num_warps=num_warps,
+        BLOCK_S=block_s, BLOCK_C=block_c, num_warps=num_warps,
     )
     dw = dw_part.sum(0).to(w_KC.dtype)
     return dx, dw

@@ -42,29 +42,65 @@ def unpermute_torch(y_NW: Tensor, src_N: Tensor, combine_TK: Tensor) -> Tensor:
     return out.index_add(0, src_N // K, y_NW * w_N1)
 
 
+class _MaterializeGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: torch._grouped_mm's backward rejects
+    zero-stride gradients (an expanded ones from `.sum().backward()`), measured on H200."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor) -> Tensor:
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        return g.contiguous()
+
+
+def _native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
+    if not (x_NI.is_cuda and hasattr(torch, "_grouped_mm")):
+        return False
+    if x_NI.dtype != torch.bfloat16 or w_EIO.dtype != torch.bfloat16:
+        return False
+    if torch.cuda.get_device_capability(x_NI.device) < (9, 0):
+        return False
+    # The kernel wants 16-byte aligned rows in every operand.
+    return x_NI.shape[1] % 8 == 0 and w_EIO.shape[2] % 8 == 0
+
+
 def grouped_mm_torch(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
-    """y[n] = x[n] @ w[e] for rows n of group e; torch._grouped_mm on CUDA sm90+ bf16, else a loop."""
+    """y[n] = x[n] @ w[e] for rows n in group e = [offsets[e-1], offsets[e]) (offsets: cumulative
+    int32 group ends, as torch._grouped_mm takes them). Rows past offsets[-1] come back as zeros.
+
+    torch._grouped_mm on CUDA sm90+ in bf16; elsewhere a loop over non-empty groups (autograd-exact).
+    """
     if x_NI.dim() != 2 or w_EIO.dim() != 3 or x_NI.shape[1] != w_EIO.shape[1]:
         raise ValueError(f"grouped_mm: shapes x {tuple(x_NI.shape)} and w {tuple(w_EIO.shape)} do not match "
                          "(want x_NI and w_EIO with the same I)")
     if offsets_E.numel() != w_EIO.shape[0]:
         raise ValueError(f"grouped_mm: {offsets_E.numel()} offsets for {w_EIO.shape[0]} experts")
     N, O = x_NI.shape[0], w_EIO.shape[2]
-    if (x_NI.is_cuda and hasattr(torch, "_grouped_mm") and x_NI.dtype == torch.bfloat16
-            and w_EIO.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x_NI.device) >= (9, 0)
-            and x_NI.shape[1] % 8 == 0 and O % 8 == 0):
+    if torch.is_autocast_enabled(x_NI.device.type):
+        # Autocast does not cover _grouped_mm; without this cast fp32 master weights would send a
+        # bf16 run down the per-expert loop.
+        dt = torch.get_autocast_dtype(x_NI.device.type)
+        x_NI, w_EIO = x_NI.to(dt), w_EIO.to(dt)
+    if _native_grouped_mm_ok(x_NI, w_EIO):
         offs = offsets_E.to(device=x_NI.device, dtype=torch.int32)
-        y = torch._grouped_mm(x_NI, w_EIO, offs=offs)
-        # Rows past the last group are unspecified in torch._grouped_mm: zero them without a sync.
-        row_ok = torch.arange(N, device=x_NI.device) < offs[-1]
-        return torch.where(row_ok[:, None], y, y.new_zeros(()))
+        total = int(offs[-1]) if offs.numel() else 0
+        # The kernel leaves rows past the last group unspecified, forward and backward (measured on
+        # H200: garbage in dx), so it only ever sees the grouped rows.
+        y = _MaterializeGrad.apply(torch._grouped_mm(x_NI[:total], w_EIO, offs=offs))
+        return torch.cat([y, y.new_zeros(N - total, O)]) if total < N else y
+    ends = offsets_E.tolist()
+    # unbind once: indexing w[e] per expert would allocate a full (E, I, O) zero gradient per expert.
+    w_list = w_EIO.unbind(0)
     parts, start = [], 0
-    for e, end in enumerate(offsets_E.tolist()):
+    for e, end in enumerate(ends):
         if end > start:
-            parts.append(x_NI[start:end] @ w_EIO[e])
+            parts.append(x_NI[start:end] @ w_list[e])
         start = end
     if start < N:
         parts.append(x_NI.new_zeros(N - start, O))
     if not parts:
         return x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
     return torch.cat(parts, 0)
+

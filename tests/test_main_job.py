@@ -1,0 +1,75 @@
+"""The main job as a new user meets it (issue 8): the README's commands, `run smoke`, Ctrl-C and rerun.
+
+The full smoke study takes minutes; these tests run the same command on its smallest rung with a
+few steps, which exercises the same planning, local executor, resume and analysis code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--rungs", "cpu_s", "--set", "train.steps=6", "--set", "train.checkpoint_every=2"]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sweeps.cli", *args]
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _summaries(study_dir: Path) -> dict[str, dict]:
+    out = {}
+    for p in (study_dir / "runs").glob("*/summary.json"):
+        try:
+            out[p.parent.name] = {"status": json.loads(p.read_text())["status"], "mtime_ns": p.stat().st_mtime_ns,
+                                  "text": p.read_text()}
+        except (json.JSONDecodeError, KeyError):
+            pass  # being written right now: atomic writes make this impossible, but never crash the poll
+    return out
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
+    lines = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines()]
+    block = lines[lines.index("```bash") + 1: lines.index("```bash") + 3]
+    assert block[0].endswith("marin-ablate run smoke") and "pip install -e ." in block[0]
+    assert block[1].endswith("python -m pytest") and '".[dev,triton]"' in block[1]
+    assert block[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_ctrl_c_then_rerun_completes_without_redoing_finished_runs(tmp_path):
+    study_dir = tmp_path / "smoke"
+    proc = subprocess.Popen(_cli("run", "smoke", *SMALL, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and sum(s["status"] == "completed" for s in _summaries(study_dir).values()) < 2:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out  # interrupted, not finished
+    before = {k: v for k, v in _summaries(study_dir).items() if v["status"] == "completed"}
+    assert 2 <= len(before) < 16, out
+
+    r = subprocess.run(_cli("run", "smoke", *SMALL, "--out", str(tmp_path)), cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = _summaries(study_dir)
+    assert len(after) == 16 and all(s["status"] == "completed" for s in after.values())
+    for run_id, s in before.items():  # finished runs were not run again
+        assert after[run_id]["mtime_ns"] == s["mtime_ns"] and after[run_id]["text"] == s["text"]
+    assert f"skipped: {len(before)} completed" in r.stdout
+    table = pd.read_parquet(study_dir / "results.parquet")
+    assert len(table) == 16 and (table["status"] == "completed").all()
+    assert (study_dir / "report" / "report.md").exists()
