@@ -73,8 +73,14 @@ def cmd_analyze(args) -> int:
     out = Path(args.out) if args.out else study_dir / "report"
     title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
     md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures)
+    tab = attribution_table(a)
+    aliased = "aliased with" in tab and (tab["aliased with"] != "").any()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(attribution_table(a).to_string(index=False))
+        # The alias chains are long at resolution IV: the report lists them; the console names them.
+        print(tab.drop(columns=["aliased with"], errors="ignore").to_string(index=False))
+    if aliased:
+        print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
+              "need them separately and are not estimable; the alias groups are in the report")
     for n in a.notes:
         print(f"note: {n}")
     print(f"wrote {md} and {html}")

@@ -43,8 +43,9 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
         ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
     ax.axvline(1.0, color="grey", lw=1, ls="--")
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
     ax.set_yticks(range(len(comps)), comps)
     ax.invert_yaxis()
     ax.set_xlabel({"ln_M": "quality multiplier M_flop (compute-equivalent)", "ln_R": "throughput ratio R",
