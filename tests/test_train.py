@@ -180,3 +180,27 @@ def test_spike_rule_uses_the_running_median():
     hist.append(2.0)
     assert is_spike(3.01, hist, 1.5, 50) and not is_spike(3.0, hist, 1.5, 50)
     assert is_spike(3.01, [2.0, 2.0, 100.0], 1.5, 3)  # the median ignores one earlier spike
+
+
+def test_metrics_also_reach_tensorboard_and_offline_wandb_when_asked(tmp_path, monkeypatch):
+    """The optional sinks of issue 3: the same per-step records land in TensorBoard event files and in
+    an offline W&B run (no network), beside metrics.jsonl."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = RunSpec(model=TINY, recipe=Recipe(), train=_fast(4), seed=0)
+    summary = train(spec, tmp_path / "run", log_to=("tensorboard", "wandb"))
+    assert summary["status"] == "completed"
+    steps, _ = _metrics(tmp_path / "run")
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    loss_tag = next(t for t in acc.Tags()["scalars"] if t.endswith("loss"))
+    tb = {e.step: e.value for e in acc.Scalars(loss_tag)}
+    jsonl = {r["step"]: r[loss_tag.split("/")[-1]] for r in steps}
+    assert len(tb) == 4 and tb.keys() == jsonl.keys() and all(math.isclose(tb[s], jsonl[s], rel_tol=1e-6) for s in tb)
+    offline = list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{spec.run_id}/*.wandb"))
+    assert len(offline) == 1 and offline[0].stat().st_size > 0
