@@ -25,9 +25,6 @@ from sweeps.executors import ExecOptions, wait
 from sweeps.runs import read_json
 from sweeps.sweep import planned_runs, run_study
 
-pytestmark = pytest.mark.slurm
-
-
 def _slurm_problem() -> str | None:
     if not os.environ.get("SLURM_CONF"):
         return "SLURM_CONF is unset (start a cluster: bash .ci/slurm.sh start; source /tmp/marin-slurm/env.sh)"
@@ -41,13 +38,20 @@ def _slurm_problem() -> str | None:
     return None
 
 
+SLURM_PROBLEM = _slurm_problem()
+# Under CI a missing cluster must fail, never pass as a skip (the fixture below fails instead).
+SLURM_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_SLURM") == "1"
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(SLURM_PROBLEM is not None and not SLURM_REQUIRED, reason=f"no SLURM cluster: {SLURM_PROBLEM}"),
+]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def slurm_cluster():
-    problem = _slurm_problem()
-    if problem:
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_SLURM") == "1":
-            pytest.fail(f"SLURM tests are required here (CI / MARIN_REQUIRE_SLURM) but: {problem}", pytrace=False)
-        pytest.skip(problem)
+    if SLURM_PROBLEM is not None:
+        pytest.fail(f"SLURM tests are required here (CI / MARIN_REQUIRE_SLURM) but: {SLURM_PROBLEM}", pytrace=False)
 
 
 def tiny_study(factors=("xsa", "sconv"), steps: int = 4, checkpoint_every: int = 2, name: str = "tiny_slurm") -> Study:

@@ -39,6 +39,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_ranks(fn, args: tuple, nprocs: int) -> None:
+    """Fork `nprocs` ranks of fn(rank, *args) and wait, killing them all past TIMEOUT_S."""
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="fork")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"distributed ranks did not finish within {TIMEOUT_S} s")
+
+
 def _lines(run_dir: Path) -> list[dict]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r]
@@ -70,14 +81,7 @@ def runs(tmp_path_factory):
     t0 = time.perf_counter()
     ref = train(SPEC, tmp / "single", resume=False)
     t1 = time.perf_counter()
-    ctx = mp.start_processes(_worker, args=([_free_port() for _ in range(3)], str(tmp)), nprocs=WORLD,
-                             join=False, start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"distributed ranks did not finish within {TIMEOUT_S} s")
+    _run_ranks(_worker, ([_free_port() for _ in range(3)], str(tmp)), WORLD)
     ranks = [json.loads((tmp / f"r{r}.json").read_text()) for r in range(WORLD)]
     for r in ranks:
         assert "error" not in r, r["error"]
@@ -162,14 +166,7 @@ def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path):
     # data-parallel half (rows per replica, expert gradients averaged over dp, the norm over both).
     world = 4
     ref = train(DROPLESS, tmp_path / "single", resume=False)
-    ctx = mp.start_processes(_dp_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"distributed ranks did not finish within {TIMEOUT_S} s")
+    _run_ranks(_dp_worker, (world, _free_port(), str(tmp_path)), world)
     for r in range(world):
         out = json.loads((tmp_path / f"dp_r{r}.json").read_text())
         assert "error" not in out, out["error"]
