@@ -238,9 +238,11 @@ CPU_RUNGS: dict[str, Rung] = {
 
 
 def _gpu(name: str, batch: int, gpus: int) -> Rung:
-    # Marin's fast ladder: 60 tokens per active parameter (DESIGN §2.2), bf16 on GPU.
+    # Marin's fast ladder: 60 tokens per active parameter (DESIGN §2.2), bf16 on GPU, on the fast path
+    # of issue #7 (flex attention, Triton kernels, compiled blocks); benchmarks/gpu.py checks it.
     return Rung(name, name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
-                threads=None, gpus=gpus, train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10})
+                threads=None, gpus=gpus, model_overrides={"attention": "flex", "kernels": "triton"},
+                train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True})
 
 
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096).

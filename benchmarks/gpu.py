@@ -351,7 +351,8 @@ def bench_grouped_gemm(dev):
 
 @section
 def bench_model_parity(dev):
-    """The whole model with kernels='triton' against kernels='torch' on the same weights and batch."""
+    """The whole model on the same weights and batch: kernels='triton' against kernels='torch', then
+    the fast configuration (flex attention, Triton kernels, blocks compiled) against eager sdpa/torch."""
     import torch
 
     from dataclasses import replace
@@ -364,24 +365,71 @@ def bench_model_parity(dev):
     tokens = torch.randint(0, cfg.vocab_size, (B, S), device=dev)
     doc = random_doc_ids(B, S, 32, dev)
     amp = dev.type == "cuda"
-    outs = {}
-    for kb in ("torch", "triton"):
+    # CPU has no flex backward: there the fast configuration is checked forward only.
+    fast = dict(attention="flex" if dev.type == "cuda" else "sdpa", kernels="triton", compiled=dev.type == "cuda")
+
+    def run(attention, kernels, compiled, state=None):
         torch.manual_seed(0)
         with torch.device(dev):
-            model = MarinModel(replace(cfg, kernels=kb), Recipe()).eval()  # eval: dropless, same routing
-        if kb == "triton":
-            model.load_state_dict(outs["torch"][2])
+            model = MarinModel(replace(cfg, kernels=kernels, attention=attention), Recipe()).eval()  # eval: dropless
+        if state is not None:
+            model.load_state_dict(state)
+        if compiled:
+            for block in model.blocks:
+                block.compile()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
             out = model(tokens, doc, tokens)
         out.loss.backward()
         grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
-        outs[kb] = (out.loss.item(), grads, model.state_dict())
-    (lt, gt, _), (lk, gk, _) = outs["torch"], outs["triton"]
-    row("parity", "model loss triton vs torch (eval, bf16 autocast)", abs(lk - lt) / abs(lt), "rel err",
-        "ok" if abs(lk - lt) <= 1e-2 * abs(lt) else "FAIL", f"loss {lt:.4f} vs {lk:.4f}")
-    worst = max(((gk[n] - gt[n]).norm() / gt[n].norm().clamp_min(1e-12)).item() for n in gt)
-    row("parity", "worst parameter-gradient rel. L2 error", worst, "rel err", "ok" if worst <= 5e-2 else "FAIL",
-        f"{len(gt)} parameters")
+        return out.loss.item(), grads, model.state_dict()
+
+    ref_loss, ref_grads, state = run("sdpa", "torch", False)
+    for label, kw in (("kernels=triton eager", dict(attention="sdpa", kernels="triton", compiled=False)),
+                      (f"attention={fast['attention']} kernels=triton{' compiled' if fast['compiled'] else ''}", fast)):
+        loss, grads, _ = run(**kw, state=state)
+        rel = abs(loss - ref_loss) / abs(ref_loss)
+        row("parity", f"model loss {label} vs sdpa/torch eager (bf16)", rel, "rel err", "ok" if rel <= 1e-2 else "FAIL",
+            f"loss {ref_loss:.4f} vs {loss:.4f}")
+        worst = max(((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp_min(1e-12)).item() for n in ref_grads)
+        row("parity", f"  worst parameter-gradient rel. L2 error, {label}", worst, "rel err",
+            "ok" if worst <= 5e-2 else "FAIL", f"{len(ref_grads)} parameters")
+
+
+@section
+def bench_syncs(dev):
+    """Host syncs in one eager training forward+backward (kernels torch and triton, sdpa): CUDA's
+    sync debug mode raises at the first op that waits for the device. On CPU there is nothing to
+    wait for (tests/test_compile.py checks the same through graph breaks)."""
+    import torch
+
+    from dataclasses import replace
+
+    from marin.config import PRESETS, Recipe
+    from marin.model import MarinModel
+
+    if dev.type != "cuda":
+        row("syncs", "host syncs in forward+backward", "n/a on CPU", "")
+        return
+    cfg = PRESETS["cpu_l"]()
+    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len), device=dev)
+    doc = random_doc_ids(4, cfg.seq_len, 32, dev)
+    for kernels in (["torch", "triton"] if TRITON_OK else ["torch"]):
+        with torch.device(dev):
+            model = MarinModel(replace(cfg, kernels=kernels), Recipe()).train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(tokens, doc, tokens).loss.backward()  # warm-up: lazy init may sync once
+        sync(dev)
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(tokens, doc, tokens)
+            out.loss.backward()
+            verdict, note = "none", ""
+        except RuntimeError as e:
+            verdict, note = "FOUND", str(e).splitlines()[0][:100]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        row("syncs", f"host syncs in a training fwd+bwd, kernels={kernels}", verdict, "", "ok" if verdict == "none" else "FAIL", note)
 
 
 # ---- blocks ---------------------------------------------------------------------------------
@@ -444,10 +492,6 @@ def plain_block_cls():
     return PlainBlock
 
 
-def _train(mod):
-    return mod.train() if hasattr(mod, "train") else mod
-
-
 def block_fwd_flops_per_token(d, H, Hkv, h, keys, E, K, width, m, n_shared, m_shared, latent):
     """Matmul FLOPs of one block per token (forward), counted as marin.flops counts them."""
     f = 2 * (2 * d * H * h + 2 * d * Hkv * h) + 4 * H * h * keys + 2 * d * E
@@ -457,13 +501,31 @@ def block_fwd_flops_per_token(d, H, Hkv, h, keys, E, K, width, m, n_shared, m_sh
     return f
 
 
+def recipe_context(cfg, doc, B, S, dev):
+    """The ForwardContext MarinModel.forward builds: dense masks for sdpa, BlockMasks for flex."""
+    from marin.model import ForwardContext, attention_masks, block_masks, rope_tables
+
+    masks = (block_masks if cfg.attention == "flex" else attention_masks)(doc, B, S, cfg.window, dev)
+    cos, sin = rope_tables(S, int(cfg.head_dim * cfg.rope_fraction), cfg.rope_theta, dev)
+    return ForwardContext(doc, *masks, cos, sin, 1.0)
+
+
+def recipe_variants(dev, compiled):
+    """(attention, kernels) pairs to time, the target configuration first. Eager flex is torch's
+    unfused reference (not a speed candidate), and CPU has no flex backward: sdpa there."""
+    kernels = ["triton", "torch"] if TRITON_OK else ["torch"]
+    if compiled and dev.type == "cuda":
+        return [("flex", k) for k in kernels] + [("sdpa", kernels[0])]
+    return [("sdpa", k) for k in kernels]
+
+
 @section
 def bench_blocks(dev, compiled=False):
     import torch
 
     from marin.config import ModelConfig, Recipe
     from marin.flops import mean_keys_per_query
-    from marin.model import Block, ForwardContext, attention_masks, rope_tables
+    from marin.model import Block
 
     bf = torch.bfloat16
     if ARGS.tiny:
@@ -481,12 +543,13 @@ def bench_blocks(dev, compiled=False):
     f_plain = 3 * T * block_fwd_flops_per_token(d, H, Hkv, h, (S + 1) / 2, E, K, d, m, 1, m, False)
 
     # Recipe: all switches on; latent geometry 2E experts top-2K at d/2 (same routed FLOPs), a local
-    # layer (sliding window, half-RoPE) with document masking, kernels per backend.
-    def recipe_block(kernels):
+    # layer (sliding window, half-RoPE) with document masking.
+    def recipe_block(attention, kernels):
         cfg = ModelConfig(d_model=d, n_layers=4, n_heads=H, head_dim=h, n_kv_heads=Hkv, n_kv_heads_global=max(1, Hkv // 2),
                           vocab_size=256, seq_len=S, window=win, n_experts=2 * E, top_k=2 * K, expert_hidden=m,
-                          n_shared_experts=1, shared_hidden=m, latent_ratio=2, ep_shards=8, kernels=kernels)
-        blk = Block(cfg, Recipe(), 0).to(dev, bf)
+                          n_shared_experts=1, shared_hidden=m, latent_ratio=2, ep_shards=8, kernels=kernels,
+                          attention=attention)
+        blk = Block(cfg, Recipe(), 0).to(dev, bf).train()
         with torch.no_grad():  # the model's init: identity SConv, zero gate, trunc-normal matrices
             for n_, p in blk.named_parameters():
                 if p.dim() >= 2:
@@ -494,99 +557,94 @@ def bench_blocks(dev, compiled=False):
                 elif "sconv" in n_:
                     p.zero_()
                     p[0] = 1
-        return cfg, blk
+        return blk, recipe_context(cfg, doc, B, S, dev)
 
     f_recipe = 3 * T * block_fwd_flops_per_token(d, H, Hkv, h, mean_keys_per_query(S, win), 2 * E, 2 * K, d // 2, m,
                                                  1, m, True)
-    try:  # the model's block-level API; if it moved, fall back to a one-layer MarinModel below
-        cfg, _ = recipe_block("torch")
-        local_mask, global_mask = attention_masks(doc, B, S, cfg.window, dev)
-        cos, sin = rope_tables(S, int(h * cfg.rope_fraction), cfg.rope_theta, dev)
-        ctx = ForwardContext(doc, local_mask, global_mask, cos, sin, 1.0)
-    except Exception as e:  # noqa: BLE001
-        row("blocks", "Block/ForwardContext API", f"changed ({type(e).__name__}): timing a 1-layer MarinModel", "")
-        ctx = None
-        f_recipe = 3 * T * block_fwd_flops_per_token(d, H, Hkv, h, (S + 1) / 2, 2 * E, 2 * K, d // 2, m, 1, m, True)
 
-        def recipe_block(kernels):  # noqa: F811 - the fallback: one global layer, vocab 256
-            from marin.model import MarinModel
-
-            cfg = ModelConfig(d_model=d, n_layers=1, n_heads=H, head_dim=h, n_kv_heads=Hkv, n_kv_heads_global=Hkv,
-                              vocab_size=256, seq_len=S, window=win, n_experts=2 * E, top_k=2 * K, expert_hidden=m,
-                              n_shared_experts=1, shared_hidden=m, latent_ratio=2, ep_shards=8, kernels=kernels)
-            with torch.device(dev):
-                model = MarinModel(cfg, Recipe()).to(bf)
-            tokens = torch.randint(0, 256, (B, S), device=dev)
-            return cfg, (lambda xg, _ctx: (model(tokens, doc).logits_BSV.float().square().mean(),))
-
-    def step(mod, with_ctx):
+    def step(mod, ctx):
         xg = x.clone().requires_grad_()
 
         def run():
-            if with_ctx and ctx is None:
-                mod(xg, None)[0].backward()
-                return
-            out = mod(xg, ctx)[0] if with_ctx else mod(xg)
+            out = mod(xg, ctx)[0] if ctx is not None else mod(xg)
             out.backward(g)
 
         return run
 
-    backends = ["torch"] + (["triton"] if TRITON_OK else [])
-    if not compiled:
-        runs = [("plain eager", plain, False, f_plain)]
-        runs += [(f"recipe eager kernels={kb}", _train(recipe_block(kb)[1]), True, f_recipe) for kb in backends]
-    else:
-        runs = [("plain torch.compile", torch.compile(plain), False, f_plain)]
-        runs += [(f"recipe torch.compile kernels={kb}", torch.compile(_train(recipe_block(kb)[1])), True, f_recipe)
-                 for kb in backends]
-    for name, mod, with_ctx, flops in runs:
+    wrap = torch.compile if compiled else (lambda mod: mod)
+    how = "torch.compile" if compiled else "eager"
+    runs = [(f"plain {how}", lambda: (wrap(plain), None), f_plain)]
+    runs += [(f"recipe {how} attention={a} kernels={k}", lambda a=a, k=k: (lambda b, c: (wrap(b), c))(*recipe_block(a, k)),
+              f_recipe) for a, k in recipe_variants(dev, compiled)]
+    tf = {}
+    for name, build, flops in runs:
         if compiled and elapsed() > ARGS.budget_s - 90:  # a block compiles in about a minute
             row("blocks", name, "skipped (time budget)", "")
             continue
         try:
             t = time.time()
-            fn = step(mod, with_ctx)
+            mod, ctx = build()
+            fn = step(mod, ctx)
             fn()
             sync(dev)
             first = time.time() - t
             ms = timeit(fn, dev, warmup=1, iters=3 if ARGS.quick else 5)
-            tflops_row("blocks", f"{name} fwd+bwd {geo}", flops, ms, f"{ms:.1f} ms; first call {first:.1f}s")
+            tf[name] = tflops_row("blocks", f"{name} fwd+bwd {geo}", flops, ms, f"{ms:.1f} ms; first call {first:.1f}s")
+            del mod, ctx, fn
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             row("blocks", name, f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}", "")
-    if compiled:
-        return
-    row("blocks", "plain: model FLOPs/token fwd", f_plain / 3 / T, "FLOP", None, "causal keys (S+1)/2")
-    row("blocks", "recipe: model FLOPs/token fwd", f_recipe / 3 / T, "FLOP", None,
-        (f"window {win} keys" if ctx is not None else "1-layer model, causal keys") + ", latent 2E/top-2K at d/2")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    recipe_best = max((v for k, v in tf.items() if k.startswith("recipe")), default=None)
+    if compiled and recipe_best and f"plain {how}" in tf:
+        ratio = recipe_best / tf[f"plain {how}"]
+        row("blocks", "best compiled recipe / compiled plain (target >= 1.1)", ratio, "x", "met" if ratio >= 1.1 else "not met")
+    if not compiled:
+        row("blocks", "plain: model FLOPs/token fwd", f_plain / 3 / T, "FLOP", None, "causal keys (S+1)/2")
+        row("blocks", "recipe: model FLOPs/token fwd", f_recipe / 3 / T, "FLOP", None,
+            f"window {win} keys, latent 2E/top-2K at d/2")
 
 
 @section
 def bench_full_model(dev):
+    """A training step of the whole model with the recipe's own optimizer (Hyperball: Newton–Schulz
+    on every matrix and expert stack), bf16 autocast, blocks compiled as TrainConfig.compile does."""
     import torch
 
     from dataclasses import replace
 
-    from marin.config import PRESETS, Recipe
+    from marin.config import PRESETS, Recipe, RunSpec, TrainConfig
     from marin.flops import flops_per_token
     from marin.model import MarinModel
+    from marin.optim import build_optimizer, resolve_hparams
 
     name = "tiny" if ARGS.tiny else "d1024"
-    cfg = replace(PRESETS[name](), kernels="triton" if (TRITON_OK and dev.type == "cuda") else "torch")
     recipe = Recipe()
-    B, S = (2, cfg.seq_len) if ARGS.tiny else (8, cfg.seq_len)
-    with torch.device(dev):  # initialise on the device: ~3B parameters at d1024
-        model = MarinModel(cfg, recipe).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
-    tokens = torch.randint(0, cfg.vocab_size, (B, S), device=dev)
-    targets = torch.randint(0, cfg.vocab_size, (B, S), device=dev)
+    base = PRESETS[name]()
+    B, S = (2, base.seq_len) if ARGS.tiny else (8, base.seq_len)
+    tokens = torch.randint(0, base.vocab_size, (B, S), device=dev)
+    targets = torch.randint(0, base.vocab_size, (B, S), device=dev)
     doc = random_doc_ids(B, S, max(8, S // 8), dev)
     amp = dev.type == "cuda"
+    compile_ = dev.type == "cuda" or ARGS.compile_cpu
+    attention, kernels = recipe_variants(dev, compile_)[0]
+    cfg = replace(base, attention=attention, kernels=kernels)
+    with torch.device(dev):  # initialise on the device: ~3B parameters at d1024
+        model = MarinModel(cfg, recipe).train()
+    if compile_:
+        for block in model.blocks:
+            block.compile()
+    spec = RunSpec(model=cfg, recipe=recipe, train=TrainConfig(steps=1000, batch_size=B, device=dev.type))
+    opt = build_optimizer(model, resolve_hparams(spec))
 
-    def train_step():
+    def fwd_bwd():
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
             out = model(tokens, doc, targets)
         out.loss.backward()
+
+    def train_step():
+        fwd_bwd()
         opt.step()
         opt.zero_grad(set_to_none=True)
         model.update_router_biases()
@@ -595,18 +653,28 @@ def bench_full_model(dev):
     train_step()
     sync(dev)
     first = time.time() - t
-    ms = timeit(train_step, dev, warmup=1, iters=2 if ARGS.tiny else 4)
+    iters = 2 if ARGS.tiny else 4
+    ms = timeit(train_step, dev, warmup=1, iters=iters)
+    ms_fb = timeit(fwd_bwd, dev, warmup=0, iters=iters)
+    opt.zero_grad(set_to_none=True)
     fpt = flops_per_token(cfg, recipe, S)
-    achieved = fpt * B * S / (ms * 1e-3)
     nparams = sum(p.numel() for p in model.parameters())
-    row("model", f"{name} train step (AdamW fused, bf16 autocast) B{B} S{S}", ms, "ms", None,
-        f"{nparams / 1e9:.2f}B params; kernels={cfg.kernels}; first step {first:.1f}s")
+    label = f"{name} attention={attention} kernels={kernels}{' compiled blocks' if compile_ else ' eager'}"
+    row("model", f"{label} train step (Hyperball) B{B} S{S}", ms, "ms", None,
+        f"{nparams / 1e9:.2f}B params; first step {first:.1f}s")
+    row("model", f"{name} forward+backward only", ms_fb, "ms", None, f"optimizer {ms - ms_fb:.1f} ms")
     row("model", f"{name} tokens/s", B * S / (ms * 1e-3), "tok/s")
-    if CEIL["matmul_TFLOPs"]:
-        row("model", f"{name} MFU vs measured bf16 matmul", 100 * achieved / 1e12 / CEIL["matmul_TFLOPs"], "%", None,
-            f"{achieved / 1e12:.1f} TFLOP/s model FLOPs (marin.flops, causal-windowed attention)")
+    for what, t_ms in (("train step", ms), ("fwd+bwd", ms_fb)):
+        achieved = fpt * B * S / (t_ms * 1e-3)
+        if CEIL["matmul_TFLOPs"]:
+            mfu = 100 * achieved / 1e12 / CEIL["matmul_TFLOPs"]
+            row("model", f"{name} MFU ({what}) vs measured bf16 matmul", mfu, "%",
+                ("met" if mfu >= 45 else "not met") if what == "train step" else None,
+                f"{achieved / 1e12:.1f} TFLOP/s model FLOPs (marin.flops); target >= 45%")
+        if dev.type == "cuda":
+            row("model", f"{name} MFU ({what}) vs {H200_BF16_DENSE_TFLOPS:.0f} TFLOP/s datasheet",
+                100 * achieved / 1e12 / H200_BF16_DENSE_TFLOPS, "%")
     if dev.type == "cuda":
-        row("model", f"{name} MFU vs {H200_BF16_DENSE_TFLOPS:.0f} TFLOP/s datasheet", 100 * achieved / 1e12 / H200_BF16_DENSE_TFLOPS, "%")
         row("model", "peak memory", torch.cuda.max_memory_allocated(dev) / 2**30, "GiB")
 
 
@@ -672,6 +740,7 @@ def main(argv=None) -> int:
         bench_model_parity(dev)
     else:
         row("kernels", "Triton sections", "skipped: triton not installed", "")
+    bench_syncs(dev)
     bench_blocks(dev)
     if not ARGS.quick:
         if elapsed() < ARGS.budget_s - 60:

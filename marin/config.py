@@ -103,6 +103,7 @@ class Recipe:
 
 QB_ESTIMATORS = ("topk", "hist")
 KERNEL_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("sdpa", "flex")
 SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
 
 
@@ -151,6 +152,11 @@ class ModelConfig:
     init_scale: float = 0.5  # truncated-normal sigma = init_scale / sqrt(d_model) for every matrix
     z_loss_weight: float = 1e-4
     kernels: str = "torch"
+    # "sdpa": F.scaled_dot_product_attention with dense (B,1,S,S) boolean masks (the reference).
+    # "flex": flex_attention with block-sparse BlockMasks and native GQA; fast only when the model is
+    # torch.compile'd (eager flex is an unfused reference that materialises S×S scores, slow on GPU),
+    # and on CPU it runs forward only (torch has no CPU flex backward).
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         o = "ModelConfig"
@@ -183,6 +189,7 @@ class ModelConfig:
                "capacity factors must be positive")
         _check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
         _check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
+        _check_level(o, "attention", self.attention, ATTENTION_BACKENDS)
         for s in self.sconv_sites:
             _check_level(o, "sconv_sites", s, SCONV_SITES)
 
@@ -296,6 +303,11 @@ class RunSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(not (self.model.attention == "flex" and self.train.device == "cpu"), "ModelConfig", "attention",
+               "'flex' trains on CUDA only (torch has no flex_attention backward on CPU); allowed values with "
+               "TrainConfig.device='cpu': 'sdpa'")
 
     def to_dict(self) -> dict:
         return to_dict(self)

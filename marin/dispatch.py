@@ -4,6 +4,9 @@ DESIGN §2.1 "EP transports" (Marin 535B-A23B recipe: ragged all-to-all with poo
 vs fixed per-(sender, expert) capacity). The drop decision lives in one pure function, `plan_drops`,
 used by the virtual-EP `LocalDispatcher` here and by the real expert-parallel dispatcher in
 `marin/ep.py`, so a single-process run drops exactly what an S-rank EP run would.
+
+The local path is static-shaped and never reads a tensor value on the host (drop counts stay on
+the device in DispatchStats), so a compiled MoE block is one graph and a GPU step does not stall.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from marin.kernels import KernelSet, get_kernels
+from marin.kernels.torch_ops import count_ids, sort_by_expert
 from marin.kernels.torch_ops import grouped_mm_torch as grouped_mm  # the one grouped GEMM of the torch path
 
 TRANSPORTS = ("fixed", "ragged", "dropless")
@@ -61,7 +66,7 @@ def ragged_capacities(tokens_per_shard: int, top_k: int, n_local_experts: int, c
 
 
 def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
-                   capacity_factor: float | None, n_chunks: int) -> None:
+                   capacity_factor: float | None, n_chunks: int, check_ids: bool) -> None:
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
     if expert_idx_TK.dim() != 2:
@@ -80,7 +85,8 @@ def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transpo
         raise ValueError(f"n_chunks={n_chunks} must be >= 1")
     if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
         raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
-    if expert_idx_TK.numel() and (int(expert_idx_TK.min()) < 0 or int(expert_idx_TK.max()) >= n_experts):
+    # The one check that reads values on the host (a device sync): callers passing router output skip it.
+    if check_ids and expert_idx_TK.numel() and (int(expert_idx_TK.min()) < 0 or int(expert_idx_TK.max()) >= n_experts):
         raise ValueError(f"expert_idx_TK holds ids outside 0..{n_experts - 1}")
 
 
@@ -94,7 +100,7 @@ def cell_counts(expert_idx_TK: Tensor, n_experts: int, n_shards: int) -> tuple[T
     key_N = shard_N * n_experts + e_N
     # Stable sort keeps (token, k) order inside a cell: the rank is "how many earlier in my cell".
     order_N = torch.sort(key_N, stable=True).indices
-    counts = torch.bincount(key_N, minlength=n_shards * n_experts)
+    counts = count_ids(key_N, n_shards * n_experts)
     starts = torch.cumsum(counts, 0) - counts
     rank_sorted = torch.arange(N, device=e_N.device) - starts[key_N[order_N]]
     rank_N = torch.empty_like(rank_sorted)
@@ -122,7 +128,7 @@ def ragged_accepted(counts_SE: Tensor, n_chunks: int, chunk_capacity: int) -> Te
 
 
 def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
-               capacity_factor: float | None, n_chunks: int = 2) -> Tensor:
+               capacity_factor: float | None, n_chunks: int = 2, check_ids: bool = True) -> Tensor:
     """keep_TK: which routed assignments survive the EP transport (DESIGN §2.1; Marin EP drops).
 
     Tokens are cut into n_shards contiguous equal shards (shard s holds tokens [s*T_s, (s+1)*T_s));
@@ -137,8 +143,10 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
       (Marin grug `ep_ragged_all_to_all`). Only an overflowing chunk clips, taking earlier experts,
       then earlier senders, first; a clipped cell keeps its earliest positions.
     - "dropless": keeps everything.
+
+    check_ids=False skips the range check of the ids, the one host sync (router output is in range).
     """
-    _validate_plan(expert_idx_TK, n_experts, n_shards, transport, capacity_factor, n_chunks)
+    _validate_plan(expert_idx_TK, n_experts, n_shards, transport, capacity_factor, n_chunks, check_ids)
     if transport == "dropless":
         return torch.ones(expert_idx_TK.shape, dtype=torch.bool, device=expert_idx_TK.device)
     T, K = expert_idx_TK.shape
@@ -186,12 +194,16 @@ class DispatchStats:
     receiver is another shard, times row width times element size); the fixed transport sends every
     padded cell; the ragged (and dropless) exchange also all-gathers the S x E int64 count matrix.
     0 with one shard.
+
+    The local dispatcher leaves the counts on the device (0-d int64 tensors, dropped_per_shard of
+    shape (S,)) so accounting never stalls a step; the real EP transports hold host ints, which
+    they read anyway to size their exchange. ModelOutput.stats reads them once per forward.
     """
 
     assigned: int
-    dropped: int
-    dropped_per_shard: list[int] | None
-    bytes_moved: int
+    dropped: Tensor | int
+    dropped_per_shard: Tensor | list[int] | None
+    bytes_moved: Tensor | int
 
 
 class Dispatcher(Protocol):
@@ -201,13 +213,14 @@ class Dispatcher(Protocol):
 
 def expert_offsets(expert_sorted_N: Tensor, n_experts: int) -> Tensor:
     """Cumulative group ends (int32) of rows already sorted by expert id."""
-    return torch.cumsum(torch.bincount(expert_sorted_N, minlength=n_experts), 0).to(torch.int32)
+    return torch.cumsum(count_ids(expert_sorted_N, n_experts), 0).to(torch.int32)
 
 
-def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights) -> Tensor:
-    """SwiGLU experts over rows grouped by expert: (silu(x Wg) * (x Wu)) Wd per group."""
-    h_NH = F.silu(grouped_mm(x_NW, experts.w_gate_EWH, offsets_E)) * grouped_mm(x_NW, experts.w_up_EWH, offsets_E)
-    return grouped_mm(h_NH, experts.w_down_EHW, offsets_E)
+def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=grouped_mm) -> Tensor:
+    """SwiGLU experts over rows grouped by expert: (silu(x Wg) * (x Wu)) Wd per group; rows past
+    offsets[-1] come out zero (`gmm`: a KernelSet's grouped_mm)."""
+    h_NH = F.silu(gmm(x_NW, experts.w_gate_EWH, offsets_E)) * gmm(x_NW, experts.w_up_EWH, offsets_E)
+    return gmm(h_NH, experts.w_down_EHW, offsets_E)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,8 +229,9 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights) -> T
 
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
-                    capacity_factor: float | None, row_bytes: int) -> int:
-    """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats."""
+                    capacity_factor: float | None, row_bytes: int) -> Tensor | int:
+    """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats.
+    The fixed transport's traffic is a constant of the shapes; the ragged one's a device tensor."""
     S = n_shards
     if S == 1:
         return 0
@@ -228,16 +242,18 @@ def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n
         return 2 * S * (S - 1) * El * cap * row_bytes
     shard_N = torch.arange(T * K, device=expert_idx_TK.device) // ((T // S) * K)
     recv_N = expert_idx_TK.reshape(-1).long() // El
-    off = int(((recv_N != shard_N) & keep_TK.reshape(-1)).sum())
+    off = ((recv_N != shard_N) & keep_TK.reshape(-1)).sum()
     counts_bytes = S * (S - 1) * n_experts * 8  # every shard all-gathers its E int64 counts
     return 2 * off * row_bytes + counts_bytes
 
 
 class LocalDispatcher:
     """Virtual EP (DESIGN §2.1): drops decided by `plan_drops` over n_shards virtual shards, experts
-    computed with one grouped GEMM, outputs weighted by combine_TK and scattered back to tokens."""
+    computed with one grouped GEMM, outputs weighted by combine_TK and scattered back to tokens,
+    through the permute / grouped_mm / unpermute of a kernel set (`ModelConfig.kernels`)."""
 
-    def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2):
+    def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
+                 kernels: KernelSet | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
         if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
@@ -248,41 +264,50 @@ class LocalDispatcher:
         self.n_shards = n_shards
         self.capacity_factor = capacity_factor
         self.n_chunks = n_chunks
+        self.kernels = kernels if kernels is not None else get_kernels("torch")
 
     def __repr__(self) -> str:
         return (f"LocalDispatcher(transport={self.transport!r}, n_shards={self.n_shards}, "
-                f"capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks})")
+                f"capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks}, kernels={self.kernels.backend!r})")
 
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
                  dropless: bool) -> tuple[Tensor, DispatchStats]:
         T, K = expert_idx_TK.shape
         E, S = experts.n_experts, self.n_shards
         transport = "dropless" if dropless else self.transport
-        if transport == "dropless" and (T % S or E % S):
-            # Nothing is dropped, so the shard layout only matters for accounting: an eval batch whose
-            # token count the shards do not divide still runs, without per-shard stats.
+        if transport == "dropless":
+            # Nothing is dropped, so the shard layout only matters for the traffic accounting (an eval
+            # batch whose token count the shards do not divide still runs, and counts no bytes).
+            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, None, experts, self.kernels)
+            none_S = expert_idx_TK.new_zeros(S)
+            if T % S or E % S:
+                return y_TW, DispatchStats(assigned=T * K, dropped=none_S.sum(), dropped_per_shard=None, bytes_moved=0)
             keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)
-            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts)
-            return y_TW, DispatchStats(assigned=T * K, dropped=0, dropped_per_shard=None, bytes_moved=0)
+            nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
+                                     capacity_factor=None, row_bytes=x_TW.shape[1] * x_TW.element_size())
+            return y_TW, DispatchStats(assigned=T * K, dropped=none_S.sum(), dropped_per_shard=none_S,
+                                       bytes_moved=nbytes)
         keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=S, transport=transport,
-                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks)
-        y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts)
-        dropped_S = (~keep_TK).view(S, -1).sum(1).tolist()
+                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks, check_ids=False)
+        y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
+        dropped_S = (~keep_TK).view(S, -1).sum(1)
         nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
                                  capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size())
-        return y_TW, DispatchStats(assigned=T * K, dropped=sum(dropped_S), dropped_per_shard=dropped_S,
+        return y_TW, DispatchStats(assigned=T * K, dropped=dropped_S.sum(), dropped_per_shard=dropped_S,
                                    bytes_moved=nbytes)
 
 
-def combine_kept(x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, keep_TK: Tensor,
-                 experts: ExpertWeights) -> Tensor:
-    """y_TW = sum over kept (t,k) of combine[t,k] * SwiGLU_{e[t,k]}(x[t]), one grouped GEMM per matrix."""
-    T, K = expert_idx_TK.shape
-    kept_M = torch.nonzero(keep_TK.reshape(-1)).squeeze(1)
-    e_M = expert_idx_TK.reshape(-1)[kept_M].long()
-    order = torch.sort(e_M, stable=True).indices
-    src_M = kept_M[order]
-    tok_M = src_M // K
-    out_MW = swiglu_grouped(x_TW[tok_M], expert_offsets(e_M[order], experts.n_experts), experts)
-    w_M1 = combine_TK.reshape(-1)[src_M].unsqueeze(1).to(out_MW.dtype)
-    return torch.zeros_like(x_TW).index_add(0, tok_M, (out_MW * w_M1).to(x_TW.dtype))
+def combine_kept(x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, keep_TK: Tensor | None,
+                 experts: ExpertWeights, kernels: KernelSet | None = None) -> Tensor:
+    """y_TW = sum over kept (t,k) of combine[t,k] * SwiGLU_{e[t,k]}(x[t]) (keep_TK None: all kept).
+
+    Static shapes: all T·K rows are permuted, the dropped ones after the last expert group, where the
+    grouped GEMM returns zeros; their combine weight is zeroed too, so they get no gradient.
+    """
+    ks = kernels if kernels is not None else get_kernels("torch")
+    K = expert_idx_TK.shape[1]
+    src_N, offsets_E = sort_by_expert(expert_idx_TK, experts.n_experts, keep_TK)
+    out_NW = swiglu_grouped(ks.permute(x_TW, src_N, K), offsets_E, experts, ks.grouped_mm)
+    if keep_TK is not None:
+        combine_TK = combine_TK * keep_TK
+    return ks.unpermute(out_NW, src_N, combine_TK.to(out_NW.dtype)).to(x_TW.dtype)

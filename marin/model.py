@@ -16,17 +16,23 @@ h head dim, V vocab, R rotated dims / 2, C channels.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from marin.config import ModelConfig, Recipe
 from marin.flops import GATED_NORM_RANK  # low-rank width of GatedNorm's gate MLP (arXiv 2601.22966)
 from marin.kernels import get_kernels
 from marin.moe import MoE, RMSNorm, ROUTER_STATS, Router
+
+
+# Order of ModelOutput.stats_t: router statistics averaged over layers, then the worst layer's load.
+MODEL_STATS = (*ROUTER_STATS, "max_load_ratio_worst", "dropped", "dispatch_bytes")
 
 
 @dataclass
@@ -36,7 +42,18 @@ class ModelOutput:
     ce_loss: Tensor | None  # token-mean NLL
     z_loss: Tensor | None
     aux_loss: Tensor  # Switch aux, summed over layers (0 for other balance levels)
-    stats: dict[str, float] = field(default_factory=dict)
+    stats_t: Tensor  # MODEL_STATS, on the device: forward never waits for the GPU to read them
+    assigned: int  # routed assignments (T·K summed over layers)
+
+    @cached_property
+    def stats(self) -> dict[str, float]:
+        """Router and dispatch statistics as floats (one device sync, on first access)."""
+        vals = dict(zip(MODEL_STATS, self.stats_t.tolist()))
+        stats = {k: vals[k] for k in ROUTER_STATS}
+        stats["max_load_ratio"] = vals["max_load_ratio_worst"]
+        stats.update(assigned=float(self.assigned), dropped=vals["dropped"],
+                     drop_rate=vals["dropped"] / max(self.assigned, 1), dispatch_bytes=vals["dispatch_bytes"])
+        return stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,13 +120,33 @@ def attention_masks(doc_ids_BS: Tensor | None, B: int, S: int, window: int, devi
     return same_B1SS & local_SS, same_B1SS & causal_SS
 
 
+def block_masks(doc_ids_BS: Tensor | None, B: int, S: int, window: int, device) -> tuple[BlockMask, BlockMask]:
+    """(local, global) flex_attention BlockMasks with the rule of `attention_masks`: causal, same
+    document, and for local layers within the last `window` positions (self included). Blocks of
+    128×128 (S need not be a multiple: flex pads); fully masked blocks are skipped."""
+
+    def global_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx <= q_idx
+        if doc_ids_BS is not None:
+            keep = keep & (doc_ids_BS[b, q_idx] == doc_ids_BS[b, kv_idx])
+        return keep
+
+    def local_mod(b, h, q_idx, kv_idx):
+        return global_mod(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
+
+    Bm = None if doc_ids_BS is None else B  # without documents one mask broadcasts over the batch
+    return (create_block_mask(local_mod, Bm, None, S, S, device=device),
+            create_block_mask(global_mod, Bm, None, S, S, device=device))
+
+
 @dataclass
 class ForwardContext:
-    """What every layer needs, built once per forward."""
+    """What every layer needs, built once per forward. The masks are those of cfg.attention: dense
+    (B, 1, S, S) boolean masks for "sdpa", BlockMasks for "flex"."""
 
     doc_ids_BS: Tensor | None
-    mask_local_B1SS: Tensor
-    mask_global_B1SS: Tensor
+    mask_local: Tensor | BlockMask
+    mask_global: Tensor | BlockMask
     cos_SR: Tensor
     sin_SR: Tensor
     q_scale: float  # context-extension multiplier on q (1 + 0.1·ln(L/L0); 1.0 at the base length)
@@ -181,12 +218,17 @@ class Attention(nn.Module):
     def forward(self, x_BSD: Tensor, ctx: ForwardContext) -> Tensor:
         B, S, _ = x_BSD.shape
         q, k, v = self.project_qkv(x_BSD, ctx)
-        mask = ctx.mask_global_B1SS if self.is_global else ctx.mask_local_B1SS
-        rep = self.H // self.Hkv
-        # Explicit GQA expansion: SDPA's enable_gqa falls back to the math kernel when a mask is given.
-        k_rep = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-        v_rep = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-        y = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=1.0 / math.sqrt(self.h))
+        mask = ctx.mask_global if self.is_global else ctx.mask_local
+        if self.cfg.attention == "flex":  # block-sparse masks, native GQA
+            # Called plainly (not torch.compile(flex_attention)): under the trainer's torch.compile of
+            # the model it fuses into a flex kernel; a separately compiled flex would graph-break there.
+            y = flex_attention(q, k, v, block_mask=mask, scale=1.0 / math.sqrt(self.h), enable_gqa=True)
+        else:
+            rep = self.H // self.Hkv
+            # Explicit GQA expansion: SDPA's enable_gqa falls back to the math kernel when a mask is given.
+            k_rep = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+            v_rep = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+            y = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=1.0 / math.sqrt(self.h))
 
         gate_BSH = self.gate(x_BSD) if self.cfg.attn_gate else None  # headwise gate 2σ(x·W_g)
         if self.recipe.xsa == "xsa":  # remove the component along the token's own value vector
@@ -282,13 +324,16 @@ class MarinModel(nn.Module):
         cfg = self.cfg
         B, S = tokens_BS.shape
         dev = tokens_BS.device
-        local_mask, global_mask = attention_masks(doc_ids_BS, B, S, cfg.window, dev)
         cos_SR, sin_SR = rope_tables(S, self.rot_dims, cfg.rope_theta, dev)
+        if cfg.attention == "flex":  # one BlockMask per layer type (local / global)
+            local_mask, global_mask = block_masks(doc_ids_BS, B, S, cfg.window, dev)
+        else:  # dense (B, 1, S, S) boolean masks for SDPA
+            local_mask, global_mask = attention_masks(doc_ids_BS, B, S, cfg.window, dev)
         ctx = ForwardContext(doc_ids_BS, local_mask, global_mask, cos_SR, sin_SR, self.q_scale)
 
         x = self.embed(tokens_BS)
         aux_loss = x.new_zeros((), dtype=torch.float32)
-        router_stats, assigned, dropped, moved = [], 0, 0, 0
+        router_stats, assigned, dropped, moved = [], 0, x.new_zeros((), dtype=torch.float64), 0
         for block in self.blocks:
             x, moe = block(x, ctx)
             aux_loss = aux_loss + moe.aux_loss
@@ -297,12 +342,9 @@ class MarinModel(nn.Module):
                                         moved + moe.dispatch.bytes_moved)
         logits_BSV = self.lm_head(self.final_norm(x))
 
-        stats_LR = torch.stack(router_stats).float()
-        vals = torch.cat([stats_LR.mean(0), stats_LR[:, 1].max().view(1)]).tolist()  # one device sync
-        stats = dict(zip(ROUTER_STATS, vals[:-1]))
-        stats["max_load_ratio"] = vals[-1]  # the worst layer
-        stats.update(assigned=float(assigned), dropped=float(dropped),
-                     drop_rate=dropped / max(assigned, 1), dispatch_bytes=float(moved))
+        stats_LR = torch.stack(router_stats).double()
+        dispatch_2 = torch.stack([dropped, dropped.new_zeros(()) + moved])  # float64: byte counts pass 2^24
+        stats_t = torch.cat([stats_LR.mean(0), stats_LR[:, 1].max().view(1), dispatch_2]).detach()
 
         loss = ce_loss = z_loss = None
         if targets_BS is not None:
@@ -313,7 +355,7 @@ class MarinModel(nn.Module):
             lse_N = torch.logsumexp(logits_NV, -1)
             z_loss = cfg.z_loss_weight * (lse_N.pow(2) * valid_N).sum() / valid_N.sum().clamp(min=1)
             loss = ce_loss + z_loss + aux_loss
-        return ModelOutput(logits_BSV, loss, ce_loss, z_loss, aux_loss, stats)
+        return ModelOutput(logits_BSV, loss, ce_loss, z_loss, aux_loss, stats_t, assigned)
 
     def update_router_biases(self, group=None) -> None:
         """QB / aux-free: compute each router's bias from the routing of the training forwards since

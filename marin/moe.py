@@ -23,6 +23,8 @@ from torch import Tensor
 
 from marin.config import ModelConfig, Recipe
 from marin.dispatch import DispatchStats, ExpertWeights, LocalDispatcher
+from marin.kernels import get_kernels
+from marin.kernels.torch_ops import count_ids
 
 # Order of the per-layer router statistics tensor (logged only, never differentiated).
 ROUTER_STATS = ("load_cv", "max_load_ratio", "router_z", "switch_balance")
@@ -53,7 +55,7 @@ def combine_weights(logits_TE: Tensor, expert_idx_TK: Tensor, scale: float) -> T
 
 def expert_load(expert_idx_TK: Tensor, n_experts: int) -> Tensor:
     """Assignments per expert (before any transport drop), float."""
-    return torch.bincount(expert_idx_TK.reshape(-1), minlength=n_experts).float()
+    return count_ids(expert_idx_TK, n_experts).float()
 
 
 def router_probs(logits_TE: Tensor) -> Tensor:
@@ -290,7 +292,7 @@ class MoE(nn.Module):
         # Virtual EP by default; the real EP dispatcher (marin/ep.py) implements the same protocol
         # and may replace this attribute.
         self.dispatcher = LocalDispatcher(recipe.ep_transport, cfg.ep_shards, cfg.capacity_factor(recipe),
-                                          cfg.ragged_chunks)
+                                          cfg.ragged_chunks, get_kernels(cfg.kernels))
         self.reset_parameters(cfg.init_scale / math.sqrt(cfg.d_model))
 
     @torch.no_grad()

@@ -398,9 +398,9 @@ def forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.Tensor
         out = fwd(tokens, doc_ids, targets)
     out.loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    gnorm_t = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    gnorm_t = torch.nn.utils.get_total_norm(grads)  # foreach kernels, computed once and reused to clip
     if grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        torch.nn.utils.clip_grads_with_norm_(grads, grad_clip, gnorm_t)
     loss_v = float(out.loss.detach())
     ce_v = float(out.ce_loss.detach()) if out.ce_loss is not None else loss_v
     return out, loss_v, ce_v, float(gnorm_t)
@@ -704,7 +704,10 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                      d.groups.ep_size, d.rank)
         hp = resolve_hparams(spec)
         opt = build_optimizer(model, hp)
-        fwd = torch.compile(model) if t.compile else model
+        if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
+            for block in model.blocks:
+                block.compile()
+        fwd = model
 
         amp = t.precision == "bf16"
         if amp and device.type == "cpu":

@@ -189,17 +189,25 @@ def _routing(T=7, K=3, E=4, drop=0.3):
     return expert_idx, keep, src_N, offsets_E
 
 
-def test_permute_and_unpermute_match_torch_with_dropped_assignments():
+@pytest.mark.parametrize("dropped", ["listed_as_zero_rows", "absent"])
+def test_permute_and_unpermute_match_torch_with_dropped_assignments(dropped):
+    # sort_by_expert lists all T*K assignments, the dropped ones after offsets[-1], where the grouped
+    # GEMM leaves zero rows; a src_N of the kept assignments alone (N < T*K) is accepted as well.
     T, K = 7, 3
-    _, keep, src, _ = _routing(T, K)
-    assert (~keep).any() and keep.any()
+    _, keep, src, offsets = _routing(T, K)
+    assert (~keep).any() and keep.any() and src.numel() == T * K
+    n_kept = int(offsets[-1])
+    if dropped == "absent":
+        src = src[:n_kept]
     x = torch.randn(T, 5, requires_grad=True)
     c = torch.rand(T, K, requires_grad=True)
     xn, xn_ref = permute_triton(x, src, K), permute_torch(x, src, K)
     _close(xn, xn_ref)
     g = torch.randn_like(xn_ref)
     _close(_grads(xn, x, g)[0], _grads(xn_ref, x, g)[0])
-    yn = torch.randn(src.numel(), 5, requires_grad=True)
+    yn = torch.randn(src.numel(), 5)
+    yn[n_kept:] = 0  # the grouped GEMM's output for the dropped rows
+    yn.requires_grad_()
     y, y_ref = unpermute_triton(yn, src, c), unpermute_torch(yn, src, c)
     _close(y, y_ref)
     g = torch.randn_like(y_ref)
@@ -234,12 +242,31 @@ def test_grouped_mm_matches_torch_with_empty_group_multi_tile_group_and_trailing
     assert (dw[1] == 0).all() and (dx[33:] == 0).all()
 
 
+def test_grouped_mm_rows_past_last_group_are_zero_forward_and_backward():
+    # The dispatcher's contract: rows past offsets[-1] (dropped assignments) belong to no group.
+    # Whatever x and dy hold there, y and dx are exact zeros there and dw never reads them.
+    offsets = torch.tensor([0, 20, 20, 29], dtype=torch.int32)  # empty groups 0 and 2; 20 rows > one tile
+    x, w, dy = torch.randn(40, 16), torch.randn(4, 16, 24), torch.randn(40, 24)
+    x[29:] = float("nan")
+    dy[29:35], dy[35:] = float("nan"), 1e30
+    xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = grouped_mm_triton(xt, wt, offsets)
+    dx, dw = _grads(y, (xt, wt), dy)
+    assert (y[29:] == 0).all() and (dx[29:] == 0).all()  # exact: a NaN or 1e30 row fails `== 0`
+    xr, wr = x[:29].clone().requires_grad_(), w.clone().requires_grad_()
+    y_ref = grouped_mm_torch(xr, wr, offsets)
+    dx_ref, dw_ref = _grads(y_ref, (xr, wr), dy[:29])
+    _close(y[:29], y_ref, 1e-4)
+    _close(dx[:29], dx_ref, 1e-4)
+    _close(dw, dw_ref, 1e-4)  # finite, and equal to the sum over grouped rows only
+
+
 def test_grouped_mm_backward_kernels_with_small_blocks_match_torch():
     offsets = torch.tensor([5, 21, 21, 40], dtype=torch.int32)
     x, w, dy = torch.randn(40, 32), torch.randn(4, 32, 16), torch.randn(40, 16)
     _close(gmm_fwd(dy, w, offsets, w_transposed=True, blocks=(16, 16, 16, 4, 2)),
            grouped_mm_torch(dy, w.transpose(1, 2), offsets), 1e-4)
-    _close(gmm_dw(x, dy, offsets, w, blocks=(16, 16, 16, 4)),
+    _close(gmm_dw(x, dy, offsets, blocks=(16, 16, 16, 4)),
            torch.stack([x[s:e].T @ dy[s:e] for s, e in zip([0, 5, 21, 21], offsets.tolist())]), 1e-4)
 
 

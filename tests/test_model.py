@@ -109,7 +109,7 @@ def test_attention_without_xsa_equals_sdpa_and_xsa_is_applied_to_that_output():
             attn.gate.weight.normal_()
         ctx = _ctx(cfg, x, docs)
         q, k, v = attn.project_qkv(x, ctx)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask_local_B1SS, enable_gqa=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask_local, enable_gqa=True)
         if xsa == "xsa":
             y = xsa_reference(y, v)
         y = y * 2 * torch.sigmoid(attn.gate(x)).transpose(1, 2).unsqueeze(-1)

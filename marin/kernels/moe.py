@@ -6,7 +6,11 @@ int32 group ends. Every scatter is written as a gather through the inverse map p
 assignment (t,k), −1 when dropped), so no kernel uses atomics and results are deterministic.
 Grouped GEMM: programs walk (group, row-tile) pairs from a tile table built on device (no host
 sync); its backward reuses the forward kernel for dx (w read transposed via strides) and a
-per-group reduction kernel for dw. Imports triton: reach it through get_kernels("triton") only.
+per-group reduction kernel for dw. Rows of x past offsets_E[-1] belong to no group: their y and
+dx are exact zeros and dw never reads them, whatever x and dy hold there.
+Each launcher is a custom op (marin::permute_fwd/_bwd, marin::unpermute_fwd/_bwd,
+marin::grouped_mm_fwd/_dw) with autograd, so torch.compile traces the wrappers without a graph break.
+Imports triton: reach it through get_kernels("triton") only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from marin.kernels._common import acc_dtype, check_runnable, next_pow2
+from marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, next_pow2, save_inputs
 
 # ---------------------------------------------------------------------------------------------
 # Permute / unpermute
@@ -113,42 +117,82 @@ def _launch_combine(y, pos_TK, c_TK, T, K, acc_like):
     return out
 
 
-class _Permute(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_TW, src_N, top_k):
-        T = x_TW.shape[0]
-        ctx.T, ctx.K = T, top_k
-        ctx.save_for_backward(src_N)
-        return _launch_gather(x_TW, src_N, top_k, src_N.numel())
-
-    @staticmethod
-    def backward(ctx, dxn_NW):
-        (src_N,) = ctx.saved_tensors
-        pos = _inverse(src_N, ctx.T, ctx.K)
-        return _launch_combine(dxn_NW, pos, None, ctx.T, ctx.K, dxn_NW), None, None
+@kernel_op("permute_fwd")
+def _permute_fwd_op(x_TW: torch.Tensor, src_N: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Gather: out[n] = x[src_N[n] // top_k]."""
+    return _launch_gather(x_TW, src_N, top_k, src_N.shape[0])
 
 
-class _Unpermute(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y_NW, src_N, combine_TK):
-        T, K = combine_TK.shape
-        pos = _inverse(src_N, T, K)
-        ctx.save_for_backward(y_NW, src_N, combine_TK)
-        return _launch_combine(y_NW, pos, combine_TK.contiguous(), T, K, y_NW)
+@_permute_fwd_op.register_fake
+def _(x_TW, src_N, top_k):
+    return x_TW.new_empty((src_N.shape[0], x_TW.shape[1]))
 
-    @staticmethod
-    def backward(ctx, dy_TW):
-        y_NW, src_N, combine_TK = ctx.saved_tensors
-        N, W = y_NW.shape
-        K = combine_TK.shape[1]
-        dyn = torch.empty_like(y_NW, memory_format=torch.contiguous_format)
-        dc = torch.zeros(combine_TK.numel(), device=y_NW.device, dtype=combine_TK.dtype)
-        bn, bw = _row_blocks(W, y_NW.element_size())
-        _unpermute_bwd_kernel[(triton.cdiv(N, bn),)](
-            dy_TW, y_NW, src_N, combine_TK.contiguous(), dyn, dc, N, W, K,
-            *dy_TW.stride(), *y_NW.stride(), *dyn.stride(),
-            ACC=acc_dtype(y_NW if y_NW.dtype == torch.float64 else combine_TK), BLOCK_N=bn, BLOCK_W=bw)
-        return dyn, None, dc.view_as(combine_TK)
+
+@kernel_op("permute_bwd")
+def _permute_bwd_op(dxn_NW: torch.Tensor, src_N: torch.Tensor, T: int, top_k: int) -> torch.Tensor:
+    """dx[t] = Σ_k dxn[n(t,k)]: the unweighted combine through the inverse map (no atomics)."""
+    return _launch_combine(dxn_NW, _inverse(src_N, T, top_k), None, T, top_k, dxn_NW)
+
+
+@_permute_bwd_op.register_fake
+def _(dxn_NW, src_N, T, top_k):
+    return dxn_NW.new_empty((T, dxn_NW.shape[1]))
+
+
+def _permute_setup(ctx, inputs, output):
+    x_TW, src_N, top_k = inputs
+    ctx.T, ctx.top_k = x_TW.shape[0], top_k
+    ctx.save_for_backward(src_N)
+
+
+def _permute_backward(ctx, dxn_NW):
+    (src_N,) = ctx.saved_tensors
+    return _permute_bwd_op(dxn_NW, src_N, ctx.T, ctx.top_k), None, None
+
+
+_permute_fwd_op.register_autograd(_permute_backward, setup_context=_permute_setup)
+
+
+@kernel_op("unpermute_fwd")
+def _unpermute_fwd_op(y_NW: torch.Tensor, src_N: torch.Tensor, combine_TK: torch.Tensor) -> torch.Tensor:
+    """Weighted combine: y_TW[t] = Σ_k combine[t,k]·y_NW[n(t,k)], a dropped (t,k) adding 0."""
+    T, K = combine_TK.shape
+    return _launch_combine(y_NW, _inverse(src_N, T, K), combine_TK.contiguous(), T, K, y_NW)
+
+
+@_unpermute_fwd_op.register_fake
+def _(y_NW, src_N, combine_TK):
+    return y_NW.new_empty((combine_TK.shape[0], y_NW.shape[1]))
+
+
+@kernel_op("unpermute_bwd")
+def _unpermute_bwd_op(dy_TW: torch.Tensor, y_NW: torch.Tensor, src_N: torch.Tensor,
+                      combine_TK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d y_NW, d combine_TK); a dropped assignment gets a zero combine gradient."""
+    N, W = y_NW.shape
+    K = combine_TK.shape[1]
+    dyn = torch.empty_like(y_NW, memory_format=torch.contiguous_format)
+    dc = torch.zeros(combine_TK.shape, device=y_NW.device, dtype=combine_TK.dtype)
+    bn, bw = _row_blocks(W, y_NW.element_size())
+    _unpermute_bwd_kernel[(triton.cdiv(N, bn),)](
+        dy_TW, y_NW, src_N, combine_TK.contiguous(), dyn, dc, N, W, K,
+        *dy_TW.stride(), *y_NW.stride(), *dyn.stride(),
+        ACC=acc_dtype(y_NW if y_NW.dtype == torch.float64 else combine_TK), BLOCK_N=bn, BLOCK_W=bw)
+    return dyn, dc
+
+
+@_unpermute_bwd_op.register_fake
+def _(dy_TW, y_NW, src_N, combine_TK):
+    return y_NW.new_empty(y_NW.shape), combine_TK.new_empty(combine_TK.shape)
+
+
+def _unpermute_backward(ctx, dy_TW):
+    y_NW, src_N, combine_TK = ctx.saved_tensors
+    dyn, dc = _unpermute_bwd_op(dy_TW, y_NW, src_N, combine_TK)
+    return needed(ctx, dyn, None, dc)
+
+
+_unpermute_fwd_op.register_autograd(_unpermute_backward, setup_context=save_inputs)
 
 
 def _check_routing(src_N, T: int, K: int, name: str) -> None:
@@ -158,25 +202,24 @@ def _check_routing(src_N, T: int, K: int, name: str) -> None:
         raise ValueError(f"{name}: src_N has {src_N.numel()} rows, more than T*K={T * K} assignments")
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
 def permute_triton(x_TW: torch.Tensor, src_N: torch.Tensor, top_k: int) -> torch.Tensor:
     """Rows of x in routed (expert-sorted) order: out[n] = x[src_N[n] // top_k]."""
     if x_TW.dim() != 2 or top_k < 1:
         raise ValueError(f"permute: want x_TW 2-D and top_k >= 1, got shape {tuple(x_TW.shape)}, top_k={top_k}")
     _check_routing(src_N, x_TW.shape[0], top_k, "permute")
     check_runnable(x_TW, src_N, name="permute")
-    return _Permute.apply(x_TW, src_N, top_k)
+    return _permute_fwd_op(x_TW, src_N, top_k)
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
 def unpermute_triton(y_NW: torch.Tensor, src_N: torch.Tensor, combine_TK: torch.Tensor) -> torch.Tensor:
-    """y_TW[t] = Σ_k combine[t,k]·y_NW[n(t,k)]; a dropped (t,k) (absent from src_N) contributes 0."""
+    """y_TW[t] = Σ_k combine[t,k]·y_NW[n(t,k)]. A dropped (t,k) contributes 0: it is absent from src_N,
+    or listed with a zero row of y_NW (the grouped GEMM's output past offsets_E[-1])."""
     if y_NW.dim() != 2 or combine_TK.dim() != 2 or src_N.numel() != y_NW.shape[0]:
         raise ValueError(f"unpermute: want y_NW (N, W), src_N (N,), combine_TK (T, K); got {tuple(y_NW.shape)}, "
                          f"{tuple(src_N.shape)}, {tuple(combine_TK.shape)}")
     _check_routing(src_N, *combine_TK.shape, "unpermute")
     check_runnable(y_NW, src_N, combine_TK, name="unpermute")
-    return _Unpermute.apply(y_NW, src_N, combine_TK)
+    return _unpermute_fwd_op(y_NW, src_N, combine_TK)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,18 +330,18 @@ def gmm_fwd(x_NI, w_EIO, offsets_E, *, w_transposed=False, blocks=None):
     return y
 
 
-def gmm_dw(x_NI, dy_NO, offsets_E, w_like_EIO, *, blocks=None):
+def gmm_dw(x_NI, dy_NO, offsets_E, *, blocks=None):
+    """dw[e] = x[rows of e]^T @ dy[rows of e] in x's dtype, one group per offsets_E entry."""
     N, I = x_NI.shape
     O = dy_NO.shape[1]
-    E = w_like_EIO.shape[0]
+    E = offsets_E.shape[0]
     bm = min(64, max(16, next_pow2(I)))
     bn = min(128, max(16, next_pow2(O)))
     bk = 16 if N <= 512 else 64
     nw = 8 if bm * bn >= 128 * 64 else 4
     if blocks is not None:
         bm, bn, bk, nw = blocks
-    acc_t = torch.float64 if x_NI.dtype == torch.float64 else torch.float32
-    dw = torch.empty((E, I, O), device=x_NI.device, dtype=acc_t if w_like_EIO.dtype == acc_t else w_like_EIO.dtype)
+    dw = torch.empty((E, I, O), device=x_NI.device, dtype=x_NI.dtype)
     offs = offsets_E.to(device=x_NI.device, dtype=torch.int32).contiguous()
     _gmm_dw_kernel[(triton.cdiv(I, bm) * triton.cdiv(O, bn), E)](
         x_NI, dy_NO, dw, offs, I, O, *x_NI.stride(), *dy_NO.stride(), *dw.stride(),
@@ -306,21 +349,39 @@ def gmm_dw(x_NI, dy_NO, offsets_E, w_like_EIO, *, blocks=None):
     return dw
 
 
-class _GroupedMM(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_NI, w_EIO, offsets_E):
-        ctx.save_for_backward(x_NI, w_EIO, offsets_E)
-        return gmm_fwd(x_NI, w_EIO, offsets_E)
-
-    @staticmethod
-    def backward(ctx, dy_NO):
-        x_NI, w_EIO, offsets_E = ctx.saved_tensors
-        dx = gmm_fwd(dy_NO, w_EIO, offsets_E, w_transposed=True) if ctx.needs_input_grad[0] else None
-        dw = gmm_dw(x_NI, dy_NO, offsets_E, w_EIO) if ctx.needs_input_grad[1] else None
-        return dx, dw, None
+@kernel_op("grouped_mm_fwd")
+def _gmm_fwd_op(x_NI: torch.Tensor, w_EIO: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
+    """y = x @ w[e] per group, zeros past the last group. Also the backward's dx, on a w^T view."""
+    return gmm_fwd(x_NI, w_EIO, offsets_E)
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
+@_gmm_fwd_op.register_fake
+def _(x_NI, w_EIO, offsets_E):
+    return x_NI.new_empty((x_NI.shape[0], w_EIO.shape[2]))
+
+
+@kernel_op("grouped_mm_dw")
+def _gmm_dw_op(x_NI: torch.Tensor, dy_NO: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
+    """dw[e] = x[rows of e]^T @ dy[rows of e]; rows past the last group are never read."""
+    return gmm_dw(x_NI, dy_NO, offsets_E)
+
+
+@_gmm_dw_op.register_fake
+def _(x_NI, dy_NO, offsets_E):
+    return x_NI.new_empty((offsets_E.shape[0], x_NI.shape[1], dy_NO.shape[1]))
+
+
+def _gmm_backward(ctx, dy_NO):
+    x_NI, w_EIO, offsets_E = ctx.saved_tensors
+    # dx = dy @ w[e]^T: the forward kernel reads the transposed view through its strides.
+    dx = _gmm_fwd_op(dy_NO, w_EIO.transpose(1, 2), offsets_E) if ctx.needs_input_grad[0] else None
+    dw = _gmm_dw_op(x_NI, dy_NO, offsets_E) if ctx.needs_input_grad[1] else None
+    return dx, dw, None
+
+
+_gmm_fwd_op.register_autograd(_gmm_backward, setup_context=save_inputs)
+
+
 def grouped_mm_triton(x_NI: torch.Tensor, w_EIO: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
     """y[n] = x[n] @ w[e] for rows n of group e (offsets_E: cumulative int32 ends); rows past the
     last group are zeros. Triton forward and backward, for GPUs without torch._grouped_mm."""
@@ -332,4 +393,4 @@ def grouped_mm_triton(x_NI: torch.Tensor, w_EIO: torch.Tensor, offsets_E: torch.
     check_runnable(x_NI, w_EIO, name="grouped_mm")
     if w_EIO.dtype != x_NI.dtype:  # fp32 master weights under bf16 autocast: tl.dot wants one dtype
         w_EIO = w_EIO.to(x_NI.dtype)
-    return _GroupedMM.apply(x_NI, w_EIO, offsets_E)
+    return _gmm_fwd_op(x_NI, w_EIO, offsets_E)

@@ -5,6 +5,8 @@ Memory-bound: one pass over (S, C) tiles; the K shifted row loads of a tile hit 
 traffic is ~one read of x and one write of out (fwd), one read of x and dy and one write of dx (bwd).
 The backward computes dx and the dw partial sums in the same pass, from the same shifted dy loads:
 for output t' = t+l and tap l, the mask (t+l < S, doc[t+l] = doc[t]) is the same for dx[t] and dw[l].
+Registered as the custom ops marin::sconv_fwd and marin::sconv_bwd (with autograd), so
+torch.compile traces through sconv_triton without a graph break.
 Imports triton at module load: reach it through marin.kernels.get_kernels("triton") only.
 """
 
@@ -14,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from marin.kernels._common import acc_dtype, check_runnable, next_pow2
+from marin.kernels._common import (acc_dtype, check_runnable, kernel_op, needed, next_pow2, optional_arg,
+                                    save_inputs)
 
 
 @triton.jit
@@ -120,8 +123,7 @@ def sconv_fwd(x_BSC, w_KC, doc_ids_BS=None, *, block_s=None, block_c=None, num_w
     bs, bc, nw = _config(C)
     block_s, block_c, num_warps = block_s or bs, block_c or bc, num_warps or nw
     out = torch.empty((B, S, C), device=x_BSC.device, dtype=x_BSC.dtype)
-    doc = doc_ids_BS if doc_ids_BS is not None else x_BSC  # dummy pointer when HAS_DOC is False
-    sd = doc_ids_BS.stride() if doc_ids_BS is not None else (0, 0)
+    doc, sd = optional_arg(doc_ids_BS, x_BSC, 2)
     grid = (triton.cdiv(S, block_s), triton.cdiv(C, block_c), B)
     _sconv_fwd_kernel[grid](
         x_BSC, w_KC, doc, out, S, C,
@@ -142,8 +144,7 @@ def sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC, *, block_s=None, block_c=None, ti
     n_s = triton.cdiv(S, block_s * tiles)
     acc_t = torch.float64 if x_BSC.dtype == torch.float64 else torch.float32
     dw_part = torch.empty((B * n_s, K, C), device=x_BSC.device, dtype=acc_t)
-    doc = doc_ids_BS if doc_ids_BS is not None else x_BSC
-    sd = doc_ids_BS.stride() if doc_ids_BS is not None else (0, 0)
+    doc, sd = optional_arg(doc_ids_BS, x_BSC, 2)
     grid = (n_s, triton.cdiv(C, block_c), B)
     _sconv_bwd_kernel[grid](
         x_BSC, w_KC, doc, dy_BSC, dx, dw_part, S, C,
@@ -155,21 +156,39 @@ def sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC, *, block_s=None, block_c=None, ti
     return dx, dw
 
 
-class _SConv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_BSC, w_KC, doc_ids_BS):
-        ctx.save_for_backward(x_BSC, w_KC, doc_ids_BS)
-        return sconv_fwd(x_BSC, w_KC, doc_ids_BS)
-
-    @staticmethod
-    def backward(ctx, dy_BSC):
-        x_BSC, w_KC, doc_ids_BS = ctx.saved_tensors
-        dx, dw = sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC)
-        return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None
+@kernel_op("sconv_fwd")
+def _sconv_fwd_op(x_BSC: torch.Tensor, w_KC: torch.Tensor, doc_ids_BS: torch.Tensor | None) -> torch.Tensor:
+    """SConv forward at the default tiles."""
+    return sconv_fwd(x_BSC, w_KC, doc_ids_BS)
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
+@_sconv_fwd_op.register_fake
+def _(x_BSC, w_KC, doc_ids_BS):
+    return x_BSC.new_empty(x_BSC.shape)
+
+
+@kernel_op("sconv_bwd")
+def _sconv_bwd_op(x_BSC: torch.Tensor, w_KC: torch.Tensor, doc_ids_BS: torch.Tensor | None,
+                  dy_BSC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SConv backward: (dx, dw) from one pass over x and dy."""
+    return sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC)
+
+
+@_sconv_bwd_op.register_fake
+def _(x_BSC, w_KC, doc_ids_BS, dy_BSC):
+    return x_BSC.new_empty(x_BSC.shape), w_KC.new_empty(w_KC.shape)
+
+
+def _sconv_backward(ctx, dy_BSC):
+    x_BSC, w_KC, doc_ids_BS = ctx.saved_tensors
+    dx, dw = _sconv_bwd_op(x_BSC, w_KC, doc_ids_BS, dy_BSC)
+    return needed(ctx, dx, dw, None)
+
+
+_sconv_fwd_op.register_autograd(_sconv_backward, setup_context=save_inputs)
+
+
 def sconv_triton(x_BSC: torch.Tensor, w_KC: torch.Tensor, doc_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
     """Short causal depthwise conv with document masking (DESIGN §2.1 SConv), Triton fwd + bwd."""
     _check(x_BSC, w_KC, doc_ids_BS)
-    return _SConv.apply(x_BSC, w_KC, doc_ids_BS)
+    return _sconv_fwd_op(x_BSC, w_KC, doc_ids_BS)

@@ -8,6 +8,8 @@ Outputs are allocated (B, S, H, D)-contiguous and returned as a (B, H, S, D) vie
 `z.transpose(1, 2).reshape(B, S, H*D)` before W_o is then free.
 Backward, with n = ‖v‖² + eps, a = ⟨y,v⟩, g = ⟨dz,v⟩:
   dy = dz − (g/n)·v;  dv = Σ_heads [−(a/n)·dz − (g/n)·y + (2·a·g/n²)·v].
+Registered as the custom ops marin::xsa_fwd and marin::xsa_bwd (with autograd; the gate is an
+optional input), so torch.compile traces through xsa_triton and xsa_gate_triton without a graph break.
 Imports triton at module load: reach it through marin.kernels.get_kernels("triton") only.
 """
 
@@ -17,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from marin.kernels._common import acc_dtype, check_runnable, next_pow2
+from marin.kernels._common import (acc_dtype, check_runnable, kernel_op, needed, next_pow2, optional_arg,
+                                    save_inputs)
 
 XSA_EPS = 1e-6
 
@@ -123,8 +126,7 @@ def xsa_fwd(y_BHSD, v_BKSD, gate_BSH=None, *, block_s=None, num_warps=4):
     K = v_BKSD.shape[1]
     block_s, block_d = _blocks(D, block_s)
     z = _bhsd_view_of_bshd(y_BHSD)
-    g = gate_BSH if gate_BSH is not None else y_BHSD
-    sg = gate_BSH.stride() if gate_BSH is not None else (0, 0, 0)
+    g, sg = optional_arg(gate_BSH, y_BHSD, 3)
     grid = (triton.cdiv(S, block_s), K, B)
     _xsa_fwd_kernel[grid](
         y_BHSD, v_BKSD, g, z, S, D, *y_BHSD.stride(), *v_BKSD.stride(), *sg, *z.stride(),
@@ -140,43 +142,59 @@ def xsa_bwd(y_BHSD, v_BKSD, gate_BSH, dz_BHSD, *, block_s=None, num_warps=8):
     block_s, block_d = _blocks(D, block_s)
     dy = _bhsd_view_of_bshd(y_BHSD)
     dv = torch.empty_like(v_BKSD)
-    if gate_BSH is not None:
-        dg = torch.empty_like(gate_BSH)
-        g, sg, sdg = gate_BSH, gate_BSH.stride(), dg.stride()
-    else:
-        dg, g, sg, sdg = y_BHSD, y_BHSD, (0, 0, 0), (0, 0, 0)
+    dg = torch.empty_like(gate_BSH) if gate_BSH is not None else None
+    g, sg = optional_arg(gate_BSH, y_BHSD, 3)
+    dg_arg, sdg = optional_arg(dg, y_BHSD, 3)
     grid = (triton.cdiv(S, block_s), K, B)
     _xsa_bwd_kernel[grid](
-        y_BHSD, v_BKSD, g, dz_BHSD, dy, dv, dg, S, D,
+        y_BHSD, v_BKSD, g, dz_BHSD, dy, dv, dg_arg, S, D,
         *y_BHSD.stride(), *v_BKSD.stride(), *sg, *dz_BHSD.stride(), *dy.stride(), *dv.stride(), *sdg,
         G=H // K, HAS_GATE=gate_BSH is not None, ACC=acc_dtype(y_BHSD), EPS=XSA_EPS,
         BLOCK_S=block_s, BLOCK_D=block_d, num_warps=num_warps,
     )
-    return dy, dv, (dg if gate_BSH is not None else None)
+    return dy, dv, dg
 
 
-class _XSA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y_BHSD, v_BKSD, gate_BSH):
-        ctx.save_for_backward(y_BHSD, v_BKSD, gate_BSH)
-        return xsa_fwd(y_BHSD, v_BKSD, gate_BSH)
-
-    @staticmethod
-    def backward(ctx, dz_BHSD):
-        y_BHSD, v_BKSD, gate_BSH = ctx.saved_tensors
-        dy, dv, dg = xsa_bwd(y_BHSD, v_BKSD, gate_BSH, dz_BHSD)
-        return dy, dv, dg
+@kernel_op("xsa_fwd")
+def _xsa_fwd_op(y_BHSD: torch.Tensor, v_BKSD: torch.Tensor, gate_BSH: torch.Tensor | None) -> torch.Tensor:
+    """XSA forward, gated by 2σ(gate) when a gate is given; a (B, H, S, D) view of (B, S, H, D) storage."""
+    return xsa_fwd(y_BHSD, v_BKSD, gate_BSH)
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
+@_xsa_fwd_op.register_fake
+def _(y_BHSD, v_BKSD, gate_BSH):
+    return _bhsd_view_of_bshd(y_BHSD)
+
+
+@kernel_op("xsa_bwd")
+def _xsa_bwd_op(y_BHSD: torch.Tensor, v_BKSD: torch.Tensor, gate_BSH: torch.Tensor | None,
+                dz_BHSD: torch.Tensor) -> list[torch.Tensor]:
+    """XSA backward: [dy, dv], and d gate appended when gated (a custom op cannot return None)."""
+    return [t for t in xsa_bwd(y_BHSD, v_BKSD, gate_BSH, dz_BHSD) if t is not None]
+
+
+@_xsa_bwd_op.register_fake
+def _(y_BHSD, v_BKSD, gate_BSH, dz_BHSD):
+    grads = [_bhsd_view_of_bshd(y_BHSD), torch.empty_like(v_BKSD)]
+    return grads + ([torch.empty_like(gate_BSH)] if gate_BSH is not None else [])
+
+
+def _xsa_backward(ctx, dz_BHSD):
+    y_BHSD, v_BKSD, gate_BSH = ctx.saved_tensors
+    dy, dv, *dg = _xsa_bwd_op(y_BHSD, v_BKSD, gate_BSH, dz_BHSD)
+    return needed(ctx, dy, dv, dg[0] if dg else None)
+
+
+_xsa_fwd_op.register_autograd(_xsa_backward, setup_context=save_inputs)
+
+
 def xsa_triton(y_BHSD: torch.Tensor, v_BKSD: torch.Tensor) -> torch.Tensor:
     """XSA: remove from each head's output its component along the token's own value (GQA-aware)."""
     _check(y_BHSD, v_BKSD)
-    return _XSA.apply(y_BHSD, v_BKSD, None)
+    return _xsa_fwd_op(y_BHSD, v_BKSD, None)
 
 
-@torch.compiler.disable  # compiled models run it eagerly behind one graph break
 def xsa_gate_triton(y_BHSD: torch.Tensor, v_BKSD: torch.Tensor, gate_logits_BSH: torch.Tensor) -> torch.Tensor:
     """XSA fused with the headwise output gate: 2σ(a)·xsa(y, v), a = gate_logits_BSH (one per head)."""
     _check(y_BHSD, v_BKSD, gate_logits_BSH)
-    return _XSA.apply(y_BHSD, v_BKSD, gate_logits_BSH)
+    return _xsa_fwd_op(y_BHSD, v_BKSD, gate_logits_BSH)
