@@ -222,6 +222,8 @@ class Attention(nn.Module):
         if self.cfg.attention == "flex":  # block-sparse masks, native GQA
             # Called plainly (not torch.compile(flex_attention)): under the trainer's torch.compile of
             # the model it fuses into a flex kernel; a separately compiled flex would graph-break there.
+            # Autocast casts SDPA's inputs to one dtype but not flex's in every torch version: cast here.
+            q, k = q.to(v.dtype), k.to(v.dtype)
             y = flex_attention(q, k, v, block_mask=mask, scale=1.0 / math.sqrt(self.h), enable_gqa=True)
         else:
             rep = self.H // self.Hkv

@@ -7,8 +7,8 @@ of the step whose loss it reports; an eval line carries `eval_*` and `step` = op
 summary.json (atomic, at the end), checkpoints/ckpt_<step>.pt (atomic), train.log.
 
 Preemption: SIGTERM or SIGUSR2 only sets a flag; the loop writes a checkpoint at the next step
-boundary and returns {"status": "interrupted"}. Under submitit, SIGUSR2 is then handed back to the
-handler that was installed before ours (submitit's, which requeues the job).
+boundary and returns {"status": "interrupted"}. The signal is then handed back to the handler that
+was installed before ours, if any (submitit's USR2 requeues the job; a local worker's TERM stops it).
 
 Distributed (DESIGN §5). Launched with a world size W > 1 (torchrun variables, or a SLURM task, see
 `marin.ep.dist_env`), the loop runs real expert parallelism over EP groups of `ModelConfig.ep_shards`
@@ -942,7 +942,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         log.info("done %s: eval macro %.4f", spec.run_id, summary["eval_macro_loss"])
         return summary
     finally:
-        prev_usr2 = stop.previous.get(signal.SIGUSR2)
+        prev_handler = stop.previous.get(stop.signum) if stop.signum is not None else None
         stop.restore()
         if sinks is not None:
             sinks.close()
@@ -950,10 +950,11 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         handler.close()
         if d is not None and d.owns_pg and dist.is_initialized():
             dist.destroy_process_group()
-        if stop.signum == signal.SIGUSR2 and callable(prev_usr2):
-            # submitit (or any caller) installed a USR2 handler before us: hand the signal back so
-            # it can requeue the job; our checkpoint is already on disk.
-            os.kill(os.getpid(), signal.SIGUSR2)
+        if callable(prev_handler):
+            # A caller installed a handler before us (submitit's USR2 requeues the job; a local
+            # worker's TERM stops it taking the next run): hand the signal back. Our checkpoint is
+            # on disk, or the run completed because the signal came during its last step.
+            os.kill(os.getpid(), stop.signum)
 
 
 def _parse_self_signal() -> tuple[int, int] | None:

@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,11 +314,18 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
         ex.update_parameters(timeout_min=7 * 24 * 60)
         env_backup = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
+        # Workers start with SIGINT ignored (an ignored signal stays ignored across exec): Ctrl-C in
+        # the terminal reaches the whole foreground group, and submitit's controller would die on it
+        # and SIGKILL its run a second later, before the run could checkpoint. The driver catches
+        # Ctrl-C alone and SIGTERMs the workers (stop_local): each run checkpoints at its next step.
+        prev_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
         try:
             with ex.batch():
                 for _ in range(min(opts.workers, len(tasks))):
                     sub.jobs.append(ex.submit(Worker(threads), tasks))
         finally:
+            if prev_sigint is not None:
+                signal.signal(signal.SIGINT, prev_sigint)
             if env_backup is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:
@@ -422,6 +430,10 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
         progress.update(counts)
         progress.close()
     return counts
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def stop_local(sub: Submission, grace_s: float = 30.0) -> None:

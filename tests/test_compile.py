@@ -129,3 +129,26 @@ def test_trainer_compiles_each_block_once_per_layer_kind_and_matches_eager(tmp_p
     # Same weights at step 0; after that bf16 rounding differences grow through two large updates.
     assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-3)
     assert losses[True] == pytest.approx(losses[False], rel=1e-2)
+
+
+def test_compiled_flex_blocks_take_fresh_block_masks_each_step_without_recompiling():
+    # The model builds new BlockMasks (new mask_mod closures over new doc ids) every forward; compiled
+    # blocks must treat them as inputs, not recompile. Forward only: CPU has no flex backward.
+    from torch._dynamo.utils import counters
+
+    flex_cfg = ModelConfig(attention="flex", n_layers=3)  # layers 0, 1 local, layer 2 global
+    torch.manual_seed(0)
+    flex = MarinModel(flex_cfg, Recipe()).eval()
+    sdpa = MarinModel(ModelConfig(n_layers=3), Recipe()).eval()
+    sdpa.load_state_dict(flex.state_dict())
+    for block in flex.blocks:
+        block.compile(backend="aot_eager")
+    counters.clear()
+    with torch.no_grad():
+        for step in range(3):
+            tokens = torch.randint(0, flex_cfg.vocab_size, (2, 64))
+            doc_ids = (torch.arange(64) // (10 + step)).expand(2, 64).contiguous()  # new boundaries each step
+            with _bf16():
+                got, ref = flex(tokens, doc_ids, tokens), sdpa(tokens, doc_ids, tokens)
+            assert abs(got.loss.item() - ref.loss.item()) < 1e-3 * ref.loss.item(), step
+    assert counters["stats"]["unique_graphs"] == 2  # one per layer kind, for all three steps

@@ -39,6 +39,42 @@ def _summaries(study_dir: Path) -> dict[str, dict]:
     return out
 
 
+def _last_logged_step(run_dir: Path) -> int:
+    """The 0-based index of the last step with a train line in metrics.jsonl (-1: none yet)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    return max((r["step"] for r in rows if "loss" in r), default=-1)
+
+
+def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
+    # No periodic checkpoint can fall inside these runs (every 10,000 steps), so a checkpoint on disk
+    # after Ctrl-C was written by the interrupt itself, at the step the run had reached.
+    study_dir = tmp_path / "smoke"
+    args = ["--rungs", "cpu_s", "--set", "train.steps=2000", "--set", "train.checkpoint_every=10000"]
+    proc = subprocess.Popen(_cli("run", "smoke", *args, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        started = [d for d in (study_dir / "runs").glob("*") if _last_logged_step(d) >= 20] if study_dir.exists() else []
+        if len(started) == 2:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out, out  # the workers stop cleanly, they do not die on the keyboard signal
+    interrupted = [d for d in (study_dir / "runs").glob("*")
+                   if _last_logged_step(d) >= 0 and not (d / "summary.json").exists()]
+    assert len(interrupted) == 2, out
+    for d in interrupted:
+        ckpts = sorted((d / "checkpoints").glob("ckpt_*.pt"))
+        assert len(ckpts) == 1, ckpts
+        step, last = int(ckpts[0].stem.split("_")[1]), _last_logged_step(d)
+        assert last + 1 <= step <= last + 10, (step, last)  # the rung logs every 10th step
+
+
 def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
     lines = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines()]
     block = lines[lines.index("```bash") + 1: lines.index("```bash") + 3]

@@ -127,6 +127,20 @@ def test_sigusr2_checkpoints_then_hands_the_signal_to_the_previous_handler(tmp_p
     assert train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")["step"] == 6
 
 
+def test_sigterm_during_the_last_step_completes_the_run_and_still_reaches_the_previous_handler(tmp_path, monkeypatch):
+    # A local worker stops taking runs on TERM; a TERM that lands in a run's last step must not be
+    # swallowed by train's own handler just because the run then completed.
+    received = []
+    old = signal.signal(signal.SIGTERM, lambda s, f: received.append(s))
+    try:
+        monkeypatch.setenv(SIGNAL_SELF_ENV, "5:TERM")
+        out = train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert out["status"] == "completed" and out["step"] == 6
+    assert received == [signal.SIGTERM]
+
+
 def test_two_stage_context_schedule_switches_length_with_constant_tokens_per_step(tmp_path):
     t = _fast(10, batch=4, context_stages=(ContextStage(0.5, 128),))
     train(RunSpec(model=TINY, train=t), tmp_path / "run")
