@@ -378,6 +378,8 @@ def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
         "signal_delay_s": max(1, min(s.signal_delay_s, res["time_min"] * 60 // 4)),
         "array_parallelism": s.array_parallelism or n,
         "use_srun": s.use_srun,
+        # a rank that fails ends its job: the other ranks would wait in their next collective
+        "srun_args": ["--kill-on-bad-exit=1"],
         "additional_parameters": {"requeue": True},
     }
     if gpus:

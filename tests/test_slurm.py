@@ -83,6 +83,7 @@ def test_study_goes_in_as_one_array_and_a_rerun_submits_nothing(tmp_path, capsys
     script = next((tmp_path / "tiny_slurm" / "submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --array=0-3%4" in script and "#SBATCH --cpus-per-task=1" in script
     assert "#SBATCH --requeue" in script and "#SBATCH --signal=USR2@90" in script
+    assert any(ln.startswith("srun ") and "--kill-on-bad-exit=1" in ln for ln in script.splitlines())
 
     # the CLI on the finished study: nothing is submitted
     rc = cli_main(["run", f"{__name__}:tiny_study", "--out", str(tmp_path), "--executor", "slurm", "--no-analyze"])
