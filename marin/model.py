@@ -220,8 +220,8 @@ class Attention(nn.Module):
         q, k, v = self.project_qkv(x_BSD, ctx)
         mask = ctx.mask_global if self.is_global else ctx.mask_local
         if self.cfg.attention == "flex":  # block-sparse masks, native GQA
-            # Called plainly (not torch.compile(flex_attention)): under the trainer's torch.compile of
-            # the model it fuses into a flex kernel; a separately compiled flex would graph-break there.
+            # Called plainly (not torch.compile(flex_attention)): inside the trainer's compiled block it
+            # becomes a fused flex kernel; a separately compiled flex would graph-break there.
             # Autocast casts SDPA's inputs to one dtype but not flex's in every torch version: cast here.
             q, k = q.to(v.dtype), k.to(v.dtype)
             y = flex_attention(q, k, v, block_mask=mask, scale=1.0 / math.sqrt(self.h), enable_gqa=True)
