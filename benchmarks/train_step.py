@@ -63,7 +63,7 @@ def bench_arm(name: str, recipe: Recipe, cfg, batch: int, steps: int, warmup: in
             sync()
             t0 = time.perf_counter()
         tok, tgt, doc = (x.to(device, non_blocking=True) for x in batches[i % len(batches)])
-        out, loss, _, _ = forward_backward(model, model, tok, tgt, doc, autocast, None)
+        out, loss, _, _ = forward_backward(model, tok, tgt, doc, autocast, None)
         sync()
         t_opt = time.perf_counter()
         optimizer_step(model, opt)

@@ -275,21 +275,14 @@ class LocalDispatcher:
         T, K = expert_idx_TK.shape
         E, S = experts.n_experts, self.n_shards
         transport = "dropless" if dropless else self.transport
-        if transport == "dropless":
-            # Nothing is dropped, so the shard layout only matters for the traffic accounting (an eval
-            # batch whose token count the shards do not divide still runs, and counts no bytes).
-            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, None, experts, self.kernels)
-            none_S = expert_idx_TK.new_zeros(S)
-            if T % S or E % S:
-                return y_TW, DispatchStats(assigned=T * K, dropped=none_S.sum(), dropped_per_shard=None, bytes_moved=0)
-            keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)
-            nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
-                                     capacity_factor=None, row_bytes=x_TW.shape[1] * x_TW.element_size())
-            return y_TW, DispatchStats(assigned=T * K, dropped=none_S.sum(), dropped_per_shard=none_S,
-                                       bytes_moved=nbytes)
-        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=S, transport=transport,
-                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks, check_ids=False)
+        keep_TK = None if transport == "dropless" else plan_drops(
+            expert_idx_TK, n_experts=E, n_shards=S, transport=transport, capacity_factor=self.capacity_factor,
+            n_chunks=self.n_chunks, check_ids=False)
         y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
+        if keep_TK is None:
+            if T % S or E % S:  # an eval batch the shards do not divide: runs, with no per-shard accounting
+                return y_TW, DispatchStats(assigned=T * K, dropped=0, dropped_per_shard=None, bytes_moved=0)
+            keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)  # for the byte count
         dropped_S = (~keep_TK).view(S, -1).sum(1)
         nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
                                  capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size())
@@ -298,16 +291,15 @@ class LocalDispatcher:
 
 
 def combine_kept(x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, keep_TK: Tensor | None,
-                 experts: ExpertWeights, kernels: KernelSet | None = None) -> Tensor:
+                 experts: ExpertWeights, kernels: KernelSet) -> Tensor:
     """y_TW = sum over kept (t,k) of combine[t,k] * SwiGLU_{e[t,k]}(x[t]) (keep_TK None: all kept).
 
     Static shapes: all T·K rows are permuted, the dropped ones after the last expert group, where the
     grouped GEMM returns zeros; their combine weight is zeroed too, so they get no gradient.
     """
-    ks = kernels if kernels is not None else get_kernels("torch")
     K = expert_idx_TK.shape[1]
     src_N, offsets_E = sort_by_expert(expert_idx_TK, experts.n_experts, keep_TK)
-    out_NW = swiglu_grouped(ks.permute(x_TW, src_N, K), offsets_E, experts, ks.grouped_mm)
+    out_NW = swiglu_grouped(kernels.permute(x_TW, src_N, K), offsets_E, experts, kernels.grouped_mm)
     if keep_TK is not None:
         combine_TK = combine_TK * keep_TK
-    return ks.unpermute(out_NW, src_N, combine_TK.to(out_NW.dtype)).to(x_TW.dtype)
+    return kernels.unpermute(out_NW, src_N, combine_TK.to(out_NW.dtype)).to(x_TW.dtype)

@@ -390,12 +390,12 @@ def is_spike(loss: float, history: "deque[float] | list[float]", factor: float, 
     return len(history) >= min(SPIKE_MIN_HISTORY, window) and loss > factor * statistics.median(history)
 
 
-def forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.Tensor, targets: torch.Tensor,
+def forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                      doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
     """One forward and backward (z-loss and aux loss come with the model's loss) -> (out, loss,
     ce, grad_norm) as floats; the grad norm is the unclipped global L2 norm."""
     with autocast():
-        out = fwd(tokens, doc_ids, targets)
+        out = model(tokens, doc_ids, targets)
     out.loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     gnorm_t = torch.nn.utils.get_total_norm(grads)  # foreach kernels, computed once and reused to clip
@@ -491,7 +491,7 @@ class _GlobalOut:
     z_loss: torch.Tensor
 
 
-def dist_forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.Tensor, targets: torch.Tensor,
+def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                           doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: _Dist):
     """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
     CE and z-loss are reweighted by n_r W / N so that the averaged gradient (sync_grads) is the
@@ -505,7 +505,7 @@ def dist_forward_backward(model: torch.nn.Module, fwd: Callable, tokens: torch.T
     dist.all_reduce(n_all)
     n_all_f = max(float(n_all), 1.0)
     with autocast():
-        out = fwd(tokens, doc_ids, targets)
+        out = model(tokens, doc_ids, targets)
     zero = out.aux_loss.new_zeros(())
     z = out.z_loss if out.z_loss is not None else zero
     dense = out.ce_loss + z
@@ -707,7 +707,6 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
             for block in model.blocks:
                 block.compile()
-        fwd = model
 
         amp = t.precision == "bf16"
         if amp and device.type == "cpu":
@@ -721,7 +720,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                                  for dom in domains} for s in stages}
 
         def eval_now(seq_len: int) -> dict:
-            return evaluate(fwd, eval_sets[seq_len], bpt, device, autocast, d)
+            return evaluate(model, eval_sets[seq_len], bpt, device, autocast, d)
 
         from marin import flops as mflops
 
@@ -868,10 +867,10 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                 tokens, targets, doc_ids = d.rows(tokens), d.rows(targets), d.rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
             if d is not None:
-                out, loss_v, ce_v, gnorm = dist_forward_backward(model, fwd, tokens, targets, doc_ids, autocast,
+                out, loss_v, ce_v, gnorm = dist_forward_backward(model, tokens, targets, doc_ids, autocast,
                                                                  t.grad_clip, d)
             else:
-                out, loss_v, ce_v, gnorm = forward_backward(model, fwd, tokens, targets, doc_ids, autocast,
+                out, loss_v, ce_v, gnorm = forward_backward(model, tokens, targets, doc_ids, autocast,
                                                             t.grad_clip)
             if not (math.isfinite(loss_v) and math.isfinite(gnorm)):
                 what = "loss" if not math.isfinite(loss_v) else "grad norm"

@@ -112,31 +112,32 @@ def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp files left
 
 
-def test_sigusr2_checkpoints_then_hands_the_signal_to_the_previous_handler(tmp_path, monkeypatch):
+def _train_signalled(run_dir: Path, monkeypatch, sig: signal.Signals, at_step: int) -> tuple[dict, list]:
+    """A 6-step tiny run that sends itself `sig` after step `at_step`, under a recording handler
+    installed before train's (as submitit's or a local worker's is): (summary, signals it got)."""
     received = []
-    old = signal.signal(signal.SIGUSR2, lambda s, f: received.append(s))
+    old = signal.signal(sig, lambda s, f: received.append(s))
     try:
-        monkeypatch.setenv(SIGNAL_SELF_ENV, "2:USR2")
-        out = train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")
+        monkeypatch.setenv(SIGNAL_SELF_ENV, f"{at_step}:{sig.name.removeprefix('SIG')}")
+        out = train(RunSpec(model=TINY, train=_fast(6)), run_dir)
     finally:
-        signal.signal(signal.SIGUSR2, old)
+        signal.signal(sig, old)
+        monkeypatch.delenv(SIGNAL_SELF_ENV)
+    return out, received
+
+
+def test_sigusr2_checkpoints_then_hands_the_signal_to_the_previous_handler(tmp_path, monkeypatch):
+    out, received = _train_signalled(tmp_path / "run", monkeypatch, signal.SIGUSR2, at_step=2)
     assert out["status"] == "interrupted" and out["step"] == 3
     assert received == [signal.SIGUSR2]  # e.g. submitit's handler, which requeues the job
     assert (tmp_path / "run" / "checkpoints" / "ckpt_000000003.pt").exists()
-    monkeypatch.delenv(SIGNAL_SELF_ENV)
     assert train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")["step"] == 6
 
 
 def test_sigterm_during_the_last_step_completes_the_run_and_still_reaches_the_previous_handler(tmp_path, monkeypatch):
     # A local worker stops taking runs on TERM; a TERM that lands in a run's last step must not be
     # swallowed by train's own handler just because the run then completed.
-    received = []
-    old = signal.signal(signal.SIGTERM, lambda s, f: received.append(s))
-    try:
-        monkeypatch.setenv(SIGNAL_SELF_ENV, "5:TERM")
-        out = train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    out, received = _train_signalled(tmp_path / "run", monkeypatch, signal.SIGTERM, at_step=5)
     assert out["status"] == "completed" and out["step"] == 6
     assert received == [signal.SIGTERM]
 

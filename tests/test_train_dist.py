@@ -149,17 +149,27 @@ DROPLESS = RunSpec(model=SPEC.model, recipe=Recipe(ep_transport="dropless"),
                                      checkpoint_every=0, threads=1))
 
 
-def _dp_worker(rank: int, world: int, port: int, tmp: str) -> None:
+def _one_run_worker(rank: int, world: int, port: int, tmp: str, spec: RunSpec, name: str) -> None:
+    """One rank of one run of `spec` in tmp/name; its summary (or error) goes to tmp/name_r<rank>.json."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     out: dict = {}
     try:
-        out["summary"] = train(DROPLESS, Path(tmp) / "dp2ep2", resume=False)
+        out["summary"] = train(spec, Path(tmp) / name, resume=False)
     except Exception:
         out["error"] = traceback.format_exc()
-    with open(os.path.join(tmp, f"dp_r{rank}.json"), "w") as f:
+    with open(os.path.join(tmp, f"{name}_r{rank}.json"), "w") as f:
         json.dump(out, f)
+
+
+def _one_run(tmp: Path, spec: RunSpec, name: str, world: int) -> list[dict]:
+    """Run `spec` on `world` forked ranks; every rank's summary, after checking none failed."""
+    _run_ranks(_one_run_worker, (world, _free_port(), str(tmp), spec, name), world)
+    outs = [json.loads((tmp / f"{name}_r{r}.json").read_text()) for r in range(world)]
+    for out in outs:
+        assert "error" not in out, out["error"]
+    return [out["summary"] for out in outs]
 
 
 def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path):
@@ -167,18 +177,16 @@ def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path):
     # data-parallel half (rows per replica, expert gradients averaged over dp, the norm over both).
     world = 4
     ref = train(DROPLESS, tmp_path / "single", resume=False)
-    _run_ranks(_dp_worker, (world, _free_port(), str(tmp_path)), world)
-    for r in range(world):
-        out = json.loads((tmp_path / f"dp_r{r}.json").read_text())
-        assert "error" not in out, out["error"]
-        assert "world 4: dp 2 x ep 2" in out["summary"]["hardware"]
+    summaries = _one_run(tmp_path, DROPLESS, "dp2ep2", world)
+    for summary in summaries:
+        assert "world 4: dp 2 x ep 2" in summary["hardware"]
     single, dp = _lines(tmp_path / "single"), _lines(tmp_path / "dp2ep2")
     assert [r["step"] for r in dp] == list(range(DROPLESS.train.steps))
     for a, b in zip(single, dp):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL, (a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"], a["step"]
         assert a["drop_rate"] == b["drop_rate"] == 0.0
-    assert abs(out["summary"]["eval_macro_loss"] - ref["eval_macro_loss"]) < LOSS_TOL
+    assert abs(summaries[-1]["eval_macro_loss"] - ref["eval_macro_loss"]) < LOSS_TOL
 
 
 @pytest.mark.parametrize("world,batch,match", [
@@ -204,32 +212,16 @@ COMPILED = RunSpec(model=SPEC.model, recipe=SPEC.recipe,
                                      checkpoint_every=0, threads=1, precision="bf16", compile=True))
 
 
-def _compiled_worker(rank: int, port: int, tmp: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    out: dict = {}
-    try:
-        out["summary"] = train(COMPILED, Path(tmp) / "compiled", resume=False)
-    except Exception:
-        out["error"] = traceback.format_exc()
-    with open(os.path.join(tmp, f"c_r{rank}.json"), "w") as f:
-        json.dump(out, f)
-
-
 def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatch):
     # The GPU rungs train EP with TrainConfig.compile: blocks holding all-to-alls compile (the exchange
     # sizes are read on the host, so the graph breaks there) and train as eager blocks do. aot_eager
     # stands in for inductor (minutes of CPU codegen); the forked ranks inherit the patch.
     compile_ = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_(self, backend="aot_eager"))
-    eager = train(RunSpec(model=COMPILED.model, recipe=COMPILED.recipe,
-                          train=dataclasses.replace(COMPILED.train, compile=False)), tmp_path / "eager", resume=False)
-    _run_ranks(_compiled_worker, (_free_port(), str(tmp_path)), WORLD)
-    for r in range(WORLD):
-        out = json.loads((tmp_path / f"c_r{r}.json").read_text())
-        assert "error" not in out, out["error"]
-        assert out["summary"]["status"] == "completed"
+    eager = train(dataclasses.replace(COMPILED, train=dataclasses.replace(COMPILED.train, compile=False)),
+                  tmp_path / "eager", resume=False)
+    for summary in _one_run(tmp_path, COMPILED, "compiled", WORLD):
+        assert summary["status"] == "completed"
     ref, got = _lines(tmp_path / "eager"), _lines(tmp_path / "compiled")
     assert [r["step"] for r in got] == list(range(COMPILED.train.steps)) and eager["status"] == "completed"
     assert abs(got[0]["loss"] - ref[0]["loss"]) < 1e-3 * ref[0]["loss"]  # same weights: bf16 rounding only

@@ -49,19 +49,6 @@ def unpermute_torch(y_NW: Tensor, src_N: Tensor, combine_TK: Tensor) -> Tensor:
     return out.index_add(0, src_N // K, y_NW * w_N1)
 
 
-class _MaterializeGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient: torch._grouped_mm's backward rejects
-    zero-stride gradients (an expanded ones from `.sum().backward()`), measured on H200."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor) -> Tensor:
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> Tensor:
-        return g.contiguous()
-
-
 def _cpu_grouped_mm_dtypes() -> frozenset:
     """Dtypes this torch build's CPU torch._grouped_mm accepts (torch 2.13 has fp32 and bf16; older
     builds none). Probed once at import: a probe inside a compiled region would be traced."""
@@ -116,10 +103,10 @@ def grouped_mm_torch(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
         offs = offsets_E.to(device=x_NI.device, dtype=torch.int32)
         # The kernel leaves rows past the last group unspecified, forward and backward (garbage dx on
         # H200, uninitialised memory on CPU). Masking both sides on the device keeps them out of y and
-        # of dx without reading offs[-1] on the host.
+        # of dx without reading offs[-1] on the host. The output mask's backward also hands the kernel
+        # a freshly allocated gradient: its backward rejects zero-stride ones (measured on H200).
         valid_N1 = (torch.arange(N, device=x_NI.device) < offs[-1]).unsqueeze(1)
-        y = _MaterializeGrad.apply(torch._grouped_mm(torch.where(valid_N1, x_NI, 0), w_EIO, offs=offs))
-        return torch.where(valid_N1, y, 0)
+        return torch.where(valid_N1, torch._grouped_mm(torch.where(valid_N1, x_NI, 0), w_EIO, offs=offs), 0)
     ends = offsets_E.tolist()
     # unbind once: indexing w[e] per expert would allocate a full (E, I, O) zero gradient per expert.
     w_list = w_EIO.unbind(0)
