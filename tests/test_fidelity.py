@@ -101,3 +101,10 @@ def test_qb_statistics_are_recorded_once_under_a_reentrant_activation_checkpoint
     assert r._margins == []  # the checkpointed forward runs without grad
     out.sum().backward()  # the recompute runs with grad: recorded once
     assert len(r._margins) == 1
+
+
+def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
+    from ablations.ladders import GPU_RUNGS  # noqa: PLC0415
+    for name, r in GPU_RUNGS.items():
+        assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
+        assert r.describe()["tokens_per_ep_shard"] == 65_536, name
