@@ -67,6 +67,19 @@ def params_active(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
     return sum(_layer_counts(cfg, recipe, l)[0] for l in range(cfg.n_layers)) + cfg.d_model * cfg.vocab_size + cfg.d_model
 
 
+def params_active_marin(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
+    """Marin's active count (marin.flops.params_active_marin; the same arithmetic without it)."""
+    fn = _flops_fn("params_active_marin")
+    if fn is not None:
+        return int(fn(cfg, recipe))
+    d, g = cfg.d_model, cfg.moe_geometry(recipe)
+    kv = max(cfg.n_kv_heads, cfg.n_kv_heads_global)
+    per_layer = (2 * d * cfg.n_heads * cfg.head_dim + 2 * d * kv * cfg.head_dim + d * g.n_experts
+                 + g.top_k * 3 * g.width * g.hidden + (2 * d * g.width if g.latent else 0)
+                 + cfg.n_shared_experts * 3 * d * cfg.shared_hidden)
+    return cfg.n_layers * per_layer
+
+
 def params_total(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
     fn = _flops_fn("params_total")
     if fn is not None:
@@ -123,6 +136,10 @@ class Rung:
     precision: str = "fp32"
     threads: int | None = 1
     gpus: int = 0  # GPUs per run (0: CPU)
+    # Hold this many tokens on each EP shard: ep_shards = batch·seq / tokens_per_ep_shard, as Marin's
+    # ablations hold 65,536 (about 16 documents; drops depend on it: small_scale_abl_launch.py TARGETS).
+    # None keeps the preset's ep_shards (CPU rungs).
+    tokens_per_ep_shard: int | None = None
     train_overrides: Any = ()  # Mapping[field, value] of TrainConfig (eval_every, log_every ...)
     est_tokens_per_s: float | None = None  # CPU budgeting assumption, one run on its own core(s)
     overhead_s: float = 0.0  # per-run start-up + eval + checkpoint estimate (budgeting only)
@@ -143,7 +160,14 @@ class Rung:
     def model(self) -> ModelConfig:
         try:
             cfg = preset(self.preset)
-            return apply_overrides(cfg, dict(self.model_overrides)) if self.model_overrides else cfg
+            cfg = apply_overrides(cfg, dict(self.model_overrides)) if self.model_overrides else cfg
+            if self.tokens_per_ep_shard is not None:
+                tokens = self.batch_size * cfg.seq_len
+                if tokens % self.tokens_per_ep_shard:
+                    raise ValueError(f"tokens_per_ep_shard={self.tokens_per_ep_shard} must divide the "
+                                     f"{tokens} tokens of a step (batch_size x seq_len)")
+                cfg = replace(cfg, ep_shards=tokens // self.tokens_per_ep_shard)
+            return cfg
         except ValueError as e:
             raise ValueError(f"Rung {self.name!r}: {e}") from None
 
@@ -154,7 +178,9 @@ class Rung:
     def steps(self) -> int:
         if self.fixed_steps is not None:
             return self.fixed_steps
-        target = self.tokens_per_active_param * params_active(self.model(), Recipe())
+        # Marin's convention (small_scale_abl_launch.py _active_params): tokens per active parameter
+        # count no embedding, lm_head, norms, gates, SConv or GatedNorm.
+        target = self.tokens_per_active_param * params_active_marin(self.model(), Recipe())
         return max(1, math.ceil(target / self.tokens_per_step))
 
     def tokens(self) -> int:
@@ -201,7 +227,9 @@ class Rung:
             "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
             "n_experts": cfg.n_experts, "top_k": cfg.top_k, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size,
             "params_active": params_active(cfg, recipe), "params_total": params_total(cfg, recipe),
-            "tokens_per_active_param": round(self.tokens() / params_active(cfg, Recipe()), 4),
+            "params_active_marin": params_active_marin(cfg, recipe),
+            "tokens_per_active_param": round(self.tokens() / params_active_marin(cfg, Recipe()), 4),
+            "ep_shards": cfg.ep_shards, "tokens_per_ep_shard": self.tokens_per_step // cfg.ep_shards,
             "tokens": self.tokens(),
             "batch_size": self.batch_size, "tokens_per_step": self.tokens_per_step, "steps": self.steps(),
             "lr_muonh": self.lr_heuristic.muonh_lr(self.tokens(), cfg.d_model, self.tokens_per_step),
@@ -237,20 +265,28 @@ CPU_RUNGS: dict[str, Rung] = {
 }
 
 
+#: Tokens each EP shard holds on every GPU rung (Marin: 16 sequences of 4,096 per shard).
+TOKENS_PER_EP_SHARD = 65_536
+
+
 def _gpu(name: str, batch: int, gpus: int) -> Rung:
-    # Marin's fast ladder: 60 tokens per active parameter (DESIGN §2.2), bf16 on GPU, on the fast path
-    # of issue #7 (flex attention, Triton kernels, compiled blocks); benchmarks/gpu.py checks it.
+    # Marin's fast ladder: 60 tokens per active parameter, bf16 on GPU, on the fast path (flex
+    # attention, Triton kernels, compiled blocks; benchmarks/gpu.py checks it); EP shards follow the
+    # batch so every shard holds TOKENS_PER_EP_SHARD tokens.
     return Rung(name, name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
-                threads=None, gpus=gpus, model_overrides={"attention": "flex", "kernels": "triton"},
+                threads=None, gpus=gpus, tokens_per_ep_shard=TOKENS_PER_EP_SHARD,
+                model_overrides={"attention": "flex", "kernels": "triton"},
                 train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True})
 
 
-#: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096).
+#: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)
+#: and Marin's fast-ladder batches (128 sequences at d512/d768, 256 at d1024), doubling above.
 GPU_RUNGS: dict[str, Rung] = {
-    "d512": _gpu("d512", 64, 1),
+    "d512": _gpu("d512", 128, 1),
     "d768": _gpu("d768", 128, 1),
     "d1024": _gpu("d1024", 256, 8),
     "d1536": _gpu("d1536", 512, 8),
+    "d2048": _gpu("d2048", 1024, 8),
 }
 
 RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS}

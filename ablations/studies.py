@@ -63,7 +63,7 @@ class HeroPlan:
     the `ep_groups` replicas. One task per GPU started by srun (no torchrun), requeued on USR2.
     """
 
-    ep_groups: int = 44
+    ep_groups: int = 11  # Marin: REFERENCE_RACKS = 11 (launch_checkpoint_restore_test.py), one EP64 group per rack
     gpus_per_node: int = 4
     cpus_per_node: int = 144
     ep_size: int = 64
@@ -117,6 +117,7 @@ class HeroPlan:
             "preset": "hero_535b",
             "params_total": n_total, "params_active": params_active(m, spec.recipe),
             "tokens": tokens, "steps": t.steps, "batch_sequences": t.batch_size, "seq_len": m.seq_len,
+            "eval_every": t.eval_every,
             "flops_per_token": fpt, "train_flops": flops,
             "hardware": self.hardware.name, "assumed_mfu": self.hardware.mfu,
             "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "gpus": self.gpus,
@@ -128,6 +129,7 @@ class HeroPlan:
                 "routed_params_per_gpu_unsharded": routed // self.ep_size,
                 "sequences_per_gpu_per_step": t.batch_size // self.gpus,
                 "tokens_per_gpu_per_step": t.batch_size // self.gpus * m.seq_len,
+                "tokens_per_ep_shard": t.batch_size // self.gpus * m.seq_len,  # one EP shard per GPU
                 # bf16 weights + fp32 master + one fp32 momentum (MuonH) ~ 10 B/param, FSDP-sharded over all GPUs
                 "state_gib_per_gpu_fsdp": round(10 * n_total / self.gpus / 2**30, 2),
                 "hbm_gib_per_gpu": self.hbm_gib_per_gpu,
@@ -430,10 +432,11 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
                  Recipe(), _gpu_executor(), H100, True, ("marin535",))
 
 
-def hero(ep_groups: int = 44, corpus: str = "embedded") -> Study:
-    """The full recipe at 535B-A23B on GB200 NVL72 (DESIGN §2.2): 390,251 steps x 11,264 x 4,096 tokens
-    (18.0T), EP64 within a rack, `ep_groups` data-parallel replicas (default 44 -> 704 nodes, 2,816
-    GPUs, 4 sequences per GPU per step). A plan: sweeps prints the sbatch from `describe()["hero"]`.
+def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
+    """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
+    390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
+    replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
+    step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
@@ -441,7 +444,7 @@ def hero(ep_groups: int = 44, corpus: str = "embedded") -> Study:
     tokens = steps * batch * model.seq_len
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
-                train_overrides={"eval_every": 5_000, "checkpoint_every": 1_000, "log_every": 10})
+                train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10})
     names = list(FACTORS)
     return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),

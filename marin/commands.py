@@ -41,10 +41,34 @@ def _fmt(n: float) -> str:
     return f"{n:g}"
 
 
+def resolved(cfg, recipe: Recipe, preset_name: str) -> dict:
+    """The values a reader compares with Marin's code (docs/fidelity.md), resolved for this preset.
+    When the preset names a ladder rung, its batch sets the EP shards and the tokens per shard.
+    Adam's epsilon and the peak learning rate per optimizer group join this dict from the
+    hyperparameter resolver (they are not the model's)."""
+    from marin.flops import params_active_marin  # noqa: PLC0415
+    from marin.optim import NS_COEFFS  # noqa: PLC0415  (torch: the CLI only)
+    out = {
+        "params_active_marin": params_active_marin(cfg, recipe),
+        "qb_estimator": cfg.qb_estimator, "qb_hist_bins": cfg.qb_hist_bins,
+        "gated_norm": cfg.gated_norm, "gated_norm_rank": cfg.gated_norm_width,
+        "norm_eps": cfg.norm_eps, "init_std": cfg.init_scale / cfg.d_model ** 0.5, "init_trunc_sigmas": cfg.init_trunc,
+        "ns_coefficients": [list(t) for t in NS_COEFFS],
+        "ep_shards": cfg.ep_shards, "batch_sequences": None, "tokens_per_ep_shard": None,
+    }
+    from ablations.ladders import RUNGS  # noqa: PLC0415  (CLI convenience: a rung's batch, no torch)
+    if preset_name in RUNGS and RUNGS[preset_name].preset == preset_name:
+        rung = RUNGS[preset_name]
+        shards = rung.model().ep_shards
+        out.update(ep_shards=shards, batch_sequences=rung.batch_size, tokens_per_step=rung.tokens_per_step,
+                   tokens_per_ep_shard=rung.tokens_per_step // shards, steps=rung.steps(), tokens=rung.tokens())
+    return out
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     cfg = preset(args.preset, args.overrides)
     recipe = parse_recipe(args.recipe, args.baseline)
-    info = {"preset": args.preset, **describe(cfg, recipe)}
+    info = {"preset": args.preset, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, args.preset)}
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return 0
@@ -60,4 +84,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     for k, v in info["forward_flops_breakdown"].items():
         print(f"  forward {k:<12} {_fmt(v)}")
     print(f"dispatch_bytes_per_token {_fmt(info['dispatch_bytes_per_token'])}")
+    print("resolved (docs/fidelity.md):")
+    for k, v in info["resolved"].items():
+        print(f"  {k:<22} {v}")
     return 0

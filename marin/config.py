@@ -101,7 +101,8 @@ class Recipe:
 # Model
 # ---------------------------------------------------------------------------------------------
 
-QB_ESTIMATORS = ("topk", "hist")
+QB_ESTIMATORS = ("hist", "topk")
+GATED_NORM_LEVELS = ("on", "off")
 KERNEL_BACKENDS = ("torch", "triton")
 ATTENTION_BACKENDS = ("sdpa", "flex")
 SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
@@ -125,8 +126,11 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     rope_fraction: float = 0.5  # half-RoPE on local layers: this fraction of head dims is rotated
     attn_gate: bool = True  # headwise sigmoid gate 2*sigmoid(x W_g), zero-initialised
-    gated_norm: bool = False  # optional GatedNorm after RMSNorm
-    norm_eps: float = 1e-6
+    # GatedNorm after every RMSNorm (embedding, each block pre-norm, final), as Marin's hero
+    # (experiments/grug/moe_hero_ep/model.py GatedNorm, _GATED_NORM_RANK = 128); "off" is a comparison.
+    gated_norm: str = "on"
+    gated_norm_rank: int = 128  # capped at d_model by `gated_norm_width` (tiny CPU widths)
+    norm_eps: float = 1e-5  # learned-gain RMSNorms (Marin GrugModelConfig.layer_norm_eps)
     qk_mult: float = 1.3  # the fixed q multiplier of qk_norm=fixed_1.3
     # MoE (recipe / latent geometry)
     n_experts: int = 16
@@ -138,8 +142,8 @@ class ModelConfig:
     combine_scale: float = 2.5  # sigmoid combine weights renormalised to this sum
     router_aux_weight: float = 0.01  # Switch aux loss lambda (router_balance=switch_aux)
     aux_free_rate: float = 1e-3  # DeepSeek aux-free bias update speed (router_balance=aux_free)
-    qb_estimator: str = "topk"
-    qb_hist_bins: int = 256
+    qb_estimator: str = "hist"  # Marin's hero and ladder (hero_recipe.py HERO_QB_HIST_BINS)
+    qb_hist_bins: int = 10_000
     # Expert parallel geometry: drops are decided as if tokens lived on ep_shards shards
     ep_shards: int = 4
     capacity_fixed: float = 1.33
@@ -150,6 +154,7 @@ class ModelConfig:
     sconv_sites: tuple[str, ...] = ("k", "attn_out", "mlp_out")
     # Init / loss
     init_scale: float = 0.5  # truncated-normal sigma = init_scale / sqrt(d_model) for every matrix
+    init_trunc: float = 3.0  # truncation at ±init_trunc·sigma (Marin model.py _init_weight: ±3)
     z_loss_weight: float = 1e-4
     kernels: str = "torch"
     # "sdpa": F.scaled_dot_product_attention with dense (B,1,S,S) boolean masks (the reference).
@@ -188,6 +193,12 @@ class ModelConfig:
         _check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
                "capacity factors must be positive")
         _check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
+        _check_level(o, "gated_norm", self.gated_norm, GATED_NORM_LEVELS)
+        _check(isinstance(self.gated_norm_rank, int) and self.gated_norm_rank >= 1, o, "gated_norm_rank",
+               f"must be a positive integer, got {self.gated_norm_rank!r}")
+        _check(self.qb_hist_bins >= 2, o, "qb_hist_bins", f"must be >= 2, got {self.qb_hist_bins}")
+        _check(self.init_trunc > 0, o, "init_trunc", f"must be > 0, got {self.init_trunc}")
+        _check(self.norm_eps > 0, o, "norm_eps", f"must be > 0, got {self.norm_eps}")
         _check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
         _check_level(o, "attention", self.attention, ATTENTION_BACKENDS)
         for s in self.sconv_sites:
@@ -200,6 +211,11 @@ class ModelConfig:
 
     def kv_heads(self, layer: int) -> int:
         return self.n_kv_heads_global if self.is_global(layer) else self.n_kv_heads
+
+    @property
+    def gated_norm_width(self) -> int:
+        """GatedNorm's low rank: gated_norm_rank, capped at d_model (CPU presets are narrower than 128)."""
+        return min(self.gated_norm_rank, self.d_model)
 
     @property
     def latent_dim(self) -> int:
@@ -436,9 +452,10 @@ PRESETS = {
                                  shared_hidden=64),
     "d512": lambda: _rung(512, 6),
     "d768": lambda: _rung(768, 8),
-    "d1024": lambda: _rung(1024, 10),
-    "d1536": lambda: _rung(1536, 14),
-    "d2048": lambda: _rung(2048, 18),
+    # Marin's small shapes (experiments/grug/moe_hero_ep/small_scale_abl_launch.py SMALL_SHAPES).
+    "d1024": lambda: _rung(1024, 12),
+    "d1536": lambda: _rung(1536, 16),
+    "d2048": lambda: _rung(2048, 22),
     "hero_535b": hero_535b,
 }
 

@@ -8,8 +8,11 @@ and against torch's FlopCounterMode):
   all routed experts, shared experts. Buffers (the router bias) are not parameters.
 - params_active: the non-embedding parameters one token touches: params_total minus the embedding,
   minus the lm_head, minus the (E − K) routed experts a token does not use, in every layer. On top
-  of Marin's count (attention 2·d·H·h + 2·d·H_kv·h, router d·E, routed K·3·ℓ·m, latent 2·d·ℓ,
-  shared 2·3·d·m_s) this includes the small terms: norm gains, gates, SConv, GatedNorm.
+  of Marin's count this includes the small terms: norm gains, gates, SConv, GatedNorm.
+- params_active_marin: Marin's count exactly (experiments/grug/moe_hero_ep/small_scale_abl_launch.py
+  _active_params), the one its ladder sizes tokens by: per layer attention 2·d·H·h + 2·d·H_kv·h
+  (H_kv the stored KV heads, max of local and global), router d·E, routed K·3·ℓ·m, latent 2·d·ℓ,
+  shared n_s·3·d·m_s; no embedding, lm_head, norms, gates, SConv or GatedNorm.
 - forward FLOPs per token: 2 × multiply-accumulates per token of every matmul (attention q/k/v/o and
   gate projections, the attention scores QKᵀ and AV over the keys a query sees, router, latent down
   and up, the K routed experts, shared experts, GatedNorm, lm_head) plus two small elementwise terms
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 from marin.config import ModelConfig, Recipe, to_dict
 
-GATED_NORM_RANK = 16  # keep equal to marin.model.GATED_NORM_RANK
 MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",
                 "gated_norm", "lm_head")
 ELEMENTWISE_TERMS = ("sconv", "xsa")
@@ -51,7 +53,7 @@ def layer_params(cfg: ModelConfig, recipe: Recipe, layer: int) -> dict[str, int]
         "attention": 2 * d * H * h + 2 * d * Hkv * h,
         "attn_gate": d * H if cfg.attn_gate else 0,
         "sconv": cfg.sconv_kernel * _sconv_channels(cfg, recipe, layer),
-        "gated_norm": 2 * 2 * d * GATED_NORM_RANK if cfg.gated_norm else 0,
+        "gated_norm": 2 * 2 * d * cfg.gated_norm_width if cfg.gated_norm == "on" else 0,
         "router": d * g.n_experts,
         "latent": 2 * d * g.width if g.latent else 0,
         "routed": g.n_experts * 3 * g.width * g.hidden,
@@ -60,8 +62,9 @@ def layer_params(cfg: ModelConfig, recipe: Recipe, layer: int) -> dict[str, int]
 
 
 def params_breakdown(cfg: ModelConfig, recipe: Recipe) -> dict[str, int]:
+    gn = 2 * cfg.d_model * cfg.gated_norm_width if cfg.gated_norm == "on" else 0  # one GatedNorm: W_down, W_up
     out = {"embed": cfg.vocab_size * cfg.d_model, "lm_head": cfg.d_model * cfg.vocab_size,
-           "final_norm": cfg.d_model}
+           "final_norm": cfg.d_model, "embed_norm": cfg.d_model, "stem_gated_norms": 2 * gn}
     for layer in range(cfg.n_layers):
         for k, v in layer_params(cfg, recipe, layer).items():
             out[k] = out.get(k, 0) + v
@@ -82,6 +85,17 @@ def params_active(cfg: ModelConfig, recipe: Recipe) -> int:
     b = params_breakdown(cfg, recipe)
     inactive = cfg.n_layers * (g.n_experts - g.top_k) * 3 * g.width * g.hidden
     return params_total(cfg, recipe) - b["embed"] - b["lm_head"] - inactive
+
+
+def params_active_marin(cfg: ModelConfig, recipe: Recipe) -> int:
+    """Marin's active count (small_scale_abl_launch.py _active_params): see the module docstring."""
+    d, g = cfg.d_model, cfg.moe_geometry(recipe)
+    kv = max(cfg.n_kv_heads, cfg.n_kv_heads_global)
+    attn = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * kv * cfg.head_dim
+    latent = 2 * d * g.width if g.latent else 0
+    per_layer = attn + d * g.n_experts + g.top_k * 3 * g.width * g.hidden + latent \
+        + cfg.n_shared_experts * 3 * d * cfg.shared_hidden
+    return cfg.n_layers * per_layer
 
 
 def mean_keys_per_query(seq_len: int, window: int | None) -> float:
@@ -115,9 +129,10 @@ def forward_flops_breakdown(cfg: ModelConfig, recipe: Recipe, seq_len: int | Non
         out["latent"] += 2 * 2 * d * g.width if g.latent else 0
         out["routed"] += 2 * g.top_k * 3 * g.width * g.hidden
         out["shared"] += 2 * cfg.n_shared_experts * 3 * d * cfg.shared_hidden
-        out["gated_norm"] += 2 * 2 * 2 * d * GATED_NORM_RANK if cfg.gated_norm else 0
+        out["gated_norm"] += 2 * 2 * 2 * d * cfg.gated_norm_width if cfg.gated_norm == "on" else 0
         out["sconv"] += 2 * cfg.sconv_kernel * _sconv_channels(cfg, recipe, layer)
         out["xsa"] += 2 * 3 * H * h if recipe.xsa == "xsa" else 0  # ⟨y,v⟩, ‖v‖², y − c·v
+    out["gated_norm"] += 2 * 2 * 2 * d * cfg.gated_norm_width if cfg.gated_norm == "on" else 0  # embed, final
     out["lm_head"] = 2.0 * d * cfg.vocab_size
     return out
 
@@ -147,6 +162,7 @@ def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
         "moe_geometry": to_dict(g),
         "params_total": params_total(cfg, recipe),
         "params_active": params_active(cfg, recipe),
+        "params_active_marin": params_active_marin(cfg, recipe),
         "params_routed": params_routed(cfg, recipe),
         "params_breakdown": params_breakdown(cfg, recipe),
         "flops_per_token": flops_per_token(cfg, recipe),

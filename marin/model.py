@@ -1,13 +1,15 @@
 """The marin-ablate transformer: one PyTorch model in which every Marin 535B-A23B recipe switch
 (DESIGN §2) is a visible branch in a forward().
 
-Layout: token embedding -> n_layers x [pre-RMSNorm attention, pre-RMSNorm MoE] -> final RMSNorm ->
-untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss (when that level is on).
+Layout (Marin experiments/grug/moe_hero_ep/model.py Transformer): token embedding -> RMSNorm ->
+GatedNorm -> n_layers x [pre-RMSNorm -> GatedNorm -> attention, pre-RMSNorm -> GatedNorm -> MoE] ->
+final RMSNorm -> GatedNorm -> untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss (when that level is on).
 
 Fixed architecture (from the hero, each with a ModelConfig field): GQA with per-layer KV heads;
 local sliding-window layers with half-RoPE, global NoPE layers; causal attention that never crosses
-a packed document; zero-initialised headwise gate 2σ(x·W_g); optional GatedNorm; truncated-normal
-init σ = init_scale/√d for every matrix.
+a packed document; zero-initialised headwise gate 2σ(x·W_g); GatedNorm after every RMSNorm
+(ModelConfig.gated_norm, "off" only as a comparison); normal init σ = init_scale/√d truncated at
+±init_trunc·σ for every matrix (GatedNorm's included). None of this depends on the recipe.
 
 Shape suffixes: B batch, S sequence, D model width, H query heads, K kv heads (in attention),
 h head dim, V vocab, R rotated dims / 2, C channels.
@@ -26,7 +28,6 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from marin.config import ModelConfig, Recipe
-from marin.flops import GATED_NORM_RANK  # low-rank width of GatedNorm's gate MLP (arXiv 2601.22966)
 from marin.kernels import get_kernels
 from marin.moe import MoE, RMSNorm, ROUTER_STATS, Router
 
@@ -67,9 +68,10 @@ def rms_norm(x: Tensor, eps: float) -> Tensor:
 
 
 class GatedNorm(nn.Module):
-    """Learned per-dimension gate after RMSNorm: y ⊙ σ(silu(y·W_down)·W_up) (arXiv 2601.22966)."""
+    """Learned per-dimension gate after RMSNorm: y ⊙ σ(silu(y·W_down)·W_up) (arXiv 2601.22966;
+    Marin model.py GatedNorm). Both matrices take the model's truncated-normal init."""
 
-    def __init__(self, d_model: int, rank: int = GATED_NORM_RANK):
+    def __init__(self, d_model: int, rank: int):
         super().__init__()
         self.w_down = nn.Linear(d_model, rank, bias=False)
         self.w_up = nn.Linear(rank, d_model, bias=False)
@@ -257,20 +259,20 @@ class Block(nn.Module):
         self.attn = Attention(cfg, recipe, layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.moe = MoE(cfg, recipe)
-        if cfg.gated_norm:
-            self.attn_gated_norm = GatedNorm(cfg.d_model)
-            self.mlp_gated_norm = GatedNorm(cfg.d_model)
+        if cfg.gated_norm == "on":
+            self.attn_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
+            self.mlp_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
         if recipe.sconv == "short_conv" and "mlp_out" in cfg.sconv_sites:
             self.sconv_mlp_out = ShortConv(cfg.d_model, cfg.sconv_kernel, cfg.kernels)
 
     def forward(self, x_BSD: Tensor, ctx: ForwardContext):
         a = self.attn_norm(x_BSD)
-        if self.cfg.gated_norm:
+        if self.cfg.gated_norm == "on":
             a = self.attn_gated_norm(a)
         x_BSD = x_BSD + self.attn(a, ctx)
 
         m = self.mlp_norm(x_BSD)
-        if self.cfg.gated_norm:
+        if self.cfg.gated_norm == "on":
             m = self.mlp_gated_norm(m)
         moe = self.moe(m)
         y = moe.y_BSD
@@ -284,8 +286,14 @@ class MarinModel(nn.Module):
         super().__init__()
         self.cfg, self.recipe = cfg, recipe
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # The embedding norm fixes the residual stream's input scale whatever the optimizer arm does to
+        # the embedding table (AdamW decays it; Adam does not).
+        self.embed_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.blocks = nn.ModuleList(Block(cfg, recipe, i) for i in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if cfg.gated_norm == "on":
+            self.embed_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
+            self.final_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rot_dims = int(cfg.head_dim * cfg.rope_fraction)
         # Context extension (DESIGN §2.1): the trainer sets 1 + 0.1·ln(L_new/L_0) at each stage.
@@ -308,7 +316,7 @@ class MarinModel(nn.Module):
         for name, role in self.param_roles().items():
             p = params[name]
             if role in ("matrix", "expert", "lm_head", "embed", "router"):
-                nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
+                trunc_normal_init(p, std, self.cfg.init_trunc)
             elif role == "gate":
                 p.zero_()
             elif role == "norm":
@@ -333,7 +341,9 @@ class MarinModel(nn.Module):
             local_mask, global_mask = attention_masks(doc_ids_BS, B, S, cfg.window, dev)
         ctx = ForwardContext(doc_ids_BS, local_mask, global_mask, cos_SR, sin_SR, self.q_scale)
 
-        x = self.embed(tokens_BS)
+        x = self.embed_norm(self.embed(tokens_BS))
+        if cfg.gated_norm == "on":
+            x = self.embed_gated_norm(x)
         aux_loss = x.new_zeros((), dtype=torch.float32)
         router_stats, assigned, dropped, moved = [], 0, x.new_zeros((), dtype=torch.float64), 0
         for block in self.blocks:
@@ -342,7 +352,10 @@ class MarinModel(nn.Module):
             router_stats.append(moe.stats_R)
             assigned, dropped, moved = (assigned + moe.dispatch.assigned, dropped + moe.dispatch.dropped,
                                         moved + moe.dispatch.bytes_moved)
-        logits_BSV = self.lm_head(self.final_norm(x))
+        h = self.final_norm(x)
+        if cfg.gated_norm == "on":
+            h = self.final_gated_norm(h)
+        logits_BSV = self.lm_head(h)
 
         stats_LR = torch.stack(router_stats).double()
         dispatch_2 = torch.stack([dropped, dropped.new_zeros(()) + moved])  # float64: byte counts pass 2^24
@@ -365,6 +378,11 @@ class MarinModel(nn.Module):
         for mod in self.modules():
             if isinstance(mod, Router):
                 mod.update_bias(group)
+
+
+def trunc_normal_init(p: Tensor, std: float, trunc: float) -> None:
+    """Normal(0, std²) truncated at ±trunc·std (Marin model.py _init_weight: std·truncated_normal(−3, 3))."""
+    nn.init.trunc_normal_(p, std=std, a=-trunc * std, b=trunc * std)
 
 
 def _role(model: MarinModel, mname: str, mod: nn.Module, p: nn.Parameter) -> str:

@@ -47,10 +47,14 @@ def select_experts(logits_TE: Tensor, bias_E: Tensor, top_k: int) -> tuple[Tenso
     return idx_TK, logits_TE.new_full((logits_TE.shape[0],), -math.inf)
 
 
+COMBINE_EPS = 1e-9  # Marin model.py MoEMLP: combine * (2.5 / (sum + 1e-9))
+
+
 def combine_weights(logits_TE: Tensor, expert_idx_TK: Tensor, scale: float) -> Tensor:
-    """Sigmoid of the UNBIASED logits of the chosen experts, renormalised to sum `scale` (2.5)."""
+    """Sigmoid of the UNBIASED logits of the chosen experts, renormalised to sum `scale` (2.5); the
+    1e-9 keeps a token whose chosen sigmoids all underflow finite (weights ~0, as in Marin)."""
     g_TK = torch.sigmoid(logits_TE.gather(1, expert_idx_TK))
-    return scale * g_TK / g_TK.sum(-1, keepdim=True)
+    return g_TK * (scale / (g_TK.sum(-1, keepdim=True) + COMBINE_EPS))
 
 
 def expert_load(expert_idx_TK: Tensor, n_experts: int) -> Tensor:
@@ -59,10 +63,9 @@ def expert_load(expert_idx_TK: Tensor, n_experts: int) -> Tensor:
 
 
 def router_probs(logits_TE: Tensor) -> Tensor:
-    """P_ie for the Switch statistic under sigmoid routing: sigmoid scores normalised over experts
-    (Megatron-Core's choice for sigmoid score functions)."""
-    p_TE = torch.sigmoid(logits_TE)
-    return p_TE / p_TE.sum(-1, keepdim=True)
+    """P_ie for the Switch statistic: softmax of the unbiased logits over experts, as Marin's
+    load-balancing statistic (model.py MoEMLP router_probs, _routing_stats); finite for any logits."""
+    return torch.softmax(logits_TE, dim=-1)
 
 
 def switch_balance(logits_TE: Tensor, expert_idx_TK: Tensor) -> Tensor:
@@ -168,7 +171,11 @@ class Router(nn.Module):
         else:
             aux_loss = logits_TE.new_zeros(())
 
-        if self.training:
+        # QB statistics once per training forward (Marin: one beta per step): never from a no_grad
+        # forward (eval-like probes in train mode); under a reentrant activation checkpoint the first
+        # forward runs without grad and only the recompute records. (A non-reentrant checkpoint
+        # would record its recompute too; the trainer uses none.)
+        if self.training and torch.is_grad_enabled():
             self._record(logits_TE.detach(), expert_idx_TK, alpha_T)
 
         with torch.no_grad():
@@ -274,7 +281,7 @@ class MoE(nn.Module):
         if g.n_experts % cfg.ep_shards != 0:  # experts live contiguously on EP shards
             raise ValueError(f"ModelConfig.ep_shards={cfg.ep_shards} does not divide the {g.n_experts} routed experts "
                              f"of latent_moe={recipe.latent_moe!r}; allowed values: divisors of {g.n_experts}")
-        self.recipe, self.geometry = recipe, g
+        self.recipe, self.geometry, self.init_trunc = recipe, g, cfg.init_trunc
         self.router = Router(cfg.d_model, g.n_experts, g.top_k, balance=recipe.router_balance,
                              combine_scale=cfg.combine_scale, aux_weight=cfg.router_aux_weight,
                              aux_free_rate=cfg.aux_free_rate, qb_estimator=cfg.qb_estimator,
@@ -300,7 +307,7 @@ class MoE(nn.Module):
         """The model's rule (truncated normal, sigma = init_scale/sqrt(d)) for the tensors created with
         torch.empty, so a standalone MoE never computes with uninitialised memory."""
         for p in (self.router.weight, self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW):
-            nn.init.trunc_normal_(p, std=std, a=-2 * std, b=2 * std)
+            nn.init.trunc_normal_(p, std=std, a=-self.init_trunc * std, b=self.init_trunc * std)
 
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW)

@@ -26,12 +26,15 @@ Moonlight scale makes Muon's update RMS match AdamW's. Hyperball projections of 
 per expert (each expert matrix keeps its own norm); MuonH radius R is stored at the first step so
 round-off cannot drift it.
 
-Newton–Schulz: 5 steps of the quintic p(x) = a x + b x^3 + c x^5 with (a, b, c) = (3.4445, -4.7750,
-2.0315) (K. Jordan, "Muon", 2024). The input is scaled to unit Frobenius norm, so every singular
-value starts in (0, 1]; p acts on each singular value independently. The coefficients trade exact
-orthogonality for a steep slope at 0 (a = 3.4445): after 5 steps a singular value x0 lands in
-`ns_band(x0_min)`: [0.682, 1.134] for every x0 >= 1e-2, [0.471, 1.202] for x0 >= 1e-3 (never
-exactly 1; it is not meant to be). `ns_band` computes the band for any lower bound.
+Newton–Schulz: the quintic p_i(x) = a_i x + b_i x^3 + c_i x^5 with a different (a_i, b_i, c_i) at
+each of the 5 iterations, cycling when steps > 5: Marin's "quintic" schedule (levanter
+lib/levanter/src/levanter/optim/util.py NEWTON_SCHULZ_COEFFICIENTS["quintic"], from NVIDIA NeMo
+Emerging-Optimizers). The input is scaled to unit Frobenius norm (+1e-7), so every singular value
+starts in (0, 1]; each p_i acts on each singular value independently. `ns_band(x0_min)` is the
+interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.032] for x0 >= 1e-2,
+[0.475, 1.145] for x0 >= 1e-3 (the simple triple: [0.682, 1.134] and [0.471, 1.202]). The single repeated triple
+(3.4445, -4.7750, 2.0315) of K. Jordan's Muon (2024; levanter's "simple") stays available as
+`NS_SCHEDULES["simple"]` for comparison.
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ from torch import Tensor
 
 from marin.config import LR_SCHEDULES, LRHeuristic, RunSpec, TrainConfig
 
-NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
+    "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
+    "simple": ((3.4445, -4.7750, 2.0315),),
+}
+NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
 ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
 MATRIX_ROLES = ("matrix", "expert")  # MuonH (or Muon / AdamH by level)
 ADAM_ROLES = ("embed", "router", "gate", "norm", "sconv")
@@ -60,34 +68,38 @@ ADAMW_BETAS = (0.9, 0.95)
 # ---------------------------------------------------------------------------------------------
 
 
-def _quintic(x: float) -> float:
-    a, b, c = NS_COEFFS
-    return a * x + b * x**3 + c * x**5
+def ns_coefficient(schedule: tuple[tuple[float, float, float], ...], i: int) -> tuple[float, float, float]:
+    """(a, b, c) of iteration i: the schedule cycles (levanter get_coefficient_iterator, mode "cycle")."""
+    return schedule[i % len(schedule)]
 
 
-def ns_band(x_min: float, steps: int = 5, n_grid: int = 20001) -> tuple[float, float]:
-    """The interval the singular values land in after `steps` quintic steps from any x0 in [x_min, 1]."""
+def ns_band(x_min: float, steps: int = 5, n_grid: int = 20001,
+            schedule: tuple[tuple[float, float, float], ...] = NS_COEFFS) -> tuple[float, float]:
+    """The interval the singular values land in after `steps` iterations from any x0 in [x_min, 1]."""
     lo, hi = math.inf, -math.inf
     for i in range(n_grid):
         # geometric grid: the map is steep near 0, where the low end of the band is decided
         x = x_min * (1.0 / x_min) ** (i / (n_grid - 1))
-        for _ in range(steps):
-            x = _quintic(x)
+        for k in range(steps):
+            a, b, c = ns_coefficient(schedule, k)
+            x = a * x + b * x**3 + c * x**5
         lo, hi = min(lo, x), max(hi, x)
     return lo, hi
 
 
-def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7,
+                  schedule: tuple[tuple[float, float, float], ...] = NS_COEFFS) -> Tensor:
     """Approximate the orthogonal polar factor of each trailing matrix of `u` (batched over leading
-    dims: one Newton–Schulz per expert for expert stacks). Keller Jordan's quintic, 2024."""
-    a, b, c = NS_COEFFS
+    dims: one Newton–Schulz per expert for expert stacks) with the per-iteration coefficient schedule
+    (levanter optim/util.py zeropower_via_newtonschulz5, "quintic")."""
     dtype = torch.bfloat16 if u_XMN.is_cuda else torch.float32
     x = u_XMN.to(dtype)
     transposed = x.shape[-2] > x.shape[-1]
     if transposed:  # iterate on the smaller Gram matrix
         x = x.mT
     x = x / (torch.linalg.matrix_norm(x.float(), keepdim=True).to(dtype) + eps)
-    for _ in range(steps):
+    for i in range(steps):
+        a, b, c = ns_coefficient(schedule, i)
         gram = x @ x.mT
         poly = b * gram + c * (gram @ gram)
         x = a * x + poly @ x

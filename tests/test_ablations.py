@@ -11,7 +11,7 @@ import pytest
 
 from ablations.designs import Design, arms, fraction, full_factorial
 from ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
-from ablations.ladders import GPU_RUNGS, get_rung, params_active
+from ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
 from ablations.studies import HeroPlan, Study, get_study
 from marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, LRHeuristic, Recipe, RunSpec, preset
 from marin.flops import flops_per_token
@@ -136,7 +136,7 @@ def test_impossible_resolution_raises_naming_the_numbers():
 def test_gpu_rungs_train_60_tokens_per_active_param_with_heuristic_lrs():
     r = GPU_RUNGS["d512"]
     cfg = r.model()
-    assert r.tokens() / params_active(cfg, Recipe()) == pytest.approx(60, rel=0.01)
+    assert r.tokens() / params_active_marin(cfg, Recipe()) == pytest.approx(60, rel=0.01)  # Marin's count
     h = LRHeuristic()
     adam = h.adam_lr(r.tokens(), cfg.d_model, r.tokens_per_step)
     assert r.train_config(Recipe()).lr == pytest.approx(h.muonh_lr(r.tokens(), cfg.d_model, r.tokens_per_step))
@@ -196,14 +196,17 @@ def test_noise_panel_is_all_on_and_all_off_over_five_seeds():
     assert all(r == Recipe.baseline().with_(ep_transport="ragged") for r in off)
 
 
-def test_hero_plan_costs_18t_tokens_on_ep64_gb200():
+def test_hero_plan_is_marins_704_gpu_layout_18t_tokens_on_ep64_gb200():
     plan = get_study("hero").describe()["hero"]
-    assert plan["tokens"] == 390_251 * 11_264 * 4096
+    assert plan["tokens"] == 390_251 * 11_264 * 4096 and plan["steps"] == 390_251 and plan["eval_every"] == 3_000
     assert plan["train_flops"] == pytest.approx(plan["tokens"] * flops_per_token(preset("hero_535b"), Recipe()))
-    assert plan["gpus"] == 2816 and plan["nodes"] == 704 and plan["layout"]["experts_per_gpu"] == 6
+    # 11 racks x 64 GB200 (16 trays of 4), 16 sequences = 65,536 tokens per GPU and EP shard
+    assert plan["gpus"] == 704 and plan["nodes"] == 176 and plan["layout"]["nvl72_racks"] == 11
+    assert plan["layout"]["sequences_per_gpu_per_step"] == 16 and plan["layout"]["tokens_per_ep_shard"] == 65_536
+    assert plan["layout"]["experts_per_gpu"] == 6
     assert plan["sbatch"]["segment"] == 16 and plan["sbatch"]["ntasks_per_node"] == 4
-    with pytest.raises(ValueError, match=r"11264 sequences do not split over 2880 GPUs"):
-        HeroPlan(ep_groups=45).check(get_study("hero").runs()[0][0])
+    with pytest.raises(ValueError, match=r"11264 sequences do not split over 640 GPUs"):
+        HeroPlan(ep_groups=10).check(get_study("hero").runs()[0][0])
 
 
 def test_ablations_plan_without_importing_torch():

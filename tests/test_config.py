@@ -15,7 +15,7 @@ from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS
     (dict(n_heads=4, n_kv_heads=3), r"n_kv_heads.*not divisible"),
     (dict(d_model=64, latent_ratio=3), r"latent_ratio=3 does not divide d_model=64"),
     (dict(n_experts=15, top_k=4), r"n_experts=15 is not divisible by latent_ratio"),
-    (dict(qb_estimator="median"), r"qb_estimator.*allowed values: 'topk', 'hist'"),
+    (dict(qb_estimator="median"), r"qb_estimator.*allowed values: 'hist', 'topk'"),
     (dict(kernels="cuda"), r"kernels.*allowed values: 'torch', 'triton'"),
     (dict(sconv_sites=("q",)), r"sconv_sites.*allowed values: 'k', 'attn_out', 'mlp_out', 'v'"),
     (dict(head_dim=16, rope_fraction=0.1875), r"rope_fraction.*must be even"),
@@ -64,8 +64,8 @@ def test_capacity_factor_follows_the_transport():
 
 
 def test_overrides_parse_by_field_type_and_reject_unknown_fields():
-    cfg = apply_overrides(ModelConfig(), ["d_model=128", "gated_norm=true", "init_scale=0.25", "sconv_sites=k,v"])
-    assert (cfg.d_model, cfg.gated_norm, cfg.init_scale, cfg.sconv_sites) == (128, True, 0.25, ("k", "v"))
+    cfg = apply_overrides(ModelConfig(), ["d_model=128", "gated_norm=on", "init_scale=0.25", "sconv_sites=k,v"])
+    assert (cfg.d_model, cfg.gated_norm, cfg.init_scale, cfg.sconv_sites) == (128, "on", 0.25, ("k", "v"))
     with pytest.raises(ValueError, match="no field 'width'; allowed values:"):
         apply_overrides(ModelConfig(), ["width=3"])
     with pytest.raises(ValueError, match="ModelConfig.d_model: cannot parse 'big'"):

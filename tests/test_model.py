@@ -70,7 +70,7 @@ def test_every_model_factor_combo_trains_with_finite_grads_and_is_causal(recipe)
 
 @pytest.mark.parametrize("sites", [("k", "attn_out", "mlp_out"), ("k", "v", "attn_out", "mlp_out")])
 def test_documents_never_see_each_other_with_every_switch_on(sites):
-    cfg = ModelConfig(seq_len=16, window=8, sconv_sites=sites, gated_norm=True)
+    cfg = ModelConfig(seq_len=16, window=8, sconv_sites=sites, gated_norm="on")
     model = _wake(MarinModel(cfg, Recipe())).eval()
     tokens = torch.randint(0, cfg.vocab_size, (B, S))
     docs = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [3] * 10 + [4] * 6])
@@ -171,9 +171,9 @@ def test_init_follows_roles_truncated_normal_matrices_zero_gates_identity_sconv(
     for name, role in roles.items():
         p = model.get_parameter(name)
         if role in ("matrix", "expert", "lm_head", "embed", "router"):
-            assert p.abs().max() <= 2 * std + 1e-7, name
+            assert p.abs().max() <= 3 * std + 1e-7, name
             if p.numel() > 4000:
-                assert abs(p.std().item() / (0.8796 * std) - 1) < 0.1, name  # std of N(0,1) cut at ±2
+                assert abs(p.std().item() / (0.9866 * std) - 1) < 0.1, name  # std of N(0,1) cut at ±3
         if role == "expert":
             assert p.dim() == 3 and p.shape[0] == cfg.n_experts
         if role == "gate":
