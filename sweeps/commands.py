@@ -108,6 +108,29 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
+    _data_args(parser)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    if not any("--set" in a.option_strings for a in p._actions):
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override a field of every run's spec, e.g. data.corpus=DIR (a prepared corpus)")
+    p.add_argument("--allow-repeat", action="store_true",
+                   help="accept a GPU rung that needs more tokens than its corpus holds (more than one epoch)")
+
+
+def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allow_repeat: bool) -> list[dict]:
+    """Per rung: tokens needed, tokens in the corpus, epochs; ValueError when a GPU rung's data
+    would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py)."""
+    from ablations.epochs import check_epochs, study_epoch_rows
+    from sweeps.sweep import apply_spec_overrides
+
+    runs = study.runs()
+    if overrides:
+        runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]
+    rows = study_epoch_rows(rung_rows, runs)
+    check_epochs(rows, allow_repeat)
+    return rows
 
 
 def _fmt_num(v: Any) -> str:
@@ -153,6 +176,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     d = study.describe()
     runs = study.runs()
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
         d["hero"]["sbatch_script"] = hero_sbatch(d["hero"])
     if args.json:
@@ -185,6 +209,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(_table(d["rungs"], cols))
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    print("\ndata (tokens one run needs / tokens in data.corpus):")
+    print(_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
+                   "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
+                 ["rung", "device", "tokens_needed", "corpus_tokens", "epochs", "corpus"]))
     if d.get("companions"):
         print(f"companion studies: {', '.join(d['companions'])}")
     if args.runs:
@@ -209,6 +237,7 @@ def run_args(parser: argparse.ArgumentParser) -> None:
     _exec_args(parser)
     parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
     parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
+    _data_args(parser)
 
 
 def analyze_study(study_dir: Path) -> int | None:
@@ -238,6 +267,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     study = _study(args)
     opts = _exec_options(args, study)
+    epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
     mult = tuned_multipliers(args.out, study.name) if args.tuned else None
     rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides)
     skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"

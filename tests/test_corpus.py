@@ -273,3 +273,62 @@ def test_paloma_layout_eval_corpus_gives_eval_batches_and_bytes_per_token(paloma
     assert load_eval_corpus(paloma_dir, load_tokenizer("byte"), domains=("docs",)).domains == ["docs"]
     with pytest.raises(ValueError, match="allowed values: code, docs, prose"):
         load_eval_corpus(paloma_dir, tok, domains=("c4_en",))
+
+
+# ---------------------------------------------------------------------------------------------
+# `data prepare` and plan-time epoch accounting
+# ---------------------------------------------------------------------------------------------
+
+
+def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepared, tmp_path, capsys):
+    from sweeps.cli import main
+
+    out = tmp_path / "cli"
+    rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--out", str(out),
+               "--text-column", "body", "--domain-column", "source", "--docs-per-shard", str(DOCS_PER_SHARD)])
+    assert rc == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in prepared[2]["shards"]]
+    assert f"--set data.corpus={out}" in capsys.readouterr().out
+    assert main(["data", "prepare", str(source), "--tokenizer", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+
+
+def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps({"format": prep.FORMAT, "tokens": tokens,
+                                                    "tokenizer": {"vocab_size": vocab}}))
+    return path
+
+
+def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsys):
+    from sweeps.cli import main
+
+    assert main(["plan", "marin535"]) == 2
+    err = capsys.readouterr().err
+    assert "data.corpus='embedded'" in err and "--set data.corpus=DIR" in err and "data prepare" in err
+
+
+def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
+    from ablations.studies import get_study
+    from sweeps.cli import main
+
+    rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
+    big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
+    assert main(["plan", "marin535", "--json", "--set", f"data.corpus={big}"]) == 0
+    rows = json.loads(capsys.readouterr().out)["epochs"]
+    assert [(r["rung"], r["tokens_needed"], r["corpus_tokens"]) for r in rows] == \
+        [(k, v, 2 * max(rungs.values())) for k, v in rungs.items()]
+    assert [r["epochs"] for r in rows] == [v / (2 * max(rungs.values())) for v in rungs.values()]
+    assert main(["plan", "marin535", "--set", f"data.corpus={big}"]) == 0
+    text = capsys.readouterr().out
+    assert "tokens_needed" in text and f"{2 * max(rungs.values()):,}" in text
+
+    small = _fake_prepared(tmp_path / "small", rungs["d768"], 16384)  # d1024 would need 2.2 epochs
+    assert main(["plan", "marin535", "--set", f"data.corpus={small}"]) == 2
+    err = capsys.readouterr().err
+    assert "rung d1024" in err and "2.22 epochs" in err and "--allow-repeat" in err
+    assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}"]) == 0
+    assert json.loads(capsys.readouterr().out)["epochs"][2]["epochs"] == rungs["d1024"] / rungs["d768"]
+    wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
+    assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2
+    assert "vocabulary of 128256, more than model.vocab_size=16384" in capsys.readouterr().err
