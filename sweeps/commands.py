@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -117,6 +118,18 @@ def _data_args(p: argparse.ArgumentParser) -> None:
                        help="override a field of every run's spec, e.g. data.corpus=DIR (a prepared corpus)")
     p.add_argument("--allow-repeat", action="store_true",
                    help="accept a GPU rung that needs more tokens than its corpus holds (more than one epoch)")
+
+
+def _log_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-to", default=None, metavar="SINKS",
+                   help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
+
+
+def _set_log_to(args: argparse.Namespace) -> None:
+    from sweeps.tracking import LOG_TO_ENV, parse_log_to
+
+    if args.log_to is not None:  # the worker processes inherit it (sweeps/tracking.py)
+        os.environ[LOG_TO_ENV] = ",".join(parse_log_to(args.log_to))
 
 
 def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allow_repeat: bool) -> list[dict]:
@@ -238,6 +251,7 @@ def run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
     parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
     _data_args(parser)
+    _log_args(parser)
 
 
 def analyze_study(study_dir: Path) -> int | None:
@@ -268,6 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = _study(args)
     opts = _exec_options(args, study)
     epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
+    _set_log_to(args)
     mult = tuned_multipliers(args.out, study.name) if args.tuned else None
     rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides)
     skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
@@ -300,27 +315,50 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     _out_args(parser)
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
+    parser.add_argument("--all", action="store_true", help="one row per run (default: counts, ETA, running and failed runs)")
     parser.add_argument("--json", action="store_true")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sweeps.progress import format_counts
+    from sweeps.progress import format_counts, hms, rung_estimates, run_live, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
     study = _study(args)
     mult = tuned_multipliers(args.out, study.name) if args.tuned else None
     st = study_status(study, args.out, lr_multipliers=mult, overrides=args.overrides)
+    sdir = Path(st["study_dir"]) / "runs"
+    for r in st["runs"]:
+        state = r["state"].split(",")[0]
+        r.update(run_live(sdir / r["run_id"]) if state in ("running", "partial") else
+                 {"step": None, "total": None, "loss": None, "elapsed_s": None})
+        if state == "completed":
+            summary = json.loads((sdir / r["run_id"] / "summary.json").read_text())
+            r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
+    rows = [dict(r, state=r["state"].split(",")[0]) for r in st["runs"]]
+    eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))
+    st["eta_s"] = eta if st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"] else 0.0
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
     queued = f", {st['queued']} queued in SLURM" if st["queued"] else ""
-    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued +
+    eta_s = f", ETA {hms(st['eta_s'])}" if st["eta_s"] else ""
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued + eta_s +
           f"  ({st['study_dir']})")
-    print(_table(st["runs"], ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
     for r in st["runs"]:
-        if r["state"] == "failed":
-            print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
+        if r["elapsed_s"] is not None:
+            r["elapsed"] = hms(r["elapsed_s"])
+        if r["step"] is not None and r["total"] is not None:
+            r["progress"] = f"{r['step']}/{r['total']}"
+    cols = ["run_id", "rung", "arm", "seed", "state", "progress", "loss", "elapsed", "eval_macro_loss", "job_id"]
+    shown = st["runs"] if args.all else [r for r in st["runs"] if r["state"].startswith(("running", "partial"))]
+    if shown:
+        print(_table(shown, cols))
+    failed = [r for r in st["runs"] if r["state"] == "failed"]
+    for r in failed if args.all else failed[:10]:
+        print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
+    if len(failed) > 10 and not args.all:
+        print(f"... {len(failed) - 10} more failed runs (--all lists every run)")
     return 0
 
 
@@ -339,6 +377,7 @@ def tune_args(parser: argparse.ArgumentParser) -> None:
                         help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) or an RDB URL")
     parser.add_argument("--rung", default=None, help="rung to tune at (default: the smallest)")
     parser.add_argument("--seed", type=int, default=None, help="seed to tune with (default: the study's first)")
+    _log_args(parser)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -346,6 +385,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     study = _study(args)
     opts = _exec_options(args, study)
+    _set_log_to(args)
     res = tune_study(study, args.out, opts,
                      TuneOptions(points=args.points, span=args.span, storage=args.storage, rung=args.rung,
                                  seed=args.seed), overrides=args.overrides)
