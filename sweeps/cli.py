@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("sweeps.commands", "progress of a study's runs"),
     "tune": ("sweeps.commands", "per-arm learning-rate profile at the smallest rung"),
     "analyze": ("analysis.commands", "results table, multipliers, attribution, report and plots"),
+    "data": ("sweeps.data_commands", "prepare a corpus: tokenize once into token shards with a manifest"),
     "forecast": ("analysis.commands", "write an immutable pre-registered forecast"),
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -108,6 +109,41 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
+    _data_args(parser)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    if not any("--set" in a.option_strings for a in p._actions):
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override a field of every run's spec, e.g. data.corpus=DIR (a prepared corpus)")
+    p.add_argument("--allow-repeat", action="store_true",
+                   help="accept a GPU rung that needs more tokens than its corpus holds (more than one epoch)")
+
+
+def _log_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-to", default=None, metavar="SINKS",
+                   help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
+
+
+def _set_log_to(args: argparse.Namespace) -> None:
+    from sweeps.tracking import LOG_TO_ENV, parse_log_to
+
+    if args.log_to is not None:  # the worker processes inherit it (sweeps/tracking.py)
+        os.environ[LOG_TO_ENV] = ",".join(parse_log_to(args.log_to))
+
+
+def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allow_repeat: bool) -> list[dict]:
+    """Per rung: tokens needed, tokens in the corpus, epochs; ValueError when a GPU rung's data
+    would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py)."""
+    from ablations.epochs import check_epochs, study_epoch_rows
+    from sweeps.sweep import apply_spec_overrides
+
+    runs = study.runs()
+    if overrides:
+        runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]
+    rows = study_epoch_rows(rung_rows, runs)
+    check_epochs(rows, allow_repeat)
+    return rows
 
 
 def _fmt_num(v: Any) -> str:
@@ -153,6 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     d = study.describe()
     runs = study.runs()
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
         d["hero"]["sbatch_script"] = hero_sbatch(d["hero"])
     if args.json:
@@ -185,6 +222,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(_table(d["rungs"], cols))
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    print("\ndata (tokens one run needs / tokens in data.corpus):")
+    print(_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
+                   "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
+                 ["rung", "device", "tokens_needed", "corpus_tokens", "epochs", "corpus"]))
     if d.get("companions"):
         print(f"companion studies: {', '.join(d['companions'])}")
     if args.runs:
@@ -209,6 +250,8 @@ def run_args(parser: argparse.ArgumentParser) -> None:
     _exec_args(parser)
     parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
     parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
+    _data_args(parser)
+    _log_args(parser)
 
 
 def analyze_study(study_dir: Path) -> int | None:
@@ -238,6 +281,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     study = _study(args)
     opts = _exec_options(args, study)
+    epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
+    _set_log_to(args)
     mult = tuned_multipliers(args.out, study.name) if args.tuned else None
     rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides)
     skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
@@ -270,27 +315,50 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     _out_args(parser)
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
+    parser.add_argument("--all", action="store_true", help="one row per run (default: counts, ETA, running and failed runs)")
     parser.add_argument("--json", action="store_true")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sweeps.progress import format_counts
+    from sweeps.progress import format_counts, hms, rung_estimates, run_live, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
     study = _study(args)
     mult = tuned_multipliers(args.out, study.name) if args.tuned else None
     st = study_status(study, args.out, lr_multipliers=mult, overrides=args.overrides)
+    sdir = Path(st["study_dir"]) / "runs"
+    for r in st["runs"]:
+        state = r["state"].split(",")[0]
+        r.update(run_live(sdir / r["run_id"]) if state in ("running", "partial") else
+                 {"step": None, "total": None, "loss": None, "elapsed_s": None})
+        if state == "completed":
+            summary = json.loads((sdir / r["run_id"] / "summary.json").read_text())
+            r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
+    rows = [dict(r, state=r["state"].split(",")[0]) for r in st["runs"]]
+    eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))
+    st["eta_s"] = eta if st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"] else 0.0
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
     queued = f", {st['queued']} queued in SLURM" if st["queued"] else ""
-    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued +
+    eta_s = f", ETA {hms(st['eta_s'])}" if st["eta_s"] else ""
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued + eta_s +
           f"  ({st['study_dir']})")
-    print(_table(st["runs"], ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
     for r in st["runs"]:
-        if r["state"] == "failed":
-            print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
+        if r["elapsed_s"] is not None:
+            r["elapsed"] = hms(r["elapsed_s"])
+        if r["step"] is not None and r["total"] is not None:
+            r["progress"] = f"{r['step']}/{r['total']}"
+    cols = ["run_id", "rung", "arm", "seed", "state", "progress", "loss", "elapsed", "eval_macro_loss", "job_id"]
+    shown = st["runs"] if args.all else [r for r in st["runs"] if r["state"].startswith(("running", "partial"))]
+    if shown:
+        print(_table(shown, cols))
+    failed = [r for r in st["runs"] if r["state"] == "failed"]
+    for r in failed if args.all else failed[:10]:
+        print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
+    if len(failed) > 10 and not args.all:
+        print(f"... {len(failed) - 10} more failed runs (--all lists every run)")
     return 0
 
 
@@ -309,6 +377,7 @@ def tune_args(parser: argparse.ArgumentParser) -> None:
                         help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) or an RDB URL")
     parser.add_argument("--rung", default=None, help="rung to tune at (default: the smallest)")
     parser.add_argument("--seed", type=int, default=None, help="seed to tune with (default: the study's first)")
+    _log_args(parser)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -316,6 +385,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     study = _study(args)
     opts = _exec_options(args, study)
+    _set_log_to(args)
     res = tune_study(study, args.out, opts,
                      TuneOptions(points=args.points, span=args.span, storage=args.storage, rung=args.rung,
                                  seed=args.seed), overrides=args.overrides)

@@ -1,14 +1,100 @@
-"""A one-line progress display of a study's runs: done / running / failed / pending, elapsed time.
+"""Progress of a study's runs: done / running / failed / pending, elapsed time, an ETA, and per
+running run its step and last loss.
 
 On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a new line is printed
-only when the counts change, so logs stay short.
+only when something shown changes, so logs stay short. The ETA starts from the plan's cost model
+(per-run seconds of each rung: `est_wall_s`, or GPU hours per run over its GPUs) scaled by how long
+finished runs actually took relative to it, less the steps running runs have already done.
+Everything here reads run directories only (spec.json, metrics.jsonl tail, summary.json, .lock).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
-from typing import TextIO
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+_TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
+
+
+def last_train_record(metrics_path: str | Path) -> dict | None:
+    """The last train line of a metrics.jsonl (step, loss ...), reading only its tail."""
+    p = Path(metrics_path)
+    try:
+        with open(p, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:  # the first, cut line of the tail, or a line being written
+            continue
+        if isinstance(rec, dict) and "loss" in rec and "eval_macro_loss" not in rec:
+            return rec
+    return None
+
+
+def run_live(run_dir: str | Path, now: float | None = None) -> dict:
+    """step (steps done), total, last loss, elapsed_s (since the running process took the run)."""
+    d = Path(run_dir)
+    rec = last_train_record(d / "metrics.jsonl")
+    try:
+        total = json.loads((d / "spec.json").read_text())["train"]["steps"]
+    except (OSError, ValueError, KeyError):
+        total = None
+    try:
+        since = json.loads((d / ".lock").read_text() or "{}").get("since")
+    except (OSError, ValueError):
+        since = None
+    elapsed = (now if now is not None else time.time()) - since if since else None
+    return {"step": rec["step"] + 1 if rec else 0, "total": total, "loss": rec["loss"] if rec else None,
+            "elapsed_s": elapsed}
+
+
+def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
+    """Seconds one run of each rung takes by the plan's cost model (rungs without one are left out)."""
+    out = {}
+    for r in rung_rows:
+        if r.get("est_wall_s"):
+            out[r["name"]] = float(r["est_wall_s"])
+        elif r.get("gpu_hours") and r.get("n_runs"):
+            out[r["name"]] = float(r["gpu_hours"]) * 3600 / r["n_runs"] / max(1, int(r.get("gpus") or 1))
+    return out
+
+
+def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> float | None:
+    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s"}; the
+    model's estimate is scaled by sum(actual) / sum(estimated) over completed runs."""
+    done = [r for r in runs if r["state"] == "completed" and r.get("wall_s") and r["rung"] in estimates]
+    est_done = sum(estimates[r["rung"]] for r in done)
+    ratio = sum(r["wall_s"] for r in done) / est_done if est_done else 1.0
+    left = 0.0
+    for r in runs:
+        if r["state"] in ("completed", "failed"):
+            continue
+        if r["rung"] not in estimates:
+            return None
+        frac = r["step"] / r["total"] if r.get("step") and r.get("total") else 0.0
+        left += estimates[r["rung"]] * ratio * (1.0 - min(frac, 1.0))
+    return left / max(1, slots)
+
+
+def hms(s: float) -> str:
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def format_running(run_id: str, meta: dict, live: dict) -> str:
+    loss = f"{live['loss']:.4f}" if live.get("loss") is not None else "-"
+    el = f" {hms(live['elapsed_s'])}" if live.get("elapsed_s") is not None else ""
+    return f"  {run_id} {meta.get('rung')} {meta.get('arm')} seed {meta.get('seed')}: step {live['step']}/{live['total']} loss {loss}{el}"
 
 
 def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: str = "") -> str:
@@ -24,29 +110,68 @@ def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: s
 
 
 class Progress:
-    def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None):
+    """runs (PlannedRun-like: .dir, .meta, .run_id) and estimates (rung_estimates) add an ETA and
+    one line per running run; slots is how many runs execute at once."""
+
+    def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
+                 runs: Sequence[Any] = (), estimates: dict[str, float] | None = None, slots: int | None = None,
+                 min_interval_s: float = 30.0):
+        self.runs, self.estimates, self.slots = list(runs), dict(estimates or {}), slots
+        self.min_interval_s = min_interval_s  # logs: a step/loss-only change prints at most this often
+        self._last_print = 0.0
         self.total = total
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.t0 = time.time()
-        self._last_counts: dict[str, int] | None = None
+        self._last_counts: tuple | None = None
         self._width = 0
         self.lines: list[str] = []
 
+    def snapshot(self) -> tuple[dict[str, int], list[dict]]:
+        """Counts by state and, per run, its state, rung, step/total, loss, elapsed and wall time."""
+        from sweeps.runs import RUN_STATES, read_json, run_state
+
+        counts = {s: 0 for s in RUN_STATES}
+        rows = []
+        for r in self.runs:
+            st = run_state(r.dir)
+            counts[st] += 1
+            row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta}
+            if st in ("running", "partial"):
+                row.update(run_live(r.dir))
+            elif st == "completed":
+                row["wall_s"] = (read_json(Path(r.dir) / "summary.json") or {}).get("wall_s")
+            rows.append(row)
+        return counts, rows
+
     def update(self, counts: dict[str, int]) -> None:
-        line = format_counts(counts, self.total, time.time() - self.t0, self.label)
+        extra: list[str] = []
+        if self.runs:
+            counts, rows = self.snapshot()
+            eta = study_eta(rows, self.estimates, self.slots or max(1, counts.get("running", 0)))
+            line = format_counts(counts, self.total, time.time() - self.t0, self.label)
+            if eta is not None and counts.get("completed", 0) + counts.get("failed", 0) < self.total:
+                line += f" ETA {hms(eta)}"
+            extra = [format_running(r["run_id"], r["meta"], r) for r in rows if r["state"] == "running"]
+            if self.tty and extra:  # one line in place: the first running run's step and loss
+                line += " |" + extra[0].split(":", 1)[1] + (f" (+{len(extra) - 1} running)" if len(extra) > 1 else "")
+        else:
+            line = format_counts(counts, self.total, time.time() - self.t0, self.label)
+        key = (dict(counts), tuple(extra))
         if self.tty:
             pad = max(0, self._width - len(line))
             self.stream.write("\r" + line + " " * pad)
             self.stream.flush()
             self._width = len(line)
-        elif counts != self._last_counts:
-            self.stream.write(line + "\n")
+        elif key != self._last_counts and (self._last_counts is None or key[0] != self._last_counts[0]
+                                           or time.time() - self._last_print >= self.min_interval_s):
+            self._last_print = time.time()
+            self.stream.write("\n".join([line, *extra]) + "\n")
             self.stream.flush()
-        if counts != self._last_counts:
+        if key != self._last_counts:
             self.lines.append(line)
-        self._last_counts = dict(counts)
+        self._last_counts = key
 
     def close(self) -> None:
         if self.tty and self._width:

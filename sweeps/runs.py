@@ -325,7 +325,7 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
         if state.get("status") == "failed":
             clear_failure(d)
         if train_fn is None:
-            from marin.train import train as train_fn
+            from sweeps.tracking import tracked_train as train_fn  # marin.train.train, plus $MARIN_LOG_TO sinks
         try:
             out = train_fn(spec, d, resume=True)
         except Exception as e:  # noqa: BLE001 - a run's failure is data, recorded, never retried silently

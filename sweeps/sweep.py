@@ -141,11 +141,14 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     that are not done, and (opts.wait) wait for them with a progress line."""
     sdir = study_dir(out, study.name)
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir)
-    return run_planned(runs, sdir, opts, resources=study_resources(study), label=study.name, progress=progress)
+    from sweeps.progress import rung_estimates
+
+    return run_planned(runs, sdir, opts, resources=study_resources(study), label=study.name, progress=progress,
+                       estimates=rung_estimates(study.describe()["rungs"]))
 
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True) -> RunReport:
+                label: str = "", progress: bool = True, estimates: dict[str, float] | None = None) -> RunReport:
     """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait)."""
     validate(opts, sdir)
     for r in runs:
@@ -154,7 +157,8 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:
             clear_failure(r.dir)
-    prog = Progress(len(runs), label or sdir.name) if progress else None
+    prog = Progress(len(runs), label or sdir.name, runs=runs, estimates=estimates,
+                    slots=opts.workers if opts.executor == "local" else None) if progress else None
     dirs = [r.dir for r in runs]
     sub = submit(todo, sdir, opts, resources=resources,
                  on_run_done=(lambda: prog.update(count_states(dirs))) if prog else None)

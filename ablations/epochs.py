@@ -1,0 +1,79 @@
+"""Epoch accounting: how many passes over its corpus each rung of a study makes, checked at plan time.
+
+A GPU rung trains on billions of tokens; the embedded corpus (~12 MB, for CPU studies) would repeat
+hundreds of times and nothing in the loss says so. `epoch_rows` reads the token count from a
+prepared corpus's manifest (`marin-ablate data prepare`) and `check_epochs` refuses, before anything
+runs, a GPU rung on the embedded corpus, on a corpus of unknown size, or one that would repeat data
+unless repetition is allowed explicitly (ALLOW_REPEAT). Torch-free: the plan command runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+ALLOW_REPEAT = "--allow-repeat"  # the plan/run option that accepts more than one epoch on a GPU rung
+CORPUS_SETTING = "--set data.corpus=DIR"  # how a study points at a prepared corpus
+PREPARED_FORMAT = "marin-tokens-v1"
+
+
+def corpus_tokens(corpus: str) -> tuple[int | None, dict | None]:
+    """(tokens, manifest) of a prepared corpus directory; (None, None) for anything else (the
+    embedded corpus, a raw local directory, Paloma): their size in tokens is not known at plan time."""
+    if corpus == "embedded":
+        return None, None
+    m = Path(corpus).expanduser() / "manifest.json"
+    if not m.is_file():
+        return None, None
+    manifest = json.loads(m.read_text())
+    if manifest.get("format") != PREPARED_FORMAT:
+        return None, None
+    return int(manifest["tokens"]), manifest
+
+
+def epoch_rows(rungs: Iterable[tuple[str, str, int, int, str]]) -> list[dict]:
+    """One row per rung from (rung, device, tokens needed by one run, model vocab, data.corpus):
+    tokens needed, tokens in the corpus and epochs (None where the corpus size is unknown)."""
+    rows = []
+    for name, device, tokens, vocab, corpus in rungs:
+        have, manifest = corpus_tokens(corpus)
+        rows.append({"rung": name, "device": device, "corpus": corpus, "tokens_needed": int(tokens),
+                     "corpus_tokens": have, "epochs": (tokens / have) if have else None,
+                     "corpus_vocab": manifest["tokenizer"]["vocab_size"] if manifest else None, "model_vocab": vocab})
+    return rows
+
+
+def check_epochs(rows: list[dict], allow_repeat: bool = False) -> None:
+    """ValueError naming the setting when a rung's data is not fit for it (module docstring)."""
+    for r in rows:
+        if r["corpus_vocab"] is not None and r["corpus_vocab"] > r["model_vocab"]:
+            raise ValueError(f"rung {r['rung']}: data.corpus={r['corpus']!r} was tokenized with a vocabulary of "
+                             f"{r['corpus_vocab']}, more than model.vocab_size={r['model_vocab']}; prepare it with "
+                             "the model's tokenizer or raise model.vocab_size")
+        if r["device"] != "cuda":
+            continue
+        if r["corpus"] == "embedded":
+            raise ValueError(f"rung {r['rung']} trains {r['tokens_needed']:,} tokens on cuda but data.corpus="
+                             "'embedded' is the small CPU test corpus; prepare a real corpus with `marin-ablate data "
+                             f"prepare SOURCE --tokenizer PATH --out DIR` and pass {CORPUS_SETTING}")
+        if r["corpus_tokens"] is None:
+            raise ValueError(f"rung {r['rung']}: data.corpus={r['corpus']!r} is not a prepared corpus, so its size "
+                             "is unknown; prepare it with `marin-ablate data prepare` and pass " + CORPUS_SETTING)
+        if r["epochs"] > 1.0 and not allow_repeat:
+            raise ValueError(f"rung {r['rung']} needs {r['tokens_needed']:,} tokens but data.corpus={r['corpus']!r} "
+                             f"holds {r['corpus_tokens']:,}: {r['epochs']:.2f} epochs would repeat data; use a larger "
+                             f"corpus, or pass {ALLOW_REPEAT} to accept repetition")
+
+
+def study_epoch_rows(rung_rows: list[dict], runs: list[tuple[Any, dict]]) -> list[dict]:
+    """epoch_rows of a study's planned runs (spec, meta), one per rung; `rung_rows` is the study
+    description's "rungs" (its per-run "tokens" when given, else steps x batch x seq_len)."""
+    tokens = {r["name"]: r["tokens"] for r in rung_rows if "tokens" in r}
+    seen: dict[str, tuple] = {}
+    for spec, meta in runs:
+        rung = meta["rung"]
+        if rung not in seen:
+            need = tokens.get(rung) or spec.train.steps * spec.train.batch_size * spec.model.seq_len
+            seen[rung] = (rung, spec.train.device, need, spec.model.vocab_size, spec.data.corpus)
+    return epoch_rows(seen.values())

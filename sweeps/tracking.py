@@ -1,0 +1,103 @@
+"""Send every run of a study to W&B and TensorBoard, grouped by study and tagged with arm, rung,
+seed and every factor's level, so arms compare side by side in the tools researchers already use.
+
+`run`/`tune --log-to wandb,tensorboard` put the sinks in $MARIN_LOG_TO, which the executors' worker
+processes inherit (local workers and sbatch jobs copy the environment); `execute` trains each run
+through `tracked_train`, which reads the run's meta.json, sets W&B's documented run variables
+(WANDB_PROJECT, WANDB_RUN_GROUP = study, WANDB_TAGS, WANDB_JOB_TYPE = rung) around the run, writes
+the tags as TensorBoard text and hparams next to train's scalars (run_dir/tensorboard; point
+TensorBoard at OUT/STUDY/runs to see the study's runs together), and calls marin.train.train with
+those sinks. W&B runs online when WANDB_API_KEY is set or WANDB_MODE says so, offline otherwise
+(`wandb sync` uploads later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+LOG_TO_ENV = "MARIN_LOG_TO"
+SINKS = ("wandb", "tensorboard")
+
+
+def parse_log_to(value: str | None) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in (value or "").split(",") if x.strip())
+    bad = [n for n in names if n not in SINKS]
+    if bad:
+        raise ValueError(f"--log-to {value!r}: {', '.join(bad)} is not a sink; allowed values: {', '.join(SINKS)}")
+    return names
+
+
+def run_tags(meta: dict) -> dict[str, str]:
+    """study, arm, rung, seed and one entry per factor: the labels a run is grouped and filtered by."""
+    tags = {k: str(meta[k]) for k in ("study", "arm", "rung", "seed") if meta.get(k) is not None}
+    tags.update({f: str(level) for f, level in (meta.get("factors") or {}).items()})
+    return tags
+
+
+@contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def wandb_env(meta: dict) -> dict[str, str]:
+    tags = run_tags(meta)
+    env = {"WANDB_PROJECT": os.environ.get("WANDB_PROJECT", "marin-ablate"),
+           "WANDB_RUN_GROUP": tags.get("study", "study"), "WANDB_JOB_TYPE": tags.get("rung", "run"),
+           # W&B tags are short strings: key:value keeps the factor name with its level
+           "WANDB_TAGS": ",".join(f"{k}:{v}"[:64] for k, v in tags.items() if k != "study")}
+    if "WANDB_MODE" not in os.environ:
+        env["WANDB_MODE"] = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return env
+
+
+def write_tensorboard_tags(run_dir: str | Path, meta: dict) -> None:
+    """The run's tags as a text summary and as TensorBoard hparams (its HPARAMS tab filters by them)."""
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    tags = run_tags(meta)
+    w = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+    try:
+        w.add_text("tags", "  \n".join(f"{k}: {v}" for k, v in tags.items()), 0)
+        exp, ssi, sei = hparams(tags, {"loss": float("nan")})
+        for s in (exp, ssi, sei):
+            w.file_writer.add_summary(s)
+    finally:
+        w.close()
+
+
+def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
+    """marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
+    from marin.train import train
+
+    log_to = parse_log_to(os.environ.get(LOG_TO_ENV))
+    if not log_to:
+        return train(spec, run_dir, resume=resume)
+    try:
+        meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if "tensorboard" in log_to:
+        write_tensorboard_tags(run_dir, meta)
+    with _env(wandb_env(meta) if "wandb" in log_to else {}):
+        try:
+            return train(spec, run_dir, resume=resume, log_to=log_to)
+        finally:
+            if "wandb" in log_to:
+                # wandb reads its WANDB_* settings once per process; a worker's next run must read its own
+                import wandb
+
+                wandb.teardown()

@@ -1,0 +1,334 @@
+"""marin/corpus: prepare a real corpus into token shards (parallel, resumable), read it from 2 gloo
+ranks (disjoint, covering, resumable by content), and evaluate on a Paloma-layout directory."""
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from marin import data
+from marin.corpus import prepare as prep
+from marin.corpus.eval import eval_domains, load_eval_corpus, load_tokenizer, tokenizer_of
+from marin.corpus.loader import PreparedCorpus, ShardedBatches
+
+DOCS_PER_DOMAIN = 60
+DOCS_PER_SHARD = 25
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """(domain, text) documents of the embedded corpus, the first DOCS_PER_DOMAIN of each domain."""
+    root = data.embedded_corpus_dir()
+    out = []
+    for domain in ("code", "docs", "prose"):
+        lines = (root / domain / "train.jsonl").read_text().splitlines()[:DOCS_PER_DOMAIN]
+        out += [(domain, json.loads(x)["text"]) for x in lines]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(rows, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    data.train_bpe((t for _, t in rows), 512, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def source(rows, tmp_path_factory):
+    """The rows split into a jsonl file and a parquet file (sorted names: a.jsonl first), plus one
+    empty document that preparation must skip."""
+    d = tmp_path_factory.mktemp("src")
+    half = len(rows) // 2
+    with open(d / "a.jsonl", "w") as f:
+        for dom, text in rows[:half]:
+            f.write(json.dumps({"body": text, "source": dom}) + "\n")
+        f.write(json.dumps({"body": "", "source": "prose"}) + "\n")
+    pq.write_table(pa.table({"body": [t for _, t in rows[half:]], "source": [dm for dm, _ in rows[half:]]}),
+                   d / "b.parquet")
+    return d
+
+
+def _reference(rows, tokenizer_json):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    return [np.asarray(tok.encode(t).ids, np.int64) for _, t in rows]
+
+
+@pytest.fixture(scope="module")
+def prepared(source, tokenizer_json, tmp_path_factory):
+    """Prepared with 2 workers: first a time-boxed call (2 shards), then a 'killed' shard left half
+    written, then a resuming call that finishes. Returns (out dir, mtimes of the first 2 metas)."""
+    out = tmp_path_factory.mktemp("prepared")
+    cfg = prep.PrepareConfig(source=str(source), tokenizer=str(tokenizer_json), out=str(out), text_column="body",
+                             domain_column="source", num_proc=2, docs_per_shard=DOCS_PER_SHARD)
+    assert prep.prepare(cfg, shard_limit=2) is None
+    done = sorted((out / "shards").glob("*.meta.json"))
+    assert [p.name for p in done] == ["00000.meta.json", "00001.meta.json"]
+    assert not (out / "manifest.json").exists()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in done}
+    (out / "shards" / "00003.tokens.bin").write_bytes(b"\x01\x02\x03")  # a worker killed mid-shard
+    manifest = prep.prepare(cfg)
+    assert manifest is not None
+    return out, mtimes, manifest
+
+
+def test_prepare_resumes_without_redoing_finished_shards(prepared):
+    out, mtimes, manifest = prepared
+    for name, t in mtimes.items():
+        assert (out / "shards" / name).stat().st_mtime_ns == t
+    n_rows = 3 * DOCS_PER_DOMAIN + 1
+    assert len(manifest["shards"]) == -(-n_rows // DOCS_PER_SHARD)
+    assert not [p for p in (out / "shards").iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_shards_equal_a_direct_tokenization(prepared, rows, tokenizer_json):
+    out, _, manifest = prepared
+    ref = _reference(rows, tokenizer_json)
+    corpus = PreparedCorpus(out)
+    assert corpus.n_docs == len(rows) and manifest["documents"] == len(rows)
+    assert manifest["skipped_empty"] == 1
+    assert manifest["dtype"] == "uint16"
+    assert corpus.n_tokens == manifest["tokens"] == sum(len(r) for r in ref)
+    for j in range(len(rows)):
+        np.testing.assert_array_equal(corpus.doc(j), ref[j])
+    by_domain = {d: sum(len(ref[j]) for j, (dm, _) in enumerate(rows) if dm == d) for d in ("code", "docs", "prose")}
+    assert {d: v["tokens"] for d, v in manifest["domains"].items()} == by_domain
+    assert manifest["text_bytes"] == sum(len(t.encode()) for _, t in rows)
+
+
+def test_manifest_records_source_files_and_tokenizer_by_sha256(prepared, source, tokenizer_json):
+    _, _, manifest = prepared
+    files = {f["path"]: f["sha256"] for f in manifest["source"]["files"]}
+    assert files == {n: prep.sha256_file(source / n) for n in ("a.jsonl", "b.parquet")}
+    assert manifest["tokenizer"]["sha256"] == prep.sha256_file(tokenizer_json)
+    assert manifest["tokenizer"]["vocab_size"] == 512
+    for sh in manifest["shards"]:
+        assert prep.sha256_file(prepared[0] / sh["tokens_path"]) == sh["sha256"]
+
+
+def test_prepare_refuses_an_out_dir_of_other_inputs_and_names_bad_columns(prepared, source, tokenizer_json):
+    out = prepared[0]
+    other = prep.PrepareConfig(source=str(source), tokenizer="byte", out=str(out), text_column="body")
+    with pytest.raises(ValueError, match="different inputs.*tokenizer"):
+        prep.prepare(other)
+    bad = prep.PrepareConfig(source=str(source), tokenizer="byte", out=str(out) + "-x", text_column="text")
+    with pytest.raises(ValueError, match=r"text_column='text' is not a column.*body"):
+        prep.prepare(bad)
+    with pytest.raises(ValueError, match="num_proc"):
+        prep.PrepareConfig(source="x", tokenizer="byte", out="y", num_proc=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loader
+# ---------------------------------------------------------------------------------------------
+
+SEQ, GLOBAL_B, SEED = 32, 4, 7
+
+
+def _stream(corpus: PreparedCorpus, order: np.ndarray) -> np.ndarray:
+    """Independent reference: the documents in `order`, concatenated one by one."""
+    return np.concatenate([corpus.doc(int(j)) for j in order])
+
+
+def test_single_rank_batches_are_the_shuffled_document_stream(prepared):
+    corpus = PreparedCorpus(prepared[0])
+    b = ShardedBatches(corpus, SEQ, GLOBAL_B, SEED, rank=0, world=1)
+    stream = _stream(corpus, b.order(0))
+    assert sorted(b.order(0)) == list(range(corpus.n_docs)) and list(b.order(0)) != list(range(corpus.n_docs))
+    starts = set(np.cumsum(corpus.doc_lengths[b.order(0)]).tolist())  # stream positions where a document starts
+    masked = 0
+    for step in range(12):
+        tokens, targets, doc_ids = b.batch(step)
+        for i in range(GLOBAL_B):
+            j = step * GLOBAL_B + i
+            np.testing.assert_array_equal(tokens[i].numpy(), stream[j * SEQ:(j + 1) * SEQ])
+            # a target is masked exactly where the next token starts another document
+            boundary = np.array([(j * SEQ + t + 1) in starts for t in range(SEQ)])
+            np.testing.assert_array_equal(targets[i].numpy() == data.IGNORE_INDEX, boundary)
+            np.testing.assert_array_equal(doc_ids[i].numpy(), np.concatenate([[0], np.cumsum(boundary[:-1])]))
+            masked += boundary.sum()
+    assert masked > 0
+    assert ShardedBatches(corpus, SEQ, GLOBAL_B, SEED + 1, 0, 1).batch(0)[0].tolist() != b.batch(0)[0].tolist()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_reader(rank: int, port: int, path: str, n_steps: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        loader = ShardedBatches(path, SEQ, GLOBAL_B, SEED)  # rank and world from torch.distributed
+        seqs = []
+        for _ in range(n_steps):
+            tokens, _, _ = next(loader)
+            seqs.append(tokens)
+        gathered = [None, None]
+        dist.all_gather_object(gathered, (loader.rank, loader.world, torch.stack(seqs).tolist()))
+        if rank == 0:
+            Path(out).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_read_disjoint_slices_that_cover_the_stream(prepared, tmp_path):
+    corpus = PreparedCorpus(prepared[0])
+    n_steps = corpus.n_tokens // (GLOBAL_B * SEQ)  # one epoch, whole steps
+    out = tmp_path / "ranks.json"
+    ctx = mp.start_processes(_rank_reader, args=(_free_port(), str(prepared[0]), n_steps, str(out)), nprocs=2,
+                             join=False, start_method="fork")
+    deadline = time.monotonic() + 120
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("ranks did not finish")
+    (r0, w0, seqs0), (r1, w1, seqs1) = json.loads(out.read_text())
+    assert (r0, w0, r1, w1) == (0, 2, 1, 2)
+    stream = _stream(corpus, ShardedBatches(corpus, SEQ, GLOBAL_B, SEED, 0, 1).order(0))
+    read = []
+    for step in range(n_steps):  # sequence order: step-major, rank 0's half then rank 1's
+        read += seqs0[step] + seqs1[step]
+    flat = np.array(read).reshape(-1)
+    assert len(flat) == n_steps * GLOBAL_B * SEQ > 0.9 * corpus.n_tokens
+    np.testing.assert_array_equal(flat, stream[:len(flat)])  # disjoint, in order, nothing skipped
+
+
+def test_resumed_loader_continues_at_the_exact_next_token(prepared):
+    b = ShardedBatches(prepared[0], SEQ, GLOBAL_B, SEED, rank=1, world=2)
+    for _ in range(5):
+        last = next(b)[0]
+    state = json.loads(json.dumps(b.state_dict()))  # what a checkpoint stores
+    after = next(b)[0]
+    resumed = ShardedBatches(prepared[0], SEQ, GLOBAL_B, SEED, rank=1, world=2)
+    resumed.load_state_dict(state)
+    got = next(resumed)[0]
+    assert torch.equal(got, after)
+    # by content: rank 1's next sequence starts where the single-rank stream places it
+    single = ShardedBatches(prepared[0], SEQ, GLOBAL_B, SEED, rank=0, world=1)
+    stream = _stream(single.corpus, single.order(0))
+    j = 5 * GLOBAL_B + GLOBAL_B // 2
+    np.testing.assert_array_equal(got[0].numpy(), stream[j * SEQ:(j + 1) * SEQ])
+    assert last[-1, -1] == stream[(j - GLOBAL_B // 2 - 1) * SEQ + SEQ - 1]
+    with pytest.raises(ValueError, match="seed"):
+        ShardedBatches(prepared[0], SEQ, GLOBAL_B, SEED + 1, 1, 2).load_state_dict(state)
+    with pytest.raises(ValueError, match="global_batch=3 must be a multiple"):
+        ShardedBatches(prepared[0], SEQ, 3, SEED, 0, 2)
+
+
+def test_batches_cross_epochs_with_a_fresh_order(prepared):
+    b = ShardedBatches(prepared[0], SEQ, GLOBAL_B, SEED, 0, 1)
+    assert list(b.order(0)) != list(b.order(1))
+    step = b.tokens_per_epoch // b.tokens_per_step + 1  # wholly in epoch 1
+    off = step * b.tokens_per_step - b.tokens_per_epoch
+    stream1 = _stream(b.corpus, b.order(1))
+    np.testing.assert_array_equal(b.batch(step)[0][0].numpy(), stream1[off:off + SEQ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Paloma-layout eval sets
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def paloma_dir(rows, tmp_path_factory):
+    import gzip
+
+    root = tmp_path_factory.mktemp("paloma")
+    for dom in ("code", "docs", "prose"):
+        texts = [t for d, t in rows if d == dom][:20]
+        (root / dom / "val").mkdir(parents=True)
+        (root / dom / "test").mkdir()
+        with gzip.open(root / dom / "val" / "val_0.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        (root / dom / "test" / "test_0.jsonl").write_text(json.dumps({"text": "not the val split"}) + "\n")
+    return root
+
+
+def test_paloma_layout_eval_corpus_gives_eval_batches_and_bytes_per_token(paloma_dir, prepared, rows):
+    tok = tokenizer_of(prepared[0])
+    assert eval_domains(paloma_dir) == {d: paloma_dir / d / "val" for d in ("code", "docs", "prose")}
+    ev = load_eval_corpus(paloma_dir, tok)
+    assert ev.domains == ["code", "docs", "prose"]
+    for dom in ev.domains:
+        texts = [t for d, t in rows if d == dom][:20]
+        ref = np.concatenate([tok.encode(t) for t in texts])
+        np.testing.assert_array_equal(ev.heldout[dom].tokens, ref)
+        assert data.bytes_per_token(ev, dom) == sum(len(t.encode()) for t in texts) / len(ref)
+        batches = data.eval_batches(ev, dom, 16, 2, 3)
+        np.testing.assert_array_equal(batches[0][0][0].numpy(), ref[:16])
+    assert load_eval_corpus(paloma_dir, load_tokenizer("byte"), domains=("docs",)).domains == ["docs"]
+    with pytest.raises(ValueError, match="allowed values: code, docs, prose"):
+        load_eval_corpus(paloma_dir, tok, domains=("c4_en",))
+
+
+# ---------------------------------------------------------------------------------------------
+# `data prepare` and plan-time epoch accounting
+# ---------------------------------------------------------------------------------------------
+
+
+def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepared, tmp_path, capsys):
+    from sweeps.cli import main
+
+    out = tmp_path / "cli"
+    rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--out", str(out),
+               "--text-column", "body", "--domain-column", "source", "--docs-per-shard", str(DOCS_PER_SHARD)])
+    assert rc == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in prepared[2]["shards"]]
+    assert f"--set data.corpus={out}" in capsys.readouterr().out
+    assert main(["data", "prepare", str(source), "--tokenizer", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+
+
+def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps({"format": prep.FORMAT, "tokens": tokens,
+                                                    "tokenizer": {"vocab_size": vocab}}))
+    return path
+
+
+def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsys):
+    from sweeps.cli import main
+
+    assert main(["plan", "marin535"]) == 2
+    err = capsys.readouterr().err
+    assert "data.corpus='embedded'" in err and "--set data.corpus=DIR" in err and "data prepare" in err
+
+
+def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
+    from ablations.studies import get_study
+    from sweeps.cli import main
+
+    rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
+    big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
+    assert main(["plan", "marin535", "--json", "--set", f"data.corpus={big}"]) == 0
+    rows = json.loads(capsys.readouterr().out)["epochs"]
+    assert [(r["rung"], r["tokens_needed"], r["corpus_tokens"]) for r in rows] == \
+        [(k, v, 2 * max(rungs.values())) for k, v in rungs.items()]
+    assert [r["epochs"] for r in rows] == [v / (2 * max(rungs.values())) for v in rungs.values()]
+    assert main(["plan", "marin535", "--set", f"data.corpus={big}"]) == 0
+    text = capsys.readouterr().out
+    assert "tokens_needed" in text and f"{2 * max(rungs.values()):,}" in text
+
+    small = _fake_prepared(tmp_path / "small", rungs["d768"], 16384)  # d1024 would need 2.2 epochs
+    assert main(["plan", "marin535", "--set", f"data.corpus={small}"]) == 2
+    err = capsys.readouterr().err
+    assert "rung d1024" in err and "2.22 epochs" in err and "--allow-repeat" in err
+    assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}"]) == 0
+    assert json.loads(capsys.readouterr().out)["epochs"][2]["epochs"] == rungs["d1024"] / rungs["d768"]
+    wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
+    assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2
+    assert "vocabulary of 128256, more than model.vocab_size=16384" in capsys.readouterr().err

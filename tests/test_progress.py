@@ -1,0 +1,167 @@
+"""Live visibility: train's per-step line, a study's ETA and running runs in `run`/`status`, and a
+study's runs reaching offline W&B and TensorBoard grouped by study and tagged with arm/rung/levels."""
+
+import argparse
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ablations.designs import full_factorial
+from ablations.ladders import Rung
+from ablations.studies import Study
+from marin.progress_line import StepProgress, format_line
+from sweeps import commands
+from sweeps.executors import ExecOptions
+from sweeps.progress import Progress, last_train_record, rung_estimates, run_live, study_eta
+from sweeps.runs import RunLock, write_run_files
+from sweeps.sweep import planned_runs, run_study
+
+
+def tiny_study(name: str = "tiny_watch", steps: int = 3) -> Study:
+    rung = Rung("tiny", "tiny", fixed_steps=steps, batch_size=2, est_tokens_per_s=1000.0,
+                train_overrides={"eval_batches": 1, "eval_every": steps, "checkpoint_every": 2, "log_every": 1})
+    return Study(name=name, description="tiny test study", factors=("xsa",), design=full_factorial(["xsa"]),
+                 rungs=(rung,), seeds=(0,), executor={"executor": "debug"})
+
+
+# ---------------------------------------------------------------------------------------------
+# train's per-step line
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_step_line_in_logs_shows_step_loss_throughput_mfu_drops_and_eta():
+    clock, out = FakeClock(), io.StringIO()
+    p = StepProgress(100, start_step=10, stream=out, tty=False, clock=clock)
+    clock.t += 30.0  # 10 steps (10 -> 20) in 30 s: 80 steps left take 240 s
+    line = p.update({"step": 19, "loss": 3.45678, "tokens_per_s": 12345.0, "mfu": 0.3123, "drop_rate": 0.004})
+    assert line == "step 20/100 (20%) | loss 3.4568 | 12.3k tok/s | mfu 31.2% | drop 0.40% | eta 4m00s"
+    assert out.getvalue() == line + "\n"
+    assert format_line({"step": 0, "loss": 2.0}, 5, None) == "step 1/5 (20%) | loss 2.0000"
+
+
+def test_step_line_on_a_terminal_is_a_tqdm_bar_with_the_numbers():
+    out = io.StringIO()
+    p = StepProgress(50, stream=out, tty=True)
+    p.update({"step": 9, "loss": 1.5, "tokens_per_s": 2e6, "mfu": None, "drop_rate": 0.0})
+    p.close()
+    text = out.getvalue()
+    assert "\r" in text and "10/50" in text and "loss 1.5000 | 2M tok/s | drop 0.00%" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# study progress: ETA and running runs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_eta_scales_the_cost_model_by_finished_runs_and_credits_running_steps():
+    est = {"a": 100.0, "b": 400.0}
+    runs = [{"rung": "a", "state": "completed", "wall_s": 150.0},  # 1.5x slower than the model
+            {"rung": "a", "state": "running", "step": 30, "total": 40},
+            {"rung": "b", "state": "pending"}, {"rung": "b", "state": "failed"}]
+    assert study_eta(runs, est, slots=2) == pytest.approx((100 * 1.5 * 0.25 + 400 * 1.5) / 2)
+    assert study_eta(runs[1:], est, slots=1) == pytest.approx(100 * 0.25 + 400)  # nothing finished: the model
+    assert study_eta([{"rung": "c", "state": "pending"}], est, 1) is None
+    assert rung_estimates([{"name": "a", "est_wall_s": 5.0}, {"name": "g", "gpu_hours": 8.0, "n_runs": 4, "gpus": 2},
+                           {"name": "x"}]) == {"a": 5.0, "g": 3600.0}
+
+
+def _running_run(tmp_path):
+    """A planned run held by a lock (as a worker holds it), with 3 train lines and an eval line."""
+    run = planned_runs(tiny_study(), tmp_path)[0]
+    write_run_files(run)
+    lines = [{"step": s, "loss": 4.0 - s} for s in range(3)] + [{"step": 3, "eval_macro_loss": 9.0, "loss": None}]
+    lines[-1].pop("loss")
+    (run.dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 3, "lo')
+    lock = RunLock(run.dir)
+    assert lock.acquire()
+    return run, lock
+
+
+def test_run_live_reads_step_total_last_loss_and_elapsed_from_the_run_dir(tmp_path):
+    run, lock = _running_run(tmp_path)
+    try:
+        assert last_train_record(run.dir / "metrics.jsonl") == {"step": 2, "loss": 2.0}
+        since = json.loads((run.dir / ".lock").read_text())["since"]
+        assert run_live(run.dir, now=since + 65) == {"step": 3, "total": 3, "loss": 2.0, "elapsed_s": 65}
+    finally:
+        lock.release()
+
+
+def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
+    run, lock = _running_run(tmp_path)
+    runs = planned_runs(tiny_study(), tmp_path)
+    out = io.StringIO()
+    try:
+        p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, estimates={"tiny": 60.0}, slots=1)
+        p.update({})
+    finally:
+        lock.release()
+    head, running = out.getvalue().splitlines()
+    assert head.startswith("tiny_watch: 0/2 done, 1 running, 0 failed, 1 pending") and head.endswith("ETA 1m00s")
+    assert running.startswith(f"  {run.run_id} tiny {run.meta['arm']} seed 0: step 3/3 loss 2.0000")
+
+
+def _status(tmp_path, monkeypatch, capsys, *flags):
+    monkeypatch.setattr(commands, "_study", lambda args: tiny_study())
+    p = argparse.ArgumentParser()
+    commands.status_args(p)
+    assert commands.cmd_status(p.parse_args(["tiny_watch", "--out", str(tmp_path), *flags])) == 0
+    return capsys.readouterr().out
+
+
+def test_status_json_and_compact_table_show_a_running_runs_step_loss_and_elapsed(tmp_path, monkeypatch, capsys):
+    run, lock = _running_run(tmp_path)
+    try:
+        st = json.loads(_status(tmp_path, monkeypatch, capsys, "--json"))
+        compact = _status(tmp_path, monkeypatch, capsys)
+        every = _status(tmp_path, monkeypatch, capsys, "--all")
+    finally:
+        lock.release()
+    row = next(r for r in st["runs"] if r["run_id"] == run.run_id)
+    assert (row["state"], row["step"], row["total"], row["loss"]) == ("running", 3, 3, 2.0)
+    assert row["elapsed_s"] >= 0 and st["counts"]["running"] == 1 and st["eta_s"] > 0
+    other = next(r for r in st["runs"] if r["run_id"] != run.run_id)
+    assert other["state"] == "pending" and other["step"] is None
+    assert run.run_id in compact and other["run_id"] not in compact and "3/3" in compact
+    assert run.run_id in every and other["run_id"] in every
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B and TensorBoard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("MARIN_LOG_TO", "wandb,tensorboard")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    study = tiny_study(steps=2)
+    rep = run_study(study, tmp_path, ExecOptions(executor="debug"), progress=False)
+    assert rep.counts["completed"] == 2
+    assert "WANDB_RUN_GROUP" not in os.environ  # set around each run only
+    for run in planned_runs(study, tmp_path):
+        acc = EventAccumulator(str(run.dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+        assert [e.step for e in acc.Scalars("loss")] == [0, 1]
+        text = acc.Tensors("tags/text_summary")[0].tensor_proto.string_val[0].decode()
+        assert f"study: tiny_watch" in text and f"arm: {run.meta['arm']}" in text and "rung: tiny" in text
+        assert f"xsa: {run.meta['factors']['xsa']}" in text
+        offline = list((run.dir / "wandb").glob("offline-run-*"))
+        assert len(offline) == 1
+        blob = next(offline[0].glob("*.wandb")).read_bytes()
+        for s in ("tiny_watch", f"arm:{run.meta['arm']}", "rung:tiny", f"xsa:{run.meta['factors']['xsa']}",
+                  run.run_id):
+            assert s.encode() in blob, s
