@@ -6,8 +6,9 @@ y (ln M_flop, ln R or ln M_flop·R) is fitted by OLS on
 
     y = b0 + b_z·z + Σ_i β_i x_i + Σ_{i<j} β_ij x_i x_j + Σ_i γ_i x_i z
 
-(z terms only when the study spans ≥ 2 rungs). Standard errors are heteroskedasticity-robust (HC2
-by default), plus the propagated uncertainty of the reference law (delta method), t with n − p df.
+(z terms only when the study spans ≥ 2 rungs). Standard errors: the larger of the HC3 robust and the model-based
+one per contrast, t with n − p df. For quality the coefficients come from the joint law fit
+(analysis/joint.py), which carries the reference law's uncertainty into every contrast.
 
 Per component i, with f(S) = predicted y of the arm with the factors in S on, the rest off, at z:
   * Shapley φ_i = Σ_{S∌i} |S|!(k−|S|−1)!/k! [f(S∪i) − f(S)]; with this model φ_i = 2β_i + 2γ_i z
@@ -162,8 +163,11 @@ class EffectsFit:
     leverage: np.ndarray
     X: np.ndarray  # (n, p) full candidate design
     z_ref: float = 0.0
-    method: str = "ols-HC2"
+    method: str = "ols-HC3"
     notes: list[str] = field(default_factory=list)
+    # The model-based covariance s²(XᵀX)⁻¹: each contrast uses the larger of it and the robust one, since
+    # HC estimators are biased low for contrasts carried by few runs (Bell & McCaffrey 2002).
+    cov_model: np.ndarray | None = None
 
     def estimable(self, c: np.ndarray) -> bool:
         V = self.alias.rowspace_V
@@ -175,8 +179,14 @@ class EffectsFit:
             return (np.nan, np.nan, np.nan, np.nan, False)
         q = _t_quantile(level, self.dof)
         est = float(c @ self.theta)
-        se = float(np.sqrt(max(c @ self.cov @ c, 0.0)))
+        se = float(np.sqrt(self.contrast_var(c)))
         return (est, se, est - q * se, est + q * se, True)
+
+    def contrast_var(self, c: np.ndarray) -> float:
+        v = float(c @ self.cov @ c)
+        if self.cov_model is not None:
+            v = max(v, float(c @ self.cov_model @ c))
+        return max(v, 0.0)
 
     def term_label(self, j: int) -> str:
         g = self.alias.group_of(j)
@@ -237,7 +247,7 @@ def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
 
 
 def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
-                response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC2",
+                response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
                 extra_jac: np.ndarray | None = None, extra_cov: np.ndarray | None = None,
                 groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
     """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed).
@@ -285,10 +295,17 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     cov = np.zeros((p, p))
     cov[np.ix_(K, K)] = cov_k
     dof = len(y_n) - len(K)
+    cov_model = np.zeros((p, p))
+    if dof > 0:
+        cm = XtX_inv * float(e @ e) / dof
+        if extra_jac is not None and extra_cov is not None:
+            cm = cm + G @ np.nan_to_num(extra_cov) @ G.T
+        cov_model[np.ix_(K, K)] = cm
     if dof <= 0:
         notes.append("saturated design: no residual degrees of freedom, no standard errors")
     return EffectsFit(response=response, factors=list(factors), terms=terms, alias=al, theta=theta, cov=cov,
-                      dof=dof, n=len(y_n), resid=e, leverage=h, X=Xf, method=method, notes=notes)
+                      dof=dof, n=len(y_n), resid=e, leverage=h, X=Xf, method=method, notes=notes,
+                      cov_model=cov_model if method.startswith("ols") else None)
 
 
 def all_arms(k: int) -> np.ndarray:
@@ -378,24 +395,34 @@ def interaction_matrix(fit: EffectsFit) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def anova_table(fit: EffectsFit) -> pd.DataFrame:
-    """Drop-one (Type III with ±1 coding) sums of squares per estimated column, F tests."""
-    K = np.flatnonzero(fit.alias.kept)
-    Xk = fit.X[:, K]
-    y = fit.X[:, K] @ fit.theta[K] + fit.resid
-    rss_full = float(fit.resid @ fit.resid)
-    dof = fit.dof
-    mse = rss_full / dof if dof > 0 else np.nan
+    """Wald F tests with the fit's own covariance (robust, the one the coefficient table uses): one
+    row per estimated column (F = t² of its coefficient row) and one per term family (all 2FIs, all
+    factor × log C), so the ANOVA and the coefficients cannot disagree."""
+    K = [j for j in np.flatnonzero(fit.alias.kept) if fit.terms[j].kind != "intercept"]
     rows = []
-    for pos, j in enumerate(K):
-        if fit.terms[j].kind == "intercept":
-            continue
-        Xr = np.delete(Xk, pos, axis=1)
-        beta, *_ = np.linalg.lstsq(Xr, y, rcond=None)
-        ss = float(np.sum((y - Xr @ beta) ** 2) - rss_full)
-        F = ss / mse if dof > 0 and mse > 0 else np.nan
-        p = float(stats.f.sf(F, 1, dof)) if np.isfinite(F) else np.nan
-        rows.append({"term": fit.term_label(j), "df": 1, "sum_sq": ss, "mean_sq": ss, "F": F, "p": p})
-    rows.append({"term": "Residual", "df": dof, "sum_sq": rss_full, "mean_sq": mse, "F": np.nan, "p": np.nan})
+    dof = max(fit.dof, 1)
+
+    def wald(cols: list[int]) -> tuple[float, float]:
+        th = fit.theta[cols]
+        cands = [fit.cov[np.ix_(cols, cols)]]
+        if fit.cov_model is not None:
+            cands.append(fit.cov_model[np.ix_(cols, cols)])
+        V = max(cands, key=lambda m: float(np.trace(m)))  # the more conservative of robust / model-based
+        if len(cols) == 1:
+            V = np.array([[max(float(m[0, 0]) for m in cands)]])
+        W = float(th @ np.linalg.pinv(V) @ th)
+        F = W / len(cols)
+        return F, (float(stats.f.sf(F, len(cols), dof)) if fit.dof > 0 and np.isfinite(F) else np.nan)
+
+    for j in K:
+        F, p = wald([j])
+        rows.append({"term": fit.term_label(j), "df": 1, "F": F, "p": p})
+    for kind, lab in (("2fi", "all two-factor interactions"), ("main_x_scale", "all factor × log C")):
+        cols = [j for j in K if fit.terms[j].kind == kind]
+        if len(cols) > 1:
+            F, p = wald(cols)
+            rows.append({"term": lab, "df": len(cols), "F": F, "p": p})
+    rows.append({"term": "Residual", "df": fit.dof, "F": np.nan, "p": np.nan})
     return pd.DataFrame(rows)
 
 

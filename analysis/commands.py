@@ -38,12 +38,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (0: none)")
     parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
                         help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
-    parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC2", help="robust SE type")
+    parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC3",
+                        help="robust SE type of the throughput fit (each contrast uses the larger of it and the model SE)")
     parser.add_argument("--mixed", action="store_true", help="mixed model with a random intercept per seed")
     parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
     parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
                         help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force-extrapolation", action="store_true",
+                        help="allow a --target beyond 10x the top rung's compute (the interval then says little)")
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None):
@@ -53,7 +56,8 @@ def _analyze(args, table: pd.DataFrame, target: float | None):
         raise ValueError(f"--n-boot must be >= 0, got {args.n_boot}")
     return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
                          boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
-                         target_compute=target, third_levels=args.third_levels, seed=args.seed)
+                         target_compute=target, third_levels=args.third_levels, seed=args.seed,
+                         force_extrapolation=args.force_extrapolation)
 
 
 def analyze_args(parser: argparse.ArgumentParser) -> None:
@@ -72,17 +76,22 @@ def cmd_analyze(args) -> int:
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
     out = Path(args.out) if args.out else study_dir / "report"
     title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
-    md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures)
+    import sys
+
+    md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures,
+                            command="marin-ablate " + " ".join(sys.argv[1:]))
     tab = attribution_table(a)
-    aliased = "aliased with" in tab and (tab["aliased with"] != "").any()
+    aliased = "aliased" in tab and (tab["aliased"] != "").any()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         # The alias chains are long at resolution IV: the report lists them; the console names them.
-        print(tab.drop(columns=["aliased with"], errors="ignore").to_string(index=False))
+        print(tab.drop(columns=["aliased"], errors="ignore").to_string(index=False))
     if aliased:
         print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
               "need them separately and are not estimable; the alias groups are in the report")
     for n in a.notes:
         print(f"note: {n}")
+    for w in a.warnings:
+        print(f"warning: {w}")
     print(f"wrote {md} and {html}")
     return 0
 
@@ -103,8 +112,8 @@ def cmd_forecast(args) -> int:
     study_dir, table = resolve_study(args.study)
     a = _analyze(args, table, args.target)
     path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
-                          arm=args.arm, note=args.note)
-    pred = a.arm_prediction(arm_codes(a, args.arm), args.target)
+                          arm=args.arm, note=args.note, force=args.force_extrapolation)
+    pred = a.arm_prediction(arm_codes(a, args.arm), args.target, force=args.force_extrapolation)
     print(f"forecast {path}: arm {args.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "
           f"[{pred['loss_lo']:.4f}, {pred['loss_hi']:.4f}]")
     return 0

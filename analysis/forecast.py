@@ -61,7 +61,8 @@ def _matching_runs(df: pd.DataFrame, factors: list[str], codes: dict[str, int], 
 
 
 def write_forecast(study_dir: str | Path, analysis: StudyAnalysis, raw_table: pd.DataFrame, *,
-                   target_compute: float, arm: str = "recipe", note: str = "", now: float | None = None) -> Path:
+                   target_compute: float, arm: str = "recipe", note: str = "", now: float | None = None,
+                   force: bool = False) -> Path:
     """Write the forecast once; refuse when a target run has already started."""
     if not target_compute > 0:
         raise ValueError(f"target_compute must be > 0 FLOPs, got {target_compute}")
@@ -72,7 +73,7 @@ def write_forecast(study_dir: str | Path, analysis: StudyAnalysis, raw_table: pd
     if len(st) and st.min() <= now:
         raise ValueError(f"target: a run of arm {arm!r} at {target_compute:.3g} FLOPs already started "
                          f"(run {started['run_id'].iloc[0]}); a forecast must precede it")
-    pred = analysis.arm_prediction(codes, target_compute)
+    pred = analysis.arm_prediction(codes, target_compute, force=force)
     fit = analysis.fits["quality"]
     content = {
         "kind": "marin-ablate forecast", "version": 1,

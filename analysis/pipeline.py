@@ -1,8 +1,9 @@
-"""Results table -> law, multipliers, effects, components, extrapolation (DESIGN §4).
+"""Results table -> law, multipliers, effects, components, extrapolation, checks (docs/method.md).
 
-`analyze_table(df)` is the whole analysis without plots or files: it uses what is estimable and
-records in `notes` everything it left out (missing/failed runs, third levels, losses below L∞,
-arms without a throughput baseline, non-estimable contrasts).
+`analyze_table(df)` is the whole analysis without plots or files. The reference law and the quality
+effects are one fit on every run (analysis/joint.py); throughput is an OLS on ln R; wall-clock adds
+the two. It uses what is estimable and records in `notes` everything it left out, and in `warnings`
+what a reader must know before trusting a number (analysis/checks.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from analysis.attribution import (EffectsFit, anova_table, code_table, component_contrasts, component_table,
-                                  fit_effects)
+from analysis.attribution import (EffectsFit, alias_structure, anova_table, build_terms, code_table,
+                                  component_contrasts, component_table, design_matrix, fit_effects)
+from analysis.joint import JointFit, effect_design, fit_joint, law_of
 from analysis.results import Inventory, factor_columns, inventory
-from analysis.scaling import LawFit, fit_law, log_multiplier, log_multiplier_jacobian, loss_at
+from analysis.scaling import LawFit, log_multiplier
 
 RESPONSES = {"quality": "ln_M", "throughput": "ln_R", "wall": "ln_W"}
 BOOT_METHODS = ("wild", "cells", "none")
+#: Extrapolation beyond this multiple of the top rung's compute is refused unless forced.
+EXTRAPOLATION_LIMIT = 10.0
 
 
 @dataclass
@@ -43,6 +48,11 @@ class StudyAnalysis:
     boot_law: np.ndarray | None = None  # (B, 3) linf, A, alpha paired with boot_theta["quality"]
     notes: list[str] = field(default_factory=list)
     target_compute: float | None = None
+    joint: dict[str, JointFit] = field(default_factory=dict)  # "power", "curved", "power/main"
+    checks: pd.DataFrame | None = None  # TOTAL two ways + lack of fit
+    warnings: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # lost runs and what they cost
+    level: float = 0.95
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -57,33 +67,57 @@ class StudyAnalysis:
         return [fit.terms[j].name + (f" (a combination of {', '.join(fit.terms[k].name for k in ks)})" if ks else "")
                 for j, ks in fit.alias.not_estimable.items()]
 
-    def arm_prediction(self, codes: dict[str, int], compute: float, level: float = 0.95) -> dict:
-        """Predicted ln M and loss of an arm (factor -> ±1) at `compute`, with intervals."""
+    def top_compute(self) -> float:
+        return float(self.rungs["compute"].max())
+
+    def arm_prediction(self, codes: dict[str, int], compute: float, level: float = 0.95,
+                       force: bool = False) -> dict:
+        """Predicted ln M and loss of an arm (factor -> ±1) at `compute`, with intervals that include
+        the spread between the law forms; the loss interval is on the log scale (never below zero)."""
+        check_extrapolation(compute, self.top_compute(), force)
         fit = self.fits.get("quality")
         if fit is None or self.law is None:
             raise ValueError("no quality fit: the reference law was not estimable")
         x = np.array([[float(codes[f]) for f in self.factors]])
         z = float(np.log(compute / self.c_ref))
-        c = fit.predict_phi(x, z)[0]
-        est, se, lo, hi, ok = fit.contrast(c, level)
-        key = "quality"
-        if not ok and "quality" in self.reduced:
-            fit, key = self.reduced["quality"], "quality/main"
-            c = fit.predict_phi(x, z)[0]
-            est, se, lo, hi, ok = fit.contrast(c, level)
-        if not ok:
-            raise ValueError("the arm's prediction is not estimable from this design")
-        out = {"ln_M": est, "ln_M_se": se, "ln_M_lo": lo, "ln_M_hi": hi,
-               "loss": float(loss_at(est, compute, self.law))}
-        if self.boot_law is not None and key in self.boot_theta:
-            lm = self.boot_theta[key] @ c
-            bl = self.boot_law
-            Ls = bl[:, 0] + bl[:, 1] * (np.exp(lm) * compute) ** (-bl[:, 2])
-            q = (1 - level) / 2
-            out["loss_lo"], out["loss_hi"] = (float(v) for v in np.nanquantile(Ls, [q, 1 - q]))
-        else:  # monotone map of the ln M interval through the point law
-            out["loss_lo"], out["loss_hi"] = float(loss_at(hi, compute, self.law)), float(loss_at(lo, compute, self.law))
+        out: dict = {}
+        los, his, lnm = [], [], []
+        for form in ("power", "curved"):
+            jf = self.joint.get(form)
+            if jf is None:
+                continue
+            e_row, ok = self._effect_row(jf, fit, x, z)
+            if not ok:
+                raise ValueError("the arm's prediction is not estimable from this design")
+            loss, g = jf.loss_grad(compute, e_row)
+            se_ln = np.sqrt(jf.contrast_var(g)) / max(loss, 1e-12)
+            q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
+            th = jf.params[[jf.names.index(f"theta{j}") for j in range(len(e_row))]]
+            gm = np.zeros(len(jf.names))
+            gm[[jf.names.index(f"theta{j}") for j in range(len(e_row))]] = e_row
+            se_m = np.sqrt(jf.contrast_var(gm))
+            if form == "power":
+                out.update({"ln_M": float(e_row @ th), "ln_M_se": float(se_m), "loss": float(loss)})
+            lnm.append((float(e_row @ th - q * se_m), float(e_row @ th + q * se_m)))
+            los.append(float(loss * np.exp(-q * se_ln)))
+            his.append(float(loss * np.exp(q * se_ln)))
+        out["ln_M_lo"], out["ln_M_hi"] = min(v[0] for v in lnm), max(v[1] for v in lnm)
+        out["loss_lo"], out["loss_hi"] = min(los), max(his)
+        out["law_forms"] = len(los)
         return out
+
+    def _effect_row(self, jf: JointFit, fit: EffectsFit, x: np.ndarray, z: float) -> tuple[np.ndarray, bool]:
+        c = fit.predict_phi(x, z)[0] - fit.predict_phi(-np.ones_like(x), z)[0]
+        e_row = c[jf.effect_cols]
+        return e_row, fit.estimable(c)
+
+
+def check_extrapolation(target: float, top: float, force: bool) -> None:
+    if not target > 0:
+        raise ValueError(f"target_compute must be > 0 FLOPs, got {target}")
+    if target > EXTRAPOLATION_LIMIT * top and not force:
+        raise ValueError(f"target_compute {target:.3g} FLOPs is {target / top:.0f}x the top rung ({top:.3g} FLOPs); "
+                         f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
 
 
 def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
@@ -97,20 +131,40 @@ def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
     return pd.Series([f"r{i}" for i in lab], index=df.index)
 
 
-def _boot_law_refit(law: LawFit, C, L, pins) -> LawFit | None:
-    try:
-        return fit_law(C, L, pin_linf=pins[0], pin_alpha=pins[1], n_boot=0, profile=False)
-    except ValueError:
-        return None
+def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
+                form: str = "power", start: JointFit | None = None) -> tuple[EffectsFit, JointFit]:
+    """The joint law + quality effects fit, with its coefficients in the standard effects basis."""
+    terms = build_terms(factors, interactions=interactions, scale=scale)
+    Xf = design_matrix(terms, factors, X, z)
+    al = alias_structure(Xf)
+    E, cols = effect_design(terms, factors, al.kept, X, z)
+    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start)
+    th, cov, cm, _ = jf.theta_std(len(terms), terms)
+    fit = EffectsFit(response="ln_M", factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
+                     n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
+                     cov_model=cm)
+    return fit, jf
+
+
+def _wall(q: EffectsFit, r: EffectsFit, both: np.ndarray, X, z) -> EffectsFit:
+    """ln W = ln M + ln R: coefficients add; covariances add (loss and throughput noise are independent)."""
+    al = alias_structure(design_matrix(q.terms, q.factors, X[both], z[both]))
+    return EffectsFit(response="ln_W", factors=q.factors, terms=q.terms, alias=al, theta=q.theta + r.theta,
+                      cov=q.cov + r.cov, dof=min(q.dof, r.dof), n=int(both.sum()), resid=np.zeros(int(both.sum())),
+                      leverage=np.zeros(int(both.sum())), X=q.X, method="quality + throughput",
+                      cov_model=(q.cov_model if q.cov_model is not None else q.cov)
+                      + (r.cov_model if r.cov_model is not None else r.cov))
 
 
 def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_linf: float | None = None,
-                  pin_alpha: float | None = None, n_boot: int = 200, boot_method: str = "wild", hc: str = "HC2",
+                  pin_alpha: float | None = None, n_boot: int = 200, boot_method: str = "wild", hc: str = "HC3",
                   mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
-                  third_levels: str = "drop", level: float = 0.95, law_delta: bool = True,
-                  seed: int = 0, responses: tuple[str, ...] = tuple(RESPONSES),
-                  law_profile: bool = True) -> StudyAnalysis:
-    """The attribution of DESIGN §4 on a results table; see the module docstrings for the math."""
+                  third_levels: str = "drop", level: float = 0.95, seed: int = 0,
+                  responses: tuple[str, ...] = tuple(RESPONSES), force_extrapolation: bool = False,
+                  law_forms: tuple[str, ...] = ("power", "curved")) -> StudyAnalysis:
+    """The attribution on a results table; see the module docstrings for the math."""
+    from analysis.checks import lost_runs, total_checks, warnings_for
+
     bad = [r for r in responses if r not in RESPONSES]
     if bad:
         raise ValueError(f"responses {bad}; allowed values: {', '.join(RESPONSES)}")
@@ -147,7 +201,8 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     L = ok["eval_macro_loss"].to_numpy(float)
     ok["rung"] = _rungs(ok, C).to_numpy()
     c_ref = float(np.exp(np.mean(np.log(C))))
-    ok["z"] = np.log(C / c_ref)
+    z = np.log(C / c_ref)
+    ok["z"] = z
     rung_names = list(dict.fromkeys(ok["rung"]))
     rungs = pd.DataFrame({"rung": rung_names, "compute": [float(np.exp(np.log(C[ok["rung"].to_numpy() == r]).mean()))
                                                           for r in rung_names]})
@@ -156,27 +211,52 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     scale = len(rungs) >= 2
     if not scale:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
-    base = np.all(X == -1, axis=1)
-    if not base.any():
-        notes.append("the all-baseline arm has no completed run: no reference law, no quality multipliers")
+    seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
+    pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
 
-    # Reference law on the baseline arm (DESIGN §4.1).
+    # Reference law and quality effects: one fit on every run (baseline-arm runs are not special).
+    fits: dict[str, EffectsFit] = {}
+    reduced: dict[str, EffectsFit] = {}
+    joint: dict[str, JointFit] = {}
     law = None
-    pins = (pin_linf, pin_alpha)
-    if base.any():
-        try:
-            law = fit_law(C[base], L[base], pin_linf=pin_linf, pin_alpha=pin_alpha,
-                          n_boot=n_boot if boot_method != "none" else 0, seed=seed, profile=law_profile)
-        except ValueError as e:
-            notes.append(f"reference law not estimable: {e}")
-    ok["ln_M"] = log_multiplier(L, C, law) if law else np.nan
-    if law is not None and np.isnan(ok["ln_M"]).any():
-        notes.append(f"{int(np.isnan(ok['ln_M']).sum())} run(s) with loss ≤ fitted L∞: no multiplier (left out)")
-    # Throughput ratio against the baseline arm on the same hardware and rung (DESIGN §4.3).
+    if "quality" in responses or "wall" in responses:
+        if not scale and pin_alpha is None:
+            notes.append("reference law not estimable: one rung cannot fix α; pin it (--pin-alpha)")
+        else:
+            for form in law_forms:
+                try:
+                    fq, jf = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds,
+                                         pins=pins, form=form, start=joint.get("power"))
+                except ValueError as e:
+                    notes.append(f"reference law ({form} form) not estimable: {e}")
+                    continue
+                if form == "power" and ({"alpha", "ln_a"} & set(jf.not_identified)):
+                    notes.append("reference law not identified (α or A): no quality multipliers; pin α or add rungs")
+                    law = law_of(jf, level)
+                    break
+                if form != "power" and jf.not_identified:
+                    notes.append(f"the {form} law form is not identified by {len(rungs)} rungs: "
+                                 "the law form's effect on extrapolation cannot be assessed")
+                    continue
+                joint[form] = jf
+                if form == "power":
+                    fits["quality"], law = fq, law_of(jf, level)
+            if "quality" in fits:
+                shap = component_contrasts(fits["quality"], 0.0)["shapley"]
+                badf = [f for f, c in zip(factors, shap) if not fits["quality"].estimable(c)]
+                if badf and interactions:
+                    red, jr = quality_fit(X, z, C, L, factors, interactions=False, scale=scale, seeds=seeds, pins=pins)
+                    reduced["quality"], joint["power/main"] = red, jr
+                    notes.append(f"quality: with two-factor interactions the Shapley value of {', '.join(badf)} is "
+                                 "not estimable from the runs present; Shapley values from the main-effects model "
+                                 "(assumes no interactions), LOO/AOI from the full model")
+    ok["ln_M"] = log_multiplier(L, C, law) if law is not None else np.nan
+    # Throughput ratio against the baseline arm on the same hardware and rung.
     mfs = ok["model_flops_per_s"].astype(float) if "model_flops_per_s" in ok else pd.Series(np.nan, index=ok.index)
     hw = ok["hardware"].astype(str) if "hardware" in ok else pd.Series("?", index=ok.index)
     key = list(zip(ok["rung"], hw))
+    base = np.all(X == -1, axis=1)
     ref_sum: dict = {}
     for k_, m_, b_ in zip(key, mfs.to_numpy(float), base):
         if b_ and np.isfinite(m_):
@@ -189,51 +269,42 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
         notes.append(f"{int(ok['ln_R'].isna().sum())} run(s) without a baseline throughput on the same "
                      "hardware and rung: no throughput ratio")
     ok["ln_W"] = ok["ln_M"] + ok["ln_R"]
+    masks: dict[str, np.ndarray] = {"quality": np.ones(len(ok), bool)}
+    lnR = ok["ln_R"].to_numpy(float)
+    mR = np.isfinite(lnR)
+    if ("throughput" in responses or "wall" in responses) and mR.sum() >= 2:
+        groups = ok["seed"].to_numpy()[mR] if "seed" in ok else None
+        fr = fit_effects(X[mR], z[mR], lnR[mR], factors, response="ln_R", interactions=interactions, scale=scale,
+                         hc=hc, groups=groups, mixed=mixed)
+        fits["throughput"], masks["throughput"] = fr, mR
+        notes += [f"throughput: {n}" for n in fr.notes]
+        shap = component_contrasts(fr, 0.0)["shapley"]
+        if interactions and any(not fr.estimable(c) for c in shap):
+            reduced["throughput"] = fit_effects(X[mR], z[mR], lnR[mR], factors, response="ln_R", interactions=False,
+                                                scale=scale, hc=hc, groups=groups, mixed=mixed)
+    if "wall" in responses and "quality" in fits and "throughput" in fits:
+        fits["wall"] = _wall(fits["quality"], fits["throughput"], mR, X, z)
+        masks["wall"] = mR
+        if "quality" in reduced or "throughput" in reduced:
+            reduced["wall"] = _wall(reduced.get("quality", fits["quality"]),
+                                    reduced.get("throughput", fits["throughput"]), mR, X, z)
+    for r in [r for r in ("quality", "throughput") if r not in responses]:
+        fits.pop(r, None)
+        reduced.pop(r, None)
 
-    fits: dict[str, EffectsFit] = {}
-    reduced: dict[str, EffectsFit] = {}
-    masks: dict[str, np.ndarray] = {}
-    groups = ok["seed"].to_numpy() if "seed" in ok else None
-    for name, col in RESPONSES.items():
-        if name not in responses:
-            continue
-        y = ok[col].to_numpy(float)
-        m = np.isfinite(y)
-        if m.sum() < 2:
-            continue
-        jac = cov = None
-        if law_delta and law is not None and name in ("quality", "wall"):
-            jac, cov = log_multiplier_jacobian(L[m], law), law.cov
-        fit = fit_effects(X[m], ok["z"].to_numpy()[m], y[m], factors, response=col, interactions=interactions,
-                          scale=scale, hc=hc, extra_jac=jac, extra_cov=cov,
-                          groups=groups[m] if groups is not None else None, mixed=mixed)
-        fits[name] = fit
-        masks[name] = m
-        notes += [f"{name}: {n}" for n in fit.notes]
-        shap = component_contrasts(fit, 0.0)["shapley"]
-        bad = [f for f, c in zip(factors, shap) if not fit.estimable(c)]
-        if bad and interactions:
-            red = fit_effects(X[m], ok["z"].to_numpy()[m], y[m], factors, response=col, interactions=False,
-                              scale=scale, hc=hc, extra_jac=jac, extra_cov=cov,
-                              groups=groups[m] if groups is not None else None, mixed=mixed)
-            reduced[name] = red
-            notes.append(f"{name}: with two-factor interactions the Shapley value of {', '.join(bad)} is not "
-                         "estimable from the runs present; Shapley values from the main-effects model "
-                         "(assumes no interactions), LOO/AOI from the full model")
-
-    # Bootstrap (DESIGN §4.4: "each with a CI"): refit the law and the effects B times.
     boot_theta: dict[str, np.ndarray] = {}
     boot_law = None
     if n_boot > 0 and boot_method != "none" and fits:
-        allfits = {**fits, **{f"{n}/main": f for n, f in reduced.items()}}
-        boot_theta, boot_law = _bootstrap(ok, X, C, L, law, pins, allfits,
-                                          {**masks, **{f"{n}/main": masks[n] for n in reduced}}, n_boot,
-                                          boot_method, rng)
+        from analysis.bootstrap import bootstrap
 
-    def comp_at(n: str, z: float) -> pd.DataFrame:
-        if n in reduced:
-            return component_table(reduced[n], z, level, boot_theta.get(f"{n}/main"), fits[n], boot_theta.get(n))
-        return component_table(fits[n], z, level, boot_theta.get(n))
+        boot_theta, boot_law = bootstrap(ok, X, z, C, L, lnR, factors, fits, reduced, joint, masks, seeds, pins,
+                                         n_boot, boot_method, rng, interactions, scale)
+
+    def comp_at(n: str, zz: float, fset=None, rset=None) -> pd.DataFrame:
+        fset, rset = fset or fits, rset if rset is not None else reduced
+        if n in rset:
+            return component_table(rset[n], zz, level, boot_theta.get(f"{n}/main"), fset[n], boot_theta.get(n))
+        return component_table(fset[n], zz, level, boot_theta.get(n))
 
     comp = [comp_at(n, 0.0) for n in fits]
     components = pd.concat(comp, ignore_index=True) if comp else pd.DataFrame()
@@ -241,112 +312,54 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                          {n: boot_theta.get(f"{n}/main" if n in reduced else n) for n in fits})
     extrap = None
     if target_compute is not None and fits:
+        check_extrapolation(target_compute, float(rungs["compute"].max()), force_extrapolation)
         zt = float(np.log(target_compute / c_ref))
         extrap = pd.concat([comp_at(n, zt) for n in fits], ignore_index=True)
         extrap.insert(2, "target_compute", target_compute)
+        extrap["law_form_spread"] = np.nan
+        if "curved" in joint and "quality" in fits:
+            fq2, _ = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds, pins=pins,
+                                 form="curved", start=joint["curved"])
+            alt = {"quality": fq2}
+            if "wall" in fits:
+                alt["wall"] = _wall(fq2, fits["throughput"], mR, X, z)
+            for n, f2 in alt.items():
+                e2 = component_table(f2, zt, level)
+                m = (extrap["response"] == f2.response).to_numpy()
+                for kind in ("shapley", "loo", "aoi"):
+                    e1 = extrap.loc[m, kind].to_numpy()
+                    ee = e2[kind].to_numpy()
+                    if n in reduced and kind == "shapley":
+                        continue  # the reduced model has no curved twin; its spread stays unassessed
+                    extrap.loc[m, f"{kind}_lo"] = np.fmin(extrap.loc[m, f"{kind}_lo"].to_numpy(), e2[f"{kind}_lo"].to_numpy())
+                    extrap.loc[m, f"{kind}_hi"] = np.fmax(extrap.loc[m, f"{kind}_hi"].to_numpy(), e2[f"{kind}_hi"].to_numpy())
+                    if kind == "shapley":
+                        extrap.loc[m, "law_form_spread"] = np.abs(e1 - ee)
         if not scale:
             notes.append("extrapolation without scale terms: the multipliers are carried unchanged to the target")
     anova = {n: anova_table(f) for n, f in fits.items()}
-    return StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs,
-                         fits=fits, components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
-                         boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
-                         reduced=reduced)
+    a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
+                      components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
+                      boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
+                      reduced=reduced, joint=joint, level=level)
+    a.lost = lost_runs(df, a, third_levels)
+    a.checks = total_checks(a, X)
+    a.warnings = warnings_for(a, df)
+    return a
 
 
 def _per_rung(fits, rungs, level, boot_theta) -> pd.DataFrame:
     rows = []
     for name, fit in fits.items():
         for r in rungs.itertuples():
-            cc = component_contrasts(fit, float(r.z))["shapley"]
-            for i, f in enumerate(fit.factors):
-                est, se, lo, hi, ok = fit.contrast(cc[i], level)
+            cc = component_contrasts(fit, float(r.z))
+            for i, f in enumerate(fit.factors + ["TOTAL"]):
+                c = cc["total"] if f == "TOTAL" else cc["shapley"][i]
+                est, se, lo, hi, ok = fit.contrast(c, level)
                 row = {"response": fit.response, "component": f, "rung": r.rung, "compute": r.compute,
                        "effect": est, "lo": lo, "hi": hi, "estimable": ok}
                 if boot_theta.get(name) is not None and ok:
                     q = (1 - level) / 2
-                    row["boot_lo"], row["boot_hi"] = (float(v) for v in np.nanquantile(boot_theta[name] @ cc[i], [q, 1 - q]))
+                    row["boot_lo"], row["boot_hi"] = (float(v) for v in np.nanquantile(boot_theta[name] @ c, [q, 1 - q]))
                 rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _bootstrap(ok, X, C, L, law, pins, fits, masks, n_boot, method, rng):
-    """Wild (Rademacher on HC2-scaled residuals; loss scale for quality) or resampling within cells."""
-    z = ok["z"].to_numpy()
-    base = np.all(X == -1, axis=1)
-    Ks = {n: np.flatnonzero(f.alias.kept) for n, f in fits.items()}
-    out = {n: np.full((n_boot, len(f.terms)), np.nan) for n, f in fits.items()}
-    blaw = np.full((n_boot, 3), np.nan)
-    lnR = ok["ln_R"].to_numpy(float)
-    fitted, scaled = {}, {}
-    for n, f in fits.items():
-        yhat = f.X[:, Ks[n]] @ f.theta[Ks[n]]
-        fitted[n] = yhat
-        scaled[n] = f.resid / np.sqrt(np.clip(1 - f.leverage, 1e-3, None))
-    if "quality" in fits and law is not None:
-        mq = masks["quality"]
-        Lhat = np.full(len(L), np.nan)
-        Lhat[mq] = loss_at(fitted["quality"], C[mq], law)
-        rL = np.zeros(len(L))
-        hq = np.ones(len(L)) * 0.5
-        hq[mq] = fits["quality"].leverage
-        rL[mq] = (L[mq] - Lhat[mq]) / np.sqrt(np.clip(1 - hq[mq], 1e-3, None))
-    cells = ok["arm"].astype(str) + "|" + ok["rung"].astype(str) if "arm" in ok else ok["rung"].astype(str)
-    cell_idx = [np.flatnonzero(cells.to_numpy() == c) for c in pd.unique(cells)]
-    for b in range(n_boot):
-        if method == "wild":
-            v = rng.choice((-1.0, 1.0), size=len(L))
-            idx = np.arange(len(L))
-        else:
-            idx = np.concatenate([rng.choice(ci, size=len(ci)) for ci in cell_idx])
-            v = None
-        law_b = None
-        lnM_b = None
-        if "quality" in fits and law is not None:
-            if method == "wild":
-                Lb = np.where(masks["quality"], Lhat + v * rL, L)
-            else:
-                Lb = L[idx]
-            bb = base[idx]
-            law_b = _boot_law_refit(law, C[idx][bb], Lb[bb], pins)
-            if law_b is not None:
-                blaw[b] = (law_b.linf, law_b.A, law_b.alpha)
-                lnM_b = log_multiplier(Lb, C[idx], law_b)
-        for n, f in fits.items():
-            if f.response == "ln_M":
-                y = lnM_b
-            elif f.response == "ln_R":
-                if method == "wild":
-                    y = lnR.copy()
-                    m = masks[n]
-                    y[m] = fitted["throughput"] + v[m] * scaled["throughput"]
-                else:
-                    y = lnR[idx]
-            else:
-                if lnM_b is None:
-                    continue
-                yR = lnR.copy()
-                if method == "wild":
-                    m = masks["throughput"] if "throughput" in masks else np.isfinite(yR)
-                    if "throughput" in fits:
-                        yR[m] = fitted["throughput"] + v[m] * scaled["throughput"]
-                else:
-                    yR = lnR[idx]
-                y = lnM_b + yR
-            if y is None:
-                continue
-            m = np.isfinite(y) & (masks[n] if method == "wild" else True)
-            if method != "wild":
-                from analysis.attribution import design_matrix
-
-                Xb = design_matrix(f.terms, f.factors, X[idx], z[idx])
-            else:
-                Xb = np.full((len(y), len(f.terms)), np.nan)
-                Xb[masks[n]] = f.X
-            K = Ks[n]
-            A = Xb[m][:, K]
-            if len(A) < len(K):
-                continue
-            th, *_ = np.linalg.lstsq(A, y[m], rcond=None)
-            out[n][b, K] = th
-            out[n][b, np.setdiff1d(np.arange(len(f.terms)), K)] = 0.0
-    return out, (blaw if "quality" in fits else None)

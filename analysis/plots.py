@@ -51,7 +51,9 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
     ax.set_xlabel({"ln_M": "quality multiplier M_flop (compute-equivalent)", "ln_R": "throughput ratio R",
                    "ln_W": "wall-clock multiplier M_flop·R"}.get(response, response))
     ax.legend(title="rung", fontsize=8)
-    ax.set_title("Per-component multipliers (Shapley), 95% CI")
+    ax.set_title({"ln_M": "Quality multipliers M_flop per component and rung (Shapley, 95% CI)",
+                  "ln_R": "Throughput ratios R per component and rung (Shapley, 95% CI)",
+                  "ln_W": "Wall-clock multipliers per component and rung (Shapley, 95% CI)"}.get(response, response))
     return _save(fig, path)
 
 
@@ -69,12 +71,17 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * (len(comps) + 1), 4))
     cols = ["tab:green" if v >= 0 else "tab:red" for v in vals]
     ax.bar(range(len(comps)), vals, bottom=start, color=cols)
+    half = (c.loc[comps, "shapley_hi"] - c.loc[comps, "shapley_lo"]).to_numpy() / 2
+    ax.errorbar(range(len(comps)), start + vals, yerr=half, fmt="none", ecolor="black", capsize=3, lw=1)
     tot = c.loc["TOTAL", "shapley"] if "TOTAL" in c.index else vals.sum()
     ax.bar(len(comps), tot, color="tab:blue")
+    if "TOTAL" in c.index and np.isfinite(c.loc["TOTAL", "shapley_lo"]):
+        ax.errorbar([len(comps)], [tot], yerr=[[tot - c.loc["TOTAL", "shapley_lo"]], [c.loc["TOTAL", "shapley_hi"] - tot]],
+                    fmt="none", ecolor="black", capsize=3, lw=1)
     ax.set_xticks(range(len(comps) + 1), comps + ["total"], rotation=30, ha="right")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_ylabel(f"Shapley value ({response}); multiplier = exp")
-    ax.set_title("Shapley waterfall: all-off → all-on")
+    ax.set_title("Shapley waterfall, all-off → all-on, with 95% CIs")
     return _save(fig, path)
 
 
@@ -86,8 +93,18 @@ def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality")
     est, ali = interaction_matrix(fit)
     if est.isna().all().all() and not ali.any().any():
         return None
+    # Aliased pairs: show the estimate of their alias group (labelled), never a blank cell.
+    for j, t in enumerate(fit.terms):
+        g = fit.alias.group_of(j)
+        if t.kind == "2fi" and g is not None:
+            c = np.zeros(len(fit.terms))
+            c[g[0][0]] = 2.0 * dict(g)[j]
+            e, *_ = fit.contrast(c)
+            a_, b_ = t.factors
+            est.loc[a_, b_] = est.loc[b_, a_] = e
     annot = est.map(lambda v: "" if not np.isfinite(v) else f"{v:+.3f}")
-    annot = annot.where(~ali, "alias")
+    annot = annot.where(~ali, annot + "\n(alias)")
+    est = est.astype(float)
     fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(a.factors), 1.2 + 0.7 * len(a.factors)))
     v = np.nanmax(np.abs(est.to_numpy())) if np.isfinite(est.to_numpy()).any() else 1.0
     sns.heatmap(est, annot=annot, fmt="", cmap="RdBu_r", center=0, vmin=-v, vmax=v, ax=ax, cbar_kws={"label": "2·β_ij"})
@@ -110,20 +127,24 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     if not rows:
         return None
     d = pd.DataFrame(rows)
-    rungs = sorted(d["rung"].unique())
+    order = dict(zip(a.rungs["rung"], a.rungs["compute"]))
+    rungs = sorted(d["rung"].unique(), key=lambda r: (order.get(r, np.inf), r))  # by compute, not as strings
     arms = sorted(d["arm"].unique())
-    pal = dict(zip(arms, sns.color_palette("husl", len(arms))))
+    xs = a.table[[f"x_{f}" for f in a.factors]].to_numpy()
+    kind = dict(zip(a.table["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off", "other arms"))))
+    pal = {"all-on": "tab:green", "all-off": "tab:red", "other arms": "lightgrey"}
     fig, axes = plt.subplots(1, len(rungs), figsize=(4.5 * len(rungs), 3.6), squeeze=False)
     for ax, rg in zip(axes[0], rungs):
-        for (arm, _), g in d[d["rung"] == rg].groupby(["arm", "run"], sort=False):
-            ax.plot(g["step"], g["loss"], color=pal[arm], lw=0.8, label=arm)
+        for (arm, run), g in d[d["rung"] == rg].groupby(["arm", "run"], sort=False):
+            kd = kind.get(run, "other arms")
+            hi = kd != "other arms"
+            ax.plot(g["step"], g["loss"], color=pal[kd], lw=1.6 if hi else 0.6, zorder=3 if hi else 1, label=kd)
         ax.set_title(f"rung {rg}")
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")
-    if len(arms) <= 12:  # one legend entry per arm
-        h, lab = axes[0][0].get_legend_handles_labels()
-        uniq = dict(zip(lab, h))
-        axes[0][-1].legend(uniq.values(), uniq.keys(), title="arm", fontsize=7)
+    h, lab = axes[0][0].get_legend_handles_labels()
+    uniq = dict(zip(lab, h))
+    axes[0][-1].legend(uniq.values(), uniq.keys(), title="arm", fontsize=7)
     return _save(fig, path)
 
 
@@ -147,7 +168,7 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     ax.set_xlabel("training compute C (analytic FLOPs)")
     ax.set_ylabel("eval macro loss")
     ax.legend(fontsize=8)
-    ax.set_title("Reference law L = L∞ + A·C^−α")
+    ax.set_title("Reference law L = L∞ + A·C^−α (fitted on all arms)")
     return _save(fig, path)
 
 

@@ -1,5 +1,6 @@
-"""report.md / report.html of a study: attribution table, law, per-rung and extrapolated multipliers,
-interactions and aliasing, ANOVA, forecasts beside outcomes, figures (DESIGN §4; issue 6)."""
+"""report.md / report.html of a study: Findings (one interval and a verdict per component) and
+warnings first, then the law, attribution, per-rung and extrapolated multipliers, forecasts, figures;
+the second interval, aliasing and the robust ANOVA in an appendix (docs/method.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ DEFINITIONS = (
     "level. A component's multiplier is exp(Shapley value) of the fitted ln-scale model = exp(2β_i + 2γ_i·ln(C/C_ref)): "
     "the all-off → all-on change of that factor averaged over the others. LOO = leave-one-out from all-on, AOI = "
     "add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij (the interaction signal). CI: "
-    "heteroskedasticity-robust (plus the reference law's uncertainty); boot: wild bootstrap refitting law and model."
+    "the larger of HC3 and model-based, law fitted jointly (its uncertainty included); boot: wild bootstrap refitting law and model."
 )
 
 
@@ -72,7 +73,7 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
                     row["M_flop AOI"] = _mult(c["aoi"], c["aoi_lo"], c["aoi_hi"])
                 else:
                     row["M_flop LOO"] = row["M_flop AOI"] = ""
-                row["aliased with"] = c.get("aliased_with", "") or ""
+                row["aliased"] = "yes (see Appendix)" if (c.get("aliased_with", "") or "") else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -88,41 +89,103 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
     return pd.DataFrame([{"component": k, **v} for k, v in piv.items()])
 
 
+def verdict(est, lo, hi) -> str:
+    """gain / loss / consistent with no effect / not estimable, from a ln-scale 95% interval."""
+    if not (isinstance(est, float) and math.isfinite(est)) or not (isinstance(lo, float) and math.isfinite(lo)):
+        return "not estimable"
+    if lo > 0:
+        return "gain"
+    if hi < 0:
+        return "loss"
+    return "consistent with no effect"
+
+
+def findings_table(a: StudyAnalysis) -> pd.DataFrame:
+    """Per component and response: the one recommended interval (the model's Shapley value) and a verdict."""
+    rows = []
+    comp = a.components
+    for f in a.factors + ["TOTAL"]:
+        row = {"component": f}
+        for resp, label in (("ln_M", "quality M_flop"), ("ln_R", "throughput R"), ("ln_W", "wall-clock M_flop·R")):
+            c = comp[(comp["response"] == resp) & (comp["component"] == f)] if len(comp) else comp
+            if not len(c):
+                row[label] = "not estimable"
+                continue
+            c = c.iloc[0]
+            v = verdict(c["shapley"], c["shapley_lo"], c["shapley_hi"])
+            row[label] = _mult(c["shapley"], c["shapley_lo"], c["shapley_hi"]) + ("" if v == "not estimable" else f": {v}")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list[str]:
+    def uniq(col):
+        return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
+
+    try:
+        from importlib.metadata import version
+
+        ver = version("marin-ablate")
+    except Exception:  # not installed: the analysis still runs from a checkout
+        ver = "unknown"
+    return [f"- command: `{command or 'analyze_table (library call)'}`",
+            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}",
+            f"- seeds: {uniq('seed')}; hardware: {uniq('hardware')}",
+            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}"]
+
+
 def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path | None], out_dir: Path,
-                    forecasts: list[dict] | None = None, title: str = "study") -> str:
+                    forecasts: list[dict] | None = None, title: str = "study", command: str | None = None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    L = [f"# Attribution report: {title}", "", f"_generated {now}; {len(a.table)} runs analysed, factors: "
-         f"{', '.join(a.factors)}_", ""]
-    L += ["## Runs", ""] + [f"- {n}" for n in a.notes] + [""]
-    L += ["## Reference law (baseline arm)", ""]
+    L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
+    L += ["## Findings", "",
+          f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
+          "value of the fitted model, law uncertainty included), and a verdict: gain (interval above 1), loss "
+          "(below 1), consistent with no effect (contains 1), not estimable.", "", md_table(findings_table(a))]
+    if a.checks is not None and len(a.checks):
+        ch = a.checks.copy()
+        tab = pd.DataFrame({"TOTAL": ch["response"].map({"ln_M": "quality", "ln_R": "throughput"}), "rung": ch["rung"],
+                            "model": [_mult(m, lo, hi) for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"])],
+                            "observed all-on vs all-off": [_mult(m, lo, hi) if math.isfinite(m) else "not observed"
+                                                           for m, lo, hi in zip(ch["observed"], ch["obs_lo"], ch["obs_hi"])],
+                            "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
+        L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
+              "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
+    L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
+    L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]
+    L += ["## Reference law (all arms, jointly)", ""]
     if a.law is None:
-        L += ["Not estimable: no quality multipliers (see notes above).", ""]
+        L += ["Not estimable: no quality multipliers (see Runs).", ""]
     else:
         law = a.law
-        rows = [{"parameter": k, "estimate": getattr(law, k), "95% CI lo": law.ci(k)[0], "95% CI hi": law.ci(k)[1],
-                 "pinned": "yes" if k in law.pinned else ""} for k in ("linf", "A", "alpha")]
-        L += [md_table(pd.DataFrame(rows), 4), f"{law.n} baseline runs; L = L∞ + A·C^−α.", ""]
+
+        def ci(k):
+            if k in law.pinned:
+                return ("pinned", "pinned")
+            lo, hi = law.ci(k)
+            return ("not identified", "not identified") if not math.isfinite(lo) else (lo, hi)
+
+        rows = [{"parameter": k, "estimate": getattr(law, k), "95% CI lo": ci(k)[0], "95% CI hi": ci(k)[1]}
+                for k in ("linf", "A", "alpha")]
+        L += [md_table(pd.DataFrame(rows), 4),
+              f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
+              "the all-off arm's curve; Wald intervals with the larger of the HC3 and model-based variances.", ""]
+        if "curved" in a.joint:
+            k = a.joint["curved"]
+            lo, hi = k.wald_ci("kappa", 1.96)
+            L += [f"Law-form check: the curved form (exponent drifting with log C) has κ = {k.kappa:.3g} [{lo:.3g}, {hi:.3g}]"
+                  + (" — the power law is consistent with the ladder." if lo <= 0 <= hi else " — the ladder bends."), ""]
     L += [f"## Attribution at the reference compute C_ref = {a.c_ref:.3g} FLOPs", "", DEFINITIONS, "",
           md_table(attribution_table(a))]
-    L += ["## Per rung (quality multiplier, Shapley, 95% CI)", "", md_table(_per_rung_table(a))]
+    L += ["## Per rung (quality multiplier, Shapley, 95% CI, from the fitted scale model)", "",
+          "Each column evaluates the fitted model (factor × log C terms) at that rung's compute; it is not a "
+          "separate fit of that rung's runs.", "", md_table(_per_rung_table(a))]
     if a.extrapolation is not None:
-        L += [f"## Extrapolation to the target compute {a.target_compute:.3g} FLOPs", "",
-              "Multipliers carried by the fitted factor × log C terms (an extrapolation: the interval covers the "
-              "model's uncertainty, not a change of regime).", "", md_table(attribution_table(a, a.extrapolation))]
-    L += ["## Aliasing", ""]
-    groups = a.alias_groups()
-    ne = a.not_estimable()
-    if not groups and not ne:
-        L += ["Every candidate term is estimable separately.", ""]
-    else:
-        if groups:
-            L += ["Alias groups (estimated only together, never separately):", ""] + [f"- {g}" for g in groups] + [""]
-        if ne:
-            L += ["Not estimable:", ""] + [f"- {x}" for x in ne] + [""]
-    for name, fit in a.fits.items():
-        L += [f"## Coefficients and ANOVA: {name} ({fit.response}, {fit.method}, {fit.n} runs, {fit.dof} residual df)", ""]
-        L += [md_table(fit.coef_table()[["term", "estimate", "se", "lo", "hi", "p"]], 4)]
-        L += [md_table(a.anova[name], 4)]
+        L += [f"## Extrapolation to the target compute {a.target_compute:.3g} FLOPs "
+              f"({a.target_compute / a.top_compute():.3g}x the top rung)", "",
+              "Multipliers carried by the fitted factor × log C terms. The interval is the union of the power-law and "
+              "curved-law fits' intervals (the spread between law forms is part of it) where the curved form is "
+              "identified; otherwise it assumes the power law.", "", md_table(attribution_table(a, a.extrapolation))]
     L += ["## Forecasts (pre-registered)", ""]
     if forecasts:
         L += [md_table(pd.DataFrame(forecasts)[["created_utc", "arm", "compute", "predicted", "lo", "hi", "outcome",
@@ -135,11 +198,38 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
             L += [f"- {k}: nothing to draw for this study", ""]
         else:
             L += [f"### {k}", "", f"![{k}]({Path(p).relative_to(out_dir).as_posix()})", ""]
+    L += ["## Appendix", "", "### Second interval: bootstrap", "",
+          "The bootstrap column (\"M_flop boot CI\") refits the joint law and the effects model on resampled data. It "
+          "is the second opinion, not the recommended interval: with few runs per contrast it is too narrow (a "
+          "percentile bootstrap of a t-like statistic), so where the two differ, the Findings interval is the one "
+          "with the stated coverage (measured in benchmarks/RESULTS.md).", ""]
+    L += ["### Aliasing", ""]
+    groups = a.alias_groups()
+    ne = a.not_estimable()
+    if not groups and not ne:
+        L += ["Every candidate term is estimable separately.", ""]
+    else:
+        if groups:
+            L += ["Alias groups (estimated only together, never separately):", ""] + [f"- {g}" for g in groups] + [""]
+        if ne:
+            L += ["Not estimable:", ""] + [f"- {x}" for x in ne] + [""]
+    for name, fit in a.fits.items():
+        L += [f"### Coefficients and ANOVA: {name} ({fit.response}, {fit.method}, {fit.n} runs, {fit.dof} residual df)",
+              "", "Standard errors: the larger of HC3 and model-based per coefficient. The ANOVA is the Wald F test "
+              "with the same covariance (F = t² for one column), so the two tables agree.", ""]
+        L += [md_table(fit.coef_table()[["term", "estimate", "se", "lo", "hi", "p"]], 4)]
+        L += [md_table(a.anova[name], 4)]
     return "\n".join(L)
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
-                 title: str = "study", figures: bool = True) -> tuple[Path, Path]:
+                 title: str = "study", figures: bool = True, command: str | None = None) -> tuple[Path, Path]:
     """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png."""
     import markdown
 
@@ -150,12 +240,12 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
         from analysis.plots import all_figures
 
         figs = all_figures(a, raw, out_dir / "figures")
-    md = render_markdown(a, raw, figs, out_dir, forecasts, title)
-    (out_dir / "report.md").write_text(md)
+    md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
+    _atomic_write(out_dir / "report.md", md)
     body = markdown.markdown(md, extensions=["tables"])
     html = ("<!doctype html><html><head><meta charset='utf-8'><title>" + title + "</title><style>"
             "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
             "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
             "</body></html>")
-    (out_dir / "report.html").write_text(html)
+    _atomic_write(out_dir / "report.html", html)
     return out_dir / "report.md", out_dir / "report.html"

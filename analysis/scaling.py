@@ -30,6 +30,9 @@ class LawFit:
     boot: np.ndarray | None = None  # (B, 3): linf, A, alpha
     rss: float = 0.0
     profile: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95% profile-likelihood CIs
+    # Parameters the data cannot pin down: their interval is "not identified", never a number.
+    not_identified: list[str] = field(default_factory=list)
+    dof: int | None = None
 
     @property
     def log_a(self) -> float:
@@ -53,11 +56,12 @@ class LawFit:
         if name in self.pinned:
             v = getattr(self, name)
             return (v, v)
+        if name in self.not_identified or (name == "A" and {"linf", "alpha"} & set(self.not_identified)):
+            return (float("nan"), float("nan"))
         if method == "profile" and level == 0.95 and name in self.profile:
             return self.profile[name]
         if self.boot is None:
-            v = getattr(self, name)
-            return (v, v)
+            return (float("nan"), float("nan"))  # no interval is honest here, a zero-width one is not
         q = (1 - level) / 2
         lo, hi = np.nanquantile(self.boot[:, idx[name]], [q, 1 - q])
         return (float(lo), float(hi))
@@ -65,9 +69,15 @@ class LawFit:
     def band(self, C, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         """Pointwise bootstrap band of the fitted curve."""
         C = np.asarray(C, float)
-        if self.boot is None:
+        if self.boot is None:  # delta method over (linf, ln a, alpha)
+            from scipy import stats
+
             p = self.predict(C)
-            return p, p
+            f = self.A * C ** (-self.alpha)
+            G = np.stack([np.ones_like(C), f, -f * np.log(C / self.c0)], 1)
+            se = np.sqrt(np.clip(np.einsum("ij,jk,ik->i", G, np.nan_to_num(self.cov), G), 0, None))
+            qt = stats.t.ppf(0.5 + level / 2, max(self.dof or self.n - 3, 1))
+            return p - qt * se, p + qt * se
         curves = self.boot[:, [0]] + self.boot[:, [1]] * C[None, :] ** (-self.boot[:, [2]])
         q = (1 - level) / 2
         return np.nanquantile(curves, q, axis=0), np.nanquantile(curves, 1 - q, axis=0)

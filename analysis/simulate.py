@@ -35,6 +35,17 @@ class SimTruth:
     seed_sd: float = 0.005
     noise_sd: float = 0.005
     flops_per_token: float = 6e8
+    noise_hetero: float = 0.0  # noise sd × exp(noise_hetero · mean x): arms differ in noise
+    break_c: float | None = None  # broken law: L = L∞ + A·C^−α·(1 + C/break_c)^−break_delta
+    break_delta: float = 0.0
+    throughput_allon: float = 0.0  # extra ln R of the all-on arm alone (beyond two-factor terms)
+
+    def law_loss(self, C_eff) -> np.ndarray:
+        C_eff = np.asarray(C_eff, float)
+        out = self.A * C_eff ** (-self.alpha)
+        if self.break_c is not None:
+            out = out * (1 + C_eff / self.break_c) ** (-self.break_delta)
+        return self.linf + out
 
     def __post_init__(self):
         for f in self.factors:
@@ -76,6 +87,9 @@ class SimTruth:
         s = self.shapley(C)
         return {f: s[f] - 2 * sum(self._bij(f, g) for g in self.factors if g != f) for f in self.factors}
 
+    def throughput_total(self) -> float:
+        return sum(2 * self.throughput.get(f, 0.0) for f in self.factors) + self.throughput_allon
+
     def throughput_effect(self) -> dict[str, float]:
         return {f: 2 * self.throughput.get(f, 0.0) for f in self.factors}
 
@@ -107,7 +121,7 @@ def design_rows(k: int, fraction: int = 0) -> np.ndarray:
 
 def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, fraction: int = 0,
                    rng: np.random.Generator | None = None, study: str = "sim", hardware: str = "H100",
-                   fail: int = 0, missing: int = 0, loss_curves: bool = False) -> pd.DataFrame:
+                   fail: int = 0, missing: int = 0, loss_curves: bool = False, fail_baseline: int = 0) -> pd.DataFrame:
     """A results table (CONTRACTS schema) of a simulated study; `rungs`: rung name -> tokens."""
     rng = rng or np.random.default_rng(0)
     k = len(truth.factors)
@@ -122,8 +136,10 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                                                        for i, f in enumerate(truth.factors)])
                 C = fpt * tokens
                 lnm = float(truth.log_m(x[None], truth.z(C)[None])[0])
-                L = truth.linf + truth.A * (np.exp(lnm) * C) ** (-truth.alpha) + seed_shift[s] + rng.normal(0, truth.noise_sd)
+                sd = truth.noise_sd * np.exp(truth.noise_hetero * float(np.mean(x)))
+                L = float(truth.law_loss(np.exp(lnm) * C)) + seed_shift[s] + rng.normal(0, sd)
                 lnr = sum(truth.throughput.get(f, 0.0) * (x[i] + 1) for i, f in enumerate(truth.factors))
+                lnr += truth.throughput_allon * bool(np.all(x > 0))
                 mfs = 4e14 * np.exp(lnr) * np.exp(rng.normal(0, 0.01))
                 arm = "".join("+" if v > 0 else "-" for v in x)
                 rid = hashlib.sha256(f"{study}|{rung}|{s}|{arm}".encode()).hexdigest()[:16]
@@ -142,9 +158,12 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                     row["loss_curve"] = json.dumps([[int(t), float(L + 3.0 * (t / 1000) ** -0.5 - 3.0)] for t in steps])
                 rows.append(row)
     df = pd.DataFrame(rows)
-    if fail or missing:
+    if fail or missing or fail_baseline:
         nonbase = df.index[df["arm"] != "-" * k].to_numpy()
-        pick = rng.choice(nonbase, size=fail + missing, replace=False)
+        pick = list(rng.choice(nonbase, size=fail + missing, replace=False))
+        base = df.index[df["arm"] == "-" * k].to_numpy()
+        pick[fail:fail] = list(rng.choice(base, size=min(fail_baseline, len(base)), replace=False))
+        fail += min(fail_baseline, len(base))
         for j, i in enumerate(pick):
             if j < fail:
                 df.loc[i, ["status", "error"]] = ["failed", "simulated failure: loss NaN at step 17"]

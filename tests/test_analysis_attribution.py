@@ -71,7 +71,7 @@ def test_simulated_truth_closed_forms_agree_with_enumeration():
 
 
 def test_component_ci_covers_truth_in_200_simulated_studies():
-    """95% CIs (HC2 + law uncertainty) of Shapley, LOO and AOI cover the true effects >= 90% of the time."""
+    """95% CIs (joint law fit, HC3|model SEs) of Shapley, LOO and AOI cover the true effects >= 90% of the time."""
     factors = ["xsa", "sconv", "latent_moe"]
     rungs = {f"r{i}": 1e8 * 4**i for i in range(4)}
     hits = {"shapley": [], "loo": [], "aoi": []}
@@ -79,7 +79,7 @@ def test_component_ci_covers_truth_in_200_simulated_studies():
         rng = np.random.default_rng(10_000 + s)
         truth = random_truth(factors, rng)
         df = simulate_table(truth, rungs=rungs, seeds=2, rng=rng)
-        a = analyze_table(df, n_boot=0, boot_method="none", responses=("quality",), law_profile=False)
+        a = analyze_table(df, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",))
         c = a.components[a.components["response"] == "ln_M"].set_index("component")
         for kind, true in (("shapley", truth.shapley(a.c_ref)), ("loo", truth.loo(a.c_ref)), ("aoi", truth.aoi(a.c_ref))):
             for f, v in true.items():
@@ -144,7 +144,8 @@ def test_mixed_model_with_seed_intercept_gives_effects_close_to_ols():
     df = simulate_table(truth, rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=3, rng=rng)
     ols = analyze_table(df, n_boot=0)
     mix = analyze_table(df, n_boot=0, mixed=True)
-    assert mix.fits["quality"].method == "mixedlm-seed"
+    # quality takes the seed as fixed blocks of the joint law fit; throughput as a random intercept
+    assert mix.fits["throughput"].method == "mixedlm-seed" and "seed0" in mix.joint["power"].names
     a = ols.components.set_index(["response", "component"])["shapley"]
     b = mix.components.set_index(["response", "component"])["shapley"]
     np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), atol=0.02)

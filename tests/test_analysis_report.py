@@ -90,7 +90,7 @@ def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys)
     sd, _ = _study(tmp_path, fail=1)
     from sweeps.cli import main
 
-    assert main(["analyze", str(sd), "--n-boot", "20", "--target", "1e19"]) == 0
+    assert main(["analyze", str(sd), "--n-boot", "20", "--target", "5e18"]) == 0
     out = capsys.readouterr().out
     assert "component" in out and "M_flop" in out and "M_flop·R" in out and "TOTAL" in out
     rep = sd / "report"

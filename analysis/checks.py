@@ -1,0 +1,186 @@
+"""What a reader must know before trusting a number: TOTAL two ways, lack of fit, lost runs, warnings.
+
+TOTAL two ways: the model's all-on vs all-off contrast beside the one observed on those two arms'
+own runs at each rung (quality: their mean losses inverted through the reference law; throughput:
+their mean ln R). Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on
+cells arm × rung, when cells hold replicates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.attribution import alias_structure, build_terms, code_table, component_contrasts, design_matrix
+
+#: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
+WIDE_RATIO = 10.0
+
+
+def _lof(resid: np.ndarray, cells: np.ndarray, dof: int) -> tuple[float, float, int, int]:
+    sspe, dpe = 0.0, 0
+    for c in pd.unique(cells):
+        r = resid[cells == c]
+        sspe += float(np.sum((r - r.mean()) ** 2))
+        dpe += len(r) - 1
+    rss = float(resid @ resid)
+    dlof = dof - dpe
+    if dpe <= 0 or dlof <= 0 or sspe <= 0:
+        return np.nan, np.nan, dlof, dpe
+    F = ((rss - sspe) / dlof) / (sspe / dpe)
+    return F, float(stats.f.sf(F, dlof, dpe)), dlof, dpe
+
+
+def total_checks(a, X: np.ndarray) -> pd.DataFrame:
+    """Per response and rung: the model TOTAL, the observed all-on vs all-off contrast, whether they agree."""
+    t = a.table
+    on, off = np.all(X == 1, axis=1), np.all(X == -1, axis=1)
+    rows = []
+    for name, col in (("quality", "ln_M"), ("throughput", "ln_R")):
+        fit = a.reduced.get(name, a.fits.get(name))
+        if fit is None:
+            continue
+        if name == "quality":
+            jf = a.joint["power"]
+            s, resid, dof = np.sqrt(float(jf.resid @ jf.resid) / max(jf.dof, 1)), jf.resid, jf.dof
+        else:
+            s, resid, dof = np.sqrt(float(fit.resid @ fit.resid) / max(fit.dof, 1)), fit.resid, fit.dof
+        cells = (t["arm"].astype(str) + "|" + t["rung"].astype(str)).to_numpy() if "arm" in t else t["rung"].to_numpy()
+        m = np.isfinite(t[col].to_numpy(float)) if name == "throughput" else np.ones(len(t), bool)
+        F, p, dlof, dpe = _lof(resid, cells[m], dof)
+        q = float(stats.t.ppf(0.5 + a.level / 2, max(dof, 1)))
+        for r in a.rungs.itertuples():
+            at = (t["rung"] == r.rung).to_numpy()
+            est, se, lo, hi, okc = fit.contrast(component_contrasts(fit, float(r.z))["total"], a.level)
+            row = {"response": col, "rung": r.rung, "model": est, "model_lo": lo, "model_hi": hi,
+                   "observed": np.nan, "obs_lo": np.nan, "obs_hi": np.nan, "agree": None,
+                   "lof_F": F, "lof_p": p, "lof_df": f"{dlof}, {dpe}"}
+            i_on, i_off = np.flatnonzero(on & at & m), np.flatnonzero(off & at & m)
+            if len(i_on) and len(i_off):
+                if name == "quality":
+                    law = a.law
+                    Lo, Lf = t["eval_macro_loss"].to_numpy(float)[i_on], t["eval_macro_loss"].to_numpy(float)[i_off]
+                    Co, Cf = t["train_flops"].to_numpy(float)[i_on], t["train_flops"].to_numpy(float)[i_off]
+                    go, gf = Lo.mean() - law.linf, Lf.mean() - law.linf
+                    if go > 0 and gf > 0:
+                        lnm = lambda g, Cs: -(np.log(g) - np.log(law.A)) / law.alpha - np.mean(np.log(Cs))  # noqa: E731
+                        obs = lnm(go, Co) - lnm(gf, Cf)
+                        se_o = s / law.alpha * np.sqrt(1 / (len(i_on) * go**2) + 1 / (len(i_off) * gf**2))
+                    else:
+                        obs = se_o = np.nan
+                else:
+                    y = t[col].to_numpy(float)
+                    obs = y[i_on].mean() - y[i_off].mean()
+                    se_o = s * np.sqrt(1 / len(i_on) + 1 / len(i_off))
+                if np.isfinite(obs):
+                    row.update(observed=obs, obs_lo=obs - q * se_o, obs_hi=obs + q * se_o)
+                    if okc:
+                        row["agree"] = bool(abs(est - obs) <= q * np.hypot(se, se_o))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lost_runs(raw: pd.DataFrame, a, third_levels: str) -> list[str]:
+    """Runs that did not complete, by arm and rung, and which Shapley values they made non-estimable."""
+    st = raw["status"].fillna("missing")
+    lost = raw[st != "completed"]
+    if not len(lost):
+        return []
+    out = []
+    try:
+        Xa, keep, _ = code_table(raw, a.factors, third_levels)
+    except ValueError:
+        return [f"{len(lost)} run(s) lost"]
+    base = np.all(Xa == -1, axis=1) & (st != "completed").to_numpy()
+    if base.any():
+        out.append(f"{int(base.sum())} all-off (baseline) run(s) lost: the law is fitted on every arm, so it is "
+                   "still estimated, from the other arms")
+    rz = dict(zip(a.rungs["rung"], a.rungs["z"]))
+    z = np.array([rz.get(str(r), 0.0) for r in raw.get("rung", pd.Series(["?"] * len(raw)))])
+    terms = build_terms(a.factors, interactions=True, scale=len(a.rungs) >= 2)
+    full = alias_structure(design_matrix(terms, a.factors, Xa[keep], z[keep]))
+    done = keep & (st == "completed").to_numpy()
+    now = alias_structure(design_matrix(terms, a.factors, Xa[done], z[done]))
+    cc = component_contrasts(a.fits.get("quality") or next(iter(a.fits.values())), 0.0) if a.fits else None
+    if cc is not None:
+        def est(al, c):
+            V = al.rowspace_V
+            return np.linalg.norm(c - V @ (V.T @ c)) <= 1e-7 * max(np.linalg.norm(c), 1e-12)
+        cost = [f for f, c in zip(a.factors, cc["loo"]) if est(full, c) and not est(now, c)]
+        out.append("lost runs cost the leave-one-out/add-one-in values of " + ", ".join(cost) if cost
+                   else "lost runs cost no estimable component value")
+    by = lost.groupby([lost.get("arm", pd.Series("?", index=lost.index)).astype(str),
+                       lost.get("rung", pd.Series("?", index=lost.index)).astype(str)]).size()
+    out += [f"lost: arm {arm} at rung {rung} ({k} run(s))" for (arm, rung), k in by.items()]
+    return out
+
+
+def warnings_for(a, raw: pd.DataFrame) -> list[str]:
+    """Warnings computed from the data; each says what it costs the reader."""
+    w = []
+    t = a.table
+    if a.law is not None:
+        if a.law.not_identified:
+            w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "
+                     "not reported")
+        if a.law.pinned:
+            w.append(f"law parameter(s) pinned by the user: {', '.join(f'{k}={v:g}' for k, v in a.law.pinned.items())}; "
+                     "their uncertainty is not in the intervals")
+    nr = len(a.rungs)
+    if nr < 4:
+        w.append(f"{nr} rung(s): the law's form cannot be checked (a broken power law and a power law agree on "
+                 f"{nr} points); per-rung and extrapolated multipliers assume the power law")
+    ns = t["seed"].nunique() if "seed" in t else 1
+    if ns < 2:
+        w.append("one seed: no replicate runs, so seed noise and lack of fit cannot be separated from effects")
+    if a.target_compute is not None:
+        ratio = a.target_compute / a.top_compute()
+        w.append(f"extrapolation: the target is {ratio:.3g}x the top rung's compute"
+                 + ("" if "curved" in a.joint else "; the law-form spread could not be assessed, so the interval "
+                    "assumes the power law holds to the target"))
+    hw = t["hardware"].astype(str).str.lower() if "hardware" in t else pd.Series(dtype=str)
+    if hw.str.contains("cpu").any():
+        sd = float(np.nanstd(a.fits["throughput"].resid)) if "throughput" in a.fits else np.nan
+        w.append(f"throughput measured on CPU (residual sd of ln R {sd:.3f}): CPU throughput is noisy and says "
+                 "little about GPU kernels")
+    if "lr" in t and t["lr"].nunique() <= 1 or "lr" not in t:
+        w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised")
+    for c in ("epochs", "data_epochs"):
+        if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
+            w.append(f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
+    if "drop_rate" in t and "ep_transport" in t:
+        d = pd.to_numeric(t["drop_rate"], errors="coerce")
+        bl = d[t.get("x_ep_transport", pd.Series(-1, index=t.index)) == -1]
+        if len(bl.dropna()) and bl.mean() > 0.01:
+            w.append(f"baseline EP transport drops {100 * bl.mean():.1f}% of routed tokens: its quality cost is "
+                     "part of the ep_transport effect")
+    if a.alias_groups():
+        w.append(f"{len(a.alias_groups())} alias group(s): some interactions are estimated only in sums "
+                 "(see the appendix); the Shapley values assume the aliased higher-order terms are negligible")
+    if a.checks is not None and len(a.checks):
+        bad = a.checks[a.checks["agree"] == False]  # noqa: E712
+        for r in bad.itertuples():
+            w.append(f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
+                     f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
+                     "effects?), trust the observed contrast")
+        lof = a.checks.drop_duplicates("response")
+        for r in lof.itertuples():
+            if np.isfinite(r.lof_p) and r.lof_p < 0.05:
+                w.append(f"lack of fit for {r.response} (F={r.lof_F:.3g}, p={r.lof_p:.2g}): replicates disagree with "
+                         "the effects model more than with each other")
+    comp = a.components
+    if len(comp):
+        wide = comp[np.exp(comp["shapley_hi"] - comp["shapley_lo"]) > WIDE_RATIO]
+        for r in wide.itertuples():
+            w.append(f"{r.component} ({r.response}): the interval spans more than {WIDE_RATIO:g}x, it says little")
+    if a.extrapolation is not None:
+        e = a.extrapolation
+        wide = e[np.exp(e["shapley_hi"] - e["shapley_lo"]) > WIDE_RATIO]
+        if len(wide):
+            w.append(f"extrapolated intervals spanning more than {WIDE_RATIO:g}x: "
+                     + ", ".join(f"{r.component} ({r.response})" for r in wide.itertuples()))
+    lost = int((raw["status"] != "completed").sum())
+    if lost:
+        w.append(f"{lost} of {len(raw)} runs lost (failed or missing); see Runs")
+    return w

@@ -1,0 +1,275 @@
+"""One fit of the reference law and the quality effects on every run (docs/method.md, "Joint law").
+
+Model, per run n with coded factors x_n, compute C_n, u_n = ln(C_n/C0) + e_n·θ:
+
+    L_n = L∞ + a·exp(−α·u_n − κ·u_n²/2) + δ_seed(n) + ε_n
+
+e_n·θ = ln M_flop of run n: the effects model (main, two-factor, factor × log C terms) minus its
+value at the all-off arm, so the all-off arm *is* the reference law (ln M ≡ 0) and every arm is a
+compute multiplier on it. Every run informs L∞, a, α; a lost baseline run costs one run, not the
+law. κ = 0 is the power law L∞ + A·C^−α (Kaplan et al. 2020; Hoffmann et al. 2022); the "curved"
+form frees κ (a power law whose exponent drifts with log C, the smooth version of a broken power law,
+Caballero et al. 2023) to measure how much an extrapolation depends on the law's form. δ are
+sum-to-zero seed blocks (a seed shifts every loss it touches). Least squares by scipy; covariance
+HC3 (MacKinnon & White 1985) and the model-based s²(JᵀJ)⁻¹, each contrast using the larger, with
+t on the fit's own residual df.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import optimize
+
+from analysis.attribution import Term, design_matrix
+
+FORMS = ("power", "curved")
+#: A parameter whose variance inflation (bread_ii·(JᵀJ)_ii) exceeds this is "not identified".
+NOT_IDENTIFIED_VIF = 1e6
+
+
+@dataclass
+class JointFit:
+    form: str
+    c0: float
+    names: list[str]  # parameter names, in order
+    params: np.ndarray
+    cov: np.ndarray  # HC3
+    cov_model: np.ndarray  # s²(JᵀJ)⁻¹
+    dof: int
+    n: int
+    resid: np.ndarray
+    leverage: np.ndarray
+    effect_cols: list[int]  # term indices of θ in the standard (intercept + logC) basis
+    pinned: dict[str, float] = field(default_factory=dict)
+    not_identified: list[str] = field(default_factory=list)
+    converged: bool = True
+
+    def get(self, name: str) -> float:
+        if name in self.pinned:
+            return self.pinned[name]
+        return float(self.params[self.names.index(name)])
+
+    @property
+    def linf(self) -> float:
+        return self.get("linf")
+
+    @property
+    def alpha(self) -> float:
+        return self.get("alpha")
+
+    @property
+    def kappa(self) -> float:
+        return self.get("kappa") if "kappa" in self.names or "kappa" in self.pinned else 0.0
+
+    @property
+    def A(self) -> float:
+        return float(np.exp(self.get("ln_a")) * self.c0**self.alpha)
+
+    def contrast_var(self, g: np.ndarray) -> float:
+        g = np.nan_to_num(g)
+        return float(max(g @ self.cov @ g, g @ self.cov_model @ g, 0.0))
+
+    def theta_std(self, n_terms: int, terms: list[Term]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(θ, cov, cov_model, T) in the standard basis (intercept, logC, effects) with f(all-off) ≡ 0."""
+        T = np.zeros((n_terms, len(self.names)))
+        for j, t in enumerate(self.effect_cols):
+            T[t, self.names.index(f"theta{j}")] = 1.0
+            kind = terms[t].kind
+            if kind == "main":
+                T[0, self.names.index(f"theta{j}")] = 1.0
+            elif kind == "2fi":
+                T[0, self.names.index(f"theta{j}")] = -1.0
+            elif kind == "main_x_scale":
+                s = next(i for i, tt in enumerate(terms) if tt.kind == "scale")
+                T[s, self.names.index(f"theta{j}")] = 1.0
+        return T @ self.params, T @ self.cov @ T.T, T @ self.cov_model @ T.T, T
+
+    def law_block(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cov HC3, cov model) over (linf, ln a, alpha); zero rows for pinned parameters."""
+        out = []
+        for cv in (self.cov, self.cov_model):
+            c = np.zeros((3, 3))
+            idx = [(i, self.names.index(k)) for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
+            for i, p in idx:
+                for j, q in idx:
+                    c[i, j] = cv[p, q]
+            out.append(c)
+        return out[0], out[1]
+
+    def predict_loss(self, C, lnm) -> np.ndarray:
+        u = np.log(np.asarray(C, float) / self.c0) + np.asarray(lnm, float)
+        return self.linf + np.exp(self.get("ln_a") - self.alpha * u - 0.5 * self.kappa * u * u)
+
+    def loss_grad(self, C: float, e_row: np.ndarray) -> tuple[float, np.ndarray]:
+        """Loss of an arm with effect row e_row (over θ) at compute C and its gradient over params."""
+        th = self._theta()
+        u = float(np.log(C / self.c0) + e_row @ th)
+        f = float(np.exp(self.get("ln_a") - self.alpha * u - 0.5 * self.kappa * u * u))
+        g = np.zeros(len(self.names))
+        d = {"linf": 1.0, "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
+        for k, v in d.items():
+            if k in self.names:
+                g[self.names.index(k)] = v
+        dth = -f * (self.alpha + self.kappa * u) * e_row
+        for j in range(len(e_row)):
+            g[self.names.index(f"theta{j}")] = dth[j]
+        return self.linf + f, g
+
+    def _theta(self) -> np.ndarray:
+        return np.array([self.params[self.names.index(f"theta{j}")] for j in range(len(self.effect_cols))])
+
+    def wald_ci(self, name: str, q: float) -> tuple[float, float]:
+        if name in self.pinned:
+            v = self.pinned[name]
+            return (v, v)
+        if name in self.not_identified or name not in self.names:
+            return (np.nan, np.nan)
+        i = self.names.index(name)
+        se = np.sqrt(max(self.cov[i, i], self.cov_model[i, i]))
+        return (float(self.params[i] - q * se), float(self.params[i] + q * se))
+
+
+def effect_design(terms: list[Term], factors: list[str], kept: np.ndarray, X_nk: np.ndarray,
+                  z_n: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Columns of the kept non-constant terms minus their value at the all-off arm: e_n with e·θ = ln M."""
+    cols = [j for j in np.flatnonzero(kept) if terms[j].kind not in ("intercept", "scale")]
+    D = design_matrix(terms, factors, X_nk, z_n) - design_matrix(terms, factors, -np.ones_like(X_nk), z_n)
+    return D[:, cols], cols
+
+
+def _seed_blocks(seeds) -> np.ndarray:
+    if seeds is None:
+        return np.zeros((0, 0))
+    lev = list(dict.fromkeys(np.asarray(seeds).tolist()))
+    if len(lev) < 2:
+        return np.zeros((len(seeds), 0))
+    s = np.asarray(seeds)
+    B = np.zeros((len(s), len(lev) - 1))
+    for j, v in enumerate(lev[1:]):
+        B[:, j] = (s == v).astype(float) - (s == lev[0]).astype(float)
+    return B
+
+
+def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
+              pin_alpha: float | None = None, start: JointFit | None = None) -> JointFit:
+    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute."""
+    if form not in FORMS:
+        raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
+    C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
+    c0 = float(np.exp(np.mean(np.log(C))))
+    x = np.log(C / c0)
+    B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
+    q, s = E.shape[1], B.shape[1]
+    pinned = {k: v for k, v in (("linf", pin_linf), ("alpha", pin_alpha)) if v is not None}
+    names = [k for k in ("linf", "ln_a", "alpha") if k not in pinned]
+    if form == "curved":
+        names.append("kappa")
+    names += [f"theta{j}" for j in range(q)] + [f"seed{j}" for j in range(s)]
+    idx = {k: i for i, k in enumerate(names)}
+
+    def unpack(p):
+        g = lambda k: pinned[k] if k in pinned else p[idx[k]]  # noqa: E731
+        th = p[idx["theta0"]: idx["theta0"] + q] if q else np.zeros(0)
+        de = p[len(names) - s:] if s else np.zeros(0)
+        return g("linf"), p[idx["ln_a"]], g("alpha"), (p[idx["kappa"]] if "kappa" in idx else 0.0), th, de
+
+    def resid(p):
+        linf, la, al, ka, th, de = unpack(p)
+        u = x + E @ th
+        return linf + np.exp(la - al * u - 0.5 * ka * u * u) + B @ de - L
+
+    def jac(p):
+        linf, la, al, ka, th, de = unpack(p)
+        u = x + E @ th
+        f = np.exp(la - al * u - 0.5 * ka * u * u)
+        J = np.zeros((len(L), len(names)))
+        cols = {"linf": np.ones_like(f), "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
+        for k, v in cols.items():
+            if k in idx:
+                J[:, idx[k]] = v
+        if q:
+            J[:, idx["theta0"]: idx["theta0"] + q] = (-f * (al + ka * u))[:, None] * E
+        if s:
+            J[:, len(names) - s:] = B
+        return J
+
+    starts = []
+    if start is not None:
+        p0 = np.zeros(len(names))
+        for k in names:
+            if k in start.names:
+                p0[idx[k]] = start.params[start.names.index(k)]
+        starts.append(p0)
+    span = max(float(np.ptp(L)), 1e-3)
+    for al0 in ((pin_alpha,) if pin_alpha is not None else (0.1, 0.3, 0.8)):
+        linf0 = pin_linf if pin_linf is not None else float(np.min(L)) - 0.5 * span
+        p0 = np.zeros(len(names))
+        if "linf" in idx:
+            p0[idx["linf"]] = linf0
+        p0[idx["ln_a"]] = np.log(max(float(np.mean(L)) - linf0, 1e-6))
+        if "alpha" in idx:
+            p0[idx["alpha"]] = al0
+        starts.append(p0)
+    best = None
+    for p0 in starts:
+        try:
+            r = optimize.least_squares(resid, p0, jac=jac, method="lm", xtol=1e-12, ftol=1e-12, max_nfev=400)
+        except (ValueError, FloatingPointError):
+            continue
+        if not np.all(np.isfinite(r.x)):
+            continue
+        if best is None or r.cost < best.cost - 1e-15:
+            best = r
+    if best is None:
+        raise ValueError("the joint law fit failed on every start")
+    p = best.x
+    linf, la, al, ka, th, de = unpack(p)
+    if not al > 0:
+        raise ValueError(f"the fitted law does not fall with compute (alpha = {al:.3g})")
+    J = jac(p)
+    e = resid(p)
+    n = len(L)
+    JtJ = J.T @ J
+    bread = np.linalg.pinv(JtJ)
+    rank = int(np.linalg.matrix_rank(J, tol=1e-10 * max(np.linalg.norm(J), 1e-300)))
+    dof = n - rank
+    h = np.clip(np.einsum("ij,jk,ik->i", J, bread, J), 0, 1)
+    safe = (1 - h) > 1e-8
+    w = np.where(safe, e**2 / np.where(safe, 1 - h, 1) ** 2, 0.0)
+    cov = bread @ ((J * w[:, None]).T @ J) @ bread
+    s2 = float(e @ e) / dof if dof > 0 else np.nan
+    cov_model = s2 * bread
+    vif = np.diag(bread) * np.diag(JtJ)
+    ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa") and not vif[idx[k]] < NOT_IDENTIFIED_VIF]
+    if dof <= 0:
+        ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
+    return JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
+                    resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
+                    converged=bool(best.success))
+
+
+def law_of(jf: JointFit, level: float = 0.95):
+    """The reference law (the all-off arm's curve) of a joint fit, as a LawFit with Wald intervals."""
+    from scipy import stats
+
+    from analysis.scaling import LawFit
+
+    q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
+    cov_h, cov_m = jf.law_block()
+    cov = cov_h if np.trace(cov_h) >= np.nan_to_num(np.trace(cov_m)) else cov_m
+    ni = [{"ln_a": "A"}.get(k, k) for k in jf.not_identified if k != "kappa"]
+    prof = {}
+    for k in ("linf", "alpha"):
+        if k not in jf.pinned:
+            prof[k] = jf.wald_ci(k, q)
+    # ln A = ln a + α ln C0: its variance by the delta method
+    g = np.array([0.0, 1.0, np.log(jf.c0)])
+    se = float(np.sqrt(max(g @ cov_h @ g, g @ cov_m @ g, 0.0)))
+    lnA = np.log(jf.A)
+    prof["A"] = (float(np.exp(lnA - q * se)), float(np.exp(lnA + q * se)))
+    if jf.dof <= 0:
+        prof = {}
+    return LawFit(linf=jf.linf, A=jf.A, alpha=jf.alpha, c0=jf.c0, cov=cov, n=jf.n, pinned=dict(jf.pinned),
+                  rss=float(jf.resid @ jf.resid), profile=prof, not_identified=ni, dof=jf.dof)

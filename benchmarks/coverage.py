@@ -1,0 +1,102 @@
+"""Coverage of every reported 95% interval on simulated studies with known truth.
+
+Usage: OMP_NUM_THREADS=1 python benchmarks/coverage.py [--studies 200] [--designs m1,m2,smoke]
+Designs: m1 = marin535 1 seed (6 factors, 2^(6-1), 3 rungs); m2 = the same with 2 seeds; smoke = 7
+factors on 4 CPU-like rungs (2^(7-2): the simulator's fractions stop at two generators). Scenarios
+rotate per study: plain, strong scale trends, strong interactions, heteroscedastic noise, a broken
+law, lost runs (one baseline run among them), a higher-order throughput effect. A number counts as
+"ok" when its interval covers the truth or the report flags it (not identified / disagreement /
+law form not assessable / interval wider than 10x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+SCENARIOS = ("plain", "scale", "interactions", "hetero", "broken", "lost", "throughput3")
+DESIGNS = {"m1": (6, 1, 1, 3), "m2": (6, 1, 2, 3), "smoke": (7, 2, 1, 4)}  # k, fraction, seeds, rungs
+
+
+def one(design: str, i: int) -> dict[str, tuple[bool, bool]]:
+    from analysis.pipeline import analyze_table
+    from analysis.simulate import random_truth, simulate_table
+
+    k, frac, seeds, nr = DESIGNS[design]
+    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer", "ep_transport"][:k]
+    sc = SCENARIOS[i % len(SCENARIOS)]
+    rng = np.random.default_rng(1000 * list(DESIGNS).index(design) + i)
+    kw = {"scale_sd": 0.06} if sc == "scale" else {"inter_sd": 0.08} if sc == "interactions" else {}
+    truth = random_truth(factors, rng, **kw)
+    if sc == "hetero":
+        truth.noise_hetero = 1.0
+    if sc == "broken":
+        truth.break_c, truth.break_delta = 5e16, 0.15
+    if sc == "throughput3":
+        truth.throughput_allon = -0.2
+    rungs = {f"r{j}": 1e8 * 2**j for j in range(nr)}
+    df = simulate_table(truth, rungs=rungs, seeds=seeds, fraction=frac, rng=rng,
+                        fail=2 if sc == "lost" else 0, fail_baseline=1 if sc == "lost" else 0)
+    top = float(np.exp(np.log(df.loc[df["rung"] == f"r{nr - 1}", "train_flops"]).mean()))
+    a = analyze_table(df, n_boot=0, boot_method="none", target_compute=10 * top, force_extrapolation=True)
+    out: dict[str, tuple[bool, bool]] = {}
+
+    def put(name, lo, hi, t, flag=False):
+        cov = bool(np.isfinite(lo) and lo <= t <= hi)
+        out.setdefault(name, []).append((cov, cov or flag or not np.isfinite(lo)))
+
+    comp = a.components.set_index(["response", "component"]).reindex(
+        [(r, f) for r in ("ln_M", "ln_R") for f in factors + ["TOTAL"]])
+    ch = a.checks
+    disagree = {r: bool((ch[ch["response"] == r]["agree"] == False).any()) for r in ("ln_M", "ln_R")}  # noqa: E712
+    sh = truth.shapley(a.c_ref)
+    for f in factors:
+        put("component M_flop", comp.loc[("ln_M", f), "shapley_lo"], comp.loc[("ln_M", f), "shapley_hi"], sh[f])
+        put("component R", comp.loc[("ln_R", f), "shapley_lo"], comp.loc[("ln_R", f), "shapley_hi"],
+            truth.throughput_effect()[f])
+    put("TOTAL M_flop", comp.loc[("ln_M", "TOTAL"), "shapley_lo"], comp.loc[("ln_M", "TOTAL"), "shapley_hi"],
+        sum(sh.values()), disagree["ln_M"])
+    put("TOTAL R", comp.loc[("ln_R", "TOTAL"), "shapley_lo"], comp.loc[("ln_R", "TOTAL"), "shapley_hi"],
+        truth.throughput_total(), disagree["ln_R"])
+    pr = a.per_rung[(a.per_rung["response"] == "ln_M") & (a.per_rung["component"] != "TOTAL")]
+    for r in pr.itertuples():
+        put("per rung M_flop", r.lo, r.hi, truth.shapley(r.compute)[r.component])
+    ex = a.extrapolation.set_index(["response", "component"]).reindex(
+        [(r, f) for r in ("ln_M", "ln_R") for f in factors + ["TOTAL"]])
+    shx = truth.shapley(a.target_compute)
+    form_flag = "curved" not in a.joint
+    for f in factors + ["TOTAL"]:
+        lo, hi = ex.loc[("ln_M", f), "shapley_lo"], ex.loc[("ln_M", f), "shapley_hi"]
+        t = sum(shx.values()) if f == "TOTAL" else shx[f]
+        put("10x extrapolation M_flop", lo, hi, t, form_flag or np.exp(hi - lo) > 10)
+    if sc != "broken" and a.law is not None:
+        for p_, t in (("alpha", truth.alpha), ("linf", truth.linf)):
+            lo, hi = a.law.ci(p_)
+            put(f"law {p_}", lo, hi, t)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--studies", type=int, default=200)
+    ap.add_argument("--designs", default="m1,m2,smoke")
+    args = ap.parse_args()
+    print(f"| design | quantity | n | coverage | covered or flagged |")
+    print("|---|---|---|---|---|")
+    for d in args.designs.split(","):
+        agg: dict[str, list] = {}
+        for i in range(args.studies):
+            for k_, v in one(d, i).items():
+                agg.setdefault(k_, []).extend(v)
+        for k_, v in agg.items():
+            v = np.array(v)
+            print(f"| {d} | {k_} | {len(v)} | {v[:, 0].mean():.3f} | {v[:, 1].mean():.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
