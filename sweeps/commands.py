@@ -95,7 +95,8 @@ def _exec_options(args: argparse.Namespace, study: Any):
         array_parallelism=args.array_parallelism or ex.get("slurm_array_parallelism"),
         signal_delay_s=args.signal_delay_s, constraint=args.constraint, exclude=args.exclude,
         setup=tuple(args.setup))
-    return ExecOptions(executor=executor, workers=args.workers or int(ex.get("max_parallel", 2)),
+    workers = args.workers if args.workers is not None else int(ex.get("max_parallel", 2))
+    return ExecOptions(executor=executor, workers=workers,
                        threads=args.threads, retry_failed=args.retry_failed, wait=not args.no_wait, slurm=slurm)
 
 
@@ -248,17 +249,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         where = f" as job(s) {', '.join(jobs)}" if opts.executor == "slurm" else ""
         print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
               f"(skipped: {skipped})")
+    from sweeps.state import STATES, all_done
+
     c = rep.counts
-    print(f"{study.name}: {c['completed']} completed, {c['failed']} failed, {c['running']} running, "
-          f"{c['partial']} partial, {c['pending']} pending; results in {rep.study_dir}")
+    print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))
+          + f"; results in {rep.study_dir}")
     if c["failed"]:
         print(f"failed runs keep their error in summary.json; `marin-ablate status {study.name}` lists them; "
               "--retry-failed runs them again")
+    if c["running"] or c["queued"]:
+        print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
+              f"`marin-ablate status {study.name}` follows them")
     if opts.wait and not args.no_analyze and c["completed"]:
         analyze_study(rep.study_dir)
     if not opts.wait:
         return 0
-    return 0 if c["failed"] == 0 and c["pending"] == 0 and c["partial"] == 0 else 1
+    return 0 if all_done(c) else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,6 +277,8 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     _out_args(parser)
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--limit", type=int, default=50, help="above this many runs, list only unfinished ones, this many")
+    parser.add_argument("--all", action="store_true", help="list every run")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -284,10 +292,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
-    queued = f", {st['queued']} queued in SLURM" if st["queued"] else ""
-    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued +
-          f"  ({st['study_dir']})")
-    print(_table(st["runs"], ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + f"  ({st['study_dir']})")
+    rows = st["runs"]
+    if len(rows) > args.limit and not args.all:  # a large study: counts above, the unfinished runs below
+        rows = [r for r in rows if r["state"] != "completed"]
+        shown = rows[:args.limit]
+        print(f"({len(rows)} runs not completed; showing {len(shown)}; --all lists every run)")
+        rows = shown
+    if rows:
+        print(_table(rows, ["run_id", "rung", "arm", "seed", "state", "eval_macro_loss", "job_id"]))
     for r in st["runs"]:
         if r["state"] == "failed":
             print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
