@@ -300,18 +300,34 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
     for i, r in enumerate(runs):
         res = _slurm_resources(r, opts.slurm, resources)
         groups.setdefault(tuple(sorted(res.items())), []).append(i)
+    max_size = slurm_max_array_size()
     for key, idx in groups.items():
         res = dict(key)
-        ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
-        ex.update_parameters(**_sbatch_params(res, opts.slurm, len(idx), study_dir.name))
-        jobs = ex.map_array(RunJob(None), [tasks[i] for i in idx])
-        for i, j in zip(idx, jobs):
-            rec = read_json(runs[i].dir / "job.json") or {}
-            rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
-            atomic_write_json(runs[i].dir / "job.json", rec)
-        sub.jobs.extend(jobs)
+        # SLURM refuses an array with an index >= MaxArraySize: a larger group goes in as several arrays
+        for chunk in (idx[k:k + max_size] for k in range(0, len(idx), max_size)):
+            ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
+            ex.update_parameters(**_sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
+            jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
+            for i, j in zip(chunk, jobs):
+                rec = read_json(runs[i].dir / "job.json") or {}
+                rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
+                atomic_write_json(runs[i].dir / "job.json", rec)
+            sub.jobs.extend(jobs)
     _log_submission(study_dir, sub)
     return sub
+
+
+def slurm_max_array_size(default: int = 1001) -> int:
+    """The cluster's MaxArraySize (`scontrol show config`; SLURM's default 1001 when it cannot be read)."""
+    try:
+        r = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return default
+    for line in r.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return max(1, int(value.strip()))
+    return default
 
 
 def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None) -> dict:

@@ -36,12 +36,23 @@ def resolve_study(name: str, **kwargs: Any) -> Any:
     a function returning one). kwargs (rungs, seeds) go to the builder when it takes them."""
     if ":" in name:
         mod, _, attr = name.partition(":")
+        if not mod or not attr.isidentifier():
+            raise ValueError(f"study {name!r}: allowed values: a registered study or package.module:attribute")
         try:
             obj = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"study {name!r}: cannot import ({e})") from None
+        except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
+            raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
         if callable(obj) and not hasattr(obj, "runs"):
-            obj = obj(**_accepted(obj, kwargs))
+            kw = _accepted(obj, kwargs)
+            try:
+                inspect.signature(obj).bind(**kw)
+            except (TypeError, ValueError):
+                raise ValueError(f"study {name!r} is a {type(obj).__name__} that cannot be called with "
+                                 f"{kw or 'no arguments'}; allowed values: a Study, or a function returning one") from None
+            obj = obj(**kw)
+        if not (hasattr(obj, "runs") and hasattr(obj, "name")):
+            raise ValueError(f"study {name!r} is a {type(obj).__name__}, not a study (an object with name and "
+                             "runs(), or a function returning one)")
         return obj
     from ablations.studies import STUDIES, get_study
 
