@@ -199,3 +199,10 @@ def test_sigterm_to_the_run_driver_stops_its_workers_which_checkpoint(tmp_path):
     st = probe(run_dir)  # the worker is gone (lock free) and left a checkpoint to resume from
     assert st.state == "partial", (st, out, err)
     assert any((run_dir / "checkpoints").glob("ckpt_*"))
+
+
+def test_status_of_an_8192_run_study_stays_compact(tmp_path, capsys):
+    assert cli_main(["status", "test_faults:big_study", "--out", str(tmp_path), "--limit", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("big: 0/8192 done, 0 running, 0 failed, 8192 pending")
+    assert len(out) <= 24, len(out)  # counts, a note, a header and 20 rows
