@@ -8,7 +8,9 @@
 #   bash .ci/slurm.sh status   # daemons alive? sinfo
 #
 # State (configs, spool, MariaDB datadir, logs, PIDs) lives under MARIN_SLURM_DIR
-# (default /tmp/marin-slurm). A fresh `start` wipes it; FirstJobId is taken from the clock so job
+# (default /tmp/marin-slurm). A second cluster runs beside the first with its own MARIN_SLURM_DIR,
+# MARIN_SLURM_PORT (slurmctld; slurmd and slurmdbd take the next two) and MARIN_SLURM_DB_PORT;
+# munged is shared. MARIN_SLURM_MAX_ARRAY_SIZE sets MaxArraySize (default 8). A fresh `start` wipes it; FirstJobId is taken from the clock so job
 # ids do not restart at 1 and stale submitit folders cannot alias new jobs.
 set -euo pipefail
 
@@ -95,6 +97,8 @@ ReturnToService=2
 InactiveLimit=0
 KillWait=10
 MinJobAge=600
+# small, so tests/test_slurm.py can submit a study larger than one array (SLURM's default is 1001)
+MaxArraySize=${MARIN_SLURM_MAX_ARRAY_SIZE:-8}
 FirstJobId=$(( $(date +%s) % 50000000 + 1000 ))
 JobRequeue=1
 AccountingStorageType=accounting_storage/slurmdbd
@@ -202,7 +206,7 @@ stop() {
     # whose command line names our config (never by a broad name)
     if [[ -d "$STATE/spool" ]]; then
         for pid in $(pgrep -x slurmstepd 2>/dev/null || true); do
-            grep -qs "$STATE" "/proc/$pid/environ" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+            grep -qszx "SLURM_CONF=$CONF" "/proc/$pid/environ" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
         done
     fi
 }

@@ -71,10 +71,14 @@ def cmd_analyze(args) -> int:
     from analysis.forecast import judge, read_forecasts
     from analysis.report import attribution_table, write_report
 
+    from analysis.results import write_table
+
     study_dir, table = resolve_study(args.study)
+    out = Path(args.out) if args.out else study_dir / "report"
+    if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --out when given
+        print(f"wrote {write_table(table, (out if args.out else study_dir) / 'results.parquet')}")
     a = _analyze(args, table, args.target)
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
-    out = Path(args.out) if args.out else study_dir / "report"
     title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
     import sys
 

@@ -35,20 +35,58 @@ class Inventory:
     n_completed: int
     missing: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (run_id, error)
+    # completed runs the fit cannot use, copies of a run, unreadable run folders: (run_id, reason)
+    excluded: list[tuple[str, str]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"{self.n_runs} runs: {self.n_completed} completed, {len(self.failed)} failed, "
-               f"{len(self.missing)} missing"]
+               f"{len(self.missing)} missing" + (f", {len(self.excluded)} left out" if self.excluded else "")]
         out += [f"missing: {r}" for r in self.missing]
         out += [f"failed: {r}: {e}" for r, e in self.failed]
+        out += [f"left out: {r}: {e}" for r, e in self.excluded]
         return out
+
+
+class UnreadableRun(Exception):
+    """A run folder holds a file that cannot be read as JSON (a damaged or foreign file)."""
 
 
 def _read_json(path: Path) -> dict | None:
     if not path.exists():
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            out = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnreadableRun(f"cannot read {path}: {e}") from None
+    if not isinstance(out, dict):
+        raise UnreadableRun(f"cannot read {path}: a JSON object was expected, got {type(out).__name__}")
+    return out
+
+
+def _row_or_reason(run_dir: Path) -> dict:
+    try:
+        return _row(run_dir)
+    except UnreadableRun as e:
+        return {"run_id": run_dir.name, "status": "unreadable", "error": str(e)}
+
+
+def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
+    """One row per run id: a copied run folder is the same run. The kept row is the folder named
+    after the id (else the first completed, else the first); the others become status "duplicate"."""
+    by_id: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_id.setdefault(str(r["run_id"]), []).append(i)
+    for rid, idx in by_id.items():
+        if len(idx) < 2:
+            continue
+        keep = next((i for i in idx if dirs[i].name == rid), None)
+        if keep is None:
+            keep = next((i for i in idx if rows[i].get("status") == "completed"), idx[0])
+        for i in idx:
+            if i != keep:
+                rows[i]["status"] = "duplicate"
+                rows[i]["error"] = f"runs/{dirs[i].name} holds the same run as runs/{dirs[keep].name}; counted once"
 
 
 def _row(run_dir: Path) -> dict:
@@ -86,13 +124,18 @@ def _row(run_dir: Path) -> dict:
 
 
 def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
-    """One row per run directory under `study_dir/runs`; writes `study_dir/results.parquet`."""
+    """One row per run directory under `study_dir/runs`; writes `study_dir/results.parquet` (write).
+
+    Every folder gets a row: a run whose files cannot be read is status "unreadable" with the file
+    and reason in `error`; a copy of a run (same run id) is status "duplicate" (see `_dedupe`)."""
     study_dir = Path(study_dir)
     runs = study_dir / "runs"
     if not runs.is_dir():
         raise ValueError(f"study_dir {str(study_dir)!r} has no runs/ directory")
-    rows = [_row(d) for d in sorted(runs.iterdir()) if d.is_dir()
+    dirs = [d for d in sorted(runs.iterdir()) if d.is_dir()
             and ((d / "meta.json").exists() or (d / "summary.json").exists())]
+    rows = [_row_or_reason(d) for d in dirs]
+    _dedupe(rows, dirs)
     df = pd.DataFrame(rows)
     for c in ID_COLUMNS + FACTORS + SUMMARY_COLUMNS + ("status", "loss_curve", "started_at"):
         if c not in df.columns:
@@ -102,36 +145,64 @@ def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
               "mfu", "drop_rate", "max_grad_norm", "spikes", "wall_s", "started_at"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     if write and len(df):
-        df.to_parquet(study_dir / "results.parquet", index=False)
+        write_table(df, study_dir / "results.parquet")
     return df
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """The results table as parquet, atomically (a reader never sees a torn file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def inventory(df: pd.DataFrame) -> Inventory:
     """Counts and ids of missing and failed runs."""
     st = df["status"].fillna("missing")
+    excluded = [(str(r), str(e)) for r, e in df.loc[st.isin(["duplicate", "unreadable"]), ["run_id", "error"]]
+                .itertuples(index=False)]
+    done = df[st == "completed"]
+    for col in ("eval_macro_loss", "train_flops"):  # a completed run the fit cannot use is named, not dropped silently
+        if col in done:
+            v = pd.to_numeric(done[col], errors="coerce").astype(float)
+            excluded += [(str(r), f"completed, but {col} is {x}") for r, x in zip(done["run_id"], v)
+                         if not np.isfinite(x)]
     return Inventory(
-        n_runs=len(df), n_completed=int((st == "completed").sum()),
+        n_runs=int((~st.isin(["duplicate"])).sum()), n_completed=int((st == "completed").sum()),
         missing=sorted(df.loc[st == "missing", "run_id"].astype(str)),
         failed=[(str(r), str(e)) for r, e in df.loc[st == "failed", ["run_id", "error"]].itertuples(index=False)],
+        excluded=excluded,
     )
 
 
-def load_table(source: str | Path | pd.DataFrame) -> pd.DataFrame:
-    """A results table from a DataFrame, a parquet file, or a study directory (collected afresh)."""
+def _read_table(p: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+    except Exception as e:  # noqa: BLE001 - pyarrow and pandas raise many types for a damaged file
+        raise ValueError(f"cannot read results table {str(p)!r}: {type(e).__name__}: {e}") from None
+
+
+def load_table(source: str | Path | pd.DataFrame, *, write: bool = False) -> pd.DataFrame:
+    """A results table from a DataFrame, a parquet file, or a study directory (collected afresh;
+    written to its results.parquet only when `write`)."""
     if isinstance(source, pd.DataFrame):
         return source.copy()
     p = Path(source)
     if p.is_file():
-        if p.suffix == ".parquet":
-            return pd.read_parquet(p)
-        if p.suffix == ".csv":
-            return pd.read_csv(p)
-        raise ValueError(f"source {str(p)!r}: allowed values: a study directory, a .parquet or .csv file")
+        if p.suffix not in (".parquet", ".csv"):
+            raise ValueError(f"source {str(p)!r}: allowed values: a study directory, a .parquet or .csv file")
+        return _read_table(p)
     if p.is_dir():
         if (p / "runs").is_dir():
-            return collect(p)
+            return collect(p, write=write)
         if (p / "results.parquet").exists():
-            return pd.read_parquet(p / "results.parquet")
+            return _read_table(p / "results.parquet")
     raise ValueError(f"source {str(p)!r} is neither a study directory (with runs/) nor a results file")
 
 

@@ -29,6 +29,37 @@ def _check(cond: bool, owner: str, name: str, msg: str) -> None:
         raise ValueError(f"{owner}.{name}: {msg}")
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Range rules: (predicate, allowed-range text). A field's rule is checked in every __post_init__ below,
+# so `train`, `run`, `tune` and `plan` reject the same values with the same message.
+POS_INT = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+NONNEG_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
+POS = (lambda v: _is_num(v) and v > 0, "a finite number > 0")
+NONNEG = (lambda v: _is_num(v) and v >= 0, "a finite number >= 0")
+FRAC = (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
+MOMENTUM = (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)")
+SEED = (lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch.manual_seed's range
+
+
+def optional(rule: tuple) -> tuple:
+    pred, text = rule
+    return (lambda v: v is None or pred(v), f"None or {text}")
+
+
+def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
+    for name, (pred, text) in rules.items():
+        v = getattr(obj, name)
+        if not pred(v):
+            raise ValueError(f"{owner}.{name}={v!r} is out of range; allowed values: {text}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Recipe: the seven switches (DESIGN §2). Each field names a level; index 0 of LEVELS is the recipe.
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +139,18 @@ ATTENTION_BACKENDS = ("sdpa", "flex")
 SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
 
 
+# Numeric ranges of ModelConfig (structural constraints between fields are checked in __post_init__).
+MODEL_RANGES: dict[str, tuple] = {
+    **{k: POS_INT for k in ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "n_kv_heads_global",
+                            "vocab_size", "seq_len", "window", "global_every", "n_experts", "top_k", "expert_hidden",
+                            "shared_hidden", "latent_ratio", "qb_hist_bins", "ep_shards", "ragged_chunks",
+                            "sconv_kernel")},
+    "n_shared_experts": NONNEG_INT, "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS,
+    "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": POS, "capacity_ragged": POS,
+    "init_scale": POS, "z_loss_weight": NONNEG,
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of one model. MoE numbers (n_experts, top_k) are the recipe's latent geometry;
@@ -165,11 +208,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         o = "ModelConfig"
-        for name in ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "n_kv_heads_global",
-                     "vocab_size", "seq_len", "window", "global_every", "n_experts", "top_k",
-                     "expert_hidden", "latent_ratio", "ep_shards", "ragged_chunks", "sconv_kernel"):
-            v = getattr(self, name)
-            _check(isinstance(v, int) and v >= 1, o, name, f"must be a positive integer, got {v!r}")
+        check_ranges(o, self, MODEL_RANGES)
         _check(self.d_model % self.n_heads == 0, o, "d_model",
                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: multiples of n_heads")
         for kv in ("n_kv_heads", "n_kv_heads_global"):
@@ -187,6 +226,8 @@ class ModelConfig:
                f"ep_shards={self.ep_shards} must divide the expert count at every latent_moe level "
                f"({self.n_experts} and {self.n_experts // self.latent_ratio}); allowed values: their common divisors")
         _check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
+        _check(self.window <= self.seq_len, o, "window",
+               f"window={self.window} exceeds seq_len={self.seq_len}; allowed values: 1..{self.seq_len}")
         _check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
         _check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",
                "rotated dims (head_dim*rope_fraction) must be even")
@@ -257,6 +298,16 @@ class ContextStage:
     seq_len: int
 
 
+TRAIN_RANGES: dict[str, tuple] = {
+    "steps": POS_INT, "batch_size": POS_INT, "lr": optional(POS), "adam_lr": optional(POS),
+    "warmup_frac": FRAC, "final_lr_frac": FRAC, "weight_decay": NONNEG, "beta1": optional(MOMENTUM),
+    "beta2": optional(MOMENTUM), "muon_momentum": MOMENTUM, "ns_steps": POS_INT, "grad_clip": optional(POS),
+    "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
+    "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
+    "threads": optional(POS_INT),
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
@@ -286,6 +337,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         o = "TrainConfig"
+        check_ranges(o, self, TRAIN_RANGES)
+        for st in self.context_stages:
+            _check(_is_int(st.seq_len) and st.seq_len >= 1, o, "context_stages",
+                   f"stage seq_len={st.seq_len!r} is out of range; allowed values: an integer >= 1")
         _check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
         _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
         _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -308,6 +363,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
+        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and v > 256, "an integer > 256"),
+                                           "data_seed": SEED})
 
 
 @dataclass(frozen=True)
@@ -321,6 +378,7 @@ class RunSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_ranges("RunSpec", self, {"seed": SEED})
         _check(not (self.model.attention == "flex" and self.train.device == "cpu"), "ModelConfig", "attention",
                "'flex' trains on CUDA only (torch has no flex_attention backward on CPU); allowed values with "
                "TrainConfig.device='cpu': 'sdpa'")

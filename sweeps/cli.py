@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -46,9 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"marin-ablate {name}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: finished runs are kept; running them again resumes the rest
-        print(f"marin-ablate {name}: interrupted", file=sys.stderr)
-        return 130
+    except OSError as e:  # a file or folder the command cannot use: name it; anything else keeps its traceback
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+        print(f"marin-ablate {name}: error: {where + ': ' if where else ''}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: finished runs are kept; running again resumes the rest
+        signum = int(getattr(e, "signum", signal.SIGINT))
+        print(f"marin-ablate {name}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

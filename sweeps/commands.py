@@ -96,7 +96,8 @@ def _exec_options(args: argparse.Namespace, study: Any):
         array_parallelism=args.array_parallelism or ex.get("slurm_array_parallelism"),
         signal_delay_s=args.signal_delay_s, constraint=args.constraint, exclude=args.exclude,
         setup=tuple(args.setup))
-    return ExecOptions(executor=executor, workers=args.workers or int(ex.get("max_parallel", 2)),
+    workers = args.workers if args.workers is not None else int(ex.get("max_parallel", 2))
+    return ExecOptions(executor=executor, workers=workers,
                        threads=args.threads, retry_failed=args.retry_failed, wait=not args.no_wait, slurm=slurm)
 
 
@@ -293,17 +294,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         where = f" as job(s) {', '.join(jobs)}" if opts.executor == "slurm" else ""
         print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
               f"(skipped: {skipped})")
+    from sweeps.state import STATES, all_done
+
     c = rep.counts
-    print(f"{study.name}: {c['completed']} completed, {c['failed']} failed, {c['running']} running, "
-          f"{c['partial']} partial, {c['pending']} pending; results in {rep.study_dir}")
+    print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))
+          + f"; results in {rep.study_dir}")
     if c["failed"]:
         print(f"failed runs keep their error in summary.json; `marin-ablate status {study.name}` lists them; "
               "--retry-failed runs them again")
+    if c["running"] or c["queued"]:
+        print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
+              f"`marin-ablate status {study.name}` follows them")
     if opts.wait and not args.no_analyze and c["completed"]:
         analyze_study(rep.study_dir)
     if not opts.wait:
         return 0
-    return 0 if c["failed"] == 0 and c["pending"] == 0 and c["partial"] == 0 else 1
+    return 0 if all_done(c) else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +323,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
     parser.add_argument("--all", action="store_true", help="one row per run (default: counts, ETA, running and failed runs)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--limit", type=int, default=10, help="at most this many failed runs listed without --all")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -341,9 +348,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
-    queued = f", {st['queued']} queued in SLURM" if st["queued"] else ""
     eta_s = f", ETA {hms(st['eta_s'])}" if st["eta_s"] else ""
-    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + queued + eta_s +
+    print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + eta_s +
           f"  ({st['study_dir']})")
     for r in st["runs"]:
         if r["elapsed_s"] is not None:
@@ -355,10 +361,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if shown:
         print(_table(shown, cols))
     failed = [r for r in st["runs"] if r["state"] == "failed"]
-    for r in failed if args.all else failed[:10]:
+    for r in failed if args.all else failed[:args.limit]:
         print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
-    if len(failed) > 10 and not args.all:
-        print(f"... {len(failed) - 10} more failed runs (--all lists every run)")
+    if len(failed) > args.limit and not args.all:
+        print(f"... {len(failed) - args.limit} more failed runs (--all lists every run)")
     return 0
 
 

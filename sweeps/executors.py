@@ -34,9 +34,11 @@ from typing import Any, Callable, Sequence
 
 import submitit
 
+from marin.config import NONNEG_INT, POS, POS_INT, optional, check_ranges
+
 from sweeps.progress import Progress
-from sweeps.runs import (PlannedRun, RunTask, atomic_write_json, count_states, execute, read_json, record_failure,
-                         run_state)
+from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
+from sweeps.state import count_dirs, needs_run, probe, squeue_ids
 
 EXECUTORS = ("local", "debug", "slurm")
 
@@ -66,6 +68,9 @@ class SlurmOptions:
     setup: tuple[str, ...] = ()  # shell lines before srun (module load, source venv ...)
     use_srun: bool = True
 
+    def __post_init__(self) -> None:
+        check_ranges("slurm", self, SLURM_RANGES)
+
 
 @dataclass(frozen=True)
 class ExecOptions:
@@ -77,6 +82,15 @@ class ExecOptions:
     poll_s: float = 2.0
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
+    def __post_init__(self) -> None:
+        check_ranges("ExecOptions", self, EXEC_RANGES)
+
+
+SLURM_RANGES = {"time_min": optional(POS_INT), "gpus_per_run": optional(NONNEG_INT),
+                "cpus_per_task": optional(POS_INT), "mem_gb": optional(POS), "array_parallelism": optional(POS_INT),
+                "signal_delay_s": POS_INT, "max_num_timeout": NONNEG_INT}
+EXEC_RANGES = {"workers": POS_INT, "threads": optional(POS_INT), "poll_s": POS}
+
 
 def _sinfo(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["sinfo", *args], capture_output=True, text=True, timeout=60)
@@ -86,10 +100,6 @@ def validate(opts: ExecOptions, out_dir: str | Path) -> None:
     """Everything that can be checked before a submission; raises ValueError naming the field."""
     if opts.executor not in EXECUTORS:
         raise ValueError(f"executor={opts.executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    if not isinstance(opts.workers, int) or opts.workers < 1:
-        raise ValueError(f"workers={opts.workers!r} must be a positive integer")
-    if opts.threads is not None and opts.threads < 1:
-        raise ValueError(f"threads={opts.threads!r} must be a positive integer")
     if opts.executor == "slurm":
         validate_slurm(opts.slurm)
     check_writable(out_dir)
@@ -107,14 +117,6 @@ def check_writable(out_dir: str | Path) -> None:
 
 
 def validate_slurm(s: SlurmOptions) -> None:
-    for name in ("time_min", "cpus_per_task", "array_parallelism"):
-        v = getattr(s, name)
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"slurm {name}={v!r} must be a positive integer")
-    if s.gpus_per_run is not None and s.gpus_per_run < 0:
-        raise ValueError(f"slurm gpus_per_run={s.gpus_per_run!r} must be >= 0")
-    if s.mem_gb is not None and s.mem_gb <= 0:
-        raise ValueError(f"slurm mem_gb={s.mem_gb!r} must be > 0")
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         raise ValueError("executor='slurm' needs the SLURM client commands (sinfo, sbatch) on PATH; "
                          "allowed values here: local, debug")
@@ -212,8 +214,7 @@ class Worker(submitit.helpers.Checkpointable):
             for task in tasks:
                 if stop:
                     break
-                state = run_state(task.dir)
-                if state in ("completed", "running") or (state == "failed" and not task.retry_failed):
+                if not needs_run(probe(task.dir).state, task.retry_failed):
                     continue
                 _mark_job(task, jid)
                 res = execute(task)
@@ -243,43 +244,6 @@ class Submission:
     @property
     def job_ids(self) -> list[str]:
         return [j.job_id for j in self.jobs]
-
-
-def select_runs(runs: Sequence[PlannedRun], retry_failed: bool) -> tuple[list[PlannedRun], dict[str, int]]:
-    """The runs that need executing, and counts of those skipped by reason."""
-    todo, skipped = [], {"completed": 0, "failed": 0, "running": 0, "queued": 0}
-    queued = queued_slurm_runs(runs)
-    for r in runs:
-        st = run_state(r.dir)
-        if st == "completed" or st == "running" or (st == "failed" and not retry_failed):
-            skipped[st] += 1
-        elif r.run_id in queued:
-            skipped["queued"] += 1
-        else:
-            todo.append(r)
-    return todo, {k: v for k, v in skipped.items() if v}
-
-
-def _squeue_ids() -> set[str]:
-    """Ids (array tasks as JOB_TASK) of every job in the SLURM queue; empty when squeue fails."""
-    try:
-        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return set(q.stdout.split()) if q.returncode == 0 else set()
-
-
-def queued_slurm_runs(runs: Sequence[PlannedRun]) -> set[str]:
-    """Runs whose recorded SLURM job is still in the queue (pending or running): not resubmitted."""
-    recs = {}
-    for r in runs:
-        rec = read_json(r.dir / "job.json")
-        if rec and rec.get("executor") == "slurm" and rec.get("job_id"):
-            recs[r.run_id] = str(rec["job_id"])
-    if not recs or shutil.which("squeue") is None:
-        return set()
-    alive = _squeue_ids()
-    return {rid for rid, jid in recs.items() if jid in alive}
 
 
 def _folder(study_dir: Path, executor: str) -> Path:
@@ -336,18 +300,34 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
     for i, r in enumerate(runs):
         res = _slurm_resources(r, opts.slurm, resources)
         groups.setdefault(tuple(sorted(res.items())), []).append(i)
+    max_size = slurm_max_array_size()
     for key, idx in groups.items():
         res = dict(key)
-        ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
-        ex.update_parameters(**_sbatch_params(res, opts.slurm, len(idx), study_dir.name))
-        jobs = ex.map_array(RunJob(None), [tasks[i] for i in idx])
-        for i, j in zip(idx, jobs):
-            rec = read_json(runs[i].dir / "job.json") or {}
-            rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
-            atomic_write_json(runs[i].dir / "job.json", rec)
-        sub.jobs.extend(jobs)
+        # SLURM refuses an array with an index >= MaxArraySize: a larger group goes in as several arrays
+        for chunk in (idx[k:k + max_size] for k in range(0, len(idx), max_size)):
+            ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
+            ex.update_parameters(**_sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
+            jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
+            for i, j in zip(chunk, jobs):
+                rec = read_json(runs[i].dir / "job.json") or {}
+                rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
+                atomic_write_json(runs[i].dir / "job.json", rec)
+            sub.jobs.extend(jobs)
     _log_submission(study_dir, sub)
     return sub
+
+
+def slurm_max_array_size(default: int = 1001) -> int:
+    """The cluster's MaxArraySize (`scontrol show config`; SLURM's default 1001 when it cannot be read)."""
+    try:
+        r = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return default
+    for line in r.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return max(1, int(value.strip()))
+    return default
 
 
 def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None) -> dict:
@@ -414,12 +394,12 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
     t0 = time.time()
     pending_jobs = list(sub.jobs)
     while True:
-        counts = count_states(dirs)
+        counts = count_dirs(dirs)
         if progress:
             progress.update(counts)
         # a SLURM job requeued after it returned (scontrol requeue, preemption by requeue) left a
         # result file but runs again: it is done only once it has left the queue
-        queued = _squeue_ids() if sub.executor == "slurm" else set()
+        queued = (squeue_ids() or set()) if sub.executor == "slurm" else set()
         pending_jobs = [j for j in pending_jobs if not _done(j) or j.job_id in queued]
         if not pending_jobs:
             break
@@ -427,7 +407,7 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
             raise TimeoutError(f"jobs {[j.job_id for j in pending_jobs]} still running after {timeout_s:.0f}s")
         time.sleep(poll_s)
     _record_dead_jobs(sub)
-    counts = count_states(dirs)
+    counts = count_dirs(dirs)
     if progress:
         progress.update(counts)
         progress.close()
@@ -477,5 +457,5 @@ def _record_dead_jobs(sub: Submission) -> None:
         except Exception as e:  # noqa: BLE001 - turned into the run's error
             err = f"job {job.job_id} ended without a result: {type(e).__name__}: {str(e).strip()[-1500:]}"
         for r in by_job.get(str(job.job_id), []):
-            if run_state(r.dir) in ("pending", "partial"):
+            if probe(r.dir).state in ("pending", "partial"):
                 record_failure(r, err)

@@ -102,6 +102,8 @@ def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: s
     pending = counts.get("pending", 0) + counts.get("partial", 0)
     parts = [f"{done}/{total} done", f"{counts.get('running', 0)} running", f"{counts.get('failed', 0)} failed",
              f"{pending} pending"]
+    if counts.get("queued"):
+        parts.insert(2, f"{counts['queued']} queued")
     if counts.get("partial"):
         parts[-1] += f" ({counts['partial']} partial)"
     m, s = divmod(int(elapsed_s), 60)

@@ -22,12 +22,9 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from marin.config import RunSpec
-
-#: What a run directory can be in, as `run_state` reports it.
-RUN_STATES = ("completed", "failed", "running", "partial", "pending")
 
 #: summary.json keys (CONTRACTS "Training"); a failure summary written here carries all of them.
 SUMMARY_KEYS = (
@@ -203,29 +200,8 @@ class RunLock:
 
 
 # ---------------------------------------------------------------------------------------------
-# State
+# Failures (where a run stands is decided in sweeps/state.py)
 # ---------------------------------------------------------------------------------------------
-
-
-def run_state(run_dir_: str | Path) -> str:
-    """One of RUN_STATES, from the directory alone: completed/failed from summary.json, running
-    when another process holds the lock, partial when checkpoints exist, else pending."""
-    d = Path(run_dir_)
-    summary = read_json(d / "summary.json")
-    if summary is not None and summary.get("status") in ("completed", "failed"):
-        return summary["status"]
-    if RunLock(d).held_elsewhere():
-        return "running"
-    if any((d / "checkpoints").glob("ckpt_*")):
-        return "partial"
-    return "pending"
-
-
-def count_states(dirs: Sequence[Path]) -> dict[str, int]:
-    out = {s: 0 for s in RUN_STATES}
-    for d in dirs:
-        out[run_state(d)] += 1
-    return out
 
 
 def failure_summary(spec: RunSpec, error: str, wall_s: float | None = None, failed_step: int | None = None) -> dict:
@@ -308,21 +284,25 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     if read_json(d / "meta.json") is None:  # a worker on a fresh checkout of the directory
         write_run_files(PlannedRun(spec, task.meta, d))
-    state = read_json(d / "summary.json") or {}
-    if state.get("status") == "completed":
-        return {"run_id": spec.run_id, "outcome": "skipped", "status": "completed", "error": None}
-    if state.get("status") == "failed" and not task.retry_failed:
-        return {"run_id": spec.run_id, "outcome": "skipped", "status": "failed", "error": state.get("error")}
+    from sweeps.state import needs_run, summary_state  # state imports this module
+
+    def skipped(status: str) -> dict:
+        err = (read_json(d / "summary.json") or {}).get("error") if status == "failed" else None
+        return {"run_id": spec.run_id, "outcome": "skipped", "status": status, "error": err}
+
+    ended = summary_state(d)
+    if ended is not None and not needs_run(ended, task.retry_failed):
+        return skipped(ended)
     lock = RunLock(d)
     if not lock.acquire():
-        return {"run_id": spec.run_id, "outcome": "skipped", "status": "running", "error": None}
+        return skipped("running")
     t0 = time.time()
     try:
-        # re-read under the lock: another worker may have finished it in between
-        state = read_json(d / "summary.json") or {}
-        if state.get("status") == "completed" or (state.get("status") == "failed" and not task.retry_failed):
-            return {"run_id": spec.run_id, "outcome": "skipped", "status": state["status"], "error": state.get("error")}
-        if state.get("status") == "failed":
+        # asked again under the lock: another worker may have finished it in between
+        ended = summary_state(d)
+        if ended is not None and not needs_run(ended, task.retry_failed):
+            return skipped(ended)
+        if ended == "failed":
             clear_failure(d)
         if train_fn is None:
             from sweeps.tracking import tracked_train as train_fn  # marin.train.train, plus $MARIN_LOG_TO sinks

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from marin.config import RunSpec, apply_overrides
 
-from sweeps.executors import (ExecOptions, Submission, queued_slurm_runs, select_runs, stop_local, submit, validate,
-                              wait)
+from sweeps import state
+from sweeps.executors import ExecOptions, Submission, stop_local, submit, validate, wait
 from sweeps.progress import Progress
-from sweeps.runs import (PlannedRun, clear_failure, count_states, plan_runs, read_json, run_state, study_dir,
-                         write_run_files)
+from sweeps.runs import PlannedRun, clear_failure, plan_runs, study_dir, write_run_files
 
 SPEC_SECTIONS = ("model", "train", "data", "recipe")
 
@@ -35,12 +36,23 @@ def resolve_study(name: str, **kwargs: Any) -> Any:
     a function returning one). kwargs (rungs, seeds) go to the builder when it takes them."""
     if ":" in name:
         mod, _, attr = name.partition(":")
+        if not mod or not attr.isidentifier():
+            raise ValueError(f"study {name!r}: allowed values: a registered study or package.module:attribute")
         try:
             obj = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"study {name!r}: cannot import ({e})") from None
+        except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
+            raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
         if callable(obj) and not hasattr(obj, "runs"):
-            obj = obj(**_accepted(obj, kwargs))
+            kw = _accepted(obj, kwargs)
+            try:
+                inspect.signature(obj).bind(**kw)
+            except (TypeError, ValueError):
+                raise ValueError(f"study {name!r} is a {type(obj).__name__} that cannot be called with "
+                                 f"{kw or 'no arguments'}; allowed values: a Study, or a function returning one") from None
+            obj = obj(**kw)
+        if not (hasattr(obj, "runs") and hasattr(obj, "name")):
+            raise ValueError(f"study {name!r} is a {type(obj).__name__}, not a study (an object with name and "
+                             "runs(), or a function returning one)")
         return obj
     from ablations.studies import STUDIES, get_study
 
@@ -147,39 +159,58 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
                        estimates=rung_estimates(study.describe()["rungs"]))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the driver: handled as Ctrl-C is (workers checkpoint and stop), exit 128+15."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
                 label: str = "", progress: bool = True, estimates: dict[str, float] | None = None) -> RunReport:
-    """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait)."""
+    """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait).
+
+    SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
+    SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     validate(opts, sdir)
     for r in runs:
         write_run_files(r)
-    todo, skipped = select_runs(runs, opts.retry_failed)
+    todo, skipped = state.select(runs, opts.retry_failed)
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:
             clear_failure(r.dir)
     prog = Progress(len(runs), label or sdir.name, runs=runs, estimates=estimates,
                     slots=opts.workers if opts.executor == "local" else None) if progress else None
     dirs = [r.dir for r in runs]
-    sub = submit(todo, sdir, opts, resources=resources,
-                 on_run_done=(lambda: prog.update(count_states(dirs))) if prog else None)
-    if todo and opts.wait and opts.executor != "debug":
-        try:
+    main = threading.current_thread() is threading.main_thread()
+    prev_term = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+    sub = Submission(opts.executor)
+    try:
+        sub = submit(todo, sdir, opts, resources=resources,
+                     on_run_done=(lambda: prog.update(state.count_dirs(dirs))) if prog else None)
+        if todo and opts.wait and opts.executor != "debug":
             counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
-        except KeyboardInterrupt:
+        else:
+            counts = state.count_dirs(dirs)
             if prog:
+                prog.update(counts)
                 prog.close()
-            if opts.executor == "local":  # workers checkpoint at the next step and stop
-                stop_local(sub)
-                print(f"stopped the local workers; partial runs resume on the next `run` ({sdir})", file=sys.stderr)
-            else:
-                print(f"SLURM job(s) {', '.join(sorted({j.split('_')[0] for j in sub.job_ids}))} keep running; "
-                      f"`marin-ablate status` follows them, scancel stops them", file=sys.stderr)
-            raise
-    else:
-        counts = count_states(dirs)
+    except KeyboardInterrupt:
         if prog:
-            prog.update(counts)
             prog.close()
+        if opts.executor == "local":  # workers checkpoint at the next step and stop
+            stop_local(sub)
+            print(f"stopped the local workers; partial runs resume on the next `run` ({sdir})", file=sys.stderr)
+        elif sub.job_ids:
+            print(f"SLURM job(s) {', '.join(sorted({j.split('_')[0] for j in sub.job_ids}))} keep running; "
+                  f"`marin-ablate status` follows them, scancel stops them", file=sys.stderr)
+        raise
+    finally:
+        if prev_term is not None:
+            signal.signal(signal.SIGTERM, prev_term)
     return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
 
 
@@ -187,18 +218,10 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = ()) -> dict:
     """Counts by state, and one row per run: run_id, rung, arm, seed, state, error, job."""
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
-    queued = queued_slurm_runs(runs)
-    rows = []
-    for r in runs:
-        st = run_state(r.dir)
-        if st in ("pending", "partial") and r.run_id in queued:
-            st = f"{st}, queued"
-        summary = read_json(r.dir / "summary.json") or {}
-        job = read_json(r.dir / "job.json") or {}
-        rows.append({"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"),
-                     "seed": r.meta.get("seed"), "state": st, "error": summary.get("error") if st == "failed" else None,
-                     "eval_macro_loss": summary.get("eval_macro_loss") if st == "completed" else None,
-                     "job_id": job.get("job_id")})
-    counts = count_states([r.dir for r in runs])
+    statuses = state.survey(r.dir for r in runs)
+    rows = [{"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
+             "state": st.state, "error": st.error,
+             "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
+             "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses)]
     return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),
-            "counts": counts, "queued": len(queued), "runs": rows}
+            "counts": state.count(statuses), "runs": rows}

@@ -39,7 +39,7 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.points, int) or self.points < 3:
             raise ValueError(f"points={self.points!r} must be an integer >= 3 (a quadratic needs three)")
-        if not self.span > 1.0:
+        if not (math.isfinite(self.span) and self.span > 1.0):
             raise ValueError(f"span={self.span!r} must be > 1 (multipliers 1/span .. span)")
 
 
@@ -180,10 +180,18 @@ def tune_dir(out: str | Path, study_name: str) -> Path:
 def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
     """The per-arm LR multipliers `tune` wrote (ValueError when it has not run)."""
     path = tune_dir(out, study_name) / "lr_multipliers.json"
-    got = read_json(path)
-    if got is None:
+    if not path.exists():
         raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate tune {study_name}` first")
-    return {k: float(v) for k, v in got.items()}
+    got = read_json(path)
+    try:
+        return {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
+    except (TypeError, ValueError):
+        return _damaged(path)
+
+
+def _damaged(path: Path) -> dict:
+    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
+                     "run `marin-ablate tune` again to rewrite it")
 
 
 def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),

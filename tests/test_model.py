@@ -143,7 +143,7 @@ def test_sconv_model_at_init_equals_the_same_weights_without_sconv():
 
 
 def test_fixed_qk_norm_bounds_attention_logits_by_1p3_sqrt_head_dim():
-    cfg = ModelConfig(seq_len=16)
+    cfg = ModelConfig(seq_len=16, window=16)
     x = torch.randn(B, S, cfg.d_model) * 10
     bound = cfg.qk_mult * math.sqrt(cfg.head_dim)
     peaks = {}
@@ -205,7 +205,7 @@ def test_loss_is_ce_plus_weighted_mean_square_lse_plus_aux():
 
 def test_eval_is_dropless_while_training_drops_per_transport():
     # fixed at cf 0.5 must drop; ragged with a pool of 8x the mean load can never clip a chunk.
-    cfg = ModelConfig(seq_len=16, capacity_fixed=0.5, capacity_ragged=8.0)
+    cfg = ModelConfig(seq_len=16, window=16, capacity_fixed=0.5, capacity_ragged=8.0)
     tokens = torch.randint(0, cfg.vocab_size, (4, 16))
     for transport in ("fixed", "ragged", "dropless"):
         model = MarinModel(cfg, Recipe(ep_transport=transport))
@@ -247,7 +247,7 @@ def test_bf16_model_keeps_router_logits_and_bias_in_fp32_and_trains():
 
 
 def test_context_scale_multiplies_q():
-    cfg = ModelConfig(seq_len=16)
+    cfg = ModelConfig(seq_len=16, window=16)
     attn = Attention(cfg, Recipe(), 0)
     x = torch.randn(1, S, cfg.d_model)
     ctx = _ctx(cfg, x)

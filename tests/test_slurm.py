@@ -92,6 +92,26 @@ def test_study_goes_in_as_one_array_and_a_rerun_submits_nothing(tmp_path, capsys
     assert len(list((tmp_path / "tiny_slurm" / "submitit").iterdir())) == 1
 
 
+def test_a_study_larger_than_max_array_size_goes_in_as_several_arrays_runs_and_is_analysed(tmp_path, capsys):
+    from analysis.results import collect, inventory
+    from sweeps.executors import slurm_max_array_size
+
+    limit = slurm_max_array_size()
+    assert limit < 16, f"the CI cluster's MaxArraySize is {limit}; .ci/slurm.sh sets a small one"
+    study = tiny_study(factors=("xsa", "sconv", "qk_norm", "latent_moe"), steps=2, checkpoint_every=100,
+                       name="wide_slurm")  # 16 runs
+    rep = run_study(study, tmp_path, ExecOptions(executor="slurm", poll_s=1.0), progress=False)
+    arrays: dict[str, list[int]] = {}
+    for j in rep.job_ids:
+        arrays.setdefault(j.split("_")[0], []).append(int(j.split("_")[1]))
+    assert rep.submitted == 16 and rep.counts["completed"] == 16, rep
+    assert len(arrays) == -(-16 // limit) and all(max(ix) < limit for ix in arrays.values()), arrays
+    inv = inventory(collect(tmp_path / "wide_slurm", write=False))
+    assert inv.n_runs == inv.n_completed == 16 and not inv.excluded
+    rep2 = run_study(study, tmp_path, ExecOptions(executor="slurm", poll_s=1.0), progress=False)
+    assert rep2.submitted == 0 and rep2.skipped == {"completed": 16} and not rep2.job_ids
+
+
 def _train_steps(run_dir: Path) -> int:
     p = run_dir / "metrics.jsonl"
     lines = p.read_text().splitlines() if p.exists() else []

@@ -14,10 +14,11 @@ from ablations.designs import full_factorial
 from ablations.ladders import Rung
 from ablations.studies import Study
 from marin.config import DataConfig
-from sweeps.executors import ExecOptions, SlurmOptions, select_runs, validate
+from sweeps.executors import ExecOptions, SlurmOptions, validate
 from sweeps.progress import Progress, format_counts
 from sweeps.runs import (RunLock, RunTask, atomic_write_json, atomic_write_text, execute, plan_runs, read_json,
-                         run_state, write_run_files)
+                         write_run_files)
+from sweeps.state import probe, select
 from sweeps.sweep import planned_runs, run_study
 from sweeps.tuning import fit_profile, lr_grid
 
@@ -109,15 +110,15 @@ def test_run_lock_keeps_a_second_process_out(tmp_path):
     write_run_files(run)
     lock = RunLock(run.dir)
     assert lock.acquire()
-    assert not RunLock(run.dir).acquire() and run_state(run.dir) == "running"  # a second claim here
+    assert not RunLock(run.dir).acquire() and probe(run.dir).state == "running"  # a second claim here
     assert RunLock(run.dir).held_elsewhere()  # probing does not drop the held lock
-    probe = ("import sys; from sweeps.runs import RunLock, run_state; "
-             f"print(RunLock({str(run.dir)!r}).acquire(), run_state({str(run.dir)!r}))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    probe_src = ("import sys; from sweeps.runs import RunLock; from sweeps.state import probe; "
+                 f"print(RunLock({str(run.dir)!r}).acquire(), probe({str(run.dir)!r}).state)")
+    out = subprocess.run([sys.executable, "-c", probe_src], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "running"]
     lock.release()
-    assert run_state(run.dir) == "pending"
-    assert select_runs([run], retry_failed=False)[0] == [run]
+    assert probe(run.dir).state == "pending"
+    assert select([run], retry_failed=False)[0] == [run]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, mon
     write_run_files(run)
     monkeypatch.setenv(SIGNAL_SELF_ENV, "1:TERM")  # train sends itself SIGTERM after step 1
     first = execute(RunTask.of(run))
-    assert first["outcome"] == "interrupted" and run_state(run.dir) == "partial"
+    assert first["outcome"] == "interrupted" and probe(run.dir).state == "partial"
     monkeypatch.delenv(SIGNAL_SELF_ENV)
     rep = run_study(study, tmp_path, ExecOptions(executor="debug"), progress=False)
     assert rep.submitted == 2 and rep.counts["completed"] == 2
