@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from marin.config import FACTORS, DataConfig, Recipe, RunSpec, TrainConfig, preset, to_dict
+from marin.schema import FactorCoding, RunMeta
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
@@ -250,11 +251,17 @@ class Study:
                 return f
         raise ValueError(f"unknown factor {name!r}; allowed values: {', '.join(f.name for f in self.factors)}")
 
+    def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
+        """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
+        every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
+        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high) for f in self.factors)
+        return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
+
     def runs(self, lr_multipliers: Mapping[str, float] | None = None,
              rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
         """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
 
-        meta = {"study", "rung", "arm", "seed", "design_row", "factors": {factor: level}} (meta.json).
+        meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding.
         `lr_multipliers` {arm name: multiplier} scales that arm's heuristic LRs (per-arm tuning);
         `rungs` restricts to some rungs (e.g. the smallest, for tuning).
         """
@@ -270,8 +277,7 @@ class Study:
                 for row, arm in enumerate(names):
                     lv = self.levels(row)
                     spec = self.spec(r, lv, seed, mult.get(arm, 1.0))
-                    out.append((spec, {"study": self.name, "rung": r.name, "arm": arm, "seed": seed,
-                                       "design_row": row, "factors": lv}))
+                    out.append((spec, self.meta(r.name, arm, seed, row, lv)))
         ids = [s.run_id for s, _ in out]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")

@@ -292,7 +292,7 @@ def non_default(obj: Any) -> dict:
         else:
             out[f.name] = to_dict(v)
             continue
-        if dataclasses.is_dataclass(v) and type(v) is type(default):
+        if dataclasses.is_dataclass(v) and isinstance(v, type(default)):
             sub = non_default(v)
             if sub:
                 out[f.name] = sub

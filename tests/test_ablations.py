@@ -170,7 +170,7 @@ def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
     assert len({s.run_id for s, _ in runs}) == len(runs)
     by_cell: dict = {}
     for spec, meta in runs:
-        assert set(meta) == {"study", "rung", "arm", "seed", "design_row", "factors"}
+        assert set(meta) == {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         assert RunSpec.from_dict(json.loads(spec.canonical_json())) == spec
         assert {f: getattr(spec.recipe, f) for f in FACTORS} == meta["factors"]
         assert spec.train.threads == 1 and spec.train.device == "cpu"
