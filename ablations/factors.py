@@ -11,21 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from marin.config import (
-    BASELINE_LEVELS,
-    FACTORS,
-    RECIPE_LEVELS,
-    DataConfig,
-    ModelConfig,
-    Recipe,
-    TrainConfig,
-)
+from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
+from marin.factors import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS  # noqa: F401
 
 # The config sections a factor may address, and the dataclass that owns each section's fields.
 SECTIONS: dict[str, type] = {"recipe": Recipe, "model": ModelConfig, "train": TrainConfig, "data": DataConfig}
-
-# The six factors that change the trained model; ep_transport changes drops and throughput.
-QUALITY_FACTORS: tuple[str, ...] = tuple(f for f in FACTORS if f != "ep_transport")
 
 
 @dataclass(frozen=True)

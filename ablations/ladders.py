@@ -2,7 +2,8 @@
 
 A `Rung` turns into (ModelConfig, TrainConfig): the preset plus overrides (width, depth, heads,
 experts), tokens = tokens_per_active_param x active parameters (rounded to whole steps), the batch,
-and peak learning rates from Marin's heuristic (`marin.config.LRHeuristic`, issue #5951).
+and a multiplier of the peak learning rates that `marin.hparams.resolve_hparams` (the resolver
+`train` uses too) derives from Marin's heuristic.
 
 Parameter and FLOP counts come from `marin.flops` when that module provides them
 (`params_active(cfg, recipe)`, `params_total(cfg, recipe)`, `flops_per_token(cfg, recipe)`); until
@@ -16,7 +17,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from marin.config import LRHeuristic, ModelConfig, Recipe, TrainConfig, apply_overrides, preset
+from marin.config import LR_HEURISTICS, ModelConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset
+from marin.hparams import OptimHparams, resolve_hparams
 
 # ---------------------------------------------------------------------------------------------
 # Parameter / FLOP accounting (marin.flops when present, else the fallback)
@@ -112,10 +114,6 @@ def flops_per_token(cfg: ModelConfig, recipe: Recipe = Recipe(), seq_len: int | 
 # Rungs
 # ---------------------------------------------------------------------------------------------
 
-#: Optimizer levels whose `lr` is the MuonH/AdamH (hyperball) rate; the rest use the Adam rate.
-_HYPERBALL_LR = ("hyperball", "muon_adamw", "adamh")
-
-
 @dataclass(frozen=True)
 class Rung:
     """One scale: a preset plus model overrides, a token budget, a batch and resources.
@@ -143,7 +141,7 @@ class Rung:
     train_overrides: Any = ()  # Mapping[field, value] of TrainConfig (eval_every, log_every ...)
     est_tokens_per_s: float | None = None  # CPU budgeting assumption, one run on its own core(s)
     overhead_s: float = 0.0  # per-run start-up + eval + checkpoint estimate (budgeting only)
-    lr_heuristic: LRHeuristic = field(default_factory=LRHeuristic)
+    lr_heuristic: str = LR_HEURISTICS[0]  # TrainConfig.lr_heuristic of the rung's runs
 
     def __post_init__(self) -> None:
         for attr in ("model_overrides", "train_overrides"):
@@ -186,24 +184,21 @@ class Rung:
     def tokens(self) -> int:
         return self.steps() * self.tokens_per_step
 
-    def lrs(self, recipe: Recipe = Recipe()) -> tuple[float, float]:
-        """(lr, adam_lr) from the heuristic: lr is MuonH's rate for hyperball-style optimizers and the
-        Adam rate for AdamW; adam_lr is the Adam group's rate."""
-        h = self.lr_heuristic
-        d = self.model().d_model
-        adam = h.adam_lr(self.tokens(), d, self.tokens_per_step)
-        lr = h.muonh_lr(self.tokens(), d, self.tokens_per_step) if recipe.optimizer in _HYPERBALL_LR else adam
-        return lr, adam
+    def hparams(self, recipe: Recipe = Recipe(), lr_multiplier: float = 1.0) -> OptimHparams:
+        """The resolved optimizer hyperparameters of an arm at this rung (`marin.hparams`)."""
+        return resolve_hparams(RunSpec(model=self.model(), recipe=recipe,
+                                       train=self.train_config(recipe, lr_multiplier)))
 
     def train_config(self, recipe: Recipe = Recipe(), lr_multiplier: float = 1.0) -> TrainConfig:
-        """TrainConfig for one arm; `lr_multiplier` carries a per-arm tuned LR up the ladder (DESIGN §4.6)."""
+        """TrainConfig for one arm. Peak LRs stay unset (resolved from the spec by `resolve_hparams`);
+        `lr_multiplier` carries a per-arm tuned LR up the ladder as `TrainConfig.lr_scale`."""
         if lr_multiplier <= 0:
             raise ValueError(f"lr_multiplier must be > 0, got {lr_multiplier}")
-        lr, adam = self.lrs(recipe)
         steps = self.steps()
-        base = dict(steps=steps, batch_size=self.batch_size, lr=lr * lr_multiplier, adam_lr=adam * lr_multiplier,
-                    device=self.device, precision=self.precision, threads=self.threads,
-                    eval_every=steps, checkpoint_every=max(1, steps // 4), log_every=max(1, min(10, steps // 20)))
+        base = dict(steps=steps, batch_size=self.batch_size, lr_scale=float(lr_multiplier),
+                    lr_heuristic=self.lr_heuristic, device=self.device, precision=self.precision,
+                    threads=self.threads, eval_every=steps, checkpoint_every=max(1, steps // 4),
+                    log_every=max(1, min(10, steps // 20)))
         base.update(dict(self.train_overrides))
         try:
             return TrainConfig(**base)
@@ -221,7 +216,7 @@ class Rung:
 
     def describe(self, recipe: Recipe = Recipe()) -> dict:
         cfg = self.model()
-        lr, adam = self.lrs(recipe)
+        hp = self.hparams(recipe)
         out = {
             "name": self.name, "preset": self.preset, "model_overrides": dict(self.model_overrides),
             "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
@@ -232,8 +227,8 @@ class Rung:
             "ep_shards": cfg.ep_shards, "tokens_per_ep_shard": self.tokens_per_step // cfg.ep_shards,
             "tokens": self.tokens(),
             "batch_size": self.batch_size, "tokens_per_step": self.tokens_per_step, "steps": self.steps(),
-            "lr_muonh": self.lr_heuristic.muonh_lr(self.tokens(), cfg.d_model, self.tokens_per_step),
-            "lr_adam": adam, "beta2": self.lr_heuristic.beta2(self.tokens_per_step),
+            "optimizer": hp.level, "lr": hp.lr, "lr_adam": hp.adam_lr, "beta1": hp.beta1, "beta2": hp.beta2,
+            "adam_eps": hp.eps, "lr_heuristic": self.lr_heuristic,
             "device": self.device, "precision": self.precision, "threads": self.threads, "gpus": self.gpus,
             "flops_per_token": flops_per_token(cfg, recipe),
         }

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from marin.config import FACTORS, DataConfig, Recipe, RunSpec, TrainConfig, preset, to_dict
+from marin.schema import FactorCoding, RunMeta
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
-from ablations.factors import QUALITY_FACTORS, Factor, apply_levels, check_levels, resolve_factors
+from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
 from ablations.ladders import Rung, counts_source, flops_per_token, ladder, params_active, params_total
 
 
@@ -242,10 +243,7 @@ class Study:
             data = replace(data, bpe_vocab=model.vocab_size)
         if self.vary_data_seed:
             data = replace(data, data_seed=self.data.data_seed + seed)
-        # the arm's optimizer picks which heuristic LR is `lr`, so resolve the recipe first
-        recipe = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=TrainConfig(),
-                              data=data)["recipe"]
-        train = r.train_config(recipe, lr_multiplier)
+        train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
 
@@ -255,11 +253,17 @@ class Study:
                 return f
         raise ValueError(f"unknown factor {name!r}; allowed values: {', '.join(f.name for f in self.factors)}")
 
+    def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
+        """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
+        every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
+        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high) for f in self.factors)
+        return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
+
     def runs(self, lr_multipliers: Mapping[str, float] | None = None,
              rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
         """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
 
-        meta = {"study", "rung", "arm", "seed", "design_row", "factors": {factor: level}} (meta.json).
+        meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding.
         `lr_multipliers` {arm name: multiplier} scales that arm's heuristic LRs (per-arm tuning);
         `rungs` restricts to some rungs (e.g. the smallest, for tuning).
         """
@@ -275,8 +279,7 @@ class Study:
                 for row, arm in enumerate(names):
                     lv = self.levels(row)
                     spec = self.spec(r, lv, seed, mult.get(arm, 1.0))
-                    out.append((spec, {"study": self.name, "rung": r.name, "arm": arm, "seed": seed,
-                                       "design_row": row, "factors": lv}))
+                    out.append((spec, self.meta(r.name, arm, seed, row, lv)))
         ids = [s.run_id for s, _ in out]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
@@ -348,6 +351,11 @@ class Study:
 # The registered studies
 # ---------------------------------------------------------------------------------------------
 
+#: The seven recipe switches and the six that change the trained model, listed here so that a study
+#: keeps its arms when a factor is added to the table (a new factor joins a study by name).
+SEVEN = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer")
+SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer")
+
 _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (DESIGN §2.2)
@@ -373,7 +381,7 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
         x 16 arms = ~550 core-s / 2 cores = ~4.6 min (+ corpus build and analysis).
     A second seed doubles the time (use `noise_cpu` for seed noise instead).
     """
-    names = list(FACTORS)
+    names = list(SEVEN)
     design = fraction(names, resolution=4)
     return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, <= 10 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
@@ -383,7 +391,7 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
 def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("cpu_s",)) -> Study:
     """Seed panel on CPU: all-on and all-off over the seven factors, 5 seeds at cpu_s (10 runs,
     ~10 x 14.7 core-s = 147 core-s, ~75 s on 2 cores)."""
-    names = list(FACTORS)
+    names = list(SEVEN)
     return Study("noise_cpu", "CPU seed panel: all-on vs all-off, 5 seeds at cpu_s", tuple(names),
                  arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ("smoke",))
@@ -404,7 +412,7 @@ def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[i
     recipe's ragged (cf 1.15) so drops do not confound the quality factors; it has its own study
     (`marin535_ep`). Seed noise comes from `noise`. One GPU per run at d512/d768 (virtual EP over 8
     shards), 8 GPUs at d1024/d1536. Cost at the assumed 20% MFU on H100/H200 in `describe()`."""
-    names = list(QUALITY_FACTORS)
+    names = list(SIX_QUALITY)
     design = fraction(names, generators=["F=ABCDE"], resolution=6)
     rs = tuple(rungs) + (("d1536",) if include_d1536 and "d1536" not in rungs else ())
     return Study("marin535", "Six quality factors of the Marin 535B recipe, 2^(6-1) resolution VI (F=ABCDE)",
@@ -426,7 +434,7 @@ def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequenc
 def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512",)) -> Study:
     """Seed panel: the all-on and all-off arms of the six quality factors, 5 seeds at d512 (10 runs),
     run before the factorial to size its replication (DESIGN §4.5)."""
-    names = list(QUALITY_FACTORS)
+    names = list(SIX_QUALITY)
     return Study("noise", "Seed panel: all-on vs all-off over the six quality factors, 5 seeds at d512",
                  tuple(names), arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), _GPU_DATA,
                  Recipe(), _gpu_executor(), H100, True, ("marin535",))
@@ -445,7 +453,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
                 train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10})
-    names = list(FACTORS)
+    names = list(SEVEN)
     return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),

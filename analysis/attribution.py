@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.levels import code_level
+from analysis.results import factor_codes, factor_coding
 
 HC_TYPES = ("HC0", "HC1", "HC2", "HC3")
 
@@ -427,26 +427,27 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
 
 
 def code_table(df: pd.DataFrame, factors: list[str], third_levels: str = "error") -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Coded (n, k) ±1 matrix of `factors`; rows at a third level raise (or are dropped, noted)."""
+    """Coded (n, k) ±1 matrix of `factors`, each coded by the definition its runs recorded (low −1,
+    high +1). A run at another level (a third level the study's design does not contrast) raises,
+    or with third_levels='drop' is left out and named in the notes."""
     if third_levels not in ("error", "drop"):
         raise ValueError(f"third_levels {third_levels!r}; allowed values: error, drop")
+    coding = factor_coding(df)
     codes = np.zeros((len(df), len(factors)))
     keep = np.ones(len(df), bool)
     notes = []
     for i, f in enumerate(factors):
-        c = np.array([code_level(f, lv) if isinstance(lv, str) else None for lv in df[f]], dtype=object)
+        c = factor_codes(df, f, coding)
         bad = np.array([v is None for v in c])
         if bad.any():
-            levels = sorted({str(v) for v in df[f][bad]})
-            from analysis.levels import BASELINE_LEVEL, RECIPE_LEVEL
-
+            levels = sorted({str(v) for v in df[f][bad]}) if f in df.columns else ["(none recorded)"]
+            low, high = coding[f]
             if third_levels == "error":
                 raise ValueError(
                     f"factor {f!r} has level(s) {', '.join(levels)} outside the two-level attribution; allowed "
-                    f"values: {RECIPE_LEVEL[f]} (recipe, +1), {BASELINE_LEVEL[f]} (baseline, −1); "
-                    "restrict the table to two levels (third_levels='drop')")
+                    f"values: {high} (+1), {low} (−1); restrict the table to two levels (third_levels='drop')")
             notes.append(f"factor {f}: {int(bad.sum())} run(s) at level(s) {', '.join(levels)} left out "
-                         "(two-level attribution)")
+                         f"(the study contrasts {low} with {high})")
             keep &= ~bad
         codes[:, i] = np.where(bad, 0, c).astype(float)
     return codes, keep, notes

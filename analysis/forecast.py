@@ -49,11 +49,12 @@ def _table_hash(df: pd.DataFrame) -> str:
 
 
 def _matching_runs(df: pd.DataFrame, factors: list[str], codes: dict[str, int], compute: float) -> pd.DataFrame:
-    from analysis.levels import code_level
+    from analysis.results import factor_codes, factor_coding
 
+    coding = factor_coding(df)
     m = np.ones(len(df), bool)
     for f in factors:
-        m &= np.array([isinstance(v, str) and code_level(f, v) == codes[f] for v in df[f]])
+        m &= np.array([c is not None and c == codes[f] for c in factor_codes(df, f, coding)])
     C = pd.to_numeric(df["train_flops"], errors="coerce").to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         m &= np.abs(np.log(C / compute)) <= np.log1p(COMPUTE_TOLERANCE)

@@ -1,9 +1,15 @@
-"""Run directories -> the results table (DESIGN §3; CONTRACTS "Run directories and the results table").
+"""Run directories -> the results table (docs/architecture.md, "The run directory").
 
-`collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,spec,summary}.json`, writes one row per
-run to `<study_dir>/results.parquet` and returns it. A run with meta.json and no summary.json gets
-status "missing"; a summary with status "failed" keeps its error. `load_table` accepts a study
-directory, a parquet file or a DataFrame.
+`collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,summary}.json` through `marin.schema`
+(torch-free), writes one row per run to `<study_dir>/results.parquet` and returns it. A run with
+meta.json and no summary.json gets status "missing"; a summary with status "failed" keeps its error.
+`load_table` accepts a study directory, a parquet file or a DataFrame.
+
+The factors come from the runs themselves: each run's meta.json records, for every factor of its
+study, the level and the factor's definition (field, low level coded −1, high level coded +1). The
+table keeps the level in a column named after the factor and the definitions in the `coding` column
+(JSON); `factor_coding`, `factor_columns` and `factor_codes` read them back. No list of factors
+lives in `analysis`.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from analysis.levels import FACTORS
+from marin.schema import DamagedFile, read_json, read_meta, read_summary
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
@@ -47,27 +54,10 @@ class Inventory:
         return out
 
 
-class UnreadableRun(Exception):
-    """A run folder holds a file that cannot be read as JSON (a damaged or foreign file)."""
-
-
-def _read_json(path: Path) -> dict | None:
-    if not path.exists():
-        return None
-    try:
-        with open(path) as f:
-            out = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UnreadableRun(f"cannot read {path}: {e}") from None
-    if not isinstance(out, dict):
-        raise UnreadableRun(f"cannot read {path}: a JSON object was expected, got {type(out).__name__}")
-    return out
-
-
 def _row_or_reason(run_dir: Path) -> dict:
     try:
         return _row(run_dir)
-    except UnreadableRun as e:
+    except DamagedFile as e:
         return {"run_id": run_dir.name, "status": "unreadable", "error": str(e)}
 
 
@@ -90,35 +80,34 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
 
 
 def _row(run_dir: Path) -> dict:
-    meta = _read_json(run_dir / "meta.json") or {}
-    spec = _read_json(run_dir / "spec.json") or {}
-    summ = _read_json(run_dir / "summary.json")
+    meta = read_meta(run_dir, strict=True)
+    spec = read_json(run_dir / "spec.json", strict=True) or {}
+    summ = read_summary(run_dir, strict=True)
     row: dict = {
-        "run_id": (summ or {}).get("run_id") or run_dir.name,
-        "study": meta.get("study"), "rung": meta.get("rung"), "arm": meta.get("arm"),
-        "seed": meta.get("seed", spec.get("seed")), "design_row": meta.get("design_row"),
+        "run_id": summ.run_id if summ is not None and summ.run_id else run_dir.name,
+        "study": meta and meta.study, "rung": meta and meta.rung, "arm": meta and meta.arm,
+        "seed": meta.seed if meta is not None and meta.seed is not None else spec.get("seed"),
+        "design_row": meta and meta.design_row,
     }
-    levels = dict(spec.get("recipe", {}) or {})
-    levels.update(meta.get("factors", {}) or {})
-    for f in FACTORS:
-        row[f] = levels.get(f)
-    for f in levels:  # a factor this copy of the registry does not know still reaches the table
-        row.setdefault(f, levels[f])
+    factors = meta.factors if meta is not None else ()
+    for f in factors:
+        row[f.name] = f.level
+    row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high} for f in factors})
     if summ is None:
         row["status"] = "missing"
         row["error"] = None
         return row
-    row["status"] = summ.get("status", "completed")
+    d = summ.to_dict()
+    row["status"] = summ.status
     for c in SUMMARY_COLUMNS:
-        row[c] = summ.get(c)
-    for dom, loss in (summ.get("eval_domain_loss") or {}).items():
+        row[c] = d.get(c)
+    for dom, loss in (summ.eval_domain_loss or {}).items():
         row[f"loss_{dom}"] = loss
-    curve = summ.get("loss_curve")
-    row["loss_curve"] = json.dumps(curve) if curve is not None else None
-    # Start time of the run, for refusing forecasts written after it (DESIGN §4.7).
-    started = summ.get("started_at")
-    if started is None and summ.get("wall_s") is not None:
-        started = os.path.getmtime(run_dir / "summary.json") - float(summ["wall_s"])
+    row["loss_curve"] = json.dumps([list(p) for p in summ.loss_curve])
+    # Start time of the run, for refusing forecasts written after it.
+    started = summ.started_at
+    if started is None and summ.wall_s is not None:
+        started = os.path.getmtime(run_dir / "summary.json") - float(summ.wall_s)
     row["started_at"] = started
     return row
 
@@ -137,7 +126,7 @@ def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
     rows = [_row_or_reason(d) for d in dirs]
     _dedupe(rows, dirs)
     df = pd.DataFrame(rows)
-    for c in ID_COLUMNS + FACTORS + SUMMARY_COLUMNS + ("status", "loss_curve", "started_at"):
+    for c in ID_COLUMNS + SUMMARY_COLUMNS + ("status", "loss_curve", "started_at", "coding"):
         if c not in df.columns:
             df[c] = None
     for c in ("params_total", "params_active", "flops_per_token", "tokens", "train_flops",
@@ -206,21 +195,39 @@ def load_table(source: str | Path | pd.DataFrame, *, write: bool = False) -> pd.
     raise ValueError(f"source {str(p)!r} is neither a study directory (with runs/) nor a results file")
 
 
-def factor_columns(df: pd.DataFrame) -> list[str]:
-    """Factors whose level varies among the completed runs: the factors of the study."""
+def factor_coding(df: pd.DataFrame) -> dict[str, tuple[str | None, str | None]]:
+    """{factor: (low level, high level)} from the runs' recorded definitions, in first-seen order.
+
+    Runs of one study agree; when runs disagree (e.g. two studies' runs pooled), the definition most
+    completed runs carry wins and a run at a level outside it is coded None (left out, by name)."""
+    if "coding" not in df.columns:
+        raise ValueError("results table lacks column 'coding' (each run's factor definitions); collect it "
+                         "again from the run directories with analysis.results.collect")
     ok = df[df["status"] == "completed"] if "status" in df else df
-    return [f for f in FACTORS if f in ok.columns and ok[f].dropna().nunique() > 1]
+    votes: dict[str, dict[tuple, int]] = {}
+    for raw in list(ok["coding"]) + list(df["coding"]):  # completed runs count first, then all
+        for name, d in (json.loads(raw) if isinstance(raw, str) and raw else {}).items():
+            votes.setdefault(name, {}).setdefault((d.get("low"), d.get("high")), 0)
+            votes[name][(d.get("low"), d.get("high"))] += 1
+    return {name: max(v, key=v.get) for name, v in votes.items()}
 
 
-def arm_label(row: pd.Series | dict, factors: list[str]) -> str:
-    """A readable arm name from the factor levels: '+' recipe level, '-' baseline, else the level."""
-    from analysis.levels import code_level
+def factor_codes(df: pd.DataFrame, factor: str, coding: Mapping[str, tuple] | None = None) -> np.ndarray:
+    """The ±1 code of each run for `factor` (object array; None at any other level or when absent)."""
+    coding = factor_coding(df) if coding is None else coding
+    if factor not in coding:
+        raise ValueError(f"unknown factor {factor!r}; allowed values (recorded by the runs): "
+                         f"{', '.join(coding) or 'none'}")
+    low, high = coding[factor]
+    col = df[factor] if factor in df.columns else pd.Series([None] * len(df), index=df.index)
+    return np.array([-1 if v == low and low is not None else 1 if v == high and high is not None else None
+                     for v in col], dtype=object)
 
-    parts = []
-    for f in factors:
-        c = code_level(f, row[f])
-        parts.append(f"{f}{'+' if c == 1 else '-' if c == -1 else '=' + str(row[f])}")
-    return " ".join(parts)
+
+def factor_columns(df: pd.DataFrame) -> list[str]:
+    """The study's factors (recorded by its runs) whose level varies among the completed runs."""
+    ok = df[df["status"] == "completed"] if "status" in df else df
+    return [f for f in factor_coding(df) if f in ok.columns and ok[f].dropna().nunique() > 1]
 
 
 def nan_to_none(x):

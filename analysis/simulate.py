@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.levels import BASELINE_LEVEL, FACTORS, RECIPE_LEVEL
+from marin.schema import FactorCoding, RunMeta
 
 
 @dataclass
@@ -39,6 +39,7 @@ class SimTruth:
     break_c: float | None = None  # broken law: L = L∞ + A·C^−α·(1 + C/break_c)^−break_delta
     break_delta: float = 0.0
     throughput_allon: float = 0.0  # extra ln R of the all-on arm alone (beyond two-factor terms)
+    levels: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (low, high); default off/on
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -48,9 +49,19 @@ class SimTruth:
         return self.linf + out
 
     def __post_init__(self):
-        for f in self.factors:
-            if f not in FACTORS:
-                raise ValueError(f"factors: {f!r}; allowed values: {', '.join(FACTORS)}")
+        if len(set(self.factors)) != len(self.factors) or not all(isinstance(f, str) and f for f in self.factors):
+            raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
+        unknown = [f for f in self.levels if f not in self.factors]
+        if unknown:
+            raise ValueError(f"levels: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
+
+    def level_names(self, f: str) -> tuple[str, str]:
+        """(low, high) level names of factor `f`, the run metadata the analysis codes from."""
+        return self.levels.get(f, ("off", "on"))
+
+    def coding_json(self) -> str:
+        return json.dumps({f: {"field": f"sim.{f}", "low": self.level_names(f)[0], "high": self.level_names(f)[1]}
+                           for f in self.factors})
 
     def _b(self, f: str) -> float:
         return self.main.get(f, 0.0)
@@ -131,7 +142,7 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
     for rung, tokens in rungs.items():
         for s in range(seeds):
             for r, x in enumerate(D):
-                lv = {f: (RECIPE_LEVEL[f] if x[i] > 0 else BASELINE_LEVEL[f]) for i, f in enumerate(truth.factors)}
+                lv = {f: truth.level_names(f)[int(x[i] > 0)] for i, f in enumerate(truth.factors)}
                 fpt = truth.flops_per_token * np.prod([1 + truth.flops_extra.get(f, 0.0) * (x[i] > 0)
                                                        for i, f in enumerate(truth.factors)])
                 C = fpt * tokens
@@ -144,12 +155,12 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                 arm = "".join("+" if v > 0 else "-" for v in x)
                 rid = hashlib.sha256(f"{study}|{rung}|{s}|{arm}".encode()).hexdigest()[:16]
                 row = {"run_id": rid, "study": study, "rung": rung, "arm": arm, "seed": s, "design_row": r,
-                       **{f: BASELINE_LEVEL[f] for f in FACTORS}, **lv,
+                       **lv, "coding": truth.coding_json(),
                        "params_total": 1e8, "params_active": 2e7, "flops_per_token": fpt, "tokens": tokens,
                        "train_flops": C, "eval_macro_loss": L, "loss_web": L + 0.05, "loss_code": L - 0.05,
                        "macro_bpb": L / np.log(2) / 4, "final_train_loss": L - 0.02, "tokens_per_s": mfs / fpt,
                        "model_flops_per_s": mfs, "mfu": mfs / 9.9e14,
-                       "drop_rate": max(0.0, (0.03 if lv.get("ep_transport", "fixed") == "fixed" else 0.004)
+                       "drop_rate": max(0.0, (0.004 if dict(zip(truth.factors, x)).get("ep_transport", -1) > 0 else 0.03)
                                         + rng.normal(0, 0.002)),
                        "max_grad_norm": 1.0, "spikes": 0, "status": "completed", "error": None,
                        "wall_s": C / mfs, "hardware": hardware, "code_version": "sim", "started_at": 1.7e9}
@@ -179,11 +190,11 @@ def write_study(df: pd.DataFrame, study_dir: str | Path) -> Path:
     for row in df.to_dict("records"):
         d = study_dir / "runs" / row["run_id"]
         d.mkdir(parents=True, exist_ok=True)
-        factors = {f: row[f] for f in FACTORS}
-        (d / "meta.json").write_text(json.dumps({"study": row["study"], "rung": row["rung"], "arm": row["arm"],
-                                                 "seed": int(row["seed"]), "design_row": int(row["design_row"]),
-                                                 "factors": factors}))
-        (d / "spec.json").write_text(json.dumps({"seed": int(row["seed"]), "recipe": factors}))
+        coding = json.loads(row["coding"])
+        factors = tuple(FactorCoding(f, row[f], c["field"], c["low"], c["high"]) for f, c in coding.items())
+        meta = RunMeta(row["study"], row["rung"], row["arm"], int(row["seed"]), int(row["design_row"]), factors)
+        (d / "meta.json").write_text(json.dumps(meta.to_dict()))
+        (d / "spec.json").write_text(json.dumps({"seed": int(row["seed"])}))
         if row["status"] == "missing":
             continue
         summ = {k: row.get(k) for k in ("run_id", "status", "error", "params_total", "params_active",

@@ -14,6 +14,9 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
+from marin.factors import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_FACTOR_SPECS, RECIPE_LEVELS,  # noqa: F401
+                           factor_spec)
+
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
@@ -61,71 +64,41 @@ def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Recipe: the seven switches (DESIGN §2). Each field names a level; index 0 of LEVELS is the recipe.
+# Recipe: one field per row of marin.factors.RECIPE_FACTOR_SPECS, defaulting to the recipe level.
 # ---------------------------------------------------------------------------------------------
 
-RECIPE_LEVELS: dict[str, tuple[str, ...]] = {
-    # Exclusive Self Attention (arXiv 2603.09078) vs the plain SDPA output.
-    "xsa": ("xsa", "none"),
-    # Short causal depthwise conv (kernel 4) at k, attn-out and mlp-out vs none.
-    "sconv": ("short_conv", "none"),
-    # Parameter-free q/k RMSNorm then q*1.3; baseline: RMSNorm with learned gain; extra: no norm.
-    "qk_norm": ("fixed_1.3", "learned_gain", "none"),
-    # Latent MoE, compression alpha: 2E experts top-2K at width d/alpha; baseline: E experts top-K at d.
-    "latent_moe": ("latent", "standard"),
-    # Quantile balancing bias (no aux loss); baseline: Switch aux loss; extra: DeepSeek aux-free bias.
-    "router_balance": ("quantile", "switch_aux", "aux_free"),
-    # Ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity.
-    "ep_transport": ("ragged", "fixed", "dropless"),
-    # Hyperball (MuonH + AdamH + Adam); baseline AdamW; extras Muon+AdamW, AdamH.
-    "optimizer": ("hyperball", "adamw", "muon_adamw", "adamh"),
-}
 
-# The level a peer would use (DESIGN §2 table, "baseline level").
-BASELINE_LEVELS: dict[str, str] = {
-    "xsa": "none",
-    "sconv": "none",
-    "qk_norm": "learned_gain",
-    "latent_moe": "standard",
-    "router_balance": "switch_aux",
-    "ep_transport": "fixed",
-    "optimizer": "adamw",
-}
-
-FACTORS: tuple[str, ...] = tuple(RECIPE_LEVELS)
-MODEL_FACTORS: tuple[str, ...] = tuple(f for f in FACTORS if f != "optimizer")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """The seven Marin 535B-A23B recipe switches; defaults are the recipe (all on)."""
-
-    xsa: str = "xsa"
-    sconv: str = "short_conv"
-    qk_norm: str = "fixed_1.3"
-    latent_moe: str = "latent"
-    router_balance: str = "quantile"
-    ep_transport: str = "ragged"
-    optimizer: str = "hyperball"
+class _RecipeMethods:
+    """Validation and helpers of `Recipe`; the fields themselves come from the factor table."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in fields(self):  # type: ignore[arg-type]
             _check_level("Recipe", f.name, getattr(self, f.name), RECIPE_LEVELS[f.name])
 
     @classmethod
     def baseline(cls) -> "Recipe":
-        """Every switch at the level a peer would use (DESIGN §2)."""
+        """Every switch at the level a peer would use."""
         return cls(**BASELINE_LEVELS)
 
     def with_(self, **levels: str) -> "Recipe":
         for k in levels:
             if k not in RECIPE_LEVELS:
                 raise ValueError(f"unknown recipe factor {k!r}; allowed values: {', '.join(FACTORS)}")
-        return replace(self, **levels)
+        return replace(self, **levels)  # type: ignore[type-var]
 
     def is_on(self, factor: str) -> bool:
         """True when `factor` sits at the recipe level."""
-        return getattr(self, factor) == RECIPE_LEVELS[factor][0]
+        return getattr(self, factor) == factor_spec(factor).recipe
+
+
+#: The Marin 535B-A23B recipe switches; defaults are the recipe (all on). A frozen dataclass built
+#: from the factor table so that adding a row adds the field, its default and its validation.
+Recipe = dataclasses.make_dataclass(
+    "Recipe", [(s.name, str, field(default=s.recipe)) for s in RECIPE_FACTOR_SPECS],
+    bases=(_RecipeMethods,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "The recipe switches (one field per factor-table row); "
+               "defaults are the recipe level. Levels: " + "; ".join(
+                   f"{s.name} in {s.levels}" for s in RECIPE_FACTOR_SPECS)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +260,8 @@ class MoEGeometry:
 # ---------------------------------------------------------------------------------------------
 
 LR_SCHEDULES = ("linear", "cosine", "wsd")
+#: Marin's LR heuristic fits (coefficients in marin.hparams.HEURISTICS); the first is the default.
+LR_HEURISTICS = ("aug_refit", "may_5951")
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -312,13 +287,16 @@ TRAIN_RANGES: dict[str, tuple] = {
 class TrainConfig:
     steps: int = 200
     batch_size: int = 16  # sequences per step at the model's seq_len
-    lr: float | None = None  # peak MuonH/AdamH lr (or AdamW lr); None -> Marin's heuristic (#5951)
-    adam_lr: float | None = None  # peak lr of the Adam group; None -> heuristic
+    lr: float | None = None  # peak MuonH/AdamH lr (or AdamW lr); None -> marin.hparams.resolve_hparams
+    adam_lr: float | None = None  # peak lr of the Adam group; None -> resolve_hparams
+    lr_scale: float = 1.0  # multiplies the resolved heuristic LRs (a tuned arm's multiplier)
+    lr_heuristic: str = "aug_refit"
+    adam_eps: float | None = None  # None -> resolve_hparams (Marin's epsilon for Adam/AdamH, 1e-8 for AdamW)
     lr_schedule: str = "linear"
     warmup_frac: float = 0.01
     final_lr_frac: float = 0.05
     weight_decay: float = 0.1  # AdamW baseline only; Hyperball uses none
-    beta1: float | None = None  # None -> heuristic (0.9062 for Hyperball, 0.9 for AdamW)
+    beta1: float | None = None  # None -> resolve_hparams (0.90 for Hyperball, 0.9 for AdamW)
     beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
     muon_momentum: float = 0.95
     ns_steps: int = 5
@@ -344,6 +322,8 @@ class TrainConfig:
         _check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
         _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
         _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
+        _check(self.lr_scale > 0, o, "lr_scale", f"must be > 0, got {self.lr_scale}")
         _check_level(o, "precision", self.precision, PRECISIONS)
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
@@ -367,9 +347,37 @@ class DataConfig:
                                            "data_seed": SEED})
 
 
+#: Version of what a run computes from its spec. The run id hashes this and the fields that differ
+#: from their defaults, so a new field whose default keeps the old behaviour keeps every id; bump it
+#: when a default changes what runs compute (tests/test_factors.py pins the defaults per version).
+SPEC_VERSION = 2
+
+
+def non_default(obj: Any) -> dict:
+    """The fields of a dataclass that differ from their defaults (nested dataclasses recursively)."""
+    out = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            out[f.name] = to_dict(v)
+            continue
+        if dataclasses.is_dataclass(v) and isinstance(v, type(default)):
+            sub = non_default(v)
+            if sub:
+                out[f.name] = sub
+        elif to_dict(v) != to_dict(default):
+            out[f.name] = to_dict(v)
+    return out
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id is a hash of its canonical JSON."""
+    """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id hashes SPEC_VERSION and the
+    non-default values (`identity_json`), so it changes only when what the run computes changes."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     recipe: Recipe = field(default_factory=Recipe)
@@ -389,9 +397,13 @@ class RunSpec:
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
+    def identity_json(self) -> str:
+        """What the run id hashes: the spec version and every value that differs from its default."""
+        return json.dumps({"spec_version": SPEC_VERSION, **non_default(self)}, sort_keys=True, separators=(",", ":"))
+
     @property
     def run_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+        return hashlib.sha256(self.identity_json().encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunSpec":
@@ -523,30 +535,3 @@ def preset(name: str, overrides: Mapping[str, str] | list[str] | None = None) ->
         raise ValueError(f"unknown preset {name!r}; allowed values: {', '.join(PRESETS)}")
     cfg = PRESETS[name]()
     return apply_overrides(cfg, overrides) if overrides else cfg
-
-
-# ---------------------------------------------------------------------------------------------
-# Marin's LR heuristic (issue #5951), pure arithmetic
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LRHeuristic:
-    """adam_lr = c * D^a * d^b * sqrt(B) (cap 0.05); eta_MuonH = min(0.05, 13/3 adam_lr)."""
-
-    coeff: float = 0.06602
-    tokens_exp: float = -0.395
-    dim_exp: float = -0.150
-    muonh_ratio: float = 13 / 3
-    cap: float = 0.05
-    beta1: float = 0.9062
-
-    def adam_lr(self, tokens: float, d_model: int, tokens_per_batch: int) -> float:
-        return min(self.cap, self.coeff * tokens**self.tokens_exp * d_model**self.dim_exp * math.sqrt(tokens_per_batch))
-
-    def muonh_lr(self, tokens: float, d_model: int, tokens_per_batch: int) -> float:
-        return min(self.cap, self.muonh_ratio * self.adam_lr(tokens, d_model, tokens_per_batch))
-
-    @staticmethod
-    def beta2(tokens_per_batch: int) -> float:
-        return max(0.95, min(0.9999, 0.999 ** (tokens_per_batch / 131_072)))

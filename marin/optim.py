@@ -20,9 +20,10 @@ Which parameter lands in which group is decided only by the model's ``param_role
 Baselines decay every weight matrix, embedding and router included (GPT-2/nanoGPT practice: decay
 every >= 2-D weight), but not RMSNorm gains (decay pulls them off 1) nor the SConv taps (identity
 at init; decay would pull the conv towards zero, i.e. switch the component off). Learning rates:
-MuonH/AdamH eta = TrainConfig.lr or min(0.05, 13/3 adam_lr); the Adam group adam_lr; AdamW one lr
-(TrainConfig.lr, else adam_lr) with betas (0.9, 0.95); muon_adamw shares that lr because the
-Moonlight scale makes Muon's update RMS match AdamW's. Hyperball projections of expert stacks are
+Peak learning rates, betas and Adam ε come from `marin.hparams.resolve_hparams` (the one resolver
+studies and `train` share): MuonH/AdamH eta = min(0.05, 13/3 adam_lr); AdamW one lr with betas
+(0.9, 0.95); muon_adamw shares that lr because the Moonlight scale makes Muon's update RMS match
+AdamW's. Hyperball projections of expert stacks are
 per expert (each expert matrix keeps its own norm); MuonH radius R is stored at the first step so
 round-off cannot drift it.
 
@@ -40,13 +41,13 @@ interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.03
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import torch
 from torch import Tensor
 
-from marin.config import LR_SCHEDULES, LRHeuristic, RunSpec, TrainConfig
+from marin.config import LR_SCHEDULES
+from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
 
 NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -60,7 +61,6 @@ ADAM_ROLES = ("embed", "router", "gate", "norm", "sconv")
 NO_DECAY_ROLES = ("norm", "sconv")  # AdamW baselines: no decay on gains or the identity-init conv taps
 WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
-ADAMW_BETAS = (0.9, 0.95)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,55 +127,6 @@ def _fro(x: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Hyperparameters: Marin's heuristic (issue #5951) with TrainConfig overrides
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OptimHparams:
-    """Resolved peak learning rates and betas of one run."""
-
-    level: str  # Recipe.optimizer
-    lr: float  # peak lr of the matrix group (MuonH / AdamH eta, Muon lr, or AdamW lr)
-    adam_lr: float  # peak lr of the Adam / AdamW group
-    beta1: float
-    beta2: float
-    weight_decay: float  # used by the AdamW/Muon baselines only
-    momentum: float
-    ns_steps: int
-
-
-def resolve_hparams(spec: RunSpec, heuristic: LRHeuristic = LRHeuristic()) -> OptimHparams:
-    """Marin's heuristic: D = steps*B tokens, d = d_model, B = tokens per step (constant across
-    context stages); TrainConfig.lr / adam_lr / beta1 / beta2 override."""
-    t: TrainConfig = spec.train
-    level = spec.recipe.optimizer
-    tokens_per_batch = t.batch_size * spec.model.seq_len
-    tokens = float(t.steps * tokens_per_batch)
-    h_adam = heuristic.adam_lr(tokens, spec.model.d_model, tokens_per_batch)
-    h_eta = heuristic.muonh_lr(tokens, spec.model.d_model, tokens_per_batch)
-    adam_lr = t.adam_lr if t.adam_lr is not None else h_adam
-    if level in ("hyperball", "adamh"):
-        lr = t.lr if t.lr is not None else h_eta
-        b1 = t.beta1 if t.beta1 is not None else heuristic.beta1
-        b2 = t.beta2 if t.beta2 is not None else heuristic.beta2(tokens_per_batch)
-    elif level == "adamw":
-        lr = t.lr if t.lr is not None else adam_lr
-        adam_lr = lr  # one lr everywhere: what a peer runs
-        b1 = t.beta1 if t.beta1 is not None else ADAMW_BETAS[0]
-        b2 = t.beta2 if t.beta2 is not None else ADAMW_BETAS[1]
-    elif level == "muon_adamw":
-        lr = t.lr if t.lr is not None else adam_lr  # RMS-matched Muon shares AdamW's lr
-        b1 = t.beta1 if t.beta1 is not None else ADAMW_BETAS[0]
-        b2 = t.beta2 if t.beta2 is not None else ADAMW_BETAS[1]
-    else:
-        raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: "
-                         "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
-    return OptimHparams(level, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
-                        float(t.muon_momentum), int(t.ns_steps))
-
-
-# ---------------------------------------------------------------------------------------------
 # Grouping by role
 # ---------------------------------------------------------------------------------------------
 
@@ -218,7 +169,7 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
             lr = hp.adam_lr if kind in ("adam", "adamw") else hp.lr
             wd = hp.weight_decay if kind in ("adamw", "muon") and role not in NO_DECAY_ROLES else 0.0
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
-                                betas=(hp.beta1, hp.beta2), eps=1e-8, weight_decay=wd,
+                                betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd,
                                 momentum=hp.momentum, ns_steps=hp.ns_steps)
         buckets[key]["params"].append(p)
         buckets[key]["names"].append(name)

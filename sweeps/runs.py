@@ -1,7 +1,8 @@
-"""Run identity, run directories and idempotent execution of one run (DESIGN §3, CONTRACTS).
+"""Run identity, run directories and idempotent execution of one run (docs/architecture.md).
 
-A run's identity is `RunSpec.run_id` (a hash of its canonical JSON); its directory is
-`<out>/<study>/runs/<run_id>/` with spec.json and meta.json written atomically before launch.
+A run's identity is `RunSpec.run_id` (a hash of the spec version and its non-default values); its
+directory is `<out>/<study>/runs/<run_id>/` with spec.json and meta.json (`marin.schema`) written
+atomically before launch.
 Executing a run is idempotent: a completed run is skipped; a partial run resumes (train resumes
 from its own checkpoint); a failed run keeps its error in summary.json and is not retried unless
 asked (`retry_failed`); an exclusive lock on `<run_dir>/.lock` makes sure two workers (processes,
@@ -17,7 +18,6 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -25,58 +25,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from marin.config import RunSpec
-
-#: summary.json keys (CONTRACTS "Training"); a failure summary written here carries all of them.
-SUMMARY_KEYS = (
-    "run_id", "status", "error", "failed_step", "step", "tokens", "params_total", "params_active",
-    "flops_per_token", "train_flops", "eval_macro_loss", "eval_domain_loss", "macro_bpb",
-    "final_train_loss", "tokens_per_s", "model_flops_per_s", "mfu", "drop_rate", "max_grad_norm",
-    "spikes", "spike_steps", "wall_s", "hardware", "code_version", "loss_curve",
+from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
+    SUMMARY_KEYS,
+    RunSummary,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    spec_json,
+    write_meta,
+    write_spec,
+    write_summary,
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-# ---------------------------------------------------------------------------------------------
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temp file in the same directory, fsync, then os.replace: a reader sees the old
-    file or the new one, never a torn one (also on NFS, where rename is atomic per directory)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for every reader
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
-
-
-def read_json(path: str | Path) -> dict | None:
-    """The JSON object at `path`, or None when absent or unreadable (a torn write from a killed
-    process that did not use atomic writes)."""
-    try:
-        with open(path) as f:
-            out = json.load(f)
-        return out if isinstance(out, dict) else None
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,11 +77,6 @@ def plan_runs(runs: Iterable[tuple[RunSpec, Mapping]], study_dir_: str | Path) -
     return out
 
 
-def spec_json(spec: RunSpec) -> str:
-    # byte-identical to what marin.train writes, so both writers agree
-    return json.dumps(spec.to_dict(), indent=1, sort_keys=True)
-
-
 def write_run_files(run: PlannedRun) -> None:
     """spec.json and meta.json, atomically; an existing directory must hold the same run."""
     run.dir.mkdir(parents=True, exist_ok=True)
@@ -131,9 +85,9 @@ def write_run_files(run: PlannedRun) -> None:
         raise ValueError(f"run directory {str(run.dir)!r} holds run {RunSpec.from_dict(old).run_id}, "
                          f"not {run.run_id}")
     if old is None:
-        atomic_write_text(run.dir / "spec.json", spec_json(run.spec))
+        write_spec(run.dir, run.spec)
     if read_json(run.dir / "meta.json") != run.meta:
-        atomic_write_json(run.dir / "meta.json", run.meta)
+        write_meta(run.dir, run.meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,11 +159,9 @@ class RunLock:
 
 
 def failure_summary(spec: RunSpec, error: str, wall_s: float | None = None, failed_step: int | None = None) -> dict:
-    """A summary.json for a run that raised (or whose job died): every CONTRACTS key, status failed."""
-    s: dict[str, Any] = {k: None for k in SUMMARY_KEYS}
-    s.update(run_id=spec.run_id, status="failed", error=error, failed_step=failed_step, wall_s=wall_s,
-             hardware=socket.gethostname(), spikes=0, spike_steps=[], loss_curve=[])
-    return s
+    """A summary.json for a run that raised (or whose job died): every RunSummary key, status failed."""
+    return RunSummary(run_id=spec.run_id, status="failed", error=error, failed_step=failed_step, wall_s=wall_s,
+                      hardware=socket.gethostname()).to_dict()
 
 
 def record_failure(run: "PlannedRun | tuple[RunSpec, Path]", error: str, wall_s: float | None = None,
@@ -220,7 +172,7 @@ def record_failure(run: "PlannedRun | tuple[RunSpec, Path]", error: str, wall_s:
     summary = failure_summary(spec, error, wall_s, step)
     if details:
         atomic_write_text(d / "error.txt", details)
-    atomic_write_json(d / "summary.json", summary)
+    write_summary(d, summary)
     return summary
 
 
@@ -320,7 +272,7 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
             record_failure((spec, d), err, time.time() - t0)
             return {"run_id": spec.run_id, "outcome": "failed", "status": "failed", "error": err}
         if read_json(d / "summary.json") is None:  # a train_fn that returns without writing it
-            atomic_write_json(d / "summary.json", out)
+            write_summary(d, {"run_id": spec.run_id, **out})
         return {"run_id": spec.run_id, "outcome": "ran", "status": status, "error": out.get("error")}
     finally:
         lock.release()

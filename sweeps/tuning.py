@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from marin.hparams import resolve_hparams
 from sweeps.executors import ExecOptions, validate
 from sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
 from sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
@@ -221,8 +222,7 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
                 spec = apply_spec_overrides(spec, overrides)
             specs.append((spec, dict(meta, lr_multiplier=2.0 ** x, log2_lr_multiplier=x, tune=True)))
     runs = plan_runs(specs, tdir)
-    heuristic = {r.meta["arm"]: (r.spec.train.lr / r.meta["lr_multiplier"]) if r.spec.train.lr else None
-                 for r in runs if abs(r.meta["log2_lr_multiplier"]) < 1e-12}
+    heuristic = {r.meta["arm"]: resolve_hparams(r.spec).lr for r in runs if abs(r.meta["log2_lr_multiplier"]) < 1e-12}
 
     # ask: one Optuna study per arm; reuse a trial already holding a grid point
     trials: dict[str, int] = {}  # run_id -> trial number

@@ -13,7 +13,8 @@ from ablations.designs import Design, arms, fraction, full_factorial
 from ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
 from ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
 from ablations.studies import HeroPlan, Study, get_study
-from marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, LRHeuristic, Recipe, RunSpec, preset
+from marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
+from marin.hparams import HEURISTICS, resolve_hparams
 from marin.flops import flops_per_token
 
 SEVEN = list(FACTORS)
@@ -137,11 +138,13 @@ def test_gpu_rungs_train_60_tokens_per_active_param_with_heuristic_lrs():
     r = GPU_RUNGS["d512"]
     cfg = r.model()
     assert r.tokens() / params_active_marin(cfg, Recipe()) == pytest.approx(60, rel=0.01)  # Marin's count
-    h = LRHeuristic()
+    h = HEURISTICS["aug_refit"]
     adam = h.adam_lr(r.tokens(), cfg.d_model, r.tokens_per_step)
-    assert r.train_config(Recipe()).lr == pytest.approx(h.muonh_lr(r.tokens(), cfg.d_model, r.tokens_per_step))
-    assert r.train_config(Recipe.baseline()).lr == pytest.approx(adam)  # AdamW takes the Adam rate
-    assert r.train_config(Recipe(), lr_multiplier=2.0).adam_lr == pytest.approx(2 * adam)
+    assert r.hparams(Recipe()).lr == pytest.approx(h.muonh_lr(r.tokens(), cfg.d_model, r.tokens_per_step))
+    assert r.hparams(Recipe.baseline()).lr == pytest.approx(adam)  # AdamW takes the Adam rate
+    assert r.hparams(Recipe(), lr_multiplier=2.0).adam_lr == pytest.approx(2 * adam)
+    assert r.train_config(Recipe(), lr_multiplier=2.0).lr_scale == 2.0  # a rung sets only the multiplier
+    assert r.train_config(Recipe()).lr is None and r.train_config(Recipe()).adam_lr is None
     with pytest.raises(ValueError, match="unknown rung 'd999'; allowed values: cpu_s"):
         get_rung("d999")
 
@@ -167,7 +170,7 @@ def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
     assert len({s.run_id for s, _ in runs}) == len(runs)
     by_cell: dict = {}
     for spec, meta in runs:
-        assert set(meta) == {"study", "rung", "arm", "seed", "design_row", "factors"}
+        assert set(meta) == {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         assert RunSpec.from_dict(json.loads(spec.canonical_json())) == spec
         assert {f: getattr(spec.recipe, f) for f in FACTORS} == meta["factors"]
         assert spec.train.threads == 1 and spec.train.device == "cpu"
@@ -180,8 +183,8 @@ def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
 
 def test_lr_multiplier_scales_only_the_named_arm():
     study = get_study("smoke")
-    base = {m["arm"]: s.train.lr for s, m in study.runs(rungs=["cpu_s32"])}
-    tuned = {m["arm"]: s.train.lr for s, m in study.runs(lr_multipliers={"all_off": 0.5}, rungs=["cpu_s32"])}
+    base = {m["arm"]: resolve_hparams(s).lr for s, m in study.runs(rungs=["cpu_s32"])}
+    tuned = {m["arm"]: resolve_hparams(s).lr for s, m in study.runs(lr_multipliers={"all_off": 0.5}, rungs=["cpu_s32"])}
     assert tuned["all_off"] == pytest.approx(0.5 * base["all_off"])
     assert all(tuned[a] == base[a] for a in base if a != "all_off")
     with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]; allowed values: all_off"):

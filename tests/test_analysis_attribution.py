@@ -128,9 +128,9 @@ def test_design_rows_half_fraction_has_defining_relation():
 
 def test_third_level_is_rejected_with_the_allowed_levels_or_left_out():
     rng = np.random.default_rng(0)
-    truth = random_truth(["xsa", "qk_norm"], rng)
+    truth = random_truth(["xsa", "qk_norm"], rng, levels={"qk_norm": ("learned_gain", "fixed_1.3")})
     df = simulate_table(truth, rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2, rng=rng)
-    df.loc[df.index[:3], "qk_norm"] = "none"
+    df.loc[df.index[:3], "qk_norm"] = "none"  # a level the runs' recorded definition does not contrast
     with pytest.raises(ValueError, match=r"qk_norm.*none.*fixed_1\.3.*learned_gain"):
         analyze_table(df, n_boot=0, third_levels="error")
     a = analyze_table(df, n_boot=0, third_levels="drop")

@@ -15,7 +15,7 @@ import pytest
 
 from analysis.forecast import judge, read_forecasts, write_forecast
 from analysis.pipeline import analyze_table
-from analysis.results import collect
+from analysis.results import collect, factor_codes, factor_coding, factor_columns
 from analysis.simulate import random_truth, simulate_table, write_study
 
 FACTORS3 = ["xsa", "sconv", "ep_transport"]
@@ -36,19 +36,26 @@ def test_analysis_imports_no_torch():
             "    importlib.import_module(m.name)\n"
             "import analysis.commands, analysis.plots, analysis.report\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
-            "assert not any(k == 'marin' or k.startswith('marin.') for k in sys.modules), 'marin imported'\n"
+            "extra = sorted(k for k in sys.modules if k == 'marin' or k.startswith('marin.'))\n"
+            "assert extra == ['marin', 'marin.schema'], extra\n"
             "print(len([k for k in sys.modules if k.startswith('analysis')]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip()) >= 10
 
 
-def test_level_coding_matches_marin_config():
-    from analysis.levels import BASELINE_LEVEL, RECIPE_LEVEL
-    from marin.config import BASELINE_LEVELS, RECIPE_LEVELS
-
-    assert RECIPE_LEVEL == {f: lv[0] for f, lv in RECIPE_LEVELS.items()}
-    assert BASELINE_LEVEL == dict(BASELINE_LEVELS)
+def test_collect_reads_each_factor_and_its_coding_from_the_runs(tmp_path):
+    rng = np.random.default_rng(0)
+    truth = random_truth(["window", "router_balance"], rng,
+                         levels={"window": ("short", "long"), "router_balance": ("aux_free", "quantile")})
+    sd = write_study(simulate_table(truth, rungs=RUNGS, seeds=1, rng=rng), tmp_path / "s")
+    t = collect(sd, write=False)
+    assert factor_coding(t) == {"window": ("short", "long"), "router_balance": ("aux_free", "quantile")}
+    assert factor_columns(t) == ["window", "router_balance"]  # the study's order
+    codes = factor_codes(t, "window")
+    assert set(codes) == {-1, 1} and all((c == 1) == (lv == "long") for c, lv in zip(codes, t["window"]))
+    with pytest.raises(ValueError, match="unknown factor 'xsa'; allowed values .*window, router_balance"):
+        factor_codes(t, "xsa")
 
 
 def test_collect_reports_missing_and_failed_runs(tmp_path):
@@ -57,11 +64,11 @@ def test_collect_reports_missing_and_failed_runs(tmp_path):
     assert (sd / "results.parquet").exists()
     assert len(t) == len(df)
     assert t["status"].value_counts().to_dict() == {"completed": len(df) - 5, "failed": 2, "missing": 3}
-    for col in ("run_id", "study", "rung", "arm", "seed", "xsa", "optimizer", "train_flops", "eval_macro_loss",
+    for col in ("run_id", "study", "rung", "arm", "seed", "xsa", "ep_transport", "train_flops", "eval_macro_loss",
                 "loss_web", "model_flops_per_s", "drop_rate", "status", "error", "hardware", "code_version"):
         assert col in t.columns, col
     assert t.loc[t["status"] == "failed", "error"].str.contains("simulated failure").all()
-    assert t.loc[t["status"] == "completed", "optimizer"].eq("adamw").all()
+    assert set(t["xsa"]) == {"off", "on"} and all(sorted(json.loads(c)) == sorted(FACTORS3) for c in t["coding"])
     pd.testing.assert_frame_equal(pd.read_parquet(sd / "results.parquet"), t)
 
 

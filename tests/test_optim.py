@@ -8,7 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from marin.config import LRHeuristic, ModelConfig, Recipe, RunSpec, TrainConfig, preset
+from dataclasses import replace
+
+from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, preset
+from marin.hparams import LRHeuristic
 from marin.optim import (
     NS_COEFFS,
     NS_SCHEDULES,
@@ -138,17 +141,28 @@ def test_heuristic_values_and_overrides():
     t = TrainConfig(steps=1000, batch_size=32)
     B = 32 * 4096
     D = 1000.0 * B
-    adam = 0.06602 * D**-0.395 * 512**-0.150 * math.sqrt(B)
+    adam = 0.087571 * D**-0.3461 * 512**-0.3448 * math.sqrt(B)  # Marin's August refit
     hp = resolve_hparams(RunSpec(model=cfg, train=t))
     assert hp.adam_lr == pytest.approx(min(0.05, adam))
     assert hp.lr == pytest.approx(min(0.05, 13 / 3 * min(0.05, adam)))
-    assert hp.beta1 == 0.9062 and hp.beta2 == pytest.approx(0.999)  # B = 131072 exactly
+    assert hp.beta1 == 0.90 and hp.beta2 == pytest.approx(0.999)  # B = 131072 exactly
+    assert hp.eps == pytest.approx(9.676e-18 * math.sqrt(1000.0))
     assert LRHeuristic.beta2(4 * 131072) == pytest.approx(0.999**4)
     assert LRHeuristic.beta2(10**9) == 0.95 and LRHeuristic.beta2(1) == 0.9999
-    over = resolve_hparams(RunSpec(model=cfg, train=TrainConfig(steps=1000, batch_size=32, lr=0.02, adam_lr=3e-3)))
-    assert (over.lr, over.adam_lr) == (0.02, 3e-3)
+    over = resolve_hparams(RunSpec(model=cfg, train=TrainConfig(steps=1000, batch_size=32, lr=0.02, adam_lr=3e-3,
+                                                                adam_eps=1e-10)))
+    assert (over.lr, over.adam_lr, over.eps) == (0.02, 3e-3, 1e-10)
     aw = resolve_hparams(RunSpec(model=cfg, train=t, recipe=Recipe.baseline()))
-    assert (aw.beta1, aw.beta2) == (0.9, 0.95) and aw.lr == aw.adam_lr == hp.adam_lr
+    assert (aw.beta1, aw.beta2, aw.eps) == (0.9, 0.95, 1e-8) and aw.lr == aw.adam_lr == hp.adam_lr
+    may = resolve_hparams(RunSpec(model=cfg, train=replace(t, lr_heuristic="may_5951")))
+    assert may.adam_lr == pytest.approx(0.06602 * D**-0.395 * 512**-0.150 * math.sqrt(B)) and may.beta1 == 0.9062
+
+
+def test_build_optimizer_gives_adam_groups_the_resolved_eps():
+    hp = resolve_hparams(RunSpec(model=ModelConfig(d_model=512, seq_len=4096), train=TrainConfig(steps=1000, batch_size=32)))
+    opt = build_optimizer(_Toy(), hp)
+    eps = {g["kind"]: g["eps"] for g in opt.param_groups}
+    assert eps["adam"] == hp.eps and eps["adamh"] == hp.eps and hp.eps < 1e-15
 
 
 def test_baseline_groups_decay_matrices_but_not_gains_and_muon_scales_by_shape():

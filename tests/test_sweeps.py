@@ -57,7 +57,7 @@ def test_run_files_are_written_once_and_refuse_another_run(tmp_path):
     assert spec == runs[0].spec.to_dict()
     assert read_json(runs[0].dir / "meta.json") == runs[0].meta == {
         "study": "tiny", "rung": "tiny", "arm": runs[0].meta["arm"], "seed": 0, "design_row": 0,
-        "factors": {"xsa": "none"}}
+        "factors": {"xsa": "none"}, "coding": {"xsa": {"field": "recipe.xsa", "low": "none", "high": "xsa", "code": -1}}}
     alien = replace(runs[1], dir=runs[0].dir)
     with pytest.raises(ValueError, match="holds run"):
         write_run_files(alien)

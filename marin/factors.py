@@ -1,0 +1,69 @@
+"""The recipe factors, declared once: one `FactorSpec` row per switch of the Marin 535B-A23B recipe.
+
+Everything else follows from `RECIPE_FACTOR_SPECS`: `marin.config.Recipe` (its fields, defaults and
+validation), `RECIPE_LEVELS`, `BASELINE_LEVELS`, `FACTORS`, `MODEL_FACTORS`, `QUALITY_FACTORS`, the
+registered `ablations.factors.RECIPE_FACTORS` and, through each run's metadata, the ±1 coding the
+analysis reads. Adding a recipe factor is one row here plus the visible branch in the model
+(README "Adding a factor"). Pure Python; never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FactorSpec:
+    """One recipe switch: its field name on `Recipe`, the recipe level (coded +1 and the default),
+    the level a peer would use (coded −1), and further named levels a study may contrast."""
+
+    name: str
+    recipe: str  # Marin's level: Recipe's default, coded +1
+    baseline: str  # the peer's level: Recipe.baseline(), coded -1
+    extra: tuple[str, ...] = ()  # other levels (code None unless a study's factor contrasts them)
+    changes_model: bool = True  # False: only the optimizer changes (MODEL_FACTORS leaves it out)
+    quality: bool = True  # False: changes throughput and drops, studied apart (QUALITY_FACTORS)
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"FactorSpec.name={self.name!r} must be an identifier")
+        lv = self.levels
+        if len(set(lv)) != len(lv) or not all(isinstance(x, str) and x for x in lv):
+            raise ValueError(f"FactorSpec {self.name!r}: levels {lv} must be distinct non-empty strings")
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """Every level, the recipe level first, then the baseline, then the extras."""
+        return (self.recipe, self.baseline, *self.extra)
+
+
+RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
+    FactorSpec("xsa", "xsa", "none",
+               doc="Exclusive Self Attention (arXiv 2603.09078) vs the plain attention output"),
+    FactorSpec("sconv", "short_conv", "none",
+               doc="short causal depthwise conv (kernel 4) at k, attn-out and mlp-out vs none"),
+    FactorSpec("qk_norm", "fixed_1.3", "learned_gain", ("none",),
+               doc="parameter-free q/k RMSNorm then q*1.3; baseline RMSNorm with a learned gain; extra: no norm"),
+    FactorSpec("latent_moe", "latent", "standard",
+               doc="latent MoE: 2E experts top-2K at width d/alpha; baseline E experts top-K at width d"),
+    FactorSpec("router_balance", "quantile", "switch_aux", ("aux_free",),
+               doc="quantile balancing bias (no aux loss); baseline Switch aux loss; extra DeepSeek aux-free bias"),
+    FactorSpec("ep_transport", "ragged", "fixed", ("dropless",), quality=False,
+               doc="ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity"),
+    FactorSpec("optimizer", "hyperball", "adamw", ("muon_adamw", "adamh"), changes_model=False,
+               doc="Hyperball (MuonH + AdamH + Adam) vs AdamW; extras Muon+AdamW, AdamH alone"),
+)
+
+SPECS: dict[str, FactorSpec] = {s.name: s for s in RECIPE_FACTOR_SPECS}
+RECIPE_LEVELS: dict[str, tuple[str, ...]] = {s.name: s.levels for s in RECIPE_FACTOR_SPECS}
+BASELINE_LEVELS: dict[str, str] = {s.name: s.baseline for s in RECIPE_FACTOR_SPECS}
+FACTORS: tuple[str, ...] = tuple(SPECS)
+MODEL_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.changes_model)
+QUALITY_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.quality)
+
+
+def factor_spec(name: str) -> FactorSpec:
+    if name not in SPECS:
+        raise ValueError(f"unknown recipe factor {name!r}; allowed values: {', '.join(FACTORS)}")
+    return SPECS[name]

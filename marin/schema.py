@@ -1,0 +1,253 @@
+"""The run directory's files, one writer and one reader each: spec.json, meta.json, summary.json.
+
+`<run_dir>/spec.json`     the RunSpec (`spec_json`), written before launch.
+`<run_dir>/meta.json`     `RunMeta`: study, rung, arm, seed, design row, and the run's coding: for
+                          every factor of its study the level name, the factor's definition (field,
+                          low level coded −1, high level coded +1) and the ±1 code (None for a level
+                          that is neither). The analysis reads factors from here, never from a list.
+`<run_dir>/summary.json`  `RunSummary`: the outcome of training (or of a failure).
+
+Writes are atomic (temp file, fsync, rename). Pure Python: no torch, no other marin module, so the
+analysis layer can read runs with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+# ---------------------------------------------------------------------------------------------
+# Atomic files
+# ---------------------------------------------------------------------------------------------
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write to a temp file in the same directory, fsync, then os.replace: a reader sees the old
+    file or the new one, never a torn one (also on NFS, where rename is atomic per directory)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for every reader
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+class DamagedFile(ValueError):
+    """A run file exists but cannot be read as a JSON object (torn, foreign or corrupted)."""
+
+
+def read_json(path: str | Path, *, strict: bool = False) -> dict | None:
+    """The JSON object at `path`; None when absent. A damaged file reads as None (a torn write from a
+    killed process that did not use atomic writes), or raises DamagedFile naming it when `strict`."""
+    try:
+        with open(path) as f:
+            out = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        if strict:
+            raise DamagedFile(f"cannot read {path}: {e}") from None
+        return None
+    if not isinstance(out, dict):
+        if strict:
+            raise DamagedFile(f"cannot read {path}: a JSON object was expected, got {type(out).__name__}")
+        return None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.json
+# ---------------------------------------------------------------------------------------------
+
+
+def spec_json(spec: Any) -> str:
+    """The one spec.json text of a RunSpec (or of its dict), used by sweeps and train alike."""
+    d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
+    return json.dumps(d, indent=1, sort_keys=True)
+
+
+def write_spec(run_dir: str | Path, spec: Any) -> None:
+    atomic_write_text(Path(run_dir) / "spec.json", spec_json(spec))
+
+
+# ---------------------------------------------------------------------------------------------
+# meta.json: the run's place in its study and its coding
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FactorCoding:
+    """One factor of a run: its definition (field, low −1, high +1) and the run's level."""
+
+    name: str
+    level: str
+    field: str | None = None
+    low: str | None = None
+    high: str | None = None
+
+    @property
+    def code(self) -> int | None:
+        """−1 at the low level, +1 at the high level, None at any other (extra) level."""
+        return -1 if self.level == self.low else 1 if self.level == self.high else None
+
+    def to_dict(self) -> dict:
+        return {"field": self.field, "low": self.low, "high": self.high, "code": self.code}
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """meta.json. `extra` keeps any other key (e.g. a tuning run's multiplier) through a round trip."""
+
+    study: str | None = None
+    rung: str | None = None
+    arm: str | None = None
+    seed: int | None = None
+    design_row: int | None = None
+    factors: tuple[FactorCoding, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def levels(self) -> dict[str, str]:
+        return {f.name: f.level for f in self.factors}
+
+    @property
+    def codes(self) -> dict[str, int | None]:
+        return {f.name: f.code for f in self.factors}
+
+    def to_dict(self) -> dict:
+        out = dict(self.extra)
+        out.update(study=self.study, rung=self.rung, arm=self.arm, seed=self.seed, design_row=self.design_row,
+                   factors=self.levels, coding={f.name: f.to_dict() for f in self.factors})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RunMeta":
+        """Reads this schema; a meta.json without `coding` (older runs) gives factors with no definition."""
+        coding = d.get("coding") or {}
+        factors = []
+        for name, level in (d.get("factors") or {}).items():
+            c = coding.get(name) or {}
+            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high")))
+        known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
+        return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
+                   {k: v for k, v in d.items() if k not in known})
+
+
+def write_meta(run_dir: str | Path, meta: RunMeta | Mapping) -> None:
+    """meta.json, keys in insertion order: the factors keep the study's order (the analysis's order)."""
+    d = meta.to_dict() if isinstance(meta, RunMeta) else dict(meta)
+    atomic_write_text(Path(run_dir) / "meta.json", json.dumps(d, indent=1) + "\n")
+
+
+def read_meta(run_dir: str | Path, *, strict: bool = False) -> RunMeta | None:
+    d = read_json(Path(run_dir) / "meta.json", strict=strict)
+    return None if d is None else RunMeta.from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# summary.json: the outcome of a run
+# ---------------------------------------------------------------------------------------------
+
+RUN_STATUSES = ("completed", "failed")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """summary.json. Every key below is always written (None when unknown); `extra` keeps any other
+    key the trainer adds (peak LRs, per-domain bits per byte, ...)."""
+
+    run_id: str
+    status: str
+    error: str | None = None
+    failed_step: int | None = None
+    step: int | None = None
+    tokens: int | None = None
+    params_total: int | None = None
+    params_active: int | None = None
+    flops_per_token: float | None = None
+    train_flops: float | None = None
+    eval_macro_loss: float | None = None
+    eval_domain_loss: Mapping[str, float] | None = None
+    macro_bpb: float | None = None
+    final_train_loss: float | None = None
+    tokens_per_s: float | None = None
+    model_flops_per_s: float | None = None
+    mfu: float | None = None
+    drop_rate: float | None = None
+    max_grad_norm: float | None = None
+    spikes: int = 0
+    spike_steps: tuple[int, ...] = ()
+    wall_s: float | None = None
+    hardware: str | None = None
+    code_version: str | None = None
+    loss_curve: tuple = ()
+    started_at: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in RUN_STATUSES:
+            raise ValueError(f"RunSummary.status={self.status!r} is not a known level; allowed values: "
+                             f"{', '.join(RUN_STATUSES)}")
+
+    def to_dict(self) -> dict:
+        out = dict(self.extra)
+        for f in fields(self):
+            if f.name != "extra":
+                v = getattr(self, f.name)
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RunSummary":
+        names = {f.name for f in fields(cls)} - {"extra"}
+        kw = {k: v for k, v in d.items() if k in names}
+        for k in ("spike_steps", "loss_curve"):
+            if kw.get(k) is not None:
+                kw[k] = tuple(tuple(x) if isinstance(x, list) else x for x in kw[k])
+            else:
+                kw.pop(k, None)
+        if kw.get("spikes") is None:
+            kw.pop("spikes", None)
+        kw.setdefault("run_id", "")
+        kw.setdefault("status", "completed")
+        return cls(**kw, extra={k: v for k, v in d.items() if k not in names})
+
+
+SUMMARY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(RunSummary) if f.name != "extra")
+
+
+def write_summary(run_dir: str | Path, summary: RunSummary | Mapping) -> RunSummary:
+    """Write summary.json atomically (a dict, e.g. the trainer's, is validated through RunSummary)."""
+    s = summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
+    atomic_write_text(Path(run_dir) / "summary.json", json.dumps(s.to_dict(), indent=1) + "\n")
+    return s
+
+
+def read_summary(run_dir: str | Path, *, strict: bool = False) -> RunSummary | None:
+    """The run's summary, or None when absent or torn (`strict`: DamagedFile when torn); accepts any
+    summary dict train has written."""
+    d = read_json(Path(run_dir) / "summary.json", strict=strict)
+    if d is None or d.get("status") not in RUN_STATUSES:
+        return None
+    return RunSummary.from_dict(d)
