@@ -283,9 +283,19 @@ class TrainConfig:
     device: str = "cpu"
     compile: bool = False
     threads: int | None = None
+    # Planted factors of the calibration study (docs/calibration/): FLOPs counted per FLOP spent
+    # (2 = "waste": same training, twice the compute counted), an extra seed stream mixed into the
+    # model and data seeds (a placebo), and a multiplier on the rung's steps (more tokens, same ladder).
+    flops_multiplier: float = 1.0
+    seed_stream: int = 0
+    token_multiplier: int = 1
 
     def __post_init__(self) -> None:
         o = "TrainConfig"
+        _check(self.flops_multiplier > 0, o, "flops_multiplier", f"must be > 0, got {self.flops_multiplier}")
+        _check(self.seed_stream >= 0, o, "seed_stream", f"must be >= 0, got {self.seed_stream}")
+        _check(isinstance(self.token_multiplier, int) and self.token_multiplier >= 1, o, "token_multiplier",
+               f"must be an integer >= 1, got {self.token_multiplier!r}")
         _check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
         _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
         _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -293,6 +303,18 @@ class TrainConfig:
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
                "stage start fractions must be increasing and lie in [0, 1)")
+
+    def effective(self) -> "TrainConfig":
+        """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
+        m = self.token_multiplier
+        if m == 1:
+            return self
+        return replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
+                       checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
+
+    def seed_offset(self) -> int:
+        """Added to the model and data seeds: a large odd stride keeps streams apart from seed replicates."""
+        return 1_000_003 * self.seed_stream
 
 
 TOKENIZERS = ("byte", "bpe")
