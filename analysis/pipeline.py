@@ -232,8 +232,13 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                     notes.append(f"reference law ({form} form) not estimable: {e}")
                     continue
                 if form == "power" and ({"alpha", "ln_a"} & set(jf.not_identified)):
-                    notes.append("reference law not identified (α or A): no quality multipliers; pin α or add rungs")
-                    law = law_of(jf, level)
+                    # The rungs do not fix the law's curvature (α → 0 with L∞ → −∞: a straight line in
+                    # ln C fits as well). A multiplier needs only the local slope dL/d ln C, which the
+                    # rungs do fix; α, A, L∞ and anything that extrapolates are reported as such.
+                    notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
+                                 "law's local slope only; law parameters and extrapolation are not identified")
+                    joint[form], law = jf, law_of(jf, level)
+                    fits["quality"] = fq
                     break
                 if form != "power" and jf.not_identified:
                     notes.append(f"the {form} law form is not identified by {len(rungs)} rungs: "
