@@ -397,6 +397,33 @@ def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("c
                  _CPU_EXECUTOR, None, True, ("smoke",))
 
 
+def calibration(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128"),
+                real: Sequence[str] = ("xsa", "qk_norm")) -> Study:
+    """Planted factors of known effect beside two real ones, on the smoke ladder (docs/calibration/).
+
+    - placebo: only the seed stream of model init and data order differs (true M = 1);
+    - waste: the same training with twice the FLOPs counted (true M_flop = 0.5 exactly: same losses at
+      2x C; waste is crossed with every other arm, so each waste run has an identical twin);
+    - extra_compute: twice the steps (tokens) of the rung on the same ladder (true M_flop = 1 when the
+      power law holds: the arm is the next rung's compute reached by the same training recipe).
+    Design: the four others in 2^(4-1) (extra_compute = xsa·qk_norm·placebo) crossed with waste: 16
+    arms, resolution IV, every two-factor interaction with waste clear.
+    Budget: ~16 arms x (32+64+128 steps) x 1.5 (extra_compute) x 1024 tokens / ~15k tok/s + 3 x 2 s
+    = ~30 core-s per arm, ~4 min on 2 cores per seed.
+    """
+    planted = (Factor("placebo", field="train.seed_stream", levels={"stream0": 0, "stream1": 1}),
+               Factor("extra_compute", field="train.token_multiplier", levels={"x1": 1, "x2": 2}),
+               Factor("waste", field="train.flops_multiplier", levels={"counted_once": 1.0, "counted_twice": 2.0}))
+    factors = tuple(real) + planted
+    names = [f if isinstance(f, str) else f.name for f in factors]
+    letters = "ABCDE"
+    gen = f"{letters[len(real) + 1]}={letters[: len(real) + 1]}"  # extra_compute = real... x placebo
+    design = fraction(names, generators=[gen])
+    return Study("calibration", "Calibration: placebo, waste (2x FLOPs counted) and extra-compute (2x tokens) "
+                 "planted beside two real factors on the CPU token ladder", factors, design, ladder(rungs),
+                 tuple(seeds), DataConfig(), Recipe(), _CPU_EXECUTOR, None, True, ())
+
+
 def _gpu_executor(**extra: Any) -> dict:
     # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
     ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
@@ -465,6 +492,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
 STUDIES: dict[str, Callable[..., Study]] = {
     "smoke": smoke,
     "noise_cpu": noise_cpu,
+    "calibration": calibration,
     "marin535": marin535,
     "marin535_ep": marin535_ep,
     "noise": noise,

@@ -201,12 +201,14 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     L = ok["eval_macro_loss"].to_numpy(float)
     ok["rung"] = _rungs(ok, C).to_numpy()
     c_ref = float(np.exp(np.mean(np.log(C))))
-    z = np.log(C / c_ref)
-    ok["z"] = z
     rung_names = list(dict.fromkeys(ok["rung"]))
     rungs = pd.DataFrame({"rung": rung_names, "compute": [float(np.exp(np.log(C[ok["rung"].to_numpy() == r]).mean()))
                                                           for r in rung_names]})
     rungs["z"] = np.log(rungs["compute"] / c_ref)
+    # Scale terms use the rung's compute, not the run's own: a level that only changes the FLOPs
+    # counted (2x, same losses) then gets M_flop = 1/2 exactly, the law carrying the run's own C.
+    z = rungs.set_index("rung")["z"].reindex(ok["rung"]).to_numpy(float)
+    ok["z"] = z
     rungs = rungs.sort_values("compute").reset_index(drop=True)
     scale = len(rungs) >= 2
     if not scale:
@@ -232,8 +234,13 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                     notes.append(f"reference law ({form} form) not estimable: {e}")
                     continue
                 if form == "power" and ({"alpha", "ln_a"} & set(jf.not_identified)):
-                    notes.append("reference law not identified (α or A): no quality multipliers; pin α or add rungs")
-                    law = law_of(jf, level)
+                    # The rungs do not fix the law's curvature (α → 0 with L∞ → −∞: a straight line in
+                    # ln C fits as well). A multiplier needs only the local slope dL/d ln C, which the
+                    # rungs do fix; α, A, L∞ and anything that extrapolates are reported as such.
+                    notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
+                                 "law's local slope only; law parameters and extrapolation are not identified")
+                    joint[form], law = jf, law_of(jf, level)
+                    fits["quality"] = fq
                     break
                 if form != "power" and jf.not_identified:
                     notes.append(f"the {form} law form is not identified by {len(rungs)} rungs: "

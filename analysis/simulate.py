@@ -130,13 +130,36 @@ def design_rows(k: int, fraction: int = 0) -> np.ndarray:
     return X
 
 
+def study_design(name: str, factors: list[str] | None = None) -> np.ndarray:
+    """The ±1 design matrix of a registered study (ablations/studies.py, torch-free), columns in the
+    order of `factors` (default: the study's own order)."""
+    from ablations.studies import get_study
+
+    st = get_study(name)
+    names = [f.name for f in st.factors]
+    factors = names if factors is None else list(factors)
+    bad = [f for f in factors if f not in names]
+    if bad or len(factors) != len(names):
+        raise ValueError(f"factors {factors}: study {name!r} has factors {', '.join(names)} (all of them, any order)")
+    M = np.asarray(st.design.matrix, float)
+    return M[:, [names.index(f) for f in factors]]
+
+
 def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, fraction: int = 0,
                    rng: np.random.Generator | None = None, study: str = "sim", hardware: str = "H100",
-                   fail: int = 0, missing: int = 0, loss_curves: bool = False, fail_baseline: int = 0) -> pd.DataFrame:
-    """A results table (CONTRACTS schema) of a simulated study; `rungs`: rung name -> tokens."""
+                   fail: int = 0, missing: int = 0, loss_curves: bool = False, fail_baseline: int = 0,
+                   design: np.ndarray | None = None) -> pd.DataFrame:
+    """A results table (run-table schema) of a simulated study; `rungs`: rung name -> tokens.
+    `design`: a ±1 matrix (rows = arms, columns = truth.factors), e.g. `study_design("smoke", factors)`;
+    default the simulator's own 2^(k−fraction)."""
     rng = rng or np.random.default_rng(0)
     k = len(truth.factors)
-    D = design_rows(k, fraction)
+    if design is None:
+        D = design_rows(k, fraction)
+    else:
+        D = np.asarray(design, float)
+        if D.ndim != 2 or D.shape[1] != k or not np.all(np.abs(D) == 1):
+            raise ValueError(f"design must be a ±1 matrix with {k} columns (one per truth factor), got shape {D.shape}")
     seed_shift = {s: rng.normal(0, truth.seed_sd) for s in range(seeds)}
     rows = []
     for rung, tokens in rungs.items():

@@ -1,8 +1,9 @@
 """Coverage of every reported 95% interval on simulated studies with known truth.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/coverage.py [--studies 200] [--designs m1,m2,smoke]
-Designs: m1 = marin535 1 seed (6 factors, 2^(6-1), 3 rungs); m2 = the same with 2 seeds; smoke = 7
-factors on 4 CPU-like rungs (2^(7-2): the simulator's fractions stop at two generators). Scenarios
+Designs (each the registered study's own design matrix, from ablations/studies.py): m1 = marin535,
+1 seed (6 factors, 2^(6-1), 3 rungs); m2 = the same with 2 seeds; smoke = 7 factors, 2^(7-3)
+resolution IV, on 4 rungs (compute x2 per rung, like the smoke ladder's 32..256 steps). Scenarios
 rotate per study: plain, strong scale trends, strong interactions, heteroscedastic noise, a broken
 law, lost runs (one baseline run among them), a higher-order throughput effect. A number counts as
 "ok" when its interval covers the truth or the report flags it (not identified / disagreement /
@@ -12,6 +13,7 @@ law form not assessable / interval wider than 10x).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -20,15 +22,24 @@ import numpy as np
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 SCENARIOS = ("plain", "scale", "interactions", "hetero", "broken", "lost", "throughput3")
-DESIGNS = {"m1": (6, 1, 1, 3), "m2": (6, 1, 2, 3), "smoke": (7, 2, 1, 4)}  # k, fraction, seeds, rungs
+DESIGNS = {"m1": ("marin535", 1, 3), "m2": ("marin535", 2, 3), "smoke": ("smoke", 1, 4)}  # study, seeds, rungs
+
+
+@functools.lru_cache(maxsize=None)
+def _design(study: str) -> tuple[list[str], np.ndarray]:
+    from ablations.studies import get_study
+    from analysis.simulate import study_design
+
+    factors = [f.name for f in get_study(study).factors]
+    return factors, study_design(study, factors)
 
 
 def one(design: str, i: int) -> dict[str, tuple[bool, bool]]:
     from analysis.pipeline import analyze_table
     from analysis.simulate import random_truth, simulate_table
 
-    k, frac, seeds, nr = DESIGNS[design]
-    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer", "ep_transport"][:k]
+    study, seeds, nr = DESIGNS[design]
+    factors, D = _design(study)
     sc = SCENARIOS[i % len(SCENARIOS)]
     rng = np.random.default_rng(1000 * list(DESIGNS).index(design) + i)
     kw = {"scale_sd": 0.06} if sc == "scale" else {"inter_sd": 0.08} if sc == "interactions" else {}
@@ -40,7 +51,7 @@ def one(design: str, i: int) -> dict[str, tuple[bool, bool]]:
     if sc == "throughput3":
         truth.throughput_allon = -0.2
     rungs = {f"r{j}": 1e8 * 2**j for j in range(nr)}
-    df = simulate_table(truth, rungs=rungs, seeds=seeds, fraction=frac, rng=rng,
+    df = simulate_table(truth, rungs=rungs, seeds=seeds, design=D, rng=rng,
                         fail=2 if sc == "lost" else 0, fail_baseline=1 if sc == "lost" else 0)
     top = float(np.exp(np.log(df.loc[df["rung"] == f"r{nr - 1}", "train_flops"]).mean()))
     a = analyze_table(df, n_boot=0, boot_method="none", target_compute=10 * top, force_extrapolation=True)

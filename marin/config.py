@@ -279,7 +279,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "beta2": optional(MOMENTUM), "muon_momentum": MOMENTUM, "ns_steps": POS_INT, "grad_clip": optional(POS),
     "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
-    "threads": optional(POS_INT),
+    "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
 }
 
 
@@ -312,6 +312,12 @@ class TrainConfig:
     device: str = "cpu"
     compile: bool = False
     threads: int | None = None
+    # Planted factors of the calibration study (docs/calibration/): FLOPs counted per FLOP spent
+    # (2 = "waste": same training, twice the compute counted), an extra seed stream mixed into the
+    # model and data seeds (a placebo), and a multiplier on the rung's steps (more tokens, same ladder).
+    flops_multiplier: float = 1.0
+    seed_stream: int = 0
+    token_multiplier: int = 1
 
     def __post_init__(self) -> None:
         o = "TrainConfig"
@@ -328,6 +334,18 @@ class TrainConfig:
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
                "stage start fractions must be increasing and lie in [0, 1)")
+
+    def effective(self) -> "TrainConfig":
+        """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
+        m = self.token_multiplier
+        if m == 1:
+            return self
+        return replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
+                       checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
+
+    def seed_offset(self) -> int:
+        """Added to the model and data seeds: a large odd stride keeps streams apart from seed replicates."""
+        return 1_000_003 * self.seed_stream
 
 
 TOKENIZERS = ("byte", "bpe")

@@ -177,7 +177,7 @@ class Stage:
 def context_plan(spec: RunSpec) -> list[Stage]:
     """Stage 0 is (model.seq_len, batch_size); each ContextStage starts at round(start_frac*steps)
     and divides the batch so that tokens per step stay batch_size * model.seq_len."""
-    t, l0 = spec.train, spec.model.seq_len
+    t, l0 = spec.train.effective(), spec.model.seq_len
     tokens = t.batch_size * l0
     stages = [Stage(0, l0, t.batch_size, 1.0)]
     for cs in t.context_stages:
@@ -629,7 +629,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     t0 = time.perf_counter()
     if not isinstance(spec, RunSpec):
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
-    t = spec.train
+    t = spec.train.effective()  # token_multiplier: the rung trained that many times longer
     run_dir = Path(run_dir)
     _validate_data_path(spec.data)
     device = _device(t)
@@ -685,14 +685,15 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         unknown = [dom for dom in domains if dom not in corpus.domains]
         if unknown:
             raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(corpus.domains)}")
-        packers = {s.seq_len: _packer(mdata, corpus, s.seq_len, s.batch_size, spec.data.data_seed) for s in stages}
+        packers = {s.seq_len: _packer(mdata, corpus, s.seq_len, s.batch_size,
+                                           spec.data.data_seed + t.seed_offset()) for s in stages}
         bpt = {dom: mdata.bytes_per_token(corpus, dom) for dom in domains}
         if corpus.tokenizer.vocab_size > spec.model.vocab_size:
             raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's "
                              f"vocabulary ({corpus.tokenizer.vocab_size}, DataConfig.tokenizer="
                              f"{spec.data.tokenizer!r}); allowed values: >= {corpus.tokenizer.vocab_size}")
 
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(spec.seed + t.seed_offset())
         model = _build_model(spec).to(device)
         if d is not None:
             from marin import ep
@@ -889,14 +890,14 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             dt = time.perf_counter() - ts
 
             st.tokens += n_tok
-            st.train_flops += fpt_at[stage.seq_len] * n_tok
+            st.train_flops += fpt_at[stage.seq_len] * n_tok * t.flops_multiplier  # >1: FLOPs counted, not spent
             stats = dict(out.stats)
             st.dropped += float(stats.get("dropped", 0.0))
             st.assigned += float(stats.get("assigned", 0.0))
             st.max_grad_norm = max(st.max_grad_norm, gnorm)
             if steps_this_session > 0 or t.steps - step == 1:  # the first step of a session warms up
                 st.timed_tokens += n_tok
-                st.timed_flops += fpt_at[stage.seq_len] * n_tok
+                st.timed_flops += fpt_at[stage.seq_len] * n_tok * t.flops_multiplier
                 st.timed_s += dt
                 interval_tokens += n_tok
                 interval_s += dt
