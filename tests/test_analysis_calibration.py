@@ -2,13 +2,16 @@
 
 "Waste" is the same training with twice the FLOPs counted: identical losses at 2x C. Crossed with
 every other arm, the joint law fit must give it M_flop = 0.5 exactly (to optimiser tolerance),
-whatever the other factors and the law do. Until the analysis codes non-recipe factors from run
-metadata, a recipe factor column (sconv) stands in for the waste factor.
+whatever the other factors and the law do. The waste factor reaches the analysis as any factor
+does: a column and its coding in the runs' metadata.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 
 from analysis.pipeline import analyze_table
 from analysis.simulate import random_truth, simulate_table
@@ -19,21 +22,25 @@ def _waste_table(seed: int):
     truth = random_truth(["xsa", "qk_norm", "optimizer"], rng, scale_sd=0.04, inter_sd=0.05)
     truth.flops_extra = {}
     base = simulate_table(truth, rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=1, fraction=0, rng=rng)
+    coding = {**json.loads(base["coding"].iloc[0]),
+              "waste": {"field": "train.flops_multiplier", "low": "off", "high": "on"}}
+    base["coding"] = json.dumps(coding)
+    base["waste"] = "off"
     twin = base.copy()
-    twin["sconv"] = "short_conv"  # the waste level: same losses, FLOPs counted twice
+    twin["waste"] = "on"  # same losses, FLOPs counted twice
     twin["train_flops"] = 2 * base["train_flops"]
     twin["model_flops_per_s"] = 2 * base["model_flops_per_s"]
     twin["run_id"] = base["run_id"] + "w"
-    return __import__("pandas").concat([base, twin], ignore_index=True)
+    return pd.concat([base, twin], ignore_index=True)
 
 
 def test_waste_level_recovers_m_flop_one_half_exactly():
     for seed in (0, 1):
         a = analyze_table(_waste_table(seed), n_boot=0, boot_method="none")
         c = a.components.set_index(["response", "component"])
-        assert abs(c.loc[("ln_M", "sconv"), "shapley"] - np.log(0.5)) < 1e-6, c.loc[("ln_M", "sconv")]
-        assert abs(c.loc[("ln_R", "sconv"), "shapley"] - np.log(2.0)) < 1e-9
-        assert abs(c.loc[("ln_W", "sconv"), "shapley"]) < 1e-6  # same wall-clock to the same loss
+        assert abs(c.loc[("ln_M", "waste"), "shapley"] - np.log(0.5)) < 1e-6, c.loc[("ln_M", "waste")]
+        assert abs(c.loc[("ln_R", "waste"), "shapley"] - np.log(2.0)) < 1e-9
+        assert abs(c.loc[("ln_W", "waste"), "shapley"]) < 1e-6  # same wall-clock to the same loss
 
 
 def test_calibration_study_crosses_waste_with_every_arm():
