@@ -108,3 +108,23 @@ def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
     for name, r in GPU_RUNGS.items():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name
+
+
+def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unrounded():
+    from marin.moe import margin_histogram, qb_bias, qb_n_star, qb_threshold_hist, qb_threshold_topk  # noqa: PLC0415
+    assert qb_n_star(111, 8, 64) == 13  # 13.875: Marin's integer division, where round() gives 14
+    assert qb_n_star(7, 8, 384) == 1  # floor 0 -> at least one
+    assert qb_n_star(65_536, 8, 384) == 1365  # 1365.33 at 65,536 tokens per EP shard
+    m = torch.arange(111.0)[:, None].expand(111, 4).contiguous()  # margins 0..110 in every column
+    assert torch.equal(qb_threshold_topk(m, qb_n_star(111, 8, 64)), torch.full((4,), 98.0))  # 13th largest
+    # hist: the target rank is the float T·K/E (Marin `_qb_beta_hist` target_rank = T·K/E), not floored.
+    r = Router(8, 64, 8, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
+               qb_estimator="hist", qb_hist_bins=64)
+    m_TE = torch.randn(111, 64, generator=torch.Generator().manual_seed(0))
+    r._margins = [m_TE]
+    r.update_bias()
+    lo, hi = m_TE.min().double(), m_TE.max().double()
+    counts = margin_histogram(m_TE, lo, hi, 64)
+    want = qb_bias(qb_threshold_hist(counts, lo, hi, 111 * 8 / 64))
+    floored = qb_bias(qb_threshold_hist(counts, lo, hi, 13.0))
+    assert torch.allclose(r.bias_E, want, atol=1e-6) and not torch.allclose(r.bias_E, floored, atol=1e-4)
