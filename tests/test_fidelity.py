@@ -128,3 +128,37 @@ def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unroun
     want = qb_bias(qb_threshold_hist(counts, lo, hi, 111 * 8 / 64))
     floored = qb_bias(qb_threshold_hist(counts, lo, hi, 13.0))
     assert torch.allclose(r.bias_E, want, atol=1e-6) and not torch.allclose(r.bias_E, floored, atol=1e-4)
+
+
+def test_expert_bank_is_one_hyperball_sphere_by_default_and_per_expert_as_the_named_option():
+    from dataclasses import replace  # noqa: PLC0415
+    from marin.config import TrainConfig  # noqa: PLC0415
+    from marin.optim import MarinOptimizer, param_groups  # noqa: PLC0415
+
+    assert TrainConfig().expert_sphere == "bank"  # Marin's hero: axes range(1, ndim) of [L, E, in, out]
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(3, 4, 5, generator=g) * torch.tensor([0.5, 1.0, 2.0])[:, None, None]  # unequal experts
+    d = torch.randn(3, 4, 5, generator=g)
+    eta = 0.3
+    for sphere in ("bank", "expert"):
+        w = torch.nn.Parameter(w0.clone())
+        hp = replace(_hp("hyperball"), lr=eta, expert_sphere=sphere)
+        opt = MarinOptimizer(param_groups([("experts", w)], {"experts": "expert"}, hp))
+        with torch.no_grad():
+            opt._project(w, opt.param_groups[0], d)  # one MuonH move along the direction d
+        if sphere == "bank":  # hand computation: the whole bank is one vector
+            r = w0.norm()
+            x = w0 - eta * r * d / d.norm()
+            want = x * r / x.norm()
+            assert abs(float(w.detach().norm() - r)) < 1e-5
+            per_expert_moved = (torch.linalg.matrix_norm(w.detach()) - torch.linalg.matrix_norm(w0)).abs().max()
+            assert per_expert_moved > 1e-3  # experts trade norm inside the bank
+        else:
+            r = torch.linalg.matrix_norm(w0, keepdim=True)
+            x = w0 - eta * r * d / torch.linalg.matrix_norm(d, keepdim=True)
+            want = x * r / torch.linalg.matrix_norm(x, keepdim=True)
+        torch.testing.assert_close(w.detach(), want, rtol=1e-5, atol=1e-6)
+    # a bad level names the field and the allowed values
+    import pytest  # noqa: PLC0415
+    with pytest.raises(ValueError, match="expert_sphere.*bank.*expert"):
+        TrainConfig(expert_sphere="layer")
