@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("all", "rungs"), default="all", help="rungs: only the per-rung table")
     ap.add_argument("--rung-width", type=int, default=64, help="router input width of the rung replay (narrowed)")
     ap.add_argument("--rung-mean-doc", type=int, default=4096, help="mean document length of the rung replay")
-    ap.add_argument("--doc-locality", type=float, default=0.5, help="rho: share of a token's router input its document sets")
+    ap.add_argument("--doc-locality", type=float, default=0.1, help="rho: share of a token's router input its document sets")
     ap.add_argument("--qb-steps", type=int, default=20, help="QB bias updates before the rung replay")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
