@@ -248,6 +248,10 @@ class Rung:
 #: 2026-11-29 (all-on recipe, 40 steps, 1 thread, machine shared with other jobs, load ~6 on 2 cores):
 #: cpu_s 7.9k tok/s (14.9 s wall incl. ~5 s start-up/eval), cpu_m 3.8k, cpu_l 0.96k (68.8 s, ~7 s overhead).
 #: The assumptions below are ~2-3x those contended numbers (one process per core); re-measure.
+#: GatedNorm (on in every arm) costs ~11% at cpu_s: benchmarks/train_step.py, 2026-12-01, best of two
+#: contended runs, 20 steps, on/off: all-on 13.0k/14.6k tok/s, all-off 18.8k/21.2k tok/s (ratio 0.89
+#: both). The quiet-machine smoke rates (all-off 25.8k, all-on 15.8k) become ~23.0k/14.1k, mean ~18.5k,
+#: so cpu_s{n}'s 15,000 stays a conservative assumption: `plan smoke` 652 core-s, ~5.4 min on 2 cores.
 CPU_RUNGS: dict[str, Rung] = {
     "cpu_s": Rung("cpu_s", "cpu_s", fixed_steps=128, batch_size=8, est_tokens_per_s=15_000, overhead_s=6.0),
     "cpu_m": Rung("cpu_m", "cpu_m", fixed_steps=64, batch_size=8, est_tokens_per_s=6_000, overhead_s=6.0),

@@ -1,5 +1,16 @@
 """Replay realistic routing through the fixed (cf 1.33) and ragged (cf 1.15) EP transports and print
-drop rates and bytes moved for S in {4, 16, 64} shards (DESIGN §2.1 "EP transports", issue 4).
+drop rates and bytes moved: per GPU rung at its planned load, and for S in {4, 16, 64} shards.
+
+  rungs  every GPU rung (d512 .. d2048) at its planned EP layout: S = ep_shards = batch·seq/65,536
+         shards of 65,536 tokens (ablations/ladders.py). Routing comes from the rung's own `Router`
+         (marin/moe.py: 384 experts top-8, QB bias, hist estimator with 10,000 bins) at a narrowed
+         input width (--rung-width); its inputs are packed documents (geometric lengths, mean
+         --rung-mean-doc = 4,096 tokens, about 16 documents per shard as in Marin's runs), each token
+         x = sqrt(rho)·u_doc + sqrt(1-rho)·n_tok with rho = --doc-locality, so documents prefer
+         experts. The QB bias is first balanced over --qb-steps training forwards of fresh documents
+         (as in training), then the rung's shards are routed and `plan_drops` (marin/dispatch.py)
+         gives the drops. The rungs differ only in S; one stream of 64 shards serves all (rung = its
+         first S shards).
 
 Marin measured 5.5-7.1% drops for fixed against 0.01-0.14% for ragged and attributed it to how many
 documents a shard holds. Three routing sources, each over packed documents, few per shard:
@@ -14,7 +25,7 @@ documents a shard holds. Three routing sources, each over packed documents, few 
   iid    the same synthetic router without document locality (a fresh expert order per token): the
          control that isolates the document effect.
 
-    OMP_NUM_THREADS=1 python benchmarks/ep_drops.py [--train-steps 150] [--zipf 1.0]
+    OMP_NUM_THREADS=1 python benchmarks/ep_drops.py [--train-steps 150] [--zipf 1.0] [--only rungs]
 """
 
 from __future__ import annotations
@@ -123,6 +134,74 @@ def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple
     return captured, doc_T, note
 
 
+def rung_routing(n_tokens: int, width: int, mean_doc: int, locality: float, qb_steps: int, seed: int,
+                 block: int = 65_536) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(expert_idx_TK, doc_T, geometry) from a GPU rung's Router (384 experts top-8, QB hist 10,000
+    bins, its init scale) at input width `width`, over packed documents with per-document direction."""
+    from ablations.ladders import GPU_RUNGS
+    from marin.config import Recipe
+    from marin.moe import Router
+
+    cfg = GPU_RUNGS["d512"].model()
+    g = cfg.moe_geometry(Recipe())
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    router = Router(width, g.n_experts, g.top_k, balance="quantile", combine_scale=cfg.combine_scale,
+                    aux_weight=cfg.router_aux_weight, aux_free_rate=cfg.aux_free_rate,
+                    qb_estimator=cfg.qb_estimator, qb_hist_bins=cfg.qb_hist_bins)
+    torch.nn.init.trunc_normal_(router.weight, std=cfg.init_scale / width ** 0.5,
+                                a=-cfg.init_trunc * cfg.init_scale / width ** 0.5, b=cfg.init_trunc * cfg.init_scale / width ** 0.5)
+
+    def tokens(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = []
+        while sum(lengths) < n:
+            lengths.append(1 + int(torch.empty(1).geometric_(1.0 / mean_doc, generator=gen)))
+        doc_T = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:n]
+        u_DW = torch.randn(len(lengths), width, generator=gen)
+        x_TW = locality ** 0.5 * u_DW[doc_T] + (1 - locality) ** 0.5 * torch.randn(n, width, generator=gen)
+        return x_TW, doc_T
+
+    router.train()
+    for _ in range(qb_steps):  # QB balances the global load, as over training steps
+        x, _ = tokens(block)
+        with torch.enable_grad():
+            router(x)
+        router.update_bias()
+    router.eval()
+    x_all, doc_all = tokens(n_tokens)
+    with torch.no_grad():
+        idx = torch.cat([router(x_all[s:s + block]).expert_idx_TK for s in range(0, n_tokens, block)])
+    return idx, doc_all, {"n_experts": g.n_experts, "top_k": g.top_k, "qb": f"{cfg.qb_estimator} {cfg.qb_hist_bins}"}
+
+
+def rung_rows(args) -> list[dict]:
+    """One row per GPU rung: its planned S shards of 65,536 tokens replayed through both transports."""
+    from ablations.ladders import GPU_RUNGS, TOKENS_PER_EP_SHARD
+
+    Ts = TOKENS_PER_EP_SHARD
+    shards = {name: r.model().ep_shards for name, r in GPU_RUNGS.items()}
+    t0 = time.time()
+    idx, doc_T, geo = rung_routing(Ts * max(shards.values()), args.rung_width, args.rung_mean_doc,
+                                   args.doc_locality, args.qb_steps, args.seed)
+    rows = []
+    for name, r in GPU_RUNGS.items():
+        cfg = r.model()
+        assert r.tokens_per_step // cfg.ep_shards == Ts, name
+        row = replay(idx, doc_T, geo["n_experts"], cfg.ep_shards, Ts, row_bytes=cfg.d_model // 2 * 2)
+        row.update(rung=name, batch=r.batch_size, seq=cfg.seq_len, d_model=cfg.d_model)
+        rows.append(row)
+    print(f"\n[rungs] each GPU rung at its planned load: S = batch x seq / {Ts:,} shards of {Ts:,} tokens; "
+          f"Router {geo['n_experts']} experts top-{geo['top_k']}, QB {geo['qb']} bins, width {args.rung_width} "
+          f"(narrowed), document locality rho={args.doc_locality}, mean document {args.rung_mean_doc} tokens, "
+          f"{args.qb_steps} QB bias updates first; {time.time() - t0:.0f}s to route")
+    print(f"{'rung':>6} {'batch x seq':>12} {'S':>3} {'T_s':>6} {'docs/shard':>10} {'cell cap':>8} "
+          f"{'fixed drop':>11} {'ragged drop':>12} {'max load/mean':>14}   Marin: fixed 5.5-7.1%, ragged 0.01-0.14%")
+    for r in rows:
+        print(f"{r['rung']:>6} {r['batch']:>5} x {r['seq']:<5} {r['S']:>3} {r['Ts']:>6} {r['docs_per_shard']:>10.1f} "
+              f"{r['cell_rows']:>8} {100 * r['fixed_drop']:>10.2f}% {100 * r['ragged_drop']:>11.3f}% {r['max_load']:>14.2f}")
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Replay
 # ---------------------------------------------------------------------------------------------
@@ -163,11 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-shard", type=int, default=4096, help="synthetic router (hero: one 4096-token sequence)")
     ap.add_argument("--mean-doc", type=int, default=1000, help="mean document length of the synthetic packing")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=("all", "rungs"), default="all", help="rungs: only the per-rung table")
+    ap.add_argument("--rung-width", type=int, default=64, help="router input width of the rung replay (narrowed)")
+    ap.add_argument("--rung-mean-doc", type=int, default=4096, help="mean document length of the rung replay")
+    ap.add_argument("--doc-locality", type=float, default=0.1, help="rho: share of a token's router input its document sets")
+    ap.add_argument("--qb-steps", type=int, default=20, help="QB bias updates before the rung replay")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"EP drop replay: fixed cf {CF_FIXED} (per sender-expert cell) vs ragged cf {CF_RAGGED} "
           "(pooled per receiver, 2 chunks); MB/shard = bytes a shard sends off-shard, dispatch + return")
     summary = {}
+    summary["rungs"] = rung_rows(args)
+    if args.only == "rungs":
+        return 0
 
     # Tiny model: S=64 shards of 4 sequences of 256 tokens.
     try:

@@ -1,6 +1,8 @@
-"""`marin-ablate describe`: the resolved config of a preset, its parameter and FLOP counts (DESIGN §2.2).
+"""`marin-ablate describe`: the resolved config of a preset, its parameter and FLOP counts.
 
-Pure arithmetic over the config (marin.flops); it imports no torch, so it answers instantly.
+Pure arithmetic over the config (marin.flops); importing it loads no torch. The command's entry is
+`sweeps.commands.cmd_describe`, which adds a ladder rung's batch and EP shards (marin/ imports no
+ablations); this module holds the arithmetic and the printing.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ def _fmt(n: float) -> str:
     return f"{n:g}"
 
 
-def resolved(cfg, recipe: Recipe, preset_name: str) -> dict:
+def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
     """The values a reader compares with Marin's code (docs/fidelity.md), resolved for this preset.
-    When the preset names a ladder rung, its batch sets the EP shards and the tokens per shard.
-    Adam's epsilon and the peak learning rate per optimizer group join this dict from the
-    hyperparameter resolver (they are not the model's)."""
+    `rung` (ep_shards, batch_sequences, tokens_per_step, steps, tokens), when the preset is a ladder
+    rung, is passed in by the caller: marin/ knows no ladders. Adam's epsilon and the peak learning
+    rate per optimizer group join this dict from the hyperparameter resolver (they are not the model's)."""
     from marin.flops import params_active_marin  # noqa: PLC0415
     from marin.optim import NS_COEFFS  # noqa: PLC0415  (torch: the CLI only)
     out = {
@@ -56,19 +58,22 @@ def resolved(cfg, recipe: Recipe, preset_name: str) -> dict:
         "ns_coefficients": [list(t) for t in NS_COEFFS],
         "ep_shards": cfg.ep_shards, "batch_sequences": None, "tokens_per_ep_shard": None,
     }
-    from ablations.ladders import RUNGS  # noqa: PLC0415  (CLI convenience: a rung's batch, no torch)
-    if preset_name in RUNGS and RUNGS[preset_name].preset == preset_name:
-        rung = RUNGS[preset_name]
-        shards = rung.model().ep_shards
-        out.update(ep_shards=shards, batch_sequences=rung.batch_size, tokens_per_step=rung.tokens_per_step,
-                   tokens_per_ep_shard=rung.tokens_per_step // shards, steps=rung.steps(), tokens=rung.tokens())
+    if rung is not None:
+        out.update(rung)
+        out["tokens_per_ep_shard"] = rung["tokens_per_step"] // rung["ep_shards"]
     return out
 
 
-def cmd_describe(args: argparse.Namespace) -> int:
+def describe_info(args: argparse.Namespace, rung: dict | None = None) -> dict:
+    """The describe record of `args` (preset, --set, --recipe, --baseline); `rung` as in `resolved`."""
     cfg = preset(args.preset, args.overrides)
     recipe = parse_recipe(args.recipe, args.baseline)
-    info = {"preset": args.preset, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, args.preset)}
+    return {"preset": args.preset, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, rung)}
+
+
+def cmd_describe(args: argparse.Namespace, rung: dict | None = None) -> int:
+    """Print the describe record (the CLI's entry is sweeps.commands.cmd_describe, which adds the rung)."""
+    info = describe_info(args, rung)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return 0

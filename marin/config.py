@@ -263,6 +263,10 @@ LR_SCHEDULES = ("linear", "cosine", "wsd")
 #: Marin's LR heuristic fits (coefficients in marin.hparams.HEURISTICS); the first is the default.
 LR_HEURISTICS = ("aug_refit", "may_5951")
 PRECISIONS = ("fp32", "bf16")
+# The hyperball sphere of an expert stack [E, in, out]: "bank" = one sphere per layer's whole bank (what
+# Marin's hero ran: experiments/grug/moe_hero_ep/optimizer.py `_scale_invariant_hyperball_updates`,
+# axes range(1, ndim) over [L, E, in, out]); "expert" = one sphere per expert matrix (Marin's later axes (-2, -1)).
+EXPERT_SPHERES = ("bank", "expert")
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,7 @@ class TrainConfig:
     beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
     muon_momentum: float = 0.95
     ns_steps: int = 5
+    expert_sphere: str = "bank"  # EXPERT_SPHERES: MuonH/AdamH sphere of an expert stack
     grad_clip: float | None = None
     eval_every: int = 50
     eval_batches: int = 4
@@ -331,6 +336,7 @@ class TrainConfig:
         _check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
         _check(self.lr_scale > 0, o, "lr_scale", f"must be > 0, got {self.lr_scale}")
         _check_level(o, "precision", self.precision, PRECISIONS)
+        _check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
                "stage start fractions must be increasing and lie in [0, 1)")

@@ -82,6 +82,7 @@ class OptimHparams:
     momentum: float
     ns_steps: int
     eps: float = ADAMW_EPS  # ε of every Adam-family group (Adam, AdamH, AdamW)
+    expert_sphere: str = "bank"  # TrainConfig.expert_sphere: one hyperball per expert bank or per expert
 
 
 def resolve_hparams(spec: RunSpec) -> OptimHparams:
@@ -115,4 +116,4 @@ def resolve_hparams(spec: RunSpec) -> OptimHparams:
     b2 = t.beta2 if t.beta2 is not None else b2
     eps = t.adam_eps if t.adam_eps is not None else eps
     return OptimHparams(level, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
-                        float(t.muon_momentum), int(t.ns_steps), float(eps))
+                        float(t.muon_momentum), int(t.ns_steps), float(eps), t.expert_sphere)

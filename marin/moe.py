@@ -79,8 +79,10 @@ def switch_balance(logits_TE: Tensor, expert_idx_TK: Tensor) -> Tensor:
 
 
 def qb_n_star(n_tokens: int, top_k: int, n_experts: int) -> int:
-    """n* = T·K/E, the assignments each expert should receive (rounded, at least 1, at most T)."""
-    return max(1, min(n_tokens, round(n_tokens * top_k / n_experts)))
+    """n* = floor(T·K/E), the assignments each expert should receive (at least 1, at most T): the
+    topk estimator's rank, rounded down like Marin's (levanter grug/grug_moe.py `qb_topk_physical_count`,
+    `qb_beta_topk_shard`). The hist estimator uses the unrounded T·K/E, as Marin's `_qb_beta_hist`."""
+    return max(1, min(n_tokens, n_tokens * top_k // n_experts))
 
 
 def qb_threshold_topk(margins_TE: Tensor, n_star: int) -> Tensor:

@@ -23,8 +23,11 @@ at init; decay would pull the conv towards zero, i.e. switch the component off).
 Peak learning rates, betas and Adam ε come from `marin.hparams.resolve_hparams` (the one resolver
 studies and `train` share): MuonH/AdamH eta = min(0.05, 13/3 adam_lr); AdamW one lr with betas
 (0.9, 0.95); muon_adamw shares that lr because the Moonlight scale makes Muon's update RMS match
-AdamW's. Hyperball projections of expert stacks are
-per expert (each expert matrix keeps its own norm); MuonH radius R is stored at the first step so
+AdamW's. Hyperball projections of an expert stack
+[E, in, out] use one sphere for the layer's whole bank (`TrainConfig.expert_sphere="bank"`, what
+Marin's hero ran: experiments/grug/moe_hero_ep/optimizer.py `_scale_invariant_hyperball_updates`,
+axes range(1, ndim) of the [L, E, in, out] stack), or one per expert matrix ("expert", Marin's later
+axes (-2, -1)); every other matrix has its own sphere. MuonH radius R is stored at the first step so
 round-off cannot drift it.
 
 Newton–Schulz: the quintic p_i(x) = a_i x + b_i x^3 + c_i x^5 with a different (a_i, b_i, c_i) at
@@ -121,9 +124,17 @@ def newton_schulz_many(us: list[Tensor], steps: int = 5) -> list[Tensor]:
     return out  # type: ignore[return-value]
 
 
-def _fro(x: Tensor) -> Tensor:
-    """Frobenius norm of each trailing matrix, shaped for broadcasting."""
-    return torch.linalg.matrix_norm(x, keepdim=True) if x.ndim >= 2 else x.norm().reshape(())
+def _fro(x: Tensor, bank: bool = False) -> Tensor:
+    """Frobenius norm of each trailing matrix (bank: of the whole tensor), shaped for broadcasting."""
+    if bank or x.ndim < 2:
+        return x.norm().reshape((1,) * x.ndim)
+    return torch.linalg.matrix_norm(x, keepdim=True)
+
+
+def sphere_norms(p: Tensor, role: str, expert_sphere: str = "bank") -> Tensor:
+    """The norms the hyperball holds fixed for a parameter of `role`: one per matrix, one per bank
+    for an expert stack under expert_sphere="bank"."""
+    return _fro(p.detach().float(), bank=role == "expert" and expert_sphere == "bank")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +181,8 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
             wd = hp.weight_decay if kind in ("adamw", "muon") and role not in NO_DECAY_ROLES else 0.0
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
                                 betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd,
-                                momentum=hp.momentum, ns_steps=hp.ns_steps)
+                                momentum=hp.momentum, ns_steps=hp.ns_steps,
+                                bank_sphere=role == "expert" and hp.expert_sphere == "bank")
         buckets[key]["params"].append(p)
         buckets[key]["names"].append(name)
     return list(buckets.values())
@@ -187,7 +199,7 @@ class MarinOptimizer(torch.optim.Optimizer):
     def __init__(self, groups: list[dict]):
         super().__init__(groups, defaults=dict(lr=1e-3, peak_lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
                                                weight_decay=0.0, momentum=0.95, ns_steps=5, kind="adam",
-                                               role="", names=[]))
+                                               role="", names=[], bank_sphere=False))
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102
@@ -236,15 +248,17 @@ class MarinOptimizer(torch.optim.Optimizer):
         return m_hat / (v_hat.sqrt() + g["eps"])
 
     def _project(self, p: Tensor, g: dict, direction: Tensor) -> None:
-        """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix; R fixed at its init."""
+        """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix (per whole tensor for a
+        bank sphere); R fixed at its init."""
         st = self.state[p]
         w = p.float()
+        bank = g.get("bank_sphere", False)  # groups saved before the option existed: per matrix
         if "radius" not in st:
-            st["radius"] = _fro(w).clone()
+            st["radius"] = _fro(w, bank).clone()
         r = st["radius"]
-        d_unit = direction / (_fro(direction) + 1e-12)
+        d_unit = direction / (_fro(direction, bank) + 1e-12)
         x = w - g["lr"] * r * d_unit
-        p.copy_((x * (r / (_fro(x) + 1e-30))).to(p.dtype))
+        p.copy_((x * (r / (_fro(x, bank) + 1e-30))).to(p.dtype))
 
     # -- group kinds ---------------------------------------------------------------------------------
     def _adamh(self, p: Tensor, g: dict) -> None:

@@ -13,7 +13,7 @@ import signal
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "describe": ("marin.commands", "resolved config, parameter and FLOP counts of a preset"),
+    "describe": ("sweeps.commands", "resolved config, parameter and FLOP counts of a preset"),
     "train": ("marin.train", "train one run into an output directory"),
     "plan": ("sweeps.commands", "print a study's design, alias table, runs and cost"),
     "run": ("sweeps.commands", "run a study (local, debug or slurm executor), then analyse it"),

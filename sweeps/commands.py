@@ -1,4 +1,6 @@
-"""`marin-ablate plan | run | status | tune` (sweeps/cli.py dispatches here).
+"""`marin-ablate describe | plan | run | status | tune` (sweeps/cli.py dispatches here).
+
+    marin-ablate describe --preset NAME [--json]  resolved config, parameter and FLOP counts
 
     marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
     marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]
@@ -20,6 +22,34 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_OUT = "runs"
+
+
+# ---------------------------------------------------------------------------------------------
+# describe: marin.commands does the arithmetic; the ladder rung of a preset is looked up here
+# ---------------------------------------------------------------------------------------------
+
+
+def describe_args(p: argparse.ArgumentParser) -> None:
+    from marin.commands import describe_args as model_describe_args
+
+    model_describe_args(p)
+
+
+def rung_of_preset(preset_name: str) -> dict | None:
+    """The batch, EP shards and token budget of the ladder rung named like the preset, else None."""
+    from ablations.ladders import RUNGS
+
+    rung = RUNGS.get(preset_name)
+    if rung is None or rung.preset != preset_name:
+        return None
+    return {"ep_shards": rung.model().ep_shards, "batch_sequences": rung.batch_size,
+            "tokens_per_step": rung.tokens_per_step, "steps": rung.steps(), "tokens": rung.tokens()}
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from marin.commands import cmd_describe as print_describe
+
+    return print_describe(args, rung_of_preset(args.preset))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,3 +108,57 @@ def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
     for name, r in GPU_RUNGS.items():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name
+
+
+def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unrounded():
+    from marin.moe import margin_histogram, qb_bias, qb_n_star, qb_threshold_hist, qb_threshold_topk  # noqa: PLC0415
+    assert qb_n_star(111, 8, 64) == 13  # 13.875: Marin's integer division, where round() gives 14
+    assert qb_n_star(7, 8, 384) == 1  # floor 0 -> at least one
+    assert qb_n_star(65_536, 8, 384) == 1365  # 1365.33 at 65,536 tokens per EP shard
+    m = torch.arange(111.0)[:, None].expand(111, 4).contiguous()  # margins 0..110 in every column
+    assert torch.equal(qb_threshold_topk(m, qb_n_star(111, 8, 64)), torch.full((4,), 98.0))  # 13th largest
+    # hist: the target rank is the float T·K/E (Marin `_qb_beta_hist` target_rank = T·K/E), not floored.
+    r = Router(8, 64, 8, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
+               qb_estimator="hist", qb_hist_bins=64)
+    m_TE = torch.randn(111, 64, generator=torch.Generator().manual_seed(0))
+    r._margins = [m_TE]
+    r.update_bias()
+    lo, hi = m_TE.min().double(), m_TE.max().double()
+    counts = margin_histogram(m_TE, lo, hi, 64)
+    want = qb_bias(qb_threshold_hist(counts, lo, hi, 111 * 8 / 64))
+    floored = qb_bias(qb_threshold_hist(counts, lo, hi, 13.0))
+    assert torch.allclose(r.bias_E, want, atol=1e-6) and not torch.allclose(r.bias_E, floored, atol=1e-4)
+
+
+def test_expert_bank_is_one_hyperball_sphere_by_default_and_per_expert_as_the_named_option():
+    from dataclasses import replace  # noqa: PLC0415
+    from marin.config import TrainConfig  # noqa: PLC0415
+    from marin.optim import MarinOptimizer, param_groups  # noqa: PLC0415
+
+    assert TrainConfig().expert_sphere == "bank"  # Marin's hero: axes range(1, ndim) of [L, E, in, out]
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(3, 4, 5, generator=g) * torch.tensor([0.5, 1.0, 2.0])[:, None, None]  # unequal experts
+    d = torch.randn(3, 4, 5, generator=g)
+    eta = 0.3
+    for sphere in ("bank", "expert"):
+        w = torch.nn.Parameter(w0.clone())
+        hp = replace(_hp("hyperball"), lr=eta, expert_sphere=sphere)
+        opt = MarinOptimizer(param_groups([("experts", w)], {"experts": "expert"}, hp))
+        with torch.no_grad():
+            opt._project(w, opt.param_groups[0], d)  # one MuonH move along the direction d
+        if sphere == "bank":  # hand computation: the whole bank is one vector
+            r = w0.norm()
+            x = w0 - eta * r * d / d.norm()
+            want = x * r / x.norm()
+            assert abs(float(w.detach().norm() - r)) < 1e-5
+            per_expert_moved = (torch.linalg.matrix_norm(w.detach()) - torch.linalg.matrix_norm(w0)).abs().max()
+            assert per_expert_moved > 1e-3  # experts trade norm inside the bank
+        else:
+            r = torch.linalg.matrix_norm(w0, keepdim=True)
+            x = w0 - eta * r * d / torch.linalg.matrix_norm(d, keepdim=True)
+            want = x * r / torch.linalg.matrix_norm(x, keepdim=True)
+        torch.testing.assert_close(w.detach(), want, rtol=1e-5, atol=1e-6)
+    # a bad level names the field and the allowed values
+    import pytest  # noqa: PLC0415
+    with pytest.raises(ValueError, match="expert_sphere.*bank.*expert"):
+        TrainConfig(expert_sphere="layer")

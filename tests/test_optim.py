@@ -59,13 +59,17 @@ def _hp(level: str, lr: float = 0.05, adam_lr: float = 0.01) -> OptimHparams:
     return OptimHparams(level, lr, adam_lr, 0.9062, 0.99, 0.1, 0.95, 5)
 
 
-def test_hyperball_keeps_every_muonh_and_adamh_matrix_norm_over_100_steps():
+@pytest.mark.parametrize("expert_sphere", ["bank", "expert"])
+def test_hyperball_keeps_every_muonh_and_adamh_matrix_norm_over_100_steps(expert_sphere):
+    from dataclasses import replace  # noqa: PLC0415
+    from marin.optim import sphere_norms  # noqa: PLC0415
+
     torch.manual_seed(0)
     model = _Toy()
-    opt = build_optimizer(model, _hp("hyperball"))
-    kinds = group_assignment(opt)
+    opt = build_optimizer(model, replace(_hp("hyperball"), expert_sphere=expert_sphere))
+    kinds, roles = group_assignment(opt), model.param_roles()
     sphere = {n: p for n, p in model.named_parameters() if kinds[n] in ("muonh", "adamh")}
-    init = {n: torch.linalg.matrix_norm(p.detach().clone()) for n, p in sphere.items()}
+    init = {n: sphere_norms(p, roles[n], expert_sphere) for n, p in sphere.items()}
     before = {n: p.detach().clone() for n, p in sphere.items()}
     for _ in range(100):
         tok = torch.randint(0, 32, (64,))
@@ -73,7 +77,7 @@ def test_hyperball_keeps_every_muonh_and_adamh_matrix_norm_over_100_steps():
         model.loss(tok).backward()
         opt.step()
     for n, p in sphere.items():
-        now = torch.linalg.matrix_norm(p.detach())  # per expert for the stack
+        now = sphere_norms(p, roles[n], expert_sphere)  # per bank or per expert for the stack
         torch.testing.assert_close(now, init[n], rtol=1e-5, atol=0.0)
         assert not torch.equal(p.detach(), before[n]), f"{n} did not move"
 
@@ -83,13 +87,15 @@ def test_adamh_level_keeps_matrix_norms_and_adam_group_moves():
     model = _Toy()
     opt = build_optimizer(model, _hp("adamh"))
     assert {k for n, k in group_assignment(opt).items() if n in ("wq", "experts", "lm_head")} == {"adamh"}
-    init = torch.linalg.matrix_norm(model.experts.detach().clone())
+    from marin.optim import sphere_norms  # noqa: PLC0415
+
+    init = sphere_norms(model.experts, "expert")  # the default: one sphere for the bank
     emb0 = model.embed.detach().clone()
     for _ in range(20):
         opt.zero_grad()
         model.loss(torch.randint(0, 32, (64,))).backward()
         opt.step()
-    torch.testing.assert_close(torch.linalg.matrix_norm(model.experts.detach()), init, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(sphere_norms(model.experts, "expert"), init, rtol=1e-5, atol=0.0)
     assert not torch.equal(model.embed.detach(), emb0)
 
 
@@ -224,6 +230,7 @@ def _design_kind(name: str) -> str:
 
 def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere():
     from marin.model import MarinModel
+    from marin.optim import sphere_norms  # noqa: PLC0415
 
     torch.manual_seed(0)
     cfg = preset("tiny", ["gated_norm=on", "seq_len=32"])
@@ -234,7 +241,8 @@ def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere(
         assert kinds == {n: _design_kind(n) for n, _ in model.named_parameters()}
         assert any(".moe.w_up_EWH" in n for n in kinds) and any("gated_norm" in n for n in kinds)
         sphere = {n: p for n, p in model.named_parameters() if kinds[n] in ("muonh", "adamh")}
-        init = {n: torch.linalg.matrix_norm(p.detach().clone()) for n, p in sphere.items()}
+        roles = model.param_roles()
+        init = {n: sphere_norms(p, roles[n]) for n, p in sphere.items()}
         for _ in range(3):
             tok = torch.randint(0, 256, (2, 33))
             opt.zero_grad()
@@ -242,7 +250,7 @@ def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere(
             opt.step()
             model.update_router_biases()
         for n, p in sphere.items():
-            torch.testing.assert_close(torch.linalg.matrix_norm(p.detach()), init[n], rtol=1e-5, atol=0.0)
+            torch.testing.assert_close(sphere_norms(p, roles[n]), init[n], rtol=1e-5, atol=0.0)
 
 
 def test_batched_newton_schulz_equals_one_call_per_matrix():

@@ -1,0 +1,57 @@
+"""The package layers: marin/ (model library) is the bottom and imports nothing of ablations/, sweeps/
+or analysis/; ablations/ and analysis/ import no torch at module level (their own rule)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+UPPER_LAYERS = ("ablations", "sweeps", "analysis")
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, at any depth (function-level imports count)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            out.append((node.lineno, str(node.args[0].value)))  # importlib.import_module("x.y")
+    return out
+
+
+def upper_layer_imports(package: str) -> list[str]:
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for line, mod in imported_modules(path):
+            if mod.split(".")[0] in UPPER_LAYERS:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return bad
+
+
+def test_marin_imports_nothing_of_ablations_sweeps_or_analysis():
+    assert upper_layer_imports("marin") == []
+
+
+def test_the_layer_check_sees_function_level_and_importlib_imports(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\n\ndef f():\n    from ablations.ladders import RUNGS\n    import sweeps.cli\n"
+                 "    importlib.import_module('analysis.report')\n")
+    assert [m for _, m in imported_modules(f)] == ["os", "ablations.ladders", "sweeps.cli", "analysis.report"]
+
+
+@pytest.mark.parametrize("package", ["ablations", "analysis"])
+def test_ablations_and_analysis_import_no_torch_at_module_level(package):
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "torch"]
+    assert bad == []
