@@ -284,15 +284,6 @@ def test_local_directory_of_mixed_files_loads_per_domain(tmp_path, monkeypatch):
     for d in c.domains:
         assert c.train[d].n_docs + c.heldout[d].n_docs == {"notes": 30, "tables": 60}[d]
         assert all(data.heldout_of(f"{d}/{i}") for i in c.heldout[d].doc_ids)
-    # the plain reader (machines without `datasets`) reads the same documents
-    monkeypatch.setenv("MARIN_DATA_LOADER", "plain")
-    data.clear_corpus_cache()
-    p = data.load_corpus(DataConfig(corpus=str(tmp_path)))
-    assert p.loader == "plain"
-    for d in c.domains:
-        for split in ("train", "heldout"):
-            a, b = c.split(split)[d], p.split(split)[d]
-            assert a.doc_ids == b.doc_ids and np.array_equal(a.tokens, b.tokens)
 
 
 def test_paloma_loads_val_domains_when_a_local_copy_exists(tmp_path, monkeypatch, embedded):
