@@ -1,4 +1,4 @@
-"""marin/data.py: the embedded corpus, loading, tokenizers, packing with document ids (DESIGN §3)."""
+"""marin.data: the embedded corpus, loading, tokenizers, packing with document ids (docs/architecture.md, "Data")."""
 
 from __future__ import annotations
 
@@ -109,7 +109,6 @@ def test_byte_tokens_equal_the_manifest_text_bytes(embedded):
         assert embedded.train[domain].n_tokens == files["train"]["text_bytes"]
         assert embedded.heldout[domain].n_tokens == files["heldout"]["text_bytes"]
         assert data.bytes_per_token(embedded, domain) == 1.0
-    assert embedded.loader == "datasets"
 
 
 def test_eval_domains_filter_and_unknown_domain_errors(embedded):
@@ -268,7 +267,7 @@ def test_bpe_vocab_must_exceed_the_byte_alphabet():
 # --------------------------------------------------------------------------------------------
 
 
-def test_local_directory_of_mixed_files_loads_per_domain(tmp_path, monkeypatch):
+def test_local_directory_of_mixed_files_loads_per_domain(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 

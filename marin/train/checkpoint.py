@@ -235,6 +235,13 @@ def load_into(ck: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, devi
         set_rng_state(torch.load(rng, map_location="cpu", weights_only=True), device)
 
 
+def _dcp_error() -> type[BaseException]:
+    """DCP reports a failed load as CheckpointException, a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
 def candidates(ckdir: Path, run_id: str) -> list[tuple[Path, dict]]:
     """Checkpoints that verify, newest first; each one skipped is logged with its reason."""
     out = []
@@ -263,7 +270,7 @@ def restore(ckdir: Path, run_id: str, model: torch.nn.Module, opt: torch.optim.O
         err = None
         try:
             load_into(ck, model, opt, device, groups, rank)
-        except Exception as e:  # a file that verifies but does not load: fall back to an older one
+        except (Exception, _dcp_error()) as e:  # a file that verifies but does not load: fall back
             err = e
         if world > 1:
             flag = torch.tensor([0.0 if err is None else 1.0], device=device)
