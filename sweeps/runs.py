@@ -194,9 +194,9 @@ def record_failure(run: "PlannedRun | tuple[RunSpec, Path]", error: str, wall_s:
 
 def _last_checkpoint_step(d: Path) -> int | None:
     steps = []
-    for p in (d / "checkpoints").glob("ckpt_*.pt"):
+    for p in (d / "checkpoints").glob("ckpt_*"):  # ckpt_<step>/ directories (marin.train.checkpoint)
         try:
-            steps.append(int(p.stem.split("_")[1]))
+            steps.append(int(p.name.split("_")[1]))
         except (IndexError, ValueError):
             pass
     return max(steps) if steps else None
