@@ -453,13 +453,15 @@ def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
     dcp.save(_ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None) -> None:
-    """Load a checkpoint saved by any number of ranks into this layout (DCP reshards)."""
+def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None,
+                    storage_reader=None, planner=None) -> None:
+    """Load a checkpoint saved by any number of ranks into this layout (DCP reshards); a
+    storage_reader / planner replaces DCP's (marin.train.checkpoint passes ones that never unpickle code)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor
 
     sd = _ep_state_dict(model, groups, optimizer)
-    dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None)
+    dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None, storage_reader=storage_reader, planner=planner)
     # DCP writes in place into the tensors it was given; copy anyway, so an entry that was a copy
     # (not a view of the parameter) still lands in the model.
     own = dict(model.named_parameters()) | dict(model.named_buffers())

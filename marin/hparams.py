@@ -94,7 +94,7 @@ def resolve_hparams(spec: RunSpec) -> OptimHparams:
     shares AdamW's lr, not the Hyperball η (a MuonH η is a relative step on a fixed-norm sphere, a
     different quantity); betas and ε as AdamW.
     """
-    t: TrainConfig = spec.train
+    t: TrainConfig = spec.train.effective()  # D is the tokens the run trains (token_multiplier included)
     level = spec.recipe.optimizer
     h = heuristic(t.lr_heuristic)
     tokens_per_batch = t.batch_size * spec.model.seq_len

@@ -1,4 +1,4 @@
-"""marin/data.py: the embedded corpus, loading, tokenizers, packing with document ids (DESIGN §3)."""
+"""marin.data: the embedded corpus, loading, tokenizers, packing with document ids (docs/architecture.md, "Data")."""
 
 from __future__ import annotations
 
@@ -109,7 +109,6 @@ def test_byte_tokens_equal_the_manifest_text_bytes(embedded):
         assert embedded.train[domain].n_tokens == files["train"]["text_bytes"]
         assert embedded.heldout[domain].n_tokens == files["heldout"]["text_bytes"]
         assert data.bytes_per_token(embedded, domain) == 1.0
-    assert embedded.loader == "datasets"
 
 
 def test_eval_domains_filter_and_unknown_domain_errors(embedded):
@@ -268,7 +267,7 @@ def test_bpe_vocab_must_exceed_the_byte_alphabet():
 # --------------------------------------------------------------------------------------------
 
 
-def test_local_directory_of_mixed_files_loads_per_domain(tmp_path, monkeypatch):
+def test_local_directory_of_mixed_files_loads_per_domain(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -284,15 +283,6 @@ def test_local_directory_of_mixed_files_loads_per_domain(tmp_path, monkeypatch):
     for d in c.domains:
         assert c.train[d].n_docs + c.heldout[d].n_docs == {"notes": 30, "tables": 60}[d]
         assert all(data.heldout_of(f"{d}/{i}") for i in c.heldout[d].doc_ids)
-    # the plain reader (machines without `datasets`) reads the same documents
-    monkeypatch.setenv("MARIN_DATA_LOADER", "plain")
-    data.clear_corpus_cache()
-    p = data.load_corpus(DataConfig(corpus=str(tmp_path)))
-    assert p.loader == "plain"
-    for d in c.domains:
-        for split in ("train", "heldout"):
-            a, b = c.split(split)[d], p.split(split)[d]
-            assert a.doc_ids == b.doc_ids and np.array_equal(a.tokens, b.tokens)
 
 
 def test_paloma_loads_val_domains_when_a_local_copy_exists(tmp_path, monkeypatch, embedded):

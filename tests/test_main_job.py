@@ -69,9 +69,9 @@ def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
                    if _last_logged_step(d) >= 0 and not (d / "summary.json").exists()]
     assert len(interrupted) == 2, out
     for d in interrupted:
-        ckpts = sorted((d / "checkpoints").glob("ckpt_*.pt"))
-        assert len(ckpts) == 1, ckpts
-        step, last = int(ckpts[0].stem.split("_")[1]), _last_logged_step(d)
+        ckpts = sorted((d / "checkpoints").glob("ckpt_*"))
+        assert len(ckpts) == 1 and (ckpts[0] / "meta.json").exists(), ckpts
+        step, last = int(ckpts[0].name.split("_")[1]), _last_logged_step(d)
         assert last + 1 <= step <= last + 10, (step, last)  # the rung logs every 10th step
 
 

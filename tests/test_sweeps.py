@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -144,15 +145,15 @@ def test_failed_run_keeps_its_error_and_is_retried_only_when_asked(tmp_path):
 
 
 def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, monkeypatch):
-    from marin.train import SIGNAL_SELF_ENV
+    from train_signalled import signal_after
 
     study = tiny_study(steps=4)
     run = planned_runs(study, tmp_path)[0]
     write_run_files(run)
-    monkeypatch.setenv(SIGNAL_SELF_ENV, "1:TERM")  # train sends itself SIGTERM after step 1
-    first = execute(RunTask.of(run))
+    with monkeypatch.context() as mp:
+        signal_after(mp, 1, signal.SIGTERM)  # train sends itself SIGTERM after step 1
+        first = execute(RunTask.of(run))
     assert first["outcome"] == "interrupted" and probe(run.dir).state == "partial"
-    monkeypatch.delenv(SIGNAL_SELF_ENV)
     rep = run_study(study, tmp_path, ExecOptions(executor="debug"), progress=False)
     assert rep.submitted == 2 and rep.counts["completed"] == 2
     assert "resumed" in (run.dir / "train.log").read_text() and read_json(run.dir / "summary.json")["step"] == 4

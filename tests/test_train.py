@@ -1,4 +1,4 @@
-"""The training loop (DESIGN §3): every factor combination trains, tiny runs learn, preemption and
+"""The training loop (docs/architecture.md): every factor combination trains, tiny runs learn, preemption and
 exact resume, context stages, divergence and bad-input handling."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from marin.config import (
     TrainConfig,
     preset,
 )
-from marin.train import SIGNAL_SELF_ENV, context_plan, is_spike, spec_from_args, train, train_args
+from marin.train import context_plan, is_spike, spec_from_args, train, train_args
+from train_signalled import signal_after
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = preset("tiny", ["seq_len=64"])
@@ -93,13 +94,13 @@ def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
     ref = train(spec, tmp_path / "ref")
 
     run = tmp_path / "cut"
-    env = dict(os.environ, OMP_NUM_THREADS="1", **{SIGNAL_SELF_ENV: "13:TERM"})
-    proc = subprocess.run([sys.executable, "-m", "sweeps.cli", "train", *argv, "--out", str(run)], env=env,
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "tests/train_signalled.py", "13", "TERM", *argv, "--out", str(run)], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
     assert not (run / "summary.json").exists()
     cks = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert cks == ["ckpt_000000010.pt", "ckpt_000000014.pt"]  # periodic, then the one the signal asked for
+    assert cks == ["ckpt_000000010", "ckpt_000000014"]  # periodic, then the one the signal asked for
     lines, _ = _metrics(run)
     assert lines[-1]["step"] == 13
 
@@ -118,11 +119,11 @@ def _train_signalled(run_dir: Path, monkeypatch, sig: signal.Signals, at_step: i
     received = []
     old = signal.signal(sig, lambda s, f: received.append(s))
     try:
-        monkeypatch.setenv(SIGNAL_SELF_ENV, f"{at_step}:{sig.name.removeprefix('SIG')}")
-        out = train(RunSpec(model=TINY, train=_fast(6)), run_dir)
+        with monkeypatch.context() as mp:
+            signal_after(mp, at_step, sig)
+            out = train(RunSpec(model=TINY, train=_fast(6)), run_dir)
     finally:
         signal.signal(sig, old)
-        monkeypatch.delenv(SIGNAL_SELF_ENV)
     return out, received
 
 
@@ -130,7 +131,7 @@ def test_sigusr2_checkpoints_then_hands_the_signal_to_the_previous_handler(tmp_p
     out, received = _train_signalled(tmp_path / "run", monkeypatch, signal.SIGUSR2, at_step=2)
     assert out["status"] == "interrupted" and out["step"] == 3
     assert received == [signal.SIGUSR2]  # e.g. submitit's handler, which requeues the job
-    assert (tmp_path / "run" / "checkpoints" / "ckpt_000000003.pt").exists()
+    assert (tmp_path / "run" / "checkpoints" / "ckpt_000000003" / "meta.json").exists()
     assert train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")["step"] == 6
 
 

@@ -1,4 +1,4 @@
-"""Distributed training (DESIGN §5): 2 gloo ranks with real EP over ModelConfig.ep_shards=2 train
+"""Distributed training (docs/architecture.md, "Distributed runs"): 2 gloo ranks with real EP over ModelConfig.ep_shards=2 train
 `tiny` exactly as one process with virtual EP over the same 2 shards (same drops, same losses), resume
 from a sharded checkpoint identically, and a bad layout fails before any collective.
 
@@ -119,7 +119,7 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     ck = tmp / "cut" / "checkpoints"
     # the preemption checkpoint (step 3) and the resumed run's periodic one (step 4); step 2's is pruned
     assert sorted(p.name for p in ck.iterdir()) == ["ckpt_000000003", "ckpt_000000004"]
-    assert sorted(p.name for p in (ck / "ckpt_000000003").iterdir()) == ["dcp", "loop.json", "rng_0.pt", "rng_1.pt"]
+    assert sorted(p.name for p in (ck / "ckpt_000000003").iterdir()) == ["dcp", "meta.json", "rng_0.pt", "rng_1.pt"]
     full, cut = _lines(tmp / "full"), _lines(tmp / "cut")
     assert [r["step"] for r in cut] == list(range(SPEC.train.steps))  # lines after the checkpoint dropped
     for a, b in zip(full, cut):

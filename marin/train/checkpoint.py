@@ -1,0 +1,284 @@
+"""Checkpoints: one format for one process and for any world size, loaded without running code.
+
+    checkpoints/ckpt_<step:09d>/
+      dcp/            model + optimizer, torch.distributed.checkpoint (any layout loads any other:
+                      DCP reshards, so one process resumes a distributed run and back)
+      rng_<rank>.pt   every rank's RNG states: tensors and plain containers only
+      meta.json       written last, by rank 0: run id, step, loop state, and the size and sha256 of
+                      every file above. A directory without it is not a checkpoint.
+
+Safety: the run identity is read from meta.json before any tensor file is opened; every file is
+checked against its recorded size and sha256; tensors load with `torch.load(weights_only=True)`
+and DCP's pickled metadata through an unpickler that admits only DCP's metadata classes. Resume
+takes the newest checkpoint that verifies and loads, falling back to older ones (docs/architecture.md,
+"Run directory"). The layout follows torchtitan's checkpointer (pytorch/torchtitan,
+torchtitan/components/checkpoint.py `CheckpointManager`): DCP for state, a step-named folder, keep-last-k.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from marin.train.files import atomic_write, atomic_write_text, disk_full_error, file_digest, is_disk_full, write_stream
+
+log = logging.getLogger("marin.train")
+
+FORMAT = 1
+KEEP_LAST = 2
+META = "meta.json"
+_NAME_RE = re.compile(r"^ckpt_(\d{9})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: damaged, incomplete, or of another run."""
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state as tensors and plain containers (weights_only-loadable)
+# ---------------------------------------------------------------------------------------------
+
+
+def rng_state(device: torch.device) -> dict:
+    st: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    st["python_meta"] = [random.getstate()[0], random.getstate()[2]]
+    try:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        st["numpy"] = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def set_rng_state(st: dict, device: torch.device) -> None:
+    torch.set_rng_state(st["torch"])
+    version, gauss = st["python_meta"]
+    random.setstate((version, tuple(st["python"]), gauss))
+    if "numpy" in st:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = st["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in st and device.type == "cuda":
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+# ---------------------------------------------------------------------------------------------
+# DCP without arbitrary unpickling
+# ---------------------------------------------------------------------------------------------
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata is a pickle: admit DCP's own dataclasses and the few torch values they hold."""
+
+    _ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
+                ("builtins", "frozenset"), ("builtins", "slice")}
+
+    def find_class(self, module: str, name: str):
+        if module.startswith("torch.distributed.checkpoint.") and not name.startswith("__"):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a checkpoint "
+                                     "never holds: refusing to load it")
+
+
+def _safe_dcp():
+    """(storage reader class, load planner class) that never run code from the checkpoint."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            from torch.distributed.checkpoint._traverse import set_element as _set
+
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                _set(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeReader, SafePlanner
+
+
+# ---------------------------------------------------------------------------------------------
+# Save
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_dirs(ckdir: Path) -> list[Path]:
+    """Checkpoint directories by step, newest first (temporaries and other names are not listed)."""
+    found = [p for p in ckdir.glob("ckpt_*") if p.is_dir() and _NAME_RE.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
+         device: torch.device, groups=None, rank: int = 0, world: int = 1) -> Path:
+    """Every rank calls this (groups=None: one process). Shards go to a temporary directory; rank 0
+    then records every file's digest in meta.json and renames the directory into place."""
+    from marin import ep
+
+    name = f"ckpt_{step:09d}"
+    tmp, final = ckdir / f".{name}.tmp", ckdir / name
+    ok = True
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        if world > 1:
+            dist.barrier()
+        ep.save_checkpoint(model, tmp / "dcp", groups, opt)
+        rng = rng_state(device)
+
+        def write_rng(f) -> None:
+            buf = io.BytesIO()
+            torch.save(rng, buf)
+            write_stream(f, buf.getvalue())
+
+        atomic_write(tmp / f"rng_{rank}.pt", write_rng)
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            files = {p.relative_to(tmp).as_posix(): file_digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            meta = {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop, "world_size": world,
+                    "ep_size": groups.ep_size if groups is not None else 1, "files": files}
+            atomic_write_text(tmp / META, json.dumps(meta, indent=1))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            for old in checkpoint_dirs(ckdir)[KEEP_LAST:]:
+                shutil.rmtree(old)
+            log.info("checkpoint %s", name)
+    except BaseException as e:
+        ok = False
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise disk_full_error(final, e) from e
+        raise
+    finally:
+        if world > 1 and ok:
+            dist.barrier()
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+# ---------------------------------------------------------------------------------------------
+
+
+def read_meta(ck: Path, run_id: str) -> dict:
+    """meta.json of a checkpoint, checked for format and run identity before any tensor is read."""
+    try:
+        meta = json.loads((ck / META).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{ck.name}: no {META} (an unfinished write)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ck.name}: {META} is unreadable ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
+        raise CheckpointError(f"{ck.name}: {META} is not a format-{FORMAT} checkpoint record")
+    if meta.get("run_id") != run_id:
+        raise ValueError(f"checkpoint {ck} belongs to run {meta.get('run_id')}, not {run_id}; use another "
+                         "--out or resume=False")
+    return meta
+
+
+def verify(ck: Path, meta: dict) -> None:
+    """Every recorded file present with its recorded size and sha256 (size first: cheap)."""
+    for rel, want in meta["files"].items():
+        p = ck / rel
+        if ".." in Path(rel).parts or not p.is_file():
+            raise CheckpointError(f"{ck.name}: {rel} is missing")
+        if p.stat().st_size != want.get("bytes"):
+            raise CheckpointError(f"{ck.name}: {rel} has {p.stat().st_size} bytes, {want.get('bytes')} recorded")
+        if file_digest(p)["sha256"] != want.get("sha256"):
+            raise CheckpointError(f"{ck.name}: {rel} does not match its recorded sha256")
+    if not any(rel.startswith("dcp/") for rel in meta["files"]):
+        raise CheckpointError(f"{ck.name}: records no model state")
+
+
+def load_into(ck: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+              groups=None, rank: int = 0) -> None:
+    """Model, optimizer and this rank's RNG from a verified checkpoint (no code from the files runs)."""
+    from marin import ep
+
+    reader, planner = _safe_dcp()
+    ep.load_checkpoint(model, ck / "dcp", groups, opt, storage_reader=reader(str(ck / "dcp")), planner=planner())
+    rng = ck / f"rng_{rank}.pt"
+    if rng.exists():  # a checkpoint written by a smaller world has no state for this rank
+        set_rng_state(torch.load(rng, map_location="cpu", weights_only=True), device)
+
+
+def _dcp_error() -> type[BaseException]:
+    """DCP reports a failed load as CheckpointException, a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def candidates(ckdir: Path, run_id: str) -> list[tuple[Path, dict]]:
+    """Checkpoints that verify, newest first; each one skipped is logged with its reason."""
+    out = []
+    for ck in checkpoint_dirs(ckdir):
+        try:
+            meta = read_meta(ck, run_id)
+            verify(ck, meta)
+        except CheckpointError as e:
+            log.warning("checkpoint skipped: %s", e)
+            continue
+        out.append((ck, meta))
+    for stray in sorted(ckdir.glob("ckpt_*")):
+        if not stray.is_dir():
+            log.warning("checkpoint skipped: %s is not a checkpoint directory (never loaded)", stray.name)
+    return out
+
+
+def restore(ckdir: Path, run_id: str, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+            groups=None, rank: int = 0, world: int = 1) -> tuple[Path, dict] | None:
+    """Load the newest checkpoint that verifies and loads on every rank; None when there is none.
+    Rank 0 chooses the candidates (one decision for every rank)."""
+    box = [candidates(ckdir, run_id) if rank == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    for ck, meta in box[0]:
+        err = None
+        try:
+            load_into(ck, model, opt, device, groups, rank)
+        except (Exception, _dcp_error()) as e:  # a file that verifies but does not load: fall back
+            err = e
+        if world > 1:
+            flag = torch.tensor([0.0 if err is None else 1.0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            failed = bool(flag.item())
+        else:
+            failed = err is not None
+        if not failed:
+            return ck, meta
+        log.warning("checkpoint skipped: %s does not load (%s)", ck.name, err or "on another rank")
+    return None

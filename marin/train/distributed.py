@@ -1,0 +1,157 @@
+"""Distributed training: expert parallelism over EP groups of `ModelConfig.ep_shards` ranks and data
+parallelism over the D = W / ep_shards groups (`marin.ep` mesh: rank = dp_rank * ep + ep_rank);
+docs/architecture.md, "Distributed runs".
+
+Token layout: the global batch is the single-process batch (B rows of L tokens) and rank r takes rows
+[r B/W, (r+1) B/W). So DP replica g holds the contiguous rows [g B/D, (g+1) B/D), and EP rank s of it
+holds the s-th contiguous 1/ep of the replica's row-major tokens: exactly shard s of `plan_drops`.
+With D = 1 (W = ep_shards) the real run drops what the single-process virtual-EP run drops on the
+same global batch; with D > 1 it drops what the single-process run drops on each replica's B/D rows
+on their own (per-shard token count T_s = B L / W sets the capacities).
+Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
+(n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
+the global token mean, as in one process; the Switch aux loss is the mean of the ranks' (a product of
+batch means: not exactly the global one), QB-topk thresholds are averaged over ranks (QB-hist and
+aux-free are exact). Gradients are plain tensors (parallelize(dp="none") + sync_grads), so MuonH's
+Newton–Schulz sees full matrices and per-expert slices.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from marin.config import RunSpec
+from marin.data import IGNORE_INDEX
+from marin.train.stages import Stage
+
+
+@dataclass
+class Dist:
+    """This process's place in a distributed run."""
+
+    groups: Any  # marin.ep.EPGroups
+    rank: int
+    world: int
+    owns_pg: bool  # train() initialised the process group, so train() destroys it
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, x_B: torch.Tensor) -> torch.Tensor:
+        """Rank r's rows [r B/W, (r+1) B/W) of a global batch: EP rank s of DP replica g gets the
+        s-th contiguous token shard of the replica's rows (what plan_drops assumes)."""
+        b = x_B.shape[0] // self.world
+        return x_B[self.rank * b:(self.rank + 1) * b]
+
+
+def launch_world_size() -> int:
+    """World size of this launch: an initialised process group, torchrun's WORLD_SIZE, a SLURM task
+    with SLURM_NTASKS > 1 (marin.ep.dist_env), else 1 (the single-process loop)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["WORLD_SIZE"])
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        from marin.ep import dist_env
+
+        return dist_env().world_size
+    return 1
+
+
+def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
+    """Before any collective: EP groups of ModelConfig.ep_shards ranks must tile the world and hold
+    the experts evenly, and every stage's global batch must split into equal rows per rank."""
+    from marin.ep import check_ep_layout
+
+    ep = spec.model.ep_shards
+    try:
+        check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
+    except ValueError as e:
+        raise ValueError(f"ModelConfig.ep_shards={ep} (the EP group size) with world_size={world}: {e}") from None
+    for s in stages:
+        if s.batch_size % world != 0:
+            raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
+                             f"{s.seq_len}) does not split over world_size={world} ranks; allowed values: "
+                             f"multiples of {world}")
+
+
+def init_dist(spec: RunSpec, device: torch.device) -> tuple[Dist, torch.device]:
+    from marin import ep
+
+    owns = not dist.is_initialized()
+    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
+                        backend="gloo" if device.type == "cpu" else None)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return Dist(groups, dist.get_rank(), dist.get_world_size(), owns), device
+
+
+@dataclass
+class GlobalOut:
+    """What the loop logs from a distributed step: world-reduced (ModelOutput's logged fields)."""
+
+    stats: dict[str, float]
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+
+
+def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
+                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: Dist):
+    """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
+    CE and z-loss are reweighted by n_r W / N so that the averaged gradient (sync_grads) is the
+    gradient of the global token mean; the grad norm (and clipping) is over the full model, expert
+    slices summed over the EP group."""
+    from marin import ep
+
+    dev = tokens.device
+    n_loc = int((targets != IGNORE_INDEX).sum())
+    n_all = torch.tensor([float(n_loc)], dtype=torch.float64, device=dev)
+    dist.all_reduce(n_all)
+    n_all_f = max(float(n_all), 1.0)
+    with autocast():
+        out = model(tokens, doc_ids, targets)
+    zero = out.aux_loss.new_zeros(())
+    z = out.z_loss if out.z_loss is not None else zero
+    dense = out.ce_loss + z
+    if n_loc:
+        obj = dense * (n_loc * d.world / n_all_f) + out.aux_loss
+    else:  # every target masked here: still run the backward, its all-to-alls are collective
+        obj = out.aux_loss + 0.0 * out.logits_BSV.float().sum()
+    obj.backward()
+    ep.sync_grads(model, d.groups)
+    expert_ids = {id(p) for _, m in ep.moe_layers(model) for p in (getattr(m, n) for n in ep.EXPERT_PARAM_NAMES)}
+    grads = [(p.grad, id(p) in expert_ids) for p in model.parameters() if p.grad is not None]
+    dense_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if not is_e)
+    expert_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if is_e)
+    st = out.stats
+    frac = n_loc / n_all_f
+    dense_v = float(dense.detach()) if n_loc else 0.0
+    ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
+    z_v = float(z.detach()) if n_loc else 0.0
+    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, float(out.aux_loss.detach()) / d.world,
+                        st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
+                        st.get("router_z", 0.0) / d.world, expert_sq], dtype=torch.float64, device=dev)
+    dist.all_reduce(vec)
+    mx = torch.tensor([st.get("max_load_ratio", 0.0)], dtype=torch.float64, device=dev)
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    v = vec.tolist()
+    # expert slices are replicated over the dp dimension: the world sum counts each dp_size times
+    gnorm = math.sqrt(dense_sq + v[8] / d.groups.dp_size)
+    if grad_clip is not None:
+        coef = grad_clip / (gnorm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
+        if coef < 1.0:
+            for g, _ in grads:
+                g.mul_(coef)
+    stats = dict(st, dropped=v[4], assigned=v[5], drop_rate=v[4] / max(v[5], 1.0), load_cv=v[6], router_z=v[7],
+                 max_load_ratio=float(mx))
+    g_out = GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))
+    return g_out, v[0] + v[3], v[1], gnorm
+

@@ -1,0 +1,87 @@
+"""Atomic files of a run directory: write a temporary beside the target, fsync, rename.
+
+A failure at any point removes the temporary; a kill -9 can still leave one, so `remove_stale_temps`
+clears them when a run starts (it holds the run lock, so nobody else is writing). A full disk is
+reported as such, with the path (docs/architecture.md, "Run directory").
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, IO
+
+TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>": hidden, and never matched as a result file
+
+
+def temp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC (or EDQUOT) anywhere in the exception chain: torch and DCP wrap the OSError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_error(path: Path, exc: BaseException) -> OSError:
+    return OSError(errno.ENOSPC, f"disk full (no space left on device) while writing {path}; free space "
+                                f"or move the run directory, then run again to resume", str(path))
+
+
+def write_stream(f: IO[bytes], data: bytes) -> None:
+    """The one place a run-directory file's bytes are written (fault-injection tests patch it)."""
+    f.write(data)
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """write(f) into a temporary beside `path`, fsync, rename over `path`; nothing is left behind on
+    failure, and a full disk raises OSError(ENOSPC) naming `path`."""
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(path, e) from e
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: write_stream(f, text.encode("utf-8")))
+
+
+def remove_stale_temps(*dirs: Path) -> list[Path]:
+    """Delete temporaries (files or directories) a killed writer left in `dirs`; returns them."""
+    gone = []
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if p.name.startswith(".") and TMP_MARK in p.name:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                gone.append(p)
+    return gone
+
+
+def file_digest(path: Path) -> dict:
+    """{"bytes", "sha256"} of a file: what a checkpoint's side file records and resume verifies."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}

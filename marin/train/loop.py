@@ -1,0 +1,475 @@
+"""The training loop: one process, CPU (fp32) or one GPU (bf16 autocast), or a distributed launch
+(marin.train.distributed); eval, spikes, context stages, checkpoints, preemption, exact resume,
+summary.json. The run directory is described in docs/architecture.md ("Run directory").
+
+Preemption: SIGTERM, SIGUSR2 (and SIGINT, when nobody else handles it) only set a flag; the loop
+writes a checkpoint at the next step boundary and returns {"status": "interrupted"}. TERM and USR2
+are then handed back to the handler installed before ours, if any (submitit's USR2 requeues the job;
+a local worker's TERM stops it). The loop's shape follows torchtitan's Trainer (pytorch/torchtitan,
+torchtitan/train.py): setup once, then `train_step` per step with logging, eval and checkpoint hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from marin.config import DataConfig, RunSpec, TrainConfig
+from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
+from marin.train import checkpoint as ckpt
+from marin.train.distributed import Dist, check_dist_layout, dist_forward_backward, init_dist, launch_world_size
+from marin.train.files import atomic_write_text, remove_stale_temps
+from marin.train.hardware import code_version, hardware_name, peak_flops
+from marin.train.metrics import MetricsLog, Sinks, check_log_to
+from marin.train.stages import Stage, context_plan, is_spike, stage_at
+from marin.train.step import evaluate, forward_backward, optimizer_step
+
+log = logging.getLogger("marin.train")
+
+
+@dataclass
+class LoopState:
+    """Everything a resume needs besides model, optimizer and RNG (saved in the checkpoint's meta.json)."""
+
+    step: int = 0  # next step to run
+    tokens: int = 0
+    spike_history: list[float] = field(default_factory=list)
+    spike_steps: list[int] = field(default_factory=list)
+    max_grad_norm: float = 0.0
+    dropped: float = 0.0
+    assigned: float = 0.0
+    train_flops: float = 0.0
+    timed_tokens: int = 0
+    timed_flops: float = 0.0
+    timed_s: float = 0.0
+    wall_s: float = 0.0
+    last_loss: float | None = None
+    last_eval: dict | None = None
+
+
+class StopFlag:
+    """Preemption signals set a flag; the loop acts on it at a step boundary (never mid-step)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+            try:
+                if s == signal.SIGINT and signal.getsignal(s) is not signal.default_int_handler:
+                    continue  # a caller owns Ctrl-C (a sweep worker ignores it): leave it alone
+                self.previous[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread: the caller owns signals
+                return
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        self.signum = signum
+
+    def hand_back(self) -> Any:
+        """The handler to pass our signal on to: the caller's own, never Python's KeyboardInterrupt."""
+        prev = self.previous.get(self.signum) if self.signum is not None else None
+        return prev if callable(prev) and prev is not signal.default_int_handler else None
+
+    def restore(self) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous = {}
+
+
+def _validate_data_path(data: DataConfig) -> None:
+    if data.corpus in ("embedded", "paloma"):
+        return
+    if not Path(data.corpus).expanduser().exists():
+        raise ValueError(f"DataConfig.corpus={data.corpus!r}: no such file or directory; allowed values: "
+                         "'embedded', 'paloma', or an existing local directory/file")
+
+
+def _device(t: TrainConfig) -> torch.device:
+    if t.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
+    if not (t.device == "cpu" or t.device.startswith("cuda")):
+        raise ValueError(f"TrainConfig.device={t.device!r} is not supported; allowed values: 'cpu', 'cuda', 'cuda:N'")
+    return torch.device(t.device)
+
+
+_PACKERS: dict[tuple, Any] = {}
+
+
+def _packer(corpus, seq_len: int, batch: int, seed: int):
+    """PackedBatches are pure functions of their arguments; reuse them across runs of one process
+    (a sweep of tiny runs spends most of a short run building the epoch order otherwise)."""
+    from marin.data import PackedBatches
+
+    key = (id(corpus), seq_len, batch, seed)
+    if key not in _PACKERS or _PACKERS[key][0] is not corpus:
+        if len(_PACKERS) > 16:
+            _PACKERS.clear()
+        _PACKERS[key] = (corpus, PackedBatches(corpus, "train", seq_len, batch, seed))
+    return _PACKERS[key][1]
+
+
+def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
+    """Context extension: the model reads `q_scale` (1 + 0.1 ln(L/L0)) in every attention layer."""
+    if hasattr(model, "set_q_scale"):
+        model.set_q_scale(q_scale)
+    elif hasattr(model, "q_scale"):
+        model.q_scale = float(q_scale)
+    elif q_scale != 1.0:
+        raise ValueError("TrainConfig.context_stages changes seq_len but the model exposes no q_scale; "
+                         "allowed values: context stages at the model's seq_len only")
+
+
+class Trainer:
+    """One run's model, optimizer, data and state; `run()` trains to the end or to a stop."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, d: Dist | None,
+                 t0: float):
+        from marin import data as mdata
+        from marin import flops as mflops
+        from marin.model import MarinModel
+
+        # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
+        self.spec, self.t, self.run_dir, self.stages, self.d, self.t0 = spec, spec.train.effective(), run_dir, stages, d, t0
+        self.main = d is None or d.main
+        t = self.t
+        corpus = mdata.load_corpus(spec.data)
+        domains = list(spec.data.eval_domains) or list(corpus.domains)
+        unknown = [dom for dom in domains if dom not in corpus.domains]
+        if unknown:
+            raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(corpus.domains)}")
+        self.packers = {s.seq_len: _packer(corpus, s.seq_len, s.batch_size, spec.data.data_seed + self.t.seed_offset()) for s in stages}
+        self.bpt = {dom: mdata.bytes_per_token(corpus, dom) for dom in domains}
+        if corpus.tokenizer.vocab_size > spec.model.vocab_size:
+            raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's "
+                             f"vocabulary ({corpus.tokenizer.vocab_size}, DataConfig.tokenizer="
+                             f"{spec.data.tokenizer!r}); allowed values: >= {corpus.tokenizer.vocab_size}")
+
+        torch.manual_seed(spec.seed + self.t.seed_offset())
+        self.model = model = MarinModel(spec.model, spec.recipe).to(device)
+        if d is not None:
+            from marin import ep
+
+            # every rank built the full model from one seed; it keeps its experts (plain tensors, no
+            # FSDP: MuonH's Newton-Schulz needs whole matrices)
+            ep.parallelize(model, d.groups, dp="none")
+            log.info("distributed: world %d = dp %d x ep %d, rank %d", d.world, d.groups.dp_size,
+                     d.groups.ep_size, d.rank)
+        self.hp = resolve_hparams(spec)
+        self.opt = build_optimizer(model, self.hp)
+        if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
+            for block in model.blocks:
+                block.compile()
+        self.device = device
+        self.amp = t.precision == "bf16"
+        if self.amp and device.type == "cpu":
+            log.warning("bf16 autocast on CPU is ~14x slower than fp32 here (environment notes)")
+        # built up front: a held-out split too small for one eval batch fails before any training
+        self.eval_sets = {s.seq_len: {dom: mdata.eval_batches(corpus, dom, s.seq_len, s.batch_size, t.eval_batches)
+                                      for dom in domains} for s in stages}
+        # attention FLOPs per token grow with the context: one value per stage length
+        self.fpt_at = {s.seq_len: float(mflops.flops_per_token(spec.model, spec.recipe, s.seq_len)) for s in stages}
+        self.params_total = int(mflops.params_total(spec.model, spec.recipe))
+        self.params_active = int(mflops.params_active(spec.model, spec.recipe))
+        self.peak = peak_flops(device, t.precision)
+        self.st = LoopState()
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.sinks: Sinks | None = None
+        self.resumed = False
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp)
+
+    def eval_now(self, seq_len: int) -> dict:
+        return evaluate(self.model, self.eval_sets[seq_len], self.bpt, self.device, self.autocast, self.d)
+
+    def emit(self, rec: dict) -> None:
+        if not self.main:
+            return
+        self.metrics.append(rec)
+        self.sinks.log(rec)
+
+    def _rank_world(self) -> tuple[Any, int, int]:
+        d = self.d
+        return (d.groups, d.rank, d.world) if d is not None else (None, 0, 1)
+
+    # -- resume and checkpoint -------------------------------------------------------------------
+
+    def start(self, resume: bool) -> None:
+        """Resume from the newest usable checkpoint, or start afresh (metrics.jsonl emptied)."""
+        groups, rank, world = self._rank_world()
+        ckdir = self.run_dir / "checkpoints"
+        found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world) \
+            if resume else None
+        if found is not None:
+            ck, meta = found
+            self.st = LoopState(**meta["loop"])
+            if self.main:
+                self.metrics.recover(self.st.step)
+            self.resumed = True
+            log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
+        else:
+            if self.main:
+                if not resume:
+                    import shutil
+
+                    for p in ckdir.glob("ckpt_*"):
+                        shutil.rmtree(p) if p.is_dir() else p.unlink()
+                self.metrics.reset()
+            log.info("start %s: %s", self.spec.run_id, self.spec.canonical_json())
+        if world > 1:
+            dist.barrier()
+
+    def checkpoint(self) -> None:
+        groups, rank, world = self._rank_world()
+        loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
+        ckpt.save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model, self.opt,
+                  self.device, groups, rank, world)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def train_step(self, stage: Stage) -> tuple[Any, float, float, float, int, float]:
+        """Batch of this step -> forward, backward, update: (out, loss, ce, grad_norm, tokens, seconds)."""
+        d, device = self.d, self.device
+        ts = time.perf_counter()
+        tokens, targets, doc_ids = self.packers[stage.seq_len].batch(self.st.step)
+        n_tok = tokens.numel()  # the global batch's tokens
+        if d is not None:
+            tokens, targets, doc_ids = d.rows(tokens), d.rows(targets), d.rows(doc_ids)
+        tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
+        if d is not None:
+            out, loss_v, ce_v, gnorm = dist_forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
+                                                             self.t.grad_clip, d)
+        else:
+            out, loss_v, ce_v, gnorm = forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
+                                                        self.t.grad_clip)
+        if math.isfinite(loss_v) and math.isfinite(gnorm):
+            optimizer_step(self.model, self.opt, dist.group.WORLD if d is not None else None)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return out, loss_v, ce_v, gnorm, n_tok, time.perf_counter() - ts
+
+    def _stop_requested(self, stop: StopFlag, stop_after: int | None, steps_this_session: int) -> bool:
+        stop_now = stop.signum is not None
+        if self.d is not None:  # a signal seen by any rank stops every rank at the same step
+            flag = torch.tensor([float(stop_now)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop_now = bool(flag.item())
+        return stop_now or (stop_after is not None and steps_this_session >= stop_after)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self, stop: StopFlag, stop_after: int | None) -> dict:
+        t, st, spec = self.t, self.st, self.spec
+        self.model.train()
+        if not self.resumed and t.eval_every:  # the untrained model's eval: where learning curves start
+            self.emit({"step": 0, **self.eval_now(self.stages[0].seq_len)})
+        steps_this_session = 0
+        interval_tokens, interval_s = 0, 0.0
+        window = deque(st.spike_history, maxlen=t.spike_window)
+        cur_stage: Stage | None = None
+        while st.step < t.steps:
+            if self._stop_requested(stop, stop_after, steps_this_session):
+                self.checkpoint()
+                log.info("interrupted at step %d (signal %s)", st.step, stop.signum)
+                return {"run_id": spec.run_id, "status": "interrupted", "step": st.step, "signal": stop.signum}
+            step = st.step
+            stage = stage_at(self.stages, step)
+            if stage != cur_stage:
+                _set_q_scale(self.model, stage.q_scale)
+                if cur_stage is not None:
+                    log.info("context stage: seq_len %d batch %d q_scale %.4f from step %d",
+                             stage.seq_len, stage.batch_size, stage.q_scale, step)
+                cur_stage = stage
+            mult = lr_multiplier(step, t.steps, t.lr_schedule, t.warmup_frac, t.final_lr_frac)
+            set_lr(self.opt, mult)
+            out, loss_v, ce_v, gnorm, n_tok, dt = self.train_step(stage)
+            if not (math.isfinite(loss_v) and math.isfinite(gnorm)):
+                what, val = ("loss", loss_v) if not math.isfinite(loss_v) else ("grad norm", gnorm)
+                reason = f"diverged: non-finite {what} ({val}) at step {step}"
+                log.error(reason)
+                self.emit({"step": step, "loss": loss_v, "ce": ce_v, "grad_norm": gnorm,
+                           "lr": self.opt.param_groups[0]["lr"]})
+                return self.finish("failed", reason, step)
+
+            fpt = self.fpt_at[stage.seq_len]
+            st.tokens += n_tok
+            st.train_flops += fpt * n_tok * self.t.flops_multiplier  # >1: FLOPs counted, not spent
+            stats = dict(out.stats)
+            st.dropped += float(stats.get("dropped", 0.0))
+            st.assigned += float(stats.get("assigned", 0.0))
+            st.max_grad_norm = max(st.max_grad_norm, gnorm)
+            if steps_this_session > 0 or t.steps - step == 1:  # the first step of a session warms up
+                st.timed_tokens += n_tok
+                st.timed_flops += fpt * n_tok * self.t.flops_multiplier
+                st.timed_s += dt
+                interval_tokens += n_tok
+                interval_s += dt
+            if is_spike(loss_v, window, t.spike_factor, t.spike_window):
+                st.spike_steps.append(step)
+                log.warning("loss spike at step %d: %.4f > %.2f x median %.4f", step, loss_v, t.spike_factor,
+                            statistics.median(window))
+            window.append(loss_v)
+            st.spike_history = list(window)
+            st.last_loss = loss_v
+            st.step = step + 1
+            steps_this_session += 1
+
+            last = st.step == t.steps
+            if step % t.log_every == 0 or last:
+                tps = interval_tokens / interval_s if interval_s > 0 else None
+                self.emit({"step": step, "loss": loss_v, "ce": ce_v, "lr": self.opt.param_groups[0]["lr"],
+                           "lr_mult": mult, "grad_norm": gnorm, "seq_len": stage.seq_len,
+                           "batch_size": stage.batch_size, "q_scale": stage.q_scale,
+                           "drop_rate": (stats["dropped"] / stats["assigned"]) if stats.get("assigned") else 0.0,
+                           "tokens": st.tokens, "tokens_per_s": tps,
+                           "model_flops_per_s": fpt * tps if tps else None,
+                           "mfu": fpt * tps / self.peak if (tps and self.peak) else None,
+                           "load_cv": stats.get("load_cv"), "max_load_ratio": stats.get("max_load_ratio"),
+                           "router_z": stats.get("router_z"), "aux_loss": float(out.aux_loss.detach()),
+                           "z_loss": float(out.z_loss.detach()) if out.z_loss is not None else None})
+                interval_tokens, interval_s = 0, 0.0
+            if (t.eval_every and st.step % t.eval_every == 0) or last:
+                ev = self.eval_now(stage.seq_len)
+                st.last_eval = ev
+                self.emit({"step": st.step, **ev})
+                log.info("step %d eval macro %.4f bpb %.4f", step, ev["eval_macro_loss"], ev["macro_bpb"])
+            if not last and t.checkpoint_every and st.step % t.checkpoint_every == 0:
+                self.checkpoint()
+        summary = self.finish("completed", None, None)
+        log.info("done %s: eval macro %.4f", spec.run_id, summary["eval_macro_loss"])
+        return summary
+
+    # -- the summary -----------------------------------------------------------------------------
+
+    def finish(self, status: str, error: str | None, failed_step: int | None) -> dict:
+        """summary.json (rank 0 writes it; distributed: broadcast so that every rank returns it)."""
+        d = self.d
+        summary = self.summary(status, error, failed_step) if self.main else None
+        if self.main:
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))
+        if d is not None:
+            box = [summary]
+            dist.broadcast_object_list(box, src=0)
+            summary = box[0]
+        return summary
+
+    def summary(self, status: str, error: str | None, failed_step: int | None) -> dict:
+        st, hp = self.st, self.hp
+        tps = st.timed_tokens / st.timed_s if st.timed_s > 0 else None
+        mfps = st.timed_flops / st.timed_s if st.timed_s > 0 else None
+        fpt = self.fpt_at[self.stages[0].seq_len]
+        if st.tokens:  # token-weighted over context stages, so that train_flops = flops_per_token * tokens
+            fpt = st.train_flops / st.tokens
+        ev = st.last_eval or {}
+        hardware = hardware_name(self.device)
+        if self.d is not None:
+            hardware += f" [world {self.d.world}: dp {self.d.groups.dp_size} x ep {self.d.groups.ep_size}]"
+        return {
+            "run_id": self.spec.run_id, "status": status, "error": error, "failed_step": failed_step,
+            "step": st.step if failed_step is None else failed_step, "tokens": st.tokens,
+            "params_total": self.params_total, "params_active": self.params_active, "flops_per_token": fpt,
+            "train_flops": st.train_flops,
+            "eval_macro_loss": ev.get("eval_macro_loss"), "eval_domain_loss": ev.get("eval_domain_loss"),
+            "macro_bpb": ev.get("macro_bpb"), "eval_domain_bpb": ev.get("eval_domain_bpb"),
+            "final_train_loss": st.last_loss, "tokens_per_s": tps,
+            "model_flops_per_s": mfps, "mfu": mfps / self.peak if (mfps and self.peak) else None,
+            "drop_rate": st.dropped / st.assigned if st.assigned else 0.0, "max_grad_norm": st.max_grad_norm,
+            "spikes": len(st.spike_steps), "spike_steps": list(st.spike_steps),
+            "wall_s": st.wall_s + (time.perf_counter() - self.t0), "hardware": hardware,
+            "code_version": code_version(), "loss_curve": self.metrics.loss_curve(),
+            "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr, "optimizer": hp.level,
+        }
+
+
+def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
+          log_to: tuple[str, ...] = ()) -> dict:
+    """Train `spec` into `run_dir`; returns the summary (also summary.json), or
+    {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written).
+    Launched with a world size > 1 every rank calls this; all return the summary."""
+    t0 = time.perf_counter()
+    if not isinstance(spec, RunSpec):
+        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
+    t = spec.train.effective()
+    run_dir = Path(run_dir)
+    _validate_data_path(spec.data)
+    device = _device(t)
+    stages = context_plan(spec)
+    if stop_after is not None and stop_after < 1:
+        raise ValueError(f"stop_after={stop_after} must be >= 1")
+    check_log_to(tuple(log_to))
+    world = launch_world_size()
+    if world > 1:
+        check_dist_layout(spec, stages, world)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    summary_path = run_dir / "summary.json"
+    if resume and summary_path.exists():
+        try:
+            done = json.loads(summary_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            done = {}  # a damaged verdict is no verdict: train (or resume) again
+        if isinstance(done, dict) and done.get("run_id") == spec.run_id:
+            return done
+    if not resume and summary_path.exists():
+        summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
+    spec_path = run_dir / "spec.json"
+    if spec_path.exists() and resume:
+        old = RunSpec.from_dict(json.loads(spec_path.read_text()))
+        if old.run_id != spec.run_id:
+            raise ValueError(f"run_dir {str(run_dir)!r} holds run {old.run_id}, not {spec.run_id}; "
+                             "use another --out or resume=False")
+    d: Dist | None = None
+    if world > 1:
+        d, device = init_dist(spec, device)
+    main = d is None or d.main
+    if main:
+        for p in remove_stale_temps(run_dir, run_dir / "checkpoints"):
+            log.info("removed a temporary file left by a killed writer: %s", p.name)
+        atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1, sort_keys=True))
+
+    handler = logging.FileHandler(run_dir / "train.log") if main else logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    stop = StopFlag()
+    trainer: Trainer | None = None
+    try:
+        if t.threads is not None:
+            torch.set_num_threads(int(t.threads))
+        elif os.environ.get("SLURM_CPUS_PER_TASK"):
+            torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
+        trainer = Trainer(spec, run_dir, stages, device, d, t0)
+        trainer.start(resume)
+        trainer.sinks = Sinks(tuple(log_to) if main else (), run_dir, spec)
+        stop.install()
+        return trainer.run(stop, stop_after)
+    finally:
+        prev_handler = stop.hand_back()
+        stop.restore()
+        if trainer is not None and trainer.sinks is not None:
+            trainer.sinks.close()
+        log.removeHandler(handler)
+        handler.close()
+        if d is not None and d.owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        if prev_handler is not None:
+            # A caller installed a handler before us (submitit's USR2 requeues the job; a local
+            # worker's TERM stops it taking the next run): hand the signal back. Our checkpoint is
+            # on disk, or the run completed because the signal came during its last step.
+            os.kill(os.getpid(), stop.signum)

@@ -1,0 +1,143 @@
+"""Metric sinks: metrics.jsonl (always), TensorBoard and W&B (optional extras).
+
+metrics.jsonl holds one JSON object per line: a train line per logged step (`step` = the 0-based
+index of the step whose loss it reports) and an eval line carrying `eval_*` (`step` = optimizer steps
+done, 0 for the untrained model). Lines are appended; on resume the file is rebuilt from its complete,
+valid lines up to the checkpoint's step, whatever state it is in (missing, truncated, NUL-padded,
+non-UTF-8, garbage lines), so a damaged line never fails a run (docs/architecture.md, "Run directory").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from marin.config import RunSpec
+from marin.train.files import atomic_write_text
+
+log = logging.getLogger("marin.train")
+
+LOG_TO = ("wandb", "tensorboard")
+LOSS_CURVE_POINTS = 200
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        rec = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
+        return None
+    return rec
+
+
+def _complete_lines(path: Path) -> tuple[list[dict], int]:
+    """(valid records of complete lines, number of lines dropped) of a metrics file; a last line
+    without its newline is an unfinished write."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    lines = raw.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends in a newline
+    recs, bad = [], int(bool(tail.strip(b"\0 \t\r")))
+    for line in lines:
+        if not line.strip():
+            continue
+        rec = _parse(line)
+        if rec is None:
+            bad += 1
+        else:
+            recs.append(rec)
+    return recs, bad
+
+
+def is_eval(rec: dict) -> bool:
+    return "eval_macro_loss" in rec
+
+
+class MetricsLog:
+    """metrics.jsonl of one run: append a line, rebuild on resume, read back tolerant of damage."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def reset(self) -> None:
+        atomic_write_text(self.path, "")
+
+    def append(self, rec: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def recover(self, step: int) -> None:
+        """Keep the records written before a checkpoint at `step`: train lines of steps < step, eval
+        lines of steps <= step (the eval at a checkpoint's step precedes it); drop everything else."""
+        recs, bad = _complete_lines(self.path)
+        keep = [r for r in recs if (r["step"] <= step if is_eval(r) else r["step"] < step)]
+        dropped = bad + len(recs) - len(keep)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+        if dropped:
+            log.info("metrics.jsonl: kept %d lines up to step %d, dropped %d (after the checkpoint or damaged)",
+                     len(keep), step, dropped)
+
+    def records(self) -> list[dict]:
+        return _complete_lines(self.path)[0]
+
+    def loss_curve(self, n: int = LOSS_CURVE_POINTS) -> list[list]:
+        curve = [[r["step"], r["loss"]] for r in self.records() if "loss" in r and not is_eval(r)]
+        if len(curve) <= n:
+            return curve
+        idx = sorted({round(i * (len(curve) - 1) / (n - 1)) for i in range(n)})
+        return [curve[i] for i in idx]
+
+
+def check_log_to(log_to: tuple[str, ...]) -> None:
+    import importlib.util
+
+    for name in log_to:
+        if name not in LOG_TO:
+            raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"log_to={name} needs the '{name}' extra: pip install marin-ablate[{name}]")
+
+
+class Sinks:
+    def __init__(self, log_to: tuple[str, ...], run_dir: Path, spec: RunSpec):
+        self.tb = self.wandb = None
+        for name in log_to:
+            if name not in LOG_TO:
+                raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
+        if "tensorboard" in log_to:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ValueError("log_to=tensorboard needs the 'tensorboard' extra: pip install marin-ablate[tensorboard]") from e
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if "wandb" in log_to:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ValueError("log_to=wandb needs the 'wandb' extra: pip install marin-ablate[wandb]") from e
+            os.environ.setdefault("WANDB_MODE", "offline")
+            self.wandb = wandb.init(dir=str(run_dir), name=spec.run_id, id=spec.run_id, resume="allow",
+                                    config=spec.to_dict())
+
+    def log(self, rec: dict) -> None:
+        flat = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and v is not None and k != "step"}
+        for k, v in rec.items():
+            if isinstance(v, dict):
+                flat.update({f"{k}/{kk}": vv for kk, vv in v.items() if isinstance(vv, (int, float))})
+        if self.tb is not None:
+            for k, v in flat.items():
+                self.tb.add_scalar(k, v, rec["step"])
+        if self.wandb is not None:
+            self.wandb.log(flat, step=rec["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+

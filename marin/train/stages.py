@@ -1,0 +1,52 @@
+"""Context-length stages: Marin's long-context extension keeps tokens per step fixed and scales the
+attention logits by YaRN's mscale 1 + 0.1 ln(L / L0) (Peng et al. 2023, arXiv 2309.00071, eq. 20);
+and the loss-spike rule the loop logs."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, replace
+
+from marin.config import RunSpec
+
+SPIKE_MIN_HISTORY = 10  # no spike verdict before this many losses are in the window
+
+
+@dataclass(frozen=True)
+class Stage:
+    start_step: int
+    seq_len: int
+    batch_size: int
+    q_scale: float  # 1 + 0.1 ln(L / L0) (YaRN mscale)
+
+
+def context_plan(spec: RunSpec) -> list[Stage]:
+    """Stage 0 is (model.seq_len, batch_size); each ContextStage starts at round(start_frac*steps)
+    and divides the batch so that tokens per step stay batch_size * model.seq_len."""
+    t, l0 = spec.train.effective(), spec.model.seq_len
+    tokens = t.batch_size * l0
+    stages = [Stage(0, l0, t.batch_size, 1.0)]
+    for cs in t.context_stages:
+        if cs.seq_len < 1 or tokens % cs.seq_len != 0:
+            raise ValueError(f"TrainConfig.context_stages: seq_len={cs.seq_len} must divide the tokens per step "
+                             f"batch_size*seq_len={tokens}; allowed values: divisors of {tokens}")
+        start = int(round(cs.start_frac * t.steps))
+        if start <= stages[-1].start_step:
+            stages[-1] = replace(stages[-1], seq_len=cs.seq_len, batch_size=tokens // cs.seq_len,
+                                 q_scale=1.0 + 0.1 * math.log(cs.seq_len / l0))
+            continue
+        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + 0.1 * math.log(cs.seq_len / l0)))
+    return stages
+
+
+def stage_at(stages: list[Stage], step: int) -> Stage:
+    return stages[bisect.bisect_right([s.start_step for s in stages], step) - 1]
+
+
+def is_spike(loss: float, history: "deque[float] | list[float]", factor: float, window: int) -> bool:
+    """A spike: loss > factor x median of the previous `window` losses (TrainConfig.spike_*), judged
+    once min(SPIKE_MIN_HISTORY, window) losses are known."""
+    return len(history) >= min(SPIKE_MIN_HISTORY, window) and loss > factor * statistics.median(history)
