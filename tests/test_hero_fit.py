@@ -119,3 +119,34 @@ def test_memory_switches_reject_bad_levels():
     with pytest.raises(ValueError, match="eval_batch_size"):
         TrainConfig(eval_batch_size=0)
     assert dataclasses.replace(TrainConfig(), activation_checkpoint="block").activation_checkpoint == "block"
+
+
+def _small_hero(**train):
+    """The hero's layout rules at a width and world a CPU test affords: 8 GPUs, EP 4, 2 sequences each."""
+    from marin.config import RunSpec, TrainConfig
+
+    model = ModelConfig(d_model=64, n_layers=2, n_heads=4, head_dim=16, seq_len=64, window=32, n_experts=8,
+                        top_k=2, ep_shards=4)
+    t = TrainConfig(**{"batch_size": 16, "activation_checkpoint": "block", "loss_chunk_tokens": 32, **train})
+    return RunSpec(model=model, recipe=Recipe(), train=t)
+
+
+def test_dry_run_at_a_reduced_layout_fits_with_checkpointing_and_names_the_line_without_it():
+    from sweeps.dryrun import GiB, dry_run
+
+    on = dry_run(_small_hero(), 8, 4, capacity_gib=1.0, reserve_gib=0.5, levels=("hyperball", "adamw"))
+    assert on["ranks"] == [0, 3, 4, 7] and on["experts_per_rank"] == 2 and on["sequences_per_rank"] == 2
+    t = {lv: {r["line"].split(" (")[0]: r["bytes"] for r in on["tables"][lv]["rows"]} for lv in on["tables"]}
+    assert t["hyperball"]["parameters"] == t["hyperball"]["gradients"] > 0
+    assert t["hyperball"]["activations kept"] > 0 and t["hyperball"]["transient: one block recomputed in the backward"] > 0
+    # the AdamW arm keeps two moments where MuonH keeps one momentum
+    assert t["adamw"]["optimizer adamw [matrix]"] == 2 * t["hyperball"]["optimizer muonh [matrix]"]
+    # a budget between the two: checkpointing on fits, off does not, and the table says which line broke it
+    total_on = on["tables"]["hyperball"]["total"]
+    off_spec = _small_hero(activation_checkpoint="none")
+    cap = 0.5 + 1.02 * total_on / GiB
+    off = dry_run(off_spec, 8, 4, capacity_gib=cap, reserve_gib=0.5, levels=("hyperball",))
+    assert total_on <= (cap - 0.5) * GiB and not off["ok"]
+    kept_off = {r["line"].split(" (")[0]: r["bytes"] for r in off["tables"]["hyperball"]["rows"]}["activations kept"]
+    assert kept_off > t["hyperball"]["activations kept"]
+    assert off["tables"]["hyperball"]["over_budget"]
