@@ -69,7 +69,7 @@ class HeroPlan:
     cpus_per_node: int = 144
     ep_size: int = 64
     gpus_per_nvl_domain: int = 72
-    hbm_gib_per_gpu: float = 186.0
+    hbm_gb_per_gpu: float = 186.0  # GB200: 186 GB = 173 GiB
     time_per_job: str = "04:00:00"
     requeue_signal: str = "USR2@300"
     hardware: Hardware = GB200
@@ -131,9 +131,9 @@ class HeroPlan:
                 "sequences_per_gpu_per_step": t.batch_size // self.gpus,
                 "tokens_per_gpu_per_step": t.batch_size // self.gpus * m.seq_len,
                 "tokens_per_ep_shard": t.batch_size // self.gpus * m.seq_len,  # one EP shard per GPU
-                # bf16 weights + fp32 master + one fp32 momentum (MuonH) ~ 10 B/param, FSDP-sharded over all GPUs
-                "state_gib_per_gpu_fsdp": round(10 * n_total / self.gpus / 2**30, 2),
-                "hbm_gib_per_gpu": self.hbm_gib_per_gpu,
+                # per-rank memory (state, activations, transients) is measured by `plan hero --dry-run`
+                "hbm_gb_per_gpu": self.hbm_gb_per_gpu,
+                "hbm_gib_per_gpu": round(self.hbm_gb_per_gpu * 1e9 / 2**30, 1),
             },
             "expected_seconds": seconds, "expected_days": seconds / 86400,
             "gpu_hours": self.gpus * seconds / 3600,
