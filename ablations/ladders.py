@@ -275,7 +275,8 @@ def _gpu(name: str, batch: int, gpus: int) -> Rung:
     return Rung(name, name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
                 threads=None, gpus=gpus, tokens_per_ep_shard=TOKENS_PER_EP_SHARD,
                 model_overrides={"attention": "flex", "kernels": "triton"},
-                train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True})
+                train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True,
+                                 "activation_checkpoint": "block"})
 
 
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)

@@ -69,7 +69,7 @@ class HeroPlan:
     cpus_per_node: int = 144
     ep_size: int = 64
     gpus_per_nvl_domain: int = 72
-    hbm_gib_per_gpu: float = 186.0
+    hbm_gb_per_gpu: float = 186.0  # GB200: 186 GB = 173 GiB
     time_per_job: str = "04:00:00"
     requeue_signal: str = "USR2@300"
     hardware: Hardware = GB200
@@ -131,9 +131,9 @@ class HeroPlan:
                 "sequences_per_gpu_per_step": t.batch_size // self.gpus,
                 "tokens_per_gpu_per_step": t.batch_size // self.gpus * m.seq_len,
                 "tokens_per_ep_shard": t.batch_size // self.gpus * m.seq_len,  # one EP shard per GPU
-                # bf16 weights + fp32 master + one fp32 momentum (MuonH) ~ 10 B/param, FSDP-sharded over all GPUs
-                "state_gib_per_gpu_fsdp": round(10 * n_total / self.gpus / 2**30, 2),
-                "hbm_gib_per_gpu": self.hbm_gib_per_gpu,
+                # per-rank memory (state, activations, transients) is measured by `plan hero --dry-run`
+                "hbm_gb_per_gpu": self.hbm_gb_per_gpu,
+                "hbm_gib_per_gpu": round(self.hbm_gb_per_gpu * 1e9 / 2**30, 1),
             },
             "expected_seconds": seconds, "expected_days": seconds / 86400,
             "gpu_hours": self.gpus * seconds / 3600,
@@ -467,6 +467,10 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
                  Recipe(), _gpu_executor(), H100, True, ("marin535",))
 
 
+#: The hero's loss chunk: 8,192 tokens x 128,256 vocab fp32 logits = 4.2 GB (and as much for their gradient)
+HERO_LOSS_CHUNK = 8_192
+
+
 def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
@@ -479,7 +483,11 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
     tokens = steps * batch * model.seq_len
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
-                train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10})
+                train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10,
+                                 # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
+                                 # in chunks of 8,192 tokens, eval one sequence per GPU
+                                 "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
+                                 "eval_batch_size": plan.gpus})
     names = list(SEVEN)
     return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),

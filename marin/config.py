@@ -267,6 +267,9 @@ PRECISIONS = ("fp32", "bf16")
 # Marin's hero ran: experiments/grug/moe_hero_ep/optimizer.py `_scale_invariant_hyperball_updates`,
 # axes range(1, ndim) over [L, E, in, out]); "expert" = one sphere per expert matrix (Marin's later axes (-2, -1)).
 EXPERT_SPHERES = ("bank", "expert")
+# Activation checkpointing: "none" keeps every activation; "block" keeps each block's input only and
+# recomputes the block in the backward (torchtitan's per-layer "full" AC).
+ACTIVATION_CHECKPOINTS = ("none", "block")
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
+    "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT),
 }
 
 
@@ -305,6 +309,9 @@ class TrainConfig:
     muon_momentum: float = 0.95
     ns_steps: int = 5
     expert_sphere: str = "bank"  # EXPERT_SPHERES: MuonH/AdamH sphere of an expert stack
+    activation_checkpoint: str = "none"  # ACTIVATION_CHECKPOINTS ("block" at the GPU rungs and the hero)
+    loss_chunk_tokens: int = 0  # >0: lm_head + CE + z-loss in chunks of this many tokens (no full logits)
+    eval_batch_size: int | None = None  # global eval sequences per batch; None -> the stage's batch_size
     grad_clip: float | None = None
     eval_every: int = 50
     eval_batches: int = 4
@@ -337,6 +344,7 @@ class TrainConfig:
         _check(self.lr_scale > 0, o, "lr_scale", f"must be > 0, got {self.lr_scale}")
         _check_level(o, "precision", self.precision, PRECISIONS)
         _check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
+        _check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
                "stage start fractions must be increasing and lie in [0, 1)")

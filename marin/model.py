@@ -5,6 +5,10 @@ Layout (Marin experiments/grug/moe_hero_ep/model.py Transformer): token embeddin
 GatedNorm -> n_layers x [pre-RMSNorm -> GatedNorm -> attention, pre-RMSNorm -> GatedNorm -> MoE] ->
 final RMSNorm -> GatedNorm -> untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss (when that level is on).
 
+Memory (training only, neither changes a number): `activation_checkpoint="block"` keeps each block's
+input and recomputes the block in the backward; `loss_chunk_tokens > 0` computes lm_head + fp32 CE +
+z-loss in checkpointed chunks of that many tokens, so the (tokens x vocab) logits never exist in full.
+
 Fixed architecture (from the hero, each with a ModelConfig field): GQA with per-layer KV heads;
 local sliding-window layers with half-RoPE, global NoPE layers; causal attention that never crosses
 a packed document; zero-initialised headwise gate 2σ(x·W_g); GatedNorm after every RMSNorm
@@ -25,9 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from marin.config import ModelConfig, Recipe
+from marin.config import ACTIVATION_CHECKPOINTS, ModelConfig, Recipe
 from marin.kernels import get_kernels
 from marin.moe import MoE, RMSNorm, ROUTER_STATS, Router
 
@@ -38,7 +43,7 @@ MODEL_STATS = (*ROUTER_STATS, "max_load_ratio_worst", "dropped", "dispatch_bytes
 
 @dataclass
 class ModelOutput:
-    logits_BSV: Tensor
+    logits_BSV: Tensor | None  # None when the loss was computed in chunks (loss_chunk_tokens > 0)
     loss: Tensor | None  # ce + z_loss + aux_loss (when targets given)
     ce_loss: Tensor | None  # token-mean NLL
     z_loss: Tensor | None
@@ -281,10 +286,50 @@ class Block(nn.Module):
         return x_BSD + y, moe
 
 
+def checkpointed_block(block: Block, x_BSD: Tensor, ctx: ForwardContext):
+    """Block forward under a non-reentrant activation checkpoint (torch.utils.checkpoint): only x_BSD
+    is kept; the backward reruns the block. The rerun must not record the router's balancing
+    statistics a second time (QB/aux-free see each training forward once), so the router is put in
+    eval mode for it: Router.training gates only that recording, the routing itself is unchanged."""
+    calls = 0
+
+    def run(x: Tensor):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return block(x, ctx)
+        router = block.moe.router
+        was = router.training
+        router.training = False
+        try:
+            return block(x, ctx)
+        finally:
+            router.training = was
+
+    return checkpoint(run, x_BSD, use_reentrant=False)
+
+
+def lm_loss_sums(lm_head: nn.Module, h_ND: Tensor, targets_N: Tensor) -> Tensor:
+    """[Σ CE, Σ lse²] over the valid targets of one chunk, from fp32 logits (Marin: CE + z-loss on
+    fp32 logits). Ignored targets (-100) add nothing to either sum."""
+    logits_NV = lm_head(h_ND).float()
+    valid_N = targets_N != -100
+    ce = F.cross_entropy(logits_NV, targets_N, ignore_index=-100, reduction="sum")
+    z = (torch.logsumexp(logits_NV, -1).pow(2) * valid_N).sum()
+    return torch.stack([ce, z])
+
+
 class MarinModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, recipe: Recipe):
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, *, activation_checkpoint: str = "none",
+                 loss_chunk_tokens: int = 0):
         super().__init__()
+        if activation_checkpoint not in ACTIVATION_CHECKPOINTS:
+            raise ValueError(f"TrainConfig.activation_checkpoint={activation_checkpoint!r}; allowed values: "
+                             f"{', '.join(ACTIVATION_CHECKPOINTS)}")
+        if not (isinstance(loss_chunk_tokens, int) and loss_chunk_tokens >= 0):
+            raise ValueError(f"TrainConfig.loss_chunk_tokens={loss_chunk_tokens!r}; allowed values: an integer >= 0")
         self.cfg, self.recipe = cfg, recipe
+        self.activation_checkpoint, self.loss_chunk_tokens = activation_checkpoint, loss_chunk_tokens
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         # The embedding norm fixes the residual stream's input scale whatever the optimizer arm does to
         # the embedding table (AdamW decays it; Adam does not).
@@ -346,8 +391,9 @@ class MarinModel(nn.Module):
             x = self.embed_gated_norm(x)
         aux_loss = x.new_zeros((), dtype=torch.float32)
         router_stats, assigned, dropped, moved = [], 0, x.new_zeros((), dtype=torch.float64), 0
+        recompute = self.activation_checkpoint == "block" and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x, moe = block(x, ctx)
+            x, moe = checkpointed_block(block, x, ctx) if recompute else block(x, ctx)
             aux_loss = aux_loss + moe.aux_loss
             router_stats.append(moe.stats_R)
             assigned, dropped, moved = (assigned + moe.dispatch.assigned, dropped + moe.dispatch.dropped,
@@ -355,20 +401,28 @@ class MarinModel(nn.Module):
         h = self.final_norm(x)
         if cfg.gated_norm == "on":
             h = self.final_gated_norm(h)
-        logits_BSV = self.lm_head(h)
 
         stats_LR = torch.stack(router_stats).double()
         dispatch_2 = torch.stack([dropped, dropped.new_zeros(()) + moved])  # float64: byte counts pass 2^24
         stats_t = torch.cat([stats_LR.mean(0), stats_LR[:, 1].max().view(1), dispatch_2]).detach()
 
         loss = ce_loss = z_loss = None
+        chunk = self.loss_chunk_tokens
+        logits_BSV = self.lm_head(h) if targets_BS is None or not chunk else None
         if targets_BS is not None:
-            logits_NV = logits_BSV.float().reshape(B * S, -1)
-            targets_N = targets_BS.reshape(-1)
-            ce_loss = F.cross_entropy(logits_NV, targets_N, ignore_index=-100)
-            valid_N = targets_N != -100
-            lse_N = torch.logsumexp(logits_NV, -1)
-            z_loss = cfg.z_loss_weight * (lse_N.pow(2) * valid_N).sum() / valid_N.sum().clamp(min=1)
+            h_ND, targets_N = h.reshape(B * S, -1), targets_BS.reshape(-1)
+            if logits_BSV is not None:
+                sums_2 = lm_loss_sums(nn.Identity(), logits_BSV.reshape(B * S, -1), targets_N)
+            else:  # one chunk's fp32 logits at a time, forward and (recomputed) backward
+                grad = torch.is_grad_enabled()
+                sums_2 = sum(checkpoint(lm_loss_sums, self.lm_head, h_ND[i:i + chunk], targets_N[i:i + chunk],
+                                        use_reentrant=False) if grad else
+                             lm_loss_sums(self.lm_head, h_ND[i:i + chunk], targets_N[i:i + chunk])
+                             for i in range(0, B * S, chunk))
+            # token means over valid targets; 0 (with a graph) when a batch has none
+            n_valid = (targets_N != -100).sum().clamp(min=1)
+            ce_loss = sums_2[0] / n_valid
+            z_loss = cfg.z_loss_weight * sums_2[1] / n_valid
             loss = ce_loss + z_loss + aux_loss
         return ModelOutput(logits_BSV, loss, ce_loss, z_loss, aux_loss, stats_t, assigned)
 

@@ -175,8 +175,8 @@ class Router(nn.Module):
 
         # QB statistics once per training forward (Marin: one beta per step): never from a no_grad
         # forward (eval-like probes in train mode); under a reentrant activation checkpoint the first
-        # forward runs without grad and only the recompute records. (A non-reentrant checkpoint
-        # would record its recompute too; the trainer uses none.)
+        # forward runs without grad and only the recompute records; the model's non-reentrant block
+        # checkpoint (marin.model.checkpointed_block) puts the router in eval mode for its recompute.
         if self.training and torch.is_grad_enabled():
             self._record(logits_TE.detach(), expert_idx_TK, alpha_T)
 

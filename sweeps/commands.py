@@ -140,6 +140,13 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="measure one rank's memory at the full layout on CPU (fake process group, fake "
+                             "tensors) for the first run; exit 1 naming the lines over budget")
+    parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
+    parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
+    parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
+    parser.add_argument("--reserve-gib", type=float, default=8.0, help="dry run: kept free per GPU")
     _data_args(parser)
 
 
@@ -215,8 +222,25 @@ def hero_sbatch(hero: dict, folder: str = "runs/hero/submitit/%j") -> str:
     return _make_sbatch_string(command=command, folder=folder, **params)
 
 
+def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
+    from sweeps.dryrun import dry_run, format_report
+    from sweeps.sweep import apply_spec_overrides
+
+    spec = study.runs()[0][0]
+    if args.overrides:
+        spec = apply_spec_overrides(spec, args.overrides)
+    hero = getattr(study, "hero", None)
+    gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
+    ep = args.ep or spec.model.ep_shards
+    rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
+    print(json.dumps(rep, indent=1, default=str) if args.json else format_report(rep))
+    return 0 if rep["ok"] else 1
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     study = _study(args)
+    if getattr(args, "dry_run", False):
+        return cmd_dry_run(study, args)
     d = study.describe()
     runs = study.runs()
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]

@@ -81,6 +81,10 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
             raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
                              f"{s.seq_len}) does not split over world_size={world} ranks; allowed values: "
                              f"multiples of {world}")
+    eb = spec.train.eval_batch_size
+    if eb is not None and eb % world != 0:
+        raise ValueError(f"TrainConfig.eval_batch_size={eb} sequences do not split over world_size={world} ranks; "
+                         f"allowed values: multiples of {world}")
 
 
 def init_dist(spec: RunSpec, device: torch.device) -> tuple[Dist, torch.device]:
@@ -124,7 +128,7 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     if n_loc:
         obj = dense * (n_loc * d.world / n_all_f) + out.aux_loss
     else:  # every target masked here: still run the backward, its all-to-alls are collective
-        obj = out.aux_loss + 0.0 * out.logits_BSV.float().sum()
+        obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
     ep.sync_grads(model, d.groups)
     expert_ids = {id(p) for _, m in ep.moe_layers(model) for p in (getattr(m, n) for n in ep.EXPERT_PARAM_NAMES)}

@@ -158,7 +158,8 @@ class Trainer:
                              f"{spec.data.tokenizer!r}); allowed values: >= {corpus.tokenizer.vocab_size}")
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
-        self.model = model = MarinModel(spec.model, spec.recipe).to(device)
+        self.model = model = MarinModel(spec.model, spec.recipe, activation_checkpoint=t.activation_checkpoint,
+                                        loss_chunk_tokens=t.loss_chunk_tokens).to(device)
         if d is not None:
             from marin import ep
 
@@ -177,7 +178,8 @@ class Trainer:
         if self.amp and device.type == "cpu":
             log.warning("bf16 autocast on CPU is ~14x slower than fp32 here (environment notes)")
         # built up front: a held-out split too small for one eval batch fails before any training
-        self.eval_sets = {s.seq_len: {dom: mdata.eval_batches(corpus, dom, s.seq_len, s.batch_size, t.eval_batches)
+        self.eval_sets = {s.seq_len: {dom: mdata.eval_batches(corpus, dom, s.seq_len, t.eval_batch_size or s.batch_size,
+                                                              t.eval_batches)
                                       for dom in domains} for s in stages}
         # attention FLOPs per token grow with the context: one value per stage length
         self.fpt_at = {s.seq_len: float(mflops.flops_per_token(spec.model, spec.recipe, s.seq_len)) for s in stages}

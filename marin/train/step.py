@@ -14,7 +14,6 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from marin.data import IGNORE_INDEX
 
@@ -33,12 +32,11 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
             if dist_ctx is not None:
                 tokens, targets, doc_ids = dist_ctx.rows(tokens), dist_ctx.rows(targets), dist_ctx.rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
-            with autocast():
-                out = model(tokens, doc_ids)
-            logits = out.logits_BSV.float()
-            nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                         ignore_index=IGNORE_INDEX, reduction="sum"))
-            count += int((targets != IGNORE_INDEX).sum())
+            with autocast():  # the model's own fp32 CE (chunked when loss_chunk_tokens > 0)
+                out = model(tokens, doc_ids, targets)
+            n = int((targets != IGNORE_INDEX).sum())
+            nll += float(out.ce_loss) * n
+            count += n
         sums[dom] = [nll, float(count)]
     if dist_ctx is not None:
         flat = torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device)
