@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin.train.files import atomic_write, atomic_write_text, disk_full_error, file_digest, is_disk_full, write_stream
+from marin.schema import atomic_write_text
+from marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full, write_stream
 
 log = logging.getLogger("marin.train")
 
