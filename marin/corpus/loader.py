@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from marin.corpus.prepare import read_manifest
-from marin.data import _pack
+from marin.data.packing import _pack
 
 
 class PreparedCorpus:
