@@ -134,6 +134,31 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
             f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}"]
 
 
+def _domains(raw: pd.DataFrame) -> list[str]:
+    return [c[len("loss_"):] for c in raw.columns if c.startswith("loss_") and c != "loss_curve"]
+
+
+def eval_sets(raw: pd.DataFrame) -> list[str]:
+    """What the runs trained and were evaluated on (their spec.json data section), and per rung and arm
+    (mean over seeds of completed runs) the macro and per-domain loss and bits per byte."""
+    def names(col: str, empty: str) -> str:
+        vals = sorted({str(v) for v in raw[col].dropna()}) if col in raw else []
+        return ", ".join(f"`{v}`" for v in vals) or empty
+
+    doms = _domains(raw)
+    L = [f"- training corpus: {names('data_corpus', 'unknown')}",
+         f"- eval sets: {names('data_eval_dir', 'the corpus held-out split')}; domains: {', '.join(doms) or 'unknown'}",
+         ""]
+    ok = raw[raw["status"] == "completed"] if "status" in raw else raw
+    cols = ["eval_macro_loss", "macro_bpb"] + [c for d in doms for c in (f"loss_{d}", f"bpb_{d}") if c in ok]
+    if not len(ok) or not {"rung", "arm"} <= set(ok.columns):
+        return L
+    t = ok.groupby(["rung", "arm"], sort=True)[cols].mean(numeric_only=True).reset_index()
+    t = t.rename(columns={"eval_macro_loss": "macro loss", "macro_bpb": "macro bpb",
+                          **{f"loss_{d}": f"loss {d}" for d in doms}, **{f"bpb_{d}": f"bpb {d}" for d in doms}})
+    return L + [md_table(t, 4)]
+
+
 def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path | None], out_dir: Path,
                     forecasts: list[dict] | None = None, title: str = "study", command: str | None = None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -153,6 +178,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
     L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]
+    L += ["## Evaluation sets", ""] + eval_sets(raw) + [""]
     L += ["## Reference law (all arms, jointly)", ""]
     if a.law is None:
         L += ["Not estimable: no quality multipliers (see Runs).", ""]

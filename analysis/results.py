@@ -103,6 +103,10 @@ def _row(run_dir: Path) -> dict:
         row[c] = d.get(c)
     for dom, loss in (summ.eval_domain_loss or {}).items():
         row[f"loss_{dom}"] = loss
+    for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items():
+        row[f"bpb_{dom}"] = bpb
+    data = spec.get("data") or {}  # what the run trained and was evaluated on (the report names it)
+    row["data_corpus"], row["data_eval_dir"] = data.get("corpus"), data.get("eval_dir") or None
     row["loss_curve"] = json.dumps([list(p) for p in summ.loss_curve])
     # Start time of the run, for refusing forecasts written after it.
     started = summ.started_at

@@ -367,11 +367,16 @@ TOKENIZERS = ("byte", "bpe")
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = "embedded"  # "embedded", a local directory/file, or "paloma" when present locally
+    # "embedded", "paloma" when present locally, a local directory/file of text, or a prepared corpus
+    # directory (`marin-ablate data prepare`: has manifest.json; its own tokenizer, `tokenizer` unused)
+    corpus: str = "embedded"
     tokenizer: str = "byte"
     bpe_vocab: int = 4096
     data_seed: int = 0
-    eval_domains: tuple[str, ...] = ()  # empty -> every domain of the corpus
+    eval_domains: tuple[str, ...] = ()  # empty -> every domain of the corpus (or of eval_dir)
+    # a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz] | parquet): evaluate on it instead of the
+    # corpus's held-out split; required for a prepared corpus, which has none
+    eval_dir: str = ""
 
     def __post_init__(self) -> None:
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)

@@ -32,5 +32,6 @@ def cmd_data(args: argparse.Namespace) -> int:
     doms = ", ".join(f"{k or '(none)'} {v['tokens']:,}" for k, v in sorted(m["domains"].items()))
     print(f"{args.out}: {m['tokens']:,} tokens, {m['documents']:,} documents ({m['skipped_empty']} empty skipped) "
           f"in {len(m['shards'])} shards, {m['dtype']}; per domain: {doms}")
-    print(f"train on it: marin-ablate run STUDY --set data.corpus={args.out}")
+    print(f"train on it: marin-ablate run STUDY --set data.corpus={args.out} --set data.eval_dir=EVAL_DIR "
+          "(a Paloma-layout directory)")
     return 0

@@ -1,9 +1,13 @@
 """marin/corpus: prepare a real corpus into token shards (parallel, resumable), read it from 2 gloo
 ranks (disjoint, covering, resumable by content), and evaluate on a Paloma-layout directory."""
 
+import dataclasses
 import json
+import math
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from marin.corpus import prepare as prep
 from marin.corpus.eval import eval_domains, load_eval_corpus, load_tokenizer, tokenizer_of
 from marin.corpus.loader import PreparedCorpus, ShardedBatches
 
+ROOT = Path(__file__).resolve().parents[1]
 DOCS_PER_DOMAIN = 60
 DOCS_PER_SHARD = 25
 
@@ -323,12 +328,177 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "tokens_needed" in text and f"{2 * max(rungs.values()):,}" in text
 
-    small = _fake_prepared(tmp_path / "small", rungs["d768"], 16384)  # d1024 would need 2.2 epochs
+    small = _fake_prepared(tmp_path / "small", rungs["d768"], 16384)  # d1024 would repeat it
     assert main(["plan", "marin535", "--set", f"data.corpus={small}"]) == 2
     err = capsys.readouterr().err
-    assert "rung d1024" in err and "2.22 epochs" in err and "--allow-repeat" in err
+    assert rungs["d1024"] > rungs["d768"]
+    assert "rung d1024" in err and f"{rungs['d1024'] / rungs['d768']:.2f} epochs" in err and "--allow-repeat" in err
     assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}"]) == 0
     assert json.loads(capsys.readouterr().out)["epochs"][2]["epochs"] == rungs["d1024"] / rungs["d768"]
     wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
     assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2
     assert "vocabulary of 128256, more than model.vocab_size=16384" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the trainer: 2 gloo ranks, resume by content, the `train` progress line, a tiny study
+# ---------------------------------------------------------------------------------------------
+
+TRAIN_SEQ, TRAIN_B = 64, 4
+
+
+def _train_spec(prepared_dir: Path, paloma: Path, steps: int = 4):
+    from marin.config import DataConfig, Recipe, RunSpec, TrainConfig, preset
+
+    # ep_shards=2 with qb_estimator=hist: 2 ranks are the EP shards of one replica, each with 2 rows
+    return RunSpec(model=preset("tiny", [f"seq_len={TRAIN_SEQ}", "vocab_size=512", "ep_shards=2",
+                                         "qb_estimator=hist"]),
+                   recipe=Recipe(ep_transport="ragged"),
+                   train=TrainConfig(steps=steps, batch_size=TRAIN_B, eval_every=0, eval_batches=1, log_every=1,
+                                     checkpoint_every=2, threads=1),
+                   data=DataConfig(corpus=str(prepared_dir), eval_dir=str(paloma), data_seed=SEED))
+
+
+def _train_rank(rank: int, ports: list[int], spec, tmp: str) -> None:
+    import traceback
+
+    from marin.train import train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    seen: list = []
+    real = ShardedBatches.batch
+
+    def spy(self, step):  # records what this rank's real loader gave the trainer (forked: this process only)
+        out = real(self, step)
+        seen.append([step, out[0].tolist()])
+        return out
+
+    ShardedBatches.batch = spy
+    out: dict = {}
+    try:
+        for name, port, kw in (("full", ports[0], {"resume": False}),
+                               ("cut", ports[1], {"resume": False, "stop_after": 2}), ("resumed", ports[2], {})):
+            os.environ["MASTER_PORT"] = str(port)
+            seen.clear()
+            summary = train(spec, Path(tmp) / ("full" if name == "full" else "cut"), **kw)
+            out[name] = {"summary": summary, "read": list(seen)}
+    except Exception:
+        out["error"] = traceback.format_exc()
+    (Path(tmp) / f"r{rank}.json").write_text(json.dumps(out))
+
+
+def test_two_gloo_ranks_train_on_disjoint_slices_and_a_resume_continues_at_the_next_token(prepared, paloma_dir,
+                                                                                          tmp_path):
+    spec = _train_spec(prepared[0], paloma_dir)
+    ctx = mp.start_processes(_train_rank, args=([_free_port() for _ in range(3)], spec, str(tmp_path)), nprocs=2,
+                             join=False, start_method="fork")
+    deadline = time.monotonic() + 150
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("ranks did not finish")
+    r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1))
+    assert "error" not in r0 and "error" not in r1, (r0.get("error"), r1.get("error"))
+    corpus = PreparedCorpus(prepared[0])
+    stream = _stream(corpus, ShardedBatches(corpus, TRAIN_SEQ, TRAIN_B, SEED, 0, 1).order(0))
+    half = TRAIN_B // 2
+
+    def seqs(step: int, rank: int) -> list:  # the reference: rank r's rows are its half of the step's sequences
+        j0 = step * TRAIN_B + rank * half
+        return [stream[j * TRAIN_SEQ:(j + 1) * TRAIN_SEQ].tolist() for j in range(j0, j0 + half)]
+
+    for rank, r in enumerate((r0, r1)):
+        assert [s for s, _ in r["full"]["read"]] == [0, 1, 2, 3]
+        for step, tokens in r["full"]["read"]:
+            assert tokens == seqs(step, rank)  # disjoint halves, together the stream in order
+        assert [s for s, _ in r["cut"]["read"]] == [0, 1] and r["cut"]["summary"]["status"] == "interrupted"
+        assert r["resumed"]["read"] == r["full"]["read"][2:]  # the exact next sequences, by content
+    full, resumed = r0["full"]["summary"], r0["resumed"]["summary"]
+    assert resumed["status"] == "completed" and resumed["tokens"] == full["tokens"] == 4 * TRAIN_B * TRAIN_SEQ
+    # the same tokens give the same loss; 1e-4: a 2-rank EP resume drifts by ~3e-5 on the embedded corpus too
+    assert resumed["final_train_loss"] == pytest.approx(full["final_train_loss"], abs=1e-4)
+    assert sorted(full["eval_domain_loss"]) == ["code", "docs", "prose"] and math.isfinite(full["macro_bpb"])
+    assert full["data"]["eval_dir"] == str(paloma_dir.resolve()) and full["data"]["corpus_tokens"] == corpus.n_tokens
+    loop = json.loads((tmp_path / "cut" / "checkpoints" / "ckpt_000000002" / "meta.json").read_text())["loop"]
+    assert loop["data"] == {"step": 2, "seed": SEED, "seq_len": TRAIN_SEQ, "global_batch": TRAIN_B,
+                            "corpus": corpus.fingerprint}
+
+
+def test_a_prepared_corpus_run_validates_eval_dir_and_vocabulary(prepared, paloma_dir, tmp_path):
+    from marin.train import train
+
+    spec = _train_spec(prepared[0], paloma_dir, steps=1)
+    no_eval = dataclasses.replace(spec, data=dataclasses.replace(spec.data, eval_dir=""))
+    with pytest.raises(ValueError, match="DataConfig.eval_dir is empty.*prepared corpus"):
+        train(no_eval, tmp_path / "a")
+    missing = dataclasses.replace(spec, data=dataclasses.replace(spec.data, eval_dir=str(tmp_path / "nope")))
+    with pytest.raises(ValueError, match="DataConfig.eval_dir=.*no such directory"):
+        train(missing, tmp_path / "b")
+    bad_dom = dataclasses.replace(spec, data=dataclasses.replace(spec.data, eval_domains=("c4_en",)))
+    with pytest.raises(ValueError, match="DataConfig.eval_domains.*allowed values: code, docs, prose"):
+        train(bad_dom, tmp_path / "c")
+    small = dataclasses.replace(spec, model=dataclasses.replace(spec.model, vocab_size=256))
+    with pytest.raises(ValueError, match=r"ModelConfig.vocab_size=256 is smaller.*\(512"):
+        train(small, tmp_path / "d")
+
+
+def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sweeps.cli", "train", "--preset", "tiny", "--set", f"seq_len={TRAIN_SEQ}",
+           "--set", "model.vocab_size=512", "--set", f"data.corpus={prepared[0]}", "--set",
+           f"data.eval_dir={paloma_dir}", "--steps", "3", "--train-set", "batch_size=2", "--set", "train.eval_every=0",
+           "--train-set", "eval_batches=1", "--train-set", "log_every=1", "--train-set", "threads=1", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.startswith("step ")]  # not a TTY: plain lines
+    recs = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "ce" in r]
+    assert len(lines) == len(recs) == 3
+    for line, rec in zip(lines, recs):
+        fields = line.split(" | ")
+        k = rec["step"] + 1
+        assert fields[0] == f"step {k}/3 ({100 * k // 3}%)" and fields[1] == f"loss {rec['loss']:.4f}"
+        assert f"drop {100 * rec['drop_rate']:.2f}%" in fields
+        assert any(f.endswith(" tok/s") for f in fields) == (rec["tokens_per_s"] is not None)
+    assert all(x.split(" | ")[-1].startswith("eta ") for x in lines)
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["data"]["corpus"] == str(prepared[0]) and spec["model"]["vocab_size"] == 512
+    assert spec["train"]["eval_every"] == 0
+
+
+def real_data_study():
+    """A tiny study: xsa x 3 short rungs, on whatever data `--set data.*` names."""
+    from ablations.designs import full_factorial
+    from ablations.ladders import Rung
+    from ablations.studies import Study
+
+    rungs = tuple(Rung(f"tiny{n}", "tiny", model_overrides={"seq_len": TRAIN_SEQ}, fixed_steps=n, batch_size=2,
+                       train_overrides={"eval_batches": 1, "checkpoint_every": n, "log_every": 1}) for n in (2, 4, 8))
+    return Study(name="real_data", description="tiny study on a prepared corpus", factors=("xsa",),
+                 design=full_factorial(["xsa"]), rungs=rungs, seeds=(0,),
+                 executor={"executor": "debug", "max_parallel": 1, "cpus_per_task": 1, "timeout_min": 20})
+
+
+def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepared, paloma_dir, tmp_path, capsys):
+    from sweeps.cli import main
+    from sweeps.executors import ExecOptions
+    from sweeps.sweep import run_study
+
+    sets = [f"data.corpus={prepared[0]}", f"data.eval_dir={paloma_dir}", "model.vocab_size=512"]  # run --set ...
+    rep = run_study(real_data_study(), tmp_path, ExecOptions(executor="debug"), overrides=sets, progress=False)
+    assert rep.counts["completed"] == 6
+    sd = tmp_path / "real_data"
+    summaries = [json.loads(p.read_text()) for p in sorted(sd.glob("runs/*/summary.json"))]
+    assert len(summaries) == 6 and {s["status"] for s in summaries} == {"completed"}
+    assert main(["analyze", str(sd), "--n-boot", "20", "--no-figures"]) == 0
+    md = (sd / "report" / "report.md").read_text()
+    section = md.split("## Evaluation sets", 1)[1].split("\n## ", 1)[0]
+    assert f"eval sets: `{paloma_dir}`; domains: code, docs, prose" in section
+    assert f"training corpus: `{prepared[0]}`" in section
+    header = next(x for x in section.splitlines() if x.startswith("| rung"))
+    assert header == ("| rung | arm | macro loss | macro bpb | loss code | bpb code | loss docs | bpb docs | "
+                      "loss prose | bpb prose |")
+    s = summaries[0]
+    assert f"{s['eval_macro_loss']:.4f}" in section and f"{s['eval_domain_bpb']['docs']:.4f}" in section

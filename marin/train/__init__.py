@@ -1,6 +1,6 @@
 """Training: the loop (`loop`), one step (`step`), distributed steps (`distributed`), checkpoints
 (`checkpoint`), metric sinks (`metrics`), context stages (`stages`), hardware peaks (`hardware`),
-atomic files (`files`) and the `marin-ablate train` command (`cli`). docs/architecture.md maps them.
+checkpoint files (`files`), the choice of data (`source`) and the `marin-ablate train` command (`cli`). docs/architecture.md maps them.
 """
 
 from marin.train.cli import cmd_train, spec_from_args, train_args

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin.train.files import atomic_write, atomic_write_text, disk_full_error, file_digest, is_disk_full, write_stream
+from marin.schema import atomic_write_text
+from marin.train import files as run_files
+from marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
 
 log = logging.getLogger("marin.train")
 
@@ -159,7 +161,7 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
         def write_rng(f) -> None:
             buf = io.BytesIO()
             torch.save(rng, buf)
-            write_stream(f, buf.getvalue())
+            run_files.write_stream(f, buf.getvalue())  # looked up at call time: fault-injection tests patch it
 
         atomic_write(tmp / f"rng_{rank}.pt", write_rng)
         if world > 1:

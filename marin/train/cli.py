@@ -22,7 +22,8 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", required=True, help="model preset (marin.config.PRESETS)")
     parser.add_argument("--recipe", action="append", default=[], metavar="FACTOR=LEVEL",
                         help="set a recipe switch; 'baseline' alone gives Recipe.baseline()")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="ModelConfig override")
+    parser.add_argument("--set", action="append", default=[], metavar="[SECTION.]FIELD=VALUE",
+                        help="override: FIELD of ModelConfig, or model./train./data.FIELD as `run --set` takes")
     parser.add_argument("--train-set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
     parser.add_argument("--data-set", action="append", default=[], metavar="FIELD=VALUE", help="DataConfig override")
     parser.add_argument("--steps", type=int, default=None)
@@ -33,8 +34,21 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
 
 
+def _split_sets(items: list[str]) -> dict[str, list[str]]:
+    """`--set` items by section: `data.corpus=DIR` -> data, `train.x=v` -> train, else the model."""
+    out: dict[str, list[str]] = {"model": [], "train": [], "data": []}
+    for item in items:
+        section, dot, rest = item.partition(".")
+        if dot and section in out and "=" in rest and "=" not in section:
+            out[section].append(rest)
+        else:
+            out["model"].append(item)
+    return out
+
+
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    model = preset(args.preset, list(args.set))
+    sets = _split_sets(list(args.set))
+    model = preset(args.preset, sets["model"])
     recipe = Recipe()
     for item in args.recipe:
         if item == "baseline":
@@ -46,10 +60,10 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         if k not in RECIPE_LEVELS:
             raise ValueError(f"unknown recipe factor {k!r}; allowed values: {', '.join(FACTORS)}")
         recipe = recipe.with_(**{k: v})
-    tr = _int_fields(apply_overrides(TrainConfig(), list(args.train_set)))
+    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"] + list(args.train_set)))
     if args.steps is not None:
         tr = replace(tr, steps=args.steps)
-    data = apply_overrides(DataConfig(), list(args.data_set))
+    data = apply_overrides(DataConfig(), sets["data"] + list(args.data_set))
     return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=args.seed)
 
 

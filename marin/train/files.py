@@ -1,6 +1,9 @@
-"""Atomic files of a run directory: write a temporary beside the target, fsync, rename.
+"""Checkpoint files of a run directory: write a temporary beside the target, fsync, rename.
 
-A failure at any point removes the temporary; a kill -9 can still leave one, so `remove_stale_temps`
+Text files of the run directory (spec.json, summary.json, metrics.jsonl rewrites, a checkpoint's
+meta.json) go through marin.schema's `atomic_write_text`, the one text writer; this module keeps
+what checkpoints need besides: streamed binary writes, disk-full reporting, stale-temporary cleanup
+and digests. A failure at any point removes the temporary; a kill -9 can still leave one, so `remove_stale_temps`
 clears them when a run starts (it holds the run lock, so nobody else is writing). A full disk is
 reported as such, with the path (docs/architecture.md, "Run directory").
 """
@@ -14,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, IO
 
-TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>": hidden, and never matched as a result file
+TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>" (schema's: ".<name>.<random>.tmp"): hidden, never a result
 
 
 def temp_path(path: Path) -> Path:
@@ -59,10 +62,6 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         if is_disk_full(e):
             raise disk_full_error(path, e) from e
         raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: write_stream(f, text.encode("utf-8")))
 
 
 def remove_stale_temps(*dirs: Path) -> list[Path]:

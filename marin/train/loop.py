@@ -26,13 +26,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin.config import DataConfig, RunSpec, TrainConfig
+from marin import schema
+from marin.config import RunSpec, TrainConfig
 from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
+from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
 from marin.train.distributed import Dist, check_dist_layout, dist_forward_backward, init_dist, launch_world_size
-from marin.train.files import atomic_write_text, remove_stale_temps
+from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.hardware import code_version, hardware_name, peak_flops
-from marin.train.metrics import MetricsLog, Sinks, check_log_to
+from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
+from marin.train.source import build_data_source, global_tokens, validate_data
 from marin.train.stages import Stage, context_plan, is_spike, stage_at
 from marin.train.step import evaluate, forward_backward, optimizer_step
 
@@ -57,6 +60,7 @@ class LoopState:
     wall_s: float = 0.0
     last_loss: float | None = None
     last_eval: dict | None = None
+    data: dict | None = None  # the sharded loader's state (prepared corpora): checked on resume
 
 
 class StopFlag:
@@ -89,36 +93,12 @@ class StopFlag:
         self.previous = {}
 
 
-def _validate_data_path(data: DataConfig) -> None:
-    if data.corpus in ("embedded", "paloma"):
-        return
-    if not Path(data.corpus).expanduser().exists():
-        raise ValueError(f"DataConfig.corpus={data.corpus!r}: no such file or directory; allowed values: "
-                         "'embedded', 'paloma', or an existing local directory/file")
-
-
 def _device(t: TrainConfig) -> torch.device:
     if t.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
     if not (t.device == "cpu" or t.device.startswith("cuda")):
         raise ValueError(f"TrainConfig.device={t.device!r} is not supported; allowed values: 'cpu', 'cuda', 'cuda:N'")
     return torch.device(t.device)
-
-
-_PACKERS: dict[tuple, Any] = {}
-
-
-def _packer(corpus, seq_len: int, batch: int, seed: int):
-    """PackedBatches are pure functions of their arguments; reuse them across runs of one process
-    (a sweep of tiny runs spends most of a short run building the epoch order otherwise)."""
-    from marin.data import PackedBatches
-
-    key = (id(corpus), seq_len, batch, seed)
-    if key not in _PACKERS or _PACKERS[key][0] is not corpus:
-        if len(_PACKERS) > 16:
-            _PACKERS.clear()
-        _PACKERS[key] = (corpus, PackedBatches(corpus, "train", seq_len, batch, seed))
-    return _PACKERS[key][1]
 
 
 def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
@@ -145,17 +125,9 @@ class Trainer:
         self.spec, self.t, self.run_dir, self.stages, self.d, self.t0 = spec, spec.train.effective(), run_dir, stages, d, t0
         self.main = d is None or d.main
         t = self.t
-        corpus = mdata.load_corpus(spec.data)
-        domains = list(spec.data.eval_domains) or list(corpus.domains)
-        unknown = [dom for dom in domains if dom not in corpus.domains]
-        if unknown:
-            raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(corpus.domains)}")
-        self.packers = {s.seq_len: _packer(corpus, s.seq_len, s.batch_size, spec.data.data_seed + self.t.seed_offset()) for s in stages}
-        self.bpt = {dom: mdata.bytes_per_token(corpus, dom) for dom in domains}
-        if corpus.tokenizer.vocab_size > spec.model.vocab_size:
-            raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's "
-                             f"vocabulary ({corpus.tokenizer.vocab_size}, DataConfig.tokenizer="
-                             f"{spec.data.tokenizer!r}); allowed values: >= {corpus.tokenizer.vocab_size}")
+        rank, world = (d.rank, d.world) if d is not None else (0, 1)
+        self.data = src = build_data_source(spec, stages, spec.data.data_seed + self.t.seed_offset(), rank, world)
+        self.bpt = {dom: mdata.bytes_per_token(src.eval_corpus, dom) for dom in src.domains}
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
         self.model = model = MarinModel(spec.model, spec.recipe, activation_checkpoint=t.activation_checkpoint,
@@ -178,9 +150,9 @@ class Trainer:
         if self.amp and device.type == "cpu":
             log.warning("bf16 autocast on CPU is ~14x slower than fp32 here (environment notes)")
         # built up front: a held-out split too small for one eval batch fails before any training
-        self.eval_sets = {s.seq_len: {dom: mdata.eval_batches(corpus, dom, s.seq_len, t.eval_batch_size or s.batch_size,
-                                                              t.eval_batches)
-                                      for dom in domains} for s in stages}
+        self.eval_sets = {s.seq_len: {dom: mdata.eval_batches(src.eval_corpus, dom, s.seq_len,
+                                                              t.eval_batch_size or s.batch_size, t.eval_batches)
+                                      for dom in src.domains} for s in stages}
         # attention FLOPs per token grow with the context: one value per stage length
         self.fpt_at = {s.seq_len: float(mflops.flops_per_token(spec.model, spec.recipe, s.seq_len)) for s in stages}
         self.params_total = int(mflops.params_total(spec.model, spec.recipe))
@@ -190,6 +162,7 @@ class Trainer:
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
         self.sinks: Sinks | None = None
         self.resumed = False
+        self.progress: StepProgress | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -204,6 +177,8 @@ class Trainer:
             return
         self.metrics.append(rec)
         self.sinks.log(rec)
+        if self.progress is not None and "loss" in rec and not is_eval(rec):
+            self.progress.update(rec)
 
     def _rank_world(self) -> tuple[Any, int, int]:
         d = self.d
@@ -220,6 +195,7 @@ class Trainer:
         if found is not None:
             ck, meta = found
             self.st = LoopState(**meta["loop"])
+            self.data.restore(self.st.data, self.st.step, stage_at(self.stages, self.st.step).seq_len)
             if self.main:
                 self.metrics.recover(self.st.step)
             self.resumed = True
@@ -238,6 +214,7 @@ class Trainer:
 
     def checkpoint(self) -> None:
         groups, rank, world = self._rank_world()
+        self.st.data = self.data.state(self.st.step, stage_at(self.stages, min(self.st.step, self.t.steps - 1)).seq_len)
         loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
         ckpt.save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model, self.opt,
                   self.device, groups, rank, world)
@@ -248,9 +225,10 @@ class Trainer:
         """Batch of this step -> forward, backward, update: (out, loss, ce, grad_norm, tokens, seconds)."""
         d, device = self.d, self.device
         ts = time.perf_counter()
-        tokens, targets, doc_ids = self.packers[stage.seq_len].batch(self.st.step)
-        n_tok = tokens.numel()  # the global batch's tokens
-        if d is not None:
+        batch = self.data.train[stage.seq_len].batch(self.st.step)
+        n_tok = global_tokens(batch, self.data.rank_rows, d.world if d is not None else 1)
+        tokens, targets, doc_ids = batch
+        if d is not None and not self.data.rank_rows:  # a global batch: keep this rank's rows
             tokens, targets, doc_ids = d.rows(tokens), d.rows(targets), d.rows(doc_ids)
         tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
         if d is not None:
@@ -278,6 +256,8 @@ class Trainer:
     def run(self, stop: StopFlag, stop_after: int | None) -> dict:
         t, st, spec = self.t, self.st, self.spec
         self.model.train()
+        if self.main:
+            self.progress = StepProgress(t.steps, start_step=st.step)
         if not self.resumed and t.eval_every:  # the untrained model's eval: where learning curves start
             self.emit({"step": 0, **self.eval_now(self.stages[0].seq_len)})
         steps_this_session = 0
@@ -361,16 +341,22 @@ class Trainer:
     def finish(self, status: str, error: str | None, failed_step: int | None) -> dict:
         """summary.json (rank 0 writes it; distributed: broadcast so that every rank returns it)."""
         d = self.d
-        summary = self.summary(status, error, failed_step) if self.main else None
+        summary = None
         if self.main:
-            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))
+            path = self.run_dir / "summary.json"
+            try:
+                summary = _as_json(schema.write_summary(self.run_dir, self.summary(status, error, failed_step)))
+            except OSError as e:
+                if is_disk_full(e):
+                    raise disk_full_error(path, e) from e
+                raise
         if d is not None:
             box = [summary]
             dist.broadcast_object_list(box, src=0)
             summary = box[0]
         return summary
 
-    def summary(self, status: str, error: str | None, failed_step: int | None) -> dict:
+    def summary(self, status: str, error: str | None, failed_step: int | None) -> schema.RunSummary:
         st, hp = self.st, self.hp
         tps = st.timed_tokens / st.timed_s if st.timed_s > 0 else None
         mfps = st.timed_flops / st.timed_s if st.timed_s > 0 else None
@@ -381,21 +367,27 @@ class Trainer:
         hardware = hardware_name(self.device)
         if self.d is not None:
             hardware += f" [world {self.d.world}: dp {self.d.groups.dp_size} x ep {self.d.groups.ep_size}]"
-        return {
-            "run_id": self.spec.run_id, "status": status, "error": error, "failed_step": failed_step,
-            "step": st.step if failed_step is None else failed_step, "tokens": st.tokens,
-            "params_total": self.params_total, "params_active": self.params_active, "flops_per_token": fpt,
-            "train_flops": st.train_flops,
-            "eval_macro_loss": ev.get("eval_macro_loss"), "eval_domain_loss": ev.get("eval_domain_loss"),
-            "macro_bpb": ev.get("macro_bpb"), "eval_domain_bpb": ev.get("eval_domain_bpb"),
-            "final_train_loss": st.last_loss, "tokens_per_s": tps,
-            "model_flops_per_s": mfps, "mfu": mfps / self.peak if (mfps and self.peak) else None,
-            "drop_rate": st.dropped / st.assigned if st.assigned else 0.0, "max_grad_norm": st.max_grad_norm,
-            "spikes": len(st.spike_steps), "spike_steps": list(st.spike_steps),
-            "wall_s": st.wall_s + (time.perf_counter() - self.t0), "hardware": hardware,
-            "code_version": code_version(), "loss_curve": self.metrics.loss_curve(),
-            "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr, "optimizer": hp.level,
-        }
+        return schema.RunSummary(
+            run_id=self.spec.run_id, status=status, error=error, failed_step=failed_step,
+            step=st.step if failed_step is None else failed_step, tokens=st.tokens,
+            params_total=self.params_total, params_active=self.params_active, flops_per_token=fpt,
+            train_flops=st.train_flops,
+            eval_macro_loss=ev.get("eval_macro_loss"), eval_domain_loss=ev.get("eval_domain_loss"),
+            macro_bpb=ev.get("macro_bpb"), final_train_loss=st.last_loss, tokens_per_s=tps,
+            model_flops_per_s=mfps, mfu=mfps / self.peak if (mfps and self.peak) else None,
+            drop_rate=st.dropped / st.assigned if st.assigned else 0.0, max_grad_norm=st.max_grad_norm,
+            spikes=len(st.spike_steps), spike_steps=tuple(st.spike_steps),
+            wall_s=st.wall_s + (time.perf_counter() - self.t0), hardware=hardware,
+            code_version=code_version(), loss_curve=tuple(tuple(p) for p in self.metrics.loss_curve()),
+            started_at=time.time() - (st.wall_s + (time.perf_counter() - self.t0)),
+            extra={"eval_domain_bpb": ev.get("eval_domain_bpb"), "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr,
+                   "optimizer": hp.level, "data": self.data.provenance},
+        )
+
+
+def _as_json(s: schema.RunSummary) -> dict:
+    """The summary as summary.json holds it (lists, not tuples): what train() returns."""
+    return json.loads(json.dumps(s.to_dict()))
 
 
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
@@ -408,7 +400,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
     t = spec.train.effective()
     run_dir = Path(run_dir)
-    _validate_data_path(spec.data)
+    validate_data(spec.data)
     device = _device(t)
     stages = context_plan(spec)
     if stop_after is not None and stop_after < 1:
@@ -421,18 +413,16 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     summary_path = run_dir / "summary.json"
-    if resume and summary_path.exists():
-        try:
-            done = json.loads(summary_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            done = {}  # a damaged verdict is no verdict: train (or resume) again
-        if isinstance(done, dict) and done.get("run_id") == spec.run_id:
-            return done
+    if resume:
+        done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
+        if done is not None and done.run_id == spec.run_id:
+            return _as_json(done)
     if not resume and summary_path.exists():
         summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
     spec_path = run_dir / "spec.json"
-    if spec_path.exists() and resume:
-        old = RunSpec.from_dict(json.loads(spec_path.read_text()))
+    old_spec = schema.read_json(spec_path) if resume else None
+    if old_spec is not None:
+        old = RunSpec.from_dict(old_spec)
         if old.run_id != spec.run_id:
             raise ValueError(f"run_dir {str(run_dir)!r} holds run {old.run_id}, not {spec.run_id}; "
                              "use another --out or resume=False")
@@ -443,7 +433,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if main:
         for p in remove_stale_temps(run_dir, run_dir / "checkpoints"):
             log.info("removed a temporary file left by a killed writer: %s", p.name)
-        atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1, sort_keys=True))
+        schema.write_spec(run_dir, spec)
 
     handler = logging.FileHandler(run_dir / "train.log") if main else logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -466,6 +456,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         stop.restore()
         if trainer is not None and trainer.sinks is not None:
             trainer.sinks.close()
+        if trainer is not None and trainer.progress is not None:
+            trainer.progress.close()
         log.removeHandler(handler)
         handler.close()
         if d is not None and d.owns_pg and dist.is_initialized():

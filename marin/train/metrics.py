@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from marin.config import RunSpec
-from marin.train.files import atomic_write_text
+from marin.schema import atomic_write_text
 
 log = logging.getLogger("marin.train")
 
