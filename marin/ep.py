@@ -174,6 +174,19 @@ class _AllToAll(torch.autograd.Function):
         return gx, None, None, None
 
 
+class _GradScale(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by a constant."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return g * ctx.scale, None
+
+
 def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
     """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it."""
     return _AllToAll.apply(x, out_splits, in_splits, group)
@@ -218,6 +231,9 @@ class EPDispatcher:
         check_ep_layout(n_experts, self.S, self.S)
         self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
         self.n_local = n_experts // self.S
+        # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
+        # averages them): sync_expert_grads is then not needed.
+        self.grad_scale = 1.0
 
     def __repr__(self) -> str:
         return (f"EPDispatcher(transport={self.transport!r}, ep={self.S}, rank={self.rank}, "
@@ -228,6 +244,9 @@ class EPDispatcher:
         if experts.n_experts != self.n_local:
             raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
                              f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
+        if self.grad_scale != 1.0:
+            experts = ExpertWeights(*(_GradScale.apply(w, self.grad_scale)
+                                      for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))
         counts_1E, rank_N = cell_counts(expert_idx_TK, self.n_experts, 1)
         if self.transport == "fixed" and not dropless:
             return self._fixed(x_TW, expert_idx_TK, combine_TK, experts, rank_N)
