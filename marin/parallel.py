@@ -223,3 +223,69 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None) -> Tensor:
         for g in grads:
             g.mul_(coef.to(g.dtype))
     return norm
+
+
+# ---------------------------------------------------------------------------------------------
+# Asynchronous distributed checkpoint, and its size
+# ---------------------------------------------------------------------------------------------
+
+# Optimizer state bytes per parameter element, by group kind (fp32 moments; radii and steps are O(1))
+STATE_BYTES = {"muonh": 4, "muon": 4, "adamh": 8, "adam": 8, "adamw": 8}
+
+
+class AsyncCheckpointer:
+    """Sharded checkpoints written in the background (torch.distributed.checkpoint.async_save, as
+    torchtitan's CheckpointManager async mode): `save` returns once the state is staged in host memory,
+    so training (or a preemption handler) goes on while the files are written; a next `save` and
+    `wait` first finish the previous write. The write coordinates over its own gloo group, so its
+    collectives never interleave with the training's."""
+
+    def __init__(self, groups: EPGroups | None):
+        self.groups = groups
+        self.pg = dist.new_group(backend="gloo") if groups is not None else None
+        self._future = None
+
+    def save(self, model: nn.Module, path, optimizer=None) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        from marin.ep import _ep_state_dict
+
+        self.wait()
+        sd = _ep_state_dict(model, self.groups, optimizer)
+        self._future = dcp.async_save(sd, checkpoint_id=str(path), process_group=self.pg,
+                                      async_checkpointer_type=AsyncCheckpointerType.THREAD,
+                                      no_dist=self.groups is None)
+
+    def wait(self) -> None:
+        """Block until the last save is on disk (call before exit and before reading the files)."""
+        if self._future is not None:
+            fut, self._future = self._future, None
+            fut.result()
+
+
+def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | None = None) -> int:
+    """Bytes this rank writes to a checkpoint of `model` (parameters in their dtype plus the optimizer
+    state of `level`, marin.optim group kinds): its FSDP2 shards; plain EP expert slices once per dp
+    group (DCP writes a replicated tensor once); other plain tensors on rank 0. Works on a meta-device
+    model, so the plan sizes the hero without allocating it."""
+    from torch.distributed.tensor import DTensor
+
+    from marin.optim import group_kinds
+
+    kinds = group_kinds(level)
+    experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
+    params = dict(model.named_parameters())
+    dp_rank = groups.dp_rank if groups is not None else 0
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    total = 0
+    for name, role in model.param_roles().items():
+        p = params[name]
+        if isinstance(p, DTensor):
+            n = p.to_local().numel()
+        elif id(p) in experts:
+            n = p.numel() if dp_rank == 0 else 0
+        else:
+            n = p.numel() if rank == 0 else 0
+        total += n * (p.element_size() + STATE_BYTES[kinds[role]])
+    return total
