@@ -174,6 +174,19 @@ class _AllToAll(torch.autograd.Function):
         return gx, None, None, None
 
 
+class _GradScale(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by a constant."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return g * ctx.scale, None
+
+
 def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
     """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it."""
     return _AllToAll.apply(x, out_splits, in_splits, group)
@@ -218,6 +231,9 @@ class EPDispatcher:
         check_ep_layout(n_experts, self.S, self.S)
         self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
         self.n_local = n_experts // self.S
+        # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
+        # averages them): sync_expert_grads is then not needed.
+        self.grad_scale = 1.0
 
     def __repr__(self) -> str:
         return (f"EPDispatcher(transport={self.transport!r}, ep={self.S}, rank={self.rank}, "
@@ -228,6 +244,9 @@ class EPDispatcher:
         if experts.n_experts != self.n_local:
             raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
                              f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
+        if self.grad_scale != 1.0:
+            experts = ExpertWeights(*(_GradScale.apply(w, self.grad_scale)
+                                      for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))
         counts_1E, rank_N = cell_counts(expert_idx_TK, self.n_experts, 1)
         if self.transport == "fixed" and not dropless:
             return self._fixed(x_TW, expert_idx_TK, combine_TK, experts, rank_N)
@@ -409,9 +428,32 @@ def sync_grads(model: nn.Module, groups: EPGroups) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _expert_dtensor(t: Tensor, groups: EPGroups):
+_EXPERT_MESHES: dict[int, object] = {}
+
+
+def _expert_mesh(groups: EPGroups):
+    """The ("ep", "dp") view of the mesh: expert rows split over EP first, then by FSDP over dp."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    key = id(groups.mesh)
+    if key not in _EXPERT_MESHES:
+        m = groups.mesh
+        _EXPERT_MESHES[key] = DeviceMesh(m.device_type, m.mesh.T.contiguous(), mesh_dim_names=("ep", "dp"))
+    return _EXPERT_MESHES[key]
+
+
+def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
+    """The global [E, ...] view of this rank's expert rows: a plain EP slice (replicated over dp), or
+    an FSDP2 shard over dp of it (DTensor, or its local part with `rows` = the slice's row count)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
+    if isinstance(t, DTensor) or rows is not None:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        n = t.shape[0] if isinstance(t, DTensor) else rows
+        shape = torch.Size((n * groups.ep_size,) + tuple(local.shape[1:]))
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(local, _expert_mesh(groups), [Shard(0), Shard(0)], run_check=False,
+                                  shape=shape, stride=stride)
     return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
 
@@ -419,6 +461,8 @@ def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) ->
     """{"model": ..., "optim": ...}: expert stacks (and their optimizer states with the local expert
     dim leading) as DTensors sharded over "ep" and replicated over "dp", FSDP2 parameters as their
     DTensors, everything else plain (replicated). Optimizer states keyed by parameter name."""
+    from torch.distributed.tensor import DTensor
+
     sd = model.state_dict()
     experts = set(expert_param_names(model))
     if groups is not None:
@@ -432,15 +476,21 @@ def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) ->
         osd = get_optimizer_state_dict(model, optimizer)
         if groups is not None:
             params = dict(model.named_parameters())
+            bank = {n for g in osd["param_groups"] if g.get("bank_sphere") for n in g["params"]}
             for fqn, st in list(osd["state"].items()):
                 if fqn in experts:
                     # a copy: these dicts are the optimizer's live state (training goes on after a save)
                     osd["state"][fqn] = st = dict(st)
+                    p = params[fqn]
+                    rows = p.to_local().shape[0] if isinstance(p, DTensor) else p.shape[0]
                     for k, v in st.items():
                         # per-expert states lead with the local expert dim too: moments, and MuonH's
                         # radius (E_local, 1, 1); replicated saving would keep rank 0's experts only
-                        if torch.is_tensor(v) and v.ndim >= 1 and v.shape[0] == params[fqn].shape[0]:
+                        if isinstance(v, DTensor):
                             st[k] = _expert_dtensor(v, groups)
+                        elif (torch.is_tensor(v) and v.ndim >= 1 and v.shape[0] == rows
+                              and not (k == "radius" and fqn in bank)):
+                            st[k] = _expert_dtensor(v, groups, p.shape[0] if isinstance(p, DTensor) else None)
         out["optim"] = osd
     return out
 
@@ -477,9 +527,15 @@ def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
 
         experts = set(expert_param_names(model))
         osd = sd["optim"]
+        params = dict(model.named_parameters())
         for fqn, st in osd["state"].items():
             if fqn in experts:
+                p = params[fqn]
                 for k, v in st.items():
                     if isinstance(v, DTensor):
-                        st[k] = v.to_local()
+                        if isinstance(p, DTensor) and v.ndim == p.ndim and v.shape[1:] == p.shape[1:]:
+                            st[k] = DTensor.from_local(v.to_local(), p.device_mesh, p.placements,
+                                                       run_check=False, shape=p.shape, stride=p.stride())
+                        else:
+                            st[k] = v.to_local()
         set_optimizer_state_dict(model, optimizer, osd)

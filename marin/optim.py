@@ -47,6 +47,7 @@ import math
 from typing import Iterable, Mapping
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from marin.config import LR_SCHEDULES
@@ -124,6 +125,36 @@ def newton_schulz_many(us: list[Tensor], steps: int = 5) -> list[Tensor]:
     return out  # type: ignore[return-value]
 
 
+def _is_dtensor(t: Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's part of an FSDP2 DTensor (the tensor itself otherwise); in-place ops write through."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _sharded_dims(p: Tensor) -> set[int]:
+    return {pl.dim for pl in p.placements if pl.is_shard()} if _is_dtensor(p) else set()
+
+
+def _shard_groups(p: Tensor) -> list:
+    """The process groups of the mesh dims that shard p (none for a plain tensor)."""
+    if not _is_dtensor(p):
+        return []
+    return [p.device_mesh.get_group(i) for i, pl in enumerate(p.placements) if pl.is_shard()]
+
+
+def _local_box(p: Tensor) -> list[tuple[int, int, int]]:
+    """(dim, global start, local size) of every sharded dim of the DTensor p."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return [(d, offset[d], shape[d]) for d in sorted(_sharded_dims(p))]
+
+
 def _fro(x: Tensor, bank: bool = False) -> Tensor:
     """Frobenius norm of each trailing matrix (bank: of the whole tensor), shaped for broadcasting."""
     if bank or x.ndim < 2:
@@ -172,7 +203,7 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         if role not in kinds:
             raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; allowed values: {', '.join(ROLES)}")
         kind = kinds[role]
-        if kind in ("muonh", "adamh") and float(p.detach().float().norm()) == 0.0:
+        if kind in ("muonh", "adamh") and not p.is_meta and float(p.detach().float().norm()) == 0.0:
             raise ValueError(f"parameter {name!r} (role {role!r}) has zero Frobenius norm: it cannot live "
                              "on a hyperball; give it a nonzero init or another role")
         key = (kind, role)
@@ -196,10 +227,12 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
 class MarinOptimizer(torch.optim.Optimizer):
     """All groups of one run in one optimizer; `state_dict()` round-trips exactly (resume)."""
 
-    def __init__(self, groups: list[dict]):
+    def __init__(self, groups: list[dict], expert_group=None):
         super().__init__(groups, defaults=dict(lr=1e-3, peak_lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
                                                weight_decay=0.0, momentum=0.95, ns_steps=5, kind="adam",
                                                role="", names=[], bank_sphere=False))
+        # EP runs: the process group splitting each expert bank (a bank sphere spans it); not state
+        self.expert_group = expert_group
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102
@@ -210,24 +243,57 @@ class MarinOptimizer(torch.optim.Optimizer):
         for g in self.param_groups:
             params = [p for p in g["params"] if p.grad is not None]
             if g["kind"] in ("muonh", "muon"):
-                # one Newton–Schulz call per matrix shape: the group's matrices (and experts) in a batch
-                ortho = newton_schulz_many([self._nesterov(p, g) for p in params], g["ns_steps"])
+                # one parameter at a time: a group stacked into one tensor is a transient the size of
+                # the group (hundreds of GiB at the hero), and a sharded matrix is gathered alone
                 apply = self._project if g["kind"] == "muonh" else self._muon_apply
-                for p, o in zip(params, ortho):
-                    apply(p, g, o.float())
+                for p in params:
+                    apply(p, g, self._orthogonalize(p, self._nesterov(p, g), g["ns_steps"]).float())
             else:
                 fn = self._adamh if g["kind"] == "adamh" else self._adam
                 for p in params:
                     fn(p, g)
         return loss
 
+    # -- sharded parameters (FSDP2 DTensors, EP expert slices) -------------------------------------
+    def _fro(self, x: Tensor, p: Tensor, g: dict) -> Tensor:
+        """`_fro` of the whole parameter from this rank's part `x` of it: sums of squares all-reduced
+        over the shards a sphere spans (the FSDP mesh dims that split it; the EP group for a bank)."""
+        bank = g.get("bank_sphere", False)  # groups saved before the option existed: per matrix
+        groups = _shard_groups(p)
+        if bank and self.expert_group is not None:
+            groups.append(self.expert_group)
+        if not groups:
+            return _fro(x, bank)
+        if bank or x.ndim < 2:
+            sq = x.pow(2).sum().reshape((1,) * x.ndim)
+        elif any(d >= x.ndim - 2 for d in _sharded_dims(p)):  # the matrices themselves are split
+            sq = x.pow(2).sum(dim=(-2, -1), keepdim=True)
+        else:  # only a batch dim is split (experts): every matrix is whole here
+            return torch.linalg.matrix_norm(x, keepdim=True)
+        for grp in groups:
+            dist.all_reduce(sq, group=grp)
+        return sq.sqrt()
+
+    def _orthogonalize(self, p: Tensor, d: Tensor, steps: int) -> Tensor:
+        """Newton–Schulz of this rank's part `d` of p's direction: locally when only a batch dim
+        (experts) is sharded, else on the whole matrix gathered for this one parameter, sliced back."""
+        if not _is_dtensor(p) or not any(dim >= p.ndim - 2 for dim in _sharded_dims(p)):
+            return newton_schulz(d, steps) if d.numel() else d
+        from torch.distributed.tensor import DTensor
+
+        full = DTensor.from_local(d, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+        o = newton_schulz(full, steps)
+        for dim, start, size in _local_box(p):
+            o = o.narrow(dim, start, size)
+        return o
+
     # -- direction helpers ------------------------------------------------------------------------
     def _nesterov(self, p: Tensor, g: dict) -> Tensor:
         st = self.state[p]
         if "momentum_buffer" not in st:
             st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-        buf = st["momentum_buffer"]
-        grad = p.grad.float()
+        buf = _local(st["momentum_buffer"])
+        grad = _local(p.grad).float()
         buf.mul_(g["momentum"]).add_(grad)
         return grad.add(buf, alpha=g["momentum"])
 
@@ -239,26 +305,26 @@ class MarinOptimizer(torch.optim.Optimizer):
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
         b1, b2 = g["betas"]
         st["step"] += 1
-        t = float(st["step"])
-        grad = p.grad.float()
-        st["exp_avg"].lerp_(grad, 1 - b1)
-        st["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        m_hat = st["exp_avg"] / (1 - b1**t)
-        v_hat = st["exp_avg_sq"] / (1 - b2**t)
+        t = st["step"]  # a CPU float64 scalar tensor: the bias corrections never read a value on the host
+        grad = _local(p.grad).float()
+        m, v = _local(st["exp_avg"]), _local(st["exp_avg_sq"])
+        m.lerp_(grad, 1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        m_hat = m / (1 - b1**t)
+        v_hat = v / (1 - b2**t)
         return m_hat / (v_hat.sqrt() + g["eps"])
 
     def _project(self, p: Tensor, g: dict, direction: Tensor) -> None:
-        """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix (per whole tensor for a
-        bank sphere); R fixed at its init."""
+        """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix (per whole bank for a
+        bank sphere); R fixed at its init. Norms span the whole parameter however it is sharded."""
         st = self.state[p]
-        w = p.float()
-        bank = g.get("bank_sphere", False)  # groups saved before the option existed: per matrix
+        w = _local(p).float()
         if "radius" not in st:
-            st["radius"] = _fro(w, bank).clone()
+            st["radius"] = self._fro(w, p, g).clone()
         r = st["radius"]
-        d_unit = direction / (_fro(direction, bank) + 1e-12)
+        d_unit = direction / (self._fro(direction, p, g) + 1e-12)
         x = w - g["lr"] * r * d_unit
-        p.copy_((x * (r / (_fro(x, bank) + 1e-30))).to(p.dtype))
+        _local(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
 
     # -- group kinds ---------------------------------------------------------------------------------
     def _adamh(self, p: Tensor, g: dict) -> None:
@@ -266,20 +332,23 @@ class MarinOptimizer(torch.optim.Optimizer):
 
     def _adam(self, p: Tensor, g: dict) -> None:
         upd = self._adam_direction(p, g)
+        w = _local(p)
         if g["weight_decay"]:
-            p.mul_(1 - g["lr"] * g["weight_decay"])
-        p.add_(upd.to(p.dtype), alpha=-g["lr"])
+            w.mul_(1 - g["lr"] * g["weight_decay"])
+        w.add_(upd.to(p.dtype), alpha=-g["lr"])
 
     def _muon_apply(self, p: Tensor, g: dict, o: Tensor) -> None:
-        scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))
+        scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))  # the global shape
+        w = _local(p)
         if g["weight_decay"]:
-            p.mul_(1 - g["lr"] * g["weight_decay"])
-        p.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
+            w.mul_(1 - g["lr"] * g["weight_decay"])
+        w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
 
 
-def build_optimizer(model: torch.nn.Module, hp: OptimHparams) -> MarinOptimizer:
-    """Group `model`'s parameters by `model.param_roles()` for `hp.level`."""
-    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp))
+def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None) -> MarinOptimizer:
+    """Group `model`'s parameters by `model.param_roles()` for `hp.level`; `expert_group` is the EP
+    group of an EP model (its expert stacks are slices of each layer's bank)."""
+    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp), expert_group)
 
 
 def group_assignment(opt: torch.optim.Optimizer) -> dict[str, str]:

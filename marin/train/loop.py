@@ -141,7 +141,8 @@ class Trainer:
             log.info("distributed: world %d = dp %d x ep %d, rank %d", d.world, d.groups.dp_size,
                      d.groups.ep_size, d.rank)
         self.hp = resolve_hparams(spec)
-        self.opt = build_optimizer(model, self.hp)
+        # EP: an expert bank's sphere spans the EP group's slices of it
+        self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
         if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
             for block in model.blocks:
                 block.compile()
