@@ -198,7 +198,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
             if prog:
                 prog.update(counts)
                 prog.close()
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM, or a failure of the driver itself: never orphan the workers
         if prog:
             prog.close()
         if opts.executor == "local":  # workers checkpoint at the next step and stop
