@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from marin.config import RunSpec
+
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
 
@@ -44,8 +46,9 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
     d = Path(run_dir)
     rec = last_train_record(d / "metrics.jsonl")
     try:
-        total = json.loads((d / "spec.json").read_text())["train"]["steps"]
-    except (OSError, ValueError, KeyError):
+        # the steps trained, not the rung's: token_multiplier (calibration's extra-compute arm) scales them
+        total = RunSpec.from_dict(json.loads((d / "spec.json").read_text())).train.effective().steps
+    except (OSError, ValueError, KeyError, TypeError):
         total = None
     try:
         since = json.loads((d / ".lock").read_text() or "{}").get("since")
@@ -132,13 +135,14 @@ class Progress:
 
     def snapshot(self) -> tuple[dict[str, int], list[dict]]:
         """Counts by state and, per run, its state, rung, step/total, loss, elapsed and wall time."""
-        from sweeps.runs import RUN_STATES, read_json, run_state
+        from sweeps.runs import read_json
+        from sweeps.state import count, survey
 
-        counts = {s: 0 for s in RUN_STATES}
+        statuses = survey(r.dir for r in self.runs)
+        counts = count(statuses)
         rows = []
-        for r in self.runs:
-            st = run_state(r.dir)
-            counts[st] += 1
+        for r, status in zip(self.runs, statuses):
+            st = status.state
             row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta}
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
