@@ -71,10 +71,14 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
 
 
 def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> float | None:
-    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s"}; the
-    model's estimate is scaled by sum(actual) / sum(estimated) over completed runs."""
+    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s", "work"}; a
+    run's estimate is its rung's times `work` (its token_multiplier: steps trained over the rung's,
+    default 1), scaled by sum(actual) / sum(estimated) over completed runs."""
+    def est(r: dict) -> float:
+        return estimates[r["rung"]] * float(r.get("work") or 1)
+
     done = [r for r in runs if r["state"] == "completed" and r.get("wall_s") and r["rung"] in estimates]
-    est_done = sum(estimates[r["rung"]] for r in done)
+    est_done = sum(est(r) for r in done)
     ratio = sum(r["wall_s"] for r in done) / est_done if est_done else 1.0
     left = 0.0
     for r in runs:
@@ -83,7 +87,7 @@ def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> 
         if r["rung"] not in estimates:
             return None
         frac = r["step"] / r["total"] if r.get("step") and r.get("total") else 0.0
-        left += estimates[r["rung"]] * ratio * (1.0 - min(frac, 1.0))
+        left += est(r) * ratio * (1.0 - min(frac, 1.0))
     return left / max(1, slots)
 
 
@@ -143,7 +147,8 @@ class Progress:
         rows = []
         for r, status in zip(self.runs, statuses):
             st = status.state
-            row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta}
+            row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta,
+                   "work": r.spec.train.token_multiplier}
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
             elif st == "completed":
