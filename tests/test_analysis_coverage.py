@@ -23,5 +23,6 @@ def test_intervals_cover_or_are_flagged_across_all_scenarios():
         for k, v in cov.one("m2", i).items():
             agg.setdefault(k, []).extend(v)
     ok = {k: np.mean([b for _, b in v]) for k, v in agg.items()}
-    for k in ("component M_flop", "TOTAL M_flop", "TOTAL R", "per rung M_flop", "10x extrapolation M_flop"):
+    for k in ("component M_flop", "TOTAL M_flop", "TOTAL R", "per rung M_flop", "10x extrapolation M_flop",
+              "law linf", "law alpha"):
         assert ok[k] >= 0.85, (k, ok[k])
