@@ -59,6 +59,14 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
             "elapsed_s": elapsed}
 
 
+def run_work(run_dir: str | Path) -> int:
+    """The run's token_multiplier from spec.json (steps trained over its rung's; 1 when unknown)."""
+    try:
+        return int(json.loads((Path(run_dir) / "spec.json").read_text())["train"].get("token_multiplier", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+
+
 def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
     """Seconds one run of each rung takes by the plan's cost model (rungs without one are left out)."""
     out = {}
