@@ -104,7 +104,7 @@ class HeroPlan:
 
     def describe(self, spec: RunSpec) -> dict:
         self.check(spec)
-        m, t = spec.model, spec.train
+        m, t = spec.model, spec.train.effective()
         tokens = t.steps * t.batch_size * m.seq_len
         fpt = flops_per_token(m, spec.recipe)
         flops = fpt * tokens
@@ -295,7 +295,9 @@ class Study:
         specs = {(r.name, row): self.spec(r, self.levels(row), self.seeds[0]) for r in self.rungs for row in range(n_rows)}
         for r in self.rungs:
             info = r.describe(self.base_recipe)
-            flops = n_seeds * sum(flops_per_token(s.model, s.recipe) * r.tokens()
+            # the steps each arm trains (TrainConfig.effective(): token_multiplier scales the rung's)
+            work = [s.train.token_multiplier for (rn, _), s in specs.items() if rn == r.name]
+            flops = n_seeds * sum(flops_per_token(s.model, s.recipe) * r.tokens() * s.train.token_multiplier
                                   for (rn, _), s in specs.items() if rn == r.name)
             info.update(n_runs=n_rows * n_seeds, train_flops=flops)
             if self.hardware is not None:
@@ -307,9 +309,9 @@ class Study:
                             timeout_min=max(30, math.ceil(1.5 * wall_h * 60)))
                 total_gpuh += gh
             if r.est_wall_s() is not None:
-                info.update(core_seconds=r.est_wall_s() * n_rows * n_seeds,
-                            timeout_min=max(2, math.ceil(3 * r.est_wall_s() / 60)))
-                total_wall += r.est_wall_s() * n_rows * n_seeds
+                info.update(core_seconds=r.est_wall_s() * sum(work) * n_seeds,
+                            timeout_min=max(2, math.ceil(3 * r.est_wall_s() * max(work) / 60)))
+                total_wall += r.est_wall_s() * sum(work) * n_seeds
             total_flops += flops
             rung_rows.append(info)
         cost: dict[str, Any] = {"train_flops": total_flops, "counts_source": counts_source()}

@@ -163,7 +163,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         for r in bad.itertuples():
             w.append(f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
                      f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
-                     "effects?), trust the observed contrast")
+                     f"effects?), trust the observed contrast; every component value of {r.response} rests on the "
+                     "same model and is suspect too")
         lof = a.checks.drop_duplicates("response")
         for r in lof.itertuples():
             if np.isfinite(r.lof_p) and r.lof_p < 0.05:

@@ -45,6 +45,7 @@ class JointFit:
     pinned: dict[str, float] = field(default_factory=dict)
     not_identified: list[str] = field(default_factory=list)
     converged: bool = True
+    data: tuple | None = None  # (C, L, E, seeds) the fit saw: profile intervals refit on it
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -153,8 +154,9 @@ def _seed_blocks(seeds) -> np.ndarray:
 
 
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
-              pin_alpha: float | None = None, start: JointFit | None = None) -> JointFit:
-    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute."""
+              pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False) -> JointFit:
+    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
+    warm_only: start from `start` alone (a profile's refits move the optimum only a little)."""
     if form not in FORMS:
         raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
     C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
@@ -203,7 +205,7 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
                 p0[idx[k]] = start.params[start.names.index(k)]
         starts.append(p0)
     span = max(float(np.ptp(L)), 1e-3)
-    for al0 in ((pin_alpha,) if pin_alpha is not None else (0.1, 0.3, 0.8)):
+    for al0 in (() if warm_only and starts else (pin_alpha,) if pin_alpha is not None else (0.1, 0.3, 0.8)):
         linf0 = pin_linf if pin_linf is not None else float(np.min(L)) - 0.5 * span
         p0 = np.zeros(len(names))
         if "linf" in idx:
@@ -247,11 +249,71 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
     return JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
                     resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
-                    converged=bool(best.success))
+                    converged=bool(best.success), data=(C, L, E, seeds))
+
+
+#: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0), α must be > 0.
+PROFILE_BOUNDS = {"linf": (0.0, None), "alpha": (1e-4, None)}
+
+
+def profile_ci(jf: JointFit, name: str, q: float) -> tuple[float, float]:
+    """Profile-likelihood interval of linf or alpha: {v : RSS(v) <= RSS_min·(1 + q²/dof)}, RSS(v) the
+    least squares with the parameter held at v and every other parameter refitted (the F(1, dof) test,
+    q the t quantile on the fit's own residual df). Unlike a Wald interval it follows the curved,
+    one-sided likelihood of L∞ (it cannot pass the losses; it can drift far below them). An end that
+    does not close before the parameter's bound (PROFILE_BOUNDS) is that bound; an end that does not
+    close at all is ±inf (the report then says the side is not identified)."""
+    if jf.data is None or jf.dof <= 0 or name not in ("linf", "alpha") or name in jf.pinned:
+        raise ValueError(f"profile of {name!r} needs an unpinned linf/alpha and a fit with residual df")
+    C, L, E, seeds = jf.data
+    v0 = jf.get(name)
+    rss0 = float(jf.resid @ jf.resid)
+    thr = rss0 * (1.0 + q * q / jf.dof)
+    i = jf.names.index(name)
+    se = float(np.sqrt(max(jf.cov[i, i], np.nan_to_num(jf.cov_model[i, i]), 0.0)))
+    step0 = max(se, 1e-3 * max(abs(v0), 1.0))
+    lo_b, hi_b = PROFILE_BOUNDS[name]
+    cache: dict[float, float] = {}
+
+    def excess(v: float) -> float:  # > 0 outside the interval
+        if v not in cache:
+            kw = {"pin_linf": v} if name == "linf" else {"pin_alpha": v}
+            try:
+                f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
+                              **{**{"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}, **kw})
+                cache[v] = float(f.resid @ f.resid) - thr
+            except ValueError:  # the law stops falling with compute there: far outside
+                cache[v] = np.inf
+        return cache[v]
+
+    def end(sign: int) -> float:
+        bound = lo_b if sign < 0 else hi_b
+        inside, step = v0, step0
+        for _ in range(40):
+            v = inside + sign * step
+            if bound is not None and sign * (v - bound) >= 0:
+                if excess(bound) <= 0:
+                    return float(bound)
+                v = bound
+            if excess(v) > 0:
+                out = v
+                for _ in range(30):  # a refit that fails (inf) has no root to bracket: close in on it
+                    if np.isfinite(excess(out)):
+                        break
+                    mid = 0.5 * (inside + out)
+                    inside, out = (mid, out) if excess(mid) <= 0 else (inside, mid)
+                if not np.isfinite(excess(out)):
+                    return float(inside)
+                return float(optimize.brentq(excess, min(inside, out), max(inside, out), xtol=1e-4 * step0))
+            inside, step = v, 2.0 * step
+        return float(sign * np.inf)
+
+    return end(-1), end(+1)
 
 
 def law_of(jf: JointFit, level: float = 0.95):
-    """The reference law (the all-off arm's curve) of a joint fit, as a LawFit with Wald intervals."""
+    """The reference law (the all-off arm's curve) of a joint fit, as a LawFit: profile-likelihood
+    intervals for L∞ and α (profile_ci), a delta-method interval for A."""
     from scipy import stats
 
     from analysis.scaling import LawFit
@@ -262,8 +324,8 @@ def law_of(jf: JointFit, level: float = 0.95):
     ni = [{"ln_a": "A"}.get(k, k) for k in jf.not_identified if k != "kappa"]
     prof = {}
     for k in ("linf", "alpha"):
-        if k not in jf.pinned:
-            prof[k] = jf.wald_ci(k, q)
+        if k not in jf.pinned and k not in jf.not_identified:
+            prof[k] = profile_ci(jf, k, q) if jf.dof > 0 else jf.wald_ci(k, q)
     # ln A = ln a + α ln C0: its variance by the delta method
     g = np.array([0.0, 1.0, np.log(jf.c0)])
     se = float(np.sqrt(max(g @ cov_h @ g, g @ cov_m @ g, 0.0)))

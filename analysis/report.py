@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 
 DEFINITIONS = (
@@ -189,13 +190,21 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
             if k in law.pinned:
                 return ("pinned", "pinned")
             lo, hi = law.ci(k)
-            return ("not identified", "not identified") if not math.isfinite(lo) else (lo, hi)
+            if not (math.isfinite(lo) or math.isfinite(hi)):
+                return ("not identified", "not identified")
+            bound = PROFILE_BOUNDS.get(k, (None, None))[0]
+            # a profile end that reached the parameter's bound: that side is not identified by the rungs
+            return ("not identified" if not math.isfinite(lo) else f"{lo:.4g} (bound)" if lo == bound else lo,
+                    hi if math.isfinite(hi) else "not identified")
 
         rows = [{"parameter": k, "estimate": getattr(law, k), "95% CI lo": ci(k)[0], "95% CI hi": ci(k)[1]}
                 for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
               f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
-              "the all-off arm's curve; Wald intervals with the larger of the HC3 and model-based variances.", ""]
+              "the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other parameter refitted, "
+              "F(1, df) cut-off); an end marked (bound) reached L∞ = 0 or α = 0 without leaving the interval, so "
+              "the rungs bound that side only by the parameter's range. A: delta method with the larger of the "
+              "HC3 and model-based variances.", ""]
         if "curved" in a.joint:
             k = a.joint["curved"]
             lo, hi = k.wald_ci("kappa", 1.96)

@@ -102,7 +102,9 @@ class SimTruth:
         return sum(2 * self.throughput.get(f, 0.0) for f in self.factors) + self.throughput_allon
 
     def throughput_effect(self) -> dict[str, float]:
-        return {f: 2 * self.throughput.get(f, 0.0) for f in self.factors}
+        """True Shapley value of each factor's ln R: 2·main, plus an equal share of the all-on-only
+        effect (an effect present only when all k factors are on is split k ways by symmetry)."""
+        return {f: 2 * self.throughput.get(f, 0.0) + self.throughput_allon / len(self.factors) for f in self.factors}
 
 
 def random_truth(factors: list[str], rng: np.random.Generator, *, main_sd: float = 0.08, inter_sd: float = 0.03,

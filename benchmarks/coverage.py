@@ -7,7 +7,8 @@ resolution IV, on 4 rungs (compute x2 per rung, like the smoke ladder's 32..256 
 rotate per study: plain, strong scale trends, strong interactions, heteroscedastic noise, a broken
 law, lost runs (one baseline run among them), a higher-order throughput effect. A number counts as
 "ok" when its interval covers the truth or the report flags it (not identified / disagreement /
-law form not assessable / interval wider than 10x).
+law form not assessable / interval wider than 10x). A component's truth is its Shapley value under
+the true model (an all-on-only throughput effect is shared equally by the factors).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def one(design: str, i: int) -> dict[str, tuple[bool, bool]]:
     disagree = {r: bool((ch[ch["response"] == r]["agree"] == False).any()) for r in ("ln_M", "ln_R")}  # noqa: E712
     sh = truth.shapley(a.c_ref)
     for f in factors:
-        put("component M_flop", comp.loc[("ln_M", f), "shapley_lo"], comp.loc[("ln_M", f), "shapley_hi"], sh[f])
+        # a TOTAL disagreement warns that every component of that response is suspect (analysis/checks.py)
+        put("component M_flop", comp.loc[("ln_M", f), "shapley_lo"], comp.loc[("ln_M", f), "shapley_hi"], sh[f],
+            disagree["ln_M"])
         put("component R", comp.loc[("ln_R", f), "shapley_lo"], comp.loc[("ln_R", f), "shapley_hi"],
-            truth.throughput_effect()[f])
+            truth.throughput_effect()[f], disagree["ln_R"])
     put("TOTAL M_flop", comp.loc[("ln_M", "TOTAL"), "shapley_lo"], comp.loc[("ln_M", "TOTAL"), "shapley_hi"],
         sum(sh.values()), disagree["ln_M"])
     put("TOTAL R", comp.loc[("ln_R", "TOTAL"), "shapley_lo"], comp.loc[("ln_R", "TOTAL"), "shapley_hi"],

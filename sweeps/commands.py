@@ -381,7 +381,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sweeps.progress import format_counts, hms, rung_estimates, run_live, study_eta
+    from sweeps.progress import format_counts, hms, rung_estimates, run_live, run_work, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
@@ -396,7 +396,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if state == "completed":
             summary = json.loads((sdir / r["run_id"] / "summary.json").read_text())
             r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
-    rows = [dict(r, state=r["state"].split(",")[0]) for r in st["runs"]]
+    rows = [dict(r, state=r["state"].split(",")[0], work=run_work(sdir / r["run_id"])) for r in st["runs"]]
     eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))
     st["eta_s"] = eta if st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"] else 0.0
     if args.json:

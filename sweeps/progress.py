@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from marin.config import RunSpec
+
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
 
@@ -44,8 +46,9 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
     d = Path(run_dir)
     rec = last_train_record(d / "metrics.jsonl")
     try:
-        total = json.loads((d / "spec.json").read_text())["train"]["steps"]
-    except (OSError, ValueError, KeyError):
+        # the steps trained, not the rung's: token_multiplier (calibration's extra-compute arm) scales them
+        total = RunSpec.from_dict(json.loads((d / "spec.json").read_text())).train.effective().steps
+    except (OSError, ValueError, KeyError, TypeError):
         total = None
     try:
         since = json.loads((d / ".lock").read_text() or "{}").get("since")
@@ -54,6 +57,14 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
     elapsed = (now if now is not None else time.time()) - since if since else None
     return {"step": rec["step"] + 1 if rec else 0, "total": total, "loss": rec["loss"] if rec else None,
             "elapsed_s": elapsed}
+
+
+def run_work(run_dir: str | Path) -> int:
+    """The run's token_multiplier from spec.json (steps trained over its rung's; 1 when unknown)."""
+    try:
+        return int(json.loads((Path(run_dir) / "spec.json").read_text())["train"].get("token_multiplier", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
 
 
 def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
@@ -68,10 +79,14 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
 
 
 def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> float | None:
-    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s"}; the
-    model's estimate is scaled by sum(actual) / sum(estimated) over completed runs."""
+    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s", "work"}; a
+    run's estimate is its rung's times `work` (its token_multiplier: steps trained over the rung's,
+    default 1), scaled by sum(actual) / sum(estimated) over completed runs."""
+    def est(r: dict) -> float:
+        return estimates[r["rung"]] * float(r.get("work") or 1)
+
     done = [r for r in runs if r["state"] == "completed" and r.get("wall_s") and r["rung"] in estimates]
-    est_done = sum(estimates[r["rung"]] for r in done)
+    est_done = sum(est(r) for r in done)
     ratio = sum(r["wall_s"] for r in done) / est_done if est_done else 1.0
     left = 0.0
     for r in runs:
@@ -80,7 +95,7 @@ def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> 
         if r["rung"] not in estimates:
             return None
         frac = r["step"] / r["total"] if r.get("step") and r.get("total") else 0.0
-        left += estimates[r["rung"]] * ratio * (1.0 - min(frac, 1.0))
+        left += est(r) * ratio * (1.0 - min(frac, 1.0))
     return left / max(1, slots)
 
 
@@ -132,14 +147,16 @@ class Progress:
 
     def snapshot(self) -> tuple[dict[str, int], list[dict]]:
         """Counts by state and, per run, its state, rung, step/total, loss, elapsed and wall time."""
-        from sweeps.runs import RUN_STATES, read_json, run_state
+        from sweeps.runs import read_json
+        from sweeps.state import count, survey
 
-        counts = {s: 0 for s in RUN_STATES}
+        statuses = survey(r.dir for r in self.runs)
+        counts = count(statuses)
         rows = []
-        for r in self.runs:
-            st = run_state(r.dir)
-            counts[st] += 1
-            row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta}
+        for r, status in zip(self.runs, statuses):
+            st = status.state
+            row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta,
+                   "work": r.spec.train.token_multiplier}
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
             elif st == "completed":

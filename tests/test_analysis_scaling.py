@@ -75,3 +75,40 @@ def test_multiplier_inverts_the_law():
     Cq = np.array([1e16, 3e17, 2e18, 1e19])
     np.testing.assert_allclose(log_multiplier(loss_at(lnm, Cq, fit), Cq, fit), lnm, atol=1e-9)
     assert np.isnan(log_multiplier(np.array([fit.linf - 0.01]), np.array([1e18]), fit))[0]
+
+
+def _joint_ladder(seed: int, rungs: int):
+    """One factor (e = 0 off, 2 on; true ln M = 0.3 per unit) on a power-law ladder, 2 runs per cell."""
+    rng = np.random.default_rng(seed)
+    C = np.repeat(np.logspace(16, 19, rungs), 4)
+    e = np.tile([0.0, 0.0, 2.0, 2.0], rungs)
+    L = TRUE["linf"] + TRUE["A"] * (np.exp(0.3 * e) * C) ** (-TRUE["alpha"]) + rng.normal(0, 0.01, len(C))
+    return C, L, e[:, None]
+
+
+@pytest.mark.parametrize("rungs", [3, 5])
+def test_law_profile_interval_is_exactly_the_set_where_the_refitted_rss_passes_the_f_test(rungs):
+    """profile_ci against a brute-force profile: every pinned value inside the interval refits with
+    RSS <= RSS_min·(1 + t²/df), every value outside does not; an end at the range bound is exact."""
+    from scipy import stats
+
+    from analysis.joint import PROFILE_BOUNDS, fit_joint, profile_ci
+
+    C, L, E = _joint_ladder(seed=rungs, rungs=rungs)
+    jf = fit_joint(C, L, E, [1])
+    q = float(stats.t.ppf(0.975, jf.dof))
+    thr = float(jf.resid @ jf.resid) * (1 + q * q / jf.dof)
+    for name, pin in (("linf", "pin_linf"), ("alpha", "pin_alpha")):
+        lo, hi = profile_ci(jf, name, q)
+        assert lo <= jf.get(name) < hi and np.isfinite(hi)
+        assert lo >= PROFILE_BOUNDS[name][0]
+        w = hi - lo
+        for v in np.linspace(max(lo - 0.3 * w, PROFILE_BOUNDS[name][0]), hi + 0.3 * w, 25):
+            f = fit_joint(C, L, E, [1], **{pin: float(v)})  # cold starts: independent of the profile's warm ones
+            rss = float(f.resid @ f.resid)
+            if lo + 1e-3 * w < v < hi - 1e-3 * w:
+                assert rss <= thr * (1 + 1e-6), (name, v, lo, hi)
+            elif v < lo - 1e-3 * w or v > hi + 1e-3 * w:
+                assert rss > thr, (name, v, lo, hi)
+    # the true L∞ and α are inside (one draw; the rate is in benchmarks/RESULTS.md)
+    assert profile_ci(jf, "linf", q)[0] <= TRUE["linf"] <= profile_ci(jf, "linf", q)[1]

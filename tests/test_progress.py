@@ -15,7 +15,7 @@ from ablations.studies import Study
 from marin.progress_line import StepProgress, format_line
 from sweeps import commands
 from sweeps.executors import ExecOptions
-from sweeps.progress import Progress, last_train_record, rung_estimates, run_live, study_eta
+from sweeps.progress import Progress, last_train_record, rung_estimates, run_live, run_work, study_eta
 from sweeps.runs import RunLock, write_run_files
 from sweeps.sweep import planned_runs, run_study
 
@@ -165,3 +165,24 @@ def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tm
         for s in ("tiny_watch", f"arm:{run.meta['arm']}", "rung:tiny", f"xsa:{run.meta['factors']['xsa']}",
                   run.run_id):
             assert s.encode() in blob, s
+
+
+def test_progress_and_plan_count_the_steps_a_run_trains_not_the_rungs(tmp_path):
+    """token_multiplier (calibration's extra-compute arm) trains steps x m: step n/total, ETA and plan cost."""
+    rung = Rung("tiny", "tiny", fixed_steps=3, batch_size=2, est_tokens_per_s=1000.0,
+                train_overrides={"eval_batches": 1, "eval_every": 3, "checkpoint_every": 2, "token_multiplier": 2})
+    study = Study(name="tiny_x2", description="x2 tokens", factors=("xsa",), design=full_factorial(["xsa"]),
+                  rungs=(rung,), seeds=(0,), executor={"executor": "debug"})
+    run = planned_runs(study, tmp_path)[0]
+    write_run_files(run)
+    assert run_live(run.dir)["total"] == 6 == run.spec.train.effective().steps and run_work(run.dir) == 2
+    p = Progress(2, "tiny_x2", stream=io.StringIO(), tty=False, runs=planned_runs(study, tmp_path))
+    counts, rows = p.snapshot()
+    assert counts["pending"] == 2 and [r["work"] for r in rows] == [2, 2]
+    assert study_eta([{"rung": "a", "state": "pending", "work": 2}, {"rung": "a", "state": "pending"}],
+                     {"a": 10.0}, slots=1) == pytest.approx(30.0)
+    from ablations.studies import get_study
+
+    cal = get_study("calibration").describe()
+    for r in cal["rungs"]:  # 8 of the 16 arms train twice the steps
+        assert r["core_seconds"] == pytest.approx(r["est_wall_s"] * (8 * 1 + 8 * 2), rel=0.01)  # est_wall_s is rounded
