@@ -380,7 +380,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
-        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and v > 256, "an integer > 256"),
+        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and 257 <= v <= 1 << 20,
+                                                         "an integer in 257..1048576 (256 bytes plus at least one merge)"),
                                            "data_seed": SEED})
 
 

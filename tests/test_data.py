@@ -258,7 +258,7 @@ def test_bpe_trains_on_a_small_sample_roundtrips_and_is_reused(tmp_path, data_di
 
 
 def test_bpe_vocab_must_exceed_the_byte_alphabet():
-    with pytest.raises(ValueError, match="DataConfig.bpe_vocab=200 must be an integer in 257"):
+    with pytest.raises(ValueError, match=r"DataConfig.bpe_vocab=200 is out of range; allowed values: an integer in 257\.\.1048576"):
         data.get_tokenizer(DataConfig(tokenizer="bpe", bpe_vocab=200))
 
 
