@@ -55,23 +55,18 @@ GB200 = Hardware("GB200 NVL72 (2.5 PFLOP/s bf16 dense per GPU)", 2.5e15, 0.30)
 
 @dataclass(frozen=True)
 class HeroPlan:
-    """Resources of the hero run on GB200 NVL72, and the fields sweeps needs to print its sbatch.
+    """The hero's layout on GB200 NVL72 (what to run; how to run it, the sbatch, is sweeps/hero.py).
 
-    Assumptions: a SLURM node is one NVL72 compute tray = 4 B200 GPUs + 2 Grace CPUs (144 cores,
-    36 per GPU); a rack is 18 trays = 72 GPUs in one NVLink domain. EP64 = 16 trays of one rack, so
-    every all-to-all stays on NVLink (`--segment=16` asks SLURM's topology/block plugin to place each
-    16-node block within a rack; 2 trays per rack stay free as spares). Data parallel (FSDP2) over
-    the `ep_groups` replicas. One task per GPU started by srun (no torchrun), requeued on USR2.
+    Assumptions: a node is one NVL72 compute tray = 4 B200 GPUs; a rack is 18 trays = 72 GPUs in one
+    NVLink domain. EP64 = 16 trays of one rack, so every all-to-all stays on NVLink (2 trays per rack
+    stay free as spares). Data parallel over the `ep_groups` replicas.
     """
 
     ep_groups: int = 11  # Marin: REFERENCE_RACKS = 11 (launch_checkpoint_restore_test.py), one EP64 group per rack
     gpus_per_node: int = 4
-    cpus_per_node: int = 144
     ep_size: int = 64
     gpus_per_nvl_domain: int = 72
     hbm_gb_per_gpu: float = 186.0  # GB200: 186 GB = 173 GiB
-    time_per_job: str = "04:00:00"
-    requeue_signal: str = "USR2@300"
     hardware: Hardware = GB200
 
     def __post_init__(self) -> None:
@@ -113,7 +108,6 @@ class HeroPlan:
         g = m.moe_geometry(spec.recipe)
         n_total = params_total(m, spec.recipe)
         routed = m.n_layers * g.n_experts * 3 * g.width * g.hidden
-        hours_per_job = _hours(self.time_per_job)
         return {
             "preset": "hero_535b",
             "params_total": n_total, "params_active": params_active(m, spec.recipe),
@@ -138,36 +132,7 @@ class HeroPlan:
             "expected_seconds": seconds, "expected_days": seconds / 86400,
             "gpu_hours": self.gpus * seconds / 3600,
             "seconds_per_step": seconds / t.steps,
-            "jobs_of_time_limit": math.ceil(seconds / 3600 / hours_per_job),
-            "sbatch": self.sbatch_fields(),
         }
-
-    def sbatch_fields(self) -> dict:
-        """What sweeps renders into `#SBATCH` lines (None: leave it to the cluster default / user)."""
-        return {
-            "job_name": "marin535-hero",
-            "nodes": self.nodes,
-            "ntasks_per_node": self.gpus_per_node,
-            "gpus_per_node": self.gpus_per_node,
-            "cpus_per_task": self.cpus_per_node // self.gpus_per_node,
-            "mem": "0",
-            "exclusive": True,
-            "segment": self.nodes_per_ep_group,
-            "time": self.time_per_job,
-            "signal": self.requeue_signal,
-            "requeue": True,
-            "partition": None,
-            "account": None,
-            "launcher": "srun",  # one task per GPU; torch.distributed from SLURM env, no torchrun
-            "env": {"OMP_NUM_THREADS": str(self.cpus_per_node // self.gpus_per_node)},
-        }
-
-
-def _hours(hms: str) -> float:
-    parts = [int(x) for x in hms.split(":")]
-    if len(parts) != 3:
-        raise ValueError(f"time {hms!r} must look like HH:MM:SS")
-    return parts[0] + parts[1] / 60 + parts[2] / 3600
 
 
 # ---------------------------------------------------------------------------------------------
