@@ -140,8 +140,9 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="measure one rank's memory at the full layout on CPU (fake process group, fake "
-                             "tensors) for the first run; exit 1 naming the lines over budget")
+                        help="on CPU, for the first run: (a) the training loop at the full world size through a "
+                             "fake process group (first, last and EP-edge ranks, narrowed width, 2 steps + eval); "
+                             "(b) one rank's memory at full width (fake tensors); exit 1 naming the lines over budget")
     parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
     parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
@@ -209,8 +210,16 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     hero = getattr(study, "hero", None)
     gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
     ep = args.ep or spec.model.ep_shards
+    import tempfile
+
+    from sweeps.dryrun import format_loop, loop_dry_run
+
+    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+        loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
+    if not args.json:
+        print(format_loop(loop) + "\n", flush=True)
     rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
-    print(json.dumps(rep, indent=1, default=str) if args.json else format_report(rep))
+    print(json.dumps({"loop": loop, **rep}, indent=1, default=str) if args.json else format_report(rep))
     return 0 if rep["ok"] else 1
 
 

@@ -16,6 +16,7 @@ named. Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTenso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -81,19 +82,54 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         dist.destroy_process_group()
 
 
+class _FlexFootprint(torch.autograd.Function):
+    """flex_attention's memory with no values: what its fused kernel keeps for the backward (torch
+    torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp: query, key, value, out and the
+    fp32 logsumexp) and allocates in it (dq, dk, dv, the fp32 row term). flex has no CPU backward, so
+    under fake tensors on CPU the attention of a flex model is this shape-exact stand-in."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, _, lse = ctx.saved_tensors
+        delta = torch.empty_like(lse)  # noqa: F841 - counted while alive, as the kernel's
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
+    """The BlockMask tensors of one (local, global) pair (int32 block counts and indices, both
+    directions, partial and full blocks of 128), allocated, not computed."""
+    nb = -(-S // 128)
+    return tuple(tuple(torch.empty(shape, dtype=torch.int32, device=device)
+                       for shape in ((B, 1, nb), (B, 1, nb, nb)) * 4) for _ in range(2))
+
+
 def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) -> float:
     """Peak bytes of activations + temporaries of one rank's forward + backward at full width and
-    `layers` layers (parameters and gradients are not counted: the state lines hold them)."""
+    `layers` layers (parameters and gradients are not counted: the state lines hold them). A flex
+    model's attention is measured through `_FlexFootprint` (what the GPU kernel keeps)."""
+    from unittest import mock
+
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from marin.model import MarinModel
+    from marin import model as mmodel
 
     cfg = dataclasses.replace(spec.model, n_layers=layers)
     with torch.device("meta"):
-        model = MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
-                           loss_chunk_tokens=spec.train.loss_chunk_tokens)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = mmodel.MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
+                                  loss_chunk_tokens=spec.train.loss_chunk_tokens)
+    flex = cfg.attention == "flex"
+    with FakeTensorMode(allow_non_fake_inputs=True), \
+            mock.patch.object(mmodel, "flex_attention", lambda q, k, v, **kw: _FlexFootprint.apply(q, k, v)) \
+            if flex else contextlib.nullcontext(), \
+            mock.patch.object(mmodel, "block_masks", _flex_block_masks) if flex else contextlib.nullcontext():
         model = model.to_empty(device="cpu").train()
         tok = torch.zeros(seqs, cfg.seq_len, dtype=torch.long)
         mt = MemTracker()
