@@ -10,7 +10,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
-- hero        GB200: the full recipe at 535B-A23B, 18T tokens, EP64 (plan and sbatch fields only).
+- hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
+- hero_rack   GB200: the hero's job on one rack for 200 steps (the smoke run before the full job).
 
 No torch import.
 """
@@ -436,7 +437,7 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
-def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
+def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero") -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
@@ -444,17 +445,19 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
-    steps, batch = 390_251, 11_264
+    batch = 11_264
     tokens = steps * batch * model.seq_len
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
-                train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10,
+                train_overrides={"eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
+                                 "log_every": 10,
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
                                  "eval_batch_size": plan.gpus})
     names = list(SEVEN)
-    return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
+    what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
+    return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
@@ -470,6 +473,9 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
+    # the hero's job on one NVL72 rack (one EP64 group, 16 trays), 200 steps with a checkpoint every
+    # 50: NCCL over NVLink, the pre-flight, checkpoints and a requeue, before the full job
+    "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack", **kw}),
 }
 
 

@@ -343,6 +343,9 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             if missing:
                 raise RuntimeError(f"checkpoint state dict lacks {missing[:5]}")
             st = trainer.st
+            seq = stages[0].seq_len
+            data = {"rank_slices": trainer.data.rank_rows, "train_rows": int(trainer.data.train[seq].batch(0)[0].shape[0]),
+                    "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
     finally:
         dist.destroy_process_group()
     losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
@@ -351,7 +354,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     return {"rank": rank, "dp_ep": coords, "experts_per_rank": local[0], "steps": st.step,
             "loss": st.last_loss, "eval_macro_loss": summary["eval_macro_loss"],
             "all_to_alls": len(fc.a2a), "split_rows": sum(sum(x[1]) for x in fc.a2a),
-            "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
+            "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
 
 
 def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:

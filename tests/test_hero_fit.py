@@ -295,3 +295,117 @@ def test_hero_checkpoint_needs_about_15_gb_per_s_inside_the_preemption_window():
     hb = cp["levels"]["hyperball"]
     assert 4.2e12 < hb["total_bytes"] < 4.4e12 and 14 < hb["write_gb_per_s"] < 15  # 535B x (4 + 4 + ~4) bytes
     assert cp["levels"]["adamw"]["total_bytes"] == pytest.approx(12 * 535_363_805_184, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hero's data path and training loop at a reduced layout (plan --dry-run part (a))
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prepared_corpus(tmp_path_factory):
+    """A prepared corpus (token shards + manifest) and a Paloma-layout eval folder from the embedded text."""
+    import gzip
+    import json
+
+    from marin import data
+    from marin.corpus import prepare as prep
+
+    root = tmp_path_factory.mktemp("hero_data")
+    rows = []
+    for dom in ("code", "docs", "prose"):
+        lines = (data.embedded_corpus_dir() / dom / "train.jsonl").read_text().splitlines()[:40]
+        rows += [(dom, json.loads(x)["text"]) for x in lines]
+    (root / "src").mkdir()
+    with open(root / "src" / "a.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t, "source": d}) + "\n" for d, t in rows)
+    data.train_bpe((t for _, t in rows), 512, root / "tokenizer.json")
+    prep.prepare(prep.PrepareConfig(source=str(root / "src"), tokenizer=str(root / "tokenizer.json"),
+                                    out=str(root / "corpus"), text_column="text", domain_column="source", num_proc=1))
+    for dom in ("code", "docs"):
+        (root / "paloma" / dom / "val").mkdir(parents=True)
+        with gzip.open(root / "paloma" / dom / "val" / "val_0.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for d, t in rows if d == dom)
+    return root / "corpus", root / "paloma"
+
+
+def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
+    from ablations import get_study
+    from sweeps.commands import epochs_checked
+
+    study = get_study("hero")
+    with pytest.raises(ValueError, match="data.corpus='embedded' is the small CPU test corpus"):
+        epochs_checked(study, study.describe()["rungs"], [], allow_repeat=True)
+
+
+def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_its_checkpoint(prepared_corpus, tmp_path):
+    """The hero preset through the real Trainer at world 4 = 2 x EP 2 (fake process group), narrowed to
+    16 experts: each rank reads its own slice of the prepared corpus, evaluates one sequence of the
+    hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict is complete."""
+    from ablations import get_study
+    from sweeps.dryrun import format_loop, loop_dry_run
+    from sweeps.sweep import apply_spec_overrides
+
+    corpus, paloma = prepared_corpus
+    spec = apply_spec_overrides(get_study("hero").runs()[0][0],
+                                ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2",
+                                 f"data.corpus={corpus}", f"data.eval_dir={paloma}"])
+    assert spec.model.attention == "flex" and spec.train.eval_batch_size == 704  # the hero's; narrowed below
+    rep = loop_dry_run(spec, 4, 2, tmp_path, seq_len=64)
+    assert rep["ranks"] == [0, 1, 2, 3]
+    for r in rep["rows"]:
+        assert r["dp_ep"] == divmod(r["rank"], 2) and r["experts_per_rank"] == 8 and r["steps"] == 2
+        assert r["data"] == {"rank_slices": True, "train_rows": 2, "eval_rows": 4}
+        assert np_finite(r["loss"]) and np_finite(r["eval_macro_loss"]) and r["all_to_alls"] > 0
+        assert r["checkpoint_tensors"] > 0
+    assert "rank     3 (dp, ep) = (1, 1): 8 experts" in format_loop(rep)
+
+
+def np_finite(x) -> bool:
+    import math
+
+    return x is not None and math.isfinite(x)
+
+
+def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from sweeps.dryrun import FakeCollectives
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        with FakeCollectives() as fc:
+            out = torch.ones(6)
+            dist.all_to_all_single(out, torch.ones(5), [1, 2, 3, 0], [2, 1, 1, 1])
+            assert fc.a2a == [(4, [2, 1, 1, 1], [1, 2, 3, 0])] and float(out.abs().sum()) == 0.0
+            with pytest.raises(RuntimeError, match=r"input splits \[2, 1, 1, 2\] \(rows 5\)"):
+                dist.all_to_all_single(out, torch.ones(5), [1, 2, 3, 0], [2, 1, 1, 2])
+            g = torch.empty(8)
+            dist.all_gather_into_tensor(g, torch.tensor([3.0, 4.0]))
+            assert g.tolist() == [3.0, 4.0] * 4
+        assert dist.all_to_all_single is not fc._all_to_all_single  # restored
+    finally:
+        dist.destroy_process_group()
+
+
+def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
+    from marin.config import RunSpec, TrainConfig
+    from sweeps.dryrun import _FlexFootprint, measure_activations
+
+    q = torch.randn(2, 8, 64, 16, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)  # GQA: k, v at their own heads
+    v = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)
+    out = _FlexFootprint.apply(q, k, v)
+    saved = out.grad_fn.saved_tensors
+    assert [(t.shape, t.dtype) for t in saved] == [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype),
+                                                  (q.shape, q.dtype), (q.shape[:-1], torch.float32)]
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    # a flex model (no CPU backward in torch) is measured at all, and differently from sdpa
+    cfg = ModelConfig(d_model=128, n_layers=1, n_heads=8, head_dim=16, n_kv_heads=2, n_kv_heads_global=1,
+                      seq_len=256, window=64, n_experts=8, top_k=2, ep_shards=2)
+    got = {att: measure_activations(RunSpec(model=dataclasses.replace(cfg, attention=att), recipe=Recipe(),
+                                            train=TrainConfig(device="cuda")), 1, 2, "none")
+           for att in ("flex", "sdpa")}
+    assert got["flex"] > 0 and got["flex"] != got["sdpa"]
