@@ -10,7 +10,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
-- hero        GB200: the full recipe at 535B-A23B, 18T tokens, EP64 (plan and sbatch fields only).
+- hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
+- hero_rack   GB200: the hero's job on one rack for 200 steps (the smoke run before the full job).
 
 No torch import.
 """
@@ -55,23 +56,18 @@ GB200 = Hardware("GB200 NVL72 (2.5 PFLOP/s bf16 dense per GPU)", 2.5e15, 0.30)
 
 @dataclass(frozen=True)
 class HeroPlan:
-    """Resources of the hero run on GB200 NVL72, and the fields sweeps needs to print its sbatch.
+    """The hero's layout on GB200 NVL72 (what to run; how to run it, the sbatch, is sweeps/hero.py).
 
-    Assumptions: a SLURM node is one NVL72 compute tray = 4 B200 GPUs + 2 Grace CPUs (144 cores,
-    36 per GPU); a rack is 18 trays = 72 GPUs in one NVLink domain. EP64 = 16 trays of one rack, so
-    every all-to-all stays on NVLink (`--segment=16` asks SLURM's topology/block plugin to place each
-    16-node block within a rack; 2 trays per rack stay free as spares). Data parallel (FSDP2) over
-    the `ep_groups` replicas. One task per GPU started by srun (no torchrun), requeued on USR2.
+    Assumptions: a node is one NVL72 compute tray = 4 B200 GPUs; a rack is 18 trays = 72 GPUs in one
+    NVLink domain. EP64 = 16 trays of one rack, so every all-to-all stays on NVLink (2 trays per rack
+    stay free as spares). Data parallel over the `ep_groups` replicas.
     """
 
     ep_groups: int = 11  # Marin: REFERENCE_RACKS = 11 (launch_checkpoint_restore_test.py), one EP64 group per rack
     gpus_per_node: int = 4
-    cpus_per_node: int = 144
     ep_size: int = 64
     gpus_per_nvl_domain: int = 72
     hbm_gb_per_gpu: float = 186.0  # GB200: 186 GB = 173 GiB
-    time_per_job: str = "04:00:00"
-    requeue_signal: str = "USR2@300"
     hardware: Hardware = GB200
 
     def __post_init__(self) -> None:
@@ -113,7 +109,6 @@ class HeroPlan:
         g = m.moe_geometry(spec.recipe)
         n_total = params_total(m, spec.recipe)
         routed = m.n_layers * g.n_experts * 3 * g.width * g.hidden
-        hours_per_job = _hours(self.time_per_job)
         return {
             "preset": "hero_535b",
             "params_total": n_total, "params_active": params_active(m, spec.recipe),
@@ -138,36 +133,7 @@ class HeroPlan:
             "expected_seconds": seconds, "expected_days": seconds / 86400,
             "gpu_hours": self.gpus * seconds / 3600,
             "seconds_per_step": seconds / t.steps,
-            "jobs_of_time_limit": math.ceil(seconds / 3600 / hours_per_job),
-            "sbatch": self.sbatch_fields(),
         }
-
-    def sbatch_fields(self) -> dict:
-        """What sweeps renders into `#SBATCH` lines (None: leave it to the cluster default / user)."""
-        return {
-            "job_name": "marin535-hero",
-            "nodes": self.nodes,
-            "ntasks_per_node": self.gpus_per_node,
-            "gpus_per_node": self.gpus_per_node,
-            "cpus_per_task": self.cpus_per_node // self.gpus_per_node,
-            "mem": "0",
-            "exclusive": True,
-            "segment": self.nodes_per_ep_group,
-            "time": self.time_per_job,
-            "signal": self.requeue_signal,
-            "requeue": True,
-            "partition": None,
-            "account": None,
-            "launcher": "srun",  # one task per GPU; torch.distributed from SLURM env, no torchrun
-            "env": {"OMP_NUM_THREADS": str(self.cpus_per_node // self.gpus_per_node)},
-        }
-
-
-def _hours(hms: str) -> float:
-    parts = [int(x) for x in hms.split(":")]
-    if len(parts) != 3:
-        raise ValueError(f"time {hms!r} must look like HH:MM:SS")
-    return parts[0] + parts[1] / 60 + parts[2] / 3600
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +439,7 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
-def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
+def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero") -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
@@ -481,17 +447,19 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
-    steps, batch = 390_251, 11_264
+    batch = 11_264
     tokens = steps * batch * model.seq_len
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
-                train_overrides={"eval_every": 3_000, "checkpoint_every": 1_000, "log_every": 10,
+                train_overrides={"eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
+                                 "log_every": 10,
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
                                  "eval_batch_size": plan.gpus})
     names = list(SEVEN)
-    return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
+    what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
+    return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
@@ -507,6 +475,9 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
+    # the hero's job on one NVL72 rack (one EP64 group, 16 trays), 200 steps with a checkpoint every
+    # 50: NCCL over NVLink, the pre-flight, checkpoints and a requeue, before the full job
+    "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack", **kw}),
 }
 
 

@@ -540,11 +540,13 @@ def _rung(d: int, n_layers: int, vocab: int = 16_384) -> ModelConfig:
 
 
 def hero_535b() -> ModelConfig:
-    """The Marin 535B-A23B hero (DESIGN §2.2)."""
+    """The Marin 535B-A23B hero; flex attention with block-sparse masks as the GPU rungs (dense
+    (B, 1, S, S) SDPA masks at 4,096 tokens would cost memory the hero does not have)."""
     return ModelConfig(
         d_model=6144, n_layers=48, n_heads=48, head_dim=128, n_kv_heads=12, n_kv_heads_global=6,
         vocab_size=128_256, seq_len=4096, window=2048, global_every=4, n_experts=384, top_k=8,
         expert_hidden=3072, n_shared_experts=2, shared_hidden=3072, latent_ratio=2, ep_shards=64,
+        attention="flex",
     )
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
+import math
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +140,9 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="measure one rank's memory at the full layout on CPU (fake process group, fake "
-                             "tensors) for the first run; exit 1 naming the lines over budget")
+                        help="on CPU, for the first run: (a) the training loop at the full world size through a "
+                             "fake process group (first, last and EP-edge ranks, narrowed width, 2 steps + eval); "
+                             "(b) one rank's memory at full width (fake tensors); exit 1 naming the lines over budget")
     parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
     parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
@@ -200,28 +200,6 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
-def hero_sbatch(hero: dict, folder: str = "runs/hero/submitit/%j") -> str:
-    """The sbatch script submitit would submit for the hero run (DESIGN §2.2, §5)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    sb = dict(hero["sbatch"])
-    h, m, s = (int(x) for x in str(sb["time"]).split(":"))
-    params: dict[str, Any] = {
-        "job_name": sb["job_name"], "nodes": sb["nodes"], "ntasks_per_node": sb["ntasks_per_node"],
-        "gpus_per_node": sb["gpus_per_node"], "cpus_per_task": sb["cpus_per_task"], "mem": sb["mem"],
-        "exclusive": bool(sb.get("exclusive")), "time": h * 60 + m + (1 if s else 0),
-        "signal_delay_s": int(str(sb["signal"]).split("@")[1]) if "@" in str(sb.get("signal", "")) else 90,
-        "setup": [f"export {k}={shlex.quote(str(v))}" for k, v in sorted((sb.get("env") or {}).items())],
-        "additional_parameters": {k: v for k, v in (("segment", sb.get("segment")), ("requeue", bool(sb.get("requeue"))))
-                                  if v},
-    }
-    for k in ("partition", "account"):
-        if sb.get(k):
-            params[k] = sb[k]
-    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(folder)}"
-    return _make_sbatch_string(command=command, folder=folder, **params)
-
-
 def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     from sweeps.dryrun import dry_run, format_report
     from sweeps.sweep import apply_spec_overrides
@@ -232,8 +210,16 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     hero = getattr(study, "hero", None)
     gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
     ep = args.ep or spec.model.ep_shards
+    import tempfile
+
+    from sweeps.dryrun import format_loop, loop_dry_run
+
+    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+        loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
+    if not args.json:
+        print(format_loop(loop) + "\n", flush=True)
     rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
-    print(json.dumps(rep, indent=1, default=str) if args.json else format_report(rep))
+    print(json.dumps({"loop": loop, **rep}, indent=1, default=str) if args.json else format_report(rep))
     return 0 if rep["ok"] else 1
 
 
@@ -246,7 +232,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
-        d["hero"]["sbatch_script"] = hero_sbatch(d["hero"])
+        from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
+
+        hs = HeroSlurm()
+        d["hero"]["jobs_of_time_limit"] = math.ceil(d["hero"]["expected_seconds"] / 60 / hs.time_min)
+        d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
+        d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
     if args.json:
         d = dict(d, runs=run_rows) if args.runs else d
         print(json.dumps(d, indent=1, default=str))
@@ -286,9 +277,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.runs:
         print("\n" + _table(run_rows, ["run_id", "rung", "arm", "seed", "design_row"]))
     if "hero" in d:
-        hero = {k: v for k, v in d["hero"].items() if k not in ("sbatch", "sbatch_script", "layout")}
+        from sweeps.hero import format_checkpoint
+
+        hero = {k: v for k, v in d["hero"].items() if k not in ("checkpoint", "sbatch_script", "layout")}
         print("\nhero: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in hero.items()))
         print("layout: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["hero"]["layout"].items()))
+        print(format_checkpoint(d["hero"]["checkpoint"]))
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
         print(d["hero"]["sbatch_script"])
     return 0

@@ -16,6 +16,7 @@ named. Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTenso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -81,19 +82,54 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         dist.destroy_process_group()
 
 
+class _FlexFootprint(torch.autograd.Function):
+    """flex_attention's memory with no values: what its fused kernel keeps for the backward (torch
+    torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp: query, key, value, out and the
+    fp32 logsumexp) and allocates in it (dq, dk, dv, the fp32 row term). flex has no CPU backward, so
+    under fake tensors on CPU the attention of a flex model is this shape-exact stand-in."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, _, lse = ctx.saved_tensors
+        delta = torch.empty_like(lse)  # noqa: F841 - counted while alive, as the kernel's
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
+    """The BlockMask tensors of one (local, global) pair (int32 block counts and indices, both
+    directions, partial and full blocks of 128), allocated, not computed."""
+    nb = -(-S // 128)
+    return tuple(tuple(torch.empty(shape, dtype=torch.int32, device=device)
+                       for shape in ((B, 1, nb), (B, 1, nb, nb)) * 4) for _ in range(2))
+
+
 def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) -> float:
     """Peak bytes of activations + temporaries of one rank's forward + backward at full width and
-    `layers` layers (parameters and gradients are not counted: the state lines hold them)."""
+    `layers` layers (parameters and gradients are not counted: the state lines hold them). A flex
+    model's attention is measured through `_FlexFootprint` (what the GPU kernel keeps)."""
+    from unittest import mock
+
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from marin.model import MarinModel
+    from marin import model as mmodel
 
     cfg = dataclasses.replace(spec.model, n_layers=layers)
     with torch.device("meta"):
-        model = MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
-                           loss_chunk_tokens=spec.train.loss_chunk_tokens)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = mmodel.MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
+                                  loss_chunk_tokens=spec.train.loss_chunk_tokens)
+    flex = cfg.attention == "flex"
+    with FakeTensorMode(allow_non_fake_inputs=True), \
+            mock.patch.object(mmodel, "flex_attention", lambda q, k, v, **kw: _FlexFootprint.apply(q, k, v)) \
+            if flex else contextlib.nullcontext(), \
+            mock.patch.object(mmodel, "block_masks", _flex_block_masks) if flex else contextlib.nullcontext():
         model = model.to_empty(device="cpu").train()
         tok = torch.zeros(seqs, cfg.seq_len, dtype=torch.long)
         mt = MemTracker()
@@ -180,4 +216,167 @@ def format_report(rep: dict) -> str:
             out.append(f"  {r['line'].ljust(w)}  {r['bytes'] / GB:9.1f}  {r['bytes'] / GiB:9.1f}")
         out.append("  fits" if t["ok"] else f"  DOES NOT FIT: over budget: {'; '.join(t['over_budget'])}")
     out.append(f"\ndry run took {rep['seconds']:.1f} s")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) The real training loop at the full world size, one rank at a time, at narrowed width
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeCollectives:
+    """While active, the fake process group's data-moving collectives behave as if every rank held
+    what this rank holds (FakeStore collectives move no data, so exchanged counts would be garbage):
+    an all-gather copies the local input into every slot; an all-to-all checks its split sizes
+    against the group and the tensors and zero-fills what it receives; an object broadcast keeps each
+    rank's objects. All-reduces are left as they are (a sum over one rank). Every all-to-all's
+    (group size, input splits, output splits) is recorded."""
+
+    def __init__(self):
+        self.a2a: list[tuple[int, list[int], list[int]]] = []
+        self._orig: dict[str, Callable] = {}
+
+    def _all_to_all_single(self, out, inp, out_splits=None, in_splits=None, group=None, async_op=False):
+        s = dist.get_world_size(group)
+        ins = list(in_splits) if in_splits is not None else [inp.shape[0] // s] * s
+        outs = list(out_splits) if out_splits is not None else [out.shape[0] // s] * s
+        if len(ins) != s or len(outs) != s or sum(ins) != inp.shape[0] or sum(outs) != out.shape[0] \
+                or min(ins + outs, default=0) < 0:
+            raise RuntimeError(f"all_to_all_single over {s} ranks: input splits {ins} (rows {inp.shape[0]}), "
+                               f"output splits {outs} (rows {out.shape[0]}) do not match")
+        out.zero_()
+        self.a2a.append((s, ins, outs))
+
+    def _all_gather(self, out, inp, group=None, async_op=False):
+        s = dist.get_world_size(group)
+        if out.numel() != s * inp.numel():
+            raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements for inputs of {inp.numel()}")
+        out.view(s, -1).copy_(inp.reshape(1, -1))
+
+    def _broadcast_object_list(self, objs, src=0, group=None, device=None, group_src=None):
+        pass  # every rank keeps its own objects (the fake group would deliver garbage sizes)
+
+    def __enter__(self) -> "FakeCollectives":
+        for name, fn in (("all_to_all_single", self._all_to_all_single), ("all_gather_into_tensor", self._all_gather),
+                         ("all_gather_single", self._all_gather),
+                         ("broadcast_object_list", self._broadcast_object_list)):
+            if hasattr(dist, name):
+                self._orig[name] = getattr(dist, name)
+                setattr(dist, name, fn)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, fn in self._orig.items():
+            setattr(dist, name, fn)
+
+
+def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, seq_len: int = 128,
+             seqs_per_rank: int = 2, steps: int = 2) -> RunSpec:
+    """The spec at a width a CPU affords, keeping what the layout depends on: experts, top-k, the EP
+    size, the recipe, the optimizer, checkpointing, the chunked loss; `steps` steps, an eval at the end,
+    no checkpoint written (DCP save does not run on the fake group: the state dict is checked instead).
+    CPU runs sdpa in fp32 (flex has no CPU backward); an embedded corpus is byte-tokenized."""
+    from marin.config import DataConfig
+
+    m = dataclasses.replace(spec.model, d_model=d_model, n_layers=n_layers, n_heads=4, head_dim=16, n_kv_heads=2,
+                            n_kv_heads_global=1, seq_len=seq_len, window=seq_len // 2,
+                            global_every=min(spec.model.global_every, n_layers), expert_hidden=32, shared_hidden=32,
+                            gated_norm_rank=min(spec.model.gated_norm_rank, 16), attention="sdpa", kernels="torch")
+    t = dataclasses.replace(spec.train, steps=steps, batch_size=seqs_per_rank * world, eval_every=steps,
+                            eval_batches=1, eval_batch_size=world, checkpoint_every=0, log_every=1, device="cpu",
+                            precision="fp32", compile=False, context_stages=(), threads=None,
+                            loss_chunk_tokens=min(spec.train.loss_chunk_tokens, seqs_per_rank * seq_len // 2)
+                            if spec.train.loss_chunk_tokens else 0)
+    data = spec.data
+    if data.corpus == "embedded":
+        data = DataConfig(corpus="embedded", tokenizer="byte", data_seed=data.data_seed)
+    return dataclasses.replace(spec, model=m, train=t, data=data)
+
+
+def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> dict:
+    """`rank` of a `world`-rank fake process group through the real Trainer: setup, steps, eval,
+    summary; then the distributed checkpoint's state dict. Raises naming what is wrong."""
+    import math
+    from pathlib import Path
+
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from marin import ep
+    from marin.train.distributed import check_dist_layout, init_dist
+    from marin.train.loop import StopFlag, Trainer
+    from marin.train.metrics import Sinks
+    from marin.train.stages import context_plan
+
+    if dist.is_initialized():
+        raise RuntimeError("the dry run needs a process without a process group")
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
+    run_dir = Path(run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    stages = context_plan(spec)
+    check_dist_layout(spec, stages, world)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        with FakeCollectives() as fc:
+            d, device = init_dist(spec, torch.device("cpu"))
+            g = d.groups
+            if (g.dp_size, g.ep_size) != (world // ep_size, ep_size):
+                raise RuntimeError(f"mesh dp x ep = {g.dp_size} x {g.ep_size}, expected {world // ep_size} x {ep_size}")
+            coords = (g.mesh.get_local_rank("dp"), g.mesh.get_local_rank("ep"))
+            if coords != divmod(rank, ep_size):
+                raise RuntimeError(f"rank {rank} sits at (dp, ep) = {coords}, expected {divmod(rank, ep_size)}")
+            trainer = Trainer(spec, run_dir, stages, device, d, time.perf_counter())
+            trainer.main = True  # each rank writes rank 0's files into its own folder (no broadcast to wait for)
+            trainer.start(resume=False)
+            trainer.sinks = Sinks((), run_dir, spec)
+            summary = trainer.run(StopFlag(), None)
+            n_e = spec.model.moe_geometry(spec.recipe).n_experts
+            local = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(trainer.model)]
+            if set(local) != {n_e // ep_size}:
+                raise RuntimeError(f"experts per rank {local}, expected {n_e // ep_size} in every layer")
+            bad = [x for x in fc.a2a if x[0] != ep_size]
+            if not fc.a2a or bad:
+                raise RuntimeError(f"all-to-alls over groups of {sorted({x[0] for x in bad})} ranks, expected {ep_size}"
+                                   if bad else "no all-to-all ran: the experts were not dispatched over EP")
+            sd = ep._ep_state_dict(trainer.model, g, trainer.opt)
+            names = {n for n, _ in trainer.model.named_parameters()}
+            missing = sorted(names - set(sd["model"])) + sorted(names - set(sd.get("optim", {}).get("state", {})))
+            if missing:
+                raise RuntimeError(f"checkpoint state dict lacks {missing[:5]}")
+            st = trainer.st
+            seq = stages[0].seq_len
+            data = {"rank_slices": trainer.data.rank_rows, "train_rows": int(trainer.data.train[seq].batch(0)[0].shape[0]),
+                    "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
+    finally:
+        dist.destroy_process_group()
+    losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
+    if not all(v is not None and math.isfinite(v) for v in losses + [st.max_grad_norm]):
+        raise RuntimeError(f"rank {rank}: non-finite loss or grad norm: {losses}, {st.max_grad_norm}")
+    return {"rank": rank, "dp_ep": coords, "experts_per_rank": local[0], "steps": st.step,
+            "loss": st.last_loss, "eval_macro_loss": summary["eval_macro_loss"],
+            "all_to_alls": len(fc.a2a), "split_rows": sum(sum(x[1]) for x in fc.a2a),
+            "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
+
+
+def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:
+    """Part (a): the first and last rank and the edges of the first EP group through `loop_rank`."""
+    from pathlib import Path
+
+    t0 = time.perf_counter()
+    small = narrowed(spec, world, **narrow)
+    ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
+    rows = [loop_rank(small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
+    return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
+            "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
+            "sequences_per_rank": small.train.batch_size // world, "seconds": time.perf_counter() - t0}
+
+
+def format_loop(rep: dict) -> str:
+    out = [f"dry run (a): the training loop at world {rep['world']} = {rep['world'] // rep['ep_size']} x EP "
+           f"{rep['ep_size']} (fake process group), d_model {rep['d_model']}, {rep['n_layers']} layers, seq_len "
+           f"{rep['seq_len']}, {rep['sequences_per_rank']} sequences per rank, 2 steps + eval, CPU sdpa fp32"]
+    for r in rep["rows"]:
+        out.append(f"  rank {r['rank']:>5} (dp, ep) = {r['dp_ep']}: {r['experts_per_rank']} experts, {r['steps']} steps, "
+                   f"loss {r['loss']:.4f}, eval {r['eval_macro_loss']:.4f}, {r['all_to_alls']} all-to-alls ({r['split_rows']} rows), checkpoint state dict "
+                   f"{r['checkpoint_tensors']} tensors")
+    out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)

@@ -305,7 +305,8 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
         res = dict(key)
         # SLURM refuses an array with an index >= MaxArraySize: a larger group goes in as several arrays
         for chunk in (idx[k:k + max_size] for k in range(0, len(idx), max_size)):
-            ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"])
+            ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"],
+                                        python=res.get("python"))
             ex.update_parameters(**_sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
             jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
             for i, j in zip(chunk, jobs):
@@ -337,9 +338,14 @@ def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | Non
     cpus = s.cpus_per_task or int(base.get("cpus_per_task") or 1)
     mem = s.mem_gb if s.mem_gb is not None else base.get("mem_gb")
     per_node = int(base.get("gpus_per_node") or 8)
-    return {"gpus": gpus, "gpus_per_node": min(gpus, per_node) if gpus else 0, "time_min": time_min,
-            "cpus_per_task": cpus, "mem_gb": mem, "exclusive": bool(base.get("exclusive")),
-            "max_num_timeout": max(s.max_num_timeout, int(base.get("max_num_timeout") or 0))}
+    res = {"gpus": gpus, "gpus_per_node": min(gpus, per_node) if gpus else 0, "time_min": time_min,
+           "cpus_per_task": cpus, "mem_gb": mem, "exclusive": bool(base.get("exclusive")),
+           "max_num_timeout": max(s.max_num_timeout, int(base.get("max_num_timeout") or 0))}
+    # a study's own job shape (the hero: sweeps/hero.py), hashable so runs group by it
+    for k in ("signal_delay_s", "python", "setup", "srun_args", "additional", "job_name", "partition", "account"):
+        if base.get(k) is not None:
+            res[k] = base[k]
+    return res
 
 
 def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
@@ -348,19 +354,19 @@ def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     if gpus and gpus % per_node:
         raise ValueError(f"slurm gpus_per_run={gpus} does not fill whole nodes of {per_node} GPUs")
     p: dict[str, Any] = {
-        "job_name": f"marin-{name}",
+        "job_name": f"marin-{res.get('job_name') or name}",
         "time": res["time_min"],
         "nodes": nodes,
         # one task per GPU (srun starts them; torch.distributed env from SLURM), one task on CPU
         "ntasks_per_node": max(1, per_node if gpus else 1),
         "cpus_per_task": res["cpus_per_task"],
         # short CPU jobs: USR2 no earlier than 3/4 through the limit
-        "signal_delay_s": max(1, min(s.signal_delay_s, res["time_min"] * 60 // 4)),
+        "signal_delay_s": res.get("signal_delay_s") or max(1, min(s.signal_delay_s, res["time_min"] * 60 // 4)),
         "array_parallelism": s.array_parallelism or n,
         "use_srun": s.use_srun,
         # a rank that fails ends its job: the other ranks would wait in their next collective
-        "srun_args": ["--kill-on-bad-exit=1"],
-        "additional_parameters": {"requeue": True},
+        "srun_args": ["--kill-on-bad-exit=1", *res.get("srun_args", ())],
+        "additional_parameters": {"requeue": True, **dict(res.get("additional", ()))},
     }
     if gpus:
         p["gpus_per_node"] = per_node
@@ -369,9 +375,9 @@ def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     if res.get("mem_gb"):
         p["mem"] = f"{int(round(float(res['mem_gb']) * 1024))}M"
     for k in ("partition", "account", "qos", "constraint", "exclude"):
-        if getattr(s, k):
-            p[k] = getattr(s, k)
-    setup = [f"export OMP_NUM_THREADS={res['cpus_per_task']}", *s.setup]
+        if getattr(s, k, None) or res.get(k):
+            p[k] = getattr(s, k, None) or res[k]
+    setup = [f"export OMP_NUM_THREADS={res['cpus_per_task']}", *s.setup, *res.get("setup", ())]
     p["setup"] = setup
     return p
 

@@ -93,8 +93,9 @@ def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     return plan_runs(runs, sdir or study_dir(out, study.name))
 
 
-def study_resources(study: Any) -> Any:
-    """run -> {gpus, time_min, cpus_per_task, mem_gb} from the study's rungs and executor defaults."""
+def study_resources(study: Any, sdir: Path | None = None) -> Any:
+    """run -> {gpus, time_min, cpus_per_task, mem_gb} from the study's rungs and executor defaults
+    (the hero: its whole job shape; `sdir`, the study folder, keeps its pre-flight reports)."""
     ex = dict(getattr(study, "executor", ()) or ())
     timeouts: dict[str, int] = {}
     gpus_by_rung: dict[str, int] = {}
@@ -108,16 +109,16 @@ def study_resources(study: Any) -> Any:
         pass
 
     hero = getattr(study, "hero", None)
-    hero_sb = hero.sbatch_fields() if hero is not None else None
+    hero_res = None
+    if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (sweeps/hero.py)
+        from sweeps.hero import hero_resources
+
+        hero_res = hero_resources(hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
 
     def resources(run: PlannedRun) -> dict:
         rung = run.meta.get("rung")
-        if hero_sb is not None:  # the hero: its plan's layout, 4 h jobs requeued until done
-            h, m, _ = (int(x) for x in str(hero_sb["time"]).split(":"))
-            return {"gpus": hero.gpus, "gpus_per_node": hero_sb["gpus_per_node"], "time_min": h * 60 + m,
-                    "cpus_per_task": hero_sb["cpus_per_task"], "mem_gb": None, "exclusive": True,
-                    # the run spans many time-limited jobs: every time-out is a planned requeue
-                    "max_num_timeout": 100_000}
+        if hero_res is not None:
+            return hero_res
         gpus = int(ex.get("gpus_per_run") or gpus_by_rung.get(rung, 0))
         cpus = int(ex.get("cpus_per_gpu", 1)) if gpus else int(ex.get("cpus_per_task", 1))
         per_node = int(ex.get("gpus_per_node", 8))
@@ -155,7 +156,7 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir)
     from sweeps.progress import rung_estimates
 
-    return run_planned(runs, sdir, opts, resources=study_resources(study), label=study.name, progress=progress,
+    return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
                        estimates=rung_estimates(study.describe()["rungs"]))
 
 

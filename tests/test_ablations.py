@@ -207,7 +207,7 @@ def test_hero_plan_is_marins_704_gpu_layout_18t_tokens_on_ep64_gb200():
     assert plan["gpus"] == 704 and plan["nodes"] == 176 and plan["layout"]["nvl72_racks"] == 11
     assert plan["layout"]["sequences_per_gpu_per_step"] == 16 and plan["layout"]["tokens_per_ep_shard"] == 65_536
     assert plan["layout"]["experts_per_gpu"] == 6
-    assert plan["sbatch"]["segment"] == 16 and plan["sbatch"]["ntasks_per_node"] == 4
+    assert plan["layout"]["nodes_per_ep_group"] == 16 and plan["gpus_per_node"] == 4
     with pytest.raises(ValueError, match=r"11264 sequences do not split over 640 GPUs"):
         HeroPlan(ep_groups=10).check(get_study("hero").runs()[0][0])
 

@@ -150,3 +150,262 @@ def test_dry_run_at_a_reduced_layout_fits_with_checkpointing_and_names_the_line_
     kept_off = {r["line"].split(" (")[0]: r["bytes"] for r in off["tables"]["hyperball"]["rows"]}["activations kept"]
     assert kept_off > t["hyperball"]["activations kept"]
     assert off["tables"]["hyperball"]["over_budget"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The hero's sbatch, its rack pre-flight and its checkpoint arithmetic (sweeps/hero.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_hero_sbatch_sets_nccl_binding_segment_preflight_and_no_local_python():
+    import sys
+
+    from ablations.studies import HeroPlan
+    from sweeps.hero import NCCL_ENV, render_sbatch
+
+    script = render_sbatch(HeroPlan())
+    for k, v in NCCL_ENV.items():
+        assert f"export {k}={v}" in script
+    for flag in ("#SBATCH --nodes=176", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --cpus-per-task=36", "#SBATCH --segment=16", "#SBATCH --signal=USR2@300",
+                 "#SBATCH --exclusive", "#SBATCH --requeue", "#SBATCH --mem=0", "export OMP_NUM_THREADS=36"):
+        assert flag in script, flag
+    train_srun = [ln for ln in script.splitlines() if "submitit.core._submit" in ln]
+    assert len(train_srun) == 1
+    for arg in ("--cpu-bind=cores", "--gpu-bind=single:1", "--distribution=block:block", "--kill-on-bad-exit=1",
+                "${MARIN_PYTHON:-python} -u -m submitit.core._submit"):
+        assert arg in train_srun[0], arg
+    # the pre-flight runs before the training srun and ends the job when it fails
+    pre = script.index("-m sweeps.hero check-racks --nodes-per-ep-group 16")
+    assert pre < script.index("submitit.core._submit") and "|| exit 1" in script[pre:pre + 200]
+    assert sys.executable not in script
+
+
+def test_run_hero_submits_the_shape_plan_prints():
+    from types import SimpleNamespace
+
+    from ablations import get_study
+    from sweeps.executors import SlurmOptions, _sbatch_params, _slurm_resources
+    from sweeps.hero import NCCL_ENV
+    from sweeps.sweep import study_resources
+
+    study = get_study("hero")
+    res = _slurm_resources(SimpleNamespace(meta={"rung": "hero_535b"}), SlurmOptions(), study_resources(study))
+    p = _sbatch_params(res, SlurmOptions(), 1, "hero")
+    assert res["python"] == "${MARIN_PYTHON:-python}" and p["nodes"] == 176 and p["signal_delay_s"] == 300
+    assert "--gpu-bind=single:1" in p["srun_args"] and p["additional_parameters"]["segment"] == 16
+    assert all(f"export {k}={v}" in p["setup"] for k, v in NCCL_ENV.items())
+    assert hash(tuple(sorted(res.items())))  # runs are grouped by their resources
+
+
+def _node(host: str, domain: str | None) -> tuple[str, str | None]:
+    return host, domain
+
+
+def test_rack_check_fails_on_ep_groups_that_straddle_racks():
+    from sweeps.hero import check_ep_racks
+
+    # 2 racks of 18 trays, 32 nodes in job order: EP groups of 16 nodes
+    ok = [_node(f"a{i}", "uuidA/1") for i in range(16)] + [_node(f"b{i}", "uuidB/1") for i in range(16)]
+    check_ep_racks(ok, 16)
+    # two spare trays of rack A fill the start of group 1: it straddles A and B
+    bad = [_node(f"a{i}", "uuidA/1") for i in range(18)] + [_node(f"b{i}", "uuidB/1") for i in range(14)]
+    with pytest.raises(ValueError, match=r"EP group 1 \(nodes 16\.\.31\) spans 2 NVLink domains: uuidA/1: a16, a17;"):
+        check_ep_racks(bad, 16)
+    # same ClusterUUID but another clique (a partition of the fabric) is another domain
+    with pytest.raises(ValueError, match="EP group 0"):
+        check_ep_racks([_node(f"a{i}", "uuidA/1" if i < 8 else "uuidA/2") for i in range(16)], 16)
+    with pytest.raises(ValueError, match=r"nodes \['a3'\] report no NVLink fabric"):
+        check_ep_racks([_node(f"a{i}", None if i == 3 else "uuidA/1") for i in range(16)], 16)
+    with pytest.raises(ValueError, match="do not split into EP groups of 16"):
+        check_ep_racks(ok[:20], 16)
+
+
+FABRIC = """GPU 00000008:01:00.0
+    Product Name                          : NVIDIA GB200
+    Fabric
+        State                             : Completed
+        Status                            : Success
+        CliqueId                          : {clique}
+        ClusterUUID                       : {uuid}
+        Health
+            Bandwidth                     : Full
+"""
+
+
+def _report(uuid: str, clique: int = 32766, imex: bool = True, gpus: int = 4) -> str:
+    head = "IMEX_CHANNEL channel0\n" if imex else ""
+    return head + "\n".join(FABRIC.format(uuid=uuid, clique=clique) for _ in range(gpus))
+
+
+def test_fabric_report_parses_the_domain_and_rejects_an_unready_fabric():
+    from sweeps.hero import parse_fabric
+
+    u = "5f1e4bd7-3f1a-4c7e-9a0b-1c2d3e4f5a6b"
+    assert parse_fabric(_report(u)) == {"domain": f"{u}/32766", "imex": True}
+    assert parse_fabric(_report(u, imex=False))["imex"] is False
+    assert parse_fabric(_report("00000000-0000-0000-0000-000000000000"))["domain"] is None
+    assert parse_fabric(_report(u).replace("Completed", "In Progress", 1))["domain"] is None  # one GPU not ready
+    assert parse_fabric("no fabric section")["domain"] is None
+
+
+def test_check_racks_command_reads_the_preflight_folder_and_exits_1_on_a_straddle(tmp_path, capsys):
+    from sweeps.hero import main
+
+    nodes = [f"n{i:03d}" for i in range(8)]
+    (tmp_path / "nodes").write_text("\n".join(nodes) + "\n")
+    for i, h in enumerate(nodes):
+        (tmp_path / f"{h}.txt").write_text(_report("uuid-a" if i < 4 else "uuid-b"))
+    assert main(["check-racks", "--dir", str(tmp_path), "--nodes-per-ep-group", "4"]) == 0
+    assert main(["check-racks", "--dir", str(tmp_path), "--nodes-per-ep-group", "8"]) == 1
+    assert "EP group 0 (nodes 0..7) spans 2 NVLink domains" in capsys.readouterr().err
+    (tmp_path / "n005.txt").write_text(_report("uuid-b", imex=False))
+    assert main(["check-racks", "--dir", str(tmp_path), "--nodes-per-ep-group", "4"]) == 1
+    assert "['n005'] have no IMEX channel" in capsys.readouterr().err
+
+
+def test_checkpoint_bytes_count_every_parameter_and_optimizer_buffer_of_the_built_model():
+    from marin.config import RunSpec
+    from marin.optim import group_kinds as optim_kinds
+    from sweeps.hero import checkpoint_plan, group_kinds, params_by_role
+
+    spec = RunSpec(model=CFG, recipe=Recipe())
+    model = MarinModel(CFG, Recipe())
+    roles = model.param_roles()
+    built: dict[str, int] = {}
+    for n, p in model.named_parameters():
+        built[roles[n]] = built.get(roles[n], 0) + p.numel()
+    assert params_by_role(spec) == built
+    for level in ("hyperball", "adamw", "adamh", "muon_adamw"):
+        assert group_kinds(level) == optim_kinds(level)
+    cp = checkpoint_plan(spec, gpus=4, window_s=100.0)
+    n = sum(built.values())
+    one = built["matrix"] + built["expert"]  # MuonH: one momentum; Adam/AdamH: two moments
+    assert cp["levels"]["hyperball"]["total_bytes"] == 4 * n + 4 * one + 8 * (n - one)
+    assert cp["levels"]["adamw"]["total_bytes"] == 4 * n + 8 * n
+    assert cp["levels"]["adamw"]["write_gb_per_s"] == pytest.approx(12 * n / 1e9 / 100.0)
+
+
+def test_hero_checkpoint_needs_about_15_gb_per_s_inside_the_preemption_window():
+    from ablations import get_study
+    from sweeps.hero import HeroSlurm, checkpoint_plan
+
+    study = get_study("hero")
+    cp = checkpoint_plan(study.runs()[0][0], study.hero.gpus, HeroSlurm().preemption_window_s)
+    hb = cp["levels"]["hyperball"]
+    assert 4.2e12 < hb["total_bytes"] < 4.4e12 and 14 < hb["write_gb_per_s"] < 15  # 535B x (4 + 4 + ~4) bytes
+    assert cp["levels"]["adamw"]["total_bytes"] == pytest.approx(12 * 535_363_805_184, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hero's data path and training loop at a reduced layout (plan --dry-run part (a))
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prepared_corpus(tmp_path_factory):
+    """A prepared corpus (token shards + manifest) and a Paloma-layout eval folder from the embedded text."""
+    import gzip
+    import json
+
+    from marin import data
+    from marin.corpus import prepare as prep
+
+    root = tmp_path_factory.mktemp("hero_data")
+    rows = []
+    for dom in ("code", "docs", "prose"):
+        lines = (data.embedded_corpus_dir() / dom / "train.jsonl").read_text().splitlines()[:40]
+        rows += [(dom, json.loads(x)["text"]) for x in lines]
+    (root / "src").mkdir()
+    with open(root / "src" / "a.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t, "source": d}) + "\n" for d, t in rows)
+    data.train_bpe((t for _, t in rows), 512, root / "tokenizer.json")
+    prep.prepare(prep.PrepareConfig(source=str(root / "src"), tokenizer=str(root / "tokenizer.json"),
+                                    out=str(root / "corpus"), text_column="text", domain_column="source", num_proc=1))
+    for dom in ("code", "docs"):
+        (root / "paloma" / dom / "val").mkdir(parents=True)
+        with gzip.open(root / "paloma" / dom / "val" / "val_0.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for d, t in rows if d == dom)
+    return root / "corpus", root / "paloma"
+
+
+def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
+    from ablations import get_study
+    from sweeps.commands import epochs_checked
+
+    study = get_study("hero")
+    with pytest.raises(ValueError, match="data.corpus='embedded' is the small CPU test corpus"):
+        epochs_checked(study, study.describe()["rungs"], [], allow_repeat=True)
+
+
+def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_its_checkpoint(prepared_corpus, tmp_path):
+    """The hero preset through the real Trainer at world 4 = 2 x EP 2 (fake process group), narrowed to
+    16 experts: each rank reads its own slice of the prepared corpus, evaluates one sequence of the
+    hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict is complete."""
+    from ablations import get_study
+    from sweeps.dryrun import format_loop, loop_dry_run
+    from sweeps.sweep import apply_spec_overrides
+
+    corpus, paloma = prepared_corpus
+    spec = apply_spec_overrides(get_study("hero").runs()[0][0],
+                                ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2",
+                                 f"data.corpus={corpus}", f"data.eval_dir={paloma}"])
+    assert spec.model.attention == "flex" and spec.train.eval_batch_size == 704  # the hero's; narrowed below
+    rep = loop_dry_run(spec, 4, 2, tmp_path, seq_len=64)
+    assert rep["ranks"] == [0, 1, 2, 3]
+    for r in rep["rows"]:
+        assert r["dp_ep"] == divmod(r["rank"], 2) and r["experts_per_rank"] == 8 and r["steps"] == 2
+        assert r["data"] == {"rank_slices": True, "train_rows": 2, "eval_rows": 4}
+        assert np_finite(r["loss"]) and np_finite(r["eval_macro_loss"]) and r["all_to_alls"] > 0
+        assert r["checkpoint_tensors"] > 0
+    assert "rank     3 (dp, ep) = (1, 1): 8 experts" in format_loop(rep)
+
+
+def np_finite(x) -> bool:
+    import math
+
+    return x is not None and math.isfinite(x)
+
+
+def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from sweeps.dryrun import FakeCollectives
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        with FakeCollectives() as fc:
+            out = torch.ones(6)
+            dist.all_to_all_single(out, torch.ones(5), [1, 2, 3, 0], [2, 1, 1, 1])
+            assert fc.a2a == [(4, [2, 1, 1, 1], [1, 2, 3, 0])] and float(out.abs().sum()) == 0.0
+            with pytest.raises(RuntimeError, match=r"input splits \[2, 1, 1, 2\] \(rows 5\)"):
+                dist.all_to_all_single(out, torch.ones(5), [1, 2, 3, 0], [2, 1, 1, 2])
+            g = torch.empty(8)
+            dist.all_gather_into_tensor(g, torch.tensor([3.0, 4.0]))
+            assert g.tolist() == [3.0, 4.0] * 4
+        assert dist.all_to_all_single is not fc._all_to_all_single  # restored
+    finally:
+        dist.destroy_process_group()
+
+
+def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
+    from marin.config import RunSpec, TrainConfig
+    from sweeps.dryrun import _FlexFootprint, measure_activations
+
+    q = torch.randn(2, 8, 64, 16, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)  # GQA: k, v at their own heads
+    v = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)
+    out = _FlexFootprint.apply(q, k, v)
+    saved = out.grad_fn.saved_tensors
+    assert [(t.shape, t.dtype) for t in saved] == [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype),
+                                                  (q.shape, q.dtype), (q.shape[:-1], torch.float32)]
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    # a flex model (no CPU backward in torch) is measured at all, and differently from sdpa
+    cfg = ModelConfig(d_model=128, n_layers=1, n_heads=8, head_dim=16, n_kv_heads=2, n_kv_heads_global=1,
+                      seq_len=256, window=64, n_experts=8, top_k=2, ep_shards=2)
+    got = {att: measure_activations(RunSpec(model=dataclasses.replace(cfg, attention=att), recipe=Recipe(),
+                                            train=TrainConfig(device="cuda")), 1, 2, "none")
+           for att in ("flex", "sdpa")}
+    assert got["flex"] > 0 and got["flex"] != got["sdpa"]
