@@ -487,7 +487,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded") -> Study:
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
-                                 "eval_batch_size": plan.gpus})
+                                 "eval_batch_size": plan.gpus, "mixed_precision": "bf16"})
     names = list(SEVEN)
     return Study("hero", "Marin 535B-A23B hero: full recipe, 18T tokens, GB200 NVL72, EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),

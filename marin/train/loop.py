@@ -31,7 +31,8 @@ from marin.config import RunSpec, TrainConfig
 from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
 from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
-from marin.train.distributed import Dist, check_dist_layout, dist_forward_backward, init_dist, launch_world_size
+from marin.train.distributed import (Dist, build_train_model, check_dist_layout, dist_forward_backward, init_dist,
+                                     launch_world_size)
 from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.hardware import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
@@ -119,7 +120,6 @@ class Trainer:
                  t0: float):
         from marin import data as mdata
         from marin import flops as mflops
-        from marin.model import MarinModel
 
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
         self.spec, self.t, self.run_dir, self.stages, self.d, self.t0 = spec, spec.train.effective(), run_dir, stages, d, t0
@@ -130,16 +130,12 @@ class Trainer:
         self.bpt = {dom: mdata.bytes_per_token(src.eval_corpus, dom) for dom in src.domains}
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
-        self.model = model = MarinModel(spec.model, spec.recipe, activation_checkpoint=t.activation_checkpoint,
-                                        loss_chunk_tokens=t.loss_chunk_tokens).to(device)
+        # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
+        # global weights either way (layout-independent init)
+        self.model = model = build_train_model(spec, device, d.groups if d is not None else None)
         if d is not None:
-            from marin import ep
-
-            # every rank built the full model from one seed; it keeps its experts (plain tensors, no
-            # FSDP: MuonH's Newton-Schulz needs whole matrices)
-            ep.parallelize(model, d.groups, dp="none")
-            log.info("distributed: world %d = dp %d x ep %d, rank %d", d.world, d.groups.dp_size,
-                     d.groups.ep_size, d.rank)
+            log.info("distributed: world %d = dp %d x ep %d, rank %d; FSDP2 sharded, mixed precision %s",
+                     d.world, d.groups.dp_size, d.groups.ep_size, d.rank, t.mixed_precision)
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
         self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
