@@ -396,7 +396,9 @@ class DataConfig:
 #: Version of what a run computes from its spec. The run id hashes this and the fields that differ
 #: from their defaults, so a new field whose default keeps the old behaviour keeps every id; bump it
 #: when a default changes what runs compute (tests/test_factors.py pins the defaults per version).
-SPEC_VERSION = 2
+#: 3: every run draws its initial weights with the layout-independent init (marin.parallel.init_weights),
+#: so one process and any sharding of a run start from the same weights.
+SPEC_VERSION = 3
 
 
 def non_default(obj: Any) -> dict:

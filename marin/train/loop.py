@@ -136,6 +136,14 @@ class Trainer:
         if d is not None:
             log.info("distributed: world %d = dp %d x ep %d, rank %d; FSDP2 sharded, mixed precision %s",
                      d.world, d.groups.dp_size, d.groups.ep_size, d.rank, t.mixed_precision)
+        # distributed checkpoints are written in the background (committed at the next one, the end
+        # of the run or a preemption); one process writes before going on
+        self.writer = None
+        if d is not None:
+            from marin.parallel import AsyncCheckpointer
+
+            self.writer = AsyncCheckpointer(d.groups)
+        self.pending: ckpt.PendingSave | None = None
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
         self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
@@ -209,12 +217,22 @@ class Trainer:
         if world > 1:
             dist.barrier()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, now: bool = False) -> None:
+        """Checkpoint the state after the last step. The previous background write is committed first;
+        `now` (a preemption) commits this one too before returning."""
         groups, rank, world = self._rank_world()
+        self.commit_pending()
         self.st.data = self.data.state(self.st.step, stage_at(self.stages, min(self.st.step, self.t.steps - 1)).seq_len)
         loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
-        ckpt.save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model, self.opt,
-                  self.device, groups, rank, world)
+        self.pending = ckpt.begin_save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model,
+                                       self.opt, self.device, groups, rank, world, self.writer)
+        if now or self.writer is None:
+            self.commit_pending()
+
+    def commit_pending(self) -> None:
+        if self.pending is not None:
+            p, self.pending = self.pending, None
+            ckpt.commit(p)
 
     # -- one step ----------------------------------------------------------------------------------
 
@@ -263,7 +281,7 @@ class Trainer:
         cur_stage: Stage | None = None
         while st.step < t.steps:
             if self._stop_requested(stop, stop_after, steps_this_session):
-                self.checkpoint()
+                self.checkpoint(now=True)  # on disk before the signal is handed back
                 log.info("interrupted at step %d (signal %s)", st.step, stop.signum)
                 return {"run_id": spec.run_id, "status": "interrupted", "step": st.step, "signal": stop.signum}
             step = st.step
@@ -338,6 +356,7 @@ class Trainer:
     def finish(self, status: str, error: str | None, failed_step: int | None) -> dict:
         """summary.json (rank 0 writes it; distributed: broadcast so that every rank returns it)."""
         d = self.d
+        self.commit_pending()  # the last periodic checkpoint, written in the background
         summary = None
         if self.main:
             path = self.run_dir / "summary.json"
@@ -449,6 +468,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         stop.install()
         return trainer.run(stop, stop_after)
     finally:
+        if trainer is not None and trainer.pending is not None:  # failed mid-run: no collective commit
+            ckpt.abandon(trainer.pending)
         prev_handler = stop.hand_back()
         stop.restore()
         if trainer is not None and trainer.sinks is not None:
