@@ -259,3 +259,22 @@ def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatc
     assert abs(got[0]["loss"] - ref[0]["loss"]) < 1e-3 * ref[0]["loss"]  # same weights: bf16 rounding only
     for a, b in zip(ref, got):
         assert abs(a["loss"] - b["loss"]) < 1e-2 * a["loss"], (a["step"], a["loss"], b["loss"])
+
+
+def test_mixed_precision_is_a_train_config_level_on_for_gpu_rungs_and_the_hero():
+    from ablations.ladders import GPU_RUNGS
+    from ablations.studies import get_study
+    from marin.train.distributed import sharding_config
+
+    assert sharding_config(TrainConfig(precision="bf16", mixed_precision="bf16")).mixed_precision
+    assert not sharding_config(TrainConfig()).mixed_precision  # CPU runs: fp32 everywhere
+    with pytest.raises(ValueError, match=r"TrainConfig.mixed_precision: 'bf16' computes in bf16 and needs "
+                                         r"precision='bf16'"):
+        TrainConfig(mixed_precision="bf16")
+    with pytest.raises(ValueError, match=r"TrainConfig.mixed_precision='fp16' is not a known level; "
+                                         r"allowed values: 'none', 'bf16'"):
+        TrainConfig(mixed_precision="fp16")
+    for rung in GPU_RUNGS.values():
+        assert dict(rung.train_overrides)["mixed_precision"] == "bf16"
+    hero = get_study("hero").runs()[0][0]
+    assert hero.train.mixed_precision == "bf16" and hero.train.precision == "bf16"
