@@ -244,7 +244,9 @@ class AsyncCheckpointer:
 
     def __init__(self, groups: EPGroups | None):
         self.groups = groups
-        self.pg = dist.new_group(backend="gloo") if groups is not None else None
+        self.pg = None
+        if groups is not None:  # a fake process group (the plan's dry run) has no peers to meet: stay fake
+            self.pg = dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
         self._future = None
 
     def save(self, model: nn.Module, path, optimizer=None) -> None:
