@@ -276,7 +276,7 @@ def _gpu(name: str, batch: int, gpus: int) -> Rung:
                 threads=None, gpus=gpus, tokens_per_ep_shard=TOKENS_PER_EP_SHARD,
                 model_overrides={"attention": "flex", "kernels": "triton"},
                 train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True,
-                                 "activation_checkpoint": "block"})
+                                 "activation_checkpoint": "block", "mixed_precision": "bf16"})
 
 
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)

@@ -456,7 +456,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
-                                 "eval_batch_size": plan.gpus})
+                                 "eval_batch_size": plan.gpus, "mixed_precision": "bf16"})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",

@@ -270,6 +270,10 @@ EXPERT_SPHERES = ("bank", "expert")
 # Activation checkpointing: "none" keeps every activation; "block" keeps each block's input only and
 # recomputes the block in the backward (torchtitan's per-layer "full" AC).
 ACTIVATION_CHECKPOINTS = ("none", "block")
+# Sharded (FSDP2) runs: "bf16" gathers parameters in bf16 for compute, keeps fp32 master weights and
+# reduces gradients in fp32 (Marin's hero: experiments/grug/moe_hero_ep); needs precision="bf16"
+# (autocast). One process has nothing to gather or reduce: autocast alone is its bf16 compute.
+MIXED_PRECISIONS = ("none", "bf16")
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,7 @@ class TrainConfig:
     spike_factor: float = 1.5
     context_stages: tuple[ContextStage, ...] = ()
     precision: str = "fp32"
+    mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
     device: str = "cpu"
     compile: bool = False
     threads: int | None = None
@@ -343,6 +348,10 @@ class TrainConfig:
         _check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
         _check(self.lr_scale > 0, o, "lr_scale", f"must be > 0, got {self.lr_scale}")
         _check_level(o, "precision", self.precision, PRECISIONS)
+        _check_level(o, "mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        _check(self.mixed_precision == "none" or self.precision == "bf16", o, "mixed_precision",
+               f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
+               f"precision={self.precision!r}; allowed values with it: 'none'")
         _check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
         _check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
         fr = [s.start_frac for s in self.context_stages]
@@ -388,7 +397,9 @@ class DataConfig:
 #: Version of what a run computes from its spec. The run id hashes this and the fields that differ
 #: from their defaults, so a new field whose default keeps the old behaviour keeps every id; bump it
 #: when a default changes what runs compute (tests/test_factors.py pins the defaults per version).
-SPEC_VERSION = 2
+#: 3: every run draws its initial weights with the layout-independent init (marin.parallel.init_weights),
+#: so one process and any sharding of a run start from the same weights.
+SPEC_VERSION = 3
 
 
 def non_default(obj: Any) -> dict:

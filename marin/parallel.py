@@ -182,14 +182,16 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
 
 
 def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: torch.device | str = "cpu",
-                        cfg: ShardingConfig = ShardingConfig(), transport: str | None = None) -> nn.Module:
+                        cfg: ShardingConfig = ShardingConfig(), transport: str | None = None,
+                        **model_kw) -> nn.Module:
     """The hero's construction: MarinModel on the meta device (no weight is allocated), EP slice of the
     experts, FSDP2 of everything, then only this rank's shards allocated on `device` and initialised
-    by `init_weights` (the same global weights as `init_weights` of a one-process model, same seed)."""
+    by `init_weights` (the same global weights as `init_weights` of a one-process model, same seed).
+    `model_kw` go to MarinModel (activation_checkpoint, loss_chunk_tokens)."""
     from marin.model import MarinModel
 
     with torch.device("meta"):
-        model = MarinModel(model_cfg, recipe)
+        model = MarinModel(model_cfg, recipe, **model_kw)
     shard_experts(model, groups, transport)
     apply_fsdp(model, groups, cfg)
     model.to_empty(device=device)
@@ -242,7 +244,9 @@ class AsyncCheckpointer:
 
     def __init__(self, groups: EPGroups | None):
         self.groups = groups
-        self.pg = dist.new_group(backend="gloo") if groups is not None else None
+        self.pg = None
+        if groups is not None:  # a fake process group (the plan's dry run) has no peers to meet: stay fake
+            self.pg = dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
         self._future = None
 
     def save(self, model: nn.Module, path, optimizer=None) -> None:

@@ -208,6 +208,31 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
         out["ckpt_items"] = len(model.state_dict()) + sum(len(st) for st in sh_opt.state.values())
         dist.barrier()
         out["ckpt_file_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.suffix == ".distcp")
+
+        # 5. mixed precision: bf16 compute (gathered in bf16, autocast), fp32 master shards and fp32
+        # gradients (reduced in fp32), against the fp32 one-process forward/backward of the same weights
+        from marin.parallel import ShardingConfig
+
+        mp_m = build_sharded_model(_cfg(), RECIPE, groups, SEED, cfg=ShardingConfig(mixed_precision=True)).train()
+        ref_m = _ref_model().train()
+        ref_loss = ref_m(tok[:, :-1], None, tok[:, 1:]).ce_loss
+        (ref_loss * 1.0).backward()
+        ref_g = {n: p.grad for n, p in ref_m.named_parameters()}
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            o_mp = mp_m(rows[:, :-1], None, rows[:, 1:])
+        o_mp.ce_loss.backward()  # equal rows per rank, no ignored targets: the world mean is the global CE
+        loss_mp = o_mp.ce_loss.detach().clone()
+        dist.all_reduce(loss_mp)
+        out["mp_loss"] = (float(loss_mp) / world, float(ref_loss))
+        out["mp_master_dtypes"] = sorted({str((p.to_local() if hasattr(p, "to_local") else p).dtype)
+                                          for p in mp_m.parameters()})
+        out["mp_grad_dtypes"] = sorted({str(p.grad.dtype) for p in mp_m.parameters() if p.grad is not None})
+        mp_norm = float(clip_grad_norm_(mp_m, None))
+        out["mp_grad_norm"] = (mp_norm, float(torch.nn.utils.get_total_norm(list(ref_g.values()))))
+        got_g = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                 for n, p in mp_m.named_parameters() if n not in experts}
+        num = sum(float((got_g[n] - ref_g[n]).pow(2).sum()) for n in got_g)
+        out["mp_grad_rel"] = (num / sum(float(ref_g[n].pow(2).sum()) for n in got_g)) ** 0.5
         dist.destroy_process_group()
     except Exception:
         out["error"] = traceback.format_exc()
@@ -271,3 +296,15 @@ def test_async_checkpoint_taken_mid_run_resumes_exactly_and_its_size_is_predicte
     # model this small, and is negligible at the hero's GiB shards)
     items = sum(o["ckpt_items"] for o in outs)
     assert predicted <= written <= predicted + 2048 * items, (written, predicted, items)
+
+
+def test_mixed_precision_keeps_fp32_master_weights_and_gradients_and_computes_in_bf16(ranks):
+    _, outs = ranks
+    for o in outs:
+        assert o["mp_master_dtypes"] == ["torch.float32"] and o["mp_grad_dtypes"] == ["torch.float32"]
+        loss, ref = o["mp_loss"]
+        # bf16 compute: close to the fp32 loss and gradients, but not equal (it did compute in bf16)
+        assert 0 < abs(loss - ref) < 1e-2 * ref, (loss, ref)
+        norm, ref_norm = o["mp_grad_norm"]
+        assert abs(norm - ref_norm) < 5e-2 * ref_norm, (norm, ref_norm)
+        assert 1e-5 < o["mp_grad_rel"] < 5e-2, o["mp_grad_rel"]

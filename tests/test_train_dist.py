@@ -144,6 +144,38 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
+def test_background_checkpoint_holds_the_state_of_its_step(runs):
+    # The full run's step-2 checkpoint was staged, then written by a thread while steps 2 and 3 trained
+    # (committed at step 4's): one process resuming it reproduces the rest of the 2-rank run.
+    tmp, _, _ = runs
+    one = tmp / "from_async_ckpt"
+    shutil.copytree(tmp / "full", one)
+    (one / "summary.json").unlink()
+    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["ckpt_000000002", "ckpt_000000004"]
+    shutil.rmtree(one / "checkpoints" / "ckpt_000000004")
+    assert train(SPEC, one)["status"] == "completed"
+    assert (one / "train.log").read_text().count("from ckpt_000000002 at step 2") == 1
+    for a, b in zip(_lines(tmp / "full"), _lines(one)):
+        assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
+
+
+def test_two_rank_run_with_block_recompute_equals_the_run_without(runs):
+    # Activation checkpointing under FSDP2: each recomputed block gathers its shards again in the
+    # backward; losses, gradient norms and the routing (drops; QB biases drive the next steps' routing)
+    # are those of the run that keeps every activation.
+    tmp, _, _ = runs
+    spec = dataclasses.replace(SPEC, train=dataclasses.replace(SPEC.train, activation_checkpoint="block",
+                                                                checkpoint_every=0))
+    for summary in _one_run(tmp, spec, "recompute", WORLD):
+        assert summary["status"] == "completed"
+    full, rec = _lines(tmp / "full"), _lines(tmp / "recompute")
+    assert [r["step"] for r in rec] == list(range(SPEC.train.steps))
+    for a, b in zip(full, rec):
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * a["grad_norm"], a["step"]
+        assert a["drop_rate"] == b["drop_rate"] and abs(a["load_cv"] - b["load_cv"]) < 1e-6, a["step"]
+
+
 DROPLESS = RunSpec(model=SPEC.model, recipe=Recipe(ep_transport="dropless"),
                    train=TrainConfig(steps=3, batch_size=4, eval_every=0, eval_batches=1, log_every=1,
                                      checkpoint_every=0, threads=1))
@@ -227,3 +259,22 @@ def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatc
     assert abs(got[0]["loss"] - ref[0]["loss"]) < 1e-3 * ref[0]["loss"]  # same weights: bf16 rounding only
     for a, b in zip(ref, got):
         assert abs(a["loss"] - b["loss"]) < 1e-2 * a["loss"], (a["step"], a["loss"], b["loss"])
+
+
+def test_mixed_precision_is_a_train_config_level_on_for_gpu_rungs_and_the_hero():
+    from ablations.ladders import GPU_RUNGS
+    from ablations.studies import get_study
+    from marin.train.distributed import sharding_config
+
+    assert sharding_config(TrainConfig(precision="bf16", mixed_precision="bf16")).mixed_precision
+    assert not sharding_config(TrainConfig()).mixed_precision  # CPU runs: fp32 everywhere
+    with pytest.raises(ValueError, match=r"TrainConfig.mixed_precision: 'bf16' computes in bf16 and needs "
+                                         r"precision='bf16'"):
+        TrainConfig(mixed_precision="bf16")
+    with pytest.raises(ValueError, match=r"TrainConfig.mixed_precision='fp16' is not a known level; "
+                                         r"allowed values: 'none', 'bf16'"):
+        TrainConfig(mixed_precision="fp16")
+    for rung in GPU_RUNGS.values():
+        assert dict(rung.train_overrides)["mixed_precision"] == "bf16"
+    hero = get_study("hero").runs()[0][0]
+    assert hero.train.mixed_precision == "bf16" and hero.train.precision == "bf16"

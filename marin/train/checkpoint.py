@@ -7,6 +7,11 @@
       meta.json       written last, by rank 0: run id, step, loop state, and the size and sha256 of
                       every file above. A directory without it is not a checkpoint.
 
+Distributed runs write asynchronously (marin.parallel.AsyncCheckpointer, DCP async_save): `begin_save`
+stages the shards in host memory and training goes on while a thread writes them; `commit` (at the
+next checkpoint, at the end of the run, or at once on a preemption) waits for every rank's write
+before meta.json is written, so a checkpoint never names data that is not on disk.
+
 Safety: the run identity is read from meta.json before any tensor file is opened; every file is
 checked against its recorded size and sha256; tensors load with `torch.load(weights_only=True)`
 and DCP's pickled metadata through an unpickler that admits only DCP's metadata classes. Resume
@@ -24,6 +29,7 @@ import pickle
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,22 +146,54 @@ def checkpoint_dirs(ckdir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
-         device: torch.device, groups=None, rank: int = 0, world: int = 1) -> Path:
-    """Every rank calls this (groups=None: one process). Shards go to a temporary directory; rank 0
-    then records every file's digest in meta.json and renames the directory into place."""
+@dataclass
+class PendingSave:
+    """A checkpoint whose shards are being written (`begin_save`); `commit` makes it a checkpoint."""
+
+    ckdir: Path
+    name: str
+    meta: dict  # meta.json less the file digests
+    writer: Any  # marin.parallel.AsyncCheckpointer, or None (already written)
+    rank: int
+    world: int
+
+    @property
+    def tmp(self) -> Path:
+        return self.ckdir / f".{self.name}.tmp"
+
+
+def _failed(p: PendingSave, e: BaseException) -> BaseException:
+    """Clean up after a failed write; the error to raise (disk full: one that says so)."""
+    if p.rank == 0:
+        shutil.rmtree(p.tmp, ignore_errors=True)
+    if is_disk_full(e):
+        return disk_full_error(p.ckdir / p.name, e)
+    return e
+
+
+def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module,
+               opt: torch.optim.Optimizer, device: torch.device, groups=None, rank: int = 0, world: int = 1,
+               writer=None) -> PendingSave:
+    """Every rank calls this (groups=None: one process). Model and optimizer shards go to a temporary
+    directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
+    host memory and written in the background while training goes on. This rank's RNG state is
+    written now. Nothing is a checkpoint until `commit`."""
     from marin import ep
 
-    name = f"ckpt_{step:09d}"
-    tmp, final = ckdir / f".{name}.tmp", ckdir / name
-    ok = True
+    p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
+                                                 "world_size": world,
+                                                 "ep_size": groups.ep_size if groups is not None else 1},
+                    writer, rank, world)
     try:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            shutil.rmtree(p.tmp, ignore_errors=True)
+            p.tmp.mkdir()
         if world > 1:
             dist.barrier()
-        ep.save_checkpoint(model, tmp / "dcp", groups, opt)
+        if writer is not None:
+            writer.save(model, p.tmp / "dcp", opt)
+        else:
+            ep.save_checkpoint(model, p.tmp / "dcp", groups, opt)
         rng = rng_state(device)
 
         def write_rng(f) -> None:
@@ -163,31 +201,63 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
             torch.save(rng, buf)
             run_files.write_stream(f, buf.getvalue())  # looked up at call time: fault-injection tests patch it
 
-        atomic_write(tmp / f"rng_{rank}.pt", write_rng)
-        if world > 1:
+        atomic_write(p.tmp / f"rng_{rank}.pt", write_rng)
+    except BaseException as e:
+        if writer is not None:
+            abandon(p)
+        err = _failed(p, e)
+        if err is e:
+            raise
+        raise err from e
+    return p
+
+
+def commit(p: PendingSave) -> Path:
+    """Every rank calls this: wait until its shards are on disk, then rank 0 records every file's
+    digest in meta.json (the last file written: only durable data is ever a checkpoint), renames the
+    directory into place and prunes to the newest KEEP_LAST."""
+    final = p.ckdir / p.name
+    ok = True
+    try:
+        if p.writer is not None:
+            p.writer.wait()
+        if p.world > 1:
             dist.barrier()
-        if rank == 0:
-            files = {p.relative_to(tmp).as_posix(): file_digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-            meta = {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop, "world_size": world,
-                    "ep_size": groups.ep_size if groups is not None else 1, "files": files}
-            atomic_write_text(tmp / META, json.dumps(meta, indent=1))
+        if p.rank == 0:
+            files = {f.relative_to(p.tmp).as_posix(): file_digest(f) for f in sorted(p.tmp.rglob("*")) if f.is_file()}
+            atomic_write_text(p.tmp / META, json.dumps(dict(p.meta, files=files), indent=1))
             if final.exists():
                 shutil.rmtree(final)
-            tmp.rename(final)
-            for old in checkpoint_dirs(ckdir)[KEEP_LAST:]:
+            p.tmp.rename(final)
+            for old in checkpoint_dirs(p.ckdir)[KEEP_LAST:]:
                 shutil.rmtree(old)
-            log.info("checkpoint %s", name)
+            log.info("checkpoint %s", p.name)
     except BaseException as e:
         ok = False
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(e):
-            raise disk_full_error(final, e) from e
-        raise
+        err = _failed(p, e)
+        if err is e:
+            raise
+        raise err from e
     finally:
-        if world > 1 and ok:
+        if p.world > 1 and ok:
             dist.barrier()
     return final
+
+
+def abandon(p: PendingSave) -> None:
+    """On a failure elsewhere: let this rank's background write finish (a thread killed mid-write
+    helps nobody) without making it a checkpoint; its temporary directory is removed on the next start."""
+    if p.writer is not None:
+        try:
+            p.writer.wait()
+        except BaseException as e:  # noqa: BLE001 - the failure being handled matters more
+            log.warning("abandoned checkpoint %s: its write failed too (%s)", p.name, e)
+
+
+def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
+         device: torch.device, groups=None, rank: int = 0, world: int = 1) -> Path:
+    """A checkpoint written before returning: `begin_save` then `commit`."""
+    return commit(begin_save(ckdir, step, run_id, loop, model, opt, device, groups, rank, world))
 
 
 # ---------------------------------------------------------------------------------------------

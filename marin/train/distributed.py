@@ -12,13 +12,16 @@ Losses: every rank's CE and z-loss (token means over its valid targets) are rewe
 (n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
 the global token mean, as in one process; the Switch aux loss is the mean of the ranks' (a product of
 batch means: not exactly the global one), QB-topk thresholds are averaged over ranks (QB-hist and
-aux-free are exact). Gradients are plain tensors (parallelize(dp="none") + sync_grads), so MuonH's
-Newton–Schulz sees full matrices and per-expert slices.
+aux-free are exact).
+Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
+allocates only its shards: FSDP2 over every rank for non-expert parameters, experts sliced over EP and
+FSDP-sharded over dp. FSDP2's reduce-scatter averages gradients over the world (so no separate
+gradient sync), the global norm is reduced over shards, and the optimizer steps the shards (whole
+matrices gathered one at a time for Newton–Schulz, marin.optim).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from marin.config import RunSpec
+from marin.config import RunSpec, TrainConfig
 from marin.data import IGNORE_INDEX
 from marin.train.stages import Stage
 
@@ -87,6 +90,34 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
                          f"allowed values: multiples of {world}")
 
 
+def sharding_config(t: TrainConfig):
+    """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
+    from marin.parallel import ShardingConfig
+
+    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
+
+
+def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) -> torch.nn.Module:
+    """The model `train()` trains, initialised: one process (groups=None) or this rank's shards of a
+    distributed run (marin.parallel.build_sharded_model with `sharding_config`). Both draw the weights
+    with the layout-independent marin.parallel.init_weights from seed + the TrainConfig seed stream,
+    so every layout of a run starts from the same global weights. Built on the meta device first:
+    no rank ever allocates more than it keeps."""
+    from marin.model import MarinModel
+    from marin.parallel import build_sharded_model, init_weights
+
+    t = spec.train.effective()
+    seed = spec.seed + t.seed_offset()
+    kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
+    if groups is not None:
+        return build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), **kw)
+    with torch.device("meta"):
+        model = MarinModel(spec.model, spec.recipe, **kw)
+    model.to_empty(device=device)
+    init_weights(model, seed)
+    return model
+
+
 def init_dist(spec: RunSpec, device: torch.device) -> tuple[Dist, torch.device]:
     from marin import ep
 
@@ -110,10 +141,10 @@ class GlobalOut:
 def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                           doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: Dist):
     """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
-    CE and z-loss are reweighted by n_r W / N so that the averaged gradient (sync_grads) is the
-    gradient of the global token mean; the grad norm (and clipping) is over the full model, expert
-    slices summed over the EP group."""
-    from marin import ep
+    CE and z-loss are reweighted by n_r W / N so that the world mean of the gradients (FSDP2's
+    reduce-scatter) is the gradient of the global token mean; the grad norm (and clipping) is the
+    global norm over every shard (marin.parallel.clip_grad_norm_)."""
+    from marin.parallel import clip_grad_norm_
 
     dev = tokens.device
     n_loc = int((targets != IGNORE_INDEX).sum())
@@ -127,14 +158,10 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     dense = out.ce_loss + z
     if n_loc:
         obj = dense * (n_loc * d.world / n_all_f) + out.aux_loss
-    else:  # every target masked here: still run the backward, its all-to-alls are collective
+    else:  # every target masked here: still run the backward, its collectives are collective
         obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
-    ep.sync_grads(model, d.groups)
-    expert_ids = {id(p) for _, m in ep.moe_layers(model) for p in (getattr(m, n) for n in ep.EXPERT_PARAM_NAMES)}
-    grads = [(p.grad, id(p) in expert_ids) for p in model.parameters() if p.grad is not None]
-    dense_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if not is_e)
-    expert_sq = sum(float(g.float().pow(2).sum()) for g, is_e in grads if is_e)
+    gnorm = float(clip_grad_norm_(model, grad_clip))
     st = out.stats
     frac = n_loc / n_all_f
     dense_v = float(dense.detach()) if n_loc else 0.0
@@ -142,18 +169,11 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     z_v = float(z.detach()) if n_loc else 0.0
     vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, float(out.aux_loss.detach()) / d.world,
                         st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
-                        st.get("router_z", 0.0) / d.world, expert_sq], dtype=torch.float64, device=dev)
+                        st.get("router_z", 0.0) / d.world], dtype=torch.float64, device=dev)
     dist.all_reduce(vec)
     mx = torch.tensor([st.get("max_load_ratio", 0.0)], dtype=torch.float64, device=dev)
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     v = vec.tolist()
-    # expert slices are replicated over the dp dimension: the world sum counts each dp_size times
-    gnorm = math.sqrt(dense_sq + v[8] / d.groups.dp_size)
-    if grad_clip is not None:
-        coef = grad_clip / (gnorm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
-        if coef < 1.0:
-            for g, _ in grads:
-                g.mul_(coef)
     stats = dict(st, dropped=v[4], assigned=v[5], drop_rate=v[4] / max(v[5], 1.0), load_cv=v[6], router_z=v[7],
                  max_load_ratio=float(mx))
     g_out = GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))

@@ -31,7 +31,8 @@ from marin.config import RunSpec, TrainConfig
 from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
 from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
-from marin.train.distributed import Dist, check_dist_layout, dist_forward_backward, init_dist, launch_world_size
+from marin.train.distributed import (Dist, build_train_model, check_dist_layout, dist_forward_backward, init_dist,
+                                     launch_world_size)
 from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.hardware import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
@@ -119,7 +120,6 @@ class Trainer:
                  t0: float):
         from marin import data as mdata
         from marin import flops as mflops
-        from marin.model import MarinModel
 
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
         self.spec, self.t, self.run_dir, self.stages, self.d, self.t0 = spec, spec.train.effective(), run_dir, stages, d, t0
@@ -130,16 +130,20 @@ class Trainer:
         self.bpt = {dom: mdata.bytes_per_token(src.eval_corpus, dom) for dom in src.domains}
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
-        self.model = model = MarinModel(spec.model, spec.recipe, activation_checkpoint=t.activation_checkpoint,
-                                        loss_chunk_tokens=t.loss_chunk_tokens).to(device)
+        # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
+        # global weights either way (layout-independent init)
+        self.model = model = build_train_model(spec, device, d.groups if d is not None else None)
         if d is not None:
-            from marin import ep
+            log.info("distributed: world %d = dp %d x ep %d, rank %d; FSDP2 sharded, mixed precision %s",
+                     d.world, d.groups.dp_size, d.groups.ep_size, d.rank, t.mixed_precision)
+        # distributed checkpoints are written in the background (committed at the next one, the end
+        # of the run or a preemption); one process writes before going on
+        self.writer = None
+        if d is not None:
+            from marin.parallel import AsyncCheckpointer
 
-            # every rank built the full model from one seed; it keeps its experts (plain tensors, no
-            # FSDP: MuonH's Newton-Schulz needs whole matrices)
-            ep.parallelize(model, d.groups, dp="none")
-            log.info("distributed: world %d = dp %d x ep %d, rank %d", d.world, d.groups.dp_size,
-                     d.groups.ep_size, d.rank)
+            self.writer = AsyncCheckpointer(d.groups)
+        self.pending: ckpt.PendingSave | None = None
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
         self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
@@ -213,12 +217,22 @@ class Trainer:
         if world > 1:
             dist.barrier()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, now: bool = False) -> None:
+        """Checkpoint the state after the last step. The previous background write is committed first;
+        `now` (a preemption) commits this one too before returning."""
         groups, rank, world = self._rank_world()
+        self.commit_pending()
         self.st.data = self.data.state(self.st.step, stage_at(self.stages, min(self.st.step, self.t.steps - 1)).seq_len)
         loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
-        ckpt.save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model, self.opt,
-                  self.device, groups, rank, world)
+        self.pending = ckpt.begin_save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model,
+                                       self.opt, self.device, groups, rank, world, self.writer)
+        if now or self.writer is None:
+            self.commit_pending()
+
+    def commit_pending(self) -> None:
+        if self.pending is not None:
+            p, self.pending = self.pending, None
+            ckpt.commit(p)
 
     # -- one step ----------------------------------------------------------------------------------
 
@@ -267,7 +281,7 @@ class Trainer:
         cur_stage: Stage | None = None
         while st.step < t.steps:
             if self._stop_requested(stop, stop_after, steps_this_session):
-                self.checkpoint()
+                self.checkpoint(now=True)  # on disk before the signal is handed back
                 log.info("interrupted at step %d (signal %s)", st.step, stop.signum)
                 return {"run_id": spec.run_id, "status": "interrupted", "step": st.step, "signal": stop.signum}
             step = st.step
@@ -342,6 +356,7 @@ class Trainer:
     def finish(self, status: str, error: str | None, failed_step: int | None) -> dict:
         """summary.json (rank 0 writes it; distributed: broadcast so that every rank returns it)."""
         d = self.d
+        self.commit_pending()  # the last periodic checkpoint, written in the background
         summary = None
         if self.main:
             path = self.run_dir / "summary.json"
@@ -453,6 +468,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         stop.install()
         return trainer.run(stop, stop_after)
     finally:
+        if trainer is not None and trainer.pending is not None:  # failed mid-run: no collective commit
+            ckpt.abandon(trainer.pending)
         prev_handler = stop.hand_back()
         stop.restore()
         if trainer is not None and trainer.sinks is not None:
