@@ -1,4 +1,4 @@
-"""WHAT to run: factors, designs (full / fractional factorial), scale ladders, studies (DESIGN §4-5).
+"""WHAT to run: factors, designs (full / fractional factorial), scale ladders, studies (docs/method.md §4-5).
 
 Pure Python + numpy + pydoe; never imports torch, so a design can be planned and costed anywhere.
 Entry points: `get_study(name)` -> Study (`.runs()`, `.describe()`); `fraction`, `full_factorial`,

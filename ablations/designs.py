@@ -1,7 +1,7 @@
 """Two-level designs: full factorials and regular fractions, each verified by our own algebra.
 
 Matrices are built by `pydoe` (module `pydoe`, PyPI `pydoe>=1.6`: `fracfact`, `fracfact_by_res`,
-`ff2n`); we do not trust a library's resolution claim (DESIGN §4.5; pyDOE3 mislabels some). Every
+`ff2n`); we do not trust a library's resolution claim (docs/method.md §4.5; pyDOE3 mislabels some). Every
 regular design is checked three ways on construction:
 
 1. the defining relation from the generators (all products of the generator words);

@@ -1,7 +1,7 @@
 """Factor registry: what a design varies, and how a coded level (-1 / +1) becomes a config value.
 
-A factor is two named levels of one field of a run: a `Recipe` switch (DESIGN §2) or any
-`ModelConfig` / `TrainConfig` / `DataConfig` field. Coding convention (DESIGN §4): the first level
+A factor is two named levels of one field of a run: a `Recipe` switch (docs/method.md §2) or any
+`ModelConfig` / `TrainConfig` / `DataConfig` field. Coding convention (docs/method.md §4): the first level
 of `levels` is coded -1 and the second +1; for the seven recipe factors -1 is the baseline level a
 peer would use and +1 the Marin recipe level. This module never imports torch.
 """

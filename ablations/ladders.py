@@ -7,7 +7,7 @@ and a multiplier of the peak learning rates that `marin.hparams.resolve_hparams`
 
 Parameter and FLOP counts come from `marin.flops` when that module provides them
 (`params_active(cfg, recipe)`, `params_total(cfg, recipe)`, `flops_per_token(cfg, recipe)`); until
-then from the analytic fallback below (Marin's per-layer active count, DESIGN §2.2, plus the 6N rule
+then from the analytic fallback below (Marin's per-layer active count, docs/method.md §2.2, plus the 6N rule
 and causal / windowed attention). `counts_source()` says which one is in use. No torch import.
 """
 
@@ -120,8 +120,8 @@ class Rung:
 
     tokens = tokens_per_active_param x params_active(model, reference recipe), rounded up to whole
     steps of batch_size x seq_len tokens. The reference recipe is `Recipe()` (all on) so every arm
-    of a study trains on the same tokens in the same order (paired comparisons, DESIGN §3), while its
-    own FLOPs differ (DESIGN §4.2 uses each run's own FLOPs).
+    of a study trains on the same tokens in the same order (paired comparisons, docs/architecture.md §3), while its
+    own FLOPs differ (docs/method.md §4.2 uses each run's own FLOPs).
     """
 
     name: str

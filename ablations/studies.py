@@ -1,7 +1,7 @@
-"""Studies: a design over factors, run at the rungs of a ladder with seed replicates (DESIGN §4–5).
+"""Studies: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5).
 
 `Study.runs()` is what sweeps executes: a list of (RunSpec, meta) where meta is the run directory's
-meta.json (CONTRACTS: study, rung, arm, seed, design_row, factors). `Study.describe()` is what
+meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor coding). `Study.describe()` is what
 `marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
 rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
@@ -146,7 +146,7 @@ class Study:
     """A design over factors x rungs x seeds.
 
     Levels of recipe switches that are not factors come from `base_recipe`. Every arm at a given
-    (rung, seed) shares the data config, data seed, steps and batch (paired comparisons, DESIGN §3);
+    (rung, seed) shares the data config, data seed, steps and batch (paired comparisons, docs/architecture.md §3);
     with `vary_data_seed` the data order changes with the seed replicate (data_seed + seed), so the
     seed panel measures init and data-order noise together.
     """
@@ -326,7 +326,7 @@ SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optim
 
 _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
-_GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (DESIGN §2.2)
+_GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
 def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256")) -> Study:
@@ -428,7 +428,7 @@ def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequenc
 
 def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512",)) -> Study:
     """Seed panel: the all-on and all-off arms of the six quality factors, 5 seeds at d512 (10 runs),
-    run before the factorial to size its replication (DESIGN §4.5)."""
+    run before the factorial to size its replication (docs/method.md §4.5)."""
     names = list(SIX_QUALITY)
     return Study("noise", "Seed panel: all-on vs all-off over the six quality factors, 5 seeds at d512",
                  tuple(names), arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), _GPU_DATA,

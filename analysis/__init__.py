@@ -1,4 +1,4 @@
-"""marin-ablate analysis: results table -> reference law -> multipliers -> attribution -> report (DESIGN §4).
+"""marin-ablate analysis: results table -> reference law -> multipliers -> attribution -> report (docs/method.md §4).
 
 Never imports torch or `marin` (tests/test_analysis_report.py checks it), so notebooks open fast.
 Modules: results (run dirs -> table), scaling (law, M_flop), attribution (effects, Shapley/LOO/AOI,

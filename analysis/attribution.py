@@ -1,4 +1,4 @@
-"""Effects-coded attribution of ln M to the recipe components (DESIGN §4.3–4).
+"""Effects-coded attribution of ln M to the recipe components (docs/method.md §4.3–4).
 
 Model. Each study factor i is coded x_i = +1 (recipe level) / −1 (baseline level); z = ln(C/C_ref)
 with C the run's own analytic FLOPs and C_ref the geometric mean compute of the study. The response

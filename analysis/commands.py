@@ -1,4 +1,4 @@
-"""`marin-ablate analyze` and `marin-ablate forecast` (issue 6). No torch anywhere on this path."""
+"""`marin-ablate analyze` and `marin-ablate forecast`. No torch anywhere on this path."""
 
 from __future__ import annotations
 

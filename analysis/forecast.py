@@ -1,4 +1,4 @@
-"""Pre-registration (DESIGN §4.7): an immutable, hashed, timestamped forecast of a target run.
+"""Pre-registration (docs/method.md §4.7): an immutable, hashed, timestamped forecast of a target run.
 
 A forecast file `<study>/forecasts/forecast-<UTC>-<sha8>.json` holds {"content": ..., "sha256": ...}
 where sha256 is over the canonical JSON of content (the fit, its inputs, the predicted loss at the

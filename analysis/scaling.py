@@ -1,4 +1,4 @@
-"""The reference law L(C) = L∞ + A·C^(−α) and the quality multiplier M_flop = C_eq/C (DESIGN §4.1–2).
+"""The reference law L(C) = L∞ + A·C^(−α) and the quality multiplier M_flop = C_eq/C (docs/method.md §4.1–2).
 
 The fit profiles α: for fixed α the law is linear in (L∞, a) with L = L∞ + a·(C/C0)^(−α), C0 the
 geometric mean of the compute (conditioning), A = a·C0^α. A grid over α then a golden-section

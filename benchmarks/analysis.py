@@ -1,4 +1,4 @@
-"""Time `analyze` on a 256-run results table (issue 6): 2^6 factorial x 4 rungs x 1 seed.
+"""Time `analyze` on a 256-run results table: 2^6 factorial x 4 rungs x 1 seed.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/analysis.py [--n-boot 200] [--repeats 3]
 Prints one table row per stage (median wall seconds over repeats).

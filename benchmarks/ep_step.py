@@ -1,5 +1,5 @@
 """Time one MoE-block training step (forward, backward, FSDP2 + expert-grad sync, AdamW) under real
-expert parallelism for each EP transport (DESIGN §2.1 "EP transports", issue 4).
+expert parallelism for each EP transport (docs/method.md §2.1 "EP transports").
 
     OMP_NUM_THREADS=1 python benchmarks/ep_step.py                # 2 gloo CPU processes
     python benchmarks/ep_step.py --world 8 --tokens 16384 --d 1024  # GPUs with NCCL, when present

@@ -1,4 +1,4 @@
-"""Forward+backward throughput of the recipe vs the baseline model (DESIGN §4.3: the throughput ratio R
+"""Forward+backward throughput of the recipe vs the baseline model (docs/method.md §4.3: the throughput ratio R
 is model FLOP/s of the arm over the baseline's, on the same hardware). Prints a table.
 
 Run: OMP_NUM_THREADS=1 python benchmarks/model_step.py                      (CPU, fp32, tiny)

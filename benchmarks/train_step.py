@@ -1,4 +1,4 @@
-"""Training-step throughput and MFU of Recipe() against Recipe.baseline() in one process (DESIGN §4.3:
+"""Training-step throughput and MFU of Recipe() against Recipe.baseline() in one process (docs/method.md §4.3:
 the throughput ratio R = model FLOP/s of the arm / of the baseline on the same hardware).
 
 Each arm runs the real step of marin.train (forward with z-loss/aux loss, backward, its own optimizer

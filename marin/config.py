@@ -1,6 +1,6 @@
 """Typed configuration for marin-ablate: the model, the seven recipe switches, training, data, runs.
 
-Pure dataclasses and arithmetic; this module never imports torch (DESIGN §1) so that a design can
+Pure dataclasses and arithmetic; this module never imports torch (docs/architecture.md §1) so that a design can
 be planned and costed on a laptop. Every field that takes a named level is validated against its
 allowed values, and every error names the field.
 """
@@ -236,7 +236,7 @@ class ModelConfig:
         return self.d_model // self.latent_ratio
 
     def moe_geometry(self, recipe: Recipe) -> "MoEGeometry":
-        """Experts, top-k and expert width for the recipe's latent_moe level (DESIGN §2.1)."""
+        """Experts, top-k and expert width for the recipe's latent_moe level (docs/method.md §2.1)."""
         if recipe.latent_moe == "latent":
             return MoEGeometry(self.n_experts, self.top_k, self.latent_dim, self.expert_hidden, True)
         a = self.latent_ratio

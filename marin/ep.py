@@ -1,5 +1,5 @@
 """Real expert parallelism on torch.distributed: fixed and ragged all-to-all transports, data parallel
-for the rest of the model, sharded checkpoints (DESIGN §2.1 "EP transports", §5; issue 4).
+for the rest of the model, sharded checkpoints (docs/method.md §2.1 "EP transports", docs/architecture.md §5).
 
 Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_rank * ep + ep_rank, so an
 EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
@@ -204,7 +204,7 @@ def _swiglu_bmm(x_EMW: Tensor, w_gate_EWH: Tensor, w_up_EWH: Tensor, w_down_EHW:
 
 
 class EPDispatcher:
-    """Expert-parallel Dispatcher (DESIGN §2.1): tokens of this rank are one shard of the EP group,
+    """Expert-parallel Dispatcher (docs/method.md §2.1): tokens of this rank are one shard of the EP group,
     `experts` holds this rank's E/S local experts, expert ids are global.
 
     fixed: one dense all_to_all_single of equal splits, S x E/S cells of ceil(cf*T_s*K/E) padded rows,

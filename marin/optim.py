@@ -1,4 +1,4 @@
-"""Optimizers: Hyperball (MuonH + AdamH + Adam, DESIGN §2.1) and the peers' baselines.
+"""Optimizers: Hyperball (MuonH + AdamH + Adam, docs/method.md §2.1) and the peers' baselines.
 
 One `torch.optim.Optimizer` holds every parameter group; each group carries a `kind`:
 
@@ -174,7 +174,7 @@ def sphere_norms(p: Tensor, role: str, expert_sphere: str = "bank") -> Tensor:
 
 
 def group_kinds(level: str) -> dict[str, str]:
-    """role -> group kind for an optimizer level (DESIGN §2.1 table)."""
+    """role -> group kind for an optimizer level (docs/method.md §2.1 table)."""
     if level == "hyperball":
         m = {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}
         return {r: m.get(r, "adam") for r in ROLES}

@@ -1,4 +1,4 @@
-"""Executors: how a study's runs get executed (DESIGN §5): `slurm`, `local`, `debug`, via submitit.
+"""Executors: how a study's runs get executed (docs/architecture.md §5): `slurm`, `local`, `debug`, via submitit.
 
 - `slurm`: one job array per resource group (runs needing the same GPUs and time limit), one array
   task per run, `slurm_array_parallelism` at a time. Each task is a `RunJob` (a

@@ -2,7 +2,7 @@
 
 `run_study(study, out, opts)` is the Python API behind `marin-ablate run`; `study_status` behind
 `marin-ablate status`. A study is anything with `name`, `runs(lr_multipliers=, rungs=)` returning
-[(RunSpec, meta)], as `ablations.studies.Study` (CONTRACTS).
+[(RunSpec, meta)], as `ablations.studies.Study` (docs/architecture.md §4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-arm learning-rate tuning (DESIGN §4.6): each arm gets its own LR at the smallest rung.
+"""Per-arm learning-rate tuning (docs/method.md §4.6): each arm gets its own LR at the smallest rung.
 
 For every arm, a few log-spaced multipliers of the heuristic LR (both the matrix and the Adam
 group's rate scale together) are run at the smallest rung; the eval loss is profiled by a

@@ -1,4 +1,4 @@
-"""ablations/: factor registry, verified two-level designs, ladders and studies (DESIGN §4-5)."""
+"""ablations/: factor registry, verified two-level designs, ladders and studies (docs/method.md §4-5)."""
 
 from __future__ import annotations
 

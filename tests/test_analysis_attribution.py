@@ -1,4 +1,4 @@
-"""Attribution math (issue 6): Shapley/LOO/AOI algebra, CI coverage on simulated studies, aliasing."""
+"""Attribution math: Shapley/LOO/AOI algebra, CI coverage on simulated studies, aliasing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Results table, report, forecasts, notebook and the no-torch rule of `analysis` (issue 6)."""
+"""Results table, report, forecasts, notebook and the no-torch rule of `analysis`."""
 
 from __future__ import annotations
 

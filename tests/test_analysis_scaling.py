@@ -1,4 +1,4 @@
-"""Reference law L = L∞ + A·C^(−α) and the quality multiplier (DESIGN §4.1–2, issue 6)."""
+"""Reference law L = L∞ + A·C^(−α) and the quality multiplier (docs/method.md §4.1–2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GPU benchmark script runs end to end (issue #7): a GPU session has 15 minutes, so
+"""The GPU benchmark script runs end to end: a GPU session has 15 minutes, so
 benchmarks/gpu.py must not meet its first bug there. Its CPU dry run takes every code path the
 GPU run takes except CUDA-only rows, at tiny shapes, with Triton under its interpreter; it measures
 nothing worth keeping, so it writes nothing."""

@@ -1,4 +1,4 @@
-"""torch.compile of the model (issue #7): the training forward is one graph, a compiled run does not
+"""torch.compile of the model: the training forward is one graph, a compiled run does not
 recompile from step to step, and it computes what eager computes.
 
 CPU stands in for the GPU. Under bf16 autocast the grouped GEMMs run through torch._grouped_mm as

@@ -1,4 +1,4 @@
-"""Drop decision, grouped GEMM and the virtual-EP dispatcher (DESIGN §2.1, issue 2)."""
+"""Drop decision, grouped GEMM and the virtual-EP dispatcher (docs/method.md §2.1)."""
 
 import pytest
 import torch

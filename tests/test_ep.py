@@ -1,5 +1,5 @@
 """Real expert parallelism on gloo: EP transports and the EP MoE equal the single-process computation,
-drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (DESIGN §2.1, §5; issue 4).
+drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (docs/method.md §2.1, docs/architecture.md §5).
 
 Two process launches serve every test (mp.spawn is the slow part): 2 ranks (EP 2) and 4 ranks
 (EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;

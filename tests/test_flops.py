@@ -1,5 +1,5 @@
 """Analytic accounting (marin/flops.py) against the built model, torch's FLOP counter, the hero's
-published counts (DESIGN §2.2), and the describe CLI."""
+published counts (docs/method.md §2.2), and the describe CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The main job as a new user meets it (issue 8): the README's commands, `run smoke`, Ctrl-C and rerun.
+"""The main job as a new user meets it: the README's commands, `run smoke`, Ctrl-C and rerun.
 
 The full smoke study takes minutes; these tests run the same command on its smallest rung with a
 few steps, which exercises the same planning, local executor, resume and analysis code.

@@ -1,4 +1,4 @@
-"""MarinModel (DESIGN §2, §2.1): every recipe switch trains, stays causal, keeps documents apart,
+"""MarinModel (docs/method.md §2, §2.1): every recipe switch trains, stays causal, keeps documents apart,
 and each component does exactly its math."""
 
 from __future__ import annotations

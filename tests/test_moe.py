@@ -1,4 +1,4 @@
-"""Router, balancing and (latent) MoE block (DESIGN §2.1 "Latent MoE", "Router and Quantile Balancing")."""
+"""Router, balancing and (latent) MoE block (docs/method.md §2.1 "Latent MoE", "Router and Quantile Balancing")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hyperball (MuonH + AdamH + Adam) and baselines, DESIGN §2.1."""
+"""Hyperball (MuonH + AdamH + Adam) and baselines, docs/method.md §2.1."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def test_unknown_role_is_rejected():
 
 
 def _design_kind(name: str) -> str:
-    """DESIGN §2.1 Hyperball groups, written from parameter names (independent of param_roles)."""
+    """docs/method.md §2.1 Hyperball groups, written from parameter names (independent of param_roles)."""
     if name == "lm_head.weight":
         return "adamh"
     if name == "embed.weight" or ".router." in name or name.endswith("attn.gate.weight") or ".sconv" in name:
@@ -225,7 +225,7 @@ def _design_kind(name: str) -> str:
     if any(k in name for k in (".wq.", ".wk.", ".wv.", ".wo.", "moe.w_", "latent_down", "latent_up",
                                ".shared.", "gated_norm.w_")):
         return "muonh"
-    raise AssertionError(f"{name}: not covered by DESIGN's table")
+    raise AssertionError(f"{name}: not covered by the table in docs/method.md §2")
 
 
 def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere():

@@ -199,7 +199,7 @@ def test_spike_rule_uses_the_running_median():
 
 
 def test_metrics_also_reach_tensorboard_and_offline_wandb_when_asked(tmp_path, monkeypatch):
-    """The optional sinks of issue 3: the same per-step records land in TensorBoard event files and in
+    """The optional sinks of: the same per-step records land in TensorBoard event files and in
     an offline W&B run (no network), beside metrics.jsonl."""
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     pytest.importorskip("wandb", reason="the wandb extra is not installed")

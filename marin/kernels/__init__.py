@@ -15,7 +15,7 @@ KERNEL_BACKENDS = ("torch", "triton")
 
 @dataclass(frozen=True)
 class KernelSet:
-    """Callables with the signatures of the references (shape suffixes as in DESIGN §2.1)."""
+    """Callables with the signatures of the references (shape suffixes as in docs/method.md §2.1)."""
 
     backend: str
     sconv: Callable  # (x_BSC, w_KC, doc_ids_BS | None) -> out_BSC

@@ -1,4 +1,4 @@
-"""Pure-torch references of the recipe's custom ops (DESIGN §2.1). The model runs these when
+"""Pure-torch references of the recipe's custom ops (docs/method.md §2.1). The model runs these when
 `ModelConfig.kernels == "torch"`; the Triton kernels in this package are tested against them.
 
 Signatures are stable: (B, S, C) for SConv, (B, H, S, D) queries-side and (B, Hkv, S, D) values for XSA.
@@ -14,7 +14,7 @@ XSA_EPS = 1e-6
 
 
 def sconv_reference(x_BSC: Tensor, w_KC: Tensor, doc_ids_BS: Tensor | None = None) -> Tensor:
-    """Short causal depthwise conv: out[b,t,c] = Σ_l w[l,c]·x[b,t−l,c] (SConv, DESIGN §2.1).
+    """Short causal depthwise conv: out[b,t,c] = Σ_l w[l,c]·x[b,t−l,c] (SConv, docs/method.md §2.1).
 
     A tap is zeroed when t−l < 0 or when position t−l lies in another packed document, so the
     conv never reads across a document boundary. No bias.

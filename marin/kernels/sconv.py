@@ -1,4 +1,4 @@
-"""Triton short causal depthwise conv (SConv, DESIGN §2.1) with packed-document masking.
+"""Triton short causal depthwise conv (SConv, docs/method.md §2.1) with packed-document masking.
 
 out[b,t,c] = Σ_l w[l,c]·x[b,t−l,c], a tap zeroed when t−l < 0 or doc_ids[b,t−l] ≠ doc_ids[b,t].
 Memory-bound: one pass over (S, C) tiles; the K shifted row loads of a tile hit L1/L2, so DRAM
@@ -189,6 +189,6 @@ _sconv_fwd_op.register_autograd(_sconv_backward, setup_context=save_inputs)
 
 
 def sconv_triton(x_BSC: torch.Tensor, w_KC: torch.Tensor, doc_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
-    """Short causal depthwise conv with document masking (DESIGN §2.1 SConv), Triton fwd + bwd."""
+    """Short causal depthwise conv with document masking (docs/method.md §2.1 SConv), Triton fwd + bwd."""
     _check(x_BSC, w_KC, doc_ids_BS)
     return _sconv_fwd_op(x_BSC, w_KC, doc_ids_BS)

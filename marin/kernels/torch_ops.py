@@ -6,7 +6,7 @@ assignment index t·K + k into (T, K): kept assignments first, grouped by expert
 ones; `offsets_E` are cumulative int32 group ends (torch._grouped_mm's `offs`), so rows past
 offsets[-1] are the dropped assignments and the grouped GEMM returns zeros for them. Every shape is
 static (N = T·K) and nothing here reads a tensor value on the host: a compiled MoE block has no
-graph break and a GPU step no device sync (issue #7).
+graph break and a GPU step no device sync.
 """
 
 from __future__ import annotations

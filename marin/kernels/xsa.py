@@ -1,4 +1,4 @@
-"""Triton Exclusive Self Attention output projection (XSA, arXiv 2603.09078; DESIGN §2.1) under GQA.
+"""Triton Exclusive Self Attention output projection (XSA, arXiv 2603.09078; docs/method.md §2.1) under GQA.
 
 z = y − (⟨y,v⟩ / (‖v‖² + 1e-6))·v per (batch, query head, token), v from the KV head serving the
 query head (h // (H/K)). Optionally fused with the headwise gate: out = 2σ(a)·z, a from gate_BSH.
