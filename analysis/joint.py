@@ -66,7 +66,8 @@ class JointFit:
 
     @property
     def A(self) -> float:
-        return float(np.exp(self.get("ln_a")) * self.c0**self.alpha)
+        with np.errstate(over="ignore"):  # a bootstrap refit can drift to a huge A: inf, not an exception
+            return float(np.exp(self.get("ln_a") + self.alpha * np.log(self.c0)))
 
     def contrast_var(self, g: np.ndarray) -> float:
         g = np.nan_to_num(g)

@@ -13,6 +13,7 @@ analysis layer can read runs with it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -28,7 +29,7 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, then os.replace: a reader sees the old
     file or the new one, never a torn one (also on NFS, where rename is atomic per directory)."""
     path = Path(path)
@@ -36,17 +37,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are for every reader
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (manifests and checkpoint side files record it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

@@ -25,12 +25,13 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from marin.schema import atomic_write_bytes, sha256_file  # noqa: F401  (sha256_file re-exported)
 
 FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -56,28 +57,6 @@ class PrepareConfig:
                 raise ValueError(f"PrepareConfig.{name}={v!r} must be a positive integer")
         if not self.text_column:
             raise ValueError("PrepareConfig.text_column must name a column")
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _atomic_json(path: Path, obj: Any) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from marin.schema import sha256_file as _sha256_file  # the data package's callers know it by this name
+
 EMBEDDED_VERSION = 2  # bump on any change to what the builder writes: caches are keyed by it
 SPLITS = ("train", "heldout")
 IGNORE_INDEX = -100  # the targets value F.cross_entropy ignores by default
@@ -48,14 +50,6 @@ def paloma_search_paths() -> list[Path]:
     hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub")
     paths.extend(sorted((hub / "datasets--allenai--paloma" / "snapshots").glob("*")))
     return paths
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _hash_hex(s: str) -> str:

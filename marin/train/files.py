@@ -11,11 +11,12 @@ reported as such, with the path (docs/architecture.md, "Run directory").
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Callable, IO
+
+from marin.schema import sha256_file
 
 TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>" (schema's: ".<name>.<random>.tmp"): hidden, never a result
 
@@ -79,8 +80,4 @@ def remove_stale_temps(*dirs: Path) -> list[Path]:
 
 def file_digest(path: Path) -> dict:
     """{"bytes", "sha256"} of a file: what a checkpoint's side file records and resume verifies."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
