@@ -5,10 +5,8 @@ experts), tokens = tokens_per_active_param x active parameters (rounded to whole
 and a multiplier of the peak learning rates that `marin.hparams.resolve_hparams` (the resolver
 `train` uses too) derives from Marin's heuristic.
 
-Parameter and FLOP counts come from `marin.flops` when that module provides them
-(`params_active(cfg, recipe)`, `params_total(cfg, recipe)`, `flops_per_token(cfg, recipe)`); until
-then from the analytic fallback below (Marin's per-layer active count, docs/method.md §2.2, plus the 6N rule
-and causal / windowed attention). `counts_source()` says which one is in use. No torch import.
+Parameter and FLOP counts are `marin.flops`'s (analytic, torch-free; docs/method.md §2.2), re-exported
+here for the studies. No torch import.
 """
 
 from __future__ import annotations
@@ -18,97 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from marin.config import LR_HEURISTICS, ModelConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset
+from marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
 from marin.hparams import OptimHparams, resolve_hparams
-
-# ---------------------------------------------------------------------------------------------
-# Parameter / FLOP accounting (marin.flops when present, else the fallback)
-# ---------------------------------------------------------------------------------------------
-
-
-def _flops_fn(name: str) -> Callable | None:
-    try:
-        from marin import flops  # noqa: PLC0415  (optional: written by the model helper)
-    except ImportError:
-        return None
-    return getattr(flops, name, None)
-
-
-def counts_source() -> str:
-    """'marin.flops' when it provides params_active, params_total and flops_per_token, else 'fallback'."""
-    ok = all(_flops_fn(n) is not None for n in ("params_active", "params_total", "flops_per_token"))
-    return "marin.flops" if ok else "fallback"
-
-
-def _layer_counts(cfg: ModelConfig, recipe: Recipe, layer: int) -> tuple[int, int]:
-    """(active, total) parameters of one block: Marin's count (attention, router, routed, latent,
-    shared) plus the small terms (attention gate, SConv kernels, norm gains)."""
-    d, H, h = cfg.d_model, cfg.n_heads, cfg.head_dim
-    kv = cfg.kv_heads(layer)
-    g = cfg.moe_geometry(recipe)
-    attn = 2 * d * H * h + 2 * d * kv * h
-    gate = d * H if cfg.attn_gate else 0
-    router = d * g.n_experts
-    expert = 3 * g.width * g.hidden
-    latent = (2 * d * g.width + g.width) if g.latent else 0
-    shared = cfg.n_shared_experts * 3 * d * cfg.shared_hidden
-    sconv = 0
-    if recipe.sconv != "none":
-        width = {"k": kv * h, "v": kv * h, "attn_out": d, "mlp_out": d}
-        sconv = cfg.sconv_kernel * sum(width[s] for s in cfg.sconv_sites)
-    norms = 2 * d + (2 * h if recipe.qk_norm == "learned_gain" else 0)
-    common = attn + gate + router + latent + shared + sconv + norms
-    return common + g.top_k * expert, common + g.n_experts * expert
-
-
-def params_active(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
-    """Parameters touched per token: every block's active count plus lm_head (the input embedding
-    is a lookup and is not counted)."""
-    fn = _flops_fn("params_active")
-    if fn is not None:
-        return int(fn(cfg, recipe))
-    return sum(_layer_counts(cfg, recipe, l)[0] for l in range(cfg.n_layers)) + cfg.d_model * cfg.vocab_size + cfg.d_model
-
-
-def params_active_marin(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
-    """Marin's active count (marin.flops.params_active_marin; the same arithmetic without it)."""
-    fn = _flops_fn("params_active_marin")
-    if fn is not None:
-        return int(fn(cfg, recipe))
-    d, g = cfg.d_model, cfg.moe_geometry(recipe)
-    kv = max(cfg.n_kv_heads, cfg.n_kv_heads_global)
-    per_layer = (2 * d * cfg.n_heads * cfg.head_dim + 2 * d * kv * cfg.head_dim + d * g.n_experts
-                 + g.top_k * 3 * g.width * g.hidden + (2 * d * g.width if g.latent else 0)
-                 + cfg.n_shared_experts * 3 * d * cfg.shared_hidden)
-    return cfg.n_layers * per_layer
-
-
-def params_total(cfg: ModelConfig, recipe: Recipe = Recipe()) -> int:
-    fn = _flops_fn("params_total")
-    if fn is not None:
-        return int(fn(cfg, recipe))
-    blocks = sum(_layer_counts(cfg, recipe, l)[1] for l in range(cfg.n_layers))
-    return blocks + 2 * cfg.d_model * cfg.vocab_size + cfg.d_model
-
-
-def _mean_context(seq_len: int, window: int | None) -> float:
-    """Mean number of keys a causal query attends to (window includes self)."""
-    if window is None or window >= seq_len:
-        return (seq_len + 1) / 2
-    w = window
-    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
-
-
-def flops_per_token(cfg: ModelConfig, recipe: Recipe = Recipe(), seq_len: int | None = None) -> float:
-    """Training FLOPs per token: 6 x active matmul parameters + 12 x H x h x mean context per layer."""
-    fn = _flops_fn("flops_per_token")
-    if fn is not None:
-        return float(fn(cfg, recipe))
-    S = seq_len or cfg.seq_len
-    dense = 6 * params_active(cfg, recipe)
-    attn = sum(12 * cfg.n_heads * cfg.head_dim * _mean_context(S, None if cfg.is_global(l) else cfg.window)
-               for l in range(cfg.n_layers))
-    return float(dense + attn)
-
 
 # ---------------------------------------------------------------------------------------------
 # Rungs

@@ -27,7 +27,7 @@ from marin.schema import FactorCoding, RunMeta
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.ladders import Rung, counts_source, flops_per_token, ladder, params_active, params_total
+from ablations.ladders import Rung, flops_per_token, ladder, params_active, params_total
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ class Study:
                 total_wall += r.est_wall_s() * sum(work) * n_seeds
             total_flops += flops
             rung_rows.append(info)
-        cost: dict[str, Any] = {"train_flops": total_flops, "counts_source": counts_source()}
+        cost: dict[str, Any] = {"train_flops": total_flops}
         if self.hardware is not None:
             cost.update(hardware=self.hardware.name, assumed_mfu=self.hardware.mfu, gpu_hours=total_gpuh)
         if total_wall:
