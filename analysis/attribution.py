@@ -188,6 +188,19 @@ class EffectsFit:
             v = max(v, float(c @ self.cov_model @ c))
         return max(v, 0.0)
 
+    def alias_sum(self, j: int) -> np.ndarray:
+        """The contrast the design estimates for term j: j alone, or the signed sum of its alias group
+        as seen from j (a regular fraction estimates only such sums)."""
+        c = np.zeros(len(self.terms))
+        g = self.alias.group_of(j)
+        if g is None:
+            c[j] = 1.0
+            return c
+        s_j = dict(g)[j]
+        for t, s in g:
+            c[t] = s_j * s
+        return c
+
     def term_label(self, j: int) -> str:
         g = self.alias.group_of(j)
         if g is None:
@@ -198,9 +211,7 @@ class EffectsFit:
         """One row per estimated column (alias groups as one row, labelled with all members)."""
         rows = []
         for j in np.flatnonzero(self.alias.kept):
-            c = np.zeros(len(self.terms))
-            c[j] = 1
-            est, se, lo, hi, _ = self.contrast(c, level)
+            est, se, lo, hi, _ = self.contrast(self.alias_sum(j), level)
             t = est / se if se > 0 else np.nan
             p = 2 * stats.t.sf(abs(t), max(self.dof, 1)) if np.isfinite(t) and self.dof > 0 else np.nan
             rows.append({"term": self.term_label(j), "kind": self.terms[j].kind, "estimate": est, "se": se,

@@ -95,11 +95,8 @@ def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality")
         return None
     # Aliased pairs: show the estimate of their alias group (labelled), never a blank cell.
     for j, t in enumerate(fit.terms):
-        g = fit.alias.group_of(j)
-        if t.kind == "2fi" and g is not None:
-            c = np.zeros(len(fit.terms))
-            c[g[0][0]] = 2.0 * dict(g)[j]
-            e, *_ = fit.contrast(c)
+        if t.kind == "2fi" and fit.alias.group_of(j) is not None:
+            e, *_ = fit.contrast(2.0 * fit.alias_sum(j))
             a_, b_ = t.factors
             est.loc[a_, b_] = est.loc[b_, a_] = e
     annot = est.map(lambda v: "" if not np.isfinite(v) else f"{v:+.3f}")
