@@ -168,7 +168,7 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
         if groups.dp_size > 1:
             fully_shard(moe, mesh=dp_mesh, **kw)  # what is left in the MoE unit: its expert stacks
             moe.set_gradient_divide_factor(float(groups.world_size))
-            if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM: sum, then divide in a kernel
+            if dist.get_backend() in ("gloo", "fake"):  # no PREMUL_SUM there: sum, then divide in a kernel
                 moe.set_force_sum_reduction_for_comms(True)
         else:  # nothing to shard over dp: plain EP slices, the 1/W mean applied as the gradient lands
             moe.dispatcher.grad_scale = 1.0 / groups.world_size  # survives to_empty (a hook would not)

@@ -41,13 +41,52 @@ class Sharding:
     name: str
     apply: Callable
     ns_whole_group: bool
+    gathered_bytes: int = 0  # FSDP2: bytes per element of a gathered unit (2 under bf16 compute); 0: no FSDP
 
 
-def current_sharding() -> Sharding:
-    from marin import ep
+def current_sharding(spec: RunSpec | None = None) -> Sharding:
+    """The trainer's sharding (marin.train.distributed.build_train_model): experts sliced over EP and
+    FSDP2 over dp, everything else FSDP2 over the world, with the run's ShardingConfig; Newton-Schulz
+    gathers one whole matrix at a time (marin.optim)."""
+    from marin.ep import shard_experts
+    from marin.parallel import ShardingConfig, apply_fsdp
+    from marin.train.distributed import sharding_config
 
-    return Sharding("ep.parallelize(dp='none'): experts over EP, the rest replicated",
-                    lambda m, g: ep.parallelize(m, g, dp="none"), ns_whole_group=True)
+    cfg = sharding_config(spec.train) if spec is not None else ShardingConfig()
+
+    def apply(model, groups):
+        shard_experts(model, groups)
+        return apply_fsdp(model, groups, cfg)
+
+    return Sharding("FSDP2 over all ranks; experts over EP x FSDP2 over dp (marin.parallel)" +
+                    (", bf16 compute" if cfg.mixed_precision else ""), apply, ns_whole_group=False,
+                    gathered_bytes=2 if cfg.mixed_precision else 4)
+
+
+def fsdp_units(model, ep_size: int) -> dict[str, int]:
+    """Elements of each FSDP2 unit of marin.parallel.apply_fsdp when gathered (a whole unit, the
+    expert stacks as this rank's EP slice), from the unsharded (meta) model."""
+    from marin.ep import EXPERT_PARAM_NAMES, moe_layers
+
+    owner: dict[int, str] = {}
+    for name, moe in moe_layers(model):
+        for p in EXPERT_PARAM_NAMES:
+            owner[id(getattr(moe, p))] = f"{name}.experts"
+        for cname, child in moe.named_children():
+            for i, unit in enumerate(child if isinstance(child, torch.nn.ModuleList) else [child]):
+                for q in unit.parameters():
+                    owner.setdefault(id(q), f"{name}.{cname}.{i}")
+    for i, b in enumerate(getattr(model, "blocks", [])):
+        for q in b.parameters():
+            owner.setdefault(id(q), f"blocks.{i}")
+    for attr in ("embed", "lm_head"):
+        for q in getattr(model, attr).parameters():
+            owner.setdefault(id(q), attr)
+    units: dict[str, int] = {}
+    for q in model.parameters():
+        u = owner.get(id(q), "root")
+        units[u] = units.get(u, 0) + (q.numel() // ep_size if u.endswith(".experts") else q.numel())
+    return units
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -70,14 +109,18 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         with torch.device("meta"):
             model = MarinModel(spec.model, spec.recipe)
         roles = model.param_roles()
-        biggest = max(p.numel() if roles[n] != "expert" else p[0].numel() for n, p in model.named_parameters())
+        biggest: dict[str, int] = {}  # the largest whole matrix of each role (one expert's for experts)
+        for n, p in model.named_parameters():
+            biggest[roles[n]] = max(biggest.get(roles[n], 0), p[0].numel() if roles[n] == "expert" else p.numel())
+        units = fsdp_units(model, ep_size)
         model = sharding.apply(model, groups) or model
         by_role: dict[str, int] = {}
         for n, p in model.named_parameters():
             by_role[roles[n]] = by_role.get(roles[n], 0) + _local(p).numel()
         experts = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(model)]
         return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
-                "experts_per_rank": experts[0], "largest_matrix": biggest}
+                "experts_per_rank": experts[0], "largest_matrix": biggest,
+                "largest_unit": max(units.items(), key=lambda kv: kv[1])}
     finally:
         dist.destroy_process_group()
 
@@ -112,7 +155,8 @@ def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
 
 def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) -> float:
     """Peak bytes of activations + temporaries of one rank's forward + backward at full width and
-    `layers` layers (parameters and gradients are not counted: the state lines hold them). A flex
+    `layers` layers (parameters and gradients are not counted: the state lines hold them), at the run's
+    precision (bf16 autocast; bf16 weights as FSDP2 gathers them under mixed precision). A flex
     model's attention is measured through `_FlexFootprint` (what the GPU kernel keeps)."""
     from unittest import mock
 
@@ -125,6 +169,8 @@ def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) 
     with torch.device("meta"):
         model = mmodel.MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
                                   loss_chunk_tokens=spec.train.loss_chunk_tokens)
+        if spec.train.mixed_precision == "bf16":  # FSDP2's MixedPrecisionPolicy computes with bf16 weights
+            model = model.to(torch.bfloat16)
     flex = cfg.attention == "flex"
     with FakeTensorMode(allow_non_fake_inputs=True), \
             mock.patch.object(mmodel, "flex_attention", lambda q, k, v, **kw: _FlexFootprint.apply(q, k, v)) \
@@ -159,11 +205,16 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
                  "bytes": act["base"] + L * act["per_layer"]})
     rows.append({"line": "transient: one block recomputed in the backward", "bytes": act["recompute"]})
     ns_groups = [r for r in by_role if kinds[r] in ONE_BUFFER]
-    ns_elems = (max((by_role[r] for r in ns_groups), default=0) if sharding.ns_whole_group
-                else state["largest_matrix"])
+    ns_elems = max(((by_role if sharding.ns_whole_group else state["largest_matrix"])[r] for r in ns_groups),
+                   default=0)
     rows.append({"line": "transient: Newton-Schulz working set " + ("(a whole group stacked)" if sharding.ns_whole_group
                                                                     else "(one whole matrix)"),
                  "bytes": 3 * 4 * ns_elems})
+    if sharding.gathered_bytes:  # two units gathered (current + prefetched), one unit's grads + fp32 copy
+        unit, elems = state["largest_unit"]
+        gb = sharding.gathered_bytes
+        rows.append({"line": f"transient: FSDP2 gathered weights + unsharded grads ({unit})",
+                     "bytes": (2 * gb + gb + (4 if gb != 4 else 0)) * elems})
     return rows
 
 
@@ -172,7 +223,7 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
             seqs_per_rank: int | None = None) -> dict:
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget."""
     t0 = time.perf_counter()
-    sharding = sharding or current_sharding()
+    sharding = sharding or current_sharding(spec)
     if spec.train.batch_size % world:
         raise ValueError(f"TrainConfig.batch_size={spec.train.batch_size} does not split over {world} GPUs; "
                          f"allowed values: multiples of {world}")
@@ -227,7 +278,8 @@ def format_report(rep: dict) -> str:
 class FakeCollectives:
     """While active, the fake process group's data-moving collectives behave as if every rank held
     what this rank holds (FakeStore collectives move no data, so exchanged counts would be garbage):
-    an all-gather copies the local input into every slot; an all-to-all checks its split sizes
+    an all-gather copies the local input into every slot; a reduce-scatter (SUM or AVG) of identical
+    ranks gives W times (or once) this rank's chunk; an all-to-all checks its split sizes
     against the group and the tensors and zero-fills what it receives; an object broadcast keeps each
     rank's objects. All-reduces are left as they are (a sum over one rank). Every all-to-all's
     (group size, input splits, output splits) is recorded."""
@@ -253,12 +305,23 @@ class FakeCollectives:
             raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements for inputs of {inp.numel()}")
         out.view(s, -1).copy_(inp.reshape(1, -1))
 
+    def _reduce_scatter(self, output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        s = dist.get_world_size(group)
+        if input.numel() != s * output.numel():
+            raise RuntimeError(f"reduce_scatter over {s} ranks: input of {input.numel()} elements for outputs of "
+                               f"{output.numel()}")
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # PREMUL_SUM's factor cannot be read back
+            raise RuntimeError(f"reduce_scatter with op {op}: the dry run's collectives take SUM or AVG")
+        mine = input.reshape(s, -1)[dist.get_rank(group)].view_as(output)
+        output.copy_(mine * s if op == dist.ReduceOp.SUM else mine)  # s identical ranks summed / averaged
+
     def _broadcast_object_list(self, objs, src=0, group=None, device=None, group_src=None):
         pass  # every rank keeps its own objects (the fake group would deliver garbage sizes)
 
     def __enter__(self) -> "FakeCollectives":
         for name, fn in (("all_to_all_single", self._all_to_all_single), ("all_gather_into_tensor", self._all_gather),
                          ("all_gather_single", self._all_gather),
+                         ("reduce_scatter_tensor", self._reduce_scatter), ("reduce_scatter_single", self._reduce_scatter),
                          ("broadcast_object_list", self._broadcast_object_list)):
             if hasattr(dist, name):
                 self._orig[name] = getattr(dist, name)
@@ -284,7 +347,7 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
                             gated_norm_rank=min(spec.model.gated_norm_rank, 16), attention="sdpa", kernels="torch")
     t = dataclasses.replace(spec.train, steps=steps, batch_size=seqs_per_rank * world, eval_every=steps,
                             eval_batches=1, eval_batch_size=world, checkpoint_every=0, log_every=1, device="cpu",
-                            precision="fp32", compile=False, context_stages=(), threads=None,
+                            precision="fp32", mixed_precision="none", compile=False, context_stages=(), threads=None,
                             loss_chunk_tokens=min(spec.train.loss_chunk_tokens, seqs_per_rank * seq_len // 2)
                             if spec.train.loss_chunk_tokens else 0)
     data = spec.data
