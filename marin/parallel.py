@@ -4,7 +4,7 @@ dimension and by FSDP over the data-parallel one, and a per-shard init equal to 
 Layout (torchtitan's MoE parallelism: pytorch/torchtitan, torchtitan/models/llama4/infra/parallelize.py
 `apply_fsdp`, experts on the `dp_shard_mod_ep` mesh): the ("dp", "ep") mesh of `marin.ep.EPGroups`.
 - non-expert parameters: FSDP2 `fully_shard` over all W ranks (dim 0), one unit per block, per MoE
-  submodule (router, latent projections, shared experts) and at the root;
+  submodule (router, latent projections, shared experts), the embedding, the lm_head, and the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   "dp" shards that slice's expert dim, so each expert element lives on exactly one rank. The expert
   units' gradient divide factor is the world size: the all-to-all backward already summed the EP
@@ -177,6 +177,9 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
     if isinstance(blocks, nn.ModuleList):
         for b in blocks:
             fully_shard(b, mesh=groups.world_mesh, ignored_params=plain, **kw)
+    for head in (getattr(model, "embed", None), getattr(model, "lm_head", None)):
+        if head is not None:  # their own units (torchtitan): the root unit stays gathered all step
+            fully_shard(head, mesh=groups.world_mesh, **kw)
     fully_shard(model, mesh=groups.world_mesh, ignored_params=plain, **kw)
     return model
 

@@ -8,8 +8,9 @@
 - Activations: one rank's forward + backward at full width under FakeTensorMode and torch's
   MemTracker (torch.distributed._tools.mem_tracker) at 1 and 2 layers, extrapolated linearly to the
   model's depth (per-layer memory is linear in depth), bf16 autocast as on the GPU.
-- Transients: the recompute of one block (measured, checkpointing off, minus the kept input), the
-  loss chunk's fp32 logits and their gradient, the Newton–Schulz working set of the sharding.
+- Transients: the backward's working set beyond the kept activations (the 1-layer peak minus one
+  layer's kept: one block recomputed and its backward, the embedding, the loss chunk's fp32 logits),
+  FSDP2's gathered units and unsharded gradients, the Newton–Schulz working set of the sharding.
 The table is in GB and GiB against the capacity minus a reserve; a line that breaks the budget is
 named. Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
 """
@@ -93,6 +94,17 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if hasattr(p, "to_local") else p
 
 
+def _padded_local(p: torch.Tensor) -> int:
+    """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(rows / shards) rows on
+    every rank (so every rank holds as much), a plain tensor is whole."""
+    if not hasattr(p, "device_mesh"):
+        return p.numel()
+    import math
+
+    shards = p.device_mesh.size()
+    return -(-p.shape[0] // shards) * math.prod(p.shape[1:])
+
+
 def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sharding) -> dict:
     """Local parameter elements by role, experts per rank, the largest whole matrix (elements), for
     `rank` of a `world`-rank fake process group."""
@@ -116,8 +128,8 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         model = sharding.apply(model, groups) or model
         by_role: dict[str, int] = {}
         for n, p in model.named_parameters():
-            by_role[roles[n]] = by_role.get(roles[n], 0) + _local(p).numel()
-        experts = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(model)]
+            by_role[roles[n]] = by_role.get(roles[n], 0) + _padded_local(p)
+        experts = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(model)]  # the EP slice (FSDP2 shards it over dp)
         return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
                 "experts_per_rank": experts[0], "largest_matrix": biggest,
                 "largest_unit": max(units.items(), key=lambda kv: kv[1])}
@@ -202,8 +214,9 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         rows.append({"line": f"optimizer {kind} [{role}]", "bytes": 4 * k * (1 if kind in ONE_BUFFER else 2)})
     L = spec.model.n_layers
     rows.append({"line": f"activations kept ({L} layers x {act['per_layer'] / GiB:.2f} GiB)",
-                 "bytes": act["base"] + L * act["per_layer"]})
-    rows.append({"line": "transient: one block recomputed in the backward", "bytes": act["recompute"]})
+                 "bytes": L * act["per_layer"]})
+    rows.append({"line": "transient: backward working set (" + ("one block recomputed, " if act["recompute"] else "")
+                 + "embedding, loss chunk)", "bytes": act["base"]})
     ns_groups = [r for r in by_role if kinds[r] in ONE_BUFFER]
     ns_elems = max(((by_role if sharding.ns_whole_group else state["largest_matrix"])[r] for r in ns_groups),
                    default=0)
@@ -233,10 +246,11 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     if len({tuple(sorted(s["by_role"].items())) for s in states}) != 1:
         raise RuntimeError(f"ranks {ranks} hold different state: {states}")
     ck = spec.train.activation_checkpoint
+    # The peak is the first block of the backward, with every layer's kept activations alive: peak(L) =
+    # base + L x per_layer, where base holds that block's recompute (checkpointing on) and its backward,
+    # the embedding's and the loss chunk's.
     a1, a2 = (measure_activations(spec, n, seqs, ck) for n in (1, 2))
-    full1, full2 = (measure_activations(spec, n, seqs, "none") for n in (1, 2))
-    act = {"per_layer": a2 - a1, "base": a1 - (a2 - a1),
-           "recompute": (full2 - full1) - (a2 - a1) if ck == "block" else 0.0}
+    act = {"per_layer": a2 - a1, "base": a1 - (a2 - a1), "recompute": ck == "block"}
     budget = (capacity_gib - reserve_gib) * GiB
     tables = {}
     for level in levels:
@@ -303,7 +317,7 @@ class FakeCollectives:
         s = dist.get_world_size(group)
         if out.numel() != s * inp.numel():
             raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements for inputs of {inp.numel()}")
-        out.view(s, -1).copy_(inp.reshape(1, -1))
+        out.view(s, -1).copy_(inp.reshape(1, -1).clone())  # FSDP2 gathers in place: inp is a view of out
 
     def _reduce_scatter(self, output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         s = dist.get_world_size(group)
@@ -331,6 +345,18 @@ class FakeCollectives:
     def __exit__(self, *exc) -> None:
         for name, fn in self._orig.items():
             setattr(dist, name, fn)
+
+
+def _forget_meshes() -> None:
+    """One process plays several ranks in turn: drop what outlives a process group and names its
+    groups (DTensor's sharding-propagation cache returns specs that hold the old DeviceMesh; the
+    expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
+    from torch.distributed.tensor import DTensor
+
+    from marin import ep
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    ep._EXPERT_MESHES.clear()
 
 
 def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, seq_len: int = 128,
@@ -393,7 +419,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             trainer.sinks = Sinks((), run_dir, spec)
             summary = trainer.run(StopFlag(), None)
             n_e = spec.model.moe_geometry(spec.recipe).n_experts
-            local = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(trainer.model)]
+            local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
             if set(local) != {n_e // ep_size}:
                 raise RuntimeError(f"experts per rank {local}, expected {n_e // ep_size} in every layer")
             bad = [x for x in fc.a2a if x[0] != ep_size]
@@ -411,6 +437,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
                     "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
     finally:
         dist.destroy_process_group()
+        _forget_meshes()
     losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
     if not all(v is not None and math.isfinite(v) for v in losses + [st.max_grad_norm]):
         raise RuntimeError(f"rank {rank}: non-finite loss or grad norm: {losses}, {st.max_grad_norm}")
@@ -420,6 +447,17 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
 
 
+def _in_fresh_process(fn, *args):
+    """`fn(*args)` in a new interpreter: one process plays one rank, so nothing that torch keeps across
+    process groups (device meshes held by DTensor specs and caches) leaks from one rank into the next.
+    An exception raised there is raised here."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(fn, *args).result()
+
+
 def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:
     """Part (a): the first and last rank and the edges of the first EP group through `loop_rank`."""
     from pathlib import Path
@@ -427,7 +465,7 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
     ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
-    rows = [loop_rank(small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
+    rows = [_in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
             "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
             "sequences_per_rank": small.train.batch_size // world, "seconds": time.perf_counter() - t0}
