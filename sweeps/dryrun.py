@@ -1,7 +1,7 @@
 """`plan STUDY --dry-run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
 
-- State: the model is built on the meta device and sharded by `Sharding.apply` (today
-  marin.ep.parallelize) inside a fake process group of the full world size (torch's FakeStore), for
+- State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
+  marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the full world size (torch's FakeStore), for
   the first and last rank and the edges of the first EP group; each rank's local parameters are counted
   by optimizer group. Gradients and optimizer state follow from them (fp32; one momentum buffer for
   MuonH/Muon, two Adam moments otherwise: marin.optim).
