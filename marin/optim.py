@@ -189,6 +189,12 @@ def group_kinds(level: str) -> dict[str, str]:
                      "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
 
 
+def _on_fake_group(p: Tensor) -> bool:
+    """A shard on a fake process group (the plan's dry run): its collectives move no data, so the
+    global norm of a shard cannot be read there (the same layout-independent init is checked unsharded)."""
+    return hasattr(p, "device_mesh") and dist.is_initialized() and dist.get_backend() == "fake"
+
+
 def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str, str],
                  hp: OptimHparams) -> list[dict]:
     """One group per (kind, role) so the assignment can be read off `group["role"]`/`["names"]`."""
@@ -203,7 +209,8 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         if role not in kinds:
             raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; allowed values: {', '.join(ROLES)}")
         kind = kinds[role]
-        if kind in ("muonh", "adamh") and not p.is_meta and float(p.detach().float().norm()) == 0.0:
+        if kind in ("muonh", "adamh") and not p.is_meta and not _on_fake_group(p) \
+                and float(p.detach().float().norm()) == 0.0:
             raise ValueError(f"parameter {name!r} (role {role!r}) has zero Frobenius norm: it cannot live "
                              "on a hyperball; give it a nonzero init or another role")
         key = (kind, role)

@@ -4,7 +4,7 @@ dimension and by FSDP over the data-parallel one, and a per-shard init equal to 
 Layout (torchtitan's MoE parallelism: pytorch/torchtitan, torchtitan/models/llama4/infra/parallelize.py
 `apply_fsdp`, experts on the `dp_shard_mod_ep` mesh): the ("dp", "ep") mesh of `marin.ep.EPGroups`.
 - non-expert parameters: FSDP2 `fully_shard` over all W ranks (dim 0), one unit per block, per MoE
-  submodule (router, latent projections, shared experts) and at the root;
+  submodule (router, latent projections, shared experts), the embedding, the lm_head, and the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   "dp" shards that slice's expert dim, so each expert element lives on exactly one rank. The expert
   units' gradient divide factor is the world size: the all-to-all backward already summed the EP
@@ -168,7 +168,7 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
         if groups.dp_size > 1:
             fully_shard(moe, mesh=dp_mesh, **kw)  # what is left in the MoE unit: its expert stacks
             moe.set_gradient_divide_factor(float(groups.world_size))
-            if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM: sum, then divide in a kernel
+            if dist.get_backend() in ("gloo", "fake"):  # no PREMUL_SUM there: sum, then divide in a kernel
                 moe.set_force_sum_reduction_for_comms(True)
         else:  # nothing to shard over dp: plain EP slices, the 1/W mean applied as the gradient lands
             moe.dispatcher.grad_scale = 1.0 / groups.world_size  # survives to_empty (a hook would not)
@@ -177,6 +177,9 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
     if isinstance(blocks, nn.ModuleList):
         for b in blocks:
             fully_shard(b, mesh=groups.world_mesh, ignored_params=plain, **kw)
+    for head in (getattr(model, "embed", None), getattr(model, "lm_head", None)):
+        if head is not None:  # their own units (torchtitan): the root unit stays gathered all step
+            fully_shard(head, mesh=groups.world_mesh, **kw)
     fully_shard(model, mesh=groups.world_mesh, ignored_params=plain, **kw)
     return model
 

@@ -1,15 +1,16 @@
 """`plan STUDY --dry-run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
 
-- State: the model is built on the meta device and sharded by `Sharding.apply` (today
-  marin.ep.parallelize) inside a fake process group of the full world size (torch's FakeStore), for
+- State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
+  marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the full world size (torch's FakeStore), for
   the first and last rank and the edges of the first EP group; each rank's local parameters are counted
   by optimizer group. Gradients and optimizer state follow from them (fp32; one momentum buffer for
   MuonH/Muon, two Adam moments otherwise: marin.optim).
 - Activations: one rank's forward + backward at full width under FakeTensorMode and torch's
   MemTracker (torch.distributed._tools.mem_tracker) at 1 and 2 layers, extrapolated linearly to the
   model's depth (per-layer memory is linear in depth), bf16 autocast as on the GPU.
-- Transients: the recompute of one block (measured, checkpointing off, minus the kept input), the
-  loss chunk's fp32 logits and their gradient, the Newton–Schulz working set of the sharding.
+- Transients: the backward's working set beyond the kept activations (the 1-layer peak minus one
+  layer's kept: one block recomputed and its backward, the embedding, the loss chunk's fp32 logits),
+  FSDP2's gathered units and unsharded gradients, the Newton–Schulz working set of the sharding.
 The table is in GB and GiB against the capacity minus a reserve; a line that breaks the budget is
 named. Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
 """
@@ -41,17 +42,67 @@ class Sharding:
     name: str
     apply: Callable
     ns_whole_group: bool
+    gathered_bytes: int = 0  # FSDP2: bytes per element of a gathered unit (2 under bf16 compute); 0: no FSDP
 
 
-def current_sharding() -> Sharding:
-    from marin import ep
+def current_sharding(spec: RunSpec | None = None) -> Sharding:
+    """The trainer's sharding (marin.train.distributed.build_train_model): experts sliced over EP and
+    FSDP2 over dp, everything else FSDP2 over the world, with the run's ShardingConfig; Newton-Schulz
+    gathers one whole matrix at a time (marin.optim)."""
+    from marin.ep import shard_experts
+    from marin.parallel import ShardingConfig, apply_fsdp
+    from marin.train.distributed import sharding_config
 
-    return Sharding("ep.parallelize(dp='none'): experts over EP, the rest replicated",
-                    lambda m, g: ep.parallelize(m, g, dp="none"), ns_whole_group=True)
+    cfg = sharding_config(spec.train) if spec is not None else ShardingConfig()
+
+    def apply(model, groups):
+        shard_experts(model, groups)
+        return apply_fsdp(model, groups, cfg)
+
+    return Sharding("FSDP2 over all ranks; experts over EP x FSDP2 over dp (marin.parallel)" +
+                    (", bf16 compute" if cfg.mixed_precision else ""), apply, ns_whole_group=False,
+                    gathered_bytes=2 if cfg.mixed_precision else 4)
+
+
+def fsdp_units(model, ep_size: int) -> dict[str, int]:
+    """Elements of each FSDP2 unit of marin.parallel.apply_fsdp when gathered (a whole unit, the
+    expert stacks as this rank's EP slice), from the unsharded (meta) model."""
+    from marin.ep import EXPERT_PARAM_NAMES, moe_layers
+
+    owner: dict[int, str] = {}
+    for name, moe in moe_layers(model):
+        for p in EXPERT_PARAM_NAMES:
+            owner[id(getattr(moe, p))] = f"{name}.experts"
+        for cname, child in moe.named_children():
+            for i, unit in enumerate(child if isinstance(child, torch.nn.ModuleList) else [child]):
+                for q in unit.parameters():
+                    owner.setdefault(id(q), f"{name}.{cname}.{i}")
+    for i, b in enumerate(getattr(model, "blocks", [])):
+        for q in b.parameters():
+            owner.setdefault(id(q), f"blocks.{i}")
+    for attr in ("embed", "lm_head"):
+        for q in getattr(model, attr).parameters():
+            owner.setdefault(id(q), attr)
+    units: dict[str, int] = {}
+    for q in model.parameters():
+        u = owner.get(id(q), "root")
+        units[u] = units.get(u, 0) + (q.numel() // ep_size if u.endswith(".experts") else q.numel())
+    return units
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _padded_local(p: torch.Tensor) -> int:
+    """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(rows / shards) rows on
+    every rank (so every rank holds as much), a plain tensor is whole."""
+    if not hasattr(p, "device_mesh"):
+        return p.numel()
+    import math
+
+    shards = p.device_mesh.size()
+    return -(-p.shape[0] // shards) * math.prod(p.shape[1:])
 
 
 def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sharding) -> dict:
@@ -70,14 +121,18 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         with torch.device("meta"):
             model = MarinModel(spec.model, spec.recipe)
         roles = model.param_roles()
-        biggest = max(p.numel() if roles[n] != "expert" else p[0].numel() for n, p in model.named_parameters())
+        biggest: dict[str, int] = {}  # the largest whole matrix of each role (one expert's for experts)
+        for n, p in model.named_parameters():
+            biggest[roles[n]] = max(biggest.get(roles[n], 0), p[0].numel() if roles[n] == "expert" else p.numel())
+        units = fsdp_units(model, ep_size)
         model = sharding.apply(model, groups) or model
         by_role: dict[str, int] = {}
         for n, p in model.named_parameters():
-            by_role[roles[n]] = by_role.get(roles[n], 0) + _local(p).numel()
-        experts = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(model)]
+            by_role[roles[n]] = by_role.get(roles[n], 0) + _padded_local(p)
+        experts = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(model)]  # the EP slice (FSDP2 shards it over dp)
         return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
-                "experts_per_rank": experts[0], "largest_matrix": biggest}
+                "experts_per_rank": experts[0], "largest_matrix": biggest,
+                "largest_unit": max(units.items(), key=lambda kv: kv[1])}
     finally:
         dist.destroy_process_group()
 
@@ -112,7 +167,8 @@ def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
 
 def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) -> float:
     """Peak bytes of activations + temporaries of one rank's forward + backward at full width and
-    `layers` layers (parameters and gradients are not counted: the state lines hold them). A flex
+    `layers` layers (parameters and gradients are not counted: the state lines hold them), at the run's
+    precision (bf16 autocast; bf16 weights as FSDP2 gathers them under mixed precision). A flex
     model's attention is measured through `_FlexFootprint` (what the GPU kernel keeps)."""
     from unittest import mock
 
@@ -125,6 +181,8 @@ def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) 
     with torch.device("meta"):
         model = mmodel.MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
                                   loss_chunk_tokens=spec.train.loss_chunk_tokens)
+        if spec.train.mixed_precision == "bf16":  # FSDP2's MixedPrecisionPolicy computes with bf16 weights
+            model = model.to(torch.bfloat16)
     flex = cfg.attention == "flex"
     with FakeTensorMode(allow_non_fake_inputs=True), \
             mock.patch.object(mmodel, "flex_attention", lambda q, k, v, **kw: _FlexFootprint.apply(q, k, v)) \
@@ -156,14 +214,20 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         rows.append({"line": f"optimizer {kind} [{role}]", "bytes": 4 * k * (1 if kind in ONE_BUFFER else 2)})
     L = spec.model.n_layers
     rows.append({"line": f"activations kept ({L} layers x {act['per_layer'] / GiB:.2f} GiB)",
-                 "bytes": act["base"] + L * act["per_layer"]})
-    rows.append({"line": "transient: one block recomputed in the backward", "bytes": act["recompute"]})
+                 "bytes": L * act["per_layer"]})
+    rows.append({"line": "transient: backward working set (" + ("one block recomputed, " if act["recompute"] else "")
+                 + "embedding, loss chunk)", "bytes": act["base"]})
     ns_groups = [r for r in by_role if kinds[r] in ONE_BUFFER]
-    ns_elems = (max((by_role[r] for r in ns_groups), default=0) if sharding.ns_whole_group
-                else state["largest_matrix"])
+    ns_elems = max(((by_role if sharding.ns_whole_group else state["largest_matrix"])[r] for r in ns_groups),
+                   default=0)
     rows.append({"line": "transient: Newton-Schulz working set " + ("(a whole group stacked)" if sharding.ns_whole_group
                                                                     else "(one whole matrix)"),
                  "bytes": 3 * 4 * ns_elems})
+    if sharding.gathered_bytes:  # two units gathered (current + prefetched), one unit's grads + fp32 copy
+        unit, elems = state["largest_unit"]
+        gb = sharding.gathered_bytes
+        rows.append({"line": f"transient: FSDP2 gathered weights + unsharded grads ({unit})",
+                     "bytes": (2 * gb + gb + (4 if gb != 4 else 0)) * elems})
     return rows
 
 
@@ -172,7 +236,7 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
             seqs_per_rank: int | None = None) -> dict:
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget."""
     t0 = time.perf_counter()
-    sharding = sharding or current_sharding()
+    sharding = sharding or current_sharding(spec)
     if spec.train.batch_size % world:
         raise ValueError(f"TrainConfig.batch_size={spec.train.batch_size} does not split over {world} GPUs; "
                          f"allowed values: multiples of {world}")
@@ -182,10 +246,11 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     if len({tuple(sorted(s["by_role"].items())) for s in states}) != 1:
         raise RuntimeError(f"ranks {ranks} hold different state: {states}")
     ck = spec.train.activation_checkpoint
+    # The peak is the first block of the backward, with every layer's kept activations alive: peak(L) =
+    # base + L x per_layer, where base holds that block's recompute (checkpointing on) and its backward,
+    # the embedding's and the loss chunk's.
     a1, a2 = (measure_activations(spec, n, seqs, ck) for n in (1, 2))
-    full1, full2 = (measure_activations(spec, n, seqs, "none") for n in (1, 2))
-    act = {"per_layer": a2 - a1, "base": a1 - (a2 - a1),
-           "recompute": (full2 - full1) - (a2 - a1) if ck == "block" else 0.0}
+    act = {"per_layer": a2 - a1, "base": a1 - (a2 - a1), "recompute": ck == "block"}
     budget = (capacity_gib - reserve_gib) * GiB
     tables = {}
     for level in levels:
@@ -227,7 +292,8 @@ def format_report(rep: dict) -> str:
 class FakeCollectives:
     """While active, the fake process group's data-moving collectives behave as if every rank held
     what this rank holds (FakeStore collectives move no data, so exchanged counts would be garbage):
-    an all-gather copies the local input into every slot; an all-to-all checks its split sizes
+    an all-gather copies the local input into every slot; a reduce-scatter (SUM or AVG) of identical
+    ranks gives W times (or once) this rank's chunk; an all-to-all checks its split sizes
     against the group and the tensors and zero-fills what it receives; an object broadcast keeps each
     rank's objects. All-reduces are left as they are (a sum over one rank). Every all-to-all's
     (group size, input splits, output splits) is recorded."""
@@ -251,7 +317,17 @@ class FakeCollectives:
         s = dist.get_world_size(group)
         if out.numel() != s * inp.numel():
             raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements for inputs of {inp.numel()}")
-        out.view(s, -1).copy_(inp.reshape(1, -1))
+        out.view(s, -1).copy_(inp.reshape(1, -1).clone())  # FSDP2 gathers in place: inp is a view of out
+
+    def _reduce_scatter(self, output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        s = dist.get_world_size(group)
+        if input.numel() != s * output.numel():
+            raise RuntimeError(f"reduce_scatter over {s} ranks: input of {input.numel()} elements for outputs of "
+                               f"{output.numel()}")
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # PREMUL_SUM's factor cannot be read back
+            raise RuntimeError(f"reduce_scatter with op {op}: the dry run's collectives take SUM or AVG")
+        mine = input.reshape(s, -1)[dist.get_rank(group)].view_as(output)
+        output.copy_(mine * s if op == dist.ReduceOp.SUM else mine)  # s identical ranks summed / averaged
 
     def _broadcast_object_list(self, objs, src=0, group=None, device=None, group_src=None):
         pass  # every rank keeps its own objects (the fake group would deliver garbage sizes)
@@ -259,6 +335,7 @@ class FakeCollectives:
     def __enter__(self) -> "FakeCollectives":
         for name, fn in (("all_to_all_single", self._all_to_all_single), ("all_gather_into_tensor", self._all_gather),
                          ("all_gather_single", self._all_gather),
+                         ("reduce_scatter_tensor", self._reduce_scatter), ("reduce_scatter_single", self._reduce_scatter),
                          ("broadcast_object_list", self._broadcast_object_list)):
             if hasattr(dist, name):
                 self._orig[name] = getattr(dist, name)
@@ -268,6 +345,18 @@ class FakeCollectives:
     def __exit__(self, *exc) -> None:
         for name, fn in self._orig.items():
             setattr(dist, name, fn)
+
+
+def _forget_meshes() -> None:
+    """One process plays several ranks in turn: drop what outlives a process group and names its
+    groups (DTensor's sharding-propagation cache returns specs that hold the old DeviceMesh; the
+    expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
+    from torch.distributed.tensor import DTensor
+
+    from marin import ep
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    ep._EXPERT_MESHES.clear()
 
 
 def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, seq_len: int = 128,
@@ -284,7 +373,7 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
                             gated_norm_rank=min(spec.model.gated_norm_rank, 16), attention="sdpa", kernels="torch")
     t = dataclasses.replace(spec.train, steps=steps, batch_size=seqs_per_rank * world, eval_every=steps,
                             eval_batches=1, eval_batch_size=world, checkpoint_every=0, log_every=1, device="cpu",
-                            precision="fp32", compile=False, context_stages=(), threads=None,
+                            precision="fp32", mixed_precision="none", compile=False, context_stages=(), threads=None,
                             loss_chunk_tokens=min(spec.train.loss_chunk_tokens, seqs_per_rank * seq_len // 2)
                             if spec.train.loss_chunk_tokens else 0)
     data = spec.data
@@ -330,7 +419,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             trainer.sinks = Sinks((), run_dir, spec)
             summary = trainer.run(StopFlag(), None)
             n_e = spec.model.moe_geometry(spec.recipe).n_experts
-            local = [_local(m.w_up_EWH).shape[0] for _, m in ep.moe_layers(trainer.model)]
+            local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
             if set(local) != {n_e // ep_size}:
                 raise RuntimeError(f"experts per rank {local}, expected {n_e // ep_size} in every layer")
             bad = [x for x in fc.a2a if x[0] != ep_size]
@@ -348,6 +437,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
                     "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
     finally:
         dist.destroy_process_group()
+        _forget_meshes()
     losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
     if not all(v is not None and math.isfinite(v) for v in losses + [st.max_grad_norm]):
         raise RuntimeError(f"rank {rank}: non-finite loss or grad norm: {losses}, {st.max_grad_norm}")
@@ -357,6 +447,17 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
 
 
+def _in_fresh_process(fn, *args):
+    """`fn(*args)` in a new interpreter: one process plays one rank, so nothing that torch keeps across
+    process groups (device meshes held by DTensor specs and caches) leaks from one rank into the next.
+    An exception raised there is raised here."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(fn, *args).result()
+
+
 def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:
     """Part (a): the first and last rank and the edges of the first EP group through `loop_rank`."""
     from pathlib import Path
@@ -364,7 +465,7 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
     ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
-    rows = [loop_rank(small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
+    rows = [_in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
             "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
             "sequences_per_rank": small.train.batch_size // world, "seconds": time.perf_counter() - t0}
