@@ -1,6 +1,6 @@
 """Token dispatch for the routed experts: the drop decision, a grouped GEMM, and the local dispatcher.
 
-DESIGN §2.1 "EP transports" (Marin 535B-A23B recipe: ragged all-to-all with pooled receiver capacity
+docs/method.md §2.1 "EP transports" (Marin 535B-A23B recipe: ragged all-to-all with pooled receiver capacity
 vs fixed per-(sender, expert) capacity). The drop decision lives in one pure function, `plan_drops`,
 used by the virtual-EP `LocalDispatcher` here and by the real expert-parallel dispatcher in
 `marin/ep.py`, so a single-process run drops exactly what an S-rank EP run would.
@@ -129,7 +129,7 @@ def ragged_accepted(counts_SE: Tensor, n_chunks: int, chunk_capacity: int) -> Te
 
 def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
                capacity_factor: float | None, n_chunks: int = 2, check_ids: bool = True) -> Tensor:
-    """keep_TK: which routed assignments survive the EP transport (DESIGN §2.1; Marin EP drops).
+    """keep_TK: which routed assignments survive the EP transport (docs/method.md §2.1; Marin EP drops).
 
     Tokens are cut into n_shards contiguous equal shards (shard s holds tokens [s*T_s, (s+1)*T_s));
     each shard sends its T_s*K assignments sorted by expert; expert e lives on receiver e // (E/S).
@@ -248,7 +248,7 @@ def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n
 
 
 class LocalDispatcher:
-    """Virtual EP (DESIGN §2.1): drops decided by `plan_drops` over n_shards virtual shards, experts
+    """Virtual EP (docs/method.md §2.1): drops decided by `plan_drops` over n_shards virtual shards, experts
     computed with one grouped GEMM, outputs weighted by combine_TK and scattered back to tokens,
     through the permute / grouped_mm / unpermute of a kernel set (`ModelConfig.kernels`)."""
 

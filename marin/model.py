@@ -1,5 +1,5 @@
 """The marin-ablate transformer: one PyTorch model in which every Marin 535B-A23B recipe switch
-(DESIGN §2) is a visible branch in a forward().
+(docs/method.md §2) is a visible branch in a forward().
 
 Layout (Marin experiments/grug/moe_hero_ep/model.py Transformer): token embedding -> RMSNorm ->
 GatedNorm -> n_layers x [pre-RMSNorm -> GatedNorm -> attention, pre-RMSNorm -> GatedNorm -> MoE] ->
@@ -341,13 +341,13 @@ class MarinModel(nn.Module):
             self.final_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rot_dims = int(cfg.head_dim * cfg.rope_fraction)
-        # Context extension (DESIGN §2.1): the trainer sets 1 + 0.1·ln(L_new/L_0) at each stage.
+        # Context extension (docs/method.md §2.1): the trainer sets 1 + 0.1·ln(L_new/L_0) at each stage.
         self.q_scale = 1.0
         self.reset_parameters()
 
     # ---- parameters ------------------------------------------------------------------------------
     def param_roles(self) -> dict[str, str]:
-        """Parameter name -> role (the optimizer groups of DESIGN §2.1 "Hyperball")."""
+        """Parameter name -> role (the optimizer groups of docs/method.md §2.1 "Hyperball")."""
         roles = {}
         for mname, mod in self.named_modules():
             for pname, p in mod.named_parameters(recurse=False):

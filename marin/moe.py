@@ -1,5 +1,5 @@
 """Mixture of experts of the Marin recipe: router and balancing, latent projections, routed and
-shared SwiGLU experts (DESIGN §2.1 "Latent MoE", "Router and Quantile Balancing").
+shared SwiGLU experts (docs/method.md §2.1 "Latent MoE", "Router and Quantile Balancing").
 
 Legend of shape suffixes:
   B batch   S sequence   T tokens (B·S)   D model width   L latent width (D / latent_ratio)
@@ -290,7 +290,7 @@ class MoE(nn.Module):
                              qb_hist_bins=cfg.qb_hist_bins)
         if recipe.latent_moe == "latent":
             self.latent_down = nn.Linear(cfg.d_model, g.width, bias=False)  # W_down: D -> L
-            # Marin measured +0.05 loss without this norm (DESIGN §2.1).
+            # Marin measured +0.05 loss without this norm (docs/method.md §2.1).
             self.latent_norm = RMSNorm(g.width, cfg.norm_eps)
             self.latent_up = nn.Linear(g.width, cfg.d_model, bias=False)  # W_up: L -> D
         E, W, H = g.n_experts, g.width, g.hidden
