@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.pipeline import StudyAnalysis
+from marin.schema import DamagedFile, read_json
 
 COMPUTE_TOLERANCE = 0.10  # a run is "the target" when its FLOPs are within 10% of the target compute
 ARM_ALIASES = ("recipe", "baseline")
@@ -102,7 +103,9 @@ def read_forecasts(study_dir: str | Path) -> list[dict]:
     """All forecasts of a study, each with `valid_hash` set by recomputing the digest."""
     out = []
     for p in sorted((Path(study_dir) / "forecasts").glob("forecast-*.json")):
-        d = json.loads(p.read_text())
+        d = read_json(p, strict=True)  # a damaged forecast is named, never skipped: it is a pre-registration
+        if "content" not in d:
+            raise DamagedFile(f"cannot read {p}: not a forecast (no 'content')")
         d["path"] = str(p)
         d["valid_hash"] = hashlib.sha256(canonical(d["content"]).encode()).hexdigest() == d.get("sha256")
         out.append(d)

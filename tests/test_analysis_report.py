@@ -201,3 +201,14 @@ def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatma
         if term.kind == "2fi":
             e, *_ = fit.contrast(fit.alias_sum(j))
             assert np.isfinite(e)
+
+
+def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
+    from analysis.forecast import read_forecasts
+    from marin.schema import DamagedFile
+
+    (tmp_path / "forecasts").mkdir()
+    bad = tmp_path / "forecasts" / "forecast-20261201.json"
+    bad.write_text('{"content": {"torn')
+    with pytest.raises(DamagedFile, match="forecast-20261201.json"):
+        read_forecasts(tmp_path)
