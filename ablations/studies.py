@@ -343,10 +343,11 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
     assignments to fixed-capacity drops in so short a run.
 
-    Budget (2 cores, one thread per run, 2 runs at a time), measured on a quiet machine at 64 and
-    256 steps: all-off 25.8k tok/s, all-on 15.8k tok/s; with ~2 s of per-run overhead:
-        per arm ~ (32+64+128+256) x 1024 tokens / ~19k tok/s + 4 x 2 s = 34 core-s
-        x 16 arms = ~550 core-s / 2 cores = ~4.6 min (+ corpus build and analysis).
+    Budget (2 cores, one thread per run, 2 runs at a time): with GatedNorm on every arm, about 23k
+    tok/s all-off and 14k all-on (benchmarks/train_step.py, cpu_s) and ~2 s of per-run overhead,
+        per arm ~ (32+64+128+256) x 1024 tokens / ~17k tok/s + 4 x 2 s = 37 core-s
+        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis). Measured end to end:
+        11-13 min while the 2 cores were shared with other jobs (803 s of user CPU).
     A second seed doubles the time (use `noise_cpu` for seed noise instead).
     """
     names = list(SEVEN)
