@@ -5,10 +5,8 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from marin import data
 from marin.corpus import prepare as prep
 from marin.corpus.eval import eval_domains, load_eval_corpus, load_tokenizer, tokenizer_of
 from marin.corpus.loader import PreparedCorpus, ShardedBatches
+from ranks import free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS_PER_DOMAIN = 60
@@ -166,11 +164,6 @@ def test_single_rank_batches_are_the_shuffled_document_stream(prepared):
     assert ShardedBatches(corpus, SEQ, GLOBAL_B, SEED + 1, 0, 1).batch(0)[0].tolist() != b.batch(0)[0].tolist()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _rank_reader(rank: int, port: int, path: str, n_steps: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -193,14 +186,7 @@ def test_two_gloo_ranks_read_disjoint_slices_that_cover_the_stream(prepared, tmp
     corpus = PreparedCorpus(prepared[0])
     n_steps = corpus.n_tokens // (GLOBAL_B * SEQ)  # one epoch, whole steps
     out = tmp_path / "ranks.json"
-    ctx = mp.start_processes(_rank_reader, args=(_free_port(), str(prepared[0]), n_steps, str(out)), nprocs=2,
-                             join=False, start_method="fork")
-    deadline = time.monotonic() + 120
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("ranks did not finish")
+    run_ranks(_rank_reader, (free_port(), str(prepared[0]), n_steps, str(out)), 2, timeout_s=120)
     (r0, w0, seqs0), (r1, w1, seqs1) = json.loads(out.read_text())
     assert (r0, w0, r1, w1) == (0, 2, 1, 2)
     stream = _stream(corpus, ShardedBatches(corpus, SEQ, GLOBAL_B, SEED, 0, 1).order(0))
@@ -391,14 +377,7 @@ def _train_rank(rank: int, ports: list[int], spec, tmp: str) -> None:
 def test_two_gloo_ranks_train_on_disjoint_slices_and_a_resume_continues_at_the_next_token(prepared, paloma_dir,
                                                                                           tmp_path):
     spec = _train_spec(prepared[0], paloma_dir)
-    ctx = mp.start_processes(_train_rank, args=([_free_port() for _ in range(3)], spec, str(tmp_path)), nprocs=2,
-                             join=False, start_method="fork")
-    deadline = time.monotonic() + 150
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("ranks did not finish")
+    run_ranks(_train_rank, ([free_port() for _ in range(3)], spec, str(tmp_path)), 2, timeout_s=150)
     r0, r1 = (json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1))
     assert "error" not in r0 and "error" not in r1, (r0.get("error"), r1.get("error"))
     corpus = PreparedCorpus(prepared[0])

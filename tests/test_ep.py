@@ -8,7 +8,6 @@ the tests below assert on them.
 
 import json
 import os
-import socket
 import time
 import traceback
 
@@ -20,15 +19,11 @@ import torch.multiprocessing as mp
 from marin.config import ModelConfig, Recipe
 from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops
 from marin.ep import check_ep_layout, init_ep
+from ranks import free_port
 
 TRANSPORT_CASES = (("fixed", 0.6, False), ("ragged", 0.6, False), ("ragged", 0.6, True))  # (transport, cf, dropless)
 TOL = 1e-9  # float64 for the dispatcher checks
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _global_routing(T, K, E, W, H):
@@ -264,7 +259,7 @@ def ep_runs(tmp_path_factory):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = {}
     for world in (2, 4):
-        mp.spawn(_worker, args=(world, _free_port(), tmp), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), tmp), nprocs=world, join=True)
         results[world] = [json.load(open(os.path.join(tmp, f"w{world}_r{r}.json"))) for r in range(world)]
     return tmp, results
 
@@ -341,7 +336,7 @@ def test_init_ep_rejects_bad_layout_before_any_collective(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     with pytest.raises(ValueError, match=r"n_experts=6"):
         init_ep(n_experts=6, ep_size=4, backend="gloo")
     with pytest.raises(ValueError, match=r"ep_size=3.*world_size=4"):

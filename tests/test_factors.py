@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ablations import GPU_RUNGS, RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
+from ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
 from ablations.ladders import Rung
 from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, SPEC_VERSION, Recipe, RunSpec,
                           TrainConfig, non_default)
 from marin.factors import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 from marin.hparams import HEURISTICS, resolve_hparams
-from marin.schema import RunMeta, RunSummary, read_meta, read_summary, write_summary
+from marin.schema import RunMeta, RunSummary, read_summary, write_summary
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

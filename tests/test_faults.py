@@ -22,7 +22,7 @@ from ablations.studies import Study
 from marin.config import DataConfig, ModelConfig, RunSpec, TrainConfig
 from sweeps.cli import main as cli_main
 from sweeps.executors import ExecOptions, SlurmOptions
-from sweeps.runs import RunLock, write_run_files
+from sweeps.runs import write_run_files
 from sweeps.state import probe
 from sweeps.sweep import planned_runs
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from marin.config import ModelConfig, Recipe
 from marin.moe import (MoE, Router, combine_weights, expert_load, margin_histogram, qb_bias, qb_n_star,
                        qb_threshold_hist, qb_threshold_topk, select_experts, switch_balance)
+from ranks import free_port
 
 E, K = 16, 4
 
@@ -166,11 +166,6 @@ def test_latent_and_standard_moe_hold_equal_routed_parameters():
 # ---- the process-group path of update_bias (gloo, 2 processes) ---------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _qb_worker(rank: int, world: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -193,7 +188,7 @@ def test_qb_bias_over_a_process_group_pools_every_process():
     world = 2
     results = mp.Manager().dict()
     # fork: the workers need no fresh interpreter, and start in well under a second
-    mp.start_processes(_qb_worker, args=(world, _free_port(), results), nprocs=world, start_method="fork")
+    mp.start_processes(_qb_worker, args=(world, free_port(), results), nprocs=world, start_method="fork")
     torch.manual_seed(0)
     streams = [_skewed(512) + 0.5 * r for r in range(world)]
     alphas = [select_experts(s, torch.zeros(E), K)[1] for s in streams]

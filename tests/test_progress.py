@@ -5,7 +5,6 @@ import argparse
 import io
 import json
 import os
-from pathlib import Path
 
 import pytest
 

@@ -8,17 +8,16 @@ measured differences in a JSON file and the tests assert on them.
 
 import json
 import os
-import socket
 import time
 import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from marin.config import ModelConfig, Recipe
 from marin.hparams import OptimHparams
+from ranks import free_port, run_ranks
 
 SEED = 7
 TIMEOUT_S = 150
@@ -41,11 +40,6 @@ def _hp(level: str, sphere: str) -> OptimHparams:
     return OptimHparams(level=level, lr=0.05, adam_lr=3e-3, beta1=0.9, beta2=0.95, weight_decay=0.1,
                         momentum=0.95, ns_steps=5, expert_sphere=sphere)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ref_model():
@@ -244,14 +238,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 def ranks(request, tmp_path_factory):
     world = request.param
     tmp = tmp_path_factory.mktemp(f"sharded{world}")
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"ranks did not finish within {TIMEOUT_S} s")
+    run_ranks(_worker, (world, free_port(), str(tmp)), world, TIMEOUT_S)
     outs = [json.loads((tmp / f"r{r}_w{world}.json").read_text()) for r in range(world)]
     for o in outs:
         assert "error" not in o, o["error"]

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -19,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin.train import train
+from ranks import free_port, run_ranks
 
 WORLD = 2
 # qb_estimator=hist: its histograms all-reduce exactly (topk thresholds are averaged over ranks).
@@ -33,22 +32,6 @@ SPEC = RunSpec(model=preset("tiny", ["seq_len=64", "ep_shards=2", "qb_estimator=
 LOSS_TOL = 1e-5
 TIMEOUT_S = 150
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_ranks(fn, args: tuple, nprocs: int) -> None:
-    """Fork `nprocs` ranks of fn(rank, *args) and wait, killing them all past TIMEOUT_S."""
-    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="fork")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"distributed ranks did not finish within {TIMEOUT_S} s")
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -82,7 +65,7 @@ def runs(tmp_path_factory):
     t0 = time.perf_counter()
     ref = train(SPEC, tmp / "single", resume=False)
     t1 = time.perf_counter()
-    _run_ranks(_worker, ([_free_port() for _ in range(3)], str(tmp)), WORLD)
+    run_ranks(_worker, ([free_port() for _ in range(3)], str(tmp)), WORLD, TIMEOUT_S)
     ranks = [json.loads((tmp / f"r{r}.json").read_text()) for r in range(WORLD)]
     for r in ranks:
         assert "error" not in r, r["error"]
@@ -197,7 +180,7 @@ def _one_run_worker(rank: int, world: int, port: int, tmp: str, spec: RunSpec, n
 
 def _one_run(tmp: Path, spec: RunSpec, name: str, world: int) -> list[dict]:
     """Run `spec` on `world` forked ranks; every rank's summary, after checking none failed."""
-    _run_ranks(_one_run_worker, (world, _free_port(), str(tmp), spec, name), world)
+    run_ranks(_one_run_worker, (world, free_port(), str(tmp), spec, name), world, TIMEOUT_S)
     outs = [json.loads((tmp / f"{name}_r{r}.json").read_text()) for r in range(world)]
     for out in outs:
         assert "error" not in out, out["error"]
@@ -231,7 +214,7 @@ def test_bad_distributed_layout_fails_before_any_collective(monkeypatch, tmp_pat
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     spec = RunSpec(model=SPEC.model, recipe=SPEC.recipe, train=TrainConfig(steps=1, batch_size=batch, threads=1))
     with pytest.raises(ValueError, match=match):
         train(spec, tmp_path / "run")
