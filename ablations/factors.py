@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
 from marin.factors import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS  # noqa: F401
+from marin.schema import TRUTH_KEYS
 
 # The config sections a factor may address, and the dataclass that owns each section's fields.
 SECTIONS: dict[str, type] = {"recipe": Recipe, "model": ModelConfig, "train": TrainConfig, "data": DataConfig}
@@ -24,11 +25,15 @@ class Factor:
 
     Example: ``Factor("window", field="model.window", levels={"short": 32, "long": 64})``
     codes window=32 as -1 ("short") and window=64 as +1 ("long").
+
+    `truth` plants a factor of known effect (docs/calibration/): its true multipliers, high level over
+    low, e.g. ``truth={"M_flop": 0.5, "R": 2.0}``; the analysis checks its intervals against them.
     """
 
     name: str
     field: str  # "<section>.<field>", section in SECTIONS
     levels: Any  # Mapping[level name -> value] (two entries); stored as a tuple of pairs
+    truth: Any = None  # Mapping[TRUTH_KEYS -> multiplier > 0]; stored as a tuple of pairs
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -55,6 +60,16 @@ class Factor:
                     raise ValueError(f"Factor {self.name!r}: Recipe.{attr}={v!r} is not a known level; "
                                      f"allowed values: {', '.join(RECIPE_LEVELS[attr])}")
         object.__setattr__(self, "levels", pairs)
+        if self.truth is not None:
+            t = dict(self.truth.items() if isinstance(self.truth, Mapping) else self.truth)
+            bad = [k for k in t if k not in TRUTH_KEYS]
+            if not t or bad:
+                raise ValueError(f"Factor {self.name!r}: truth keys {bad or '(none)'}; allowed values: "
+                                 f"{', '.join(TRUTH_KEYS)}")
+            for k, v in t.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < float("inf")):
+                    raise ValueError(f"Factor {self.name!r}: truth[{k!r}]={v!r}; allowed values: a multiplier > 0")
+            object.__setattr__(self, "truth", tuple((k, float(v)) for k, v in t.items()))
 
     # ---- levels ------------------------------------------------------------------------------
     @property
@@ -97,9 +112,16 @@ class Factor:
         """The config value the named level sets."""
         return dict(self.levels)[self.check_level(level)]
 
+    @property
+    def truth_dict(self) -> dict[str, float] | None:
+        return dict(self.truth) if self.truth else None
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "field": self.field, "low": self.low, "high": self.high,
-                "values": {n: v for n, v in self.levels}}
+        d = {"name": self.name, "field": self.field, "low": self.low, "high": self.high,
+             "values": {n: v for n, v in self.levels}}
+        if self.truth:
+            d["truth"] = self.truth_dict
+        return d
 
 
 def recipe_factor(name: str, low: str | None = None, high: str | None = None) -> Factor:

@@ -222,7 +222,7 @@ class Study:
     def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
         """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
         every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
-        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high) for f in self.factors)
+        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict) for f in self.factors)
         return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
 
     def runs(self, lr_multipliers: Mapping[str, float] | None = None,
@@ -366,23 +366,30 @@ def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("c
                  _CPU_EXECUTOR, None, True, ("smoke",))
 
 
-def calibration(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128"),
+def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128"),
                 real: Sequence[str] = ("xsa", "qk_norm")) -> Study:
     """Planted factors of known effect beside two real ones, on the smoke ladder (docs/calibration/).
 
-    - placebo: only the seed stream of model init and data order differs (true M = 1);
+    - placebo: only the seed stream of model init and data order differs (true M_flop = R = 1);
     - waste: the same training with twice the FLOPs counted (true M_flop = 0.5 exactly: same losses at
-      2x C; waste is crossed with every other arm, so each waste run has an identical twin);
+      2x C, and R = 2: twice the FLOPs counted per second; waste is crossed with every other arm, so
+      each waste run has an identical twin);
     - extra_compute: twice the steps (tokens) of the rung on the same ladder (true M_flop = 1 when the
-      power law holds: the arm is the next rung's compute reached by the same training recipe).
+      power law holds: the arm is the next rung's compute reached by the same training recipe; R = 1).
     Design: the four others in 2^(4-1) (extra_compute = xsa·qk_norm·placebo) crossed with waste: 16
     arms, resolution IV, every two-factor interaction with waste clear.
+    Replicates: each seed (its own init and data order) is one replicate of the 48-run study; the
+    analysis also analyses each seed alone and reports how many replicates' intervals cover each
+    planted truth (analysis/replicates.py). Ten by default: a coverage rate, not one draw.
     Budget: ~16 arms x (32+64+128 steps) x 1.5 (extra_compute) x 1024 tokens / ~15k tok/s + 3 x 2 s
-    = ~30 core-s per arm, ~4 min on 2 cores per seed.
+    = ~30 core-s per arm; measured ~6 min per seed on 2 cores, so ~1 h for the ten.
     """
-    planted = (Factor("placebo", field="train.seed_stream", levels={"stream0": 0, "stream1": 1}),
-               Factor("extra_compute", field="train.token_multiplier", levels={"x1": 1, "x2": 2}),
-               Factor("waste", field="train.flops_multiplier", levels={"counted_once": 1.0, "counted_twice": 2.0}))
+    planted = (Factor("placebo", field="train.seed_stream", levels={"stream0": 0, "stream1": 1},
+                      truth={"M_flop": 1.0, "R": 1.0}),
+               Factor("extra_compute", field="train.token_multiplier", levels={"x1": 1, "x2": 2},
+                      truth={"M_flop": 1.0, "R": 1.0}),
+               Factor("waste", field="train.flops_multiplier", levels={"counted_once": 1.0, "counted_twice": 2.0},
+                      truth={"M_flop": 0.5, "R": 2.0}))
     factors = tuple(real) + planted
     names = [f if isinstance(f, str) else f.name for f in factors]
     letters = "ABCDE"

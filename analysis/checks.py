@@ -116,6 +116,22 @@ def lost_runs(raw: pd.DataFrame, a, third_levels: str) -> list[str]:
     return out
 
 
+def _stream_warnings(a) -> list[str]:
+    """A factor whose two levels never share a random stream (init seed and data order) is confounded
+    with seed noise that the residuals do not see: runs of one seed share their stream across arms."""
+    t = a.table
+    if "random_stream" not in t or t["random_stream"].isna().any():
+        return []
+    out = []
+    for f in a.factors:
+        x = t[f"x_{f}"]
+        if not set(t.loc[x < 0, "random_stream"]) & set(t.loc[x > 0, "random_stream"]):
+            out.append(f"{f}: its two levels never share a random stream (init seed and data order), so its "
+                       "contrast carries seed-to-seed noise that the residuals, taken between arms that share "
+                       "one, do not measure: its interval can be too narrow (replicate it over seeds)")
+    return out
+
+
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
     w = []
@@ -155,6 +171,7 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         if len(bl.dropna()) and bl.mean() > 0.01:
             w.append(f"baseline EP transport drops {100 * bl.mean():.1f}% of routed tokens: its quality cost is "
                      "part of the ep_transport effect")
+    w += _stream_warnings(a)
     if a.alias_groups():
         w.append(f"{len(a.alias_groups())} alias group(s): some interactions are estimated only in sums "
                  "(see the appendix); the Shapley values assume the aliased higher-order terms are negligible")

@@ -8,6 +8,7 @@ what a reader must know before trusting a number (analysis/checks.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,11 @@ class StudyAnalysis:
     warnings: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # lost runs and what they cost
     level: float = 0.95
+    # Planted factors of known effect (analysis/replicates.py): the pooled check, and with several
+    # seeds each seed's own analysis and the coverage over those replicates.
+    planted: pd.DataFrame | None = None
+    replicates: pd.DataFrame | None = None
+    coverage: pd.DataFrame | None = None
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -161,8 +167,13 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                   mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
                   third_levels: str = "drop", level: float = 0.95, seed: int = 0,
                   responses: tuple[str, ...] = tuple(RESPONSES), force_extrapolation: bool = False,
-                  law_forms: tuple[str, ...] = ("power", "curved")) -> StudyAnalysis:
-    """The attribution on a results table; see the module docstrings for the math."""
+                  law_forms: tuple[str, ...] = ("power", "curved"), replicates: bool = True) -> StudyAnalysis:
+    """The attribution on a results table; see the module docstrings for the math.
+
+    With planted factors (a truth in their coding) the result also checks them against the truth;
+    `replicates` then analyses each seed alone as well, for the coverage over replicates."""
+    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, coverage_summary, per_seed_components,
+                                     planted_truths, replicate_checks, truth_check)
     from analysis.checks import lost_runs, total_checks, warnings_for
 
     bad = [r for r in responses if r not in RESPONSES]
@@ -344,6 +355,22 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                         extrap.loc[m, "law_form_spread"] = np.abs(e1 - ee)
         if not scale:
             notes.append("extrapolation without scale terms: the multipliers are carried unchanged to the target")
+    # Seeds as replicates (analysis/replicates.py): each seed alone, for the between-seed interval and
+    # the coverage of planted truths.
+    truths = planted_truths(df)
+    n_seeds = ok["seed"].nunique() if "seed" in ok else 1
+    per_seed: dict = {}
+    if replicates and n_seeds >= 2 and (truths or n_seeds >= BETWEEN_SEEDS_MIN):
+        def one(sub: pd.DataFrame) -> pd.DataFrame:
+            return analyze_table(sub, pin_linf=pin_linf, pin_alpha=pin_alpha, n_boot=0, boot_method="none", hc=hc,
+                                 interactions=interactions, third_levels=third_levels, level=level,
+                                 responses=responses, law_forms=law_forms, replicates=False).components
+
+        per_seed = per_seed_components(df, one)
+        if len(components) and sum(isinstance(c, pd.DataFrame) for c in per_seed.values()) >= BETWEEN_SEEDS_MIN:
+            components = between_seed_interval(components, per_seed, level)
+            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval is at least as wide "
+                         "as the between-seed t interval of the per-seed estimates")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
@@ -352,6 +379,13 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)
     a.warnings = warnings_for(a, df)
+    if truths:
+        a.planted = truth_check(components, truths)
+        if len(per_seed) >= 2:
+            a.replicates = replicate_checks(per_seed, truths)
+            a.coverage = coverage_summary(a.replicates, level)
+        a.warnings += [f"planted factor {r.factor}: its {r.response} interval misses the planted truth "
+                       f"({math.exp(r.truth):.3g}x)" for r in a.planted.itertuples() if r.estimable and not r.covers]
     return a
 
 

@@ -183,9 +183,48 @@ def drop_rate(raw: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def planted(a: StudyAnalysis, path: Path) -> Path | None:
+    """Planted factors: every replicate's 95% interval (and the pooled one) against the planted truth."""
+    d = a.replicates if a.replicates is not None and len(a.replicates) else a.planted
+    if d is None or not len(d):
+        return None
+    d = d.assign(replicate=d["replicate"].astype(str) if "replicate" in d else "pooled")
+    if a.replicates is not None and a.planted is not None:
+        d = pd.concat([d, a.planted.assign(replicate="pooled")], ignore_index=True)
+    resp = [r for r in ("ln_M", "ln_R") if r in set(d["response"])]
+    facs = list(dict.fromkeys(d["factor"]))
+    reps = list(dict.fromkeys(d["replicate"]))
+    fig, axes = plt.subplots(1, len(resp), figsize=(6.5 * len(resp), 0.8 + 0.22 * len(facs) * len(reps)), squeeze=False)
+    for ax, r in zip(axes[0], resp):
+        e = d[(d["response"] == r) & d["estimable"]]
+        for i, f in enumerate(facs):
+            g = e[e["factor"] == f]
+            yy = i + (np.array([reps.index(x) for x in g["replicate"]]) - (len(reps) - 1) / 2) * 0.8 / len(reps)
+            m = np.exp(g["estimate"].to_numpy(float))
+            col = np.where(g["covers"].to_numpy(bool), "tab:blue", "tab:red")
+            for y_, m_, lo_, hi_, c_, rep in zip(yy, m, np.exp(g["lo"]), np.exp(g["hi"]), col, g["replicate"]):
+                ax.errorbar(m_, y_, xerr=[[m_ - lo_], [hi_ - m_]], fmt="s" if rep == "pooled" else "o", color=c_,
+                            ms=3, capsize=1.5, lw=1)
+            t = np.exp(d[(d["response"] == r) & (d["factor"] == f)]["truth"].iloc[0])
+            ax.plot([t, t], [i - 0.45, i + 0.45], color="black", lw=1.5)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+        ax.set_yticks(range(len(facs)), facs)
+        ax.invert_yaxis()
+        name = {"ln_M": "quality multiplier M_flop", "ln_R": "throughput ratio R"}[r]
+        ax.set_xlabel(name)
+        ax.set_title(f"{name}: each seed alone (dots), all pooled (square), 95% CI;\n"
+                     "planted truth in black, an interval that misses it in red", fontsize=9)
+    return _save(fig, path)
+
+
 def all_figures(a: StudyAnalysis, raw: pd.DataFrame, out_dir: Path) -> dict[str, Path | None]:
     out_dir = Path(out_dir)
-    return {
+    extra = {"planted": planted(a, out_dir / "planted_truths.png")} if a.planted is not None else {}
+    return {**extra,
         "forest_quality": forest(a, out_dir / "forest_quality.png", "ln_M"),
         "forest_throughput": forest(a, out_dir / "forest_throughput.png", "ln_R"),
         "waterfall": waterfall(a, out_dir / "shapley_waterfall.png"),

@@ -21,7 +21,8 @@ DEFINITIONS = (
     "level. A component's multiplier is exp(Shapley value) of the fitted ln-scale model = exp(2β_i + 2γ_i·ln(C/C_ref)): "
     "the all-off → all-on change of that factor averaged over the others. LOO = leave-one-out from all-on, AOI = "
     "add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij (the interaction signal). CI: "
-    "the larger of HC3 and model-based, law fitted jointly (its uncertainty included); boot: wild bootstrap refitting law and model."
+    "the larger of HC3 and model-based, law fitted jointly (its uncertainty included), and with three or more seeds "
+    "at least the between-seed t interval; boot: wild bootstrap refitting law and model."
 )
 
 
@@ -119,6 +120,43 @@ def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def planted_section(a: StudyAnalysis) -> list[str]:
+    """Factors of known effect against their truth: the pooled intervals, then coverage over replicates."""
+    if a.planted is None:
+        return []
+    label = {"ln_M": "quality M_flop", "ln_R": "throughput R", "ln_W": "wall-clock M_flop·R"}
+    p = a.planted
+    n_seeds = a.table["seed"].nunique() if "seed" in a.table else 1
+    L = ["## Planted truths", "",
+         f"Factors planted with a known effect, against their truth. All {n_seeds} seed(s) pooled: one draw of "
+         "each interval.", "",
+         md_table(pd.DataFrame({"factor": p["factor"], "response": p["response"].map(label),
+                                "truth": np.exp(p["truth"]),
+                                "estimate [95% CI]": [_mult(e, lo, hi) if ok else "not estimable"
+                                                      for e, lo, hi, ok in zip(p["estimate"], p["lo"], p["hi"], p["estimable"])],
+                                "covers": ["yes" if c else "NO" if ok else "—" for c, ok in zip(p["covers"], p["estimable"])],
+                                "ln error": p["error"]}), 4)]
+    c = a.coverage
+    if c is None or not len(c):
+        return L + ["One seed: coverage needs replicates (run the study with more seeds; each seed is then also "
+                    "analysed alone).", ""]
+    n = int(c["replicates"].max())
+    L += [f"### Coverage over {n} replicates", "",
+          "Each seed analysed alone as a study of its own (its own init and data order, no bootstrap). Coverage: "
+          "the fraction of replicates whose 95% interval contains the truth (a not-estimable number counts as a "
+          "miss), with its exact (Clopper-Pearson) 95% interval. Scatter / SE: the standard deviation of the "
+          "replicates' ln estimates over the mean standard error they report; near 1 when the intervals are as "
+          "wide as the noise, below 1 when they are wider (conservative), above 1 when narrower.", "",
+          md_table(pd.DataFrame({"factor": c["factor"], "response": c["response"].map(label),
+                                 "truth": np.exp(c["truth"]),
+                                 "covered": [f"{k}/{m}" for k, m in zip(c["covered"], c["replicates"])],
+                                 "coverage [exact 95%]": [f"{v:.2f} [{lo:.2f}, {hi:.2f}]" for v, lo, hi in
+                                                          zip(c["coverage"], c["coverage_lo"], c["coverage_hi"])],
+                                 "mean estimate": np.exp(c["mean_estimate"]), "largest ln error": c["max_abs_error"],
+                                 "scatter / SE": c["sd_over_se"]}), 4)]
+    return L
+
+
 def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list[str]:
     def uniq(col):
         return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
@@ -166,8 +204,11 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
     L += ["## Findings", "",
           f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
-          "value of the fitted model, law uncertainty included), and a verdict: gain (interval above 1), loss "
-          "(below 1), consistent with no effect (contains 1), not estimable.", "", md_table(findings_table(a))]
+          "value of the fitted model, law uncertainty included"
+          + ("; never narrower than the between-seed interval of the per-seed estimates"
+             if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
+          + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
+          "not estimable.", "", md_table(findings_table(a))]
     if a.checks is not None and len(a.checks):
         ch = a.checks.copy()
         tab = pd.DataFrame({"TOTAL": ch["response"].map({"ln_M": "quality", "ln_R": "throughput"}), "rung": ch["rung"],
@@ -177,6 +218,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
+    L += planted_section(a)
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
     L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]
     L += ["## Evaluation sets", ""] + eval_sets(raw) + [""]

@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from marin.schema import DamagedFile, read_json, read_meta, read_summary
+from marin.schema import DamagedFile, random_stream, read_json, read_meta, read_summary
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
@@ -92,7 +92,8 @@ def _row(run_dir: Path) -> dict:
     factors = meta.factors if meta is not None else ()
     for f in factors:
         row[f.name] = f.level
-    row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high} for f in factors})
+    row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high,
+                                         **({"truth": dict(f.truth)} if f.truth else {})} for f in factors})
     if summ is None:
         row["status"] = "missing"
         row["error"] = None
@@ -107,6 +108,7 @@ def _row(run_dir: Path) -> dict:
         row[f"bpb_{dom}"] = bpb
     data = spec.get("data") or {}  # what the run trained and was evaluated on (the report names it)
     row["data_corpus"], row["data_eval_dir"] = data.get("corpus"), data.get("eval_dir") or None
+    row["random_stream"] = random_stream(spec)
     row["loss_curve"] = json.dumps([list(p) for p in summ.loss_curve])
     # Start time of the run, for refusing forecasts written after it.
     started = summ.started_at

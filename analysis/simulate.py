@@ -40,6 +40,7 @@ class SimTruth:
     break_delta: float = 0.0
     throughput_allon: float = 0.0  # extra ln R of the all-on arm alone (beyond two-factor terms)
     levels: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (low, high); default off/on
+    planted: dict[str, dict[str, float]] = field(default_factory=dict)  # factor -> truth recorded in the coding
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -51,17 +52,17 @@ class SimTruth:
     def __post_init__(self):
         if len(set(self.factors)) != len(self.factors) or not all(isinstance(f, str) and f for f in self.factors):
             raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
-        unknown = [f for f in self.levels if f not in self.factors]
+        unknown = [f for f in [*self.levels, *self.planted] if f not in self.factors]
         if unknown:
-            raise ValueError(f"levels: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
+            raise ValueError(f"levels/planted: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
 
     def level_names(self, f: str) -> tuple[str, str]:
         """(low, high) level names of factor `f`, the run metadata the analysis codes from."""
         return self.levels.get(f, ("off", "on"))
 
     def coding_json(self) -> str:
-        return json.dumps({f: {"field": f"sim.{f}", "low": self.level_names(f)[0], "high": self.level_names(f)[1]}
-                           for f in self.factors})
+        return json.dumps({f: {"field": f"sim.{f}", "low": self.level_names(f)[0], "high": self.level_names(f)[1],
+                               **({"truth": self.planted[f]} if f in self.planted else {})} for f in self.factors})
 
     def _b(self, f: str) -> float:
         return self.main.get(f, 0.0)

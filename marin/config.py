@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from marin.factors import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_FACTOR_SPECS, RECIPE_LEVELS,  # noqa: F401
                            factor_spec)
+from marin.schema import seed_offset
 
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
@@ -367,8 +368,7 @@ class TrainConfig:
                        checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
 
     def seed_offset(self) -> int:
-        """Added to the model and data seeds: a large odd stride keeps streams apart from seed replicates."""
-        return 1_000_003 * self.seed_stream
+        return seed_offset(self.seed_stream)
 
 
 TOKENIZERS = ("byte", "bpe")

@@ -107,15 +107,39 @@ def write_spec(run_dir: str | Path, spec: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def seed_offset(seed_stream: int) -> int:
+    """Added to the model and data seeds: a large odd stride keeps streams apart from seed replicates."""
+    return 1_000_003 * int(seed_stream)
+
+
+def random_stream(spec: Mapping) -> str | None:
+    """A run's random stream from its spec.json: the effective init seed and data order (data seed,
+    corpus, tokenizer). The arms of one seed share it (common random numbers), so the noise it
+    carries cancels in a contrast between arms unless a factor changes it (docs/method.md §4.4)."""
+    if "seed" not in spec:
+        return None
+    data = spec.get("data") or {}
+    off = seed_offset((spec.get("train") or {}).get("seed_stream", 0))
+    return (f"init {int(spec['seed']) + off} | data {int(data.get('data_seed', 0)) + off} {data.get('corpus')} "
+            f"{data.get('tokenizer')}")
+
+
+#: What a planted factor may declare as its true effect (docs/calibration/): the quality multiplier
+#: M_flop and the throughput ratio R of its high level over its low level.
+TRUTH_KEYS = ("M_flop", "R")
+
+
 @dataclass(frozen=True)
 class FactorCoding:
-    """One factor of a run: its definition (field, low −1, high +1) and the run's level."""
+    """One factor of a run: its definition (field, low −1, high +1), the run's level and, for a
+    planted factor of known effect, its true multipliers ({"M_flop": ..., "R": ...})."""
 
     name: str
     level: str
     field: str | None = None
     low: str | None = None
     high: str | None = None
+    truth: Mapping[str, float] | None = None
 
     @property
     def code(self) -> int | None:
@@ -123,7 +147,10 @@ class FactorCoding:
         return -1 if self.level == self.low else 1 if self.level == self.high else None
 
     def to_dict(self) -> dict:
-        return {"field": self.field, "low": self.low, "high": self.high, "code": self.code}
+        d = {"field": self.field, "low": self.low, "high": self.high, "code": self.code}
+        if self.truth:
+            d["truth"] = dict(self.truth)
+        return d
 
 
 @dataclass(frozen=True)
@@ -159,7 +186,7 @@ class RunMeta:
         factors = []
         for name, level in (d.get("factors") or {}).items():
             c = coding.get(name) or {}
-            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high")))
+            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth")))
         known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
                    {k: v for k, v in d.items() if k not in known})

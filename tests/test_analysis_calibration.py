@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from scipy import stats
 import pandas as pd
 
 from analysis.pipeline import analyze_table
@@ -46,7 +47,8 @@ def test_waste_level_recovers_m_flop_one_half_exactly():
 def test_calibration_study_crosses_waste_with_every_arm():
     from ablations.studies import get_study
 
-    st = get_study("calibration")
+    st = get_study("calibration", seeds=[0])
+    assert get_study("calibration").seeds == tuple(range(10))  # ten replicates by default
     names = [f.name for f in st.factors]
     M = np.asarray(st.design.matrix)
     w = names.index("waste")
@@ -56,3 +58,158 @@ def test_calibration_study_crosses_waste_with_every_arm():
     on = [s for s in specs if s.train.flops_multiplier == 2.0]
     assert len(on) == 8 and all(s.train.effective().steps in (32, 64) for s in specs)
     assert {s.train.effective().steps for s in specs if s.train.token_multiplier == 2} == {64}
+
+
+# ---- planted truths: recorded with the runs, checked pooled and replicate by replicate ----------------
+
+
+def test_planted_truth_travels_from_the_factor_to_the_results_table(tmp_path):
+    from ablations.studies import get_study
+    from analysis.replicates import planted_truths
+    from analysis.results import collect
+    from marin.schema import RunMeta, write_meta
+
+    st = get_study("calibration")
+    for i, (spec, meta) in enumerate(st.runs(rungs=["cpu_s32"])[:4]):
+        assert RunMeta.from_dict(meta).to_dict() == meta  # the truth survives a round trip
+        write_meta(tmp_path / "runs" / f"r{i}", meta)
+    table = collect(tmp_path, write=False)
+    t = planted_truths(table)
+    assert set(t) == {"placebo", "extra_compute", "waste"}  # the real factors plant nothing
+    assert t["waste"] == {"ln_M": np.log(0.5), "ln_R": np.log(2.0), "ln_W": 0.0}
+    assert t["placebo"] == {"ln_M": 0.0, "ln_R": 0.0, "ln_W": 0.0}
+
+
+def test_factor_truth_rejects_unknown_response_and_non_positive_multiplier():
+    import pytest
+
+    from ablations.factors import Factor
+
+    with pytest.raises(ValueError, match=r"truth keys \['loss'\]; allowed values: M_flop, R"):
+        Factor("p", field="train.seed_stream", levels={"a": 0, "b": 1}, truth={"loss": 1.0})
+    with pytest.raises(ValueError, match=r"truth\['R'\]=0.0; allowed values: a multiplier > 0"):
+        Factor("p", field="train.seed_stream", levels={"a": 0, "b": 1}, truth={"R": 0.0})
+    f = Factor("p", field="train.seed_stream", levels={"a": 0, "b": 1}, truth={"M_flop": 1})
+    assert f.truth_dict == {"M_flop": 1.0} and f.to_dict()["truth"] == {"M_flop": 1.0}
+
+
+def _placebo_study(seeds: int, seed: int = 0):
+    from analysis.simulate import SimTruth
+
+    rng = np.random.default_rng(seed)
+    truth = SimTruth(factors=["xsa", "qk_norm", "placebo"], main={"xsa": 0.05, "qk_norm": -0.03},
+                     throughput={"xsa": -0.02}, noise_sd=0.01, planted={"placebo": {"M_flop": 1.0, "R": 1.0}})
+    return simulate_table(truth, rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=seeds, rng=rng)
+
+
+def test_each_seed_is_analysed_alone_as_one_replicate():
+    df = _placebo_study(seeds=3)
+    a = analyze_table(df, n_boot=0, boot_method="none")
+    reps = a.replicates
+    assert sorted(reps["replicate"].unique()) == [0, 1, 2]
+    assert set(reps["response"]) == {"ln_M", "ln_R", "ln_W"} and set(reps["factor"]) == {"placebo"}
+    alone = analyze_table(df[df["seed"] == 1], n_boot=0, boot_method="none", replicates=False).components
+    c = alone[(alone["component"] == "placebo") & (alone["response"] == "ln_M")].iloc[0]
+    r = reps[(reps["replicate"] == 1) & (reps["response"] == "ln_M")].iloc[0]
+    assert (r["estimate"], r["lo"], r["hi"]) == (c["shapley"], c["shapley_lo"], c["shapley_hi"])
+    cov = a.coverage.set_index("response")
+    assert cov.loc["ln_M", "replicates"] == 3
+    assert cov.loc["ln_M", "covered"] == int(reps[reps["response"] == "ln_M"]["covers"].sum())
+    # the pooled check is the study's own interval for the planted factor
+    p = a.planted.set_index("response").loc["ln_M"]
+    own = a.components[(a.components["component"] == "placebo") & (a.components["response"] == "ln_M")].iloc[0]
+    assert p["estimate"] == own["shapley"] and p["covers"] == (own["shapley_lo"] <= 0 <= own["shapley_hi"])
+
+
+def test_placebo_coverage_over_replicates_is_near_nominal():
+    # 20 replicates of a study whose placebo has no effect: its 95% intervals cover 1 in most, and
+    # they are not narrower than the replicates' scatter (they are wider: HC3 at ~24 runs, and the
+    # larger of HC3 and the model SE, are conservative)
+    a = analyze_table(_placebo_study(seeds=20, seed=3), n_boot=0, boot_method="none")
+    cov = a.coverage.set_index("response")
+    for resp in ("ln_M", "ln_R"):
+        assert cov.loc[resp, "coverage"] >= 0.85, cov.loc[resp]
+        assert cov.loc[resp, "sd_over_se"] < 1.2, cov.loc[resp]
+
+
+def test_waste_level_is_exact_in_every_replicate():
+    df = pd.concat([_waste_table(s).assign(seed=s) for s in (0, 1, 2)], ignore_index=True)
+    coding = json.loads(df["coding"].iloc[0])
+    coding["waste"]["truth"] = {"M_flop": 0.5, "R": 2.0}
+    df["coding"] = json.dumps(coding)
+    a = analyze_table(df, n_boot=0, boot_method="none")
+    cov = a.coverage.set_index("response")
+    assert cov.loc["ln_M", "max_abs_error"] < 1e-6 and cov.loc["ln_M", "covered"] == 3
+    assert cov.loc["ln_R", "max_abs_error"] < 1e-9  # the twin counts twice the FLOPs in the same seconds
+
+
+def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_path):
+    from analysis.report import render_markdown
+
+    df = _placebo_study(seeds=2)
+    flip = df["placebo"] == "on"
+    df.loc[flip, "eval_macro_loss"] -= 0.03  # the "placebo" now helps: its truth is wrong
+    a = analyze_table(df, n_boot=0, boot_method="none")
+    assert any("planted factor placebo: its ln_M interval misses" in w for w in a.warnings)
+    md = render_markdown(a, df, {}, tmp_path, title="t")
+    assert "## Planted truths" in md and "### Coverage over 2 replicates" in md
+    assert md.index("## Planted truths") < md.index("## Warnings")
+
+
+def _stream_noise_study(seeds: int, sd: float, seed: int = 0):
+    """The placebo's "on" arms of each seed share one loss shift (their own random stream), which the
+    residuals between arms of one seed never see."""
+    df = _placebo_study(seeds=seeds, seed=seed)
+    rng = np.random.default_rng(100 + seed)
+    shift = {s: rng.normal(0, sd) for s in range(seeds)}
+    on = df["placebo"] == "on"
+    df.loc[on, "eval_macro_loss"] += df.loc[on, "seed"].map(shift)
+    df["random_stream"] = [f"s{s}{'p' if p == 'on' else ''}" for s, p in zip(df["seed"], df["placebo"])]
+    return df
+
+
+def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
+    df = _stream_noise_study(seeds=6, sd=0.03)
+    a = analyze_table(df, n_boot=0, boot_method="none")
+    off = analyze_table(df, n_boot=0, boot_method="none", replicates=False).components
+    c = a.components.set_index(["response", "component"])
+    o = off.set_index(["response", "component"])
+    reps = [comp.set_index(["response", "component"]).loc[("ln_M", "placebo"), "shapley"]
+            for comp in [analyze_table(df[df["seed"] == s], n_boot=0, boot_method="none", replicates=False).components
+                         for s in range(6)]]
+    se_b = np.std(reps, ddof=1) / np.sqrt(6)
+    p = c.loc[("ln_M", "placebo")]
+    assert p["between_seeds"] == 6 and abs(p["shapley_se_between"] - se_b) < 1e-12
+    half = stats.t.ppf(0.975, 5) * se_b
+    assert p["shapley_lo"] == min(o.loc[("ln_M", "placebo"), "shapley_lo"], p["shapley"] - half)
+    assert p["shapley_hi"] - p["shapley_lo"] > o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"]
+    # a factor whose levels share each seed's stream is not widened by the shared noise
+    x = c.loc[("ln_M", "xsa")]
+    assert x["shapley_hi"] - x["shapley_lo"] < 1.5 * (o.loc[("ln_M", "xsa"), "shapley_hi"] - o.loc[("ln_M", "xsa"), "shapley_lo"])
+    assert any("between-seed t interval" in n for n in a.notes)
+
+
+def test_two_seeds_keep_the_model_interval():
+    df = _stream_noise_study(seeds=2, sd=0.03)
+    a = analyze_table(df, n_boot=0, boot_method="none")
+    off = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
+    assert np.allclose(a.components["shapley_lo"], off.components["shapley_lo"], equal_nan=True)
+    assert len(a.replicates)  # the planted check still runs per seed
+
+
+def test_a_factor_that_changes_every_runs_stream_is_warned():
+    a = analyze_table(_stream_noise_study(seeds=2, sd=0.0), n_boot=0, boot_method="none")
+    w = [x for x in a.warnings if "never share a random stream" in x]
+    assert len(w) == 1 and w[0].startswith("placebo:")
+
+
+def test_random_stream_of_a_run_follows_its_init_and_data_seeds():
+    from ablations.studies import get_study
+    from marin.schema import random_stream
+
+    runs = get_study("calibration", seeds=[0, 1]).runs(rungs=["cpu_s32"])
+    streams = {}
+    for spec, meta in runs:
+        streams.setdefault((meta["seed"], meta["factors"]["placebo"]), set()).add(random_stream(spec.to_dict()))
+    assert all(len(v) == 1 for v in streams.values())  # every arm of a seed and placebo level: one stream
+    assert len({next(iter(v)) for v in streams.values()}) == 4  # 2 seeds x 2 placebo levels

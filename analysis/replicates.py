@@ -1,0 +1,144 @@
+"""Seeds as replicates: each seed analysed alone, the between-seed interval, and planted truths.
+
+Runs of one seed share their random stream (init and data order) across arms, so a contrast between
+arms cancels the noise the stream carries, and the residuals never see it (docs/method.md §4.4). Each
+seed analysed alone is one replicate of the study; over three or more, the scatter of a component's
+per-seed estimates measures its noise directly, and the recommended interval is never narrower than
+the between-seed t interval built from it.
+
+A study may also plant factors of known effect (the `calibration` study's placebo, waste and extra
+compute; docs/calibration/). Each run records the truth in its coding, so the check needs nothing but
+the results table: the study's own interval against the truth (one draw), and over the replicates
+the fraction whose 95% interval covers it (with its Clopper-Pearson interval) and the replicates'
+scatter against the standard error they report. One interval covering once is one Bernoulli draw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+#: truth key (marin.schema.TRUTH_KEYS) -> the analysis's ln-scale response
+RESPONSE_OF = {"M_flop": "ln_M", "R": "ln_R"}
+LABEL_OF = {"ln_M": "quality M_flop", "ln_R": "throughput R", "ln_W": "wall-clock M_flop·R"}
+
+
+def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """{factor: {response: true ln multiplier}} from the runs' coding; ln_W = ln_M + ln_R when both are planted.
+
+    Runs that disagree on a factor's truth (two studies pooled) are refused: the check would be meaningless."""
+    seen: dict[str, dict[str, float]] = {}
+    for raw in df["coding"] if "coding" in df.columns else ():
+        for name, d in (json.loads(raw) if isinstance(raw, str) and raw else {}).items():
+            t = d.get("truth")
+            if not t:
+                continue
+            lnt = {RESPONSE_OF[k]: math.log(float(v)) for k, v in t.items() if k in RESPONSE_OF}
+            if "ln_M" in lnt and "ln_R" in lnt:
+                lnt["ln_W"] = lnt["ln_M"] + lnt["ln_R"]
+            if name in seen and seen[name] != lnt:
+                raise ValueError(f"factor {name!r}: the runs record two different planted truths "
+                                 f"({seen[name]} and {lnt}); analyse one study at a time")
+            seen[name] = lnt
+    return seen
+
+
+def truth_check(components: pd.DataFrame, truths: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """Per planted factor and response: truth, the recommended (Shapley) estimate and interval, covered?"""
+    rows = []
+    for f, t in truths.items():
+        for resp, lnt in t.items():
+            c = components[(components["response"] == resp) & (components["component"] == f)] if len(components) else components
+            est, lo, hi, se = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi", "shapley_se"))
+                               if len(c) else (np.nan,) * 4)
+            ok = bool(len(c)) and bool(c.iloc[0]["shapley_estimable"]) and math.isfinite(lo) and math.isfinite(hi)
+            rows.append({"factor": f, "response": resp, "truth": lnt, "estimate": est, "lo": lo, "hi": hi, "se": se,
+                         "estimable": ok, "covers": bool(ok and lo <= lnt <= hi), "error": est - lnt})
+    return pd.DataFrame(rows, columns=["factor", "response", "truth", "estimate", "lo", "hi", "se", "estimable",
+                                       "covers", "error"])
+
+
+#: Seeds needed before the between-seed interval is used (two give a t interval on one df).
+BETWEEN_SEEDS_MIN = 3
+
+
+def per_seed_components(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], pd.DataFrame]) -> dict[int, pd.DataFrame | str]:
+    """{seed: components of that seed's runs analysed alone}, or the reason the analysis refused them."""
+    out: dict[int, pd.DataFrame | str] = {}
+    for seed in sorted(df["seed"].dropna().unique()):
+        try:
+            out[int(seed)] = analyze(df[df["seed"] == seed])
+        except ValueError as e:
+            out[int(seed)] = str(e)
+    return out
+
+
+def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, pd.DataFrame | str],
+                          level: float = 0.95) -> pd.DataFrame:
+    """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
+    estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it); adds shapley_se_between and between_seeds."""
+    from scipy import stats
+
+    out = components.copy()
+    out["shapley_se_between"], out["between_seeds"] = np.nan, 0
+    for i, r in out.iterrows():
+        v = [float(c.loc[m, "shapley"].iloc[0]) for c in per_seed.values() if isinstance(c, pd.DataFrame)
+             for m in [(c["response"] == r["response"]) & (c["component"] == r["component"]) & c["shapley_estimable"]]
+             if m.any()]
+        out.at[i, "between_seeds"] = len(v)
+        if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
+            continue
+        se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
+        half = float(stats.t.ppf(0.5 + level / 2, len(v) - 1)) * se
+        out.at[i, "shapley_se_between"] = se
+        out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
+        out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
+    return out
+
+
+def replicate_checks(per_seed: dict[int, pd.DataFrame | str], truths: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """`truth_check` of every seed analysed alone. A replicate the analysis refused is kept, every
+    number not estimable, with the reason."""
+    rows = []
+    for seed, comp in per_seed.items():
+        ok = isinstance(comp, pd.DataFrame)
+        tc = truth_check(comp if ok else pd.DataFrame(), truths)
+        tc["note"] = "" if ok else comp
+        tc.insert(0, "replicate", seed)
+        rows.append(tc)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval for k successes in n trials."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if n == 0:
+        return (np.nan, np.nan)
+    lo, hi = proportion_confint(k, n, alpha=1 - level, method="beta")
+    return float(lo), float(hi)
+
+
+def coverage_summary(reps: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per planted factor and response over the replicates: how many intervals cover the truth (a
+    replicate whose number is not estimable does not count as covering), the coverage's exact
+    interval, the mean estimate, the largest error, and the scatter of the estimates over the mean
+    standard error the replicates report (≈ 1 when the intervals are as wide as the noise)."""
+    rows = []
+    for (f, resp), g in reps.groupby(["factor", "response"], sort=False):
+        est = g.loc[g["estimable"], "estimate"].to_numpy(float)
+        se = g.loc[g["estimable"], "se"].to_numpy(float)
+        k, n = int(g["covers"].sum()), len(g)
+        lo, hi = clopper_pearson(k, n, level)
+        sd = float(np.std(est, ddof=1)) if len(est) >= 2 else np.nan
+        rows.append({"factor": f, "response": resp, "truth": float(g["truth"].iloc[0]), "replicates": n,
+                     "not_estimable": int((~g["estimable"]).sum()), "covered": k, "coverage": k / n if n else np.nan,
+                     "coverage_lo": lo, "coverage_hi": hi, "mean_estimate": float(est.mean()) if len(est) else np.nan,
+                     "max_abs_error": float(np.max(np.abs(est - g["truth"].iloc[0]))) if len(est) else np.nan,
+                     "sd_estimates": sd, "mean_se": float(se.mean()) if len(se) else np.nan,
+                     "sd_over_se": sd / float(se.mean()) if len(se) and se.mean() > 0 else np.nan})
+    return pd.DataFrame(rows)
