@@ -369,8 +369,9 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
         per_seed = per_seed_components(df, one)
         if len(components) and sum(isinstance(c, pd.DataFrame) for c in per_seed.values()) >= BETWEEN_SEEDS_MIN:
             components = between_seed_interval(components, per_seed, level)
-            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval is at least as wide "
-                         "as the between-seed t interval of the per-seed estimates")
+            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref is at least as "
+                         "wide as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
+                         "values keep the model interval)")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,

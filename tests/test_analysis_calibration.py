@@ -154,6 +154,9 @@ def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_p
     md = render_markdown(a, df, {}, tmp_path, title="t")
     assert "## Planted truths" in md and "### Coverage over 2 replicates" in md
     assert md.index("## Planted truths") < md.index("## Warnings")
+    from analysis.plots import planted
+
+    assert planted(a, tmp_path / "planted.png").stat().st_size > 10_000
 
 
 def _stream_noise_study(seeds: int, sd: float, seed: int = 0):
