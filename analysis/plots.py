@@ -126,7 +126,6 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     d = pd.DataFrame(rows)
     order = dict(zip(a.rungs["rung"], a.rungs["compute"]))
     rungs = sorted(d["rung"].unique(), key=lambda r: (order.get(r, np.inf), r))  # by compute, not as strings
-    arms = sorted(d["arm"].unique())
     xs = a.table[[f"x_{f}" for f in a.factors]].to_numpy()
     kind = dict(zip(a.table["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off", "other arms"))))
     pal = {"all-on": "tab:green", "all-off": "tab:red", "other arms": "lightgrey"}

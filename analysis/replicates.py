@@ -24,7 +24,6 @@ import pandas as pd
 
 #: truth key (marin.schema.TRUTH_KEYS) -> the analysis's ln-scale response
 RESPONSE_OF = {"M_flop": "ln_M", "R": "ln_R"}
-LABEL_OF = {"ln_M": "quality M_flop", "ln_R": "throughput R", "ln_W": "wall-clock M_flop·R"}
 
 
 def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
