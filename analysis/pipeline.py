@@ -172,8 +172,8 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates."""
-    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, coverage_summary, per_seed_components,
-                                     planted_truths, replicate_checks, truth_check)
+    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, between_seed_law, coverage_summary,
+                                     per_seed_analyses, planted_truths, replicate_checks, truth_check)
     from analysis.checks import lost_runs, total_checks, warnings_for
 
     bad = [r for r in responses if r not in RESPONSES]
@@ -361,16 +361,19 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     n_seeds = ok["seed"].nunique() if "seed" in ok else 1
     per_seed: dict = {}
     if replicates and n_seeds >= 2 and (truths or n_seeds >= BETWEEN_SEEDS_MIN):
-        def one(sub: pd.DataFrame) -> pd.DataFrame:
+        def one(sub: pd.DataFrame) -> StudyAnalysis:
             return analyze_table(sub, pin_linf=pin_linf, pin_alpha=pin_alpha, n_boot=0, boot_method="none", hc=hc,
                                  interactions=interactions, third_levels=third_levels, level=level,
-                                 responses=responses, law_forms=law_forms, replicates=False).components
+                                 responses=responses, law_forms=law_forms, replicates=False)
 
-        per_seed = per_seed_components(df, one)
-        if len(components) and sum(isinstance(c, pd.DataFrame) for c in per_seed.values()) >= BETWEEN_SEEDS_MIN:
-            components = between_seed_interval(components, per_seed, level)
-            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref is at least as "
-                         "wide as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
+        per_seed = per_seed_analyses(df, one)
+        if sum(not isinstance(x, str) for x in per_seed.values()) >= BETWEEN_SEEDS_MIN:
+            if len(components):
+                components = between_seed_interval(components, per_seed, level)
+            wl = between_seed_law(law, per_seed, level) if law is not None else []
+            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref"
+                         + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
+                         "as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
                          "values keep the model interval)")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,

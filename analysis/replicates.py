@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -65,9 +65,9 @@ def truth_check(components: pd.DataFrame, truths: dict[str, dict[str, float]]) -
 BETWEEN_SEEDS_MIN = 3
 
 
-def per_seed_components(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], pd.DataFrame]) -> dict[int, pd.DataFrame | str]:
-    """{seed: components of that seed's runs analysed alone}, or the reason the analysis refused them."""
-    out: dict[int, pd.DataFrame | str] = {}
+def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any]) -> dict[int, Any]:
+    """{seed: that seed's runs analysed alone (a StudyAnalysis)}, or the reason the analysis refused them."""
+    out: dict[int, Any] = {}
     for seed in sorted(df["seed"].dropna().unique()):
         try:
             out[int(seed)] = analyze(df[df["seed"] == seed])
@@ -76,37 +76,63 @@ def per_seed_components(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], pd.D
     return out
 
 
-def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, pd.DataFrame | str],
+def _t_half(values: list[float], level: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+
+
+def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
+    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
+    fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
+    parameters' ranges (L∞ ≥ 0, α ≥ 0). Returns the parameters widened."""
+    from analysis.joint import PROFILE_BOUNDS
+
+    laws = [a.law for a in per_seed.values() if not isinstance(a, str) and a.law is not None
+            and not {"linf", "alpha"} & set(a.law.not_identified)]
+    widened = []
+    for k in ("linf", "alpha"):
+        v = [float(getattr(x, k)) for x in laws if k not in x.pinned]
+        if k not in law.profile or len(v) < BETWEEN_SEEDS_MIN:
+            continue
+        half, est = _t_half(v, level), float(getattr(law, k))
+        lo, hi = law.profile[k]
+        new = (max(min(lo, est - half), PROFILE_BOUNDS[k][0]), max(hi, est + half))
+        if new != (lo, hi):
+            law.profile[k] = new
+            widened.append(k)
+    return widened
+
+
+def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
                           level: float = 0.95) -> pd.DataFrame:
     """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
     estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it); adds shapley_se_between and between_seeds."""
-    from scipy import stats
-
     out = components.copy()
     out["shapley_se_between"], out["between_seeds"] = np.nan, 0
     for i, r in out.iterrows():
-        v = [float(c.loc[m, "shapley"].iloc[0]) for c in per_seed.values() if isinstance(c, pd.DataFrame)
-             for m in [(c["response"] == r["response"]) & (c["component"] == r["component"]) & c["shapley_estimable"]]
-             if m.any()]
+        v = [float(c.loc[m, "shapley"].iloc[0]) for c in (a.components for a in per_seed.values() if not isinstance(a, str))
+             if len(c) for m in [(c["response"] == r["response"]) & (c["component"] == r["component"])
+                                 & c["shapley_estimable"]] if m.any()]
         out.at[i, "between_seeds"] = len(v)
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue
         se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
-        half = float(stats.t.ppf(0.5 + level / 2, len(v) - 1)) * se
+        half = _t_half(v, level)
         out.at[i, "shapley_se_between"] = se
         out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
         out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
     return out
 
 
-def replicate_checks(per_seed: dict[int, pd.DataFrame | str], truths: dict[str, dict[str, float]]) -> pd.DataFrame:
+def replicate_checks(per_seed: dict[int, Any], truths: dict[str, dict[str, float]]) -> pd.DataFrame:
     """`truth_check` of every seed analysed alone. A replicate the analysis refused is kept, every
     number not estimable, with the reason."""
     rows = []
-    for seed, comp in per_seed.items():
-        ok = isinstance(comp, pd.DataFrame)
-        tc = truth_check(comp if ok else pd.DataFrame(), truths)
-        tc["note"] = "" if ok else comp
+    for seed, a in per_seed.items():
+        ok = not isinstance(a, str)
+        tc = truth_check(a.components if ok else pd.DataFrame(), truths)
+        tc["note"] = "" if ok else a
         tc.insert(0, "replicate", seed)
         rows.append(tc)
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()

@@ -41,6 +41,11 @@ class SimTruth:
     throughput_allon: float = 0.0  # extra ln R of the all-on arm alone (beyond two-factor terms)
     levels: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (low, high); default off/on
     planted: dict[str, dict[str, float]] = field(default_factory=dict)  # factor -> truth recorded in the coding
+    # Common random numbers: the arms of one seed share a random stream (its noise cancels between
+    # them) unless a stream factor changes it; each (seed, stream-factor levels, rung) then draws its
+    # own loss shift with sd stream_sd, seen by every arm in it (docs/calibration/).
+    stream_factors: tuple[str, ...] = ()
+    stream_sd: float = 0.0
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -52,9 +57,9 @@ class SimTruth:
     def __post_init__(self):
         if len(set(self.factors)) != len(self.factors) or not all(isinstance(f, str) and f for f in self.factors):
             raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
-        unknown = [f for f in [*self.levels, *self.planted] if f not in self.factors]
+        unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors] if f not in self.factors]
         if unknown:
-            raise ValueError(f"levels/planted: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
+            raise ValueError(f"levels/planted/stream_factors: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
 
     def level_names(self, f: str) -> tuple[str, str]:
         """(low, high) level names of factor `f`, the run metadata the analysis codes from."""
@@ -164,6 +169,7 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
         if D.ndim != 2 or D.shape[1] != k or not np.all(np.abs(D) == 1):
             raise ValueError(f"design must be a ±1 matrix with {k} columns (one per truth factor), got shape {D.shape}")
     seed_shift = {s: rng.normal(0, truth.seed_sd) for s in range(seeds)}
+    stream_shift: dict[tuple, float] = {}
     rows = []
     for rung, tokens in rungs.items():
         for s in range(seeds):
@@ -175,13 +181,16 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                 lnm = float(truth.log_m(x[None], truth.z(C)[None])[0])
                 sd = truth.noise_sd * np.exp(truth.noise_hetero * float(np.mean(x)))
                 L = float(truth.law_loss(np.exp(lnm) * C)) + seed_shift[s] + rng.normal(0, sd)
+                stream = f"seed {s}" + "".join(f" {f}={lv[f]}" for f in truth.stream_factors)
+                if truth.stream_sd > 0:  # drawn only when asked, so other studies keep their random sequence
+                    L += stream_shift.setdefault((stream, rung), rng.normal(0, truth.stream_sd))
                 lnr = sum(truth.throughput.get(f, 0.0) * (x[i] + 1) for i, f in enumerate(truth.factors))
                 lnr += truth.throughput_allon * bool(np.all(x > 0))
                 mfs = 4e14 * np.exp(lnr) * np.exp(rng.normal(0, 0.01))
                 arm = "".join("+" if v > 0 else "-" for v in x)
                 rid = hashlib.sha256(f"{study}|{rung}|{s}|{arm}".encode()).hexdigest()[:16]
                 row = {"run_id": rid, "study": study, "rung": rung, "arm": arm, "seed": s, "design_row": r,
-                       **lv, "coding": truth.coding_json(),
+                       **lv, "coding": truth.coding_json(), "random_stream": stream,
                        "params_total": 1e8, "params_active": 2e7, "flops_per_token": fpt, "tokens": tokens,
                        "train_flops": C, "eval_macro_loss": L, "loss_web": L + 0.05, "loss_code": L - 0.05,
                        "macro_bpb": L / np.log(2) / 4, "final_train_loss": L - 0.02, "tokens_per_s": mfs / fpt,

@@ -93,12 +93,13 @@ def test_factor_truth_rejects_unknown_response_and_non_positive_multiplier():
     assert f.truth_dict == {"M_flop": 1.0} and f.to_dict()["truth"] == {"M_flop": 1.0}
 
 
-def _placebo_study(seeds: int, seed: int = 0):
+def _placebo_study(seeds: int, seed: int = 0, stream_sd: float = 0.0):
     from analysis.simulate import SimTruth
 
     rng = np.random.default_rng(seed)
     truth = SimTruth(factors=["xsa", "qk_norm", "placebo"], main={"xsa": 0.05, "qk_norm": -0.03},
-                     throughput={"xsa": -0.02}, noise_sd=0.01, planted={"placebo": {"M_flop": 1.0, "R": 1.0}})
+                     throughput={"xsa": -0.02}, noise_sd=0.01, planted={"placebo": {"M_flop": 1.0, "R": 1.0}},
+                     stream_factors=("placebo",) if stream_sd else (), stream_sd=stream_sd)
     return simulate_table(truth, rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=seeds, rng=rng)
 
 
@@ -160,14 +161,11 @@ def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_p
 
 
 def _stream_noise_study(seeds: int, sd: float, seed: int = 0):
-    """The placebo's "on" arms of each seed share one loss shift (their own random stream), which the
-    residuals between arms of one seed never see."""
-    df = _placebo_study(seeds=seeds, seed=seed)
-    rng = np.random.default_rng(100 + seed)
-    shift = {s: rng.normal(0, sd) for s in range(seeds)}
-    on = df["placebo"] == "on"
-    df.loc[on, "eval_macro_loss"] += df.loc[on, "seed"].map(shift)
-    df["random_stream"] = [f"s{s}{'p' if p == 'on' else ''}" for s, p in zip(df["seed"], df["placebo"])]
+    """The placebo's levels are two random streams per seed: the arms of one seed, placebo level and
+    rung share a loss shift that the residuals between arms of one seed never see."""
+    df = _placebo_study(seeds=seeds, seed=seed, stream_sd=sd)
+    g = df.groupby(["seed", "placebo", "rung"])["random_stream"].nunique()
+    assert (g == 1).all() and df["random_stream"].nunique() == 2 * seeds
     return df
 
 
@@ -177,9 +175,8 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     off = analyze_table(df, n_boot=0, boot_method="none", replicates=False).components
     c = a.components.set_index(["response", "component"])
     o = off.set_index(["response", "component"])
-    reps = [comp.set_index(["response", "component"]).loc[("ln_M", "placebo"), "shapley"]
-            for comp in [analyze_table(df[df["seed"] == s], n_boot=0, boot_method="none", replicates=False).components
-                         for s in range(6)]]
+    alone = [analyze_table(df[df["seed"] == s], n_boot=0, boot_method="none", replicates=False) for s in range(6)]
+    reps = [x.components.set_index(["response", "component"]).loc[("ln_M", "placebo"), "shapley"] for x in alone]
     se_b = np.std(reps, ddof=1) / np.sqrt(6)
     p = c.loc[("ln_M", "placebo")]
     assert p["between_seeds"] == 6 and abs(p["shapley_se_between"] - se_b) < 1e-12
@@ -190,6 +187,19 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     x = c.loc[("ln_M", "xsa")]
     assert x["shapley_hi"] - x["shapley_lo"] < 1.5 * (o.loc[("ln_M", "xsa"), "shapley_hi"] - o.loc[("ln_M", "xsa"), "shapley_lo"])
     assert any("between-seed t interval" in n for n in a.notes)
+    # the law's L∞ and α: at least the between-seed interval of the seeds whose own fit identifies them
+    from analysis.joint import PROFILE_BOUNDS
+
+    laws = [x.law for x in alone if not {"linf", "alpha"} & set(x.law.not_identified)]
+    assert len(laws) >= 3
+    assert "alpha" in a.law.profile
+    for k in [k for k in ("linf", "alpha") if k in a.law.profile]:  # a pooled L∞ may be not identified
+        v = [getattr(x, k) for x in laws]
+        h = stats.t.ppf(0.975, len(v) - 1) * np.std(v, ddof=1) / np.sqrt(len(v))
+        lo, hi = a.law.ci(k)
+        bound = PROFILE_BOUNDS[k][0]  # the interval stays within the parameter's range
+        assert hi >= getattr(a.law, k) + h - 1e-12 and lo >= bound
+        assert lo <= getattr(a.law, k) - h + 1e-12 or lo == bound
 
 
 def test_two_seeds_keep_the_model_interval():
@@ -201,8 +211,10 @@ def test_two_seeds_keep_the_model_interval():
 
 
 def test_a_factor_that_changes_every_runs_stream_is_warned():
-    a = analyze_table(_stream_noise_study(seeds=2, sd=0.0), n_boot=0, boot_method="none")
+    a = analyze_table(_stream_noise_study(seeds=2, sd=0.01), n_boot=0, boot_method="none")
     w = [x for x in a.warnings if "never share a random stream" in x]
+    plain = analyze_table(_placebo_study(seeds=2), n_boot=0, boot_method="none")  # one stream per seed
+    assert not [x for x in plain.warnings if "never share a random stream" in x]
     assert len(w) == 1 and w[0].startswith("placebo:")
 
 
