@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# A real single-node SLURM 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, slurmd) for
-# tests/test_slurm.py, started by hand (no systemd) as root; see shared/notes/environment.md.
+# A real SLURM 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, one slurmd per node) for
+# tests/test_slurm.py and tests/test_slurm_nodes.py, started by hand (no systemd) as root.
+#
+# MARIN_SLURM_NODES=N (default 1) gives N nodes. Node 0 is this host (its own name); nodes 1..N-1
+# are network namespaces `marin-PORT-nI`, each with its own host name (`unshare --uts`) and
+# address on a private bridge (MARIN_SLURM_SUBNET, default 10.213.0: this host .1, node I .(I+1)),
+# each running its own slurmd under its own NodeName. munged is shared (its socket is a file).
+# With N > 1, slurmctld listens on the bridge address, so every node and every srun reaches it,
+# and a topology.conf groups MARIN_SLURM_NODES_PER_RACK nodes (default 1) per "rack" switch.
 #
 #   bash .ci/slurm.sh start    # install if absent, start, wait until sinfo and sacct answer,
 #                              # print `export SLURM_CONF=...` and write it to $STATE/env.sh
@@ -24,8 +31,21 @@ DBD_PORT=$((CTLD_PORT + 2))
 DB_PORT="${MARIN_SLURM_DB_PORT:-3307}"
 HOST="$(hostname -s)"
 CLUSTER=marin
-# the daemons, in start order; stop goes in reverse
-DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+NODES="${MARIN_SLURM_NODES:-1}"
+NODES_PER_RACK="${MARIN_SLURM_NODES_PER_RACK:-1}"
+SUBNET="${MARIN_SLURM_SUBNET:-10.213.0}"
+BRIDGE="msbr$CTLD_PORT"   # interface names: at most 15 characters
+[[ "$NODES" =~ ^[1-9][0-9]?$ ]] && (( NODES <= 16 )) \
+    || { echo "slurm.sh: MARIN_SLURM_NODES=$NODES; allowed values: 1..16" >&2; exit 2; }
+[[ "$NODES_PER_RACK" =~ ^[1-9][0-9]?$ ]] \
+    || { echo "slurm.sh: MARIN_SLURM_NODES_PER_RACK=$NODES_PER_RACK; allowed values: 1..99" >&2; exit 2; }
+if (( NODES > 1 )); then CTLD_ADDR="$SUBNET.1"; else CTLD_ADDR=127.0.0.1; fi
+# the daemons, in start order; stop goes in reverse (slurmd-I: node I's slurmd)
+DAEMONS=(munged mariadbd slurmdbd slurmctld)
+for (( i = 0; i < NODES; i++ )); do DAEMONS+=("slurmd-$i"); done
+
+node_name() { if (( $1 == 0 )); then echo "$HOST"; else echo "marin-n$1"; fi; }
+netns_name() { echo "marin-$CTLD_PORT-n$1"; }
 
 log() { echo "slurm.sh: $*" >&2; }
 
@@ -65,11 +85,12 @@ install_packages() {
 write_configs() {
     local cpus mem_mb
     cpus=$(nproc)
-    mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.85)}' /proc/meminfo)
+    # the nodes share this machine's memory: each is given its share
+    mem_mb=$(awk -v n="$NODES" '/MemTotal/ {print int($2 / 1024 * 0.85 / n)}' /proc/meminfo)
     mkdir -p "$STATE/etc" "$STATE/ctld" "$STATE/spool" "$PIDS" "$LOGS"
     cat >"$CONF" <<EOF
 ClusterName=$CLUSTER
-SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldHost=$HOST($CTLD_ADDR)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$CTLD_PORT
@@ -78,11 +99,12 @@ AuthType=auth/munge
 # a requeued job waits cred_expire (default 120 s) before it may start again; short for tests
 AuthInfo=cred_expire=10
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
+# per node (%n: the NodeName): several slurmd share this file system
+SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/slurmctld.pidfile
-SlurmdPidFile=$STATE/slurmd.pidfile
+SlurmdPidFile=$STATE/slurmd-%n.pidfile
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/slurmd.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -93,6 +115,8 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$((mem_mb / cpus))
+# a node that stops answering is DOWN after this long, and its jobs are requeued (JobRequeue=1)
+SlurmdTimeout=${MARIN_SLURMD_TIMEOUT:-20}
 ReturnToService=2
 InactiveLimit=0
 KillWait=10
@@ -106,9 +130,10 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+$(nodes_conf "$cpus" "$mem_mb")
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    if (( NODES > 1 )); then topology_conf >"$STATE/etc/topology.conf"; fi
     # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF; it must be mode 600
     cat >"$STATE/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
@@ -127,6 +152,62 @@ StorageLoc=slurm_acct_db
 EOF
     chmod 600 "$STATE/etc/slurmdbd.conf"
     echo "export SLURM_CONF=$CONF" >"$STATE/env.sh"
+}
+
+nodes_conf() {  # nodes_conf CPUS MEM_MB: the NodeName lines (and the topology plugin for N > 1)
+    local i
+    if (( NODES == 1 )); then
+        echo "NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$1 RealMemory=$2 State=UNKNOWN"; return
+    fi
+    echo "TopologyPlugin=topology/tree"
+    for (( i = 0; i < NODES; i++ )); do
+        echo "NodeName=$(node_name $i) NodeAddr=$SUBNET.$((i + 1)) CPUs=$1 RealMemory=$2 State=UNKNOWN"
+    done
+}
+
+topology_conf() {  # racks of NODES_PER_RACK nodes under one top switch
+    local i r racks=$(( (NODES + NODES_PER_RACK - 1) / NODES_PER_RACK )) names
+    for (( r = 0; r < racks; r++ )); do
+        names=()
+        for (( i = r * NODES_PER_RACK; i < NODES && i < (r + 1) * NODES_PER_RACK; i++ )); do names+=("$(node_name $i)"); done
+        echo "SwitchName=rack$r Nodes=$(IFS=,; echo "${names[*]}")"
+    done
+    echo "SwitchName=top Switches=rack[0-$((racks - 1))]"
+}
+
+start_network() {
+    # a bridge on this host (node 0's address) and per extra node a namespace joined by a veth pair;
+    # every name is recorded before it is made, so stop removes it after a failed start too
+    local i ns veth
+    (( NODES > 1 )) || return 0
+    echo "link $BRIDGE" >>"$STATE/net"
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for (( i = 1; i < NODES; i++ )); do
+        ns=$(netns_name $i); veth="msv${CTLD_PORT}n$i"
+        echo "netns $ns" >>"$STATE/net"
+        ip netns add "$ns"
+        echo "link $veth" >>"$STATE/net"
+        ip link add "$veth" type veth peer name eth0 netns "$ns"
+        ip link set "$veth" master "$BRIDGE" up
+        ip netns exec "$ns" ip addr add "$SUBNET.$((i + 1))/24" dev eth0
+        ip netns exec "$ns" ip link set eth0 up
+        ip netns exec "$ns" ip link set lo up
+    done
+}
+
+stop_network() {
+    local kind name
+    [[ -f "$STATE/net" ]] || return 0
+    # reverse order: namespaces (their veth ends go with them) before the bridge
+    tac "$STATE/net" | while read -r kind name; do
+        case $kind in
+            netns) ip netns del "$name" 2>/dev/null || true ;;
+            link) ip link del "$name" 2>/dev/null || true ;;
+        esac
+    done
+    rm -f "$STATE/net"
 }
 
 start_munge() {
@@ -154,7 +235,7 @@ start_mariadb() {
         --innodb-flush-log-at-trx-commit=0 --innodb-lock-wait-timeout=900 \
         >"$LOGS/mariadbd.out" 2>&1 </dev/null &
     echo $! >"$PIDS/mariadbd.pid"
-    wait_for 60 mariadbd mariadb --no-defaults --socket="$sock" -u root -e 'SELECT 1'
+    wait_for 60 mariadbd mariadb --no-defaults --socket="$sock" -u root -e 'SELECT 1' || return 1
     mariadb --no-defaults --socket="$sock" -u root <<'EOF'
 CREATE USER IF NOT EXISTS 'slurm'@'%' IDENTIFIED BY 'marin-slurm';
 CREATE DATABASE IF NOT EXISTS slurm_acct_db;
@@ -167,19 +248,34 @@ start_slurm() {
     export SLURM_CONF="$CONF"
     slurmdbd -D >"$LOGS/slurmdbd.out" 2>&1 </dev/null &
     echo $! >"$PIDS/slurmdbd.pid"
-    wait_for 60 slurmdbd sacctmgr -n list cluster
+    wait_for 60 slurmdbd sacctmgr -n list cluster || return 1
     sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
     slurmctld -D -f "$CONF" >"$LOGS/slurmctld.out" 2>&1 </dev/null &
     echo $! >"$PIDS/slurmctld.pid"
-    wait_for 60 slurmctld scontrol ping
-    slurmd -D -f "$CONF" -N "$HOST" >"$LOGS/slurmd.out" 2>&1 </dev/null &
-    echo $! >"$PIDS/slurmd.pid"
-    wait_for 60 slurmd bash -c "sinfo -h -n $HOST -o %T | grep -qx idle"
+    wait_for 60 slurmctld scontrol ping || return 1
+    local i name
+    for (( i = 0; i < NODES; i++ )); do
+        name=$(node_name $i)
+        mkdir -p "$STATE/spool/$name"
+        if (( i == 0 )); then
+            slurmd -D -f "$CONF" -N "$name" >"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
+        else
+            # nsenter enters only the network namespace (`ip netns exec` would remount /sys and
+            # hide the cgroup file system slurmd needs); nsenter and unshare exec, so $! is slurmd
+            nsenter --net="/run/netns/$(netns_name $i)" unshare --uts \
+                bash -c 'hostname "$1"; shift; exec "$@"' _ "$name" slurmd -D -f "$CONF" -N "$name" \
+                >"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
+        fi
+        echo $! >"$PIDS/slurmd-$i.pid"
+    done
+    for (( i = 0; i < NODES; i++ )); do
+        wait_for 60 "slurmd-$i" bash -c "sinfo -h -n $(node_name $i) -o %T | grep -qx idle" || return 1
+    done
     wait_for 60 sacct sacct -n -X
 }
 
 stop() {
-    local i name pid jobs
+    local name pid jobs f
     # cancel our cluster's jobs first, so their processes end with their steps
     if alive slurmctld; then
         jobs=$(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
@@ -191,8 +287,11 @@ stop() {
             done
         fi
     fi
-    for (( i = ${#DAEMONS[@]} - 1; i >= 0; i-- )); do
-        name=${DAEMONS[$i]}
+    # every slurmd this state dir recorded (whatever MARIN_SLURM_NODES is now), then the rest in reverse
+    local order=()
+    for f in "$PIDS"/slurmd*.pid; do [[ -e "$f" ]] && order+=("$(basename "$f" .pid)"); done
+    order+=(slurmctld slurmdbd mariadbd munged)
+    for name in "${order[@]}"; do
         [[ -s "$PIDS/$name.pid" ]] || continue
         pid=$(cat "$PIDS/$name.pid")
         if kill -0 "$pid" 2>/dev/null; then
@@ -209,6 +308,12 @@ stop() {
             grep -qszx "SLURM_CONF=$CONF" "/proc/$pid/environ" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
         done
     fi
+    stop_network
+}
+
+all_slurmd_alive() {
+    local i
+    for (( i = 0; i < NODES; i++ )); do alive "slurmd-$i" || return 1; done
 }
 
 status() {
@@ -223,25 +328,25 @@ status() {
 }
 
 start() {
-    if [[ -f "$CONF" ]] && alive slurmctld && alive slurmd && alive slurmdbd \
-        && SLURM_CONF="$CONF" sinfo -h >/dev/null 2>&1; then
+    if [[ -f "$CONF" ]] && alive slurmctld && alive slurmdbd && all_slurmd_alive \
+        && [[ $(grep -c '^NodeName=' "$CONF") == "$NODES" ]] && SLURM_CONF="$CONF" sinfo -h >/dev/null 2>&1; then
         log "already running"
         cat "$STATE/env.sh"; return 0
     fi
     [[ $(id -u) == 0 ]] || { log "must run as root (daemons switch users; packages are installed with apt)"; return 1; }
-    [[ -d "$PIDS" ]] && stop
+    if [[ -d "$PIDS" || -f "$STATE/net" ]]; then stop; fi
     rm -rf "$STATE"
     mkdir -p "$STATE"
     install_packages
     local t0=$SECONDS
     write_configs
-    if ! { start_munge && start_mariadb && start_slurm; }; then
+    if ! { start_network && start_munge && start_mariadb && start_slurm; }; then
         log "start failed; logs follow"
         tail -n 20 "$LOGS"/*.log "$LOGS"/*.out "$STATE/mysql-run/mariadbd.log" >&2 2>/dev/null || true
         stop
         return 1
     fi
-    log "cluster $CLUSTER up in $((SECONDS - t0))s (state $STATE)"
+    log "cluster $CLUSTER up in $((SECONDS - t0))s: $NODES node(s) (state $STATE)"
     cat "$STATE/env.sh"
 }
 
