@@ -43,6 +43,9 @@ class Rung:
     precision: str = "fp32"
     threads: int | None = 1
     gpus: int = 0  # GPUs per run (0: CPU)
+    # CPU runs under SLURM: nodes x tasks_per_node ranks (EP groups of ModelConfig.ep_shards ranks)
+    nodes: int = 1
+    tasks_per_node: int = 1
     # Hold this many tokens on each EP shard: ep_shards = batch·seq / tokens_per_ep_shard, as Marin's
     # ablations hold 65,536 (about 16 documents; drops depend on it: small_scale_abl_launch.py TARGETS).
     # None keeps the preset's ep_shards (CPU rungs).
@@ -60,6 +63,9 @@ class Rung:
             raise ValueError(f"Rung {self.name!r}: tokens_per_active_param must be > 0, got {self.tokens_per_active_param}")
         if self.fixed_steps is not None and self.fixed_steps < 1:
             raise ValueError(f"Rung {self.name!r}: fixed_steps must be >= 1, got {self.fixed_steps}")
+        for attr in ("nodes", "tasks_per_node"):
+            if getattr(self, attr) < 1:
+                raise ValueError(f"Rung {self.name!r}: {attr} must be >= 1, got {getattr(self, attr)}")
         if self.batch_size < 1:
             raise ValueError(f"Rung {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
         self.model()  # validates preset and overrides now, naming the field

@@ -17,7 +17,6 @@ cells. The result equals `plan_drops` on the globally gathered expert ids (pinne
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -72,23 +71,15 @@ class DistEnv:
 
 
 def dist_env() -> DistEnv:
-    """Rank and world size, in this order of precedence: torchrun's variables (RANK, WORLD_SIZE,
-    LOCAL_RANK); a submitit SLURM task (SUBMITIT_EXECUTOR=slurm: submitit's TorchDistributedEnvironment
-    exports MASTER_ADDR/PORT, RANK, WORLD_SIZE from the SLURM variables); a bare srun task
-    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR/PORT must be set); else one process."""
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun")
-    if env.get("SUBMITIT_EXECUTOR") == "slurm":
-        from submitit.helpers import TorchDistributedEnvironment
+    """Rank and world size from the launcher's environment (marin.rendezvous.from_env): torchrun's
+    variables; a SLURM task of a multi-task job (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
+    master from SLURM_JOB_NODELIST, exported for init_process_group); else one process."""
+    from marin.rendezvous import from_env
 
-        e = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        return DistEnv(e.rank, e.world_size, e.local_rank, "slurm")
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-            raise ValueError("an srun task without submitit needs MASTER_ADDR and MASTER_PORT in the environment")
-        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "slurm")
-    return DistEnv(0, 1, 0, "single")
+    r = from_env()
+    if r.source == "slurm":
+        r.export()
+    return DistEnv(r.rank, r.world_size, r.local_rank, r.source)
 
 
 @dataclass
@@ -134,8 +125,9 @@ def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = No
         if device == "cuda":
             # modulo: a task that SLURM (or submitit) narrowed to its own GPU sees it as device 0
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-        dist.init_process_group(backend or ("nccl" if device == "cuda" else "gloo"),
-                                rank=env.rank, world_size=env.world_size)
+        from marin.rendezvous import init_process_group
+
+        init_process_group(backend or ("nccl" if device == "cuda" else "gloo"))
     return build_ep_groups(ep, device)
 
 

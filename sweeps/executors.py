@@ -9,8 +9,9 @@
   SLURM requeues itself (`scontrol requeue`, preemption in REQUEUE mode) gets SIGTERM: train
   checkpoints and returns "interrupted", SLURM starts the task again, and `wait` keeps waiting
   while the job is back in the queue.
-  Multi-GPU runs get one task per GPU (srun starts them, no torchrun) and the torch.distributed
-  environment from `submitit.helpers.TorchDistributedEnvironment`.
+  Multi-GPU runs get one task per GPU (srun starts them, no torchrun); a CPU run may ask for
+  `nodes` x `tasks_per_node` tasks (Rung.nodes, Rung.tasks_per_node). Every task takes its rank and
+  the rendezvous from SLURM's environment (marin.rendezvous).
 - `local`: `workers` submitit LocalExecutor processes on this machine; each pulls runs from the list
   in order and claims one through its run lock, so no run executes twice and imports are paid once
   per worker. CPU: one thread per worker unless told otherwise.
@@ -58,6 +59,8 @@ class SlurmOptions:
     qos: str | None = None
     time_min: int | None = None
     gpus_per_run: int | None = None
+    nodes: int | None = None  # CPU runs: nodes per run (None: the rung's, or 1); GPU runs: from gpus
+    tasks_per_node: int | None = None  # CPU runs: ranks per node (None: the rung's, or 1)
     cpus_per_task: int | None = None  # per task (= per GPU for GPU runs); None: 1 on CPU, study's cpus_per_gpu on GPU
     mem_gb: float | None = None  # per run; None: study's mem_gb (CPU) or mem_gb_per_gpu x GPUs
     array_parallelism: int | None = None
@@ -86,7 +89,8 @@ class ExecOptions:
         check_ranges("ExecOptions", self, EXEC_RANGES)
 
 
-SLURM_RANGES = {"time_min": optional(POS_INT), "gpus_per_run": optional(NONNEG_INT),
+SLURM_RANGES = {"time_min": optional(POS_INT), "gpus_per_run": optional(NONNEG_INT), "nodes": optional(POS_INT),
+                "tasks_per_node": optional(POS_INT),
                 "cpus_per_task": optional(POS_INT), "mem_gb": optional(POS), "array_parallelism": optional(POS_INT),
                 "signal_delay_s": POS_INT, "max_num_timeout": NONNEG_INT}
 EXEC_RANGES = {"workers": POS_INT, "threads": optional(POS_INT), "poll_s": POS}
@@ -155,17 +159,21 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _distributed_setup() -> int:
-    """One task per GPU: export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK for env://; returns rank."""
-    try:
-        env = submitit.JobEnvironment()
-    except RuntimeError:
+    """One task per device: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT from SLURM's
+    environment (marin.rendezvous: the master is the job's first node, resolved); returns rank."""
+    from marin.rendezvous import from_env
+
+    if int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return 0
-    if env.num_tasks <= 1:
-        return 0
+    # the submitting shell's variables (sbatch exports them) must not override SLURM's own
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(k, None)
+    r = from_env()
+    r.export()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    # when SLURM already gives each task its own GPU, do not narrow it again
-    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices="," in visible, overwrite=True)
-    return env.global_rank
+    if "," in visible:  # SLURM gave the task every GPU of the node: keep the one of its local rank
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[r.local_rank % len(visible.split(","))]
+    return r.rank
 
 
 def _mark_job(task: RunTask, job_id: str | None) -> None:
@@ -340,6 +348,8 @@ def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | Non
     per_node = int(base.get("gpus_per_node") or 8)
     res = {"gpus": gpus, "gpus_per_node": min(gpus, per_node) if gpus else 0, "time_min": time_min,
            "cpus_per_task": cpus, "mem_gb": mem, "exclusive": bool(base.get("exclusive")),
+           "nodes": 1 if gpus else int(s.nodes or base.get("nodes") or 1),
+           "tasks_per_node": 1 if gpus else int(s.tasks_per_node or base.get("tasks_per_node") or 1),
            "max_num_timeout": max(s.max_num_timeout, int(base.get("max_num_timeout") or 0))}
     # a study's own job shape (the hero: sweeps/hero.py), hashable so runs group by it
     for k in ("signal_delay_s", "python", "setup", "srun_args", "additional", "job_name", "partition", "account"):
@@ -350,15 +360,15 @@ def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | Non
 
 def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     gpus, per_node = res["gpus"], res.get("gpus_per_node") or res["gpus"]
-    nodes = -(-gpus // per_node) if gpus else 1
+    nodes = -(-gpus // per_node) if gpus else res.get("nodes", 1)
     if gpus and gpus % per_node:
         raise ValueError(f"slurm gpus_per_run={gpus} does not fill whole nodes of {per_node} GPUs")
     p: dict[str, Any] = {
         "job_name": f"marin-{res.get('job_name') or name}",
         "time": res["time_min"],
         "nodes": nodes,
-        # one task per GPU (srun starts them; torch.distributed env from SLURM), one task on CPU
-        "ntasks_per_node": max(1, per_node if gpus else 1),
+        # one task per GPU (srun starts them; torch.distributed env from SLURM), on CPU the rung's ranks
+        "ntasks_per_node": max(1, per_node if gpus else res.get("tasks_per_node", 1)),
         "cpus_per_task": res["cpus_per_task"],
         # short CPU jobs: USR2 no earlier than 3/4 through the limit
         "signal_delay_s": res.get("signal_delay_s") or max(1, min(s.signal_delay_s, res["time_min"] * 60 // 4)),

@@ -99,8 +99,10 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     ex = dict(getattr(study, "executor", ()) or ())
     timeouts: dict[str, int] = {}
     gpus_by_rung: dict[str, int] = {}
+    tasks_by_rung: dict[str, tuple[int, int]] = {}  # CPU rungs: (nodes, tasks_per_node)
     for r in getattr(study, "rungs", ()):
         gpus_by_rung[r.name] = int(getattr(r, "gpus", 0) or 0)
+        tasks_by_rung[r.name] = (int(getattr(r, "nodes", 1)), int(getattr(r, "tasks_per_node", 1)))
     try:
         for r in study.describe().get("rungs", []):
             if r.get("timeout_min"):
@@ -125,7 +127,8 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
         # sbatch --mem is per node
         mem = (float(ex["mem_gb_per_gpu"]) * min(gpus, per_node) if gpus and ex.get("mem_gb_per_gpu")
                else ex.get("mem_gb"))
-        return {"gpus": gpus, "gpus_per_node": per_node,
+        nodes, tasks = tasks_by_rung.get(rung, (1, 1))
+        return {"gpus": gpus, "gpus_per_node": per_node, "nodes": nodes, "tasks_per_node": tasks,
                 "time_min": timeouts.get(rung) or ex.get("timeout_min") or 60, "cpus_per_task": cpus, "mem_gb": mem}
 
     return resources

@@ -344,7 +344,7 @@ def test_init_ep_rejects_bad_layout_before_any_collective(monkeypatch):
     assert not dist.is_initialized()
 
 
-def test_dist_env_reads_torchrun_then_submitit_slurm_variables(monkeypatch):
+def test_dist_env_reads_torchrun_then_slurm_variables(monkeypatch):
     from marin.ep import dist_env
 
     # submitit's export writes os.environ directly: setenv first so monkeypatch restores every key.
@@ -354,13 +354,15 @@ def test_dist_env_reads_torchrun_then_submitit_slurm_variables(monkeypatch):
         monkeypatch.delenv(k)
     assert dist_env().source == "single" and dist_env().world_size == 1
     slurm = dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="42", SLURM_NTASKS="4", SLURM_PROCID="3", SLURM_LOCALID="1",
-                 SLURM_JOB_NODELIST="node[1-2]", SLURM_STEP_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2",
+                 SLURM_JOB_NODELIST="localhost,node2", SLURM_STEP_NODELIST="localhost,node2", SLURM_JOB_NUM_NODES="2",
                  SLURM_NODEID="1")
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
     e = dist_env()
     assert (e.source, e.rank, e.world_size, e.local_rank) == ("slurm", 3, 4, 1)
-    assert os.environ["RANK"] == "3" and os.environ["MASTER_ADDR"] == "node1"  # exported for init_process_group
+    # exported for init_process_group: the first node, resolved; the port from the job id
+    assert os.environ["RANK"] == "3" and os.environ["MASTER_ADDR"] == "127.0.0.1"
+    assert os.environ["MASTER_PORT"] == str(20000 + 42)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert dist_env().source == "torchrun" and dist_env().rank == 1

@@ -1,0 +1,162 @@
+"""Where the ranks of a distributed run meet, from the launcher's environment, and the process-group
+init with a deadline (docs/architecture.md, "Distributed runs" and "Multi-node SLURM").
+
+- torchrun (or a test): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as given.
+- SLURM (srun, one task per device): RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE =
+  SLURM_NTASKS; MASTER_ADDR is the first host of SLURM_JOB_NODELIST resolved to an address (SLURM's
+  own NodeAddr for it, else the resolver), MASTER_PORT is derived from SLURM_JOB_ID (every task of
+  a job computes the same one; a requeued job keeps its id, and its old tasks are gone). Nothing is
+  set by hand, as in torchtitan's and Megatron's SLURM launchers.
+- gloo binds to the address of this host's name unless told an interface: GLOO_SOCKET_IFNAME is set
+  (when unset) to the interface that routes to MASTER_ADDR, so ranks on other hosts can reach it.
+- The rendezvous has a deadline (MARIN_RENDEZVOUS_TIMEOUT_S, default 300 s): a rank that cannot
+  reach it fails with one line naming the address and port instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import re
+import socket
+import struct
+import subprocess
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping
+
+PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class RendezvousError(RuntimeError):
+    """A rank could not meet the others (one line: who, where, how long)."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    rank: int
+    world_size: int
+    local_rank: int
+    addr: str
+    port: int
+    source: str  # "torchrun", "slurm" or "single"
+
+    def export(self, env: os._Environ | dict | None = None) -> None:
+        """Write the env:// variables (what torch.distributed and the trainer read)."""
+        e = os.environ if env is None else env
+        e.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
+                 MASTER_ADDR=self.addr, MASTER_PORT=str(self.port))
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM hostlist ("gpu[003-005,9],cpu1" -> "gpu003"), as `scontrol show
+    hostnames` expands it (the zero padding of the range is kept)."""
+    m = re.match(r"\s*([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m or not m.group(1).strip():
+        raise RendezvousError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
+    prefix, ranges = m.group(1).strip(), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def node_address(host: str) -> str:
+    """An IPv4 address of SLURM node `host`: its NodeAddr (`scontrol show node`: what slurmctld itself
+    uses to reach the node), resolved if it is a name; the resolver alone when scontrol cannot say."""
+    addr = host
+    try:
+        r = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True, text=True, timeout=30)
+        m = re.search(r"\bNodeAddr=(\S+)", r.stdout) if r.returncode == 0 else None
+        if m:
+            addr = m.group(1)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return str(ipaddress.IPv4Address(addr))
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError as e:
+        raise RendezvousError(f"SLURM node {host!r} (NodeAddr {addr!r}) does not resolve to an address: {e}") from None
+
+
+def slurm_port(job_id: str | int) -> int:
+    return PORT_BASE + int(str(job_id).split("_")[0]) % PORT_SPAN
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Rendezvous:
+    """This process's rendezvous, in order: torchrun's variables; a SLURM task of a job with
+    SLURM_NTASKS > 1 (addresses from SLURM, see the module docstring); else a single process."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return Rendezvous(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                          env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodelist or "SLURM_JOB_ID" not in env:
+            raise RendezvousError("a SLURM task of a multi-task job without SLURM_JOB_NODELIST or SLURM_JOB_ID")
+        addr = env.get("MASTER_ADDR") or node_address(first_host(nodelist))
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else slurm_port(env["SLURM_JOB_ID"])
+        return Rendezvous(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                          addr, port, "slurm")
+    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def interface_to(addr: str) -> str | None:
+    """The name of this host's interface whose address routes to `addr` (None if none is found)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))  # UDP connect sends nothing: it only picks the route
+            local = s.getsockname()[0]
+        except OSError:
+            return None
+        if ipaddress.IPv4Address(local).is_loopback:
+            return "lo"
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == local:
+                return name
+    return None
+
+
+def rendezvous_timeout_s() -> float:
+    v = os.environ.get("MARIN_RENDEZVOUS_TIMEOUT_S", "")
+    try:
+        t = float(v) if v else DEFAULT_TIMEOUT_S
+    except ValueError:
+        t = -1.0
+    if not t > 0:
+        raise ValueError(f"MARIN_RENDEZVOUS_TIMEOUT_S={v!r}; allowed values: seconds > 0")
+    return t
+
+
+def init_process_group(backend: str, rdv: Rendezvous | None = None, timeout_s: float | None = None) -> Rendezvous:
+    """torch.distributed.init_process_group at `rdv` (default `from_env()`): every rank meets the
+    TCP store of rank 0 within `timeout_s` (default MARIN_RENDEZVOUS_TIMEOUT_S) or raises
+    RendezvousError naming the address and port; collectives keep torch's own timeout."""
+    import torch.distributed as dist
+
+    rdv = rdv or from_env()
+    t = rendezvous_timeout_s() if timeout_s is None else timeout_s
+    rdv.export()
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        ifname = interface_to(rdv.addr)
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    where = f"{rdv.addr}:{rdv.port}"
+    try:
+        store = dist.TCPStore(rdv.addr, rdv.port, rdv.world_size, is_master=rdv.rank == 0,
+                              timeout=timedelta(seconds=t), wait_for_workers=True)
+        # the store's deadline also bounds the process group's own address exchange through it
+        dist.init_process_group(backend, store=store, rank=rdv.rank, world_size=rdv.world_size)
+    except (RuntimeError, OSError) as e:  # DistNetworkError/DistStoreError are RuntimeErrors
+        msg = " ".join(str(e).split())[:300]
+        raise RendezvousError(f"rank {rdv.rank} of {rdv.world_size} could not meet the others at the rendezvous "
+                              f"{where} ({rdv.source}) within {t:.0f}s: {msg}") from None
+    return rdv

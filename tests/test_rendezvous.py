@@ -1,0 +1,56 @@
+"""marin.rendezvous: ranks and the master from SLURM's environment, and a rendezvous that fails
+fast with one line instead of hanging (docs/architecture.md, "Multi-node SLURM")."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from marin.rendezvous import RendezvousError, first_host, from_env, interface_to, slurm_port
+from ranks import free_port
+
+
+@pytest.mark.parametrize("nodelist,first", [("gpu[003-005,9],cpu1", "gpu003"), ("marin-n1,vm", "marin-n1"),
+                                            ("node7", "node7"), ("a[10-11]", "a10")])
+def test_first_host_of_a_slurm_hostlist(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_slurm_task_takes_rank_world_and_master_from_slurm_variables():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "46137001",
+           "SLURM_JOB_NODELIST": "localhost,other"}
+    r = from_env(env)
+    assert (r.source, r.rank, r.world_size, r.local_rank) == ("slurm", 3, 4, 1)
+    assert r.addr == "127.0.0.1" and r.port == slurm_port("46137001") == 20000 + 46137001 % 20000
+    assert from_env({**env, "SLURM_JOB_ID": "46137002"}).port != r.port  # another job, another port
+    assert from_env({**env, "SLURM_NTASKS": "1"}).source == "single"
+    assert from_env({"RANK": "1", "WORLD_SIZE": "2"}).source == "torchrun"
+
+
+def test_loopback_master_uses_the_loopback_interface():
+    assert interface_to("127.0.0.1") == "lo"
+
+
+def test_a_rank_that_cannot_reach_the_rendezvous_fails_in_one_line_naming_address_and_port():
+    # rank 1 of 2, nobody listens on the port: it must give up at its deadline, not hang
+    port = free_port()
+    code = ("import sys; from marin.rendezvous import Rendezvous, init_process_group\n"
+            f"init_process_group('gloo', Rendezvous(1, 2, 1, '127.0.0.1', {port}, 'slurm'), timeout_s=3)")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    took = time.time() - t0
+    assert p.returncode != 0 and took < 60, (took, p.stderr[-500:])
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("marin.rendezvous.RendezvousError: rank 1 of 2 could not meet the others")
+    assert f"127.0.0.1:{port}" in last and "within 3s" in last
+
+
+def test_bad_timeout_is_refused_naming_the_variable(monkeypatch):
+    from marin.rendezvous import rendezvous_timeout_s
+
+    monkeypatch.setenv("MARIN_RENDEZVOUS_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="MARIN_RENDEZVOUS_TIMEOUT_S='soon'; allowed values: seconds > 0"):
+        rendezvous_timeout_s()
+    with pytest.raises(RendezvousError, match="names no host"):
+        first_host("")
