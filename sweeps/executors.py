@@ -194,6 +194,11 @@ class RunJob(submitit.helpers.Checkpointable):
     def __call__(self, task: RunTask) -> dict:
         _set_threads(self.threads)
         rank = _distributed_setup()
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # where each rank ran (host names differ per node)
+            atomic_write_json(Path(task.dir) / "ranks" / f"{rank}.json",
+                              {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "job_id": _job_id(),
+                               "host": os.uname().nodename, "master": f"{os.environ.get('MASTER_ADDR')}:"
+                                                                    f"{os.environ.get('MASTER_PORT')}"})
         if rank != 0:  # the run's files belong to rank 0; other ranks only train
             from marin.train import train
 
