@@ -13,6 +13,9 @@
 #                              # print `export SLURM_CONF=...` and write it to $STATE/env.sh
 #   bash .ci/slurm.sh stop     # kill the daemons this script started, by their recorded PIDs
 #   bash .ci/slurm.sh status   # daemons alive? sinfo
+#   bash .ci/slurm.sh kill-node I    # node I >= 1 fails: SIGKILL its slurmd and every process in its
+#                                    # network namespace (its job steps), as a crashed host
+#   bash .ci/slurm.sh start-node I   # start node I's slurmd again; wait until it is back in service
 #
 # State (configs, spool, MariaDB datadir, logs, PIDs) lives under MARIN_SLURM_DIR
 # (default /tmp/marin-slurm). A second cluster runs beside the first with its own MARIN_SLURM_DIR,
@@ -244,6 +247,52 @@ FLUSH PRIVILEGES;
 EOF
 }
 
+start_slurmd() {  # start_slurmd I: node I's slurmd (node 0 on this host, others in their namespace)
+    local i=$1 name
+    name=$(node_name "$i")
+    mkdir -p "$STATE/spool/$name"
+    if (( i == 0 )); then
+        slurmd -D -f "$CONF" -N "$name" >>"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
+    else
+        # nsenter enters only the network namespace (`ip netns exec` would remount /sys and
+        # hide the cgroup file system slurmd needs); nsenter and unshare exec, so $! is slurmd
+        nsenter --net="/run/netns/$(netns_name "$i")" unshare --uts \
+            bash -c 'hostname "$1"; shift; exec "$@"' _ "$name" slurmd -D -f "$CONF" -N "$name" \
+            >>"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
+    fi
+    echo $! >"$PIDS/slurmd-$i.pid"
+}
+
+node_index() {  # node_index I: I if it names an extra node of this cluster, else fail
+    [[ "${1:-}" =~ ^[0-9]+$ ]] && (( $1 >= 1 && $1 < $(grep -c '^NodeName=' "$CONF") )) \
+        || { log "node index ${1:-?}; allowed values: 1..$(( $(grep -c '^NodeName=' "$CONF") - 1 )) (extra nodes)"; return 1; }
+}
+
+kill_node() {
+    local i=$1 ino pid pids round
+    node_index "$i" || return 1
+    ino=$(stat -L -c %i "/run/netns/$(netns_name "$i")")
+    # every process in that namespace (found by its inode, never by name) stops at once, as a host
+    # that loses power: nothing of it can report to slurmctld; then they are killed
+    for round in 1 2; do
+        pids=()
+        for pid in /proc/[0-9]*; do
+            [[ "$(stat -L -c %i "$pid/ns/net" 2>/dev/null)" == "$ino" ]] && pids+=("${pid#/proc/}")
+        done
+        (( ${#pids[@]} )) && { kill -STOP "${pids[@]}" 2>/dev/null || true; }
+    done
+    (( ${#pids[@]} )) && { kill -KILL "${pids[@]}" 2>/dev/null || true; }
+    log "node $(node_name "$i") killed (${#pids[@]} processes)"
+}
+
+start_node() {
+    local i=$1
+    node_index "$i" || return 1
+    export SLURM_CONF="$CONF"
+    alive "slurmd-$i" || start_slurmd "$i"
+    wait_for 90 "slurmd-$i" bash -c "sinfo -h -n $(node_name "$i") -o %T | grep -Eqx 'idle|mixed|allocated'"
+}
+
 start_slurm() {
     export SLURM_CONF="$CONF"
     slurmdbd -D >"$LOGS/slurmdbd.out" 2>&1 </dev/null &
@@ -253,21 +302,8 @@ start_slurm() {
     slurmctld -D -f "$CONF" >"$LOGS/slurmctld.out" 2>&1 </dev/null &
     echo $! >"$PIDS/slurmctld.pid"
     wait_for 60 slurmctld scontrol ping || return 1
-    local i name
-    for (( i = 0; i < NODES; i++ )); do
-        name=$(node_name $i)
-        mkdir -p "$STATE/spool/$name"
-        if (( i == 0 )); then
-            slurmd -D -f "$CONF" -N "$name" >"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
-        else
-            # nsenter enters only the network namespace (`ip netns exec` would remount /sys and
-            # hide the cgroup file system slurmd needs); nsenter and unshare exec, so $! is slurmd
-            nsenter --net="/run/netns/$(netns_name $i)" unshare --uts \
-                bash -c 'hostname "$1"; shift; exec "$@"' _ "$name" slurmd -D -f "$CONF" -N "$name" \
-                >"$LOGS/slurmd-$name.out" 2>&1 </dev/null &
-        fi
-        echo $! >"$PIDS/slurmd-$i.pid"
-    done
+    local i
+    for (( i = 0; i < NODES; i++ )); do start_slurmd "$i"; done
     for (( i = 0; i < NODES; i++ )); do
         wait_for 60 "slurmd-$i" bash -c "sinfo -h -n $(node_name $i) -o %T | grep -qx idle" || return 1
     done
@@ -354,5 +390,7 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    kill-node) kill_node "${2:-}" ;;
+    start-node) start_node "${2:-}" ;;
+    *) echo "usage: $0 start|stop|status|kill-node I|start-node I" >&2; exit 2 ;;
 esac

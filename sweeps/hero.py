@@ -179,6 +179,43 @@ def check_racks_dir(fabric_dir: str | Path, nodes_per_ep_group: int) -> list[tup
     return pairs
 
 
+def _hostnames(hostlist: str) -> list[str]:
+    import subprocess
+
+    r = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise ValueError(f"scontrol show hostnames {hostlist!r} failed: {r.stderr.strip()}")
+    return r.stdout.split()
+
+
+def topology_domains(nodes: Sequence[str], topology: str | None = None) -> list[tuple[str, str | None]]:
+    """(node, leaf switch) per node from SLURM's topology (`scontrol show topology`, topology/tree:
+    the Level=0 switches are the racks); a node under no leaf switch has no domain (None). The CPU
+    cluster of tests/test_slurm_nodes.py groups its nodes into racks this way."""
+    import subprocess
+
+    if topology is None:
+        r = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise ValueError(f"scontrol show topology failed: {r.stderr.strip() or r.returncode}")
+        topology = r.stdout
+    leaf: dict[str, str] = {}
+    for line in topology.splitlines():
+        f = dict(re.findall(r"(\w+)=(\S+)", line))
+        if f.get("Level") == "0" and f.get("SwitchName") and f.get("Nodes") not in (None, "(null)"):
+            for h in _hostnames(f["Nodes"]):
+                leaf[h] = f["SwitchName"]
+    return [(h, leaf.get(h)) for h in nodes]
+
+
+def check_racks_topology(nodes_per_ep_group: int, nodelist: str) -> list[tuple[str, str | None]]:
+    """The pre-flight on a cluster described by a SLURM topology file: the job's nodes in rank order
+    (`scontrol show hostnames` of SLURM_JOB_NODELIST) must put every EP group under one rack switch."""
+    pairs = topology_domains(_hostnames(nodelist))
+    check_ep_racks(pairs, nodes_per_ep_group)
+    return pairs
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoint bytes and bandwidth
 # ---------------------------------------------------------------------------------------------
@@ -245,11 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sweeps.hero")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check-racks", help="fail unless every EP group's nodes share one NVLink domain")
-    c.add_argument("--dir", required=True, help="the pre-flight's folder: `nodes` and NODE.txt reports")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dir", help="the pre-flight's folder: `nodes` and NODE.txt reports")
+    src.add_argument("--topology", metavar="NODELIST", help="racks from SLURM's topology (scontrol show "
+                     "topology) for these nodes, e.g. \"$SLURM_JOB_NODELIST\"")
     c.add_argument("--nodes-per-ep-group", type=int, required=True)
     args = p.parse_args(argv)
     try:
-        pairs = check_racks_dir(args.dir, args.nodes_per_ep_group)
+        if args.topology is not None:
+            pairs = check_racks_topology(args.nodes_per_ep_group, args.topology)
+        else:
+            pairs = check_racks_dir(args.dir, args.nodes_per_ep_group)
     except (ValueError, OSError) as e:
         print(f"hero pre-flight FAILED: {e}", file=sys.stderr)
         return 1

@@ -113,3 +113,103 @@ def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp
     assert len(hosts) == NODES, hosts  # ranks ran on both nodes (their own host names)
     inv = inventory(collect(tmp_path / "slurm" / "two_nodes", write=False))
     assert inv.n_runs == inv.n_completed == 2 and not inv.excluded
+
+
+def _one_run_study(steps: int, name: str) -> Study:
+    from ablations.designs import arms
+
+    s = two_node_study(steps=steps, checkpoint_every=4, name=name)
+    return Study(name=s.name, description=s.description, factors=s.factors, design=arms(["xsa"], ["all_on"]),
+                 rungs=s.rungs, seeds=s.seeds, base_recipe=s.base_recipe, executor=dict(s.executor))
+
+
+def _steps(run_dir: Path) -> int:
+    return max([r["step"] for r in _lines(run_dir)] or [-1])
+
+
+def _sacct_states(job_id: str) -> list[str]:
+    r = subprocess.run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                       text=True, timeout=60)
+    return [s.split()[0] for s in r.stdout.split("\n") if s.strip()]
+
+
+def _start_mid_run(study: Study, tmp_path: Path, after_step: int, limit_s: float = 240):
+    """Submit the one-run study (no wait) and return (run, job) once it has trained past `after_step`."""
+    rep = run_study(study, tmp_path / "slurm", ExecOptions(executor="slurm", wait=False, poll_s=1.0), progress=False)
+    (run,), (job,) = rep.submission.runs, rep.submission.jobs
+    t0 = time.time()
+    while _steps(run.dir) < after_step:
+        assert time.time() - t0 < limit_s, f"the run did not reach step {after_step}"
+        time.sleep(0.2)
+    return rep, run, job
+
+
+def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path):
+    """`scontrol requeue` (preemption in REQUEUE mode) SIGTERMs the ranks on both nodes: they stop at
+    one step, write the distributed checkpoint (shards from ranks on both hosts), SLURM starts the
+    job again and it resumes to the result of one uninterrupted process."""
+    study = _one_run_study(steps=16, name="requeue2")
+    run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
+    rep, run, job = _start_mid_run(study, tmp_path, after_step=5)  # past the checkpoint at step 4
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+    counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
+    assert counts["completed"] == 1, counts
+    log = (run.dir / "train.log").read_text()
+    assert log.count("interrupted at step") == 1 and "signal 15" in log and log.count("resumed") == 1, log[-2000:]
+    assert "REQUEUED" in _sacct_states(job.job_id)
+    _assert_equal_runs(run.dir, tmp_path / "ref" / "requeue2" / "runs" / run.run_id)
+
+
+def _ci(*args: str) -> None:
+    subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / ".ci" / "slurm.sh"), *args], check=True,
+                   timeout=180)
+
+
+def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_nothing_is_lost(tmp_path):
+    """Node marin-n1 dies mid-run (every process of its namespace, slurmd and the job's steps, is
+    frozen then SIGKILLed, as a host losing power): the ranks on the other node lose their peers,
+    SLURM marks the node down after SlurmdTimeout and requeues the job (JobRequeue=1, NODE_FAIL);
+    once the node is back the job runs again and resumes from the last verified checkpoint to the
+    uninterrupted result."""
+    study = _one_run_study(steps=16, name="nodefail2")
+    run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
+    rep, run, job = _start_mid_run(study, tmp_path, after_step=9)  # checkpoints at 4 and 8 are written
+    _ci("kill-node", "1")
+    t0 = time.time()
+    try:
+        while "NODE_FAIL" not in _sacct_states(job.job_id):
+            assert time.time() - t0 < 150, f"SLURM did not notice the dead node: {_sacct_states(job.job_id)}"
+            time.sleep(1)
+    finally:
+        _ci("start-node", "1")
+    counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
+    log = (run.dir / "train.log").read_text()
+    assert counts["completed"] == 1, (counts, log[-2000:])
+    assert "resumed" in log and "from ckpt_000000008" in log, log[-2000:]
+    _assert_equal_runs(run.dir, tmp_path / "ref" / "nodefail2" / "runs" / run.run_id)
+
+
+@pytest.mark.parametrize("nodes_per_ep_group,ok", [(2, False), (1, True)])
+def test_hero_preflight_on_the_cluster_refuses_an_ep_group_split_over_racks(tmp_path, nodes_per_ep_group, ok):
+    """The hero's rack pre-flight inside a real 2-node job, racks from SLURM's topology.conf (one node
+    per rack switch here): an EP group of 2 nodes would straddle two racks, so the job fails before
+    any rank starts; EP groups of 1 node pass and the ranks run."""
+    import sys
+
+    out = tmp_path / "job.out"
+    script = "\n".join([
+        "#!/bin/bash",
+        f'{sys.executable} -m sweeps.hero check-racks --topology "$SLURM_JOB_NODELIST" '
+        f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1",
+        'srun --ntasks-per-node=1 bash -c "echo rank $SLURM_PROCID ran on $(hostname)"', ""])
+    r = subprocess.run(["sbatch", "--wait", "-N", str(NODES), "--ntasks-per-node=1", "-c", "1", "--mem=200M",
+                        "-o", str(out), "-D", str(Path(__file__).resolve().parents[1])], input=script,
+                       capture_output=True, text=True, timeout=180)
+    text = out.read_text()
+    if ok:
+        assert r.returncode == 0 and text.count(" ran on ") == NODES, text
+        assert "hero pre-flight: 2 nodes, 2 EP groups" in text
+    else:
+        assert r.returncode != 0 and " ran on " not in text, text
+        assert "hero pre-flight FAILED" in text and "EP group 0 (nodes 0..1) spans 2" in text
+        assert "rack0" in text and "rack1" in text
