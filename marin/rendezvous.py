@@ -22,9 +22,9 @@ import re
 import socket
 import struct
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN
 DEFAULT_TIMEOUT_S = 300.0

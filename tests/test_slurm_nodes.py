@@ -199,8 +199,8 @@ def test_hero_preflight_on_the_cluster_refuses_an_ep_group_split_over_racks(tmp_
     out = tmp_path / "job.out"
     script = "\n".join([
         "#!/bin/bash",
-        f'{sys.executable} -m sweeps.hero check-racks --topology "$SLURM_JOB_NODELIST" '
-        f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1",
+        (f'{sys.executable} -m sweeps.hero check-racks --topology "$SLURM_JOB_NODELIST" '
+         f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1"),
         'srun --ntasks-per-node=1 bash -c "echo rank $SLURM_PROCID ran on $(hostname)"', ""])
     r = subprocess.run(["sbatch", "--wait", "-N", str(NODES), "--ntasks-per-node=1", "-c", "1", "--mem=200M",
                         "-o", str(out), "-D", str(Path(__file__).resolve().parents[1])], input=script,
