@@ -181,24 +181,26 @@ topology_conf() {  # racks of NODES_PER_RACK nodes under one top switch
 start_network() {
     # a bridge on this host (node 0's address) and per extra node a namespace joined by a veth pair;
     # every name is recorded before it is made, so stop removes it after a failed start too
+    # (errexit is off inside `start`'s condition: each step returns on failure itself)
     local i ns veth
     (( NODES > 1 )) || return 0
-    echo "link $BRIDGE" >>"$STATE/net"
-    ip link add "$BRIDGE" type bridge
-    ip addr add "$SUBNET.1/24" dev "$BRIDGE"
-    ip link set "$BRIDGE" up
+    echo "link $BRIDGE" >>"$STATE/net" || return 1
+    ip link add "$BRIDGE" type bridge || return 1
+    ip addr add "$SUBNET.1/24" dev "$BRIDGE" || return 1
+    ip link set "$BRIDGE" up || return 1
     for (( i = 1; i < NODES; i++ )); do
         ns=$(netns_name $i); veth="msv${CTLD_PORT}n$i"
-        echo "netns $ns" >>"$STATE/net"
-        ip netns add "$ns"
-        echo "link $veth" >>"$STATE/net"
-        ip link add "$veth" type veth peer name eth0 netns "$ns"
-        ip link set "$veth" master "$BRIDGE" up
-        ip netns exec "$ns" ip addr add "$SUBNET.$((i + 1))/24" dev eth0
-        ip netns exec "$ns" ip link set eth0 up
-        ip netns exec "$ns" ip link set lo up
+        echo "netns $ns" >>"$STATE/net" || return 1
+        ip netns add "$ns" || return 1
+        echo "link $veth" >>"$STATE/net" || return 1
+        ip link add "$veth" type veth peer name eth0 netns "$ns" || return 1
+        ip link set "$veth" master "$BRIDGE" up || return 1
+        ip netns exec "$ns" ip addr add "$SUBNET.$((i + 1))/24" dev eth0 || return 1
+        ip netns exec "$ns" ip link set eth0 up || return 1
+        ip netns exec "$ns" ip link set lo up || return 1
     done
 }
+
 
 stop_network() {
     local kind name
@@ -314,7 +316,7 @@ stop() {
     local name pid jobs f
     # cancel our cluster's jobs first, so their processes end with their steps
     if alive slurmctld; then
-        jobs=$(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+        jobs=$(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ' || true)
         if [[ -n "${jobs// }" ]]; then
             # shellcheck disable=SC2086
             SLURM_CONF="$CONF" scancel $jobs 2>/dev/null || true
