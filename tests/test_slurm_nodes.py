@@ -157,6 +157,11 @@ def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_r
     log = (run.dir / "train.log").read_text()
     assert log.count("interrupted at step") == 1 and "signal 15" in log and log.count("resumed") == 1, log[-2000:]
     assert "REQUEUED" in _sacct_states(job.job_id)
+    # the distributed checkpoint holds one shard per rank, written from both hosts
+    hosts = {read_json(run.dir / "ranks" / f"{r}.json")["host"] for r in range(4)}
+    ck = sorted((run.dir / "checkpoints").glob("ckpt_*"))[-1]
+    assert len(hosts) == NODES and (ck / "meta.json").exists()
+    assert sorted(p.name for p in (ck / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
     _assert_equal_runs(run.dir, tmp_path / "ref" / "requeue2" / "runs" / run.run_id)
 
 
