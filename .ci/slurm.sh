@@ -35,6 +35,8 @@ DB_PORT="${MARIN_SLURM_DB_PORT:-3307}"
 HOST="$(hostname -s)"
 CLUSTER=marin
 NODES="${MARIN_SLURM_NODES:-1}"
+# status/stop/kill-node of a running cluster: its own node count unless told
+if [[ -z "${MARIN_SLURM_NODES:-}" && "${1:-}" != start && -f "$CONF" ]]; then NODES=$(grep -c '^NodeName=' "$CONF"); fi
 NODES_PER_RACK="${MARIN_SLURM_NODES_PER_RACK:-1}"
 SUBNET="${MARIN_SLURM_SUBNET:-10.213.0}"
 BRIDGE="msbr$CTLD_PORT"   # interface names: at most 15 characters
