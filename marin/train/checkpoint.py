@@ -22,6 +22,7 @@ torchtitan/components/checkpoint.py `CheckpointManager`): DCP for state, a step-
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
@@ -90,22 +91,47 @@ def set_rng_state(st: dict, device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's .metadata is a pickle: admit DCP's own dataclasses and the few torch values they hold."""
+def _metadata_classes() -> dict[tuple[str, str], Any]:
+    """Every (module, name) DCP's .metadata pickle refers to, resolved here by attribute access on
+    modules we import (never by the pickle's own lookup, which follows dotted names)."""
+    import pathlib
 
-    _ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
-                ("builtins", "frozenset"), ("builtins", "slice")}
+    import torch.distributed.checkpoint.filesystem as fs
+    import torch.distributed.checkpoint.metadata as md
+    import torch.serialization as ser
+
+    mod = "torch.distributed.checkpoint.metadata"
+    allowed: dict[tuple[str, str], Any] = {
+        (mod, n): getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                           "TensorStorageMetadata", "BytesStorageMetadata",
+                                           "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")}
+    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = fs._StorageInfo
+    allowed[("torch.serialization", "_get_layout")] = ser._get_layout  # name -> torch.layout, a dict lookup
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("pathlib", "PosixPath")] = pathlib.PosixPath  # StorageMeta.checkpoint_id: a path, never opened
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            allowed[("torch", name)] = value
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata is a pickle: an exact allow-list of (module, name) pairs, nothing else (a module
+    prefix would admit `os.system` through a dotted name under protocol >= 4)."""
+
+    _allowed: dict[tuple[str, str], Any] | None = None
 
     def find_class(self, module: str, name: str):
-        if module.startswith("torch.distributed.checkpoint.") and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a checkpoint "
-                                     "never holds: refusing to load it")
+        if _MetadataUnpickler._allowed is None:
+            _MetadataUnpickler._allowed = _metadata_classes()
+        found = _MetadataUnpickler._allowed.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a checkpoint "
+                                         "never holds: refusing to load it")
+        return found
+
+    def persistent_load(self, pid):  # noqa: ARG002 - DCP metadata holds no persistent references
+        raise pickle.UnpicklingError("checkpoint metadata holds a persistent reference: refusing to load it")
 
 
 def _safe_dcp():
@@ -314,30 +340,71 @@ def _dcp_error() -> type[BaseException]:
     return CheckpointException
 
 
-def candidates(ckdir: Path, run_id: str) -> list[tuple[Path, dict]]:
-    """Checkpoints that verify, newest first; each one skipped is logged with its reason."""
+def candidates(ckdir: Path, run_id: str, skipped: list[str] | None = None) -> list[tuple[Path, dict]]:
+    """Checkpoints that verify, newest first; each one skipped is logged (and added to `skipped`)."""
+    skipped = [] if skipped is None else skipped
     out = []
     for ck in checkpoint_dirs(ckdir):
         try:
             meta = read_meta(ck, run_id)
             verify(ck, meta)
         except CheckpointError as e:
+            skipped.append(str(e))
             log.warning("checkpoint skipped: %s", e)
             continue
         out.append((ck, meta))
     for stray in sorted(ckdir.glob("ckpt_*")):
         if not stray.is_dir():
-            log.warning("checkpoint skipped: %s is not a checkpoint directory (never loaded)", stray.name)
+            skipped.append(f"{stray.name} is not a checkpoint directory (never loaded)")
+            log.warning("checkpoint skipped: %s", skipped[-1])
     return out
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class _Fresh:
+    """Model tensors (on the host), optimizer state and RNG before any load: put back after a failed
+    one, so that a load is all-or-nothing (DCP writes into the live tensors, and initialises the
+    optimizer's state with a zero-gradient step, before a later file can fail)."""
+
+    tensors: dict[str, torch.Tensor]
+    opt: dict
+    rng: dict
+
+    @classmethod
+    def take(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> _Fresh:
+        own = dict(model.named_parameters()) | dict(model.named_buffers())
+        tensors = {n: _local(t).detach().to("cpu", copy=True) for n, t in own.items()}
+        return cls(tensors, copy.deepcopy(opt.state_dict()), rng_state(device))
+
+    def put_back(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> None:
+        own = dict(model.named_parameters()) | dict(model.named_buffers())
+        with torch.no_grad():
+            for n, t in own.items():
+                _local(t).copy_(self.tensors[n])
+        for p in model.parameters():
+            p.grad = None
+        opt.state.clear()
+        opt.load_state_dict(copy.deepcopy(self.opt))
+        set_rng_state(self.rng, device)
+
+
 def restore(ckdir: Path, run_id: str, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
-            groups=None, rank: int = 0, world: int = 1) -> tuple[Path, dict] | None:
+            groups=None, rank: int = 0, world: int = 1, skipped: list[str] | None = None) -> tuple[Path, dict] | None:
     """Load the newest checkpoint that verifies and loads on every rank; None when there is none.
-    Rank 0 chooses the candidates (one decision for every rank)."""
-    box = [candidates(ckdir, run_id) if rank == 0 else None]
+    All-or-nothing: after a failed load the model, optimizer and RNG are put back as they were, so
+    the next candidate (or a fresh start) begins from clean state. Rank 0 chooses the candidates (one
+    decision for every rank); the reason each checkpoint was skipped is added to `skipped`."""
+    skipped = [] if skipped is None else skipped
+    box = [candidates(ckdir, run_id, skipped) if rank == 0 else None]
     if world > 1:
         dist.broadcast_object_list(box, src=0)
+    fresh = _Fresh.take(model, opt, device) if box[0] else None
     for ck, meta in box[0]:
         err = None
         try:
@@ -352,5 +419,7 @@ def restore(ckdir: Path, run_id: str, model: torch.nn.Module, opt: torch.optim.O
             failed = err is not None
         if not failed:
             return ck, meta
-        log.warning("checkpoint skipped: %s does not load (%s)", ck.name, err or "on another rank")
+        fresh.put_back(model, opt, device)
+        skipped.append(f"{ck.name} does not load ({err or 'on another rank'})")
+        log.warning("checkpoint skipped: %s", skipped[-1])
     return None

