@@ -147,3 +147,41 @@ def test_a_failed_load_leaves_no_partly_loaded_state(tmp_path, fresh6, which):
     else:
         assert out["resumed_from"] == "ckpt_000000002"
         assert "resumed" in log and "from ckpt_000000002 at step 2" in log
+
+
+def _listing(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
+    from sweeps.cli import main as cli_main
+
+    run = tmp_path / "run"
+    assert train(_spec(2, checkpoint_every=1), run, stop_after=1)["status"] == "interrupted"
+    (run / "train.log").unlink()  # the log is appended to by any attempt; the results must not change
+    before = _listing(run)
+    capsys.readouterr()
+    argv = ["train", "--preset", "tiny", "--set", "seq_len=64", "--steps", "3", "--train-set", "batch_size=2",
+            "--train-set", "eval_batches=1", "--train-set", "threads=1", "--out", str(run), "--no-resume"]
+    assert cli_main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "holds run" in err[0] and "(spec.json)" in err[0], err
+    assert "--no-resume never deletes another run" in err[0] and "resume=False" not in err[0]
+    (run / "train.log").unlink(missing_ok=True)
+    assert _listing(run) == before  # spec, metrics and checkpoint all still there, unchanged
+    (run / "spec.json").unlink()  # without spec.json, the checkpoints still say whose run it is
+    with pytest.raises(ValueError, match=r"checkpoints/ckpt_000000001/meta.json"):
+        train(_spec(3), run, resume=False)
+    assert (run / "checkpoints" / "ckpt_000000001" / "meta.json").exists()
+
+
+def test_a_setup_error_does_not_claim_the_directory_for_its_spec(tmp_path):
+    from marin.config import DataConfig
+
+    empty = tmp_path / "eval"
+    empty.mkdir()
+    bad = RunSpec(model=TINY, train=_spec(2).train, data=DataConfig(eval_dir=str(empty)))
+    with pytest.raises(ValueError, match="eval directory"):
+        train(bad, tmp_path / "run")
+    assert not (tmp_path / "run" / "spec.json").exists()
+    assert train(_spec(2), tmp_path / "run")["status"] == "completed"  # the corrected rerun is not refused

@@ -412,6 +412,26 @@ def _as_json(s: schema.RunSummary) -> dict:
     return json.loads(json.dumps(s.to_dict()))
 
 
+def _other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str] | None:
+    """(run id, the file that says so) when `run_dir` holds a run other than `run_id`: its spec.json,
+    summary.json or (`checkpoints`: before they would be deleted) a checkpoint's meta.json."""
+    try:
+        old = schema.read_json(run_dir / "spec.json")
+        held = RunSpec.from_dict(old).run_id if old is not None else None
+    except (ValueError, TypeError, KeyError):  # a spec this version cannot read: its run id is unknown
+        held = None
+    if held is not None and held != run_id:
+        return held, "spec.json"
+    done = schema.read_json(run_dir / "summary.json")
+    if done is not None and isinstance(done.get("run_id"), str) and done["run_id"] != run_id:
+        return done["run_id"], "summary.json"
+    for ck in ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else ():
+        meta = schema.read_json(ck / ckpt.META)
+        if meta is not None and isinstance(meta.get("run_id"), str) and meta["run_id"] != run_id:
+            return meta["run_id"], f"checkpoints/{ck.name}/{ckpt.META}"
+    return None
+
+
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
           log_to: tuple[str, ...] = ()) -> dict:
     """Train `spec` into `run_dir`; returns the summary (also summary.json), or
@@ -439,15 +459,14 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
         if done is not None and done.run_id == spec.run_id:
             return _as_json(done)
+    other = _other_run(run_dir, spec.run_id, checkpoints=not resume)
+    if other is not None:  # never resumed into, never deleted: another spec's results stay as they are
+        held, where = other
+        raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
+                         "use another --out, or move that directory aside first (--no-resume never deletes "
+                         "another run)")
     if not resume and summary_path.exists():
         summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
-    spec_path = run_dir / "spec.json"
-    old_spec = schema.read_json(spec_path) if resume else None
-    if old_spec is not None:
-        old = RunSpec.from_dict(old_spec)
-        if old.run_id != spec.run_id:
-            raise ValueError(f"run_dir {str(run_dir)!r} holds run {old.run_id}, not {spec.run_id}; "
-                             "use another --out or resume=False")
     d: Dist | None = None
     if world > 1:
         d, device = init_dist(spec, device)
@@ -455,7 +474,6 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if main:
         for p in remove_stale_temps(run_dir, run_dir / "checkpoints"):
             log.info("removed a temporary file left by a killed writer: %s", p.name)
-        schema.write_spec(run_dir, spec)
 
     handler = logging.FileHandler(run_dir / "train.log") if main else logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -469,6 +487,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         elif os.environ.get("SLURM_CPUS_PER_TASK"):
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
         trainer = Trainer(spec, run_dir, stages, device, d, t0)
+        if main:  # only once the run can start: a setup error (a bad eval_dir) must not claim the directory
+            schema.write_spec(run_dir, spec)
         trainer.start(resume)
         trainer.sinks = Sinks(tuple(log_to) if main else (), run_dir, spec)
         stop.install()
