@@ -49,11 +49,34 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="allow a --target beyond 10x the top rung's compute (the interval then says little)")
 
 
+def _boot_bytes(n_boot: int, n_factors: int) -> int:
+    """Memory the bootstrap's draws take: per replicate 3 law parameters and, for each of 4 fits
+    (full and main-effects quality and throughput), one value per term (intercept, factors, their
+    pairs, scale terms); twice that for the copies the intervals are taken from."""
+    terms = 1 + n_factors + n_factors * (n_factors - 1) // 2 + 2
+    return 2 * 8 * n_boot * (3 + 4 * terms)
+
+
+def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
+    """Refuse a bootstrap whose draws would not fit in this machine's memory (before any is drawn)."""
+    from marin.config import FACTORS
+
+    k = sum(f in table.columns for f in FACTORS) or len(FACTORS)
+    need = _boot_bytes(n_boot, k)
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not on this platform: nothing to compare with
+        return
+    if need > ram // 2:
+        most = max(0, (ram // 2) // _boot_bytes(1, k))
+        raise ValueError(f"--n-boot {n_boot} needs about {need / 2**30:.1f} GiB for its draws, more than half of "
+                         f"this machine's {ram / 2**30:.1f} GiB; allowed values here: an integer in 0..{most}")
+
+
 def _analyze(args, table: pd.DataFrame, target: float | None):
     from analysis.pipeline import analyze_table
 
-    if args.n_boot < 0:
-        raise ValueError(f"--n-boot must be >= 0, got {args.n_boot}")
+    _check_boot_memory(args.n_boot, table)
     return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
                          boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
                          target_compute=target, third_levels=args.third_levels, seed=args.seed,

@@ -292,7 +292,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
-    "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT),
+    "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
 }
 
 
@@ -347,7 +347,6 @@ class TrainConfig:
         _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
         _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
-        _check(self.lr_scale > 0, o, "lr_scale", f"must be > 0, got {self.lr_scale}")
         _check_level(o, "precision", self.precision, PRECISIONS)
         _check_level(o, "mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _check(self.mixed_precision == "none" or self.precision == "bf16", o, "mixed_precision",

@@ -12,6 +12,8 @@ import importlib
 import signal
 import sys
 
+from sweeps.bounds import check_args
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("sweeps.commands", "resolved config, parameter and FLOP counts of a preset"),
     "train": ("marin.train", "train one run into an output directory"),
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     getattr(module, f"{name}_args")(parser)
     args = parser.parse_args(argv[1:])
     try:
+        check_args(args)
         return int(getattr(module, f"cmd_{name}")(args) or 0)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"marin-ablate {name}: error: {e}", file=sys.stderr)

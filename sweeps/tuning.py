@@ -185,9 +185,15 @@ def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
         raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate tune {study_name}` first")
     got = read_json(path)
     try:
-        return {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
+        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
     except (TypeError, ValueError):
         return _damaged(path)
+    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
+                         "number > 0 (run `marin-ablate tune` again to rewrite it)")
+    return mult
 
 
 def _damaged(path: Path) -> dict:

@@ -1,0 +1,76 @@
+"""Bad numbers on the command line: every numeric argument has bounds, refused in one line naming
+the argument and the allowed values before any work starts (nan, inf, negatives, absurd sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from sweeps.cli import main as cli_main
+
+
+def _one_line(capsys) -> str:
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, flag, allowed", [
+    (["analyze", "nowhere", "--n-boot", "1000000000"], "--n-boot", "an integer in 0..1000000"),
+    (["analyze", "nowhere", "--n-boot", "-1"], "--n-boot", "an integer in 0..1000000"),
+    (["analyze", "nowhere", "--pin-alpha", "nan"], "--pin-alpha", "a finite number > 0"),
+    (["analyze", "nowhere", "--pin-linf", "-3"], "--pin-linf", "a finite number >= 0"),
+    (["analyze", "nowhere", "--pin-linf", "inf"], "--pin-linf", "a finite number >= 0"),
+    (["analyze", "nowhere", "--target=-1e21"], "--target", "a finite number > 0"),
+    (["analyze", "nowhere", "--seed", "-5"], "--seed", "an integer in [0, 2**64)"),
+    (["forecast", "nowhere", "--target", "inf"], "--target", "a finite number > 0"),
+    (["run", "smoke", "--workers", "0"], "--workers", "an integer >= 1"),
+    (["run", "smoke", "--mem-gb", "nan"], "--mem-gb", "a finite number > 0"),
+    (["run", "smoke", "--signal-delay-s", "-1"], "--signal-delay-s", "an integer >= 0"),
+    (["tune", "smoke", "--span", "1"], "--span", "a finite number > 1"),
+    (["tune", "smoke", "--points", "2"], "--points", "an integer in 3..1000"),
+    (["plan", "smoke", "--capacity-gib", "inf"], "--capacity-gib", "a finite number > 0"),
+    (["status", "smoke", "--limit", "-2"], "--limit", "an integer >= 0"),
+    (["train", "--preset", "tiny", "--out", "nowhere", "--stop-after", "0"], "--stop-after", "an integer >= 1"),
+])
+def test_numeric_arguments_out_of_range_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, flag,
+                                                                      allowed):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(argv) == 2
+    line = _one_line(capsys)
+    assert f"{flag} " in line and f"allowed values: {allowed}" in line, line
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_infinite_lr_scale_is_refused_naming_the_field(tmp_path, capsys):
+    assert cli_main(["plan", "smoke", "--set", "train.lr_scale=inf"]) == 2
+    line = _one_line(capsys)
+    assert "lr_scale" in line and "a finite number > 0" in line, line
+
+
+def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, capsys):
+    from sweeps.tuning import tune_dir
+
+    path = tune_dir(tmp_path, "smoke") / "lr_multipliers.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"recipe": Infinity, "baseline": 1.0}')
+    assert json.loads(path.read_text())["recipe"] == float("inf")  # what Python's json reads it as
+    assert cli_main(["status", "smoke", "--out", str(tmp_path), "--tuned"]) == 2
+    line = _one_line(capsys)
+    assert str(path) in line and "'recipe'" in line and "a finite number > 0" in line, line
+
+
+def test_a_bootstrap_beyond_the_machines_memory_is_refused_before_any_draw(monkeypatch):
+    import os
+
+    from analysis.commands import _boot_bytes, _check_boot_memory
+
+    table = pd.DataFrame({"xsa": [0, 1], "sconv": [0, 1]})
+    _check_boot_memory(200, table)  # the default fits anywhere
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    n = ram // _boot_bytes(1, 2) + 1  # one replicate more than the whole memory holds
+    with pytest.raises(ValueError, match=rf"--n-boot {n} needs about .* GiB .*allowed values here: an integer in 0\.\.\d+"):
+        _check_boot_memory(n, table)
+    assert _boot_bytes(10**9, 7) > 22 * 2**30  # the 22.8 GB an unbounded run grew to before it was killed
