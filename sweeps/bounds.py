@@ -1,4 +1,4 @@
-"""Bounds of every numeric command-line argument, checked before a command does any work.
+"""Bounds of the numeric command-line arguments no options dataclass checks, before any work.
 
 One table, keyed by the argparse destination, shared by every `marin-ablate` command (an argument a
 command lacks is skipped). The range rules are marin.config's, so `--seed` here and `seed` in a spec
@@ -31,25 +31,16 @@ CLI_BOUNDS: dict[str, tuple] = {
     # train
     "steps": POS_INT,
     "stop_after": POS_INT,
-    # run / tune / plan / status: execution
-    "workers": POS_INT,
-    "threads": POS_INT,
-    "time_min": POS_INT,
-    "gpus_per_run": POS_INT,
-    "cpus_per_task": POS_INT,
-    "mem_gb": POS,
-    "array_parallelism": POS_INT,
-    "signal_delay_s": NONNEG_INT,
+    # plan --dry-run
     "gpus": POS_INT,
     "ep": POS_INT,
     "capacity_gib": POS,
     "reserve_gib": NONNEG,
+    # status
     "limit": NONNEG_INT,
-    "points": _int_range(3, 1000),  # a quadratic needs three
-    "span": (lambda v: POS[0](v) and v > 1, "a finite number > 1"),
-    # data prepare
-    "num_proc": POS_INT,
-    "docs_per_shard": POS_INT,
+    # execution (--workers, --mem-gb, ...), tune (--points, --span) and data prepare (--num-proc, ...)
+    # options are checked by the option dataclasses they build (sweeps.executors, sweeps.tuning,
+    # marin.corpus), also before any work
 }
 
 
