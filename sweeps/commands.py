@@ -167,7 +167,11 @@ def _set_log_to(args: argparse.Namespace) -> None:
     from sweeps.tracking import LOG_TO_ENV, parse_log_to
 
     if args.log_to is not None:  # the worker processes inherit it (sweeps/tracking.py)
-        os.environ[LOG_TO_ENV] = ",".join(parse_log_to(args.log_to))
+        from marin.train.metrics import check_log_to
+
+        names = parse_log_to(args.log_to)
+        check_log_to(names)  # before any run is launched: a missing backend would fail every run
+        os.environ[LOG_TO_ENV] = ",".join(names)
 
 
 def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allow_repeat: bool) -> list[dict]:
@@ -326,6 +330,7 @@ def analyze_study(study_dir: Path) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sweeps.sweep import run_study
+    from sweeps.tracking import log_locations, parse_log_to
     from sweeps.tuning import tuned_multipliers
 
     study = _study(args)
@@ -353,6 +358,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if c["running"] or c["queued"]:
         print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
               f"`marin-ablate status {study.name}` follows them")
+    for line in log_locations(rep.study_dir, parse_log_to(args.log_to)):
+        print(line)
     if opts.wait and not args.no_analyze and c["completed"]:
         analyze_study(rep.study_dir)
     if not opts.wait:

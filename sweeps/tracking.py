@@ -79,6 +79,22 @@ def write_tensorboard_tags(run_dir: str | Path, meta: dict) -> None:
         w.close()
 
 
+def log_locations(study_dir: str | Path, log_to: tuple[str, ...]) -> list[str]:
+    """Where a study's TensorBoard and W&B logs are and how to look at or upload them (end of `run`)."""
+    runs = Path(study_dir) / "runs"
+    lines = []
+    if "tensorboard" in log_to:
+        lines.append(f"TensorBoard logs: {runs}/*/tensorboard; view them together with: tensorboard --logdir {runs}")
+    if "wandb" in log_to:
+        offline = sorted(runs.glob("*/wandb/offline-run-*"))
+        if offline:
+            lines.append(f"W&B offline runs: {len(offline)} under {runs}/*/wandb; upload them with: "
+                         f"wandb sync {runs}/*/wandb/offline-run-*")
+        else:
+            lines.append(f"W&B runs: {runs}/*/wandb (synced online, project {os.environ.get('WANDB_PROJECT', 'marin-ablate')})")
+    return lines
+
+
 def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     """marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
     from marin.train import train

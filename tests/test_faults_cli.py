@@ -74,3 +74,25 @@ def test_a_bootstrap_beyond_the_machines_memory_is_refused_before_any_draw(monke
     with pytest.raises(ValueError, match=rf"--n-boot {n} needs about .* GiB .*allowed values here: an integer in 0\.\.\d+"):
         _check_boot_memory(n, table)
     assert _boot_bytes(10**9, 7) > 22 * 2**30  # the 22.8 GB an unbounded run grew to before it was killed
+
+
+@pytest.mark.parametrize("sink", ["tensorboard", "wandb"])
+def test_a_missing_log_backend_is_refused_before_any_run_is_launched(tmp_path, capsys, monkeypatch, sink):
+    import sys
+
+    monkeypatch.setitem(sys.modules, sink, None)  # Python's own "not importable here"
+    assert cli_main(["run", "test_faults:slow_study", "--out", str(tmp_path), "--log-to", sink]) == 2
+    line = _one_line(capsys)
+    assert f"--log-to {sink} needs the '{sink}' extra" in line and f"pip install 'marin-ablate[{sink}]'" in line
+    assert not list(tmp_path.rglob("spec.json"))  # no run was launched
+
+
+def test_the_end_of_run_names_where_the_logs_are_and_the_sync_command(tmp_path):
+    from sweeps.tracking import log_locations
+
+    runs = tmp_path / "runs"
+    (runs / "a" / "wandb" / "offline-run-20260101_000000-a").mkdir(parents=True)
+    (runs / "b" / "tensorboard").mkdir(parents=True)
+    lines = log_locations(tmp_path, ("wandb", "tensorboard"))
+    assert f"tensorboard --logdir {runs}" in lines[0]
+    assert "W&B offline runs: 1 under" in lines[1] and f"wandb sync {runs}/*/wandb/offline-run-*" in lines[1]

@@ -93,14 +93,24 @@ class MetricsLog:
         return [curve[i] for i in idx]
 
 
+#: sink -> the modules it imports (all must import here) and the pip extra that installs them
+SINK_MODULES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "torch.utils.tensorboard")}
+
+
 def check_log_to(log_to: tuple[str, ...]) -> None:
-    import importlib.util
+    """ValueError naming the sink and its pip extra unless every sink's modules import (installed and
+    working: a broken install fails here, before any run is launched, not in every run)."""
+    import importlib
 
     for name in log_to:
         if name not in LOG_TO:
             raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
-        if importlib.util.find_spec(name) is None:
-            raise ValueError(f"log_to={name} needs the '{name}' extra: pip install marin-ablate[{name}]")
+        for module in SINK_MODULES[name]:
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001 - any failure to import means the sink cannot work
+                raise ValueError(f"--log-to {name} needs the '{name}' extra, and {module} does not import here "
+                                 f"({type(e).__name__}: {e}); install it with: pip install 'marin-ablate[{name}]'") from None
 
 
 class Sinks:
