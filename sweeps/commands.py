@@ -161,11 +161,17 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _log_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-to", default=None, metavar="SINKS",
                    help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
+    p.add_argument("--keep-checkpoints", choices=("final", "all"), default=None,
+                   help="final (default): a completed run keeps only its newest checkpoint; all: never prune")
 
 
 def _set_log_to(args: argparse.Namespace) -> None:
     from sweeps.tracking import LOG_TO_ENV, parse_log_to
 
+    from sweeps.tracking import KEEP_ENV
+
+    if args.keep_checkpoints is not None:  # inherited like the sinks
+        os.environ[KEEP_ENV] = args.keep_checkpoints
     if args.log_to is not None:  # the worker processes inherit it (sweeps/tracking.py)
         from marin.train.metrics import check_log_to
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 LOG_TO_ENV = "MARIN_LOG_TO"
+KEEP_ENV = "MARIN_KEEP_CHECKPOINTS"  # `run --keep-checkpoints all`: workers inherit it like the sinks
 SINKS = ("wandb", "tensorboard")
 
 
@@ -100,8 +101,9 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     from marin.train import train
 
     log_to = parse_log_to(os.environ.get(LOG_TO_ENV))
+    keep = os.environ.get(KEEP_ENV) or "final"
     if not log_to:
-        return train(spec, run_dir, resume=resume)
+        return train(spec, run_dir, resume=resume, keep_checkpoints=keep)
     try:
         meta = json.loads((Path(run_dir) / "meta.json").read_text())
     except (OSError, ValueError):
@@ -110,7 +112,7 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
         write_tensorboard_tags(run_dir, meta)
     with _env(wandb_env(meta) if "wandb" in log_to else {}):
         try:
-            return train(spec, run_dir, resume=resume, log_to=log_to)
+            return train(spec, run_dir, resume=resume, log_to=log_to, keep_checkpoints=keep)
         finally:
             if "wandb" in log_to:
                 # wandb reads its WANDB_* settings once per process; a worker's next run must read its own

@@ -185,3 +185,80 @@ def test_a_setup_error_does_not_claim_the_directory_for_its_spec(tmp_path):
         train(bad, tmp_path / "run")
     assert not (tmp_path / "run" / "spec.json").exists()
     assert train(_spec(2), tmp_path / "run")["status"] == "completed"  # the corrected rerun is not refused
+
+
+def _names(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_retention_keeps_the_newest_checkpoints_that_verify_and_a_completed_run_only_its_final_one(tmp_path):
+    run = tmp_path / "run"
+    spec = _spec(8, checkpoint_every=2)
+    assert train(spec, run, stop_after=4)["status"] == "interrupted"
+    assert _names(run) == ["ckpt_000000002", "ckpt_000000004"]
+    import shutil
+
+    bad = run / "checkpoints" / "ckpt_000000099"  # a damaged checkpoint with a higher step
+    shutil.copytree(run / "checkpoints" / "ckpt_000000004", bad)
+    shard = next((bad / "dcp").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert train(spec, run, stop_after=2)["status"] == "interrupted"
+    assert _names(run) == ["ckpt_000000004", "ckpt_000000006"]  # the damaged one goes, the last good one stays
+    assert "ckpt_000000099 does not verify: removed" in (run / "train.log").read_text()
+    assert train(spec, run)["status"] == "completed"
+    assert _names(run) == ["ckpt_000000006"]  # completed: only its final checkpoint
+
+
+def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_refused(tmp_path):
+    run = tmp_path / "run"
+    assert train(_spec(7, checkpoint_every=2), run, keep_checkpoints="all")["status"] == "completed"
+    assert _names(run) == ["ckpt_000000002", "ckpt_000000004", "ckpt_000000006"]
+    with pytest.raises(ValueError, match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all'"):
+        train(_spec(7), tmp_path / "other", keep_checkpoints="some")
+
+
+def test_a_symlink_in_a_run_folder_is_refused_naming_it(tmp_path):
+    run = tmp_path / "run"
+    spec = _spec(6, checkpoint_every=2)
+    assert train(spec, run, stop_after=2)["status"] == "interrupted"
+    ck = run / "checkpoints" / "ckpt_000000002"
+    ck.rename(tmp_path / "elsewhere")
+    ck.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=f"{ck} is a symbolic link .*replace the link with a copy, or remove it"):
+        train(spec, run)
+    assert (tmp_path / "elsewhere" / "meta.json").exists()  # nothing behind the link was touched
+
+
+def test_a_stop_right_at_a_checkpoint_step_writes_it_once(tmp_path):
+    run = tmp_path / "run"
+    out = train(_spec(6, checkpoint_every=2), run, stop_after=2)
+    assert out["status"] == "interrupted" and out["step"] == 2
+    assert (run / "train.log").read_text().count("checkpoint ckpt_000000002") == 1
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MB filesystem (tmpfs; needs root): a checkpoint of the tiny model does not fit."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_disk_full_on_a_real_small_filesystem_names_the_path_and_the_bytes_needed(small_fs):
+    import errno
+
+    run = small_fs / "run"
+    with pytest.raises(OSError) as e:
+        train(_spec(4, checkpoint_every=2), run)
+    msg = str(e.value)
+    assert e.value.errno == errno.ENOSPC and "disk full" in msg, msg
+    assert str(run / "checkpoints" / "ckpt_000000002") in msg
+    assert "it needs about" in msg and "bytes)" in msg and "free there" in msg, msg
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]  # no temporary left behind

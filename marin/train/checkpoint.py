@@ -23,6 +23,7 @@ torchtitan/components/checkpoint.py `CheckpointManager`): DCP for state, a step-
 from __future__ import annotations
 
 import copy
+import errno
 import io
 import json
 import logging
@@ -44,7 +45,9 @@ from marin.train.files import atomic_write, disk_full_error, file_digest, is_dis
 log = logging.getLogger("marin.train")
 
 FORMAT = 1
-KEEP_LAST = 2
+KEEP_LAST = 2  # while a run trains: the newest two that verify (one may be cut short by a kill)
+#: retention level -> checkpoints a completed run keeps (None: all it wrote, never pruned)
+RETENTION: dict[str, int | None] = {"final": 1, "all": None}
 META = "meta.json"
 _NAME_RE = re.compile(r"^ckpt_(\d{9})$")
 
@@ -182,24 +185,43 @@ class PendingSave:
     writer: Any  # marin.parallel.AsyncCheckpointer, or None (already written)
     rank: int
     world: int
+    keep: int | None = KEEP_LAST  # prune to this many after the commit (None: keep every one)
 
     @property
     def tmp(self) -> Path:
         return self.ckdir / f".{self.name}.tmp"
 
 
-def _failed(p: PendingSave, e: BaseException) -> BaseException:
-    """Clean up after a failed write; the error to raise (disk full: one that says so)."""
+def _failed(p: PendingSave, e: BaseException, need: int | None = None) -> BaseException:
+    """Clean up after a failed write; the error to raise (disk full: one that says so, with the bytes needed)."""
+    # DCP's zip writer reports a full disk as "unexpected pos": judge by the space there was instead
+    written = sum(f.stat().st_size for f in p.tmp.rglob("*") if f.is_file()) if p.tmp.is_dir() else 0
+    full = is_disk_full(e) or (need is not None and _free_bytes(p.ckdir) + written < need)
     if p.rank == 0:
         shutil.rmtree(p.tmp, ignore_errors=True)
-    if is_disk_full(e):
-        return disk_full_error(p.ckdir / p.name, e)
+    if full:
+        return disk_full_error(p.ckdir / p.name, e, need)
     return e
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 1 << 62
+
+
+def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """About what this rank's shards of a checkpoint take: its model and optimizer tensors, plus the
+    ~2 KiB of zip records DCP's torch.save writes around each one."""
+    tensors = [t for t in (*model.state_dict().values(), *(v for st in opt.state.values() for v in st.values()))
+               if isinstance(t, torch.Tensor)]
+    return sum(_local(t).numel() * t.element_size() + 2048 for t in tensors)
 
 
 def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module,
                opt: torch.optim.Optimizer, device: torch.device, groups=None, rank: int = 0, world: int = 1,
-               writer=None) -> PendingSave:
+               writer=None, keep: int | None = KEEP_LAST) -> PendingSave:
     """Every rank calls this (groups=None: one process). Model and optimizer shards go to a temporary
     directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
     host memory and written in the background while training goes on. This rank's RNG state is
@@ -209,10 +231,14 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
                                                  "world_size": world,
                                                  "ep_size": groups.ep_size if groups is not None else 1},
-                    writer, rank, world)
+                    writer, rank, world, keep)
+    need = state_bytes(model, opt)
     try:
         if rank == 0:
             shutil.rmtree(p.tmp, ignore_errors=True)
+        if _free_bytes(ckdir) < need:  # this rank's shards alone do not fit: say so before writing any
+            raise OSError(errno.ENOSPC, "No space left on device", str(ckdir))
+        if rank == 0:
             p.tmp.mkdir()
         if world > 1:
             dist.barrier()
@@ -231,7 +257,7 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     except BaseException as e:
         if writer is not None:
             abandon(p)
-        err = _failed(p, e)
+        err = _failed(p, e, need)
         if err is e:
             raise
         raise err from e
@@ -241,7 +267,7 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
 def commit(p: PendingSave) -> Path:
     """Every rank calls this: wait until its shards are on disk, then rank 0 records every file's
     digest in meta.json (the last file written: only durable data is ever a checkpoint), renames the
-    directory into place and prunes to the newest KEEP_LAST."""
+    directory into place and prunes to the newest `p.keep` that verify (`prune`)."""
     final = p.ckdir / p.name
     ok = True
     try:
@@ -255,9 +281,9 @@ def commit(p: PendingSave) -> Path:
             if final.exists():
                 shutil.rmtree(final)
             p.tmp.rename(final)
-            for old in checkpoint_dirs(p.ckdir)[KEEP_LAST:]:
-                shutil.rmtree(old)
+            _mark_verified(final)
             log.info("checkpoint %s", p.name)
+            prune(p.ckdir, p.meta["run_id"], p.keep, final)
     except BaseException as e:
         ok = False
         err = _failed(p, e)
@@ -268,6 +294,66 @@ def commit(p: PendingSave) -> Path:
         if p.world > 1 and ok:
             dist.barrier()
     return final
+
+
+_VERIFIED: dict[Path, int] = {}  # checkpoint -> its meta.json's mtime when this process last verified it
+
+
+def _mark_verified(ck: Path) -> None:
+    _VERIFIED[ck] = (ck / META).stat().st_mtime_ns
+
+
+def _verifies(ck: Path, run_id: str) -> bool | None:
+    """True when `ck` is a usable checkpoint of `run_id`, False when damaged, None when another run's."""
+    try:
+        if _VERIFIED.get(ck) == (ck / META).stat().st_mtime_ns:
+            return True
+    except OSError:
+        pass
+    try:
+        verify(ck, read_meta(ck, run_id))
+    except CheckpointError:
+        return False
+    except ValueError:  # another run's: never ours to delete
+        return None
+    _mark_verified(ck)
+    return True
+
+
+def prune(ckdir: Path, run_id: str, keep: int | None, current: Path | None = None) -> list[Path]:
+    """Keep the newest `keep` checkpoints that verify (`current`, just written, always), delete the
+    rest of this run's (damaged ones too: they never load); None keeps everything. Returns the deleted."""
+    if keep is None:
+        return []
+    kept, gone = 0, []
+    for ck in checkpoint_dirs(ckdir):
+        ok = True if ck == current else _verifies(ck, run_id)
+        if ok is None or (ok and kept < keep):
+            kept += bool(ok)
+            continue
+        if not ok:
+            log.warning("checkpoint %s does not verify: removed (a newer one that verifies is kept)", ck.name)
+        shutil.rmtree(ck)
+        _VERIFIED.pop(ck, None)
+        gone.append(ck)
+    return gone
+
+
+def check_no_symlinks(run_dir: Path) -> None:
+    """A run directory holds only its own files: a symbolic link in it (a checkpoint folder linked from
+    elsewhere) would be followed by resume and cannot be pruned; refuse it, naming the path."""
+    for top in (run_dir, run_dir / "checkpoints"):
+        if not top.is_dir() or top.is_symlink() and top != run_dir:
+            continue
+        for p in top.iterdir():
+            if p.is_symlink():
+                raise ValueError(f"{p} is a symbolic link (to {p.readlink()}); a run directory holds only its own "
+                                 "files: replace the link with a copy, or remove it")
+    for ck in checkpoint_dirs(run_dir / "checkpoints"):
+        for p in ck.rglob("*"):
+            if p.is_symlink():
+                raise ValueError(f"{p} is a symbolic link (to {p.readlink()}); a checkpoint holds only its own "
+                                 "files: replace the link with a copy, or remove it")
 
 
 def abandon(p: PendingSave) -> None:
@@ -352,6 +438,7 @@ def candidates(ckdir: Path, run_id: str, skipped: list[str] | None = None) -> li
             skipped.append(str(e))
             log.warning("checkpoint skipped: %s", e)
             continue
+        _mark_verified(ck)
         out.append((ck, meta))
     for stray in sorted(ckdir.glob("ckpt_*")):
         if not stray.is_dir():

@@ -32,6 +32,8 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out and start over")
     parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after N steps of this session")
     parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
+    parser.add_argument("--keep-checkpoints", choices=("final", "all"), default="final",
+                        help="final: a completed run keeps only its newest checkpoint; all: never prune")
 
 
 def _split_sets(items: list[str]) -> dict[str, list[str]]:
@@ -102,7 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r} is in use by another training process (lock {lock.path}, "
                          f"holder {holder}); wait for it or use another --out")
     try:
-        out = train(spec, args.out, resume=not args.no_resume, stop_after=args.stop_after, log_to=log_to)
+        out = train(spec, args.out, resume=not args.no_resume, stop_after=args.stop_after, log_to=log_to,
+                    keep_checkpoints=args.keep_checkpoints)
     finally:
         lock.release()
     print(json.dumps({k: out.get(k) for k in ("run_id", "status", "step", "eval_macro_loss", "final_train_loss",

@@ -38,9 +38,21 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def disk_full_error(path: Path, exc: BaseException) -> OSError:
-    return OSError(errno.ENOSPC, f"disk full (no space left on device) while writing {path}; free space "
+def disk_full_error(path: Path, exc: BaseException, need: int | None = None) -> OSError:  # noqa: ARG001
+    """ENOSPC naming `path`, and (`need`: the bytes the write takes) how much it needs and how much is free."""
+    size = ""
+    if need is not None:
+        try:
+            free = shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free
+            size = f" (it needs about {_mb(need)}, {_mb(free)} free there)"
+        except (OSError, StopIteration):
+            size = f" (it needs about {_mb(need)})"
+    return OSError(errno.ENOSPC, f"disk full (no space left on device) while writing {path}{size}; free space "
                                 f"or move the run directory, then run again to resume", str(path))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB ({n} bytes)"
 
 
 def write_stream(f: IO[bytes], data: bytes) -> None:

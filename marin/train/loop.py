@@ -117,7 +117,7 @@ class Trainer:
     """One run's model, optimizer, data and state; `run()` trains to the end or to a stop."""
 
     def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, d: Dist | None,
-                 t0: float):
+                 t0: float, keep_checkpoints: str = "final"):
         from marin import data as mdata
         from marin import flops as mflops
 
@@ -144,6 +144,8 @@ class Trainer:
 
             self.writer = AsyncCheckpointer(d.groups)
         self.pending: ckpt.PendingSave | None = None
+        self.keep_checkpoints = keep_checkpoints  # a ckpt.RETENTION level
+        self.saved_step: int | None = None  # the step of the newest checkpoint written or loaded
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
         self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
@@ -205,7 +207,7 @@ class Trainer:
             self.data.restore(self.st.data, self.st.step, stage_at(self.stages, self.st.step).seq_len)
             if self.main:
                 self.metrics.recover(self.st.step)
-            self.resumed, self.resumed_from = True, ck.name
+            self.resumed, self.resumed_from, self.saved_step = True, ck.name, self.st.step
             log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
         else:
             if self.skipped:
@@ -227,10 +229,14 @@ class Trainer:
         `now` (a preemption) commits this one too before returning."""
         groups, rank, world = self._rank_world()
         self.commit_pending()
+        if self.saved_step == self.st.step:  # a stop right after a periodic checkpoint: it is that one
+            return
         self.st.data = self.data.state(self.st.step, stage_at(self.stages, min(self.st.step, self.t.steps - 1)).seq_len)
         loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
+        keep = ckpt.KEEP_LAST if ckpt.RETENTION[self.keep_checkpoints] is not None else None
         self.pending = ckpt.begin_save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model,
-                                       self.opt, self.device, groups, rank, world, self.writer)
+                                       self.opt, self.device, groups, rank, world, self.writer, keep)
+        self.saved_step = self.st.step
         if now or self.writer is None:
             self.commit_pending()
 
@@ -353,6 +359,8 @@ class Trainer:
             if not last and t.checkpoint_every and st.step % t.checkpoint_every == 0:
                 self.checkpoint()
         summary = self.finish("completed", None, None)
+        if self.main:  # a completed run keeps only what its retention level says (default: its newest checkpoint)
+            ckpt.prune(self.run_dir / "checkpoints", spec.run_id, ckpt.RETENTION[self.keep_checkpoints])
         log.info("done %s: eval macro %.4f", spec.run_id, summary["eval_macro_loss"])
         return summary
 
@@ -433,10 +441,11 @@ def _other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str]
 
 
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
-          log_to: tuple[str, ...] = ()) -> dict:
+          log_to: tuple[str, ...] = (), keep_checkpoints: str = "final") -> dict:
     """Train `spec` into `run_dir`; returns the summary (also summary.json), or
     {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written).
-    Launched with a world size > 1 every rank calls this; all return the summary."""
+    Launched with a world size > 1 every rank calls this; all return the summary. `keep_checkpoints`
+    (ckpt.RETENTION): "final" keeps a completed run's newest checkpoint only, "all" never prunes."""
     t0 = time.perf_counter()
     if not isinstance(spec, RunSpec):
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
@@ -448,12 +457,16 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after={stop_after} must be >= 1")
     check_log_to(tuple(log_to))
+    if keep_checkpoints not in ckpt.RETENTION:
+        raise ValueError(f"keep_checkpoints={keep_checkpoints!r} is not a known level; allowed values: "
+                         f"{', '.join(map(repr, ckpt.RETENTION))}")
     world = launch_world_size()
     if world > 1:
         check_dist_layout(spec, stages, world)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
+    ckpt.check_no_symlinks(run_dir)
     summary_path = run_dir / "summary.json"
     if resume:
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
@@ -486,7 +499,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             torch.set_num_threads(int(t.threads))
         elif os.environ.get("SLURM_CPUS_PER_TASK"):
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
-        trainer = Trainer(spec, run_dir, stages, device, d, t0)
+        trainer = Trainer(spec, run_dir, stages, device, d, t0, keep_checkpoints)
         if main:  # only once the run can start: a setup error (a bad eval_dir) must not claim the directory
             schema.write_spec(run_dir, spec)
         trainer.start(resume)
