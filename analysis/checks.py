@@ -83,6 +83,7 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
 
 def lost_runs(raw: pd.DataFrame, a, third_levels: str) -> list[str]:
     """Runs that did not complete, by arm and rung, and which Shapley values they made non-estimable."""
+    raw = raw[raw["status"].fillna("missing") != "duplicate"]  # a copied run folder: counted once, never lost
     st = raw["status"].fillna("missing")
     lost = raw[st != "completed"]
     if not len(lost):
@@ -198,7 +199,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         if len(wide):
             w.append(f"extrapolated intervals spanning more than {WIDE_RATIO:g}x: "
                      + ", ".join(f"{r.component} ({r.response})" for r in wide.itertuples()))
-    lost = int((raw["status"] != "completed").sum())
+    runs = raw[raw["status"] != "duplicate"]  # a copy of a run is not a run
+    lost = int((runs["status"] != "completed").sum())
     if lost:
-        w.append(f"{lost} of {len(raw)} runs lost (failed or missing); see Runs")
+        w.append(f"{lost} of {len(runs)} runs lost (failed or missing); see Runs")
     return w

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field, fields
@@ -124,6 +125,47 @@ def random_stream(spec: Mapping) -> str | None:
             f"{data.get('tokenizer')}")
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    """An integer, or a float holding one (JSON writers may give 1.6e9 for 1600000000)."""
+    return _num(v) and (isinstance(v, int) or math.isfinite(v) and float(v).is_integer())
+
+
+#: annotation text -> (check, allowed text): the types summary.json and meta.json fields are read as
+_TYPES: dict[str, tuple] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "int": (_int, "an integer"),
+    "int | None": (lambda v: v is None or _int(v), "an integer or null"),
+    "float | None": (lambda v: v is None or _num(v), "a number or null"),
+    "Mapping[str, float] | None": (lambda v: v is None or (isinstance(v, dict) and all(
+        isinstance(k, str) and (x is None or _num(x)) for k, x in v.items())), "an object of numbers or null"),
+    "tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(map(_int, v)), "a list of integers"),
+    "tuple": (lambda v: isinstance(v, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and len(x) == 2 and all(map(_num, x)) for x in v), "a list of [step, value] pairs"),
+}
+
+
+def _check_types(cls: type, d: Mapping) -> None:
+    """ValueError naming the first field of `d` whose value is not of its declared type."""
+    for f in fields(cls):
+        rule = _TYPES.get(str(f.type))
+        if rule is not None and f.name in d and not rule[0](d[f.name]):
+            raise ValueError(f"field {f.name!r} is {d[f.name]!r}; allowed values: {rule[1]}")
+
+
+def _check_truth(name: str, t: Any) -> None:
+    if t is None:
+        return
+    if not isinstance(t, dict) or not set(t) <= set(TRUTH_KEYS) or not all(
+            _num(v) and math.isfinite(v) and v > 0 for v in t.values()):
+        raise ValueError(f"coding.{name}.truth is {t!r}; allowed values: an object of {', '.join(TRUTH_KEYS)} "
+                         "-> a finite number > 0 (a planted multiplier)")
+
+
 #: What a planted factor may declare as its true effect (docs/calibration/): the quality multiplier
 #: M_flop and the throughput ratio R of its high level over its low level.
 TRUTH_KEYS = ("M_flop", "R")
@@ -182,10 +224,16 @@ class RunMeta:
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunMeta":
         """Reads this schema; a meta.json without `coding` (older runs) gives factors with no definition."""
+        _check_types(cls, d)
         coding = d.get("coding") or {}
+        if not isinstance(d.get("factors") or {}, dict) or not isinstance(coding, dict):
+            raise ValueError("fields 'factors' and 'coding' must be objects keyed by factor name")
         factors = []
         for name, level in (d.get("factors") or {}).items():
             c = coding.get(name) or {}
+            if not isinstance(level, str) or not isinstance(c, dict):
+                raise ValueError(f"factor {name!r}: its level must be a string and its coding an object")
+            _check_truth(name, c.get("truth"))
             factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth")))
         known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
@@ -199,8 +247,19 @@ def write_meta(run_dir: str | Path, meta: RunMeta | Mapping) -> None:
 
 
 def read_meta(run_dir: str | Path, *, strict: bool = False) -> RunMeta | None:
-    d = read_json(Path(run_dir) / "meta.json", strict=strict)
-    return None if d is None else RunMeta.from_dict(d)
+    path = Path(run_dir) / "meta.json"
+    d = read_json(path, strict=strict)
+    return None if d is None else _parsed(RunMeta, d, path, strict)
+
+
+def _parsed(cls: Any, d: Mapping, path: Path, strict: bool) -> Any:
+    """cls.from_dict(d); a wrongly typed field reads as none, or (`strict`) DamagedFile naming the file."""
+    try:
+        return cls.from_dict(d)
+    except (ValueError, TypeError) as e:
+        if strict:
+            raise DamagedFile(f"cannot read {path}: {e}") from None
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +317,7 @@ class RunSummary:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunSummary":
+        _check_types(cls, d)
         names = {f.name for f in fields(cls)} - {"extra"}
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("spike_steps", "loss_curve"):
@@ -285,7 +345,8 @@ def write_summary(run_dir: str | Path, summary: RunSummary | Mapping) -> RunSumm
 def read_summary(run_dir: str | Path, *, strict: bool = False) -> RunSummary | None:
     """The run's summary, or None when absent or torn (`strict`: DamagedFile when torn); accepts any
     summary dict train has written."""
-    d = read_json(Path(run_dir) / "summary.json", strict=strict)
+    path = Path(run_dir) / "summary.json"
+    d = read_json(path, strict=strict)
     if d is None or d.get("status") not in RUN_STATUSES:
         return None
-    return RunSummary.from_dict(d)
+    return _parsed(RunSummary, d, path, strict)

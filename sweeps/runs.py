@@ -131,13 +131,15 @@ def _last_checkpoint_step(d: Path) -> int | None:
 
 
 def clear_failure(run_dir_: str | Path) -> None:
-    """Move a failed summary aside (summary.failed-<time>.json) so the run can be retried; the
-    run resumes from its last checkpoint, if any."""
+    """Move a failed summary and its error.txt aside (summary.failed-<time>.json, error.failed-<time>.txt)
+    so the run can be retried; the run resumes from its last checkpoint, if any."""
     d = Path(run_dir_)
     summary = read_json(d / "summary.json")
     if summary is not None and summary.get("status") == "failed":
         stamp = f"{time.strftime('%Y%m%dT%H%M%S')}.{time.time_ns() % 10**9:09d}"
         os.replace(d / "summary.json", d / f"summary.failed-{stamp}.json")
+        if (d / "error.txt").exists():  # its traceback goes with it: a retry that succeeds leaves no error.txt
+            os.replace(d / "error.txt", d / f"error.failed-{stamp}.txt")
 
 
 # ---------------------------------------------------------------------------------------------
