@@ -5,6 +5,7 @@ deletes another run, retention keeps what verifies, and kills during checkpoint 
 from __future__ import annotations
 
 import io
+import shutil
 import json
 import pickle
 import struct
@@ -262,3 +263,112 @@ def test_disk_full_on_a_real_small_filesystem_names_the_path_and_the_bytes_neede
     assert str(run / "checkpoints" / "ckpt_000000002") in msg
     assert "it needs about" in msg and "bytes)" in msg and "free there" in msg, msg
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]  # no temporary left behind
+
+
+def _fork_instrumented(spec: RunSpec, run: Path, w: int) -> int:
+    """Fork a real training process that writes b"b" to `w` when a checkpoint write begins and b"e"
+    when it is committed (instrumentation only: the real writer runs)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            from marin.train import checkpoint as ck
+
+            begin, commit = ck.begin_save, ck.commit
+
+            def begin_save(*a, **k):
+                os.write(w, b"b")
+                return begin(*a, **k)
+
+            def commit_(p):
+                out = commit(p)
+                os.write(w, b"e")
+                return out
+
+            ck.begin_save, ck.commit = begin_save, commit_
+            code = 0 if train(spec, run)["status"] == "completed" else 3
+        finally:
+            os._exit(code)
+    return pid
+
+
+@pytest.mark.slow
+def test_fifty_kills_inside_checkpoint_writes_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """SIGKILL lands at a random point of a checkpoint write (after its start is signalled, within
+    the write's measured duration), 50 times; every session resumes, and the final result, the
+    metrics file and the checkpoint folder are those of an uninterrupted run."""
+    import os
+    import random
+    import select
+    import signal
+    import time
+
+    from marin.train import checkpoint as ck
+
+    spec = _spec(6, checkpoint_every=1, eval_every=3)
+    ref = tmp_path / "ref"
+    begin, commit, spans = ck.begin_save, ck.commit, []
+
+    def timed_commit(p):
+        out = commit(p)
+        spans.append(time.monotonic() - t_begin[0])
+        return out
+
+    t_begin = [0.0]
+
+    def timed_begin(*a, **k):
+        t_begin[0] = time.monotonic()
+        return begin(*a, **k)
+
+    ck.begin_save, ck.commit = timed_begin, timed_commit
+    try:
+        want = train(spec, ref)
+    finally:
+        ck.begin_save, ck.commit = begin, commit
+    write_s = max(spans)
+    rng = random.Random(50)
+    run, kills, inside = tmp_path / "run", 0, 0
+    while kills < 50:
+        r, w = os.pipe()
+        pid = _fork_instrumented(spec, run, w)
+        os.close(w)
+        target, seen, events = rng.randint(1, 3), 0, b""
+        while seen < target:  # wait for the target-th checkpoint write of this session to begin
+            ready, _, _ = select.select([r], [], [], 120)
+            chunk = os.read(r, 64) if ready else b""
+            if not chunk:
+                break  # the child finished (or died) first
+            events += chunk
+            seen = events.count(b"b")
+        if seen >= target:
+            time.sleep(rng.uniform(0, write_s))
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            if os.WIFSIGNALED(status):
+                kills += 1
+                ready, _, _ = select.select([r], [], [], 0)
+                events += os.read(r, 64) if ready else b""
+                inside += events.endswith(b"b")  # begun, not committed: killed inside the write
+                os.close(r)
+                continue
+        else:
+            _, status = os.waitpid(pid, 0)
+        os.close(r)
+        assert os.waitstatus_to_exitcode(status) == 0
+        (run / "summary.json").unlink()  # finished before the kill: train it again from scratch
+        shutil.rmtree(run / "checkpoints")
+    print(f"{inside} of 50 kills landed inside a checkpoint write")
+    assert inside >= 25, f"only {inside} of 50 kills landed inside a checkpoint write"
+    got = train(spec, run)
+    for key in ("final_train_loss", "eval_macro_loss", "eval_domain_loss", "loss_curve", "tokens", "step",
+                "spike_steps", "max_grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=0, abs=1e-12) if isinstance(want[key], float) \
+            else got[key] == want[key], key
+    strip = ("tokens_per_s", "model_flops_per_s", "mfu")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    ref_lines = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in x.items() if k not in strip} for x in lines] == \
+        [{k: v for k, v in x.items() if k not in strip} for x in ref_lines]
+    assert _names(run) == _names(ref) and not [p for p in run.rglob("*") if ".tmp" in p.name]
