@@ -5,9 +5,9 @@ deletes another run, retention keeps what verifies, and kills during checkpoint 
 from __future__ import annotations
 
 import io
-import shutil
 import json
 import pickle
+import shutil
 import struct
 from pathlib import Path
 

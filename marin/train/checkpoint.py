@@ -133,7 +133,7 @@ class _MetadataUnpickler(pickle.Unpickler):
                                          "never holds: refusing to load it")
         return found
 
-    def persistent_load(self, pid):  # noqa: ARG002 - DCP metadata holds no persistent references
+    def persistent_load(self, pid):  # DCP metadata holds no persistent references
         raise pickle.UnpicklingError("checkpoint metadata holds a persistent reference: refusing to load it")
 
 

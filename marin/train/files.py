@@ -38,7 +38,7 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def disk_full_error(path: Path, exc: BaseException, need: int | None = None) -> OSError:  # noqa: ARG001
+def disk_full_error(path: Path, exc: BaseException, need: int | None = None) -> OSError:
     """ENOSPC naming `path`, and (`need`: the bytes the write takes) how much it needs and how much is free."""
     size = ""
     if need is not None:
