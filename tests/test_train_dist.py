@@ -47,11 +47,11 @@ def _worker(rank: int, ports: list[int], tmp: str) -> None:
     out: dict = {}
     try:
         os.environ["MASTER_PORT"] = str(ports[0])
-        out["full"] = train(SPEC, Path(tmp) / "full", resume=False)
+        out["full"] = train(SPEC, Path(tmp) / "full", resume=False, keep_checkpoints="all")
         os.environ["MASTER_PORT"] = str(ports[1])
         out["stopped"] = train(SPEC, Path(tmp) / "cut", resume=False, stop_after=3)
         os.environ["MASTER_PORT"] = str(ports[2])
-        out["resumed"] = train(SPEC, Path(tmp) / "cut")
+        out["resumed"] = train(SPEC, Path(tmp) / "cut", keep_checkpoints="all")  # the tests below reuse them
         out["initialized_after"] = dist.is_initialized()
     except Exception:
         out["error"] = traceback.format_exc()
@@ -100,8 +100,9 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
         assert r["stopped"]["status"] == "interrupted" and r["stopped"]["step"] == 3
         assert r["resumed"]["status"] == "completed"
     ck = tmp / "cut" / "checkpoints"
-    # the preemption checkpoint (step 3) and the resumed run's periodic one (step 4); step 2's is pruned
-    assert sorted(p.name for p in ck.iterdir()) == ["ckpt_000000003", "ckpt_000000004"]
+    # the periodic one (step 2), the preemption checkpoint (step 3) and the resumed run's periodic one
+    # (step 4): kept, as keep_checkpoints="all" says (the default keeps a completed run's final one only)
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt_000000002", "ckpt_000000003", "ckpt_000000004"]
     assert sorted(p.name for p in (ck / "ckpt_000000003").iterdir()) == ["dcp", "meta.json", "rng_0.pt", "rng_1.pt"]
     full, cut = _lines(tmp / "full"), _lines(tmp / "cut")
     assert [r["step"] for r in cut] == list(range(SPEC.train.steps))  # lines after the checkpoint dropped
