@@ -180,6 +180,10 @@ class EffectsFit:
         q = _t_quantile(level, self.dof)
         est = float(c @ self.theta)
         se = float(np.sqrt(self.contrast_var(c)))
+        if self.dof <= 0 or not se > ZERO_WIDTH * max(abs(est), 1.0):
+            # no residual df, or residuals that are zero by construction (a lone baseline run per rung
+            # is its own throughput reference): the estimate stands, an interval does not
+            return (est, se, np.nan, np.nan, True)
         return (est, se, est - q * se, est + q * se, True)
 
     def contrast_var(self, c: np.ndarray) -> float:
@@ -224,6 +228,10 @@ class EffectsFit:
 
 
 _TQ: dict[tuple[float, int], float] = {}
+
+
+#: A standard error below this fraction of the estimate is a zero-width interval: not an interval.
+ZERO_WIDTH = 1e-9
 
 
 def _t_quantile(level: float, dof: int) -> float:

@@ -54,7 +54,7 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
             at = (t["rung"] == r.rung).to_numpy()
             est, se, lo, hi, okc = fit.contrast(component_contrasts(fit, float(r.z))["total"], a.level)
             row = {"response": col, "rung": r.rung, "model": est, "model_lo": lo, "model_hi": hi,
-                   "observed": np.nan, "obs_lo": np.nan, "obs_hi": np.nan, "agree": None,
+                   "observed": np.nan, "obs_lo": np.nan, "obs_hi": np.nan, "obs_se": np.nan, "agree": None,
                    "lof_F": F, "lof_p": p, "lof_df": f"{dlof}, {dpe}"}
             i_on, i_off = np.flatnonzero(on & at & m), np.flatnonzero(off & at & m)
             if len(i_on) and len(i_off):
@@ -74,7 +74,7 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
                     obs = y[i_on].mean() - y[i_off].mean()
                     se_o = s * np.sqrt(1 / len(i_on) + 1 / len(i_off))
                 if np.isfinite(obs):
-                    row.update(observed=obs, obs_lo=obs - q * se_o, obs_hi=obs + q * se_o)
+                    row.update(observed=obs, obs_lo=obs - q * se_o, obs_hi=obs + q * se_o, obs_se=se_o)
                     if okc:
                         row["agree"] = bool(abs(est - obs) <= q * np.hypot(se, se_o))
             rows.append(row)

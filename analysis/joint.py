@@ -46,6 +46,9 @@ class JointFit:
     not_identified: list[str] = field(default_factory=list)
     converged: bool = True
     data: tuple | None = None  # (C, L, E, seeds) the fit saw: profile intervals refit on it
+    # Runs sharing a random stream at one rung (seed × rung): their common loss shift is a random
+    # effect the law's parameters see only through the cluster means (between_clusters).
+    clusters: np.ndarray | None = None
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -155,7 +158,8 @@ def _seed_blocks(seeds) -> np.ndarray:
 
 
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
-              pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False) -> JointFit:
+              pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
+              clusters=None) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
     warm_only: start from `start` alone (a profile's refits move the optimum only a little)."""
     if form not in FORMS:
@@ -250,30 +254,79 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
     return JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
                     resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
-                    converged=bool(best.success), data=(C, L, E, seeds))
+                    converged=bool(best.success), data=(C, L, E, seeds),
+                    clusters=None if clusters is None else np.asarray(clusters))
 
 
-#: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0), α must be > 0.
+#: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0) and lies below every
+#: observed loss (the upper end is set per fit in profile_ci), α must be > 0.
 PROFILE_BOUNDS = {"linf": (0.0, None), "alpha": (1e-4, None)}
+LAW_PARAMS = ("linf", "ln_a", "alpha", "kappa")
 
 
-def profile_ci(jf: JointFit, name: str, q: float) -> tuple[float, float]:
-    """Profile-likelihood interval of linf or alpha: {v : RSS(v) <= RSS_min·(1 + q²/dof)}, RSS(v) the
-    least squares with the parameter held at v and every other parameter refitted (the F(1, dof) test,
-    q the t quantile on the fit's own residual df). Unlike a Wald interval it follows the curved,
-    one-sided likelihood of L∞ (it cannot pass the losses; it can drift far below them). An end that
-    does not close before the parameter's bound (PROFILE_BOUNDS) is that bound; an end that does not
-    close at all is ±inf (the report then says the side is not identified)."""
+def between_clusters(jf: JointFit) -> tuple[float, int]:
+    """(mean square, df) of the residuals' cluster means: the split-plot "whole-plot" error
+    (Box, Hunter & Hunter 2005, §9). A loss shift shared by every arm of one (seed, rung) cluster —
+    the rung's own init and data order — cancels in the arms' contrasts but not in the law, which
+    sees each cluster as one point. The law's parameters, the seed blocks and the effects of
+    factors that never vary inside a cluster are fitted on the G cluster means; what is left of them
+    (Σ n_g·r̄_g² on G − p_b df) estimates σ² + n̄·σ²_rung, the variance those parameters carry.
+    df ≤ 0: the clusters cannot separate the shifts from the law. Without clusters: (nan, 0)."""
+    if jf.clusters is None:
+        return np.nan, 0
+    C, L, E, seeds = jf.data
+    g = jf.clusters
+    labels, inv = np.unique(g.astype(str), return_inverse=True)
+    G = len(labels)
+    n_g = np.bincount(inv, minlength=G).astype(float)
+    mean = lambda v: np.bincount(inv, weights=v, minlength=G) / n_g  # noqa: E731
+    r_g = mean(jf.resid)
+    cols = []
+    for j in range(E.shape[1]):  # an effect constant inside every cluster is a between-cluster parameter
+        if np.allclose(E[:, j], mean(E[:, j])[inv]):
+            cols.append(mean(E[:, j]))
+    B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
+    cols += [mean(B[:, j]) for j in range(B.shape[1])]
+    p_b = sum(k in jf.names for k in LAW_PARAMS)  # the law's own free parameters, each a cluster-level one
+    if cols:
+        M = np.column_stack(cols)
+        p_b += int(np.linalg.matrix_rank(M, tol=1e-9 * max(np.linalg.norm(M), 1e-300)))
+    df = G - p_b
+    if df <= 0:
+        return np.nan, df
+    return float(n_g @ r_g**2) / df, df
+
+
+def profile_ci(jf: JointFit, name: str, q: float, level: float = 0.95) -> tuple[float, float]:
+    """Profile-likelihood interval of linf or alpha: {v : RSS(v) − RSS_min <= max(q²·s², q_b²·s²_b)}, RSS(v)
+    the least squares with the parameter held at v and every other parameter refitted. s² = RSS_min/dof
+    with q the t quantile on the fit's residual df (the F(1, dof) test); with clusters, also the
+    between-cluster mean square s²_b on its own df (q_b = t quantile on df_b, between_clusters): the
+    split-plot test of a whole-plot parameter, which stays honest when each rung carries its own shift.
+    Unlike a Wald interval it follows the curved, one-sided likelihood of L∞ (it cannot pass the losses;
+    it can drift far below them). An end that does not close before the parameter's range (L∞ in
+    [0, smallest loss], α > 0) is that bound; an end that does not close at all is ±inf (the report
+    then says the side is not identified)."""
+    from scipy import stats
+
     if jf.data is None or jf.dof <= 0 or name not in ("linf", "alpha") or name in jf.pinned:
         raise ValueError(f"profile of {name!r} needs an unpinned linf/alpha and a fit with residual df")
     C, L, E, seeds = jf.data
     v0 = jf.get(name)
     rss0 = float(jf.resid @ jf.resid)
-    thr = rss0 * (1.0 + q * q / jf.dof)
+    allow = q * q * rss0 / jf.dof
+    s2b, dfb = between_clusters(jf)
+    if jf.clusters is not None:
+        if dfb <= 0:
+            raise ValueError(f"profile of {name!r}: the rung clusters leave no df for the law")
+        allow = max(allow, float(stats.t.ppf(0.5 + level / 2, dfb)) ** 2 * s2b)
+    thr = rss0 + allow
     i = jf.names.index(name)
     se = float(np.sqrt(max(jf.cov[i, i], np.nan_to_num(jf.cov_model[i, i]), 0.0)))
     step0 = max(se, 1e-3 * max(abs(v0), 1.0))
     lo_b, hi_b = PROFILE_BOUNDS[name]
+    if name == "linf":
+        hi_b = float(np.min(L))
     cache: dict[float, float] = {}
 
     def excess(v: float) -> float:  # > 0 outside the interval
@@ -281,6 +334,7 @@ def profile_ci(jf: JointFit, name: str, q: float) -> tuple[float, float]:
             kw = {"pin_linf": v} if name == "linf" else {"pin_alpha": v}
             try:
                 f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
+                              clusters=jf.clusters,
                               **{**{"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}, **kw})
                 cache[v] = float(f.resid @ f.resid) - thr
             except ValueError:  # the law stops falling with compute there: far outside
@@ -323,16 +377,33 @@ def law_of(jf: JointFit, level: float = 0.95):
     cov_h, cov_m = jf.law_block()
     cov = cov_h if np.trace(cov_h) >= np.nan_to_num(np.trace(cov_m)) else cov_m
     ni = [{"ln_a": "A"}.get(k, k) for k in jf.not_identified if k != "kappa"]
+    C, L = jf.data[0], jf.data[1]
+    s2b, dfb = between_clusters(jf)
+    why = ""
+    free = [k for k in ("linf", "alpha") if k not in jf.pinned]
+    if jf.clusters is not None and dfb <= 0 and free:
+        why = (f"{len(np.unique(jf.clusters.astype(str)))} (seed × rung) clusters leave no df for the law once each "
+               "carries its own loss shift (its own init and data order): L∞ and α not identified; add a rung or a seed")
+    elif "linf" in free and not 0.0 <= jf.linf < float(np.min(L)):
+        why = (f"the fitted L∞ = {jf.linf:.3g} lies outside its range [0, smallest loss {float(np.min(L)):.4g}): "
+               "the rungs do not pin L∞ and α")
+    if why:
+        ni = list(dict.fromkeys(ni + free))
     prof = {}
     for k in ("linf", "alpha"):
-        if k not in jf.pinned and k not in jf.not_identified:
-            prof[k] = profile_ci(jf, k, q) if jf.dof > 0 else jf.wald_ci(k, q)
-    # ln A = ln a + α ln C0: its variance by the delta method
+        if k not in jf.pinned and k not in ni:
+            prof[k] = profile_ci(jf, k, q, level) if jf.dof > 0 else jf.wald_ci(k, q)
+    # ln A = ln a + α ln C0: its variance by the delta method, inflated to the between-cluster error
     g = np.array([0.0, 1.0, np.log(jf.c0)])
     se = float(np.sqrt(max(g @ cov_h @ g, g @ cov_m @ g, 0.0)))
+    qa = q
+    if dfb > 0 and jf.dof > 0:
+        qb = float(stats.t.ppf(0.5 + level / 2, dfb)) * np.sqrt(s2b / max(float(jf.resid @ jf.resid) / jf.dof, 1e-300))
+        qa = max(q, qb)
     lnA = np.log(jf.A)
-    prof["A"] = (float(np.exp(lnA - q * se)), float(np.exp(lnA + q * se)))
+    prof["A"] = (float(np.exp(lnA - qa * se)), float(np.exp(lnA + qa * se)))
     if jf.dof <= 0:
         prof = {}
     return LawFit(linf=jf.linf, A=jf.A, alpha=jf.alpha, c0=jf.c0, cov=cov, n=jf.n, pinned=dict(jf.pinned),
-                  rss=float(jf.resid @ jf.resid), profile=prof, not_identified=ni, dof=jf.dof)
+                  rss=float(jf.resid @ jf.resid), profile=prof, not_identified=ni, dof=jf.dof, why=why,
+                  between_df=dfb if jf.clusters is not None else None)

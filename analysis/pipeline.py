@@ -138,13 +138,14 @@ def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
 
 
 def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
-                form: str = "power", start: JointFit | None = None) -> tuple[EffectsFit, JointFit]:
+                form: str = "power", start: JointFit | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
     """The joint law + quality effects fit, with its coefficients in the standard effects basis."""
     terms = build_terms(factors, interactions=interactions, scale=scale)
     Xf = design_matrix(terms, factors, X, z)
     al = alias_structure(Xf)
     E, cols = effect_design(terms, factors, al.kept, X, z)
-    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start)
+    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
+                   clusters=clusters)
     th, cov, cm, _ = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response="ln_M", factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
@@ -175,6 +176,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, between_seed_law, coverage_summary,
                                      per_seed_analyses, planted_truths, replicate_checks, truth_check)
     from analysis.checks import lost_runs, total_checks, warnings_for
+    from analysis.findings import mark_not_varied, refuse_single_rung
 
     bad = [r for r in responses if r not in RESPONSES]
     if bad:
@@ -227,6 +229,10 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
     pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
+    # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/joint.py)
+    stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()
+              else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))
+    clusters = (stream + "|" + ok["rung"].astype(str)).to_numpy()
 
     # Reference law and quality effects: one fit on every run (baseline-arm runs are not special).
     fits: dict[str, EffectsFit] = {}
@@ -240,7 +246,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
             for form in law_forms:
                 try:
                     fq, jf = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds,
-                                         pins=pins, form=form, start=joint.get("power"))
+                                         pins=pins, form=form, start=joint.get("power"), clusters=clusters)
                 except ValueError as e:
                     notes.append(f"reference law ({form} form) not estimable: {e}")
                     continue
@@ -328,6 +334,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     components = pd.concat(comp, ignore_index=True) if comp else pd.DataFrame()
     per_rung = _per_rung({n: reduced.get(n, f) for n, f in fits.items()}, rungs, level,
                          {n: boot_theta.get(f"{n}/main" if n in reduced else n) for n in fits})
+    per_rung = mark_not_varied(per_rung, ok, factors)  # a factor's value only where its levels both ran
     extrap = None
     if target_compute is not None and fits:
         check_extrapolation(target_compute, float(rungs["compute"].max()), force_extrapolation)
@@ -380,6 +387,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
                       boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
                       reduced=reduced, joint=joint, level=level)
+    a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)
     a.warnings = warnings_for(a, df)

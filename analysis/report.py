@@ -103,21 +103,13 @@ def verdict(est, lo, hi) -> str:
 
 
 def findings_table(a: StudyAnalysis) -> pd.DataFrame:
-    """Per component and response: the one recommended interval (the model's Shapley value) and a verdict."""
-    rows = []
-    comp = a.components
-    for f in a.factors + ["TOTAL"]:
-        row = {"component": f}
-        for resp, label in (("ln_M", "quality M_flop"), ("ln_R", "throughput R"), ("ln_W", "wall-clock M_flop·R")):
-            c = comp[(comp["response"] == resp) & (comp["component"] == f)] if len(comp) else comp
-            if not len(c):
-                row[label] = "not estimable"
-                continue
-            c = c.iloc[0]
-            v = verdict(c["shapley"], c["shapley_lo"], c["shapley_hi"])
-            row[label] = _mult(c["shapley"], c["shapley_lo"], c["shapley_hi"]) + ("" if v == "not estimable" else f": {v}")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """Per component: the one recommended interval and a verdict per response at C_ref, then its scale
+    trend (analysis/findings.py says what each cell may claim)."""
+    from analysis.findings import FINDING_RESPONSES, finding, scale_cells
+
+    resp = [(r, label) for r, _, label in FINDING_RESPONSES]
+    return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp}, **scale_cells(a, f)}
+                         for f in a.factors + ["TOTAL"]])
 
 
 def planted_section(a: StudyAnalysis) -> list[str]:

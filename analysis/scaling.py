@@ -33,6 +33,8 @@ class LawFit:
     # Parameters the data cannot pin down: their interval is "not identified", never a number.
     not_identified: list[str] = field(default_factory=list)
     dof: int | None = None
+    why: str = ""  # why L∞/α are not identified, when the reason is the design (a line for the report)
+    between_df: int | None = None  # df of the (seed × rung) cluster means the L∞/α intervals rest on
 
     @property
     def log_a(self) -> float:

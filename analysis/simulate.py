@@ -46,6 +46,9 @@ class SimTruth:
     # own loss shift with sd stream_sd, seen by every arm in it (docs/calibration/).
     stream_factors: tuple[str, ...] = ()
     stream_sd: float = 0.0
+    # GPU-style ladders: each rung draws its own init and data order, so every arm of one (seed, rung)
+    # shares a loss shift with sd rung_sd, which moves the rung's whole cloud of points off the law.
+    rung_sd: float = 0.0
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -184,6 +187,8 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                 stream = f"seed {s}" + "".join(f" {f}={lv[f]}" for f in truth.stream_factors)
                 if truth.stream_sd > 0:  # drawn only when asked, so other studies keep their random sequence
                     L += stream_shift.setdefault((stream, rung), rng.normal(0, truth.stream_sd))
+                if truth.rung_sd > 0:
+                    L += stream_shift.setdefault(("rung", s, rung), rng.normal(0, truth.rung_sd))
                 lnr = sum(truth.throughput.get(f, 0.0) * (x[i] + 1) for i, f in enumerate(truth.factors))
                 lnr += truth.throughput_allon * bool(np.all(x > 0))
                 mfs = 4e14 * np.exp(lnr) * np.exp(rng.normal(0, 0.01))

@@ -26,10 +26,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 SCENARIOS = ("plain", "scale", "interactions", "hetero", "broken", "lost", "throughput3")
 DESIGNS = {"m1": ("marin535", 1, 3), "m2": ("marin535", 2, 3), "smoke": ("smoke", 1, 4),  # study, seeds, rungs
-           "c5": ("calibration", 5, 3)}
+           "c5": ("calibration", 5, 3), "g1": ("marin535", 1, 3), "g2": ("marin535", 2, 3)}
 #: Designs whose runs share a random stream per seed except across these factors' levels (the
 #: calibration placebo's structure): loss shift sd per (seed, stream, rung)
 STREAMS = {"c5": (("placebo",), 0.02)}
+#: GPU-style ladders: every (seed, rung) draws its own init and data order, a loss shift with this sd
+#: shared by all arms of that seed and rung (4x the run noise)
+RUNG_SD = {"g1": 0.02, "g2": 0.02}
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,6 +61,7 @@ def one(design: str, i: int) -> dict[str, tuple[bool, bool]]:
     if sc == "throughput3":
         truth.throughput_allon = -0.2
     truth.stream_factors, truth.stream_sd = STREAMS.get(design, ((), 0.0))
+    truth.rung_sd = RUNG_SD.get(design, 0.0)
     rungs = {f"r{j}": 1e8 * 2**j for j in range(nr)}
     df = simulate_table(truth, rungs=rungs, seeds=seeds, design=D, rng=rng,
                         fail=2 if sc == "lost" else 0, fail_baseline=1 if sc == "lost" else 0)
@@ -111,6 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", type=int, default=200)
     ap.add_argument("--designs", default="m1,m2,smoke")
+    ap.add_argument("--only", default="", help="comma-separated quantity prefixes to print (e.g. 'law')")
     args = ap.parse_args()
     print("| design | quantity | n | coverage | covered or flagged |")
     print("|---|---|---|---|---|")

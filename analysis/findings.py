@@ -1,0 +1,238 @@
+"""What Findings may claim (docs/method.md, "What Findings say"): where a factor was varied, the
+observed TOTAL when the model's disagrees, the scale trend of each component, and which intervals
+are no interval at all.
+
+Every function reads a finished StudyAnalysis (analysis/pipeline.py); none refits anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.attribution import EffectsFit, component_contrasts
+
+#: The responses Findings show, with their fit names and labels.
+FINDING_RESPONSES = (("ln_M", "quality", "quality M_flop"), ("ln_R", "throughput", "throughput R"),
+                     ("ln_W", "wall", "wall-clock M_flop·R"))
+
+
+def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
+    """{factor: the rungs at which its two levels both occur among the analysed runs}."""
+    out = {}
+    for f in factors:
+        g = table.groupby("rung")[f"x_{f}"].nunique()
+        out[f] = [str(r) for r, n in g.items() if n > 1]
+    return out
+
+
+def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
+    """Per-rung values of a factor at a rung where its levels never both ran are not data: the
+    scale model would carry them in from other rungs. Their effect and interval become NaN and
+    `varied` False (the report says "not varied here")."""
+    if not len(per_rung):
+        return per_rung
+    vr = varied_rungs(table, factors)
+    out = per_rung.copy()
+    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, []) for c, r in zip(out["component"], out["rung"])]
+    out.loc[~out["varied"], ["effect", "lo", "hi"]] = np.nan
+    return out
+
+
+def not_varied_at(a, f: str, compute: float) -> str:
+    """'' when factor f's value at `compute` rests on rungs that vary it; else the line saying why not.
+    A factor varied at one rung only has no scale trend: its value is refused at any other compute;
+    otherwise `compute` must lie within the compute span of the rungs that vary it."""
+    vr = varied_rungs(a.table, a.factors).get(f, [])
+    if not vr:
+        return f"{f} is not varied at any rung"
+    comp = a.rungs.set_index("rung")["compute"]
+    cs = comp.reindex(vr).to_numpy(float)
+    if len(vr) == 1:
+        if abs(math.log(compute / cs[0])) < 1e-9:
+            return ""
+        return f"{f} is varied at rung {vr[0]} only: no scale trend, its value is not carried to other compute"
+    if cs.min() * (1 - 1e-9) <= compute <= cs.max() * (1 + 1e-9):
+        return ""
+    return f"{f} is varied at rungs {', '.join(vr)} only ({cs.min():.3g}–{cs.max():.3g} FLOPs): not varied here"
+
+
+def observed_total(a, response: str) -> tuple[float, float, float, str]:
+    """The all-on vs all-off contrast the two arms' own runs show, carried to C_ref: per rung the
+    observed contrast (analysis/checks.py, total_checks) with its standard error; one rung: that rung
+    (its compute named); two or more: the weighted least-squares line in ln C evaluated at C_ref.
+    ln_W adds the quality and throughput contrasts rung by rung. (est, lo, hi, where); NaN when unobserved."""
+    ch = a.checks
+    if ch is None or not len(ch):
+        return (np.nan, np.nan, np.nan, "")
+    if response == "ln_W":
+        m = ch[ch["response"] == "ln_M"].set_index("rung")
+        r = ch[ch["response"] == "ln_R"].set_index("rung")
+        common = [x for x in m.index if x in r.index]
+        d = pd.DataFrame({"rung": common, "observed": m.loc[common, "observed"].to_numpy() + r.loc[common, "observed"].to_numpy(),
+                          "obs_se": np.hypot(m.loc[common, "obs_se"].to_numpy(), r.loc[common, "obs_se"].to_numpy())})
+    else:
+        d = ch[ch["response"] == response][["rung", "observed", "obs_se"]]
+    d = d[np.isfinite(d["observed"].to_numpy(float)) & (d["obs_se"].to_numpy(float) > 0)]
+    if not len(d):
+        return (np.nan, np.nan, np.nan, "")
+    z = a.rungs.set_index("rung")["z"].reindex(d["rung"]).to_numpy(float)
+    y, se = d["observed"].to_numpy(float), d["obs_se"].to_numpy(float)
+    fit = a.fits.get({"ln_M": "quality", "ln_R": "throughput", "ln_W": "wall"}[response])
+    q = float(stats.t.ppf(0.5 + a.level / 2, max(fit.dof if fit is not None else 1, 1)))
+    if len(d) == 1:
+        return (float(y[0]), float(y[0] - q * se[0]), float(y[0] + q * se[0]), f"at rung {d['rung'].iloc[0]}")
+    W = 1 / se**2
+    X = np.column_stack([np.ones_like(z), z])
+    cov = np.linalg.pinv(X.T @ (X * W[:, None]))
+    b = cov @ (X.T @ (W * y))
+    s = float(np.sqrt(max(cov[0, 0], 0.0)))
+    return (float(b[0]), float(b[0] - q * s), float(b[0] + q * s), f"{len(d)} rungs, at C_ref")
+
+
+def total_disagrees(a, response: str) -> str:
+    """The name of the failed check when the model's TOTAL for `response` disagrees with the observed
+    contrast at some rung (ln_W: when quality or throughput does); '' otherwise."""
+    ch = a.checks
+    if ch is None or not len(ch):
+        return ""
+    resp = ("ln_M", "ln_R") if response == "ln_W" else (response,)
+    bad = ch[ch["response"].isin(resp) & (ch["agree"] == False)]  # noqa: E712
+    if not len(bad):
+        return ""
+    return ("TOTAL two ways (model vs observed all-on vs all-off) fails at "
+            + ", ".join(f"{r.response} {r.rung}" for r in bad.itertuples()))
+
+
+def scale_trend(fit: EffectsFit, i: int | None, level: float) -> tuple[float, float, float]:
+    """Slope of a component's ln multiplier per decade of compute (Shapley; i None: TOTAL), with its
+    interval: the difference of its contrast at z = 1 and z = 0, times ln 10 (the model is linear in z)."""
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    c = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    est, se, lo, hi, ok = fit.contrast(c * math.log(10), level)
+    if not ok:
+        return (np.nan, np.nan, np.nan)
+    return (est, lo, hi)
+
+
+def interval_fails(est: float, lo: float, hi: float, boot_lo: float = np.nan, boot_hi: float = np.nan) -> str:
+    """Why an interval is no interval ('' when it is one): none (0 residual df), zero width, or a
+    bootstrap interval that excludes its own estimate."""
+    if not (isinstance(est, float) and math.isfinite(est)):
+        return "not estimable"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "not estimable: no interval (no residual df or zero width)"
+    if hi - lo <= 1e-9 * max(abs(est), 1.0):
+        return "not estimable: zero-width interval"
+    if math.isfinite(boot_lo) and math.isfinite(boot_hi):
+        if boot_hi - boot_lo <= 1e-9 * max(abs(est), 1.0):
+            return "not estimable: zero-width bootstrap interval"
+        if not boot_lo <= est <= boot_hi:
+            return "not estimable: its bootstrap interval excludes the estimate"
+    return ""
+
+
+def refuse_single_rung(a) -> list[str]:
+    """Extrapolated values of a factor varied at one rung only are refused (NaN) — with one rung
+    there is no scale trend to carry; returns the lines saying so."""
+    e = a.extrapolation
+    if e is None:
+        return []
+    out = []
+    for f, vr in varied_rungs(a.table, a.factors).items():
+        if len(vr) == 1 and len(a.rungs) > 1:
+            m = (e["component"] == f).to_numpy()
+            cols = [c for c in e.columns if c.split("_")[0] in ("shapley", "loo", "aoi") and e[c].dtype.kind == "f"]
+            e.loc[m, cols] = np.nan
+            out.append(f"extrapolation of {f} refused: varied at rung {vr[0]} only, so there is no scale trend to carry")
+    return out
+
+
+def _mult(est, lo, hi) -> str:
+    s = f"{math.exp(est):.3f}"
+    return s + (f" [{math.exp(lo):.3f}, {math.exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
+
+
+def on_cpu(a) -> bool:
+    t = a.table
+    return "hardware" in t and t["hardware"].astype(str).str.lower().str.contains("cpu").any()
+
+
+def finding(a, resp: str, f: str) -> str:
+    """The Findings cell of component f (or TOTAL) for response resp (ln_M, ln_R, ln_W) at C_ref."""
+    comp = a.components
+    c = comp[(comp["response"] == resp) & (comp["component"] == f)] if len(comp) else comp
+    if not len(c):
+        return "not estimable"
+    c = c.iloc[0]
+    if f != "TOTAL":
+        why = not_varied_at(a, f, a.c_ref)
+        if why:
+            return f"not varied here ({why})"
+    est, lo, hi = float(c["shapley"]), float(c["shapley_lo"]), float(c["shapley_hi"])
+    bad = interval_fails(est, lo, hi, float(c.get("shapley_boot_lo", np.nan)), float(c.get("shapley_boot_hi", np.nan)))
+    if bad:
+        return (f"{math.exp(est):.3f}: " if math.isfinite(est) else "") + bad
+    test = total_disagrees(a, resp)
+    if test and f == "TOTAL":
+        o, olo, ohi, where = observed_total(a, resp)
+        if not interval_fails(o, olo, ohi):
+            v = "not informative on CPU" if resp != "ln_M" and on_cpu(a) else _verdict(olo, ohi)
+            return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the model's "
+                    f"{math.exp(est):.3f} is unreliable ({test})")
+    if test:
+        return f"{_mult(est, lo, hi)}: unreliable ({test})"
+    if resp != "ln_M" and on_cpu(a):
+        return f"{_mult(est, lo, hi)}: not informative on CPU"
+    return f"{_mult(est, lo, hi)}: {_verdict(lo, hi)}"
+
+
+def scale_cells(a, f: str) -> dict[str, str]:
+    """Quality multiplier of f at the smallest and largest rung, its slope per decade of compute
+    (× per 10× compute, with interval) and the scale verdict, e.g. "gain growing with scale"."""
+    out = {"smallest rung": "—", "largest rung": "—", "per decade of compute": "—", "scale verdict": "—"}
+    fit = a.reduced.get("quality", a.fits.get("quality"))
+    pr = a.per_rung
+    if fit is None or not len(pr) or len(a.rungs) < 2:
+        if fit is not None:
+            out["scale verdict"] = "one rung: no scale trend"
+        return out
+    d = pr[(pr["response"] == "ln_M") & (pr["component"] == f)].set_index("rung")
+    ends = {}
+    for key, r in (("smallest rung", a.rungs.iloc[0]), ("largest rung", a.rungs.iloc[-1])):
+        x = d.loc[r["rung"]] if r["rung"] in d.index else None
+        if x is None or ("varied" in d and not bool(x["varied"])):
+            out[key] = f"{r['rung']}: not varied here"
+        elif not (math.isfinite(x["effect"]) and math.isfinite(x["lo"])):
+            out[key] = f"{r['rung']}: not estimable"
+        else:
+            out[key] = f"{r['rung']}: {_mult(x['effect'], x['lo'], x['hi'])}"
+            ends[key] = (x["lo"], x["hi"])
+    vr = varied_rungs(a.table, a.factors).get(f, []) if f != "TOTAL" else list(a.rungs["rung"])
+    if len(vr) < 2:
+        out["scale verdict"] = "varied at one rung only: no scale trend"
+        return out
+    i = None if f == "TOTAL" else fit.factors.index(f)
+    s, lo, hi = scale_trend(fit, i, a.level)
+    if not (math.isfinite(s) and math.isfinite(lo)):
+        out["scale verdict"] = "trend not estimable"
+        return out
+    out["per decade of compute"] = "×" + _mult(s, lo, hi)
+    top = ends.get("largest rung")
+    tv = _verdict(*top) if top else "—"
+    if lo > 0:
+        out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
+            tv, "rising with scale")
+    elif hi < 0:
+        out["scale verdict"] = {"gain": "gain shrinking with scale", "loss": "loss growing with scale"}.get(
+            tv, "falling with scale")
+    else:
+        out["scale verdict"] = "no detectable trend"
+    return out
