@@ -87,7 +87,9 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
     d = d[d["response"] == "ln_M"]
     piv = {}
     for r in d.itertuples():
-        piv.setdefault(r.component, {})[f"{r.rung} ({r.compute:.2g})"] = _mult(r.effect, r.lo, r.hi) if r.estimable else "not estimable"
+        piv.setdefault(r.component, {})[f"{r.rung} ({r.compute:.2g})"] = (
+            "not varied here" if not getattr(r, "varied", True) else _mult(r.effect, r.lo, r.hi) if r.estimable
+            else "not estimable")
     return pd.DataFrame([{"component": k, **v} for k, v in piv.items()])
 
 
