@@ -274,7 +274,7 @@ def between_clusters(jf: JointFit) -> tuple[float, int]:
     df ≤ 0: the clusters cannot separate the shifts from the law. Without clusters: (nan, 0)."""
     if jf.clusters is None:
         return np.nan, 0
-    C, L, E, seeds = jf.data
+    _, L, E, seeds = jf.data
     g = jf.clusters
     labels, inv = np.unique(g.astype(str), return_inverse=True)
     G = len(labels)
@@ -377,7 +377,7 @@ def law_of(jf: JointFit, level: float = 0.95):
     cov_h, cov_m = jf.law_block()
     cov = cov_h if np.trace(cov_h) >= np.nan_to_num(np.trace(cov_m)) else cov_m
     ni = [{"ln_a": "A"}.get(k, k) for k in jf.not_identified if k != "kappa"]
-    C, L = jf.data[0], jf.data[1]
+    L = jf.data[1]
     s2b, dfb = between_clusters(jf)
     why = ""
     free = [k for k in ("linf", "alpha") if k not in jf.pinned]

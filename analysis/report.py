@@ -230,17 +230,27 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                 return ("not identified", "not identified")
             bound = PROFILE_BOUNDS.get(k, (None, None))[0]
             # a profile end that reached the parameter's bound: that side is not identified by the rungs
+            top = float(a.table["eval_macro_loss"].min()) if k == "linf" else None  # L∞ lies below every loss
             return ("not identified" if not math.isfinite(lo) else f"{lo:.4g} (bound)" if lo == bound else lo,
-                    hi if math.isfinite(hi) else "not identified")
+                    "not identified" if not math.isfinite(hi) else f"{hi:.4g} (bound)"
+                    if top is not None and abs(hi - top) <= 1e-9 * top else hi)
 
-        rows = [{"parameter": k, "estimate": getattr(law, k), "95% CI lo": ci(k)[0], "95% CI hi": ci(k)[1]}
+        def est(k):  # a parameter the rungs do not pin has no estimate either (an L∞ of −88 is not one)
+            ni = k in law.not_identified or (k == "A" and {"linf", "alpha"} & set(law.not_identified))
+            return "not identified" if ni else getattr(law, k)
+
+        rows = [{"parameter": k, "estimate": est(k), "95% CI lo": ci(k)[0], "95% CI hi": ci(k)[1]}
                 for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
               f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
               "the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other parameter refitted, "
-              "F(1, df) cut-off); an end marked (bound) reached L∞ = 0 or α = 0 without leaving the interval, so "
+              "F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or α = 0 without leaving the interval, so "
               "the rungs bound that side only by the parameter's range. A: delta method with the larger of the "
-              "HC3 and model-based variances.", ""]
+              "HC3 and model-based variances."
+              + (f" L∞, α and A rest on the {law.between_df} df of the (seed × rung) cluster means: each rung's "
+                 "own init and data order shift all its arms together (docs/method.md §4.4)."
+                 if law.between_df and law.between_df > 0 else "")
+              + (f" Not identified: {law.why}." if law.why else ""), ""]
         if "curved" in a.joint:
             k = a.joint["curved"]
             lo, hi = k.wald_ci("kappa", 1.96)
