@@ -20,6 +20,12 @@ FINDING_RESPONSES = (("ln_M", "quality", "quality M_flop"), ("ln_R", "throughput
                      ("ln_W", "wall", "wall-clock M_flop·R"))
 
 
+def _exp(v: float) -> float:
+    """exp that saturates to inf (a runaway estimate prints as inf, it does not raise)."""
+    with np.errstate(over="ignore"):
+        return float(np.exp(v))
+
+
 def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
     """{factor: the rungs at which its two levels both occur among the analysed runs}."""
     out = {}
@@ -116,8 +122,8 @@ def total_disagrees(a, response: str) -> str:
         if len(m) and not interval_fails(o, olo, ohi):
             m = m.iloc[0]
             if math.isfinite(m["shapley_lo"]) and not (olo <= m["shapley"] <= ohi or m["shapley_lo"] <= o <= m["shapley_hi"]):
-                out.append(f"TOTAL two ways pooled over rungs: the model's {math.exp(m['shapley']):.3g}x against "
-                           f"the all-on vs all-off runs' {math.exp(o):.3g}x for {resp}")
+                out.append(f"TOTAL two ways pooled over rungs: the model's {_exp(m['shapley']):.3g}x against "
+                           f"the all-on vs all-off runs' {_exp(o):.3g}x for {resp}")
     return "; ".join(out)
 
 
@@ -188,8 +194,8 @@ def refuse_single_rung(a) -> list[str]:
 
 
 def _mult(est, lo, hi) -> str:
-    s = f"{math.exp(est):.3f}"
-    return s + (f" [{math.exp(lo):.3f}, {math.exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+    s = f"{_exp(est):.3f}"
+    return s + (f" [{_exp(lo):.3f}, {_exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
 def _verdict(lo: float, hi: float) -> str:
@@ -215,7 +221,7 @@ def finding(a, resp: str, f: str) -> str:
     est, lo, hi = float(c["shapley"]), float(c["shapley_lo"]), float(c["shapley_hi"])
     bad = interval_fails(est, lo, hi, float(c.get("shapley_boot_lo", np.nan)), float(c.get("shapley_boot_hi", np.nan)))
     if bad:
-        return (f"{math.exp(est):.3f}: " if math.isfinite(est) else "") + bad
+        return (f"{_exp(est):.3f}: " if math.isfinite(est) else "") + bad
     test = total_disagrees(a, resp)
     if test and f != "TOTAL" and resp != "ln_M" and on_cpu(a):
         return f"{_mult(est, lo, hi)}: not informative on CPU"
@@ -225,7 +231,7 @@ def finding(a, resp: str, f: str) -> str:
             v = "not informative on CPU" if resp != "ln_M" and on_cpu(a) else _verdict(olo, ohi)
             where = "the failing part observed" if resp == "ln_W" else observed_total(a, resp)[3]
             return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
-                    f"model's {math.exp(est):.3f} is unreliable ({test})")
+                    f"model's {_exp(est):.3f} is unreliable ({test})")
     if test:
         return f"{_mult(est, lo, hi)}: unreliable ({test})"
     if resp != "ln_M" and on_cpu(a):

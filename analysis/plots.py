@@ -157,7 +157,9 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     if a.target_compute:
         hi_c = max(hi_c, a.target_compute)
     Cg = np.logspace(np.log10(lo_c) - 0.1, np.log10(hi_c) + 0.1, 100)
-    ax.plot(Cg, a.law.predict(Cg), color="tab:blue", label=f"L∞={a.law.linf:.3f}, α={a.law.alpha:.3f}")
+    lab = ("L∞, α not identified" if {"linf", "alpha"} & set(a.law.not_identified)
+           else f"L∞={a.law.linf:.3f}, α={a.law.alpha:.3f}")
+    ax.plot(Cg, a.law.predict(Cg), color="tab:blue", label=lab)
     lo, hi = a.law.band(Cg)
     ax.fill_between(Cg, lo, hi, color="tab:blue", alpha=0.2, label="95% band")
     ax.set_xscale("log")

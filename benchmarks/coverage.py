@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -124,18 +125,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", type=int, default=200)
     ap.add_argument("--designs", default="m1,m2,smoke")
-    ap.add_argument("--only", default="", help="comma-separated quantity prefixes to print (e.g. 'law')")
     args = ap.parse_args()
-    print("| design | quantity | n | coverage | covered or flagged |")
-    print("|---|---|---|---|---|")
+    from analysis.replicates import clopper_pearson
+
+    print("| design | quantity | n | coverage | covered or flagged | exact 95% of covered or flagged |")
+    print("|---|---|---|---|---|---|")
     for d in args.designs.split(","):
+        t0 = time.time()
         agg: dict[str, list] = {}
+        crashed = []
         for i in range(args.studies):
-            for k_, v in one(d, i).items():
+            try:
+                res = one(d, i)
+            except Exception as e:  # noqa: BLE001 — a crash is a result: counted and named, the rest still runs
+                crashed.append(f"study {i}: {type(e).__name__}: {e}")
+                continue
+            for k_, v in res.items():
                 agg.setdefault(k_, []).extend(v)
+        if crashed:
+            print(f"| {d} | analysis raised | {len(crashed)} | {'; '.join(crashed)[:300]} | | |", flush=True)
         for k_, v in agg.items():
             v = np.array(v)
-            print(f"| {d} | {k_} | {len(v)} | {v[:, 0].mean():.3f} | {v[:, 1].mean():.3f} |", flush=True)
+            lo, hi = clopper_pearson(int(v[:, 1].sum()), len(v))
+            print(f"| {d} | {k_} | {len(v)} | {v[:, 0].mean():.3f} | {v[:, 1].mean():.3f} | [{lo:.3f}, {hi:.3f}] |",
+                  flush=True)
+        print(f"| {d} | run time | {args.studies} studies | {time.time() - t0:.0f} s | | |", flush=True)
 
 
 if __name__ == "__main__":
