@@ -252,10 +252,35 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa") and not vif[idx[k]] < NOT_IDENTIFIED_VIF]
     if dof <= 0:
         ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
-    return JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
-                    resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
-                    converged=bool(best.success), data=(C, L, E, seeds),
-                    clusters=None if clusters is None else np.asarray(clusters))
+    jf = JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
+                  resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
+                  converged=bool(best.success), data=(C, L, E, seeds),
+                  clusters=None if clusters is None else np.asarray(clusters))
+    if clusters is not None and not warm_only:
+        jf.cov_model = cov_model + _cluster_term(jf, J, bread)
+    return jf
+
+
+def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:
+    """The covariance a (seed × rung) random shift adds to the least-squares estimates:
+    σ²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹, s_g = J_gᵀ1 the cluster's summed Jacobian rows, with
+    σ²_b = max(0, (s²_b − s²_w)/n̄) by moments (s²_b the between-cluster mean square, s²_w the
+    within-cluster one). It reaches every contrast through the law's local slope. Zero when the
+    clusters leave no df to measure σ²_b."""
+    s2b, dfb = between_clusters(jf)
+    if dfb <= 0 or not np.isfinite(s2b) or jf.dof - dfb <= 0:
+        return np.zeros_like(bread)
+    labels, inv = np.unique(jf.clusters.astype(str), return_inverse=True)
+    n_g = np.bincount(inv).astype(float)
+    r = jf.resid
+    r_g = np.bincount(inv, weights=r) / n_g
+    s2w = float(np.sum((r - r_g[inv]) ** 2)) / (jf.dof - dfb)
+    sig2b = max(0.0, (s2b - s2w) / float(np.mean(n_g)))
+    if sig2b == 0.0:
+        return np.zeros_like(bread)
+    S = np.zeros((len(labels), J.shape[1]))
+    np.add.at(S, inv, J)
+    return sig2b * bread @ (S.T @ S) @ bread
 
 
 #: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0) and lies below every
@@ -383,7 +408,8 @@ def law_of(jf: JointFit, level: float = 0.95):
     free = [k for k in ("linf", "alpha") if k not in jf.pinned]
     if jf.clusters is not None and dfb <= 0 and free:
         why = (f"{len(np.unique(jf.clusters.astype(str)))} (seed × rung) clusters leave no df for the law once each "
-               "carries its own loss shift (its own init and data order): L∞ and α not identified; add a rung or a seed")
+               "carries its own loss shift (its own init and data order): L∞ and α not identified, and the "
+               "quality intervals cannot include such a shift; add a rung or a seed")
     elif "linf" in free and not 0.0 <= jf.linf < float(np.min(L)):
         why = (f"the fitted L∞ = {jf.linf:.3g} lies outside its range [0, smallest loss {float(np.min(L)):.4g}): "
                "the rungs do not pin L∞ and α")

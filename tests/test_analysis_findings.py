@@ -45,6 +45,13 @@ def test_law_rests_on_seed_by_rung_clusters_their_df_and_mean_square():
     assert dfb == 2
     assert s2b > 5 * float(jf.resid @ jf.resid) / jf.dof
     assert a.law.between_df == 2
+    # the shift's variance reaches every quality contrast through the law: larger than without clusters
+    from analysis.joint import fit_joint
+
+    C, L, E, seeds = jf.data
+    plain = fit_joint(C, L, E, jf.effect_cols, seeds=seeds)
+    d_re, d_plain = np.diag(jf.cov_model), np.diag(plain.cov_model)
+    assert np.all(d_re >= d_plain * (1 - 1e-9)) and d_re[jf.names.index("alpha")] > 2 * d_plain[jf.names.index("alpha")]
 
 
 def test_one_seed_three_rungs_law_not_identified_with_the_reason():
