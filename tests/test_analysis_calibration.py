@@ -182,7 +182,10 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     assert p["between_seeds"] == 6 and abs(p["shapley_se_between"] - se_b) < 1e-12
     half = stats.t.ppf(0.975, 5) * se_b
     assert p["shapley_lo"] == min(o.loc[("ln_M", "placebo"), "shapley_lo"], p["shapley"] - half)
-    assert p["shapley_hi"] - p["shapley_lo"] > o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"]
+    # the model interval already carries the (seed × stream × rung) shift's variance (analysis/joint.py),
+    # so the between-seed floor may leave it as it is
+    assert p["shapley_hi"] - p["shapley_lo"] >= o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"]
+    assert o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"] >= 1.5 * half
     # a factor whose levels share each seed's stream is not widened by the shared noise
     x = c.loc[("ln_M", "xsa")]
     assert x["shapley_hi"] - x["shapley_lo"] < 1.5 * (o.loc[("ln_M", "xsa"), "shapley_hi"] - o.loc[("ln_M", "xsa"), "shapley_lo"])
