@@ -1,5 +1,5 @@
 """`marin-ablate data prepare SOURCE --tokenizer PATH --out DIR`: tokenize a corpus once into token
-shards with a manifest (marin/corpus/prepare.py); a study then trains on it with
+shards with a manifest (marin/data/prepare.py); a study then trains on it with
 `--set data.corpus=DIR`. Interrupted, the same command resumes: finished shards are kept."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def data_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from marin.corpus.prepare import PrepareConfig, prepare
+    from marin.data.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(source=args.source, tokenizer=args.tokenizer, out=args.out, text_column=args.text_column,
                         domain_column=args.domain_column, num_proc=args.num_proc,

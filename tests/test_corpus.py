@@ -1,4 +1,4 @@
-"""marin/corpus: prepare a real corpus into token shards (parallel, resumable), read it from 2 gloo
+"""marin/data prepare + shards + eval: prepare a real corpus into token shards (parallel, resumable), read it from 2 gloo
 ranks (disjoint, covering, resumable by content), and evaluate on a Paloma-layout directory."""
 
 import dataclasses
@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from marin import data
-from marin.corpus import prepare as prep
-from marin.corpus.eval import eval_domains, load_eval_corpus, load_tokenizer, tokenizer_of
-from marin.corpus.loader import PreparedCorpus, ShardedBatches
+from marin.data import prepare as prep
+from marin.data.eval import eval_domains, load_eval_corpus, tokenizer_of
+from marin.data.tokenizer import load_tokenizer
+from marin.data.shards import PreparedCorpus, ShardedBatches
 from ranks import free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,6 +33,11 @@ def embedded(data_dir):
     return data.load_corpus(DataConfig())
 
 
+def _loader(cfg: DataConfig, seq_len: int, batch: int, seed: int):
+    """The train loader every run uses: the corpus' train split prepared into shards on first use."""
+    return data.ShardedBatches(data.prepared_train(cfg), seq_len, batch, seed, rank=0, world=1)
+
+
 def _write_jsonl(path: Path, docs: list[tuple[str, str]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs))
@@ -141,7 +146,7 @@ def _check_packed(tokens, targets, doc_ids):
 
 def test_packed_doc_ids_and_masked_cross_document_targets(letters):
     c = data.load_corpus(DataConfig(corpus=str(letters)))
-    pb = data.PackedBatches(c, "train", seq_len=32, batch_size=4, seed=0)
+    pb = _loader(DataConfig(corpus=str(letters)), 32, 4, 0)
     for step in range(6):
         tokens, targets, doc_ids = pb.batch(step)
         assert tokens.dtype == targets.dtype == doc_ids.dtype == torch.long
@@ -151,7 +156,7 @@ def test_packed_doc_ids_and_masked_cross_document_targets(letters):
 
 def test_stream_holds_every_train_document_once_per_epoch_and_splits_documents(letters):
     c = data.load_corpus(DataConfig(corpus=str(letters)))
-    pb = data.PackedBatches(c, "train", seq_len=16, batch_size=2, seed=3)
+    pb = _loader(DataConfig(corpus=str(letters)), 16, 2, 3)
     L = pb.tokens_per_epoch
     steps = -(-2 * L // 32) + 1
     rows = [pb.batch(s) for s in range(steps)]
@@ -176,26 +181,26 @@ def test_stream_holds_every_train_document_once_per_epoch_and_splits_documents(l
 
 def test_batches_are_deterministic_across_loaders_and_random_access_by_step(letters):
     cfg = DataConfig(corpus=str(letters), data_seed=7)
-    a = data.PackedBatches(data.load_corpus(cfg), "train", 24, 3, seed=7)
+    a = _loader(cfg, 24, 3, 7)
     seq = [a.batch(s) for s in range(12)]
     data.clear_corpus_cache()
-    b = data.PackedBatches(data.load_corpus(cfg), "train", 24, 3, seed=7)
+    b = _loader(cfg, 24, 3, 7)
     for s in (11, 0, 5, 5):  # any order: a resumed run asks for its next step directly
         assert all(torch.equal(x, y) for x, y in zip(b.batch(s), seq[s]))
-    other = data.PackedBatches(data.load_corpus(cfg), "train", 24, 3, seed=8)
+    other = _loader(cfg, 24, 3, 8)
     assert not torch.equal(other.batch(0)[0], seq[0][0])
 
 
 def test_changing_seq_len_at_fixed_tokens_per_step_continues_the_same_stream(letters):
     c = data.load_corpus(DataConfig(corpus=str(letters)))
-    short = data.PackedBatches(c, "train", 16, 8, seed=0)
-    long = data.PackedBatches(c, "train", 64, 2, seed=0)
+    short = _loader(DataConfig(corpus=str(letters)), 16, 8, 0)
+    long = _loader(DataConfig(corpus=str(letters)), 64, 2, 0)
     for step in (0, 3, 9):
         assert torch.equal(short.batch(step)[0].reshape(-1), long.batch(step)[0].reshape(-1))
 
 
 def test_embedded_batches_pack_every_domain(embedded):
-    pb = data.PackedBatches(embedded, "train", 128, 16, seed=0)
+    pb = _loader(DataConfig(), 128, 16, 0)
     tokens, targets, doc_ids = pb.batch(0)
     assert tokens.min() >= 0 and tokens.max() < 256
     assert (targets == data.IGNORE_INDEX).sum() == (doc_ids[:, 1:] != doc_ids[:, :-1]).sum()
@@ -319,10 +324,10 @@ def test_corpus_without_text_column_is_a_clear_error(tmp_path):
 def test_corpus_smaller_than_one_batch_names_the_numbers(letters):
     c = data.load_corpus(DataConfig(corpus=str(letters)))
     n = c.train["lower"].n_tokens + c.train["upper"].n_tokens
-    with pytest.raises(ValueError, match=rf"split 'train' has {n} tokens \(52 documents\), fewer than one batch "
-                                         rf"needs: batch_size 8 x seq_len 512 \+ 1 = 4097"):
-        data.PackedBatches(c, "train", 512, 8, seed=0)
+    with pytest.raises(ValueError, match=rf"has {n} tokens, fewer than one step needs: global_batch 8 x seq_len 512 "
+                                         rf"\+ 1 = 4097"):
+        _loader(DataConfig(corpus=str(letters)), 512, 8, 0)
     with pytest.raises(ValueError, match="split='valid' is not a known split; allowed values: 'train', 'heldout'"):
-        data.PackedBatches(c, "valid", 8, 2, seed=0)
+        c.split("valid")
     with pytest.raises(ValueError, match="seq_len=0 must be a positive integer"):
-        data.PackedBatches(c, "train", 0, 2, seed=0)
+        _loader(DataConfig(corpus=str(letters)), 0, 2, 0)

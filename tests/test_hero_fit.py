@@ -310,7 +310,7 @@ def prepared_corpus(tmp_path_factory):
     import json
 
     from marin import data
-    from marin.corpus import prepare as prep
+    from marin.data import prepare as prep
 
     root = tmp_path_factory.mktemp("hero_data")
     rows = []

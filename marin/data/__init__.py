@@ -16,44 +16,48 @@ Layout of the data cache directory (``data_cache_dir()``)::
     hf-datasets/              the HF datasets arrow cache
     paloma/                   one of the places a local Paloma copy is looked for
 
-Packing (``PackedBatches``): the train documents of every domain are shuffled per epoch by a
-hash of (data_seed, epoch, document id) and concatenated into one token stream; sequence j is the
-window ``stream[j*S : j*S + S + 1]`` (inputs = first S, targets = last S), so batch ``step`` starts
-at stream token ``step * B * S``: random access by step, and a context-length change that keeps
-B*S fixed continues the same stream. The order depends only on (corpus, tokenizer, data_seed), never
-on the recipe, so every arm of a study sees identical batches (paired comparisons cancel data noise).
+Every run reads its train tokens through one loader, ``shards.ShardedBatches``, over token shards
+made by ``prepare`` (``marin-ablate data prepare``): a user's prepared corpus, or the embedded /
+local / Paloma corpus' train split prepared on first use (``loading.prepared_train``, cached under
+``<corpus>/prepared/<tokenizer>-<text fingerprint>/``, written under a lock). The train documents
+are ordered per epoch by sha256(data_seed, epoch, DOMAIN/ID) and concatenated into one token stream;
+sequence j is the window ``stream[j*S : j*S + S + 1]`` (inputs = first S, targets = last S), so batch
+``step`` starts at stream token ``step * B * S``: random access by step, and a context-length
+change that keeps B*S fixed continues the same stream. The order depends only on (corpus,
+tokenizer, data_seed), never on the recipe, so every arm of a study sees identical batches
+(paired comparisons cancel data noise).
 
 Cross-document targets are masked with -100: a byte vocabulary has no spare separator token, and
 predicting the first token of an unrelated document from the previous one is noise, not signal.
 ``doc_ids`` number the documents of each sequence 0, 1, 2, ... in order of appearance; a document
 split across two sequences gets an id in each.
 
-Modules: `corpus` (the embedded corpus builder), `tokenizer`, `loading` (HF datasets, one path),
-`packing` (train stream and eval batches).
+Modules: `corpus` (the embedded corpus builder), `tokenizer` (the one tokenizer loader),
+`loading` (corpora as held-out/train documents), `prepare` (token shards, torch-free), `shards`
+(the train loader), `eval` (the one eval-folder reader), `packing` (eval batches). Attributes load
+lazily, so `marin.data.prepare` and its worker processes never import torch.
 """
 
-from marin.data.corpus import (
-    EMBEDDED_VERSION,
-    HELDOUT_CAP_BYTES,
-    HELDOUT_EVERY,
-    IGNORE_INDEX,
-    SPLITS,
-    TRAIN_CAP_BYTES,
-    _sha256_file,
-    data_cache_dir,
-    embedded_corpus_dir,
-    heldout_of,
-    paloma_search_paths,
-    verify_manifest,
-)
-from marin.data.loading import Corpus, DomainSplit, clear_corpus_cache, find_paloma, get_tokenizer, load_corpus
-from marin.data.packing import PackedBatches, bytes_per_token, describe, eval_batches
-from marin.data.tokenizer import BPE_SAMPLE_BYTES_PER_DOMAIN, BPETokenizer, ByteTokenizer, Tokenizer, train_bpe
+import importlib
 
-__all__ = [
-    "BPE_SAMPLE_BYTES_PER_DOMAIN", "BPETokenizer", "ByteTokenizer", "Corpus", "DomainSplit", "EMBEDDED_VERSION",
-    "HELDOUT_CAP_BYTES", "HELDOUT_EVERY", "IGNORE_INDEX", "PackedBatches", "SPLITS", "TRAIN_CAP_BYTES", "Tokenizer",
-    "bytes_per_token", "clear_corpus_cache", "data_cache_dir", "describe", "embedded_corpus_dir", "eval_batches",
-    "find_paloma", "get_tokenizer", "heldout_of", "load_corpus", "paloma_search_paths", "train_bpe",
-    "verify_manifest",
-]
+_EXPORTS = {
+    "corpus": ("EMBEDDED_VERSION", "HELDOUT_CAP_BYTES", "HELDOUT_EVERY", "IGNORE_INDEX", "SPLITS", "TRAIN_CAP_BYTES",
+               "_sha256_file", "data_cache_dir", "embedded_corpus_dir", "heldout_of", "paloma_search_paths",
+               "verify_manifest"),
+    "loading": ("Corpus", "DomainSplit", "clear_corpus_cache", "find_paloma", "get_tokenizer", "load_corpus",
+                "prepared_train"),
+    "packing": ("bytes_per_token", "describe", "eval_batches"),
+    "tokenizer": ("BPE_SAMPLE_BYTES_PER_DOMAIN", "BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer",
+                  "train_bpe"),
+    "prepare": ("PrepareConfig", "read_manifest"),
+    "shards": ("PreparedCorpus", "ShardedBatches", "verify_corpus"),
+    "eval": ("eval_domains", "load_eval_corpus", "tokenizer_of"),
+}
+_WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__all__ = sorted(n for n in _WHERE if not n.startswith("_"))
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"marin.data.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'marin.data' has no attribute {name!r}")

@@ -27,7 +27,7 @@ from marin.data.corpus import (
     paloma_search_paths,
     verify_manifest,
 )
-from marin.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, _bpe_sample, _check_bpe_vocab, train_bpe
+from marin.data.tokenizer import ByteTokenizer, Tokenizer, _bpe_sample, _check_bpe_vocab, load_tokenizer, train_bpe
 
 
 @dataclass
@@ -79,30 +79,24 @@ class Corpus:
 
 
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
-    """(ids, texts) of one local file, through HF datasets; rows need a "text" column; a text file is
-    one document."""
+    """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
+    a text file is one document."""
+    from marin.data.prepare import _load_files as _read_rows
+    from marin.data.prepare import _read_text_file
+
     if kind == "text":
-        ds = _hf_load(path, "text", sample_by="document")
-        return [path.name], ["".join(ds["text"])]
-    ds = _hf_load(path, kind)
+        return [path.name], [_read_text_file(path)]
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = _read_rows(kind, [path], "text", str(data_cache_dir() / "hf-datasets"))
     cols = ds.column_names
     if "text" not in cols:
         raise ValueError(f"corpus file {path}: no 'text' column; columns found: {cols}")
     texts = [t or "" for t in ds["text"]]
     ids = [str(i) for i in ds["id"]] if "id" in cols else [str(i) for i in range(len(texts))]
     return ids, texts
-
-
-def _hf_load(path: Path, kind: str, **kwargs):
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError("reading a corpus needs the HF 'datasets' package (a dependency of marin-ablate): "
-                         "pip install -e .") from None
-    datasets.disable_progress_bars()
-    return datasets.load_dataset(kind, data_files=[str(path)], split="train",
-                                 cache_dir=str(data_cache_dir() / "hf-datasets"), **kwargs)
 
 
 def _kind_of(path: Path) -> str:
@@ -249,17 +243,20 @@ def _raw_paloma() -> _RawCorpus:
                          "<domain>/val/*.jsonl[.gz]); looked in: "
                          + ", ".join(str(p) for p in paloma_search_paths())
                          + ". Set MARIN_PALOMA_DIR, or use corpus='embedded'")
+    from marin.data.eval import eval_domains, eval_texts
+
     base = _raw_marin_format(embedded_corpus_dir(), "embedded")
     manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {}}
-    groups = {}
-    for d in sorted(p for p in root.iterdir() if (p / "val").is_dir()):
-        files = sorted(f for f in (d / "val").iterdir() if f.name.lower().endswith(_TEXT_SUFFIXES))
-        if files:
-            groups[d.name] = files
-            manifest["domains"][d.name] = {"domain": d.name, "source": f"Paloma {d.name} val", "licence": "see Paloma",
-                                           "files": [{"path": str(f), "bytes": f.stat().st_size} for f in files]}
-    return _RawCorpus("paloma", root, manifest, base.derived_dir, sorted(groups),
-                      lambda: (base.train, {d: _load_files(f) for d, f in groups.items()}))
+    domains = eval_domains(root)
+    for d, folder in domains.items():
+        manifest["domains"][d] = {"domain": d, "source": f"Paloma {d} val", "licence": "see Paloma",
+                                  "files": [{"path": str(f), "bytes": f.stat().st_size}
+                                            for f in sorted(folder.iterdir()) if f.is_file()]}
+
+    def load():
+        return base.train, {d: (ids, texts) for d, (ids, texts, _) in eval_texts(root).items()}
+
+    return _RawCorpus("paloma", root, manifest, base.derived_dir, sorted(domains), load)
 
 
 def _raw_corpus(data: DataConfig) -> _RawCorpus:
@@ -280,7 +277,7 @@ def _tokenizer_for(data: DataConfig, raw: _RawCorpus) -> Tokenizer:
     _check_bpe_vocab(data.bpe_vocab)
     path = raw.derived_dir / "tokenizers" / f"bpe-{data.bpe_vocab}.json"
     if path.is_file():
-        return BPETokenizer(path)
+        return load_tokenizer(path)
     return train_bpe(_bpe_sample({d: t for d, (_, t) in raw.train.items()}), data.bpe_vocab, path)
 
 
@@ -356,3 +353,30 @@ def load_corpus(data: DataConfig) -> Corpus:
     _CORPUS_CACHE[key] = corpus
     return corpus
 
+
+
+def prepared_train(data: DataConfig, log=None) -> Path:
+    """The train split of DataConfig's corpus ("embedded", "paloma" or local text) prepared into
+    token shards with its tokenizer, on first use (cached beside the corpus, under the preparation
+    lock), so every run reads its train stream through the one loader (marin.data.shards). The
+    shuffle keys on DOMAIN/ID, so the stream depends only on (corpus, tokenizer, data_seed)."""
+    from marin.data.prepare import PrepareConfig, prepare, read_manifest
+    from marin.schema import atomic_write_bytes
+
+    _check_data(data)
+    raw = _raw_corpus(data)
+    tok = _tokenizer_for(data, raw)
+    key = f"{tok.fingerprint}-{_manifest_fingerprint(raw.manifest)}"
+    out = raw.derived_dir / "prepared" / key
+    if (out / "manifest.json").is_file():
+        read_manifest(out)
+        return out
+    src = raw.derived_dir / "prepared" / f"source-{key}"
+    for domain, (ids, texts) in sorted(raw.train.items()):
+        body = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in zip(ids, texts))
+        f = src / domain / "train.jsonl"
+        if not f.is_file() or f.stat().st_size != len(body.encode("utf-8")):
+            atomic_write_bytes(f, body.encode("utf-8"))
+    prepare(PrepareConfig(source=str(src), tokenizer="byte" if tok.name == "byte" else str(tok.path),
+                          out=str(out), folder_domains=True, id_column="id", docs_per_shard=100_000), log=log)
+    return out

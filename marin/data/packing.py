@@ -1,6 +1,5 @@
-"""Packing and eval batches: random access by step into one shuffled token stream, targets masked
-across documents, document ids per sequence (the packing of Marin's data pipeline; see the package
-docstring for the stream layout).
+"""Eval batches of a corpus' held-out documents (packed like the train stream: targets masked across
+documents, document ids per sequence), bytes per token and a corpus summary.
 """
 
 from __future__ import annotations
@@ -8,97 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from marin.data.corpus import IGNORE_INDEX, _hash_hex
 from marin.data.loading import Corpus
-
-
-def _pack(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Windows of S+1 stream tokens with a global document key each -> (tokens, targets, doc_ids)."""
-    same_NS = docs_NW[:, 1:] == docs_NW[:, :-1]
-    targets_NS = np.where(same_NS, tokens_NW[:, 1:], IGNORE_INDEX)
-    # renumber documents 0, 1, ... within each sequence, in order of appearance
-    starts_NS = np.concatenate([np.zeros((len(docs_NW), 1), bool), ~same_NS[:, :-1]], axis=1)
-    doc_ids_NS = np.cumsum(starts_NS, axis=1)
-    return (torch.from_numpy(tokens_NW[:, :-1].astype(np.int64)), torch.from_numpy(targets_NS.astype(np.int64)),
-            torch.from_numpy(doc_ids_NS.astype(np.int64)))
+from marin.data.shards import _pack
 
 
 def _check_shape(seq_len: int, batch_size: int) -> None:
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
-
-
-class PackedBatches:
-    """Fixed-length packed batches of a split, deterministic from `seed` and random-access by step.
-
-    Documents of every domain of the split are ordered per epoch by sha256(seed, epoch, doc uid)
-    and concatenated; batch `step` is sequences step*B .. step*B+B-1, sequence j the stream window
-    [j*S, j*S + S] (S+1 tokens, so no target is lost between sequences). Epochs repeat with a fresh
-    order. Nothing depends on the recipe or on previous calls: every arm gets identical batches and a
-    resumed run continues exactly where it stopped."""
-
-    def __init__(self, corpus: Corpus, split: str, seq_len: int, batch_size: int, seed: int):
-        _check_shape(seq_len, batch_size)
-        parts = corpus.split(split)
-        self.corpus, self.split, self.seq_len, self.batch_size, self.seed = corpus, split, seq_len, batch_size, int(seed)
-        uids, arrays, lengths = [], [], []
-        for d in sorted(parts):
-            ds = parts[d]
-            uids.extend(f"{d}/{i}" for i in ds.doc_ids)
-            arrays.append(ds.tokens)
-            lengths.append(np.diff(ds.offsets))
-        self._uids = uids
-        self._flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-        self._lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]).astype(np.int64)
-        self.tokens_per_epoch = int(self._lengths.sum())
-        need = batch_size * seq_len + 1
-        if self.tokens_per_epoch < need:
-            raise ValueError(f"corpus {corpus.name!r} split {split!r} has {self.tokens_per_epoch} tokens "
-                             f"({len(uids)} documents), fewer than one batch needs: batch_size {batch_size} x "
-                             f"seq_len {seq_len} + 1 = {need}")
-        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
-    def epoch_of(self, step: int) -> float:
-        """How many passes over the split the stream has made when batch `step` starts."""
-        return step * self.tokens_per_step / self.tokens_per_epoch
-
-    def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
-        if e not in self._epochs:
-            # sha256-keyed order: stable across numpy versions and independent of storage order
-            keys = np.array([int(_hash_hex(f"{self.seed}:{e}:{u}")[:15], 16) for u in self._uids], dtype=np.int64)
-            perm = np.argsort(keys, kind="stable")
-            cum = np.concatenate([[0], np.cumsum(self._lengths[perm])]).astype(np.int64)
-            if len(self._epochs) >= 4:
-                self._epochs.pop(next(iter(self._epochs)))
-            self._epochs[e] = (perm, cum)
-        return self._epochs[e]
-
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens_BS, targets_BS, doc_ids_BS) LongTensors; targets -100 across documents."""
-        if step < 0:
-            raise ValueError(f"step={step} must be >= 0")
-        B, S = self.batch_size, self.seq_len
-        seq_B = step * B + np.arange(B, dtype=np.int64)
-        pos_BW = seq_B[:, None] * S + np.arange(S + 1, dtype=np.int64)[None, :]
-        epoch_BW = pos_BW // self.tokens_per_epoch
-        within_BW = pos_BW % self.tokens_per_epoch
-        tokens_BW = np.empty(pos_BW.shape, np.int32)
-        docs_BW = np.empty(pos_BW.shape, np.int64)
-        n_docs = len(self._uids)
-        for e in np.unique(epoch_BW):
-            m = epoch_BW == e
-            perm, cum = self._epoch(int(e))
-            w = within_BW[m]
-            k = np.searchsorted(cum, w, side="right") - 1
-            tokens_BW[m] = self._flat[self._starts[perm[k]] + (w - cum[k])]
-            docs_BW[m] = int(e) * n_docs + k
-        return _pack(tokens_BW, docs_BW)
 
 
 def eval_batches(corpus: Corpus, domain: str, seq_len: int, batch_size: int, n_batches: int

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from marin.data.corpus import _publish_file, _sha256_file
+from marin.data.corpus import _dist_file, _publish_file, _sha256_file
 
 BPE_SAMPLE_BYTES_PER_DOMAIN = 1_000_000  # BPE trains on this much train text of each domain
 
@@ -54,10 +54,8 @@ class BPETokenizer(Tokenizer):
     """A byte-level BPE (HF `tokenizers`), trained locally; every string roundtrips exactly."""
 
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer as _HFTokenizer
-
         self.path = Path(path)
-        self._tok = _HFTokenizer.from_file(str(self.path))
+        self._tok = _hf_tokenizer(self.path)
         self.vocab_size = self._tok.get_vocab_size()
         self.name = f"bpe-{self.vocab_size}"
         self.fingerprint = "bpe-" + _sha256_file(self.path)[:16]
@@ -109,3 +107,52 @@ def _bpe_sample(train_texts: dict[str, list[str]]) -> Iterator[str]:
             used += len(t)
             yield t
 
+
+
+_TOKENIZER_SPECS = "'byte', a tokenizer.json path, 'pkg:DISTRIBUTION/PATH' (shipped by an installed package)"
+
+
+def _hf_tokenizer(path: Path):
+    from tokenizers import Tokenizer as _HFTokenizer
+
+    try:
+        return _HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the Rust loader raises a bare Exception for any bad file
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ValueError(f"tokenizer file {path} is not an HF tokenizers file ({msg})") from None
+
+
+def tokenizer_path(spec: str | Path) -> Path | None:
+    """The tokenizer.json a spec names (None for 'byte'): a path, or 'pkg:DIST/PATH' inside an
+    installed distribution (found through importlib.metadata, so it works offline)."""
+    spec = str(spec)
+    if spec == "byte":
+        return None
+    if spec.startswith("pkg:"):
+        dist, _, inner = spec[4:].partition("/")
+        p = _dist_file(dist, inner) if dist and inner else None
+        if p is None:
+            raise ValueError(f"tokenizer={spec!r}: no file {inner!r} in an installed distribution {dist!r}; "
+                             f"allowed values: {_TOKENIZER_SPECS}")
+        return p
+    p = Path(spec).expanduser()
+    if not p.is_file():
+        raise ValueError(f"tokenizer={spec!r} is neither a tokenizer.json file nor a known tokenizer; "
+                         f"allowed values: {_TOKENIZER_SPECS}")
+    return p
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """The one tokenizer loader: 'byte', a tokenizer.json path (any HF `tokenizers` file: the project's
+    BPE, Llama 3's ...) or 'pkg:DIST/PATH'."""
+    p = tokenizer_path(spec)
+    return ByteTokenizer() if p is None else BPETokenizer(p)
+
+
+def tokenizer_info(spec: str) -> dict:
+    """What a prepared corpus records about its tokenizer (torch-free)."""
+    p = tokenizer_path(spec)
+    if p is None:
+        return {"kind": "byte", "path": None, "sha256": "byte", "vocab_size": 256}
+    return {"kind": "tokenizers", "path": str(p.resolve()), "sha256": _sha256_file(p),
+            "vocab_size": _hf_tokenizer(p).get_vocab_size()}

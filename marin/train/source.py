@@ -1,18 +1,18 @@
 """Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md, "Data").
 
-- `DataConfig.corpus` a prepared directory (has manifest.json, `marin-ablate data prepare`): train
-  batches from `marin.corpus.loader.ShardedBatches`, each data-parallel rank reading its own slice,
-  the tokenizer the corpus was prepared with; evaluation needs `DataConfig.eval_dir`.
-- otherwise the embedded corpus (or a local text corpus / Paloma copy) through marin.data: one
-  global batch per step (`PackedBatches`), each rank keeping its rows.
+- train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading
+  its own slice: of `DataConfig.corpus` when it is a prepared directory (has manifest.json,
+  `marin-ablate data prepare`; its own tokenizer; evaluation needs `DataConfig.eval_dir`), otherwise
+  of the embedded corpus (or a local text corpus / Paloma copy) whose train split marin.data
+  prepares into the same shard format on first use (`marin.data.prepared_train`).
 - `DataConfig.eval_dir` a Paloma-layout directory: every (or each of `eval_domains`) domain's val
   split is the evaluation set, tokenized with the training tokenizer; otherwise the corpus's
   held-out domains.
 
-Both loaders are random access by step and consume B*S tokens of one stream per step, so a resume
-or a context stage that keeps B*S continues the same stream; the sharded loader's state (step and
-what makes the stream this stream: seed, shape, corpus fingerprint) is kept in the checkpoint and
-checked on resume.
+The loader is random access by step and consumes B*S tokens of one stream per step, so a resume
+or a context stage that keeps B*S continues the same stream; its state (step and what makes the
+stream this stream: seed, shape, corpus fingerprint, which covers the shards' sha256) is kept in
+the checkpoint and checked on resume.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class DataSource:
     domains: list[str]
     vocab_size: int
     provenance: dict = field(default_factory=dict)  # what the summary records about the data
+    # a user-prepared corpus requires the loader state in a checkpoint; a derived one (embedded ...)
+    # accepts checkpoints written before its train split was read through shards (same stream)
+    state_required: bool = True
 
     def state(self, step: int, seq_len: int) -> dict | None:
         """The loader state a checkpoint keeps (sharded loader only)."""
@@ -78,6 +81,8 @@ class DataSource:
         """Check a checkpoint's loader state against this run's loader (same corpus, seed and shape)."""
         if not self.rank_rows:
             return
+        if state is None and not self.state_required:
+            return
         if state is None:
             raise ValueError("the checkpoint has no loader state but this run reads a prepared corpus: it was "
                              "written by a run on another corpus")
@@ -88,7 +93,7 @@ class DataSource:
 
 
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
-    from marin.corpus.eval import eval_domains, load_eval_corpus
+    from marin.data.eval import eval_domains, load_eval_corpus
 
     found = eval_domains(data.eval_dir)
     bad = [d for d in data.eval_domains if d not in found]
@@ -102,29 +107,27 @@ def _eval_corpus(data: DataConfig, tokenizer) -> Any:
 def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, world: int = 1) -> DataSource:
     """The data of `spec` for this rank: stages are marin.train.stages.Stage (seq_len, batch_size)."""
     from marin import data as mdata
+    from marin.data.eval import tokenizer_of
+    from marin.data.shards import PreparedCorpus, ShardedBatches
 
     data = spec.data
     validate_data(data)
-    if is_prepared(data.corpus):
-        from marin.corpus.eval import tokenizer_of
-        from marin.corpus.loader import PreparedCorpus, ShardedBatches
-
-        root = str(Path(data.corpus).expanduser().resolve())
-        corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
-                         lambda: PreparedCorpus(root))
+    prepared = is_prepared(data.corpus)
+    root = str(Path(data.corpus if prepared else mdata.prepared_train(data)).expanduser().resolve())
+    corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
+                     lambda: PreparedCorpus(root))
+    train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world)
+             for s in stages}
+    prov = {"corpus": root if prepared else data.corpus, "corpus_tokens": corpus.n_tokens,
+            "corpus_fingerprint": corpus.fingerprint}
+    if prepared:
         tokenizer = tokenizer_of(root)
-        train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world)
-                 for s in stages}
         ev = _eval_corpus(data, tokenizer)
-        vocab, rank_rows = corpus.vocab_size, True
-        prov = {"corpus": root, "corpus_tokens": corpus.n_tokens, "corpus_fingerprint": corpus.fingerprint}
     else:
-        corpus = mdata.load_corpus(data)
-        tokenizer = corpus.tokenizer
-        train = {s.seq_len: _packer(corpus, s.seq_len, s.batch_size, seed) for s in stages}
-        ev = _eval_corpus(data, tokenizer) if data.eval_dir else corpus
-        vocab, rank_rows = tokenizer.vocab_size, False
-        prov = {"corpus": data.corpus}
+        ev = mdata.load_corpus(data)  # its held-out split, unless eval_dir names another
+        tokenizer = ev.tokenizer
+        ev = _eval_corpus(data, tokenizer) if data.eval_dir else ev
+    vocab, rank_rows = corpus.vocab_size, True
     if vocab > spec.model.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's vocabulary "
                          f"({vocab}, DataConfig.corpus={data.corpus!r}, DataConfig.tokenizer={data.tokenizer!r}); "
@@ -136,21 +139,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     if data.eval_dir:
         prov["eval_dir"] = str(Path(data.eval_dir).expanduser().resolve())
     prov["eval_domains"] = domains
-    return DataSource(train, rank_rows, ev, domains, vocab, prov)
-
-
-def _packer(corpus, seq_len: int, batch: int, seed: int):
-    """PackedBatches are pure functions of their arguments; reuse them across runs of one process
-    (a sweep of tiny runs spends most of a short run building the epoch order otherwise)."""
-    from marin.data import PackedBatches
-
-    key = ("packed", id(corpus), seq_len, batch, seed)
-    hit = _CACHE.get(key)
-    if hit is None or hit[0] is not corpus:  # id() of a collected corpus can be reused
-        if len(_CACHE) > 32:
-            _CACHE.clear()
-        _CACHE[key] = hit = (corpus, PackedBatches(corpus, "train", seq_len, batch, seed))
-    return hit[1]
+    return DataSource(train, rank_rows, ev, domains, vocab, prov, state_required=prepared)
 
 
 def global_tokens(batch: tuple[torch.Tensor, ...], rank_rows: bool, world: int) -> int:

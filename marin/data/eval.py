@@ -15,20 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from marin.corpus.prepare import PrepareConfig, load_source, read_manifest, sha256_file, source_files
-from marin.data import BPETokenizer, ByteTokenizer, Corpus, DomainSplit, Tokenizer, data_cache_dir
+from marin.data.corpus import data_cache_dir
+from marin.data.loading import Corpus, DomainSplit
+from marin.data.prepare import PrepareConfig, load_source, read_manifest, sha256_file, source_files
+from marin.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 SPLIT_DIRS = {"val": ("val", "validation", "valid"), "test": ("test",)}
-
-
-def load_tokenizer(spec: str | Path) -> Tokenizer:
-    """'byte' or a tokenizer.json path (any HF `tokenizers` file: the project's BPE, Llama 3's ...)."""
-    if str(spec) == "byte":
-        return ByteTokenizer()
-    p = Path(spec).expanduser()
-    if not p.is_file():
-        raise ValueError(f"tokenizer={str(spec)!r} is not a file; allowed values: a tokenizer.json path, 'byte'")
-    return BPETokenizer(p)
 
 
 def tokenizer_of(prepared: str | Path) -> Tokenizer:
@@ -36,10 +28,11 @@ def tokenizer_of(prepared: str | Path) -> Tokenizer:
     info = read_manifest(prepared)["tokenizer"]
     if info["kind"] == "byte":
         return ByteTokenizer()
-    if not Path(info["path"]).is_file() or sha256_file(info["path"]) != info["sha256"]:
-        raise ValueError(f"tokenizer {info['path']} of prepared corpus {prepared} is missing or changed since it "
+    path = Path(prepared).expanduser() / info["path"] if info.get("in_corpus") else Path(info["path"])
+    if not path.is_file() or sha256_file(path) != info["sha256"]:
+        raise ValueError(f"tokenizer {path} of prepared corpus {prepared} is missing or changed since it "
                          "was prepared (sha256 differs)")
-    return BPETokenizer(info["path"])
+    return load_tokenizer(path)
 
 
 def eval_domains(eval_dir: str | Path, split: str = "val") -> dict[str, Path]:
@@ -63,32 +56,42 @@ def eval_domains(eval_dir: str | Path, split: str = "val") -> dict[str, Path]:
     return out
 
 
-def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "val", text_column: str = "text",
-                     domains: tuple[str, ...] = ()) -> Corpus:
-    """Every domain of `eval_dir` (or only `domains`) tokenized as held-out splits of a Corpus."""
+def eval_texts(eval_dir: str | Path, split: str = "val", text_column: str = "text",
+               domains: tuple[str, ...] = ()) -> dict[str, tuple[list[str], list[str], list[dict]]]:
+    """The one eval reader: domain -> (document ids, texts, files) of every domain of `eval_dir`
+    (or only `domains`), read like a `data prepare` source."""
     found = eval_domains(eval_dir, split)
     if domains:
         bad = [d for d in domains if d not in found]
         if bad:
             raise ValueError(f"eval domains {bad} are not in {eval_dir}; allowed values: {', '.join(found)}")
         found = {d: found[d] for d in domains}
-    heldout: dict[str, DomainSplit] = {}
-    files: dict[str, list[dict]] = {}
+    root = Path(eval_dir).expanduser()
+    out = {}
     for name, folder in found.items():
         cfg = PrepareConfig(source=str(folder), tokenizer="byte", out=str(data_cache_dir() / "eval"),
                             text_column=text_column)
-        source_files(cfg.source)  # a clear error for a folder without data files
+        files = source_files(cfg.source) or []  # a clear error for a folder without data files
         ds = load_source(cfg)
         texts = [t for t in ("" if t is None else str(t) for t in ds[text_column]) if t.strip()]
+        out[name] = ([str(i) for i in range(len(texts))], texts,
+                     [{"path": str(f.relative_to(root)), "bytes": f.stat().st_size} for f in files])
+    return out
+
+
+def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "val", text_column: str = "text",
+                     domains: tuple[str, ...] = ()) -> Corpus:
+    """Every domain of `eval_dir` (or only `domains`) tokenized as held-out splits of a Corpus."""
+    heldout: dict[str, DomainSplit] = {}
+    files: dict[str, list[dict]] = {}
+    for name, (ids, texts, fs) in eval_texts(eval_dir, split, text_column, domains).items():
         toks = tokenizer.encode_docs(texts)
         lengths = np.array([len(t) for t in toks], np.int64)
         heldout[name] = DomainSplit(
-            doc_ids=[str(i) for i in range(len(texts))],
-            tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
+            doc_ids=ids, tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             text_bytes=sum(len(t.encode("utf-8")) for t in texts))
-        files[name] = [{"path": str(f.relative_to(Path(eval_dir).expanduser())), "bytes": f.stat().st_size}
-                       for f in source_files(str(folder)) or []]
+        files[name] = fs
     root = Path(eval_dir).expanduser().resolve()
     manifest = {"eval_dir": str(root), "split": split, "domains": {d: {"files": files[d], "documents": s.n_docs,
                                                                         "tokens": s.n_tokens, "text_bytes": s.text_bytes}

@@ -21,31 +21,39 @@ No end-of-document token is added: the packer marks document boundaries by docum
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import multiprocessing as mp
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from marin.schema import atomic_write_bytes, sha256_file  # noqa: F401  (sha256_file re-exported)
+from marin.data.tokenizer import tokenizer_info
+from marin.schema import atomic_write_bytes, atomic_write_json, sha256_file
 
 FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
-          ".arrow": "arrow"}
+          ".arrow": "arrow", ".txt": "text", ".md": "text", ".rst": "text"}
 _ENCODE_BATCH = 1000  # texts per encode_batch call: bounds memory per worker
+BPE_TRAIN_BYTES = 200_000_000  # a `bpe:VOCAB` tokenizer trains on at most this much source text
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
     source: str  # local file/directory, save_to_disk directory, or a cached hub dataset name
-    tokenizer: str  # a tokenizer.json path (HF `tokenizers`, e.g. Llama 3's or the project's BPE) or "byte"
+    # "byte", a tokenizer.json path, "bpe:VOCAB" (trained on the source, saved as OUT/tokenizer.json)
+    # or "pkg:DISTRIBUTION/PATH" (a tokenizer.json shipped by an installed package)
+    tokenizer: str
     out: str
     text_column: str = "text"
     domain_column: str | None = None
+    folder_domains: bool = False  # each file's domain is its first folder under `source`
+    id_column: str | None = None  # a column of document ids: the shuffle keys on them
     num_proc: int = 1
     docs_per_shard: int = 50_000
     split: str = "train"  # hub datasets only
@@ -57,10 +65,8 @@ class PrepareConfig:
                 raise ValueError(f"PrepareConfig.{name}={v!r} must be a positive integer")
         if not self.text_column:
             raise ValueError("PrepareConfig.text_column must name a column")
-
-
-def _atomic_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+        if self.folder_domains and self.domain_column:
+            raise ValueError("PrepareConfig.folder_domains and domain_column both name a domain; allowed: one of them")
 
 
 def _kind(path: Path) -> str | None:
@@ -82,27 +88,43 @@ def source_files(source: str) -> list[Path] | None:
         return [p]
     if (p / "state.json").is_file() and (p / "dataset_info.json").is_file():  # save_to_disk layout
         return sorted(x for x in p.rglob("*") if x.is_file())
-    files = sorted(x for x in p.rglob("*") if x.is_file() and _kind(x) and not x.name.startswith("."))
+    files = sorted(x for x in p.rglob("*") if x.is_file() and _kind(x) and not x.name.startswith(".")
+                   and not any(part.startswith(".") for part in x.relative_to(p).parts))
     if not files:
         raise ValueError(f"source {source!r}: no data files; allowed types: {', '.join(_KINDS)}")
     return files
 
 
-def tokenizer_info(tokenizer: str) -> dict:
-    if tokenizer == "byte":
-        return {"kind": "byte", "path": None, "sha256": "byte", "vocab_size": 256}
-    p = Path(tokenizer).expanduser()
-    if not p.is_file():
-        raise ValueError(f"tokenizer={tokenizer!r} is neither a tokenizer.json file nor a known tokenizer; "
-                         "allowed values: a tokenizer.json path, 'byte'")
-    from tokenizers import Tokenizer
-
-    return {"kind": "tokenizers", "path": str(p.resolve()), "sha256": sha256_file(p),
-            "vocab_size": Tokenizer.from_file(str(p)).get_vocab_size()}
-
-
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def _read_text_file(f: Path) -> str:
+    raw = f.read_bytes()
+    if b"\0" in raw[:8192]:
+        raise ValueError(f"{f}: binary file (NUL bytes), not text; allowed: UTF-8 text files")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); allowed: UTF-8 text files") from None
+
+
+def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> Any:
+    """One HF dataset of `files` (all of one kind); a text file is one document."""
+    import datasets
+
+    if kind == "text":
+        return datasets.Dataset.from_dict({text_column: [_read_text_file(f) for f in files]})
+    for f in files:
+        if f.stat().st_size == 0:
+            raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
+    try:
+        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
+    except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
+        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
+        msg = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
+                         f"{text_column!r} column and one schema across files") from None
 
 
 def load_source(cfg: PrepareConfig) -> Any:
@@ -110,6 +132,7 @@ def load_source(cfg: PrepareConfig) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     files = source_files(cfg.source)
     cache = str(Path(cfg.out).expanduser() / ".hf-cache")
     if files is None:
@@ -123,17 +146,37 @@ def load_source(cfg: PrepareConfig) -> Any:
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[cfg.split]
     else:
+        root = Path(cfg.source).expanduser()
+        # runs of consecutive files of one kind (and one folder domain), in sorted-file order
+        groups: list[tuple[str, str, list[Path]]] = []
+        for f in files:
+            dom = _folder_domain(root, f) if cfg.folder_domains else ""
+            if groups and groups[-1][:2] == (_kind(f), dom):
+                groups[-1][2].append(f)
+            else:
+                groups.append((_kind(f), dom, [f]))
         parts = []
-        for kind in sorted({_kind(f) for f in files}):
-            fs = [str(f) for f in files if _kind(f) == kind]
-            parts.append((fs[0], datasets.load_dataset(kind, data_files=fs, split="train", cache_dir=cache)))
-        # one kind after another would reorder files; keep sorted-file order when kinds mix
-        ds = datasets.concatenate_datasets([d for _, d in sorted(parts)]) if len(parts) > 1 else parts[0][1]
-    for name, col in (("text_column", cfg.text_column), ("domain_column", cfg.domain_column)):
-        if col is not None and col not in ds.column_names:
-            raise ValueError(f"{name}={col!r} is not a column of {cfg.source!r}; allowed values: "
-                             f"{', '.join(ds.column_names)}")
+        for kind, dom, fs in groups:
+            part = _load_files(kind, fs, cfg.text_column, cache)
+            if cfg.folder_domains:
+                part = part.add_column("domain", [dom] * len(part))
+            parts.append(part)
+        try:
+            ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        except ValueError as e:
+            raise ValueError(f"source {cfg.source!r}: files with different columns cannot form one corpus "
+                             f"({str(e).splitlines()[0][:200]})") from None
+    cols = ds.column_names
+    for name, col in (("text_column", cfg.text_column), ("domain_column", cfg.domain_column),
+                      ("id_column", cfg.id_column)):
+        if col is not None and col not in cols:
+            raise ValueError(f"{name}={col!r} is not a column of {cfg.source!r}; allowed values: {', '.join(cols)}")
     return ds
+
+
+def _folder_domain(root: Path, f: Path) -> str:
+    rel = f.relative_to(root).parts if root.is_dir() else ()
+    return rel[0] if len(rel) > 1 else (root.name if root.is_dir() else root.stem)
 
 
 def _source_record(cfg: PrepareConfig, ds: Any) -> dict:
@@ -154,12 +197,12 @@ def _source_record(cfg: PrepareConfig, ds: Any) -> dict:
 _WORKER: dict[str, Any] = {}
 
 
-def _encoder(tok: dict):
+def _encoder(tok: dict, out: Path):
     if tok["kind"] == "byte":
         return lambda texts: [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
     from tokenizers import Tokenizer
 
-    t = Tokenizer.from_file(tok["path"])
+    t = Tokenizer.from_file(str(out / tok["path"]) if tok.get("in_corpus") else tok["path"])
     return lambda texts: [np.asarray(e.ids, np.int64) for e in t.encode_batch(list(texts))]
 
 
@@ -176,33 +219,40 @@ def _npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _domain_column(cfg: PrepareConfig) -> str | None:
+    return "domain" if cfg.folder_domains else cfg.domain_column
+
+
 def prepare_shard(i: int) -> dict:
     """Tokenize rows [i*D, (i+1)*D) of the worker's dataset and write shard i; returns its meta."""
     cfg: PrepareConfig = _WORKER["cfg"]
     ds, tok = _WORKER["ds"], _WORKER["tok"]
-    if "encode" not in _WORKER:
-        _WORKER["encode"] = _encoder(tok)
-    encode, dtype = _WORKER["encode"], token_dtype(tok["vocab_size"])
     out = Path(cfg.out).expanduser()
+    if "encode" not in _WORKER:
+        _WORKER["encode"] = _encoder(tok, out)
+    encode, dtype = _WORKER["encode"], token_dtype(tok["vocab_size"])
+    dcol = _domain_column(cfg)
     lo, hi = i * cfg.docs_per_shard, min(len(ds), (i + 1) * cfg.docs_per_shard)
     part = ds.select(range(lo, hi))
     arrays: list[np.ndarray] = []
     domains: list[str] = []
     dom_index: dict[str, int] = {}
     doc_domain: list[int] = []
+    ids: list[str] = []
     text_bytes = skipped = 0
     per_domain: dict[str, list[int]] = {}
     for b in range(0, len(part), _ENCODE_BATCH):
         rows = part[b:b + _ENCODE_BATCH]
         texts = ["" if t is None else str(t) for t in rows[cfg.text_column]]
-        labels = rows[cfg.domain_column] if cfg.domain_column else [None] * len(texts)
-        for text, ids, label in zip(texts, encode(texts), labels):
-            if len(ids) == 0:  # an empty document has no token to train on
+        labels = rows[dcol] if dcol else [None] * len(texts)
+        row_ids = rows[cfg.id_column] if cfg.id_column else [None] * len(texts)
+        for text, toks, label, rid in zip(texts, encode(texts), labels, row_ids):
+            if len(toks) == 0:  # an empty document has no token to train on
                 skipped += 1
                 continue
-            if ids.max() >= tok["vocab_size"]:
-                raise ValueError(f"shard {i}: token id {int(ids.max())} >= vocab_size {tok['vocab_size']}")
-            arrays.append(ids.astype(dtype))
+            if toks.max() >= tok["vocab_size"]:
+                raise ValueError(f"shard {i}: token id {int(toks.max())} >= vocab_size {tok['vocab_size']}")
+            arrays.append(toks.astype(dtype))
             nb = len(text.encode("utf-8"))
             text_bytes += nb
             name = "" if label is None else str(label)
@@ -210,23 +260,28 @@ def prepare_shard(i: int) -> dict:
                 dom_index[name] = len(domains)
                 domains.append(name)
             doc_domain.append(dom_index[name])
+            if cfg.id_column:
+                ids.append(str(rid))
             c = per_domain.setdefault(name, [0, 0, 0])
             c[0] += 1
-            c[1] += len(ids)
+            c[1] += len(toks)
             c[2] += nb
     lengths = np.array([len(a) for a in arrays], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
     p = _shard_paths(out, i)
     atomic_write_bytes(p["tokens.bin"], data)
-    atomic_write_bytes(p["offsets.npy"], _npy_bytes(offsets))
-    if cfg.domain_column:
+    offsets_bytes = _npy_bytes(offsets)
+    atomic_write_bytes(p["offsets.npy"], offsets_bytes)
+    if dcol:
         atomic_write_bytes(p["domain.npy"], _npy_bytes(np.array(doc_domain, np.int32)))
     meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
             "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
-            "domains": domains, "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v))
-                                               for k, v in per_domain.items()}}
-    _atomic_json(p["meta.json"], meta)  # last: the shard is done
+            "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
+            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v)) for k, v in per_domain.items()}}
+    if cfg.id_column:
+        meta["ids"] = ids
+    atomic_write_json(p["meta.json"], meta)  # last: the shard is done
     return meta
 
 
@@ -241,49 +296,133 @@ def _init_worker(cfg: PrepareConfig, ds: Any, tok: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def out_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `out` (flock on out/.lock): one preparation writes a corpus at a time;
+    a second waits, then finds the first's prepare.json (and reuses or refuses it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def _job_record(cfg: PrepareConfig, source: dict, tok: dict, n_rows: int) -> dict:
     return {"format": FORMAT, "source": source, "tokenizer": tok, "text_column": cfg.text_column,
-            "domain_column": cfg.domain_column, "docs_per_shard": cfg.docs_per_shard, "rows": n_rows}
+            "domain_column": _domain_column(cfg), "folder_domains": cfg.folder_domains, "id_column": cfg.id_column,
+            "docs_per_shard": cfg.docs_per_shard, "rows": n_rows}
+
+
+def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
+    """tokenizer_info of cfg.tokenizer; `bpe:VOCAB` is trained on the source once and kept as
+    OUT/tokenizer.json, so the corpus carries its own tokenizer."""
+    spec = cfg.tokenizer
+    if not spec.startswith("bpe:"):
+        return tokenizer_info(spec)
+    try:
+        vocab = int(spec[4:])
+    except ValueError:
+        raise ValueError(f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer; allowed values: "
+                         "'byte', 'bpe:VOCAB', 'pkg:DIST/PATH', a tokenizer.json path") from None
+    from marin.data.tokenizer import train_bpe
+
+    path = out / "tokenizer.json"
+    if path.is_file():
+        info = tokenizer_info(str(path))
+        if info["vocab_size"] != vocab:
+            raise ValueError(f"--out {str(out)!r} holds a tokenizer of vocabulary {info['vocab_size']}, not {vocab}; "
+                             "choose another --out or delete it")
+    else:
+        if log:
+            log(f"training a byte-level BPE of vocabulary {vocab} on {cfg.source} (up to {BPE_TRAIN_BYTES:,} bytes)")
+        train_bpe(_bpe_texts(ds, cfg.text_column), vocab, path)
+        info = tokenizer_info(str(path))
+    return {**info, "path": "tokenizer.json", "in_corpus": True, "spec": spec}
+
+
+def _bpe_texts(ds: Any, column: str) -> Iterator[str]:
+    used = 0
+    for b in range(0, len(ds), _ENCODE_BATCH):
+        for t in ds[b:b + _ENCODE_BATCH][column]:
+            if t:
+                used += len(t)
+                yield t
+            if used >= BPE_TRAIN_BYTES:
+                return
 
 
 def prepare(cfg: PrepareConfig, *, shard_limit: int | None = None, log: Any = None) -> dict | None:
     """Prepare `cfg.source` into `cfg.out`; returns the manifest, or None when `shard_limit` new
     shards were written and some remain (a time-boxed job: calling again resumes). A directory
-    holding a preparation of different inputs is refused, never mixed."""
+    holding a preparation of different inputs is refused, never mixed; concurrent preparations of
+    one `out` run one after the other (out_lock)."""
     out = Path(cfg.out).expanduser()
-    tok = tokenizer_info(cfg.tokenizer)
+    if not cfg.tokenizer.startswith("bpe:"):
+        tokenizer_info(cfg.tokenizer)  # a bad tokenizer fails before the source is read
     ds = load_source(cfg)
-    job = _job_record(cfg, _source_record(cfg, ds), tok, len(ds))
+    with out_lock(out):
+        return _prepare_locked(cfg, ds, out, shard_limit, log)
+
+
+def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | None, log: Any) -> dict | None:
     job_path = out / "prepare.json"
-    if job_path.is_file():
-        old = json.loads(job_path.read_text())
+    old = _read_job(job_path)
+    if old is not None and cfg.tokenizer.startswith("bpe:") and old["tokenizer"].get("spec") != cfg.tokenizer:
+        raise ValueError(f"--out {str(out)!r} holds a preparation of different inputs (differs in tokenizer); "
+                         "choose another --out or delete it")
+    tok = _corpus_tokenizer(cfg, ds, out, log)
+    job = _job_record(cfg, _source_record(cfg, ds), tok, len(ds))
+    if old is not None:
         if old != job:
             diff = sorted(k for k in job if old.get(k) != job[k])
             raise ValueError(f"--out {str(out)!r} holds a preparation of different inputs (differs in "
                              f"{', '.join(diff)}); choose another --out or delete it")
     else:
-        _atomic_json(job_path, job)
+        atomic_write_json(job_path, job)
     n_shards = max(1, -(-len(ds) // cfg.docs_per_shard))
     remaining = [i for i in range(n_shards) if not _shard_paths(out, i)["meta.json"].is_file()]
     todo = remaining if shard_limit is None else remaining[:shard_limit]
     if log:
         log(f"{cfg.source}: {len(ds)} rows in {n_shards} shards, {n_shards - len(remaining)} done before, "
             f"{len(todo)} to write with {cfg.num_proc} worker(s)")
+    done = n_shards - len(remaining)
+
+    def progress(meta: dict) -> None:
+        nonlocal done
+        done += 1
+        if log:
+            log(f"  shard {meta['index']:05d}: {meta['documents']:,} documents, {meta['tokens']:,} tokens "
+                f"({done}/{n_shards} shards done)")
+
     if todo:
         if cfg.num_proc == 1 or len(todo) == 1:
             _init_worker(cfg, ds, tok)
             for i in todo:
-                prepare_shard(i)
+                progress(prepare_shard(i))
         else:
             # fork: the workers inherit the memory-mapped dataset; none has loaded a tokenizer yet
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             with ctx.Pool(min(cfg.num_proc, len(todo)), initializer=_init_worker, initargs=(cfg, ds, tok)) as pool:
-                for _ in pool.imap_unordered(prepare_shard, todo):
-                    pass
+                for meta in pool.imap_unordered(prepare_shard, todo):
+                    progress(meta)
     metas = [_shard_paths(out, i)["meta.json"] for i in range(n_shards)]
     if not all(m.is_file() for m in metas):
         return None
     return _write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
+
+
+def _read_job(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        job = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e}); delete the folder and prepare again") from None
+    if not isinstance(job, dict) or not isinstance(job.get("tokenizer"), dict):
+        raise ValueError(f"{path}: not a preparation record; delete the folder and prepare again")
+    return job
 
 
 def _write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
@@ -299,13 +438,19 @@ def _write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
         shards.append({"tokens_path": str(p["tokens.bin"].relative_to(out)),
                        "offsets_path": str(p["offsets.npy"].relative_to(out)),
                        "domain_path": str(p["domain.npy"].relative_to(out)) if job["domain_column"] else None,
-                       "domains": m["domains"], **{k: m[k] for k in ("tokens", "documents", "sha256", "rows")}})
+                       "domains": m["domains"],
+                       **{k: m[k] for k in ("tokens", "documents", "sha256", "offsets_sha256", "rows")}})
+        if job.get("id_column"):
+            shards[-1]["ids"] = m["ids"]
     manifest = {**job, "dtype": token_dtype(job["tokenizer"]["vocab_size"]).name,
                 "tokens": sum(m["tokens"] for m in metas), "documents": sum(m["documents"] for m in metas),
                 "skipped_empty": sum(m["skipped_empty"] for m in metas),
                 "text_bytes": sum(m["text_bytes"] for m in metas), "domains": domains, "shards": shards}
-    _atomic_json(out / "manifest.json", manifest)
+    atomic_write_json(out / "manifest.json", manifest)
     return manifest
+
+
+_MANIFEST_KEYS = ("tokenizer", "dtype", "tokens", "documents", "shards")
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -315,7 +460,14 @@ def read_manifest(path: str | Path) -> dict:
     if not m.is_file():
         raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
                          "run `marin-ablate data prepare SOURCE --tokenizer PATH --out DIR` first")
-    manifest = json.loads(m.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{m}: format {manifest.get('format')!r} is not {FORMAT!r}; prepare the corpus again")
+    try:
+        manifest = json.loads(m.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{m}: not a readable JSON file ({e}); prepare the corpus again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{m}: format {got!r} is not {FORMAT!r}; prepare the corpus again")
+    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise ValueError(f"{m}: fields {', '.join(missing)} missing; prepare the corpus again")
     return manifest

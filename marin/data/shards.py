@@ -1,0 +1,262 @@
+"""Packed training batches of a prepared corpus for many data-parallel ranks: the one train loader.
+
+The corpus is one token stream per epoch: its documents ordered by sha256(data seed, epoch, document
+uid) (uid: "DOMAIN/ID" when the corpus has document ids and domains, else the document's index), and
+concatenated. A step consumes `global_batch` sequences of `seq_len` tokens; sequence j is the stream
+window [j*S, j*S + S] (S+1 tokens: no target is lost between sequences), and rank r of W reads
+sequences step*G + r*(G/W) ... + G/W - 1. So ranks read disjoint slices that together cover the
+stream, the batches depend only on (corpus, seed, seq_len, global batch) — every arm of a study
+trains on the same tokens in the same order — and a resumed run (even on a different number of
+ranks) continues at the exact next sequence from `state_dict()["step"]`. A window is copied from
+the memory-mapped shards one document piece at a time (whole slices, never token by token).
+Documents are packed with per-sequence ids and cross-document targets masked (`_pack`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from marin.data.corpus import IGNORE_INDEX, _hash_hex
+from marin.data.prepare import read_manifest
+from marin.schema import sha256_file
+
+FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when opened; larger: `data verify`
+_VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process
+
+
+def _pack(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Windows of S+1 stream tokens with a global document key each -> (tokens, targets, doc_ids)."""
+    same_NS = docs_NW[:, 1:] == docs_NW[:, :-1]
+    targets_NS = np.where(same_NS, tokens_NW[:, 1:], IGNORE_INDEX)
+    # renumber documents 0, 1, ... within each sequence, in order of appearance
+    starts_NS = np.concatenate([np.zeros((len(docs_NW), 1), bool), ~same_NS[:, :-1]], axis=1)
+    doc_ids_NS = np.cumsum(starts_NS, axis=1)
+    return (torch.from_numpy(tokens_NW[:, :-1].astype(np.int64)), torch.from_numpy(targets_NS.astype(np.int64)),
+            torch.from_numpy(doc_ids_NS.astype(np.int64)))
+
+
+def shuffle_order(uids: list[str], seed: int, epoch: int) -> np.ndarray:
+    """The documents' order in `epoch`: by sha256(seed:epoch:uid), stable across numpy versions and
+    independent of how the documents are stored."""
+    keys = np.array([int(_hash_hex(f"{seed}:{epoch}:{u}")[:15], 16) for u in uids], dtype=np.int64)
+    return np.argsort(keys, kind="stable")
+
+
+def verify_corpus(path: str | Path, full: bool = True) -> dict:
+    """Check a prepared corpus against its manifest: every shard's size, and with `full` its sha256
+    (tokens and offsets) and token ids below the vocabulary. Raises ValueError naming the file."""
+    root = Path(path).expanduser()
+    manifest = read_manifest(root)
+    dtype, vocab = np.dtype(manifest["dtype"]), int(manifest["tokenizer"]["vocab_size"])
+    for sh in manifest["shards"]:
+        tp, op = root / sh["tokens_path"], root / sh["offsets_path"]
+        for f in (tp, op):
+            if not f.is_file():
+                raise ValueError(f"{f}: missing from prepared corpus {root}; prepare the corpus again")
+        n_bytes = tp.stat().st_size
+        if n_bytes != sh["tokens"] * dtype.itemsize:
+            raise ValueError(f"{tp}: {n_bytes} bytes, manifest says {sh['tokens']} {dtype.name} tokens; "
+                             "prepare the corpus again")
+        if not full:
+            continue
+        if sha256_file(tp) != sh["sha256"]:
+            raise ValueError(f"{tp}: content differs from manifest.json (sha256); the shard was changed after "
+                             "preparation: prepare the corpus again")
+        if "offsets_sha256" in sh and sha256_file(op) != sh["offsets_sha256"]:
+            raise ValueError(f"{op}: content differs from manifest.json (sha256); prepare the corpus again")
+        if sh["tokens"]:
+            top = int(np.max(np.memmap(tp, dtype=dtype, mode="r")))
+            if top >= vocab:
+                raise ValueError(f"{tp}: token id {top} >= the tokenizer's vocabulary {vocab}; prepare the corpus again")
+    return manifest
+
+
+def _stamp(f: Path) -> tuple[int, int, int] | None:
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+class PreparedCorpus:
+    """A prepared corpus directory, memory-mapped, verified against its manifest when opened
+    (whole when at most FULL_VERIFY_BYTES; larger ones by size, with `data verify` for the hashes)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+        self.manifest = read_manifest(self.path)
+        self.fingerprint = hashlib.sha256((self.path / "manifest.json").read_bytes()).hexdigest()[:16]
+        dtype = np.dtype(self.manifest["dtype"])
+        total = sum(sh["tokens"] for sh in self.manifest["shards"]) * dtype.itemsize
+        stamp = tuple(_stamp(self.path / sh[k]) for sh in self.manifest["shards"] for k in ("tokens_path", "offsets_path"))
+        key = (str(self.path.resolve()), self.fingerprint, stamp)
+        if key not in _VERIFIED:
+            verify_corpus(self.path, full=total <= FULL_VERIFY_BYTES)
+            _VERIFIED[key] = True
+        self._tokens, lengths, shard_of, local = [], [], [], []
+        for s, sh in enumerate(self.manifest["shards"]):
+            offsets = np.asarray(np.load(self.path / sh["offsets_path"], allow_pickle=False), np.int64)
+            if len(offsets) != sh["documents"] + 1 or int(offsets[-1]) != sh["tokens"]:
+                raise ValueError(f"{self.path / sh['offsets_path']}: {len(offsets) - 1} documents / {int(offsets[-1])} "
+                                 f"tokens, manifest says {sh['documents']} / {sh['tokens']}; prepare the corpus again")
+            self._tokens.append(np.memmap(self.path / sh["tokens_path"], dtype=dtype, mode="r")
+                                if sh["tokens"] else np.zeros(0, dtype))
+            lengths.append(np.diff(offsets))
+            local.append(offsets[:-1])
+            shard_of.append(np.full(len(offsets) - 1, s, np.int64))
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        self.doc_lengths, self._doc_shard, self._doc_local = cat(lengths), cat(shard_of), cat(local)
+        self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
+        self.n_tokens, self.n_docs = int(self.doc_lengths.sum()), len(self.doc_lengths)
+        self._uids: list[str] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def uids(self) -> list[str]:
+        """Every document's shuffle key: DOMAIN/ID with an id column (DOMAIN/ only with a domain), else the index."""
+        if self._uids is None:
+            m = self.manifest
+            if m.get("id_column"):
+                uids = []
+                for sh in m["shards"]:
+                    if m.get("domain_column"):
+                        dom = np.load(self.path / sh["domain_path"], allow_pickle=False)
+                        uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"])]
+                    else:
+                        uids += list(sh["ids"])
+            else:
+                uids = [str(j) for j in range(self.n_docs)]
+            self._uids = uids
+        return self._uids
+
+    def piece(self, j: int, start: int, n: int) -> np.ndarray:
+        """Tokens [start, start+n) of document j: one slice of one memory-mapped shard."""
+        lo = self._doc_local[j] + start
+        return self._tokens[self._doc_shard[j]][lo:lo + n]
+
+    def doc(self, j: int) -> np.ndarray:
+        return np.asarray(self.piece(j, 0, int(self.doc_lengths[j])), np.int64)
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ShardedBatches:
+    """This rank's packed batches of a prepared corpus; iterate, or index by step (random access).
+
+    rank/world default to torch.distributed's (0/1 when not initialised); the batch a rank reads at
+    a step is (global_batch / world) sequences."""
+
+    def __init__(self, corpus: PreparedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
+                 rank: int | None = None, world: int | None = None):
+        self.corpus = corpus if isinstance(corpus, PreparedCorpus) else PreparedCorpus(corpus)
+        r, w = _dist_rank_world()
+        self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
+        for name, v in (("seq_len", seq_len), ("global_batch", global_batch), ("world", self.world)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank={self.rank} must be in 0..{self.world - 1}")
+        if global_batch % self.world:
+            raise ValueError(f"global_batch={global_batch} must be a multiple of the data-parallel world size {self.world}")
+        self.seq_len, self.global_batch, self.seed = int(seq_len), int(global_batch), int(seed)
+        self.batch_size = self.global_batch // self.world
+        self.tokens_per_epoch = self.corpus.n_tokens
+        need = self.global_batch * self.seq_len + 1
+        if self.tokens_per_epoch < need:
+            raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, fewer than one "
+                             f"step needs: global_batch {global_batch} x seq_len {seq_len} + 1 = {need}")
+        self.step = 0
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one step consumes over all ranks."""
+        return self.global_batch * self.seq_len
+
+    def epoch_of(self, step: int) -> float:
+        return step * self.tokens_per_step / self.tokens_per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The document order of `epoch` (a permutation of 0..n_docs-1)."""
+        return self._epoch(epoch)[0]
+
+    def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        if e not in self._epochs:
+            perm = shuffle_order(self.corpus.uids, self.seed, e)
+            cum = np.concatenate([[0], np.cumsum(self.corpus.doc_lengths[perm])]).astype(np.int64)
+            if len(self._epochs) >= 2:  # a batch spans at most two epochs
+                self._epochs.pop(next(iter(self._epochs)))
+            self._epochs[e] = (perm, cum)
+        return self._epochs[e]
+
+    def sequence_indices(self, step: int) -> np.ndarray:
+        """Global indices of the sequences this rank reads at `step`."""
+        return step * self.global_batch + self.rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+
+    def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences and a global
+        document key per token (epoch * n_docs + position of the document in the epoch's order)."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        W, T, n_docs = self.seq_len + 1, self.tokens_per_epoch, self.corpus.n_docs
+        lengths = self.corpus.doc_lengths
+        tokens_BW = np.empty((self.batch_size, W), np.int64)
+        docs_BW = np.empty((self.batch_size, W), np.int64)
+        for b, j in enumerate(self.sequence_indices(step).tolist()):
+            e, w = divmod(j * self.seq_len, T)
+            perm, cum = self._epoch(e)
+            k = int(np.searchsorted(cum, w, side="right")) - 1
+            off, filled = w - int(cum[k]), 0
+            while filled < W:  # one slice per document piece the window covers
+                if k == n_docs:
+                    e, k, off = e + 1, 0, 0
+                    perm, cum = self._epoch(e)
+                d = int(perm[k])
+                n = min(int(lengths[d]) - off, W - filled)
+                if n > 0:
+                    tokens_BW[b, filled:filled + n] = self.corpus.piece(d, off, n)
+                    docs_BW[b, filled:filled + n] = e * n_docs + k
+                    filled += n
+                k, off = k + 1, 0
+        return tokens_BW, docs_BW
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens_BS, targets_BS, doc_ids_BS) LongTensors of this rank at `step`; targets -100 across documents."""
+        return _pack(*self.windows(step))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.batch(self.step)
+        self.step += 1
+        return out
+
+    def state_dict(self) -> dict:
+        """What a checkpoint stores: the next step and what makes the stream this stream."""
+        return {"step": self.step, "seed": self.seed, "seq_len": self.seq_len, "global_batch": self.global_batch,
+                "corpus": self.corpus.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for k in ("seed", "seq_len", "global_batch", "corpus"):
+            if state.get(k) != mine[k]:
+                raise ValueError(f"loader state {k}={state.get(k)!r} does not match this loader's {mine[k]!r}: "
+                                 "resuming would read a different stream")
+        step = state.get("step")
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"loader state step={step!r} must be an integer >= 0")
+        self.step = step
