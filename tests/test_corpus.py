@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import free_port, run_ranks
 
 from marin import data
 from marin.data import prepare as prep
 from marin.data.eval import eval_domains, load_eval_corpus, tokenizer_of
-from marin.data.tokenizer import load_tokenizer
 from marin.data.shards import PreparedCorpus, ShardedBatches
-from ranks import free_port, run_ranks
+from marin.data.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS_PER_DOMAIN = 60

@@ -145,7 +145,6 @@ def _check_packed(tokens, targets, doc_ids):
 
 
 def test_packed_doc_ids_and_masked_cross_document_targets(letters):
-    c = data.load_corpus(DataConfig(corpus=str(letters)))
     pb = _loader(DataConfig(corpus=str(letters)), 32, 4, 0)
     for step in range(6):
         tokens, targets, doc_ids = pb.batch(step)
@@ -155,7 +154,6 @@ def test_packed_doc_ids_and_masked_cross_document_targets(letters):
 
 
 def test_stream_holds_every_train_document_once_per_epoch_and_splits_documents(letters):
-    c = data.load_corpus(DataConfig(corpus=str(letters)))
     pb = _loader(DataConfig(corpus=str(letters)), 16, 2, 3)
     L = pb.tokens_per_epoch
     steps = -(-2 * L // 32) + 1
@@ -192,7 +190,6 @@ def test_batches_are_deterministic_across_loaders_and_random_access_by_step(lett
 
 
 def test_changing_seq_len_at_fixed_tokens_per_step_continues_the_same_stream(letters):
-    c = data.load_corpus(DataConfig(corpus=str(letters)))
     short = _loader(DataConfig(corpus=str(letters)), 16, 8, 0)
     long = _loader(DataConfig(corpus=str(letters)), 64, 2, 0)
     for step in (0, 3, 9):

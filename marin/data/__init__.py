@@ -54,7 +54,7 @@ _EXPORTS = {
     "eval": ("eval_domains", "load_eval_corpus", "tokenizer_of"),
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
-__all__ = sorted(n for n in _WHERE if not n.startswith("_"))
+__all__ = [n for n in sorted(_WHERE) if not n.startswith("_")]
 
 
 def __getattr__(name: str):

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from marin.schema import sha256_file as _sha256_file  # the data package's callers know it by this name
+from marin.schema import (
+    sha256_file as _sha256_file,  # the data package's callers know it by this name
+)
 
 EMBEDDED_VERSION = 2  # bump on any change to what the builder writes: caches are keyed by it
 SPLITS = ("train", "heldout")

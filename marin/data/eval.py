@@ -17,7 +17,13 @@ import numpy as np
 
 from marin.data.corpus import data_cache_dir
 from marin.data.loading import Corpus, DomainSplit
-from marin.data.prepare import PrepareConfig, load_source, read_manifest, sha256_file, source_files
+from marin.data.prepare import (
+    PrepareConfig,
+    load_source,
+    read_manifest,
+    sha256_file,
+    source_files,
+)
 from marin.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 SPLIT_DIRS = {"val": ("val", "validation", "valid"), "test": ("test",)}

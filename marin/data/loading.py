@@ -27,7 +27,14 @@ from marin.data.corpus import (
     paloma_search_paths,
     verify_manifest,
 )
-from marin.data.tokenizer import ByteTokenizer, Tokenizer, _bpe_sample, _check_bpe_vocab, load_tokenizer, train_bpe
+from marin.data.tokenizer import (
+    ByteTokenizer,
+    Tokenizer,
+    _bpe_sample,
+    _check_bpe_vocab,
+    load_tokenizer,
+    train_bpe,
+)
 
 
 @dataclass

@@ -105,7 +105,8 @@ class PreparedCorpus:
             if len(offsets) != sh["documents"] + 1 or int(offsets[-1]) != sh["tokens"]:
                 raise ValueError(f"{self.path / sh['offsets_path']}: {len(offsets) - 1} documents / {int(offsets[-1])} "
                                  f"tokens, manifest says {sh['documents']} / {sh['tokens']}; prepare the corpus again")
-            self._tokens.append(np.memmap(self.path / sh["tokens_path"], dtype=dtype, mode="r")
+            # a plain ndarray view: slicing an np.memmap subclass costs microseconds per slice
+            self._tokens.append(np.memmap(self.path / sh["tokens_path"], dtype=dtype, mode="r").view(np.ndarray)
                                 if sh["tokens"] else np.zeros(0, dtype))
             lengths.append(np.diff(offsets))
             local.append(offsets[:-1])
@@ -208,30 +209,42 @@ class ShardedBatches:
 
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences and a global
-        document key per token (epoch * n_docs + position of the document in the epoch's order)."""
+        document key per token (epoch * n_docs + position of the document in the epoch's order).
+        The document pieces the windows cover are found with array arithmetic, then copied as whole
+        slices of the memory-mapped shards and concatenated once."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
         W, T, n_docs = self.seq_len + 1, self.tokens_per_epoch, self.corpus.n_docs
-        lengths = self.corpus.doc_lengths
-        tokens_BW = np.empty((self.batch_size, W), np.int64)
-        docs_BW = np.empty((self.batch_size, W), np.int64)
-        for b, j in enumerate(self.sequence_indices(step).tolist()):
-            e, w = divmod(j * self.seq_len, T)
+        start_B = self.sequence_indices(step) * self.seq_len  # stream position of each window
+        dst, shard, src, n, key = [], [], [], [], []
+        for e in range(int(start_B[0] // T), int((start_B[-1] + W - 1) // T) + 1):
             perm, cum = self._epoch(e)
-            k = int(np.searchsorted(cum, w, side="right")) - 1
-            off, filled = w - int(cum[k]), 0
-            while filled < W:  # one slice per document piece the window covers
-                if k == n_docs:
-                    e, k, off = e + 1, 0, 0
-                    perm, cum = self._epoch(e)
-                d = int(perm[k])
-                n = min(int(lengths[d]) - off, W - filled)
-                if n > 0:
-                    tokens_BW[b, filled:filled + n] = self.corpus.piece(d, off, n)
-                    docs_BW[b, filled:filled + n] = e * n_docs + k
-                    filled += n
-                k, off = k + 1, 0
-        return tokens_BW, docs_BW
+            a_B = np.clip(start_B - e * T, 0, T)  # this epoch's part of each window, epoch coordinates
+            b_B = np.clip(start_B + W - e * T, 0, T)
+            rows = np.flatnonzero(b_B > a_B)
+            a_R, b_R = a_B[rows], b_B[rows]
+            k0_R = np.searchsorted(cum, a_R, side="right") - 1
+            k1_R = np.searchsorted(cum, b_R - 1, side="right") - 1
+            count_R = k1_R - k0_R + 1
+            row_P = np.repeat(np.arange(len(rows)), count_R)
+            k_P = np.repeat(k0_R - np.cumsum(count_R) + count_R, count_R) + np.arange(int(count_R.sum()))
+            lo_P = np.maximum(cum[k_P], a_R[row_P])
+            hi_P = np.minimum(cum[k_P + 1], b_R[row_P])
+            doc_P = perm[k_P]
+            dst.append(rows[row_P] * W + (lo_P - (start_B[rows] - e * T)[row_P]))
+            shard.append(self.corpus._doc_shard[doc_P])
+            src.append(self.corpus._doc_local[doc_P] + lo_P - cum[k_P])
+            n.append(hi_P - lo_P)
+            key.append(e * n_docs + k_P)
+        dst_P, shard_P, src_P, n_P, key_P = (np.concatenate(x) for x in (dst, shard, src, n, key))
+        order = np.argsort(dst_P, kind="stable")
+        keep = order[n_P[order] > 0]  # zero-length documents cover nothing
+        shards = self.corpus._tokens
+        pieces = [shards[s][o:o + c] for s, o, c in zip(shard_P[keep].tolist(), src_P[keep].tolist(), n_P[keep].tolist())]
+        tokens = np.empty(self.batch_size * W, np.int64)
+        np.concatenate(pieces, out=tokens)  # one copy, widened on the way
+        docs = np.repeat(key_P[keep], n_P[keep])  # each piece's document key on its tokens
+        return tokens.reshape(self.batch_size, W), docs.reshape(self.batch_size, W)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens_BS, targets_BS, doc_ids_BS) LongTensors of this rank at `step`; targets -100 across documents."""
