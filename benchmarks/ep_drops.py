@@ -78,7 +78,7 @@ def zipf_routing(n_tokens: int, E: int, K: int, mean_doc: int, zipf: float, loca
 def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple[list[torch.Tensor], torch.Tensor, str]:
     """Per-layer expert_idx_TK of a tiny model on packed held-out data, doc ids, and a description."""
     from marin.config import DataConfig, ModelConfig, Recipe
-    from marin.data import PackedBatches, load_corpus
+    from marin.data import ShardedBatches, eval_batches, load_corpus, prepared_train
     from marin.model import MarinModel
     from marin.moe import Router
 
@@ -89,7 +89,7 @@ def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple
     corpus = load_corpus(DataConfig())
     note = ""
     if train_steps > 0:
-        train = PackedBatches(corpus, "train", cfg.seq_len, 8, seed)
+        train = ShardedBatches(prepared_train(DataConfig()), cfg.seq_len, 8, seed, rank=0, world=1)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
         model.train()
         t0, first = time.time(), None
@@ -103,8 +103,9 @@ def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple
             first = first if first is not None else out.ce_loss.item()
         note = (f"trained {train_steps} steps x 8 x {cfg.seq_len} tokens in {time.time() - t0:.0f}s, "
                 f"train CE {first:.2f} -> {out.ce_loss.item():.2f}")
-    heldout = PackedBatches(corpus, "heldout", cfg.seq_len, n_seqs, seed + 1)
-    tok, _, doc = heldout.batch(0)
+    per = -(-n_seqs // len(corpus.domains))  # the held-out sequences, every domain alike
+    rows = [eval_batches(corpus, d, cfg.seq_len, per, 1)[0] for d in corpus.domains]
+    tok, doc = torch.cat([r[0] for r in rows])[:n_seqs], torch.cat([r[2] for r in rows])[:n_seqs]
     captured: list[torch.Tensor] = []
     hooks = [m.register_forward_hook(lambda _m, _i, o: captured.append(o.expert_idx_TK))
              for m in model.modules() if isinstance(m, Router)]

@@ -328,3 +328,98 @@ def test_corpus_smaller_than_one_batch_names_the_numbers(letters):
         c.split("valid")
     with pytest.raises(ValueError, match="seq_len=0 must be a positive integer"):
         _loader(DataConfig(corpus=str(letters)), 0, 2, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# One train path: every corpus' train split read through the shard loader
+# --------------------------------------------------------------------------------------------
+
+
+def test_embedded_train_stream_through_shards_is_the_sha256_ordered_document_stream(embedded):
+    """Independent reference: the train documents of every domain ordered by
+    sha256(f"{seed}:{epoch}:{domain}/{id}") and concatenated (the embedded stream's definition)."""
+    import hashlib
+
+    docs = [(f"{d}/{i}", embedded.train[d].doc(k)) for d in sorted(embedded.train)
+            for k, i in enumerate(embedded.train[d].doc_ids)]
+    key = [int(hashlib.sha256(f"5:0:{u}".encode()).hexdigest()[:15], 16) for u, _ in docs]
+    stream = np.concatenate([docs[k][1] for k in sorted(range(len(docs)), key=lambda k: (key[k], k))])
+    loader = _loader(DataConfig(), 256, 4, 5)
+    assert loader.tokens_per_epoch == len(stream)
+    for step in (0, 3, 1000):
+        tokens, _, _ = loader.batch(step)
+        for r in range(4):
+            j = step * 4 + r
+            np.testing.assert_array_equal(tokens[r].numpy(), stream[j * 256:(j + 1) * 256])
+
+
+def test_a_folder_of_text_files_prepares_one_document_per_file_with_folder_domains(tmp_path):
+    from marin.data.prepare import PrepareConfig, prepare
+
+    texts = {"poems/a.txt": "roses are red\n", "poems/b.md": "violets are blue, ünïcode\n",
+             "notes/c.txt": "a note\n", "notes/empty.txt": ""}
+    for name, t in texts.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_text(t)
+    lines = []
+    m = prepare(PrepareConfig(source=str(tmp_path / "src"), tokenizer="byte", out=str(tmp_path / "out"),
+                              folder_domains=True), log=lines.append)
+    assert {d: v["documents"] for d, v in m["domains"].items()} == {"notes": 1, "poems": 2}
+    assert m["skipped_empty"] == 1 and any("1/1 shards done" in x for x in lines)
+    c = data.PreparedCorpus(tmp_path / "out")
+    got = sorted(bytes(c.doc(j).tolist()).decode() for j in range(c.n_docs))
+    assert got == sorted(t for t in texts.values() if t)
+
+
+def test_bpe_vocab_tokenizer_is_trained_on_the_source_and_saved_with_the_corpus(tmp_path):
+    from marin.data.prepare import PrepareConfig, prepare
+
+    src = tmp_path / "src"
+    src.mkdir()
+    words = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur"]
+    for k in range(30):
+        (src / f"{k}.txt").write_text(" ".join(words[(k + i) % 6] for i in range(200)) + "\n")
+    out = tmp_path / "out"
+    m = prepare(PrepareConfig(source=str(src), tokenizer="bpe:300", out=str(out)))
+    assert 256 < m["tokenizer"]["vocab_size"] <= 300 and m["tokenizer"]["path"] == "tokenizer.json"
+    assert prepare(PrepareConfig(source=str(src), tokenizer="bpe:300", out=str(out))) == m  # a rerun reuses it
+    moved = tmp_path / "moved"
+    out.rename(moved)  # the corpus carries its tokenizer: it still opens after a move
+    tok = data.tokenizer_of(moved)
+    assert tok.vocab_size == m["tokenizer"]["vocab_size"]
+    c = data.PreparedCorpus(moved)
+    text = (src / "0.txt").read_text()
+    np.testing.assert_array_equal(c.doc(0), tok.encode(text))
+    assert tok.decode(c.doc(0).tolist()) == text and c.n_tokens < 30 * len(text) / 3  # merges were learnt
+    with pytest.raises(ValueError, match="differs in tokenizer"):
+        prepare(PrepareConfig(source=str(src), tokenizer="bpe:400", out=str(moved)))
+
+
+def test_a_tokenizer_shipped_by_an_installed_package_is_found_offline(tmp_path, monkeypatch):
+    import sys
+
+    site = tmp_path / "site"
+    (site / "toypkg").mkdir(parents=True)
+    data.train_bpe(["some text to learn from " * 50], 260, site / "toypkg" / "tokenizer.json")
+    info = site / "toypkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toypkg\nVersion: 1.0\n")
+    (info / "RECORD").write_text("toypkg/tokenizer.json,,\ntoypkg-1.0.dist-info/METADATA,,\n")
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    tok = data.load_tokenizer("pkg:toypkg/toypkg/tokenizer.json")
+    assert tok.vocab_size == 260 and tok.decode(tok.encode("some text")) == "some text"
+    with pytest.raises(ValueError, match="no file 'nothing.json' in an installed distribution 'toypkg'"):
+        data.load_tokenizer("pkg:toypkg/nothing.json")
+
+
+def test_a_vocabulary_far_too_large_for_the_width_warns_with_the_cost_ratio():
+    from marin.config import ModelConfig, RunSpec
+    from marin.flops import forward_flops_breakdown
+    from marin.train.source import VOCAB_COST_RATIO, vocab_warning
+
+    spec = RunSpec(model=ModelConfig(d_model=128, n_layers=4))
+    terms = forward_flops_breakdown(ModelConfig(d_model=128, n_layers=4, vocab_size=100_000), spec.recipe)
+    ratio = terms.pop("lm_head") / sum(terms.values())
+    assert ratio > VOCAB_COST_RATIO
+    assert f"costs {ratio:.0f}x the rest of the model" in vocab_warning(spec, 100_000)
+    assert vocab_warning(spec, 4096) is None and vocab_warning(RunSpec(), 256) is None

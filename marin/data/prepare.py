@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import multiprocessing as mp
 import os
 from contextlib import contextmanager
@@ -113,6 +114,7 @@ def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> A
     """One HF dataset of `files` (all of one kind); a text file is one document."""
     import datasets
 
+    datasets.logging.set_verbosity(logging.CRITICAL)  # a bad file is reported once, as one line, below
     if kind == "text":
         return datasets.Dataset.from_dict({text_column: [_read_text_file(f) for f in files]})
     for f in files:
@@ -122,7 +124,9 @@ def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> A
         return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
         names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
-        msg = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+        while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
+            e = e.__cause__ or e.__context__
+        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
                          f"{text_column!r} column and one schema across files") from None
 
@@ -158,6 +162,9 @@ def load_source(cfg: PrepareConfig) -> Any:
         parts = []
         for kind, dom, fs in groups:
             part = _load_files(kind, fs, cfg.text_column, cache)
+            if cfg.text_column not in part.column_names:  # else concatenation fills it with None: text lost
+                raise ValueError(f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}: no "
+                                 f"text_column={cfg.text_column!r}; columns found: {', '.join(part.column_names)}")
             if cfg.folder_domains:
                 part = part.add_column("domain", [dom] * len(part))
             parts.append(part)
@@ -328,18 +335,19 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
                          "'byte', 'bpe:VOCAB', 'pkg:DIST/PATH', a tokenizer.json path") from None
     from marin.data.tokenizer import train_bpe
 
-    path = out / "tokenizer.json"
-    if path.is_file():
-        info = tokenizer_info(str(path))
-        if info["vocab_size"] != vocab:
-            raise ValueError(f"--out {str(out)!r} holds a tokenizer of vocabulary {info['vocab_size']}, not {vocab}; "
+    path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
+    if path.is_file() and (not made_by.is_file() or made_by.read_text() != spec):
+        if made_by.is_file():
+            raise ValueError(f"--out {str(out)!r} holds a tokenizer made by {made_by.read_text()!r}, not {spec!r}; "
                              "choose another --out or delete it")
-    else:
+        path.unlink()  # killed between training and recording it: train again
+    if not path.is_file():
         if log:
             log(f"training a byte-level BPE of vocabulary {vocab} on {cfg.source} (up to {BPE_TRAIN_BYTES:,} bytes)")
         train_bpe(_bpe_texts(ds, cfg.text_column), vocab, path)
-        info = tokenizer_info(str(path))
-    return {**info, "path": "tokenizer.json", "in_corpus": True, "spec": spec}
+        atomic_write_bytes(made_by, spec.encode())
+    # the trainer stops early when the text has fewer merges to learn: the file's vocabulary is the truth
+    return {**tokenizer_info(str(path)), "path": "tokenizer.json", "in_corpus": True, "spec": spec}
 
 
 def _bpe_texts(ds: Any, column: str) -> Iterator[str]:

@@ -17,6 +17,8 @@ the checkpoint and checked on resume.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,9 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
         raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's vocabulary "
                          f"({vocab}, DataConfig.corpus={data.corpus!r}, DataConfig.tokenizer={data.tokenizer!r}); "
                          f"allowed values: >= {vocab}")
+    warn = vocab_warning(spec, vocab)
+    if warn:
+        warnings.warn(warn, stacklevel=2)
     domains = list(data.eval_domains) or list(ev.domains)
     unknown = [d for d in domains if d not in ev.domains]
     if unknown:
@@ -140,6 +145,31 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
         prov["eval_dir"] = str(Path(data.eval_dir).expanduser().resolve())
     prov["eval_domains"] = domains
     return DataSource(train, rank_rows, ev, domains, vocab, prov, state_required=prepared)
+
+
+#: the output layer may cost this many times the rest of the model per token before a run warns
+VOCAB_COST_RATIO = 4.0
+
+
+def vocab_warning(spec: RunSpec, vocab: int) -> str | None:
+    """A warning when the vocabulary is far too large for the rung's width: the output layer
+    (2·d·V FLOPs per token) would cost more than VOCAB_COST_RATIO times everything else."""
+    from marin.flops import forward_flops_breakdown
+
+    terms = forward_flops_breakdown(dataclasses.replace(spec.model, vocab_size=vocab), spec.recipe)
+    head = terms.pop("lm_head")
+    rest = sum(terms.values())
+    if head <= VOCAB_COST_RATIO * rest:
+        return None
+    return (f"vocabulary {vocab:,} is far too large for d_model={spec.model.d_model}, n_layers={spec.model.n_layers}: "
+            f"the output layer costs {head / rest:.0f}x the rest of the model per token, so it takes most of "
+            f"every step; use a smaller vocabulary (data prepare --tokenizer bpe:VOCAB, e.g. "
+            f"bpe:{_suggest_vocab(spec, rest)}) or a wider rung")
+
+
+def _suggest_vocab(spec: RunSpec, rest: float) -> int:
+    v = int(rest / (2 * spec.model.d_model))  # the output layer costs about as much as the rest
+    return max(512, 1 << max(9, v.bit_length() - 1))
 
 
 def global_tokens(batch: tuple[torch.Tensor, ...], rank_rows: bool, world: int) -> int:
