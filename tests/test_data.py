@@ -321,7 +321,7 @@ def test_corpus_without_text_column_is_a_clear_error(tmp_path):
 def test_corpus_smaller_than_one_batch_names_the_numbers(letters):
     c = data.load_corpus(DataConfig(corpus=str(letters)))
     n = c.train["lower"].n_tokens + c.train["upper"].n_tokens
-    with pytest.raises(ValueError, match=rf"has {n} tokens, fewer than one step needs: global_batch 8 x seq_len 512 "
+    with pytest.raises(ValueError, match=rf"has {n} tokens, fewer than one batch needs: global_batch 8 x seq_len 512 "
                                          rf"\+ 1 = 4097"):
         _loader(DataConfig(corpus=str(letters)), 512, 8, 0)
     with pytest.raises(ValueError, match="split='valid' is not a known split; allowed values: 'train', 'heldout'"):

@@ -177,8 +177,8 @@ class ShardedBatches:
         self.tokens_per_epoch = self.corpus.n_tokens
         need = self.global_batch * self.seq_len + 1
         if self.tokens_per_epoch < need:
-            raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, fewer than one "
-                             f"step needs: global_batch {global_batch} x seq_len {seq_len} + 1 = {need}")
+            raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, fewer than one batch "
+                             f"needs: global_batch {global_batch} x seq_len {seq_len} + 1 = {need}")
         self.step = 0
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
