@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -164,7 +165,7 @@ def test_a_garbage_tokenizer_json_is_one_clear_line(source, tmp_path, capsys, co
 
 
 def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
-    """name -> (folder, what the error says)"""
+    """name -> (folder, a regex of what the error says)"""
     cases = {}
     d = root / "empty"
     d.mkdir()
@@ -191,7 +192,7 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     d.mkdir()
     (d / "a.jsonl").write_text(json.dumps({"body": "hello there", "n": 1}) + "\n")
     (d / "b.txt").write_text("plain text\n")
-    cases["mixed_kinds"] = (d, "a.jsonl: no text_column='text'; columns found: body, n")
+    cases["mixed_kinds"] = (d, r"text_column='text' is not a column of \S+/a\.jsonl; allowed values: body, n")
     return cases
 
 
@@ -200,10 +201,10 @@ def test_unreadable_source_files_are_one_clear_line_in_prepare_and_in_eval_folde
     folder, says = _bad_sources(tmp_path)[case]
     rc = main(["data", "prepare", str(folder), "--tokenizer", "byte", "--out", str(tmp_path / "out")])
     assert rc == 2
-    assert says in _one_error_line(capsys)
+    assert re.search(says, _one_error_line(capsys))
     evaldir = tmp_path / "eval"
     shutil.copytree(folder, evaldir / "dom" / "val")
-    with pytest.raises(ValueError, match=says.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=says):
         load_eval_corpus(evaldir, ByteTokenizer())
 
 

@@ -163,8 +163,9 @@ def load_source(cfg: PrepareConfig) -> Any:
         for kind, dom, fs in groups:
             part = _load_files(kind, fs, cfg.text_column, cache)
             if cfg.text_column not in part.column_names:  # else concatenation fills it with None: text lost
-                raise ValueError(f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}: no "
-                                 f"text_column={cfg.text_column!r}; columns found: {', '.join(part.column_names)}")
+                where = f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}"
+                raise ValueError(f"text_column={cfg.text_column!r} is not a column of {where}; allowed values: "
+                                 f"{', '.join(part.column_names)}")
             if cfg.folder_domains:
                 part = part.add_column("domain", [dom] * len(part))
             parts.append(part)

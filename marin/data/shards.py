@@ -207,44 +207,40 @@ class ShardedBatches:
         """Global indices of the sequences this rank reads at `step`."""
         return step * self.global_batch + self.rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
 
+    def stream(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, docs): stream positions [lo, hi) and a global document key per token (epoch *
+        n_docs + position of the document in the epoch's order). The document pieces the range covers
+        are found with array arithmetic, then copied as whole slices of the memory-mapped shards."""
+        T, n_docs, c = self.tokens_per_epoch, self.corpus.n_docs, self.corpus
+        tokens = np.empty(hi - lo, np.int64)
+        pieces, keys, sizes = [], [], []
+        for e in range(lo // T, (hi - 1) // T + 1):
+            perm, cum = self._epoch(e)
+            a, b = max(lo - e * T, 0), min(hi - e * T, T)  # this epoch's part, in epoch coordinates
+            k_P = np.arange(np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b - 1, side="right"))
+            lo_P, hi_P = np.maximum(cum[k_P], a), np.minimum(cum[k_P + 1], b)
+            doc_P = perm[k_P]
+            src_P = c._doc_local[doc_P] + lo_P - cum[k_P]
+            n_P = hi_P - lo_P
+            pieces += [c._tokens[s][o:o + n] for s, o, n in zip(c._doc_shard[doc_P].tolist(), src_P.tolist(),
+                                                                  n_P.tolist())]
+            keys.append(e * n_docs + k_P)
+            sizes.append(n_P)
+        np.concatenate(pieces, out=tokens)  # one copy, widened on the way
+        return tokens, np.repeat(np.concatenate(keys), np.concatenate(sizes))
+
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences and a global
-        document key per token (epoch * n_docs + position of the document in the epoch's order).
-        The document pieces the windows cover are found with array arithmetic, then copied as whole
-        slices of the memory-mapped shards and concatenated once."""
+        """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences (consecutive
+        in the stream, so one contiguous range) and their document keys (see `stream`)."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
-        W, T, n_docs = self.seq_len + 1, self.tokens_per_epoch, self.corpus.n_docs
-        start_B = self.sequence_indices(step) * self.seq_len  # stream position of each window
-        dst, shard, src, n, key = [], [], [], [], []
-        for e in range(int(start_B[0] // T), int((start_B[-1] + W - 1) // T) + 1):
-            perm, cum = self._epoch(e)
-            a_B = np.clip(start_B - e * T, 0, T)  # this epoch's part of each window, epoch coordinates
-            b_B = np.clip(start_B + W - e * T, 0, T)
-            rows = np.flatnonzero(b_B > a_B)
-            a_R, b_R = a_B[rows], b_B[rows]
-            k0_R = np.searchsorted(cum, a_R, side="right") - 1
-            k1_R = np.searchsorted(cum, b_R - 1, side="right") - 1
-            count_R = k1_R - k0_R + 1
-            row_P = np.repeat(np.arange(len(rows)), count_R)
-            k_P = np.repeat(k0_R - np.cumsum(count_R) + count_R, count_R) + np.arange(int(count_R.sum()))
-            lo_P = np.maximum(cum[k_P], a_R[row_P])
-            hi_P = np.minimum(cum[k_P + 1], b_R[row_P])
-            doc_P = perm[k_P]
-            dst.append(rows[row_P] * W + (lo_P - (start_B[rows] - e * T)[row_P]))
-            shard.append(self.corpus._doc_shard[doc_P])
-            src.append(self.corpus._doc_local[doc_P] + lo_P - cum[k_P])
-            n.append(hi_P - lo_P)
-            key.append(e * n_docs + k_P)
-        dst_P, shard_P, src_P, n_P, key_P = (np.concatenate(x) for x in (dst, shard, src, n, key))
-        order = np.argsort(dst_P, kind="stable")
-        keep = order[n_P[order] > 0]  # zero-length documents cover nothing
-        shards = self.corpus._tokens
-        pieces = [shards[s][o:o + c] for s, o, c in zip(shard_P[keep].tolist(), src_P[keep].tolist(), n_P[keep].tolist())]
-        tokens = np.empty(self.batch_size * W, np.int64)
-        np.concatenate(pieces, out=tokens)  # one copy, widened on the way
-        docs = np.repeat(key_P[keep], n_P[keep])  # each piece's document key on its tokens
-        return tokens.reshape(self.batch_size, W), docs.reshape(self.batch_size, W)
+        B, S = self.batch_size, self.seq_len
+        lo = int(self.sequence_indices(step)[0]) * S
+        tokens, docs = self.stream(lo, lo + B * S + 1)
+        # row r is stream[r*S : r*S + S + 1]: overlapping views, no copy
+        view = (lambda x: np.lib.stride_tricks.as_strided(x, (B, S + 1), (S * x.itemsize, x.itemsize),
+                                                          writeable=False))
+        return view(tokens), view(docs)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens_BS, targets_BS, doc_ids_BS) LongTensors of this rank at `step`; targets -100 across documents."""
