@@ -40,7 +40,7 @@ CLI_BOUNDS: dict[str, tuple] = {
     "limit": NONNEG_INT,
     # execution (--workers, --mem-gb, ...), tune (--points, --span) and data prepare (--num-proc, ...)
     # options are checked by the option dataclasses they build (sweeps.executors, sweeps.tuning,
-    # marin.corpus), also before any work
+    # marin.data.prepare), also before any work
 }
 
 
