@@ -164,6 +164,13 @@ def test_a_garbage_tokenizer_json_is_one_clear_line(source, tmp_path, capsys, co
     assert not (tmp_path / "out" / "prepare.json").exists()
 
 
+@pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "bpe:"])
+def test_a_bad_bpe_vocab_is_one_clear_line_before_the_source_is_read(tmp_path, capsys, spec):
+    rc = main(["data", "prepare", str(tmp_path / "no-such-source"), "--tokenizer", spec, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer in 257..1048576" in _one_error_line(capsys)
+
+
 def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     """name -> (folder, a regex of what the error says)"""
     cases = {}

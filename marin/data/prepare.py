@@ -329,11 +329,7 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
     spec = cfg.tokenizer
     if not spec.startswith("bpe:"):
         return tokenizer_info(spec)
-    try:
-        vocab = int(spec[4:])
-    except ValueError:
-        raise ValueError(f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer; allowed values: "
-                         "'byte', 'bpe:VOCAB', 'pkg:DIST/PATH', a tokenizer.json path") from None
+    vocab = _bpe_vocab(spec)
     from marin.data.tokenizer import train_bpe
 
     path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
@@ -349,6 +345,18 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
         atomic_write_bytes(made_by, spec.encode())
     # the trainer stops early when the text has fewer merges to learn: the file's vocabulary is the truth
     return {**tokenizer_info(str(path)), "path": "tokenizer.json", "in_corpus": True, "spec": spec}
+
+
+def _bpe_vocab(spec: str) -> int:
+    """VOCAB of a 'bpe:VOCAB' tokenizer spec, checked."""
+    try:
+        vocab = int(spec[4:])
+    except ValueError:
+        vocab = None
+    if vocab is None or not 257 <= vocab <= 1 << 20:
+        raise ValueError(f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer in 257..{1 << 20}; allowed "
+                         "values: 'byte', 'bpe:VOCAB', 'pkg:DIST/PATH', a tokenizer.json path")
+    return vocab
 
 
 def _bpe_texts(ds: Any, column: str) -> Iterator[str]:
@@ -368,8 +376,10 @@ def prepare(cfg: PrepareConfig, *, shard_limit: int | None = None, log: Any = No
     holding a preparation of different inputs is refused, never mixed; concurrent preparations of
     one `out` run one after the other (out_lock)."""
     out = Path(cfg.out).expanduser()
-    if not cfg.tokenizer.startswith("bpe:"):
-        tokenizer_info(cfg.tokenizer)  # a bad tokenizer fails before the source is read
+    if cfg.tokenizer.startswith("bpe:"):  # a bad tokenizer fails before the source is read
+        _bpe_vocab(cfg.tokenizer)
+    else:
+        tokenizer_info(cfg.tokenizer)
     ds = load_source(cfg)
     with out_lock(out):
         return _prepare_locked(cfg, ds, out, shard_limit, log)
