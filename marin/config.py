@@ -8,14 +8,15 @@ allowed values, and every error names the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from marin.factors import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_FACTOR_SPECS, RECIPE_LEVELS,  # noqa: F401
-                           factor_spec)
+from marin.factors import (BASELINE_LEVELS, FACTORS, IDENTITY_LEVELS, MODEL_FACTORS,  # noqa: F401
+                           RECIPE_FACTOR_SPECS, RECIPE_LEVELS, factor_spec)
 from marin.schema import seed_offset
 
 # ---------------------------------------------------------------------------------------------
@@ -393,12 +394,17 @@ class DataConfig:
                                            "data_seed": SEED})
 
 
-#: Version of what a run computes from its spec. The run id hashes this and the fields that differ
-#: from their defaults, so a new field whose default keeps the old behaviour keeps every id; bump it
-#: when a default changes what runs compute (tests/test_factors.py pins the defaults per version).
+#: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes this,
+#: every recipe switch not at its `FactorSpec.identity_level` (what runs computed before the switch
+#: existed), and the model/train/data fields that differ from their defaults. So a new field whose
+#: default keeps the old behaviour keeps every id, and a new recipe switch gives a new id to every run
+#: that uses its new branch. Bump it when a default or what a level computes changes
+#: (tests/test_run_ids.py pins every default and identity level per version).
 #: 3: every run draws its initial weights with the layout-independent init (marin.parallel.init_weights),
 #: so one process and any sharding of a run start from the same weights.
-SPEC_VERSION = 3
+#: 4: the recipe enters the id as its switches away from their identity level (before: away from the
+#: recipe level, so a new switch left every all-on run's id unchanged).
+SPEC_VERSION = 4
 
 
 def non_default(obj: Any) -> dict:
@@ -424,8 +430,8 @@ def non_default(obj: Any) -> dict:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id hashes SPEC_VERSION and the
-    non-default values (`identity_json`), so it changes only when what the run computes changes."""
+    """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id hashes `identity_json`, so it
+    changes exactly when what the run computes changes (docs/architecture.md §3)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     recipe: Recipe = field(default_factory=Recipe)
@@ -446,11 +452,18 @@ class RunSpec:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def identity_json(self) -> str:
-        """What the run id hashes: the spec version and every value that differs from its default."""
-        return json.dumps({"spec_version": SPEC_VERSION, **non_default(self)}, sort_keys=True, separators=(",", ":"))
+        """What the run id hashes: the spec version, each recipe switch away from its identity level
+        (a new switch at its default changes the id) and each other value away from its default."""
+        ident = non_default(self)
+        ident.pop("recipe", None)
+        recipe = {k: v for k, v in to_dict(self.recipe).items() if v != IDENTITY_LEVELS[k]}
+        if recipe:
+            ident["recipe"] = recipe
+        return json.dumps({"spec_version": SPEC_VERSION, **ident}, sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
+        """Computed once per spec (a study's plan asks for it many times)."""
         return hashlib.sha256(self.identity_json().encode()).hexdigest()[:16]
 
     @classmethod

@@ -24,6 +24,10 @@ class FactorSpec:
     changes_model: bool = True  # False: only the optimizer changes (MODEL_FACTORS leaves it out)
     quality: bool = True  # False: changes throughput and drops, studied apart (QUALITY_FACTORS)
     doc: str = ""
+    # The level every run computed before this row existed (None: the baseline). The run id leaves a
+    # switch at this level out of its hash (marin.config.RunSpec.identity_json), so adding a row keeps
+    # the ids of runs that compute what they did and gives every other run a new id.
+    before: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -31,6 +35,14 @@ class FactorSpec:
         lv = self.levels
         if len(set(lv)) != len(lv) or not all(isinstance(x, str) and x for x in lv):
             raise ValueError(f"FactorSpec {self.name!r}: levels {lv} must be distinct non-empty strings")
+        if self.before is not None and self.before not in lv:
+            raise ValueError(f"FactorSpec {self.name!r}: before={self.before!r} is not a level; allowed values: "
+                             f"{', '.join(map(repr, lv))}")
+
+    @property
+    def identity_level(self) -> str:
+        """The level a run id leaves out: what runs computed before this switch existed."""
+        return self.baseline if self.before is None else self.before
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -58,6 +70,7 @@ RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
 SPECS: dict[str, FactorSpec] = {s.name: s for s in RECIPE_FACTOR_SPECS}
 RECIPE_LEVELS: dict[str, tuple[str, ...]] = {s.name: s.levels for s in RECIPE_FACTOR_SPECS}
 BASELINE_LEVELS: dict[str, str] = {s.name: s.baseline for s in RECIPE_FACTOR_SPECS}
+IDENTITY_LEVELS: dict[str, str] = {s.name: s.identity_level for s in RECIPE_FACTOR_SPECS}
 FACTORS: tuple[str, ...] = tuple(SPECS)
 MODEL_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.changes_model)
 QUALITY_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.quality)

@@ -14,8 +14,7 @@ import pytest
 
 from ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
 from ablations.ladders import Rung
-from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, SPEC_VERSION, Recipe, RunSpec,
-                          TrainConfig, non_default)
+from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe)
 from marin.factors import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 from marin.hparams import HEURISTICS, resolve_hparams
 from marin.schema import RunMeta, RunSummary, read_summary, write_summary
@@ -71,38 +70,6 @@ def test_summary_schema_reads_what_train_writes_and_keeps_extra_keys(tmp_path):
     assert back.loss_curve == ((0, 5.0),) and back.to_dict()["lr_peak"] == 0.01
     with pytest.raises(ValueError, match="RunSummary.status='done' is not a known level"):
         RunSummary(run_id="x", status="done")
-
-
-# ---- stable run ids -----------------------------------------------------------------------------
-
-# Defaults as of SPEC_VERSION 3 (3 changed the init draw, not a default). A changed default changes what runs compute without changing their
-# ids: bump SPEC_VERSION and update this table.
-_PINNED_V2 = {"train": {"lr_scale": 1.0, "lr_heuristic": "aug_refit", "adam_eps": None, "steps": 200,
-                        "warmup_frac": 0.01, "final_lr_frac": 0.05, "weight_decay": 0.1}}
-
-
-def test_defaults_are_pinned_for_the_spec_version():
-    assert SPEC_VERSION == 3
-    d = RunSpec().to_dict()
-    for section, pinned in _PINNED_V2.items():
-        assert {k: d[section][k] for k in pinned} == pinned
-
-
-def test_adding_a_defaulted_field_keeps_existing_run_ids(monkeypatch):
-    import marin.config as config
-
-    spec = get_study("smoke").runs()[5][0]
-    before = spec.run_id
-    # TrainConfig grows a field whose default reproduces the old behaviour
-    New = dataclasses.make_dataclass("TrainConfig", [("new_knob", float, dataclasses.field(default=0.0))],
-                                     bases=(TrainConfig,), frozen=True)
-    grown = dataclasses.replace(spec, train=New(**dataclasses.asdict(spec.train) | {"context_stages": ()}))
-    assert grown.run_id == before
-    assert dataclasses.replace(spec, train=New(**dataclasses.asdict(spec.train) | {"context_stages": ()},
-                                               new_knob=1.0)).run_id != before
-    assert non_default(RunSpec()) == {}
-    monkeypatch.setattr(config, "SPEC_VERSION", SPEC_VERSION + 1)
-    assert spec.run_id != before  # a version bump re-identifies every run
 
 
 # ---- one hyperparameter resolver ----------------------------------------------------------------
