@@ -1,4 +1,4 @@
-"""One fit of the reference law and the quality effects on every run (docs/method.md, "Joint law").
+"""One fit of the reference law and the quality effects on every run (docs/method.md §4, *Joint law*).
 
 Model, per run n with coded factors x_n, compute C_n, u_n = ln(C_n/C0) + e_n·θ:
 

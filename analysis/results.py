@@ -1,4 +1,4 @@
-"""Run directories -> the results table (docs/architecture.md, "The run directory").
+"""Run directories -> the results table (docs/architecture.md §3).
 
 `collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,summary}.json` through `marin.schema`
 (torch-free), writes one row per run to `<study_dir>/results.parquet` and returns it. A run with

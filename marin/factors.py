@@ -9,7 +9,9 @@ analysis reads. Adding a recipe factor is one row here plus the visible branch i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from marin.optimizers import OPTIMIZERS
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class FactorSpec:
         return (self.recipe, self.baseline, *self.extra)
 
 
+_OPTIMIZERS = tuple(OPTIMIZERS)  # the optimizer registry's levels: recipe, baseline, then the others
 RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
     FactorSpec("xsa", "xsa", "none",
                doc="Exclusive Self Attention (arXiv 2603.09078) vs the plain attention output"),
@@ -63,7 +66,7 @@ RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
                doc="quantile balancing bias (no aux loss); baseline Switch aux loss; extra DeepSeek aux-free bias"),
     FactorSpec("ep_transport", "ragged", "fixed", ("dropless",), quality=False,
                doc="ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity"),
-    FactorSpec("optimizer", "hyperball", "adamw", ("muon_adamw", "adamh"), changes_model=False,
+    FactorSpec("optimizer", *_OPTIMIZERS[:2], _OPTIMIZERS[2:], changes_model=False,
                doc="Hyperball (MuonH + AdamH + Adam) vs AdamW; extras Muon+AdamW, AdamH alone"),
 )
 
@@ -74,6 +77,15 @@ IDENTITY_LEVELS: dict[str, str] = {s.name: s.identity_level for s in RECIPE_FACT
 FACTORS: tuple[str, ...] = tuple(SPECS)
 MODEL_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.changes_model)
 QUALITY_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if s.quality)
+
+
+def add_level(name: str, level: str) -> None:
+    """A further level of a registered switch (`marin.optimizers.register_optimizer` adds optimizers)."""
+    global RECIPE_FACTOR_SPECS
+    spec = replace(factor_spec(name), extra=(*SPECS[name].extra, level))
+    SPECS[name] = spec
+    RECIPE_LEVELS[name] = spec.levels
+    RECIPE_FACTOR_SPECS = tuple(spec if s.name == name else s for s in RECIPE_FACTOR_SPECS)
 
 
 def factor_spec(name: str) -> FactorSpec:

@@ -1,4 +1,4 @@
-"""Analytic parameter and FLOP accounting per (ModelConfig, Recipe) (docs/method.md §2.2, §3). No torch.
+"""Analytic parameter and FLOP accounting per (ModelConfig, Recipe) (docs/method.md §2.2, §4.1). No torch.
 
 Definitions (kept equal to what `MarinModel` builds; tests check both against the meta-device model
 and against torch's FlopCounterMode):

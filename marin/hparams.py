@@ -85,35 +85,50 @@ class OptimHparams:
     expert_sphere: str = "bank"  # TrainConfig.expert_sphere: one hyperball per expert bank or per expert
 
 
-def resolve_hparams(spec: RunSpec) -> OptimHparams:
-    """The run's hyperparameters: the heuristic's values × `lr_scale`; explicit TrainConfig values win.
+def _hyperball_rule(h: LRHeuristic, tokens: float, d: int, tokens_per_batch: int, adam_lr: float,
+                    t: TrainConfig) -> tuple[float, float, float, float, float]:
+    """hyperball, adamh: η = η_MuonH, Adam group adam_lr, Marin's β1/β2/ε."""
+    lr = t.lr_scale * h.muonh_lr(tokens, d, tokens_per_batch)
+    return lr, adam_lr, h.beta1, h.beta2(tokens_per_batch), h.eps(tokens, tokens_per_batch)
 
-    hyperball, adamh: η = η_MuonH, Adam group adam_lr, Marin's β1/β2/ε.
-    adamw: one lr everywhere (adam_lr, what a peer runs), betas (0.9, 0.95), ε 1e-8.
-    muon_adamw: Muon's update is RMS-matched to AdamW's (Moonlight scale 0.2·√max(m, n)), so Muon
+
+def _adamw_rule(h: LRHeuristic, tokens: float, d: int, tokens_per_batch: int, adam_lr: float,
+                t: TrainConfig) -> tuple[float, float, float, float, float]:
+    """adamw: one lr everywhere (adam_lr, what a peer runs), betas (0.9, 0.95), ε 1e-8."""
+    lr = t.lr if t.lr is not None else adam_lr
+    return lr, lr, *ADAMW_BETAS, ADAMW_EPS
+
+
+def _muon_adamw_rule(h: LRHeuristic, tokens: float, d: int, tokens_per_batch: int, adam_lr: float,
+                     t: TrainConfig) -> tuple[float, float, float, float, float]:
+    """muon_adamw: Muon's update is RMS-matched to AdamW's (Moonlight scale 0.2·√max(m, n)), so Muon
     shares AdamW's lr, not the Hyperball η (a MuonH η is a relative step on a fixed-norm sphere, a
-    different quantity); betas and ε as AdamW.
-    """
+    different quantity); betas and ε as AdamW."""
+    return adam_lr, adam_lr, *ADAMW_BETAS, ADAMW_EPS
+
+
+#: name -> rule(heuristic, tokens D, d_model, tokens per batch B, heuristic adam_lr, train) ->
+#: (lr, adam_lr, β1, β2, ε) before explicit TrainConfig values; `marin.optimizers.OptimizerLevel.hparams`.
+HPARAM_RULES = {"hyperball": _hyperball_rule, "adamw": _adamw_rule, "muon_adamw": _muon_adamw_rule}
+
+
+def resolve_hparams(spec: RunSpec) -> OptimHparams:
+    """The run's hyperparameters: the level's rule (`HPARAM_RULES`) on the heuristic's values ×
+    `lr_scale`; explicit TrainConfig values (lr, adam_lr, beta1, beta2, adam_eps) win."""
+    from marin.optimizers import optimizer_level
+
     t: TrainConfig = spec.train.effective()  # D is the tokens the run trains (token_multiplier included)
-    level = spec.recipe.optimizer
+    level = optimizer_level(spec.recipe.optimizer)
+    rule = HPARAM_RULES[level.hparams] if isinstance(level.hparams, str) else level.hparams
     h = heuristic(t.lr_heuristic)
     tokens_per_batch = t.batch_size * spec.model.seq_len
     tokens = float(t.steps * tokens_per_batch)
     d = spec.model.d_model
     adam_lr = t.adam_lr if t.adam_lr is not None else t.lr_scale * h.adam_lr(tokens, d, tokens_per_batch)
-    if level in ("hyperball", "adamh"):
-        lr = t.lr if t.lr is not None else t.lr_scale * h.muonh_lr(tokens, d, tokens_per_batch)
-        b1, b2, eps = h.beta1, h.beta2(tokens_per_batch), h.eps(tokens, tokens_per_batch)
-    elif level in ("adamw", "muon_adamw"):
-        lr = t.lr if t.lr is not None else adam_lr
-        if level == "adamw":
-            adam_lr = lr  # one lr everywhere
-        (b1, b2), eps = ADAMW_BETAS, ADAMW_EPS
-    else:
-        raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: "
-                         "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
+    lr, adam_lr, b1, b2, eps = rule(h, tokens, d, tokens_per_batch, adam_lr, t)
+    lr = t.lr if t.lr is not None else lr
     b1 = t.beta1 if t.beta1 is not None else b1
     b2 = t.beta2 if t.beta2 is not None else b2
     eps = t.adam_eps if t.adam_eps is not None else eps
-    return OptimHparams(level, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
+    return OptimHparams(level.name, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
                         float(t.muon_momentum), int(t.ns_steps), float(eps), t.expert_sphere)

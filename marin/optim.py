@@ -1,6 +1,7 @@
 """Optimizers: Hyperball (MuonH + AdamH + Adam, docs/method.md §2.1) and the peers' baselines.
 
-One `torch.optim.Optimizer` holds every parameter group; each group carries a `kind`:
+One `torch.optim.Optimizer` holds every parameter group; each group carries a `kind`, a row of the
+registry `marin.optimizers.KINDS` whose `update` is one of the functions at the end of this module:
 
 - ``muonh``  Muon direction projected back onto the sphere of the matrix's init Frobenius norm.
 - ``adamh``  the bias-corrected Adam direction, same projection, same eta.
@@ -52,6 +53,7 @@ from torch import Tensor
 
 from marin.config import LR_SCHEDULES
 from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
+from marin.optimizers import KINDS, NO_DECAY_ROLES, ROLES, group_kinds, resolve_update
 
 NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -59,10 +61,6 @@ NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "simple": ((3.4445, -4.7750, 2.0315),),
 }
 NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
-ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
-MATRIX_ROLES = ("matrix", "expert")  # MuonH (or Muon / AdamH by level)
-ADAM_ROLES = ("embed", "router", "gate", "norm", "sconv")
-NO_DECAY_ROLES = ("norm", "sconv")  # AdamW baselines: no decay on gains or the identity-init conv taps
 WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
 
@@ -110,19 +108,6 @@ def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7,
     if transposed:
         x = x.mT
     return x.to(u_XMN.dtype)
-
-
-def newton_schulz_many(us: list[Tensor], steps: int = 5) -> list[Tensor]:
-    """`newton_schulz` of every tensor in `us`, batched by trailing matrix shape (fewer, larger calls)."""
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for i, u in enumerate(us):
-        by_shape.setdefault(tuple(u.shape[-2:]), []).append(i)
-    out: list[Tensor | None] = [None] * len(us)
-    for (m, n), idx in by_shape.items():
-        o = newton_schulz(torch.cat([us[i].reshape(-1, m, n) for i in idx]), steps)
-        for i, part in zip(idx, o.split([us[i].numel() // (m * n) for i in idx])):
-            out[i] = part.reshape(us[i].shape)
-    return out  # type: ignore[return-value]
 
 
 def _is_dtensor(t: Tensor) -> bool:
@@ -173,22 +158,6 @@ def sphere_norms(p: Tensor, role: str, expert_sphere: str = "bank") -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def group_kinds(level: str) -> dict[str, str]:
-    """role -> group kind for an optimizer level (docs/method.md §2.1 table)."""
-    if level == "hyperball":
-        m = {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}
-        return {r: m.get(r, "adam") for r in ROLES}
-    if level == "adamh":
-        m = {"matrix": "adamh", "expert": "adamh", "lm_head": "adamh"}
-        return {r: m.get(r, "adam") for r in ROLES}
-    if level == "adamw":
-        return {r: "adamw" for r in ROLES}
-    if level == "muon_adamw":
-        return {r: ("muon" if r in MATRIX_ROLES else "adamw") for r in ROLES}
-    raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: "
-                     "'hyperball', 'adamw', 'muon_adamw', 'adamh'")
-
-
 def _on_fake_group(p: Tensor) -> bool:
     """A shard on a fake process group (the plan's dry run): its collectives move no data, so the
     global norm of a shard cannot be read there (the same layout-independent init is checked unsharded)."""
@@ -209,14 +178,15 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         if role not in kinds:
             raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; allowed values: {', '.join(ROLES)}")
         kind = kinds[role]
-        if kind in ("muonh", "adamh") and not p.is_meta and not _on_fake_group(p) \
+        k = KINDS[kind]
+        if k.on_sphere and not p.is_meta and not _on_fake_group(p) \
                 and float(p.detach().float().norm()) == 0.0:
             raise ValueError(f"parameter {name!r} (role {role!r}) has zero Frobenius norm: it cannot live "
                              "on a hyperball; give it a nonzero init or another role")
         key = (kind, role)
         if key not in buckets:
-            lr = hp.adam_lr if kind in ("adam", "adamw") else hp.lr
-            wd = hp.weight_decay if kind in ("adamw", "muon") and role not in NO_DECAY_ROLES else 0.0
+            lr = hp.adam_lr if k.lr == "adam" else hp.lr
+            wd = hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
                                 betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd,
                                 momentum=hp.momentum, ns_steps=hp.ns_steps,
@@ -248,17 +218,12 @@ class MarinOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for g in self.param_groups:
-            params = [p for p in g["params"] if p.grad is not None]
-            if g["kind"] in ("muonh", "muon"):
-                # one parameter at a time: a group stacked into one tensor is a transient the size of
-                # the group (hundreds of GiB at the hero), and a sharded matrix is gathered alone
-                apply = self._project if g["kind"] == "muonh" else self._muon_apply
-                for p in params:
-                    apply(p, g, self._orthogonalize(p, self._nesterov(p, g), g["ns_steps"]).float())
-            else:
-                fn = self._adamh if g["kind"] == "adamh" else self._adam
-                for p in params:
-                    fn(p, g)
+            # one parameter at a time: a group stacked into one tensor is a transient the size of
+            # the group (hundreds of GiB at the hero), and a sharded matrix is gathered alone
+            update = resolve_update(KINDS[g["kind"]])
+            for p in g["params"]:
+                if p.grad is not None:
+                    update(self, p, g)
         return loss
 
     # -- sharded parameters (FSDP2 DTensors, EP expert slices) -------------------------------------
@@ -333,23 +298,37 @@ class MarinOptimizer(torch.optim.Optimizer):
         x = w - g["lr"] * r * d_unit
         _local(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
 
-    # -- group kinds ---------------------------------------------------------------------------------
-    def _adamh(self, p: Tensor, g: dict) -> None:
-        self._project(p, g, self._adam_direction(p, g))
 
-    def _adam(self, p: Tensor, g: dict) -> None:
-        upd = self._adam_direction(p, g)
-        w = _local(p)
-        if g["weight_decay"]:
-            w.mul_(1 - g["lr"] * g["weight_decay"])
-        w.add_(upd.to(p.dtype), alpha=-g["lr"])
 
-    def _muon_apply(self, p: Tensor, g: dict, o: Tensor) -> None:
-        scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))  # the global shape
-        w = _local(p)
-        if g["weight_decay"]:
-            w.mul_(1 - g["lr"] * g["weight_decay"])
-        w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
+# ---------------------------------------------------------------------------------------------
+# Group kinds: the torch step of each row of marin.optimizers.KINDS
+# ---------------------------------------------------------------------------------------------
+
+
+def muonh_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
+    opt._project(p, g, opt._orthogonalize(p, opt._nesterov(p, g), g["ns_steps"]).float())
+
+
+def adamh_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
+    opt._project(p, g, opt._adam_direction(p, g))
+
+
+def adam_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
+    """Adam, with decoupled weight decay when the group has one (AdamW)."""
+    upd = opt._adam_direction(p, g)
+    w = _local(p)
+    if g["weight_decay"]:
+        w.mul_(1 - g["lr"] * g["weight_decay"])
+    w.add_(upd.to(p.dtype), alpha=-g["lr"])
+
+
+def muon_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
+    o = opt._orthogonalize(p, opt._nesterov(p, g), g["ns_steps"]).float()
+    scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))  # the global shape
+    w = _local(p)
+    if g["weight_decay"]:
+        w.mul_(1 - g["lr"] * g["weight_decay"])
+    w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
 
 
 def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None) -> MarinOptimizer:

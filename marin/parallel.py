@@ -235,7 +235,6 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 # Optimizer state bytes per parameter element, by group kind (fp32 moments; radii and steps are O(1))
-STATE_BYTES = {"muonh": 4, "muon": 4, "adamh": 8, "adam": 8, "adamw": 8}
 
 
 class AsyncCheckpointer:
@@ -273,14 +272,14 @@ class AsyncCheckpointer:
 
 def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | None = None) -> int:
     """Bytes this rank writes to a checkpoint of `model` (parameters in their dtype plus the optimizer
-    state of `level`, marin.optim group kinds): its FSDP2 shards; plain EP expert slices once per dp
+    state of `level`, marin.optimizers state bytes): its FSDP2 shards; plain EP expert slices once per dp
     group (DCP writes a replicated tensor once); other plain tensors on rank 0. Works on a meta-device
     model, so the plan sizes the hero without allocating it."""
     from torch.distributed.tensor import DTensor
 
-    from marin.optim import group_kinds
+    from marin.optimizers import state_bytes_by_role
 
-    kinds = group_kinds(level)
+    state_bytes = state_bytes_by_role(level)
     experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
     params = dict(model.named_parameters())
     dp_rank = groups.dp_rank if groups is not None else 0
@@ -294,5 +293,5 @@ def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | N
             n = p.numel() if dp_rank == 0 else 0
         else:
             n = p.numel() if rank == 0 else 0
-        total += n * (p.element_size() + STATE_BYTES[kinds[role]])
+        total += n * (p.element_size() + state_bytes[role])
     return total

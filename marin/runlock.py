@@ -1,7 +1,6 @@
 """The run lock: one process at a time trains a run directory (`marin-ablate train` and `run` alike).
 
-Torch-free, so that `sweeps/` can take it without importing the model library (docs/architecture.md,
-"Layers").
+Torch-free, so that `sweeps/` can take it without importing the model library (docs/architecture.md §1).
 """
 
 from __future__ import annotations

@@ -335,6 +335,7 @@ def analyze_study(study_dir: Path) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sweeps.executors import get_executor
     from sweeps.sweep import run_study
     from sweeps.tracking import log_locations, parse_log_to
     from sweeps.tuning import tuned_multipliers
@@ -350,7 +351,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{study.name}: nothing to submit ({rep.n_runs} runs; skipped: {skipped})")
     else:
         jobs = sorted({j.split("_")[0] for j in rep.job_ids})
-        where = f" as job(s) {', '.join(jobs)}" if opts.executor == "slurm" else ""
+        where = f" as job(s) {', '.join(jobs)}" if get_executor(opts.executor).shows_jobs else ""
         print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
               f"(skipped: {skipped})")
     from sweeps.state import STATES, all_done

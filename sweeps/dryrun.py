@@ -3,8 +3,8 @@
 - State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
   marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the full world size (torch's FakeStore), for
   the first and last rank and the edges of the first EP group; each rank's local parameters are counted
-  by optimizer group. Gradients and optimizer state follow from them (fp32; one momentum buffer for
-  MuonH/Muon, two Adam moments otherwise: marin.optim).
+  by optimizer group. Gradients and optimizer state follow from them (fp32 state bytes per element of
+  each group's kind: marin.optimizers).
 - Activations: one rank's forward + backward at full width under FakeTensorMode and torch's
   MemTracker (torch.distributed._tools.mem_tracker) at 1 and 2 layers, extrapolated linearly to the
   model's depth (per-layer memory is linear in depth), bf16 autocast as on the GPU.
@@ -27,10 +27,9 @@ import torch
 import torch.distributed as dist
 
 from marin.config import RunSpec
-from marin.optim import group_kinds
+from marin.optimizers import KINDS, group_kinds
 
 GiB, GB = 2**30, 1e9
-ONE_BUFFER = ("muonh", "muon")  # one fp32 momentum; every other kind keeps Adam's two moments
 
 
 @dataclass(frozen=True)
@@ -211,13 +210,13 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
             {"line": "gradients (fp32)", "bytes": 4 * n}]
     for role, k in sorted(by_role.items()):
         kind = kinds[role]
-        rows.append({"line": f"optimizer {kind} [{role}]", "bytes": 4 * k * (1 if kind in ONE_BUFFER else 2)})
+        rows.append({"line": f"optimizer {kind} [{role}]", "bytes": KINDS[kind].state_bytes * k})
     L = spec.model.n_layers
     rows.append({"line": f"activations kept ({L} layers x {act['per_layer'] / GiB:.2f} GiB)",
                  "bytes": L * act["per_layer"]})
     rows.append({"line": "transient: backward working set (" + ("one block recomputed, " if act["recompute"] else "")
                  + "embedding, loss chunk)", "bytes": act["base"]})
-    ns_groups = [r for r in by_role if kinds[r] in ONE_BUFFER]
+    ns_groups = [r for r in by_role if KINDS[kinds[r]].orthogonalizes]
     ns_elems = max(((by_role if sharding.ns_whole_group else state["largest_matrix"])[r] for r in ns_groups),
                    default=0)
     rows.append({"line": "transient: Newton-Schulz working set " + ("(a whole group stacked)" if sharding.ns_whole_group

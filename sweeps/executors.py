@@ -17,6 +17,10 @@
   per worker. CPU: one thread per worker unless told otherwise.
 - `debug`: in this process, one run after another (pdb works).
 
+Each is an object of the `Executor` protocol in the `EXECUTORS` registry (`register_executor` adds
+one); the driver (`sweeps/sweep.py`) and `sweeps/state.py` ask the executor by name and never compare
+names.
+
 Validation happens before anything is submitted: an unknown executor, an unwritable output folder,
 a missing SLURM partition or bad resource numbers raise ValueError naming the field.
 """
@@ -31,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import submitit
 
@@ -39,9 +43,7 @@ from marin.config import NONNEG_INT, POS, POS_INT, optional, check_ranges
 
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
-from sweeps.state import count_dirs, needs_run, probe, squeue_ids
-
-EXECUTORS = ("local", "debug", "slurm")
+from sweeps.state import count_dirs, needs_run, probe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,10 +104,7 @@ def _sinfo(*args: str) -> subprocess.CompletedProcess:
 
 def validate(opts: ExecOptions, out_dir: str | Path) -> None:
     """Everything that can be checked before a submission; raises ValueError naming the field."""
-    if opts.executor not in EXECUTORS:
-        raise ValueError(f"executor={opts.executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    if opts.executor == "slurm":
-        validate_slurm(opts.slurm)
+    get_executor(opts.executor).validate(opts)
     check_writable(out_dir)
 
 
@@ -264,51 +263,43 @@ def _folder(study_dir: Path, executor: str) -> Path:
     return study_dir / "submitit" / f"{executor}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
 
-def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
-           resources: Callable[[PlannedRun], dict] | None = None,
-           on_run_done: Callable[[], None] | None = None) -> Submission:
-    """Start the runs with the chosen executor (debug: runs them now, calling `on_run_done` after
-    each). `resources(run)` gives the per-run {gpus, time_min, cpus_per_task, mem_gb} defaults of
-    the study (slurm only)."""
-    # failures to retry were cleared by the caller (run_planned): tasks never retry on their own
-    tasks = [RunTask.of(r) for r in runs]
-    sub = Submission(opts.executor, runs=list(runs))
-    if not runs:
-        return sub
-    if opts.executor == "debug":
-        _set_threads(opts.threads)
-        for t in tasks:
-            execute(t)
-            if on_run_done is not None:
-                on_run_done()
-        return sub
-    sub.folder = _folder(study_dir, opts.executor)
-    if opts.executor == "local":
-        cpus = os.cpu_count() or 1
-        threads = opts.threads or max(1, cpus // opts.workers)
-        ex = submitit.LocalExecutor(folder=sub.folder)
-        # a worker runs many runs: no wall-clock limit of its own (runs have their own budget)
-        ex.update_parameters(timeout_min=7 * 24 * 60)
-        env_backup = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
-        # Workers start with SIGINT ignored (an ignored signal stays ignored across exec): Ctrl-C in
-        # the terminal reaches the whole foreground group, and submitit's controller would die on it
-        # and SIGKILL its run a second later, before the run could checkpoint. The driver catches
-        # Ctrl-C alone and SIGTERMs the workers (stop_local): each run checkpoints at its next step.
-        prev_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
-        try:
-            with ex.batch():
-                for _ in range(min(opts.workers, len(tasks))):
-                    sub.jobs.append(ex.submit(Worker(threads), tasks))
-        finally:
-            if prev_sigint is not None:
-                signal.signal(signal.SIGINT, prev_sigint)
-            if env_backup is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = env_backup
-        return sub
-    # slurm: one array per resource group
+def _submit_debug(tasks: list[RunTask], sub: Submission, opts: ExecOptions, on_run_done: Callable | None) -> None:
+    _set_threads(opts.threads)
+    for t in tasks:
+        execute(t)
+        if on_run_done is not None:
+            on_run_done()
+
+
+def _submit_local(tasks: list[RunTask], sub: Submission, opts: ExecOptions) -> None:
+    cpus = os.cpu_count() or 1
+    threads = opts.threads or max(1, cpus // opts.workers)
+    ex = submitit.LocalExecutor(folder=sub.folder)
+    # a worker runs many runs: no wall-clock limit of its own (runs have their own budget)
+    ex.update_parameters(timeout_min=7 * 24 * 60)
+    env_backup = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
+    # Workers start with SIGINT ignored (an ignored signal stays ignored across exec): Ctrl-C in
+    # the terminal reaches the whole foreground group, and submitit's controller would die on it
+    # and SIGKILL its run a second later, before the run could checkpoint. The driver catches
+    # Ctrl-C alone and SIGTERMs the workers (stop_local): each run checkpoints at its next step.
+    prev_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    try:
+        with ex.batch():
+            for _ in range(min(opts.workers, len(tasks))):
+                sub.jobs.append(ex.submit(Worker(threads), tasks))
+    finally:
+        if prev_sigint is not None:
+            signal.signal(signal.SIGINT, prev_sigint)
+        if env_backup is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_backup
+
+
+def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submission, study_dir: Path,
+                  opts: ExecOptions, resources: Callable | None) -> None:
+    """One array per resource group."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         res = _slurm_resources(r, opts.slurm, resources)
@@ -323,12 +314,17 @@ def submit(runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
             ex.update_parameters(**_sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
             jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
             for i, j in zip(chunk, jobs):
-                rec = read_json(runs[i].dir / "job.json") or {}
-                rec.update(executor="slurm", job_id=j.job_id, submitted=time.time(), folder=str(sub.folder))
-                atomic_write_json(runs[i].dir / "job.json", rec)
+                record_job(runs[i], "slurm", j.job_id, folder=str(sub.folder))
             sub.jobs.extend(jobs)
     _log_submission(study_dir, sub)
-    return sub
+
+
+def record_job(run: PlannedRun, executor: str, job_id: str, **extra: Any) -> None:
+    """job.json of a submitted run: the executor that holds it and its job id (`sweeps/state.py`
+    asks that executor whether the job still waits, so the run is not submitted twice)."""
+    rec = read_json(run.dir / "job.json") or {}
+    rec.update(executor=executor, job_id=job_id, submitted=time.time(), **extra)
+    atomic_write_json(run.dir / "job.json", rec)
 
 
 def slurm_max_array_size(default: int = 1001) -> int:
@@ -420,8 +416,8 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
             progress.update(counts)
         # a SLURM job requeued after it returned (scontrol requeue, preemption by requeue) left a
         # result file but runs again: it is done only once it has left the queue
-        queued = (squeue_ids() or set()) if sub.executor == "slurm" else set()
-        pending_jobs = [j for j in pending_jobs if not _done(j) or j.job_id in queued]
+        queued = get_executor(sub.executor).queued({str(j.job_id) for j in pending_jobs}) if pending_jobs else set()
+        pending_jobs = [j for j in pending_jobs if not _done(j) or str(j.job_id) in queued]
         if not pending_jobs:
             break
         if timeout_s is not None and time.time() - t0 > timeout_s:
@@ -465,8 +461,6 @@ def _done(job: Any) -> bool:
 def _record_dead_jobs(sub: Submission) -> None:
     """A job that ended with an exception (or no result) and left its run(s) without a summary:
     write a failure summary with the job's error, so the run is not silently pending."""
-    if sub.executor == "debug":
-        return
     by_job: dict[str, list[PlannedRun]] = {}
     for r in sub.runs:
         rec = read_json(r.dir / "job.json") or {}
@@ -480,3 +474,133 @@ def _record_dead_jobs(sub: Submission) -> None:
         for r in by_job.get(str(job.job_id), []):
             if probe(r.dir).state in ("pending", "partial"):
                 record_failure(r, err)
+
+
+def squeue_ids() -> set[str] | None:
+    """Ids (array tasks as JOB_TASK) of every job in the SLURM queue; None when squeue is absent or fails."""
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(q.stdout.split()) if q.returncode == 0 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The executor protocol and its registry
+# ---------------------------------------------------------------------------------------------
+
+
+class Executor(Protocol):
+    """How runs get executed. `submit` returns a `Submission` whose `jobs` have `job_id`, `done()`
+    and `result()` (submitit's Job), and writes `job.json` (`record_job`) for each run it queues."""
+
+    name: str
+    waits: bool  # `run` polls its jobs until done (False: `submit` has run everything already)
+    shows_jobs: bool  # its job ids mean something to the user (printed by `run`)
+
+    def validate(self, opts: ExecOptions) -> None:
+        """Raise ValueError naming the field for anything wrong, before anything is submitted."""
+
+    def submit(self, runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
+               resources: Callable[[PlannedRun], dict] | None, on_run_done: Callable[[], None] | None) -> Submission:
+        """Start `runs`; `resources(run)` is the study's per-run job shape (gpus, time_min, cpus, mem)."""
+
+    def queued(self, job_ids: set[str]) -> set[str]:
+        """Of these job ids (recorded by this executor), those still queued or running."""
+
+    def cancel(self, sub: Submission) -> str:
+        """The driver is stopping (Ctrl-C, SIGTERM): stop what cannot outlive it; a line for the user."""
+
+    def slots(self, opts: ExecOptions) -> int | None:
+        """Runs executing at once (for the progress line's estimate); None: unknown."""
+
+
+class DebugExecutor:
+    name, waits, shows_jobs = "debug", False, False
+
+    def validate(self, opts: ExecOptions) -> None:
+        pass
+
+    def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
+        sub = Submission(self.name, runs=list(runs))
+        _submit_debug([RunTask.of(r) for r in runs], sub, opts, on_run_done)
+        return sub
+
+    def queued(self, job_ids: set[str]) -> set[str]:
+        return set()
+
+    def cancel(self, sub: Submission) -> str:
+        return ""
+
+    def slots(self, opts: ExecOptions) -> int | None:
+        return 1
+
+
+class LocalExecutor(DebugExecutor):
+    name, waits = "local", True
+
+    def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
+        sub = Submission(self.name, runs=list(runs))
+        if runs:
+            sub.folder = _folder(study_dir, self.name)
+            _submit_local([RunTask.of(r) for r in runs], sub, opts)
+        return sub
+
+    def cancel(self, sub: Submission) -> str:
+        stop_local(sub)  # workers checkpoint at the next step and stop
+        return "stopped the local workers; partial runs resume on the next `run`"
+
+    def slots(self, opts: ExecOptions) -> int | None:
+        return opts.workers
+
+
+class SlurmExecutor:
+    """sbatch job arrays through submitit; `queued` reads squeue once per call."""
+
+    name, waits, shows_jobs = "slurm", True, True
+
+    def validate(self, opts: ExecOptions) -> None:
+        validate_slurm(opts.slurm)
+
+    def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
+        sub = Submission(self.name, runs=list(runs))
+        if runs:
+            sub.folder = _folder(study_dir, self.name)
+            _submit_slurm(runs, [RunTask.of(r) for r in runs], sub, study_dir, opts, resources)
+        return sub
+
+    def queued(self, job_ids: set[str]) -> set[str]:
+        return set(job_ids) & (squeue_ids() or set())
+
+    def cancel(self, sub: Submission) -> str:
+        if not sub.job_ids:
+            return ""
+        return (f"SLURM job(s) {', '.join(sorted({j.split('_')[0] for j in sub.job_ids}))} keep running; "
+                "`marin-ablate status` follows them, scancel stops them")
+
+    def slots(self, opts: ExecOptions) -> int | None:
+        return None
+
+
+#: name -> executor; `--executor NAME`, `ExecOptions.executor` and job.json's "executor" name a row.
+EXECUTORS: dict[str, Executor] = {}
+
+
+def register_executor(ex: Executor) -> Executor:
+    """Add an executor (a name already registered is an error)."""
+    if ex.name in EXECUTORS:
+        raise ValueError(f"executor {ex.name!r} is already registered")
+    EXECUTORS[ex.name] = ex
+    return ex
+
+
+def get_executor(name: str) -> Executor:
+    if name not in EXECUTORS:
+        raise ValueError(f"executor={name!r} is not known; allowed values: {', '.join(EXECUTORS)}")
+    return EXECUTORS[name]
+
+
+for _ex in (LocalExecutor(), DebugExecutor(), SlurmExecutor()):
+    register_executor(_ex)

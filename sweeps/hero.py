@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from marin.config import RunSpec
+from marin.optimizers import state_bytes_by_role
 
 GiB, GB = 2**30, 1e9
 
@@ -220,8 +221,6 @@ def check_racks_topology(nodes_per_ep_group: int, nodelist: str) -> list[tuple[s
 # Checkpoint bytes and bandwidth
 # ---------------------------------------------------------------------------------------------
 
-#: Optimizer kinds with one fp32 buffer (momentum); every other kind keeps Adam's two moments.
-ONE_BUFFER = ("muonh", "muon")
 #: marin.flops.params_breakdown component -> optimizer role (marin.model `_role`)
 _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed_norm": "norm", "norms": "norm",
             "stem_gated_norms": "matrix", "gated_norm": "matrix", "attention": "matrix", "latent": "matrix",
@@ -237,18 +236,6 @@ def params_by_role(spec: RunSpec) -> dict[str, int]:
     return out
 
 
-def group_kinds(level: str) -> dict[str, str]:
-    """role -> optimizer kind (the table of marin.optim.group_kinds, repeated here without torch)."""
-    roles = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
-    table = {"hyperball": {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"},
-             "adamh": {"matrix": "adamh", "expert": "adamh", "lm_head": "adamh"},
-             "adamw": {}, "muon_adamw": {"matrix": "muon", "expert": "muon"}}
-    if level not in table:
-        raise ValueError(f"Recipe.optimizer={level!r} is not a known level; allowed values: {', '.join(table)}")
-    default = "adamw" if level in ("adamw", "muon_adamw") else "adam"
-    return {r: table[level].get(r, default) for r in roles}
-
-
 def checkpoint_plan(spec: RunSpec, gpus: int, window_s: float, levels: Sequence[str] = ("hyperball", "adamw")) -> dict:
     """Bytes of one checkpoint (fp32 parameters + fp32 optimizer state, every parameter once: the
     distributed checkpoint writes each shard once, whatever the replication) in total and per rank
@@ -257,8 +244,8 @@ def checkpoint_plan(spec: RunSpec, gpus: int, window_s: float, levels: Sequence[
     n = sum(by_role.values())
     out = {}
     for level in levels:
-        kinds = group_kinds(level)
-        state = sum(4 * k * (1 if kinds[r] in ONE_BUFFER else 2) for r, k in by_role.items())
+        state_bytes = state_bytes_by_role(level)
+        state = sum(state_bytes[r] * k for r, k in by_role.items())
         total = 4 * n + state
         out[level] = {"params_bytes": 4 * n, "optimizer_bytes": state, "total_bytes": total,
                       "per_rank_bytes": total / gpus, "write_gb_per_s": total / GB / window_s,

@@ -1,19 +1,17 @@
 """Where each run of a study stands: the one place that decides it.
 
-A run is in exactly one of STATES, read from its directory and, for SLURM runs, the queue:
+A run is in exactly one of STATES, read from its directory and the executor that holds its job:
   completed / failed  summary.json says so (a failed run is run again only with retry_failed);
   running             another process holds the run lock (`sweeps.runs.RunLock`);
-  queued              its recorded SLURM job is still in the queue (pending, or requeued);
+  queued              the executor named in its job.json says its job still waits (or was requeued);
   partial             checkpoints exist, nothing holds or queues it: the next `run` resumes it;
   pending             nothing yet.
-Everything that counts, selects, displays or waits on runs asks `survey` (one squeue call per
-survey, not one per run) or `summary_state` (the check a worker repeats under the run lock).
+Everything that counts, selects, displays or waits on runs asks `survey` (one question per executor
+per survey, e.g. one squeue call, not one per run) or `summary_state` (the check a worker repeats under the run lock).
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -52,19 +50,9 @@ def needs_run(state: str, retry_failed: bool) -> bool:
     return state in ("pending", "partial") or (state == "failed" and retry_failed)
 
 
-def squeue_ids() -> set[str] | None:
-    """Ids (array tasks as JOB_TASK) of every job in the SLURM queue; None when squeue is absent or fails."""
-    if shutil.which("squeue") is None:
-        return None
-    try:
-        q = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return set(q.stdout.split()) if q.returncode == 0 else None
-
-
-def probe(run_dir: str | Path, alive_jobs: set[str] | None = None) -> RunStatus:
-    """The state of one run directory; `alive_jobs` is the SLURM queue (None: not asked)."""
+def probe(run_dir: str | Path, queued: set[tuple[str, str]] | None = None) -> RunStatus:
+    """The state of one run directory; `queued` holds the (executor, job id) pairs still waiting
+    (None: no executor asked)."""
     d = Path(run_dir)
     summary = read_json(d / "summary.json") or {}
     job = read_json(d / "job.json") or {}
@@ -72,18 +60,25 @@ def probe(run_dir: str | Path, alive_jobs: set[str] | None = None) -> RunStatus:
         return RunStatus(d, summary["status"], summary, job)
     if RunLock(d).held_elsewhere():
         return RunStatus(d, "running", summary, job)
-    if alive_jobs and job.get("executor") == "slurm" and str(job.get("job_id")) in alive_jobs:
+    if queued and (job.get("executor"), str(job.get("job_id"))) in queued:
         return RunStatus(d, "queued", summary, job)
     state = "partial" if any((d / "checkpoints").glob("ckpt_*")) else "pending"
     return RunStatus(d, state, summary, job)
 
 
 def survey(dirs: Iterable[str | Path]) -> list[RunStatus]:
-    """Every run's state; the SLURM queue is read once, and only when some run was sent to SLURM."""
+    """Every run's state; each executor named in some job.json is asked once about its job ids (an
+    executor this process does not know is not asked: its runs read as partial or pending)."""
+    from sweeps.executors import EXECUTORS  # executors imports this module
+
     dirs = [Path(d) for d in dirs]
-    slurm = any((read_json(d / "job.json") or {}).get("executor") == "slurm" for d in dirs)
-    alive = squeue_ids() if slurm else None
-    return [probe(d, alive) for d in dirs]
+    by_executor: dict[str, set[str]] = {}
+    for d in dirs:
+        job = read_json(d / "job.json") or {}
+        if job.get("executor") in EXECUTORS and job.get("job_id") is not None:
+            by_executor.setdefault(job["executor"], set()).add(str(job["job_id"]))
+    queued = {(name, j) for name, ids in by_executor.items() for j in EXECUTORS[name].queued(ids)}
+    return [probe(d, queued) for d in dirs]
 
 
 def count(statuses: Sequence[RunStatus]) -> dict[str, int]:

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from marin.config import RunSpec, apply_overrides
 
 from sweeps import state
-from sweeps.executors import ExecOptions, Submission, stop_local, submit, validate, wait
+from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, clear_failure, plan_runs, study_dir, write_run_files
 
@@ -180,6 +180,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     validate(opts, sdir)
+    ex = get_executor(opts.executor)
     for r in runs:
         write_run_files(r)
     todo, skipped = state.select(runs, opts.retry_failed)
@@ -187,15 +188,14 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
         for r in todo:
             clear_failure(r.dir)
     prog = Progress(len(runs), label or sdir.name, runs=runs, estimates=estimates,
-                    slots=opts.workers if opts.executor == "local" else None) if progress else None
+                    slots=ex.slots(opts)) if progress else None
     dirs = [r.dir for r in runs]
     main = threading.current_thread() is threading.main_thread()
     prev_term = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
-    sub = Submission(opts.executor)
+    sub = Submission(ex.name)
     try:
-        sub = submit(todo, sdir, opts, resources=resources,
-                     on_run_done=(lambda: prog.update(state.count_dirs(dirs))) if prog else None)
-        if todo and opts.wait and opts.executor != "debug":
+        sub = ex.submit(todo, sdir, opts, resources, (lambda: prog.update(state.count_dirs(dirs))) if prog else None)
+        if todo and opts.wait and ex.waits:
             counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
         else:
             counts = state.count_dirs(dirs)
@@ -205,12 +205,9 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     except BaseException:  # Ctrl-C, SIGTERM, or a failure of the driver itself: never orphan the workers
         if prog:
             prog.close()
-        if opts.executor == "local":  # workers checkpoint at the next step and stop
-            stop_local(sub)
-            print(f"stopped the local workers; partial runs resume on the next `run` ({sdir})", file=sys.stderr)
-        elif sub.job_ids:
-            print(f"SLURM job(s) {', '.join(sorted({j.split('_')[0] for j in sub.job_ids}))} keep running; "
-                  f"`marin-ablate status` follows them, scancel stops them", file=sys.stderr)
+        msg = ex.cancel(sub)
+        if msg:
+            print(f"{msg} ({sdir})", file=sys.stderr)
         raise
     finally:
         if prev_term is not None:

@@ -1,4 +1,4 @@
-"""marin.data: the embedded corpus, loading, tokenizers, packing with document ids (docs/architecture.md, "Data")."""
+"""marin.data: the embedded corpus, loading, tokenizers, packing with document ids (docs/architecture.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Distributed training (docs/architecture.md, "Distributed runs"): 2 gloo ranks with real EP over ModelConfig.ep_shards=2 train
+"""Distributed training (docs/architecture.md §5): 2 gloo ranks with real EP over ModelConfig.ep_shards=2 train
 `tiny` exactly as one process with virtual EP over the same 2 shards (same drops, same losses), resume
 from a sharded checkpoint identically, and a bad layout fails before any collective.
 

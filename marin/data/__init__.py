@@ -1,6 +1,6 @@
 """Data: the embedded multi-domain corpus, tokenizers, packing with document ids, eval domains.
 
-docs/architecture.md ("Data"). Everything here runs offline: the embedded corpus is built at first use
+docs/architecture.md §3. Everything here runs offline: the embedded corpus is built at first use
 from text that `pip install -e .` itself provides, cached under ``$MARIN_DATA_DIR`` (default
 ``~/.cache/marin-ablate/corpus``) and loaded back through HF ``datasets`` (local json files).
 

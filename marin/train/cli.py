@@ -1,4 +1,4 @@
-"""`marin-ablate train`: one run into an output directory (docs/architecture.md, "Commands").
+"""`marin-ablate train`: one run into an output directory (docs/architecture.md §4).
 
 The command takes the run directory's lock (marin.runlock, the one `marin-ablate run` takes), so two
 commands on the same --out never interleave; Ctrl-C checkpoints like SIGTERM and exits 130.

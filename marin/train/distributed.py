@@ -1,6 +1,6 @@
 """Distributed training: expert parallelism over EP groups of `ModelConfig.ep_shards` ranks and data
 parallelism over the D = W / ep_shards groups (`marin.ep` mesh: rank = dp_rank * ep + ep_rank);
-docs/architecture.md, "Distributed runs".
+docs/architecture.md §5.
 
 Token layout: the global batch is the single-process batch (B rows of L tokens) and rank r takes rows
 [r B/W, (r+1) B/W). So DP replica g holds the contiguous rows [g B/D, (g+1) B/D), and EP rank s of it

@@ -5,7 +5,7 @@ meta.json) go through marin.schema's `atomic_write_text`, the one text writer; t
 what checkpoints need besides: streamed binary writes, disk-full reporting, stale-temporary cleanup
 and digests. A failure at any point removes the temporary; a kill -9 can still leave one, so `remove_stale_temps`
 clears them when a run starts (it holds the run lock, so nobody else is writing). A full disk is
-reported as such, with the path (docs/architecture.md, "Run directory").
+reported as such, with the path (docs/architecture.md §3).
 """
 
 from __future__ import annotations

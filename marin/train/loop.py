@@ -1,6 +1,6 @@
 """The training loop: one process, CPU (fp32) or one GPU (bf16 autocast), or a distributed launch
 (marin.train.distributed); eval, spikes, context stages, checkpoints, preemption, exact resume,
-summary.json. The run directory is described in docs/architecture.md ("Run directory").
+summary.json. The run directory is described in docs/architecture.md §3.
 
 Preemption: SIGTERM, SIGUSR2 (and SIGINT, when nobody else handles it) only set a flag; the loop
 writes a checkpoint at the next step boundary and returns {"status": "interrupted"}. TERM and USR2

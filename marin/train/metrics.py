@@ -4,7 +4,7 @@ metrics.jsonl holds one JSON object per line: a train line per logged step (`ste
 index of the step whose loss it reports) and an eval line carrying `eval_*` (`step` = optimizer steps
 done, 0 for the untrained model). Lines are appended; on resume the file is rebuilt from its complete,
 valid lines up to the checkpoint's step, whatever state it is in (missing, truncated, NUL-padded,
-non-UTF-8, garbage lines), so a damaged line never fails a run (docs/architecture.md, "Run directory").
+non-UTF-8, garbage lines), so a damaged line never fails a run (docs/architecture.md §3).
 """
 
 from __future__ import annotations

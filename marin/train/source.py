@@ -1,4 +1,4 @@
-"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md, "Data").
+"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md §3).
 
 - train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading
   its own slice: of `DataConfig.corpus` when it is a prepared directory (has manifest.json,

@@ -1,0 +1,141 @@
+"""The optimizer registry: one row per update rule (`GroupKind`) and one per `Recipe.optimizer` level.
+
+A level maps each parameter role (the model's `param_roles()`) to a kind; a kind says how many fp32
+state buffers it keeps per element, whether it orthogonalizes its direction (Newton–Schulz), which
+resolved peak lr it takes, whether it decays weights and whether it lives on a hyperball. The trainer
+(`marin.optim`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`sweeps/dryrun.py`)
+and the hero's checkpoint plan (`sweeps/hero.py`) all read these tables. Adding an optimizer is one
+`register_optimizer(...)` call (README "Adding an optimizer"). Pure Python; never imports torch: a
+kind's `update` is the import path ("module:function") of its torch step, resolved by `marin.optim`.
+Table of levels: docs/method.md §2.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
+MATRIX_ROLES = ("matrix", "expert")
+NO_DECAY_ROLES = ("norm", "sconv")  # no decay on gains or the identity-init conv taps, whatever the level
+LR_GROUPS = ("matrix", "adam")  # which resolved peak lr a kind takes: OptimHparams.lr or .adam_lr
+
+
+@dataclass(frozen=True)
+class GroupKind:
+    """One update rule. `update` is "module:function" (or the function) of signature
+    `(opt: marin.optim.MarinOptimizer, p: Tensor, group: dict) -> None`, stepping one parameter."""
+
+    name: str
+    state_buffers: int  # fp32 buffers per parameter element (momentum: 1; Adam moments: 2)
+    orthogonalizes: bool  # Newton–Schulz on the direction (a transient of one whole matrix)
+    lr: str  # LR_GROUPS
+    decays: bool  # decoupled weight decay (TrainConfig.weight_decay) outside NO_DECAY_ROLES
+    on_sphere: bool  # projected back onto its init Frobenius norm (needs a nonzero init)
+    update: Any  # str "module:function" or a callable
+
+    def __post_init__(self) -> None:
+        if self.lr not in LR_GROUPS:
+            raise ValueError(f"GroupKind {self.name!r}: lr={self.lr!r}; allowed values: {', '.join(LR_GROUPS)}")
+        if not (isinstance(self.state_buffers, int) and self.state_buffers >= 0):
+            raise ValueError(f"GroupKind {self.name!r}: state_buffers={self.state_buffers!r}; allowed values: an integer >= 0")
+
+    @property
+    def state_bytes(self) -> int:
+        """Optimizer state bytes per parameter element (fp32 buffers)."""
+        return 4 * self.state_buffers
+
+
+@dataclass(frozen=True)
+class OptimizerLevel:
+    """One level of `Recipe.optimizer`: role -> kind (`default` for roles not listed) and its
+    hyperparameter rule (a name in `marin.hparams.HPARAM_RULES`, or a function of that signature)."""
+
+    name: str
+    kinds: Any  # Mapping[role -> kind name]; stored as sorted pairs
+    default: str
+    hparams: Any  # str or callable
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        k = dict(self.kinds)
+        bad = [r for r in k if r not in ROLES]
+        if bad:
+            raise ValueError(f"OptimizerLevel {self.name!r}: roles {bad}; allowed values: {', '.join(ROLES)}")
+        object.__setattr__(self, "kinds", tuple(sorted(k.items())))
+
+    def group_kinds(self) -> dict[str, str]:
+        m = dict(self.kinds)
+        return {r: m.get(r, self.default) for r in ROLES}
+
+
+_MARIN = "marin.optim:"
+KINDS: dict[str, GroupKind] = {k.name: k for k in (
+    GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update"),
+    GroupKind("adamh", 2, False, "matrix", False, True, _MARIN + "adamh_update"),
+    GroupKind("adam", 2, False, "adam", False, False, _MARIN + "adam_update"),
+    GroupKind("adamw", 2, False, "adam", True, False, _MARIN + "adam_update"),
+    GroupKind("muon", 1, True, "matrix", True, False, _MARIN + "muon_update"),
+)}
+
+#: The levels; the first is the recipe level, the second the baseline (marin.factors "optimizer" row).
+OPTIMIZERS: dict[str, OptimizerLevel] = {o.name: o for o in (
+    OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}, "adam", "hyperball",
+                   "MuonH on matrices, AdamH on the lm head, Adam elsewhere"),
+    OptimizerLevel("adamw", {}, "adamw", "adamw", "AdamW everywhere, one lr"),
+    OptimizerLevel("muon_adamw", {"matrix": "muon", "expert": "muon"}, "adamw", "muon_adamw",
+                   "Muon (Moonlight scale) on matrices, AdamW elsewhere"),
+    OptimizerLevel("adamh", {"matrix": "adamh", "expert": "adamh", "lm_head": "adamh"}, "adam", "hyperball",
+                   "AdamH on matrices and the lm head, Adam elsewhere"),
+)}
+
+
+def optimizer_level(name: str) -> OptimizerLevel:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Recipe.optimizer={name!r} is not a known level; allowed values: "
+                         f"{', '.join(map(repr, OPTIMIZERS))}")
+    return OPTIMIZERS[name]
+
+
+def group_kinds(level: str) -> dict[str, str]:
+    """role -> kind name for an optimizer level."""
+    return optimizer_level(level).group_kinds()
+
+
+def group_kind(name: str) -> GroupKind:
+    if name not in KINDS:
+        raise ValueError(f"optimizer kind {name!r} is not registered; allowed values: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def state_bytes_by_role(level: str) -> dict[str, int]:
+    """role -> optimizer state bytes per parameter element under `level`."""
+    return {r: KINDS[k].state_bytes for r, k in group_kinds(level).items()}
+
+
+def register_optimizer(level: OptimizerLevel, kinds: tuple[GroupKind, ...] | list[GroupKind] = ()) -> None:
+    """Add an optimizer level (and the kinds it introduces): it becomes a level of `Recipe.optimizer`
+    that studies, `train`, the plan and the hero accept. Registering a name twice is an error."""
+    taken = [k.name for k in kinds if k.name in KINDS] + ([level.name] if level.name in OPTIMIZERS else [])
+    if taken:
+        raise ValueError(f"register_optimizer: {taken} already registered")
+    new = {k.name: k for k in kinds}
+    unknown = [k for k in level.group_kinds().values() if k not in KINDS and k not in new]
+    if unknown:
+        raise ValueError(f"OptimizerLevel {level.name!r}: kinds {sorted(set(unknown))} are not registered; "
+                         f"allowed values: {', '.join([*KINDS, *new])}")
+    from marin.factors import add_level  # factors reads this module's table at import
+
+    add_level("optimizer", level.name)
+    KINDS.update(new)
+    OPTIMIZERS[level.name] = level
+
+
+def resolve_update(kind: GroupKind) -> Callable:
+    """The torch step of a kind (imported on first use)."""
+    if callable(kind.update):
+        return kind.update
+    import importlib
+
+    mod, _, fn = str(kind.update).partition(":")
+    return getattr(importlib.import_module(mod), fn)
