@@ -18,6 +18,7 @@ No torch import.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -243,13 +244,20 @@ class Study:
         for r in chosen:
             for seed in self.seeds:
                 for row, arm in enumerate(names):
-                    lv = self.levels(row)
-                    spec = self.spec(r, lv, seed, mult.get(arm, 1.0))
-                    out.append((spec, self.meta(r.name, arm, seed, row, lv)))
+                    m = mult.get(arm, 1.0)
+                    spec = self._grid[(r.name, seed, row)] if m == 1.0 else self.spec(r, self.levels(row), seed, m)
+                    out.append((spec, self.meta(r.name, arm, seed, row, self.levels(row))))
         ids = [s.run_id for s, _ in out]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
         return out
+
+    @functools.cached_property
+    def _grid(self) -> dict[tuple[str, int, int], RunSpec]:
+        """(rung, seed, design row) -> spec at the heuristic LRs: built once per study (plan, run and
+        describe read it; each spec computes its run id once)."""
+        return {(r.name, seed, row): self.spec(r, self.levels(row), seed)
+                for r in self.rungs for seed in self.seeds for row in range(self.design.n_runs)}
 
     # ---- plan ----------------------------------------------------------------------------------
     def describe(self, alias_order: int = 3) -> dict:
@@ -258,7 +266,7 @@ class Study:
         n_rows, n_seeds = self.design.n_runs, len(self.seeds)
         par = int(dict(self.executor).get("max_parallel", 1))
         rung_rows, total_flops, total_wall, total_gpuh = [], 0.0, 0.0, 0.0
-        specs = {(r.name, row): self.spec(r, self.levels(row), self.seeds[0]) for r in self.rungs for row in range(n_rows)}
+        specs = {(r.name, row): self._grid[(r.name, self.seeds[0], row)] for r in self.rungs for row in range(n_rows)}
         for r in self.rungs:
             info = r.describe(self.base_recipe)
             # the steps each arm trains (TrainConfig.effective(): token_multiplier scales the rung's)
@@ -311,7 +319,7 @@ class Study:
             "companions": list(self.companions),
         }
         if self.hero is not None:
-            out["hero"] = self.hero.describe(self.spec(self.rungs[0], self.levels(0), self.seeds[0]))
+            out["hero"] = self.hero.describe(self._grid[(self.rungs[0].name, self.seeds[0], 0)])
         return out
 
 

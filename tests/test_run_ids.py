@@ -112,3 +112,14 @@ def test_the_recipe_enters_the_id_by_its_switches_away_from_their_identity_level
     peer = dataclasses.replace(base, recipe=type(base.recipe).baseline())
     assert "recipe" not in json.loads(peer.identity_json())
     assert peer.run_id != base.run_id
+
+
+def test_planning_computes_each_run_id_once(monkeypatch, capsys):
+    from sweeps.cli import main
+
+    calls = []
+    ident = RunSpec.identity_json
+    monkeypatch.setattr(RunSpec, "identity_json", lambda self: calls.append(1) or ident(self))
+    assert main(["plan", "smoke"]) == 0  # describe, the run list and the epoch check share one spec each
+    n = len(calls)
+    assert n == len(get_study("smoke").runs()) == 64
