@@ -302,14 +302,6 @@ class Design:
                                      f"{word_str(mask, self.letters)}")
 
     # ---- rows --------------------------------------------------------------------------------
-    def coded_rows(self) -> list[dict[str, int]]:
-        """[{factor: ±1}] per run, in matrix order (the design_row index)."""
-        return [dict(zip(self.factors, r)) for r in self.matrix]
-
-    def row_index(self, codes: Sequence[int]) -> int | None:
-        t = tuple(int(c) for c in codes)
-        return self.matrix.index(t) if t in self.matrix else None
-
     def describe(self, max_order: int = 3) -> dict:
         out = {
             "kind": self.kind,

@@ -120,9 +120,6 @@ class Rung:
         except (TypeError, ValueError) as e:
             raise ValueError(f"Rung {self.name!r}: {e}") from None
 
-    def configs(self, recipe: Recipe = Recipe(), lr_multiplier: float = 1.0) -> tuple[ModelConfig, TrainConfig]:
-        return self.model(), self.train_config(recipe, lr_multiplier)
-
     def est_wall_s(self) -> float | None:
         """Budget estimate of one run's wall time on its own core(s); None without a throughput."""
         if self.est_tokens_per_s is None:
@@ -224,7 +221,3 @@ def ladder(names: "list[str | Rung] | tuple[str | Rung, ...]") -> tuple[Rung, ..
     if len(set(names_)) != len(names_):
         raise ValueError(f"rung names repeat: {names_}")
     return out
-
-
-def with_rung(r: Rung, **changes: Any) -> Rung:
-    return replace(r, **changes)

@@ -214,12 +214,6 @@ class Study:
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
 
-    def _factor(self, name: str) -> Factor:
-        for f in self.factors:
-            if f.name == name:
-                return f
-        raise ValueError(f"unknown factor {name!r}; allowed values: {', '.join(f.name for f in self.factors)}")
-
     def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
         """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
         every factor the level, the definition (field, low −1, high +1) and the ±1 code."""

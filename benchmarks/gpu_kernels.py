@@ -211,6 +211,3 @@ def bench_grouped_gemm(dev):
     for nm, f in (("triton", kt.grouped_mm), ("torch", grouped_mm_torch)):
         tflops_row("gmm", f"{nm} grouped GEMM fwd+bwd", 3 * flops,
                    timeit(lambda: torch.autograd.grad(f(xg, wg, offs), (xg, wg), dy), dev))
-
-
-@section

@@ -12,6 +12,7 @@ import gpu_common as common
 from gpu_common import CEIL, H200_BF16_DENSE_TFLOPS, elapsed, random_doc_ids, row, section, sync, tflops_row, timeit
 
 
+@section
 def bench_model_parity(dev):
     """The whole model on the same weights and batch: kernels='triton' against kernels='torch', then
     the fast configuration (flex attention, Triton kernels, blocks compiled) against eager sdpa/torch."""

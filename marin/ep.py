@@ -3,10 +3,12 @@ for the rest of the model, sharded checkpoints (docs/method.md §2.1 "EP transpo
 
 Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_rank * ep + ep_rank, so an
 EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
-E/ep per rank, contiguous (rank q holds experts [q*E/ep, (q+1)*E/ep)); each rank is one token shard.
-Non-expert parameters are data parallel over all `world` ranks with FSDP2 `fully_shard` (it works on
-gloo CPU as well as NCCL); expert parameters are left out of FSDP (ignored_params) and their gradients
-are averaged over the "dp" dimension by `sync_expert_grads` after backward.
+E/ep per rank, contiguous (rank q holds experts [q*E/ep, (q+1)*E/ep)): `shard_experts` keeps that slice
+and swaps in the `EPDispatcher`; each rank is one token shard. The rest of the sharding (FSDP2 over
+"dp" for the expert slices, over every rank for the other parameters) is `marin.parallel`'s
+(docs/architecture.md §5). `parallelize` / `apply_data_parallel` / `sync_expert_grads` are an older
+layout (experts left out of FSDP, their gradients all-reduced by hand) kept for tests/test_ep.py and
+benchmarks/ep_step.py; the trainer does not use them.
 
 Drops. Every rank decides its own drops with the same functions `plan_drops` uses
 (marin.dispatch: cell_counts, fixed_cell_capacity, ragged_capacities, ragged_accepted): the fixed

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
-MATRIX_ROLES = ("matrix", "expert")
 NO_DECAY_ROLES = ("norm", "sconv")  # no decay on gains or the identity-init conv taps, whatever the level
 LR_GROUPS = ("matrix", "adam")  # which resolved peak lr a kind takes: OptimHparams.lr or .adam_lr
 
@@ -100,12 +99,6 @@ def optimizer_level(name: str) -> OptimizerLevel:
 def group_kinds(level: str) -> dict[str, str]:
     """role -> kind name for an optimizer level."""
     return optimizer_level(level).group_kinds()
-
-
-def group_kind(name: str) -> GroupKind:
-    if name not in KINDS:
-        raise ValueError(f"optimizer kind {name!r} is not registered; allowed values: {', '.join(KINDS)}")
-    return KINDS[name]
 
 
 def state_bytes_by_role(level: str) -> dict[str, int]:

@@ -389,6 +389,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from marin.schema import read_json
     from sweeps.progress import format_counts, hms, rung_estimates, run_live, run_work, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
@@ -402,7 +403,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         r.update(run_live(sdir / r["run_id"]) if state in ("running", "partial") else
                  {"step": None, "total": None, "loss": None, "elapsed_s": None})
         if state == "completed":
-            summary = json.loads((sdir / r["run_id"] / "summary.json").read_text())
+            summary = read_json(sdir / r["run_id"] / "summary.json") or {}
             r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
     rows = [dict(r, state=r["state"].split(",")[0], work=run_work(sdir / r["run_id"])) for r in st["runs"]]
     eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
+from marin.schema import read_json
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -45,15 +46,13 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
     """step (steps done), total, last loss, elapsed_s (since the running process took the run)."""
     d = Path(run_dir)
     rec = last_train_record(d / "metrics.jsonl")
+    spec = read_json(d / "spec.json")
     try:
         # the steps trained, not the rung's: token_multiplier (calibration's extra-compute arm) scales them
-        total = RunSpec.from_dict(json.loads((d / "spec.json").read_text())).train.effective().steps
-    except (OSError, ValueError, KeyError, TypeError):
+        total = RunSpec.from_dict(spec).train.effective().steps if spec is not None else None
+    except (ValueError, KeyError, TypeError):
         total = None
-    try:
-        since = json.loads((d / ".lock").read_text() or "{}").get("since")
-    except (OSError, ValueError):
-        since = None
+    since = (read_json(d / ".lock") or {}).get("since")
     elapsed = (now if now is not None else time.time()) - since if since else None
     return {"step": rec["step"] + 1 if rec else 0, "total": total, "loss": rec["loss"] if rec else None,
             "elapsed_s": elapsed}
@@ -62,8 +61,8 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
 def run_work(run_dir: str | Path) -> int:
     """The run's token_multiplier from spec.json (steps trained over its rung's; 1 when unknown)."""
     try:
-        return int(json.loads((Path(run_dir) / "spec.json").read_text())["train"].get("token_multiplier", 1))
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(((read_json(Path(run_dir) / "spec.json") or {}).get("train") or {}).get("token_multiplier", 1))
+    except (ValueError, TypeError, AttributeError):
         return 1
 
 

@@ -13,11 +13,12 @@ those sinks. W&B runs online when WANDB_API_KEY is set or WANDB_MODE says so, of
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from marin.schema import read_json
 
 LOG_TO_ENV = "MARIN_LOG_TO"
 KEEP_ENV = "MARIN_KEEP_CHECKPOINTS"  # `run --keep-checkpoints all`: workers inherit it like the sinks
@@ -104,10 +105,7 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     keep = os.environ.get(KEEP_ENV) or "final"
     if not log_to:
         return train(spec, run_dir, resume=resume, keep_checkpoints=keep)
-    try:
-        meta = json.loads((Path(run_dir) / "meta.json").read_text())
-    except (OSError, ValueError):
-        meta = {}
+    meta = read_json(Path(run_dir) / "meta.json") or {}
     if "tensorboard" in log_to:
         write_tensorboard_tags(run_dir, meta)
     with _env(wandb_env(meta) if "wandb" in log_to else {}):
