@@ -394,16 +394,12 @@ class DataConfig:
                                            "data_seed": SEED})
 
 
-#: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes this,
-#: every recipe switch not at its `FactorSpec.identity_level` (what runs computed before the switch
-#: existed), and the model/train/data fields that differ from their defaults. So a new field whose
-#: default keeps the old behaviour keeps every id, and a new recipe switch gives a new id to every run
-#: that uses its new branch. Bump it when a default or what a level computes changes
-#: (tests/test_run_ids.py pins every default and identity level per version).
-#: 3: every run draws its initial weights with the layout-independent init (marin.parallel.init_weights),
-#: so one process and any sharding of a run start from the same weights.
-#: 4: the recipe enters the id as its switches away from their identity level (before: away from the
-#: recipe level, so a new switch left every all-on run's id unchanged).
+#: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each
+#: recipe switch away from its identity level and each other field away from its default: a new field
+#: whose default keeps the old behaviour keeps every id; a new switch re-identifies the runs it changes.
+#: Bump it when a default or what a level computes changes (tests/test_run_ids.py pins them per version).
+#: 3: the layout-independent init (marin.parallel.init_weights). 4: the recipe enters the id by its
+#: switches away from their identity level (3: away from the recipe level, blind to a new switch).
 SPEC_VERSION = 4
 
 
