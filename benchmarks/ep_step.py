@@ -34,10 +34,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Root(torch.nn.Module):
+    """The MoE block inside a root module, as `marin.parallel.apply_fsdp` shards a model."""
+
+    def __init__(self, moe: torch.nn.Module):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x):
+        return self.moe(x)
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: str) -> None:
     from marin.config import ModelConfig, Recipe
-    from marin.ep import build_ep_groups, parallelize, sync_expert_grads
+    from marin.ep import build_ep_groups, shard_experts
     from marin.moe import MoE
+    from marin.parallel import apply_fsdp
 
     # A bare MoE block returns a view; FSDP2 warns about in-place ops on it, and we do none.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
@@ -64,7 +76,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
         with torch.no_grad():
             for p in moe.parameters():
                 p.normal_(0, 0.5 / args.d**0.5)
-        moe = parallelize(moe.to(dev, dtype).train(), groups, dp="fsdp2")
+        moe = apply_fsdp(shard_experts(_Root(moe.to(dev, dtype).train()), groups), groups)  # the trainer's sharding
         opt = torch.optim.AdamW(moe.parameters(), lr=1e-4)
         gen = torch.Generator().manual_seed(1 + rank)
         times, drops, moved = [], [], []
@@ -76,7 +88,6 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
             t0 = time.perf_counter()
             o = moe(x)
             o.y_BSD.float().pow(2).mean().backward()
-            sync_expert_grads(moe, groups)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if cuda:

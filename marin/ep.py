@@ -5,10 +5,8 @@ Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_ran
 EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
 E/ep per rank, contiguous (rank q holds experts [q*E/ep, (q+1)*E/ep)): `shard_experts` keeps that slice
 and swaps in the `EPDispatcher`; each rank is one token shard. The rest of the sharding (FSDP2 over
-"dp" for the expert slices, over every rank for the other parameters) is `marin.parallel`'s
-(docs/architecture.md §5). `parallelize` / `apply_data_parallel` / `sync_expert_grads` are an older
-layout (experts left out of FSDP, their gradients all-reduced by hand) kept for tests/test_ep.py and
-benchmarks/ep_step.py; the trainer does not use them.
+"dp" for the expert slices, over every rank for the other parameters, gradients of the mean of the
+per-rank losses) is `marin.parallel.apply_fsdp` (docs/architecture.md §5).
 
 Drops. Every rank decides its own drops with the same functions `plan_drops` uses
 (marin.dispatch: cell_counts, fixed_cell_capacity, ragged_capacities, ragged_accepted): the fixed
@@ -44,7 +42,6 @@ from marin.dispatch import (
 )
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
-DP_MODES = ("fsdp2", "none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +223,7 @@ class EPDispatcher:
         self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
         self.n_local = n_experts // self.S
         # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
-        # averages them): sync_expert_grads is then not needed.
+        # averages them), so the slices hold gradients of the mean of the per-rank losses.
         self.grad_scale = 1.0
 
     def __repr__(self) -> str:
@@ -353,68 +350,6 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
         raise ValueError("shard_experts: the model has no MoE layer (a module with `dispatcher` and "
                          f"parameters {', '.join(EXPERT_PARAM_NAMES)})")
     return model
-
-
-def apply_data_parallel(model: nn.Module, groups: EPGroups, mode: str = "fsdp2") -> nn.Module:
-    """Data parallel for the non-expert parameters over all ranks: FSDP2 fully_shard per transformer
-    block (the first nn.ModuleList named `blocks` or `layers`, when present) and at the root, expert
-    parameters ignored (they are EP-sharded; see sync_expert_grads). mode "none" leaves the model alone
-    (then call sync_grads for a plain all-reduce of every gradient)."""
-    if mode not in DP_MODES:
-        raise ValueError(f"mode={mode!r} is not known; allowed values: {', '.join(map(repr, DP_MODES))}")
-    if mode == "none":
-        return model
-    from torch.distributed.fsdp import fully_shard
-
-    ignored = {getattr(m, p) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
-    for attr in ("blocks", "layers"):
-        blocks = getattr(model, attr, None)
-        if isinstance(blocks, nn.ModuleList):
-            for b in blocks:
-                fully_shard(b, mesh=groups.world_mesh, ignored_params=ignored)
-            break
-    fully_shard(model, mesh=groups.world_mesh, ignored_params=ignored)
-    return model
-
-
-def parallelize(model: nn.Module, groups: EPGroups, *, dp: str = "fsdp2", transport: str | None = None) -> nn.Module:
-    """The EP model: shard_experts, then data parallel for everything else."""
-    return apply_data_parallel(shard_experts(model, groups, transport), groups, dp)
-
-
-@torch.no_grad()
-def sync_expert_grads(model: nn.Module, groups: EPGroups) -> None:
-    """After backward: the all-to-all backward already summed every EP-group member's contribution
-    into the local expert gradient; sum it over the "dp" replicas and divide by the world size, so it
-    is the gradient of the mean of the per-rank losses (what FSDP2 gives the other parameters)."""
-    grads = [getattr(m, p).grad for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES]
-    grads = [g for g in grads if g is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if groups.dp_size > 1:
-        dist.all_reduce(flat, group=groups.dp_group)
-    flat /= groups.world_size
-    i = 0
-    for g in grads:
-        g.copy_(flat[i:i + g.numel()].view_as(g))
-        i += g.numel()
-
-
-@torch.no_grad()
-def sync_grads(model: nn.Module, groups: EPGroups) -> None:
-    """dp="none": average non-expert gradients over all ranks, then sync_expert_grads."""
-    experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
-    grads = [p.grad for p in model.parameters() if id(p) not in experts and p.grad is not None]
-    if grads and groups.world_size > 1:
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one all-reduce, not one per parameter
-        dist.all_reduce(flat)
-        flat /= groups.world_size
-        i = 0
-        for g in grads:
-            g.copy_(flat[i:i + g.numel()].view_as(g))
-            i += g.numel()
-    sync_expert_grads(model, groups)
 
 
 # ---------------------------------------------------------------------------------------------
