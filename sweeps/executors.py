@@ -35,12 +35,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import submitit
 
 from marin.config import NONNEG_INT, POS, POS_INT, optional, check_ranges
 
+from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
 from sweeps.state import count_dirs, needs_run, probe
@@ -492,31 +493,6 @@ def squeue_ids() -> set[str] | None:
 # ---------------------------------------------------------------------------------------------
 
 
-class Executor(Protocol):
-    """How runs get executed. `submit` returns a `Submission` whose `jobs` have `job_id`, `done()`
-    and `result()` (submitit's Job), and writes `job.json` (`record_job`) for each run it queues."""
-
-    name: str
-    waits: bool  # `run` polls its jobs until done (False: `submit` has run everything already)
-    shows_jobs: bool  # its job ids mean something to the user (printed by `run`)
-
-    def validate(self, opts: ExecOptions) -> None:
-        """Raise ValueError naming the field for anything wrong, before anything is submitted."""
-
-    def submit(self, runs: Sequence[PlannedRun], study_dir: Path, opts: ExecOptions,
-               resources: Callable[[PlannedRun], dict] | None, on_run_done: Callable[[], None] | None) -> Submission:
-        """Start `runs`; `resources(run)` is the study's per-run job shape (gpus, time_min, cpus, mem)."""
-
-    def queued(self, job_ids: set[str]) -> set[str]:
-        """Of these job ids (recorded by this executor), those still queued or running."""
-
-    def cancel(self, sub: Submission) -> str:
-        """The driver is stopping (Ctrl-C, SIGTERM): stop what cannot outlive it; a line for the user."""
-
-    def slots(self, opts: ExecOptions) -> int | None:
-        """Runs executing at once (for the progress line's estimate); None: unknown."""
-
-
 class DebugExecutor:
     name, waits, shows_jobs = "debug", False, False
 
@@ -582,24 +558,6 @@ class SlurmExecutor:
 
     def slots(self, opts: ExecOptions) -> int | None:
         return None
-
-
-#: name -> executor; `--executor NAME`, `ExecOptions.executor` and job.json's "executor" name a row.
-EXECUTORS: dict[str, Executor] = {}
-
-
-def register_executor(ex: Executor) -> Executor:
-    """Add an executor (a name already registered is an error)."""
-    if ex.name in EXECUTORS:
-        raise ValueError(f"executor {ex.name!r} is already registered")
-    EXECUTORS[ex.name] = ex
-    return ex
-
-
-def get_executor(name: str) -> Executor:
-    if name not in EXECUTORS:
-        raise ValueError(f"executor={name!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    return EXECUTORS[name]
 
 
 for _ex in (LocalExecutor(), DebugExecutor(), SlurmExecutor()):
