@@ -1,5 +1,5 @@
 """Where the ranks of a distributed run meet, from the launcher's environment, and the process-group
-init with a deadline (docs/architecture.md, "Distributed runs" and "Multi-node SLURM").
+init with a deadline (docs/architecture.md §5 and "Multi-node SLURM").
 
 - torchrun (or a test): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as given.
 - SLURM (srun, one task per device): RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE =
