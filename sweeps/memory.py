@@ -1,5 +1,5 @@
 """Activation memory of one rank: measured under fake tensors, fitted over depth and layer kind, and
-checked against a real CPU run (docs/architecture.md "Before a hero run").
+checked against a real CPU run (docs/hero.md).
 
 - `activation_peak`: the maximum over time (every dispatched op) of the bytes of activations +
   temporaries (torch's MemTracker categories ACT and TEMP) of one rank's forward + backward at full

@@ -1,6 +1,6 @@
 """The hero's time model (`plan hero`): FLOPs per step with the optimizer, bytes per rank per step on
 each link for the rack-local layout, a step-time and days range under stated assumptions, and the
-checkpoint cadence against the job's time limit (docs/architecture.md "Before a hero run").
+checkpoint cadence against the job's time limit (docs/hero.md).
 
 Layout (Marin's mesh (replica_dcn, data, expert)): a group is one NVL72 rack of G = ep_size ranks;
 non-expert parameters are FSDP-sharded inside the group and replicated over the R groups; each rank
