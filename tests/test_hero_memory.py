@@ -244,5 +244,5 @@ def test_checkpoint_cadence_fits_the_job_limit_only_with_the_hourly_temporary_ch
     assert not c["fits"] and c["max_gap_s"] == pytest.approx(23_000)
     with pytest.raises(ValueError, match="checkpoint_interval_s"):
         TrainConfig(checkpoint_interval_s=-1)
-    with pytest.raises(ValueError, match="offload.*none, cpu"):
+    with pytest.raises(ValueError, match="offload.*'none', 'cpu'"):
         TrainConfig(offload="gpu")
