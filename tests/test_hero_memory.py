@@ -144,6 +144,7 @@ def test_uniform_pattern_hero_is_estimated_within_10_percent_of_the_tracker_at_4
     assert fit["peak"] == pytest.approx(direct, rel=0.10)
 
 
+@pytest.mark.slow
 def test_gpu_lines_are_their_own_and_offload_moves_the_state_to_the_host():
     from sweeps.dryrun import GpuAllowances, Sharding, dry_run
 
@@ -162,6 +163,10 @@ def test_gpu_lines_are_their_own_and_offload_moves_the_state_to_the_host():
     assert o["total"] < t["total"] and o["host"] > 0
     assert not any(r["bytes"] for r in o["rows"] if r["line"].startswith(("parameters", "gradients", "optimizer")))
     assert "offload" not in probe["tables"]["hyperball"]  # plenty of headroom: no offload table
+    on = dataclasses.replace(spec, train=dataclasses.replace(spec.train, offload="cpu"))
+    conf = dry_run(on, 1, 1, capacity_gib=1.02 * total / GiB, levels=("hyperball",), sharding=one,
+                   gpu=GpuAllowances(cuda_context_gib=0.0, nvls_gib_per_comm=0.0))["tables"]["hyperball"]
+    assert "offload" not in conf and conf["total"] == pytest.approx(o["total"]) and conf["host"] == o["host"]
 
 
 @pytest.mark.slow
