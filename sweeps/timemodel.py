@@ -142,9 +142,9 @@ def checkpoint_cadence(t, step_s: tuple[float, float], job_limit_s: float | None
 def format_time_model(tm: dict) -> str:
     a = tm["assumptions"]
     lines = [f"time model (per rank per step; {tm['tokens_per_rank']:,} tokens per rank, {tm['tokens_per_step']:,} per step):",
-             f"  model FLOPs {tm['model_flops_per_rank'] / 1e15:.2f} PFLOP; optimizer (Newton-Schulz, each matrix once per "
-             f"group) {tm['ns_flops_per_rank'] / 1e12:.1f} TFLOP ({tm['ns_flops_per_rank'] / tm['model_flops_per_rank']:.2%}"
-             f" of the model's; {tm['ns_flops_if_every_rank'] / 1e12:.0f} TFLOP if every rank ran every non-expert matrix)",
+             (f"  model FLOPs {tm['model_flops_per_rank'] / 1e15:.2f} PFLOP; optimizer (Newton-Schulz, each matrix once "
+              f"per group) {tm['ns_flops_per_rank'] / 1e12:.1f} TFLOP ({tm['ns_flops_per_rank'] / tm['model_flops_per_rank']:.2%}"
+              f" of the model's; {tm['ns_flops_if_every_rank'] / 1e12:.0f} TFLOP if every rank ran every non-expert matrix)"),
              "  bytes inside the rack (NVLink):"]
     lines += [f"    {k}: {v / GB:.1f} GB" for k, v in tm["bytes_inside_rack"].items()]
     lines.append("  bytes across racks (network):")

@@ -110,7 +110,7 @@ def test_depth_fit_refuses_peaks_that_are_not_linear_in_depth():
     from sweeps.memory import fit_activations
 
     spec = _small(L=8, global_every=1)
-    bent = lambda s, n, seqs, g: 1000 + 100 * n + (60 if n == 3 else 0)  # noqa: E731 - a kink at 3 layers
+    bent = lambda s, n, seqs, g: 1000 + 100 * n + (60 if n == 3 else 0)  # a kink at 3 layers
     with pytest.raises(RuntimeError, match="not linear"):
         fit_activations(spec, 8, measure=bent)
     fit = fit_activations(spec, 8, measure=lambda s, n, seqs, g: 1000 + 100 * n)
