@@ -461,7 +461,12 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     tokens = steps * batch * model.seq_len
     rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
-                train_overrides={"eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
+                # the fused path of the GPU rungs: flex compiled (eager flex OOMs at its first attention)
+                model_overrides={"kernels": "triton"},
+                train_overrides={"compile": True, "eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
+                                 # 1,000 steps are 3.6-5.6 h, longer than a 4 h job: an hourly temporary
+                                 # checkpoint as Marin's (sweeps/timemodel.py checks it against the job limit)
+                                 "checkpoint_interval_s": 3600.0,
                                  "log_every": 10,
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU

@@ -276,6 +276,9 @@ ACTIVATION_CHECKPOINTS = ("none", "block")
 # reduces gradients in fp32 (Marin's hero: experiments/grug/moe_hero_ep); needs precision="bf16"
 # (autocast). One process has nothing to gather or reduce: autocast alone is its bf16 compute.
 MIXED_PRECISIONS = ("none", "bf16")
+#: "cpu": FSDP2 CPUOffloadPolicy, fp32 master weights, gradients and optimizer state in pinned host memory
+#: (the escape when the dry run leaves too little headroom; Marin's hero offloaded its optimizer state)
+OFFLOADS = ("none", "cpu")
 
 
 @dataclass(frozen=True)
@@ -330,6 +333,10 @@ class TrainConfig:
     mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
     device: str = "cpu"
     compile: bool = False
+    offload: str = "none"  # OFFLOADS
+    # >0: also a temporary checkpoint whenever this many seconds of wall clock passed since the last one
+    # (Marin's hourly one), so a job's time limit never falls between two checkpoint_every saves
+    checkpoint_interval_s: float = 0.0
     threads: int | None = None
     # Planted factors of the calibration study (docs/calibration/): FLOPs counted per FLOP spent
     # (2 = "waste": same training, twice the compute counted), an extra seed stream mixed into the
@@ -354,6 +361,9 @@ class TrainConfig:
                f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
                f"precision={self.precision!r}; allowed values with it: 'none'")
         _check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
+        _check_level(o, "offload", self.offload, OFFLOADS)
+        _check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
+               "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")
         _check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
         fr = [s.start_frac for s in self.context_stages]
         _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
@@ -440,6 +450,12 @@ class RunSpec:
         _check(not (self.model.attention == "flex" and self.train.device == "cpu"), "ModelConfig", "attention",
                "'flex' trains on CUDA only (torch has no flex_attention backward on CPU); allowed values with "
                "TrainConfig.device='cpu': 'sdpa'")
+        # Eager flex_attention is torch's unfused reference: it materialises fp32 (B, H, S, S) scores
+        # (51.5 GB per tensor at the hero's shape), so on a GPU flex runs compiled or not at all.
+        _check(not (self.model.attention == "flex" and self.train.device.startswith("cuda") and not self.train.compile),
+               "ModelConfig", "attention",
+               "'flex' on CUDA needs TrainConfig.compile=True (eager flex materialises (B, H, S, S) scores); "
+               "allowed values with TrainConfig.compile=False: 'sdpa'")
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -139,6 +139,7 @@ class ShardingConfig:
 
     mixed_precision: bool = False
     reshard_after_forward: bool = True
+    offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded fp32 params, grads, optimizer state on the host
 
 
 def _mp_policy(cfg: ShardingConfig):
@@ -158,6 +159,10 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
     mp = _mp_policy(cfg)
     if mp is not None:
         kw["mp_policy"] = mp
+    if cfg.offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     dp_mesh = groups.mesh["dp"]
     plain = set()  # dp = 1: expert slices no unit shards (block and root units must leave them alone)
     for _, moe in moe_layers(model):

@@ -146,7 +146,8 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
     parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
-    parser.add_argument("--reserve-gib", type=float, default=8.0, help="dry run: kept free per GPU")
+    parser.add_argument("--reserve-gib", type=float, default=0.0,
+                        help="dry run: kept free per GPU beyond the table's own lines (CUDA context, NCCL, fragmentation)")
     _data_args(parser)
 
 
@@ -248,6 +249,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         d["hero"]["jobs_of_time_limit"] = math.ceil(d["hero"]["expected_seconds"] / 60 / hs.time_min)
         d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
         d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
+        from sweeps.timemodel import time_model
+
+        tm = d["hero"]["time_model"] = time_model(runs[0][0], study.hero, job_limit_s=hs.time_min * 60)
+        if not tm["checkpoint"]["fits"]:
+            raise ValueError(f"TrainConfig.checkpoint_interval_s={runs[0][0].train.checkpoint_interval_s}: the longest "
+                             f"gap between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter "
+                             f"than the job's time limit ({hs.time_per_job}); allowed values: 0 < seconds < {hs.time_min * 60}")
     if args.json:
         d = dict(d, runs=run_rows) if args.runs else d
         print(json.dumps(d, indent=1, default=str))
@@ -289,10 +297,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if "hero" in d:
         from sweeps.hero import format_checkpoint
 
-        hero = {k: v for k, v in d["hero"].items() if k not in ("checkpoint", "sbatch_script", "layout")}
+        hero = {k: v for k, v in d["hero"].items() if k not in ("checkpoint", "sbatch_script", "layout", "time_model")}
         print("\nhero: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in hero.items()))
         print("layout: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["hero"]["layout"].items()))
         print(format_checkpoint(d["hero"]["checkpoint"]))
+        from sweeps.timemodel import format_time_model
+
+        print(format_time_model(d["hero"]["time_model"]))
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
         print(d["hero"]["sbatch_script"])
     return 0

@@ -5,19 +5,23 @@
   the first and last rank and the edges of the first EP group; each rank's local parameters are counted
   by optimizer group. Gradients and optimizer state follow from them (fp32 state bytes per element of
   each group's kind: marin.optimizers).
-- Activations: one rank's forward + backward at full width under FakeTensorMode and torch's
-  MemTracker (torch.distributed._tools.mem_tracker) at 1 and 2 layers, extrapolated linearly to the
-  model's depth (per-layer memory is linear in depth), bf16 autocast as on the GPU.
-- Transients: the backward's working set beyond the kept activations (the 1-layer peak minus one
-  layer's kept: one block recomputed and its backward, the embedding, the loss chunk's fp32 logits),
-  FSDP2's gathered units and unsharded gradients, the Newton–Schulz working set of the sharding.
-The table is in GB and GiB against the capacity minus a reserve; a line that breaks the budget is
-named. Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
+- Activations (sweeps/memory.py): the maximum over time of activations + temporaries of one rank's
+  forward + backward at full width under FakeTensorMode, fitted over depths 2-4 and an all-global
+  model (local and global blocks keep different bytes), with a linearity check; the run's precision.
+  Kernels that cannot run on CPU are replaced by a stand-in of their footprint, and the table says so
+  (flex attention only when the configuration compiles it: eager flex is refused).
+- Transients: the backward's working set beyond the kept activations (one block recomputed and its
+  backward, the embedding, the loss chunk's fp32 logits), FSDP2's gathered units and unsharded
+  gradients, the Newton-Schulz working set of the sharding.
+- A GPU rank also holds what no tensor shows, each its own line (`GpuAllowances`, assumptions): EP
+  receive buffers at capacity, NCCL p2p and NVLS buffers, the CUDA context, allocator fragmentation.
+The table is in GB and GiB against the capacity; a line that breaks the budget is named. Where the
+headroom is under 10% the table with FSDP2 CPU offload (TrainConfig.offload="cpu") follows.
+Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -164,56 +168,38 @@ def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
                        for shape in ((B, 1, nb), (B, 1, nb, nb)) * 4) for _ in range(2))
 
 
-def measure_activations(spec: RunSpec, layers: int, seqs: int, checkpoint: str) -> float:
-    """Peak bytes of activations + temporaries of one rank's forward + backward at full width and
-    `layers` layers (parameters and gradients are not counted: the state lines hold them), at the run's
-    precision (bf16 autocast; bf16 weights as FSDP2 gathers them under mixed precision). A flex
-    model's attention is measured through `_FlexFootprint` (what the GPU kernel keeps)."""
-    from unittest import mock
+@dataclass(frozen=True)
+class GpuAllowances:
+    """Per-rank memory outside PyTorch's tensors, each its own line (assumptions, not measurements: the
+    CPU dry run cannot see them). NCCL: its docs' NCCL_BUFFSIZE (4 MiB) per channel and direction for
+    every p2p peer of the EP all-to-all, and NVLink SHARP (NVLS) buffers per communicator that uses it."""
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from marin import model as mmodel
-
-    cfg = dataclasses.replace(spec.model, n_layers=layers)
-    with torch.device("meta"):
-        model = mmodel.MarinModel(cfg, spec.recipe, activation_checkpoint=checkpoint,
-                                  loss_chunk_tokens=spec.train.loss_chunk_tokens)
-        if spec.train.mixed_precision == "bf16":  # FSDP2's MixedPrecisionPolicy computes with bf16 weights
-            model = model.to(torch.bfloat16)
-    flex = cfg.attention == "flex"
-    with FakeTensorMode(allow_non_fake_inputs=True), \
-            mock.patch.object(mmodel, "flex_attention", lambda q, k, v, **kw: _FlexFootprint.apply(q, k, v)) \
-            if flex else contextlib.nullcontext(), \
-            mock.patch.object(mmodel, "block_masks", _flex_block_masks) if flex else contextlib.nullcontext():
-        model = model.to_empty(device="cpu").train()
-        tok = torch.zeros(seqs, cfg.seq_len, dtype=torch.long)
-        mt = MemTracker()
-        mt.track_external(model)
-        with mt:
-            # no autocast cache: a cached bf16 copy of every weight is a one-process artefact
-            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-                out = model(tok, torch.zeros_like(tok), tok)
-            out.loss.backward()
-        peak = mt.get_tracker_snapshot("peak")
-    dev = next(iter(peak.values()))
-    return float(sum(v for k, v in dev.items() if str(k).endswith(("ACT", "TEMP"))))
+    cuda_context_gib: float = 1.0  # CUDA context, cuBLAS/cuDNN workspaces, Triton/compile caches
+    nccl_buffsize: int = 4 * 2**20
+    nccl_p2p_channels: int = 2
+    nvls_gib_per_comm: float = 1.0
+    nvls_comms: int = 2  # the shard group's all-gather/reduce-scatter and the replica group's reduction
+    fragmentation: float = 0.05  # of everything else: the caching allocator's slack (expandable segments on)
 
 
-def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sharding, level: str) -> list[dict]:
-    """Per-rank memory lines (bytes) for optimizer `level` from the measured state and activations."""
+def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sharding, level: str,
+                 gpu: GpuAllowances | None = None, offload: bool = False) -> list[dict]:
+    """Per-rank memory lines (bytes) for optimizer `level` from the measured state and activations; `gpu`
+    adds the lines a GPU rank holds beyond tensors; `offload` moves the fp32 master and optimizer state
+    to host memory (FSDP2 CPUOffloadPolicy: they appear as host lines, 0 on the GPU)."""
     kinds = group_kinds(level)
     by_role = state["by_role"]
     n = sum(by_role.values())
-    rows = [{"line": "parameters (fp32 master)", "bytes": 4 * n},
-            {"line": "gradients (fp32)", "bytes": 4 * n}]
+    where = " -> pinned host" if offload else ""
+    rows = [{"line": "parameters (fp32 master)" + where, "bytes": 0 if offload else 4 * n, "host": 4 * n if offload else 0},
+            {"line": "gradients (fp32)" + where, "bytes": 0 if offload else 4 * n, "host": 4 * n if offload else 0}]
     for role, k in sorted(by_role.items()):
         kind = kinds[role]
-        rows.append({"line": f"optimizer {kind} [{role}]", "bytes": KINDS[kind].state_bytes * k})
-    L = spec.model.n_layers
-    rows.append({"line": f"activations kept ({L} layers x {act['per_layer'] / GiB:.2f} GiB)",
-                 "bytes": L * act["per_layer"]})
+        b = KINDS[kind].state_bytes * k
+        rows.append({"line": f"optimizer {kind} [{role}]{where}", "bytes": 0 if offload else b, "host": b if offload else 0})
+    rows.append({"line": f"activations kept ({act['n_local']} local x {act['per_local'] / GiB:.3f} + {act['n_global']} "
+                 f"global x {act['per_global'] / GiB:.3f} GiB)",
+                 "bytes": act["n_local"] * act["per_local"] + act["n_global"] * act["per_global"]})
     rows.append({"line": "transient: backward working set (" + ("one block recomputed, " if act["recompute"] else "")
                  + "embedding, loss chunk)", "bytes": act["base"]})
     ns_groups = [r for r in by_role if KINDS[kinds[r]].orthogonalizes]
@@ -227,58 +213,111 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         gb = sharding.gathered_bytes
         rows.append({"line": f"transient: FSDP2 gathered weights + unsharded grads ({unit})",
                      "bytes": (2 * gb + gb + (4 if gb != 4 else 0)) * elems})
+    if gpu is not None:
+        m, ep = spec.model, state.get("ep_size", 1)
+        g = m.moe_geometry(spec.recipe)
+        cap = m.capacity_factor(spec.recipe) or 1.0
+        tokens = state.get("tokens_per_rank", 0)
+        # dispatch receive + combine send, bf16 rows of the latent width, at the receiver's capacity
+        rows.append({"line": f"EP receive buffers at capacity {cap:g} (dispatch + combine, bf16)",
+                     "bytes": int(2 * tokens * g.top_k * cap * g.width * 2) if ep > 1 else 0})
+        rows.append({"line": f"NCCL p2p buffers ({ep - 1} peers x {gpu.nccl_p2p_channels} channels x 2 x "
+                     f"{gpu.nccl_buffsize >> 20} MiB)", "bytes": (ep - 1) * gpu.nccl_p2p_channels * 2 * gpu.nccl_buffsize})
+        rows.append({"line": f"NCCL NVLS buffers ({gpu.nvls_comms} communicators, assumed)",
+                     "bytes": int(gpu.nvls_comms * gpu.nvls_gib_per_comm * GiB)})
+        rows.append({"line": "CUDA context + library workspaces (assumed)", "bytes": int(gpu.cuda_context_gib * GiB)})
+        rest = sum(r["bytes"] for r in rows)
+        rows.append({"line": f"allocator fragmentation allowance ({gpu.fragmentation:.0%})",
+                     "bytes": int(gpu.fragmentation * rest)})
     return rows
 
 
-def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, reserve_gib: float,
+def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, reserve_gib: float = 0.0,
             levels: tuple[str, ...] = ("hyperball", "adamw"), sharding: Sharding | None = None,
-            seqs_per_rank: int | None = None) -> dict:
-    """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget."""
+            seqs_per_rank: int | None = None, gpu: GpuAllowances | None = None, headroom: float = 0.10) -> dict:
+    """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
+    A GPU run gets the `gpu` allowance lines (default GpuAllowances()); where a table leaves less than
+    `headroom` of the capacity free, its offloaded variant (`offload`) is computed too."""
+    from sweeps.memory import fit_activations, substitutions
+
     t0 = time.perf_counter()
+    subs = substitutions(spec)  # raises for flex without compile: that configuration is not modelled
     sharding = sharding or current_sharding(spec)
     if spec.train.batch_size % world:
         raise ValueError(f"TrainConfig.batch_size={spec.train.batch_size} does not split over {world} GPUs; "
                          f"allowed values: multiples of {world}")
+    if gpu is None and spec.train.device.startswith("cuda"):
+        gpu = GpuAllowances()
     seqs = seqs_per_rank or spec.train.batch_size // world
     ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
     states = [rank_state(spec, world, ep_size, r, sharding) for r in ranks]
     if len({tuple(sorted(s["by_role"].items())) for s in states}) != 1:
         raise RuntimeError(f"ranks {ranks} hold different state: {states}")
+    state = {**states[0], "ep_size": ep_size, "tokens_per_rank": seqs * spec.model.seq_len}
     ck = spec.train.activation_checkpoint
-    # The peak is the first block of the backward, with every layer's kept activations alive: peak(L) =
-    # base + L x per_layer, where base holds that block's recompute (checkpointing on) and its backward,
-    # the embedding's and the loss chunk's.
-    a1, a2 = (measure_activations(spec, n, seqs, ck) for n in (1, 2))
-    act = {"per_layer": a2 - a1, "base": a1 - (a2 - a1), "recompute": ck == "block"}
+    # The peak (max over time of activations + temporaries) is the first block of the backward with
+    # every layer's kept activations alive: base + n_local a_local + n_global a_global, where base holds
+    # that block's recompute (checkpointing on) and backward, the embedding's and the loss chunk's.
+    act = {**fit_activations(spec, seqs), "recompute": ck == "block"}
     budget = (capacity_gib - reserve_gib) * GiB
     tables = {}
     for level in levels:
-        rows = memory_table(spec, states[0], world, act, sharding, level)
-        total = sum(r["bytes"] for r in rows)
-        over = [r["line"] for r in rows if r["bytes"] > budget]
-        tables[level] = {"rows": rows, "total": total, "ok": total <= budget,
-                         "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
+        configured = spec.train.offload == "cpu"
+
+        def table(offload: bool) -> dict:
+            rows = memory_table(spec, state, world, act, sharding, level, gpu, offload)
+            total = sum(r["bytes"] for r in rows)
+            over = [r["line"] for r in rows if r["bytes"] > budget]
+            return {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / (capacity_gib * GiB),
+                    "host": sum(r.get("host", 0) for r in rows),
+                    "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
+
+        tables[level] = table(configured)  # what the config runs
+        if not configured and tables[level]["headroom"] < headroom:
+            tables[level]["offload"] = table(True)  # the escape, not configured
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "sharding": sharding.name,
             "experts_per_rank": states[0]["experts_per_rank"], "sequences_per_rank": seqs,
             "activation_checkpoint": ck, "loss_chunk_tokens": spec.train.loss_chunk_tokens,
+            "activation_fit": {k: act[k] for k in ("points", "peaks", "residual", "base", "per_local", "per_global")},
+            "substitutions": subs, "headroom_wanted": headroom, "offload_configured": spec.train.offload == "cpu",
             "capacity_gib": capacity_gib, "reserve_gib": reserve_gib, "tables": tables,
-            "ok": all(t["ok"] for t in tables.values()), "seconds": time.perf_counter() - t0}
+            "ok": all(t["ok"] for t in tables.values()),
+            "seconds": time.perf_counter() - t0}
+
+
+def _format_table(out: list[str], t: dict) -> None:
+    w = max(len(r["line"]) for r in t["rows"])
+    out.append(f"  {'line'.ljust(w)}  {'GB':>9}  {'GiB':>9}")
+    for r in t["rows"] + [{"line": "total", "bytes": t["total"]}]:
+        out.append(f"  {r['line'].ljust(w)}  {r['bytes'] / GB:9.1f}  {r['bytes'] / GiB:9.1f}")
+    out.append(f"  headroom {t['headroom']:.1%} of capacity" + (f"; pinned host memory {t['host'] / GiB:.1f} GiB"
+                                                                if t["host"] else ""))
 
 
 def format_report(rep: dict) -> str:
     budget = rep["capacity_gib"] - rep["reserve_gib"]
-    out = [f"dry run: world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']}, ranks "
-           f"{rep['ranks']}, {rep['experts_per_rank']} experts per rank, {rep['sequences_per_rank']} sequences "
-           f"per rank, activation_checkpoint={rep['activation_checkpoint']}, loss_chunk_tokens="
-           f"{rep['loss_chunk_tokens']}", f"sharding: {rep['sharding']}"]
+    fit = rep["activation_fit"]
+    head = (f"dry run: world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']}, ranks "
+            f"{rep['ranks']}, {rep['experts_per_rank']} experts per rank, {rep['sequences_per_rank']} sequences "
+            f"per rank, activation_checkpoint={rep['activation_checkpoint']}, loss_chunk_tokens="
+            f"{rep['loss_chunk_tokens']}")
+    acts = ("activations: max over time of activations + temporaries (fake tensors, MemTracker) at (layers, "
+            "global_every) " + ", ".join(f"{p}: {v / GiB:.2f} GiB" for p, v in zip(fit["points"], fit["peaks"]))
+            + f"; linear fit residual {fit['residual']:.1%} of a layer")
+    out = [head, f"sharding: {rep['sharding']}", acts]
+    out += [f"stand-in: {s}" for s in rep["substitutions"]]
     for level, t in rep["tables"].items():
-        out.append(f"\n{level}: per-rank memory (budget {budget:.0f} GiB = {rep['capacity_gib']:.0f} GiB capacity "
-                   f"- {rep['reserve_gib']:.0f} GiB reserve)")
-        w = max(len(r["line"]) for r in t["rows"])
-        out.append(f"  {'line'.ljust(w)}  {'GB':>9}  {'GiB':>9}")
-        for r in t["rows"] + [{"line": "total", "bytes": t["total"]}]:
-            out.append(f"  {r['line'].ljust(w)}  {r['bytes'] / GB:9.1f}  {r['bytes'] / GiB:9.1f}")
+        out.append(f"\n{level}: per-rank memory (budget {budget:.0f} GiB = {rep['capacity_gib']:.0f} GiB capacity"
+                   + (f" - {rep['reserve_gib']:.0f} GiB reserve)" if rep["reserve_gib"] else ")"))
+        _format_table(out, t)
         out.append("  fits" if t["ok"] else f"  DOES NOT FIT: over budget: {'; '.join(t['over_budget'])}")
+        if "offload" in t:
+            o = t["offload"]
+            out.append(f"  headroom under {rep['headroom_wanted']:.0%}: with TrainConfig.offload='cpu' (FSDP2 "
+                       "CPUOffloadPolicy, fp32 master + gradients + optimizer state in pinned host memory)"
+                       + ("" if rep["offload_configured"] else ", not configured") + ":")
+            _format_table(out, o)
+            out.append("  fits with offload" if o["ok"] else f"  DOES NOT FIT even with offload: {'; '.join(o['over_budget'])}")
     out.append(f"\ndry run took {rep['seconds']:.1f} s")
     return "\n".join(out)
 

@@ -389,7 +389,8 @@ def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
 
 def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
     from marin.config import RunSpec, TrainConfig
-    from sweeps.dryrun import _FlexFootprint, measure_activations
+    from sweeps.dryrun import _FlexFootprint
+    from sweeps.memory import activation_peak
 
     q = torch.randn(2, 8, 64, 16, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)  # GQA: k, v at their own heads
@@ -403,7 +404,7 @@ def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_meas
     # a flex model (no CPU backward in torch) is measured at all, and differently from sdpa
     cfg = ModelConfig(d_model=128, n_layers=1, n_heads=8, head_dim=16, n_kv_heads=2, n_kv_heads_global=1,
                       seq_len=256, window=64, n_experts=8, top_k=2, ep_shards=2)
-    got = {att: measure_activations(RunSpec(model=dataclasses.replace(cfg, attention=att), recipe=Recipe(),
-                                            train=TrainConfig(device="cuda")), 1, 2, "none")
+    got = {att: activation_peak(RunSpec(model=dataclasses.replace(cfg, attention=att), recipe=Recipe(),
+                                        train=TrainConfig(device="cuda", compile=True, precision="bf16")), 1, 2)
            for att in ("flex", "sdpa")}
     assert got["flex"] > 0 and got["flex"] != got["sdpa"]

@@ -94,7 +94,7 @@ def sharding_config(t: TrainConfig):
     """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
     from marin.parallel import ShardingConfig
 
-    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
+    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16", offload=t.offload == "cpu")
 
 
 def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) -> torch.nn.Module:

@@ -240,6 +240,23 @@ class Trainer:
         if now or self.writer is None:
             self.commit_pending()
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Every checkpoint_every steps, and (checkpoint_interval_s > 0) whenever that much wall clock
+        passed since the last save: Marin's hourly temporary checkpoint, so a job's time limit loses at
+        most that interval. Ranks agree through one MAX all-reduce (the save is collective)."""
+        t = self.t
+        due = bool(t.checkpoint_every and step % t.checkpoint_every == 0)
+        if t.checkpoint_interval_s and not due:
+            late = time.perf_counter() - getattr(self, "last_save_t", self.t0) >= t.checkpoint_interval_s
+            if self.d is not None:
+                flag = torch.tensor([float(late)], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                late = bool(flag.item() > 0)
+            due = late
+        if due:
+            self.last_save_t = time.perf_counter()
+        return due
+
     def commit_pending(self) -> None:
         if self.pending is not None:
             p, self.pending = self.pending, None
@@ -356,7 +373,7 @@ class Trainer:
                 st.last_eval = ev
                 self.emit({"step": st.step, **ev})
                 log.info("step %d eval macro %.4f bpb %.4f", step, ev["eval_macro_loss"], ev["macro_bpb"])
-            if not last and t.checkpoint_every and st.step % t.checkpoint_every == 0:
+            if not last and self.checkpoint_due(st.step):
                 self.checkpoint()
         summary = self.finish("completed", None, None)
         if self.main:  # a completed run keeps only what its retention level says (default: its newest checkpoint)
