@@ -267,13 +267,8 @@ def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
 
 def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
-                extra_jac: np.ndarray | None = None, extra_cov: np.ndarray | None = None,
                 groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
-    """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed).
-
-    `extra_jac` (n × q) and `extra_cov` (q × q) add the uncertainty of quantities every y shares
-    (the reference law): cov += G·extra_cov·Gᵀ with G = (XᵀX)⁻¹Xᵀ·extra_jac.
-    """
+    """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)
@@ -304,10 +299,6 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
             method = "mixedlm-seed"
         except Exception as ex:  # singular random-effect fits fall back to OLS, with a note
             notes.append(f"mixed model failed ({type(ex).__name__}: {ex}); OLS used")
-    if extra_jac is not None and extra_cov is not None:
-        J = np.nan_to_num(extra_jac)
-        G = XtX_inv @ Xk.T @ J
-        cov_k = cov_k + G @ np.nan_to_num(extra_cov) @ G.T
     p = len(terms)
     theta = np.zeros(p)
     theta[K] = theta_k
@@ -316,10 +307,7 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     dof = len(y_n) - len(K)
     cov_model = np.zeros((p, p))
     if dof > 0:
-        cm = XtX_inv * float(e @ e) / dof
-        if extra_jac is not None and extra_cov is not None:
-            cm = cm + G @ np.nan_to_num(extra_cov) @ G.T
-        cov_model[np.ix_(K, K)] = cm
+        cov_model[np.ix_(K, K)] = XtX_inv * float(e @ e) / dof
     if dof <= 0:
         notes.append("saturated design: no residual degrees of freedom, no standard errors")
     return EffectsFit(response=response, factors=list(factors), terms=terms, alias=al, theta=theta, cov=cov,

@@ -1,8 +1,8 @@
 """What a reader must know before trusting a number: TOTAL two ways, lack of fit, lost runs, warnings.
 
 TOTAL two ways: the model's all-on vs all-off contrast beside the one observed on those two arms'
-own runs at each rung (quality: their mean losses inverted through the reference law; throughput:
-their mean ln R). Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on
+own runs at each rung (the law response, quality: their mean losses inverted through the reference
+law; an OLS response such as throughput: the mean of its column, e.g. ln R; analysis/responses.py). Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on
 cells arm × rung, when cells hold replicates.
 """
 
@@ -13,6 +13,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.attribution import alias_structure, build_terms, code_table, component_contrasts, design_matrix
+from analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
 WIDE_RATIO = 10.0
@@ -37,17 +38,16 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
     t = a.table
     on, off = np.all(X == 1, axis=1), np.all(X == -1, axis=1)
     rows = []
-    for name, col in (("quality", "ln_M"), ("throughput", "ln_R")):
+    for resp in (RESPONSES[n] for n in a.fits if RESPONSES[n].total_check and RESPONSES[n].family != "sum"):
+        name, col, law_family = resp.name, resp.column, resp.family == "law"
         fit = a.reduced.get(name, a.fits.get(name))
-        if fit is None:
-            continue
-        if name == "quality":
+        if law_family:
             jf = a.joint["power"]
             s, resid, dof = np.sqrt(float(jf.resid @ jf.resid) / max(jf.dof, 1)), jf.resid, jf.dof
         else:
             s, resid, dof = np.sqrt(float(fit.resid @ fit.resid) / max(fit.dof, 1)), fit.resid, fit.dof
         cells = (t["arm"].astype(str) + "|" + t["rung"].astype(str)).to_numpy() if "arm" in t else t["rung"].to_numpy()
-        m = np.isfinite(t[col].to_numpy(float)) if name == "throughput" else np.ones(len(t), bool)
+        m = np.ones(len(t), bool) if law_family else np.isfinite(t[col].to_numpy(float))
         F, p, dlof, dpe = _lof(resid, cells[m], dof)
         q = float(stats.t.ppf(0.5 + a.level / 2, max(dof, 1)))
         for r in a.rungs.itertuples():
@@ -58,7 +58,7 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
                    "lof_F": F, "lof_p": p, "lof_df": f"{dlof}, {dpe}"}
             i_on, i_off = np.flatnonzero(on & at & m), np.flatnonzero(off & at & m)
             if len(i_on) and len(i_off):
-                if name == "quality":
+                if law_family:
                     law = a.law
                     Lo, Lf = t["eval_macro_loss"].to_numpy(float)[i_on], t["eval_macro_loss"].to_numpy(float)[i_off]
                     Co, Cf = t["train_flops"].to_numpy(float)[i_on], t["train_flops"].to_numpy(float)[i_off]
@@ -137,6 +137,10 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
     w = []
     t = a.table
+    for name, jf in a.joint.items():
+        if not jf.converged:
+            w.append(f"the joint law fit ({name}) did not converge (iteration limit reached): every number that "
+                     "rests on it (law, quality and wall-clock multipliers) may be off its least-squares optimum")
     if a.law is not None:
         if a.law.not_identified:
             w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "

@@ -14,10 +14,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.attribution import EffectsFit, component_contrasts
-
-#: The responses Findings show, with their fit names and labels.
-FINDING_RESPONSES = (("ln_M", "quality", "quality M_flop"), ("ln_R", "throughput", "throughput R"),
-                     ("ln_W", "wall", "wall-clock M_flop·R"))
+from analysis.responses import by_column
 
 
 def _exp(v: float) -> float:
@@ -87,7 +84,7 @@ def observed_total(a, response: str) -> tuple[float, float, float, str]:
         return (np.nan, np.nan, np.nan, "")
     z = a.rungs.set_index("rung")["z"].reindex(d["rung"]).to_numpy(float)
     y, se = d["observed"].to_numpy(float), d["obs_se"].to_numpy(float)
-    fit = a.fits.get({"ln_M": "quality", "ln_R": "throughput", "ln_W": "wall"}[response])
+    fit = a.fits.get(by_column(response).name)
     q = float(stats.t.ppf(0.5 + a.level / 2, max(fit.dof if fit is not None else 1, 1)))
     if len(d) == 1:
         return (float(y[0]), float(y[0] - q * se[0]), float(y[0] + q * se[0]), f"at rung {d['rung'].iloc[0]}")

@@ -23,10 +23,14 @@ import numpy as np
 from scipy import optimize
 
 from analysis.attribution import Term, design_matrix
+from analysis.lsq import levenberg_marquardt
 
 FORMS = ("power", "curved")
 #: A parameter whose variance inflation (bread_ii·(JᵀJ)_ii) exceeds this is "not identified".
 NOT_IDENTIFIED_VIF = 1e6
+#: Levenberg–Marquardt iterations per start (MINPACK: twice as many evaluations); a fit that reaches
+#: it has not converged (the report warns).
+MAX_ITER = 200
 
 
 @dataclass
@@ -103,10 +107,6 @@ class JointFit:
             out.append(c)
         return out[0], out[1]
 
-    def predict_loss(self, C, lnm) -> np.ndarray:
-        u = np.log(np.asarray(C, float) / self.c0) + np.asarray(lnm, float)
-        return self.linf + np.exp(self.get("ln_a") - self.alpha * u - 0.5 * self.kappa * u * u)
-
     def loss_grad(self, C: float, e_row: np.ndarray) -> tuple[float, np.ndarray]:
         """Loss of an arm with effect row e_row (over θ) at compute C and its gradient over params."""
         th = self._theta()
@@ -159,9 +159,12 @@ def _seed_blocks(seeds) -> np.ndarray:
 
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
               pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
-              clusters=None) -> JointFit:
+              clusters=None, fast_refit: bool = False) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
-    warm_only: start from `start` alone (a profile's refits move the optimum only a little)."""
+    warm_only: start from `start` alone (a profile's refits move the optimum only a little).
+    fast_refit: solve by analysis/lsq.py (linear in runs) instead of MINPACK, for the bootstrap's
+    warm refits; MINPACK stays the solver of every reported fit (where the rungs leave the law's
+    curvature flat, where it stops decides whether α stays positive)."""
     if form not in FORMS:
         raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
     C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
@@ -222,7 +225,11 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     best = None
     for p0 in starts:
         try:
-            r = optimize.least_squares(resid, p0, jac=jac, method="lm", xtol=1e-12, ftol=1e-12, max_nfev=400)
+            if fast_refit:
+                r = levenberg_marquardt(resid, jac, p0, xtol=1e-12, ftol=1e-12, max_iter=MAX_ITER)
+            else:
+                r = optimize.least_squares(resid, p0, jac=jac, method="lm", xtol=1e-12, ftol=1e-12,
+                                           max_nfev=2 * MAX_ITER)
         except (ValueError, FloatingPointError):
             continue
         if not np.all(np.isfinite(r.x)):
@@ -242,7 +249,7 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     bread = np.linalg.pinv(JtJ)
     rank = int(np.linalg.matrix_rank(J, tol=1e-10 * max(np.linalg.norm(J), 1e-300)))
     dof = n - rank
-    h = np.clip(np.einsum("ij,jk,ik->i", J, bread, J), 0, 1)
+    h = np.clip(((J @ bread) * J).sum(1), 0, 1)
     safe = (1 - h) > 1e-8
     w = np.where(safe, e**2 / np.where(safe, 1 - h, 1) ** 2, 0.0)
     cov = bread @ ((J * w[:, None]).T @ J) @ bread

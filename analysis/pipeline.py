@@ -18,10 +18,10 @@ from scipy import stats
 from analysis.attribution import (EffectsFit, alias_structure, anova_table, build_terms, code_table,
                                   component_contrasts, component_table, design_matrix, fit_effects)
 from analysis.joint import JointFit, effect_design, fit_joint, law_of
+from analysis.responses import RESPONSES, Response, ordered
 from analysis.results import Inventory, factor_columns, inventory
 from analysis.scaling import LawFit, log_multiplier
 
-RESPONSES = {"quality": "ln_M", "throughput": "ln_R", "wall": "ln_W"}
 BOOT_METHODS = ("wild", "cells", "none")
 #: Extrapolation beyond this multiple of the top rung's compute is refused unless forced.
 EXTRAPOLATION_LIMIT = 10.0
@@ -137,15 +137,25 @@ def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
     return pd.Series([f"r{i}" for i in lab], index=df.index)
 
 
-def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
-                form: str = "power", start: JointFit | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
-    """The joint law + quality effects fit, with its coefficients in the standard effects basis."""
+def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
+    """(terms, candidate design, alias structure, effect design E, its term indices) of the quality fit."""
     terms = build_terms(factors, interactions=interactions, scale=scale)
     Xf = design_matrix(terms, factors, X, z)
     al = alias_structure(Xf)
     E, cols = effect_design(terms, factors, al.kept, X, z)
+    return terms, Xf, al, E, cols
+
+
+def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
+                form: str = "power", start: JointFit | None = None,
+                warm_only: bool = False, design: tuple | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
+    """The joint law + quality effects fit, with its coefficients in the standard effects basis;
+    `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
+    only a little);
+    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap)."""
+    terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
-                   clusters=clusters)
+                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
     th, cov, cm, _ = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response="ln_M", factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
@@ -153,31 +163,170 @@ def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=N
     return fit, jf
 
 
-def _wall(q: EffectsFit, r: EffectsFit, both: np.ndarray, X, z) -> EffectsFit:
-    """ln W = ln M + ln R: coefficients add; covariances add (loss and throughput noise are independent)."""
+def _sum_fit(r: Response, parts: list[EffectsFit], both: np.ndarray, X, z) -> EffectsFit:
+    """A sum response (e.g. ln W = ln M + ln R): coefficients add; covariances add (the parts' noises
+    are independent: loss and throughput)."""
+    q = parts[0]
     al = alias_structure(design_matrix(q.terms, q.factors, X[both], z[both]))
-    return EffectsFit(response="ln_W", factors=q.factors, terms=q.terms, alias=al, theta=q.theta + r.theta,
-                      cov=q.cov + r.cov, dof=min(q.dof, r.dof), n=int(both.sum()), resid=np.zeros(int(both.sum())),
-                      leverage=np.zeros(int(both.sum())), X=q.X, method="quality + throughput",
-                      cov_model=(q.cov_model if q.cov_model is not None else q.cov)
-                      + (r.cov_model if r.cov_model is not None else r.cov))
+    n = int(both.sum())
+    return EffectsFit(response=r.column, factors=q.factors, terms=q.terms, alias=al,
+                      theta=sum(p.theta for p in parts), cov=sum(p.cov for p in parts), dof=min(p.dof for p in parts),
+                      n=n, resid=np.zeros(n), leverage=np.zeros(n), X=q.X, method=" + ".join(r.parts),
+                      cov_model=sum(p.cov_model if p.cov_model is not None else p.cov for p in parts))
+
+
+@dataclass
+class _Prepared:
+    """The coded runs every response is fitted on (analyze_table's shared state)."""
+
+    ok: pd.DataFrame
+    X: np.ndarray
+    z: np.ndarray
+    C: np.ndarray
+    L: np.ndarray
+    factors: list[str]
+    rungs: pd.DataFrame
+    scale: bool
+    seeds: np.ndarray | None
+    pins: tuple
+    interactions: bool
+    hc: str
+    mixed: bool
+    level: float
+    notes: list[str]
+    clusters: np.ndarray | None = None  # runs sharing a random stream at one rung (analysis/joint.py)
+    fits: dict[str, EffectsFit] = field(default_factory=dict)
+    reduced: dict[str, EffectsFit] = field(default_factory=dict)
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
+    joint: dict[str, JointFit] = field(default_factory=dict)
+    law: LawFit | None = None
+
+
+def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
+    """Reference law and quality effects: one fit on every run (baseline-arm runs are not special)."""
+    X, z, C, L, factors = p.X, p.z, p.C, p.L, p.factors
+    kw = dict(interactions=p.interactions, scale=p.scale, seeds=p.seeds, pins=p.pins)
+    if not p.scale and p.pins[1] is None:
+        p.notes.append("reference law not estimable: one rung cannot fix α; pin it (--pin-alpha)")
+    else:
+        for form in law_forms:
+            try:
+                fq, jf = quality_fit(X, z, C, L, factors, **kw, form=form, start=p.joint.get("power"),
+                                     clusters=p.clusters)
+            except ValueError as e:
+                p.notes.append(f"reference law ({form} form) not estimable: {e}")
+                continue
+            if form == "power" and ({"alpha", "ln_a"} & set(jf.not_identified)):
+                # The rungs do not fix the law's curvature (α → 0 with L∞ → −∞: a straight line in
+                # ln C fits as well). A multiplier needs only the local slope dL/d ln C, which the
+                # rungs do fix; α, A, L∞ and anything that extrapolates are reported as such.
+                p.notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
+                               "law's local slope only; law parameters and extrapolation are not identified")
+                p.joint[form], p.law = jf, law_of(jf, p.level)
+                p.fits[r.name] = fq
+                break
+            if form != "power" and jf.not_identified:
+                p.notes.append(f"the {form} law form is not identified by {len(p.rungs)} rungs: "
+                               "the law form's effect on extrapolation cannot be assessed")
+                continue
+            p.joint[form] = jf
+            if form == "power":
+                p.fits[r.name], p.law = fq, law_of(jf, p.level)
+        if r.name in p.fits:
+            shap = component_contrasts(p.fits[r.name], 0.0)["shapley"]
+            badf = [f for f, c in zip(factors, shap) if not p.fits[r.name].estimable(c)]
+            if badf and p.interactions:
+                red, jr = quality_fit(X, z, C, L, factors, **{**kw, "interactions": False})
+                p.reduced[r.name], p.joint["power/main"] = red, jr
+                p.notes.append(f"{r.name}: with two-factor interactions the Shapley value of {', '.join(badf)} is "
+                               "not estimable from the runs present; Shapley values from the main-effects model "
+                               "(assumes no interactions), LOO/AOI from the full model")
+    p.ok[r.column] = log_multiplier(L, C, p.law) if p.law is not None else np.nan
+    p.masks[r.name] = np.ones(len(p.ok), bool)
+
+
+def _ols_column(p: _Prepared, r: Response) -> np.ndarray:
+    """transform(source) per run; NaN where it has no value (the note says how many)."""
+    ok = p.ok
+    src = pd.to_numeric(ok[r.source], errors="coerce").to_numpy(float) if r.source in ok else np.full(len(ok), np.nan)
+    if r.transform == "ln_ratio":  # against the baseline arm on the same hardware and rung
+        hw = ok["hardware"].astype(str) if "hardware" in ok else pd.Series("?", index=ok.index)
+        key = list(zip(ok["rung"], hw))
+        base = np.all(p.X == -1, axis=1)
+        ref_sum: dict = {}
+        for k_, m_, b_ in zip(key, src, base):
+            if b_ and np.isfinite(m_):
+                s_, n_ = ref_sum.get(k_, (0.0, 0))
+                ref_sum[k_] = (s_ + m_, n_ + 1)
+        ratio = np.array([m_ / (ref_sum[k_][0] / ref_sum[k_][1]) if k_ in ref_sum else np.nan
+                          for m_, k_ in zip(src, key)], float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.log(ratio)
+        if np.isnan(y).any():
+            p.notes.append(f"{int(np.isnan(y).sum())} run(s) without a baseline {r.name} on the same "
+                           f"hardware and rung: no {r.name} ratio")
+        return y
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(src > 0, np.log(src), np.nan)
+    if np.isnan(y).any():
+        p.notes.append(f"{int(np.isnan(y).sum())} run(s) without a positive {r.source}: no {r.label}")
+    return y
+
+
+def _fit_ols(p: _Prepared, r: Response) -> None:
+    """OLS of the transformed source on the factor model, with a main-effects refit where the full
+    model leaves a Shapley value non-estimable."""
+    y = _ols_column(p, r)
+    p.ok[r.column] = y
+    m = np.isfinite(y)
+    if m.sum() < 2:
+        return
+    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed,
+              groups=p.ok["seed"].to_numpy()[m] if "seed" in p.ok else None)
+    fr = fit_effects(p.X[m], p.z[m], y[m], p.factors, interactions=p.interactions, **kw)
+    p.fits[r.name], p.masks[r.name] = fr, m
+    p.notes.extend(f"{r.name}: {n}" for n in fr.notes)
+    shap = component_contrasts(fr, 0.0)["shapley"]
+    if p.interactions and any(not fr.estimable(c) for c in shap):
+        p.reduced[r.name] = fit_effects(p.X[m], p.z[m], y[m], p.factors, interactions=False, **kw)
+
+
+def _fit_sum(p: _Prepared, r: Response) -> None:
+    p.ok[r.column] = sum(p.ok[RESPONSES[q].column] for q in r.parts)
+    if not all(q in p.fits for q in r.parts):
+        return
+    both = np.logical_and.reduce([p.masks[q] for q in r.parts])
+    p.fits[r.name] = _sum_fit(r, [p.fits[q] for q in r.parts], both, p.X, p.z)
+    p.masks[r.name] = both
+    if any(q in p.reduced for q in r.parts):
+        p.reduced[r.name] = _sum_fit(r, [p.reduced.get(q, p.fits[q]) for q in r.parts], both, p.X, p.z)
+
+
+def _needed(responses: tuple[str, ...]) -> list[Response]:
+    """The responses asked for and the parts their sums need, in fitting order."""
+    names = list(dict.fromkeys(responses))
+    for n in list(names):
+        names += [q for q in RESPONSES[n].parts if q not in names]
+    return ordered(names)
 
 
 def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_linf: float | None = None,
                   pin_alpha: float | None = None, n_boot: int = 200, boot_method: str = "wild", hc: str = "HC3",
                   mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
                   third_levels: str = "drop", level: float = 0.95, seed: int = 0,
-                  responses: tuple[str, ...] = tuple(RESPONSES), force_extrapolation: bool = False,
+                  responses: tuple[str, ...] | None = None, force_extrapolation: bool = False,
                   law_forms: tuple[str, ...] = ("power", "curved"), replicates: bool = True) -> StudyAnalysis:
-    """The attribution on a results table; see the module docstrings for the math.
+    """The attribution on a results table; see the module docstrings for the math. `responses`:
+    names from analysis/responses.py (default every registered one).
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates."""
-    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, between_seed_law, coverage_summary,
-                                     per_seed_analyses, planted_truths, replicate_checks, truth_check)
     from analysis.checks import lost_runs, total_checks, warnings_for
     from analysis.findings import mark_not_varied, refuse_single_rung
+    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, between_seed_law, coverage_summary,
+                                     per_seed_analyses, planted_truths, replicate_checks, truth_check)
 
+    responses = tuple(RESPONSES) if responses is None else tuple(responses)
     bad = [r for r in responses if r not in RESPONSES]
     if bad:
         raise ValueError(f"responses {bad}; allowed values: {', '.join(RESPONSES)}")
@@ -234,94 +383,26 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
               else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))
     clusters = (stream + "|" + ok["rung"].astype(str)).to_numpy()
 
-    # Reference law and quality effects: one fit on every run (baseline-arm runs are not special).
-    fits: dict[str, EffectsFit] = {}
-    reduced: dict[str, EffectsFit] = {}
-    joint: dict[str, JointFit] = {}
-    law = None
-    if "quality" in responses or "wall" in responses:
-        if not scale and pin_alpha is None:
-            notes.append("reference law not estimable: one rung cannot fix α; pin it (--pin-alpha)")
+    prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=scale, seeds=seeds, pins=pins,
+                     interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters)
+    for r in _needed(responses):  # one branch per family (analysis/responses.py)
+        if r.family == "law":
+            _fit_law(prep, r, law_forms)
+        elif r.family == "ols":
+            _fit_ols(prep, r)
         else:
-            for form in law_forms:
-                try:
-                    fq, jf = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds,
-                                         pins=pins, form=form, start=joint.get("power"), clusters=clusters)
-                except ValueError as e:
-                    notes.append(f"reference law ({form} form) not estimable: {e}")
-                    continue
-                if form == "power" and ({"alpha", "ln_a"} & set(jf.not_identified)):
-                    # The rungs do not fix the law's curvature (α → 0 with L∞ → −∞: a straight line in
-                    # ln C fits as well). A multiplier needs only the local slope dL/d ln C, which the
-                    # rungs do fix; α, A, L∞ and anything that extrapolates are reported as such.
-                    notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
-                                 "law's local slope only; law parameters and extrapolation are not identified")
-                    joint[form], law = jf, law_of(jf, level)
-                    fits["quality"] = fq
-                    break
-                if form != "power" and jf.not_identified:
-                    notes.append(f"the {form} law form is not identified by {len(rungs)} rungs: "
-                                 "the law form's effect on extrapolation cannot be assessed")
-                    continue
-                joint[form] = jf
-                if form == "power":
-                    fits["quality"], law = fq, law_of(jf, level)
-            if "quality" in fits:
-                shap = component_contrasts(fits["quality"], 0.0)["shapley"]
-                badf = [f for f, c in zip(factors, shap) if not fits["quality"].estimable(c)]
-                if badf and interactions:
-                    red, jr = quality_fit(X, z, C, L, factors, interactions=False, scale=scale, seeds=seeds, pins=pins)
-                    reduced["quality"], joint["power/main"] = red, jr
-                    notes.append(f"quality: with two-factor interactions the Shapley value of {', '.join(badf)} is "
-                                 "not estimable from the runs present; Shapley values from the main-effects model "
-                                 "(assumes no interactions), LOO/AOI from the full model")
-    ok["ln_M"] = log_multiplier(L, C, law) if law is not None else np.nan
-    # Throughput ratio against the baseline arm on the same hardware and rung.
-    mfs = ok["model_flops_per_s"].astype(float) if "model_flops_per_s" in ok else pd.Series(np.nan, index=ok.index)
-    hw = ok["hardware"].astype(str) if "hardware" in ok else pd.Series("?", index=ok.index)
-    key = list(zip(ok["rung"], hw))
-    base = np.all(X == -1, axis=1)
-    ref_sum: dict = {}
-    for k_, m_, b_ in zip(key, mfs.to_numpy(float), base):
-        if b_ and np.isfinite(m_):
-            s_, n_ = ref_sum.get(k_, (0.0, 0))
-            ref_sum[k_] = (s_ + m_, n_ + 1)
-    ok["R"] = [m_ / (ref_sum[k_][0] / ref_sum[k_][1]) if k_ in ref_sum else np.nan
-               for m_, k_ in zip(mfs.to_numpy(float), key)]
-    ok["ln_R"] = np.log(ok["R"].astype(float))
-    if ok["ln_R"].isna().any():
-        notes.append(f"{int(ok['ln_R'].isna().sum())} run(s) without a baseline throughput on the same "
-                     "hardware and rung: no throughput ratio")
-    ok["ln_W"] = ok["ln_M"] + ok["ln_R"]
-    masks: dict[str, np.ndarray] = {"quality": np.ones(len(ok), bool)}
-    lnR = ok["ln_R"].to_numpy(float)
-    mR = np.isfinite(lnR)
-    if ("throughput" in responses or "wall" in responses) and mR.sum() >= 2:
-        groups = ok["seed"].to_numpy()[mR] if "seed" in ok else None
-        fr = fit_effects(X[mR], z[mR], lnR[mR], factors, response="ln_R", interactions=interactions, scale=scale,
-                         hc=hc, groups=groups, mixed=mixed)
-        fits["throughput"], masks["throughput"] = fr, mR
-        notes += [f"throughput: {n}" for n in fr.notes]
-        shap = component_contrasts(fr, 0.0)["shapley"]
-        if interactions and any(not fr.estimable(c) for c in shap):
-            reduced["throughput"] = fit_effects(X[mR], z[mR], lnR[mR], factors, response="ln_R", interactions=False,
-                                                scale=scale, hc=hc, groups=groups, mixed=mixed)
-    if "wall" in responses and "quality" in fits and "throughput" in fits:
-        fits["wall"] = _wall(fits["quality"], fits["throughput"], mR, X, z)
-        masks["wall"] = mR
-        if "quality" in reduced or "throughput" in reduced:
-            reduced["wall"] = _wall(reduced.get("quality", fits["quality"]),
-                                    reduced.get("throughput", fits["throughput"]), mR, X, z)
-    for r in [r for r in ("quality", "throughput") if r not in responses]:
-        fits.pop(r, None)
-        reduced.pop(r, None)
+            _fit_sum(prep, r)
+    joint, masks, law = prep.joint, prep.masks, prep.law
+    # Shown: the responses asked for; a part fitted only for a sum stays in prep (bootstrap, extrapolation).
+    fits = {n: f for n, f in prep.fits.items() if n in responses}
+    reduced = {n: f for n, f in prep.reduced.items() if n in responses}
 
     boot_theta: dict[str, np.ndarray] = {}
     boot_law = None
     if n_boot > 0 and boot_method != "none" and fits:
         from analysis.bootstrap import bootstrap
 
-        boot_theta, boot_law = bootstrap(ok, X, z, C, L, lnR, factors, fits, reduced, joint, masks, seeds, pins,
+        boot_theta, boot_law = bootstrap(ok, X, z, C, L, factors, prep.fits, prep.reduced, joint, masks, seeds, pins,
                                          n_boot, boot_method, rng, interactions, scale)
 
     def comp_at(n: str, zz: float, fset=None, rset=None) -> pd.DataFrame:
@@ -342,12 +423,14 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
         extrap = pd.concat([comp_at(n, zt) for n in fits], ignore_index=True)
         extrap.insert(2, "target_compute", target_compute)
         extrap["law_form_spread"] = np.nan
-        if "curved" in joint and "quality" in fits:
+        lawr = next((RESPONSES[n] for n in fits if RESPONSES[n].family == "law"), None)
+        if "curved" in joint and lawr is not None:
             fq2, _ = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds, pins=pins,
                                  form="curved", start=joint["curved"])
-            alt = {"quality": fq2}
-            if "wall" in fits:
-                alt["wall"] = _wall(fq2, fits["throughput"], mR, X, z)
+            alt = {lawr.name: fq2}  # and every sum with the law among its parts, the curved law in its place
+            for r in (RESPONSES[n] for n in fits if lawr.name in RESPONSES[n].parts):
+                alt[r.name] = _sum_fit(r, [fq2 if q == lawr.name else prep.fits[q] for q in r.parts], masks[r.name],
+                                       X, z)
             for n, f2 in alt.items():
                 e2 = component_table(f2, zt, level)
                 m = (extrap["response"] == f2.response).to_numpy()

@@ -17,6 +17,7 @@ import seaborn as sns  # noqa: E402
 
 from analysis.attribution import interaction_matrix  # noqa: E402
 from analysis.pipeline import StudyAnalysis  # noqa: E402
+from analysis.responses import RESPONSES, by_column  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -48,12 +49,10 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
     ax.set_yticks(range(len(comps)), comps)
     ax.invert_yaxis()
-    ax.set_xlabel({"ln_M": "quality multiplier M_flop (compute-equivalent)", "ln_R": "throughput ratio R",
-                   "ln_W": "wall-clock multiplier M_flop·R"}.get(response, response))
+    r = by_column(response)
+    ax.set_xlabel(r.axis if r else response)
     ax.legend(title="rung", fontsize=8)
-    ax.set_title({"ln_M": "Quality multipliers M_flop per component and rung (Shapley, 95% CI)",
-                  "ln_R": "Throughput ratios R per component and rung (Shapley, 95% CI)",
-                  "ln_W": "Wall-clock multipliers per component and rung (Shapley, 95% CI)"}.get(response, response))
+    ax.set_title(f"{r.label if r else response} per component and rung (Shapley, 95% CI)")
     return _save(fig, path)
 
 
@@ -145,7 +144,7 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
 
 
 def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
-    """Baseline losses with the reference law and its bootstrap band; other arms faded."""
+    """Baseline losses with the reference law and its 95% delta-method band; other arms faded."""
     if a.law is None:
         return None
     t = a.table
@@ -192,7 +191,7 @@ def planted(a: StudyAnalysis, path: Path) -> Path | None:
     d = d.assign(replicate=d["replicate"].astype(str) if "replicate" in d else "pooled")
     if a.replicates is not None and a.planted is not None:
         d = pd.concat([d, a.planted.assign(replicate="pooled")], ignore_index=True)
-    resp = [r for r in ("ln_M", "ln_R") if r in set(d["response"])]
+    resp = [r.column for r in RESPONSES.values() if r.truth_key and r.column in set(d["response"])]
     facs = list(dict.fromkeys(d["factor"]))
     reps = list(dict.fromkeys(d["replicate"]))
     fig, axes = plt.subplots(1, len(resp), figsize=(6.5 * len(resp), 0.8 + 0.22 * len(facs) * len(reps)), squeeze=False)
@@ -214,7 +213,7 @@ def planted(a: StudyAnalysis, path: Path) -> Path | None:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
         ax.set_yticks(range(len(facs)), facs)
         ax.invert_yaxis()
-        name = {"ln_M": "quality multiplier M_flop", "ln_R": "throughput ratio R"}[r]
+        name = by_column(r).axis
         ax.set_xlabel(name)
         ax.set_title(f"{name}: each seed alone (dots), all pooled (square), 95% CI;\n"
                      "planted truth in black, an interval that misses it in red", fontsize=9)
@@ -225,8 +224,8 @@ def all_figures(a: StudyAnalysis, raw: pd.DataFrame, out_dir: Path) -> dict[str,
     out_dir = Path(out_dir)
     extra = {"planted": planted(a, out_dir / "planted_truths.png")} if a.planted is not None else {}
     return {**extra,
-        "forest_quality": forest(a, out_dir / "forest_quality.png", "ln_M"),
-        "forest_throughput": forest(a, out_dir / "forest_throughput.png", "ln_R"),
+        **{f"forest_{r.name}": forest(a, out_dir / f"forest_{r.name}.png", r.column)
+           for r in RESPONSES.values() if r.figure},
         "waterfall": waterfall(a, out_dir / "shapley_waterfall.png"),
         "interactions": interaction_heatmap(a, out_dir / "interactions.png"),
         "loss_curves": loss_curves(a, raw, out_dir / "loss_curves.png"),

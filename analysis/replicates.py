@@ -15,30 +15,32 @@ scatter against the standard error they report. One interval covering once is on
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-#: truth key (marin.schema.TRUTH_KEYS) -> the analysis's ln-scale response
-RESPONSE_OF = {"M_flop": "ln_M", "R": "ln_R"}
-
+from analysis.responses import RESPONSES
+from analysis.results import codings
 
 def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """{factor: {response: true ln multiplier}} from the runs' coding; ln_W = ln_M + ln_R when both are planted.
+    """{factor: {response column: true ln multiplier}} from the runs' coding (each response's
+    truth_key, analysis/responses.py); a sum response's truth (ln_W = ln_M + ln_R) when all its parts are planted.
 
     Runs that disagree on a factor's truth (two studies pooled) are refused: the check would be meaningless."""
     seen: dict[str, dict[str, float]] = {}
-    for raw in df["coding"] if "coding" in df.columns else ():
-        for name, d in (json.loads(raw) if isinstance(raw, str) and raw else {}).items():
+    for coding, _ in codings(df):
+        for name, d in coding.items():
             t = d.get("truth")
             if not t:
                 continue
-            lnt = {RESPONSE_OF[k]: math.log(float(v)) for k, v in t.items() if k in RESPONSE_OF}
-            if "ln_M" in lnt and "ln_R" in lnt:
-                lnt["ln_W"] = lnt["ln_M"] + lnt["ln_R"]
+            column_of = {r.truth_key: r.column for r in RESPONSES.values() if r.truth_key}
+            lnt = {column_of[k]: math.log(float(v)) for k, v in t.items() if k in column_of}
+            for r in RESPONSES.values():
+                cols = [RESPONSES[q].column for q in r.parts]
+                if cols and all(c in lnt for c in cols):
+                    lnt[r.column] = sum(lnt[c] for c in cols)
             if name in seen and seen[name] != lnt:
                 raise ValueError(f"factor {name!r}: the runs record two different planted truths "
                                  f"({seen[name]} and {lnt}); analyse one study at a time")
@@ -110,10 +112,16 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
     estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it); adds shapley_se_between and between_seeds."""
     out = components.copy()
     out["shapley_se_between"], out["between_seeds"] = np.nan, 0
+    est = []  # per seed: {(response, component): its estimable Shapley value (the first row of that key)}
+    for c in (a.components for a in per_seed.values() if not isinstance(a, str)):
+        e: dict = {}
+        if len(c):
+            for key, v in zip(zip(c["response"], c["component"]), c["shapley"].where(c["shapley_estimable"])):
+                if key not in e and not math.isnan(v):
+                    e[key] = float(v)
+        est.append(e)
     for i, r in out.iterrows():
-        v = [float(c.loc[m, "shapley"].iloc[0]) for c in (a.components for a in per_seed.values() if not isinstance(a, str))
-             if len(c) for m in [(c["response"] == r["response"]) & (c["component"] == r["component"])
-                                 & c["shapley_estimable"]] if m.any()]
+        v = [e[(r["response"], r["component"])] for e in est if (r["response"], r["component"]) in e]
         out.at[i, "between_seeds"] = len(v)
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue

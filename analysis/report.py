@@ -13,6 +13,8 @@ import pandas as pd
 
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
+from analysis.responses import RESPONSES
+from marin.schema import atomic_write_text
 
 DEFINITIONS = (
     "Quality multiplier M_flop = C_eq / C with C_eq = ((L − L∞)/A)^(−1/α) from the baseline arm's law, C the run's "
@@ -60,14 +62,15 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
     rows = []
     for f in a.factors + ["TOTAL"]:
         row = {"component": f}
-        for resp, label in (("ln_M", "M_flop"), ("ln_R", "R"), ("ln_W", "M_flop·R")):
+        for r in RESPONSES.values():
+            resp, label = r.column, r.symbol
             c = comp[(comp["response"] == resp) & (comp["component"] == f)]
             if not len(c):
                 row[label] = "n/a"
                 continue
             c = c.iloc[0]
             row[label] = _mult(c["shapley"], c["shapley_lo"], c["shapley_hi"])
-            if resp == "ln_M":
+            if r.family == "law":
                 row["M_flop boot CI"] = (_mult(c["shapley"], c["shapley_boot_lo"], c["shapley_boot_hi"]).split(" ", 1)[-1]
                                          if math.isfinite(c.get("shapley_boot_lo", np.nan)) else "—")
                 if f != "TOTAL":
@@ -107,9 +110,9 @@ def verdict(est, lo, hi) -> str:
 def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     """Per component: the one recommended interval and a verdict per response at C_ref, then its scale
     trend (analysis/findings.py says what each cell may claim)."""
-    from analysis.findings import FINDING_RESPONSES, finding, scale_cells
+    from analysis.findings import finding, scale_cells
 
-    resp = [(r, label) for r, _, label in FINDING_RESPONSES]
+    resp = [(r.column, r.label) for r in RESPONSES.values()]
     return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp}, **scale_cells(a, f)}
                          for f in a.factors + ["TOTAL"]])
 
@@ -118,7 +121,7 @@ def planted_section(a: StudyAnalysis) -> list[str]:
     """Factors of known effect against their truth: the pooled intervals, then coverage over replicates."""
     if a.planted is None:
         return []
-    label = {"ln_M": "quality M_flop", "ln_R": "throughput R", "ln_W": "wall-clock M_flop·R"}
+    label = {r.column: r.label for r in RESPONSES.values()}
     p = a.planted
     n_seeds = a.table["seed"].nunique() if "seed" in a.table else 1
     L = ["## Planted truths", "",
@@ -205,7 +208,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           "not estimable.", "", md_table(findings_table(a))]
     if a.checks is not None and len(a.checks):
         ch = a.checks.copy()
-        tab = pd.DataFrame({"TOTAL": ch["response"].map({"ln_M": "quality", "ln_R": "throughput"}), "rung": ch["rung"],
+        tab = pd.DataFrame({"TOTAL": ch["response"].map({r.column: r.name for r in RESPONSES.values()}), "rung": ch["rung"],
                             "model": [_mult(m, lo, hi) for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"])],
                             "observed all-on vs all-off": [_mult(m, lo, hi) if math.isfinite(m) else "not observed"
                                                            for m, lo, hi in zip(ch["observed"], ch["obs_lo"], ch["obs_hi"])],
@@ -303,12 +306,6 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     return "\n".join(L)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
                  title: str = "study", figures: bool = True, command: str | None = None) -> tuple[Path, Path]:
     """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png."""
@@ -322,11 +319,11 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
 
         figs = all_figures(a, raw, out_dir / "figures")
     md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
-    _atomic_write(out_dir / "report.md", md)
+    atomic_write_text(out_dir / "report.md", md)
     body = markdown.markdown(md, extensions=["tables"])
     html = ("<!doctype html><html><head><meta charset='utf-8'><title>" + title + "</title><style>"
             "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
             "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
             "</body></html>")
-    _atomic_write(out_dir / "report.html", html)
+    atomic_write_text(out_dir / "report.html", html)
     return out_dir / "report.md", out_dir / "report.html"

@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from marin.schema import DamagedFile, random_stream, read_json, read_meta, read_summary
+from marin.schema import DamagedFile, atomic_write_bytes, random_stream, read_json, read_meta, read_summary
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
@@ -147,13 +147,7 @@ def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """The results table as parquet, atomically (a reader never sees a torn file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, df.to_parquet(index=False))
     return path
 
 
@@ -211,11 +205,20 @@ def factor_coding(df: pd.DataFrame) -> dict[str, tuple[str | None, str | None]]:
                          "again from the run directories with analysis.results.collect")
     ok = df[df["status"] == "completed"] if "status" in df else df
     votes: dict[str, dict[tuple, int]] = {}
-    for raw in list(ok["coding"]) + list(df["coding"]):  # completed runs count first, then all
-        for name, d in (json.loads(raw) if isinstance(raw, str) and raw else {}).items():
+    for coding, k in codings(ok) + codings(df):  # completed runs count first, then all
+        for name, d in coding.items():
             votes.setdefault(name, {}).setdefault((d.get("low"), d.get("high")), 0)
-            votes[name][(d.get("low"), d.get("high"))] += 1
+            votes[name][(d.get("low"), d.get("high"))] += k
     return {name: max(v, key=v.get) for name, v in votes.items()}
+
+
+def codings(df: pd.DataFrame) -> list[tuple[dict, int]]:
+    """Each distinct `coding` of the table parsed once, with the number of rows carrying it, in
+    first-seen order (a study's runs share one coding: parsing every row made the analysis slow)."""
+    counts: dict = {}
+    for raw in df["coding"] if "coding" in df.columns else ():
+        counts[raw] = counts.get(raw, 0) + 1
+    return [(json.loads(raw) if isinstance(raw, str) and raw else {}, k) for raw, k in counts.items()]
 
 
 def factor_codes(df: pd.DataFrame, factor: str, coding: Mapping[str, tuple] | None = None) -> np.ndarray:
@@ -234,7 +237,3 @@ def factor_columns(df: pd.DataFrame) -> list[str]:
     """The study's factors (recorded by its runs) whose level varies among the completed runs."""
     ok = df[df["status"] == "completed"] if "status" in df else df
     return [f for f in factor_coding(df) if f in ok.columns and ok[f].dropna().nunique() > 1]
-
-
-def nan_to_none(x):
-    return None if x is None or (isinstance(x, float) and np.isnan(x)) else x

@@ -212,3 +212,75 @@ def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
     bad.write_text('{"content": {"torn')
     with pytest.raises(DamagedFile, match="forecast-20261201.json"):
         read_forecasts(tmp_path)
+
+
+def test_a_joint_fit_that_did_not_converge_is_a_report_warning(tmp_path, monkeypatch):
+    import analysis.joint
+    from analysis.report import render_markdown
+
+    _, df = _study(tmp_path)
+    a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
+    assert all(jf.converged for jf in a.joint.values())
+    assert not any("did not converge" in w for w in a.warnings)
+    monkeypatch.setattr(analysis.joint, "MAX_ITER", 1)  # one Levenberg–Marquardt step per start: a real, unfinished fit
+    a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
+    assert not a.joint["power"].converged
+    w = [w for w in a.warnings if "joint law fit (power) did not converge" in w]
+    assert len(w) == 1
+    assert f"- {w[0]}" in render_markdown(a, df, {}, tmp_path, title="t")
+
+
+def two_seed_study():
+    """The fault tests' tiny study (one factor, one rung, a few steps per run) with two seeds."""
+    from test_faults import sweep_study
+
+    return sweep_study(seeds=(0, 1), name="bpb")
+
+
+@pytest.mark.slow
+def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report(tmp_path, monkeypatch, capsys):
+    """A second metric column the trainer writes (macro bits per byte) becomes an analysis response
+    by one row in analysis/responses.py: plan, run (real tiny training runs), analyze, report."""
+    from analysis.responses import RESPONSES, Response
+    from sweeps.cli import main
+
+    bpb = Response("bpb", "ln_bpb", "macro bits/byte ratio", "bpb", "macro bits per byte ratio", source="macro_bpb")
+    monkeypatch.setitem(RESPONSES, bpb.name, bpb)  # the one edit
+    assert main(["plan", "test_analysis_report:two_seed_study"]) == 0
+    assert main(["run", "test_analysis_report:two_seed_study", "--out", str(tmp_path), "--executor", "debug",
+                 "--no-analyze"]) == 0
+    sd = tmp_path / "bpb"
+    t = collect(sd)
+    assert (t["status"] == "completed").sum() == 4 and t["macro_bpb"].gt(0).all()
+    assert main(["analyze", str(sd), "--n-boot", "20", "--pin-alpha", "0.3"]) == 0
+    capsys.readouterr()
+    md = (sd / "report" / "report.md").read_text()
+    assert "macro bits/byte ratio" in md.split("## Warnings")[0]  # a Findings column
+    find = md.split("## Findings")[1].split("## Warnings")[0]
+    row = next(ln for ln in find.splitlines() if ln.startswith("| xsa "))
+    assert row.count("|") == len(RESPONSES) + 2  # component + one column per response
+    assert "](figures/forest_bpb.png)" in md and (sd / "report" / "figures" / "forest_bpb.png").stat().st_size > 1000
+    # the ratio it reports is the runs' own: exp(Shapley) = geometric-mean bpb ratio of xsa on vs off
+    a = analyze_table(t, n_boot=0, boot_method="none", pin_alpha=0.3)
+    c = a.components.set_index(["response", "component"]).loc[("ln_bpb", "xsa")]
+    x = a.table["x_xsa"].to_numpy()
+    lb = np.log(a.table["macro_bpb"].to_numpy(float))
+    assert c["shapley"] == pytest.approx(lb[x > 0].mean() - lb[x < 0].mean(), abs=1e-9)
+
+
+def test_a_response_that_cannot_be_fitted_is_refused_naming_the_field():
+    from analysis.responses import RESPONSES, Response, register
+
+    with pytest.raises(ValueError, match="family 'glm'; allowed values: law, ols, sum"):
+        Response("x", "ln_x", "x", "x", "x", family="glm", source="x")
+    with pytest.raises(ValueError, match="allowed transforms: ln, ln_ratio"):
+        Response("x", "ln_x", "x", "x", "x", source="macro_bpb", transform="sqrt")
+    with pytest.raises(ValueError, match="clashes with a registered one"):
+        register(Response("quality2", "ln_M", "x", "x", "x", source="macro_bpb"))
+    with pytest.raises(ValueError, match="one law response only"):
+        register(Response("loss2", "ln_L2", "x", "x", "x", family="law"))
+    with pytest.raises(ValueError, match=r"parts \['nope'\]; allowed values: quality, throughput, wall"):
+        register(Response("s", "ln_s", "x", "x", "x", family="sum", parts=("quality", "nope")))
+    assert list(RESPONSES) == ["quality", "throughput", "wall"]
+    with pytest.raises(ValueError, match=r"responses \['bpb'\]; allowed values: quality, throughput, wall"):
+        analyze_table(pd.DataFrame({"status": [], "train_flops": [], "eval_macro_loss": []}), responses=("bpb",))
