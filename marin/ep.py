@@ -83,13 +83,20 @@ def dist_env() -> DistEnv:
 
 @dataclass
 class EPGroups:
-    """The device mesh ("dp", "ep") and its groups. `ep` is the all-to-all group; `dp` joins the
-    ranks holding the same experts (expert gradients are averaged over it)."""
+    """The device meshes and their groups. `mesh` is ("dp", "ep"): `ep` is the all-to-all group, `dp`
+    joins the ranks holding the same experts. Rack-local sharding (HSDP, `replicas` > 1): the world is
+    `replicas` groups ("racks") of `group_size` consecutive ranks, each holding the whole model once;
+    `fsdp_mesh` ("replica", "shard") shards non-expert parameters inside a rack and replicates them
+    across racks, `expert_mesh` ("replica", "dp_shard") does the same for this rank's EP slice, so
+    only gradient all-reduces cross racks (Marin's (replica_dcn, data, expert) mesh)."""
 
-    mesh: object  # torch.distributed.device_mesh.DeviceMesh
-    world_mesh: object  # 1-D mesh over all ranks, for FSDP2 of the non-expert parameters
+    mesh: object  # torch.distributed.device_mesh.DeviceMesh ("dp", "ep")
+    world_mesh: object  # 1-D mesh over all ranks, for FSDP2 of the non-expert parameters (replicas = 1)
     ep_size: int
     dp_size: int
+    replicas: int = 1
+    rack_mesh: object = None  # ("replica", "shard") over the world when replicas > 1
+    expert_rack_mesh: object = None  # ("replica", "dp_shard") through this rank's EP coordinate
 
     @property
     def ep_group(self):
@@ -111,14 +118,48 @@ class EPGroups:
     def world_size(self) -> int:
         return self.ep_size * self.dp_size
 
+    @property
+    def group_size(self) -> int:
+        """Ranks per rack: the model (every expert once, every other parameter once) lives in one."""
+        return self.world_size // self.replicas
 
-def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = None) -> EPGroups:
-    """Initialise torch.distributed from the environment (see `dist_env`) and build the dp x ep mesh.
+    @property
+    def dp_shard_size(self) -> int:
+        """Ranks of a rack holding the same EP slice (FSDP shards the slice over them)."""
+        return self.dp_size // self.replicas
+
+    @property
+    def fsdp_mesh(self):
+        """FSDP2 mesh of the non-expert parameters: 1-D over the world, or 2-D (HSDP) over racks."""
+        return self.world_mesh if self.replicas == 1 else self.rack_mesh
+
+    @property
+    def expert_fsdp_mesh(self):
+        """FSDP2 mesh of this rank's expert slice: "dp", or 2-D (HSDP) ("replica", "dp_shard")."""
+        return self.mesh["dp"] if self.replicas == 1 else self.expert_rack_mesh
+
+    @property
+    def rack_group(self):
+        """The ranks of this rack: each element of a sharded parameter or gradient lives once in it."""
+        return dist.group.WORLD if self.replicas == 1 else self.rack_mesh.get_group("shard")
+
+
+def check_replicas(replicas: int, ep_size: int, world_size: int) -> None:
+    """Raise ValueError unless `replicas` racks of whole EP groups tile the world."""
+    if replicas < 1 or world_size % replicas != 0 or (world_size // replicas) % ep_size != 0:
+        raise ValueError(f"TrainConfig.replica_groups={replicas} with world_size={world_size} and EP size "
+                         f"{ep_size}: allowed values: divisors r of {world_size} with {world_size}/r a multiple "
+                         f"of {ep_size}")
+
+
+def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = None, replicas: int = 1) -> EPGroups:
+    """Initialise torch.distributed from the environment (see `dist_env`) and build the meshes.
     The layout is checked before any collective; ep_size defaults to the world size."""
     env = dist_env()
     world = dist.get_world_size() if dist.is_initialized() else env.world_size
     ep = world if ep_size is None else ep_size
     check_ep_layout(n_experts, ep, world)
+    check_replicas(replicas, ep, world)
     device = "cuda" if torch.cuda.is_available() and backend != "gloo" else "cpu"
     if not dist.is_initialized():
         if device == "cuda":
@@ -127,18 +168,25 @@ def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = No
         from marin.rendezvous import init_process_group
 
         init_process_group(backend or ("nccl" if device == "cuda" else "gloo"))
-    return build_ep_groups(ep, device)
+    return build_ep_groups(ep, device, replicas)
 
 
-def build_ep_groups(ep_size: int, device: str = "cpu") -> EPGroups:
+def build_ep_groups(ep_size: int, device: str = "cpu", replicas: int = 1) -> EPGroups:
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
     if world % ep_size != 0:
         raise ValueError(f"EP size ep_size={ep_size} does not divide world_size={world}")
+    check_replicas(replicas, ep_size, world)
     mesh = init_device_mesh(device, (world // ep_size, ep_size), mesh_dim_names=("dp", "ep"))
     world_mesh = init_device_mesh(device, (world,), mesh_dim_names=("world",))
-    return EPGroups(mesh, world_mesh, ep_size, world // ep_size)
+    rack = expert_rack = None
+    if replicas > 1:
+        g = world // replicas
+        rack = init_device_mesh(device, (replicas, g), mesh_dim_names=("replica", "shard"))
+        m3 = init_device_mesh(device, (replicas, g // ep_size, ep_size), mesh_dim_names=("replica", "dp_shard", "ep"))
+        expert_rack = m3["replica", "dp_shard"]
+    return EPGroups(mesh, world_mesh, ep_size, world // ep_size, replicas, rack, expert_rack)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,27 +409,41 @@ _EXPERT_MESHES: dict[int, object] = {}
 
 
 def _expert_mesh(groups: EPGroups):
-    """The ("ep", "dp") view of the mesh: expert rows split over EP first, then by FSDP over dp."""
+    """The ("replica", "ep", "dp_shard") view of the world: expert rows split over EP first, then by
+    FSDP over the rack's dp_shard ranks (dim 0 or dim 1), the same in every rack."""
     from torch.distributed.device_mesh import DeviceMesh
 
     key = id(groups.mesh)
     if key not in _EXPERT_MESHES:
-        m = groups.mesh
-        _EXPERT_MESHES[key] = DeviceMesh(m.device_type, m.mesh.T.contiguous(), mesh_dim_names=("ep", "dp"))
+        r, ds, ep = groups.replicas, groups.dp_shard_size, groups.ep_size
+        ranks = torch.arange(groups.world_size).reshape(r, ds, ep).permute(0, 2, 1).contiguous()
+        _EXPERT_MESHES[key] = DeviceMesh(groups.mesh.device_type, ranks, mesh_dim_names=("replica", "ep", "dp_shard"))
     return _EXPERT_MESHES[key]
+
+
+def _fsdp_dim(t: Tensor) -> int | None:
+    """The dim FSDP2 shards a DTensor on (None for a plain tensor)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return None
+    return next(pl.dim for pl in t.placements if pl.is_shard())
 
 
 def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
     """The global [E, ...] view of this rank's expert rows: a plain EP slice (replicated over dp), or
-    an FSDP2 shard over dp of it (DTensor, or its local part with `rows` = the slice's row count)."""
+    an FSDP2 shard of it over the rack's dp_shard ranks on dim 0 or 1 (DTensor, or a dim-0 local part
+    with `rows` = the slice's row count), replicated over racks."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if isinstance(t, DTensor) or rows is not None:
         local = t.to_local() if isinstance(t, DTensor) else t
         n = t.shape[0] if isinstance(t, DTensor) else rows
-        shape = torch.Size((n * groups.ep_size,) + tuple(local.shape[1:]))
+        full = tuple(t.shape[1:]) if isinstance(t, DTensor) else tuple(local.shape[1:])
+        shape = torch.Size((n * groups.ep_size,) + full)
         stride = torch.empty(shape, device="meta").stride()
-        return DTensor.from_local(local, _expert_mesh(groups), [Shard(0), Shard(0)], run_check=False,
+        dim = _fsdp_dim(t) or 0
+        return DTensor.from_local(local, _expert_mesh(groups), [Replicate(), Shard(0), Shard(dim)], run_check=False,
                                   shape=shape, stride=stride)
     return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
@@ -412,6 +474,7 @@ def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) ->
                     osd["state"][fqn] = st = dict(st)
                     p = params[fqn]
                     rows = p.to_local().shape[0] if isinstance(p, DTensor) else p.shape[0]
+                    row_split = _fsdp_dim(p) == 0  # dim 1 split: per-expert states hold every local row
                     for k, v in st.items():
                         # per-expert states lead with the local expert dim too: moments, and MuonH's
                         # radius (E_local, 1, 1); replicated saving would keep rank 0's experts only
@@ -419,7 +482,7 @@ def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) ->
                             st[k] = _expert_dtensor(v, groups)
                         elif (torch.is_tensor(v) and v.ndim >= 1 and v.shape[0] == rows
                               and not (k == "radius" and fqn in bank)):
-                            st[k] = _expert_dtensor(v, groups, p.shape[0] if isinstance(p, DTensor) else None)
+                            st[k] = _expert_dtensor(v, groups, p.shape[0] if row_split else None)
         out["optim"] = osd
     return out
 

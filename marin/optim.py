@@ -132,14 +132,6 @@ def _shard_groups(p: Tensor) -> list:
     return [p.device_mesh.get_group(i) for i, pl in enumerate(p.placements) if pl.is_shard()]
 
 
-def _local_box(p: Tensor) -> list[tuple[int, int, int]]:
-    """(dim, global start, local size) of every sharded dim of the DTensor p."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return [(d, offset[d], shape[d]) for d in sorted(_sharded_dims(p))]
-
-
 def _fro(x: Tensor, bank: bool = False) -> Tensor:
     """Frobenius norm of each trailing matrix (bank: of the whole tensor), shaped for broadcasting."""
     if bank or x.ndim < 2:
@@ -197,6 +189,87 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
 
 
 # ---------------------------------------------------------------------------------------------
+# Distributed Newton–Schulz
+# ---------------------------------------------------------------------------------------------
+
+
+def _matrix_split(p: Tensor) -> tuple[object, int] | None:
+    """(process group, dim) of the FSDP2 shard that splits p's matrices (a trailing dim); None when
+    every local matrix is whole (plain tensors, expert stacks split on the expert dim)."""
+    if not _is_dtensor(p):
+        return None
+    for i, pl in enumerate(p.placements):
+        if pl.is_shard() and pl.dim >= p.ndim - 2:
+            return p.device_mesh.get_group(i), pl.dim
+    return None
+
+
+def ns_owners(params: list[Tensor]) -> dict[int, int]:
+    """index -> owner (rank in its shard group) of every parameter whose matrices FSDP splits:
+    round-robin over the group's ranks in order of decreasing size (Marin orthogonalizes each matrix
+    once inside the rack). Every rank of a group computes the same assignment."""
+    split = {i: s for i, p in enumerate(params) if (s := _matrix_split(p)) is not None}
+    turn: dict[tuple[int, ...], int] = {}
+    owners = {}
+    for i in sorted(split, key=lambda i: (-params[i].numel(), i)):
+        grp = split[i][0]
+        key = tuple(dist.get_process_group_ranks(grp))
+        owners[i] = turn.get(key, 0) % grp.size()
+        turn[key] = turn.get(key, 0) + 1
+    return owners
+
+
+def _pad_to(x: Tensor, dim: int, size: int) -> Tensor:
+    if x.shape[dim] == size:
+        return x.contiguous()
+    pad = list(x.shape)
+    pad[dim] = size - x.shape[dim]
+    return torch.cat([x, x.new_zeros(pad)], dim)
+
+
+def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: list[int]) -> list[Tensor]:
+    """`newton_schulz` of each direction, `dirs[i]` being this rank's part of parameter `params[i]`'s.
+    Whole local matrices are orthogonalized here; a matrix FSDP splits is gathered to its owner
+    (`ns_owners`), orthogonalized there only, and its parts scattered back: no rank runs every matrix
+    and no gather leaves the shard group (the rack under HSDP). Gathers, the owners' iterations and
+    scatters run as three phases, so the owners compute at the same time."""
+    out: list[Tensor | None] = [None] * len(params)
+    owners = ns_owners(params)
+    for i, d in enumerate(dirs):
+        if i not in owners:
+            out[i] = newton_schulz(d, steps[i]) if d.numel() else d
+    jobs = []  # (index, group, dim, chunk, owner, gather buffers on the owner)
+    works = []
+    for i in sorted(owners):
+        grp, dim = _matrix_split(params[i])
+        n, owner = grp.size(), owners[i]
+        chunk = -(-params[i].shape[dim] // n)  # FSDP2's (torch.chunk) shard size on that dim
+        part = _pad_to(dirs[i], dim, chunk)
+        bufs = [torch.zeros_like(part) for _ in range(n)] if dist.get_rank(grp) == owner else None
+        works.append(dist.gather(part, bufs, group=grp, group_dst=owner, async_op=True))
+        jobs.append((i, grp, dim, chunk, owner, bufs))
+    for w in works:
+        w.wait()
+    scattered, works = [], []
+    for i, grp, dim, chunk, owner, bufs in jobs:
+        pieces = None
+        if bufs is not None:
+            full = torch.cat(bufs, dim).narrow(dim, 0, params[i].shape[dim])
+            o = _pad_to(newton_schulz(full, steps[i]), dim, chunk * grp.size())
+            pieces = [t.contiguous() for t in o.split(chunk, dim)]
+        shape = list(dirs[i].shape)
+        shape[dim] = chunk
+        recv = dirs[i].new_empty(shape)
+        works.append(dist.scatter(recv, pieces, group=grp, group_src=owner, async_op=True))
+        scattered.append((i, dim, recv))
+    for w in works:
+        w.wait()
+    for i, dim, recv in scattered:
+        out[i] = recv.narrow(dim, 0, dirs[i].shape[dim])
+    return out  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
 # The optimizer
 # ---------------------------------------------------------------------------------------------
 
@@ -210,6 +283,7 @@ class MarinOptimizer(torch.optim.Optimizer):
                                                role="", names=[], bank_sphere=False))
         # EP runs: the process group splitting each expert bank (a bank sphere spans it); not state
         self.expert_group = expert_group
+        self._ready: dict[int, tuple[Tensor, Tensor]] = {}  # within step(): (direction, Newton–Schulz) by id
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102
@@ -217,13 +291,22 @@ class MarinOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        ortho = []  # (param, group) of the Newton–Schulz kinds
+        for g in self.param_groups:
+            ortho += [(p, g) for p in g["params"] if p.grad is not None and KINDS[g["kind"]].orthogonalizes]
+        # every matrix orthogonalized once, by one owner rank of the shards that split it (a transient
+        # of the owned whole matrices, ~1/n of them per rank), before the kinds' updates read the results
+        dirs = [self._nesterov(p, g) for p, g in ortho]
+        outs = distributed_newton_schulz([p for p, _ in ortho], dirs, [g["ns_steps"] for _, g in ortho])
+        self._ready = {id(p): (d, o) for (p, _), d, o in zip(ortho, dirs, outs)}
         for g in self.param_groups:
             # one parameter at a time: a group stacked into one tensor is a transient the size of
-            # the group (hundreds of GiB at the hero), and a sharded matrix is gathered alone
+            # the group (hundreds of GiB at the hero)
             update = resolve_update(KINDS[g["kind"]])
             for p in g["params"]:
                 if p.grad is not None:
                     update(self, p, g)
+        self._ready = {}
         return loss
 
     # -- sharded parameters (FSDP2 DTensors, EP expert slices) -------------------------------------
@@ -246,21 +329,19 @@ class MarinOptimizer(torch.optim.Optimizer):
             dist.all_reduce(sq, group=grp)
         return sq.sqrt()
 
-    def _orthogonalize(self, p: Tensor, d: Tensor, steps: int) -> Tensor:
-        """Newton–Schulz of this rank's part `d` of p's direction: locally when only a batch dim
-        (experts) is sharded, else on the whole matrix gathered for this one parameter, sliced back."""
-        if not _is_dtensor(p) or not any(dim >= p.ndim - 2 for dim in _sharded_dims(p)):
-            return newton_schulz(d, steps) if d.numel() else d
-        from torch.distributed.tensor import DTensor
-
-        full = DTensor.from_local(d, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
-        o = newton_schulz(full, steps)
-        for dim, start, size in _local_box(p):
-            o = o.narrow(dim, start, size)
-        return o
-
     # -- direction helpers ------------------------------------------------------------------------
+    def _orthogonalize(self, p: Tensor, d: Tensor, steps: int) -> Tensor:
+        """Newton–Schulz of this rank's part `d` of p's direction: this step's result of
+        `distributed_newton_schulz` (computed for every parameter at once in `step`)."""
+        ready = self._ready.get(id(p))
+        if ready is not None:
+            return ready[1]
+        return distributed_newton_schulz([p], [d], [steps])[0]
+
     def _nesterov(self, p: Tensor, g: dict) -> Tensor:
+        ready = self._ready.get(id(p))
+        if ready is not None:  # already advanced this step, for the batched Newton–Schulz
+            return ready[0]
         st = self.state[p]
         if "momentum_buffer" not in st:
             st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)

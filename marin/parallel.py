@@ -50,28 +50,32 @@ def _rows_per_block(shape: torch.Size) -> int:
     return max(1, INIT_BLOCK_ELEMS // max(row, 1))
 
 
-def _global_rows(p: Tensor, row_offset: int) -> tuple[Tensor, int, torch.Size]:
-    """(local tensor, first global row it holds, global shape) of a plain tensor or an FSDP2 DTensor;
-    `row_offset` adds the EP offset of an expert slice (its global expert index of local row 0)."""
+def _global_box(p: Tensor, row_offset: int) -> tuple[Tensor, tuple[int, ...], torch.Size]:
+    """(local tensor, global offset of its first element per dim, global shape) of a plain tensor or
+    an FSDP2 DTensor (sharded on dim 0, or dim 1 for expert stacks); `row_offset` adds the EP offset
+    of an expert slice (its global expert index of local row 0)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(p, DTensor):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-        local, start, shape = p.to_local(), offset[0], p.shape
+        local, offset, shape = p.to_local(), tuple(offset), p.shape
     else:
-        local, start, shape = p, 0, p.shape
-    return local, start + row_offset, shape
+        local, offset, shape = p, (0,) * p.ndim, p.shape
+    if not offset:
+        return local, offset, shape
+    return local, (offset[0] + row_offset,) + offset[1:], shape
 
 
 @torch.no_grad()
 def blocked_trunc_normal_(p: Tensor, name: str, seed: int, std: float, trunc: float,
                           global_rows: int | None = None, row_offset: int = 0) -> None:
     """Truncated normal N(0, std^2) clipped at +-trunc*std (Marin model.py _init_weight), drawn per row
-    block of the global tensor from a generator of (seed, name, block): the rows a shard holds get the
-    values they have in the whole tensor. `global_rows` / `row_offset` place an EP expert slice."""
-    local, start, shape = _global_rows(p, row_offset)
+    block of the global tensor from a generator of (seed, name, block): the elements a shard holds get
+    the values they have in the whole tensor (a shard split on another dim draws its rows whole and
+    keeps its columns). `global_rows` / `row_offset` place an EP expert slice."""
+    local, offset, shape = _global_box(p, row_offset)
     n_rows = global_rows if global_rows is not None else shape[0]
     full_shape = torch.Size((n_rows,) + tuple(shape[1:])) if len(shape) else torch.Size(())
     if local.numel() == 0:
@@ -81,6 +85,7 @@ def blocked_trunc_normal_(p: Tensor, name: str, seed: int, std: float, trunc: fl
         local.copy_(nn.init.trunc_normal_(torch.empty(()), std=std, a=-trunc * std, b=trunc * std, generator=g))
         return
     rpb = _rows_per_block(full_shape)
+    start = offset[0]
     stop = start + local.shape[0]
     for b in range(start // rpb, (stop - 1) // rpb + 1):
         lo, hi = b * rpb, min((b + 1) * rpb, n_rows)
@@ -88,7 +93,10 @@ def blocked_trunc_normal_(p: Tensor, name: str, seed: int, std: float, trunc: fl
         blk = nn.init.trunc_normal_(torch.empty((hi - lo,) + tuple(full_shape[1:])), std=std,
                                     a=-trunc * std, b=trunc * std, generator=g)
         a, c = max(lo, start), min(hi, stop)
-        local[a - start:c - start].copy_(blk[a - lo:c - lo])
+        blk = blk[a - lo:c - lo]
+        for d in range(1, blk.ndim):
+            blk = blk.narrow(d, offset[d], local.shape[d])
+        local[a - start:c - start].copy_(blk)
 
 
 @torch.no_grad()
@@ -114,8 +122,8 @@ def init_weights(model: nn.Module, seed: int, groups: EPGroups | None = None) ->
         elif role in ("gate", "sconv"):
             local.zero_()
             if role == "sconv":  # identity taps: w[0] = 1 (dim 0 is the tap; FSDP2 holds it on rank 0)
-                _, start, _ = _global_rows(p, 0)
-                if start == 0 and local.shape[0] > 0:
+                _, offset, _ = _global_box(p, 0)
+                if offset[0] == 0 and local.shape[0] > 0:
                     local[0].fill_(1.0)
         elif role == "norm":
             local.fill_(1.0)
@@ -150,9 +158,24 @@ def _mp_policy(cfg: ShardingConfig):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
+def expert_placement(groups: EPGroups):
+    """FSDP2 shard_placement_fn of the expert stacks: dim 0 (experts) when this rank's slice splits
+    evenly over the rack's dp_shard ranks, else dim 1, so no rank holds a padding expert (torchtitan
+    llama4 parallelize `_experts_shard_placement_fn`: Shard(1) when dp x ep > experts)."""
+    from torch.distributed.tensor import Shard
+
+    n = groups.dp_shard_size
+
+    def place(p: nn.Parameter):
+        return Shard(0) if p.shape[0] % n == 0 else Shard(1)
+
+    return place
+
+
 def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = ShardingConfig()) -> nn.Module:
-    """FSDP2 every parameter (module docstring): MoE submodules and blocks over the world, the expert
-    stacks over "dp" with gradient divide factor W. Call after `shard_experts`."""
+    """FSDP2 every parameter (module docstring): MoE submodules and blocks over `groups.fsdp_mesh`
+    (the world, or HSDP inside racks), the expert stacks over `groups.expert_fsdp_mesh` with gradient
+    divide factor W. Call after `shard_experts`."""
     from torch.distributed.fsdp import fully_shard
 
     kw = dict(reshard_after_forward=cfg.reshard_after_forward)
@@ -163,15 +186,15 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
         from torch.distributed.fsdp import CPUOffloadPolicy
 
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    dp_mesh = groups.mesh["dp"]
-    plain = set()  # dp = 1: expert slices no unit shards (block and root units must leave them alone)
+    mesh = groups.fsdp_mesh
+    plain = set()  # one rank per slice and one rack: expert slices no unit shards (blocks, root leave them)
     for _, moe in moe_layers(model):
         for child in moe.children():  # router, latent projections and norm, shared experts
             for unit in (child if isinstance(child, nn.ModuleList) else [child]):
                 if any(True for _ in unit.parameters()):
-                    fully_shard(unit, mesh=groups.world_mesh, **kw)
-        if groups.dp_size > 1:
-            fully_shard(moe, mesh=dp_mesh, **kw)  # what is left in the MoE unit: its expert stacks
+                    fully_shard(unit, mesh=mesh, **kw)
+        if groups.dp_size > 1:  # what is left in the MoE unit: its expert stacks
+            fully_shard(moe, mesh=groups.expert_fsdp_mesh, shard_placement_fn=expert_placement(groups), **kw)
             moe.set_gradient_divide_factor(float(groups.world_size))
             if dist.get_backend() in ("gloo", "fake"):  # no PREMUL_SUM there: sum, then divide in a kernel
                 moe.set_force_sum_reduction_for_comms(True)
@@ -181,11 +204,11 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.ModuleList):
         for b in blocks:
-            fully_shard(b, mesh=groups.world_mesh, ignored_params=plain, **kw)
+            fully_shard(b, mesh=mesh, ignored_params=plain, **kw)
     for head in (getattr(model, "embed", None), getattr(model, "lm_head", None)):
         if head is not None:  # their own units (torchtitan): the root unit stays gathered all step
-            fully_shard(head, mesh=groups.world_mesh, **kw)
-    fully_shard(model, mesh=groups.world_mesh, ignored_params=plain, **kw)
+            fully_shard(head, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, ignored_params=plain, **kw)
     return model
 
 
@@ -213,10 +236,11 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
 
 
 @torch.no_grad()
-def clip_grad_norm_(model: nn.Module, max_norm: float | None) -> Tensor:
-    """Global L2 norm of every gradient of an `apply_fsdp` model (each element lives on one rank, so a
-    world all-reduce of the local sums of squares is exact), clipped in place by torch's rule
-    max_norm/(norm + 1e-6) when below 1; returns the norm as a 0-dim tensor (read it when logging)."""
+def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Tensor:
+    """Global L2 norm of every gradient of an `apply_fsdp` model (each element lives on one rank of
+    `group`, the rack of an HSDP layout, else the world: an all-reduce of the local sums of squares
+    over it is exact), clipped in place by torch's rule max_norm/(norm + 1e-6) when below 1; returns
+    the norm as a 0-dim tensor (read it when logging)."""
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
@@ -226,7 +250,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None) -> Tensor:
     for g in grads:
         sq += g.float().pow(2).sum()
     if dist.is_initialized():
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=group)
     norm = sq.sqrt()
     if max_norm is not None:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
@@ -292,8 +316,9 @@ def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | N
     total = 0
     for name, role in model.param_roles().items():
         p = params[name]
-        if isinstance(p, DTensor):
-            n = p.to_local().numel()
+        if isinstance(p, DTensor):  # an HSDP replica is written by the first rack only
+            n = p.to_local().numel() if all(p.device_mesh.get_local_rank(i) == 0 for i, pl in
+                                            enumerate(p.placements) if pl.is_replicate()) else 0
         elif id(p) in experts:
             n = p.numel() if dp_rank == 0 else 0
         else:
