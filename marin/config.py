@@ -297,6 +297,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
+    "replica_groups": POS_INT,
 }
 
 
@@ -331,6 +332,9 @@ class TrainConfig:
     context_stages: tuple[ContextStage, ...] = ()
     precision: str = "fp32"
     mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
+    # Rack-local sharding (HSDP): the world as this many replicas ("racks") of world/replica_groups
+    # ranks; parameters sharded inside a rack, replicated across (docs/architecture.md, "Sharding")
+    replica_groups: int = 1
     device: str = "cpu"
     compile: bool = False
     offload: str = "none"  # OFFLOADS

@@ -35,23 +35,92 @@ from marin.train.stages import Stage
 
 
 @dataclass
-class Dist:
-    """This process's place in a distributed run."""
+class ParallelDims:
+    """This process's place in the run, built once (torchtitan's ParallelDims, torchtitan/distributed/
+    parallel_dims.py): world = replicas x rack, a rack = dp_shard x ep ranks (marin.ep.EPGroups). The
+    trainer asks it instead of branching on "distributed or not": with world 1 (`ParallelDims()`)
+    there are no groups, rows are the whole batch and every collective is a no-op."""
 
-    groups: Any  # marin.ep.EPGroups
-    rank: int
-    world: int
-    owns_pg: bool  # train() initialised the process group, so train() destroys it
+    world: int = 1
+    rank: int = 0
+    groups: Any = None  # marin.ep.EPGroups (None: one process)
+    owns_pg: bool = False  # train() initialised the process group, so close() destroys it
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def replicas(self) -> int:
+        return self.groups.replicas if self.groups is not None else 1
+
+    @property
+    def expert_group(self):
+        """The EP group an expert bank's sphere spans (None: one process holds whole banks)."""
+        return self.groups.ep_group if self.groups is not None else None
+
+    @property
+    def rack_group(self):
+        """The ranks holding each sharded element once (the world, or this rack under HSDP)."""
+        return self.groups.rack_group if self.groups is not None else None
+
+    @property
+    def world_group(self):
+        """The group pooling routing statistics (None in one process)."""
+        return dist.group.WORLD if self.world > 1 else None
 
     def rows(self, x_B: torch.Tensor) -> torch.Tensor:
         """Rank r's rows [r B/W, (r+1) B/W) of a global batch: EP rank s of DP replica g gets the
         s-th contiguous token shard of the replica's rows (what plan_drops assumes)."""
         b = x_B.shape[0] // self.world
         return x_B[self.rank * b:(self.rank + 1) * b]
+
+    def all_reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
+        """In place over the world (sum unless `op`); identity in one process."""
+        if self.world > 1:
+            dist.all_reduce(t, op=op if op is not None else dist.ReduceOp.SUM)
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def checkpointer(self):
+        """The background checkpoint writer of a distributed run (None: one process writes in place)."""
+        if self.groups is None:
+            return None
+        from marin.parallel import AsyncCheckpointer
+
+        return AsyncCheckpointer(self.groups)
+
+    def describe(self) -> str:
+        """The layout, for logs and the summary's hardware field ("" in one process)."""
+        if self.groups is None:
+            return ""
+        g = self.groups
+        racks = f"{g.replicas} racks x " if g.replicas > 1 else ""
+        return f" [world {self.world}: {racks}dp {g.dp_size // g.replicas} x ep {g.ep_size}]"
+
+    def forward_backward(self, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
+                         doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
+        """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
+        if self.world == 1:
+            from marin.train.step import forward_backward
+
+            return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
+        return dist_forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip, self)
+
+    def close(self) -> None:
+        if self.owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def launch_world_size() -> int:
@@ -79,6 +148,11 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
         check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
     except ValueError as e:
         raise ValueError(f"ModelConfig.ep_shards={ep} (the EP group size) with world_size={world}: {e}") from None
+    r = spec.train.effective().replica_groups
+    if world % r != 0 or (world // r) % ep != 0:
+        raise ValueError(f"TrainConfig.replica_groups={r} with world_size={world} and ModelConfig.ep_shards={ep}: "
+                         f"racks of whole EP groups must tile the world; allowed values: divisors r of {world} "
+                         f"with {world}/r a multiple of {ep}")
     for s in stages:
         if s.batch_size % world != 0:
             raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
@@ -118,15 +192,33 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) ->
     return model
 
 
-def init_dist(spec: RunSpec, device: torch.device) -> tuple[Dist, torch.device]:
+def parallel_dims(spec: RunSpec, stages: list[Stage], device: torch.device) -> tuple[ParallelDims, torch.device]:
+    """The run's ParallelDims (and its device: a rank's own GPU), built once per launch. A launch of
+    world size > 1 is checked (`check_dist_layout`) before any collective, then initialised by
+    `init_dist`, the one place that starts torch.distributed."""
+    world = launch_world_size()
+    if world == 1:
+        t = spec.train.effective()
+        if t.replica_groups != 1:
+            raise ValueError(f"TrainConfig.replica_groups={t.replica_groups} needs a launch of a multiple of "
+                             f"{t.replica_groups} ranks; this one has world_size=1; allowed values here: 1")
+        return ParallelDims(), device
+    check_dist_layout(spec, stages, world)
+    return init_dist(spec, device)
+
+
+def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.device]:
+    """Initialise torch.distributed (marin.ep.init_ep: rank and world from the launcher's environment)
+    and build the meshes of ModelConfig.ep_shards and TrainConfig.replica_groups."""
     from marin import ep
 
     owns = not dist.is_initialized()
     groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
-                        backend="gloo" if device.type == "cpu" else None)
+                        backend="gloo" if device.type == "cpu" else None,
+                        replicas=spec.train.effective().replica_groups)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    return Dist(groups, dist.get_rank(), dist.get_world_size(), owns), device
+    return ParallelDims(dist.get_world_size(), dist.get_rank(), groups, owns), device
 
 
 @dataclass
@@ -139,7 +231,7 @@ class GlobalOut:
 
 
 def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
-                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: Dist):
+                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: ParallelDims):
     """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
     CE and z-loss are reweighted by n_r W / N so that the world mean of the gradients (FSDP2's
     reduce-scatter) is the gradient of the global token mean; the grad norm (and clipping) is the
@@ -161,7 +253,7 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     else:  # every target masked here: still run the backward, its collectives are collective
         obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
-    gnorm = float(clip_grad_norm_(model, grad_clip))
+    gnorm = float(clip_grad_norm_(model, grad_clip, d.rack_group))
     st = out.stats
     frac = n_loc / n_all_f
     dense_v = float(dense.detach()) if n_loc else 0.0

@@ -31,14 +31,13 @@ from marin.config import RunSpec, TrainConfig
 from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
 from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
-from marin.train.distributed import (Dist, build_train_model, check_dist_layout, dist_forward_backward, init_dist,
-                                     launch_world_size)
+from marin.train.distributed import ParallelDims, build_train_model, parallel_dims
 from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.hardware import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
 from marin.train.source import build_data_source, global_tokens, validate_data
 from marin.train.stages import Stage, context_plan, is_spike, stage_at
-from marin.train.step import evaluate, forward_backward, optimizer_step
+from marin.train.step import evaluate, optimizer_step
 
 log = logging.getLogger("marin.train")
 
@@ -116,39 +115,34 @@ def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
 class Trainer:
     """One run's model, optimizer, data and state; `run()` trains to the end or to a stop."""
 
-    def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, d: Dist | None,
+    def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, pd: ParallelDims,
                  t0: float, keep_checkpoints: str = "final"):
         from marin import data as mdata
         from marin import flops as mflops
 
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
-        self.spec, self.t, self.run_dir, self.stages, self.d, self.t0 = spec, spec.train.effective(), run_dir, stages, d, t0
-        self.main = d is None or d.main
+        self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = spec, spec.train.effective(), run_dir, stages, pd, t0
+        self.main = pd.main
         t = self.t
-        rank, world = (d.rank, d.world) if d is not None else (0, 1)
-        self.data = src = build_data_source(spec, stages, spec.data.data_seed + self.t.seed_offset(), rank, world)
+        self.data = src = build_data_source(spec, stages, spec.data.data_seed + self.t.seed_offset(), pd.rank, pd.world)
         self.bpt = {dom: mdata.bytes_per_token(src.eval_corpus, dom) for dom in src.domains}
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
         # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
         # global weights either way (layout-independent init)
-        self.model = model = build_train_model(spec, device, d.groups if d is not None else None)
-        if d is not None:
-            log.info("distributed: world %d = dp %d x ep %d, rank %d; FSDP2 sharded, mixed precision %s",
-                     d.world, d.groups.dp_size, d.groups.ep_size, d.rank, t.mixed_precision)
+        self.model = model = build_train_model(spec, device, pd.groups)
+        if pd.groups is not None:
+            log.info("distributed:%s rank %d; FSDP2 sharded, mixed precision %s", pd.describe(), pd.rank,
+                     t.mixed_precision)
         # distributed checkpoints are written in the background (committed at the next one, the end
         # of the run or a preemption); one process writes before going on
-        self.writer = None
-        if d is not None:
-            from marin.parallel import AsyncCheckpointer
-
-            self.writer = AsyncCheckpointer(d.groups)
+        self.writer = pd.checkpointer()
         self.pending: ckpt.PendingSave | None = None
         self.keep_checkpoints = keep_checkpoints  # a ckpt.RETENTION level
         self.saved_step: int | None = None  # the step of the newest checkpoint written or loaded
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
-        self.opt = build_optimizer(model, self.hp, expert_group=d.groups.ep_group if d is not None else None)
+        self.opt = build_optimizer(model, self.hp, expert_group=pd.expert_group)
         if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
             for block in model.blocks:
                 block.compile()
@@ -179,7 +173,7 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def eval_now(self, seq_len: int) -> dict:
-        return evaluate(self.model, self.eval_sets[seq_len], self.bpt, self.device, self.autocast, self.d)
+        return evaluate(self.model, self.eval_sets[seq_len], self.bpt, self.device, self.autocast, self.pd)
 
     def emit(self, rec: dict) -> None:
         if not self.main:
@@ -190,8 +184,7 @@ class Trainer:
             self.progress.update(rec)
 
     def _rank_world(self) -> tuple[Any, int, int]:
-        d = self.d
-        return (d.groups, d.rank, d.world) if d is not None else (None, 0, 1)
+        return self.pd.groups, self.pd.rank, self.pd.world
 
     # -- resume and checkpoint -------------------------------------------------------------------
 
@@ -221,8 +214,7 @@ class Trainer:
                         shutil.rmtree(p) if p.is_dir() else p.unlink()
                 self.metrics.reset()
             log.info("start %s: %s", self.spec.run_id, self.spec.canonical_json())
-        if world > 1:
-            dist.barrier()
+        self.pd.barrier()
 
     def checkpoint(self, now: bool = False) -> None:
         """Checkpoint the state after the last step. The previous background write is committed first;
@@ -266,32 +258,26 @@ class Trainer:
 
     def train_step(self, stage: Stage) -> tuple[Any, float, float, float, int, float]:
         """Batch of this step -> forward, backward, update: (out, loss, ce, grad_norm, tokens, seconds)."""
-        d, device = self.d, self.device
+        pd, device = self.pd, self.device
         ts = time.perf_counter()
         batch = self.data.train[stage.seq_len].batch(self.st.step)
-        n_tok = global_tokens(batch, self.data.rank_rows, d.world if d is not None else 1)
+        n_tok = global_tokens(batch, self.data.rank_rows, pd.world)
         tokens, targets, doc_ids = batch
-        if d is not None and not self.data.rank_rows:  # a global batch: keep this rank's rows
-            tokens, targets, doc_ids = d.rows(tokens), d.rows(targets), d.rows(doc_ids)
+        if not self.data.rank_rows:  # a global batch: keep this rank's rows
+            tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
         tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
-        if d is not None:
-            out, loss_v, ce_v, gnorm = dist_forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
-                                                             self.t.grad_clip, d)
-        else:
-            out, loss_v, ce_v, gnorm = forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
-                                                        self.t.grad_clip)
+        out, loss_v, ce_v, gnorm = pd.forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
+                                                       self.t.grad_clip)
         if math.isfinite(loss_v) and math.isfinite(gnorm):
-            optimizer_step(self.model, self.opt, dist.group.WORLD if d is not None else None)
+            optimizer_step(self.model, self.opt, pd.world_group)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         return out, loss_v, ce_v, gnorm, n_tok, time.perf_counter() - ts
 
     def _stop_requested(self, stop: StopFlag, stop_after: int | None, steps_this_session: int) -> bool:
-        stop_now = stop.signum is not None
-        if self.d is not None:  # a signal seen by any rank stops every rank at the same step
-            flag = torch.tensor([float(stop_now)], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop_now = bool(flag.item())
+        # a signal seen by any rank stops every rank at the same step
+        flag = torch.tensor([float(stop.signum is not None)], device=self.device)
+        stop_now = bool(self.pd.all_reduce(flag, dist.ReduceOp.MAX).item())
         return stop_now or (stop_after is not None and steps_this_session >= stop_after)
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -385,7 +371,6 @@ class Trainer:
 
     def finish(self, status: str, error: str | None, failed_step: int | None) -> dict:
         """summary.json (rank 0 writes it; distributed: broadcast so that every rank returns it)."""
-        d = self.d
         self.commit_pending()  # the last periodic checkpoint, written in the background
         summary = None
         if self.main:
@@ -396,11 +381,7 @@ class Trainer:
                 if is_disk_full(e):
                     raise disk_full_error(path, e) from e
                 raise
-        if d is not None:
-            box = [summary]
-            dist.broadcast_object_list(box, src=0)
-            summary = box[0]
-        return summary
+        return self.pd.broadcast_object(summary)
 
     def summary(self, status: str, error: str | None, failed_step: int | None) -> schema.RunSummary:
         st, hp = self.st, self.hp
@@ -410,9 +391,7 @@ class Trainer:
         if st.tokens:  # token-weighted over context stages, so that train_flops = flops_per_token * tokens
             fpt = st.train_flops / st.tokens
         ev = st.last_eval or {}
-        hardware = hardware_name(self.device)
-        if self.d is not None:
-            hardware += f" [world {self.d.world}: dp {self.d.groups.dp_size} x ep {self.d.groups.ep_size}]"
+        hardware = hardware_name(self.device) + self.pd.describe()
         return schema.RunSummary(
             run_id=self.spec.run_id, status=status, error=error, failed_step=failed_step,
             step=st.step if failed_step is None else failed_step, tokens=st.tokens,
@@ -477,9 +456,6 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if keep_checkpoints not in ckpt.RETENTION:
         raise ValueError(f"keep_checkpoints={keep_checkpoints!r} is not a known level; allowed values: "
                          f"{', '.join(map(repr, ckpt.RETENTION))}")
-    world = launch_world_size()
-    if world > 1:
-        check_dist_layout(spec, stages, world)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -497,10 +473,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                          "another run)")
     if not resume and summary_path.exists():
         summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
-    d: Dist | None = None
-    if world > 1:
-        d, device = init_dist(spec, device)
-    main = d is None or d.main
+    pd, device = parallel_dims(spec, stages, device)  # world size > 1: checked, then initialised
+    main = pd.main
     if main:
         for p in remove_stale_temps(run_dir, run_dir / "checkpoints"):
             log.info("removed a temporary file left by a killed writer: %s", p.name)
@@ -516,7 +490,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             torch.set_num_threads(int(t.threads))
         elif os.environ.get("SLURM_CPUS_PER_TASK"):
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
-        trainer = Trainer(spec, run_dir, stages, device, d, t0, keep_checkpoints)
+        trainer = Trainer(spec, run_dir, stages, device, pd, t0, keep_checkpoints)
         if main:  # only once the run can start: a setup error (a bad eval_dir) must not claim the directory
             schema.write_spec(run_dir, spec)
         trainer.start(resume)
@@ -534,8 +508,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             trainer.progress.close()
         log.removeHandler(handler)
         handler.close()
-        if d is not None and d.owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
+        pd.close()
         if prev_handler is not None:
             # A caller installed a handler before us (submitit's USR2 requeues the job; a local
             # worker's TERM stops it taking the next run): hand the signal back. Our checkpoint is

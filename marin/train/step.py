@@ -13,24 +13,26 @@ import statistics
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from marin.data import IGNORE_INDEX
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, float], device: torch.device,
-             autocast: Callable, dist_ctx=None) -> dict:
+             autocast: Callable, pd=None) -> dict:
     """Dropless eval: per-domain token-mean NLL, macro loss = unweighted mean over domains, bpb.
-    Distributed: each rank scores its rows of every batch; NLL sums and counts are all-reduced."""
+    Each rank scores its rows of every batch (`pd`, a ParallelDims: one process when None); NLL sums
+    and counts are all-reduced."""
+    from marin.train.distributed import ParallelDims
+
+    pd = pd if pd is not None else ParallelDims()
     was_training = model.training
     model.eval()
     sums: dict[str, list[float]] = {}
     for dom, bs in batches.items():
         nll, count = 0.0, 0
         for tokens, targets, doc_ids in bs:
-            if dist_ctx is not None:
-                tokens, targets, doc_ids = dist_ctx.rows(tokens), dist_ctx.rows(targets), dist_ctx.rows(doc_ids)
+            tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
             with autocast():  # the model's own fp32 CE (chunked when loss_chunk_tokens > 0)
                 out = model(tokens, doc_ids, targets)
@@ -38,10 +40,8 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
             nll += float(out.ce_loss) * n
             count += n
         sums[dom] = [nll, float(count)]
-    if dist_ctx is not None:
-        flat = torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device)
-        dist.all_reduce(flat)
-        sums = {dom: flat[2 * i:2 * i + 2].tolist() for i, dom in enumerate(sums)}
+    flat = pd.all_reduce(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device))
+    sums = {dom: flat[2 * i:2 * i + 2].tolist() for i, dom in enumerate(sums)}
     domain_loss = {dom: nll / max(count, 1) for dom, (nll, count) in sums.items()}
     model.train(was_training)
     domain_bpb = {d: v / math.log(2) / bpt[d] for d, v in domain_loss.items()}
