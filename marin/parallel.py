@@ -1,16 +1,20 @@
-"""Sharding that fits: meta-device construction, FSDP2 for every parameter, experts sharded over the EP
-dimension and by FSDP over the data-parallel one, and a per-shard init equal to the one-process init.
+"""Sharding that fits: meta-device construction, FSDP2 for every parameter (HSDP across racks), experts
+sharded over the EP dimension and by FSDP inside the rack, and a per-shard init equal to the one-process
+init (docs/architecture.md §5).
 
 Layout (torchtitan's MoE parallelism: pytorch/torchtitan, torchtitan/models/llama4/infra/parallelize.py
-`apply_fsdp`, experts on the `dp_shard_mod_ep` mesh): the ("dp", "ep") mesh of `marin.ep.EPGroups`.
-- non-expert parameters: FSDP2 `fully_shard` over all W ranks (dim 0), one unit per block, per MoE
-  submodule (router, latent projections, shared experts), the embedding, the lm_head, and the root;
+`apply_fsdp`, experts on the `dp_shard_mod_ep` mesh; Marin's (replica_dcn, data, expert) mesh): the
+meshes of `marin.ep.EPGroups`, `replicas` racks of consecutive ranks.
+- non-expert parameters: FSDP2 `fully_shard` over `groups.fsdp_mesh` (all W ranks, or ("replica",
+  "shard"): sharded in a rack, replicated across racks), one unit per block, per MoE submodule
+  (router, latent projections, shared experts), the embedding, the lm_head, and the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
-  "dp" shards that slice's expert dim, so each expert element lives on exactly one rank. The expert
+  the rack's dp_shard ranks (`expert_fsdp_mesh`, replicated across racks) shards that slice on dim 0,
+  or on dim 1 when its experts do not split evenly (`expert_placement`). The expert
   units' gradient divide factor is the world size: the all-to-all backward already summed the EP
-  group's contributions, the reduce-scatter sums the dp replicas, and the mean of the per-rank losses
-  is the objective (what FSDP2 gives every other parameter). With dp = 1 the slices stay plain tensors
-  and the EP dispatcher scales their gradients by 1/W.
+  group's contributions, the reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and
+  the mean of the per-rank losses is the objective (what FSDP2 gives every other parameter). With
+  dp = 1 the slices stay plain tensors and the EP dispatcher scales their gradients by 1/W.
 - mixed precision (`mixed_precision=True`): bf16 compute, fp32 master weights and fp32 gradient
   reduction (FSDP2 MixedPrecisionPolicy), as Marin's hero runs (experiments/grug/moe_hero_ep).
 

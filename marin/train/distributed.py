@@ -14,10 +14,11 @@ the global token mean, as in one process; the Switch aux loss is the mean of the
 batch means: not exactly the global one), QB-topk thresholds are averaged over ranks (QB-hist and
 aux-free are exact).
 Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
-allocates only its shards: FSDP2 over every rank for non-expert parameters, experts sliced over EP and
-FSDP-sharded over dp. FSDP2's reduce-scatter averages gradients over the world (so no separate
-gradient sync), the global norm is reduced over shards, and the optimizer steps the shards (whole
-matrices gathered one at a time for Newton–Schulz, marin.optim).
+allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
+TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack. FSDP2's
+reduce-scatter (and cross-rack all-reduce) averages gradients over the world (so no separate gradient
+sync), the global norm is reduced over one rack's shards, and the optimizer steps the shards (each
+split matrix orthogonalized once per rack by an owner rank, marin.optim.distributed_newton_schulz).
 """
 
 from __future__ import annotations
@@ -192,18 +193,25 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) ->
     return model
 
 
-def parallel_dims(spec: RunSpec, stages: list[Stage], device: torch.device) -> tuple[ParallelDims, torch.device]:
-    """The run's ParallelDims (and its device: a rank's own GPU), built once per launch. A launch of
-    world size > 1 is checked (`check_dist_layout`) before any collective, then initialised by
-    `init_dist`, the one place that starts torch.distributed."""
+def check_launch(spec: RunSpec, stages: list[Stage]) -> int:
+    """This launch's world size, its layout checked before anything is written or any collective runs
+    (`check_dist_layout`; one process cannot hold TrainConfig.replica_groups > 1)."""
     world = launch_world_size()
+    r = spec.train.effective().replica_groups
+    if world == 1 and r != 1:
+        raise ValueError(f"TrainConfig.replica_groups={r} needs a launch of a multiple of {r} ranks; this one "
+                         "has world_size=1; allowed values here: 1")
+    if world > 1:
+        check_dist_layout(spec, stages, world)
+    return world
+
+
+def parallel_dims(spec: RunSpec, world: int, device: torch.device) -> tuple[ParallelDims, torch.device]:
+    """The run's ParallelDims (and its device: a rank's own GPU), built once per launch of a checked
+    `world` (`check_launch`); a distributed one is initialised by `init_dist`, the one place that
+    starts torch.distributed."""
     if world == 1:
-        t = spec.train.effective()
-        if t.replica_groups != 1:
-            raise ValueError(f"TrainConfig.replica_groups={t.replica_groups} needs a launch of a multiple of "
-                             f"{t.replica_groups} ranks; this one has world_size=1; allowed values here: 1")
         return ParallelDims(), device
-    check_dist_layout(spec, stages, world)
     return init_dist(spec, device)
 
 

@@ -31,7 +31,7 @@ from marin.config import RunSpec, TrainConfig
 from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
 from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
-from marin.train.distributed import ParallelDims, build_train_model, parallel_dims
+from marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
 from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.hardware import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
@@ -456,6 +456,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if keep_checkpoints not in ckpt.RETENTION:
         raise ValueError(f"keep_checkpoints={keep_checkpoints!r} is not a known level; allowed values: "
                          f"{', '.join(map(repr, ckpt.RETENTION))}")
+    world = check_launch(spec, stages)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -473,7 +474,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                          "another run)")
     if not resume and summary_path.exists():
         summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
-    pd, device = parallel_dims(spec, stages, device)  # world size > 1: checked, then initialised
+    pd, device = parallel_dims(spec, world, device)
     main = pd.main
     if main:
         for p in remove_stale_temps(run_dir, run_dir / "checkpoints"):
