@@ -259,7 +259,7 @@ def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: l
             pieces = [t.contiguous() for t in o.split(chunk, dim)]
         shape = list(dirs[i].shape)
         shape[dim] = chunk
-        recv = dirs[i].new_empty(shape)
+        recv = dirs[i].new_zeros(shape)  # zeros: a fake process group (the plan's dry run) moves no data
         works.append(dist.scatter(recv, pieces, group=grp, group_src=owner, async_op=True))
         scattered.append((i, dim, recv))
     for w in works:

@@ -188,14 +188,20 @@ def _one_run(tmp: Path, spec: RunSpec, name: str, world: int) -> list[dict]:
     return [out["summary"] for out in outs]
 
 
-def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path):
+@pytest.mark.parametrize("racks,layout", [
+    (1, "world 4: dp 2 x ep 2"),
+    pytest.param(2, "world 4: 2 racks x dp 1 x ep 2", marks=pytest.mark.slow),  # HSDP: replicated racks
+])
+def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path, racks, layout):
     # Dropless: no capacity, so any dp x ep layout must reproduce the one-process run; this pins the
     # data-parallel half (rows per replica, expert gradients averaged over dp, the norm over both).
+    # Two racks of one EP group each: everything replicated across racks, reduced across them.
     world = 4
     ref = train(DROPLESS, tmp_path / "single", resume=False)
-    summaries = _one_run(tmp_path, DROPLESS, "dp2ep2", world)
+    spec = dataclasses.replace(DROPLESS, train=dataclasses.replace(DROPLESS.train, replica_groups=racks))
+    summaries = _one_run(tmp_path, spec, "dp2ep2", world)
     for summary in summaries:
-        assert "world 4: dp 2 x ep 2" in summary["hardware"]
+        assert layout in summary["hardware"]
     single, dp = _lines(tmp_path / "single"), _lines(tmp_path / "dp2ep2")
     assert [r["step"] for r in dp] == list(range(DROPLESS.train.steps))
     for a, b in zip(single, dp):
@@ -221,6 +227,25 @@ def test_bad_distributed_layout_fails_before_any_collective(monkeypatch, tmp_pat
         train(spec, tmp_path / "run")
     assert not dist.is_initialized()
     assert not (tmp_path / "run").exists()  # nothing written either
+
+
+@pytest.mark.parametrize("world,racks,match", [
+    ("4", 3, r"TrainConfig.replica_groups=3 with world_size=4.*allowed values"),  # 3 racks cannot tile 4
+    ("8", 8, r"TrainConfig.replica_groups=8 with world_size=8 and ModelConfig.ep_shards=2"),  # racks < EP
+    (None, 2, r"TrainConfig.replica_groups=2 .*world_size=1; allowed values here: 1"),  # one process
+])
+def test_bad_replica_groups_fail_before_anything_is_written(monkeypatch, tmp_path, world, racks, match):
+    if world is not None:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    spec = RunSpec(model=SPEC.model, recipe=SPEC.recipe,
+                   train=TrainConfig(steps=1, batch_size=8, threads=1, replica_groups=racks))
+    with pytest.raises(ValueError, match=match):
+        train(spec, tmp_path / "run")
+    assert not dist.is_initialized()
+    assert not (tmp_path / "run").exists()
 
 
 COMPILED = RunSpec(model=SPEC.model, recipe=SPEC.recipe,
