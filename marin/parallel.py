@@ -199,7 +199,11 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
                     fully_shard(unit, mesh=mesh, **kw)
         if groups.dp_size > 1:  # what is left in the MoE unit: its expert stacks
             fully_shard(moe, mesh=groups.expert_fsdp_mesh, shard_placement_fn=expert_placement(groups), **kw)
-            moe.set_gradient_divide_factor(float(groups.world_size))
+            if groups.dp_shard_size > 1:
+                moe.set_gradient_divide_factor(float(groups.world_size))
+            else:  # one rank per slice in a rack: FSDP2 divides a custom factor twice when a shard
+                # group has one rank, so leave it its default mean over the racks and scale the rest
+                moe.dispatcher.grad_scale = 1.0 / groups.group_size
             if dist.get_backend() in ("gloo", "fake"):  # no PREMUL_SUM there: sum, then divide in a kernel
                 moe.set_force_sum_reduction_for_comms(True)
         else:  # nothing to shard over dp: plain EP slices, the 1/W mean applied as the gradient lands

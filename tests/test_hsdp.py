@@ -6,9 +6,7 @@ One launch serves every test; each rank records its measurements in a JSON file.
 experts per EP rank over 2 dp_shard ranks, so FSDP shards the expert stacks on dim 1.
 """
 
-import json
 import os
-import traceback
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ import torch.distributed as dist
 from marin.config import ModelConfig, Recipe
 from marin.hparams import OptimHparams
 from marin.factors import RECIPE_LEVELS
-from ranks import free_port, run_ranks
+from ranks import free_port, read_results, run_ranks, write_result
 
 pytestmark = pytest.mark.slow
 
@@ -121,84 +119,81 @@ class _Recorder:
 def _worker(rank: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    write_result(os.path.join(tmp, f"r{rank}.json"), lambda: _work(rank, tmp))
+
+
+def _work(rank: int, tmp: str) -> dict:
     out: dict = {}
-    try:
-        from marin import optim as moptim
-        from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
-        from marin.optim import build_optimizer
-        from marin.parallel import build_sharded_model, clip_grad_norm_
+    from marin import optim as moptim
+    from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
+    from marin.optim import build_optimizer
+    from marin.parallel import build_sharded_model, clip_grad_norm_
 
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        groups = build_ep_groups(EP, replicas=REPLICAS)
-        out["rack_group"] = dist.get_process_group_ranks(groups.rack_group)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    groups = build_ep_groups(EP, replicas=REPLICAS)
+    out["rack_group"] = dist.get_process_group_ranks(groups.rack_group)
 
-        ns_elems = [0]
-        real_ns = moptim.newton_schulz
+    ns_elems = [0]
+    real_ns = moptim.newton_schulz
 
-        def counting_ns(x, steps=5, **kw):
-            ns_elems[0] += x.numel()
-            return real_ns(x, steps, **kw)
+    def counting_ns(x, steps=5, **kw):
+        ns_elems[0] += x.numel()
+        return real_ns(x, steps, **kw)
 
-        moptim.newton_schulz = counting_ns
+    moptim.newton_schulz = counting_ns
 
-        def step(m, opt, i):
-            rows = _batch(i)[rank * ROWS:(rank + 1) * ROWS]
-            m(rows[:, :-1], None, rows[:, 1:]).loss.backward()
-            clip_grad_norm_(m, CLIP, groups.rack_group)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    def step(m, opt, i):
+        rows = _batch(i)[rank * ROWS:(rank + 1) * ROWS]
+        m(rows[:, :-1], None, rows[:, 1:]).loss.backward()
+        clip_grad_norm_(m, CLIP, groups.rack_group)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
-        for level in LEVELS:
-            model = build_sharded_model(_cfg(), RECIPE, groups, SEED).train()
-            opt = build_optimizer(model, _hp(level), expert_group=groups.ep_group)
-            ref = _ref_model().train()
-            ref_opt = build_optimizer(ref, _hp(level))
-            init = {n: p.detach().clone() for n, p in ref.named_parameters()}
-            ns_elems[0] = 0
-            with _Recorder() as rec:
-                for i in range(2):
-                    step(model, opt, i)
-                    _ref_step(ref, ref_opt, i)
-            out[f"calls_{level}"] = rec.calls
-            out[f"ns_elems_{level}"] = ns_elems[0]
-            out[f"step_{level}"] = _maxrel(_full(model, groups), dict(ref.named_parameters()))
-            out[f"moved_{level}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in ref.named_parameters())
-            out["local_elems"] = sum(p.to_local().numel() for p in model.parameters())
-            if level == "hyperball":
-                out["placements"] = {n: str(p.placements) for n, p in model.named_parameters()
-                                     if n.endswith("w_up_EWH") or n.endswith("lm_head.weight")}
-                # DCP: save after step 2, step 3 goes on; a fresh model and optimizer loading the
-                # files (other weights first) take the same step 3
-                path = Path(tmp) / "ck"
-                save_checkpoint(model, path, groups, opt)
-                saved = _full(model, groups)
-                step(model, opt, 2)
-                m2 = build_sharded_model(_cfg(), RECIPE, groups, SEED + 1).train()
-                o2 = build_optimizer(m2, _hp(level), expert_group=groups.ep_group)
-                load_checkpoint(m2, path, groups, o2)
-                out["load_equal"] = all(torch.equal(v, saved[n]) for n, v in _full(m2, groups).items())
-                step(m2, o2, 2)
-                out["resume"] = max(float((v - w).abs().max()) for v, w in
-                                    zip(_full(m2, groups).values(), _full(model, groups).values()))
-                after = _full(model, groups)  # collective: every rank gathers, rank 0 writes
-                if rank == 0:
-                    torch.save({"saved": saved, "after": after}, Path(tmp) / "hyperball.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        out["error"] = traceback.format_exc()
-    with open(os.path.join(tmp, f"r{rank}.json"), "w") as f:
-        json.dump(out, f)
+    for level in LEVELS:
+        model = build_sharded_model(_cfg(), RECIPE, groups, SEED).train()
+        opt = build_optimizer(model, _hp(level), expert_group=groups.ep_group)
+        ref = _ref_model().train()
+        ref_opt = build_optimizer(ref, _hp(level))
+        init = {n: p.detach().clone() for n, p in ref.named_parameters()}
+        ns_elems[0] = 0
+        with _Recorder() as rec:
+            for i in range(2):
+                step(model, opt, i)
+                _ref_step(ref, ref_opt, i)
+        out[f"calls_{level}"] = rec.calls
+        out[f"ns_elems_{level}"] = ns_elems[0]
+        out[f"step_{level}"] = _maxrel(_full(model, groups), dict(ref.named_parameters()))
+        out[f"moved_{level}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in ref.named_parameters())
+        out["local_elems"] = sum(p.to_local().numel() for p in model.parameters())
+        if level == "hyperball":
+            out["placements"] = {n: str(p.placements) for n, p in model.named_parameters()
+                                 if n.endswith("w_up_EWH") or n.endswith("lm_head.weight")}
+            # DCP: save after step 2, step 3 goes on; a fresh model and optimizer loading the
+            # files (other weights first) take the same step 3
+            path = Path(tmp) / "ck"
+            save_checkpoint(model, path, groups, opt)
+            saved = _full(model, groups)
+            step(model, opt, 2)
+            m2 = build_sharded_model(_cfg(), RECIPE, groups, SEED + 1).train()
+            o2 = build_optimizer(m2, _hp(level), expert_group=groups.ep_group)
+            load_checkpoint(m2, path, groups, o2)
+            out["load_equal"] = all(torch.equal(v, saved[n]) for n, v in _full(m2, groups).items())
+            step(m2, o2, 2)
+            out["resume"] = max(float((v - w).abs().max()) for v, w in
+                                zip(_full(m2, groups).values(), _full(model, groups).values()))
+            after = _full(model, groups)  # collective: every rank gathers, rank 0 writes
+            if rank == 0:
+                torch.save({"saved": saved, "after": after}, Path(tmp) / "hyperball.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
 
 
 @pytest.fixture(scope="module")
 def hsdp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hsdp")
     run_ranks(_worker, (free_port(), str(tmp)), WORLD, TIMEOUT_S)
-    outs = [json.loads((tmp / f"r{r}.json").read_text()) for r in range(WORLD)]
-    for o in outs:
-        assert "error" not in o, o["error"]
-    return tmp, outs
+    return tmp, read_results(tmp / f"r{r}.json" for r in range(WORLD))
 
 
 def test_racks_are_consecutive_ranks_and_experts_shard_on_dim_1(hsdp):
