@@ -333,7 +333,7 @@ class TrainConfig:
     precision: str = "fp32"
     mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
     # Rack-local sharding (HSDP): the world as this many replicas ("racks") of world/replica_groups
-    # ranks; parameters sharded inside a rack, replicated across (docs/architecture.md, "Sharding")
+    # ranks; parameters sharded inside a rack, replicated across (docs/architecture.md §5)
     replica_groups: int = 1
     device: str = "cpu"
     compile: bool = False
