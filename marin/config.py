@@ -112,6 +112,13 @@ GATED_NORM_LEVELS = ("on", "off")
 KERNEL_BACKENDS = ("torch", "triton")
 ATTENTION_BACKENDS = ("sdpa", "flex")
 SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
+# "stored": every layer stores max(local, global) KV heads and a global layer uses the first
+# n_kv_heads_global of them (Marin's hero: GrugModelConfig.stored_kv_heads, CausalSelfAttention
+# _logical_kv); "per_layer": each layer stores only the heads it uses.
+KV_LAYOUTS = ("stored", "per_layer")
+# Router logits: "bf16" = b·W_r computed in bf16 then cast to fp32 (Marin's hero under its bf16
+# compute dtype); "fp32" = fp32 throughout.
+ROUTER_PRECISIONS = ("fp32", "bf16")
 
 
 # Numeric ranges of ModelConfig (structural constraints between fields are checked in __post_init__).
@@ -122,7 +129,7 @@ MODEL_RANGES: dict[str, tuple] = {
                             "sconv_kernel")},
     "n_shared_experts": NONNEG_INT, "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS,
     "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": POS, "capacity_ragged": POS,
-    "init_scale": POS, "z_loss_weight": NONNEG,
+    "capacity_pooled_wave": POS, "pooled_waves": POS_INT, "init_scale": POS, "z_loss_weight": NONNEG,
 }
 
 
@@ -137,6 +144,7 @@ class ModelConfig:
     head_dim: int = 16
     n_kv_heads: int = 2  # local (sliding-window) layers
     n_kv_heads_global: int = 1  # global NoPE layers
+    kv_layout: str = "stored"  # KV_LAYOUTS: how K/V heads are stored when local and global counts differ
     vocab_size: int = 256
     seq_len: int = 64
     window: int = 32  # sliding window of local layers (tokens, including self)
@@ -162,11 +170,17 @@ class ModelConfig:
     aux_free_rate: float = 1e-3  # DeepSeek aux-free bias update speed (router_balance=aux_free)
     qb_estimator: str = "hist"  # Marin's hero and ladder (hero_recipe.py HERO_QB_HIST_BINS)
     qb_hist_bins: int = 10_000
+    router_precision: str = "fp32"  # ROUTER_PRECISIONS ("bf16" at the GPU rungs and the hero, as Marin)
     # Expert parallel geometry: drops are decided as if tokens lived on ep_shards shards
     ep_shards: int = 4
     capacity_fixed: float = 1.33
     capacity_ragged: float = 1.15
     ragged_chunks: int = 2
+    # pooled_wave (the hero's transport): sender pools per destination and per-wave receiver buffers,
+    # both sized by this factor (Marin's ladder sets capacity_factor = pooled_transport_capacity_factor
+    # = 1.15), striped over pooled_waves static waves (num_expert_waves = 3)
+    capacity_pooled_wave: float = 1.15
+    pooled_waves: int = 3
     # Short conv
     sconv_kernel: int = 4
     sconv_sites: tuple[str, ...] = ("k", "attn_out", "mlp_out")
@@ -209,6 +223,8 @@ class ModelConfig:
         _check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
                "capacity factors must be positive")
         _check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
+        _check_level(o, "kv_layout", self.kv_layout, KV_LAYOUTS)
+        _check_level(o, "router_precision", self.router_precision, ROUTER_PRECISIONS)
         _check_level(o, "gated_norm", self.gated_norm, GATED_NORM_LEVELS)
         _check(isinstance(self.gated_norm_rank, int) and self.gated_norm_rank >= 1, o, "gated_norm_rank",
                f"must be a positive integer, got {self.gated_norm_rank!r}")
@@ -226,7 +242,14 @@ class ModelConfig:
         return (layer + 1) % self.global_every == 0 or layer == self.n_layers - 1
 
     def kv_heads(self, layer: int) -> int:
+        """KV heads the layer's attention uses."""
         return self.n_kv_heads_global if self.is_global(layer) else self.n_kv_heads
+
+    def kv_heads_stored(self, layer: int) -> int:
+        """KV heads the layer's W_k and W_v project to (kv_layout)."""
+        if self.kv_layout == "stored":
+            return max(self.n_kv_heads, self.n_kv_heads_global)
+        return self.kv_heads(layer)
 
     @property
     def gated_norm_width(self) -> int:
@@ -245,7 +268,8 @@ class ModelConfig:
         return MoEGeometry(self.n_experts // a, self.top_k // a, self.d_model, self.expert_hidden, False)
 
     def capacity_factor(self, recipe: Recipe) -> float | None:
-        return {"fixed": self.capacity_fixed, "ragged": self.capacity_ragged, "dropless": None}[recipe.ep_transport]
+        return {"fixed": self.capacity_fixed, "ragged": self.capacity_ragged, "pooled_wave": self.capacity_pooled_wave,
+                "dropless": None}[recipe.ep_transport]
 
 
 @dataclass(frozen=True)
@@ -297,7 +321,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
-    "replica_groups": POS_INT,
+    "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG,
 }
 
 
@@ -314,6 +338,9 @@ class TrainConfig:
     warmup_frac: float = 0.01
     final_lr_frac: float = 0.05
     weight_decay: float = 0.1  # AdamW baseline only; Hyperball uses none
+    # Decoupled decay on the attention-gate and router weights in the Adam group, annealed linearly
+    # to 0 over training (Marin's hero and scaling ladder: --gate-router-weight-decay 0.02; 0 = off)
+    gate_router_weight_decay: float = 0.02
     beta1: float | None = None  # None -> resolve_hparams (0.90 for Hyperball, 0.9 for AdamW)
     beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
     muon_momentum: float = 0.95
@@ -574,7 +601,7 @@ def _rung(d: int, n_layers: int, vocab: int = 16_384) -> ModelConfig:
         d_model=d, n_layers=n_layers, n_heads=n_heads, head_dim=128, n_kv_heads=kv,
         n_kv_heads_global=max(1, n_heads // 8), vocab_size=vocab, seq_len=4096, window=2048,
         global_every=4, n_experts=384, top_k=8, expert_hidden=d // 2, n_shared_experts=2,
-        shared_hidden=d // 2, latent_ratio=2, ep_shards=8,
+        shared_hidden=d // 2, latent_ratio=2, ep_shards=8, router_precision="bf16",
     )
 
 
@@ -585,7 +612,7 @@ def hero_535b() -> ModelConfig:
         d_model=6144, n_layers=48, n_heads=48, head_dim=128, n_kv_heads=12, n_kv_heads_global=6,
         vocab_size=128_256, seq_len=4096, window=2048, global_every=4, n_experts=384, top_k=8,
         expert_hidden=3072, n_shared_experts=2, shared_hidden=3072, latent_ratio=2, ep_shards=64,
-        attention="flex",
+        attention="flex", router_precision="bf16",
     )
 
 

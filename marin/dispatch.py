@@ -23,7 +23,7 @@ from marin.kernels import KernelSet, get_kernels
 from marin.kernels.torch_ops import count_ids, sort_by_expert
 from marin.kernels.torch_ops import grouped_mm_torch as grouped_mm  # the one grouped GEMM of the torch path
 
-TRANSPORTS = ("fixed", "ragged", "dropless")
+TRANSPORTS = ("fixed", "ragged", "pooled_wave", "dropless")
 
 # Guards ceil(cf * n) against float noise (1.15 * 20 = 22.999999999999996): a capacity is a count of
 # rows, and a factor given to two decimals must not gain or lose a row through rounding error.
@@ -65,8 +65,58 @@ def ragged_capacities(tokens_per_shard: int, top_k: int, n_local_experts: int, c
     return pooled, max(chunk_experts, _ceil(pooled / chunks))
 
 
+def pooled_wave_capacities(tokens_per_shard: int, top_k: int, n_experts: int, n_shards: int,
+                           capacity_factor: float, waves: int) -> tuple[int, int]:
+    """(sender pool, receiver buffer) rows of the pooled-wave transport, per wave.
+
+    Pool: each sender's rows for one destination shard in one wave, max(1, ceil(cf·A/(S·W)));
+    buffer: each local expert's receive rows in one wave, max(1, ceil(cf·A/(E_l·W))); A = T_s·K
+    (levanter grug/_moe/ep_fixed_pooled_wave_all_to_all.py `physical_pool_capacity`,
+    `physical_receiver_capacity`, with every token valid)."""
+    A, El = tokens_per_shard * top_k, n_experts // n_shards
+    return (max(1, _ceil(capacity_factor * A / (n_shards * waves))),
+            max(1, _ceil(capacity_factor * A / (El * waves))))
+
+
+def _ranks_in_groups(group_N: Tensor, n_groups: int, order_N: Tensor | None = None) -> Tensor:
+    """Each element's rank inside its group (0 = first), by order_N (by flat position when None)."""
+    N = group_N.numel()
+    pos_N = torch.arange(N, device=group_N.device)
+    key_N = group_N * N + (pos_N if order_N is None else order_N)
+    sorted_N, perm_N = torch.sort(key_N)
+    counts = count_ids(group_N, n_groups)
+    starts = torch.cumsum(counts, 0) - counts
+    rank_N = torch.empty_like(perm_N)
+    rank_N[perm_N] = pos_N - starts[sorted_N // N]
+    return rank_N
+
+
+def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, capacity_factor: float,
+                     waves: int) -> tuple[Tensor, Tensor]:
+    """(sender_keep_N, receiver_keep_N) of the pooled-wave transport over flat assignments n = t·K + k.
+
+    Marin's hero transport (levanter grug/_moe/ep_fixed_pooled_wave_all_to_all.py): each sender ranks
+    its assignments per destination shard in flat order; rank r goes to wave r % W at pool slot r // W
+    and is dropped at the sender when the slot is past the pool. Each receiver, per wave and local
+    expert, fills its buffer round-robin over senders (slot p of every sender before any slot p+1,
+    `_interleaved_receiver_ranks`) and drops what overflows. A kept assignment passes both gates."""
+    T, K = expert_idx_TK.shape
+    S, W = n_shards, waves
+    Ts, El = T // S, n_experts // S
+    pool, buffer = pooled_wave_capacities(Ts, K, n_experts, S, capacity_factor, W)
+    e_N = expert_idx_TK.reshape(-1).long()
+    shard_N = torch.arange(T * K, device=e_N.device) // (Ts * K)
+    r_N = _ranks_in_groups(shard_N * S + e_N // El, S * S)
+    wave_N, slot_N = r_N % W, r_N // W
+    sender_keep_N = slot_N < pool
+    # receiver groups: (wave, expert) for what was sent, one overflow group for what was not
+    group_N = torch.where(sender_keep_N, wave_N * n_experts + e_N, W * n_experts)
+    recv_rank_N = _ranks_in_groups(group_N, W * n_experts + 1, slot_N * S + shard_N)
+    return sender_keep_N, sender_keep_N & (recv_rank_N < buffer)
+
+
 def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
-                   capacity_factor: float | None, n_chunks: int, check_ids: bool) -> None:
+                   capacity_factor: float | None, n_chunks: int, check_ids: bool, waves: int = 3) -> None:
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
     if expert_idx_TK.dim() != 2:
@@ -81,8 +131,8 @@ def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transpo
     if n_experts % n_shards != 0:
         raise ValueError(f"n_experts={n_experts} is not divisible by n_shards={n_shards}; "
                          "allowed: n_experts % n_shards == 0 (experts live contiguously on receivers)")
-    if n_chunks < 1:
-        raise ValueError(f"n_chunks={n_chunks} must be >= 1")
+    if n_chunks < 1 or waves < 1:
+        raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
     if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
         raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
     # The one check that reads values on the host (a device sync): callers passing router output skip it.
@@ -128,7 +178,7 @@ def ragged_accepted(counts_SE: Tensor, n_chunks: int, chunk_capacity: int) -> Te
 
 
 def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
-               capacity_factor: float | None, n_chunks: int = 2, check_ids: bool = True) -> Tensor:
+               capacity_factor: float | None, n_chunks: int = 2, waves: int = 3, check_ids: bool = True) -> Tensor:
     """keep_TK: which routed assignments survive the EP transport (docs/method.md §2.1; Marin EP drops).
 
     Tokens are cut into n_shards contiguous equal shards (shard s holds tokens [s*T_s, (s+1)*T_s));
@@ -142,11 +192,13 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
       max(E_chunk, ceil(pooled/chunks)) rows, unused capacity is not carried over between chunks
       (Marin grug `ep_ragged_all_to_all`). Only an overflowing chunk clips, taking earlier experts,
       then earlier senders, first; a clipped cell keeps its earliest positions.
+    - "pooled_wave": the hero's static transport, `pooled_wave_keep` (sender pools per destination
+      striped over `waves` waves, per-wave receiver buffers filled round-robin over senders).
     - "dropless": keeps everything.
 
     check_ids=False skips the range check of the ids, the one host sync (router output is in range).
     """
-    _validate_plan(expert_idx_TK, n_experts, n_shards, transport, capacity_factor, n_chunks, check_ids)
+    _validate_plan(expert_idx_TK, n_experts, n_shards, transport, capacity_factor, n_chunks, check_ids, waves)
     if transport == "dropless":
         return torch.ones(expert_idx_TK.shape, dtype=torch.bool, device=expert_idx_TK.device)
     T, K = expert_idx_TK.shape
@@ -156,6 +208,9 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
     e_N = expert_idx_TK.reshape(-1).long()
     if transport == "fixed":
         keep_N = rank_N < fixed_cell_capacity(Ts, K, n_experts, capacity_factor)
+    elif transport == "pooled_wave":
+        keep_N = pooled_wave_keep(expert_idx_TK, n_experts=n_experts, n_shards=n_shards,
+                                  capacity_factor=capacity_factor, waves=waves)[1]
     else:
         _, chunk_cap = ragged_capacities(Ts, K, n_experts // n_shards, capacity_factor, n_chunks)
         accepted_SE = ragged_accepted(counts_SE, n_chunks, chunk_cap)
@@ -229,9 +284,11 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=
 
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
-                    capacity_factor: float | None, row_bytes: int) -> Tensor | int:
+                    capacity_factor: float | None, row_bytes: int, waves: int = 3) -> Tensor | int:
     """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats.
-    The fixed transport's traffic is a constant of the shapes; the ragged one's a device tensor."""
+    The fixed and pooled-wave transports' traffic is a constant of the shapes (static pools; the
+    pooled-wave's in-band expert-id header, ceil(pool/width) rows per pool, is not counted); the
+    ragged one's a device tensor."""
     S = n_shards
     if S == 1:
         return 0
@@ -240,6 +297,9 @@ def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n
     if transport == "fixed":
         cap = fixed_cell_capacity(T // S, K, n_experts, capacity_factor)
         return 2 * S * (S - 1) * El * cap * row_bytes
+    if transport == "pooled_wave":
+        pool, _ = pooled_wave_capacities(T // S, K, n_experts, S, capacity_factor, waves)
+        return 2 * waves * S * (S - 1) * pool * row_bytes
     shard_N = torch.arange(T * K, device=expert_idx_TK.device) // ((T // S) * K)
     recv_N = expert_idx_TK.reshape(-1).long() // El
     off = ((recv_N != shard_N) & keep_TK.reshape(-1)).sum()
@@ -253,17 +313,17 @@ class LocalDispatcher:
     through the permute / grouped_mm / unpermute of a kernel set (`ModelConfig.kernels`)."""
 
     def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
-                 kernels: KernelSet | None = None):
+                 kernels: KernelSet | None = None, waves: int = 3):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
         if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
             raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
-        if n_shards < 1 or n_chunks < 1:
-            raise ValueError(f"n_shards={n_shards} and n_chunks={n_chunks} must be >= 1")
+        if n_shards < 1 or n_chunks < 1 or waves < 1:
+            raise ValueError(f"n_shards={n_shards}, n_chunks={n_chunks} and waves={waves} must be >= 1")
         self.transport = transport
         self.n_shards = n_shards
         self.capacity_factor = capacity_factor
-        self.n_chunks = n_chunks
+        self.n_chunks, self.waves = n_chunks, waves
         self.kernels = kernels if kernels is not None else get_kernels("torch")
 
     def __repr__(self) -> str:
@@ -277,7 +337,7 @@ class LocalDispatcher:
         transport = "dropless" if dropless else self.transport
         keep_TK = None if transport == "dropless" else plan_drops(
             expert_idx_TK, n_experts=E, n_shards=S, transport=transport, capacity_factor=self.capacity_factor,
-            n_chunks=self.n_chunks, check_ids=False)
+            n_chunks=self.n_chunks, waves=self.waves, check_ids=False)
         y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
         if keep_TK is None:
             if T % S or E % S:  # an eval batch the shards do not divide: runs, with no per-shard accounting
@@ -285,7 +345,8 @@ class LocalDispatcher:
             keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)  # for the byte count
         dropped_S = (~keep_TK).view(S, -1).sum(1)
         nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
-                                 capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size())
+                                 capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size(),
+                                 waves=self.waves)
         return y_TW, DispatchStats(assigned=T * K, dropped=dropped_S.sum(), dropped_per_shard=dropped_S,
                                    bytes_moved=nbytes)
 

@@ -242,6 +242,9 @@ def _swiglu_bmm(x_EMW: Tensor, w_gate_EWH: Tensor, w_up_EWH: Tensor, w_down_EHW:
     return torch.bmm(h, w_down_EHW)
 
 
+EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "pooled_wave")
+
+
 class EPDispatcher:
     """Expert-parallel Dispatcher (docs/method.md §2.1): tokens of this rank are one shard of the EP group,
     `experts` holds this rank's E/S local experts, expert ids are global.
@@ -260,8 +263,11 @@ class EPDispatcher:
     """
 
     def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+        if transport not in EP_TRANSPORTS:
+            # pooled_wave is planned (plan_drops) and run in virtual EP; its static-wave exchange across
+            # real ranks is not built
+            raise ValueError(f"transport={transport!r} has no real-EP exchange; allowed values: "
+                             f"{', '.join(map(repr, EP_TRANSPORTS))} (pooled_wave runs in virtual EP)")
         if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
             raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
         self.group = group
@@ -394,6 +400,7 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
             full = getattr(m, p)
             setattr(m, p, nn.Parameter(full.detach()[q * El:(q + 1) * El].clone(), requires_grad=full.requires_grad))
         m.dispatcher = EPDispatcher(transport or old.transport, groups.ep_group, E, old.capacity_factor, old.n_chunks)
+        m.router.qb_shards = 1  # this rank's tokens are one shard; update_bias averages over ranks
     if not found:
         raise ValueError("shard_experts: the model has no MoE layer (a module with `dispatcher` and "
                          f"parameters {', '.join(EXPERT_PARAM_NAMES)})")

@@ -64,8 +64,9 @@ RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
                doc="latent MoE: 2E experts top-2K at width d/alpha; baseline E experts top-K at width d"),
     FactorSpec("router_balance", "quantile", "switch_aux", ("aux_free",),
                doc="quantile balancing bias (no aux loss); baseline Switch aux loss; extra DeepSeek aux-free bias"),
-    FactorSpec("ep_transport", "ragged", "fixed", ("dropless",), quality=False,
-               doc="ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity"),
+    FactorSpec("ep_transport", "ragged", "fixed", ("dropless", "pooled_wave"), quality=False,
+               doc="ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity; "
+                   "extras dropless and pooled_wave (the static pooled-wave all-to-all the hero ran)"),
     FactorSpec("optimizer", *_OPTIMIZERS[:2], _OPTIMIZERS[2:], changes_model=False,
                doc="Hyperball (MuonH + AdamH + Adam) vs AdamW; extras Muon+AdamW, AdamH alone"),
 )

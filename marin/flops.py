@@ -39,14 +39,14 @@ def _sconv_channels(cfg: ModelConfig, recipe: Recipe, layer: int) -> int:
     """Channels carrying an SConv in one layer (0 when sconv is off)."""
     if recipe.sconv != "short_conv":
         return 0
-    kv = cfg.kv_heads(layer) * cfg.head_dim
+    kv = cfg.kv_heads_stored(layer) * cfg.head_dim
     width = {"k": kv, "v": kv, "attn_out": cfg.d_model, "mlp_out": cfg.d_model}
     return sum(width[s] for s in cfg.sconv_sites)
 
 
 def layer_params(cfg: ModelConfig, recipe: Recipe, layer: int) -> dict[str, int]:
     """Parameters of one block, by component (routed = all E experts)."""
-    d, H, h, Hkv = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.kv_heads(layer)
+    d, H, h, Hkv = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.kv_heads_stored(layer)
     g = cfg.moe_geometry(recipe)
     return {
         "norms": 2 * d + (2 * h if recipe.qk_norm == "learned_gain" else 0) + (g.width if g.latent else 0),
@@ -117,7 +117,7 @@ def forward_flops_breakdown(cfg: ModelConfig, recipe: Recipe, seq_len: int | Non
     g = cfg.moe_geometry(recipe)
     out = dict.fromkeys(MATMUL_TERMS + ELEMENTWISE_TERMS, 0.0)
     for layer in range(cfg.n_layers):
-        Hkv = cfg.kv_heads(layer)
+        Hkv = cfg.kv_heads_stored(layer)  # W_k, W_v project every stored head
         if attention == "dense":
             keys = S
         else:

@@ -83,6 +83,7 @@ class OptimHparams:
     ns_steps: int
     eps: float = ADAMW_EPS  # ε of every Adam-family group (Adam, AdamH, AdamW)
     expert_sphere: str = "bank"  # TrainConfig.expert_sphere: one hyperball per expert bank or per expert
+    gate_router_weight_decay: float = 0.0  # Adam-group decay of gate and router weights, annealed to 0
 
 
 def _hyperball_rule(h: LRHeuristic, tokens: float, d: int, tokens_per_batch: int, adam_lr: float,
@@ -131,4 +132,5 @@ def resolve_hparams(spec: RunSpec) -> OptimHparams:
     b2 = t.beta2 if t.beta2 is not None else b2
     eps = t.adam_eps if t.adam_eps is not None else eps
     return OptimHparams(level.name, float(lr), float(adam_lr), float(b1), float(b2), float(t.weight_decay),
-                        float(t.muon_momentum), int(t.ns_steps), float(eps), t.expert_sphere)
+                        float(t.muon_momentum), int(t.ns_steps), float(eps), t.expert_sphere,
+                        float(t.gate_router_weight_decay))

@@ -170,7 +170,9 @@ class Attention(nn.Module):
         self.cfg, self.recipe = cfg, recipe
         self.is_global = cfg.is_global(layer)
         self.H, self.Hkv, self.h = cfg.n_heads, cfg.kv_heads(layer), cfg.head_dim
-        D, qd, kvd = cfg.d_model, cfg.n_heads * cfg.head_dim, self.Hkv * cfg.head_dim
+        # W_k, W_v project to the stored heads (kv_layout "stored": max(local, global) in every layer,
+        # as Marin's hero); a layer that uses fewer takes the first Hkv of them
+        D, qd, kvd = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.kv_heads_stored(layer) * cfg.head_dim
         self.wq = nn.Linear(D, qd, bias=False)
         self.wk = nn.Linear(D, kvd, bias=False)
         self.wv = nn.Linear(D, kvd, bias=False)
@@ -197,6 +199,8 @@ class Attention(nn.Module):
             k = self.sconv["k"](k, ctx.doc_ids_BS)
         if self.recipe.sconv == "short_conv" and "v" in self.sconv:  # optional site
             v = self.sconv["v"](v, ctx.doc_ids_BS)
+        if k.shape[-1] != self.Hkv * self.h:  # stored heads beyond the ones this layer uses
+            k, v = k[..., :self.Hkv * self.h], v[..., :self.Hkv * self.h]
         q = q.view(B, S, self.H, self.h).transpose(1, 2)
         k = k.view(B, S, self.Hkv, self.h).transpose(1, 2)
         v = v.view(B, S, self.Hkv, self.h).transpose(1, 2)

@@ -85,9 +85,11 @@ def qb_n_star(n_tokens: int, top_k: int, n_experts: int) -> int:
     return max(1, min(n_tokens, n_tokens * top_k // n_experts))
 
 
-def qb_threshold_topk(margins_TE: Tensor, n_star: int) -> Tensor:
-    """beta_E: the n*-th largest margin of each column (QB estimator "topk")."""
-    return margins_TE.topk(n_star, dim=0).values[-1]
+def qb_threshold_topk(margins_TE: Tensor, n_star: int, n_shards: int = 1) -> Tensor:
+    """beta_E (QB estimator "topk"): the n*-th largest margin of each column within each of n_shards
+    contiguous token shards, averaged over the shards (Marin: a per-device top_k, then pmean)."""
+    m_STE = margins_TE.view(n_shards, -1, margins_TE.shape[1])
+    return m_STE.topk(n_star, dim=1).values[:, -1].mean(0)
 
 
 def margin_histogram(margins_TE: Tensor, lo: Tensor, hi: Tensor, bins: int) -> Tensor:
@@ -140,8 +142,15 @@ class Router(nn.Module):
     "quantile" (QB bias), "switch_aux" (aux loss, c stays 0), "aux_free" (DeepSeek sign update)."""
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, *, balance: str, combine_scale: float,
-                 aux_weight: float, aux_free_rate: float, qb_estimator: str, qb_hist_bins: int):
+                 aux_weight: float, aux_free_rate: float, qb_estimator: str, qb_hist_bins: int,
+                 precision: str = "fp32", qb_shards: int = 1):
         super().__init__()
+        # precision "bf16": logits from bf16 inputs and weights, then cast to fp32, as Marin's hero
+        # (its compute dtype is bf16; measured: 2.6% of expert sets differ from fp32 logits).
+        # qb_shards: the topk estimator takes each shard's threshold and averages them, as Marin's
+        # per-device top_k + pmean (levanter grug/grug_moe.py `qb_beta_topk_shard`); a real EP rank
+        # holds one shard (marin/ep.py sets 1), a virtual-EP model the cfg.ep_shards it simulates.
+        self.precision, self.qb_shards = precision, qb_shards
         self.n_experts, self.top_k, self.balance = n_experts, top_k, balance
         self.combine_scale, self.aux_weight, self.aux_free_rate = combine_scale, aux_weight, aux_free_rate
         self.qb_estimator, self.qb_hist_bins = qb_estimator, qb_hist_bins
@@ -164,7 +173,10 @@ class Router(nn.Module):
 
     def forward(self, x_TD: Tensor) -> RouterOutput:
         with torch.autocast(device_type=x_TD.device.type, enabled=False):
-            logits_TE = F.linear(x_TD.float(), self.weight.float())
+            if self.precision == "bf16":
+                logits_TE = F.linear(x_TD.bfloat16(), self.weight.bfloat16()).float()
+            else:
+                logits_TE = F.linear(x_TD.float(), self.weight.float())
         expert_idx_TK, alpha_T = select_experts(logits_TE.detach(), self.bias_E, self.top_k)
         combine_TK = combine_weights(logits_TE, expert_idx_TK, self.combine_scale)
 
@@ -192,7 +204,9 @@ class Router(nn.Module):
         if self.balance == "quantile" and self.top_k < self.n_experts:
             margins_TE = logits_TE - alpha_T[:, None]  # QB step 3: m_ie = s_ie − alpha_i
             if self.qb_estimator == "topk":
-                beta_E = qb_threshold_topk(margins_TE, qb_n_star(margins_TE.shape[0], self.top_k, self.n_experts))
+                S = self.qb_shards if margins_TE.shape[0] % self.qb_shards == 0 else 1
+                n_star = qb_n_star(margins_TE.shape[0] // S, self.top_k, self.n_experts)
+                beta_E = qb_threshold_topk(margins_TE, n_star, S)
                 self._beta_sum_E = beta_E if self._beta_sum_E is None else self._beta_sum_E + beta_E
                 self._n_forwards += 1
             else:
@@ -287,7 +301,7 @@ class MoE(nn.Module):
         self.router = Router(cfg.d_model, g.n_experts, g.top_k, balance=recipe.router_balance,
                              combine_scale=cfg.combine_scale, aux_weight=cfg.router_aux_weight,
                              aux_free_rate=cfg.aux_free_rate, qb_estimator=cfg.qb_estimator,
-                             qb_hist_bins=cfg.qb_hist_bins)
+                             qb_hist_bins=cfg.qb_hist_bins, precision=cfg.router_precision, qb_shards=cfg.ep_shards)
         if recipe.latent_moe == "latent":
             self.latent_down = nn.Linear(cfg.d_model, g.width, bias=False)  # W_down: D -> L
             # Marin measured +0.05 loss without this norm (docs/method.md §2.1).
@@ -301,7 +315,7 @@ class MoE(nn.Module):
         # Virtual EP by default; the real EP dispatcher (marin/ep.py) implements the same protocol
         # and may replace this attribute.
         self.dispatcher = LocalDispatcher(recipe.ep_transport, cfg.ep_shards, cfg.capacity_factor(recipe),
-                                          cfg.ragged_chunks, get_kernels(cfg.kernels))
+                                          cfg.ragged_chunks, get_kernels(cfg.kernels), cfg.pooled_waves)
         self.reset_parameters(cfg.init_scale / math.sqrt(cfg.d_model))
 
     @torch.no_grad()

@@ -61,6 +61,9 @@ NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "simple": ((3.4445, -4.7750, 2.0315),),
 }
 NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
+# Hyperball's Adam group decays only these (OptimHparams.gate_router_weight_decay, annealed to 0):
+# Marin hero/optimizer.py `_scale_by_adam_gate_router_decay` (attn_gate and router weight, not the bias)
+GATE_ROUTER_ROLES = ("gate", "router")
 WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
 
@@ -179,8 +182,12 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         if key not in buckets:
             lr = hp.adam_lr if k.lr == "adam" else hp.lr
             wd = hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0
+            anneal = kind == "adam" and role in GATE_ROUTER_ROLES and hp.gate_router_weight_decay > 0
+            if anneal:
+                wd = hp.gate_router_weight_decay
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
-                                betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd,
+                                betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd, peak_weight_decay=wd,
+                                anneal_weight_decay=anneal,
                                 momentum=hp.momentum, ns_steps=hp.ns_steps,
                                 bank_sphere=role == "expert" and hp.expert_sphere == "bank")
         buckets[key]["params"].append(p)
@@ -280,7 +287,8 @@ class MarinOptimizer(torch.optim.Optimizer):
     def __init__(self, groups: list[dict], expert_group=None):
         super().__init__(groups, defaults=dict(lr=1e-3, peak_lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
                                                weight_decay=0.0, momentum=0.95, ns_steps=5, kind="adam",
-                                               role="", names=[], bank_sphere=False))
+                                               role="", names=[], bank_sphere=False, peak_weight_decay=0.0,
+                                               anneal_weight_decay=False))
         # EP runs: the process group splitting each expert bank (a bank sphere spans it); not state
         self.expert_group = expert_group
         self._ready: dict[int, tuple[Tensor, Tensor]] = {}  # within step(): (direction, Newton–Schulz) by id
@@ -452,6 +460,10 @@ def lr_multiplier(step: int, total_steps: int, schedule: str = "linear", warmup_
     return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
-def set_lr(opt: torch.optim.Optimizer, multiplier: float) -> None:
+def set_lr(opt: torch.optim.Optimizer, multiplier: float, progress: float = 0.0) -> None:
+    """Learning rates at `multiplier` of their peaks; annealed weight decays (the gate/router decay)
+    at (1 - progress) of theirs, progress = step / steps (Marin: wd·clip(1 - count/total, 0))."""
     for g in opt.param_groups:
         g["lr"] = g["peak_lr"] * multiplier
+        if g.get("anneal_weight_decay"):
+            g["weight_decay"] = g["peak_weight_decay"] * max(0.0, 1.0 - progress)

@@ -307,7 +307,7 @@ class Trainer:
                              stage.seq_len, stage.batch_size, stage.q_scale, step)
                 cur_stage = stage
             mult = lr_multiplier(step, t.steps, t.lr_schedule, t.warmup_frac, t.final_lr_frac)
-            set_lr(self.opt, mult)
+            set_lr(self.opt, mult, step / t.steps)
             out, loss_v, ce_v, gnorm, n_tok, dt = self.train_step(stage)
             if not (math.isfinite(loss_v) and math.isfinite(gnorm)):
                 what, val = ("loss", loss_v) if not math.isfinite(loss_v) else ("grad norm", gnorm)
