@@ -54,6 +54,8 @@ class Rung:
     est_tokens_per_s: float | None = None  # CPU budgeting assumption, one run on its own core(s)
     overhead_s: float = 0.0  # per-run start-up + eval + checkpoint estimate (budgeting only)
     lr_heuristic: str = LR_HEURISTICS[0]  # TrainConfig.lr_heuristic of the rung's runs
+    nearest_step: bool = False  # steps = round(target / tokens per step) (Marin's hero ladder); else ceil
+    evals_per_run: int | None = None  # eval every steps/evals_per_run steps (Marin's hero ladder: 20, every 5%)
 
     def __post_init__(self) -> None:
         for attr in ("model_overrides", "train_overrides"):
@@ -68,6 +70,8 @@ class Rung:
                 raise ValueError(f"Rung {self.name!r}: {attr} must be >= 1, got {getattr(self, attr)}")
         if self.batch_size < 1:
             raise ValueError(f"Rung {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        if self.evals_per_run is not None and self.evals_per_run < 1:
+            raise ValueError(f"Rung {self.name!r}: evals_per_run must be >= 1, got {self.evals_per_run}")
         self.model()  # validates preset and overrides now, naming the field
 
     def model(self) -> ModelConfig:
@@ -94,7 +98,8 @@ class Rung:
         # Marin's convention (small_scale_abl_launch.py _active_params): tokens per active parameter
         # count no embedding, lm_head, norms, gates, SConv or GatedNorm.
         target = self.tokens_per_active_param * params_active_marin(self.model(), Recipe())
-        return max(1, math.ceil(target / self.tokens_per_step))
+        steps = round(target / self.tokens_per_step) if self.nearest_step else math.ceil(target / self.tokens_per_step)
+        return max(1, steps)
 
     def tokens(self) -> int:
         return self.steps() * self.tokens_per_step
@@ -115,6 +120,8 @@ class Rung:
                     threads=self.threads, eval_every=steps, checkpoint_every=max(1, steps // 4),
                     log_every=max(1, min(10, steps // 20)))
         base.update(dict(self.train_overrides))
+        if self.evals_per_run is not None:
+            base["eval_every"] = max(1, round(steps / self.evals_per_run))
         try:
             return TrainConfig(**base)
         except (TypeError, ValueError) as e:
@@ -180,15 +187,16 @@ CPU_RUNGS: dict[str, Rung] = {
 TOKENS_PER_EP_SHARD = 65_536
 
 
-def _gpu(name: str, batch: int, gpus: int) -> Rung:
+def _gpu(name: str, batch: int, gpus: int, **changes: Any) -> Rung:
     # Marin's fast ladder: 60 tokens per active parameter, bf16 on GPU, on the fast path (flex
     # attention, Triton kernels, compiled blocks; benchmarks/gpu.py checks it); EP shards follow the
     # batch so every shard holds TOKENS_PER_EP_SHARD tokens.
-    return Rung(name, name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
-                threads=None, gpus=gpus, tokens_per_ep_shard=TOKENS_PER_EP_SHARD,
-                model_overrides={"attention": "flex", "kernels": "triton"},
-                train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True,
-                                 "activation_checkpoint": "block", "mixed_precision": "bf16"})
+    fields = dict(preset=name, tokens_per_active_param=60.0, batch_size=batch, device="cuda", precision="bf16",
+                  threads=None, gpus=gpus, tokens_per_ep_shard=TOKENS_PER_EP_SHARD,
+                  model_overrides={"attention": "flex", "kernels": "triton"},
+                  train_overrides={"eval_every": 500, "checkpoint_every": 500, "log_every": 10, "compile": True,
+                                   "activation_checkpoint": "block", "mixed_precision": "bf16"})
+    return Rung(name, **{**fields, **changes})
 
 
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)
@@ -201,7 +209,21 @@ GPU_RUNGS: dict[str, Rung] = {
     "d2048": _gpu("d2048", 1024, 8),
 }
 
-RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS}
+#: Marin's hero scaling ladder (experiments/grug/moe_hero_ep/launch_scaling_ladder.py): the same
+#: widths 12x overtrained, 791 tokens per active parameter (18T at the d6144 hero), batch 1,024
+#: sequences per GB200 rack (64 GPUs, 65,536 tokens per EP shard), the 128k Marin tokenizer, eval
+#: every 5%, steps rounded to the nearest (11,420 / 15,276 / 15,128 / 20,072 as its table). EP spans
+#: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count.
+HERO_LADDER_RACKS: dict[str, int] = {"d768": 1, "d1024": 2, "d1536": 6, "d2048": 11}
+HERO_LADDER_TPP = 791.0
+HERO_RUNGS: dict[str, Rung] = {
+    f"hero_{d}": _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
+                      nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None,
+                      model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
+    for d, racks in HERO_LADDER_RACKS.items()
+}
+
+RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS, **HERO_RUNGS}
 
 
 def get_rung(rung: str | Rung) -> Rung:

@@ -185,3 +185,24 @@ def test_pooled_wave_is_dropless_with_room_and_trains_through_the_local_dispatch
     out = model(tokens, targets_BS=tokens)
     out.loss.backward()
     assert math.isfinite(float(out.loss.detach()))
+
+
+# ---- the hero's scaling ladder ----------------------------------------------------------------------
+
+
+def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
+    from ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
+
+    # experiments/grug/moe_hero_ep/launch_scaling_ladder.py docstring: racks, batch, steps, tokens
+    table = {"d768": (1, 1024, 11420, 48e9), "d1024": (2, 2048, 15276, 128e9),
+             "d1536": (6, 6144, 15128, 381e9), "d2048": (11, 11264, 20072, 926e9)}
+    for d, (racks, batch, steps, tokens) in table.items():
+        r = HERO_RUNGS[f"hero_{d}"]
+        assert (r.gpus, r.batch_size, r.steps()) == (64 * racks, batch, steps)
+        assert r.tokens() == pytest.approx(tokens, rel=0.005)
+        cfg = r.model()
+        assert (cfg.vocab_size, cfg.ep_shards, r.tokens_per_step // (racks * cfg.ep_shards)) == (128_256, 64, 65_536)
+        assert r.train_config().eval_every == round(steps / 20)
+        # the same widths as the fast ladder, about 13x the tokens per parameter
+        fast = GPU_RUNGS[d]
+        assert cfg.d_model == fast.model().d_model and r.tokens_per_active_param / fast.tokens_per_active_param > 13
