@@ -132,6 +132,9 @@ def test_qb_topk_threshold_is_each_shards_n_star_th_margin_averaged_over_shards(
     router = Router(8, E, K, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
                     qb_estimator="topk", qb_hist_bins=10, qb_shards=S)
     assert router.qb_shards == S
+    from marin.moe import MoE  # noqa: PLC0415
+    cfg = _tiny(qb_estimator="topk")
+    assert MoE(cfg, Recipe()).router.qb_shards == cfg.ep_shards  # a virtual-EP model: its shards
     assert not torch.allclose(qb_threshold_topk(m, qb_n_star(T, K, E), 1), want)
 
 

@@ -1,0 +1,209 @@
+"""Details of docs/fidelity.md that an earlier test bounded but did not pin: each test recomputes the
+detail from Marin's constants written out here (never read back from the code under test), so a
+changed constant or a reordered step fails it (`tests/fidelity_mutations.py` shows which)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ablations.ladders import GPU_RUNGS
+from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
+from marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
+from marin.moe import MoE, qb_threshold_hist
+from marin.optim import build_optimizer, newton_schulz, resolve_hparams
+
+EPS = 1e-5  # Marin GrugModelConfig.layer_norm_eps
+CFG = ModelConfig(seq_len=16, window=8)
+
+
+def _rms(x, w, eps=EPS):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _gated(gn, y):
+    return y * torch.sigmoid(F.silu(y @ gn.w_down.weight.T) @ gn.w_up.weight.T)
+
+
+def _ctx(cfg, x):
+    local, glob = attention_masks(None, x.shape[0], x.shape[1], cfg.window, x.device)
+    cos, sin = rope_tables(x.shape[1], int(cfg.head_dim * cfg.rope_fraction), cfg.rope_theta, x.device)
+    return ForwardContext(None, local, glob, cos, sin, 1.0)
+
+
+def test_every_norm_site_is_rmsnorm_eps_1e_5_then_gatednorm_stem_blocks_and_head():
+    torch.manual_seed(0)
+    m = MarinModel(CFG, Recipe()).eval()
+    with torch.no_grad():  # gains away from 1 so a skipped or reordered norm shows
+        for mod in m.modules():
+            if type(mod).__name__ == "RMSNorm":
+                mod.weight.uniform_(0.5, 1.5)
+    tok = torch.randint(0, CFG.vocab_size, (2, 16))
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(key, out=False):  # a hook that records the first call and changes nothing
+        def hook(mod, args, *rest):
+            seen.setdefault(key, rest[0][0] if out else args[0])
+        return hook
+
+    m.blocks[0].register_forward_pre_hook(keep("block0_in"))
+    m.blocks[0].attn.register_forward_pre_hook(keep("attn0_in"))
+    m.blocks[0].moe.register_forward_pre_hook(keep("moe0_in"))
+    m.blocks[-1].register_forward_hook(keep("last_out", out=True))
+    m.lm_head.register_forward_pre_hook(keep("head_in"))
+    with torch.no_grad():
+        m(tok)
+        x0 = m.embed(tok)
+        b0 = m.blocks[0]
+        torch.testing.assert_close(seen["block0_in"], _gated(m.embed_gated_norm, _rms(x0, m.embed_norm.weight)),
+                                   rtol=1e-5, atol=1e-6)
+        x = seen["block0_in"]
+        a = _gated(b0.attn_gated_norm, _rms(x, b0.attn_norm.weight))
+        torch.testing.assert_close(seen["attn0_in"], a, rtol=1e-5, atol=1e-6)
+        x = x + b0.attn(a, _ctx(CFG, x))
+        torch.testing.assert_close(seen["moe0_in"], _gated(b0.mlp_gated_norm, _rms(x, b0.mlp_norm.weight)),
+                                   rtol=1e-5, atol=1e-6)
+        want = _gated(m.final_gated_norm, _rms(seen["last_out"], m.final_norm.weight))
+        torch.testing.assert_close(seen["head_in"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_qk_norm_logits_are_1p3_times_unit_rms_q_dot_k_over_sqrt_h():
+    torch.manual_seed(0)
+    cfg = ModelConfig(seq_len=16, window=16)
+    layer = cfg.n_layers - 1  # a global (NoPE) layer: no rotation in the reference
+    attn = Attention(cfg, Recipe(), layer)
+    x = torch.randn(2, 16, cfg.d_model)
+    H, Hk, h = cfg.n_heads, cfg.kv_heads(layer), cfg.head_dim
+    with torch.no_grad():
+        q = (x @ attn.wq.weight.T).view(2, 16, H, h).transpose(1, 2)
+        k = (x @ attn.wk.weight.T)[..., :Hk * h].view(2, 16, Hk, h).transpose(1, 2)
+        q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6)  # parameter-free, eps 1e-6
+        k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6)
+        k = k.repeat_interleave(H // Hk, dim=1)
+        want = 1.3 * (q @ k.transpose(-1, -2)) / math.sqrt(h)
+        torch.testing.assert_close(attn.attention_logits(x, _ctx(cfg, x)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_init_is_sigma_half_over_sqrt_d_truncated_at_three_sigma():
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=128, n_heads=8, vocab_size=512)
+    m = MarinModel(cfg, Recipe())
+    sigma = 0.5 / math.sqrt(128)  # Marin heuristic.py initializer_std = 0.5/sqrt(d)
+    w = m.lm_head.weight.detach()  # 65,536 draws
+    assert w.abs().max() <= 3 * sigma * (1 + 1e-6)
+    assert w.abs().max() > 2.9 * sigma  # the cut is at 3 sigma, not below
+    # the standard deviation of N(0, 1) truncated at ±3 is 0.98658
+    assert w.std().item() == pytest.approx(0.98658 * sigma, rel=0.02)
+
+
+def test_attention_gate_is_two_sigmoid_of_x_wg_per_head():
+    torch.manual_seed(0)
+    cfg = ModelConfig(seq_len=16, window=16)
+    attn = Attention(cfg, Recipe(xsa="none", sconv="none"), 0)
+    with torch.no_grad():
+        attn.gate.weight.normal_(0, 1.0)
+    x = torch.randn(2, 16, cfg.d_model)
+    ctx = _ctx(cfg, x)
+    with torch.no_grad():
+        q, k, v = attn.project_qkv(x, ctx)
+        rep = cfg.n_heads // k.shape[1]
+        y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                           attn_mask=ctx.mask_local, scale=1 / math.sqrt(cfg.head_dim))
+        g = 2 * torch.sigmoid(x @ attn.gate.weight.T)  # B S H
+        z = y * g.transpose(1, 2).unsqueeze(-1)
+        want = attn.wo(z.transpose(1, 2).reshape(2, 16, -1))
+        torch.testing.assert_close(attn(x, ctx), want, rtol=1e-5, atol=1e-6)
+
+
+def test_sconv_is_kernel_4_at_k_attn_out_and_mlp_out_on_every_preset():
+    for name in ("tiny", "cpu_s", "cpu_m", "cpu_l", "d512", "d768", "d1024", "d2048", "hero_535b"):
+        cfg = preset(name)
+        assert cfg.sconv_kernel == 4 and cfg.sconv_sites == ("k", "attn_out", "mlp_out"), name
+    m = MarinModel(CFG, Recipe())
+    convs = {n: p.shape for n, p in m.named_parameters() if m.param_roles()[n] == "sconv"}
+    kv = CFG.kv_heads_stored(0) * CFG.head_dim
+    assert convs == {f"blocks.{i}.{site}.weight": (4, width) for i in range(CFG.n_layers)
+                     for site, width in (("attn.sconv.k", kv), ("attn.sconv.attn_out", CFG.d_model),
+                                         ("sconv_mlp_out", CFG.d_model))}
+
+
+def test_qb_histogram_has_10000_bins_and_interpolates_linearly_in_the_crossing_bin():
+    assert ModelConfig().qb_hist_bins == 10_000 and hero_535b().qb_hist_bins == 10_000
+    assert ModelConfig().qb_estimator == "hist"
+    # 4 bins over [0, 4): counts 0, 2, 4, 2. n* = 3: the top bin holds 2, so the threshold lies one
+    # quarter of the way down bin 2 (1 of its 4 margins needed): 3 - 1/4 = 2.75
+    counts = torch.tensor([[0.0, 2.0, 4.0, 2.0]], dtype=torch.float64)
+    beta = qb_threshold_hist(counts, torch.tensor(0.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64), 3.0)
+    assert beta.item() == pytest.approx(2.75, abs=1e-9)
+
+
+def test_latent_moe_normalises_the_down_projection_before_the_experts():
+    torch.manual_seed(0)
+    moe = MoE(CFG, Recipe()).eval()
+    with torch.no_grad():
+        moe.latent_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 8, CFG.d_model)
+    captured = {}
+    orig = moe.dispatcher
+
+    def spy(u, *a, **kw):
+        captured["u"] = u
+        return orig(u, *a, **kw)
+
+    moe.dispatcher = spy
+    with torch.no_grad():
+        moe(x)
+        u = moe.latent_down(x.reshape(16, -1))
+        torch.testing.assert_close(captured["u"], _rms(u, moe.latent_norm.weight), rtol=1e-5, atol=1e-6)
+
+
+def test_transport_capacities_are_marins_1p33_fixed_1p15_ragged_and_1p15_pooled_wave_over_3_waves():
+    for cfg in (ModelConfig(), preset("d768"), hero_535b()):
+        assert (cfg.capacity_fixed, cfg.capacity_ragged, cfg.capacity_pooled_wave, cfg.pooled_waves) == \
+            (1.33, 1.15, 1.15, 3)
+
+
+def test_muonh_step_moves_eta_times_the_radius_along_the_orthogonalized_direction_then_projects_back():
+    torch.manual_seed(0)
+    spec = RunSpec(model=CFG, recipe=Recipe(), train=TrainConfig(steps=10, lr=0.05, adam_lr=1e-3))
+    m = MarinModel(CFG, Recipe())
+    opt = build_optimizer(m, resolve_hparams(spec))
+    w = m.blocks[0].attn.wq.weight
+    w0 = w.detach().clone()
+    for p in m.parameters():
+        p.grad = torch.randn_like(p)
+    g = w.grad.clone()
+    opt.step()
+    r = w0.norm()
+    u = g + 0.95 * g  # Nesterov at the first step: buffer = g, direction = g + mu * buffer
+    o = newton_schulz(u)
+    x = w0 - 0.05 * r * o / o.norm()
+    torch.testing.assert_close(w.detach(), r * x / x.norm(), rtol=1e-5, atol=1e-7)
+
+
+def test_fast_ladder_batches_are_marins_128_128_256_512_1024():
+    assert {n: r.batch_size for n, r in GPU_RUNGS.items()} == \
+        {"d512": 128, "d768": 128, "d1024": 256, "d1536": 512, "d2048": 1024}
+
+
+def test_hero_and_ladder_split_kv_heads_four_to_one_local_and_eight_to_one_global():
+    for name, (kv, kvg) in {"d768": (1, 1), "d1024": (2, 1), "d2048": (4, 2), "hero_535b": (12, 6)}.items():
+        cfg = preset(name)
+        assert (cfg.n_kv_heads, cfg.n_kv_heads_global) == (kv, kvg), name
+        assert cfg.n_heads == cfg.d_model // 128
+
+
+def test_xsa_subtracts_the_value_projection_with_eps_1e_minus_6():
+    from marin.kernels import get_kernels  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    y = torch.randn(1, 4, 8, 16, dtype=torch.float64)
+    v = torch.randn(1, 2, 8, 16, dtype=torch.float64) * 1e-3  # |v|^2 ~ 1.6e-5: the 1e-6 matters
+    vq = v.repeat_interleave(2, dim=1)  # query head h is served by KV head h // 2
+    dot = (y * vq).sum(-1, keepdim=True)
+    want = y - dot / (vq.pow(2).sum(-1, keepdim=True) + 1e-6) * vq
+    got = get_kernels("torch").xsa(y, v)  # computed in fp32 (the kernels' contract)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
