@@ -28,12 +28,15 @@ class Factor:
 
     `truth` plants a factor of known effect (docs/calibration/): its true multipliers, high level over
     low, e.g. ``truth={"M_flop": 0.5, "R": 2.0}``; the analysis checks its intervals against them.
+    `regime=True` marks a condition rather than a component (e.g. tokens per parameter): the report
+    shows every component's multiplier at each of its levels.
     """
 
     name: str
     field: str  # "<section>.<field>", section in SECTIONS
     levels: Any  # Mapping[level name -> value] (two entries); stored as a tuple of pairs
     truth: Any = None  # Mapping[TRUTH_KEYS -> multiplier > 0]; stored as a tuple of pairs
+    regime: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -60,6 +63,8 @@ class Factor:
                     raise ValueError(f"Factor {self.name!r}: Recipe.{attr}={v!r} is not a known level; "
                                      f"allowed values: {', '.join(RECIPE_LEVELS[attr])}")
         object.__setattr__(self, "levels", pairs)
+        if not isinstance(self.regime, bool):
+            raise ValueError(f"Factor {self.name!r}: regime={self.regime!r}; allowed values: True, False")
         if self.truth is not None:
             t = dict(self.truth.items() if isinstance(self.truth, Mapping) else self.truth)
             bad = [k for k in t if k not in TRUTH_KEYS]
@@ -121,6 +126,8 @@ class Factor:
              "values": {n: v for n, v in self.levels}}
         if self.truth:
             d["truth"] = self.truth_dict
+        if self.regime:
+            d["regime"] = True
         return d
 
 

@@ -217,7 +217,8 @@ class Study:
     def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
         """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
         every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
-        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict) for f in self.factors)
+        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict, f.regime)
+                       for f in self.factors)
         return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
 
     def runs(self, lr_multipliers: Mapping[str, float] | None = None,
@@ -481,11 +482,27 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                  False, (), plan)
 
 
+def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64"), ratio: int = 4,
+              factors: Sequence[str] = ("xsa", "qk_norm")) -> Study:
+    """Does an effect change with overtraining? The components crossed with `tokens`, a factor on the
+    rung's tokens per parameter (x1 as the ladder sets them, x`ratio`: the same model trained longer;
+    Marin's fast ladder trains 60 tokens per active parameter, its hero ladder 791, ~13x). Each
+    component's interaction with `tokens` is the change of its effect with overtraining; the report
+    shows the component's multiplier at both levels (docs/method.md "Effects by regime").
+    2 components x tokens, full factorial, 2 rungs: 16 runs, about 3 minutes on 2 cores."""
+    tokens = Factor("tokens", field="train.token_multiplier", levels={"x1": 1, f"x{ratio}": ratio}, regime=True)
+    names = [*factors, "tokens"]
+    return Study("overtrain", f"{' x '.join(factors)} crossed with tokens per parameter x1 / x{ratio}",
+                 (*factors, tokens), full_factorial(names), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
+                 _CPU_EXECUTOR, None, True, ())
+
+
 #: Study builders by name; `get_study(name, **kwargs)` builds one.
 STUDIES: dict[str, Callable[..., Study]] = {
     "smoke": smoke,
     "noise_cpu": noise_cpu,
     "calibration": calibration,
+    "overtrain": overtrain,
     "marin535": marin535,
     "marin535_ep": marin535_ep,
     "noise": noise,

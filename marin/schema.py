@@ -182,6 +182,7 @@ class FactorCoding:
     low: str | None = None
     high: str | None = None
     truth: Mapping[str, float] | None = None
+    regime: bool = False  # a condition (e.g. tokens per parameter) the report shows each component under
 
     @property
     def code(self) -> int | None:
@@ -192,6 +193,8 @@ class FactorCoding:
         d = {"field": self.field, "low": self.low, "high": self.high, "code": self.code}
         if self.truth:
             d["truth"] = dict(self.truth)
+        if self.regime:
+            d["regime"] = True
         return d
 
 
@@ -234,7 +237,8 @@ class RunMeta:
             if not isinstance(level, str) or not isinstance(c, dict):
                 raise ValueError(f"factor {name!r}: its level must be a string and its coding an object")
             _check_truth(name, c.get("truth"))
-            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth")))
+            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),
+                                        c.get("regime") is True))
         known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
                    {k: v for k, v in d.items() if k not in known})
