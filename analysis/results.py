@@ -93,7 +93,8 @@ def _row(run_dir: Path) -> dict:
     for f in factors:
         row[f.name] = f.level
     row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high,
-                                         **({"truth": dict(f.truth)} if f.truth else {})} for f in factors})
+                                         **({"truth": dict(f.truth)} if f.truth else {}),
+                                         **({"regime": True} if f.regime else {})} for f in factors})
     if summ is None:
         row["status"] = "missing"
         row["error"] = None

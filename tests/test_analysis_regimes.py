@@ -1,0 +1,38 @@
+"""Effects by regime (analysis/regimes.py): each component's multiplier at each level of a regime
+factor, against the closed form 2β_i + 2c·β_ir of a model fitted to data with known coefficients."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.attribution import all_arms, fit_effects
+from analysis.regimes import regime_factors, regime_table
+
+
+def test_component_multiplier_at_each_regime_level_is_its_main_effect_plus_the_regime_interaction():
+    rng = np.random.default_rng(0)
+    X = np.repeat(all_arms(3), 4, axis=0)  # factors a, b, tokens; 4 replicates of each arm
+    a, b, r = X.T
+    y = 0.2 * a - 0.1 * b + 0.15 * a * r + 0.05 * r + rng.normal(0, 0.01, len(a))
+    fit = fit_effects(X, np.zeros(len(a)), y, ["a", "b", "tokens"])
+    t = regime_table(fit, "tokens", ("x1", "x4"), z=0.0).set_index("component")
+    assert list(t.index) == ["a", "b"]
+    # phi_a | r = -1: 2(0.2) - 2(0.15) = 0.1; | r = +1: 0.7; change 4(0.15) = 0.6
+    assert t.loc["a", "x1"] == pytest.approx(0.1, abs=0.02)
+    assert t.loc["a", "x4"] == pytest.approx(0.7, abs=0.02)
+    assert t.loc["a", "change"] == pytest.approx(0.6, abs=0.03)
+    assert t.loc["a", "change_lo"] > 0.5  # the change is resolved
+    # b does not interact with the regime: the same effect at both levels, change ~0 inside its CI
+    assert t.loc["b", "x1"] == pytest.approx(-0.2, abs=0.02) and t.loc["b", "x4"] == pytest.approx(-0.2, abs=0.02)
+    assert t.loc["b", "change_lo"] < 0 < t.loc["b", "change_hi"]
+
+
+def test_regime_factors_are_read_from_the_runs_codings():
+    coding = {"xsa": {"low": "none", "high": "xsa"}, "tokens": {"low": "x1", "high": "x4", "regime": True}}
+    df = pd.DataFrame({"coding": [json.dumps(coding)] * 2})
+    assert regime_factors(df) == ["tokens"]
+    with pytest.raises(ValueError, match="regime 'nope' is not a factor"):
+        fit = fit_effects(all_arms(2), np.zeros(4), np.arange(4.0), ["a", "b"])
+        regime_table(fit, "nope", ("lo", "hi"), 0.0)
