@@ -429,7 +429,10 @@ def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[i
 def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[int] = (0, 1)) -> Study:
     """EP transport alone: ragged (pooled receiver cf 1.15) vs fixed (per sender-expert cf 1.33), the
     other six switches at the recipe level. Measures drop rate, its quality cost and throughput; runs
-    use the real EP transport over 8 GPUs (one EP group), so tokens/s and MFU are comparable."""
+    use the real EP transport over 8 GPUs (one EP group), so tokens/s and MFU are comparable.
+    Why ragged and not the hero's own pooled-wave transport: the recipe as published names the ragged
+    all-to-all, and pooled-wave has no real-EP exchange here yet (virtual EP plans its drops;
+    benchmarks/ep_drops.py sets fixed, pooled-wave and ragged side by side)."""
     design = full_factorial(["ep_transport"])
     eight = tuple(replace(r, gpus=8) for r in ladder(rungs))
     return Study("marin535_ep", "EP transport (ragged vs fixed): drops, quality and throughput, 2 arms",
@@ -455,7 +458,10 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
     step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
-    `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder."""
+    `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
+    EP transport: `ragged`, the recipe level and the one real-EP exchange that pools receiver capacity;
+    Marin's hero ran the static pooled-wave all-to-all (`ep_transport="pooled_wave"`, ~3-4% drops),
+    which is planned in virtual EP only (docs/fidelity.md "pooled-wave transport")."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
     batch = 11_264
