@@ -207,3 +207,12 @@ def test_xsa_subtracts_the_value_projection_with_eps_1e_minus_6():
     want = y - dot / (vq.pow(2).sum(-1, keepdim=True) + 1e-6) * vq
     got = get_kernels("torch").xsa(y, v)  # computed in fp32 (the kernels' contract)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_combine_weights_of_every_preset_sum_to_2p5_per_token():
+    torch.manual_seed(0)
+    for name in ("tiny", "cpu_s", "d768", "hero_535b"):
+        assert preset(name).combine_scale == 2.5, name  # Marin model.py _ROUTING_RENORM_SUM
+    moe = MoE(CFG, Recipe())
+    out = moe.router(torch.randn(32, CFG.d_model))
+    torch.testing.assert_close(out.combine_TK.sum(-1), torch.full((32,), 2.5))
