@@ -107,7 +107,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("hero shape", "8 local KV heads",
       (("marin/config.py", "n_heads=48, head_dim=128, n_kv_heads=12, n_kv_heads_global=6,",
         "n_heads=48, head_dim=128, n_kv_heads=8, n_kv_heads_global=4,"),)),
-    M("hero run", "12 racks", (("ablations/studies.py", "    ep_groups: int = 11  #", "    ep_groups: int = 12  #"),)),
+    M("hero run", "12 racks", (("ablations/studies.py", "def hero(ep_groups: int = 11,", "def hero(ep_groups: int = 12,"),)),
     M("gate/router decay", "no decay", (("marin/config.py", "gate_router_weight_decay: float = 0.02", "gate_router_weight_decay: float = 0.0"),)),
     M("gate/router decay", "not annealed",
       (("marin/optim.py", 'g["weight_decay"] = g["peak_weight_decay"] * max(0.0, 1.0 - progress)',

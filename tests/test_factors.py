@@ -82,7 +82,7 @@ def test_august_refit_reproduces_the_hero_peak_lrs_and_eps():
     h = HEURISTICS["aug_refit"]
     assert h.muonh_lr(D, 6144, B) == pytest.approx(3.29e-3, rel=0.01)
     assert h.adam_lr(D, 6144, B) == pytest.approx(7.59e-4, rel=0.01)
-    assert h.eps(D, B) == pytest.approx(6.04e-15, rel=0.01)
+    assert h.eps(D, B) == pytest.approx(6.04e-15, rel=0.01, abs=0)  # approx's default abs 1e-12 would accept any ε
     spec = get_study("hero").runs()[0][0]
     hp = resolve_hparams(spec)
     assert (hp.lr, hp.adam_lr) == (pytest.approx(3.29e-3, rel=0.01), pytest.approx(7.59e-4, rel=0.01))

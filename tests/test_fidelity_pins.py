@@ -216,3 +216,15 @@ def test_combine_weights_of_every_preset_sum_to_2p5_per_token():
     moe = MoE(CFG, Recipe())
     out = moe.router(torch.randn(32, CFG.d_model))
     torch.testing.assert_close(out.combine_TK.sum(-1), torch.full((32,), 2.5))
+
+
+def test_newton_schulz_is_marins_quintic_schedule_after_frobenius_normalisation_plus_1e_7():
+    torch.manual_seed(0)
+    u = torch.randn(12, 20, dtype=torch.float32) * 1e-6  # ‖u‖ ~ 1.5e-5: the +1e-7 shifts the scale by ~0.6%
+    coeffs = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+              (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # levanter NEWTON_SCHULZ_COEFFICIENTS
+    x = u.double() / (u.double().norm() + 1e-7)
+    for a, b, c in coeffs:
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    torch.testing.assert_close(newton_schulz(u).double(), x, rtol=1e-4, atol=1e-5)

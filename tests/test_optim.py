@@ -152,7 +152,7 @@ def test_heuristic_values_and_overrides():
     assert hp.adam_lr == pytest.approx(min(0.05, adam))
     assert hp.lr == pytest.approx(min(0.05, 13 / 3 * min(0.05, adam)))
     assert hp.beta1 == 0.90 and hp.beta2 == pytest.approx(0.999)  # B = 131072 exactly
-    assert hp.eps == pytest.approx(9.676e-18 * math.sqrt(1000.0))
+    assert hp.eps == pytest.approx(9.676e-18 * math.sqrt(1000.0), rel=1e-9, abs=0)
     assert LRHeuristic.beta2(4 * 131072) == pytest.approx(0.999**4)
     assert LRHeuristic.beta2(10**9) == 0.95 and LRHeuristic.beta2(1) == 0.9999
     over = resolve_hparams(RunSpec(model=cfg, train=TrainConfig(steps=1000, batch_size=32, lr=0.02, adam_lr=3e-3,
