@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.attribution import EffectsFit, all_arms
+from analysis.responses import RESPONSES
+from analysis.results import factor_coding
 
 
 def regime_factors(df: pd.DataFrame) -> list[str]:
@@ -58,15 +60,32 @@ def regime_contrasts(fit: EffectsFit, regime: str, z: float) -> dict[int, np.nda
 
 def regime_table(fit: EffectsFit, regime: str, levels: tuple[str, str], z: float,
                  level: float = 0.95) -> pd.DataFrame:
-    """One row per other factor: ln-scale Shapley value at the low and at the high regime level, and
-    their difference (high − low), each with its interval and estimability."""
+    """One row per other factor: ln-scale Shapley value at the low and at the high regime level
+    (their names in low_level / high_level), and their difference (high − low), each with its
+    interval and estimability."""
     cc = regime_contrasts(fit, regime, z)
     others = [f for f in fit.factors if f != regime]
     rows = []
     for i, f in enumerate(others):
-        row = {"response": fit.response, "component": f, "regime": regime}
-        for key, c in ((levels[0], cc[-1][i]), (levels[1], cc[1][i]), ("change", cc[1][i] - cc[-1][i])):
+        row = {"response": fit.response, "component": f, "regime": regime,
+               "low_level": levels[0], "high_level": levels[1]}
+        for key, c in (("low", cc[-1][i]), ("high", cc[1][i]), ("change", cc[1][i] - cc[-1][i])):
             est, se, lo, hi, ok = fit.contrast(c, level)
             row.update({f"{key}": est, f"{key}_lo": lo, f"{key}_hi": hi, f"{key}_estimable": ok})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def regime_frames(fits: dict[str, EffectsFit], raw: pd.DataFrame, level: float = 0.95) -> dict[str, pd.DataFrame]:
+    """{regime factor: `regime_table` rows of every response fitted with it, at the reference compute}."""
+    regimes = regime_factors(raw)
+    if not regimes:
+        return {}
+    coding = factor_coding(raw)
+    out = {}
+    for r in regimes:
+        tabs = [regime_table(fits[name], r, coding[r], 0.0, level).assign(label=RESPONSES[name].label)
+                for name in RESPONSES if name in fits and r in fits[name].factors]
+        if tabs:
+            out[r] = pd.concat(tabs, ignore_index=True)
+    return out

@@ -13,6 +13,7 @@ import pandas as pd
 
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
+from analysis.regimes import regime_frames
 from analysis.responses import RESPONSES
 from marin.schema import atomic_write_text
 
@@ -117,6 +118,25 @@ def findings_table(a: StudyAnalysis) -> pd.DataFrame:
                          for f in a.factors + ["TOTAL"]])
 
 
+def regime_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """Each component's multiplier at each level of a regime factor (analysis/regimes.py)."""
+    L: list[str] = []
+    for regime, t in regime_frames(a.fits, raw, a.level).items():
+        lo, hi = t["low_level"].iloc[0], t["high_level"].iloc[0]
+        change = {"gain": "grows", "loss": "shrinks"}
+        tab = pd.DataFrame({
+            "component": t["component"], "response": t["label"],
+            f"{regime} = {lo}": [_mult(*v) for v in zip(t["low"], t["low_lo"], t["low_hi"])],
+            f"{regime} = {hi}": [_mult(*v) for v in zip(t["high"], t["high_lo"], t["high_hi"])],
+            f"change ({hi} / {lo})": [f"{_mult(*v)}: {change.get(verdict(*v), verdict(*v))}"
+                                      for v in zip(t["change"], t["change_lo"], t["change_hi"])]})
+        L += [f"## Effects by regime: {regime}", "",
+              f"Each component's multiplier (Shapley over the other components, at C_ref) with `{regime}` held at "
+              "each level, and their ratio: whether the effect grows or shrinks with the regime "
+              "(docs/method.md, \"Effects by regime\").", "", md_table(tab), ""]
+    return L
+
+
 def planted_section(a: StudyAnalysis) -> list[str]:
     """Factors of known effect against their truth: the pooled intervals, then coverage over replicates."""
     if a.planted is None:
@@ -215,6 +235,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
+    L += regime_section(a, raw)
     L += planted_section(a)
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
     L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]

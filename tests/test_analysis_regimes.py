@@ -20,12 +20,12 @@ def test_component_multiplier_at_each_regime_level_is_its_main_effect_plus_the_r
     t = regime_table(fit, "tokens", ("x1", "x4"), z=0.0).set_index("component")
     assert list(t.index) == ["a", "b"]
     # phi_a | r = -1: 2(0.2) - 2(0.15) = 0.1; | r = +1: 0.7; change 4(0.15) = 0.6
-    assert t.loc["a", "x1"] == pytest.approx(0.1, abs=0.02)
-    assert t.loc["a", "x4"] == pytest.approx(0.7, abs=0.02)
+    assert t.loc["a", "low"] == pytest.approx(0.1, abs=0.02)
+    assert t.loc["a", "high"] == pytest.approx(0.7, abs=0.02)
     assert t.loc["a", "change"] == pytest.approx(0.6, abs=0.03)
     assert t.loc["a", "change_lo"] > 0.5  # the change is resolved
     # b does not interact with the regime: the same effect at both levels, change ~0 inside its CI
-    assert t.loc["b", "x1"] == pytest.approx(-0.2, abs=0.02) and t.loc["b", "x4"] == pytest.approx(-0.2, abs=0.02)
+    assert t.loc["b", "low"] == pytest.approx(-0.2, abs=0.02) and t.loc["b", "high"] == pytest.approx(-0.2, abs=0.02)
     assert t.loc["b", "change_lo"] < 0 < t.loc["b", "change_hi"]
 
 
@@ -36,3 +36,30 @@ def test_regime_factors_are_read_from_the_runs_codings():
     with pytest.raises(ValueError, match="regime 'nope' is not a factor"):
         fit = fit_effects(all_arms(2), np.zeros(4), np.arange(4.0), ["a", "b"])
         regime_table(fit, "nope", ("lo", "hi"), 0.0)
+
+
+@pytest.mark.slow
+def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios(tmp_path):
+    from ablations import get_study
+    from analysis.pipeline import analyze_table
+    from analysis.report import write_report
+    from analysis.results import collect
+    from sweeps.runs import RunTask, execute, plan_runs, write_run_files
+
+    study = get_study("overtrain", rungs=("cpu_s32", "cpu_s64"), ratio=2)
+    steps = {(m["rung"], m["factors"]["tokens"]): s.train.effective().steps for s, m in study.runs()}
+    assert steps == {("cpu_s32", "x1"): 32, ("cpu_s32", "x2"): 64, ("cpu_s64", "x1"): 64, ("cpu_s64", "x2"): 128}
+    sd = tmp_path / "overtrain"
+    for run in plan_runs(study.runs(), sd):
+        write_run_files(run)
+        assert execute(RunTask.of(run))["status"] == "completed"
+    raw = collect(sd)
+    a = analyze_table(raw, n_boot=0, seed=0)
+    write_report(a, raw, sd / "report")
+    text = (sd / "report" / "report.md").read_text()
+    section = text.split("## Effects by regime: tokens")[1].split("\n## ")[0]
+    for comp in ("xsa", "qk_norm"):
+        row = next(line for line in section.splitlines() if line.startswith(f"| {comp} | quality"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 5 and all(c[0].isdigit() for c in cells[2:4]), row  # a multiplier at x1 and at x2
+    assert "tokens = x1" in section and "tokens = x2" in section
