@@ -13,7 +13,11 @@ from typing import Any, Mapping
 
 from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
 from marin.factors import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS  # noqa: F401
-from marin.schema import TRUTH_KEYS
+from marin.schema import TRUTH_KEYS, RunSummary
+
+# Names a factor cannot take: each run's row in the results table already has these columns.
+RESERVED_NAMES = frozenset({f.name for f in fields(RunSummary)} | {
+    "run_id", "study", "rung", "arm", "seed", "design_row", "coding", "random_stream"})
 
 # The config sections a factor may address, and the dataclass that owns each section's fields.
 SECTIONS: dict[str, type] = {"recipe": Recipe, "model": ModelConfig, "train": TrainConfig, "data": DataConfig}
@@ -41,6 +45,9 @@ class Factor:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"Factor.name={self.name!r} must be an identifier")
+        if self.name in RESERVED_NAMES:
+            raise ValueError(f"Factor.name={self.name!r} is a column of every run's results row; allowed values: "
+                             f"any other identifier (not {', '.join(sorted(RESERVED_NAMES))})")
         section, _, attr = str(self.field).partition(".")
         if section not in SECTIONS:
             raise ValueError(f"Factor {self.name!r}: field={self.field!r} must start with a section; "

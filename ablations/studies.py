@@ -490,14 +490,14 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
 
 def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64"), ratio: int = 4,
               factors: Sequence[str] = ("xsa", "qk_norm")) -> Study:
-    """Does an effect change with overtraining? The components crossed with `tokens`, a factor on the
+    """Does an effect change with overtraining? The components crossed with `token_ratio`, a factor on the
     rung's tokens per parameter (x1 as the ladder sets them, x`ratio`: the same model trained longer;
     Marin's fast ladder trains 60 tokens per active parameter, its hero ladder 791, ~13x). Each
-    component's interaction with `tokens` is the change of its effect with overtraining; the report
+    component's interaction with `token_ratio` is the change of its effect with overtraining; the report
     shows the component's multiplier at both levels (docs/method.md "Effects by regime").
     2 components x tokens, full factorial, 2 rungs: 16 runs, about 3 minutes on 2 cores."""
-    tokens = Factor("tokens", field="train.token_multiplier", levels={"x1": 1, f"x{ratio}": ratio}, regime=True)
-    names = [*factors, "tokens"]
+    tokens = Factor("token_ratio", field="train.token_multiplier", levels={"x1": 1, f"x{ratio}": ratio}, regime=True)
+    names = [*factors, "token_ratio"]
     return Study("overtrain", f"{' x '.join(factors)} crossed with tokens per parameter x1 / x{ratio}",
                  (*factors, tokens), full_factorial(names), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ())

@@ -47,7 +47,7 @@ def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios
     from sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
     study = get_study("overtrain", rungs=("cpu_s32", "cpu_s64"), ratio=2)
-    steps = {(m["rung"], m["factors"]["tokens"]): s.train.effective().steps for s, m in study.runs()}
+    steps = {(m["rung"], m["factors"]["token_ratio"]): s.train.effective().steps for s, m in study.runs()}
     assert steps == {("cpu_s32", "x1"): 32, ("cpu_s32", "x2"): 64, ("cpu_s64", "x1"): 64, ("cpu_s64", "x2"): 128}
     sd = tmp_path / "overtrain"
     for run in plan_runs(study.runs(), sd):
@@ -57,9 +57,16 @@ def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios
     a = analyze_table(raw, n_boot=0, seed=0)
     write_report(a, raw, sd / "report")
     text = (sd / "report" / "report.md").read_text()
-    section = text.split("## Effects by regime: tokens")[1].split("\n## ")[0]
+    section = text.split("## Effects by regime: token_ratio")[1].split("\n## ")[0]
     for comp in ("xsa", "qk_norm"):
         row = next(line for line in section.splitlines() if line.startswith(f"| {comp} | quality"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 5 and all(c[0].isdigit() for c in cells[2:4]), row  # a multiplier at x1 and at x2
-    assert "tokens = x1" in section and "tokens = x2" in section
+    assert "token_ratio = x1" in section and "token_ratio = x2" in section
+
+
+def test_a_factor_named_like_a_results_column_is_refused():
+    from ablations import Factor
+
+    with pytest.raises(ValueError, match="'tokens' is a column of every run's results row"):
+        Factor("tokens", field="train.token_multiplier", levels={"x1": 1, "x4": 4})
