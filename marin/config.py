@@ -441,7 +441,8 @@ class DataConfig:
 #: Bump it when a default or what a level computes changes (tests/test_run_ids.py pins them per version).
 #: 3: the layout-independent init (marin.parallel.init_weights). 4: the recipe enters the id by its
 #: switches away from their identity level (3: away from the recipe level, blind to a new switch).
-SPEC_VERSION = 4
+#: 5: stored KV heads on global layers, gate/router weight decay, bf16 router logits at the GPU rungs.
+SPEC_VERSION = 5
 
 
 def non_default(obj: Any) -> dict:
