@@ -12,8 +12,8 @@ here for the studies. No torch import.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 from marin.config import LR_HEURISTICS, ModelConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset
 from marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)

@@ -23,12 +23,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from marin.config import FACTORS, DataConfig, Recipe, RunSpec, TrainConfig, preset, to_dict
-from marin.schema import FactorCoding, RunMeta
-
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
 from ablations.ladders import Rung, flops_per_token, ladder, params_active, params_total
+from marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
+from marin.schema import FactorCoding, RunMeta
 
 
 @dataclass(frozen=True)

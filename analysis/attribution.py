@@ -282,9 +282,9 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     if mixed:
         if groups is None:
             raise ValueError("mixed=True needs groups (the seed of each run)")
-        import statsmodels.api as sm
-
         import warnings
+
+        import statsmodels.api as sm
 
         try:
             with warnings.catch_warnings(record=True) as caught:

@@ -93,7 +93,6 @@ def analyze_args(parser: argparse.ArgumentParser) -> None:
 def cmd_analyze(args) -> int:
     from analysis.forecast import judge, read_forecasts
     from analysis.report import attribution_table, write_report
-
     from analysis.results import write_table
 
     study_dir, table = resolve_study(args.study)

@@ -15,8 +15,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.attribution import (EffectsFit, alias_structure, anova_table, build_terms, code_table,
-                                  component_contrasts, component_table, design_matrix, fit_effects)
+from analysis.attribution import (
+    EffectsFit,
+    alias_structure,
+    anova_table,
+    build_terms,
+    code_table,
+    component_contrasts,
+    component_table,
+    design_matrix,
+    fit_effects,
+)
 from analysis.joint import JointFit, effect_design, fit_joint, law_of
 from analysis.responses import RESPONSES, Response, ordered
 from analysis.results import Inventory, factor_columns, inventory
@@ -323,8 +332,16 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     `replicates` then analyses each seed alone as well, for the coverage over replicates."""
     from analysis.checks import lost_runs, total_checks, warnings_for
     from analysis.findings import mark_not_varied, refuse_single_rung
-    from analysis.replicates import (BETWEEN_SEEDS_MIN, between_seed_interval, between_seed_law, coverage_summary,
-                                     per_seed_analyses, planted_truths, replicate_checks, truth_check)
+    from analysis.replicates import (
+        BETWEEN_SEEDS_MIN,
+        between_seed_interval,
+        between_seed_law,
+        coverage_summary,
+        per_seed_analyses,
+        planted_truths,
+        replicate_checks,
+        truth_check,
+    )
 
     responses = tuple(RESPONSES) if responses is None else tuple(responses)
     bad = [r for r in responses if r not in RESPONSES]

@@ -24,6 +24,7 @@ import pandas as pd
 from analysis.responses import RESPONSES
 from analysis.results import codings
 
+
 def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
     """{factor: {response column: true ln multiplier}} from the runs' coding (each response's
     truth_key, analysis/responses.py); a sum response's truth (ln_W = ln_M + ln_R) when all its parts are planted.

@@ -16,9 +16,9 @@ from gpu_common import CEIL, H200_BF16_DENSE_TFLOPS, elapsed, random_doc_ids, ro
 def bench_model_parity(dev):
     """The whole model on the same weights and batch: kernels='triton' against kernels='torch', then
     the fast configuration (flex attention, Triton kernels, blocks compiled) against eager sdpa/torch."""
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from marin.config import PRESETS, Recipe
     from marin.model import MarinModel
@@ -63,9 +63,9 @@ def bench_syncs(dev):
     """Host syncs in one eager training forward+backward (kernels torch and triton, sdpa): CUDA's
     sync debug mode raises at the first op that waits for the device. On CPU there is nothing to
     wait for (tests/test_compile.py checks the same through graph breaks)."""
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from marin.config import PRESETS, Recipe
     from marin.model import MarinModel
@@ -273,9 +273,9 @@ def bench_blocks(dev, compiled=False):
 def bench_full_model(dev):
     """A training step of the whole model with the recipe's own optimizer (Hyperball: Newton–Schulz
     on every matrix and expert stack), bf16 autocast, blocks compiled as TrainConfig.compile does."""
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from marin.config import PRESETS, Recipe, RunSpec, TrainConfig
     from marin.flops import flops_per_token

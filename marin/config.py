@@ -15,8 +15,15 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from marin.factors import (BASELINE_LEVELS, FACTORS, IDENTITY_LEVELS, MODEL_FACTORS,  # noqa: F401
-                           RECIPE_FACTOR_SPECS, RECIPE_LEVELS, factor_spec)
+from marin.factors import (  # noqa: F401
+    BASELINE_LEVELS,
+    FACTORS,
+    IDENTITY_LEVELS,
+    MODEL_FACTORS,
+    RECIPE_FACTOR_SPECS,
+    RECIPE_LEVELS,
+    factor_spec,
+)
 from marin.schema import seed_offset
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +167,7 @@ def _log_args(p: argparse.ArgumentParser) -> None:
 
 
 def _set_log_to(args: argparse.Namespace) -> None:
-    from sweeps.tracking import LOG_TO_ENV, parse_log_to
-
-    from sweeps.tracking import KEEP_ENV
+    from sweeps.tracking import KEEP_ENV, LOG_TO_ENV, parse_log_to
 
     if args.keep_checkpoints is not None:  # inherited like the sinks
         os.environ[KEEP_ENV] = args.keep_checkpoints
@@ -401,7 +399,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from marin.schema import read_json
-    from sweeps.progress import format_counts, hms, rung_estimates, run_live, run_work, study_eta
+    from sweeps.progress import format_counts, hms, run_live, run_work, rung_estimates, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 

@@ -39,13 +39,11 @@ from typing import Any, Callable, Sequence
 
 import submitit
 
-from marin.config import NONNEG_INT, POS, POS_INT, optional, check_ranges
-
+from marin.config import NONNEG_INT, POS, POS_INT, check_ranges, optional
 from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
 from sweeps.state import count_dirs, needs_run, probe
-
 
 # ---------------------------------------------------------------------------------------------
 # Options and validation

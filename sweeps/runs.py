@@ -13,7 +13,6 @@ No torch import here: `marin.train` is imported only when a run actually execute
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -35,7 +34,6 @@ from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json,
     write_spec,
     write_summary,
 )
-
 
 # ---------------------------------------------------------------------------------------------
 # Layout

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from marin.config import RunSpec, apply_overrides
-
 from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
 from sweeps.progress import Progress

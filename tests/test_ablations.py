@@ -14,8 +14,8 @@ from ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
 from ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
 from ablations.studies import HeroPlan, Study, get_study
 from marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
-from marin.hparams import HEURISTICS, resolve_hparams
 from marin.flops import flops_per_token
+from marin.hparams import HEURISTICS, resolve_hparams
 
 SEVEN = list(FACTORS)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
-import pandas as pd
 
 from analysis.pipeline import analyze_table
 from analysis.simulate import random_truth, simulate_table

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe, RunSpec,
-                          TrainConfig, apply_overrides, preset)
+from marin.config import (
+    BASELINE_LEVELS,
+    FACTORS,
+    MODEL_FACTORS,
+    RECIPE_LEVELS,
+    ModelConfig,
+    Recipe,
+    RunSpec,
+    TrainConfig,
+    apply_overrides,
+    preset,
+)
 
 
 @pytest.mark.parametrize("kwargs,pattern", [

@@ -21,12 +21,13 @@ def _files() -> list[Path]:
 
 
 def _sections(doc: Path) -> tuple[set[str], set[str]]:
-    """Section ids (headings "## §2.1 ..." and bold labels "**§4.1 ...") and the titles of headings and
-    italic paragraph labels of a doc."""
+    """Section ids (headings "## §2.1 ..." and bold labels "**§4.1 ...") and the titles of headings,
+    italic paragraph labels and table rows (their first cell) of a doc."""
     text = doc.read_text()
     ids = set(re.findall(r"^#+ §([0-9.]+)", text, re.M)) | set(re.findall(r"\*\*§([0-9.]+)", text))
     titles = {t.strip() for t in re.findall(r"^#+ (?:§[0-9.]+ )?(.+)$", text, re.M)}
     titles |= set(re.findall(r"^\*([^*\n]+)\*", text, re.M))  # italic paragraph labels: "*Joint law* (...)."
+    titles |= {t.strip() for t in re.findall(r"^\| ([^|\n]+?) \|", text, re.M)}  # table rows: docs/fidelity.md "KV layout"
     return ids, titles
 
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ranks import free_port
 
 from marin.config import ModelConfig, Recipe
 from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops
 from marin.ep import check_ep_layout, init_ep
-from ranks import free_port
 
 TRANSPORT_CASES = (("fixed", 0.6, False), ("ragged", 0.6, False), ("ragged", 0.6, True))  # (transport, cf, dropless)
 TOL = 1e-9  # float64 for the dispatcher checks

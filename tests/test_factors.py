@@ -14,7 +14,7 @@ import pytest
 
 from ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
 from ablations.ladders import Rung
-from marin.config import (BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe)
+from marin.config import BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe
 from marin.factors import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 from marin.hparams import HEURISTICS, resolve_hparams
 from marin.schema import RunMeta, RunSummary, read_summary, write_summary

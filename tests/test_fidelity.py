@@ -33,8 +33,8 @@ def test_architecture_outside_the_seven_factors_is_identical_in_every_arm():
 
 
 def _hp(level: str):
-    from marin.optim import resolve_hparams  # noqa: PLC0415
     from marin.config import RunSpec, TrainConfig  # noqa: PLC0415
+    from marin.optim import resolve_hparams  # noqa: PLC0415
     return resolve_hparams(RunSpec(model=CFG, recipe=Recipe().with_(optimizer=level), train=TrainConfig(steps=10, lr=1e-2, adam_lr=1e-3)))
 
 
@@ -132,6 +132,7 @@ def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unroun
 
 def test_expert_bank_is_one_hyperball_sphere_by_default_and_per_expert_as_the_named_option():
     from dataclasses import replace  # noqa: PLC0415
+
     from marin.config import TrainConfig  # noqa: PLC0415
     from marin.optim import MarinOptimizer, param_groups  # noqa: PLC0415
 

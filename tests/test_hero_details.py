@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
 from marin.dispatch import LocalDispatcher, plan_drops, pooled_wave_capacities, pooled_wave_keep, transport_bytes

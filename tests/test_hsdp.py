@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import free_port, read_results, run_ranks, write_result
 
 from marin.config import ModelConfig, Recipe
-from marin.hparams import OptimHparams
 from marin.factors import RECIPE_LEVELS
-from ranks import free_port, read_results, run_ranks, write_result
+from marin.hparams import OptimHparams
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from ranks import free_port
 
 from marin.config import ModelConfig, Recipe
-from marin.moe import (MoE, Router, combine_weights, expert_load, margin_histogram, qb_bias, qb_n_star,
-                       qb_threshold_hist, qb_threshold_topk, select_experts, switch_balance)
-from ranks import free_port
+from marin.moe import (
+    MoE,
+    Router,
+    combine_weights,
+    expert_load,
+    margin_histogram,
+    qb_bias,
+    qb_n_star,
+    qb_threshold_hist,
+    qb_threshold_topk,
+    select_experts,
+    switch_balance,
+)
 
 E, K = 16, 4
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
-
-from dataclasses import replace
 
 from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, preset
 from marin.hparams import LRHeuristic
@@ -62,6 +61,7 @@ def _hp(level: str, lr: float = 0.05, adam_lr: float = 0.01) -> OptimHparams:
 @pytest.mark.parametrize("expert_sphere", ["bank", "expert"])
 def test_hyperball_keeps_every_muonh_and_adamh_matrix_norm_over_100_steps(expert_sphere):
     from dataclasses import replace  # noqa: PLC0415
+
     from marin.optim import sphere_norms  # noqa: PLC0415
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from ablations.studies import Study
 from marin.progress_line import StepProgress, format_line
 from sweeps import commands
 from sweeps.executors import ExecOptions
-from sweeps.progress import Progress, last_train_record, rung_estimates, run_live, run_work, study_eta
+from sweeps.progress import Progress, last_train_record, run_live, run_work, rung_estimates, study_eta
 from sweeps.runs import RunLock, write_run_files
 from sweeps.sweep import planned_runs, run_study
 
@@ -156,7 +156,7 @@ def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tm
         acc = EventAccumulator(str(run.dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0}).Reload()
         assert [e.step for e in acc.Scalars("loss")] == [0, 1]
         text = acc.Tensors("tags/text_summary")[0].tensor_proto.string_val[0].decode()
-        assert f"study: tiny_watch" in text and f"arm: {run.meta['arm']}" in text and "rung: tiny" in text
+        assert "study: tiny_watch" in text and f"arm: {run.meta['arm']}" in text and "rung: tiny" in text
         assert f"xsa: {run.meta['factors']['xsa']}" in text
         offline = list((run.dir / "wandb").glob("offline-run-*"))
         assert len(offline) == 1

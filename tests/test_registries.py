@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations import Factor, Study, full_factorial
-from ablations.ladders import Rung
 import marin.factors as factors
 import marin.optimizers as optimizers
+from ablations import Factor, Study, full_factorial
+from ablations.ladders import Rung
 from marin.config import Recipe, RunSpec, tiny
 from marin.optimizers import GroupKind, OptimizerLevel, register_optimizer
 

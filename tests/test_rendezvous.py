@@ -6,9 +6,9 @@ import sys
 import time
 
 import pytest
+from ranks import free_port
 
 from marin.rendezvous import RendezvousError, first_host, from_env, interface_to, slurm_port
-from ranks import free_port
 
 
 @pytest.mark.parametrize("nodelist,first", [("gpu[003-005,9],cpu1", "gpu003"), ("marin-n1,vm", "marin-n1"),

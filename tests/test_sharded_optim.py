@@ -14,10 +14,10 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import free_port, run_ranks
 
 from marin.config import ModelConfig, Recipe
 from marin.hparams import OptimHparams
-from ranks import free_port, run_ranks
 
 SEED = 7
 TIMEOUT_S = 150

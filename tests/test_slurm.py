@@ -25,6 +25,7 @@ from sweeps.executors import ExecOptions, wait
 from sweeps.runs import read_json
 from sweeps.sweep import planned_runs, run_study
 
+
 def _slurm_problem() -> str | None:
     if not os.environ.get("SLURM_CONF"):
         return "SLURM_CONF is unset (start a cluster: bash .ci/slurm.sh start; source /tmp/marin-slurm/env.sh)"

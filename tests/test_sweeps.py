@@ -17,8 +17,16 @@ from ablations.studies import Study
 from marin.config import DataConfig
 from sweeps.executors import ExecOptions, SlurmOptions, validate
 from sweeps.progress import Progress, format_counts
-from sweeps.runs import (RunLock, RunTask, atomic_write_json, atomic_write_text, execute, plan_runs, read_json,
-                         write_run_files)
+from sweeps.runs import (
+    RunLock,
+    RunTask,
+    atomic_write_json,
+    atomic_write_text,
+    execute,
+    plan_runs,
+    read_json,
+    write_run_files,
+)
 from sweeps.state import probe, select
 from sweeps.sweep import planned_runs, run_study
 from sweeps.tuning import fit_profile, lr_grid

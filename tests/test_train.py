@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from train_signalled import signal_after
 
 from marin.config import (
     BASELINE_LEVELS,
@@ -27,7 +28,6 @@ from marin.config import (
     preset,
 )
 from marin.train import context_plan, is_spike, spec_from_args, train, train_args
-from train_signalled import signal_after
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = preset("tiny", ["seq_len=64"])

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import free_port, run_ranks
 
 from marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin.train import train
-from ranks import free_port, run_ranks
 
 WORLD = 2
 # qb_estimator=hist: its histograms all-reduce exactly (topk thresholds are averaged over ranks).

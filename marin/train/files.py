@@ -14,7 +14,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, IO
+from typing import IO, Callable
 
 from marin.schema import sha256_file
 
