@@ -7,6 +7,11 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
 
 
 def _coverage_module():

@@ -15,6 +15,11 @@ import torch
 from marin.config import ModelConfig, Recipe, tiny
 from marin.model import MarinModel
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 RECIPES = {
     "recipe": Recipe(),
     "baseline": Recipe.baseline(),

@@ -21,6 +21,11 @@ from marin.config import ModelConfig, Recipe
 from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops
 from marin.ep import check_ep_layout, init_ep
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 TRANSPORT_CASES = (("fixed", 0.6, False), ("ragged", 0.6, False), ("ragged", 0.6, True))  # (transport, cf, dropless)
 TOL = 1e-9  # float64 for the dispatcher checks
 

@@ -24,6 +24,11 @@ from marin.config import RunSpec, TrainConfig, preset
 from marin.train import train
 from marin.train.files import file_digest
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = preset("tiny", ["seq_len=64"])
 

@@ -11,6 +11,11 @@ import torch
 from marin.config import ModelConfig, Recipe
 from marin.model import MarinModel
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 CFG = ModelConfig(seq_len=16, window=6, n_layers=2, global_every=2)
 B, S = 2, 16
 

@@ -17,6 +17,11 @@ pytest.importorskip("triton", reason="triton is an optional extra (pip install -
 from marin.kernels import get_kernels  # noqa: E402
 from marin.kernels.torch_ops import sort_by_expert  # noqa: E402
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 KS = get_kernels("triton")  # imports the kernel modules, which registers the marin:: ops
 T, K, E, W = 6, 2, 3, 16  # tokens, top_k, experts, width
 

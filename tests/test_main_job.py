@@ -15,6 +15,12 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--rungs", "cpu_s", "--set", "train.steps=6", "--set", "train.checkpoint_every=2"]

@@ -11,6 +11,10 @@ from ablations.studies import Study
 from sweeps.executors import SlurmOptions, _sbatch_params, _slurm_resources
 from sweeps.sweep import study_resources
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
 
 def _study(**rung_kw) -> Study:
     rung = Rung("r", "tiny", fixed_steps=2, batch_size=4, **rung_kw)

@@ -19,6 +19,11 @@ from ranks import free_port, run_ranks
 from marin.config import ModelConfig, Recipe
 from marin.hparams import OptimHparams
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 SEED = 7
 TIMEOUT_S = 150
 CLIP = 0.2

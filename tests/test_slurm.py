@@ -44,6 +44,7 @@ SLURM_PROBLEM = _slurm_problem()
 SLURM_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_SLURM") == "1"
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.slurm,
     pytest.mark.skipif(SLURM_PROBLEM is not None and not SLURM_REQUIRED, reason=f"no SLURM cluster: {SLURM_PROBLEM}"),
 ]

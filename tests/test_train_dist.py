@@ -23,6 +23,11 @@ from ranks import free_port, run_ranks
 from marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin.train import train
 
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
+# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
+pytestmark = pytest.mark.slow
+
+
 WORLD = 2
 # qb_estimator=hist: its histograms all-reduce exactly (topk thresholds are averaged over ranks).
 SPEC = RunSpec(model=preset("tiny", ["seq_len=64", "ep_shards=2", "qb_estimator=hist"]),
