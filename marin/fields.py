@@ -1,0 +1,104 @@
+"""Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
+__post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
+the `--set field=value` overrides parsed by each field's type. Torch-free, like marin/config.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+from typing import Any, Mapping
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name}={value!r} is not a known level; allowed values: {', '.join(map(repr, allowed))}")
+
+
+def _check(cond: bool, owner: str, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{owner}.{name}: {msg}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Range rules: (predicate, allowed-range text). A field's rule is checked in every __post_init__ below,
+# so `train`, `run`, `tune` and `plan` reject the same values with the same message.
+POS_INT = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+NONNEG_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
+POS = (lambda v: _is_num(v) and v > 0, "a finite number > 0")
+NONNEG = (lambda v: _is_num(v) and v >= 0, "a finite number >= 0")
+FRAC = (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
+MOMENTUM = (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)")
+SEED = (lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch.manual_seed's range
+
+
+def optional(rule: tuple) -> tuple:
+    pred, text = rule
+    return (lambda v: v is None or pred(v), f"None or {text}")
+
+
+def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
+    for name, (pred, text) in rules.items():
+        v = getattr(obj, name)
+        if not pred(v):
+            raise ValueError(f"{owner}.{name}={v!r} is out of range; allowed values: {text}")
+
+
+# ---------------------------------------------------------------------------------------------
+# --set field=value overrides
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_overrides(cfg: Any, overrides: Mapping[str, str] | list[str]) -> Any:
+    """Apply `field=value` strings (or a mapping) to a frozen dataclass, parsing by the field's type."""
+    if isinstance(overrides, list):
+        pairs = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ValueError(f"override {item!r} must look like field=value")
+            k, v = item.split("=", 1)
+            pairs[k.strip()] = v.strip()
+        overrides = pairs
+    names = {f.name: f for f in fields(cfg)}
+    changes = {}
+    for k, v in overrides.items():
+        if k not in names:
+            raise ValueError(f"{type(cfg).__name__} has no field {k!r}; allowed values: {', '.join(sorted(names))}")
+        cur = getattr(cfg, k)
+        where = f"{type(cfg).__name__}.{k}"
+        changes[k] = _parse_like(cur, v, where, str(names[k].type)) if isinstance(v, str) else v
+    return replace(cfg, **changes)
+
+
+def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
+    """Parse `v` like the field's current value; an unset optional field parses by its annotation."""
+    if cur is None:
+        if v.lower() in ("none", "null"):
+            return None
+        cur = {"int": 0, "float": 0.0, "str": "", "bool": False}.get(annotation.split("|")[0].strip(), 0.0)
+    try:
+        if isinstance(cur, bool):
+            if v.lower() in ("1", "true", "yes", "on"):
+                return True
+            if v.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(cur, int):
+            return int(v)
+        if isinstance(cur, float):
+            return float(v)
+        if isinstance(cur, tuple):
+            return tuple(x for x in v.split(",") if x)
+        return v
+    except ValueError:
+        raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
