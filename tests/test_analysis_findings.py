@@ -75,8 +75,7 @@ def test_negative_linf_is_not_identified_never_printed_as_an_estimate():
                              + np.random.default_rng(4).normal(0, 1e-3, len(df)))
     a = _analyze(df)
     lf = a.joint["power"].linf
-    if 0 <= lf < 2.0:  # the fit itself found a physical L∞: nothing to test
-        pytest.skip(f"fit gave L∞ {lf}")
+    assert not 0 <= lf < 2.0, f"the premise failed: the fit found a physical L∞ {lf}"
     assert "linf" in a.law.not_identified and "outside its range" in a.law.why
 
 
