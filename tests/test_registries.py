@@ -94,7 +94,7 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
     cp = checkpoint_plan(spec, gpus=1, window_s=10.0, levels=("lion", "adamw"))["levels"]
     assert cp["lion"]["optimizer_bytes"] == 4 * n and cp["adamw"]["optimizer_bytes"] == 8 * n
     state = {"by_role": by_role, "largest_matrix": by_role}
-    act = {"per_layer": 0, "base": 0, "recompute": False}
+    act = {"n_local": 0, "per_local": 0, "n_global": 0, "per_global": 0, "base": 0, "recompute": False}
     rows = {r["line"]: r["bytes"] for r in memory_table(spec, state, 1, act, Sharding("t", None, False), "lion")}
     assert rows["transient: Newton-Schulz working set (one whole matrix)"] == 0
     assert sum(b for k, b in rows.items() if k.startswith("optimizer lion")) == 4 * n
