@@ -240,10 +240,8 @@ class Trainer:
         due = bool(t.checkpoint_every and step % t.checkpoint_every == 0)
         if t.checkpoint_interval_s and not due:
             late = time.perf_counter() - getattr(self, "last_save_t", self.t0) >= t.checkpoint_interval_s
-            if self.d is not None:
-                flag = torch.tensor([float(late)], device=self.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                late = bool(flag.item() > 0)
+            flag = torch.tensor([float(late)], device=self.device)
+            late = bool(self.pd.all_reduce(flag, dist.ReduceOp.MAX).item() > 0)
             due = late
         if due:
             self.last_save_t = time.perf_counter()
