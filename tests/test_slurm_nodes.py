@@ -28,6 +28,9 @@ from sweeps.runs import read_json
 from sweeps.sweep import planned_runs, run_study
 
 NODES = 2
+# Relative: 4 ranks (EP 2 x DP 2) sum in another order than one process, and over 16 MoE steps that
+# float noise grows to ~4e-6 of the loss (measured 1.5e-5 at a loss of 4.09); a resume that lost or
+# repeated a step is off by orders of magnitude more.
 LOSS_TOL = 1e-5
 
 
@@ -87,9 +90,9 @@ def _assert_equal_runs(got_dir: Path, want_dir: Path) -> None:
     w = {r["step"]: r for r in _lines(want_dir)}
     assert sorted(g) == sorted(w) == list(range(want["step"]))
     for s in w:
-        assert abs(g[s]["loss"] - w[s]["loss"]) < LOSS_TOL, (s, g[s]["loss"], w[s]["loss"])
+        assert abs(g[s]["loss"] - w[s]["loss"]) < LOSS_TOL * abs(w[s]["loss"]), (s, g[s]["loss"], w[s]["loss"])
         assert abs(g[s]["grad_norm"] - w[s]["grad_norm"]) < 1e-4 * w[s]["grad_norm"], s
-    assert abs(got["eval_macro_loss"] - want["eval_macro_loss"]) < LOSS_TOL
+    assert abs(got["eval_macro_loss"] - want["eval_macro_loss"]) < LOSS_TOL * abs(want["eval_macro_loss"])
 
 
 def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp_path, capsys):
@@ -182,8 +185,15 @@ def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_
     uninterrupted result."""
     study = _one_run_study(steps=16, name="nodefail2")
     run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
-    rep, run, job = _start_mid_run(study, tmp_path, after_step=9)  # checkpoints at 4 and 8 are written
+    rep, run, job = _start_mid_run(study, tmp_path, after_step=9)
+    # a checkpoint written in the background is committed when the next one starts (step 12 commits
+    # step 8's): kill once ckpt_000000008 is committed, so the run has one to fall back on past step 4
+    t0 = time.time()
+    while not (run.dir / "checkpoints" / "ckpt_000000008").is_dir():
+        assert time.time() - t0 < 240, "ckpt_000000008 was never committed"
+        time.sleep(0.2)
     _ci("kill-node", "1")
+    committed = max(p.name for p in (run.dir / "checkpoints").glob("ckpt_*") if p.is_dir())
     t0 = time.time()
     try:
         while "NODE_FAIL" not in _sacct_states(job.job_id):
@@ -194,7 +204,7 @@ def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_
     counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
     log = (run.dir / "train.log").read_text()
     assert counts["completed"] == 1, (counts, log[-2000:])
-    assert "resumed" in log and "from ckpt_000000008" in log, log[-2000:]
+    assert "resumed" in log and f"from {committed}" in log, (committed, log[-2000:])
     _assert_equal_runs(run.dir, tmp_path / "ref" / "nodefail2" / "runs" / run.run_id)
 
 
