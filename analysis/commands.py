@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.ofat import DESIGNS
+
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
 
 
 def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
     """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/."""
+    from analysis.importer import complete_table
     from analysis.results import load_table
 
     p = Path(study)
@@ -23,18 +26,26 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
                 cands.append(Path(root) / study)
     for c in cands:
         if c.is_file():
-            return c.parent, load_table(c)
+            return c.parent, complete_table(load_table(c), c)
         if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
-                     f".parquet, or a name under ${STUDY_ROOTS_ENV}, studies/, runs/, results/ (tried "
+                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, studies/, runs/, results/ (tried "
                      f"{', '.join(map(str, cands))})")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("study", metavar="STUDY", help="study directory, results.parquet, or study name")
+    parser.add_argument("study", metavar="STUDY",
+                        help="a study directory (runs/, e.g. one `marin-ablate import` wrote), a results table "
+                             "(.parquet or .csv in the results-table schema), or a study name")
     parser.add_argument("--pin-linf", type=float, default=None, help="pin L∞ of the reference law")
     parser.add_argument("--pin-alpha", type=float, default=None, help="pin α of the reference law")
+    parser.add_argument("--pin-A", type=float, default=None,
+                        help="pin A of the reference law (one-factor-at-a-time studies: with --pin-linf and "
+                             "--pin-alpha, a published law)")
+    parser.add_argument("--design", choices=DESIGNS, default="auto",
+                        help="auto: one-factor-at-a-time when every arm is one change from one baseline arm, "
+                             "else factorial (docs/method.md §4.8)")
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (0: none)")
     parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
                         help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
@@ -73,6 +84,26 @@ def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
                          f"this machine's {ram / 2**30:.1f} GiB; allowed values here: an integer in 0..{most}")
 
 
+def _ofat_or_none(args, table: pd.DataFrame):
+    """The one-factor-at-a-time analysis when the runs (or --design ofat) call for it, else None
+    (the factorial analysis), with the reason for a pooled design noted on the console."""
+    from analysis.ofat import analyze_ofat, design_kind, find_star
+
+    kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
+    if note:
+        print(f"note: {note}")
+    if kind == "factorial":
+        if args.pin_A is not None:
+            raise ValueError("--pin-A: the factorial analysis fits A jointly with every arm; allowed values: "
+                             "omit it, or --design ofat for a one-factor-at-a-time study")
+        return None
+    if getattr(args, "target", None) is not None:
+        raise ValueError("--target: a one-factor-at-a-time study is reported per rung, not extrapolated; "
+                         "allowed values: omit --target, or --design factorial")
+    return analyze_ofat(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A,
+                        star=star or find_star(table))
+
+
 def _analyze(args, table: pd.DataFrame, target: float | None):
     from analysis.pipeline import analyze_table
 
@@ -84,6 +115,9 @@ def _analyze(args, table: pd.DataFrame, target: float | None):
 
 
 def analyze_args(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
+                     "import FILE` writes it), its results.parquet, a results .csv in the same schema, or a "
+                     "study name. Results from elsewhere: `marin-ablate import FILE` first (README).")
     _common(parser)
     parser.add_argument("--out", default=None, help="report directory (default STUDY/report)")
     parser.add_argument("--target", type=float, default=None, help="extrapolate multipliers to this compute (FLOPs)")
@@ -99,6 +133,9 @@ def cmd_analyze(args) -> int:
     out = Path(args.out) if args.out else study_dir / "report"
     if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --out when given
         print(f"wrote {write_table(table, (out if args.out else study_dir) / 'results.parquet')}")
+    ofat = _ofat_or_none(args, table)
+    if ofat is not None:
+        return _report_ofat(ofat, table, study_dir, out)
     a = _analyze(args, table, args.target)
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
     title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
@@ -122,6 +159,20 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
+    from analysis.ofat import report_lines
+    from marin.schema import atomic_write_bytes, atomic_write_text
+
+    title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
+    lines = report_lines(a, title)
+    md, csv = out / "report.md", out / "ofat.csv"
+    atomic_write_text(md, "\n".join(lines) + "\n")
+    atomic_write_bytes(csv, a.table.to_csv(index=False).encode())
+    print("\n".join(lines[2:]))
+    print(f"wrote {md} and {csv}")
+    return 0
+
+
 def forecast_args(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--target", type=float, required=True, help="target compute in FLOPs")
@@ -136,6 +187,8 @@ def cmd_forecast(args) -> int:
     if not args.target > 0:
         raise ValueError(f"--target must be > 0 FLOPs, got {args.target}")
     study_dir, table = resolve_study(args.study)
+    if _ofat_or_none(args, table) is not None:
+        raise ValueError("forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
     a = _analyze(args, table, args.target)
     path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
                           arm=args.arm, note=args.note, force=args.force_extrapolation)

@@ -26,6 +26,7 @@ CLI_BOUNDS: dict[str, tuple] = {
     "n_boot": _int_range(0, MAX_BOOT),
     "pin_linf": NONNEG,  # L∞, the irreducible loss: a loss, never negative
     "pin_alpha": POS,  # the law's exponent
+    "pin_A": POS,  # the law's scale
     "target": POS,  # FLOPs
     "seed": SEED,
     # train

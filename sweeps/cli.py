@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("sweeps.commands", "progress of a study's runs"),
     "tune": ("sweeps.commands", "per-arm learning-rate profile at the smallest rung"),
     "analyze": ("analysis.commands", "results table, multipliers, attribution, report and plots"),
+    "import": ("analysis.importer", "read a CSV/JSON table of runs from elsewhere into a study folder"),
     "data": ("sweeps.data_commands", "prepare a corpus: tokenize once into token shards with a manifest"),
     "forecast": ("analysis.commands", "write an immutable pre-registered forecast"),
 }

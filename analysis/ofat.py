@@ -1,0 +1,374 @@
+"""One-factor-at-a-time (OFAT) studies: one baseline arm plus one arm per change (docs/method.md §4.8).
+
+The published format of ablation ladders (Marin's included): each change is run once against a common
+baseline at 2–4 scales, often with the baseline's law stated. The baseline is found from the runs —
+the arm every other arm differs from in exactly one factor — never from how the levels are coded, so
+no value moves when a study codes its levels the other way round.
+
+Per change and rung: the quality multiplier M = C_eq/C, C_eq the compute at which the baseline's law
+L(C) = L∞ + A·C^(−α) reaches the arm's mean loss, C the arm's own compute (docs/method.md §4.2); the
+throughput ratio R (model FLOP/s over the baseline's on the same rung and hardware) and the
+wall-clock multiplier W = M·R. The law is pinned (L∞, α, A: any subset) or fitted on the baseline
+arm's runs when its scales leave residual freedom; each interval is a t interval on the residual df.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, stats
+
+from analysis.results import factor_coding, factor_columns
+
+DESIGNS = ("auto", "factorial", "ofat")
+#: What a one-factor-at-a-time study cannot tell, printed with every OFAT report.
+CANNOT_TELL = (
+    "interactions: each change is measured once, against the baseline only, so whether two changes "
+    "help each other, overlap or conflict is not measured",
+    "a change's contribution inside the full recipe: the single-change (add-one-in) multiplier is neither "
+    "the Shapley value nor the leave-one-out (from the full recipe) value a factorial study estimates",
+    "the recipe's TOTAL: the product of the single-change multipliers is not the all-changes multiplier "
+    "(no arm holds every change); run the full recipe, or a factorial, to measure it",
+)
+
+
+@dataclass
+class Star:
+    """The OFAT structure of a set of runs: the baseline's levels and, per other arm, its one change."""
+
+    factors: list[str]
+    baseline: tuple  # levels of the baseline arm, in `factors` order
+    labels: dict[tuple, str]  # levels -> arm label
+    changes: dict[tuple, tuple[str, str, str]]  # levels -> (factor, baseline level, arm level)
+    left_out: list[str] = field(default_factory=list)  # arms more than one change from the baseline
+
+    @property
+    def covers_all(self) -> bool:
+        return not self.left_out
+
+
+def _levels(df: pd.DataFrame, factors: list[str]) -> list[tuple]:
+    return [tuple("" if pd.isna(v) else str(v) for v in row) for row in df[factors].itertuples(index=False)]
+
+
+def _ncomp(a: tuple, b: tuple) -> int:
+    return sum(x != y for x, y in zip(a, b))
+
+
+def find_star(df: pd.DataFrame) -> Star | None:
+    """The arm with the most single-change neighbours among the completed runs (ties: the arm with
+    most factors at their coded low level; still tied: refused), or None without one."""
+    ok = df[df["status"] == "completed"] if "status" in df else df
+    factors = factor_columns(df)
+    if not factors or ok.empty:
+        return None
+    levels = _levels(ok, factors)
+    arms = list(dict.fromkeys(levels))
+    if len(arms) < 2:
+        return None
+    nb = {a: sum(_ncomp(a, b) == 1 for b in arms) for a in arms}
+    best = max(nb.values())
+    if best == 0:
+        return None
+    cands = [a for a in arms if nb[a] == best]
+    if len(cands) > 1:  # e.g. two arms, or every change a level of one factor: the coded low level decides
+        coding = factor_coding(df)
+        low = {a: sum(lv == str(coding.get(f, (None,))[0]) for f, lv in zip(factors, a)) for a in cands}
+        top = max(low.values())
+        cands = [a for a in cands if low[a] == top]
+    arm_col = ok["arm"].astype(str).tolist() if "arm" in ok else [None] * len(ok)
+    label = {}
+    for lv, name in zip(levels, arm_col):
+        label.setdefault(lv, name or ",".join(f"{f}={v}" for f, v in zip(factors, lv)))
+    if len(cands) > 1:
+        raise ValueError(f"no unique baseline: arms {', '.join(repr(label[a]) for a in cands)} each differ from "
+                         f"{best} other arm(s) by one change; allowed values: a design where one arm holds every "
+                         "factor's baseline (coded low) level")
+    base = cands[0]
+    changes = {}
+    for a in arms:
+        if _ncomp(a, base) == 1:
+            i = next(i for i, (x, y) in enumerate(zip(a, base)) if x != y)
+            changes[a] = (factors[i], base[i], a[i])
+    left = [label[a] for a in arms if a != base and a not in changes]
+    return Star(factors, base, label, changes, left)
+
+
+def design_kind(df: pd.DataFrame) -> tuple[str, Star | None, str]:
+    """("ofat" | "factorial", the star, a note): OFAT when every arm is one change from one baseline
+    and there are at least two changes (one change is also a 2-arm factorial, analysed as such)."""
+    try:
+        star = find_star(df)
+    except ValueError:
+        return "factorial", None, ""
+    if star is None:
+        return "factorial", None, ""
+    if star.covers_all and len(star.changes) >= 2:
+        return "ofat", star, ""
+    # A factorial pooled with single-change arms: a factor whose other level appears in one arm only.
+    lone = sorted({c[0] for c in star.changes.values()
+                   if sum(c[0] == d[0] and c[2] == d[2] for d in _arm_changes(star)) == 1})
+    if star.left_out and lone:
+        return "factorial", star, (
+            f"the runs pool a factorial with single-change arms ({', '.join(lone)}) around arm "
+            f"{star.labels[star.baseline]!r}: analysed as a factorial (those factors' interactions are not "
+            f"estimable); --design ofat compares each single-change arm with {star.labels[star.baseline]!r} alone")
+    return "factorial", star, ""
+
+
+def _arm_changes(star: Star) -> list[tuple[str, str, str]]:
+    """(factor, baseline level, level) of every arm's differing factors, one entry per arm and factor."""
+    out = []
+    for a in star.labels:
+        out += [(f, b, x) for f, b, x in zip(star.factors, star.baseline, a) if x != b]
+    return out
+
+
+@dataclass
+class OfatLaw:
+    """The baseline's law: values, which were pinned, the covariance of the fitted ones over
+    (linf, ln A, alpha) (zero rows for pinned ones) and the residual df it leaves."""
+
+    linf: float
+    A: float
+    alpha: float
+    pinned: tuple[str, ...]
+    cov: np.ndarray
+    identified: bool = True
+    why: str = ""
+
+
+@dataclass
+class OfatAnalysis:
+    baseline: str
+    baseline_levels: dict[str, str]
+    law: OfatLaw | None
+    table: pd.DataFrame  # one row per change × rung
+    dof: int  # residual df of the quality intervals
+    dof_R: int
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cannot_tell: tuple[str, ...] = CANNOT_TELL
+
+
+PARAMS = ("linf", "A", "alpha")
+
+
+def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[OfatLaw, np.ndarray, int]:
+    """Least squares of the baseline's losses on L∞ + A·C^(−α) over the unpinned parameters;
+    returns the law, its residuals and the number of fitted parameters."""
+    free = [k for k in PARAMS if k not in pins]
+    nscales = len(np.unique(np.round(np.log(C), 6)))
+    if len(free) > nscales or (len(free) == 3 and nscales < 3):
+        raise ValueError(f"the baseline ran at {nscales} scale(s), too few to fit {', '.join(free)} of its law; "
+                         "pin them (--pin-linf, --pin-alpha, --pin-A: e.g. the published law)")
+    c0 = float(np.exp(np.mean(np.log(C))))
+    lc = np.log(C / c0)
+    if not free:
+        law = OfatLaw(pins["linf"], pins["A"], pins["alpha"], tuple(PARAMS), np.zeros((3, 3)))
+        return law, L - law.linf - law.A * C ** (-law.alpha), 0
+    if free == ["A"]:  # linear in A: the exact least-squares solution
+        x = C ** (-pins["alpha"])
+        A = float(np.sum((L - pins["linf"]) * x) / np.sum(x * x))
+        start = np.array([np.log(A)])
+    else:
+        start = None
+
+    def unpack(p):
+        d = dict(zip(free, p))
+        linf = d.get("linf", pins.get("linf"))
+        alpha = d.get("alpha", pins.get("alpha"))
+        lna0 = d["A"] if "A" in d else np.log(pins["A"]) - pins["alpha"] * np.log(c0)  # ln of A·c0^(−α)
+        return linf, lna0, alpha
+
+    def resid(p):
+        linf, lna0, alpha = unpack(p)
+        return linf + np.exp(lna0 - alpha * lc) - L
+
+    best = None
+    if start is not None:
+        best = optimize.least_squares(resid, np.log(A) - pins["alpha"] * np.log(c0), method="lm",
+                                      xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    else:
+        span = float(np.ptp(L)) or 0.1
+        for a0 in ((pins["alpha"],) if "alpha" in pins else (0.1, 0.3, 0.8)):
+            linf0 = pins.get("linf", float(np.min(L)) - 0.5 * span)
+            x0 = {"linf": linf0, "alpha": a0,
+                  "A": float(np.log(max(np.mean(L) - linf0, 1e-9)))}
+            try:
+                r = optimize.least_squares(resid, [x0[k] for k in free], method="lm", xtol=1e-15, ftol=1e-15,
+                                           gtol=1e-15, max_nfev=20000)
+            except ValueError:
+                continue
+            if np.all(np.isfinite(r.x)) and (best is None or r.cost < best.cost):
+                best = r
+    if best is None:
+        raise ValueError("the baseline's law did not fit; pin it (--pin-linf, --pin-alpha, --pin-A)")
+    linf, lna0, alpha = unpack(best.x)
+    A = float(np.exp(lna0 + alpha * np.log(c0)))
+    # Covariance over (linf, ln A, alpha) of the free parameters, up to the residual variance: the
+    # fitted coordinate ln a0 = ln A − α ln c0 is mapped back to ln A.
+    J = best.jac
+    Tm = np.zeros((len(free), 3))  # d(free coordinate) / d(linf, ln A, alpha)
+    for i, k in enumerate(free):
+        if k == "linf":
+            Tm[i, 0] = 1
+        elif k == "A":
+            Tm[i, 1], Tm[i, 2] = 1, -np.log(c0)
+        else:
+            Tm[i, 2] = 1
+    # J is w.r.t. the free coordinates; (JᵀJ)⁻¹ in those maps through the inverse transform.
+    cov_free = np.linalg.pinv(J.T @ J)
+    sel = [PARAMS.index(k) for k in free]
+    Tinv = np.linalg.pinv(Tm[:, sel])
+    cov = np.zeros((3, 3))
+    cov[np.ix_(sel, sel)] = Tinv @ cov_free @ Tinv.T
+    law = OfatLaw(float(linf), A, float(alpha), tuple(k for k in PARAMS if k in pins), cov)
+    if "linf" in free and not 0 <= linf < float(np.min(L)):
+        law.identified, law.why = False, f"fitted L∞ {linf:.4g} lies outside [0, smallest baseline loss)"
+    if "alpha" in free and not alpha > 0:
+        law.identified, law.why = False, f"fitted α {alpha:.4g} is not positive: the loss does not fall with compute"
+    return law, L - (law.linf + law.A * C ** (-law.alpha)), len(free)
+
+
+def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: float | None = None,
+                 pin_A: float | None = None, level: float = 0.95, star: Star | None = None) -> OfatAnalysis:
+    """Each change's multipliers per rung against the baseline arm (module docstring)."""
+    pins = {k: float(v) for k, v in (("linf", pin_linf), ("A", pin_A), ("alpha", pin_alpha)) if v is not None}
+    if "alpha" in pins and not pins["alpha"] > 0:
+        raise ValueError(f"--pin-alpha {pins['alpha']}: allowed values: a number > 0")
+    if "A" in pins and not pins["A"] > 0:
+        raise ValueError(f"--pin-A {pins['A']}: allowed values: a number > 0")
+    star = star or find_star(df)
+    if star is None:
+        raise ValueError("not a one-factor-at-a-time design: no arm that other arms differ from by one change; "
+                         "allowed values: --design factorial for this study")
+    ok = df[(df["status"] == "completed") if "status" in df else slice(None)].copy()
+    C = pd.to_numeric(ok["train_flops"], errors="coerce").to_numpy(float)
+    L = pd.to_numeric(ok["eval_macro_loss"], errors="coerce").to_numpy(float)
+    good = np.isfinite(C) & (C > 0) & np.isfinite(L)
+    ok, C, L = ok[good], C[good], L[good]
+    levels = _levels(ok, star.factors)
+    keep = np.array([lv == star.baseline or lv in star.changes for lv in levels])
+    notes, warns = [], []
+    if star.left_out:
+        notes.append(f"left out (more than one change from the baseline): {', '.join(star.left_out)}")
+    ok, C, L = ok[keep], C[keep], L[keep]
+    levels = [lv for lv, k in zip(levels, keep) if k]
+    is_base = np.array([lv == star.baseline for lv in levels])
+    rung = ok["rung"].astype(str).to_numpy() if "rung" in ok else np.round(np.log10(C), 1).astype(str)
+    hw = ok["hardware"].astype(str).to_numpy() if "hardware" in ok else np.full(len(ok), "?")
+    base_name = star.labels[star.baseline]
+    if not is_base.any():
+        raise ValueError(f"the baseline arm {base_name!r} has no completed run: nothing to compare with")
+
+    # Quality: the baseline's law, and the residual variance pooled from its residuals about the law
+    # and the replicate scatter inside each other (arm, rung) cell.
+    law, why = None, ""
+    try:
+        law, res, p = _fit_law(C[is_base], L[is_base], pins)
+    except ValueError as e:
+        why = str(e)
+        res, p = np.array([]), 0
+    cells: dict[tuple, list[int]] = {}
+    for i, (lv, r) in enumerate(zip(levels, rung)):
+        if lv != star.baseline:
+            cells.setdefault((lv, r), []).append(i)
+    ss = float(np.sum(res ** 2)) + sum(float(np.sum((L[ix] - L[ix].mean()) ** 2)) for ix in cells.values())
+    dof = max(len(res) - p, 0) + sum(len(ix) - 1 for ix in cells.values())
+    s2 = ss / dof if dof > 0 else float("nan")
+    if law is not None and not law.identified:
+        why, law = f"the baseline's law is not identified ({law.why}); pin it (--pin-linf, --pin-alpha, --pin-A)", None
+    if why:
+        notes.append(f"quality multipliers not estimable: {why}")
+    if dof == 0 and law is not None:
+        notes.append("no residual df (one run per cell and a law with as many free parameters as the baseline has "
+                     "runs): intervals not estimable; add a seed or pin the law")
+
+    # Throughput: ln of each run's model FLOP/s over the baseline's mean on the same rung and hardware.
+    mfs = pd.to_numeric(ok["model_flops_per_s"], errors="coerce").to_numpy(float) if "model_flops_per_s" in ok \
+        else np.full(len(ok), np.nan)
+    lm = np.where(mfs > 0, np.log(np.where(mfs > 0, mfs, 1.0)), np.nan)
+    bref: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(is_base & np.isfinite(lm)):
+        bref.setdefault((rung[i], hw[i]), []).append(lm[i])
+    groups: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(np.isfinite(lm)):
+        groups.setdefault((levels[i], rung[i], hw[i]), []).append(lm[i])
+    ssr = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in groups.values())
+    dof_R = sum(len(v) - 1 for v in groups.values())
+    s2r = ssr / dof_R if dof_R > 0 else float("nan")
+    if any("cpu" in h.lower() for h in hw):
+        warns.append("throughput measured on CPU: R and W are machine-load noise there, not informative")
+
+    q = float(stats.t.ppf(0.5 + level / 2, dof)) if dof > 0 else float("nan")
+    qr = float(stats.t.ppf(0.5 + level / 2, dof_R)) if dof_R > 0 else float("nan")
+    rows = []
+    order = {lv: (star.factors.index(c[0]), c[2]) for lv, c in star.changes.items()}
+    for (lv, r), ix in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], float(np.mean(C[kv[1]])))):
+        f, b, x = star.changes[lv]
+        mu, lc, n = float(L[ix].mean()), float(np.mean(np.log(C[ix]))), len(ix)
+        row = {"change": f"{f}: {b} -> {x}", "factor": f, "baseline_level": b, "level": x, "arm": star.labels[lv],
+               "rung": r, "compute": float(np.exp(lc)), "n": n, "loss": mu}
+        lnm = se = np.nan
+        if law is not None and mu > law.linf:
+            gap = mu - law.linf
+            lnm = (np.log(law.A) - np.log(gap)) / law.alpha - lc
+            g = np.array([1 / (law.alpha * gap), 1 / law.alpha, -(np.log(law.A) - np.log(gap)) / law.alpha ** 2])
+            g_mu = -1 / (law.alpha * gap)
+            se = float(np.sqrt(s2 * (g @ law.cov @ g + g_mu ** 2 / n))) if dof > 0 else np.nan
+        elif law is not None:
+            notes.append(f"{row['change']} at {r}: mean loss {mu:.4g} is at or below L∞ {law.linf:.4g}: no multiplier")
+        row.update(ln_M=lnm, ln_M_se=se)
+        # Throughput of the cell against the baseline's runs on the same rung and hardware.
+        d, var = [], []
+        for hh in sorted({hw[i] for i in ix}):
+            a = [lm[i] for i in ix if hw[i] == hh and np.isfinite(lm[i])]
+            bb = bref.get((r, hh))
+            if a and bb:
+                d.append(np.mean(a) - np.mean(bb))
+                var.append(s2r * (1 / len(a) + 1 / len(bb)))
+        lnr = float(np.mean(d)) if d else np.nan
+        ser = float(np.sqrt(np.sum(var)) / len(var)) if d and dof_R > 0 else np.nan
+        row.update(ln_R=lnr, ln_R_se=ser, ln_W=lnm + lnr, ln_W_se=float(np.hypot(se, ser)))
+        qw = max(q, qr) if np.isfinite(q) and np.isfinite(qr) else np.nan  # W: the smaller df's quantile
+        for k, qq in (("M", q), ("R", qr), ("W", qw)):
+            est, s_ = row[f"ln_{k}"], row[f"ln_{k}_se"]
+            row[k], row[f"{k}_lo"], row[f"{k}_hi"] = np.exp(est), np.exp(est - qq * s_), np.exp(est + qq * s_)
+        rows.append(row)
+    if any(not np.isfinite(rw["ln_R"]) for rw in rows):
+        notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung and hardware")
+    table = pd.DataFrame(rows)
+    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline)), law, table, dof, dof_R, notes, warns)
+
+
+def _fmt(est: float, lo: float, hi: float) -> str:
+    if not np.isfinite(est):
+        return "not estimable"
+    return f"{est:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{est:.3f} (interval not estimable)"
+
+
+def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
+    """The OFAT report as Markdown lines (also printed by `analyze`)."""
+    out = [f"# {title or 'study'}: one-factor-at-a-time analysis", "",
+           f"Baseline arm: **{a.baseline}** (" + ", ".join(f"{f}={v}" for f, v in a.baseline_levels.items()) +
+           "); each other arm differs from it by one change (docs/method.md §4.8).", ""]
+    if a.law is not None:
+        lw = a.law
+        src = "pinned" if len(lw.pinned) == 3 else f"fitted on the baseline's runs ({', '.join(lw.pinned) or 'none'} pinned)"
+        out += [f"Law of the baseline, {src}: L(C) = {lw.linf:.4g} + {lw.A:.4g}·C^(−{lw.alpha:.4g}).", ""]
+    out += ["| change | rung | compute (FLOPs) | runs | loss | M (quality) | R (throughput) | W (wall-clock) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in a.table.to_dict("records"):
+        out.append(f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
+                   f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
+                   f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |")
+    out += ["", f"95% t intervals: quality on {a.dof} residual df, throughput on {a.dof_R}. M = C_eq/C, C_eq the "
+            "compute at which the baseline's law reaches the arm's mean loss; R = model FLOP/s over the baseline's "
+            "on the same rung and hardware; W = M·R.", "", "## What a one-factor-at-a-time study cannot tell", ""]
+    out += [f"- {t}" for t in a.cannot_tell]
+    if a.notes or a.warnings:
+        out += ["", "## Notes", ""] + [f"- warning: {w}" for w in a.warnings] + [f"- {n}" for n in a.notes]
+    return out
