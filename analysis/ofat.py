@@ -268,7 +268,8 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     # and the replicate scatter inside each other (arm, rung) cell.
     law, why = None, ""
     try:
-        law, res, p = _fit_law(C[is_base], L[is_base], pins)
+        o = np.lexsort((L[is_base], C[is_base]))  # a fixed order: the fit must not depend on the rows' order
+        law, res, p = _fit_law(C[is_base][o], L[is_base][o], pins)
     except ValueError as e:
         why = str(e)
         res, p = np.array([]), 0

@@ -1,0 +1,149 @@
+"""One-factor-at-a-time studies (analysis/ofat.py): each change's multiplier against the baseline arm,
+checked against the closed form of the law written out here, and independent of how levels are coded."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.ofat import analyze_ofat, design_kind, find_star
+from analysis.simulate import SimTruth, design_rows, simulate_table
+
+F = ["xsa", "sconv", "qk_norm"]
+LAW = dict(linf=2.0, A=400.0, alpha=0.2)
+RUNGS2 = {"r1": 1e8, "r2": 4e8}
+RUNGS4 = {"r1": 1e8, "r2": 4e8, "r3": 1.6e9, "r4": 6.4e9}
+STAR = np.array([[-1, -1, -1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]], float)
+
+
+def _truth(**kw):
+    kw = {"noise_sd": 0.003, "seed_sd": 0.0, **kw}
+    return SimTruth(factors=F, main={"xsa": 0.05, "sconv": 0.1, "qk_norm": -0.04}, scale={"sconv": 0.02},
+                    flops_extra={"sconv": 0.01}, **LAW, **kw)
+
+
+def _ofat(rungs, seeds=1, design=STAR, seed=0, **kw):
+    return simulate_table(_truth(**kw), rungs=rungs, seeds=seeds, design=design, rng=np.random.default_rng(seed))
+
+
+def _hand(df, factor, rung, linf, A, alpha):
+    """M = C_eq / C with C_eq = ((L̄ − L∞)/A)^(−1/α): L̄ the arm's mean loss, C its (geometric mean) compute."""
+    arm = "".join("+" if f == factor else "-" for f in F)
+    cell = df[(df["arm"] == arm) & (df["rung"] == rung)]
+    L, C = cell["eval_macro_loss"].mean(), np.exp(np.log(cell["train_flops"]).mean())
+    return ((L - linf) / A) ** (-1 / alpha) / C
+
+
+def _row(a, factor, rung):
+    t = a.table
+    return t[(t["factor"] == factor) & (t["rung"] == rung)].iloc[0]
+
+
+@pytest.mark.parametrize("rungs,seeds", [(RUNGS2, 1), (RUNGS4, 2)])
+def test_pinned_law_multiplier_equals_the_closed_form(rungs, seeds):
+    df = _ofat(rungs, seeds)
+    a = analyze_ofat(df, pin_linf=LAW["linf"], pin_alpha=LAW["alpha"], pin_A=LAW["A"])
+    assert len(a.table) == len(F) * len(rungs)
+    for f in F:
+        for r in rungs:
+            assert abs(np.log(_row(a, f, r)["M"]) - np.log(_hand(df, f, r, **LAW))) < 1e-6
+
+
+def test_pinned_exponent_and_floor_fit_A_on_the_baseline_by_least_squares():
+    df = _ofat(RUNGS2, seeds=2)
+    base = df[df["arm"] == "---"]
+    x = base["train_flops"].to_numpy() ** -LAW["alpha"]
+    A = float(np.sum((base["eval_macro_loss"].to_numpy() - LAW["linf"]) * x) / np.sum(x * x))  # linear LSQ in A
+    a = analyze_ofat(df, pin_linf=LAW["linf"], pin_alpha=LAW["alpha"])
+    assert abs(a.law.A / A - 1) < 1e-9
+    for f in F:
+        for r in RUNGS2:
+            assert abs(np.log(_row(a, f, r)["M"]) - np.log(_hand(df, f, r, LAW["linf"], A, LAW["alpha"]))) < 1e-6
+    assert a.dof == (len(base) - 1) + len(F) * len(RUNGS2) * (2 - 1)  # baseline residuals + replicate scatter
+    assert np.isfinite(_row(a, "xsa", "r1")["M_lo"])
+
+
+def test_free_law_on_noise_free_ladder_recovers_the_true_single_change_multiplier():
+    t = _truth(noise_sd=0.0)
+    df = simulate_table(t, rungs=RUNGS4, seeds=1, design=STAR)
+    a = analyze_ofat(df)
+    assert a.law is not None and abs(a.law.alpha - LAW["alpha"]) < 1e-4
+    for i, f in enumerate(F):
+        x = -np.ones((1, 3))
+        x[0, i] = 1
+        for r, tok in RUNGS4.items():
+            C = float(df[(df["arm"] == "".join("+" if g == f else "-" for g in F)) & (df["rung"] == r)]["train_flops"].iloc[0])
+            assert abs(np.log(_row(a, f, r)["M"]) - float(t.log_m(x, t.z([C]))[0])) < 1e-4
+    # 4 baseline runs, 3 law parameters, one run per cell: 1 df (exact fit: zero variance, finite width)
+    assert a.dof == 1
+
+
+def test_values_do_not_move_when_the_levels_are_coded_the_other_way():
+    df = _ofat(RUNGS4, seeds=2)
+    flipped = df.copy()
+    coding = {f: {**c, "low": c["high"], "high": c["low"]} for f, c in json.loads(df["coding"].iloc[0]).items()}
+    flipped["coding"] = json.dumps(coding)
+    flipped["arm"] = [f"arm{i}" for i in flipped["design_row"]]  # arm names carry no baseline either
+    flipped = flipped.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    for kw in ({"pin_linf": 2.0, "pin_alpha": 0.2, "pin_A": 400.0}, {}):
+        a, b = analyze_ofat(df, **kw), analyze_ofat(flipped, **kw)
+        assert b.baseline == "arm0"
+        cols = ["M", "M_lo", "M_hi", "R", "R_lo", "R_hi", "W"]
+        ta = a.table.sort_values(["factor", "rung"])[cols].to_numpy(float)
+        tb = b.table.sort_values(["factor", "rung"])[cols].to_numpy(float)
+        np.testing.assert_allclose(tb, ta, rtol=1e-9)
+
+
+def test_throughput_is_against_the_baseline_arm_on_the_same_rung():
+    df = _ofat(RUNGS2, seeds=2)
+    df["model_flops_per_s"] = np.where(df["arm"] == "+--", 2.0, 1.0) * 4e14 * np.where(df["seed"] == 0, 1.01, 0.99)
+    a = analyze_ofat(df, pin_linf=2.0, pin_alpha=0.2, pin_A=400.0)
+    np.testing.assert_allclose(_row(a, "xsa", "r1")["R"], 2.0, rtol=1e-12)
+    np.testing.assert_allclose(_row(a, "sconv", "r2")["R"], 1.0, rtol=1e-12)
+    row = _row(a, "xsa", "r2")
+    assert row["R_lo"] < 2.0 < row["R_hi"] and np.isclose(row["W"], row["M"] * row["R"])
+
+
+def test_two_scales_refuse_a_free_law_with_a_line_naming_the_pins():
+    a = analyze_ofat(_ofat(RUNGS2))
+    assert a.law is None and a.table["M"].isna().all()
+    assert any("--pin-linf" in n and "2 scale(s)" in n for n in a.notes)
+    assert a.table["R"].notna().all()  # throughput needs no law
+
+
+def test_design_recognition_star_factorial_and_pooled():
+    assert design_kind(_ofat(RUNGS2))[0] == "ofat"
+    fact = simulate_table(_truth(), rungs=RUNGS2, seeds=1, design=design_rows(3))
+    assert design_kind(fact)[0] == "factorial"
+    # A 2x2 factorial on xsa and sconv pooled with a single-change qk_norm arm: factorial, with a note.
+    pooled_design = np.array([[-1, -1, -1], [1, -1, -1], [-1, 1, -1], [1, 1, -1], [-1, -1, 1]], float)
+    pooled = _ofat(RUNGS2, design=pooled_design)
+    kind, star, note = design_kind(pooled)
+    assert kind == "factorial" and "qk_norm" in note and "--design ofat" in note
+    a = analyze_ofat(pooled, pin_linf=2.0, pin_alpha=0.2, pin_A=400.0, star=star)
+    assert set(a.table["factor"]) == set(F) and any("++-" in n for n in a.notes)
+    np.testing.assert_allclose(_row(a, "qk_norm", "r2")["M"], _hand(pooled, "qk_norm", "r2", **LAW), rtol=1e-9)
+
+
+def test_baseline_is_the_centre_not_the_first_arm():
+    df = _ofat(RUNGS2)
+    df = pd.concat([df[df["arm"] != "---"], df[df["arm"] == "---"]], ignore_index=True)  # baseline last
+    star = find_star(df)
+    assert star.labels[star.baseline] == "---" and len(star.changes) == 3
+
+
+def test_cli_analyze_reports_ofat_and_what_it_cannot_tell(tmp_path, capsys):
+    from sweeps.cli import main
+
+    src = tmp_path / "ofat.csv"
+    _ofat(RUNGS2, seeds=2).to_csv(src, index=False)
+    rc = main(["analyze", str(src), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
+               "--out", str(tmp_path / "rep")])
+    assert rc == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "cannot tell" in md and "Shapley" in md and "interactions" in md and "TOTAL" in md
+    got = pd.read_csv(tmp_path / "rep" / "ofat.csv")
+    assert len(got) == 6 and "Baseline arm" in capsys.readouterr().out
+    assert main(["analyze", str(src), "--pin-A", "400", "--design", "factorial"]) == 2
+    assert "--pin-A" in capsys.readouterr().err
