@@ -187,9 +187,15 @@ def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[Ofat
         linf, lna0, alpha = unpack(p)
         return linf + np.exp(lna0 - alpha * lc) - L
 
+    def jac(p):
+        linf, lna0, alpha = unpack(p)
+        e = np.exp(lna0 - alpha * lc)
+        cols = {"linf": np.ones_like(lc), "A": e, "alpha": -lc * e}
+        return np.stack([cols[k] for k in free], 1)
+
     best = None
-    if start is not None:
-        best = optimize.least_squares(resid, np.log(A) - pins["alpha"] * np.log(c0), method="lm",
+    if start is not None:  # A alone: start at its exact solution
+        best = optimize.least_squares(resid, np.log(A) - pins["alpha"] * np.log(c0), jac=jac, method="lm",
                                       xtol=1e-15, ftol=1e-15, gtol=1e-15)
     else:
         span = float(np.ptp(L)) or 0.1
@@ -198,7 +204,7 @@ def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[Ofat
             x0 = {"linf": linf0, "alpha": a0,
                   "A": float(np.log(max(np.mean(L) - linf0, 1e-9)))}
             try:
-                r = optimize.least_squares(resid, [x0[k] for k in free], method="lm", xtol=1e-15, ftol=1e-15,
+                r = optimize.least_squares(resid, [x0[k] for k in free], jac=jac, method="lm", xtol=1e-15, ftol=1e-15,
                                            gtol=1e-15, max_nfev=20000)
             except ValueError:
                 continue

@@ -147,3 +147,21 @@ def test_cli_analyze_reports_ofat_and_what_it_cannot_tell(tmp_path, capsys):
     assert len(got) == 6 and "Baseline arm" in capsys.readouterr().out
     assert main(["analyze", str(src), "--pin-A", "400", "--design", "factorial"]) == 2
     assert "--pin-A" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_intervals_cover_the_true_single_change_multiplier():
+    """40 simulated 4-rung, 2-seed OFAT studies, law fitted on the baseline: 480 intervals near 95%."""
+    t = _truth()
+    hit = n = 0
+    for s in range(40):
+        df = simulate_table(t, rungs=RUNGS4, seeds=2, design=STAR, rng=np.random.default_rng(100 + s))
+        a = analyze_ofat(df)
+        for i, f in enumerate(F):
+            x = -np.ones((1, 3))
+            x[0, i] = 1
+            for r in RUNGS4:
+                row = _row(a, f, r)
+                true = float(np.exp(t.log_m(x, t.z([row["compute"]]))[0]))
+                hit, n = hit + (row["M_lo"] <= true <= row["M_hi"]), n + 1
+    assert 0.90 <= hit / n <= 0.99, hit / n
