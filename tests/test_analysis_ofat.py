@@ -165,3 +165,26 @@ def test_intervals_cover_the_true_single_change_multiplier():
                 true = float(np.exp(t.log_m(x, t.z([row["compute"]]))[0]))
                 hit, n = hit + (row["M_lo"] <= true <= row["M_hi"]), n + 1
     assert 0.90 <= hit / n <= 0.99, hit / n
+
+
+def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance():
+    """With L∞, α, A pinned only the arm's mean loss is uncertain: se ln M = s/(α·(L̄ − L∞)·√n), s² the
+    baseline's squared residuals about the law plus every other cell's replicate scatter, over their df."""
+    from scipy import stats
+
+    df = _ofat(RUNGS4, seeds=2)
+    a = analyze_ofat(df, pin_linf=LAW["linf"], pin_alpha=LAW["alpha"], pin_A=LAW["A"])
+    base = df[df["arm"] == "---"]
+    ss = float(np.sum((base["eval_macro_loss"] - LAW["linf"] - LAW["A"] * base["train_flops"] ** -LAW["alpha"]) ** 2))
+    other = df[df["arm"] != "---"].groupby(["arm", "rung"])["eval_macro_loss"]
+    ss += float(other.apply(lambda v: np.sum((v - v.mean()) ** 2)).sum())
+    dof = len(base) + len(df[df["arm"] != "---"]) - other.ngroups
+    assert a.dof == dof
+    s = np.sqrt(ss / dof)
+    for f in F:
+        arm = "".join("+" if g == f else "-" for g in F)
+        for r in RUNGS4:
+            L = df[(df["arm"] == arm) & (df["rung"] == r)]["eval_macro_loss"]
+            se = s / (LAW["alpha"] * (L.mean() - LAW["linf"]) * np.sqrt(len(L)))
+            row = _row(a, f, r)
+            np.testing.assert_allclose(np.log(row["M_hi"] / row["M"]), stats.t.ppf(0.975, dof) * se, rtol=1e-9)
