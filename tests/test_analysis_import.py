@@ -120,3 +120,20 @@ def test_factorial_import_round_trips_into_the_same_attribution(tmp_path):
     ca, cb = a.components.sort_values(key), b.components.sort_values(key)
     assert list(ca["component"]) == list(cb["component"]) and set(ca["response"]) == {"ln_M", "ln_R", "ln_W"}
     np.testing.assert_allclose(cb[cols].to_numpy(float), ca[cols].to_numpy(float), rtol=1e-6, atol=1e-9)
+
+
+def test_json_rows_with_a_factors_object_and_a_failed_run(tmp_path):
+    import json
+
+    rows = [{"arm": "base", "rung": "s", "factors": {"xsa": "none"}, "flops": 1e18, "loss": 3.1, "source": "tab 2"},
+            {"arm": "x", "rung": "s", "factors": {"xsa": "xsa"}, "flops": 1e18, "loss": 3.0},
+            {"arm": "x", "rung": "s", "seed": 1, "factors": {"xsa": "xsa"}, "flops": 1e18, "status": "failed",
+             "error": "diverged at step 900"}]
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps({"runs": rows}))
+    assert main(["import", str(src)]) == 0
+    t = collect(tmp_path / "t", write=False).set_index(["arm", "seed"])
+    assert t.loc[("x", 1), "status"] == "failed" and t.loc[("x", 1), "error"] == "diverged at step 900"
+    assert t.loc[("x", 0), "xsa"] == "xsa" and t.loc[("base", 0), "eval_macro_loss"] == pytest.approx(3.1)
+    src.write_text(json.dumps([{**rows[0], "factors": ["none"]}]))
+    assert main(["import", str(src), "--out", str(tmp_path / "u")]) == 2
