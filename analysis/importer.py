@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from marin.factors import BASELINE_LEVELS, RECIPE_LEVELS, SPECS
 from marin.schema import (
     FactorCoding,
     RunMeta,
@@ -60,6 +59,14 @@ class Imported:
     rows: list[dict]  # validated rows
     factors: list[str]
     coding: dict[str, tuple[str, str]]  # factor -> (low, high)
+
+
+def _recipe():
+    """The registered recipe factors (marin.factors, imported when a file is read: analysis modules
+    load only marin.schema at import)."""
+    from marin import factors
+
+    return factors.SPECS, factors.RECIPE_LEVELS, factors.BASELINE_LEVELS
 
 
 def _err(row: int | None, col: str, msg: str) -> ValueError:
@@ -116,6 +123,7 @@ def _number(v, row: int, col: str, *, integer: bool = False) -> float:
 
 def _changes(v, row: int) -> dict[str, str]:
     """'a=x;b' -> {a: x, b: recipe level (registered) or 'on'}; empty on the baseline arm."""
+    specs = _recipe()[0]
     out: dict[str, str] = {}
     for part in ("" if _blank(v) else str(v)).split(";"):
         part = part.strip()
@@ -124,12 +132,13 @@ def _changes(v, row: int) -> dict[str, str]:
         name, _, level = (s.strip() for s in part.partition("="))
         if not name or name in COLUMNS:
             raise _err(row, "changes", f"{part!r}; allowed values: factor=level pairs separated by ';'")
-        out[name] = level or (SPECS[name].recipe if name in SPECS else "on")
+        out[name] = level or (specs[name].recipe if name in specs else "on")
     return out
 
 
 def validate(raw: list[dict]) -> Imported:
     """Every row checked; the first bad cell raises one line naming its row and column."""
+    _, recipe_levels, baseline_levels = _recipe()
     if not raw:
         raise ValueError("FILE holds no rows; allowed values: a table with a header and at least one row")
     cols = list(dict.fromkeys(c for r in raw for c in r))
@@ -183,9 +192,9 @@ def validate(raw: list[dict]) -> Imported:
                 raise _err(i, f, "empty; allowed values: the arm's level of this factor")
             levels[f] = str(r[f]).strip()
         for f, lv in levels.items():
-            if f in RECIPE_LEVELS and lv not in RECIPE_LEVELS[f]:
+            if f in recipe_levels and lv not in recipe_levels[f]:
                 raise _err(i, "changes" if use_changes else f,
-                           f"level {lv!r} of {f} is unknown; allowed values: {', '.join(RECIPE_LEVELS[f])}")
+                           f"level {lv!r} of {f} is unknown; allowed values: {', '.join(recipe_levels[f])}")
         out["levels"] = levels
         key = (out["arm"], out["rung"], out["seed"])
         if key in seen:
@@ -203,7 +212,7 @@ def validate(raw: list[dict]) -> Imported:
         rows.append(out)
     if use_changes:  # a factor a row does not change sits at the baseline's level
         factors = list(dict.fromkeys(f for r in rows for f in r["levels"]))
-        base = {f: BASELINE_LEVELS.get(f, "off") for f in factors}
+        base = {f: baseline_levels.get(f, "off") for f in factors}
         for i, r in enumerate(rows, start=1):
             for f, lv in r["levels"].items():
                 if lv == base[f]:
@@ -229,8 +238,9 @@ def validate(raw: list[dict]) -> Imported:
 def _coding(f: str, rows: list[dict]) -> tuple[str, str]:
     """(low, high) of a factor: a registered one's (baseline, recipe) levels; otherwise the level most
     rows hold is low (first seen on a tie) and the next most held is high."""
-    if f in SPECS:
-        return SPECS[f].baseline, SPECS[f].recipe
+    specs = _recipe()[0]
+    if f in specs:
+        return specs[f].baseline, specs[f].recipe
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["levels"][f]] = counts.get(r["levels"][f], 0) + 1
@@ -254,7 +264,8 @@ def _values(r: dict) -> dict:
 
 def to_table(imp: Imported, study: str) -> pd.DataFrame:
     """The results table `collect` would read from the imported study folder (analyse a file in place)."""
-    coding = json.dumps({f: {"field": f"recipe.{f}" if f in SPECS else f"imported.{f}", "low": lo, "high": hi}
+    specs = _recipe()[0]
+    coding = json.dumps({f: {"field": f"recipe.{f}" if f in specs else f"imported.{f}", "low": lo, "high": hi}
                          for f, (lo, hi) in imp.coding.items()})
     rows = [{"run_id": _run_id(r, study), "study": study, "rung": r["rung"], "arm": r["arm"], "seed": r["seed"],
              "design_row": None, **r["levels"], "coding": coding, "status": r["status"], "error": r["error"],
@@ -286,8 +297,9 @@ def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> 
         raise ValueError(f"--out {str(out)!r} exists and is not empty; allowed values: a new or empty folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    specs = _recipe()[0]
     try:
-        fields = {f: f"recipe.{f}" if f in SPECS else f"imported.{f}" for f in imp.factors}
+        fields = {f: f"recipe.{f}" if f in specs else f"imported.{f}" for f in imp.factors}
         for r in imp.rows:
             rid, v = _run_id(r, study), _values(r)
             d = tmp / "runs" / rid
