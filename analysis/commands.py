@@ -92,6 +92,9 @@ def _ofat_or_none(args, table: pd.DataFrame):
     kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
     if note:
         print(f"note: {note}")
+    if kind == "factorial" and args.design == "auto" and args.pin_A is not None and star is not None \
+            and star.covers_all:  # one change against a published law: the OFAT reading of a 2-arm design
+        kind = "ofat"
     if kind == "factorial":
         if args.pin_A is not None:
             raise ValueError("--pin-A: the factorial analysis fits A jointly with every arm; allowed values: "

@@ -188,3 +188,16 @@ def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance
             se = s / (LAW["alpha"] * (L.mean() - LAW["linf"]) * np.sqrt(len(L)))
             row = _row(a, f, r)
             np.testing.assert_allclose(np.log(row["M_hi"] / row["M"]), stats.t.ppf(0.975, dof) * se, rtol=1e-9)
+
+
+def test_a_single_change_with_a_published_law_is_read_as_ofat(tmp_path, capsys):
+    from sweeps.cli import main
+
+    df = _ofat(RUNGS2, design=STAR[:2])  # baseline and +xsa only: also a 2-arm factorial
+    assert design_kind(df)[0] == "factorial"
+    src = tmp_path / "one.csv"
+    df.to_csv(src, index=False)
+    assert main(["analyze", str(src), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
+                 "--out", str(tmp_path / "rep")]) == 0
+    got = pd.read_csv(tmp_path / "rep" / "ofat.csv")
+    np.testing.assert_allclose(got["M"], [_hand(df, "xsa", r, **LAW) for r in RUNGS2], rtol=1e-9)
