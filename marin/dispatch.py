@@ -91,6 +91,25 @@ def _ranks_in_groups(group_N: Tensor, n_groups: int, order_N: Tensor | None = No
     return rank_N
 
 
+def pooled_wave_slots(dest_N: Tensor, n_dest: int, waves: int) -> tuple[Tensor, Tensor]:
+    """(wave_N, slot_N) of a sender's assignments: ranked per destination in flat order, rank r goes
+    to wave r % W at pool slot r // W (levanter `_moe_mlp_ep_fixed_pooled_wave_a2a_local`). The
+    sender gate of `pooled_wave_keep` and of the real-EP exchange (marin/ep_exchange.py)."""
+    r_N = _ranks_in_groups(dest_N, n_dest)
+    return r_N % waves, r_N // waves
+
+
+def pooled_wave_receiver_keep(sent_N: Tensor, wave_N: Tensor, e_N: Tensor, slot_N: Tensor, shard_N: Tensor, *,
+                              n_experts: int, n_shards: int, waves: int, buffer: int) -> Tensor:
+    """Receiver gate: per (wave, expert) a buffer of `buffer` rows filled round-robin over senders
+    (slot p of every sender before any slot p+1, levanter `_interleaved_receiver_ranks`); rows with
+    sent_N False take no room. Shared by `pooled_wave_keep` and the real-EP receivers."""
+    S, W = n_shards, waves
+    group_N = torch.where(sent_N, wave_N * n_experts + e_N, W * n_experts)
+    recv_rank_N = _ranks_in_groups(group_N, W * n_experts + 1, slot_N * S + shard_N)
+    return sent_N & (recv_rank_N < buffer)
+
+
 def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, capacity_factor: float,
                      waves: int) -> tuple[Tensor, Tensor]:
     """(sender_keep_N, receiver_keep_N) of the pooled-wave transport over flat assignments n = t·K + k.
@@ -106,13 +125,10 @@ def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, ca
     pool, buffer = pooled_wave_capacities(Ts, K, n_experts, S, capacity_factor, W)
     e_N = expert_idx_TK.reshape(-1).long()
     shard_N = torch.arange(T * K, device=e_N.device) // (Ts * K)
-    r_N = _ranks_in_groups(shard_N * S + e_N // El, S * S)
-    wave_N, slot_N = r_N % W, r_N // W
+    wave_N, slot_N = pooled_wave_slots(shard_N * S + e_N // El, S * S, W)
     sender_keep_N = slot_N < pool
-    # receiver groups: (wave, expert) for what was sent, one overflow group for what was not
-    group_N = torch.where(sender_keep_N, wave_N * n_experts + e_N, W * n_experts)
-    recv_rank_N = _ranks_in_groups(group_N, W * n_experts + 1, slot_N * S + shard_N)
-    return sender_keep_N, sender_keep_N & (recv_rank_N < buffer)
+    return sender_keep_N, pooled_wave_receiver_keep(sender_keep_N, wave_N, e_N, slot_N, shard_N, n_experts=n_experts,
+                                                    n_shards=S, waves=W, buffer=buffer)
 
 
 def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,

@@ -1,5 +1,5 @@
-"""Real expert parallelism on torch.distributed: fixed and ragged all-to-all transports, data parallel
-for the rest of the model, sharded checkpoints (docs/method.md §2.1 "EP transports", docs/architecture.md §5).
+"""Real expert parallelism on torch.distributed: the EP layout and process groups, data parallel for
+the rest of the model, sharded checkpoints (docs/method.md §2.1 "EP transports", docs/architecture.md §5).
 
 Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_rank * ep + ep_rank, so an
 EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
@@ -8,11 +8,9 @@ and swaps in the `EPDispatcher`; each rank is one token shard. The rest of the s
 "dp" for the expert slices, over every rank for the other parameters, gradients of the mean of the
 per-rank losses) is `marin.parallel.apply_fsdp` (docs/architecture.md §5).
 
-Drops. Every rank decides its own drops with the same functions `plan_drops` uses
-(marin.dispatch: cell_counts, fixed_cell_capacity, ragged_capacities, ragged_accepted): the fixed
-transport needs only local information (per-(sender, expert) cell capacity); the ragged transport
-first all-gathers the S x E count matrix, from which every rank computes every receiver's accepted
-cells. The result equals `plan_drops` on the globally gathered expert ids (pinned by tests/test_ep.py).
+Exchange. `EPDispatcher` (marin/ep_exchange.py) runs every transport of the planner -- fixed,
+pooled_wave, ragged, dropless -- deciding drops with the functions `plan_drops` uses, so the result
+equals `plan_drops` on the globally gathered expert ids (pinned by tests/test_ep.py).
 """
 
 from __future__ import annotations
@@ -24,22 +22,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
-from marin.dispatch import (
-    TRANSPORTS,
-    DispatchStats,
-    ExpertWeights,
-    LocalDispatcher,
-    cell_counts,
-    expert_offsets,
-    fixed_cell_capacity,
-    ragged_accepted,
-    ragged_capacities,
-    ragged_chunk_layout,
-    swiglu_grouped,
-)
+from marin.dispatch import LocalDispatcher
+from marin.ep_exchange import EP_TRANSPORTS, EPDispatcher  # noqa: F401  (the exchange, re-exported)
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
@@ -190,184 +176,6 @@ def build_ep_groups(ep_size: int, device: str = "cpu", replicas: int = 1) -> EPG
 
 
 # ---------------------------------------------------------------------------------------------
-# The EP dispatcher
-# ---------------------------------------------------------------------------------------------
-
-
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single whose backward is the mirrored exchange (splits swapped). Written out because
-    torch's functional `all_to_all_single_autograd` costs ~4 s on its first call per process (measured
-    on gloo CPU), which dominates short runs and tests."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
-        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        gx = g.new_empty((sum(ctx.in_splits),) + tuple(g.shape[1:]))
-        dist.all_to_all_single(gx, g.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
-        return gx, None, None, None
-
-
-class _GradScale(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by a constant."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, scale: float) -> Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        return g * ctx.scale, None
-
-
-def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
-    """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it."""
-    return _AllToAll.apply(x, out_splits, in_splits, group)
-
-
-def _all_gather_flat(out: Tensor, inp: Tensor, group) -> None:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
-    gather(out, inp, group=group)
-
-
-def _swiglu_bmm(x_EMW: Tensor, w_gate_EWH: Tensor, w_up_EWH: Tensor, w_down_EHW: Tensor) -> Tensor:
-    """Static-shape experts: every local expert sees the same padded row count (fixed transport)."""
-    h = F.silu(torch.bmm(x_EMW, w_gate_EWH)) * torch.bmm(x_EMW, w_up_EWH)
-    return torch.bmm(h, w_down_EHW)
-
-
-EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "pooled_wave")
-
-
-class EPDispatcher:
-    """Expert-parallel Dispatcher (docs/method.md §2.1): tokens of this rank are one shard of the EP group,
-    `experts` holds this rank's E/S local experts, expert ids are global.
-
-    fixed: one dense all_to_all_single of equal splits, S x E/S cells of ceil(cf*T_s*K/E) padded rows,
-      overflow dropped at the sender, static-shape experts (bmm), mirrored return.
-    ragged: all-gather the S x E count matrix, then per chunk of local experts an all_to_all_single with
-      split sizes of the accepted rows (pooled receiver capacity, clipped per chunk), rows regrouped
-      expert-major for the grouped GEMM, mirrored return.
-    dropless=True (eval): the ragged exchange with nothing clipped, whatever the transport.
-
-    Stats are this rank's: assigned = T_s*K, dropped (equals plan_drops on the gathered ids restricted to
-    this shard), dropped_per_shard (every shard's, ragged only: it is known from the counts),
-    bytes_moved = bytes this rank sends to other ranks, dispatch + return (+ its counts row).
-    All ranks of the group must pass the same T_s.
-    """
-
-    def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2):
-        if transport not in EP_TRANSPORTS:
-            # pooled_wave is planned (plan_drops) and run in virtual EP; its static-wave exchange across
-            # real ranks is not built
-            raise ValueError(f"transport={transport!r} has no real-EP exchange; allowed values: "
-                             f"{', '.join(map(repr, EP_TRANSPORTS))} (pooled_wave runs in virtual EP)")
-        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
-        self.group = group
-        self.S = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        check_ep_layout(n_experts, self.S, self.S)
-        self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
-        self.n_local = n_experts // self.S
-        # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
-        # averages them), so the slices hold gradients of the mean of the per-rank losses.
-        self.grad_scale = 1.0
-
-    def __repr__(self) -> str:
-        return (f"EPDispatcher(transport={self.transport!r}, ep={self.S}, rank={self.rank}, "
-                f"n_experts={self.n_experts}, capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks})")
-
-    def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
-                 dropless: bool) -> tuple[Tensor, DispatchStats]:
-        if experts.n_experts != self.n_local:
-            raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
-                             f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
-        if self.grad_scale != 1.0:
-            experts = ExpertWeights(*(_GradScale.apply(w, self.grad_scale)
-                                      for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))
-        counts_1E, rank_N = cell_counts(expert_idx_TK, self.n_experts, 1)
-        if self.transport == "fixed" and not dropless:
-            return self._fixed(x_TW, expert_idx_TK, combine_TK, experts, rank_N)
-        return self._ragged(x_TW, expert_idx_TK, combine_TK, experts, counts_1E[0], rank_N, dropless)
-
-    # -- fixed: static shapes ---------------------------------------------------------------------
-    def _fixed(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, rank_N):
-        T, K = idx_TK.shape
-        W, S, El, E = x_TW.shape[1], self.S, self.n_local, self.n_experts
-        cap = fixed_cell_capacity(T, K, E, self.capacity_factor)
-        e_N = idx_TK.reshape(-1).long()
-        kept_M = torch.nonzero(rank_N < cap).squeeze(1)
-        slot_M = e_N[kept_M] * cap + rank_N[kept_M]  # cells are receiver-major because experts are
-        tok_M = kept_M // K
-        src_slot = torch.full((E * cap,), T, dtype=torch.long, device=x_TW.device)
-        src_slot[slot_M] = tok_M
-        send = torch.cat([x_TW, x_TW.new_zeros(1, W)])[src_slot]  # padded rows are zero rows
-        splits = [El * cap] * S
-        recv = _a2a(send, splits, splits, self.group)
-        x_EMW = recv.view(S, El, cap, W).transpose(0, 1).reshape(El, S * cap, W)
-        # Zero padding rows give zero outputs (no biases, silu(0) = 0), and zero gradients.
-        out_EMW = _swiglu_bmm(x_EMW, experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)
-        back = out_EMW.view(El, S, cap, W).transpose(0, 1).reshape(S * El * cap, W)
-        ret = _a2a(back, splits, splits, self.group)
-        w_M1 = combine_TK.reshape(-1)[kept_M].unsqueeze(1).to(ret.dtype)
-        y_TW = torch.zeros_like(x_TW).index_add(0, tok_M, (ret[slot_M] * w_M1).to(x_TW.dtype))
-        dropped = T * K - kept_M.numel()
-        nbytes = 2 * (S - 1) * El * cap * W * x_TW.element_size()
-        return y_TW, DispatchStats(assigned=T * K, dropped=dropped, dropped_per_shard=None, bytes_moved=nbytes)
-
-    # -- ragged: counts first, then split sizes --------------------------------------------------
-    def _ragged(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, counts_E, rank_N, dropless: bool):
-        T, K = idx_TK.shape
-        W, S, El, E, r = x_TW.shape[1], self.S, self.n_local, self.n_experts, self.rank
-        counts_SE = torch.empty(S * E, dtype=torch.long, device=counts_E.device)
-        _all_gather_flat(counts_SE, counts_E.contiguous(), self.group)  # the count exchange
-        counts_SE = counts_SE.view(S, E)
-        chunks, Ec = ragged_chunk_layout(El, self.n_chunks)
-        if dropless:
-            accepted_SE = counts_SE
-        else:
-            _, chunk_cap = ragged_capacities(T, K, El, self.capacity_factor, self.n_chunks)
-            accepted_SE = ragged_accepted(counts_SE, self.n_chunks, chunk_cap)
-        e_N = idx_TK.reshape(-1).long()
-        keep_N = rank_N < accepted_SE[r, e_N]
-        kept_M = torch.nonzero(keep_N).squeeze(1)
-        e_M = e_N[kept_M]
-        # Sorting by global expert id orders the send buffer receiver-major; stable keeps (t, k) order.
-        order = torch.sort(e_M, stable=True).indices
-        src_M, e_M = kept_M[order], e_M[order]
-        chunk_M = (e_M % El) // Ec
-        acc_SQX = accepted_SE.view(S, S, chunks, Ec)  # (sender, receiver, chunk, expert in chunk)
-        y_TW = torch.zeros_like(x_TW)
-        for c in range(chunks):
-            sel = torch.nonzero(chunk_M == c).squeeze(1)
-            src_c, tok_c = src_M[sel], src_M[sel] // K
-            in_splits = acc_SQX[r, :, c].sum(-1).tolist()
-            recv_SX = acc_SQX[:, r, c]  # rows I receive from each sender, per local expert of chunk c
-            out_splits = recv_SX.sum(-1).tolist()
-            recv = _a2a(x_TW[tok_c], out_splits, in_splits, self.group)
-            # Arrivals are sender-major; the grouped GEMM wants them expert-major (senders in order).
-            label = torch.repeat_interleave(torch.arange(Ec, device=x_TW.device).repeat(S), recv_SX.reshape(-1))
-            perm = torch.sort(label, stable=True).indices
-            out = swiglu_grouped(recv[perm], expert_offsets(label[perm], Ec), experts.slice(c * Ec, (c + 1) * Ec))
-            back = torch.empty_like(out).index_copy(0, perm, out) if out.numel() else out
-            ret = _a2a(back, in_splits, out_splits, self.group)
-            w_M1 = combine_TK.reshape(-1)[src_c].unsqueeze(1).to(ret.dtype)
-            y_TW = y_TW.index_add(0, tok_c, (ret * w_M1).to(y_TW.dtype))
-        dropped_S = (counts_SE - accepted_SE).sum(1).tolist()
-        off_rows = sum(v for q, v in enumerate(accepted_SE[r].view(S, El).sum(1).tolist()) if q != r)
-        nbytes = 2 * off_rows * W * x_TW.element_size() + (S - 1) * E * 8
-        return y_TW, DispatchStats(assigned=T * K, dropped=dropped_S[r], dropped_per_shard=dropped_S,
-                                   bytes_moved=nbytes)
-
-
-# ---------------------------------------------------------------------------------------------
 # Building the EP model from a MarinModel (or any module holding MoE layers)
 # ---------------------------------------------------------------------------------------------
 
@@ -399,7 +207,8 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
         for p in EXPERT_PARAM_NAMES:
             full = getattr(m, p)
             setattr(m, p, nn.Parameter(full.detach()[q * El:(q + 1) * El].clone(), requires_grad=full.requires_grad))
-        m.dispatcher = EPDispatcher(transport or old.transport, groups.ep_group, E, old.capacity_factor, old.n_chunks)
+        m.dispatcher = EPDispatcher(transport or old.transport, groups.ep_group, E, old.capacity_factor, old.n_chunks,
+                                    old.waves)
         m.router.qb_shards = 1  # this rank's tokens are one shard; update_bias averages over ranks
     if not found:
         raise ValueError("shard_experts: the model has no MoE layer (a module with `dispatcher` and "
