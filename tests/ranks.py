@@ -48,3 +48,38 @@ def read_results(paths) -> list[dict]:
     for o in outs:
         assert "error" not in o, o["error"]
     return outs
+
+
+class count_host_reads:
+    """Counts what reads a tensor's value on the host (a device sync on GPU) while active: .tolist(),
+    .item(), int/float/bool/index of a tensor, .numpy(), nonzero, and repeat_interleave with tensor
+    repeats and no output_size. `with count_host_reads() as c: ...; c.n` (c.calls names them)."""
+
+    _METHODS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy", "nonzero")
+
+    def __enter__(self):
+        import torch
+
+        self.calls: list[str] = []
+        self._saved = [(torch.Tensor, m, getattr(torch.Tensor, m)) for m in self._METHODS]
+        self._saved += [(torch, "nonzero", torch.nonzero), (torch, "repeat_interleave", torch.repeat_interleave)]
+        for owner, name, fn in self._saved:
+            setattr(owner, name, self._wrap(name, fn))
+        return self
+
+    def _wrap(self, name, fn):
+        def counted(*args, **kwargs):
+            tensor_repeats = len(args) > 1 and hasattr(args[1], "shape") and args[1].dim() > 0
+            if name != "repeat_interleave" or (tensor_repeats and kwargs.get("output_size") is None):
+                self.calls.append(name)
+            return fn(*args, **kwargs)
+        return counted
+
+    def __exit__(self, *exc):
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+        return False
+
+    @property
+    def n(self) -> int:
+        return len(self.calls)

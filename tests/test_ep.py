@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ranks import free_port
+from ranks import count_host_reads, free_port
 
 from marin.config import ModelConfig, Recipe
-from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops
+from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
 from marin.ep import check_ep_layout, init_ep
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
@@ -26,15 +26,22 @@ from marin.ep import check_ep_layout, init_ep
 pytestmark = pytest.mark.slow
 
 
-TRANSPORT_CASES = (("fixed", 0.6, False), ("ragged", 0.6, False), ("ragged", 0.6, True))  # (transport, cf, dropless)
+# (transport, cf, dropless, routing): "random" top-k, or "hot" (most tokens pick experts 0 and 1, so
+# pooled_wave drops both at the sender's pool for shard 0 and at its receiver's per-wave buffers)
+TRANSPORT_CASES = (("fixed", 0.6, False, "random"), ("ragged", 0.6, False, "random"), ("ragged", 0.6, True, "random"),
+                   ("pooled_wave", 1.0, False, "hot"))
 TOL = 1e-9  # float64 for the dispatcher checks
 
 
 
-def _global_routing(T, K, E, W, H):
+def _global_routing(T, K, E, W, H, routing="random"):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(T, W, generator=g, dtype=torch.float64)
     idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    if routing == "hot":  # a hand-made imbalanced router: 70% of tokens pick expert 0 (and 1 second)
+        hot = torch.rand(T, generator=g) < 0.7
+        idx[:, 0] = torch.where(hot, 0, idx[:, 0])
+        idx[:, 1] = torch.where(hot & (idx[:, 1] == 0), 1, idx[:, 1])
     comb = torch.rand(T, K, generator=g, dtype=torch.float64)
     ex = ExpertWeights(*(torch.randn(E, a, b, generator=g, dtype=torch.float64) / a**0.5
                          for a, b in ((W, H), (W, H), (H, W))))
@@ -44,7 +51,7 @@ def _global_routing(T, K, E, W, H):
 def _moe_cfg(S: int) -> ModelConfig:
     # Small capacities so that both transports drop in the training forward.
     return ModelConfig(d_model=32, n_heads=2, head_dim=16, n_experts=8, top_k=4, expert_hidden=16,
-                       shared_hidden=16, ep_shards=S, capacity_fixed=0.6, capacity_ragged=0.6)
+                       shared_hidden=16, ep_shards=S, capacity_fixed=0.6, capacity_ragged=0.6, capacity_pooled_wave=0.6)
 
 
 def _init_moe(moe, seed):
@@ -82,16 +89,28 @@ def _maxdiff(a, b) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
+def _host_reads(disp, idx, comb, dropless):
+    """Host reads of one fp32 forward + backward through `disp`, widths 8 (16-byte rows: the grouped
+    GEMM's native path, which reads nothing on the host, so what is counted is the exchange's)."""
+    g = torch.Generator().manual_seed(8)
+    x, comb = torch.randn(idx.shape[0], 8, generator=g).requires_grad_(), comb.float().requires_grad_()
+    ex = ExpertWeights(*(torch.randn(disp.n_local, 8, 8, generator=g).requires_grad_() for _ in range(3)))
+    with count_host_reads() as c:
+        y, _ = disp(x, idx, comb, ex, dropless=dropless)
+        y.sum().backward()
+    return c.calls
+
+
 def _check_dispatcher(rank, S, out):
     from marin.ep import EPDispatcher
 
     T, K, E, W, H = 12 * S, 2, 2 * S, 6, 5
     Ts, El = T // S, E // S
-    x, idx, comb, ex = _global_routing(T, K, E, W, H)
     group = dist.new_group(list(range(S)))
-    for transport, cf, dropless in TRANSPORT_CASES:
+    for transport, cf, dropless, routing in TRANSPORT_CASES:
         name = f"dispatch_{transport}{'_dropless' if dropless else ''}"
         try:
+            x, idx, comb, ex = _global_routing(T, K, E, W, H, routing)
             xr, cr = x.clone().requires_grad_(), comb.clone().requires_grad_()
             exr = ExpertWeights(*(w.clone().requires_grad_() for w in (ex.w_gate_EWH, ex.w_up_EWH, ex.w_down_EHW)))
             y_ref, _ = LocalDispatcher(transport, S, cf)(xr, idx, cr, exr, dropless=dropless)
@@ -100,15 +119,18 @@ def _check_dispatcher(rank, S, out):
             sl, el = slice(rank * Ts, (rank + 1) * Ts), slice(rank * El, (rank + 1) * El)
             xl, cl = x[sl].clone().requires_grad_(), comb[sl].clone().requires_grad_()
             exl = ExpertWeights(*(w[el].clone().requires_grad_() for w in (ex.w_gate_EWH, ex.w_up_EWH, ex.w_down_EHW)))
-            y, stats = EPDispatcher(transport, group, E, cf)(xl, idx[sl], cl, exl, dropless=dropless)
+            disp = EPDispatcher(transport, group, E, cf)
+            y, stats = disp(xl, idx[sl], cl, exl, dropless=dropless)
             grads = torch.autograd.grad((y * g[sl]).sum(), (xl, cl, exl.w_gate_EWH, exl.w_up_EWH, exl.w_down_EHW))
             keep = plan_drops(idx, n_experts=E, n_shards=S, transport="dropless" if dropless else transport,
                               capacity_factor=cf)
+            sender_keep, _ = pooled_wave_keep(idx, n_experts=E, n_shards=S, capacity_factor=cf, waves=3)
             out[name] = dict(
                 y=_maxdiff(y, y_ref[sl]),
                 grads=max(_maxdiff(a, b) for a, b in zip(grads, (refs[0][sl], refs[1][sl]) + tuple(r[el] for r in refs[2:]))),
-                dropped=stats.dropped, planner_dropped=int((~keep[sl]).sum()), total_dropped=int((~keep).sum()),
-                assigned=stats.assigned)
+                dropped=int(stats.dropped), planner_dropped=int((~keep[sl]).sum()), total_dropped=int((~keep).sum()),
+                sender_dropped=int((~sender_keep).sum()), receiver_dropped=int((sender_keep.view(T, K) & ~keep).sum()),
+                assigned=stats.assigned, host_reads=_host_reads(disp, idx[sl], comb[sl], dropless))
         except Exception:
             out[name] = dict(error=traceback.format_exc())
 
@@ -120,7 +142,7 @@ def _check_moe(rank, world, ep, out, tmp):
     groups = build_ep_groups(ep)
     B_l, L = 2, 8
     n_groups, Bg = world // ep, ep * B_l  # EP groups hold consecutive ranks, Bg sequences each
-    for transport in ("fixed", "ragged"):
+    for transport in ("fixed", "ragged", "pooled_wave"):
         name = f"moe_{transport}_ep{ep}_dp{n_groups}"
         try:
             cfg, recipe = _moe_cfg(ep), Recipe(ep_transport=transport)
@@ -149,7 +171,7 @@ def _check_moe(rank, world, ep, out, tmp):
                 # gradients of the mean of the per-rank losses (FSDP2 DTensors over dp, or EP slices)
                 gdiff = max(gdiff, _maxdiff(_full(p.grad) * world, want))
             Ts = B_l * L
-            out[name] = dict(y=_maxdiff(o.y_BSD, y_ref[sl]), grads=gdiff, dropped=o.dispatch.dropped,
+            out[name] = dict(y=_maxdiff(o.y_BSD, y_ref[sl]), grads=gdiff, dropped=int(o.dispatch.dropped),
                              planner_dropped=int((~keep[rank * Ts:(rank + 1) * Ts]).sum()),
                              total_dropped=int((~keep).sum()))
         except Exception:
@@ -294,7 +316,7 @@ def _rows(results, name):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless"])
+@pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless", "dispatch_pooled_wave"])
 def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs, world, case):
     rows = _rows(ep_runs[1][world], case)
     for row in rows:
@@ -304,10 +326,22 @@ def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs,
         assert rows[0]["total_dropped"] == 0
     else:
         assert rows[0]["total_dropped"] > 0  # the case must exercise dropping
+    if case == "dispatch_pooled_wave":  # both gates drop: the sender's pools and the receivers' buffers
+        assert rows[0]["sender_dropped"] > 0 and rows[0]["receiver_dropped"] > 0
+        assert sum(row["dropped"] for row in rows) == rows[0]["total_dropped"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("transport", ["fixed", "ragged"])
+@pytest.mark.parametrize("case,reads", [("dispatch_fixed", 0), ("dispatch_pooled_wave", 0), ("dispatch_ragged", 1),
+                                        ("dispatch_ragged_dropless", 1)])
+def test_ep_exchange_host_reads_static_transports_none_ragged_one_per_dispatch(ep_runs, world, case, reads):
+    # forward + backward of one dispatch, 2 chunks for ragged: its split sizes are read in one .tolist()
+    for row in _rows(ep_runs[1][world], case):
+        assert len(row["host_reads"]) == reads, row["host_reads"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("transport", ["fixed", "ragged", "pooled_wave"])
 def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, transport):
     rows = _rows(ep_runs[1][world], f"moe_{transport}_ep2_dp{world // 2}")
     for row in rows:

@@ -70,8 +70,11 @@ def _native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
     if x_NI.dtype != w_EIO.dtype:
         return False
     if x_NI.device.type == "cpu":
-        # torch.compile traces _grouped_mm through a meta function that accepts bf16 only (torch 2.13).
-        return x_NI.dtype in _CPU_GROUPED_MM_DTYPES and (x_NI.dtype == torch.bfloat16 or not torch.compiler.is_compiling())
+        # torch.compile traces _grouped_mm through a meta function that accepts bf16 only (torch 2.13);
+        # the CPU kernel too wants 16-byte row strides (a width-6 fp32 row raises).
+        aligned = (x_NI.shape[1] * x_NI.element_size()) % 16 == 0 and (w_EIO.shape[2] * w_EIO.element_size()) % 16 == 0
+        return aligned and x_NI.dtype in _CPU_GROUPED_MM_DTYPES and (
+            x_NI.dtype == torch.bfloat16 or not torch.compiler.is_compiling())
     if not (x_NI.is_cuda and hasattr(torch, "_grouped_mm")) or x_NI.dtype != torch.bfloat16:
         return False
     if torch.cuda.get_device_capability(x_NI.device) < (9, 0):
