@@ -429,9 +429,10 @@ def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequenc
     """EP transport alone: ragged (pooled receiver cf 1.15) vs fixed (per sender-expert cf 1.33), the
     other six switches at the recipe level. Measures drop rate, its quality cost and throughput; runs
     use the real EP transport over 8 GPUs (one EP group), so tokens/s and MFU are comparable.
-    Why ragged and not the hero's own pooled-wave transport: the recipe as published names the ragged
-    all-to-all, and pooled-wave has no real-EP exchange here yet (virtual EP plans its drops;
-    benchmarks/ep_drops.py sets fixed, pooled-wave and ragged side by side)."""
+    Why ragged vs fixed and not the hero's own pooled-wave transport: the recipe as published names the
+    ragged all-to-all and the factor's levels are ragged / fixed; pooled_wave (an extra level, real EP
+    included) is a third arm a study can add (benchmarks/ep_drops.py and ep_step.py set the four
+    transports side by side)."""
     design = full_factorial(["ep_transport"])
     eight = tuple(replace(r, gpus=8) for r in ladder(rungs))
     return Study("marin535_ep", "EP transport (ragged vs fixed): drops, quality and throughput, 2 arms",
@@ -458,9 +459,11 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
     step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
-    EP transport: `ragged`, the recipe level and the one real-EP exchange that pools receiver capacity;
-    Marin's hero ran the static pooled-wave all-to-all (`ep_transport="pooled_wave"`, ~3-4% drops),
-    which is planned in virtual EP only (docs/fidelity.md "pooled-wave transport")."""
+    EP transport: `ragged`, the recipe's level -- the hero is the all_on arm of the seven factors, so its
+    run stays comparable with the ladder's all_on arms. Marin's hero ran the static pooled-wave
+    all-to-all (~3-4% drops); `ep_transport="pooled_wave"` runs under real EP too (static splits, no host
+    read in its exchange, docs/fidelity.md "pooled-wave transport"), e.g. `--recipe ep_transport=pooled_wave`,
+    but is not this study's level: its receive buffers are not what the hero's memory plan measures."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
     batch = 11_264

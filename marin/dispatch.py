@@ -266,9 +266,10 @@ class DispatchStats:
     padded cell; the ragged (and dropless) exchange also all-gathers the S x E int64 count matrix.
     0 with one shard.
 
-    The local dispatcher leaves the counts on the device (0-d int64 tensors, dropped_per_shard of
-    shape (S,)) so accounting never stalls a step; the real EP transports hold host ints, which
-    they read anyway to size their exchange. ModelOutput.stats reads them once per forward.
+    The local dispatcher and the static real-EP exchanges (fixed, pooled_wave) leave the counts on
+    the device (0-d int64 tensors, dropped_per_shard of shape (S,)) so accounting never stalls a
+    step; the ragged real-EP exchange reports host ints derived from the split sizes it reads anyway
+    (dropped_per_shard stays on the device). ModelOutput.stats reads them once per forward.
     """
 
     assigned: int
