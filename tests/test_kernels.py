@@ -338,3 +338,14 @@ def test_every_kernel_compiles_for_sm90_without_spills_and_gmm_uses_wgmma():
             assert b["stack_bytes"] == 0, b
         if b["name"].startswith("_gmm"):  # Hopper tensor-core instructions, not mma.sync
             assert b["uses_wgmma"], b
+
+
+def test_cpu_grouped_mm_with_rows_not_16_byte_aligned_takes_the_loop():
+    # torch's CPU _grouped_mm raises on 24-byte fp32 rows (width 6) and 20-byte output rows (5);
+    # such widths must still compute, through the per-group loop.
+    offsets = torch.tensor([3, 3, 7], dtype=torch.int32)
+    x, w = torch.randn(8, 6), torch.randn(3, 6, 5)
+    y = grouped_mm_torch(x, w, offsets)
+    _close(y[:3], x[:3] @ w[0], 1e-5)
+    _close(y[3:7], x[3:7] @ w[2], 1e-5)
+    assert (y[7:] == 0).all()
