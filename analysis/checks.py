@@ -17,6 +17,8 @@ from analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
 WIDE_RATIO = 10.0
+#: The factor whose levels are the EP transports, and the mean drop rate above which the report names them.
+DROP_FACTOR, DROP_WARN = "ep_transport", 0.01
 
 
 def _lof(resid: np.ndarray, cells: np.ndarray, dof: int) -> tuple[float, float, int, int]:
@@ -133,6 +135,38 @@ def _stream_warnings(a) -> list[str]:
     return out
 
 
+def lr_untuned(t: pd.DataFrame) -> bool:
+    """No per-arm learning rate in the table: every arm ran the heuristic LR."""
+    return "lr" not in t or t["lr"].nunique() <= 1
+
+
+def drop_rates(a) -> pd.DataFrame:
+    """Mean routed-token drop rate of the analysed runs per rung (compute order) and EP transport
+    level, the baseline level (coded −1) first: columns rung, level, code, drop_rate."""
+    t = a.table
+    if "drop_rate" not in t or DROP_FACTOR not in t or f"x_{DROP_FACTOR}" not in t:
+        return pd.DataFrame(columns=["rung", "level", "code", "drop_rate"])
+    d = pd.DataFrame({"rung": t["rung"].astype(str), "level": t[DROP_FACTOR].astype(str),
+                      "code": t[f"x_{DROP_FACTOR}"], "drop_rate": pd.to_numeric(t["drop_rate"], errors="coerce")})
+    d = d.dropna(subset=["drop_rate"]).groupby(["rung", "level", "code"], as_index=False)["drop_rate"].mean()
+    order = {str(r): i for i, r in enumerate(a.rungs["rung"])}  # a.rungs is in compute order
+    d["_o"] = d["rung"].map(order).fillna(len(order))
+    return d.sort_values(["_o", "code"]).drop(columns="_o").reset_index(drop=True)
+
+
+def drop_warning(a) -> str:
+    """Both transports' drop rates per rung when either drops more than DROP_WARN of routed tokens."""
+    d = drop_rates(a)
+    if not len(d) or d["drop_rate"].max() <= DROP_WARN:
+        return ""
+    levels = list(dict.fromkeys(d["level"]))
+    per_rung = [f"{r} " + " / ".join(f"{100 * g.set_index('level')['drop_rate'].get(lv, np.nan):.1f}%"
+                                     for lv in levels).replace("nan%", "not run")
+                for r, g in d.groupby("rung", sort=False)]
+    return (f"EP transports drop routed tokens ({' / '.join(levels)}, per rung): {', '.join(per_rung)}; the quality "
+            f"cost of the drops is part of the {DROP_FACTOR} effect")
+
+
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
     w = []
@@ -165,17 +199,15 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         sd = float(np.nanstd(a.fits["throughput"].resid)) if "throughput" in a.fits else np.nan
         w.append(f"throughput measured on CPU (residual sd of ln R {sd:.3f}): CPU throughput is noisy and says "
                  "little about GPU kernels")
-    if "lr" in t and t["lr"].nunique() <= 1 or "lr" not in t:
-        w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised")
+    if lr_untuned(t):
+        w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised "
+                 "(`marin-ablate tune STUDY`, then `run --tuned`)")
     for c in ("epochs", "data_epochs"):
         if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
             w.append(f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
-    if "drop_rate" in t and "ep_transport" in t:
-        d = pd.to_numeric(t["drop_rate"], errors="coerce")
-        bl = d[t.get("x_ep_transport", pd.Series(-1, index=t.index)) == -1]
-        if len(bl.dropna()) and bl.mean() > 0.01:
-            w.append(f"baseline EP transport drops {100 * bl.mean():.1f}% of routed tokens: its quality cost is "
-                     "part of the ep_transport effect")
+    dw = drop_warning(a)
+    if dw:
+        w.append(dw)
     w += _stream_warnings(a)
     if a.alias_groups():
         w.append(f"{len(a.alias_groups())} alias group(s): some interactions are estimated only in sums "

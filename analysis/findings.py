@@ -14,7 +14,9 @@ import pandas as pd
 from scipy import stats
 
 from analysis.attribution import EffectsFit, component_contrasts
+from analysis.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned
 from analysis.responses import by_column
+from analysis.results import codings
 
 
 def _exp(v: float) -> float:
@@ -278,3 +280,50 @@ def scale_cells(a, f: str) -> dict[str, str]:
     else:
         out["scale verdict"] = "no detectable trend"
     return out
+
+
+#: Factors whose change moves the best learning rate: a field of the train section or one naming the
+#: optimizer (in any section). With LRs untuned per arm their verdicts carry that qualifier beside them.
+LR_COUPLED_SECTIONS, LR_COUPLED_ATTRS = ("train",), ("optimizer",)
+
+
+def lr_coupled(field: str) -> bool:
+    section, _, attr = field.partition(".")
+    return section in LR_COUPLED_SECTIONS or attr in LR_COUPLED_ATTRS
+
+
+def _fields(a) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for coding, _ in codings(a.table):
+        for name, d in coding.items():
+            out.setdefault(name, str(d.get("field", "")))
+    return out
+
+
+def qualifiers(a, f: str) -> str:
+    """What qualifies component f's verdicts (or TOTAL's), shown beside them in Findings: LRs not
+    tuned for an LR-coupled factor, both EP transports' drop rates, aliasing, an interval too wide
+    to say anything. The Warnings section says the same at length."""
+    q = []
+    fields = _fields(a)
+    coupled = [g for g in a.factors if lr_coupled(fields.get(g, ""))]
+    if lr_untuned(a.table) and (f in coupled or (f == "TOTAL" and coupled)):
+        q.append("LRs untuned for this arm (see `marin-ablate tune`)" if f != "TOTAL"
+                 else f"LRs untuned for {', '.join(coupled)}")
+    d = drop_rates(a)
+    if f in (DROP_FACTOR, "TOTAL") and DROP_FACTOR in a.factors and len(d) and d["drop_rate"].max() > 0:
+        span = []
+        for lv, g in d.groupby("level", sort=False):
+            lo, hi = 100 * g["drop_rate"].min(), 100 * g["drop_rate"].max()
+            span.append(f"{lv} {lo:.1f}%" if hi - lo < 0.05 else f"{lv} {lo:.1f}–{hi:.1f}%")
+        q.append("drops " + ", ".join(span) + " of routed tokens (per rung in Warnings)")
+    comp = a.components
+    c = comp[comp["component"] == f] if len(comp) else comp
+    if len(c) and f != "TOTAL" and (c.get("aliased_with", pd.Series("", index=c.index)).fillna("") != "").any():
+        q.append("aliased interactions assumed negligible (Appendix)")
+    wide = [by_column(r).label if by_column(r) else r for r, lo, hi in zip(c.get("response", []), c.get("shapley_lo", []),
+                                                                          c.get("shapley_hi", []))
+            if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
+    if wide:
+        q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
+    return "; ".join(q) or "—"

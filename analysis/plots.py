@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -19,13 +20,44 @@ from analysis.attribution import interaction_matrix  # noqa: E402
 from analysis.pipeline import StudyAnalysis  # noqa: E402
 from analysis.responses import RESPONSES, by_column  # noqa: E402
 
+#: The interaction heatmap's colour scale: fixed at ±ln 2 (an interaction that doubles or halves the
+#: all-on vs all-off multiplier saturates), so noise never looks like a strong effect.
+HEATMAP_LIMIT = float(np.log(2.0))
+
+
+def _unit(column: str) -> str:
+    r = by_column(column)
+    return r.unit if r else "baseline"
+
 
 def _save(fig, path: Path) -> Path:
+    """PNG of the figure's tight bounding box: titles, labels and legends are never cut off."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15, facecolor="white")
     plt.close(fig)
     return path
+
+
+def log_ticks(ax, which: str = "x") -> list[float]:
+    """Readable ticks on a log axis: decades over three or more decades, 1-2-5 over one or more,
+    else evenly spaced plain values (a log axis spanning less than a decade, e.g. multipliers 0.8–1.6,
+    gets one tick or none from a decade locator); labels as plain numbers, no minor labels."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    span = np.log10(hi / lo)
+    if span >= 1:
+        subs = (1.0,) if span >= 3 else (1.0, 2.0, 5.0)
+        decades = 10.0 ** np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(hi)) + 1)
+        ticks = [d * k for d in decades for k in subs if lo <= d * k <= hi]
+    else:
+        loc = matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10])
+        ticks = [float(v) for v in loc.tick_values(lo, hi) if lo <= v <= hi and v > 0]
+    axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    digits = next((d for d in range(2, 9) if len({f"{v:.{d}g}" for v in ticks}) == len(ticks)), 9)
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.{digits}g}"))  # distinct labels
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
+    (ax.set_xlim if which == "x" else ax.set_ylim)(lo, hi)  # the ticks were chosen for this view
+    return ticks
 
 
 def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
@@ -44,15 +76,13 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
         ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
     ax.axvline(1.0, color="grey", lw=1, ls="--")
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
+    log_ticks(ax, "x")
     ax.set_yticks(range(len(comps)), comps)
     ax.invert_yaxis()
     r = by_column(response)
-    ax.set_xlabel(r.axis if r else response)
-    ax.legend(title="rung", fontsize=8)
-    ax.set_title(f"{r.label if r else response} per component and rung (Shapley, 95% CI)")
+    ax.set_xlabel(f"{r.axis if r else response} (× {_unit(response)}, log scale)")
+    ax.legend(title="rung", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title(f"{r.label if r else response} per component and rung\n(Shapley, 95% CI)")
     return _save(fig, path)
 
 
@@ -79,32 +109,63 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
                     fmt="none", ecolor="black", capsize=3, lw=1)
     ax.set_xticks(range(len(comps) + 1), comps + ["total"], rotation=30, ha="right")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_ylabel(f"Shapley value ({response}); multiplier = exp")
-    ax.set_title("Shapley waterfall, all-off → all-on, with 95% CIs")
+    r = by_column(response)
+    ax.set_ylabel(f"Shapley value, ln(× {_unit(response)})\n(ln 2 = 0.69: ×2)")
+    ax.set_title(f"Shapley waterfall of {r.symbol if r else response},\nall-off → all-on, 95% CIs")
     return _save(fig, path)
 
 
-def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality") -> Path | None:
-    """2β_ij on the ln scale; aliased or absent pairs blank and marked."""
+def interaction_cells(a: StudyAnalysis, response: str = "quality") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
+    """(2β_ij, significant, aliased) per factor pair on the ln scale; an aliased pair shows its alias
+    group's estimate. Significant: the 95% interval excludes 0. None when there is nothing to draw."""
     fit = a.fits.get(response)
     if fit is None or len(a.factors) < 2:
         return None
     est, ali = interaction_matrix(fit)
+    sig = pd.DataFrame(False, index=est.index, columns=est.columns)
+    for j, t in enumerate(fit.terms):
+        if t.kind == "2fi":
+            e, _, lo, hi, ok = fit.contrast(2.0 * fit.alias_sum(j), a.level)
+            a_, b_ = t.factors
+            if ok and np.isfinite(e):
+                est.loc[a_, b_] = est.loc[b_, a_] = e
+                sig.loc[a_, b_] = sig.loc[b_, a_] = bool(lo > 0 or hi < 0)
     if est.isna().all().all() and not ali.any().any():
         return None
-    # Aliased pairs: show the estimate of their alias group (labelled), never a blank cell.
-    for j, t in enumerate(fit.terms):
-        if t.kind == "2fi" and fit.alias.group_of(j) is not None:
-            e, *_ = fit.contrast(2.0 * fit.alias_sum(j))
-            a_, b_ = t.factors
-            est.loc[a_, b_] = est.loc[b_, a_] = e
-    annot = est.map(lambda v: "" if not np.isfinite(v) else f"{v:+.3f}")
-    annot = annot.where(~ali, annot + "\n(alias)")
-    est = est.astype(float)
-    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(a.factors), 1.2 + 0.7 * len(a.factors)))
-    v = np.nanmax(np.abs(est.to_numpy())) if np.isfinite(est.to_numpy()).any() else 1.0
-    sns.heatmap(est, annot=annot, fmt="", cmap="RdBu_r", center=0, vmin=-v, vmax=v, ax=ax, cbar_kws={"label": "2·β_ij"})
-    ax.set_title(f"Two-factor interactions ({fit.response})")
+    return est.astype(float), sig, ali
+
+
+def draw_interactions(est: pd.DataFrame, sig: pd.DataFrame, ali: pd.DataFrame, title: str, unit: str = "compute"):
+    """The heatmap on the fixed scale ±HEATMAP_LIMIT; a cell whose interval contains 0 is drawn
+    grey and hatched (its value still printed)."""
+    n = len(est)
+    fig, ax = plt.subplots(figsize=(2.4 + 0.8 * n, 1.6 + 0.7 * n))
+    sns.heatmap(est, mask=~sig.to_numpy() | ~np.isfinite(est.to_numpy()), cmap="RdBu_r", center=0,
+                vmin=-HEATMAP_LIMIT, vmax=HEATMAP_LIMIT, ax=ax, square=False, linewidths=0.5, linecolor="white",
+                cbar_kws={"label": f"2·β_ij, ln(× {unit})  (±0.69 = ×2 / ×½)"})
+    for i in range(n):
+        for j in range(n):
+            v = est.iat[i, j]
+            if not np.isfinite(v):
+                continue
+            if not sig.iat[i, j]:
+                ax.add_patch(matplotlib.patches.Rectangle((j, i), 1, 1, facecolor="#eeeeee", hatch="///",
+                                                          edgecolor="#bbbbbb", lw=0))
+            strong = sig.iat[i, j] and abs(v) > 0.6 * HEATMAP_LIMIT
+            ax.text(j + 0.5, i + 0.5, f"{v:+.3f}" + ("\n(alias)" if ali.iat[i, j] else ""), ha="center", va="center",
+                    fontsize=8, color="white" if strong else "black")
+    ax.set_title(title)
+    return fig, ax
+
+
+def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality") -> Path | None:
+    """2β_ij on the ln scale, fixed colour scale, non-significant cells hatched; aliased pairs labelled."""
+    cells = interaction_cells(a, response)
+    if cells is None:
+        return None
+    col = a.fits[response].response
+    fig, _ = draw_interactions(*cells, title=f"Two-factor interactions ({col});\nhatched: 95% CI contains 0",
+                               unit=_unit(col))
     return _save(fig, path)
 
 
@@ -162,24 +223,31 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     lo, hi = a.law.band(Cg)
     ax.fill_between(Cg, lo, hi, color="tab:blue", alpha=0.2, label="95% band")
     ax.set_xscale("log")
-    ax.set_xlabel("training compute C (analytic FLOPs)")
+    log_ticks(ax, "x")
+    ax.set_xlabel("training compute C (analytic FLOPs, log scale)")
     ax.set_ylabel("eval macro loss")
-    ax.legend(fontsize=8)
-    ax.set_title("Reference law L = L∞ + A·C^−α (fitted on all arms)")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("Reference law L = L∞ + A·C^−α\n(fitted on all arms)")
     return _save(fig, path)
 
 
-def drop_rate(raw: pd.DataFrame, path: Path) -> Path | None:
-    """Routed-token drop rate per EP transport level."""
+def drop_rate(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
+    """Routed-token drop rate per rung (compute order) and EP transport level: both transports."""
     if "drop_rate" not in raw or "ep_transport" not in raw:
         return None
     d = raw[(raw["status"] == "completed") & raw["drop_rate"].notna()]
     if not len(d):
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    sns.boxplot(d, x="ep_transport", y="drop_rate", ax=ax, color="lightgrey")
-    sns.stripplot(d, x="ep_transport", y="drop_rate", ax=ax, size=3, alpha=0.6)
-    ax.set_title("Drop rate per transport")
+    d = d.assign(rung=d["rung"].astype(str), drop_pct=100 * pd.to_numeric(d["drop_rate"]))
+    order = [str(r) for r in a.rungs["rung"] if str(r) in set(d["rung"])] or sorted(d["rung"].unique())
+    fig, ax = plt.subplots(figsize=(1.8 + 1.2 * len(order), 3.6))
+    sns.boxplot(d, x="rung", y="drop_pct", hue="ep_transport", order=order, ax=ax, fill=False, showfliers=False)
+    sns.stripplot(d, x="rung", y="drop_pct", hue="ep_transport", order=order, ax=ax, size=3, alpha=0.6, dodge=True,
+                  legend=False)
+    ax.set_xlabel("rung (compute order)")
+    ax.set_ylabel("dropped routed tokens (%)")
+    ax.legend(title="EP transport", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("Drop rate per rung and transport")
     return _save(fig, path)
 
 
@@ -208,13 +276,11 @@ def planted(a: StudyAnalysis, path: Path) -> Path | None:
             t = np.exp(d[(d["response"] == r) & (d["factor"] == f)]["truth"].iloc[0])
             ax.plot([t, t], [i - 0.45, i + 0.45], color="black", lw=1.5)
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 8.0)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a log axis
+        log_ticks(ax, "x")
         ax.set_yticks(range(len(facs)), facs)
         ax.invert_yaxis()
         name = by_column(r).axis
-        ax.set_xlabel(name)
+        ax.set_xlabel(f"{name} (× {_unit(r)}, log scale)")
         ax.set_title(f"{name}: each seed alone (dots), all pooled (square), 95% CI;\n"
                      "planted truth in black, an interval that misses it in red", fontsize=9)
     return _save(fig, path)
@@ -230,5 +296,5 @@ def all_figures(a: StudyAnalysis, raw: pd.DataFrame, out_dir: Path) -> dict[str,
         "interactions": interaction_heatmap(a, out_dir / "interactions.png"),
         "loss_curves": loss_curves(a, raw, out_dir / "loss_curves.png"),
         "scaling": scaling_fit(a, out_dir / "scaling_fit.png"),
-        "drop_rate": drop_rate(raw, out_dir / "drop_rate.png"),
+        "drop_rate": drop_rate(a, raw, out_dir / "drop_rate.png"),
     }

@@ -1,6 +1,7 @@
-"""report.md / report.html of a study: Findings (one interval and a verdict per component) and
-warnings first, then the law, attribution, per-rung and extrapolated multipliers, forecasts, figures;
-the second interval, aliasing and the robust ANOVA in an appendix (docs/method.md)."""
+"""report.md / report.html of a study: Findings first (one interval and a verdict per component, the
+qualifiers of each verdict in the same row), the forest figure, then warnings, the end arms' eval
+loss per rung, the law, attribution, per-rung and extrapolated multipliers, forecasts, figures; the
+second interval, the full eval table, aliasing and the robust ANOVA in an appendix (docs/method.md)."""
 
 from __future__ import annotations
 
@@ -111,10 +112,11 @@ def verdict(est, lo, hi) -> str:
 def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     """Per component: the one recommended interval and a verdict per response at C_ref, then its scale
     trend (analysis/findings.py says what each cell may claim)."""
-    from analysis.findings import finding, scale_cells
+    from analysis.findings import finding, qualifiers, scale_cells
 
     resp = [(r.column, r.label) for r in RESPONSES.values()]
-    return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp}, **scale_cells(a, f)}
+    return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp},
+                          "qualifiers": qualifiers(a, f), **scale_cells(a, f)}
                          for f in a.factors + ["TOTAL"]])
 
 
@@ -194,25 +196,69 @@ def _domains(raw: pd.DataFrame) -> list[str]:
     return [c[len("loss_"):] for c in raw.columns if c.startswith("loss_") and c != "loss_curve"]
 
 
-def eval_sets(raw: pd.DataFrame) -> list[str]:
-    """What the runs trained and were evaluated on (their spec.json data section), and per rung and arm
-    (mean over seeds of completed runs) the macro and per-domain loss and bits per byte."""
+def _arm_kinds(a: StudyAnalysis) -> dict[str, str]:
+    """{run_id: "all-on" | "all-off" | "other"} from the analysed runs' ±1 coding."""
+    t = a.table
+    if not a.factors or "run_id" not in t:
+        return {}
+    xs = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    return dict(zip(t["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off", "other"))))
+
+
+def _rung_order(a: StudyAnalysis, rungs) -> list:
+    """Rungs by compute (their numeric order), unknown ones last: never sorted as strings."""
+    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
+    return sorted(rungs, key=lambda r: (comp.get(str(r), math.inf), str(r)))
+
+
+def eval_sets(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """What the runs trained and were evaluated on (their spec.json data section), and per rung in
+    compute order the all-off and all-on arms' macro eval loss (mean over seeds of completed runs);
+    every arm and domain is in the appendix (eval_table)."""
     def names(col: str, empty: str) -> str:
         vals = sorted({str(v) for v in raw[col].dropna()}) if col in raw else []
         return ", ".join(f"`{v}`" for v in vals) or empty
 
-    doms = _domains(raw)
     L = [f"- training corpus: {names('data_corpus', 'unknown')}",
-         f"- eval sets: {names('data_eval_dir', 'the corpus held-out split')}; domains: {', '.join(doms) or 'unknown'}",
-         ""]
+         f"- eval sets: {names('data_eval_dir', 'the corpus held-out split')}; domains: "
+         f"{', '.join(_domains(raw)) or 'unknown'}", ""]
+    ok = raw[raw["status"] == "completed"] if "status" in raw else raw
+    if not len(ok) or not {"rung", "run_id", "eval_macro_loss"} <= set(ok.columns):
+        return L
+    kind = ok["run_id"].map(_arm_kinds(a)).fillna("other")
+    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
+    rows = []
+    for r in _rung_order(a, ok["rung"].unique()):
+        at = ok["rung"] == r
+        m = {k: ok.loc[at & (kind == k), "eval_macro_loss"].mean() for k in ("all-off", "all-on")}
+        rows.append({"rung": str(r), "compute (FLOPs)": f"{comp.get(str(r), np.nan):.3g}",
+                     "all-off macro loss": m["all-off"], "all-on macro loss": m["all-on"],
+                     "all-on − all-off": m["all-on"] - m["all-off"]})
+    return L + ["Macro eval loss of the two end arms per rung (every arm and domain: Appendix, \"Evaluation per "
+                "arm\"); — where that arm did not run.", "", md_table(pd.DataFrame(rows), 4)]
+
+
+def eval_table(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """Per rung (compute order) and arm: mean over seeds of completed runs of the macro and per-domain
+    loss and bits per byte."""
+    doms = _domains(raw)
     ok = raw[raw["status"] == "completed"] if "status" in raw else raw
     cols = ["eval_macro_loss", "macro_bpb"] + [c for d in doms for c in (f"loss_{d}", f"bpb_{d}") if c in ok]
-    if not len(ok) or not {"rung", "arm"} <= set(ok.columns):
-        return L
-    t = ok.groupby(["rung", "arm"], sort=True)[cols].mean(numeric_only=True).reset_index()
+    cols = [c for c in cols if c in ok]
+    if not len(ok) or not {"rung", "arm"} <= set(ok.columns) or not cols:
+        return ["No completed run with eval losses.", ""]
+    t = ok.groupby(["rung", "arm"], sort=False)[cols].mean(numeric_only=True).reset_index()
+    pos = {r: i for i, r in enumerate(_rung_order(a, t["rung"].unique()))}
+    t = t.assign(_o=t["rung"].map(pos)).sort_values(["_o", "arm"]).drop(columns="_o")
     t = t.rename(columns={"eval_macro_loss": "macro loss", "macro_bpb": "macro bpb",
                           **{f"loss_{d}": f"loss {d}" for d in doms}, **{f"bpb_{d}": f"bpb {d}" for d in doms}})
-    return L + [md_table(t, 4)]
+    return [md_table(t, 4)]
+
+
+def _figure(k: str, p: Path | None, out_dir: Path) -> list[str]:
+    if p is None:
+        return [f"- {k}: nothing to draw for this study", ""]
+    return [f"### {k}", "", f"![{k}]({Path(p).relative_to(out_dir).as_posix()})", ""]
 
 
 def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path | None], out_dir: Path,
@@ -225,7 +271,12 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           + ("; never narrower than the between-seed interval of the per-seed estimates"
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
-          "not estimable.", "", md_table(findings_table(a))]
+          "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
+          md_table(findings_table(a))]
+    # the first response's forest figure: the Findings at a glance, per rung
+    lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
+    if lead in figures:
+        L += _figure(lead, figures[lead], out_dir)
     if a.checks is not None and len(a.checks):
         ch = a.checks.copy()
         tab = pd.DataFrame({"TOTAL": ch["response"].map({r.column: r.name for r in RESPONSES.values()}), "rung": ch["rung"],
@@ -239,7 +290,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     L += planted_section(a)
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
     L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]
-    L += ["## Evaluation sets", ""] + eval_sets(raw) + [""]
+    L += ["## Evaluation sets", ""] + eval_sets(a, raw) + [""]
     L += ["## Reference law (all arms, jointly)", ""]
     if a.law is None:
         L += ["Not estimable: no quality multipliers (see Runs).", ""]
@@ -263,8 +314,9 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
             ni = k in law.not_identified or (k == "A" and {"linf", "alpha"} & set(law.not_identified))
             return "not identified" if ni else getattr(law, k)
 
-        rows = [{"parameter": k, "estimate": est(k), "95% CI lo": ci(k)[0], "95% CI hi": ci(k)[1]}
-                for k in ("linf", "A", "alpha")]
+        rows = [{"parameter": k, "estimate": est(k),
+                 **dict(zip(("95% CI lo", "95% CI hi"), ("not identified",) * 2 if est(k) == "not identified"
+                            else ci(k)))} for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
               f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
               "the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other parameter refitted, "
@@ -299,15 +351,15 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
         L += ["No forecast was written for this study.", ""]
     L += ["## Figures", ""]
     for k, p in figures.items():
-        if p is None:
-            L += [f"- {k}: nothing to draw for this study", ""]
-        else:
-            L += [f"### {k}", "", f"![{k}]({Path(p).relative_to(out_dir).as_posix()})", ""]
+        if k != lead:
+            L += _figure(k, p, out_dir)
     L += ["## Appendix", "", "### Second interval: bootstrap", "",
           "The bootstrap column (\"M_flop boot CI\") refits the joint law and the effects model on resampled data. It "
           "is the second opinion, not the recommended interval: with few runs per contrast it is too narrow (a "
           "percentile bootstrap of a t-like statistic), so where the two differ, the Findings interval is the one "
           "with the stated coverage (measured in benchmarks/RESULTS.md).", ""]
+    L += ["### Evaluation per arm", "", "Every rung (compute order) and arm: mean over seeds of completed runs.", ""]
+    L += eval_table(a, raw) + [""]
     L += ["### Aliasing", ""]
     groups = a.alias_groups()
     ne = a.not_estimable()

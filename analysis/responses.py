@@ -37,6 +37,7 @@ class Response:
     truth_key: str | None = None  # the key a planted factor's truth uses for it (marin.schema TRUTH_KEYS)
     figure: bool = True  # draw its per-rung forest plot
     total_check: bool = True  # compare its model TOTAL with the all-on vs all-off runs ("law", "ols")
+    unit: str = "baseline"  # what a multiplier of 2 doubles, in figure labels ("× compute")
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -50,11 +51,11 @@ class Response:
 
 RESPONSES: dict[str, Response] = {r.name: r for r in (
     Response("quality", "ln_M", "quality M_flop", "M_flop", "quality multiplier M_flop (compute-equivalent)",
-             family="law", truth_key="M_flop"),
+             family="law", truth_key="M_flop", unit="compute"),
     Response("throughput", "ln_R", "throughput R", "R", "throughput ratio R", source="model_flops_per_s",
-             transform="ln_ratio", truth_key="R"),
+             transform="ln_ratio", truth_key="R", unit="baseline FLOP/s"),
     Response("wall", "ln_W", "wall-clock M_flop·R", "M_flop·R", "wall-clock multiplier M_flop·R", family="sum",
-             parts=("quality", "throughput"), figure=False, total_check=False),
+             parts=("quality", "throughput"), figure=False, total_check=False, unit="baseline wall-clock speed"),
 )}
 
 
