@@ -161,24 +161,57 @@ def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
     assert "pending: no completed target run yet" in md
 
 
-def test_notebook_executes_headless(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    from jupyter_client.kernelspec import KernelSpecManager
+NOTEBOOK = Path(__file__).parents[1] / "analysis" / "notebooks" / "attribution.ipynb"
 
-    assert "python3" in KernelSpecManager().find_kernel_specs()  # ipykernel's spec is installed
+
+def _run_notebook(args: list[str], launch: Path, **env) -> subprocess.CompletedProcess:
+    """Runs a notebook tool as a user would from a shell in `launch` (the shell sets PWD)."""
+    e = {k: v for k, v in os.environ.items() if k not in ("MARIN_RESULTS", "MARIN_SIMULATE", "MARIN_CWD")}
+    e.update(PWD=str(launch), MARIN_N_BOOT="10", **env)
+    return subprocess.run([sys.executable, "-m", *args], cwd=launch, env=e, capture_output=True, text=True, timeout=300)
+
+
+def _outputs(path: Path) -> list[dict]:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+
+
+@pytest.mark.slow
+def test_notebook_executes_headless_on_a_relative_path_from_where_it_was_launched(tmp_path):
+    """nbconvert runs the kernel in the notebook's folder; MARIN_RESULTS=study (relative) still means
+    the study beside the user's shell. papermill's `-p results` does the same."""
+    pytest.importorskip("nbconvert")
+    pytest.importorskip("papermill")
     rng = np.random.default_rng(1)
-    df = simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng)
-    df.to_parquet(tmp_path / "results.parquet")
-    nb = nbformat.read(Path(__file__).parents[1] / "analysis" / "notebooks" / "attribution.ipynb", as_version=4)
-    os.environ["MARIN_RESULTS"], os.environ["MARIN_N_BOOT"] = str(tmp_path / "results.parquet"), "10"
-    try:
-        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        del os.environ["MARIN_RESULTS"], os.environ["MARIN_N_BOOT"]
-    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert any("48 runs" in o.get("text", "") for o in outs)
+    launch = tmp_path / "launch"
+    write_study(simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng), launch / "study")
+    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output-dir", str(tmp_path / "nbc")],
+                      launch, MARIN_RESULTS="study")
+    assert r.returncode == 0, r.stderr[-3000:]
+    outs = _outputs(tmp_path / "nbc" / "attribution.ipynb")
+    assert any("48 runs" in o.get("text", "") and str(launch / "study") in o.get("text", "") for o in outs)
+    assert not any("SIMULATED" in o.get("text", "") for o in outs)
     assert sum("image/png" in o.get("data", {}) for o in outs) >= 3
+    r = _run_notebook(["papermill", str(NOTEBOOK), str(tmp_path / "pm.ipynb"), "-p", "results", "study"], launch)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert any("48 runs" in o.get("text", "") for o in _outputs(tmp_path / "pm.ipynb"))
+
+
+@pytest.mark.slow
+def test_notebook_refuses_simulated_data_unless_asked(tmp_path):
+    pytest.importorskip("nbconvert")
+    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output-dir", str(tmp_path)],
+                      tmp_path)
+    assert r.returncode != 0 and "no results to analyse" in r.stderr and "MARIN_SIMULATE=1" in r.stderr
+    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output-dir", str(tmp_path)],
+                      tmp_path, MARIN_RESULTS="nope")
+    assert r.returncode != 0 and f"resolves to {tmp_path / 'nope'}, which does not exist" in r.stderr
+    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output-dir", str(tmp_path)],
+                      tmp_path, MARIN_SIMULATE="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert any("SIMULATED study" in o.get("text", "") for o in _outputs(tmp_path / "attribution.ipynb"))
 
 
 def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatmap_and_coefficients():
