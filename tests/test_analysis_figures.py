@@ -33,6 +33,7 @@ def _study(factors, *, inter=None, seeds=2, rungs=RUNGS, design=None, seed=0, **
     return _analyze(df), df
 
 
+@pytest.mark.slow
 def test_interaction_heatmap_uses_one_fixed_scale_and_hatches_what_is_not_significant():
     noise, _ = _study(["xsa", "sconv", "qk_norm"])
     big, _ = _study(["xsa", "sconv", "qk_norm"], inter={("xsa", "sconv"): 0.4})
@@ -63,6 +64,7 @@ def _border_is_blank(png: Path, px: int = 2) -> bool:
     return bool((frame > 0.98).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 7])
 def test_no_figure_is_clipped_and_every_log_axis_has_two_labelled_ticks(tmp_path, monkeypatch, k):
     """Every saved PNG is the figure's tight bounding box with a blank margin (a title or label cut at
