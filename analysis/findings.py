@@ -25,6 +25,16 @@ def _exp(v: float) -> float:
         return float(np.exp(v))
 
 
+def arm_kinds(a) -> dict[str, str]:
+    """{run_id: "all-on" | "all-off" | "other arms"} of the analysed runs, from their ±1 coding."""
+    t = a.table
+    if not a.factors or "run_id" not in t:
+        return {}
+    xs = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    return dict(zip(t["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off",
+                                                                                    "other arms"))))
+
+
 def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
     """{factor: the rungs at which its two levels both occur among the analysed runs}."""
     out = {}

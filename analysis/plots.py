@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.attribution import interaction_matrix  # noqa: E402
+from analysis.findings import arm_kinds  # noqa: E402
 from analysis.pipeline import StudyAnalysis  # noqa: E402
 from analysis.responses import RESPONSES, by_column  # noqa: E402
 
@@ -186,8 +187,7 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     d = pd.DataFrame(rows)
     order = dict(zip(a.rungs["rung"], a.rungs["compute"]))
     rungs = sorted(d["rung"].unique(), key=lambda r: (order.get(r, np.inf), r))  # by compute, not as strings
-    xs = a.table[[f"x_{f}" for f in a.factors]].to_numpy()
-    kind = dict(zip(a.table["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off", "other arms"))))
+    kind = arm_kinds(a)
     pal = {"all-on": "tab:green", "all-off": "tab:red", "other arms": "lightgrey"}
     fig, axes = plt.subplots(1, len(rungs), figsize=(4.5 * len(rungs), 3.6), squeeze=False)
     for ax, rg in zip(axes[0], rungs):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.findings import arm_kinds, finding, qualifiers, scale_cells
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
@@ -112,8 +113,6 @@ def verdict(est, lo, hi) -> str:
 def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     """Per component: the one recommended interval and a verdict per response at C_ref, then its scale
     trend (analysis/findings.py says what each cell may claim)."""
-    from analysis.findings import finding, qualifiers, scale_cells
-
     resp = [(r.column, r.label) for r in RESPONSES.values()]
     return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp},
                           "qualifiers": qualifiers(a, f), **scale_cells(a, f)}
@@ -196,15 +195,6 @@ def _domains(raw: pd.DataFrame) -> list[str]:
     return [c[len("loss_"):] for c in raw.columns if c.startswith("loss_") and c != "loss_curve"]
 
 
-def _arm_kinds(a: StudyAnalysis) -> dict[str, str]:
-    """{run_id: "all-on" | "all-off" | "other"} from the analysed runs' ±1 coding."""
-    t = a.table
-    if not a.factors or "run_id" not in t:
-        return {}
-    xs = t[[f"x_{f}" for f in a.factors]].to_numpy()
-    return dict(zip(t["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off", "other"))))
-
-
 def _rung_order(a: StudyAnalysis, rungs) -> list:
     """Rungs by compute (their numeric order), unknown ones last: never sorted as strings."""
     comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
@@ -225,7 +215,7 @@ def eval_sets(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
     ok = raw[raw["status"] == "completed"] if "status" in raw else raw
     if not len(ok) or not {"rung", "run_id", "eval_macro_loss"} <= set(ok.columns):
         return L
-    kind = ok["run_id"].map(_arm_kinds(a)).fillna("other")
+    kind = ok["run_id"].map(arm_kinds(a)).fillna("other arms")
     comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
     rows = []
     for r in _rung_order(a, ok["rung"].unique()):
