@@ -51,7 +51,7 @@ def log_ticks(ax, which: str = "x") -> list[float]:
         decades = 10.0 ** np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(hi)) + 1)
         ticks = [d * k for d in decades for k in subs if lo <= d * k <= hi]
     else:
-        loc = matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10])
+        loc = matplotlib.ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3)
         ticks = [float(v) for v in loc.tick_values(lo, hi) if lo <= v <= hi and v > 0]
     axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
     digits = next((d for d in range(2, 9) if len({f"{v:.{d}g}" for v in ticks}) == len(ticks)), 9)
