@@ -144,10 +144,11 @@ def drop_rates(a) -> pd.DataFrame:
     """Mean routed-token drop rate of the analysed runs per rung (compute order) and EP transport
     level, the baseline level (coded −1) first: columns rung, level, code, drop_rate."""
     t = a.table
-    if "drop_rate" not in t or DROP_FACTOR not in t or f"x_{DROP_FACTOR}" not in t:
+    if "drop_rate" not in t or DROP_FACTOR not in t:
         return pd.DataFrame(columns=["rung", "level", "code", "drop_rate"])
-    d = pd.DataFrame({"rung": t["rung"].astype(str), "level": t[DROP_FACTOR].astype(str),
-                      "code": t[f"x_{DROP_FACTOR}"], "drop_rate": pd.to_numeric(t["drop_rate"], errors="coerce")})
+    code = t[f"x_{DROP_FACTOR}"] if f"x_{DROP_FACTOR}" in t else pd.Series(-1, index=t.index)  # one level: baseline
+    d = pd.DataFrame({"rung": t["rung"].astype(str), "level": t[DROP_FACTOR].astype(str), "code": code,
+                      "drop_rate": pd.to_numeric(t["drop_rate"], errors="coerce")})
     d = d.dropna(subset=["drop_rate"]).groupby(["rung", "level", "code"], as_index=False)["drop_rate"].mean()
     order = {str(r): i for i, r in enumerate(a.rungs["rung"])}  # a.rungs is in compute order
     d["_o"] = d["rung"].map(order).fillna(len(order))

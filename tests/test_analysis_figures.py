@@ -43,6 +43,8 @@ def test_interaction_heatmap_uses_one_fixed_scale_and_hatches_what_is_not_signif
         fig, ax = plots.draw_interactions(est, sig, ali, "t")
         mesh = ax.collections[0]
         norms.append((mesh.norm.vmin, mesh.norm.vmax))
+        coloured = ~np.ma.getmaskarray(mesh.get_array()).reshape(est.shape)
+        assert (coloured == (sig.to_numpy() & np.isfinite(est.to_numpy()))).all()  # colour only where significant
         hatched = sum(1 for p in ax.patches if p.get_hatch())
         assert hatched == int((~sig.to_numpy() & np.isfinite(est.to_numpy())).sum())  # one per non-significant cell
         plots.plt.close(fig)
