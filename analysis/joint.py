@@ -53,6 +53,7 @@ class JointFit:
     # Runs sharing a random stream at one rung (seed × rung): their common loss shift is a random
     # effect the law's parameters see only through the cluster means (between_clusters).
     clusters: np.ndarray | None = None
+    jac: np.ndarray | None = None  # J at the optimum: the precision planner's σ²(JᵀJ)⁻¹ (analysis/precision.py)
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -262,7 +263,7 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     jf = JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
                   resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
                   converged=bool(best.success), data=(C, L, E, seeds),
-                  clusters=None if clusters is None else np.asarray(clusters))
+                  clusters=None if clusters is None else np.asarray(clusters), jac=J)
     if clusters is not None and not warm_only:
         jf.cov_model = cov_model + _cluster_term(jf, J, bread)
     return jf

@@ -1,0 +1,379 @@
+"""The precision planner: each component's expected 95% half-width of ln M before a run starts
+(docs/method.md §4.8, *Precision planner*).
+
+The prediction runs the analysis's own estimator (`pipeline.quality_fit`: the joint law + effects
+fit, with its main-effects refit where a fraction aliases a Shapley value) on the noise-free losses
+of the planned design at a stated truth, and takes that least-squares fit's covariance at the truth
+(delta method through the law's local slope):
+
+    Var θ̂ = s²·(JᵀJ)⁻¹ + σ̂²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹
+
+J the fit's Jacobian, s_g the summed rows of a (seed × rung) cluster; the second term is the one the
+analysis adds for a loss shift shared by a cluster (analysis/joint.py), at the median of its moment
+estimate on the clusters' own df (zero where they leave none: the analysis cannot include it there).
+A component's half-width is t(dof)·√(cᵀ Var c) with c its Shapley contrast, the interval
+`analyze_table(..., n_boot=0)` prints; with three or more seeds at C_ref, at least the median
+between-seed t interval (analysis/replicates.py). Each number is the *median* over studies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+#: Stated defaults where no noise source is given: the per-run loss noise, and the calibration study's
+#: fitted law (docs/calibration/: α 0.2253, L∞ 1.736 and 1.22 nats of reducible loss at its C_ref).
+DEFAULT_SD = 0.01
+DEFAULT_LAW = {"linf": 1.736, "alpha": 0.2253, "reducible_at_cref": 1.22}
+#: Options the target search tries: seeds per arm, and fractions of the study's design.
+MAX_SEEDS = 8
+FRACTIONS = {"full design": 1, "half fraction": 2, "quarter fraction": 4}
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Loss noise of one run (`sd`) and the shift every arm of one (seed, rung) shares (`rung_sd`),
+    with where they came from; `law` (L∞, A, α) when the source fitted one."""
+
+    sd: float
+    rung_sd: float = 0.0
+    source: str = f"default: {DEFAULT_SD} nats per run, no (seed × rung) shift (assumed; measure it with a noise study)"
+    law: tuple[float, float, float] | None = None
+
+    def __post_init__(self):
+        if not (self.sd > 0 and math.isfinite(self.sd)) or not (self.rung_sd >= 0 and math.isfinite(self.rung_sd)):
+            raise ValueError(f"noise sd={self.sd}, rung_sd={self.rung_sd}; allowed values: sd > 0, rung_sd >= 0 (nats)")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A planned study: ±1 design (arms × factors), per-run compute of each rung, seeds per arm."""
+
+    design: np.ndarray
+    factors: tuple[str, ...]
+    computes: tuple[float, ...]
+    seeds: int
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.design) * len(self.computes) * self.seeds
+
+
+def _law(noise: Noise, c_ref: float) -> tuple[float, float, float]:
+    if noise.law is not None:
+        return noise.law
+    d = DEFAULT_LAW
+    return d["linf"], d["reducible_at_cref"] * c_ref ** d["alpha"], d["alpha"]
+
+
+def _runs(lay: Layout, law, log_m=None):
+    """Noise-free runs of the layout: X, z (rung compute over C_ref), C, L, seed labels, clusters."""
+    D = np.asarray(lay.design, float)
+    n_a = len(D)
+    X = np.tile(D, (len(lay.computes) * lay.seeds, 1))
+    C = np.repeat(np.asarray(lay.computes, float), n_a * lay.seeds)
+    seed = np.tile(np.repeat(np.arange(lay.seeds), n_a), len(lay.computes))
+    rung = np.repeat(np.arange(len(lay.computes)), n_a * lay.seeds)
+    c_ref = float(np.exp(np.mean(np.log(C))))
+    z = np.log(C / c_ref)
+    lnm = np.zeros(len(C)) if log_m is None else np.asarray(log_m(X, C), float)
+    linf, A, alpha = law
+    L = linf + A * (np.exp(lnm) * C) ** (-alpha)
+    clusters = np.array([f"{s}|{r}" for s, r in zip(seed, rung)])
+    return X, z, C, L, seed, clusters, c_ref
+
+
+def _fits(lay: Layout, law, log_m=None):
+    """(Shapley fit, its JointFit, c_ref): the pipeline's quality fit, or its main-effects refit where
+    the full model leaves a Shapley value non-estimable (as analysis/pipeline.py does)."""
+    from analysis.attribution import component_contrasts
+    from analysis.pipeline import quality_fit
+
+    X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
+    kw = dict(scale=len(lay.computes) >= 2, seeds=seed if lay.seeds > 1 else None, clusters=clusters)
+    fq, jf = quality_fit(X, z, C, L, list(lay.factors), interactions=True, **kw)
+    if any(not fq.estimable(c) for c in component_contrasts(fq, 0.0)["shapley"]):
+        fq, jf = quality_fit(X, z, C, L, list(lay.factors), interactions=False, **kw)
+    return fq, jf, c_ref
+
+
+def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(robust, model-based) Var θ̂ over the joint fit's parameters at the truth, as the analysis
+    computes them (it takes the larger per contrast), and the df they rest on."""
+    from analysis.joint import between_clusters
+
+    J = jf.jac
+    bread = np.linalg.pinv(J.T @ J)
+    h = np.clip(((J @ bread) * J).sum(1), 0, 1 - 1e-9)
+    _, dfb = between_clusters(jf)
+    labels, inv = np.unique(jf.clusters.astype(str), return_inverse=True)
+    n_bar = float(np.mean(np.bincount(inv)))
+    s2, r2 = noise.sd**2, noise.rung_sd**2
+    # HC3 at its expectation: E e_n² = σ²(1 − h_n), weighted by (1 − h_n)⁻²
+    hc3 = bread @ ((J * (s2 / (1 - h))[:, None]).T @ J) @ bread
+    model = s2 * bread
+    sig2b = 0.0
+    if dfb > 0 and jf.dof - dfb > 0:
+        # the analysis's moment estimate σ̂²_b = max(0, (s²_b − s²_w)/n̄), s²_b ~ (σ² + n̄σ²_b)·χ²(df_b)/df_b: its median
+        med_s2b = (s2 + n_bar * r2) * float(stats.chi2.median(dfb)) / dfb
+        sig2b = max(0.0, (med_s2b - s2) / n_bar)
+        S = np.zeros((len(labels), J.shape[1]))
+        np.add.at(S, inv, J)
+        model = model + sig2b * bread @ (S.T @ S) @ bread
+    return hc3, model, {"dof": jf.dof, "cluster_df": int(dfb), "clusters": len(labels), "cluster_var": sig2b}
+
+
+def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[float, ...] = (1.0, 10.0),
+            log_m=None, law: tuple[float, float, float] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref.
+    `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
+    the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). Returns (table, info)."""
+    from analysis.attribution import component_table
+    from analysis.replicates import BETWEEN_SEEDS_MIN
+
+    if lay.seeds < 1 or not lay.computes or len(lay.design) < 2:
+        raise ValueError(f"layout: seeds={lay.seeds}, {len(lay.computes)} rungs, {len(lay.design)} arms; "
+                         "allowed values: seeds >= 1, at least one rung and two arms")
+    law = law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
+    fq, jf, c_ref = _fits(lay, law, log_m)
+    hc3, model, info = _covariance(jf, noise)
+    _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
+    fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
+    between = None
+    if lay.seeds >= BETWEEN_SEEDS_MIN:  # each seed alone: its scatter's median t interval (analysis/replicates.py)
+        one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law)[0]
+        k = lay.seeds
+        between = (one["hw_1x"].to_numpy() * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
+                   / math.sqrt(k) * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
+    out = None
+    for ratio in ratios:
+        t = component_table(fit, math.log(ratio), level)
+        hw = np.where(t["shapley_estimable"], (t["shapley_hi"] - t["shapley_lo"]) / 2, np.nan)
+        if ratio == 1.0 and between is not None:
+            hw = np.fmax(hw, between)
+        col = pd.DataFrame({"component": t["component"], f"hw_{ratio:g}x": hw})
+        out = col if out is None else out.merge(col, on="component")
+    out.attrs["dof"] = jf.dof
+    info.update(c_ref=c_ref, law=law, runs=lay.n_runs, main_effects_only=not any(t_.kind == "2fi" for t_ in fq.terms))
+    return out, info
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise sources
+# ---------------------------------------------------------------------------------------------
+
+
+def noise_from(path: str | Path) -> Noise:
+    """The noise of a finished study folder (or results file): a seed panel (one rung, or at most two
+    arms) gives the seed-to-seed sd per rung; an analysed factorial gives its fit's residuals."""
+    from analysis.results import factor_columns, load_table
+
+    df = load_table(path)
+    ok = df[df["status"] == "completed"].copy() if "status" in df else df.copy()
+    ok = ok[np.isfinite(pd.to_numeric(ok.get("eval_macro_loss"), errors="coerce"))]
+    if not len(ok):
+        raise ValueError(f"--noise {path}: no completed run with a loss; allowed values: a finished noise study or an "
+                         "analysed study (folder or results file)")
+    n_rungs, n_arms = ok["rung"].nunique(), ok["arm"].nunique() if "arm" in ok else 1
+    if n_rungs >= 2 and n_arms > 2 and factor_columns(ok):
+        return _residual_noise(ok, path)
+    return _panel_noise(ok, path)
+
+
+def _panel_noise(ok: pd.DataFrame, path) -> Noise:
+    """Seed panel: pooled seed-to-seed sd of each (arm, rung); with two arms sharing seeds, the paired
+    difference's sd/√2 is the per-run noise and the rest the (seed × rung) shift every arm shares."""
+    L = ok["eval_macro_loss"].astype(float)
+    keys = ["arm", "rung"] if "arm" in ok else ["rung"]
+    g = L.groupby([ok[k] for k in keys])
+    dfs = g.count() - 1
+    if int(dfs.clip(lower=0).sum()) < 1:
+        raise ValueError(f"--noise {path}: each arm ran one seed per rung; a seed panel needs at least two seeds")
+    total = float(np.sqrt((g.var(ddof=1).fillna(0) * dfs.clip(lower=0)).sum() / dfs.clip(lower=0).sum()))
+    run, how = total, "no pair of arms sharing seeds: all of it taken as per-run noise"
+    if "arm" in ok and ok["arm"].nunique() == 2 and "seed" in ok:
+        w = ok.pivot_table(index=["rung", "seed"], columns="arm", values="eval_macro_loss", aggfunc="mean").dropna()
+        if len(w) >= 2:
+            d = (w.iloc[:, 0] - w.iloc[:, 1])
+            d = d - d.groupby(level=0).transform("mean")
+            dfd = len(w) - w.index.get_level_values(0).nunique()
+            if dfd >= 1:
+                run = float(np.sqrt((d**2).sum() / dfd / 2))
+                how = f"per-run noise from the two arms' paired difference ({dfd} df)"
+    shared = math.sqrt(max(0.0, total**2 - run**2))
+    src = (f"noise study {path}: seed-to-seed sd {total:.4g} nats over {len(ok)} runs; {how}; "
+           f"(seed × rung) shift sd {shared:.3g}")
+    return Noise(sd=max(run, 1e-6), rung_sd=shared, source=src)
+
+
+def _residual_noise(ok: pd.DataFrame, path) -> Noise:
+    """An analysed study: the joint fit's within-cluster residual sd and its between-cluster excess."""
+    from analysis.joint import between_clusters
+    from analysis.pipeline import analyze_table
+
+    a = analyze_table(ok, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",),
+                      replicates=False)
+    jf = a.joint.get("power")
+    if jf is None or jf.dof <= 0:
+        raise ValueError(f"--noise {path}: its quality fit has no residual df ({'; '.join(a.notes[-2:])})")
+    _, inv = np.unique(jf.clusters.astype(str), return_inverse=True)
+    n_g = np.bincount(inv).astype(float)
+    r = jf.resid
+    s2b, dfb = between_clusters(jf)
+    dfw = jf.dof - max(dfb, 0)
+    s2w = float(np.sum((r - (np.bincount(inv, weights=r) / n_g)[inv]) ** 2)) / max(dfw, 1)
+    rung = math.sqrt(max(0.0, (s2b - s2w) / float(np.mean(n_g)))) if dfb > 0 and np.isfinite(s2b) else 0.0
+    law = (jf.linf, jf.A, jf.alpha) if jf.alpha > 0 and math.isfinite(jf.A) else None
+    src = (f"residuals of the analysed study {path}: within (seed × rung) sd {math.sqrt(s2w):.4g} nats on {dfw} df, "
+           + (f"shift sd {rung:.3g} on {dfb} cluster df" if dfb > 0 else "no cluster df to measure a (seed × rung) shift")
+           + (f"; its law L∞ {law[0]:.4g}, A {law[1]:.4g}, α {law[2]:.4g}" if law else "; its law not used (α ≤ 0)"))
+    return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=law)
+
+
+# ---------------------------------------------------------------------------------------------
+# A study's layout, its cost, and the options that reach a target
+# ---------------------------------------------------------------------------------------------
+
+
+def _per_run(study) -> list[dict]:
+    """Per rung: name, per-run compute and per-run cost (gpu_hours or core_seconds) from describe()."""
+    out = []
+    for r in study.describe()["rungs"]:
+        n = max(int(r["n_runs"]), 1)
+        cost = r.get("gpu_hours", r.get("core_seconds"))
+        out.append({"rung": r["name"], "compute": float(r["train_flops"]) / n,
+                    "cost": float(cost) / n if cost is not None else float("nan")})
+    return out
+
+
+def cost_unit(study) -> str:
+    return "gpu_hours" if getattr(study, "hardware", None) is not None else "core_seconds"
+
+
+def study_layout(study) -> tuple[Layout, list[dict]]:
+    rows = _per_run(study)
+    lay = Layout(np.asarray(study.design.matrix, float), tuple(f.name for f in study.factors),
+                 tuple(r["compute"] for r in rows), len(study.seeds))
+    return lay, rows
+
+
+def _extra_rungs(study, rows: list[dict]) -> list[dict]:
+    """Registered rungs of the study's ladder family not in it, each with its per-run compute and cost."""
+    from ablations.ladders import CPU_RUNGS, GPU_RUNGS, HERO_RUNGS, ladder
+
+    names = [r["rung"] for r in rows]
+    fam = next((d for d in (CPU_RUNGS, GPU_RUNGS, HERO_RUNGS) if all(n in d for n in names)), {})
+    have = [r["compute"] for r in rows]
+    out = []
+    for name in fam:
+        if name in names:
+            continue
+        try:
+            one = _per_run(replace(study, rungs=ladder([name]), seeds=study.seeds[:1]))[0]
+        except (ValueError, KeyError):
+            continue
+        if all(abs(math.log(one["compute"] / c)) > math.log(1.5) for c in have):
+            out.append(one)
+    return sorted(out, key=lambda r: r["compute"])
+
+
+def _fraction(study, div: int):
+    if div == 1:
+        return np.asarray(study.design.matrix, float), ""
+    from ablations.designs import fraction
+
+    n = len(study.design.matrix) // div
+    d = fraction([f.name for f in study.factors], runs=n)
+    return np.asarray(d.matrix, float), f"resolution {d.resolution}" if d.resolution else ""
+
+
+def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seeds: int = MAX_SEEDS) -> pd.DataFrame:
+    """Per (fraction, rung set): the fewest seeds whose widest component half-width at C_ref reaches
+    `target`, with its runs, compute and cost (the plan's own per-run numbers); cheapest first."""
+    if not (target > 0 and math.isfinite(target)):
+        raise ValueError(f"--target-halfwidth {target}; allowed values: a positive ln-scale half-width, e.g. 0.05")
+    lay, rows = study_layout(study)
+    extra = _extra_rungs(study, rows)
+    rung_sets = [("", rows)]
+    below = [r for r in extra if r["compute"] < min(x["compute"] for x in rows)]
+    above = [r for r in extra if r["compute"] > max(x["compute"] for x in rows)]
+    if above:
+        rung_sets.append((f"+ rung {above[0]['rung']}", rows + above[:1]))
+    if below:
+        rung_sets.append((f"+ rung {below[-1]['rung']}", below[-1:] + rows))
+    if len(above) >= 2:
+        rung_sets.append((f"+ rungs {above[0]['rung']}, {above[1]['rung']}", rows + above[:2]))
+    law = _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
+    out = []
+    for fname, div in FRACTIONS.items():
+        try:
+            D, res = _fraction(study, div)
+        except ValueError:
+            continue
+        if div > 1 and len(D) < len(lay.factors) + 1:
+            continue
+        for rname, rs in rung_sets:
+            for s in range(1, max_seeds + 1):
+                ly = Layout(D, lay.factors, tuple(r["compute"] for r in rs), s)
+                try:
+                    t, info = predict(ly, noise, level=level, ratios=(1.0,), law=law)
+                except ValueError:
+                    break
+                widest = float(t.loc[t["component"] != "TOTAL", "hw_1x"].max())
+                if widest <= target or s == max_seeds:
+                    runs = len(D) * s * len(rs)
+                    out.append({"option": " ".join(x for x in (fname + (f" ({res})" if res else ""), rname,
+                                                              f"{s} seed{'s' * (s > 1)}") if x),
+                                "arms": len(D), "rungs": len(rs), "seeds": s, "runs": runs,
+                                "train_flops": len(D) * s * sum(r["compute"] for r in rs),
+                                cost_unit(study): len(D) * s * sum(r["cost"] for r in rs),
+                                "widest_halfwidth": widest, "reaches": widest <= target,
+                                "main_effects_only": info["main_effects_only"]})
+                    break
+    df = pd.DataFrame(out)
+    return df.sort_values(["reaches", cost_unit(study)], ascending=[False, True]).reset_index(drop=True)
+
+
+def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95) -> str:
+    """The `plan STUDY --precision` section."""
+    lay, _ = study_layout(study)
+    t, info = predict(lay, noise, level=level)
+    linf, A, alpha = info["law"]
+    c_ref = info["c_ref"]
+    lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
+             "analysis's model interval, no bootstrap; docs/method.md §4.8)",
+             f"noise: {noise.source}",
+             f"law: L∞ {linf:.4g}, A {A:.4g}, α {alpha:.4g}"
+             + (" (from the noise source)" if noise.law else " (default: the calibration study's α and reducible loss "
+                f"{DEFAULT_LAW['reducible_at_cref']} nats at C_ref)")
+             + f"; local slope at C_ref {alpha * A * c_ref ** -alpha:.4g} nats per ln C; effects assumed small",
+             f"layout: {len(lay.design)} arms × {len(lay.computes)} rungs × {lay.seeds} seed(s) = {lay.n_runs} runs, "
+             f"residual df {info['dof']}, {info['clusters']} (seed × rung) clusters, cluster df {info['cluster_df']}"]
+    if info["cluster_df"] <= 0:
+        lines.append("  the clusters leave no df for a (seed × rung) shift: the analysis's intervals cannot include one "
+                     "(these widths omit it); add a seed or a rung")
+    if info["main_effects_only"]:
+        lines.append("  this fraction aliases main effects with interactions: Shapley values from the main-effects model")
+    rows = [{"component": r.component, f"±ln M at C_ref {c_ref:.3g}": f"{r.hw_1x:.4f}",
+             "as a multiplier": f"×/÷ {math.exp(r.hw_1x):.3f}" if np.isfinite(r.hw_1x) else "not estimable",
+             f"±ln M at 10× C_ref": f"{r.hw_10x:.4f}"} for r in t.itertuples()]
+    cols = list(rows[0])
+    w = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
+    lines += ["  ".join(c.ljust(x) for c, x in zip(cols, w))] + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w)) for r in rows]
+    if target is not None:
+        o = options(study, noise, target, level=level)
+        unit = cost_unit(study)
+        lines.append(f"\ntarget half-width {target:g} (widest component at C_ref), options (seeds tried up to {MAX_SEEDS}):")
+        for r in o.itertuples():
+            lines.append(f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, "
+                         f"{r.train_flops:.3g} FLOPs, {unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"
+                         + (" (main effects only)" if r.main_effects_only else ""))
+        best = o[o["reaches"]]
+        lines.append(f"cheapest reaching {target:g}: {best.iloc[0]['option']}" if len(best) else
+                     f"no option tried reaches {target:g}: more seeds than {MAX_SEEDS} or a lower-noise setup")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""The precision planner (analysis/precision.py): its predicted half-widths against the analysis's
+realized intervals on simulated studies, its noise sources, and the `plan --precision` output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.attribution import code_table, component_contrasts, component_table
+from analysis.pipeline import analyze_table, quality_fit
+from analysis.precision import Layout, Noise, noise_from, predict
+from analysis.simulate import design_rows, random_truth, simulate_table, write_study
+
+
+def _realized(k: int, n_rungs: int, seeds: int, n: int = 100, noise: float = 0.005):
+    """Median realized 95% half-width of each Shapley ln M (C_ref and 10x) over `n` studies of one
+    truth that differ only in their noise, and the planner's prediction for that truth."""
+    factors = [f"f{i}" for i in range(k)]
+    D = design_rows(k)
+    rng = np.random.default_rng(7)
+    truth = random_truth(factors, rng)
+    truth.flops_extra, truth.noise_sd, truth.seed_sd = {}, 0.0, 0.0
+    df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(n_rungs)}, seeds=seeds, rng=rng, design=D)
+    X, _, _ = code_table(df, factors)
+    C, L0 = df["train_flops"].to_numpy(float), df["eval_macro_loss"].to_numpy(float)
+    z = np.log(C / np.exp(np.mean(np.log(C))))
+    s = df["seed"].to_numpy()
+    clusters = (df["seed"].astype(str) + "|" + df["rung"].astype(str)).to_numpy()
+    kw = dict(scale=True, seeds=s if seeds > 1 else None, clusters=clusters)
+    hw, hw10 = [], []
+    for _ in range(n):  # the simulator's noise model: a shift per seed plus independent run noise
+        L = L0 + rng.normal(0, 0.005, seeds)[s] + rng.normal(0, noise, len(L0))
+        fq, _ = quality_fit(X, z, C, L, factors, interactions=True, **kw)  # what analyze_table fits for ln M
+        t, t10 = component_table(fq, 0.0), component_table(fq, np.log(10.0))
+        hw.append(((t["shapley_hi"] - t["shapley_lo"]) / 2).to_numpy())
+        hw10.append(((t10["shapley_hi"] - t10["shapley_lo"]) / 2).to_numpy())
+    lay = Layout(D, tuple(factors), tuple(6e16 * 2**j for j in range(n_rungs)), seeds)
+    pred, info = predict(lay, Noise(noise), law=(truth.linf, truth.A, truth.alpha),
+                         log_m=lambda X_, C_: truth.log_m(X_, truth.z(C_)))
+    return pred, np.median(hw, axis=0), np.median(hw10, axis=0), (df, L0, truth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,n_rungs,seeds", [(6, 4, 1), (6, 3, 2)], ids=["smoke-like 2^6 x 4 rungs x 1 seed",
+                                                                      "GPU-style 2^6 x 3 rungs x 2 seeds"])
+def test_predicted_halfwidth_is_within_15pct_of_the_median_realized_one(k, n_rungs, seeds):
+    pred, med, med10, _ = _realized(k, n_rungs, seeds)
+    np.testing.assert_allclose(pred["hw_1x"].to_numpy(), med, rtol=0.15)
+    np.testing.assert_allclose(pred["hw_10x"].to_numpy(), med10, rtol=0.15)
+
+
+def test_the_realized_width_is_the_one_analyze_table_reports():
+    """The validation fits quality_fit directly (fast); analyze_table's component interval is that fit's."""
+    factors = [f"f{i}" for i in range(4)]
+    rng = np.random.default_rng(3)
+    truth = random_truth(factors, rng)
+    truth.flops_extra = {}
+    df = simulate_table(truth, rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=1, rng=rng, design=design_rows(4))
+    a = analyze_table(df, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",), replicates=False)
+    ok = a.table
+    fq, _ = quality_fit(ok[[f"x_{f}" for f in factors]].to_numpy(), ok["z"].to_numpy(), ok["train_flops"].to_numpy(),
+                        ok["eval_macro_loss"].to_numpy(), factors, interactions=True, scale=True,
+                        clusters=("0|" + ok["rung"].astype(str)).to_numpy())
+    t = component_table(fq, 0.0)
+    np.testing.assert_allclose(t["shapley_hi"].to_numpy(), a.components["shapley_hi"].to_numpy(), rtol=1e-9)
+
+
+def test_halfwidth_scales_with_the_noise_and_shrinks_with_seeds():
+    lay = Layout(design_rows(4), tuple("abcd"), (1e12, 2e12, 4e12), 1)
+    one, _ = predict(lay, Noise(0.01))
+    two, _ = predict(lay, Noise(0.02))
+    np.testing.assert_allclose(two["hw_1x"], 2 * one["hw_1x"], rtol=1e-6)  # no effects: linear in σ
+    s2, _ = predict(Layout(lay.design, lay.factors, lay.computes, 2), Noise(0.01))
+    assert (s2["hw_1x"] < 0.75 * one["hw_1x"]).all()  # twice the runs: ~1/√2 the width
+    assert (one["hw_10x"] > one["hw_1x"]).all()  # extrapolating widens
+
+
+def test_a_fraction_that_aliases_main_effects_falls_back_to_the_main_effects_model():
+    D = design_rows(4, fraction=1)  # 2^(4-1): 2FIs aliased in pairs, Shapley still estimable? main effects clear
+    t, info = predict(Layout(D, tuple("abcd"), (1e12, 2e12, 4e12), 1), Noise(0.01))
+    assert np.isfinite(t["hw_1x"]).all()
+    D3 = design_rows(5, fraction=2)  # 2^(5-2) resolution III: main effects alias 2FIs
+    t3, info3 = predict(Layout(D3, tuple("abcde"), (1e12, 2e12, 4e12), 1), Noise(0.01))
+    assert info3["main_effects_only"] and np.isfinite(t3["hw_1x"]).all()
+
+
+def test_noise_from_a_seed_panel_separates_run_noise_from_the_shared_shift(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(40):
+        shift = rng.normal(0, 0.03)  # shared by both arms of a seed
+        for arm in ("all_on", "all_off"):
+            rows.append({"run_id": f"{seed}{arm}", "status": "completed", "rung": "d512", "arm": arm, "seed": seed,
+                         "eval_macro_loss": 3.0 + (arm == "all_on") * -0.05 + shift + rng.normal(0, 0.01)})
+    pd.DataFrame(rows).to_csv(tmp_path / "noise.csv", index=False)
+    nz = noise_from(tmp_path / "noise.csv")
+    assert 0.007 < nz.sd < 0.013 and 0.02 < nz.rung_sd < 0.04
+    assert "paired difference" in nz.source
+
+
+def test_noise_from_an_analysed_study_is_its_residual_sd(tmp_path):
+    factors = [f"f{i}" for i in range(4)]
+    rng = np.random.default_rng(1)
+    truth = random_truth(factors, rng, noise_sd=0.01)
+    truth.flops_extra = {}
+    df = simulate_table(truth, rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8, "r3": 8e8}, seeds=1, rng=rng,
+                        design=design_rows(4))
+    write_study(df, tmp_path / "study")
+    nz = noise_from(tmp_path / "study")
+    assert 0.008 < nz.sd < 0.012, nz
+    assert nz.law is not None and "residuals of the analysed study" in nz.source
+
+
+def test_noise_rejects_a_panel_without_replicates(tmp_path):
+    pd.DataFrame([{"run_id": "a", "status": "completed", "rung": "r", "arm": "x", "seed": 0,
+                   "eval_macro_loss": 3.0}]).to_csv(tmp_path / "n.csv", index=False)
+    with pytest.raises(ValueError, match="at least two seeds"):
+        noise_from(tmp_path / "n.csv")
+    with pytest.raises(ValueError, match="sd"):
+        Noise(0.0)
