@@ -32,6 +32,10 @@ DEFAULT_SD = 0.01
 DEFAULT_LAW = {"linf": 1.736, "alpha": 0.2253, "reducible_at_cref": 1.22}
 #: Options the target search tries: seeds per arm, and fractions of the study's design.
 MAX_SEEDS = 8
+#: The planner's assumed effect: every component's ln M = this (a ~10% multiplier, the size of the
+#: recipe's components), all in the same direction; a shift shared by a (seed × rung) cluster moves
+#: the law's local slope and with it every multiplier in proportion to its size.
+DEFAULT_EFFECT = 0.1
 FRACTIONS = {"full design": 1, "half fraction": 2, "quarter fraction": 4}
 
 
@@ -292,6 +296,11 @@ def _fraction(study, div: int):
     return np.asarray(d.matrix, float), f"resolution {d.resolution}" if d.resolution else ""
 
 
+def assumed_effects(X: np.ndarray, C: np.ndarray, effect: float = DEFAULT_EFFECT) -> np.ndarray:
+    """ln M of each run when every component's Shapley value is `effect` (main effects only)."""
+    return 0.5 * effect * (np.asarray(X, float) + 1).sum(axis=1)
+
+
 def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seeds: int = MAX_SEEDS) -> pd.DataFrame:
     """Per (fraction, rung set): the fewest seeds whose widest component half-width at C_ref reaches
     `target`, with its runs, compute and cost (the plan's own per-run numbers); cheapest first."""
@@ -321,18 +330,20 @@ def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seed
             for s in range(1, max_seeds + 1):
                 ly = Layout(D, lay.factors, tuple(r["compute"] for r in rs), s)
                 try:
-                    t, info = predict(ly, noise, level=level, ratios=(1.0,), law=law)
+                    t, info = predict(ly, noise, level=level, ratios=(1.0,), law=law, log_m=assumed_effects)
                 except ValueError:
                     break
                 widest = float(t.loc[t["component"] != "TOTAL", "hw_1x"].max())
-                if widest <= target or s == max_seeds:
+                # a shift the clusters cannot measure is left out of the analysis's intervals: no honest width
+                blind = noise.rung_sd > 0 and info["cluster_df"] <= 0
+                if (widest <= target and not blind) or s == max_seeds:
                     runs = len(D) * s * len(rs)
                     out.append({"option": " ".join(x for x in (fname + (f" ({res})" if res else ""), rname,
                                                               f"{s} seed{'s' * (s > 1)}") if x),
                                 "arms": len(D), "rungs": len(rs), "seeds": s, "runs": runs,
                                 "train_flops": len(D) * s * sum(r["compute"] for r in rs),
                                 cost_unit(study): len(D) * s * sum(r["cost"] for r in rs),
-                                "widest_halfwidth": widest, "reaches": widest <= target,
+                                "widest_halfwidth": widest, "reaches": widest <= target and not blind,
                                 "main_effects_only": info["main_effects_only"]})
                     break
     df = pd.DataFrame(out)
@@ -342,7 +353,7 @@ def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seed
 def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95) -> str:
     """The `plan STUDY --precision` section."""
     lay, _ = study_layout(study)
-    t, info = predict(lay, noise, level=level)
+    t, info = predict(lay, noise, level=level, log_m=assumed_effects)
     linf, A, alpha = info["law"]
     c_ref = info["c_ref"]
     lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
@@ -351,7 +362,8 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
              f"law: L∞ {linf:.4g}, A {A:.4g}, α {alpha:.4g}"
              + (" (from the noise source)" if noise.law else " (default: the calibration study's α and reducible loss "
                 f"{DEFAULT_LAW['reducible_at_cref']} nats at C_ref)")
-             + f"; local slope at C_ref {alpha * A * c_ref ** -alpha:.4g} nats per ln C; effects assumed small",
+             + f"; local slope at C_ref {alpha * A * c_ref ** -alpha:.4g} nats per ln C; every component assumed "
+             f"ln M = {DEFAULT_EFFECT} (a larger effect widens its interval where clusters carry a shift)",
              f"layout: {len(lay.design)} arms × {len(lay.computes)} rungs × {lay.seeds} seed(s) = {lay.n_runs} runs, "
              f"residual df {info['dof']}, {info['clusters']} (seed × rung) clusters, cluster df {info['cluster_df']}"]
     if info["cluster_df"] <= 0:
@@ -377,3 +389,25 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
         lines.append(f"cheapest reaching {target:g}: {best.iloc[0]['option']}" if len(best) else
                      f"no option tried reaches {target:g}: more seeds than {MAX_SEEDS} or a lower-noise setup")
     return "\n".join(lines)
+
+
+def plan_precision(study, noise_path: str | None = None, target: float | None = None, as_json: bool = False) -> str:
+    """`plan STUDY --precision [--noise PATH] [--target-halfwidth H] [--json]`: the section, or its JSON."""
+    import json
+
+    if target is not None and not (target > 0 and math.isfinite(target)):
+        raise ValueError(f"--target-halfwidth {target}; allowed values: a positive ln-scale half-width, e.g. 0.05")
+    noise = noise_from(noise_path) if noise_path else Noise(DEFAULT_SD)
+    if not as_json:
+        return format_precision(study, noise, target=target)
+    lay, _ = study_layout(study)
+    t, info = predict(lay, noise, log_m=assumed_effects)
+    out = {"noise": {"sd": noise.sd, "rung_sd": noise.rung_sd, "source": noise.source},
+           "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"},
+           "law": dict(zip(("linf", "A", "alpha"), info["law"])),
+           "components": t.rename(columns={"hw_1x": "halfwidth_c_ref", "hw_10x": "halfwidth_10x_c_ref"})
+           .to_dict("records")}
+    if target is not None:
+        out["target_halfwidth"] = target
+        out["options"] = options(study, noise, target).to_dict("records")
+    return json.dumps(out, indent=1, default=float)

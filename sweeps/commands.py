@@ -148,6 +148,13 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
     parser.add_argument("--reserve-gib", type=float, default=0.0,
                         help="dry run: kept free per GPU beyond the table's own lines (CUDA context, NCCL, fragmentation)")
+    pr = parser.add_argument_group("precision (analysis/precision.py)")
+    pr.add_argument("--precision", action="store_true",
+                    help="print each component's expected 95%% half-width of ln M at C_ref and 10x C_ref instead of the plan")
+    pr.add_argument("--noise", default=None, metavar="PATH",
+                    help="precision: a finished noise study or an analysed study (folder or results file); default: a stated assumption")
+    pr.add_argument("--target-halfwidth", type=float, default=None, metavar="H",
+                    help="precision: the cheapest seeds / rungs / fraction whose widest component half-width at C_ref is <= H (ln scale)")
     _data_args(parser)
 
 
@@ -236,6 +243,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     study = _study(args)
     if getattr(args, "dry_run", False):
         return cmd_dry_run(study, args)
+    if args.precision or args.noise is not None or args.target_halfwidth is not None:
+        from analysis.precision import plan_precision
+
+        print(plan_precision(study, args.noise, args.target_halfwidth, args.json))
+        return 0
     d = study.describe()
     runs = study.runs()
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]

@@ -119,3 +119,30 @@ def test_noise_rejects_a_panel_without_replicates(tmp_path):
         noise_from(tmp_path / "n.csv")
     with pytest.raises(ValueError, match="sd"):
         Noise(0.0)
+
+
+def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_path, capsys):
+    from sweeps.cli import main
+
+    assert main(["plan", "smoke", "--precision", "--target-halfwidth", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "noise: default: 0.01 nats per run" in out and "±ln M at 10× C_ref" in out
+    assert "cheapest reaching 0.05:" in out and "TOTAL" in out
+    assert main(["plan", "smoke", "--precision", "--target-halfwidth", "-1"]) == 2
+    assert "--target-halfwidth -1" in capsys.readouterr().err
+    assert main(["plan", "smoke", "--precision", "--noise", str(tmp_path / "nothing")]) == 2
+    assert main(["plan", "smoke", "--precision", "--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["components"]) == 8 and d["noise"]["sd"] == pytest.approx(0.01)
+
+
+def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure():
+    from ablations.studies import get_study
+    from analysis.precision import options
+
+    o = options(get_study("marin535"), Noise(0.005, rung_sd=0.02), 1.0, max_seeds=2)
+    one_seed = o[(o["seeds"] == 1) & (o["rungs"] == 3)]
+    assert not one_seed["reaches"].any()  # 3 clusters, 3 law parameters: the shift is invisible
+    assert o["reaches"].any()
