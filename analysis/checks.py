@@ -168,6 +168,19 @@ def drop_warning(a) -> str:
             f"cost of the drops is part of the {DROP_FACTOR} effect")
 
 
+def unmeasured_shift(a) -> str:
+    """Why the quality intervals omit a (seed × rung) loss shift ('' when they include it): the
+    clusters leave the law no df to measure one (e.g. one seed on three rungs), so a shift that moves a
+    rung's cloud of runs off the law changes the local slope, and every multiplier in proportion to its
+    size, unseen (docs/method.md §4.4)."""
+    law = a.law
+    if law is None or law.between_df is None or law.between_df > 0 or {"linf", "alpha"} <= set(law.pinned):
+        return ""
+    n = a.table["rung"].nunique() * (a.table["seed"].nunique() if "seed" in a.table else 1)
+    return (f"{n} (seed × rung) clusters leave no df to measure a loss shift shared by one cluster; add a seed, a rung, "
+            "or pin L∞ or α")
+
+
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
     w = []
@@ -183,6 +196,10 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         if a.law.pinned:
             w.append(f"law parameter(s) pinned by the user: {', '.join(f'{k}={v:g}' for k, v in a.law.pinned.items())}; "
                      "their uncertainty is not in the intervals")
+    shift = unmeasured_shift(a)
+    if shift:
+        w.append(f"quality multipliers (every ln_M and ln_W value, per rung and extrapolated too): their intervals omit "
+                 f"any (seed × rung) shift: {shift}")
     nr = len(a.rungs)
     if nr < 4:
         w.append(f"{nr} rung(s): the law's form cannot be checked (a broken power law and a power law agree on "

@@ -14,7 +14,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.attribution import EffectsFit, component_contrasts
-from analysis.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned
+from analysis.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
 from analysis.responses import by_column
 from analysis.results import codings
 
@@ -217,7 +217,14 @@ def on_cpu(a) -> bool:
 
 
 def finding(a, resp: str, f: str) -> str:
-    """The Findings cell of component f (or TOTAL) for response resp (ln_M, ln_R, ln_W) at C_ref."""
+    """The Findings cell of component f (or TOTAL) for response resp (ln_M, ln_R, ln_W) at C_ref; a
+    quality-based value whose interval cannot include a (seed × rung) shift says so (checks.unmeasured_shift)."""
+    cell = _finding(a, resp, f)
+    shift = unmeasured_shift(a) if resp in ("ln_M", "ln_W") and cell[:1].isdigit() else ""
+    return cell + (f"; the interval omits a rung shift ({shift})" if shift else "")
+
+
+def _finding(a, resp: str, f: str) -> str:
     comp = a.components
     c = comp[(comp["response"] == resp) & (comp["component"] == f)] if len(comp) else comp
     if not len(c):

@@ -373,7 +373,7 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
         lines.append("  this fraction aliases main effects with interactions: Shapley values from the main-effects model")
     rows = [{"component": r.component, f"±ln M at C_ref {c_ref:.3g}": f"{r.hw_1x:.4f}",
              "as a multiplier": f"×/÷ {math.exp(r.hw_1x):.3f}" if np.isfinite(r.hw_1x) else "not estimable",
-             f"±ln M at 10× C_ref": f"{r.hw_10x:.4f}"} for r in t.itertuples()]
+             "±ln M at 10× C_ref": f"{r.hw_10x:.4f}"} for r in t.itertuples()]
     cols = list(rows[0])
     w = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
     lines += ["  ".join(c.ljust(x) for c, x in zip(cols, w))] + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w)) for r in rows]

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.attribution import code_table, component_contrasts, component_table
+from analysis.attribution import code_table, component_table
 from analysis.pipeline import analyze_table, quality_fit
 from analysis.precision import Layout, Noise, noise_from, predict
 from analysis.simulate import design_rows, random_truth, simulate_table, write_study
