@@ -118,14 +118,20 @@ def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
     labels, inv = np.unique(jf.clusters.astype(str), return_inverse=True)
     n_bar = float(np.mean(np.bincount(inv)))
     s2, r2 = noise.sd**2, noise.rung_sd**2
-    # HC3 at its expectation: E e_n² = σ²(1 − h_n), weighted by (1 − h_n)⁻²
-    hc3 = bread @ ((J * (s2 / (1 - h))[:, None]).T @ J) @ bread
-    model = s2 * bread
+    # The shift's share of the residuals: the cluster indicators Z less their least-squares fit, at the
+    # median of its χ²(df_b) scale; it enters HC3's e_n² and s² alike.
+    Z = np.zeros((len(inv), len(labels)))
+    Z[np.arange(len(inv)), inv] = 1.0
+    R = Z - J @ (bread @ (J.T @ Z))
+    med = float(stats.chi2.median(dfb)) / dfb if dfb > 0 else 1.0
+    shift2 = r2 * med * (R**2).sum(axis=1)
+    # HC3 at its expectation: E e_n² = σ²(1 − h_n) + shift, weighted by (1 − h_n)⁻²
+    hc3 = bread @ ((J * ((s2 * (1 - h) + shift2) / (1 - h) ** 2)[:, None]).T @ J) @ bread
+    model = (s2 + float(shift2.sum()) / max(jf.dof, 1)) * bread
     sig2b = 0.0
     if dfb > 0 and jf.dof - dfb > 0:
         # the analysis's moment estimate σ̂²_b = max(0, (s²_b − s²_w)/n̄), s²_b ~ (σ² + n̄σ²_b)·χ²(df_b)/df_b: its median
-        med_s2b = (s2 + n_bar * r2) * float(stats.chi2.median(dfb)) / dfb
-        sig2b = max(0.0, (med_s2b - s2) / n_bar)
+        sig2b = max(0.0, ((s2 + n_bar * r2) * med - s2) / n_bar)
         S = np.zeros((len(labels), J.shape[1]))
         np.add.at(S, inv, J)
         model = model + sig2b * bread @ (S.T @ S) @ bread
