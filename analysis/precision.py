@@ -1,5 +1,5 @@
 """The precision planner: each component's expected 95% half-width of ln M before a run starts
-(docs/method.md §4.8, *Precision planner*).
+(docs/method.md §4.9, *Precision planner*).
 
 The prediction runs the analysis's own estimator (`pipeline.quality_fit`: the joint law + effects
 fit, with its main-effects refit where a fraction aliases a Shapley value) on the noise-free losses
@@ -363,7 +363,7 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
     linf, A, alpha = info["law"]
     c_ref = info["c_ref"]
     lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
-             "analysis's model interval, no bootstrap; docs/method.md §4.8)",
+             "analysis's model interval, no bootstrap; docs/method.md §4.9)",
              f"noise: {noise.source}",
              f"law: L∞ {linf:.4g}, A {A:.4g}, α {alpha:.4g}"
              + (" (from the noise source)" if noise.law else " (default: the calibration study's α and reducible loss "

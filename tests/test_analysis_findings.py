@@ -188,3 +188,25 @@ def test_gain_growing_with_scale_is_a_verdict_and_cpu_throughput_is_not_informat
     assert lo <= 1.585 <= hi and lo > 1
     assert finding(a, "ln_R", "sconv").endswith("not informative on CPU")
     assert finding(a, "ln_W", "TOTAL").endswith("not informative on CPU")
+
+
+def test_quality_values_say_their_interval_omits_a_rung_shift_the_clusters_cannot_measure():
+    """One seed on three rungs: three cluster means, three law parameters, no df for a (seed × rung)
+    shift; two seeds, or α pinned, leave df and the note goes."""
+    from analysis.checks import unmeasured_shift
+    from analysis.findings import finding
+    from analysis.simulate import design_rows, random_truth
+
+    factors = ["a", "b", "c"]
+    truth = random_truth(factors, np.random.default_rng(5))
+    truth.flops_extra = {}
+    rungs = {"r0": 1e8, "r1": 2e8, "r2": 4e8}
+    kw = dict(n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",), replicates=False)
+    one = analyze_table(simulate_table(truth, rungs=rungs, seeds=1, design=design_rows(3)), **kw)
+    assert "3 (seed × rung) clusters leave no df" in unmeasured_shift(one)
+    assert any(w.startswith("quality multipliers") and "omit any (seed × rung) shift" in w for w in one.warnings)
+    assert "the interval omits a rung shift" in finding(one, "ln_M", "a")
+    two = analyze_table(simulate_table(truth, rungs=rungs, seeds=2, design=design_rows(3)), **kw)
+    pinned = analyze_table(simulate_table(truth, rungs=rungs, seeds=1, design=design_rows(3)), pin_alpha=0.2, **kw)
+    for a in (two, pinned):
+        assert unmeasured_shift(a) == "" and "omits a rung shift" not in finding(a, "ln_M", "a")
