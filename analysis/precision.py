@@ -99,7 +99,9 @@ def _fits(lay: Layout, law, log_m=None):
     from analysis.pipeline import quality_fit
 
     X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
-    kw = dict(scale=len(lay.computes) >= 2, seeds=seed if lay.seeds > 1 else None, clusters=clusters)
+    # one rung cannot fix α: the analysis then needs it pinned (--pin-alpha), and so does the prediction
+    pins = (None, law[2]) if len(lay.computes) < 2 else (None, None)
+    kw = dict(scale=len(lay.computes) >= 2, seeds=seed if lay.seeds > 1 else None, clusters=clusters, pins=pins)
     fq, jf = quality_fit(X, z, C, L, list(lay.factors), interactions=True, **kw)
     if any(not fq.estimable(c) for c in component_contrasts(fq, 0.0)["shapley"]):
         fq, jf = quality_fit(X, z, C, L, list(lay.factors), interactions=False, **kw)
@@ -150,7 +152,12 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
         raise ValueError(f"layout: seeds={lay.seeds}, {len(lay.computes)} rungs, {len(lay.design)} arms; "
                          "allowed values: seeds >= 1, at least one rung and two arms")
     law = law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
-    fq, jf, c_ref = _fits(lay, law, log_m)
+    try:
+        fq, jf, c_ref = _fits(lay, law, log_m)
+    except ValueError as e:
+        raise ValueError(f"precision: the analysis's fit cannot be made on {len(lay.design)} arms × {len(lay.computes)} "
+                         f"rung(s) ({e}); a seed panel measures noise (use it as --noise PATH), the plan to size is a "
+                         "factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
@@ -375,6 +382,9 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
     if info["cluster_df"] <= 0:
         lines.append("  the clusters leave no df for a (seed × rung) shift: the analysis's intervals cannot include one "
                      "(these widths omit it); add a seed or a rung")
+    if len(lay.computes) < 2:
+        lines.append(f"  one rung: α pinned at {alpha:.4g}, as the analysis needs it (--pin-alpha); no scale trend, so "
+                     "the 10× column carries the multipliers unchanged")
     if info["main_effects_only"]:
         lines.append("  this fraction aliases main effects with interactions: Shapley values from the main-effects model")
     rows = [{"component": r.component, f"±ln M at C_ref {c_ref:.3g}": f"{r.hw_1x:.4f}",
@@ -416,4 +426,4 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
     if target is not None:
         out["target_halfwidth"] = target
         out["options"] = options(study, noise, target).to_dict("records")
-    return json.dumps(out, indent=1, default=float)
+    return json.dumps(out, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))

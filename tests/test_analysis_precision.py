@@ -136,6 +136,9 @@ def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_pa
 
     d = json.loads(capsys.readouterr().out)
     assert len(d["components"]) == 8 and d["noise"]["sd"] == pytest.approx(0.01)
+    assert main(["plan", "smoke", "--json", "--target-halfwidth", "0.05"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert any(o["reaches"] is True for o in d["options"]) and d["target_halfwidth"] == pytest.approx(0.05)
 
 
 def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure():
