@@ -149,3 +149,18 @@ def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure()
     one_seed = o[(o["seeds"] == 1) & (o["rungs"] == 3)]
     assert not one_seed["reaches"].any()  # 3 clusters, 3 law parameters: the shift is invisible
     assert o["reaches"].any()
+
+
+def test_plan_precision_reads_a_noise_study_folder(tmp_path, capsys):
+    from analysis.simulate import SimTruth
+    from sweeps.cli import main
+
+    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer"]
+    truth = SimTruth(factors, main={"xsa": 0.05}, noise_sd=0.004, seed_sd=0.01)
+    panel = simulate_table(truth, rungs={"d512": 1e8}, seeds=5, rng=np.random.default_rng(2),
+                           design=np.array([[1.0] * 6, [-1.0] * 6]))
+    write_study(panel, tmp_path / "noise")
+    assert main(["plan", "marin535", "--precision", "--noise", str(tmp_path / "noise")]) == 0
+    out = capsys.readouterr().out
+    assert f"noise study {tmp_path / 'noise'}: seed-to-seed sd" in out and "paired difference (4 df)" in out
+    assert "the clusters leave no df for a (seed × rung) shift" in out  # 1 seed x 3 rungs, and the panel shows one
