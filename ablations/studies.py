@@ -97,6 +97,11 @@ class HeroPlan:
         g = spec.model.moe_geometry(spec.recipe)
         if g.n_experts % self.ep_size:
             raise ValueError(f"HeroPlan: {g.n_experts} experts do not split over ep_size={self.ep_size}")
+        r = spec.train.replica_groups
+        if r != self.ep_groups:  # the time model and the dry run assume rack-local sharding (HSDP)
+            raise ValueError(f"TrainConfig.replica_groups={r} must equal HeroPlan.ep_groups={self.ep_groups}: "
+                             "parameters sharded inside a rack, replicated across racks; allowed values: "
+                             f"{self.ep_groups}")
 
     def describe(self, spec: RunSpec) -> dict:
         self.check(spec)
@@ -480,7 +485,10 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
-                                 "eval_batch_size": plan.gpus, "mixed_precision": "bf16"})
+                                 "eval_batch_size": plan.gpus, "mixed_precision": "bf16",
+                                 # rack-local sharding (HSDP), Marin's (replica_dcn, data, expert) mesh: only
+                                 # the gradient reduction crosses racks
+                                 "replica_groups": ep_groups})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",

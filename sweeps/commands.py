@@ -224,6 +224,8 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     if args.overrides:
         spec = apply_spec_overrides(spec, args.overrides)
     hero = getattr(study, "hero", None)
+    if hero is not None and not args.gpus:
+        hero.check(spec)  # the layout the time model and the sbatch are planned for
     gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
     ep = args.ep or spec.model.ep_shards
     import tempfile
@@ -259,9 +261,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         d["hero"]["jobs_of_time_limit"] = math.ceil(d["hero"]["expected_seconds"] / 60 / hs.time_min)
         d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
         d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
+        from sweeps.sweep import apply_spec_overrides
         from sweeps.timemodel import time_model
 
-        tm = d["hero"]["time_model"] = time_model(runs[0][0], study.hero, job_limit_s=hs.time_min * 60)
+        spec = apply_spec_overrides(runs[0][0], args.overrides) if args.overrides else runs[0][0]
+        study.hero.check(spec)  # --set may change the layout the plan is for
+        tm = d["hero"]["time_model"] = time_model(spec, study.hero, job_limit_s=hs.time_min * 60)
         if not tm["checkpoint"]["fits"]:
             raise ValueError(f"TrainConfig.checkpoint_interval_s={runs[0][0].train.checkpoint_interval_s}: the longest "
                              f"gap between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter "

@@ -62,7 +62,11 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
         shard_experts(model, groups)
         return apply_fsdp(model, groups, cfg)
 
-    return Sharding("FSDP2 over all ranks; experts over EP x FSDP2 over dp (marin.parallel)" +
+    r = spec.train.replica_groups if spec is not None else 1
+    where = (f"HSDP: FSDP2 inside each of {r} racks, replicated across them; experts EP-sliced x FSDP2 over the "
+             "rack's dp_shard ranks, replicated across racks" if r > 1
+             else "FSDP2 over all ranks; experts over EP x FSDP2 over dp")
+    return Sharding(where + " (marin.parallel)" +
                     (", bf16 compute" if cfg.mixed_precision else ""), apply, ns_whole_group=False,
                     gathered_bytes=2 if cfg.mixed_precision else 4)
 
@@ -98,14 +102,18 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def _padded_local(p: torch.Tensor) -> int:
-    """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(rows / shards) rows on
-    every rank (so every rank holds as much), a plain tensor is whole."""
+    """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(size / shards) along each
+    sharded dim (so every rank holds as much); a mesh dim that replicates (HSDP's racks) divides
+    nothing; a plain tensor is whole."""
     if not hasattr(p, "device_mesh"):
         return p.numel()
     import math
 
-    shards = p.device_mesh.size()
-    return -(-p.shape[0] // shards) * math.prod(p.shape[1:])
+    shape = list(p.shape)
+    for i, pl in enumerate(p.placements):
+        if pl.is_shard():
+            shape[pl.dim] = -(-shape[pl.dim] // p.device_mesh.size(i))
+    return math.prod(shape)
 
 
 def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sharding) -> dict:
@@ -120,7 +128,7 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         raise RuntimeError("the dry run needs a process without a process group")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        groups = ep.build_ep_groups(ep_size)
+        groups = ep.build_ep_groups(ep_size, replicas=spec.train.replica_groups)  # the run's own meshes
         with torch.device("meta"):
             model = MarinModel(spec.model, spec.recipe)
         roles = model.param_roles()

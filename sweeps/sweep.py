@@ -156,6 +156,9 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     that are not done, and (opts.wait) wait for them with a progress line."""
     sdir = study_dir(out, study.name)
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir)
+    hero = getattr(study, "hero", None)
+    for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
+        hero.check(r.spec)
     from sweeps.progress import rung_estimates
 
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,

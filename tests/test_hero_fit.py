@@ -342,8 +342,8 @@ def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
 
 
 def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_its_checkpoint(prepared_corpus, tmp_path):
-    """The hero preset through the real Trainer at world 4 = 2 x EP 2 (fake process group), narrowed to
-    16 experts: each rank reads its own slice of the prepared corpus, evaluates one sequence of the
+    """The hero preset through the real Trainer at world 4 = 2 racks x EP 2 (fake process group, HSDP as
+    the hero's racks), narrowed to 16 experts: each rank reads its own slice of the prepared corpus, evaluates one sequence of the
     hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict is complete."""
     from ablations import get_study
     from sweeps.dryrun import format_loop, loop_dry_run
@@ -351,7 +351,7 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
 
     corpus, paloma = prepared_corpus
     spec = apply_spec_overrides(get_study("hero").runs()[0][0],
-                                ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2",
+                                ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2", "train.replica_groups=2",
                                  f"data.corpus={corpus}", f"data.eval_dir={paloma}"])
     assert spec.model.attention == "flex" and spec.train.eval_batch_size == 704  # the hero's; narrowed below
     rep = loop_dry_run(spec, 4, 2, tmp_path, seq_len=64)
