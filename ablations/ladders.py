@@ -216,12 +216,15 @@ GPU_RUNGS: dict[str, Rung] = {
 #: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count.
 HERO_LADDER_RACKS: dict[str, int] = {"d768": 1, "d1024": 2, "d1536": 6, "d2048": 11}
 HERO_LADDER_TPP = 791.0
-HERO_RUNGS: dict[str, Rung] = {
-    f"hero_{d}": _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
-                      nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None,
-                      model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
-    for d, racks in HERO_LADDER_RACKS.items()
-}
+def _hero_rung(d: str, racks: int) -> Rung:
+    r = _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
+             nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None,
+             model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
+    # rack-local sharding (HSDP) as the hero's: one copy of the model per rack, replicated across racks
+    return replace(r, train_overrides={**dict(r.train_overrides), "replica_groups": racks})
+
+
+HERO_RUNGS: dict[str, Rung] = {f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()}
 
 RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS, **HERO_RUNGS}
 

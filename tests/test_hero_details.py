@@ -205,6 +205,7 @@ def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
         cfg = r.model()
         assert (cfg.vocab_size, cfg.ep_shards, r.tokens_per_step // (racks * cfg.ep_shards)) == (128_256, 64, 65_536)
         assert r.train_config().eval_every == round(steps / 20)
+        assert r.train_config().replica_groups == racks  # rack-local (HSDP), as the hero
         # the same widths as the fast ladder, about 13x the tokens per parameter
         fast = GPU_RUNGS[d]
         assert cfg.d_model == fast.model().d_model and r.tokens_per_active_param / fast.tokens_per_active_param > 13
