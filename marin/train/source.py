@@ -51,10 +51,28 @@ def validate_data(data: DataConfig) -> None:
     if data.eval_dir and not Path(data.eval_dir).expanduser().is_dir():
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
+    if data.mixture:
+        names = mixture_domains(data.corpus)
+        unknown = sorted({d for ph in data.mixture for d, _ in ph.weights} - set(names)) if names is not None else []
+        if unknown:
+            raise ValueError(f"DataConfig.mixture names domain(s) {unknown} that DataConfig.corpus={data.corpus!r} does "
+                             f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'}")
     if is_prepared(data.corpus) and not data.eval_dir:
         raise ValueError(f"DataConfig.eval_dir is empty but DataConfig.corpus={data.corpus!r} is a prepared corpus, "
                          "which has no held-out split; allowed values: a Paloma-layout directory "
                          "(DOMAIN/val/*.jsonl[.gz])")
+
+
+def mixture_domains(corpus: str) -> list[str] | None:
+    """The domains a mixture may name, known without reading text: the embedded corpus's and a
+    prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
+    if corpus == "embedded":
+        from marin.data.corpus import _EMBEDDED_SOURCES
+        return list(_EMBEDDED_SOURCES)
+    if is_prepared(corpus):
+        from marin.data.prepare import read_manifest
+        return list(read_manifest(Path(corpus).expanduser()).get("domains", {}))
+    return None
 
 
 @dataclass
@@ -118,10 +136,15 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     root = str(Path(data.corpus if prepared else mdata.prepared_train(data)).expanduser().resolve())
     corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
                      lambda: PreparedCorpus(root))
-    train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world)
+    steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
+    train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world,
+                                       mixture=data.mixture, total_steps=steps)
              for s in stages}
     prov = {"corpus": root if prepared else data.corpus, "corpus_tokens": corpus.n_tokens,
             "corpus_fingerprint": corpus.fingerprint}
+    if data.mixture:
+        loader = next(iter(train.values()))
+        prov["mixture_phase_steps"] = loader.plan.start_P.tolist()
     if prepared:
         tokenizer = tokenizer_of(root)
         ev = _eval_corpus(data, tokenizer)
