@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.ladders import Rung, flops_per_token, ladder, params_active, params_total
+from ablations.ladders import HERO_MIXTURE, Rung, flops_per_token, ladder, params_active, params_total
 from marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
 from marin.schema import FactorCoding, RunMeta
 
@@ -209,6 +209,8 @@ class Study:
             data = replace(data, bpe_vocab=model.vocab_size)
         if self.vary_data_seed:
             data = replace(data, data_seed=self.data.data_seed + seed)
+        if r.mixture:  # the rung's own schedule (Marin's hero ladder)
+            data = replace(data, mixture=r.mixture)
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
@@ -485,7 +487,9 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
-                 DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),
+                 DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size,
+                            # Marin's phased mixture on the embedded domains; a cluster corpus names its own
+                            mixture=HERO_MIXTURE if corpus == "embedded" else ()), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
                  False, (), plan)
 

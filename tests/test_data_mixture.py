@@ -190,3 +190,28 @@ def test_a_tiny_run_trains_on_each_phases_domain_fractions(corpus, tmp_path, mon
         assert set(tokens[phase]) == set(weights)
         for d, w in weights.items():  # measured token fractions: the phase's weights to within one sequence
             assert tokens[phase][d] / total == pytest.approx(w / sum(weights.values()), abs=SEQ / total)
+
+
+def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_the_steps():
+    from ablations.ladders import HERO_MIXTURE, HERO_RUNGS
+    from ablations.studies import get_study
+
+    assert [p.start_frac for p in HERO_MIXTURE] == [0.0, 0.8]
+    assert {d for p in HERO_MIXTURE for d, _ in p.weights} == {"prose", "scripture", "docs", "code"}
+    assert dict(HERO_MIXTURE[0].weights) == {"code": 1.0, "docs": 1.0, "prose": 1.0, "scripture": 1.0}
+    assert dict(HERO_MIXTURE[1].weights) == {"code": 2.0, "docs": 2.0, "prose": 1.0, "scripture": 1.0}
+    study = get_study("marin535", rungs=tuple(HERO_RUNGS))
+    switch = {}
+    for spec, meta in study.runs():
+        assert spec.data.mixture == HERO_MIXTURE, meta["rung"]
+        plan = MixturePlan(spec.data.mixture, ["prose", "scripture", "docs", "code"], spec.train.effective().steps,
+                           spec.train.batch_size, 0)
+        switch[meta["rung"]] = plan.start_P.tolist()
+    # floor(0.8 x steps) of Marin's rung table (Marin rounds down to its 49,152-sequence block: 9,120 ...)
+    assert switch == {"hero_d768": [0, 9136], "hero_d1024": [0, 12220], "hero_d1536": [0, 12102],
+                      "hero_d2048": [0, 16057]}
+    hero = get_study("hero").runs()[0][0]
+    assert hero.data.mixture == HERO_MIXTURE
+    assert get_study("hero", corpus=str(Path(data.prepared_train(DataConfig())))).runs()[0][0].data.mixture == ()
+    # every other study keeps one stream (and its run ids)
+    assert all(s.data.mixture == () for s, _ in get_study("smoke").runs())
