@@ -66,8 +66,9 @@ class Rung:
     lr_heuristic: str = LR_HEURISTICS[0]  # TrainConfig.lr_heuristic of the rung's runs
     nearest_step: bool = False  # steps = round(target / tokens per step) (Marin's hero ladder); else ceil
     evals_per_run: int | None = None  # eval every steps/evals_per_run steps (Marin's hero ladder: 20, every 5%)
-    # the rung's data-mixture schedule (DataConfig.mixture phases; Marin's hero ladder: HERO_MIXTURE);
-    # () keeps the study's DataConfig
+    # the rung's data-mixture schedule over the embedded corpus's domains (DataConfig.mixture phases;
+    # Marin's hero ladder: HERO_MIXTURE); used when the study trains on the embedded corpus and sets
+    # no mixture of its own. () keeps the study's DataConfig
     mixture: tuple[MixturePhase, ...] = ()
 
     def __post_init__(self) -> None:

@@ -209,7 +209,9 @@ class Study:
             data = replace(data, bpe_vocab=model.vocab_size)
         if self.vary_data_seed:
             data = replace(data, data_seed=self.data.data_seed + seed)
-        if r.mixture:  # the rung's own schedule (Marin's hero ladder)
+        if r.mixture and not data.mixture and data.corpus == "embedded":
+            # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
+            # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
             data = replace(data, mixture=r.mixture)
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)

@@ -96,6 +96,7 @@ def test_each_phase_reads_its_proportions_from_each_domains_own_stream_in_order(
     assert loader.plan.start_P.tolist() == [0, 6]  # floor(0.6 * 10)
     refs = {d: _domain_stream(corpus, d, SEED) for d in names}
     read = {d: 0 for d in names}  # sequences of each domain read so far
+    before = dict(read)  # ... when the phase began
     for step in range(STEPS):
         tokens, targets, _ = loader.batch(step)
         dom = [names[i] for i in loader.row_domains(step)]
@@ -107,7 +108,7 @@ def test_each_phase_reads_its_proportions_from_each_domains_own_stream_in_order(
             phase = MIX[0 if step == 5 else 1][1]
             n = (6 if step == 5 else 4) * G
             want = _sequential(n, list(phase.values()))
-            got = [read[d] - (0 if step == 5 else before[d]) for d in phase]
+            got = [read[d] - before[d] for d in phase]
             assert got == want.tolist()
             before = dict(read)
 
@@ -213,5 +214,11 @@ def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_
     hero = get_study("hero").runs()[0][0]
     assert hero.data.mixture == HERO_MIXTURE
     assert get_study("hero", corpus=str(Path(data.prepared_train(DataConfig())))).runs()[0][0].data.mixture == ()
+    from dataclasses import replace
+
+    own = DataConfig(mixture=((0.0, {"code": 1.0}),))
+    assert replace(study, data=own).runs()[0][0].data.mixture == own.mixture  # the study's own mixture wins
+    other = DataConfig(corpus=str(Path(data.prepared_train(DataConfig()))))
+    assert replace(study, data=other).runs()[0][0].data.mixture == ()  # not the embedded corpus: its own data
     # every other study keeps one stream (and its run ids)
     assert all(s.data.mixture == () for s, _ in get_study("smoke").runs())
