@@ -9,7 +9,9 @@ to within about one sequence per domain, and the method is house-monotone, so a 
 s_d(N+G) − s_d(N) is never negative. A step's G sequences are those counts laid out in an order
 shuffled by (seed, step); rank r of W takes slots r·G/W … (r+1)·G/W − 1. Everything is a function of
 (phases, domains, T, G, seed, step) alone: a resumed run, or one on another number of ranks, reads
-the same sequences, and the ranks read disjoint parts of one global batch.
+the same sequences, and the ranks read disjoint parts of one global batch. A context stage
+(another sequence length, the same tokens per step) counts its own sequences, so at a stage change a
+domain's stream resumes within a few sequences of where the previous stage left it.
 """
 
 from __future__ import annotations
