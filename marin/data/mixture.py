@@ -17,8 +17,10 @@ domain's stream resumes within a few sequences of where the previous stage left 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -100,3 +102,27 @@ class MixturePlan:
             at = np.flatnonzero(dom_G == d)
             idx_G[at] = first_D[d] + np.arange(len(at))
         return dom_G, idx_G
+
+
+def corpus_domains(corpus: str) -> list[str] | None:
+    """The domains a mixture may name, known without reading text: the embedded corpus's and a
+    prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
+    if corpus == "embedded":
+        from marin.data.corpus import _EMBEDDED_SOURCES
+        return list(_EMBEDDED_SOURCES)
+    manifest = Path(corpus).expanduser() / "manifest.json"
+    if corpus != "paloma" and manifest.is_file():
+        return list(json.loads(manifest.read_text()).get("domains", {}))
+    return None
+
+
+def check_mixture_domains(data: Any) -> None:
+    """ValueError naming DataConfig.mixture when a phase names a domain the corpus does not have
+    (before any run: `validate_data`, and `plan`/`run` for every run of a study)."""
+    if not data.mixture:
+        return
+    names = corpus_domains(data.corpus)
+    unknown = sorted({d for ph in data.mixture for d, _ in ph.weights} - set(names)) if names is not None else []
+    if unknown:
+        raise ValueError(f"DataConfig.mixture names domain(s) {unknown} that DataConfig.corpus={data.corpus!r} does "
+                         f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'}")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from marin.config import DataConfig, RunSpec
+from marin.data.mixture import check_mixture_domains
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
 
@@ -51,28 +52,11 @@ def validate_data(data: DataConfig) -> None:
     if data.eval_dir and not Path(data.eval_dir).expanduser().is_dir():
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
-    if data.mixture:
-        names = mixture_domains(data.corpus)
-        unknown = sorted({d for ph in data.mixture for d, _ in ph.weights} - set(names)) if names is not None else []
-        if unknown:
-            raise ValueError(f"DataConfig.mixture names domain(s) {unknown} that DataConfig.corpus={data.corpus!r} does "
-                             f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'}")
+    check_mixture_domains(data)
     if is_prepared(data.corpus) and not data.eval_dir:
         raise ValueError(f"DataConfig.eval_dir is empty but DataConfig.corpus={data.corpus!r} is a prepared corpus, "
                          "which has no held-out split; allowed values: a Paloma-layout directory "
                          "(DOMAIN/val/*.jsonl[.gz])")
-
-
-def mixture_domains(corpus: str) -> list[str] | None:
-    """The domains a mixture may name, known without reading text: the embedded corpus's and a
-    prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
-    if corpus == "embedded":
-        from marin.data.corpus import _EMBEDDED_SOURCES
-        return list(_EMBEDDED_SOURCES)
-    if is_prepared(corpus):
-        from marin.data.prepare import read_manifest
-        return list(read_manifest(Path(corpus).expanduser()).get("domains", {}))
-    return None
 
 
 @dataclass
