@@ -70,6 +70,7 @@ class Rung:
     # Marin's hero ladder: HERO_MIXTURE); used when the study trains on the embedded corpus and sets
     # no mixture of its own. () keeps the study's DataConfig
     mixture: tuple[MixturePhase, ...] = ()
+    mixture_block: int = 0  # DataConfig.mixture_block with `mixture` (Marin's hero ladder: 49,152 sequences)
 
     def __post_init__(self) -> None:
         for attr in ("model_overrides", "train_overrides"):
@@ -240,6 +241,7 @@ HERO_LADDER_TPP = 791.0
 #: ours: the four embedded domains equally, then a cooldown that doubles docs and code
 #: (docs/fidelity.md "data mixture" says what maps and what does not).
 HERO_MIXTURE_SWITCH = 0.8
+HERO_MIXTURE_BLOCK = 49_152  # launch_datakit_moe_mix.py `_MIXTURE_BLOCK_SIZE`: the switch is block-aligned
 HERO_MIXTURE: tuple[MixturePhase, ...] = check_mixture((
     (0.0, {"prose": 1.0, "scripture": 1.0, "docs": 1.0, "code": 1.0}),
     (HERO_MIXTURE_SWITCH, {"prose": 1.0, "scripture": 1.0, "docs": 2.0, "code": 2.0}),
@@ -247,6 +249,7 @@ HERO_MIXTURE: tuple[MixturePhase, ...] = check_mixture((
 HERO_RUNGS: dict[str, Rung] = {
     f"hero_{d}": _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
                       nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None, mixture=HERO_MIXTURE,
+                      mixture_block=HERO_MIXTURE_BLOCK,
                       model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
     for d, racks in HERO_LADDER_RACKS.items()
 }

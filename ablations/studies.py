@@ -25,7 +25,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.ladders import HERO_MIXTURE, Rung, flops_per_token, ladder, params_active, params_total
+from ablations.ladders import (
+    HERO_MIXTURE,
+    HERO_MIXTURE_BLOCK,
+    Rung,
+    flops_per_token,
+    ladder,
+    params_active,
+    params_total,
+)
 from marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
 from marin.schema import FactorCoding, RunMeta
 
@@ -212,7 +220,7 @@ class Study:
         if r.mixture and not data.mixture and data.corpus == "embedded":
             # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
             # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
-            data = replace(data, mixture=r.mixture)
+            data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
@@ -491,7 +499,8 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size,
                             # Marin's phased mixture on the embedded domains; a cluster corpus names its own
-                            mixture=HERO_MIXTURE if corpus == "embedded" else ()), Recipe(),
+                            mixture=HERO_MIXTURE if corpus == "embedded" else (),
+                            mixture_block=HERO_MIXTURE_BLOCK if corpus == "embedded" else 0), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
                  False, (), plan)
 

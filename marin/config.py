@@ -466,13 +466,16 @@ class DataConfig:
     # A data-mixture schedule (Marin's hero ladder: two phases switching at 80% of the steps): each
     # phase's start fraction of the steps and {domain: weight}; () = one stream over the whole corpus
     mixture: tuple[MixturePhase, ...] = ()
+    # >0: a later phase starts at a multiple of block/gcd(block, batch) steps, rounded down (Marin's
+    # mixture block of sequences, 49,152 on its hero ladder); 0: at floor(start_frac x steps)
+    mixture_block: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 (256 bytes plus at least one merge)"),
-                                           "data_seed": SEED})
+                                           "data_seed": SEED, "mixture_block": NONNEG_INT})
 
 
 #: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each

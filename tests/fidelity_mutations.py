@@ -126,6 +126,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("hero ladder", "60 tokens per active parameter", (("ablations/ladders.py", "HERO_LADDER_TPP = 791.0", "HERO_LADDER_TPP = 60.0"),)),
     M("data mixture", "cooldown from 90% of the steps",
       (("ablations/ladders.py", "HERO_MIXTURE_SWITCH = 0.8", "HERO_MIXTURE_SWITCH = 0.9"),)),
+    M("data mixture", "switch not rounded to Marin's mixture block",
+      (("ablations/ladders.py", "HERO_MIXTURE_BLOCK = 49_152", "HERO_MIXTURE_BLOCK = 0"),)),
     M("data mixture", "sequences drawn equally, not by the phase's weights",
       (("marin/data/mixture.py", "self.w_PD[p, index[d]] = w", "self.w_PD[p, index[d]] = 1.0"),)),
     M("RoPE pairing", "rotated pairs (2j, 2j+1) read as split halves",

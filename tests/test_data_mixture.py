@@ -204,15 +204,22 @@ def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_
     study = get_study("marin535", rungs=tuple(HERO_RUNGS))
     switch = {}
     for spec, meta in study.runs():
-        assert spec.data.mixture == HERO_MIXTURE, meta["rung"]
+        assert spec.data.mixture == HERO_MIXTURE and spec.data.mixture_block == 49_152, meta["rung"]
         plan = MixturePlan(spec.data.mixture, ["prose", "scripture", "docs", "code"], spec.train.effective().steps,
-                           spec.train.batch_size, 0)
+                           spec.train.batch_size, 0, block=spec.data.mixture_block)
         switch[meta["rung"]] = plan.start_P.tolist()
-    # floor(0.8 x steps) of Marin's rung table (Marin rounds down to its 49,152-sequence block: 9,120 ...)
-    assert switch == {"hero_d768": [0, 9136], "hero_d1024": [0, 12220], "hero_d1536": [0, 12102],
-                      "hero_d2048": [0, 16057]}
+    # Marin's rule by hand: int(0.8 x steps) rounded down to a multiple of 49,152 / gcd(49,152, batch)
+    # steps; d768: int(9,136.0) -> multiple of 48 -> 9,120; d1536 (batch 6,144): int(12,102.4) -> of 8 -> 12,096
+    assert switch == {"hero_d768": [0, 9120], "hero_d1024": [0, 12216], "hero_d1536": [0, 12096],
+                      "hero_d2048": [0, 16032]}
     hero = get_study("hero").runs()[0][0]
     assert hero.data.mixture == HERO_MIXTURE
+    plan = MixturePlan(hero.data.mixture, ["prose", "scripture", "docs", "code"], hero.train.steps,
+                       hero.train.batch_size, 0, block=hero.data.mixture_block)
+    assert plan.start_P.tolist() == [0, 312_192]  # int(312,200.8) rounded down to a multiple of 48
+    # a tiny run on a block: the switch is at least one block multiple
+    assert MixturePlan(HERO_MIXTURE, ["prose", "scripture", "docs", "code"], 10, 1024, 0,
+                       block=49_152).start_P.tolist() == [0, 48]
     assert get_study("hero", corpus=str(Path(data.prepared_train(DataConfig())))).runs()[0][0].data.mixture == ()
     from dataclasses import replace
 

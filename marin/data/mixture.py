@@ -59,11 +59,22 @@ def slot_order(seed: int, step: int, n: int) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
+def phase_start(frac: float, total_steps: int, global_batch: int, block: int = 0) -> int:
+    """A later phase's first step: floor(frac x steps); with a mixture block of `block` sequences,
+    rounded down to a multiple of block/gcd(block, batch) steps and at least one such multiple (Marin:
+    launch_datakit_moe_mix.py `_phase_1_start_step`)."""
+    step = math.floor(frac * total_steps)
+    if not block:
+        return step
+    m = block // math.gcd(block, global_batch)
+    return max(m, (max(1, step) // m) * m)
+
+
 class MixturePlan:
     """The per-step domain layout of a mixture (`DataConfig.mixture` phases) over `domains`."""
 
     def __init__(self, phases: Sequence, domains: Sequence[str], total_steps: int, global_batch: int, seed: int,
-                 where: str = "corpus"):
+                 where: str = "corpus", block: int = 0):
         self.domains, self.G, self.seed, self.T = list(domains), int(global_batch), int(seed), int(total_steps)
         if self.T < 1:
             raise ValueError(f"TrainConfig.steps={total_steps!r}: a mixture needs the run's steps >= 1")
@@ -75,7 +86,8 @@ class MixturePlan:
                     raise ValueError(f"DataConfig.mixture: phase {p} names domain {d!r}, which {where} does not have; "
                                      f"allowed values: {', '.join(map(repr, self.domains)) or '(no domains)'}")
                 self.w_PD[p, index[d]] = w
-        self.start_P = np.array([math.floor(ph.start_frac * self.T) for ph in phases], np.int64)
+        self.start_P = np.array([phase_start(ph.start_frac, self.T, self.G, block) if p else 0
+                                 for p, ph in enumerate(phases)], np.int64)
         # sequences of each domain read before each phase starts
         self.base_PD = np.zeros_like(self.w_PD, dtype=np.int64)
         for p in range(1, len(phases)):

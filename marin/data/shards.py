@@ -237,7 +237,7 @@ class ShardedBatches:
 
     def __init__(self, corpus: PreparedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
                  rank: int | None = None, world: int | None = None, mixture: tuple = (),
-                 total_steps: int | None = None):
+                 total_steps: int | None = None, mixture_block: int = 0):
         self.corpus = corpus if isinstance(corpus, PreparedCorpus) else PreparedCorpus(corpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
@@ -264,7 +264,7 @@ class ShardedBatches:
                 raise ValueError("ShardedBatches: a mixture needs the run's total_steps (its phases are fractions of them)")
             names, dom_N = self.corpus.doc_domains()
             self.plan = MixturePlan(self.mixture, names, total_steps, self.global_batch, self.seed,
-                                    where=f"DataConfig.corpus ({self.corpus.path})")
+                                    where=f"DataConfig.corpus ({self.corpus.path})", block=mixture_block)
             used = self.plan.w_PD.max(axis=0) > 0
             self.domain_streams = [DocStream(self.corpus, self.seed, np.flatnonzero(dom_N == d)) if used[d] else None
                                    for d in range(len(names))]
@@ -341,11 +341,12 @@ class ShardedBatches:
         if self.plan is not None:  # absent without one: checkpoints of single-stream runs keep their state
             out["mixture"] = [[p.start_frac, [list(w) for w in p.weights]] for p in self.mixture]
             out["total_steps"] = self.total_steps
+            out["phase_steps"] = self.plan.start_P.tolist()
         return out
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps")
+        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps", "phase_steps")
         for k in keys:
             if state.get(k) != mine.get(k):
                 raise ValueError(f"loader state {k}={state.get(k)!r} does not match this loader's {mine.get(k)!r}: "

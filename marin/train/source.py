@@ -122,7 +122,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
                      lambda: PreparedCorpus(root))
     steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
     train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world,
-                                       mixture=data.mixture, total_steps=steps)
+                                       mixture=data.mixture, total_steps=steps, mixture_block=data.mixture_block)
              for s in stages}
     prov = {"corpus": root if prepared else data.corpus, "corpus_tokens": corpus.n_tokens,
             "corpus_fingerprint": corpus.fingerprint}
