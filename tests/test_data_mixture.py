@@ -75,6 +75,8 @@ def test_the_set_string_form_and_the_mapping_form_are_one_spec():
     assert RunSpec.from_dict(RunSpec(data=a).to_dict()).data == a
     assert RunSpec(data=a).run_id != RunSpec().run_id
     assert "mixture" not in RunSpec().identity_json()  # no mixture: every existing run keeps its id
+    with pytest.raises(ValueError, match=r"^DataConfig\.mixture_block"):
+        DataConfig(mixture_block=-1)
 
 
 def test_webster_counts_are_the_sequential_rule_so_a_steps_count_is_never_negative():
