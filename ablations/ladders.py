@@ -15,7 +15,17 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from marin.config import LR_HEURISTICS, ModelConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset
+from marin.config import (
+    LR_HEURISTICS,
+    MixturePhase,
+    ModelConfig,
+    Recipe,
+    RunSpec,
+    TrainConfig,
+    apply_overrides,
+    check_mixture,
+    preset,
+)
 from marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
 from marin.hparams import OptimHparams, resolve_hparams
 
@@ -56,6 +66,11 @@ class Rung:
     lr_heuristic: str = LR_HEURISTICS[0]  # TrainConfig.lr_heuristic of the rung's runs
     nearest_step: bool = False  # steps = round(target / tokens per step) (Marin's hero ladder); else ceil
     evals_per_run: int | None = None  # eval every steps/evals_per_run steps (Marin's hero ladder: 20, every 5%)
+    # the rung's data-mixture schedule over the embedded corpus's domains (DataConfig.mixture phases;
+    # Marin's hero ladder: HERO_MIXTURE); used when the study trains on the embedded corpus and sets
+    # no mixture of its own. () keeps the study's DataConfig
+    mixture: tuple[MixturePhase, ...] = ()
+    mixture_block: int = 0  # DataConfig.mixture_block with `mixture` (Marin's hero ladder: 49,152 sequences)
 
     def __post_init__(self) -> None:
         for attr in ("model_overrides", "train_overrides"):
@@ -70,6 +85,10 @@ class Rung:
                 raise ValueError(f"Rung {self.name!r}: {attr} must be >= 1, got {getattr(self, attr)}")
         if self.batch_size < 1:
             raise ValueError(f"Rung {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        try:
+            object.__setattr__(self, "mixture", check_mixture(self.mixture))
+        except ValueError as e:
+            raise ValueError(f"Rung {self.name!r}: {e}") from None
         if self.evals_per_run is not None and self.evals_per_run < 1:
             raise ValueError(f"Rung {self.name!r}: evals_per_run must be >= 1, got {self.evals_per_run}")
         self.model()  # validates preset and overrides now, naming the field
@@ -216,9 +235,23 @@ GPU_RUNGS: dict[str, Rung] = {
 #: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count.
 HERO_LADDER_RACKS: dict[str, int] = {"d768": 1, "d1024": 2, "d1536": 6, "d2048": 11}
 HERO_LADDER_TPP = 791.0
+#: Marin's hero and its ladder train on a phased mixture whose cooldown starts at 80% of the steps
+#: (launch_datakit_moe_mix.py `_PHASE_1_START_FRACTION`). Its weights are over 200 cluster x quality
+#: cells of Marin's store, none of which is a domain of the embedded corpus, so the weights here are
+#: ours: the four embedded domains equally, then a cooldown that doubles docs and code
+#: (docs/fidelity.md "data mixture" says what maps and what does not).
+HERO_MIXTURE_SWITCH = 0.8
+HERO_MIXTURE_BLOCK = 49_152  # launch_datakit_moe_mix.py `_MIXTURE_BLOCK_SIZE`: the switch is block-aligned
+HERO_MIXTURE: tuple[MixturePhase, ...] = check_mixture((
+    (0.0, {"prose": 1.0, "scripture": 1.0, "docs": 1.0, "code": 1.0}),
+    (HERO_MIXTURE_SWITCH, {"prose": 1.0, "scripture": 1.0, "docs": 2.0, "code": 2.0}),
+))
+
+
 def _hero_rung(d: str, racks: int) -> Rung:
     r = _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
-             nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None,
+             nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None, mixture=HERO_MIXTURE,
+             mixture_block=HERO_MIXTURE_BLOCK,
              model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
     # rack-local sharding (HSDP) as the hero's: one copy of the model per rack, replicated across racks
     return replace(r, train_overrides={**dict(r.train_overrides), "replica_groups": racks})

@@ -25,7 +25,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.ladders import Rung, flops_per_token, ladder, params_active, params_total
+from ablations.ladders import (
+    HERO_MIXTURE,
+    HERO_MIXTURE_BLOCK,
+    Rung,
+    flops_per_token,
+    ladder,
+    params_active,
+    params_total,
+)
 from marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
 from marin.schema import FactorCoding, RunMeta
 
@@ -214,6 +222,10 @@ class Study:
             data = replace(data, bpe_vocab=model.vocab_size)
         if self.vary_data_seed:
             data = replace(data, data_seed=self.data.data_seed + seed)
+        if r.mixture and not data.mixture and data.corpus == "embedded":
+            # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
+            # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
+            data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
@@ -488,12 +500,19 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  "eval_batch_size": plan.gpus, "mixed_precision": "bf16",
                                  # rack-local sharding (HSDP), Marin's (replica_dcn, data, expert) mesh: only
                                  # the gradient reduction crosses racks
-                                 "replica_groups": ep_groups})
+                                 "replica_groups": ep_groups,
+                                 # rack-local, each rank's expert slice is whole (fp32 master, grads and
+                                 # MuonH state 93 GiB): 224 GiB per rank without offload, 126 GiB with it;
+                                 # Marin's hero keeps master and optimizer state in pinned host memory too
+                                 "offload": "cpu"})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
-                 DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size), Recipe(),
+                 DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size,
+                            # Marin's phased mixture on the embedded domains; a cluster corpus names its own
+                            mixture=HERO_MIXTURE if corpus == "embedded" else (),
+                            mixture_block=HERO_MIXTURE_BLOCK if corpus == "embedded" else 0), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
                  False, (), plan)
 

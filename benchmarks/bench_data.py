@@ -53,6 +53,35 @@ def main() -> None:
         print(f"{name:<48} {sec:>8.3f}")
 
     loader_table(corpus)
+    mixture_table(corpus)
+
+
+def mixture_table(corpus) -> None:
+    """A step's read with a two-phase data mixture (per-domain streams) vs the single corpus stream,
+    both measured in this run, and the mixture's slot layout alone at the hero's global batch."""
+    from marin import data
+    from marin.config import DataConfig
+    from marin.data.mixture import MixturePlan
+
+    mix = DataConfig(mixture=((0.0, {"prose": 1, "scripture": 1, "docs": 1, "code": 1}),
+                              (0.8, {"prose": 1, "scripture": 1, "docs": 2, "code": 2}))).mixture
+    print(f"\n{'batch() of one step':<20} {'single ms':>10} {'mixture ms':>11} {'ratio':>7}")
+    for b, s in ((16, 128), (64, 4096), (256, 4096)):
+        plain = data.ShardedBatches(corpus, s, b, seed=0, rank=0, world=1)
+        mixed = data.ShardedBatches(corpus, s, b, seed=0, rank=0, world=1, mixture=mix, total_steps=1000)
+        step = [0]
+
+        def read(loader):
+            step[0] += 1
+            return loader.batch(790 + step[0] % 20)  # both sides of the switch at step 800
+
+        repeats = 20 if s < 1024 else 5
+        t_plain, t_mixed = _mean_seconds(lambda: read(plain), repeats), _mean_seconds(lambda: read(mixed), repeats)
+        print(f"{f'B{b} S{s}':<20} {t_plain * 1e3:>10.3f} {t_mixed * 1e3:>11.3f} {t_plain / t_mixed:>7.1%}")
+    names, _ = corpus.doc_domains()
+    plan = MixturePlan(mix, names, 390_251, 11_264, 0)
+    t = _mean_seconds(lambda: plan.slots(312_300), 20)
+    print(f"slot layout of one hero step (G 11,264, step 312,300): {t * 1e3:.3f} ms")
 
 
 def _token_by_token(loader, step: int) -> np.ndarray:

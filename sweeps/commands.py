@@ -197,6 +197,9 @@ def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allo
         runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]
     rows = study_epoch_rows(rung_rows, runs)
     check_epochs(rows, allow_repeat)
+    from marin.data.mixture import check_mixture_domains
+    for data in {sp.data for sp, _ in runs}:  # a mixture names the corpus's domains (before any run)
+        check_mixture_domains(data)
     return rows
 
 

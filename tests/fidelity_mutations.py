@@ -124,6 +124,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "recv_rank_N = _ranks_in_groups(group_N, W * n_experts + 1, shard_N * pool + slot_N)"),)),
     M("pooled-wave transport", "one wave", (("marin/config.py", "pooled_waves: int = 3", "pooled_waves: int = 1"),)),
     M("hero ladder", "60 tokens per active parameter", (("ablations/ladders.py", "HERO_LADDER_TPP = 791.0", "HERO_LADDER_TPP = 60.0"),)),
+    M("data mixture", "cooldown from 90% of the steps",
+      (("ablations/ladders.py", "HERO_MIXTURE_SWITCH = 0.8", "HERO_MIXTURE_SWITCH = 0.9"),)),
+    M("data mixture", "switch not rounded to Marin's mixture block",
+      (("ablations/ladders.py", "HERO_MIXTURE_BLOCK = 49_152", "HERO_MIXTURE_BLOCK = 0"),)),
+    M("data mixture", "sequences drawn equally, not by the phase's weights",
+      (("marin/data/mixture.py", "self.w_PD[p, index[d]] = w", "self.w_PD[p, index[d]] = 1.0"),)),
+    M("RoPE pairing", "rotated pairs (2j, 2j+1) read as split halves",
+      (("marin/model.py", "x1, x2, rest = x_BHSh[..., :R].float(), x_BHSh[..., R:2 * R].float(), x_BHSh[..., 2 * R:]",
+        "x1, x2, rest = x_BHSh[..., 0:2 * R:2].float(), x_BHSh[..., 1:2 * R:2].float(), x_BHSh[..., 2 * R:]"),)),
 )
 
 

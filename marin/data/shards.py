@@ -10,6 +10,11 @@ trains on the same tokens in the same order — and a resumed run (even on a dif
 ranks) continues at the exact next sequence from `state_dict()["step"]`. A window is copied from
 the memory-mapped shards one document piece at a time (whole slices, never token by token).
 Documents are packed with per-sequence ids and cross-document targets masked (`_pack`).
+
+With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of
+this kind (its documents in the same sha256 order, so a domain's order is the corpus order restricted
+to it), and a step's sequences are drawn from the domain streams in the phase's proportions; without
+one the loader reads the single corpus stream above, unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 import torch
 
 from marin.data.corpus import IGNORE_INDEX, _hash_hex
+from marin.data.mixture import MixturePlan
 from marin.data.prepare import read_manifest
 from marin.schema import sha256_file
 
@@ -139,6 +145,23 @@ class PreparedCorpus:
             self._uids = uids
         return self._uids
 
+    def doc_domains(self) -> tuple[list[str], np.ndarray]:
+        """(domain names, each document's index into them) from the shards' domain column; no domain
+        column: ([], an empty array)."""
+        m = self.manifest
+        if not m.get("domain_column"):
+            return [], np.zeros(0, np.int64)
+        names: list[str] = []
+        parts = []
+        for sh in m["shards"]:
+            local = np.asarray(np.load(self.path / sh["domain_path"], allow_pickle=False), np.int64)
+            for name in sh["domains"]:
+                if name not in names:
+                    names.append(name)
+            remap = np.array([names.index(n) for n in sh["domains"]], np.int64)
+            parts.append(remap[local] if len(local) else local)
+        return names, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
     def piece(self, j: int, start: int, n: int) -> np.ndarray:
         """Tokens [start, start+n) of document j: one slice of one memory-mapped shard."""
         lo = self._doc_local[j] + start
@@ -154,14 +177,67 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+class DocStream:
+    """One token stream over `docs` (indices into the corpus; None: all of them): per epoch the
+    documents in sha256(seed:epoch:uid) order, concatenated."""
+
+    def __init__(self, corpus: PreparedCorpus, seed: int, docs: np.ndarray | None = None):
+        self.corpus, self.seed, self.docs = corpus, seed, docs
+        self.uids = corpus.uids if docs is None else [corpus.uids[j] for j in docs.tolist()]
+        self.n_docs = corpus.n_docs if docs is None else len(docs)
+        self.n_tokens = corpus.n_tokens if docs is None else int(corpus.doc_lengths[docs].sum())
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """(perm, cum): the corpus indices of the documents in epoch e's order, and their token offsets."""
+        if e not in self._epochs:
+            perm = shuffle_order(self.uids, self.seed, e)
+            perm = perm if self.docs is None else self.docs[perm]
+            cum = np.concatenate([[0], np.cumsum(self.corpus.doc_lengths[perm])]).astype(np.int64)
+            if len(self._epochs) >= 2:  # a batch spans at most two epochs of the corpus stream
+                self._epochs.pop(next(iter(self._epochs)))
+            self._epochs[e] = (perm, cum)
+        return self._epochs[e]
+
+    def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, docs): stream positions [lo, hi) and a document key per token (epoch * n_docs +
+        position of the document in the epoch's order). The document pieces the range covers are found
+        with array arithmetic, then copied as whole slices of the memory-mapped shards."""
+        T, n_docs, c = self.n_tokens, self.n_docs, self.corpus
+        tokens = np.empty(hi - lo, np.int64)
+        pieces, keys, sizes = [], [], []
+        for e in range(lo // T, (hi - 1) // T + 1):
+            perm, cum = self.epoch(e)
+            a, b = max(lo - e * T, 0), min(hi - e * T, T)  # this epoch's part, in epoch coordinates
+            k_P = np.arange(np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b - 1, side="right"))
+            lo_P, hi_P = np.maximum(cum[k_P], a), np.minimum(cum[k_P + 1], b)
+            doc_P = perm[k_P]
+            src_P = c._doc_local[doc_P] + lo_P - cum[k_P]
+            n_P = hi_P - lo_P
+            pieces += [c._tokens[s][o:o + n] for s, o, n in zip(c._doc_shard[doc_P].tolist(), src_P.tolist(),
+                                                                  n_P.tolist())]
+            keys.append(e * n_docs + k_P)
+            sizes.append(n_P)
+        np.concatenate(pieces, out=tokens)  # one copy, widened on the way
+        return tokens, np.repeat(np.concatenate(keys), np.concatenate(sizes))
+
+
+def _windows(tokens: np.ndarray, docs: np.ndarray, B: int, S: int) -> tuple[np.ndarray, np.ndarray]:
+    # row r is stream[r*S : r*S + S + 1]: overlapping views, no copy
+    view = (lambda x: np.lib.stride_tricks.as_strided(x, (B, S + 1), (S * x.itemsize, x.itemsize), writeable=False))
+    return view(tokens), view(docs)
+
+
 class ShardedBatches:
     """This rank's packed batches of a prepared corpus; iterate, or index by step (random access).
 
     rank/world default to torch.distributed's (0/1 when not initialised); the batch a rank reads at
-    a step is (global_batch / world) sequences."""
+    a step is (global_batch / world) sequences. With `mixture` (DataConfig.mixture phases) and the
+    run's `total_steps`, a step's sequences come from per-domain streams (marin/data/mixture.py)."""
 
     def __init__(self, corpus: PreparedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
-                 rank: int | None = None, world: int | None = None):
+                 rank: int | None = None, world: int | None = None, mixture: tuple = (),
+                 total_steps: int | None = None, mixture_block: int = 0):
         self.corpus = corpus if isinstance(corpus, PreparedCorpus) else PreparedCorpus(corpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
@@ -180,7 +256,22 @@ class ShardedBatches:
             raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, fewer than one batch "
                              f"needs: global_batch {global_batch} x seq_len {seq_len} + 1 = {need}")
         self.step = 0
-        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._all = DocStream(self.corpus, self.seed)
+        self.mixture, self.total_steps = tuple(mixture), total_steps
+        self.plan: MixturePlan | None = None
+        if self.mixture:
+            if total_steps is None:
+                raise ValueError("ShardedBatches: a mixture needs the run's total_steps (its phases are fractions of them)")
+            names, dom_N = self.corpus.doc_domains()
+            self.plan = MixturePlan(self.mixture, names, total_steps, self.global_batch, self.seed,
+                                    where=f"DataConfig.corpus ({self.corpus.path})", block=mixture_block)
+            used = self.plan.w_PD.max(axis=0) > 0
+            self.domain_streams = [DocStream(self.corpus, self.seed, np.flatnonzero(dom_N == d)) if used[d] else None
+                                   for d in range(len(names))]
+            for d, st in enumerate(self.domain_streams):
+                if st is not None and st.n_tokens == 0:
+                    raise ValueError(f"DataConfig.mixture: domain {names[d]!r} of {self.corpus.path} has no tokens; "
+                                     "allowed values: domains with tokens (or weight 0)")
 
     @property
     def tokens_per_step(self) -> int:
@@ -191,56 +282,45 @@ class ShardedBatches:
         return step * self.tokens_per_step / self.tokens_per_epoch
 
     def order(self, epoch: int) -> np.ndarray:
-        """The document order of `epoch` (a permutation of 0..n_docs-1)."""
-        return self._epoch(epoch)[0]
+        """The document order of `epoch` of the corpus stream (a permutation of 0..n_docs-1)."""
+        return self._all.epoch(epoch)[0]
 
     def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
-        if e not in self._epochs:
-            perm = shuffle_order(self.corpus.uids, self.seed, e)
-            cum = np.concatenate([[0], np.cumsum(self.corpus.doc_lengths[perm])]).astype(np.int64)
-            if len(self._epochs) >= 2:  # a batch spans at most two epochs
-                self._epochs.pop(next(iter(self._epochs)))
-            self._epochs[e] = (perm, cum)
-        return self._epochs[e]
+        return self._all.epoch(e)
 
     def sequence_indices(self, step: int) -> np.ndarray:
-        """Global indices of the sequences this rank reads at `step`."""
+        """Global indices of the sequences this rank reads at `step` (corpus stream; no mixture)."""
         return step * self.global_batch + self.rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
 
     def stream(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, docs): stream positions [lo, hi) and a global document key per token (epoch *
-        n_docs + position of the document in the epoch's order). The document pieces the range covers
-        are found with array arithmetic, then copied as whole slices of the memory-mapped shards."""
-        T, n_docs, c = self.tokens_per_epoch, self.corpus.n_docs, self.corpus
-        tokens = np.empty(hi - lo, np.int64)
-        pieces, keys, sizes = [], [], []
-        for e in range(lo // T, (hi - 1) // T + 1):
-            perm, cum = self._epoch(e)
-            a, b = max(lo - e * T, 0), min(hi - e * T, T)  # this epoch's part, in epoch coordinates
-            k_P = np.arange(np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b - 1, side="right"))
-            lo_P, hi_P = np.maximum(cum[k_P], a), np.minimum(cum[k_P + 1], b)
-            doc_P = perm[k_P]
-            src_P = c._doc_local[doc_P] + lo_P - cum[k_P]
-            n_P = hi_P - lo_P
-            pieces += [c._tokens[s][o:o + n] for s, o, n in zip(c._doc_shard[doc_P].tolist(), src_P.tolist(),
-                                                                  n_P.tolist())]
-            keys.append(e * n_docs + k_P)
-            sizes.append(n_P)
-        np.concatenate(pieces, out=tokens)  # one copy, widened on the way
-        return tokens, np.repeat(np.concatenate(keys), np.concatenate(sizes))
+        """(tokens, docs) of corpus-stream positions [lo, hi) (`DocStream.read`)."""
+        return self._all.read(lo, hi)
+
+    def row_domains(self, step: int) -> np.ndarray:
+        """This rank's rows' domain at `step` (index into `corpus.doc_domains()[0]`); mixture only."""
+        dom_G, _ = self.plan.slots(step)
+        return dom_G[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences (consecutive
-        in the stream, so one contiguous range) and their document keys (see `stream`)."""
+        """(tokens_BW, docs_BW): the S+1-token stream windows of this rank's sequences and their
+        document keys (see `DocStream.read`). Without a mixture they are consecutive in the corpus
+        stream, so one contiguous range; with one, each domain's rows are consecutive in its stream."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
         B, S = self.batch_size, self.seq_len
-        lo = int(self.sequence_indices(step)[0]) * S
-        tokens, docs = self.stream(lo, lo + B * S + 1)
-        # row r is stream[r*S : r*S + S + 1]: overlapping views, no copy
-        view = (lambda x: np.lib.stride_tricks.as_strided(x, (B, S + 1), (S * x.itemsize, x.itemsize),
-                                                          writeable=False))
-        return view(tokens), view(docs)
+        if self.plan is None:
+            lo = int(self.sequence_indices(step)[0]) * S
+            return _windows(*self.stream(lo, lo + B * S + 1), B, S)
+        dom_G, idx_G = self.plan.slots(step)
+        mine = slice(self.rank * B, (self.rank + 1) * B)
+        dom_B, idx_B = dom_G[mine], idx_G[mine]
+        tokens_BW, docs_BW = np.empty((B, S + 1), np.int64), np.empty((B, S + 1), np.int64)
+        for d in np.unique(dom_B).tolist():
+            rows = np.flatnonzero(dom_B == d)  # this domain's rows: consecutive sequences of its stream
+            lo = int(idx_B[rows[0]]) * S
+            t, k = _windows(*self.domain_streams[d].read(lo, lo + len(rows) * S + 1), len(rows), S)
+            tokens_BW[rows], docs_BW[rows] = t, k
+        return tokens_BW, docs_BW
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens_BS, targets_BS, doc_ids_BS) LongTensors of this rank at `step`; targets -100 across documents."""
@@ -256,14 +336,20 @@ class ShardedBatches:
 
     def state_dict(self) -> dict:
         """What a checkpoint stores: the next step and what makes the stream this stream."""
-        return {"step": self.step, "seed": self.seed, "seq_len": self.seq_len, "global_batch": self.global_batch,
-                "corpus": self.corpus.fingerprint}
+        out = {"step": self.step, "seed": self.seed, "seq_len": self.seq_len, "global_batch": self.global_batch,
+               "corpus": self.corpus.fingerprint}
+        if self.plan is not None:  # absent without one: checkpoints of single-stream runs keep their state
+            out["mixture"] = [[p.start_frac, [list(w) for w in p.weights]] for p in self.mixture]
+            out["total_steps"] = self.total_steps
+            out["phase_steps"] = self.plan.start_P.tolist()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        for k in ("seed", "seq_len", "global_batch", "corpus"):
-            if state.get(k) != mine[k]:
-                raise ValueError(f"loader state {k}={state.get(k)!r} does not match this loader's {mine[k]!r}: "
+        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps", "phase_steps")
+        for k in keys:
+            if state.get(k) != mine.get(k):
+                raise ValueError(f"loader state {k}={state.get(k)!r} does not match this loader's {mine.get(k)!r}: "
                                  "resuming would read a different stream")
         step = state.get("step")
         if not isinstance(step, int) or step < 0:

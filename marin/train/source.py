@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from marin.config import DataConfig, RunSpec
+from marin.data.mixture import check_mixture_domains
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
 
@@ -51,6 +52,7 @@ def validate_data(data: DataConfig) -> None:
     if data.eval_dir and not Path(data.eval_dir).expanduser().is_dir():
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
+    check_mixture_domains(data)
     if is_prepared(data.corpus) and not data.eval_dir:
         raise ValueError(f"DataConfig.eval_dir is empty but DataConfig.corpus={data.corpus!r} is a prepared corpus, "
                          "which has no held-out split; allowed values: a Paloma-layout directory "
@@ -118,10 +120,15 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     root = str(Path(data.corpus if prepared else mdata.prepared_train(data)).expanduser().resolve())
     corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
                      lambda: PreparedCorpus(root))
-    train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world)
+    steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
+    train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world,
+                                       mixture=data.mixture, total_steps=steps, mixture_block=data.mixture_block)
              for s in stages}
     prov = {"corpus": root if prepared else data.corpus, "corpus_tokens": corpus.n_tokens,
             "corpus_fingerprint": corpus.fingerprint}
+    if data.mixture:
+        loader = next(iter(train.values()))
+        prov["mixture_phase_steps"] = loader.plan.start_P.tolist()
     if prepared:
         tokenizer = tokenizer_of(root)
         ev = _eval_corpus(data, tokenizer)
