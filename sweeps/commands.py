@@ -59,7 +59,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def _study_args(p: argparse.ArgumentParser) -> None:
     from ablations.studies import STUDIES
 
-    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}) or module:attribute")
+    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}), "
+                   "path/to/file.py:attribute or package.module:attribute (a Study or a function returning one)")
     p.add_argument("--rungs", default=None, help="comma-separated rungs (default: the study's)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
 
@@ -104,12 +105,7 @@ def _csv(v: str | None, cast: Any = str) -> list | None:
 def _study(args: argparse.Namespace) -> Any:
     from sweeps.sweep import resolve_study
 
-    kw = {}
-    if args.rungs is not None:
-        kw["rungs"] = _csv(args.rungs)
-    if args.seeds is not None:
-        kw["seeds"] = _csv(args.seeds, int)
-    return resolve_study(args.study, **kw)
+    return resolve_study(args.study, _csv(args.rungs), _csv(args.seeds, int))
 
 
 def _exec_options(args: argparse.Namespace, study: Any):
@@ -137,6 +133,8 @@ def _exec_options(args: argparse.Namespace, study: Any):
 
 def plan_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
+    _out_args(parser)
+    _exec_args(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
     parser.add_argument("--dry-run", action="store_true",
@@ -253,9 +251,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         print(plan_precision(study, args.noise, args.target_halfwidth, args.json))
         return 0
+    from sweeps.executors import get_executor
+    from sweeps.sweep import planned_runs
+
     d = study.describe()
-    runs = study.runs()
+    opts = _exec_options(args, study)
+    planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
+    runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    if args.overrides:
+        _rungs_as_overridden(d, runs, study)
+    slots = get_executor(opts.executor).slots(opts)
+    d["execution"] = {"executor": opts.executor, "workers": slots}
+    d["time"] = _time_estimate(planned, d["rungs"], slots)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
@@ -304,6 +312,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(_table(d["rungs"], cols))
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    ex = d["execution"]
+    print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
+                                              else "runs at once as the scheduler allows"))
+    if d["time"]:
+        t = d["time"]
+        print(f"time: {t['text']}" + (f"; {t['completed']} of {d['n_runs']} runs already done" if t["completed"] else ""))
     print("\ndata (tokens one run needs / tokens in data.corpus):")
     print(_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
                    "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
@@ -325,6 +339,54 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
         print(d["hero"]["sbatch_script"])
     return 0
+
+
+def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
+    """The rung table and FLOP cost of the specs `--set` gives (the runs `run` trains)."""
+    from marin.flops import flops_per_token, params_active, params_total
+    from sweeps.costmodel import spec_flops
+
+    total = 0.0
+    for row in d["rungs"]:
+        specs = [s for s, m in runs if m["rung"] == row["name"]]
+        if not specs:
+            continue
+        s = specs[0]
+        tr = s.train.effective()
+        row.update(d_model=s.model.d_model, n_layers=s.model.n_layers, n_heads=s.model.n_heads,
+                   seq_len=s.model.seq_len, vocab_size=s.model.vocab_size, steps=tr.steps, batch_size=tr.batch_size,
+                   tokens=tr.steps * tr.batch_size * s.model.seq_len,
+                   params_active=params_active(s.model, study.base_recipe),
+                   params_total=params_total(s.model, study.base_recipe),
+                   flops_per_token=flops_per_token(s.model, study.base_recipe),
+                   train_flops=sum(spec_flops(x) for x in specs))
+        total += row["train_flops"]
+    d["cost"]["train_flops"] = total
+
+
+def _time_estimate(planned: list, rung_rows: list[dict], slots: int | None) -> dict | None:
+    """Wall time of the runs not done yet, from this host's measured runs (sweeps/costmodel.py)."""
+    from marin.schema import read_json
+    from sweeps.costmodel import spec_flops
+    from sweeps.progress import eta_model, rung_estimates, study_eta
+
+    est = rung_estimates(rung_rows)
+    if not planned or not all(r.meta.get("rung") in est for r in planned):
+        return None
+    k = slots or len(planned)
+    flops = [spec_flops(r.spec) for r in planned]
+    model = eta_model(flops, [est[r.meta["rung"]] * r.spec.train.token_multiplier for r in planned], k,
+                      exclude=[r.run_id for r in planned], device=planned[0].spec.train.device.split(":")[0])
+    rows = []
+    for r, f in zip(planned, flops):
+        summ = read_json(r.dir / "summary.json") or {}
+        done = summ.get("status") == "completed"
+        rows.append({"state": "completed" if done else "pending", "flops": f, "wall_s": summ.get("wall_s")})
+    e = study_eta(rows, model, k)
+    if e is None:
+        return None
+    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured,
+            "completed": sum(r["state"] == "completed" for r in rows), "text": e.text()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +481,8 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from marin.schema import read_json
-    from sweeps.progress import format_counts, hms, run_live, run_work, rung_estimates, study_eta
+    from sweeps.progress import (eta_model, format_counts, format_eta, hms, run_flops, run_live, run_work,
+                                 rung_estimates, study_eta)
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
@@ -434,13 +497,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         if state == "completed":
             summary = read_json(sdir / r["run_id"] / "summary.json") or {}
             r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
-    rows = [dict(r, state=r["state"].split(",")[0], work=run_work(sdir / r["run_id"])) for r in st["runs"]]
-    eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))
-    st["eta_s"] = eta if st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"] else 0.0
+    rows = [dict(r, state=r["state"].split(",")[0], flops=run_flops(sdir / r["run_id"])) for r in st["runs"]]
+    est = rung_estimates(study.describe()["rungs"])
+    slots = max(1, st["counts"].get("running", 0))
+    model = None
+    if rows and all(r["rung"] in est and r["flops"] for r in rows):
+        model = eta_model([r["flops"] for r in rows], [est[r["rung"]] * run_work(sdir / r["run_id"]) for r in rows],
+                          slots, exclude=[r["run_id"] for r in rows])
+    eta = study_eta(rows, model, slots)
+    left = st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"]
+    st["eta_s"] = (eta.seconds if eta else None) if left else 0.0
+    st["eta_90"] = [eta.lo, eta.hi] if eta and left else None
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
-    eta_s = f", ETA {hms(st['eta_s'])}" if st["eta_s"] else ""
+    eta_s = f", {format_eta(eta)}" if eta and left else ""
     print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + eta_s +
           f"  ({st['study_dir']})")
     for r in st["runs"]:

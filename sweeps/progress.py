@@ -2,9 +2,10 @@
 running run its step and last loss.
 
 On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a new line is printed
-only when something shown changes, so logs stay short. The ETA starts from the plan's cost model
-(per-run seconds of each rung: `est_wall_s`, or GPU hours per run over its GPUs) scaled by how long
-finished runs actually took relative to it, less the steps running runs have already done.
+only when something shown changes, so logs stay short. The ETA is the cost model of
+sweeps/costmodel.py (the plan's per-rung seconds as its prior, this host's recorded runs and the
+study's finished runs as its data) over the runs left, less the steps running runs have done, with
+a 90% interval.
 Everything here reads run directories only (spec.json, metrics.jsonl tail, summary.json, .lock).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
 from marin.schema import read_json
+from sweeps.costmodel import CostModel, Estimate, prior_from, read_cache, spec_flops
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -77,25 +80,41 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> float | None:
-    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s", "work"}; a
-    run's estimate is its rung's times `work` (its token_multiplier: steps trained over the rung's,
-    default 1), scaled by sum(actual) / sum(estimated) over completed runs."""
-    def est(r: dict) -> float:
-        return estimates[r["rung"]] * float(r.get("work") or 1)
+def run_flops(run_dir: str | Path) -> float | None:
+    """Training FLOPs of the run from its spec.json (None when unreadable)."""
+    from sweeps.costmodel import spec_flops
 
-    done = [r for r in runs if r["state"] == "completed" and r.get("wall_s") and r["rung"] in estimates]
-    est_done = sum(est(r) for r in done)
-    ratio = sum(r["wall_s"] for r in done) / est_done if est_done else 1.0
-    left = 0.0
-    for r in runs:
-        if r["state"] in ("completed", "failed"):
-            continue
-        if r["rung"] not in estimates:
-            return None
-        frac = r["step"] / r["total"] if r.get("step") and r.get("total") else 0.0
-        left += est(r) * ratio * (1.0 - min(frac, 1.0))
-    return left / max(1, slots)
+    try:
+        return spec_flops(RunSpec.from_dict(read_json(Path(run_dir) / "spec.json") or {}))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def eta_model(flops: Sequence[float], assumed_s: Sequence[float], slots: int, exclude: Sequence[str] = (),
+              device: str = "cpu") -> CostModel:
+    """The cost model an ETA starts from: the plan's assumed seconds per run as the prior (a tenth of
+    the shortest as overhead), the runs this host recorded at `slots` (sweeps/costmodel.py) as data."""
+    a0, b0 = prior_from(flops, assumed_s, 0.1 * min(assumed_s))
+    ex = set(exclude)
+    obs = [(r["flops"], r["wall_s"]) for r in read_cache() if r.get("host") == socket.gethostname()
+           and r.get("slots") == slots and r.get("device", "cpu") == device and r.get("run_id") not in ex]
+    return CostModel(a0, b0, obs)
+
+
+def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int) -> Estimate | None:
+    """Time until every run is done, with a 90% interval. runs: {"state", "flops", "wall_s", "step",
+    "total"}; completed runs join the model's data, running runs count the steps they have left."""
+    if model is None or any(r.get("flops") is None for r in runs if r["state"] not in ("completed", "failed")):
+        return None
+    done = [(r["flops"], r["wall_s"]) for r in runs
+            if r["state"] == "completed" and r.get("wall_s") and r.get("flops")]
+    todo = [r for r in runs if r["state"] not in ("completed", "failed")]
+    left = [1.0 - min(r["step"] / r["total"], 1.0) if r.get("step") and r.get("total") else 1.0 for r in todo]
+    return CostModel(model.a0, model.b0, model.obs + done).predict([r["flops"] for r in todo], left, slots)
+
+
+def format_eta(e: Estimate) -> str:
+    return f"ETA {hms(e.seconds)} ({hms(e.lo)}-{hms(e.hi)})"
 
 
 def hms(s: float) -> str:
@@ -132,7 +151,14 @@ class Progress:
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
                  runs: Sequence[Any] = (), estimates: dict[str, float] | None = None, slots: int | None = None,
                  min_interval_s: float = 30.0):
-        self.runs, self.estimates, self.slots = list(runs), dict(estimates or {}), slots
+        self.runs, self.slots = list(runs), slots
+        self.model = None  # the ETA's cost model: the plan's estimates as prior, this host's measured runs as data
+        est = dict(estimates or {})
+        if self.runs and all(r.meta.get("rung") in est for r in self.runs):
+            self.flops = {r.run_id: spec_flops(r.spec) for r in self.runs}
+            self.model = eta_model(list(self.flops.values()),
+                                   [est[r.meta["rung"]] * r.spec.train.token_multiplier for r in self.runs],
+                                   slots or 1, exclude=list(self.flops), device=self.runs[0].spec.train.device.split(":")[0])
         self.min_interval_s = min_interval_s  # logs: a step/loss-only change prints at most this often
         self._last_print = 0.0
         self.total = total
@@ -155,7 +181,7 @@ class Progress:
         for r, status in zip(self.runs, statuses):
             st = status.state
             row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta,
-                   "work": r.spec.train.token_multiplier}
+                   "work": r.spec.train.token_multiplier, "flops": spec_flops(r.spec)}
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
             elif st == "completed":
@@ -167,10 +193,10 @@ class Progress:
         extra: list[str] = []
         if self.runs:
             counts, rows = self.snapshot()
-            eta = study_eta(rows, self.estimates, self.slots or max(1, counts.get("running", 0)))
+            eta = study_eta(rows, self.model, self.slots or max(1, counts.get("running", 0)))
             line = format_counts(counts, self.total, time.time() - self.t0, self.label)
             if eta is not None and counts.get("completed", 0) + counts.get("failed", 0) < self.total:
-                line += f" ETA {hms(eta)}"
+                line += " " + format_eta(eta)
             extra = [format_running(r["run_id"], r["meta"], r) for r in rows if r["state"] == "running"]
             if self.tty and extra:  # one line in place: the first running run's step and loss
                 line += " |" + extra[0].split(":", 1)[1] + (f" (+{len(extra) - 1} running)" if len(extra) > 1 else "")
