@@ -590,7 +590,7 @@ def build_study(obj: Any, label: str, rungs: Sequence[str] | None = None, seeds:
         obj = obj(**kwargs, **passed)
         if not _is_study(obj):
             raise ValueError(f"study {label!r} returned a {type(obj).__name__}; allowed values: {STUDY_FORMS}")
-        want = {k: v for k, v in want.items() if k not in passed}
+        want = {k: None if k in passed else v for k, v in want.items()}
     elif kwargs:
         raise ValueError(f"study {label!r} is a fixed Study and takes no {', '.join(kwargs)}")
     if want["rungs"] is None and want["seeds"] is None:

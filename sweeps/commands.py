@@ -252,6 +252,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(plan_precision(study, args.noise, args.target_halfwidth, args.json))
         return 0
     from sweeps.executors import get_executor
+    from sweeps.progress import rung_prior
     from sweeps.sweep import planned_runs
 
     d = study.describe()
@@ -259,11 +260,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
-    if args.overrides:
-        _rungs_as_overridden(d, runs, study)
     slots = get_executor(opts.executor).slots(opts)
     d["execution"] = {"executor": opts.executor, "workers": slots}
-    d["time"] = _time_estimate(planned, d["rungs"], slots)
+    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots)  # the prior: the rungs as the study defines them
+    if args.overrides:
+        _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
@@ -311,7 +312,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min") if any(c in r for r in d["rungs"])]
     print(_table(d["rungs"], cols))
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
-    print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
+    print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items() if not k.startswith(("est_", "max_par"))))
     ex = d["execution"]
     print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
                                               else "runs at once as the scheduler allows"))
@@ -364,24 +366,21 @@ def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
     d["cost"]["train_flops"] = total
 
 
-def _time_estimate(planned: list, rung_rows: list[dict], slots: int | None) -> dict | None:
+def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None) -> dict | None:
     """Wall time of the runs not done yet, from this host's measured runs (sweeps/costmodel.py)."""
     from marin.schema import read_json
     from sweeps.costmodel import spec_flops
-    from sweeps.progress import eta_model, rung_estimates, study_eta
+    from sweeps.progress import eta_model, study_eta
 
-    est = rung_estimates(rung_rows)
-    if not planned or not all(r.meta.get("rung") in est for r in planned):
+    if not planned:
         return None
     k = slots or len(planned)
-    flops = [spec_flops(r.spec) for r in planned]
-    model = eta_model(flops, [est[r.meta["rung"]] * r.spec.train.token_multiplier for r in planned], k,
-                      exclude=[r.run_id for r in planned], device=planned[0].spec.train.device.split(":")[0])
+    model = eta_model(prior, k, exclude=[r.run_id for r in planned], device=planned[0].spec.train.device.split(":")[0])
     rows = []
-    for r, f in zip(planned, flops):
+    for r in planned:
         summ = read_json(r.dir / "summary.json") or {}
         done = summ.get("status") == "completed"
-        rows.append({"state": "completed" if done else "pending", "flops": f, "wall_s": summ.get("wall_s")})
+        rows.append({"state": "completed" if done else "pending", "flops": spec_flops(r.spec), "wall_s": summ.get("wall_s")})
     e = study_eta(rows, model, k)
     if e is None:
         return None
@@ -481,8 +480,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from marin.schema import read_json
-    from sweeps.progress import (eta_model, format_counts, format_eta, hms, run_flops, run_live, run_work,
-                                 rung_estimates, study_eta)
+    from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
@@ -498,12 +496,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             summary = read_json(sdir / r["run_id"] / "summary.json") or {}
             r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
     rows = [dict(r, state=r["state"].split(",")[0], flops=run_flops(sdir / r["run_id"])) for r in st["runs"]]
-    est = rung_estimates(study.describe()["rungs"])
     slots = max(1, st["counts"].get("running", 0))
-    model = None
-    if rows and all(r["rung"] in est and r["flops"] for r in rows):
-        model = eta_model([r["flops"] for r in rows], [est[r["rung"]] * run_work(sdir / r["run_id"]) for r in rows],
-                          slots, exclude=[r["run_id"] for r in rows])
+    model = eta_model(rung_prior(study.describe()["rungs"]), slots, exclude=[r["run_id"] for r in rows])
     eta = study_eta(rows, model, slots)
     left = st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"]
     st["eta_s"] = (eta.seconds if eta else None) if left else 0.0

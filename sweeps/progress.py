@@ -90,15 +90,29 @@ def run_flops(run_dir: str | Path) -> float | None:
         return None
 
 
-def eta_model(flops: Sequence[float], assumed_s: Sequence[float], slots: int, exclude: Sequence[str] = (),
-              device: str = "cpu") -> CostModel:
-    """The cost model an ETA starts from: the plan's assumed seconds per run as the prior (a tenth of
-    the shortest as overhead), the runs this host recorded at `slots` (sweeps/costmodel.py) as data."""
-    a0, b0 = prior_from(flops, assumed_s, 0.1 * min(assumed_s))
+def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
+    """(overhead s, s per training FLOP) the plan assumes: each rung's seconds per run (`rung_estimates`)
+    over its FLOPs per run; the overhead is the smallest rung's assumed one (else a tenth of its run)."""
+    est = rung_estimates(rung_rows)
+    rows = [r for r in rung_rows if r["name"] in est and r.get("train_flops") and r.get("n_runs")]
+    if not rows:
+        return None
+    secs = [est[r["name"]] for r in rows]
+    over = [r["est_wall_s"] - r["tokens"] / r["est_tokens_per_s"] for r in rows
+            if r.get("est_wall_s") and r.get("est_tokens_per_s") and r.get("tokens")]
+    return prior_from([r["train_flops"] / r["n_runs"] for r in rows], secs, min(over) if over else 0.1 * min(secs))
+
+
+def eta_model(prior: tuple[float, float] | None, slots: int, exclude: Sequence[str] = (),
+              device: str = "cpu") -> CostModel | None:
+    """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior, the runs
+    this host recorded at `slots` runs at once (sweeps/costmodel.py) as data."""
+    if prior is None:
+        return None
     ex = set(exclude)
     obs = [(r["flops"], r["wall_s"]) for r in read_cache() if r.get("host") == socket.gethostname()
            and r.get("slots") == slots and r.get("device", "cpu") == device and r.get("run_id") not in ex]
-    return CostModel(a0, b0, obs)
+    return CostModel(*prior, obs)
 
 
 def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int) -> Estimate | None:
@@ -145,20 +159,16 @@ def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: s
 
 
 class Progress:
-    """runs (PlannedRun-like: .dir, .meta, .run_id) and estimates (rung_estimates) add an ETA and
+    """runs (PlannedRun-like: .dir, .meta, .run_id, .spec) and prior (`rung_prior`) add an ETA and
     one line per running run; slots is how many runs execute at once."""
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
-                 runs: Sequence[Any] = (), estimates: dict[str, float] | None = None, slots: int | None = None,
+                 runs: Sequence[Any] = (), prior: tuple[float, float] | None = None, slots: int | None = None,
                  min_interval_s: float = 30.0):
         self.runs, self.slots = list(runs), slots
-        self.model = None  # the ETA's cost model: the plan's estimates as prior, this host's measured runs as data
-        est = dict(estimates or {})
-        if self.runs and all(r.meta.get("rung") in est for r in self.runs):
-            self.flops = {r.run_id: spec_flops(r.spec) for r in self.runs}
-            self.model = eta_model(list(self.flops.values()),
-                                   [est[r.meta["rung"]] * r.spec.train.token_multiplier for r in self.runs],
-                                   slots or 1, exclude=list(self.flops), device=self.runs[0].spec.train.device.split(":")[0])
+        # the ETA's cost model: the plan's assumption as prior, this host's measured runs as data
+        self.model = eta_model(prior, slots or 1, exclude=[r.run_id for r in self.runs],
+                               device=self.runs[0].spec.train.device.split(":")[0]) if self.runs else None
         self.min_interval_s = min_interval_s  # logs: a step/loss-only change prints at most this often
         self._last_print = 0.0
         self.total = total

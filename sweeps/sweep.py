@@ -159,10 +159,10 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
-    from sweeps.progress import rung_estimates
+    from sweeps.progress import rung_prior
 
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
-                       estimates=rung_estimates(study.describe()["rungs"]))
+                       prior=rung_prior(study.describe()["rungs"]))
 
 
 class Terminated(KeyboardInterrupt):
@@ -176,7 +176,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True, estimates: dict[str, float] | None = None) -> RunReport:
+                label: str = "", progress: bool = True, prior: tuple[float, float] | None = None) -> RunReport:
     """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait).
 
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
@@ -189,7 +189,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:
             clear_failure(r.dir)
-    prog = Progress(len(runs), label or sdir.name, runs=runs, estimates=estimates,
+    prog = Progress(len(runs), label or sdir.name, runs=runs, prior=prior,
                     slots=ex.slots(opts)) if progress else None
     dirs = [r.dir for r in runs]
     main = threading.current_thread() is threading.main_thread()

@@ -120,7 +120,11 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
     runs = planned_runs(tiny_study(), tmp_path)
     out = io.StringIO()
     try:
-        p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, estimates={"tiny": 60.0}, slots=1)
+        from sweeps.costmodel import spec_flops
+
+        pending = next(r for r in runs if r.run_id != run.run_id)  # the running run has no step left
+        p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, slots=1,
+                     prior=(0.0, 60.0 / spec_flops(pending.spec)))
         p.update({})
     finally:
         lock.release()
