@@ -167,8 +167,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _log_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-to", default=None, metavar="SINKS",
                    help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
-    p.add_argument("--keep-checkpoints", choices=("final", "all"), default=None,
-                   help="final (default): a completed run keeps only its newest checkpoint; all: never prune")
+    p.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default=None,
+                   help="what a completed run keeps: none (default on CPU), final (its newest checkpoint; default "
+                        "on GPU) or all; an unfinished run always keeps what it resumes from")
 
 
 def _set_log_to(args: argparse.Namespace) -> None:

@@ -34,8 +34,9 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out and start over")
     parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after N steps of this session")
     parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
-    parser.add_argument("--keep-checkpoints", choices=("final", "all"), default="final",
-                        help="final: a completed run keeps only its newest checkpoint; all: never prune")
+    parser.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default="final",
+                        help="final: a completed run keeps only its newest checkpoint; all: never prune; none: "
+                             "a completed run keeps no checkpoint")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
