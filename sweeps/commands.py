@@ -370,7 +370,7 @@ def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
 def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None) -> dict | None:
     """Wall time of the runs not done yet, from this host's measured runs (sweeps/costmodel.py)."""
     from marin.schema import read_json
-    from sweeps.costmodel import spec_flops
+    from sweeps.costmodel import mark_cold, spec_flops
     from sweeps.progress import eta_model, study_eta
 
     if not planned:
@@ -381,8 +381,9 @@ def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int 
     for r in planned:
         summ = read_json(r.dir / "summary.json") or {}
         done = summ.get("status") == "completed"
-        rows.append({"state": "completed" if done else "pending", "flops": spec_flops(r.spec), "wall_s": summ.get("wall_s")})
-    e = study_eta(rows, model, k)
+        rows.append({"state": "completed" if done else "pending", "flops": spec_flops(r.spec),
+                     "wall_s": summ.get("wall_s"), "started_at": summ.get("started_at")})
+    e = study_eta(mark_cold(rows, 0.0, k), model, k)  # the study's first runs paid the workers' start
     if e is None:
         return None
     return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured,

@@ -7,7 +7,10 @@ user's cache (`$MARIN_CACHE_DIR` or `~/.cache/marin-ablate/run_times.jsonl`, one
 run, appended by `run`), restricted to this host and the same number of runs at once, since two
 runs on two cores each take longer than one alone. A Bayesian linear fit with noise proportional
 to the run's size: with no data it is the assumption with a wide interval; each finished run moves
-it a little, so an ETA does not jump with the first, unusually short or long, run.
+it a little, so an ETA does not jump with the first, unusually short or long, run. The first run
+each worker process trains pays one-time costs (imports, the embedded corpus: 32 s against 5 s for
+the same run warm, measured on `run smoke`), so the first `slots` runs of an invocation are left
+out of the fit (`mark_cold`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from marin.flops import flops_per_token
 from marin.schema import read_json
 
 Z90 = 1.645  # two-sided 90%: the interval stated beside every estimate
-PRIOR_REL_SD = (1.0, 1.0)  # prior sd of (overhead, s/FLOP) relative to their assumed values: a factor ~2 either way
+PRIOR_REL_SD = (1.0, 2.0)  # prior sd of (overhead, s/FLOP) relative to their assumed values: wide, a factor ~3
 NOISE_REL_PRIOR = 0.25  # one run's wall time scatters ~25% around the fit until runs say otherwise
 CACHE_FILE = "run_times.jsonl"
 
@@ -60,42 +63,44 @@ class Estimate:
 
 @dataclass
 class CostModel:
-    """wall_s = a + b x flops; prior (a0, b0) from the plan's assumptions; obs [(flops, wall_s)]."""
+    """wall_s = a + b x flops; prior (a0, b0) from the plan's assumptions; obs [(flops, wall_s)]. The
+    prior is wide (sd 100% of a, 200% of b): a plan that assumed 3x too fast a machine is corrected
+    within the first few runs."""
 
     a0: float
     b0: float
     obs: list[tuple[float, float]] = field(default_factory=list)
 
     def fit(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """Posterior mean and covariance of (a, b), and the relative noise of one run."""
-        m0 = np.array([self.a0, self.b0])
-        sd0 = np.array([max(self.a0, 1.0) * PRIOR_REL_SD[0], self.b0 * PRIOR_REL_SD[1]])
+        """Posterior mean and covariance of (a, c) with b = c x b0 (c = 1 is the prior's rate: a
+        well-conditioned scale), and the relative noise of one run."""
+        m0 = np.array([self.a0, 1.0])
+        sd0 = np.array([max(self.a0, 1.0) * PRIOR_REL_SD[0], PRIOR_REL_SD[1]])
         p0 = np.diag(1.0 / sd0**2)
         rel = NOISE_REL_PRIOR
         mean, cov = m0, np.diag(sd0**2)
         if not self.obs:
             return mean, cov, rel
-        x = np.array([[1.0, f] for f, _ in self.obs])
+        x = np.array([[1.0, self.b0 * f] for f, _ in self.obs])
         y = np.array([w for _, w in self.obs])
         for _ in range(3):  # noise from the residuals, shrunk towards the prior's when runs are few
-            scale = np.maximum(x @ mean, 1e-3)
+            scale = np.maximum(x @ mean, 1e-3 + 0.1 * y)
             w = 1.0 / (rel * scale) ** 2
             prec = p0 + (x.T * w) @ x
             cov = np.linalg.inv(prec)
             mean = cov @ (p0 @ m0 + (x.T * w) @ y)
-            r = (y - x @ mean) / np.maximum(x @ mean, 1e-3)
-            n = len(y)
-            rel = max(0.03, math.sqrt((float(r @ r) + 2 * NOISE_REL_PRIOR**2) / (n + 2)))
+            r = (y - x @ mean) / np.maximum(x @ mean, 1e-3 + 0.1 * y)
+            rel = max(0.03, math.sqrt((float(r @ r) + 2 * NOISE_REL_PRIOR**2) / (len(y) + 2)))
         return mean, cov, rel
 
     def predict(self, flops: Sequence[float], left: Sequence[float] | None = None, slots: int = 1) -> Estimate:
         """Wall seconds for runs of these FLOPs (each with the fraction `left` still to do), run
         `slots` at a time; the interval adds the fit's uncertainty and each run's own scatter."""
-        fl = np.asarray(flops, dtype=float)
-        lf = np.ones_like(fl) if left is None else np.clip(np.asarray(left, dtype=float), 0.0, 1.0)
+        u = self.b0 * np.asarray(flops, dtype=float)
+        lf = np.ones_like(u) if left is None else np.clip(np.asarray(left, dtype=float), 0.0, 1.0)
         mean, cov, rel = self.fit()
-        per_run = np.maximum(mean[0] + mean[1] * fl, 0.0) * lf
-        g = np.array([lf.sum(), float(fl @ lf)])
+        per_run = np.maximum(mean[0] + mean[1] * u, 0.0) * lf
+        g = np.array([lf.sum(), float(u @ lf)])
         var = float(g @ cov @ g) + float(((rel * per_run) ** 2).sum())
         total, sd = float(per_run.sum()), math.sqrt(max(var, 0.0))
         k, spread = max(1, slots), 1.0 + Z90 * sd / max(total, 1e-9)  # a ratio interval: time is positive
@@ -110,6 +115,14 @@ def prior_from(flops: Sequence[float], assumed_s: Sequence[float], overhead_s: f
     return overhead_s, float(np.median(rates))
 
 
+def mark_cold(rows: list[dict], since: float, slots: int) -> list[dict]:
+    """Flag `cold` the `slots` earliest-started runs started at or after `since` (a new process each)."""
+    fresh = sorted((r for r in rows if r.get("started_at") and r["started_at"] >= since), key=lambda r: r["started_at"])
+    for r in fresh[:max(1, slots)]:
+        r["cold"] = True
+    return rows
+
+
 def finished(run_dirs: Iterable[str | Path]) -> list[dict]:
     """{run_id, flops, wall_s, device} of the completed runs among `run_dirs`."""
     out = []
@@ -118,7 +131,8 @@ def finished(run_dirs: Iterable[str | Path]) -> list[dict]:
         if s.get("status") == "completed" and s.get("wall_s") and s.get("train_flops"):
             device = ((read_json(Path(d) / "spec.json") or {}).get("train") or {}).get("device", "cpu")
             out.append({"run_id": s.get("run_id") or Path(d).name, "flops": float(s["train_flops"]),
-                        "wall_s": float(s["wall_s"]), "device": str(device).split(":")[0]})
+                        "wall_s": float(s["wall_s"]), "device": str(device).split(":")[0],
+                        "started_at": float(s.get("started_at") or 0.0)})
     return out
 
 
@@ -150,17 +164,6 @@ def read_cache(path: Path | None = None) -> list[dict]:
             r = json.loads(line)
         except ValueError:
             continue
-        if isinstance(r, dict) and r.get("flops") and r.get("wall_s"):
+        if isinstance(r, dict) and r.get("flops") and r.get("wall_s") and not r.get("cold"):
             out.append(r)
     return out
-
-
-def measured(run_dirs: Iterable[str | Path], slots: int, device: str = "cpu", use_cache: bool = True) -> list[tuple[float, float]]:
-    """(flops, wall_s) of finished runs: the study's own, then the cache's from this host at `slots`."""
-    own = finished(run_dirs)
-    ids = {r["run_id"] for r in own}
-    host = socket.gethostname()
-    cached = [r for r in (read_cache() if use_cache else [])
-              if r.get("host") == host and r.get("slots") == slots and r.get("device", "cpu") == device
-              and r.get("run_id") not in ids]
-    return [(r["flops"], r["wall_s"]) for r in own if r["device"] == device] + [(r["flops"], r["wall_s"]) for r in cached]

@@ -21,7 +21,7 @@ from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
 from marin.schema import read_json
-from sweeps.costmodel import CostModel, Estimate, prior_from, read_cache, spec_flops
+from sweeps.costmodel import CostModel, Estimate, mark_cold, prior_from, read_cache, spec_flops
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -103,7 +103,7 @@ def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
     return prior_from([r["train_flops"] / r["n_runs"] for r in rows], secs, min(over) if over else 0.1 * min(secs))
 
 
-def eta_model(prior: tuple[float, float] | None, slots: int, exclude: Sequence[str] = (),
+def eta_model(prior: tuple[float, ...] | None, slots: int, exclude: Sequence[str] = (),
               device: str = "cpu") -> CostModel | None:
     """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior, the runs
     this host recorded at `slots` runs at once (sweeps/costmodel.py) as data."""
@@ -112,16 +112,17 @@ def eta_model(prior: tuple[float, float] | None, slots: int, exclude: Sequence[s
     ex = set(exclude)
     obs = [(r["flops"], r["wall_s"]) for r in read_cache() if r.get("host") == socket.gethostname()
            and r.get("slots") == slots and r.get("device", "cpu") == device and r.get("run_id") not in ex]
-    return CostModel(*prior, obs)
+    return CostModel(*prior, obs=obs)
 
 
 def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int) -> Estimate | None:
     """Time until every run is done, with a 90% interval. runs: {"state", "flops", "wall_s", "step",
-    "total"}; completed runs join the model's data, running runs count the steps they have left."""
+    "total", "cold"}; completed runs join the model's data (not `cold` ones: costmodel.mark_cold),
+    running runs count the steps they have left."""
     if model is None or any(r.get("flops") is None for r in runs if r["state"] not in ("completed", "failed")):
         return None
     done = [(r["flops"], r["wall_s"]) for r in runs
-            if r["state"] == "completed" and r.get("wall_s") and r.get("flops")]
+            if r["state"] == "completed" and r.get("wall_s") and r.get("flops") and not r.get("cold")]
     todo = [r for r in runs if r["state"] not in ("completed", "failed")]
     left = [1.0 - min(r["step"] / r["total"], 1.0) if r.get("step") and r.get("total") else 1.0 for r in todo]
     return CostModel(model.a0, model.b0, model.obs + done).predict([r["flops"] for r in todo], left, slots)
@@ -163,7 +164,7 @@ class Progress:
     one line per running run; slots is how many runs execute at once."""
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
-                 runs: Sequence[Any] = (), prior: tuple[float, float] | None = None, slots: int | None = None,
+                 runs: Sequence[Any] = (), prior: tuple[float, ...] | None = None, slots: int | None = None,
                  min_interval_s: float = 30.0):
         self.runs, self.slots = list(runs), slots
         # the ETA's cost model: the plan's assumption as prior, this host's measured runs as data
@@ -195,8 +196,10 @@ class Progress:
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
             elif st == "completed":
-                row["wall_s"] = (read_json(Path(r.dir) / "summary.json") or {}).get("wall_s")
+                summ = read_json(Path(r.dir) / "summary.json") or {}
+                row.update(wall_s=summ.get("wall_s"), started_at=summ.get("started_at"))
             rows.append(row)
+        mark_cold(rows, self.t0, self.slots or 1)
         return counts, rows
 
     def update(self, counts: dict[str, int]) -> None:

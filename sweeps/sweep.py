@@ -11,7 +11,8 @@ import importlib
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -20,7 +21,6 @@ from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, clear_failure, plan_runs, study_dir, write_run_files
-
 
 # ---------------------------------------------------------------------------------------------
 # Studies
@@ -176,13 +176,14 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True, prior: tuple[float, float] | None = None) -> RunReport:
+                label: str = "", progress: bool = True, prior: tuple[float, ...] | None = None) -> RunReport:
     """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait).
 
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     validate(opts, sdir)
     ex = get_executor(opts.executor)
+    started = time.time()
     for r in runs:
         write_run_files(r)
     todo, skipped = state.select(runs, opts.retry_failed)
@@ -217,7 +218,8 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
         from sweeps import costmodel
 
         # this host's measured run times, for the next plan's and ETA's cost model
-        costmodel.record(costmodel.finished(r.dir for r in todo), ex.slots(opts) or 1)
+        k = ex.slots(opts) or 1
+        costmodel.record(costmodel.mark_cold(costmodel.finished(r.dir for r in todo), started, k), k)
     return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
 
 

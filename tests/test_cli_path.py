@@ -5,11 +5,7 @@ completed study run, and the cost model fitted to real run times."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -108,3 +104,37 @@ def test_plan_prints_the_run_ids_run_creates_with_set(tmp_path, capsys):
         run = tmp_path / "out" / "file_study" / "runs" / rid
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
         assert not list((run / "checkpoints").glob("ckpt_*")) if (run / "checkpoints").exists() else True
+
+
+@pytest.mark.slow
+def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
+    """Four real tiny runs (2-8 steps), a prior assuming a 3x faster machine (the gap that was measured), and the fit predicts a fifth run of 16 steps
+    within 50% (generous: a shared machine) and inside its own 90% interval widened by that margin."""
+    import torch
+
+    from marin.config import RunSpec, TrainConfig, preset
+    from marin.train import train
+    from sweeps.costmodel import CostModel, finished, spec_flops
+
+    torch.set_num_threads(1)
+
+    def spec(steps: int) -> RunSpec:
+        return RunSpec(model=preset("tiny", ["seq_len=64"]),
+                       train=TrainConfig(steps=steps, batch_size=2, eval_every=steps, eval_batches=1,
+                                         checkpoint_every=steps, log_every=steps))
+
+    train(spec(1), tmp_path / "warm")  # the first run in a process pays one-time costs (imports, the embedded corpus)
+    dirs = []
+    for steps in (2, 4, 6, 8):
+        assert train(spec(steps), tmp_path / str(steps))["status"] == "completed"
+        dirs.append(tmp_path / str(steps))
+    obs = [(r["flops"], r["wall_s"]) for r in finished(dirs)]
+    assert len(obs) == 4 and obs[0][0] == pytest.approx(spec_flops(spec(2)), rel=0.05)  # summary's FLOPs = the plan's
+    a_true = min(w for _, w in obs)
+    model = CostModel(a0=a_true, b0=(1 / 3) * (obs[-1][1] - obs[0][1]) / (obs[-1][0] - obs[0][0]), obs=obs)
+    pred = model.predict([spec_flops(spec(16))])
+    actual = train(spec(16), tmp_path / "16")["wall_s"]
+    print(f"cost model: predicted {pred.seconds:.2f} s (90%: {pred.lo:.2f}-{pred.hi:.2f}), measured {actual:.2f} s")
+    assert pred.seconds == pytest.approx(actual, rel=0.5), (pred, actual, obs)
+    assert pred.lo / 1.5 <= actual <= pred.hi * 1.5, (pred, actual)
+    assert pred.n_measured == 4

@@ -13,8 +13,17 @@ import os
 import sys
 from dataclasses import fields, replace
 
-from marin.config import (FACTORS, RECIPE_LEVELS, DataConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset,
-                          split_overrides)
+from marin.config import (
+    FACTORS,
+    RECIPE_LEVELS,
+    DataConfig,
+    Recipe,
+    RunSpec,
+    TrainConfig,
+    apply_overrides,
+    preset,
+    split_overrides,
+)
 from marin.runlock import RunLock
 from marin.train.metrics import LOG_TO
 
