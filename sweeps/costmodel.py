@@ -1,5 +1,5 @@
 """How long runs take on this machine: wall = overhead + seconds-per-FLOP x training FLOPs, fitted to
-measured runs and stated with a 90% interval (docs/method.md "Cost").
+measured runs and stated with a 90% interval (docs/architecture.md §4).
 
 The prior is the plan's assumption (each rung's assumed throughput and overhead, or a GPU rung's
 hardware rate); the data are finished runs: those of the study folder and those recorded in the
