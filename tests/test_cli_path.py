@@ -138,3 +138,46 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
     assert pred.seconds == pytest.approx(actual, rel=0.5), (pred, actual, obs)
     assert pred.lo / 1.5 <= actual <= pred.hi * 1.5, (pred, actual)
     assert pred.n_measured == 4
+
+
+def test_train_takes_the_same_set_syntax():
+    import argparse
+
+    from marin.train.cli import spec_from_args, train_args
+
+    p = argparse.ArgumentParser()
+    train_args(p)
+    args = p.parse_args(["--preset", "tiny", "--out", "x", "--set", "seq_len=64", "--set", "model.d_model=32",
+                         "--set", "recipe.xsa=none", "--set", "train.steps=3", "--set", "data.data_seed=5"])
+    spec = spec_from_args(args)
+    assert (spec.model.seq_len, spec.model.d_model, spec.recipe.xsa, spec.train.steps, spec.data.data_seed) == (
+        64, 32, "none", 3, 5)
+    with pytest.raises(ValueError, match="allowed sections: model, train, data, recipe"):
+        spec_from_args(p.parse_args(["--preset", "tiny", "--out", "x", "--set", "optim.lr=1"]))
+
+
+@pytest.mark.slow
+def test_a_completed_cpu_study_run_is_smaller_than_its_weights_unless_asked_to_keep(tmp_path, monkeypatch):
+    """The smoke study's folder was 188 MB, 3 MB of checkpoint per 242k-parameter run; by default a
+    completed CPU run keeps none (its folder holds less than its fp32 weights), `final` keeps one
+    (at least the weights: 4 bytes per parameter)."""
+    import torch
+
+    from marin.config import RunSpec, TrainConfig, preset
+    from marin.flops import params_total
+    from sweeps.tracking import KEEP_ENV, tracked_train
+
+    torch.set_num_threads(1)
+    spec = RunSpec(model=preset("tiny", ["seq_len=64"]),
+                   train=TrainConfig(steps=4, batch_size=2, eval_every=4, eval_batches=1, checkpoint_every=2, log_every=1))
+    weights = 4 * params_total(spec.model, spec.recipe)
+
+    def size(d):
+        return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+    monkeypatch.delenv(KEEP_ENV, raising=False)
+    assert tracked_train(spec, tmp_path / "default")["status"] == "completed"
+    assert size(tmp_path / "default") < weights / 4 and not list((tmp_path / "default").glob("checkpoints/ckpt_*"))
+    monkeypatch.setenv(KEEP_ENV, "final")
+    assert tracked_train(spec, tmp_path / "final")["status"] == "completed"
+    assert size(tmp_path / "final") > weights and len(list((tmp_path / "final").glob("checkpoints/ckpt_*"))) == 1
