@@ -61,14 +61,6 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
             "elapsed_s": elapsed}
 
 
-def run_work(run_dir: str | Path) -> int:
-    """The run's token_multiplier from spec.json (steps trained over its rung's; 1 when unknown)."""
-    try:
-        return int(((read_json(Path(run_dir) / "spec.json") or {}).get("train") or {}).get("token_multiplier", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1
-
-
 def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
     """Seconds one run of each rung takes by the plan's cost model (rungs without one are left out)."""
     out = {}
