@@ -191,6 +191,19 @@ class Study:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
             raise ValueError(f"Study {self.name!r}: seeds={self.seeds} must be distinct non-negative integers")
 
+    def restrict(self, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> "Study":
+        """This study on some of its rungs and seeds (in the order given); one it lacks is refused."""
+        changes: dict[str, Any] = {}
+        if rungs is not None:
+            changes["rungs"] = tuple(self._rung(r) for r in rungs)
+        if seeds is not None:
+            bad = [s for s in seeds if s not in self.seeds]
+            if bad:
+                raise ValueError(f"Study {self.name!r} has no seed {', '.join(map(str, bad))}; allowed values: "
+                                 f"{', '.join(map(str, self.seeds))}")
+            changes["seeds"] = tuple(seeds)
+        return replace(self, **changes) if changes else self
+
     # ---- arms ----------------------------------------------------------------------------------
     @property
     def arm_names(self) -> list[str]:
@@ -532,8 +545,9 @@ def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "c
                  _CPU_EXECUTOR, None, True, ())
 
 
-#: Study builders by name; `get_study(name, **kwargs)` builds one.
-STUDIES: dict[str, Callable[..., Study]] = {
+#: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
+#: them) or a Study object; `get_study(name, rungs=, seeds=)` builds one.
+STUDIES: dict[str, Callable[..., Study] | Study] = {
     "smoke": smoke,
     "noise_cpu": noise_cpu,
     "calibration": calibration,
@@ -548,7 +562,52 @@ STUDIES: dict[str, Callable[..., Study]] = {
 }
 
 
-def get_study(name: str, **kwargs: Any) -> Study:
+STUDY_FORMS = "a Study, or a function returning one (a builder)"
+
+
+def build_study(obj: Any, label: str, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+                **kwargs: Any) -> Study:
+    """`obj` as a study at the requested rungs and seeds: a builder gets `rungs`/`seeds` when its
+    signature takes them; a fixed Study (or a builder that does not take them) is restricted to them,
+    refusing a rung or seed the study does not have. Never silently ignored."""
+    want = {"rungs": rungs, "seeds": seeds}
+    if not _is_study(obj):
+        if not callable(obj):
+            raise ValueError(f"study {label!r} is a {type(obj).__name__}; allowed values: {STUDY_FORMS}")
+        import inspect
+
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            params = {}
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        passed = {k: v for k, v in want.items() if v is not None and (k in params or takes_all)}
+        try:
+            inspect.signature(obj).bind(**kwargs, **passed)
+        except (TypeError, ValueError):
+            raise ValueError(f"study {label!r} is a {type(obj).__name__} that cannot be called with "
+                             f"{({**kwargs, **passed}) or 'no arguments'}; allowed values: {STUDY_FORMS}") from None
+        obj = obj(**kwargs, **passed)
+        if not _is_study(obj):
+            raise ValueError(f"study {label!r} returned a {type(obj).__name__}; allowed values: {STUDY_FORMS}")
+        want = {k: None if k in passed else v for k, v in want.items()}
+    elif kwargs:
+        raise ValueError(f"study {label!r} is a fixed Study and takes no {', '.join(kwargs)}")
+    if want["rungs"] is None and want["seeds"] is None:
+        return obj
+    if not isinstance(obj, Study):
+        raise ValueError(f"study {label!r} is a {type(obj).__name__}, which cannot be restricted to "
+                         f"--rungs/--seeds; allowed values: a Study, or a builder taking rungs and seeds")
+    return obj.restrict(want["rungs"], want["seeds"])
+
+
+def _is_study(obj: Any) -> bool:
+    return hasattr(obj, "runs") and hasattr(obj, "name") and not isinstance(obj, type)
+
+
+def get_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+              **kwargs: Any) -> Study:
+    """A registered study: `STUDIES[name]` is a builder or a Study (`build_study`)."""
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)}")
-    return STUDIES[name](**kwargs)
+    return build_study(STUDIES[name], name, rungs, seeds, **kwargs)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from marin.config import PRESETS, RECIPE_LEVELS, Recipe, preset
+from marin.config import PRESETS, RECIPE_LEVELS, Recipe, apply_overrides, preset, split_overrides
 from marin.flops import describe
 
 
 def describe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help=f"model preset; one of: {', '.join(PRESETS)}")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a ModelConfig field (repeatable)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a model./recipe. field (repeatable; a bare FIELD=VALUE is model.FIELD)")
     parser.add_argument("--recipe", dest="recipe", action="append", default=[], metavar="FACTOR=LEVEL",
                         help=f"set a recipe factor to a level (repeatable); factors: {', '.join(RECIPE_LEVELS)}")
     parser.add_argument("--baseline", action="store_true", help="start from Recipe.baseline() instead of Recipe()")
@@ -66,8 +66,10 @@ def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
 
 def describe_info(args: argparse.Namespace, rung: dict | None = None) -> dict:
     """The describe record of `args` (preset, --set, --recipe, --baseline); `rung` as in `resolved`."""
-    cfg = preset(args.preset, args.overrides)
+    sets = split_overrides(args.overrides, ("model", "recipe"))  # train./data. change neither count
+    cfg = preset(args.preset, sets["model"])
     recipe = parse_recipe(args.recipe, args.baseline)
+    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
     return {"preset": args.preset, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, rung)}
 
 

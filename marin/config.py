@@ -38,6 +38,7 @@ from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides 
     apply_overrides,
     check_ranges,
     optional,
+    split_overrides,
 )
 from marin.schema import seed_offset
 
@@ -534,6 +535,11 @@ class RunSpec:
 
     def to_dict(self) -> dict:
         return to_dict(self)
+
+    def with_overrides(self, items: "list[str] | tuple[str, ...]") -> "RunSpec":
+        """`--set section.field=value` items (marin.fields.split_overrides) applied to this spec."""
+        by_section = {s: v for s, v in split_overrides(items).items() if v}
+        return replace(self, **{s: apply_overrides(getattr(self, s), v) for s, v in by_section.items()})
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

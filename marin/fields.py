@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
@@ -102,3 +102,22 @@ def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
         return v
     except ValueError:
         raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
+
+
+#: The sections of a run's spec that `--set section.field=value` reaches (marin.config.RunSpec).
+SPEC_SECTIONS = ("model", "train", "data", "recipe")
+
+
+def split_overrides(items: Sequence[str], sections: Sequence[str] = SPEC_SECTIONS) -> dict[str, list[str]]:
+    """`--set section.field=value` items by section, the one syntax of describe, train, plan, run and
+    tune; a bare `field=value` is `model.field=value`. A section the command cannot use is refused."""
+    out: dict[str, list[str]] = {s: [] for s in SPEC_SECTIONS}
+    for item in items:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.strip().rpartition(".")
+        section = section if dot else "model"
+        if not eq or not name or section not in sections:
+            raise ValueError(f"--set {item!r} must look like section.field=value; allowed sections: "
+                             f"{', '.join(sections)} (a bare field=value is model.field)")
+        out[section].append(f"{name}={value}")
+    return out

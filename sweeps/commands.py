@@ -59,7 +59,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def _study_args(p: argparse.ArgumentParser) -> None:
     from ablations.studies import STUDIES
 
-    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}) or module:attribute")
+    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}), "
+                   "path/to/file.py:attribute or package.module:attribute (a Study or a function returning one)")
     p.add_argument("--rungs", default=None, help="comma-separated rungs (default: the study's)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
 
@@ -104,12 +105,7 @@ def _csv(v: str | None, cast: Any = str) -> list | None:
 def _study(args: argparse.Namespace) -> Any:
     from sweeps.sweep import resolve_study
 
-    kw = {}
-    if args.rungs is not None:
-        kw["rungs"] = _csv(args.rungs)
-    if args.seeds is not None:
-        kw["seeds"] = _csv(args.seeds, int)
-    return resolve_study(args.study, **kw)
+    return resolve_study(args.study, _csv(args.rungs), _csv(args.seeds, int))
 
 
 def _exec_options(args: argparse.Namespace, study: Any):
@@ -137,6 +133,8 @@ def _exec_options(args: argparse.Namespace, study: Any):
 
 def plan_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
+    _out_args(parser)
+    _exec_args(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable plan")
     parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
     parser.add_argument("--dry-run", action="store_true",
@@ -169,8 +167,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _log_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-to", default=None, metavar="SINKS",
                    help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
-    p.add_argument("--keep-checkpoints", choices=("final", "all"), default=None,
-                   help="final (default): a completed run keeps only its newest checkpoint; all: never prune")
+    p.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default=None,
+                   help="what a completed run keeps: none (default on CPU), final (its newest checkpoint; default "
+                        "on GPU) or all; an unfinished run always keeps what it resumes from")
 
 
 def _set_log_to(args: argparse.Namespace) -> None:
@@ -253,9 +252,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         print(plan_precision(study, args.noise, args.target_halfwidth, args.json))
         return 0
+    from sweeps.executors import get_executor
+    from sweeps.progress import rung_prior
+    from sweeps.sweep import planned_runs
+
     d = study.describe()
-    runs = study.runs()
+    opts = _exec_options(args, study)
+    planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
+    runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    slots = get_executor(opts.executor).slots(opts)
+    d["execution"] = {"executor": opts.executor, "workers": slots}
+    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots)  # the prior: the rungs as the study defines them
+    if args.overrides:
+        _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
@@ -303,7 +313,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min") if any(c in r for r in d["rungs"])]
     print(_table(d["rungs"], cols))
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
-    print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items()))
+    # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
+    print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items() if not k.startswith(("est_", "max_par"))))
+    ex = d["execution"]
+    print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
+                                              else "runs at once as the scheduler allows"))
+    if d["time"]:
+        t = d["time"]
+        print(f"time: {t['text']}" + (f"; {t['completed']} of {d['n_runs']} runs already done" if t["completed"] else ""))
     print("\ndata (tokens one run needs / tokens in data.corpus):")
     print(_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
                    "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
@@ -325,6 +342,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
         print(d["hero"]["sbatch_script"])
     return 0
+
+
+def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
+    """The rung table and FLOP cost of the specs `--set` gives (the runs `run` trains)."""
+    from marin.flops import flops_per_token, params_active, params_total
+    from sweeps.costmodel import spec_flops
+
+    total = 0.0
+    for row in d["rungs"]:
+        specs = [s for s, m in runs if m["rung"] == row["name"]]
+        if not specs:
+            continue
+        s = specs[0]
+        tr = s.train.effective()
+        row.update(d_model=s.model.d_model, n_layers=s.model.n_layers, n_heads=s.model.n_heads,
+                   seq_len=s.model.seq_len, vocab_size=s.model.vocab_size, steps=tr.steps, batch_size=tr.batch_size,
+                   tokens=tr.steps * tr.batch_size * s.model.seq_len,
+                   params_active=params_active(s.model, study.base_recipe),
+                   params_total=params_total(s.model, study.base_recipe),
+                   flops_per_token=flops_per_token(s.model, study.base_recipe),
+                   train_flops=sum(spec_flops(x) for x in specs))
+        total += row["train_flops"]
+    d["cost"]["train_flops"] = total
+
+
+def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None) -> dict | None:
+    """Wall time of the runs not done yet, from this host's measured runs (sweeps/costmodel.py)."""
+    from marin.schema import read_json
+    from sweeps.costmodel import mark_cold, spec_flops
+    from sweeps.progress import eta_model, study_eta
+
+    if not planned:
+        return None
+    k = slots or len(planned)
+    model = eta_model(prior, k, exclude=[r.run_id for r in planned], device=planned[0].spec.train.device.split(":")[0])
+    rows = []
+    for r in planned:
+        summ = read_json(r.dir / "summary.json") or {}
+        done = summ.get("status") == "completed"
+        rows.append({"state": "completed" if done else "pending", "flops": spec_flops(r.spec),
+                     "wall_s": summ.get("wall_s"), "started_at": summ.get("started_at")})
+    e = study_eta(mark_cold(rows, 0.0, k), model, k)  # the study's first runs paid the workers' start
+    if e is None:
+        return None
+    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured,
+            "completed": sum(r["state"] == "completed" for r in rows), "text": e.text()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +482,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from marin.schema import read_json
-    from sweeps.progress import format_counts, hms, run_live, run_work, rung_estimates, study_eta
+    from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
 
@@ -434,13 +497,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if state == "completed":
             summary = read_json(sdir / r["run_id"] / "summary.json") or {}
             r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
-    rows = [dict(r, state=r["state"].split(",")[0], work=run_work(sdir / r["run_id"])) for r in st["runs"]]
-    eta = study_eta(rows, rung_estimates(study.describe()["rungs"]), max(1, st["counts"].get("running", 0)))
-    st["eta_s"] = eta if st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"] else 0.0
+    rows = [dict(r, state=r["state"].split(",")[0], flops=run_flops(sdir / r["run_id"])) for r in st["runs"]]
+    slots = max(1, st["counts"].get("running", 0))
+    model = eta_model(rung_prior(study.describe()["rungs"]), slots, exclude=[r["run_id"] for r in rows])
+    eta = study_eta(rows, model, slots)
+    left = st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"]
+    st["eta_s"] = (eta.seconds if eta else None) if left else 0.0
+    st["eta_90"] = [eta.lo, eta.hi] if eta and left else None
     if args.json:
         print(json.dumps(st, indent=1, default=str))
         return 0
-    eta_s = f", ETA {hms(st['eta_s'])}" if st["eta_s"] else ""
+    eta_s = f", {format_eta(eta)}" if eta and left else ""
     print(format_counts(st["counts"], st["n_runs"], 0.0, study.name).rsplit(" [", 1)[0] + eta_s +
           f"  ({st['study_dir']})")
     for r in st["runs"]:

@@ -2,9 +2,10 @@
 running run its step and last loss.
 
 On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a new line is printed
-only when something shown changes, so logs stay short. The ETA starts from the plan's cost model
-(per-run seconds of each rung: `est_wall_s`, or GPU hours per run over its GPUs) scaled by how long
-finished runs actually took relative to it, less the steps running runs have already done.
+only when something shown changes, so logs stay short. The ETA is the cost model of
+sweeps/costmodel.py (the plan's per-rung seconds as its prior, this host's recorded runs and the
+study's finished runs as its data) over the runs left, less the steps running runs have done, with
+a 90% interval.
 Everything here reads run directories only (spec.json, metrics.jsonl tail, summary.json, .lock).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
 from marin.schema import read_json
+from sweeps.costmodel import CostModel, Estimate, mark_cold, prior_from, read_cache, spec_flops
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -58,14 +61,6 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
             "elapsed_s": elapsed}
 
 
-def run_work(run_dir: str | Path) -> int:
-    """The run's token_multiplier from spec.json (steps trained over its rung's; 1 when unknown)."""
-    try:
-        return int(((read_json(Path(run_dir) / "spec.json") or {}).get("train") or {}).get("token_multiplier", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1
-
-
 def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
     """Seconds one run of each rung takes by the plan's cost model (rungs without one are left out)."""
     out = {}
@@ -77,25 +72,56 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def study_eta(runs: Sequence[dict], estimates: dict[str, float], slots: int) -> float | None:
-    """Seconds until every run is done. runs: {"rung", "state", "step", "total", "wall_s", "work"}; a
-    run's estimate is its rung's times `work` (its token_multiplier: steps trained over the rung's,
-    default 1), scaled by sum(actual) / sum(estimated) over completed runs."""
-    def est(r: dict) -> float:
-        return estimates[r["rung"]] * float(r.get("work") or 1)
+def run_flops(run_dir: str | Path) -> float | None:
+    """Training FLOPs of the run from its spec.json (None when unreadable)."""
+    from sweeps.costmodel import spec_flops
 
-    done = [r for r in runs if r["state"] == "completed" and r.get("wall_s") and r["rung"] in estimates]
-    est_done = sum(est(r) for r in done)
-    ratio = sum(r["wall_s"] for r in done) / est_done if est_done else 1.0
-    left = 0.0
-    for r in runs:
-        if r["state"] in ("completed", "failed"):
-            continue
-        if r["rung"] not in estimates:
-            return None
-        frac = r["step"] / r["total"] if r.get("step") and r.get("total") else 0.0
-        left += est(r) * ratio * (1.0 - min(frac, 1.0))
-    return left / max(1, slots)
+    try:
+        return spec_flops(RunSpec.from_dict(read_json(Path(run_dir) / "spec.json") or {}))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
+    """(overhead s, s per training FLOP) the plan assumes: each rung's seconds per run (`rung_estimates`)
+    over its FLOPs per run; the overhead is the smallest rung's assumed one (else a tenth of its run)."""
+    est = rung_estimates(rung_rows)
+    rows = [r for r in rung_rows if r["name"] in est and r.get("train_flops") and r.get("n_runs")]
+    if not rows:
+        return None
+    secs = [est[r["name"]] for r in rows]
+    over = [r["est_wall_s"] - r["tokens"] / r["est_tokens_per_s"] for r in rows
+            if r.get("est_wall_s") and r.get("est_tokens_per_s") and r.get("tokens")]
+    return prior_from([r["train_flops"] / r["n_runs"] for r in rows], secs, min(over) if over else 0.1 * min(secs))
+
+
+def eta_model(prior: tuple[float, ...] | None, slots: int, exclude: Sequence[str] = (),
+              device: str = "cpu") -> CostModel | None:
+    """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior, the runs
+    this host recorded at `slots` runs at once (sweeps/costmodel.py) as data."""
+    if prior is None:
+        return None
+    ex = set(exclude)
+    obs = [(r["flops"], r["wall_s"]) for r in read_cache() if r.get("host") == socket.gethostname()
+           and r.get("slots") == slots and r.get("device", "cpu") == device and r.get("run_id") not in ex]
+    return CostModel(*prior, obs=obs)
+
+
+def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int) -> Estimate | None:
+    """Time until every run is done, with a 90% interval. runs: {"state", "flops", "wall_s", "step",
+    "total", "cold"}; completed runs join the model's data (not `cold` ones: costmodel.mark_cold),
+    running runs count the steps they have left."""
+    if model is None or any(r.get("flops") is None for r in runs if r["state"] not in ("completed", "failed")):
+        return None
+    done = [(r["flops"], r["wall_s"]) for r in runs
+            if r["state"] == "completed" and r.get("wall_s") and r.get("flops") and not r.get("cold")]
+    todo = [r for r in runs if r["state"] not in ("completed", "failed")]
+    left = [1.0 - min(r["step"] / r["total"], 1.0) if r.get("step") and r.get("total") else 1.0 for r in todo]
+    return CostModel(model.a0, model.b0, model.obs + done).predict([r["flops"] for r in todo], left, slots)
+
+
+def format_eta(e: Estimate) -> str:
+    return f"ETA {hms(e.seconds)} ({hms(e.lo)}-{hms(e.hi)})"
 
 
 def hms(s: float) -> str:
@@ -126,13 +152,16 @@ def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: s
 
 
 class Progress:
-    """runs (PlannedRun-like: .dir, .meta, .run_id) and estimates (rung_estimates) add an ETA and
+    """runs (PlannedRun-like: .dir, .meta, .run_id, .spec) and prior (`rung_prior`) add an ETA and
     one line per running run; slots is how many runs execute at once."""
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
-                 runs: Sequence[Any] = (), estimates: dict[str, float] | None = None, slots: int | None = None,
+                 runs: Sequence[Any] = (), prior: tuple[float, ...] | None = None, slots: int | None = None,
                  min_interval_s: float = 30.0):
-        self.runs, self.estimates, self.slots = list(runs), dict(estimates or {}), slots
+        self.runs, self.slots = list(runs), slots
+        # the ETA's cost model: the plan's assumption as prior, this host's measured runs as data
+        self.model = eta_model(prior, slots or 1, exclude=[r.run_id for r in self.runs],
+                               device=self.runs[0].spec.train.device.split(":")[0]) if self.runs else None
         self.min_interval_s = min_interval_s  # logs: a step/loss-only change prints at most this often
         self._last_print = 0.0
         self.total = total
@@ -155,22 +184,24 @@ class Progress:
         for r, status in zip(self.runs, statuses):
             st = status.state
             row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta,
-                   "work": r.spec.train.token_multiplier}
+                   "work": r.spec.train.token_multiplier, "flops": spec_flops(r.spec)}
             if st in ("running", "partial"):
                 row.update(run_live(r.dir))
             elif st == "completed":
-                row["wall_s"] = (read_json(Path(r.dir) / "summary.json") or {}).get("wall_s")
+                summ = read_json(Path(r.dir) / "summary.json") or {}
+                row.update(wall_s=summ.get("wall_s"), started_at=summ.get("started_at"))
             rows.append(row)
+        mark_cold(rows, self.t0, self.slots or 1)
         return counts, rows
 
     def update(self, counts: dict[str, int]) -> None:
         extra: list[str] = []
         if self.runs:
             counts, rows = self.snapshot()
-            eta = study_eta(rows, self.estimates, self.slots or max(1, counts.get("running", 0)))
+            eta = study_eta(rows, self.model, self.slots or max(1, counts.get("running", 0)))
             line = format_counts(counts, self.total, time.time() - self.t0, self.label)
             if eta is not None and counts.get("completed", 0) + counts.get("failed", 0) < self.total:
-                line += f" ETA {hms(eta)}"
+                line += " " + format_eta(eta)
             extra = [format_running(r["run_id"], r["meta"], r) for r in rows if r["state"] == "running"]
             if self.tty and extra:  # one line in place: the first running run's step and loss
                 line += " |" + extra[0].split(":", 1)[1] + (f" (+{len(extra) - 1} running)" if len(extra) > 1 else "")

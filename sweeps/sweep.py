@@ -8,79 +8,79 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from marin.config import RunSpec, apply_overrides
+from marin.config import RunSpec
 from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, clear_failure, plan_runs, study_dir, write_run_files
-
-SPEC_SECTIONS = ("model", "train", "data", "recipe")
-
 
 # ---------------------------------------------------------------------------------------------
 # Studies
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_study(name: str, **kwargs: Any) -> Any:
-    """A registered study (`ablations.studies.get_study`) or `package.module:attribute` (a Study or
-    a function returning one). kwargs (rungs, seeds) go to the builder when it takes them."""
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        if not mod or not attr.isidentifier():
-            raise ValueError(f"study {name!r}: allowed values: a registered study or package.module:attribute")
-        try:
-            obj = getattr(importlib.import_module(mod), attr)
-        except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
-            raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
-        if callable(obj) and not hasattr(obj, "runs"):
-            kw = _accepted(obj, kwargs)
-            try:
-                inspect.signature(obj).bind(**kw)
-            except (TypeError, ValueError):
-                raise ValueError(f"study {name!r} is a {type(obj).__name__} that cannot be called with "
-                                 f"{kw or 'no arguments'}; allowed values: a Study, or a function returning one") from None
-            obj = obj(**kw)
-        if not (hasattr(obj, "runs") and hasattr(obj, "name")):
-            raise ValueError(f"study {name!r} is a {type(obj).__name__}, not a study (an object with name and "
-                             "runs(), or a function returning one)")
-        return obj
-    from ablations.studies import STUDIES, get_study
-
-    if name not in STUDIES:
-        raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)} (or module:attribute)")
-    return get_study(name, **_accepted(STUDIES[name], kwargs))
+STUDY_NAME_FORMS = "a registered study, path/to/file.py:attribute or package.module:attribute"
 
 
-def _accepted(fn: Any, kwargs: Mapping[str, Any]) -> dict:
-    kw = {k: v for k, v in kwargs.items() if v is not None}
-    params = inspect.signature(fn).parameters
-    bad = [k for k in kw if k not in params]
-    if bad:
-        raise ValueError(f"this study does not take {', '.join(bad)}; it takes: {', '.join(params) or 'nothing'}")
-    return kw
+def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> Any:
+    """A registered study (`ablations.studies.get_study`), `path/to/file.py:attribute` (the file is
+    loaded from where it is; no PYTHONPATH) or `package.module:attribute`. The attribute is a Study
+    or a builder; `rungs`/`seeds` go to a builder that takes them, else restrict the study
+    (`ablations.studies.build_study`)."""
+    from ablations.studies import STUDIES, build_study, get_study
+
+    if ":" not in name:
+        if name not in STUDIES:
+            raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)} "
+                             f"(or path/to/file.py:attribute, package.module:attribute)")
+        return get_study(name, rungs, seeds)
+    where, _, attr = name.rpartition(":")
+    if not where or not attr.isidentifier():
+        raise ValueError(f"study {name!r}: allowed values: {STUDY_NAME_FORMS}")
+    try:
+        module = _load_file(Path(where)) if where.endswith(".py") or "/" in where else importlib.import_module(where)
+    except FileNotFoundError:
+        raise ValueError(f"study {name!r}: no file {where!r}; allowed values: {STUDY_NAME_FORMS}") from None
+    except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
+        raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"study {name!r}: {where} has no attribute {attr!r}")
+    return build_study(getattr(module, attr), name, rungs, seeds)
+
+
+def _load_file(path: Path) -> Any:
+    """A study file imported from its location under a module name derived from its path."""
+    import hashlib
+    import importlib.util
+
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(str(path))
+    mod_name = f"marin_study_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses and pickling look a module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module
 
 
 def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
-    """`section.field=value` (section in model, train, data, recipe) applied to one spec."""
-    by_section: dict[str, list[str]] = {}
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        section, dot, fld = key.strip().partition(".")
-        if not eq or not dot or section not in SPEC_SECTIONS:
-            raise ValueError(f"--set {item!r} must look like section.field=value with section in "
-                             f"{', '.join(SPEC_SECTIONS)}")
-        by_section.setdefault(section, []).append(f"{fld}={value}")
-    changes = {s: apply_overrides(getattr(spec, s), items) for s, items in by_section.items()}
-    return replace(spec, **changes)
+    """`--set section.field=value` (marin.fields.split_overrides) applied to one spec."""
+    return spec.with_overrides(list(overrides))
 
 
 def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
@@ -159,10 +159,10 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
-    from sweeps.progress import rung_estimates
+    from sweeps.progress import rung_prior
 
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
-                       estimates=rung_estimates(study.describe()["rungs"]))
+                       prior=rung_prior(study.describe()["rungs"]))
 
 
 class Terminated(KeyboardInterrupt):
@@ -176,20 +176,21 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True, estimates: dict[str, float] | None = None) -> RunReport:
+                label: str = "", progress: bool = True, prior: tuple[float, ...] | None = None) -> RunReport:
     """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait).
 
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     validate(opts, sdir)
     ex = get_executor(opts.executor)
+    started = time.time()
     for r in runs:
         write_run_files(r)
     todo, skipped = state.select(runs, opts.retry_failed)
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:
             clear_failure(r.dir)
-    prog = Progress(len(runs), label or sdir.name, runs=runs, estimates=estimates,
+    prog = Progress(len(runs), label or sdir.name, runs=runs, prior=prior,
                     slots=ex.slots(opts)) if progress else None
     dirs = [r.dir for r in runs]
     main = threading.current_thread() is threading.main_thread()
@@ -214,6 +215,11 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     finally:
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
+        from sweeps import costmodel
+
+        # this host's measured run times, for the next plan's and ETA's cost model
+        k = ex.slots(opts) or 1
+        costmodel.record(costmodel.mark_cold(costmodel.finished(r.dir for r in todo), started, k), k)
     return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
 
 

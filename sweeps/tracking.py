@@ -97,12 +97,19 @@ def log_locations(study_dir: str | Path, log_to: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def default_retention(spec: Any) -> str:
+    """What a study's completed run keeps by default: a GPU run its final checkpoint (its model is
+    worth keeping); a CPU run none (3 MB of weights and optimizer state per run, while the study's
+    result is its summaries and metrics; `--keep-checkpoints final|all` keeps them)."""
+    return "none" if spec.train.device == "cpu" else "final"
+
+
 def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     """marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
     from marin.train import train
 
     log_to = parse_log_to(os.environ.get(LOG_TO_ENV))
-    keep = os.environ.get(KEEP_ENV) or "final"
+    keep = os.environ.get(KEEP_ENV) or default_retention(spec)
     if not log_to:
         return train(spec, run_dir, resume=resume, keep_checkpoints=keep)
     meta = read_json(Path(run_dir) / "meta.json") or {}

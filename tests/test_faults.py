@@ -95,9 +95,9 @@ def test_range_checks_are_the_same_for_train_run_tune_and_status(tmp_path, capsy
 
 @pytest.mark.parametrize("argv, expect", [
     (["plan", "no_such_module_xyz:study"], "cannot import (ModuleNotFoundError"),
-    (["plan", ":study"], "allowed values: a registered study or package.module:attribute"),
+    (["plan", ":study"], "allowed values: a registered study, path/to/file.py:attribute or package.module:attribute"),
     (["plan", "os.path:join"], "cannot be called with"),
-    (["plan", "math:pi"], "is a float, not a study"),
+    (["plan", "math:pi"], "is a float; allowed values: a Study, or a function returning one"),
     (["plan", "nope"], "unknown study 'nope'"),
     (["describe", "--preset", "nope"], "unknown preset 'nope'"),
 ])

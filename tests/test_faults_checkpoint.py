@@ -215,7 +215,7 @@ def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_ref
     run = tmp_path / "run"
     assert train(_spec(7, checkpoint_every=2), run, keep_checkpoints="all")["status"] == "completed"
     assert _names(run) == ["ckpt_000000002", "ckpt_000000004", "ckpt_000000006"]
-    with pytest.raises(ValueError, match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all'"):
+    with pytest.raises(ValueError, match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all', 'none'"):
         train(_spec(7), tmp_path / "other", keep_checkpoints="some")
 
 

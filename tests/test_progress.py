@@ -5,6 +5,7 @@ import argparse
 import io
 import json
 import os
+import re
 
 import pytest
 
@@ -14,7 +15,7 @@ from ablations.studies import Study
 from marin.progress_line import StepProgress, format_line
 from sweeps import commands
 from sweeps.executors import ExecOptions
-from sweeps.progress import Progress, last_train_record, run_live, run_work, rung_estimates, study_eta
+from sweeps.progress import Progress, last_train_record, run_live, study_eta
 from sweeps.runs import RunLock, write_run_files
 from sweeps.sweep import planned_runs, run_study
 
@@ -63,16 +64,37 @@ def test_step_line_on_a_terminal_is_a_tqdm_bar_with_the_numbers():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_eta_scales_the_cost_model_by_finished_runs_and_credits_running_steps():
-    est = {"a": 100.0, "b": 400.0}
-    runs = [{"rung": "a", "state": "completed", "wall_s": 150.0},  # 1.5x slower than the model
-            {"rung": "a", "state": "running", "step": 30, "total": 40},
-            {"rung": "b", "state": "pending"}, {"rung": "b", "state": "failed"}]
-    assert study_eta(runs, est, slots=2) == pytest.approx((100 * 1.5 * 0.25 + 400 * 1.5) / 2)
-    assert study_eta(runs[1:], est, slots=1) == pytest.approx(100 * 0.25 + 400)  # nothing finished: the model
-    assert study_eta([{"rung": "c", "state": "pending"}], est, 1) is None
-    assert rung_estimates([{"name": "a", "est_wall_s": 5.0}, {"name": "g", "gpu_hours": 8.0, "n_runs": 4, "gpus": 2},
-                           {"name": "x"}]) == {"a": 5.0, "g": 3600.0}
+def _model(**kw):
+    from sweeps.costmodel import CostModel, prior_from
+
+    return CostModel(*prior_from([90.0, 390.0], [100.0, 400.0], 10.0), **kw)  # 10 s + 1 s/FLOP
+
+
+def test_eta_without_measured_runs_is_the_plan_with_a_wide_interval_and_credits_running_steps():
+    runs = [{"state": "running", "flops": 90.0, "step": 30, "total": 40},
+            {"state": "pending", "flops": 390.0}, {"state": "failed", "flops": 390.0}]
+    e = study_eta(runs, _model(), slots=2)
+    assert e.seconds == pytest.approx((100 * 0.25 + 400) / 2) and e.n_measured == 0
+    assert e.lo < 0.7 * e.seconds and e.hi > 1.3 * e.seconds  # an assumption is stated as one
+    assert study_eta([{"state": "pending", "flops": None}], _model(), 1) is None
+
+
+def test_eta_moves_towards_finished_runs_and_leaves_out_cold_starts():
+    """Runs 1.5x slower than the plan: one finished run moves the ETA towards 1.5x, twenty bring it
+    there with a narrow interval; a worker's first run (one-time start-up costs) is not data."""
+    from sweeps.costmodel import mark_cold
+
+    pending = [{"state": "pending", "flops": 390.0}] * 4
+    first = study_eta([{"state": "completed", "flops": 90.0, "wall_s": 150.0}, *pending], _model(), 1)
+    assert 1600 < first.seconds < 1.1 * 1.5 * 1600 and first.n_measured == 1
+    many = [{"state": "completed", "flops": f, "wall_s": 1.5 * (10 + f)} for f in (90.0, 390.0) * 10]
+    late = study_eta([*many, *pending], _model(), 1)
+    assert late.seconds == pytest.approx(1.5 * 1600, rel=0.1) and late.hi - late.lo < 0.5 * late.seconds
+    assert late.n_measured == 20
+    cold = mark_cold([{"state": "completed", "flops": 90.0, "wall_s": 500.0, "started_at": 10.0},
+                      {"state": "completed", "flops": 90.0, "wall_s": 100.0, "started_at": 20.0}], since=5.0, slots=1)
+    assert [r.get("cold", False) for r in cold] == [True, False]
+    assert study_eta([*cold, *pending], _model(), 1).seconds == pytest.approx(1600, rel=0.05)
 
 
 def _running_run(tmp_path):
@@ -102,12 +124,16 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
     runs = planned_runs(tiny_study(), tmp_path)
     out = io.StringIO()
     try:
-        p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, estimates={"tiny": 60.0}, slots=1)
+        from sweeps.costmodel import spec_flops
+
+        pending = next(r for r in runs if r.run_id != run.run_id)  # the running run has no step left
+        p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, slots=1,
+                     prior=(0.0, 60.0 / spec_flops(pending.spec)))
         p.update({})
     finally:
         lock.release()
     head, running = out.getvalue().splitlines()
-    assert head.startswith("tiny_watch: 0/2 done, 1 running, 0 failed, 1 pending") and head.endswith("ETA 1m00s")
+    assert head.startswith("tiny_watch: 0/2 done, 1 running, 0 failed, 1 pending") and re.search(r"ETA 1m00s \(0m\d\ds-\dm\d\ds\)$", head)
     assert running.startswith(f"  {run.run_id} tiny {run.meta['arm']} seed 0: step 3/3 loss 2.0000")
 
 
@@ -174,12 +200,14 @@ def test_progress_and_plan_count_the_steps_a_run_trains_not_the_rungs(tmp_path):
                   rungs=(rung,), seeds=(0,), executor={"executor": "debug"})
     run = planned_runs(study, tmp_path)[0]
     write_run_files(run)
-    assert run_live(run.dir)["total"] == 6 == run.spec.train.effective().steps and run_work(run.dir) == 2
+    assert run_live(run.dir)["total"] == 6 == run.spec.train.effective().steps
     p = Progress(2, "tiny_x2", stream=io.StringIO(), tty=False, runs=planned_runs(study, tmp_path))
     counts, rows = p.snapshot()
     assert counts["pending"] == 2 and [r["work"] for r in rows] == [2, 2]
-    assert study_eta([{"rung": "a", "state": "pending", "work": 2}, {"rung": "a", "state": "pending"}],
-                     {"a": 10.0}, slots=1) == pytest.approx(30.0)
+    from sweeps.costmodel import spec_flops
+
+    x1 = [2 * spec_flops(r.spec) for r in planned_runs(tiny_study(steps=3), tmp_path / "x1")]
+    assert [r["flops"] for r in rows] == pytest.approx(x1)  # the ETA counts the doubled steps
     from ablations.studies import get_study
 
     cal = get_study("calibration", seeds=[0]).describe()

@@ -45,8 +45,9 @@ log = logging.getLogger("marin.train")
 
 FORMAT = 1
 KEEP_LAST = 2  # while a run trains: the newest two that verify (one may be cut short by a kill)
-#: retention level -> checkpoints a completed run keeps (None: all it wrote, never pruned)
-RETENTION: dict[str, int | None] = {"final": 1, "all": None}
+#: retention level -> checkpoints a completed run keeps (None: all it wrote, never pruned; "none": its
+#: summary and metrics are the result, as for a study's CPU runs, which retrain in seconds)
+RETENTION: dict[str, int | None] = {"final": 1, "all": None, "none": 0}
 META = "meta.json"
 _NAME_RE = re.compile(r"^ckpt_(\d{9})$")
 

@@ -13,7 +13,17 @@ import os
 import sys
 from dataclasses import fields, replace
 
-from marin.config import FACTORS, RECIPE_LEVELS, DataConfig, Recipe, RunSpec, TrainConfig, apply_overrides, preset
+from marin.config import (
+    FACTORS,
+    RECIPE_LEVELS,
+    DataConfig,
+    Recipe,
+    RunSpec,
+    TrainConfig,
+    apply_overrides,
+    preset,
+    split_overrides,
+)
 from marin.runlock import RunLock
 from marin.train.metrics import LOG_TO
 
@@ -23,7 +33,8 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", action="append", default=[], metavar="FACTOR=LEVEL",
                         help="set a recipe switch; 'baseline' alone gives Recipe.baseline()")
     parser.add_argument("--set", action="append", default=[], metavar="[SECTION.]FIELD=VALUE",
-                        help="override: FIELD of ModelConfig, or model./train./data.FIELD as `run --set` takes")
+                        help="override a field of the spec: model./train./data./recipe.FIELD=VALUE as every command takes "
+                             "(a bare FIELD=VALUE is model.FIELD)")
     parser.add_argument("--train-set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
     parser.add_argument("--data-set", action="append", default=[], metavar="FIELD=VALUE", help="DataConfig override")
     parser.add_argument("--steps", type=int, default=None)
@@ -32,24 +43,13 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out and start over")
     parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after N steps of this session")
     parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
-    parser.add_argument("--keep-checkpoints", choices=("final", "all"), default="final",
-                        help="final: a completed run keeps only its newest checkpoint; all: never prune")
-
-
-def _split_sets(items: list[str]) -> dict[str, list[str]]:
-    """`--set` items by section: `data.corpus=DIR` -> data, `train.x=v` -> train, else the model."""
-    out: dict[str, list[str]] = {"model": [], "train": [], "data": []}
-    for item in items:
-        section, dot, rest = item.partition(".")
-        if dot and section in out and "=" in rest and "=" not in section:
-            out[section].append(rest)
-        else:
-            out["model"].append(item)
-    return out
+    parser.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default="final",
+                        help="final: a completed run keeps only its newest checkpoint; all: never prune; none: "
+                             "a completed run keeps no checkpoint")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    sets = _split_sets(list(args.set))
+    sets = split_overrides(list(args.set))
     model = preset(args.preset, sets["model"])
     recipe = Recipe()
     for item in args.recipe:
@@ -62,6 +62,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         if k not in RECIPE_LEVELS:
             raise ValueError(f"unknown recipe factor {k!r}; allowed values: {', '.join(FACTORS)}")
         recipe = recipe.with_(**{k: v})
+    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
     tr = _int_fields(apply_overrides(TrainConfig(), sets["train"] + list(args.train_set)))
     if args.steps is not None:
         tr = replace(tr, steps=args.steps)
