@@ -53,7 +53,7 @@ from torch import Tensor
 
 from marin.config import LR_SCHEDULES
 from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
-from marin.optimizers import KINDS, NO_DECAY_ROLES, ROLES, group_kinds, resolve_update
+from marin.optimizers import KINDS, NO_DECAY_ROLES, ROLES, optimizer_level, resolve_update
 
 NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -61,9 +61,6 @@ NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "simple": ((3.4445, -4.7750, 2.0315),),
 }
 NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
-# Hyperball's Adam group decays only these (OptimHparams.gate_router_weight_decay, annealed to 0):
-# Marin hero/optimizer.py `_scale_by_adam_gate_router_decay` (attn_gate and router weight, not the bias)
-GATE_ROUTER_ROLES = ("gate", "router")
 WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
 
@@ -161,8 +158,10 @@ def _on_fake_group(p: Tensor) -> bool:
 
 def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str, str],
                  hp: OptimHparams) -> list[dict]:
-    """One group per (kind, role) so the assignment can be read off `group["role"]`/`["names"]`."""
-    kinds = group_kinds(hp.level)
+    """One group per (kind, role) so the assignment can be read off `group["role"]`/`["names"]`.
+    A role in the level's `annealed_decay` takes `hp.gate_router_weight_decay`, annealed by `set_lr`."""
+    level = optimizer_level(hp.level)
+    kinds = level.group_kinds()
     buckets: dict[tuple[str, str], dict] = {}
     for name, p in named_params:
         if not p.requires_grad:
@@ -182,7 +181,7 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         if key not in buckets:
             lr = hp.adam_lr if k.lr == "adam" else hp.lr
             wd = hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0
-            anneal = kind == "adam" and role in GATE_ROUTER_ROLES and hp.gate_router_weight_decay > 0
+            anneal = role in level.annealed_decay and hp.gate_router_weight_decay > 0
             if anneal:
                 wd = hp.gate_router_weight_decay
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,

@@ -2,7 +2,8 @@
 
 A level maps each parameter role (the model's `param_roles()`) to a kind; a kind says how many fp32
 state buffers it keeps per element, whether it orthogonalizes its direction (Newton–Schulz), which
-resolved peak lr it takes, whether it decays weights and whether it lives on a hyperball. The trainer
+resolved peak lr it takes, whether it decays weights and whether it lives on a hyperball; a level also
+names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
 (`marin.optim`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`sweeps/dryrun.py`)
 and the hero's checkpoint plan (`sweeps/hero.py`) all read these tables. Adding an optimizer is one
 `register_optimizer(...)` call (README "Adding an optimizer"). Pure Python; never imports torch: a
@@ -47,28 +48,49 @@ class GroupKind:
 
 @dataclass(frozen=True)
 class OptimizerLevel:
-    """One level of `Recipe.optimizer`: role -> kind (`default` for roles not listed) and its
-    hyperparameter rule (a name in `marin.hparams.HPARAM_RULES`, or a function of that signature)."""
+    """One level of `Recipe.optimizer`: role -> kind (`default` for roles not listed), its
+    hyperparameter rule (a name in `marin.hparams.HPARAM_RULES`, or a function of that signature) and
+    `annealed_decay`: roles whose (non-decaying, off-sphere) group takes
+    `OptimHparams.gate_router_weight_decay`, annealed linearly to 0 (Marin hero/optimizer.py
+    `_scale_by_adam_gate_router_decay`: the attention-gate and router weights, not the bias)."""
 
     name: str
     kinds: Any  # Mapping[role -> kind name]; stored as sorted pairs
     default: str
     hparams: Any  # str or callable
     doc: str = ""
+    annealed_decay: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = dict(self.kinds)
-        bad = [r for r in k if r not in ROLES]
+        bad = [r for r in (*k, *self.annealed_decay) if r not in ROLES]
         if bad:
             raise ValueError(f"OptimizerLevel {self.name!r}: roles {bad}; allowed values: {', '.join(ROLES)}")
         object.__setattr__(self, "kinds", tuple(sorted(k.items())))
+        object.__setattr__(self, "annealed_decay", tuple(self.annealed_decay))
 
     def group_kinds(self) -> dict[str, str]:
         m = dict(self.kinds)
         return {r: m.get(r, self.default) for r in ROLES}
 
+    def check_kinds(self, kinds: dict[str, GroupKind]) -> None:
+        """Every kind is registered, and an annealed-decay role sits in a kind with no decay of its own
+        and no sphere (one decay per parameter; a sphere fixes the norm decay would shrink)."""
+        gk = self.group_kinds()
+        unknown = sorted({k for k in gk.values() if k not in kinds})
+        if unknown:
+            raise ValueError(f"OptimizerLevel {self.name!r}: kinds {unknown} are not registered; "
+                             f"allowed values: {', '.join(kinds)}")
+        allowed = [r for r in ROLES if r not in NO_DECAY_ROLES and not kinds[gk[r]].decays
+                   and not kinds[gk[r]].on_sphere]
+        bad = [r for r in self.annealed_decay if r not in allowed]
+        if bad:
+            raise ValueError(f"OptimizerLevel {self.name!r}: annealed_decay roles {bad}; allowed values: "
+                             f"{', '.join(allowed) or '(none: every role decays, sits on a sphere or never decays)'}")
+
 
 _MARIN = "marin.optim:"
+GATE_ROUTER = ("gate", "router")  # Hyperball's Adam group decays these (OptimizerLevel.annealed_decay)
 KINDS: dict[str, GroupKind] = {k.name: k for k in (
     GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update"),
     GroupKind("adamh", 2, False, "matrix", False, True, _MARIN + "adamh_update"),
@@ -80,13 +102,15 @@ KINDS: dict[str, GroupKind] = {k.name: k for k in (
 #: The levels; the first is the recipe level, the second the baseline (marin.factors "optimizer" row).
 OPTIMIZERS: dict[str, OptimizerLevel] = {o.name: o for o in (
     OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}, "adam", "hyperball",
-                   "MuonH on matrices, AdamH on the lm head, Adam elsewhere"),
+                   "MuonH on matrices, AdamH on the lm head, Adam elsewhere", annealed_decay=GATE_ROUTER),
     OptimizerLevel("adamw", {}, "adamw", "adamw", "AdamW everywhere, one lr"),
     OptimizerLevel("muon_adamw", {"matrix": "muon", "expert": "muon"}, "adamw", "muon_adamw",
                    "Muon (Moonlight scale) on matrices, AdamW elsewhere"),
     OptimizerLevel("adamh", {"matrix": "adamh", "expert": "adamh", "lm_head": "adamh"}, "adam", "hyperball",
-                   "AdamH on matrices and the lm head, Adam elsewhere"),
+                   "AdamH on matrices and the lm head, Adam elsewhere", annealed_decay=GATE_ROUTER),
 )}
+for _level in OPTIMIZERS.values():
+    _level.check_kinds(KINDS)
 
 
 def optimizer_level(name: str) -> OptimizerLevel:
@@ -113,10 +137,7 @@ def register_optimizer(level: OptimizerLevel, kinds: tuple[GroupKind, ...] | lis
     if taken:
         raise ValueError(f"register_optimizer: {taken} already registered")
     new = {k.name: k for k in kinds}
-    unknown = [k for k in level.group_kinds().values() if k not in KINDS and k not in new]
-    if unknown:
-        raise ValueError(f"OptimizerLevel {level.name!r}: kinds {sorted(set(unknown))} are not registered; "
-                         f"allowed values: {', '.join([*KINDS, *new])}")
+    level.check_kinds({**KINDS, **new})
     from marin.factors import add_level  # factors reads this module's table at import
 
     add_level("optimizer", level.name)

@@ -124,6 +124,37 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
     assert "# Attribution report: lion" in md and "| opt |" in md
 
 
+def _anneal_groups(level: str) -> dict[str, float]:
+    """role -> peak decay of the groups that anneal under `level` (the tiny model, default decay)."""
+    from marin.model import MarinModel
+    from marin.optim import build_optimizer, resolve_hparams
+
+    spec = RunSpec(model=tiny(), recipe=Recipe(optimizer=level))
+    opt = build_optimizer(MarinModel(spec.model, spec.recipe), resolve_hparams(spec))
+    return {g["role"]: g["peak_weight_decay"] for g in opt.param_groups if g["anneal_weight_decay"]}
+
+
+def test_annealed_gate_router_decay_is_read_from_the_level_row(registries):
+    wd = RunSpec(model=tiny()).train.gate_router_weight_decay
+    assert _anneal_groups("hyperball") == {"gate": wd, "router": wd}
+    assert _anneal_groups("adamw") == {}
+    hb = optimizers.OPTIMIZERS["hyperball"]
+    register_optimizer(OptimizerLevel("hb_nodecay", dict(hb.kinds), hb.default, hb.hparams))
+    register_optimizer(OptimizerLevel("hb_embed", dict(hb.kinds), hb.default, hb.hparams, annealed_decay=("embed",)))
+    assert _anneal_groups("hb_nodecay") == {}  # same kinds as hyperball, no row entry: no decay
+    assert _anneal_groups("hb_embed") == {"embed": wd}
+
+
+def test_annealed_decay_on_a_decaying_sphere_or_unknown_role_is_refused(registries):
+    for kinds, default, roles in (({}, "adamw", ("router",)), ({"lm_head": "adamh"}, "adam", ("lm_head",)),
+                                  ({}, "adam", ("norm",))):
+        with pytest.raises(ValueError, match=f"annealed_decay roles \\['{roles[0]}'\\]; allowed values"):
+            register_optimizer(OptimizerLevel("bad", kinds, default, "adamw", annealed_decay=roles))
+    with pytest.raises(ValueError, match="roles \\['gates'\\]; allowed values: matrix"):
+        OptimizerLevel("bad", {}, "adam", "adamw", annealed_decay=("gates",))
+    assert "bad" not in optimizers.OPTIMIZERS
+
+
 class InProcess:
     """An executor that runs its jobs on one background thread of this process, after `gate` opens;
     until then they are queued (its own table says so, as squeue does for SLURM)."""
