@@ -9,26 +9,22 @@ unless repetition is allowed explicitly (ALLOW_REPEAT). Torch-free: the plan com
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from marin.data.prepare import read_manifest
+
 ALLOW_REPEAT = "--allow-repeat"  # the plan/run option that accepts more than one epoch on a GPU rung
 CORPUS_SETTING = "--set data.corpus=DIR"  # how a study points at a prepared corpus
-PREPARED_FORMAT = "marin-tokens-v1"
 
 
 def corpus_tokens(corpus: str) -> tuple[int | None, dict | None]:
-    """(tokens, manifest) of a prepared corpus directory; (None, None) for anything else (the
-    embedded corpus, a raw local directory, Paloma): their size in tokens is not known at plan time."""
-    if corpus == "embedded":
+    """(tokens, manifest) of a prepared corpus directory; (None, None) for anything without a
+    manifest.json (the embedded corpus, a raw local directory, Paloma): their size in tokens is not
+    known at plan time. A manifest that is unreadable or of another format is a ValueError."""
+    if corpus == "embedded" or not (Path(corpus).expanduser() / "manifest.json").is_file():
         return None, None
-    m = Path(corpus).expanduser() / "manifest.json"
-    if not m.is_file():
-        return None, None
-    manifest = json.loads(m.read_text())
-    if manifest.get("format") != PREPARED_FORMAT:
-        return None, None
+    manifest = read_manifest(corpus)
     return int(manifest["tokens"]), manifest
 
 

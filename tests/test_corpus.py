@@ -287,7 +287,8 @@ def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepare
 
 def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "manifest.json").write_text(json.dumps({"format": prep.FORMAT, "tokens": tokens,
+    (path / "manifest.json").write_text(json.dumps({"format": prep.FORMAT, "tokens": tokens, "dtype": "uint16",
+                                                    "documents": 1, "shards": [],
                                                     "tokenizer": {"vocab_size": vocab}}))
     return path
 
@@ -325,6 +326,18 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
     assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2
     assert "vocabulary of 128256, more than model.vocab_size=16384" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_corpus_whose_manifest_is_unreadable_or_of_another_format(tmp_path, capsys):
+    from sweeps.cli import main
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for text, says in (("{not json", "not a readable JSON file"), ('{"format": "other"}', "format 'other' is not")):
+        (bad / "manifest.json").write_text(text)
+        assert main(["plan", "marin535", "--set", f"data.corpus={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "prepare the corpus again" in err
 
 
 # ---------------------------------------------------------------------------------------------
