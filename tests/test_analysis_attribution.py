@@ -70,6 +70,7 @@ def test_simulated_truth_closed_forms_agree_with_enumeration():
     np.testing.assert_allclose(f_S[0], 0.0, atol=1e-12)  # the all-off arm is the reference law
 
 
+@pytest.mark.slow
 def test_component_ci_covers_truth_in_200_simulated_studies():
     """95% CIs (joint law fit, HC3|model SEs) of Shapley, LOO and AOI cover the true effects >= 90% of the time."""
     factors = ["xsa", "sconv", "latent_moe"]

@@ -123,6 +123,7 @@ def test_each_seed_is_analysed_alone_as_one_replicate():
     assert p["estimate"] == own["shapley"] and p["covers"] == (own["shapley_lo"] <= 0 <= own["shapley_hi"])
 
 
+@pytest.mark.slow
 def test_placebo_coverage_over_replicates_is_near_nominal():
     # 20 replicates of a study whose placebo has no effect: its 95% intervals cover 1 in most, and
     # they are not narrower than the replicates' scatter (they are wider: HC3 at ~24 runs, and the
@@ -170,6 +171,7 @@ def _stream_noise_study(seeds: int, sd: float, seed: int = 0):
     return df
 
 
+@pytest.mark.slow
 def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     df = _stream_noise_study(seeds=6, sd=0.03)
     a = analyze_table(df, n_boot=0, boot_method="none")

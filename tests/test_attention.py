@@ -132,6 +132,7 @@ def test_flex_model_is_causal_and_keeps_documents_apart():
 
 
 @torch.no_grad()
+@pytest.mark.slow
 def test_compiled_flex_attention_layer_matches_eager_forward():
     # Forward only: torch compiles no flex backward for CPU. About 20-40 s of compile on a cold cache.
     cfg = dataclasses.replace(CFG, attention="flex")

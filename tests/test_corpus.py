@@ -388,6 +388,7 @@ def _train_rank(rank: int, ports: list[int], spec, tmp: str) -> None:
     (Path(tmp) / f"r{rank}.json").write_text(json.dumps(out))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_train_on_disjoint_slices_and_a_resume_continues_at_the_next_token(prepared, paloma_dir,
                                                                                           tmp_path):
     spec = _train_spec(prepared[0], paloma_dir)
@@ -437,6 +438,7 @@ def test_a_prepared_corpus_run_validates_eval_dir_and_vocabulary(prepared, palom
         train(small, tmp_path / "d")
 
 
+@pytest.mark.slow
 def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "sweeps.cli", "train", "--preset", "tiny", "--set", f"seq_len={TRAIN_SEQ}",
@@ -474,6 +476,7 @@ def real_data_study():
                  executor={"executor": "debug", "max_parallel": 1, "cpus_per_task": 1, "timeout_min": 20})
 
 
+@pytest.mark.slow
 def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepared, paloma_dir, tmp_path, capsys):
     from sweeps.cli import main
     from sweeps.executors import ExecOptions

@@ -110,6 +110,7 @@ def test_a_studys_lrs_equal_the_resolvers_for_every_optimizer_level_and_rung(lev
 # ---- done when: a model factor and a third recipe level attributed with no edit under analysis/ --
 
 
+@pytest.mark.slow
 def test_new_model_factor_and_third_recipe_level_are_attributed_with_cis(tmp_path):
     from analysis.pipeline import analyze_table
     from analysis.results import collect

@@ -179,6 +179,7 @@ def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
     assert probe(run.dir).state == "pending"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_run_driver_stops_its_workers_which_checkpoint(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")  # the study is imported from this file
     cmd = [sys.executable, "-m", "sweeps.cli", "run", "test_faults:slow_study", "--out", str(tmp_path),
@@ -201,6 +202,7 @@ def test_sigterm_to_the_run_driver_stops_its_workers_which_checkpoint(tmp_path):
     assert any((run_dir / "checkpoints").glob("ckpt_*"))
 
 
+@pytest.mark.slow
 def test_status_of_an_8192_run_study_stays_compact(tmp_path, capsys):
     assert cli_main(["status", "test_faults:big_study", "--out", str(tmp_path), "--limit", "20"]) == 0
     out = capsys.readouterr().out.splitlines()

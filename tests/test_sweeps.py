@@ -167,6 +167,7 @@ def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, mon
     assert "resumed" in (run.dir / "train.log").read_text() and read_json(run.dir / "summary.json")["step"] == 4
 
 
+@pytest.mark.slow
 def test_local_executor_runs_each_run_once_and_a_rerun_submits_nothing(tmp_path):
     study = tiny_study()
     rep = run_study(study, tmp_path, ExecOptions(executor="local", workers=2, poll_s=0.5), progress=False)

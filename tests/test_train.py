@@ -45,6 +45,7 @@ def _metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if "loss" in r], [r for r in rows if "eval_macro_loss" in r]
 
 
+@pytest.mark.slow
 def test_every_factor_combination_takes_three_finite_steps(tmp_path):
     combos = list(itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in FACTORS]))
     assert len(combos) == 2 ** 7
@@ -58,6 +59,7 @@ def test_every_factor_combination_takes_three_finite_steps(tmp_path):
         assert math.isfinite(summary["eval_macro_loss"]), recipe
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_the_embedded_corpus(tmp_path):
     spec = RunSpec(model=TINY, train=_fast(200, batch=2, eval_every=200, eval_batches=2, log_every=20))
     summary = train(spec, tmp_path / "run")
@@ -82,6 +84,7 @@ def test_tiny_run_learns_the_embedded_corpus(tmp_path):
     assert 0.0 < summary["drop_rate"] < 1.0  # ragged transport at cf 1.15 drops a little on tiny batches
 
 
+@pytest.mark.slow
 def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
     argv = ["--preset", "tiny", "--set", "seq_len=64", "--steps", "24", "--train-set", "batch_size=2",
             "--train-set", "eval_every=8", "--train-set", "eval_batches=1", "--train-set", "checkpoint_every=10",
