@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real SLURM 22.05 cluster (munge, MariaDB, slurmdbd, slurmctld, one slurmd per node) for
-# tests/test_slurm.py and tests/test_slurm_nodes.py, started by hand (no systemd) as root.
+# tests/integration/test_slurm.py and tests/integration/test_slurm_nodes.py, started by hand (no systemd) as root.
 #
 # MARIN_SLURM_NODES=N (default 1) gives N nodes. Node 0 is this host (its own name); nodes 1..N-1
 # are network namespaces `marin-PORT-nI`, each with its own host name (`unshare --uts`) and
@@ -126,7 +126,7 @@ ReturnToService=2
 InactiveLimit=0
 KillWait=10
 MinJobAge=600
-# small, so tests/test_slurm.py can submit a study larger than one array (SLURM's default is 1001)
+# small, so tests/integration/test_slurm.py can submit a study larger than one array (SLURM's default is 1001)
 MaxArraySize=${MARIN_SLURM_MAX_ARRAY_SIZE:-8}
 FirstJobId=$(( $(date +%s) % 50000000 + 1000 ))
 JobRequeue=1

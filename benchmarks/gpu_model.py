@@ -62,7 +62,7 @@ def bench_model_parity(dev):
 def bench_syncs(dev):
     """Host syncs in one eager training forward+backward (kernels torch and triton, sdpa): CUDA's
     sync debug mode raises at the first op that waits for the device. On CPU there is nothing to
-    wait for (tests/test_compile.py checks the same through graph breaks)."""
+    wait for (tests/marin/test_compile.py checks the same through graph breaks)."""
     from dataclasses import replace
 
     import torch

@@ -482,7 +482,7 @@ class DataConfig:
 #: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each
 #: recipe switch away from its identity level and each other field away from its default: a new field
 #: whose default keeps the old behaviour keeps every id; a new switch re-identifies the runs it changes.
-#: Bump it when a default or what a level computes changes (tests/test_run_ids.py pins them per version).
+#: Bump it when a default or what a level computes changes (tests/marin/test_run_ids.py pins them per version).
 #: 3: the layout-independent init (marin.parallel.init_weights). 4: the recipe enters the id by its
 #: switches away from their identity level (3: away from the recipe level, blind to a new switch).
 #: 5: stored KV heads on global layers, gate/router weight decay, bf16 router logits at the GPU rungs.

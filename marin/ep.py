@@ -10,7 +10,7 @@ per-rank losses) is `marin.parallel.apply_fsdp` (docs/architecture.md §5).
 
 Exchange. `EPDispatcher` (marin/ep_exchange.py) runs every transport of the planner -- fixed,
 pooled_wave, ragged, dropless -- deciding drops with the functions `plan_drops` uses, so the result
-equals `plan_drops` on the globally gathered expert ids (pinned by tests/test_ep.py).
+equals `plan_drops` on the globally gathered expert ids (pinned by tests/marin/test_ep.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ transports of one EP group (docs/method.md §2.1 "EP transports"; the layout, sh
 checkpoints are marin/ep.py).
 
 Drops. Every rank decides its own drops with the functions `plan_drops` uses (marin.dispatch), so real
-EP on S ranks keeps what virtual EP with S shards keeps (pinned by tests/test_ep.py):
+EP on S ranks keeps what virtual EP with S shards keeps (pinned by tests/marin/test_ep.py):
 - fixed needs only local information (per-(sender, expert) cell capacity);
 - pooled_wave ranks its rows per destination (`pooled_wave_slots`, the sender gate), sends static
   pools, and each receiver applies `pooled_wave_receiver_keep` to what arrived (the receiver gate);

@@ -192,7 +192,7 @@ def _hostnames(hostlist: str) -> list[str]:
 def topology_domains(nodes: Sequence[str], topology: str | None = None) -> list[tuple[str, str | None]]:
     """(node, leaf switch) per node from SLURM's topology (`scontrol show topology`, topology/tree:
     the Level=0 switches are the racks); a node under no leaf switch has no domain (None). The CPU
-    cluster of tests/test_slurm_nodes.py groups its nodes into racks this way."""
+    cluster of tests/integration/test_slurm_nodes.py groups its nodes into racks this way."""
     import subprocess
 
     if topology is None:

@@ -10,7 +10,7 @@ checked against a real CPU run (docs/hero.md).
   small depths (FIT_DEPTHS) (local and global blocks keep different bytes: fewer KV heads, no RoPE on global), with
   a linearity check; extrapolated to the model's own layer pattern.
 - `measured_step_peak`: the CPU allocator's own report (profiler memory events) of a real training
-  step, the reference the estimate is checked against (tests/test_hero_memory.py).
+  step, the reference the estimate is checked against (tests/sweeps/test_hero_memory.py).
 Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker).
 """
 

@@ -42,7 +42,7 @@ class Assumptions:
 #: The layout Marin measured: 11 racks as 11 replicas, 11,264 sequences of 4,096 tokens per step.
 MARIN_LAYOUT = {"racks": 11, "replica_groups": 11, "tokens_per_step": 11_264 * 4096}
 #: Marin's measured throughput of the hero (GB200, 11 racks x EP64), which the time model's range must
-#: contain (tests/test_hero_memory.py). Marin's MFU counts its own analytic FLOPs per token.
+#: contain (tests/sweeps/test_hero_memory.py). Marin's MFU counts its own analytic FLOPs per token.
 MARIN_MEASURED: dict[str, dict[str, float]] = {
     # the production run, pooled-wave transport: 21.8% MFU, ~241k tok/s per rack, 78.6 days
     "hero, pooled-wave": {"mfu": 0.218, "tokens_per_s_per_rack": 241e3, "days": 78.6},

@@ -8,7 +8,7 @@ names for that row. A mutation the test does not catch is a detail no test pins.
     python tests/fidelity_mutations.py --rows QB    # rows whose name starts with QB
     python tests/fidelity_mutations.py --list
 
-`tests/test_fidelity_mutations.py` checks the table itself on every test run (each doc row has a
+`tests/repo/test_fidelity_mutations.py` checks the table itself on every test run (each doc row has a
 mutation, each substitution still matches once, each named test exists); this script is the slow
 half, run by hand, its latest output in docs/fidelity.md "Mutation check".
 """
@@ -137,7 +137,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 
 
 def doc_rows(doc: Path = DOC) -> dict[str, list[str]]:
-    """row name -> the test node ids its last column names (test files under tests/)."""
+    """row name -> the test node ids its last column names (test files by basename, under tests/)."""
     rows: dict[str, list[str]] = {}
     for line in doc.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -145,6 +145,14 @@ def doc_rows(doc: Path = DOC) -> dict[str, list[str]]:
             continue
         rows[cells[0]] = re.findall(r"(test_\w+\.py::test_\w+)", cells[-1])
     return rows
+
+
+def find_test_file(name: str, root: Path = ROOT) -> Path:
+    """The test file a row names by basename (tests/<package>/test_x.py), relative to root."""
+    hits = sorted((root / "tests").rglob(name))
+    if len(hits) != 1:
+        raise ValueError(f"{name}: {len(hits)} test files of that name under tests/; expected exactly one")
+    return hits[0].relative_to(root)
 
 
 def apply(tree: Path, m: Mutation) -> None:
@@ -175,7 +183,7 @@ def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
         apply(tree, m)
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-               *[f"tests/{t}" for t in tests]]
+               *[f"{find_test_file(t.split('::')[0], tree)}::{t.split('::')[1]}" for t in tests]]
         env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                "TRITON_INTERPRET": "1", "HF_DATASETS_OFFLINE": "1", "HOME": tmp}
         try:

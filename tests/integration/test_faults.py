@@ -26,7 +26,7 @@ from sweeps.runs import write_run_files
 from sweeps.state import probe
 from sweeps.sweep import planned_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- sweeps and CLI ---
@@ -181,7 +181,7 @@ def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sigterm_to_the_run_driver_stops_its_workers_which_checkpoint(tmp_path):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")  # the study is imported from this file
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{Path(__file__).parent}")  # the study is imported from this file
     cmd = [sys.executable, "-m", "sweeps.cli", "run", "test_faults:slow_study", "--out", str(tmp_path),
            "--executor", "local", "--workers", "1", "--threads", "1", "--no-analyze"]
     drv = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

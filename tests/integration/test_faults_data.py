@@ -24,7 +24,7 @@ from marin.data.eval import load_eval_corpus
 from marin.data.tokenizer import ByteTokenizer, train_bpe
 from sweeps.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _docs(n: int, seed: int = 0) -> list[str]:

@@ -173,7 +173,7 @@ def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_r
 
 
 def _ci(*args: str) -> None:
-    subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / ".ci" / "slurm.sh"), *args], check=True,
+    subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / ".ci" / "slurm.sh"), *args], check=True,
                    timeout=180)
 
 
@@ -222,7 +222,7 @@ def test_hero_preflight_on_the_cluster_refuses_an_ep_group_split_over_racks(tmp_
          f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1"),
         'srun --ntasks-per-node=1 bash -c "echo rank $SLURM_PROCID ran on $(hostname)"', ""])
     r = subprocess.run(["sbatch", "--wait", "-N", str(NODES), "--ntasks-per-node=1", "-c", "1", "--mem=200M",
-                        "-o", str(out), "-D", str(Path(__file__).resolve().parents[1])], input=script,
+                        "-o", str(out), "-D", str(Path(__file__).resolve().parents[2])], input=script,
                        capture_output=True, text=True, timeout=180)
     text = out.read_text()
     if ok:

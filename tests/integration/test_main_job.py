@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--rungs", "cpu_s", "--set", "train.steps=6", "--set", "train.checkpoint_every=2"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("marin", "sweeps", "ablations", "analysis", "benchmarks", "tests", "docs")
 # "docs/method.md §2.1, §4" or "[architecture.md](architecture.md) §2": a doc and one or more section ids
 NUMBERED = re.compile(r"([\w-]+)\.md\)?,? ((?:§[0-9][0-9.]*[0-9]?(?:,? (?:and )?)?)+)")

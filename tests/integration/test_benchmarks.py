@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_benchmark_dry_run_on_cpu_has_no_failed_section_or_check():

@@ -19,7 +19,7 @@ from marin.factors import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 from marin.hparams import HEURISTICS, resolve_hparams
 from marin.schema import RunMeta, RunSummary, read_summary, write_summary
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 # ---- the factor table ---------------------------------------------------------------------------

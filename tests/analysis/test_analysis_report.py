@@ -161,7 +161,7 @@ def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
     assert "pending: no completed target run yet" in md
 
 
-NOTEBOOK = Path(__file__).parents[1] / "analysis" / "notebooks" / "attribution.ipynb"
+NOTEBOOK = Path(__file__).parents[2] / "analysis" / "notebooks" / "attribution.ipynb"
 
 
 def _run_notebook(args: list[str], launch: Path, **env) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from marin.data.eval import eval_domains, load_eval_corpus, tokenizer_of
 from marin.data.shards import PreparedCorpus, ShardedBatches
 from marin.data.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS_PER_DOMAIN = 60
 DOCS_PER_SHARD = 25
 

@@ -29,7 +29,7 @@ from marin.train.files import file_digest
 pytestmark = pytest.mark.slow
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny", ["seq_len=64"])
 
 

@@ -29,7 +29,7 @@ from marin.config import (
 )
 from marin.train import context_plan, is_spike, spec_from_args, train, train_args
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny", ["seq_len=64"])
 
 

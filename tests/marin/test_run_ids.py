@@ -15,7 +15,7 @@ from ablations.studies import get_study
 from marin.config import SPEC_VERSION, RunSpec, non_default, to_dict
 from marin.factors import RECIPE_FACTOR_SPECS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("spec_identity.json")
 
 
@@ -28,12 +28,12 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def test_every_default_and_identity_level_is_pinned_for_the_spec_version():
     # The id leaves defaults and identity levels out of its hash: changing one changes what runs compute
-    # under the same id. Bump marin.config.SPEC_VERSION and rewrite tests/spec_identity.json together.
+    # under the same id. Bump marin.config.SPEC_VERSION and rewrite tests/marin/spec_identity.json together.
     pin = json.loads(PINNED.read_text())
     now = to_dict(RunSpec())
     now.pop("recipe")
     levels = {s.name: s.identity_level for s in RECIPE_FACTOR_SPECS}
-    assert pin["spec_version"] == SPEC_VERSION, "SPEC_VERSION changed: rewrite tests/spec_identity.json"
+    assert pin["spec_version"] == SPEC_VERSION, "SPEC_VERSION changed: rewrite tests/marin/spec_identity.json"
     was, cur = _flat(pin["defaults"]), _flat(now)
     changed = {k: (v, cur.get(k, "<removed>")) for k, v in was.items() if k not in cur or cur[k] != v}
     assert not changed, f"defaults changed without a SPEC_VERSION bump (pinned, now): {changed}"
