@@ -53,7 +53,14 @@ from torch import Tensor
 
 from marin.config import LR_SCHEDULES
 from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
-from marin.optimizers import KINDS, NO_DECAY_ROLES, ROLES, optimizer_level, resolve_update
+from marin.optimizers import (
+    KINDS,
+    NO_DECAY_ROLES,
+    ROLES,
+    group_kinds,  # noqa: F401  (re-exported: sweeps/timemodel.py)
+    optimizer_level,
+    resolve_update,
+)
 
 NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
