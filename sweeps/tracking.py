@@ -115,12 +115,19 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     meta = read_json(Path(run_dir) / "meta.json") or {}
     if "tensorboard" in log_to:
         write_tensorboard_tags(run_dir, meta)
+    if "wandb" in log_to:
+        _wandb_teardown()  # an earlier wandb run in this process (not tracked here) must not lend its settings
     with _env(wandb_env(meta) if "wandb" in log_to else {}):
         try:
             return train(spec, run_dir, resume=resume, log_to=log_to, keep_checkpoints=keep)
         finally:
             if "wandb" in log_to:
-                # wandb reads its WANDB_* settings once per process; a worker's next run must read its own
-                import wandb
+                _wandb_teardown()
 
-                wandb.teardown()
+
+def _wandb_teardown() -> None:
+    """wandb reads its WANDB_* settings once per process (at its first init); dropping them makes the
+    next run read its own group and tags."""
+    import wandb
+
+    wandb.teardown()
