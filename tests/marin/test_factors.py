@@ -150,10 +150,13 @@ def _section(title: str) -> str:
 def test_readme_adding_a_factor_code_runs():
     blocks = re.findall(r"```python\n(.*?)```", _section("Adding a factor"), re.S)
     assert blocks, "the section shows its steps as python code"
-    ns: dict = {}
+    from ablations.studies import STUDIES
+
+    ns: dict = {"STUDIES": dict(STUDIES)}  # the last block registers the builder in ablations/studies.py
     for b in blocks:
         exec(compile(b, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
-    study = ns["study"]
+    assert ns["STUDIES"]["my_study"] is ns["my_study"]
+    study = ns["my_study"]()
     assert [f.name for f in study.factors] == ["window", "router_balance"]
     assert len(study.runs()) == study.design.n_runs * len(study.rungs)
     assert math.isfinite(resolve_hparams(study.runs()[0][0]).lr)
