@@ -151,10 +151,11 @@ def _start_mid_run(study: Study, tmp_path: Path, after_step: int, limit_s: float
     return rep, run, job
 
 
-def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path):
+def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path, monkeypatch):
     """`scontrol requeue` (preemption in REQUEUE mode) SIGTERMs the ranks on both nodes: they stop at
     one step, write the distributed checkpoint (shards from ranks on both hosts), SLURM starts the
     job again and it resumes to the result of one uninterrupted process."""
+    monkeypatch.setenv("MARIN_KEEP_CHECKPOINTS", "final")  # a completed CPU run keeps none by default
     study = _one_run_study(steps=16, name="requeue2")
     run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
     rep, run, job = _start_mid_run(study, tmp_path, after_step=5)  # past the checkpoint at step 4
