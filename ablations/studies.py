@@ -5,7 +5,7 @@ meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor 
 `marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
 rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs, <= 10 min.
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, ~8 min on 2 cores.
 - noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
