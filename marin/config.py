@@ -427,7 +427,8 @@ class DataConfig:
 #: 3: the layout-independent init (marin.parallel.init_weights). 4: the recipe enters the id by its
 #: switches away from their identity level (3: away from the recipe level, blind to a new switch).
 #: 5: stored KV heads on global layers, gate/router weight decay, bf16 router logits at the GPU rungs.
-SPEC_VERSION = 5
+#: 6: Newton–Schulz normalisation ε 1e-8 (Marin's hero path; was 1e-7).
+SPEC_VERSION = 6
 
 
 def non_default(obj: Any) -> dict:

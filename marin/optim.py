@@ -34,7 +34,9 @@ round-off cannot drift it.
 Newton–Schulz: the quintic p_i(x) = a_i x + b_i x^3 + c_i x^5 with a different (a_i, b_i, c_i) at
 each of the 5 iterations, cycling when steps > 5: Marin's "quintic" schedule (levanter
 lib/levanter/src/levanter/optim/util.py NEWTON_SCHULZ_COEFFICIENTS["quintic"], from NVIDIA NeMo
-Emerging-Optimizers). The input is scaled to unit Frobenius norm (+1e-7), so every singular value
+Emerging-Optimizers). The input is scaled to unit Frobenius norm (+`NS_EPS` = 1e-8, the ε Marin's hero path passes:
+hero/optimizer.py `GrugMoeMuonHConfig.muon_epsilon` into hero/grugmuon_hero.py's Newton–Schulz;
+levanter's own default is 1e-7), so every singular value
 starts in (0, 1]; each p_i acts on each singular value independently. `ns_band(x0_min)` is the
 interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.032] for x0 >= 1e-2,
 [0.475, 1.145] for x0 >= 1e-3 (the simple triple: [0.682, 1.134] and [0.471, 1.202]). The single repeated triple
@@ -96,7 +98,10 @@ def ns_band(x_min: float, steps: int = 5, n_grid: int = 20001,
     return lo, hi
 
 
-def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7,
+NS_EPS = 1e-8  # Marin's hero and ladder MuonH: GrugMoeMuonHConfig.muon_epsilon
+
+
+def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = NS_EPS,
                   schedule: tuple[tuple[float, float, float], ...] = NS_COEFFS) -> Tensor:
     """Approximate the orthogonal polar factor of each trailing matrix of `u` (batched over leading
     dims: one Newton–Schulz per expert for expert stacks) with the per-iteration coefficient schedule
