@@ -371,6 +371,10 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
+#: The step at which Marin's hero switched its gate/router weight decay on (docs/fidelity.md "gate/router decay")
+HERO_GATE_ROUTER_DECAY_START = 58_014
+
+
 def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero") -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
@@ -405,7 +409,9 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # rack-local, each rank's expert slice is whole (fp32 master, grads and
                                  # MuonH state 93 GiB): 224 GiB per rank without offload, 126 GiB with it;
                                  # Marin's hero keeps master and optimizer state in pinned host memory too
-                                 "offload": "cpu"})
+                                 "offload": "cpu",
+                                 # Marin's hero switched the gate/router decay on mid-run (the ladder: step 0)
+                                 "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",

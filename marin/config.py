@@ -299,7 +299,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
-    "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG,
+    "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG, "gate_router_decay_start": NONNEG_INT,
 }
 
 
@@ -319,6 +319,9 @@ class TrainConfig:
     # Decoupled decay on the attention-gate and router weights in the Adam group, annealed linearly
     # to 0 over training (Marin's hero and scaling ladder: --gate-router-weight-decay 0.02; 0 = off)
     gate_router_weight_decay: float = 0.02
+    # The first step that decay applies (0 before it, then the same anneal wd·(1 - step/steps)): 0 on the
+    # ladder; 58,014 for Marin's hero, which switched it on mid-run (docs/fidelity.md "gate/router decay")
+    gate_router_decay_start: int = 0
     beta1: float | None = None  # None -> resolve_hparams (0.90 for Hyperball, 0.9 for AdamW)
     beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
     muon_momentum: float = 0.95

@@ -471,10 +471,17 @@ def lr_multiplier(step: int, total_steps: int, schedule: str = "linear", warmup_
     return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
-def set_lr(opt: torch.optim.Optimizer, multiplier: float, progress: float = 0.0) -> None:
+def decay_fraction(step: int, total_steps: int, start: int = 0) -> float:
+    """The annealed (gate/router) weight decay's fraction of its peak at 0-based `step`: 1 - step/steps
+    from `start` on, 0 before (Marin hero/optimizer.py: wd·clip(1 - count/total, 0), count = the
+    updates before this one; TrainConfig.gate_router_decay_start: Marin's hero switched it on late)."""
+    return max(0.0, 1.0 - step / total_steps) if step >= start else 0.0
+
+
+def set_lr(opt: torch.optim.Optimizer, multiplier: float, decay: float = 1.0) -> None:
     """Learning rates at `multiplier` of their peaks; annealed weight decays (the gate/router decay)
-    at (1 - progress) of theirs, progress = step / steps (Marin: wd·clip(1 - count/total, 0))."""
+    at `decay` of theirs (`decay_fraction`)."""
     for g in opt.param_groups:
         g["lr"] = g["peak_lr"] * multiplier
         if g.get("anneal_weight_decay"):
-            g["weight_decay"] = g["peak_weight_decay"] * max(0.0, 1.0 - progress)
+            g["weight_decay"] = g["peak_weight_decay"] * decay
