@@ -127,6 +127,8 @@ class Study:
             # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
             # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
             data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
+        if r.simulated_epoching_target and not data.simulated_epoching_target:
+            data = replace(data, simulated_epoching_target=r.simulated_epoching_target)  # Marin's hero ladder
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)

@@ -414,13 +414,19 @@ class DataConfig:
     # >0: a later phase starts at a multiple of block/gcd(block, batch) steps, rounded down (Marin's
     # mixture block of sequences, 49,152 on its hero ladder); 0: at floor(start_frac x steps)
     mixture_block: int = 0
+    # Simulated epoching (levanter LmDataConfig experiment_budget / target_budget): >0, the budget in
+    # tokens whose repetition a shorter run imitates: each component (each mixture domain, or the
+    # corpus) is cut to its first int(n · run tokens / this) sequences and read round and round, so it
+    # repeats as often as in a run of this many tokens (Marin's hero ladder: 18.75T); 0: off
+    simulated_epoching_target: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 (256 bytes plus at least one merge)"),
-                                           "data_seed": SEED, "mixture_block": NONNEG_INT})
+                                           "data_seed": SEED, "mixture_block": NONNEG_INT,
+                                           "simulated_epoching_target": NONNEG_INT})
 
 
 #: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each
