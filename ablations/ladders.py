@@ -165,7 +165,9 @@ class Rung:
             "params_active": params_active(cfg, recipe), "params_total": params_total(cfg, recipe),
             "params_active_marin": params_active_marin(cfg, recipe),
             "tokens_per_active_param": round(self.tokens() / params_active_marin(cfg, Recipe()), 4),
-            "ep_shards": cfg.ep_shards, "tokens_per_ep_shard": self.tokens_per_step // cfg.ep_shards,
+            # each rank's tokens, as training holds them: EP spans a rack, racks replicate (replica_groups)
+            "ep_shards": cfg.ep_shards,
+            "tokens_per_ep_shard": self.tokens_per_step // (cfg.ep_shards * self.train_config().replica_groups),
             "tokens": self.tokens(),
             "batch_size": self.batch_size, "tokens_per_step": self.tokens_per_step, "steps": self.steps(),
             "optimizer": hp.level, "lr": hp.lr, "lr_adam": hp.adam_lr, "beta1": hp.beta1, "beta2": hp.beta2,
