@@ -383,11 +383,12 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
     step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
-    EP transport: `ragged`, the recipe's level -- the hero is the all_on arm of the seven factors, so its
-    run stays comparable with the ladder's all_on arms. Marin's hero ran the static pooled-wave
-    all-to-all (~3-4% drops); `ep_transport="pooled_wave"` runs under real EP too (static splits, no host
-    read in its exchange, docs/fidelity.md "pooled-wave transport"), e.g. `--recipe ep_transport=pooled_wave`,
-    but is not this study's level: its receive buffers are not what the hero's memory plan measures."""
+    EP transport: `ragged`, the recipe's level and the hero's MoE backend: Marin's hero ran the static
+    pooled-wave all-to-all only through step 81,716 (3.77T of 18T tokens) and continues on ragged
+    (docs/fidelity.md "pooled-wave transport"). `ep_transport="pooled_wave"` runs under real EP too
+    (static splits, no host read in its exchange), e.g. `--recipe ep_transport=pooled_wave`, but is not
+    this study's level: its receive buffers are not what the hero's memory plan measures. The gate/router
+    decay switches on at step 58,014 as the hero's did (`HERO_GATE_ROUTER_DECAY_START`)."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
     batch = 11_264
