@@ -211,7 +211,7 @@ def copy_tree(dst: Path) -> None:
 
 
 def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
-    """'caught' when the named tests fail on the mutated tree, 'SURVIVED' when they pass."""
+    """'caught by TEST' (the first named test that fails on the mutated tree), 'SURVIVED' when all pass."""
     with tempfile.TemporaryDirectory(prefix="fidelity-mutation-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
@@ -226,7 +226,8 @@ def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
         except subprocess.TimeoutExpired:
             return "timeout", time.time() - t0
         if r.returncode == 1:
-            return "caught", time.time() - t0
+            failed = re.findall(r"^FAILED \S*?(test_\w+\.py::test_\w+)", r.stdout, re.M)
+            return f"caught by {failed[0]}" if failed else "caught", time.time() - t0
         if r.returncode == 0:
             return "SURVIVED", time.time() - t0
         return f"error (pytest exit {r.returncode})", time.time() - t0
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {m.row} | {m.what} | {', '.join(tests)} | | |")
             continue
         result, secs = run(m, tests, args.timeout)
-        survived += result != "caught"
+        survived += not result.startswith("caught")
         print(f"| {m.row} | {m.what} | {', '.join(tests)} | {result} | {secs:.0f} |", flush=True)
     if not args.list:
         print(f"\n{len(chosen) - survived} of {len(chosen)} mutations caught by the test their row names")

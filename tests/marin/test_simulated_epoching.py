@@ -120,3 +120,17 @@ def test_a_real_run_resumed_across_a_wrap_of_the_cut_equals_the_uninterrupted_ru
     assert resumed["status"] == "completed" and resumed["resumed_from"]
     assert resumed["loss_curve"] == ref["loss_curve"] and resumed["final_train_loss"] == ref["final_train_loss"]
     assert len(ref["loss_curve"]) == 8
+
+
+def test_plan_counts_a_simulated_runs_epochs_as_its_targets_over_the_corpus(corpus):
+    from ablations.epochs import check_epochs, epoch_rows
+
+    where = str(data.prepared_train(DataConfig()))
+    plain, cut = epoch_rows([("r", "cuda", 10 ** 6, 256, where), ("r", "cuda", 10 ** 6, 256, where, 10 ** 9)])
+    assert plain["epochs"] == 10 ** 6 / corpus.n_tokens < 1  # the run alone would not repeat the corpus
+    # with the cut it reads run/target of each component target/run times: the target's epochs
+    assert cut["epochs"] == 10 ** 9 / corpus.n_tokens > 1
+    check_epochs([plain])
+    with pytest.raises(ValueError, match=r"epochs would repeat data \(simulated epoching to 1,000,000,000 tokens\)"):
+        check_epochs([cut])
+    check_epochs([cut], allow_repeat=True)
