@@ -28,14 +28,18 @@ def corpus_tokens(corpus: str) -> tuple[int | None, dict | None]:
     return int(manifest["tokens"]), manifest
 
 
-def epoch_rows(rungs: Iterable[tuple[str, str, int, int, str]]) -> list[dict]:
-    """One row per rung from (rung, device, tokens needed by one run, model vocab, data.corpus):
-    tokens needed, tokens in the corpus and epochs (None where the corpus size is unknown)."""
+def epoch_rows(rungs: Iterable[tuple]) -> list[dict]:
+    """One row per rung from (rung, device, tokens needed by one run, model vocab, data.corpus[,
+    DataConfig.simulated_epoching_target]): tokens needed, tokens in the corpus and epochs (None where
+    the corpus size is unknown). Under simulated epoching a run reads a cut of run/target of each
+    component round and round, so its epochs are those of the target budget: target / corpus tokens."""
     rows = []
-    for name, device, tokens, vocab, corpus in rungs:
+    for name, device, tokens, vocab, corpus, *rest in rungs:
+        target = rest[0] if rest else 0
         have, manifest = corpus_tokens(corpus)
         rows.append({"rung": name, "device": device, "corpus": corpus, "tokens_needed": int(tokens),
-                     "corpus_tokens": have, "epochs": (tokens / have) if have else None,
+                     "corpus_tokens": have, "epochs": ((target or tokens) / have) if have else None,
+                     "simulated_epoching_target": target,
                      "corpus_vocab": manifest["tokenizer"]["vocab_size"] if manifest else None, "model_vocab": vocab})
     return rows
 
@@ -58,7 +62,9 @@ def check_epochs(rows: list[dict], allow_repeat: bool = False) -> None:
                              "is unknown; prepare it with `marin-ablate data prepare` and pass " + CORPUS_SETTING)
         if r["epochs"] > 1.0 and not allow_repeat:
             raise ValueError(f"rung {r['rung']} needs {r['tokens_needed']:,} tokens but data.corpus={r['corpus']!r} "
-                             f"holds {r['corpus_tokens']:,}: {r['epochs']:.2f} epochs would repeat data; use a larger "
+                             f"holds {r['corpus_tokens']:,}: {r['epochs']:.2f} epochs would repeat data"
+                             + (f" (simulated epoching to {r['simulated_epoching_target']:,} tokens)"
+                                if r.get("simulated_epoching_target") else "") + "; use a larger "
                              f"corpus, or pass {ALLOW_REPEAT} to accept repetition")
 
 
@@ -71,5 +77,6 @@ def study_epoch_rows(rung_rows: list[dict], runs: list[tuple[Any, dict]]) -> lis
         rung = meta["rung"]
         if rung not in seen:
             need = tokens.get(rung) or spec.train.steps * spec.train.batch_size * spec.model.seq_len
-            seen[rung] = (rung, spec.train.device, need, spec.model.vocab_size, spec.data.corpus)
+            seen[rung] = (rung, spec.train.device, need, spec.model.vocab_size, spec.data.corpus,
+                          spec.data.simulated_epoching_target)
     return epoch_rows(seen.values())

@@ -71,6 +71,9 @@ class Rung:
     # no mixture of its own. () keeps the study's DataConfig
     mixture: tuple[MixturePhase, ...] = ()
     mixture_block: int = 0  # DataConfig.mixture_block with `mixture` (Marin's hero ladder: 49,152 sequences)
+    # DataConfig.simulated_epoching_target of the rung's runs (Marin's hero ladder: the hero's 18.75T, so
+    # each data component repeats as in the hero); 0: off. A study's own nonzero value wins
+    simulated_epoching_target: int = 0
 
     def __post_init__(self) -> None:
         for attr in ("model_overrides", "train_overrides"):
@@ -162,7 +165,9 @@ class Rung:
             "params_active": params_active(cfg, recipe), "params_total": params_total(cfg, recipe),
             "params_active_marin": params_active_marin(cfg, recipe),
             "tokens_per_active_param": round(self.tokens() / params_active_marin(cfg, Recipe()), 4),
-            "ep_shards": cfg.ep_shards, "tokens_per_ep_shard": self.tokens_per_step // cfg.ep_shards,
+            # each rank's tokens, as training holds them: EP spans a rack, racks replicate (replica_groups)
+            "ep_shards": cfg.ep_shards,
+            "tokens_per_ep_shard": self.tokens_per_step // (cfg.ep_shards * self.train_config().replica_groups),
             "tokens": self.tokens(),
             "batch_size": self.batch_size, "tokens_per_step": self.tokens_per_step, "steps": self.steps(),
             "optimizer": hp.level, "lr": hp.lr, "lr_adam": hp.adam_lr, "beta1": hp.beta1, "beta2": hp.beta2,
@@ -248,10 +253,16 @@ HERO_MIXTURE: tuple[MixturePhase, ...] = check_mixture((
 ))
 
 
+#: Marin's hero ladder slices each data cell as if it trained the hero's budget (simulated epoching,
+#: harrier_mix_2026_08_18.py: target TOTAL_TOKENS = 15T + 3.75T, on for runs <= 1e23 FLOPs, i.e. every
+#: rung below the d6144 hero, which trains on the raw mixture)
+HERO_EPOCHING_TARGET = 18_750_000_000_000
+
+
 def _hero_rung(d: str, racks: int) -> Rung:
     r = _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
              nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None, mixture=HERO_MIXTURE,
-             mixture_block=HERO_MIXTURE_BLOCK,
+             mixture_block=HERO_MIXTURE_BLOCK, simulated_epoching_target=HERO_EPOCHING_TARGET,
              model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
     # rack-local sharding (HSDP) as the hero's: one copy of the model per rack, replicated across racks
     return replace(r, train_overrides={**dict(r.train_overrides), "replica_groups": racks})

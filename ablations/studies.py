@@ -127,6 +127,8 @@ class Study:
             # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
             # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
             data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
+        if r.simulated_epoching_target and not data.simulated_epoching_target:
+            data = replace(data, simulated_epoching_target=r.simulated_epoching_target)  # Marin's hero ladder
         train = r.train_config(self.base_recipe, lr_multiplier)
         s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
         return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
@@ -371,17 +373,22 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
+#: The step at which Marin's hero switched its gate/router weight decay on (docs/fidelity.md "gate/router decay")
+HERO_GATE_ROUTER_DECAY_START = 58_014
+
+
 def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero") -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
     replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
     step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
-    EP transport: `ragged`, the recipe's level -- the hero is the all_on arm of the seven factors, so its
-    run stays comparable with the ladder's all_on arms. Marin's hero ran the static pooled-wave
-    all-to-all (~3-4% drops); `ep_transport="pooled_wave"` runs under real EP too (static splits, no host
-    read in its exchange, docs/fidelity.md "pooled-wave transport"), e.g. `--recipe ep_transport=pooled_wave`,
-    but is not this study's level: its receive buffers are not what the hero's memory plan measures."""
+    EP transport: `ragged`, the recipe's level and the hero's MoE backend: Marin's hero ran the static
+    pooled-wave all-to-all only through step 81,716 (3.77T of 18T tokens) and continues on ragged
+    (docs/fidelity.md "pooled-wave transport"). `ep_transport="pooled_wave"` runs under real EP too
+    (static splits, no host read in its exchange), e.g. `--recipe ep_transport=pooled_wave`, but is not
+    this study's level: its receive buffers are not what the hero's memory plan measures. The gate/router
+    decay switches on at step 58,014 as the hero's did (`HERO_GATE_ROUTER_DECAY_START`)."""
     plan = HeroPlan(ep_groups=ep_groups)
     model = preset("hero_535b")
     batch = 11_264
@@ -405,7 +412,9 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # rack-local, each rank's expert slice is whole (fp32 master, grads and
                                  # MuonH state 93 GiB): 224 GiB per rank without offload, 126 GiB with it;
                                  # Marin's hero keeps master and optimizer state in pinned host memory too
-                                 "offload": "cpu"})
+                                 "offload": "cpu",
+                                 # Marin's hero switched the gate/router decay on mid-run (the ladder: step 0)
+                                 "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",

@@ -60,7 +60,8 @@ def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
     }
     if rung is not None:
         out.update(rung)
-        out["tokens_per_ep_shard"] = rung["tokens_per_step"] // rung["ep_shards"]
+        # per rank as training holds them: the step's tokens over EP shards x replica groups (racks)
+        out["tokens_per_ep_shard"] = rung["tokens_per_step"] // (rung["ep_shards"] * rung.get("replica_groups", 1))
     return out
 
 

@@ -299,7 +299,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
-    "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG,
+    "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG, "gate_router_decay_start": NONNEG_INT,
 }
 
 
@@ -319,6 +319,9 @@ class TrainConfig:
     # Decoupled decay on the attention-gate and router weights in the Adam group, annealed linearly
     # to 0 over training (Marin's hero and scaling ladder: --gate-router-weight-decay 0.02; 0 = off)
     gate_router_weight_decay: float = 0.02
+    # The first step that decay applies (0 before it, then the same anneal wd·(1 - step/steps)): 0 on the
+    # ladder; 58,014 for Marin's hero, which switched it on mid-run (docs/fidelity.md "gate/router decay")
+    gate_router_decay_start: int = 0
     beta1: float | None = None  # None -> resolve_hparams (0.90 for Hyperball, 0.9 for AdamW)
     beta2: float | None = None  # None -> heuristic (clip(0.999^(B/131072)) / 0.95 for AdamW)
     muon_momentum: float = 0.95
@@ -411,13 +414,19 @@ class DataConfig:
     # >0: a later phase starts at a multiple of block/gcd(block, batch) steps, rounded down (Marin's
     # mixture block of sequences, 49,152 on its hero ladder); 0: at floor(start_frac x steps)
     mixture_block: int = 0
+    # Simulated epoching (levanter LmDataConfig experiment_budget / target_budget): >0, the budget in
+    # tokens whose repetition a shorter run imitates: each component (each mixture domain, or the
+    # corpus) is cut to its first int(n · run tokens / this) sequences and read round and round, so it
+    # repeats as often as in a run of this many tokens (Marin's hero ladder: 18.75T); 0: off
+    simulated_epoching_target: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 (256 bytes plus at least one merge)"),
-                                           "data_seed": SEED, "mixture_block": NONNEG_INT})
+                                           "data_seed": SEED, "mixture_block": NONNEG_INT,
+                                           "simulated_epoching_target": NONNEG_INT})
 
 
 #: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each
@@ -427,7 +436,8 @@ class DataConfig:
 #: 3: the layout-independent init (marin.parallel.init_weights). 4: the recipe enters the id by its
 #: switches away from their identity level (3: away from the recipe level, blind to a new switch).
 #: 5: stored KV heads on global layers, gate/router weight decay, bf16 router logits at the GPU rungs.
-SPEC_VERSION = 5
+#: 6: Newton–Schulz normalisation ε 1e-8 (Marin's hero path; was 1e-7).
+SPEC_VERSION = 6
 
 
 def non_default(obj: Any) -> dict:

@@ -34,7 +34,9 @@ round-off cannot drift it.
 Newton–Schulz: the quintic p_i(x) = a_i x + b_i x^3 + c_i x^5 with a different (a_i, b_i, c_i) at
 each of the 5 iterations, cycling when steps > 5: Marin's "quintic" schedule (levanter
 lib/levanter/src/levanter/optim/util.py NEWTON_SCHULZ_COEFFICIENTS["quintic"], from NVIDIA NeMo
-Emerging-Optimizers). The input is scaled to unit Frobenius norm (+1e-7), so every singular value
+Emerging-Optimizers). The input is scaled to unit Frobenius norm (+`NS_EPS` = 1e-8, the ε Marin's hero path passes:
+hero/optimizer.py `GrugMoeMuonHConfig.muon_epsilon` into hero/grugmuon_hero.py's Newton–Schulz;
+levanter's own default is 1e-7), so every singular value
 starts in (0, 1]; each p_i acts on each singular value independently. `ns_band(x0_min)` is the
 interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.032] for x0 >= 1e-2,
 [0.475, 1.145] for x0 >= 1e-3 (the simple triple: [0.682, 1.134] and [0.471, 1.202]). The single repeated triple
@@ -96,7 +98,10 @@ def ns_band(x_min: float, steps: int = 5, n_grid: int = 20001,
     return lo, hi
 
 
-def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = 1e-7,
+NS_EPS = 1e-8  # Marin's hero and ladder MuonH: GrugMoeMuonHConfig.muon_epsilon
+
+
+def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = NS_EPS,
                   schedule: tuple[tuple[float, float, float], ...] = NS_COEFFS) -> Tensor:
     """Approximate the orthogonal polar factor of each trailing matrix of `u` (batched over leading
     dims: one Newton–Schulz per expert for expert stacks) with the per-iteration coefficient schedule
@@ -466,10 +471,17 @@ def lr_multiplier(step: int, total_steps: int, schedule: str = "linear", warmup_
     return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
-def set_lr(opt: torch.optim.Optimizer, multiplier: float, progress: float = 0.0) -> None:
+def decay_fraction(step: int, total_steps: int, start: int = 0) -> float:
+    """The annealed (gate/router) weight decay's fraction of its peak at 0-based `step`: 1 - step/steps
+    from `start` on, 0 before (Marin hero/optimizer.py: wd·clip(1 - count/total, 0), count = the
+    updates before this one; TrainConfig.gate_router_decay_start: Marin's hero switched it on late)."""
+    return max(0.0, 1.0 - step / total_steps) if step >= start else 0.0
+
+
+def set_lr(opt: torch.optim.Optimizer, multiplier: float, decay: float = 1.0) -> None:
     """Learning rates at `multiplier` of their peaks; annealed weight decays (the gate/router decay)
-    at (1 - progress) of theirs, progress = step / steps (Marin: wd·clip(1 - count/total, 0))."""
+    at `decay` of theirs (`decay_fraction`)."""
     for g in opt.param_groups:
         g["lr"] = g["peak_lr"] * multiplier
         if g.get("anneal_weight_decay"):
-            g["weight_decay"] = g["peak_weight_decay"] * max(0.0, 1.0 - progress)
+            g["weight_decay"] = g["peak_weight_decay"] * decay

@@ -42,7 +42,8 @@ def rung_of_preset(preset_name: str) -> dict | None:
     if rung is None or rung.preset != preset_name:
         return None
     return {"ep_shards": rung.model().ep_shards, "batch_sequences": rung.batch_size,
-            "tokens_per_step": rung.tokens_per_step, "steps": rung.steps(), "tokens": rung.tokens()}
+            "tokens_per_step": rung.tokens_per_step, "steps": rung.steps(), "tokens": rung.tokens(),
+            "replica_groups": rung.train_config().replica_groups}
 
 
 def cmd_describe(args: argparse.Namespace) -> int:

@@ -86,6 +86,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("transports", "ragged pool at cf 1.25", (("marin/config.py", "capacity_ragged: float = 1.15", "capacity_ragged: float = 1.25"),)),
     M("tokens per EP shard", "32,768 tokens per shard",
       (("ablations/ladders.py", "TOKENS_PER_EP_SHARD = 65_536", "TOKENS_PER_EP_SHARD = 32_768"),)),
+    M("tokens per EP shard", "the rung table divides by EP shards alone (not x racks)",
+      (("ablations/ladders.py", "self.tokens_per_step // (cfg.ep_shards * self.train_config().replica_groups)",
+        "self.tokens_per_step // cfg.ep_shards"),)),
+    M("tokens per EP shard", "describe divides by EP shards alone (not x racks)",
+      (("marin/commands.py", 'rung["tokens_per_step"] // (rung["ep_shards"] * rung.get("replica_groups", 1))',
+        'rung["tokens_per_step"] // rung["ep_shards"]'),)),
     M("optimizer groups", "lm_head in MuonH",
       (("marin/optimizers.py", 'OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}',
         'OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "muonh"}'),)),
@@ -96,7 +102,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("Newton–Schulz", "Jordan's single triple first",
       (("marin/optim.py", '"quintic": ((4.0848, -6.8946, 2.9270),', '"quintic": ((3.4445, -4.7750, 2.0315),'),)),
     M("Newton–Schulz", "normalisation eps 1e-2",
-      (("marin/optim.py", "steps: int = 5, eps: float = 1e-7,", "steps: int = 5, eps: float = 1e-2,"),)),
+      (("marin/optim.py", "NS_EPS = 1e-8  #", "NS_EPS = 1e-2  #"),)),
+    M("Newton–Schulz", "normalisation eps 1e-7 (levanter's default, not the hero path's)",
+      (("marin/optim.py", "NS_EPS = 1e-8  #", "NS_EPS = 1e-7  #"),)),
     M("Adam ε", "coefficient 1e-17", (("marin/hparams.py", "eps_coeff: float = 9.676e-18", "eps_coeff: float = 1e-17"),)),
     M("LR heuristic", "coefficient 0.09",
       (("marin/hparams.py", 'LRHeuristic("aug_refit", coeff=0.087571,', 'LRHeuristic("aug_refit", coeff=0.09,'),)),
@@ -113,8 +121,16 @@ MUTATIONS: tuple[Mutation, ...] = (
       (("marin/optimizers.py", '"MuonH on matrices, AdamH on the lm head, Adam elsewhere", annealed_decay=GATE_ROUTER)',
         '"MuonH on matrices, AdamH on the lm head, Adam elsewhere")'),)),
     M("gate/router decay", "not annealed",
-      (("marin/optim.py", 'g["weight_decay"] = g["peak_weight_decay"] * max(0.0, 1.0 - progress)',
-        'g["weight_decay"] = g["peak_weight_decay"]'),)),
+      (("marin/optim.py", "return max(0.0, 1.0 - step / total_steps) if step >= start else 0.0",
+        "return 1.0 if step >= start else 0.0"),)),
+    M("gate/router decay", "anneal index one step late (1 - (t+1)/T)",
+      (("marin/optim.py", "return max(0.0, 1.0 - step / total_steps) if step >= start else 0.0",
+        "return max(0.0, 1.0 - (step + 1) / total_steps) if step >= start else 0.0"),)),
+    M("gate/router decay", "switch-on step ignored (on from step 0)",
+      (("marin/optim.py", "return max(0.0, 1.0 - step / total_steps) if step >= start else 0.0",
+        "return max(0.0, 1.0 - step / total_steps)"),)),
+    M("gate/router decay", "hero switches the decay on at step 0",
+      (("ablations/studies.py", "HERO_GATE_ROUTER_DECAY_START = 58_014", "HERO_GATE_ROUTER_DECAY_START = 0"),)),
     M("KV layout", "global layers store only their own heads",
       (("marin/config.py", 'kv_layout: str = "stored"', 'kv_layout: str = "per_layer"'),)),
     M("router precision", "hero router in fp32",
@@ -136,6 +152,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("RoPE pairing", "rotated pairs (2j, 2j+1) read as split halves",
       (("marin/model.py", "x1, x2, rest = x_BHSh[..., :R].float(), x_BHSh[..., R:2 * R].float(), x_BHSh[..., 2 * R:]",
         "x1, x2, rest = x_BHSh[..., 0:2 * R:2].float(), x_BHSh[..., 1:2 * R:2].float(), x_BHSh[..., 2 * R:]"),)),
+    M("z-loss", "weight 1e-3", (("marin/config.py", "z_loss_weight: float = 1e-4", "z_loss_weight: float = 1e-3"),)),
+    M("eval dropless", "eval drops as training does",
+      (("marin/moe.py", 'dropless = not self.training or self.recipe.ep_transport == "dropless"',
+        'dropless = self.recipe.ep_transport == "dropless"'),)),
+    M("simulated epoching", "the cut rounded up",
+      (("marin/data/shards.py", "return int(n_sequences * (experiment_tokens / target_tokens))",
+        "return int(np.ceil(n_sequences * (experiment_tokens / target_tokens)))"),)),
+    M("simulated epoching", "the cut not repeated (reads on past it)",
+      (("marin/data/shards.py", "idx_R = idx_R % length if length else idx_R", "idx_R = idx_R"),)),
+    M("simulated epoching", "off on the hero ladder",
+      (("ablations/ladders.py", "mixture_block=HERO_MIXTURE_BLOCK, simulated_epoching_target=HERO_EPOCHING_TARGET,",
+        "mixture_block=HERO_MIXTURE_BLOCK,"),)),
+    M("simulated epoching", "target our hero's 18.0T tokens, not the mixture's 18.75T",
+      (("ablations/ladders.py", "HERO_EPOCHING_TARGET = 18_750_000_000_000", "HERO_EPOCHING_TARGET = 18_005_144_633_344"),)),
+    M("simulated epoching", "the loader state forgets the cut (resume unchecked)",
+      (("marin/data/shards.py", '"simulated_target", "simulated_lengths")', ")"),)),
 )
 
 
@@ -179,7 +211,7 @@ def copy_tree(dst: Path) -> None:
 
 
 def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
-    """'caught' when the named tests fail on the mutated tree, 'SURVIVED' when they pass."""
+    """'caught by TEST' (the first named test that fails on the mutated tree), 'SURVIVED' when all pass."""
     with tempfile.TemporaryDirectory(prefix="fidelity-mutation-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
@@ -194,7 +226,8 @@ def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
         except subprocess.TimeoutExpired:
             return "timeout", time.time() - t0
         if r.returncode == 1:
-            return "caught", time.time() - t0
+            failed = re.findall(r"^FAILED \S*?(test_\w+\.py::test_\w+)", r.stdout, re.M)
+            return f"caught by {failed[0]}" if failed else "caught", time.time() - t0
         if r.returncode == 0:
             return "SURVIVED", time.time() - t0
         return f"error (pytest exit {r.returncode})", time.time() - t0
@@ -220,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {m.row} | {m.what} | {', '.join(tests)} | | |")
             continue
         result, secs = run(m, tests, args.timeout)
-        survived += result != "caught"
+        survived += not result.startswith("caught")
         print(f"| {m.row} | {m.what} | {', '.join(tests)} | {result} | {secs:.0f} |", flush=True)
     if not args.list:
         print(f"\n{len(chosen) - survived} of {len(chosen)} mutations caught by the test their row names")

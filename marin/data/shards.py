@@ -15,6 +15,12 @@ With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain i
 this kind (its documents in the same sha256 order, so a domain's order is the corpus order restricted
 to it), and a step's sequences are drawn from the domain streams in the phase's proportions; without
 one the loader reads the single corpus stream above, unchanged.
+
+Simulated epoching (`DataConfig.simulated_epoching_target`, levanter's experiment_budget /
+target_budget): each component -- the corpus stream, or each domain stream of a mixture -- of n
+sequences (its tokens // seq_len, as levanter counts a packed cache) is cut to its first
+L = int(n · (run tokens / target)) sequences, and sequence j of the component reads its sequence
+j mod L: the component repeats as often as it would in a run of `target` tokens (`simulated_length`).
 """
 
 from __future__ import annotations
@@ -228,6 +234,24 @@ def _windows(tokens: np.ndarray, docs: np.ndarray, B: int, S: int) -> tuple[np.n
     return view(tokens), view(docs)
 
 
+def simulated_length(n_sequences: int, experiment_tokens: int, target_tokens: int) -> int:
+    """A component's sequences under simulated epoching: levanter LmDataConfig.train_sets,
+    `int(true_length * (experiment_budget / target_budget))` (float ratio, then truncated)."""
+    return int(n_sequences * (experiment_tokens / target_tokens))
+
+
+def _read_rows(stream: DocStream, idx_R: np.ndarray, S: int, length: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of the component's sequences `idx_R` (increasing), each mod `length` when the component
+    is cut (simulated epoching): one read per run of consecutive sequences."""
+    idx_R = idx_R % length if length else idx_R
+    tokens_RW, docs_RW = np.empty((len(idx_R), S + 1), np.int64), np.empty((len(idx_R), S + 1), np.int64)
+    cuts = [0, *(np.flatnonzero(np.diff(idx_R) != 1) + 1).tolist(), len(idx_R)]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        lo = int(idx_R[a]) * S
+        tokens_RW[a:b], docs_RW[a:b] = _windows(*stream.read(lo, lo + (b - a) * S + 1), b - a, S)
+    return tokens_RW, docs_RW
+
+
 class ShardedBatches:
     """This rank's packed batches of a prepared corpus; iterate, or index by step (random access).
 
@@ -237,7 +261,7 @@ class ShardedBatches:
 
     def __init__(self, corpus: PreparedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
                  rank: int | None = None, world: int | None = None, mixture: tuple = (),
-                 total_steps: int | None = None, mixture_block: int = 0):
+                 total_steps: int | None = None, mixture_block: int = 0, simulated_target: int = 0):
         self.corpus = corpus if isinstance(corpus, PreparedCorpus) else PreparedCorpus(corpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
@@ -272,6 +296,32 @@ class ShardedBatches:
                 if st is not None and st.n_tokens == 0:
                     raise ValueError(f"DataConfig.mixture: domain {names[d]!r} of {self.corpus.path} has no tokens; "
                                      "allowed values: domains with tokens (or weight 0)")
+        # simulated epoching: each component's sequences L (None: uncut), the corpus stream's or each domain's
+        self.simulated_target = int(simulated_target)
+        self.length: int | None = None
+        self.domain_lengths: list[int | None] = []
+        if self.simulated_target:
+            if total_steps is None:
+                raise ValueError("ShardedBatches: simulated epoching needs the run's total_steps (its experiment budget)")
+            run_tokens = int(total_steps) * self.tokens_per_step
+            if run_tokens > self.simulated_target:
+                raise ValueError(f"DataConfig.simulated_epoching_target={self.simulated_target} is below this run's "
+                                 f"{run_tokens} tokens ({total_steps} steps x {self.tokens_per_step}); allowed values: 0 "
+                                 f"(off) or at least the run's tokens")
+            comps = ([(f"domain {n!r}", st) for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams)]
+                     if self.plan is not None else [("the corpus", self._all)])
+            lengths = [None if st is None else simulated_length(st.n_tokens // self.seq_len, run_tokens,
+                                                                  self.simulated_target) for _, st in comps]
+            for (what, st), n in zip(comps, lengths):
+                if n == 0:
+                    raise ValueError(f"DataConfig.simulated_epoching_target={self.simulated_target}: {what} of "
+                                     f"{self.corpus.path} ({st.n_tokens // self.seq_len} sequences of {self.seq_len}) "
+                                     f"is cut to 0 sequences at {run_tokens} run tokens; allowed values: 0 (off) or at "
+                                     f"most {st.n_tokens // self.seq_len * run_tokens} for this corpus and run")
+            if self.plan is None:
+                self.length = lengths[0]
+            else:
+                self.domain_lengths = lengths
 
     @property
     def tokens_per_step(self) -> int:
@@ -309,17 +359,18 @@ class ShardedBatches:
             raise ValueError(f"step={step} must be >= 0")
         B, S = self.batch_size, self.seq_len
         if self.plan is None:
-            lo = int(self.sequence_indices(step)[0]) * S
-            return _windows(*self.stream(lo, lo + B * S + 1), B, S)
+            if self.length is None:
+                lo = int(self.sequence_indices(step)[0]) * S
+                return _windows(*self.stream(lo, lo + B * S + 1), B, S)
+            return _read_rows(self._all, self.sequence_indices(step), S, self.length)
         dom_G, idx_G = self.plan.slots(step)
         mine = slice(self.rank * B, (self.rank + 1) * B)
         dom_B, idx_B = dom_G[mine], idx_G[mine]
         tokens_BW, docs_BW = np.empty((B, S + 1), np.int64), np.empty((B, S + 1), np.int64)
         for d in np.unique(dom_B).tolist():
             rows = np.flatnonzero(dom_B == d)  # this domain's rows: consecutive sequences of its stream
-            lo = int(idx_B[rows[0]]) * S
-            t, k = _windows(*self.domain_streams[d].read(lo, lo + len(rows) * S + 1), len(rows), S)
-            tokens_BW[rows], docs_BW[rows] = t, k
+            length = self.domain_lengths[d] if self.domain_lengths else None
+            tokens_BW[rows], docs_BW[rows] = _read_rows(self.domain_streams[d], idx_B[rows], S, length)
         return tokens_BW, docs_BW
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -342,11 +393,15 @@ class ShardedBatches:
             out["mixture"] = [[p.start_frac, [list(w) for w in p.weights]] for p in self.mixture]
             out["total_steps"] = self.total_steps
             out["phase_steps"] = self.plan.start_P.tolist()
+        if self.simulated_target:  # absent when off: checkpoints of uncut runs keep their state
+            out["simulated_target"] = self.simulated_target
+            out["simulated_lengths"] = [self.length] if self.plan is None else list(self.domain_lengths)
         return out
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps", "phase_steps")
+        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps", "phase_steps",
+                "simulated_target", "simulated_lengths")
         for k in keys:
             if state.get(k) != mine.get(k):
                 raise ValueError(f"loader state {k}={state.get(k)!r} does not match this loader's {mine.get(k)!r}: "

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from marin import schema
 from marin.config import RunSpec, TrainConfig
-from marin.optim import build_optimizer, lr_multiplier, resolve_hparams, set_lr
+from marin.optim import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
 from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
 from marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
@@ -305,7 +305,7 @@ class Trainer:
                              stage.seq_len, stage.batch_size, stage.q_scale, step)
                 cur_stage = stage
             mult = lr_multiplier(step, t.steps, t.lr_schedule, t.warmup_frac, t.final_lr_frac)
-            set_lr(self.opt, mult, step / t.steps)
+            set_lr(self.opt, mult, decay_fraction(step, t.steps, t.gate_router_decay_start))
             out, loss_v, ce_v, gnorm, n_tok, dt = self.train_step(stage)
             if not (math.isfinite(loss_v) and math.isfinite(gnorm)):
                 what, val = ("loss", loss_v) if not math.isfinite(loss_v) else ("grad norm", gnorm)

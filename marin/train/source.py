@@ -122,13 +122,16 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
                      lambda: PreparedCorpus(root))
     steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
     train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world,
-                                       mixture=data.mixture, total_steps=steps, mixture_block=data.mixture_block)
+                                       mixture=data.mixture, total_steps=steps, mixture_block=data.mixture_block,
+                                       simulated_target=data.simulated_epoching_target)
              for s in stages}
     prov = {"corpus": root if prepared else data.corpus, "corpus_tokens": corpus.n_tokens,
             "corpus_fingerprint": corpus.fingerprint}
     if data.mixture:
         loader = next(iter(train.values()))
         prov["mixture_phase_steps"] = loader.plan.start_P.tolist()
+    if data.simulated_epoching_target:  # each component's sequences after the cut, per stage length
+        prov["simulated_epoch_sequences"] = {str(k): (v.domain_lengths or [v.length]) for k, v in train.items()}
     if prepared:
         tokenizer = tokenizer_of(root)
         ev = _eval_corpus(data, tokenizer)

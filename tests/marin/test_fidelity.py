@@ -104,10 +104,20 @@ def test_qb_statistics_are_recorded_once_under_a_reentrant_activation_checkpoint
 
 
 def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
-    from ablations.ladders import GPU_RUNGS  # noqa: PLC0415
+    from ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
+    from marin.commands import resolved  # noqa: PLC0415
+    from sweeps.commands import rung_of_preset  # noqa: PLC0415
     for name, r in GPU_RUNGS.items():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name
+        assert resolved(r.model(), Recipe(), rung_of_preset(name))["tokens_per_ep_shard"] == 65_536, name
+    # the hero ladder: 1,024 sequences of 4,096 per rack over its 64 GPUs, whatever the rack count
+    for name, r in HERO_RUNGS.items():
+        racks = r.gpus // 64
+        assert r.batch_size == 1024 * racks and r.model().ep_shards == 64, name
+        assert r.describe()["tokens_per_ep_shard"] == 1024 * racks * 4096 // (64 * racks) == 65_536, name
+        info = {"ep_shards": 64, "tokens_per_step": r.tokens_per_step, "replica_groups": racks}
+        assert resolved(r.model(), Recipe(), info)["tokens_per_ep_shard"] == 65_536, name
 
 
 def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unrounded():

@@ -218,13 +218,35 @@ def test_combine_weights_of_every_preset_sum_to_2p5_per_token():
     torch.testing.assert_close(out.combine_TK.sum(-1), torch.full((32,), 2.5))
 
 
-def test_newton_schulz_is_marins_quintic_schedule_after_frobenius_normalisation_plus_1e_7():
+def test_newton_schulz_is_marins_quintic_schedule_after_frobenius_normalisation_plus_1e_8():
     torch.manual_seed(0)
-    u = torch.randn(12, 20, dtype=torch.float32) * 1e-6  # ‖u‖ ~ 1.5e-5: the +1e-7 shifts the scale by ~0.6%
+    # ‖u‖ ~ 1.5e-7: Marin's hero ε 1e-8 shifts the scale by ~6%, levanter's default 1e-7 by ~40%
+    u = torch.randn(12, 20, dtype=torch.float32) * 1e-8
     coeffs = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
               (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # levanter NEWTON_SCHULZ_COEFFICIENTS
-    x = u.double() / (u.double().norm() + 1e-7)
+    x = u.double() / (u.double().norm() + 1e-8)
     for a, b, c in coeffs:
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     torch.testing.assert_close(newton_schulz(u).double(), x, rtol=1e-4, atol=1e-5)
+
+
+def test_z_loss_is_1e_4_times_the_mean_squared_logsumexp_of_the_fp32_logits_on_every_preset():
+    # Marin launch_scaling_ladder.py GrugTrainerConfig(z_loss_weight=1e-4), levanter's CE +
+    # w·logsumexp² per valid token; computed here from the logits the model returns, weight written out
+    torch.manual_seed(0)
+    m = MarinModel(CFG, Recipe()).train()
+    tokens = torch.randint(0, CFG.vocab_size, (2, 16))
+    targets = tokens.roll(-1, 1)
+    targets[:, -3:] = -100  # ignored targets weigh nothing
+    out = m(tokens, None, targets)
+    logits_NV = out.logits_BSV.double().reshape(-1, CFG.vocab_size)
+    valid_N = targets.reshape(-1) != -100
+    lse_N = torch.log(torch.exp(logits_NV - logits_NV.max(-1, keepdim=True).values).sum(-1)) + logits_NV.max(-1).values
+    z = 1e-4 * (lse_N[valid_N] ** 2).sum() / valid_N.sum()
+    assert z > 1e-4  # lse² ≫ 1 at init (lse ≈ log V), so a 10x weight moves it far past the tolerance
+    torch.testing.assert_close(out.z_loss.double(), z, rtol=1e-5, atol=0)
+    ce = -(logits_NV.log_softmax(-1)[valid_N, targets.reshape(-1)[valid_N]]).mean()
+    torch.testing.assert_close(out.loss.double(), ce + z + out.aux_loss.double(), rtol=1e-5, atol=0)
+    # every preset trains at that weight (the forward above pins what the weight does)
+    assert {preset(p).z_loss_weight for p in ("tiny", "cpu_s", "d768", "d2048", "hero_535b")} == {1e-4}

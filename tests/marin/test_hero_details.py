@@ -13,7 +13,7 @@ from marin.dispatch import LocalDispatcher, plan_drops, pooled_wave_capacities, 
 from marin.hparams import resolve_hparams
 from marin.model import MarinModel
 from marin.moe import Router, qb_n_star, qb_threshold_topk
-from marin.optim import build_optimizer, set_lr
+from marin.optim import build_optimizer, decay_fraction, set_lr
 
 
 def _tiny(**kw) -> ModelConfig:
@@ -37,7 +37,7 @@ def test_gate_and_router_weights_decay_linearly_to_zero_and_no_other_adam_parame
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         for p in model.parameters():
             p.grad = torch.zeros_like(p)  # the Adam direction is 0: only decay moves a parameter
-        set_lr(opt, 1.0, step / 10)
+        set_lr(opt, 1.0, decay_fraction(step, 10))
         opt.step()
         for n, p in model.named_parameters():
             if roles[n] in ("gate", "router"):
@@ -62,6 +62,40 @@ def test_gate_router_weight_decay_zero_switches_it_off_and_adamw_keeps_its_own_d
     assert not router["anneal_weight_decay"]
     with pytest.raises(ValueError, match="gate_router_weight_decay"):
         TrainConfig(gate_router_weight_decay=-0.01)
+
+
+def test_gate_router_decay_at_step_t_is_one_minus_t_over_steps_from_its_switch_on_step():
+    # Marin: wd·clip(1 - count/total, 0) with count the updates before this one, so step t of T
+    # (0-based) decays at 1 - t/T: the full peak at step 0, 1/T of it at the last step
+    T = 8
+    assert [decay_fraction(t, T) for t in range(T + 2)] == [1 - t / T for t in range(T + 1)] + [0.0]
+    # switched on at step 5 (Marin's hero: 58,014): nothing before it, the same anneal from it on
+    assert [decay_fraction(t, T, 5) for t in range(T)] == [0.0] * 5 + [1 - t / T for t in range(5, T)]
+    assert TrainConfig().gate_router_decay_start == 0  # the ladder's, and ours, from step 0
+    from ablations.studies import get_study
+
+    (hero_spec, _), = get_study("hero").runs()
+    assert hero_spec.train.gate_router_decay_start == 58_014  # Marin's hero
+    from ablations.ladders import HERO_RUNGS
+
+    assert {r.train_config().gate_router_decay_start for r in HERO_RUNGS.values()} == {0}  # its ladder
+    with pytest.raises(ValueError, match="gate_router_decay_start"):
+        TrainConfig(gate_router_decay_start=-1)
+
+
+def test_gate_router_decay_before_its_switch_on_step_changes_nothing_in_a_real_run(tmp_path):
+    from marin.train import train
+
+    def curve(start: int) -> list:
+        spec = RunSpec(model=preset("tiny", ["seq_len=32"]), recipe=Recipe(),
+                       train=TrainConfig(steps=3, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
+                                         checkpoint_every=0, threads=1, gate_router_decay_start=start,
+                                         gate_router_weight_decay=50.0))  # large: visible within 3 steps
+        return train(spec, tmp_path / f"s{start}", resume=False)["loss_curve"]
+
+    late = curve(2)  # on for the last step only: the first two losses are the undecayed run's
+    never, always = curve(3), curve(0)
+    assert late[:2] == never[:2] and late != always and never != always
 
 
 # ---- global layers store the local KV-head count --------------------------------------------------
