@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 import submitit
 
+from marin import plugins
 from marin.config import NONNEG_INT, POS, POS_INT, check_ranges, optional
 from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
 from sweeps.progress import Progress
@@ -190,6 +191,7 @@ class RunJob(submitit.helpers.Checkpointable):
         self.threads = threads
 
     def __call__(self, task: RunTask) -> dict:
+        plugins.ensure(task.plugins)  # the rows its spec names, before every rank builds it
         _set_threads(self.threads)
         rank = _distributed_setup()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # where each rank ran (host names differ per node)
@@ -492,7 +494,7 @@ def squeue_ids() -> set[str] | None:
 
 
 class DebugExecutor:
-    name, waits, shows_jobs = "debug", False, False
+    name, waits, shows_jobs, in_process = "debug", False, False, True
 
     def validate(self, opts: ExecOptions) -> None:
         pass
@@ -513,7 +515,7 @@ class DebugExecutor:
 
 
 class LocalExecutor(DebugExecutor):
-    name, waits = "local", True
+    name, waits, in_process = "local", True, False
 
     def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
         sub = Submission(self.name, runs=list(runs))
@@ -533,7 +535,7 @@ class LocalExecutor(DebugExecutor):
 class SlurmExecutor:
     """sbatch job arrays through submitit; `queued` reads squeue once per call."""
 
-    name, waits, shows_jobs = "slurm", True, True
+    name, waits, shows_jobs, in_process = "slurm", True, True, False
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

@@ -94,7 +94,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("expert-bank sphere", "one sphere per expert by default",
       (("marin/config.py", 'expert_sphere: str = "bank"', 'expert_sphere: str = "expert"'),)),
     M("Newton–Schulz", "Jordan's single triple first",
-      (("marin/optim.py", '"quintic": ((4.0848, -6.8946, 2.9270),', '"quintic": ((3.4445, -4.7750, 2.0315),'),)),
+      (("marin/optimizers.py", '"quintic": ((4.0848, -6.8946, 2.9270),', '"quintic": ((3.4445, -4.7750, 2.0315),'),)),
     M("Newton–Schulz", "normalisation eps 1e-2",
       (("marin/optim.py", "steps: int = 5, eps: float = 1e-7,", "steps: int = 5, eps: float = 1e-2,"),)),
     M("Adam ε", "coefficient 1e-17", (("marin/hparams.py", "eps_coeff: float = 9.676e-18", "eps_coeff: float = 1e-17"),)),

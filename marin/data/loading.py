@@ -27,6 +27,7 @@ from marin.data.corpus import (
     paloma_search_paths,
     verify_manifest,
 )
+from marin.data.eval import eval_domains, eval_texts
 from marin.data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
@@ -250,8 +251,6 @@ def _raw_paloma() -> _RawCorpus:
                          "<domain>/val/*.jsonl[.gz]); looked in: "
                          + ", ".join(str(p) for p in paloma_search_paths())
                          + ". Set MARIN_PALOMA_DIR, or use corpus='embedded'")
-    from marin.data.eval import eval_domains, eval_texts
-
     base = _raw_marin_format(embedded_corpus_dir(), "embedded")
     manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {}}
     domains = eval_domains(root)
@@ -387,3 +386,24 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     prepare(PrepareConfig(source=str(src), tokenizer="byte" if tok.name == "byte" else str(tok.path),
                           out=str(out), folder_domains=True, id_column="id", docs_per_shard=100_000), log=log)
     return out
+
+
+def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "val", text_column: str = "text",
+                     domains: tuple[str, ...] = ()) -> Corpus:
+    """Every domain of `eval_dir` (or only `domains`) tokenized as held-out splits of a Corpus."""
+    heldout: dict[str, DomainSplit] = {}
+    files: dict[str, list[dict]] = {}
+    for name, (ids, texts, fs) in eval_texts(eval_dir, split, text_column, domains).items():
+        toks = tokenizer.encode_docs(texts)
+        lengths = np.array([len(t) for t in toks], np.int64)
+        heldout[name] = DomainSplit(
+            doc_ids=ids, tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            text_bytes=sum(len(t.encode("utf-8")) for t in texts))
+        files[name] = fs
+    root = Path(eval_dir).expanduser().resolve()
+    manifest = {"eval_dir": str(root), "split": split, "domains": {d: {"files": files[d], "documents": s.n_docs,
+                                                                        "tokens": s.n_tokens, "text_bytes": s.text_bytes}
+                                                                    for d, s in heldout.items()}}
+    return Corpus(name=root.name, domains=list(heldout), manifest=manifest, tokenizer=tokenizer, train={},
+                  heldout=heldout, path=root, fingerprint=tokenizer.fingerprint)
