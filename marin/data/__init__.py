@@ -42,7 +42,7 @@ import importlib
 
 _EXPORTS = {
     "corpus": ("EMBEDDED_VERSION", "HELDOUT_CAP_BYTES", "HELDOUT_EVERY", "IGNORE_INDEX", "SPLITS", "TRAIN_CAP_BYTES",
-               "_sha256_file", "data_cache_dir", "embedded_corpus_dir", "heldout_of", "paloma_search_paths",
+               "sha256_file", "data_cache_dir", "embedded_corpus_dir", "heldout_of", "paloma_search_paths",
                "verify_manifest"),
     "loading": ("Corpus", "DomainSplit", "clear_corpus_cache", "find_paloma", "get_tokenizer", "load_corpus",
                 "load_eval_corpus", "prepared_train"),
