@@ -1,7 +1,7 @@
 """The precision planner: each component's expected 95% half-width of ln M before a run starts
 (docs/method.md §4.9, *Precision planner*).
 
-The prediction runs the analysis's own estimator (`pipeline.quality_fit`: the joint law + effects
+The prediction runs the analysis's own estimator (`joint.quality_fit`: the joint law + effects
 fit, with its main-effects refit where a fraction aliases a Shapley value) on the noise-free losses
 of the planned design at a stated truth, and takes that least-squares fit's covariance at the truth
 (delta method through the law's local slope):
