@@ -270,7 +270,14 @@ def _hero_rung(d: str, racks: int) -> Rung:
 
 HERO_RUNGS: dict[str, Rung] = {f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()}
 
-RUNGS: dict[str, Rung] = {**CPU_RUNGS, **GPU_RUNGS, **HERO_RUNGS}
+#: The ladder families: a study's rungs come from one (analysis/precision.py proposes its other rungs).
+LADDERS: dict[str, dict[str, Rung]] = {"cpu": CPU_RUNGS, "gpu": GPU_RUNGS, "hero": HERO_RUNGS}
+RUNGS: dict[str, Rung] = {name: r for family in LADDERS.values() for name, r in family.items()}
+
+
+def ladder_family(names: "list[str] | tuple[str, ...]") -> dict[str, Rung]:
+    """The registered ladder family holding every rung named ({} when none does)."""
+    return next((fam for fam in LADDERS.values() if all(n in fam for n in names)), {})
 
 
 def get_rung(rung: str | Rung) -> Rung:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.attribution import design_matrix
+from analysis.joint import quality_design, quality_fit
 from analysis.responses import RESPONSES
 
 
@@ -19,8 +20,6 @@ def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins,
               interactions, scale):
     """{response (and "<response>/main" for a reduced model): (n_boot, terms) replicates of its
     coefficients}, and the (n_boot, 3) law replicates (linf, A, alpha) of the law response."""
-    from analysis.pipeline import quality_design, quality_fit
-
     n = len(L)
     out: dict[str, np.ndarray] = {}
     blaw = np.full((n_boot, 3), np.nan)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.ofat import DESIGNS
+from marin import plugins
 
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
 
@@ -28,6 +29,7 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
         if c.is_file():
             return c.parent, complete_table(load_table(c), c)
         if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
+            plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
                      f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, studies/, runs/, results/ (tried "

@@ -15,7 +15,7 @@ from scipy import stats
 
 from analysis.attribution import EffectsFit, component_contrasts
 from analysis.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
-from analysis.responses import by_column
+from analysis.responses import by_column, is_sum, law, law_column, part_columns, uses_law
 from analysis.results import codings
 
 
@@ -79,16 +79,15 @@ def observed_total(a, response: str) -> tuple[float, float, float, str]:
     """The all-on vs all-off contrast the two arms' own runs show, carried to C_ref: per rung the
     observed contrast (analysis/checks.py, total_checks) with its standard error; one rung: that rung
     (its compute named); two or more: the weighted least-squares line in ln C evaluated at C_ref.
-    ln_W adds the quality and throughput contrasts rung by rung. (est, lo, hi, where); NaN when unobserved."""
+    A sum response adds its parts' contrasts rung by rung. (est, lo, hi, where); NaN when unobserved."""
     ch = a.checks
     if ch is None or not len(ch):
         return (np.nan, np.nan, np.nan, "")
-    if response == "ln_W":
-        m = ch[ch["response"] == "ln_M"].set_index("rung")
-        r = ch[ch["response"] == "ln_R"].set_index("rung")
-        common = [x for x in m.index if x in r.index]
-        d = pd.DataFrame({"rung": common, "observed": m.loc[common, "observed"].to_numpy() + r.loc[common, "observed"].to_numpy(),
-                          "obs_se": np.hypot(m.loc[common, "obs_se"].to_numpy(), r.loc[common, "obs_se"].to_numpy())})
+    if is_sum(response):
+        parts = [ch[ch["response"] == p].set_index("rung") for p in part_columns(response)]
+        common = [x for x in parts[0].index if all(x in q.index for q in parts)]
+        d = pd.DataFrame({"rung": common, "observed": sum(q.loc[common, "observed"].to_numpy() for q in parts),
+                          "obs_se": np.sqrt(sum(q.loc[common, "obs_se"].to_numpy() ** 2 for q in parts))})
     else:
         d = ch[ch["response"] == response][["rung", "observed", "obs_se"]]
     d = d[np.isfinite(d["observed"].to_numpy(float)) & (d["obs_se"].to_numpy(float) > 0)]
@@ -112,13 +111,13 @@ def total_disagrees(a, response: str) -> str:
     """The name of the failed check when the model's TOTAL for `response` cannot be trusted ('' when
     it can): the model and the observed all-on vs all-off contrast disagree at some rung, or pooled
     over rungs at C_ref (neither interval holds the other's estimate): a lack of fit the two-factor
-    model spreads over every arm. ln_W: when quality or throughput fails. (The pure-error lack-of-fit
+    model spreads over every arm. A sum response: when one of its parts fails. (The pure-error lack-of-fit
     F test alone is not used: a rung-level shift of the baseline throughput fails it, harmlessly.)"""
     ch = a.checks
     if ch is None or not len(ch):
         return ""
     out = []
-    for resp in (("ln_M", "ln_R") if response == "ln_W" else (response,)):
+    for resp in part_columns(response):
         c = ch[ch["response"] == resp]
         bad = c[c["agree"] == False]  # noqa: E712
         if len(bad):
@@ -172,11 +171,11 @@ def recommended_total(a, resp: str) -> tuple[float, float, float, str]:
     c = comp[(comp["response"] == resp) & (comp["component"] == "TOTAL")] if len(comp) else comp
     est, lo, hi = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi")) if len(c)
                    else (np.nan,) * 3)
-    if resp == "ln_W" and total_disagrees(a, resp):
+    if is_sum(resp) and total_disagrees(a, resp):
         # wall-clock = quality + throughput: replace only the part whose check fails (half-widths in quadrature)
-        m, r = recommended_total(a, "ln_M"), recommended_total(a, "ln_R")
-        if "observed" in (m[3], r[3]) and not interval_fails(m[0], m[1], m[2]) and not interval_fails(r[0], r[1], r[2]):
-            w, hw = m[0] + r[0], math.hypot((m[2] - m[1]) / 2, (r[2] - r[1]) / 2)
+        parts = [recommended_total(a, p) for p in part_columns(resp)]
+        if "observed" in [p[3] for p in parts] and not any(interval_fails(*p[:3]) for p in parts):
+            w, hw = sum(p[0] for p in parts), math.hypot(*((p[2] - p[1]) / 2 for p in parts))
             return (w, w - hw, w + hw, "observed")
         return (est, lo, hi, "model")
     if total_disagrees(a, resp):
@@ -217,10 +216,10 @@ def on_cpu(a) -> bool:
 
 
 def finding(a, resp: str, f: str) -> str:
-    """The Findings cell of component f (or TOTAL) for response resp (ln_M, ln_R, ln_W) at C_ref; a
+    """The Findings cell of component f (or TOTAL) for response column resp (analysis/responses.py) at C_ref; a
     quality-based value whose interval cannot include a (seed × rung) shift says so (checks.unmeasured_shift)."""
     cell = _finding(a, resp, f)
-    shift = unmeasured_shift(a) if resp in ("ln_M", "ln_W") and cell[:1].isdigit() else ""
+    shift = unmeasured_shift(a) if uses_law(resp) and cell[:1].isdigit() else ""
     return cell + (f"; the interval omits a rung shift ({shift})" if shift else "")
 
 
@@ -239,18 +238,18 @@ def _finding(a, resp: str, f: str) -> str:
     if bad:
         return (f"{_exp(est):.3f}: " if math.isfinite(est) else "") + bad
     test = total_disagrees(a, resp)
-    if test and f != "TOTAL" and resp != "ln_M" and on_cpu(a):
+    if test and f != "TOTAL" and resp != law_column() and on_cpu(a):
         return f"{_mult(est, lo, hi)}: not informative on CPU"
     if test and f == "TOTAL":
         o, olo, ohi, src = recommended_total(a, resp)
         if src == "observed":
-            v = "not informative on CPU" if resp != "ln_M" and on_cpu(a) else _verdict(olo, ohi)
-            where = "the failing part observed" if resp == "ln_W" else observed_total(a, resp)[3]
+            v = "not informative on CPU" if resp != law_column() and on_cpu(a) else _verdict(olo, ohi)
+            where = "the failing part observed" if is_sum(resp) else observed_total(a, resp)[3]
             return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
                     f"model's {_exp(est):.3f} is unreliable ({test})")
     if test:
         return f"{_mult(est, lo, hi)}: unreliable ({test})"
-    if resp != "ln_M" and on_cpu(a):
+    if resp != law_column() and on_cpu(a):
         return f"{_mult(est, lo, hi)}: not informative on CPU"
     return f"{_mult(est, lo, hi)}: {_verdict(lo, hi)}"
 
@@ -259,13 +258,13 @@ def scale_cells(a, f: str) -> dict[str, str]:
     """Quality multiplier of f at the smallest and largest rung, its slope per decade of compute
     (× per 10× compute, with interval) and the scale verdict, e.g. "gain growing with scale"."""
     out = {"smallest rung": "—", "largest rung": "—", "per decade of compute": "—", "scale verdict": "—"}
-    fit = a.reduced.get("quality", a.fits.get("quality"))
+    fit = a.reduced.get(law().name, a.fits.get(law().name))
     pr = a.per_rung
     if fit is None or not len(pr) or len(a.rungs) < 2:
         if fit is not None:
             out["scale verdict"] = "one rung: no scale trend"
         return out
-    d = pr[(pr["response"] == "ln_M") & (pr["component"] == f)].set_index("rung")
+    d = pr[(pr["response"] == law_column()) & (pr["component"] == f)].set_index("rung")
     ends = {}
     for key, r in (("smallest rung", a.rungs.iloc[0]), ("largest rung", a.rungs.iloc[-1])):
         x = d.loc[r["rung"]] if r["rung"] in d.index else None

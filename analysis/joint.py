@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from analysis.attribution import Term, design_matrix
+from analysis.attribution import EffectsFit, Term, alias_structure, build_terms, design_matrix
 from analysis.lsq import levenberg_marquardt
+from analysis.responses import law_column
 
 FORMS = ("power", "curved")
 #: A parameter whose variance inflation (bread_ii·(JᵀJ)_ii) exceeds this is "not identified".
@@ -441,3 +442,29 @@ def law_of(jf: JointFit, level: float = 0.95):
     return LawFit(linf=jf.linf, A=jf.A, alpha=jf.alpha, c0=jf.c0, cov=cov, n=jf.n, pinned=dict(jf.pinned),
                   rss=float(jf.resid @ jf.resid), profile=prof, not_identified=ni, dof=jf.dof, why=why,
                   between_df=dfb if jf.clusters is not None else None)
+
+
+def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
+    """(terms, candidate design, alias structure, effect design E, its term indices) of the quality fit."""
+    terms = build_terms(factors, interactions=interactions, scale=scale)
+    Xf = design_matrix(terms, factors, X, z)
+    al = alias_structure(Xf)
+    E, cols = effect_design(terms, factors, al.kept, X, z)
+    return terms, Xf, al, E, cols
+
+
+def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
+                form: str = "power", start: JointFit | None = None,
+                warm_only: bool = False, design: tuple | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
+    """The joint law + quality effects fit, with its coefficients in the standard effects basis;
+    `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
+    only a little);
+    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap)."""
+    terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
+    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
+                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
+    th, cov, cm, _ = jf.theta_std(len(terms), terms)
+    fit = EffectsFit(response=law_column(), factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
+                     n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
+                     cov_model=cm)
+    return fit, jf

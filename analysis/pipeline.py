@@ -19,14 +19,14 @@ from analysis.attribution import (
     EffectsFit,
     alias_structure,
     anova_table,
-    build_terms,
     code_table,
     component_contrasts,
     component_table,
     design_matrix,
     fit_effects,
 )
-from analysis.joint import JointFit, effect_design, fit_joint, law_of
+from analysis.bootstrap import bootstrap
+from analysis.joint import JointFit, law_of, quality_fit
 from analysis.responses import RESPONSES, Response, ordered
 from analysis.results import Inventory, factor_columns, inventory
 from analysis.scaling import LawFit, log_multiplier
@@ -144,32 +144,6 @@ def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
     lc = np.log(C[order])
     lab[order] = np.concatenate([[0], np.cumsum(np.diff(lc) > np.log(1.5))])
     return pd.Series([f"r{i}" for i in lab], index=df.index)
-
-
-def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
-    """(terms, candidate design, alias structure, effect design E, its term indices) of the quality fit."""
-    terms = build_terms(factors, interactions=interactions, scale=scale)
-    Xf = design_matrix(terms, factors, X, z)
-    al = alias_structure(Xf)
-    E, cols = effect_design(terms, factors, al.kept, X, z)
-    return terms, Xf, al, E, cols
-
-
-def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
-                form: str = "power", start: JointFit | None = None,
-                warm_only: bool = False, design: tuple | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
-    """The joint law + quality effects fit, with its coefficients in the standard effects basis;
-    `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
-    only a little);
-    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap)."""
-    terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
-    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
-                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
-    th, cov, cm, _ = jf.theta_std(len(terms), terms)
-    fit = EffectsFit(response="ln_M", factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
-                     n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
-                     cov_model=cm)
-    return fit, jf
 
 
 def _sum_fit(r: Response, parts: list[EffectsFit], both: np.ndarray, X, z) -> EffectsFit:
@@ -417,7 +391,6 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     boot_theta: dict[str, np.ndarray] = {}
     boot_law = None
     if n_boot > 0 and boot_method != "none" and fits:
-        from analysis.bootstrap import bootstrap
 
         boot_theta, boot_law = bootstrap(ok, X, z, C, L, factors, prep.fits, prep.reduced, joint, masks, seeds, pins,
                                          n_boot, boot_method, rng, interactions, scale)

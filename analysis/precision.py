@@ -1,7 +1,7 @@
 """The precision planner: each component's expected 95% half-width of ln M before a run starts
 (docs/method.md §4.9, *Precision planner*).
 
-The prediction runs the analysis's own estimator (`pipeline.quality_fit`: the joint law + effects
+The prediction runs the analysis's own estimator (`joint.quality_fit`: the joint law + effects
 fit, with its main-effects refit where a fraction aliases a Shapley value) on the noise-free losses
 of the planned design at a stated truth, and takes that least-squares fit's covariance at the truth
 (delta method through the law's local slope):
@@ -96,7 +96,7 @@ def _fits(lay: Layout, law, log_m=None):
     """(Shapley fit, its JointFit, c_ref): the pipeline's quality fit, or its main-effects refit where
     the full model leaves a Shapley value non-estimable (as analysis/pipeline.py does)."""
     from analysis.attribution import component_contrasts
-    from analysis.pipeline import quality_fit
+    from analysis.joint import quality_fit
 
     X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
     # one rung cannot fix α: the analysis then needs it pinned (--pin-alpha), and so does the prediction
@@ -232,8 +232,9 @@ def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     """An analysed study: the joint fit's within-cluster residual sd and its between-cluster excess."""
     from analysis.joint import between_clusters
     from analysis.pipeline import analyze_table
+    from analysis.responses import law
 
-    a = analyze_table(ok, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",),
+    a = analyze_table(ok, n_boot=0, boot_method="none", responses=(law().name,), law_forms=("power",),
                       replicates=False)
     jf = a.joint.get("power")
     if jf is None or jf.dof <= 0:
@@ -281,10 +282,10 @@ def study_layout(study) -> tuple[Layout, list[dict]]:
 
 def _extra_rungs(study, rows: list[dict]) -> list[dict]:
     """Registered rungs of the study's ladder family not in it, each with its per-run compute and cost."""
-    from ablations.ladders import CPU_RUNGS, GPU_RUNGS, HERO_RUNGS, ladder
+    from ablations.ladders import ladder, ladder_family
 
     names = [r["rung"] for r in rows]
-    fam = next((d for d in (CPU_RUNGS, GPU_RUNGS, HERO_RUNGS) if all(n in d for n in names)), {})
+    fam = ladder_family(names)
     have = [r["compute"] for r in rows]
     out = []
     for name in fam:

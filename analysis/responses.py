@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marin import plugins
+
 FAMILIES = ("law", "ols", "sum")
 TRANSFORMS = ("ln", "ln_ratio")
 
@@ -71,6 +73,7 @@ def register(r: Response) -> Response:
     if bad:
         raise ValueError(f"response {r.name!r}: parts {bad}; allowed values: {', '.join(RESPONSES)}")
     RESPONSES[r.name] = r
+    plugins.note("response", r.name)
     return r
 
 
@@ -82,3 +85,27 @@ def ordered(names) -> list[Response]:
     """The responses named, in fitting order: law, then ols, then sums (a sum needs its parts)."""
     rs = [RESPONSES[n] for n in names]
     return sorted(rs, key=lambda r: FAMILIES.index(r.family))
+
+
+def law() -> Response:
+    """The one law response (quality, ln M): the joint law fit on every run."""
+    return next(r for r in RESPONSES.values() if r.family == "law")
+
+
+def law_column() -> str:
+    return law().column
+
+
+def part_columns(column: str) -> tuple[str, ...]:
+    """The columns a response adds (a sum: its parts', e.g. wall-clock = quality + throughput); else its own."""
+    r = by_column(column)
+    return tuple(RESPONSES[p].column for p in r.parts) if r is not None and r.family == "sum" else (column,)
+
+
+def is_sum(column: str) -> bool:
+    return len(part_columns(column)) > 1
+
+
+def uses_law(column: str) -> bool:
+    """The response is the law response or a sum with it among its parts (quality-based)."""
+    return law_column() in part_columns(column)

@@ -49,7 +49,7 @@ def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
     rung, is passed in by the caller: marin/ knows no ladders. Adam's epsilon and the peak learning
     rate per optimizer group join this dict from the hyperparameter resolver (they are not the model's)."""
     from marin.flops import params_active_marin  # noqa: PLC0415
-    from marin.optim import NS_COEFFS  # noqa: PLC0415  (torch: the CLI only)
+    from marin.optimizers import NS_COEFFS  # noqa: PLC0415
     out = {
         "params_active_marin": params_active_marin(cfg, recipe),
         "qb_estimator": cfg.qb_estimator, "qb_hist_bins": cfg.qb_hist_bins,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from marin.optimizers import OPTIMIZERS
+from marin import plugins
+from marin.optimizers import KINDS, OPTIMIZERS, GroupKind, OptimizerLevel
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,26 @@ QUALITY_FACTORS: tuple[str, ...] = tuple(s.name for s in RECIPE_FACTOR_SPECS if 
 
 
 def add_level(name: str, level: str) -> None:
-    """A further level of a registered switch (`marin.optimizers.register_optimizer` adds optimizers)."""
+    """A further level of a registered switch (`register_optimizer` adds optimizers)."""
     global RECIPE_FACTOR_SPECS
     spec = replace(factor_spec(name), extra=(*SPECS[name].extra, level))
     SPECS[name] = spec
     RECIPE_LEVELS[name] = spec.levels
     RECIPE_FACTOR_SPECS = tuple(spec if s.name == name else s for s in RECIPE_FACTOR_SPECS)
+
+
+def register_optimizer(level: OptimizerLevel, kinds: tuple[GroupKind, ...] | list[GroupKind] = ()) -> None:
+    """Add an optimizer level and the kinds it introduces (`marin.optimizers` tables): it becomes a level of
+    `Recipe.optimizer` that studies, `train`, the plan and the hero accept. A name registered twice is an error."""
+    taken = [k.name for k in kinds if k.name in KINDS] + ([level.name] if level.name in OPTIMIZERS else [])
+    if taken:
+        raise ValueError(f"register_optimizer: {taken} already registered")
+    new = {k.name: k for k in kinds}
+    level.check_kinds({**KINDS, **new})
+    add_level("optimizer", level.name)
+    KINDS.update(new)
+    OPTIMIZERS[level.name] = level
+    plugins.note("optimizer", level.name)
 
 
 def factor_spec(name: str) -> FactorSpec:

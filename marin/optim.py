@@ -58,18 +58,14 @@ from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F4
 from marin.optimizers import (
     KINDS,
     NO_DECAY_ROLES,
+    NS_COEFFS,
+    NS_SCHEDULES,  # noqa: F401  (re-exported: the schedules live with the torch-free optimizer table)
     ROLES,
     group_kinds,  # noqa: F401  (re-exported: sweeps/timemodel.py)
     optimizer_level,
     resolve_update,
 )
 
-NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
-    "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-                (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
-    "simple": ((3.4445, -4.7750, 2.0315),),
-}
-NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
 WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
 

@@ -6,7 +6,8 @@ resolved peak lr it takes, whether it decays weights and whether it lives on a h
 names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
 (`marin.optim`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`sweeps/dryrun.py`)
 and the hero's checkpoint plan (`sweeps/hero.py`) all read these tables. Adding an optimizer is one
-`register_optimizer(...)` call (README "Adding an optimizer"). Pure Python; never imports torch: a
+`marin.factors.register_optimizer(...)` call (README "Adding an optimizer"): it adds the level to the
+recipe's optimizer factor too, which reads this table. Pure Python; never imports torch: a
 kind's `update` is the import path ("module:function") of its torch step, resolved by `marin.optim`.
 Table of levels: docs/method.md §2.1.
 """
@@ -19,6 +20,13 @@ from typing import Any, Callable
 ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
 NO_DECAY_ROLES = ("norm", "sconv")  # no decay on gains or the identity-init conv taps, whatever the level
 LR_GROUPS = ("matrix", "adam")  # which resolved peak lr a kind takes: OptimHparams.lr or .adam_lr
+#: Newton–Schulz coefficient schedules (a, b, c) per iteration, as marin.optim's module docstring derives them
+NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
+    "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
+    "simple": ((3.4445, -4.7750, 2.0315),),
+}
+NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
 
 
 @dataclass(frozen=True)
@@ -128,21 +136,6 @@ def group_kinds(level: str) -> dict[str, str]:
 def state_bytes_by_role(level: str) -> dict[str, int]:
     """role -> optimizer state bytes per parameter element under `level`."""
     return {r: KINDS[k].state_bytes for r, k in group_kinds(level).items()}
-
-
-def register_optimizer(level: OptimizerLevel, kinds: tuple[GroupKind, ...] | list[GroupKind] = ()) -> None:
-    """Add an optimizer level (and the kinds it introduces): it becomes a level of `Recipe.optimizer`
-    that studies, `train`, the plan and the hero accept. Registering a name twice is an error."""
-    taken = [k.name for k in kinds if k.name in KINDS] + ([level.name] if level.name in OPTIMIZERS else [])
-    if taken:
-        raise ValueError(f"register_optimizer: {taken} already registered")
-    new = {k.name: k for k in kinds}
-    level.check_kinds({**KINDS, **new})
-    from marin.factors import add_level  # factors reads this module's table at import
-
-    add_level("optimizer", level.name)
-    KINDS.update(new)
-    OPTIMIZERS[level.name] = level
 
 
 def resolve_update(kind: GroupKind) -> Callable:

@@ -12,6 +12,7 @@ import importlib
 import signal
 import sys
 
+from marin import plugins
 from sweeps.bounds import check_args
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg)
         return 0
     name = argv[0]
+    plugins.load_entry_points()  # installed plugins' rows, before any option is checked against a registry
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"marin-ablate {name}", description=COMMANDS[name][1])
     getattr(module, f"{name}_args")(parser)

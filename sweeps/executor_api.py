@@ -1,6 +1,7 @@
 """The executor protocol and registry (docs/architecture.md §4): how runs get executed, by name.
 
-`sweeps/executors.py` registers the built-in `local`, `debug` and `slurm`; `register_executor` adds
+`sweeps/executors.py` registers the built-in `local`, `debug` and `slurm` at its import (this module
+imports no implementation: `sweeps.state` asks the rows without an import cycle); `register_executor` adds
 another (README "Adding an optimizer or an executor"). The driver (`sweeps/sweep.py`) and the run
 state (`sweeps/state.py`) ask the executor by name and never compare names.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+from marin import plugins
 
 if TYPE_CHECKING:
     from sweeps.executors import ExecOptions, Submission
@@ -22,6 +25,7 @@ class Executor(Protocol):
     name: str
     waits: bool  # `run` polls its jobs until done (False: `submit` has run everything already)
     shows_jobs: bool  # its job ids mean something to the user (printed by `run`)
+    in_process: bool  # runs execute in the driver's process (False: workers import the plugins, marin.plugins)
 
     def validate(self, opts: ExecOptions) -> None:
         """Raise ValueError naming the field for anything wrong, before anything is submitted."""
@@ -49,12 +53,13 @@ def register_executor(ex: Executor) -> Executor:
     if ex.name in EXECUTORS:
         raise ValueError(f"executor {ex.name!r} is already registered")
     EXECUTORS[ex.name] = ex
+    plugins.note("executor", ex.name)
     return ex
 
 
 def get_executor(name: str) -> Executor:
-    import sweeps.executors  # noqa: F401  (registers the built-in executors)
-
+    """The row `name` (the built-in ones are registered by importing `sweeps.executors`, which
+    re-exports this function)."""
     if name not in EXECUTORS:
         raise ValueError(f"executor={name!r} is not known; allowed values: {', '.join(EXECUTORS)}")
     return EXECUTORS[name]

@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 import submitit
 
+from marin import plugins
 from marin.config import NONNEG_INT, POS, POS_INT, check_ranges, optional
 from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
 from sweeps.progress import Progress
@@ -190,6 +191,7 @@ class RunJob(submitit.helpers.Checkpointable):
         self.threads = threads
 
     def __call__(self, task: RunTask) -> dict:
+        plugins.ensure(task.plugins)  # the rows its spec names, before every rank builds it
         _set_threads(self.threads)
         rank = _distributed_setup()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # where each rank ran (host names differ per node)
@@ -301,7 +303,7 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
     """One array per resource group."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
-        res = _slurm_resources(r, opts.slurm, resources)
+        res = slurm_resources(r, opts.slurm, resources)
         groups.setdefault(tuple(sorted(res.items())), []).append(i)
     max_size = slurm_max_array_size()
     for key, idx in groups.items():
@@ -310,7 +312,7 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
         for chunk in (idx[k:k + max_size] for k in range(0, len(idx), max_size)):
             ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"],
                                         python=res.get("python"))
-            ex.update_parameters(**_sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
+            ex.update_parameters(**sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
             jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
             for i, j in zip(chunk, jobs):
                 record_job(runs[i], "slurm", j.job_id, folder=str(sub.folder))
@@ -339,7 +341,7 @@ def slurm_max_array_size(default: int = 1001) -> int:
     return default
 
 
-def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None) -> dict:
+def slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None) -> dict:
     base = dict(resources(run)) if resources else {}
     gpus = s.gpus_per_run if s.gpus_per_run is not None else int(base.get("gpus", 0) or 0)
     time_min = s.time_min or int(base.get("time_min") or 60)
@@ -358,7 +360,7 @@ def _slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | Non
     return res
 
 
-def _sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
+def sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     gpus, per_node = res["gpus"], res.get("gpus_per_node") or res["gpus"]
     nodes = -(-gpus // per_node) if gpus else res.get("nodes", 1)
     if gpus and gpus % per_node:
@@ -492,7 +494,7 @@ def squeue_ids() -> set[str] | None:
 
 
 class DebugExecutor:
-    name, waits, shows_jobs = "debug", False, False
+    name, waits, shows_jobs, in_process = "debug", False, False, True
 
     def validate(self, opts: ExecOptions) -> None:
         pass
@@ -513,7 +515,7 @@ class DebugExecutor:
 
 
 class LocalExecutor(DebugExecutor):
-    name, waits = "local", True
+    name, waits, in_process = "local", True, False
 
     def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
         sub = Submission(self.name, runs=list(runs))
@@ -533,7 +535,7 @@ class LocalExecutor(DebugExecutor):
 class SlurmExecutor:
     """sbatch job arrays through submitit; `queued` reads squeue once per call."""
 
-    name, waits, shows_jobs = "slurm", True, True
+    name, waits, shows_jobs, in_process = "slurm", True, True, False
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

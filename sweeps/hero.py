@@ -104,13 +104,13 @@ def preflight_lines(nodes_per_ep_group: int, fabric_dir: str, python: str = PYTH
 
 
 def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/hero/submitit") -> str:
-    """The sbatch script `run hero --executor slurm` submits (the same `_sbatch_params` path)."""
+    """The sbatch script `run hero --executor slurm` submits (the same `sbatch_params` path)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from sweeps.executors import SlurmOptions, _sbatch_params
+    from sweeps.executors import SlurmOptions, sbatch_params
 
     res = hero_resources(plan, hs, folder)
-    params = _sbatch_params(res, SlurmOptions(), 1, hs.job_name)
+    params = sbatch_params(res, SlurmOptions(), 1, hs.job_name)
     params.pop("array_parallelism", None)
     command = f"{res['python']} -u -m submitit.core._submit {shlex.quote(folder)}"
     return _make_sbatch_string(command=command, folder=f"{folder}/%j", **params)

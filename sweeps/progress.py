@@ -22,6 +22,7 @@ from typing import Any, Sequence, TextIO
 from marin.config import RunSpec
 from marin.schema import read_json
 from sweeps.costmodel import CostModel, Estimate, mark_cold, prior_from, read_cache, spec_flops
+from sweeps.state import count, survey
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -175,9 +176,6 @@ class Progress:
 
     def snapshot(self) -> tuple[dict[str, int], list[dict]]:
         """Counts by state and, per run, its state, rung, step/total, loss, elapsed and wall time."""
-        from sweeps.runs import read_json
-        from sweeps.state import count, survey
-
         statuses = survey(r.dir for r in self.runs)
         counts = count(statuses)
         rows = []

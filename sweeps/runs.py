@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from marin import plugins
 from marin.config import RunSpec
 from marin.runlock import RunLock  # noqa: F401  (re-exported: sweeps callers import it from here)
 from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
@@ -34,6 +35,7 @@ from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json,
     write_spec,
     write_summary,
 )
+from sweeps.state import needs_run, summary_state
 
 # ---------------------------------------------------------------------------------------------
 # Layout
@@ -147,16 +149,18 @@ def clear_failure(run_dir_: str | Path) -> None:
 
 @dataclass(frozen=True)
 class RunTask:
-    """What a worker needs to execute one run (picklable: plain data only)."""
+    """What a worker needs to execute one run (picklable: plain data only); `plugins`: the modules and
+    study files whose import registers the rows its spec names (`marin.plugins.ensure` imports them)."""
 
     spec_dict: dict
     meta: dict
     dir: str
     retry_failed: bool = False
+    plugins: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, run: PlannedRun, retry_failed: bool = False) -> "RunTask":
-        return cls(run.spec.to_dict(), dict(run.meta), str(run.dir), retry_failed)
+        return cls(run.spec.to_dict(), dict(run.meta), str(run.dir), retry_failed, tuple(plugins.sources()))
 
     @property
     def spec(self) -> RunSpec:
@@ -171,16 +175,17 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
     """Run one task to its end, idempotently. Returns {"run_id", "outcome", "status", "error"}:
     outcome is "skipped" (completed, failed without retry, or locked by another worker), "ran"
     (train returned a summary), "interrupted" (a signal stopped train; the run is partial and
-    resumable) or "failed" (train raised; the error is recorded in summary.json).
+    resumable) or "failed" (train raised; the error is recorded in summary.json). The task's plugins
+    are imported first: a worker process builds the spec from plain data.
 
     Under submitit a SIGUSR2 makes train checkpoint and hand the signal back to submitit, whose
     handler requeues the job and exits (SystemExit passes through here, the lock is released)."""
+    plugins.ensure(task.plugins)
     spec = task.spec
     d = Path(task.dir)
     d.mkdir(parents=True, exist_ok=True)
     if read_json(d / "meta.json") is None:  # a worker on a fresh checkout of the directory
         write_run_files(PlannedRun(spec, task.meta, d))
-    from sweeps.state import needs_run, summary_state  # state imports this module
 
     def skipped(status: str) -> dict:
         err = (read_json(d / "summary.json") or {}).get("error") if status == "failed" else None

@@ -2,7 +2,7 @@
 
 A run is in exactly one of STATES, read from its directory and the executor that holds its job:
   completed / failed  summary.json says so (a failed run is run again only with retry_failed);
-  running             another process holds the run lock (`sweeps.runs.RunLock`);
+  running             another process holds the run lock (`marin.runlock.RunLock`);
   queued              the executor named in its job.json says its job still waits (or was requeued);
   partial             checkpoints exist, nothing holds or queues it: the next `run` resumes it;
   pending             nothing yet.
@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from sweeps.runs import PlannedRun, RunLock, read_json
+from marin.runlock import RunLock
+from marin.schema import read_json
+from sweeps.executor_api import EXECUTORS
+
+if TYPE_CHECKING:
+    from sweeps.runs import PlannedRun
 
 STATES = ("completed", "failed", "running", "queued", "partial", "pending")
 #: States a `run` leaves to their owner (finished, or another process/job has them).
@@ -68,9 +73,8 @@ def probe(run_dir: str | Path, queued: set[tuple[str, str]] | None = None) -> Ru
 
 def survey(dirs: Iterable[str | Path]) -> list[RunStatus]:
     """Every run's state; each executor named in some job.json is asked once about its job ids (an
-    executor this process does not know is not asked: its runs read as partial or pending)."""
-    from sweeps.executors import EXECUTORS  # executors imports this module
-
+    executor this process does not know is not asked: its runs read as partial or pending; the built-in
+    ones are known once `sweeps.executors` is imported, as every driver does)."""
     dirs = [Path(d) for d in dirs]
     by_executor: dict[str, set[str]] = {}
     for d in dirs:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from marin import plugins
 from marin.config import RunSpec
 from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
@@ -46,7 +47,7 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     if not where or not attr.isidentifier():
         raise ValueError(f"study {name!r}: allowed values: {STUDY_NAME_FORMS}")
     try:
-        module = _load_file(Path(where)) if where.endswith(".py") or "/" in where else importlib.import_module(where)
+        module = plugins.load_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
     except FileNotFoundError:
         raise ValueError(f"study {name!r}: no file {where!r}; allowed values: {STUDY_NAME_FORMS}") from None
     except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
@@ -54,28 +55,6 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     if not hasattr(module, attr):
         raise ValueError(f"study {name!r}: {where} has no attribute {attr!r}")
     return build_study(getattr(module, attr), name, rungs, seeds)
-
-
-def _load_file(path: Path) -> Any:
-    """A study file imported from its location under a module name derived from its path."""
-    import hashlib
-    import importlib.util
-
-    path = path.expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(str(path))
-    mod_name = f"marin_study_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses and pickling look a module up by name
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[mod_name]
-        raise
-    return module
 
 
 def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
@@ -165,6 +144,18 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
                        prior=rung_prior(study.describe()["rungs"]))
 
 
+def check_reachable(runs: Sequence[PlannedRun], ex: Any) -> None:
+    """An executor whose workers are other processes gets each run's rows by import (marin.plugins):
+    an optimizer level registered inside a function cannot reach them; refused before anything is written."""
+    if ex.in_process:
+        return
+    bad = plugins.unreachable("optimizer", sorted({r.spec.recipe.optimizer for r in runs}))
+    if bad:
+        raise ValueError(f"Recipe.optimizer={bad[0]!r} was registered inside a function, so a {ex.name} worker "
+                         "cannot import it; register it at a module's top level (a study file, FILE.py:NAME) or "
+                         f"by a {plugins.ENTRY_POINT_GROUP!r} entry point; allowed executors here: debug")
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM to the driver: handled as Ctrl-C is (workers checkpoint and stop), exit 128+15."""
 
@@ -183,9 +174,11 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     validate(opts, sdir)
     ex = get_executor(opts.executor)
+    check_reachable(runs, ex)
     started = time.time()
     for r in runs:
         write_run_files(r)
+    plugins.write_sources(sdir)  # `analyze` and `status` in a later process import them too
     todo, skipped = state.select(runs, opts.retry_failed)
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:

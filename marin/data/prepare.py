@@ -100,7 +100,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def _read_text_file(f: Path) -> str:
+def read_text_file(f: Path) -> str:
     raw = f.read_bytes()
     if b"\0" in raw[:8192]:
         raise ValueError(f"{f}: binary file (NUL bytes), not text; allowed: UTF-8 text files")
@@ -110,13 +110,13 @@ def _read_text_file(f: Path) -> str:
         raise ValueError(f"{f}: not UTF-8 text (byte {e.start}); allowed: UTF-8 text files") from None
 
 
-def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> Any:
+def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> Any:
     """One HF dataset of `files` (all of one kind); a text file is one document."""
     import datasets
 
     datasets.logging.set_verbosity(logging.CRITICAL)  # a bad file is reported once, as one line, below
     if kind == "text":
-        return datasets.Dataset.from_dict({text_column: [_read_text_file(f) for f in files]})
+        return datasets.Dataset.from_dict({text_column: [read_text_file(f) for f in files]})
     for f in files:
         if f.stat().st_size == 0:
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
@@ -161,7 +161,7 @@ def load_source(cfg: PrepareConfig) -> Any:
                 groups.append((_kind(f), dom, [f]))
         parts = []
         for kind, dom, fs in groups:
-            part = _load_files(kind, fs, cfg.text_column, cache)
+            part = load_files(kind, fs, cfg.text_column, cache)
             if cfg.text_column not in part.column_names:  # else concatenation fills it with None: text lost
                 where = f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}"
                 raise ValueError(f"text_column={cfg.text_column!r} is not a column of {where}; allowed values: "

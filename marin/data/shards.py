@@ -9,7 +9,7 @@ stream, the batches depend only on (corpus, seed, seq_len, global batch) — eve
 trains on the same tokens in the same order — and a resumed run (even on a different number of
 ranks) continues at the exact next sequence from `state_dict()["step"]`. A window is copied from
 the memory-mapped shards one document piece at a time (whole slices, never token by token).
-Documents are packed with per-sequence ids and cross-document targets masked (`_pack`).
+Documents are packed with per-sequence ids and cross-document targets masked (`pack_stream`).
 
 With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of
 this kind (its documents in the same sha256 order, so a domain's order is the corpus order restricted
@@ -32,7 +32,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from marin.data.corpus import IGNORE_INDEX, _hash_hex
+from marin.data.corpus import IGNORE_INDEX, hash_hex
 from marin.data.mixture import MixturePlan
 from marin.data.prepare import read_manifest
 from marin.schema import sha256_file
@@ -41,7 +41,7 @@ FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when ope
 _VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process
 
 
-def _pack(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_stream(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Windows of S+1 stream tokens with a global document key each -> (tokens, targets, doc_ids)."""
     same_NS = docs_NW[:, 1:] == docs_NW[:, :-1]
     targets_NS = np.where(same_NS, tokens_NW[:, 1:], IGNORE_INDEX)
@@ -55,7 +55,7 @@ def _pack(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, tor
 def shuffle_order(uids: list[str], seed: int, epoch: int) -> np.ndarray:
     """The documents' order in `epoch`: by sha256(seed:epoch:uid), stable across numpy versions and
     independent of how the documents are stored."""
-    keys = np.array([int(_hash_hex(f"{seed}:{epoch}:{u}")[:15], 16) for u in uids], dtype=np.int64)
+    keys = np.array([int(hash_hex(f"{seed}:{epoch}:{u}")[:15], 16) for u in uids], dtype=np.int64)
     return np.argsort(keys, kind="stable")
 
 
@@ -375,7 +375,7 @@ class ShardedBatches:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens_BS, targets_BS, doc_ids_BS) LongTensors of this rank at `step`; targets -100 across documents."""
-        return _pack(*self.windows(step))
+        return pack_stream(*self.windows(step))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         return self

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from marin.data.corpus import _dist_file, _publish_file, _sha256_file
+from marin.data.corpus import dist_file, publish_file, sha256_file
 
 BPE_SAMPLE_BYTES_PER_DOMAIN = 1_000_000  # BPE trains on this much train text of each domain
 
@@ -58,7 +58,7 @@ class BPETokenizer(Tokenizer):
         self._tok = _hf_tokenizer(self.path)
         self.vocab_size = self._tok.get_vocab_size()
         self.name = f"bpe-{self.vocab_size}"
-        self.fingerprint = "bpe-" + _sha256_file(self.path)[:16]
+        self.fingerprint = "bpe-" + sha256_file(self.path)[:16]
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
@@ -75,7 +75,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     from tokenizers import Tokenizer as _HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    _check_bpe_vocab(vocab_size)
+    check_bpe_vocab(vocab_size)
     path = Path(path)
     if not path.is_file():
         tok = _HFTokenizer(models.BPE())
@@ -88,17 +88,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         os.close(fd)
         tok.save(tmp)
-        _publish_file(Path(tmp), path)
+        publish_file(Path(tmp), path)
     return BPETokenizer(path)
 
 
-def _check_bpe_vocab(v: int) -> None:
+def check_bpe_vocab(v: int) -> None:
     if not isinstance(v, int) or not 257 <= v <= 1 << 20:
         raise ValueError(f"DataConfig.bpe_vocab={v!r} must be an integer in 257..{1 << 20} "
                          "(256 byte symbols plus at least one merge)")
 
 
-def _bpe_sample(train_texts: dict[str, list[str]]) -> Iterator[str]:
+def bpe_sample(train_texts: dict[str, list[str]]) -> Iterator[str]:
     for domain in sorted(train_texts):
         used = 0
         for t in train_texts[domain]:
@@ -130,7 +130,7 @@ def tokenizer_path(spec: str | Path) -> Path | None:
         return None
     if spec.startswith("pkg:"):
         dist, _, inner = spec[4:].partition("/")
-        p = _dist_file(dist, inner) if dist and inner else None
+        p = dist_file(dist, inner) if dist and inner else None
         if p is None:
             raise ValueError(f"tokenizer={spec!r}: no file {inner!r} in an installed distribution {dist!r}; "
                              f"allowed values: {_TOKENIZER_SPECS}")
@@ -154,5 +154,5 @@ def tokenizer_info(spec: str) -> dict:
     p = tokenizer_path(spec)
     if p is None:
         return {"kind": "byte", "path": None, "sha256": "byte", "vocab_size": 256}
-    return {"kind": "tokenizers", "path": str(p.resolve()), "sha256": _sha256_file(p),
+    return {"kind": "tokenizers", "path": str(p.resolve()), "sha256": sha256_file(p),
             "vocab_size": _hf_tokenizer(p).get_vocab_size()}

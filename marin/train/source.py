@@ -97,7 +97,8 @@ class DataSource:
 
 
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
-    from marin.data.eval import eval_domains, load_eval_corpus
+    from marin.data.eval import eval_domains
+    from marin.data.loading import load_eval_corpus
 
     found = eval_domains(data.eval_dir)
     bad = [d for d in data.eval_domains if d not in found]

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from analysis.attribution import code_table, component_table
-from analysis.pipeline import analyze_table, quality_fit
+from analysis.joint import quality_fit
+from analysis.pipeline import analyze_table
 from analysis.precision import Layout, Noise, noise_from, predict
 from analysis.simulate import design_rows, random_truth, simulate_table, write_study
 

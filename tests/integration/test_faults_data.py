@@ -20,7 +20,7 @@ import pytest
 
 from marin.data import prepare as prep
 from marin.data import shards
-from marin.data.eval import load_eval_corpus
+from marin.data.loading import load_eval_corpus
 from marin.data.tokenizer import ByteTokenizer, train_bpe
 from sweeps.cli import main
 

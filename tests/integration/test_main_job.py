@@ -81,11 +81,13 @@ def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
         assert last + 1 <= step <= last + 10, (step, last)  # the rung logs every 10th step
 
 
-def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_two_test_stages():
     lines = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines()]
     block = lines[lines.index("```bash") + 1: lines.index("```bash") + 3]
     assert block[0].endswith("marin-ablate run smoke") and "pip install -e ." in block[0]
-    assert block[1].endswith("python -m pytest") and '".[dev,triton]"' in block[1]
+    assert '".[dev,triton]"' in block[1] and "ruff check ." in block[1]
+    # two stages, the fast gate first: together they select every test (a marker is either slow or not)
+    assert block[1].endswith('&& python -m pytest -m "not slow" && python -m pytest -m slow --durations=30')
     assert block[1] in (ROOT / ".ci" / "run").read_text().splitlines()
 
 

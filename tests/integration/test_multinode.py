@@ -8,7 +8,7 @@ import pytest
 from ablations.designs import full_factorial
 from ablations.ladders import Rung
 from ablations.studies import Study
-from sweeps.executors import SlurmOptions, _sbatch_params, _slurm_resources
+from sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
 from sweeps.sweep import study_resources
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
@@ -23,8 +23,8 @@ def _study(**rung_kw) -> Study:
 
 
 def _params(study: Study, opts: SlurmOptions = SlurmOptions()) -> dict:
-    res = _slurm_resources(SimpleNamespace(meta={"rung": "r"}), opts, study_resources(study))
-    return _sbatch_params(res, opts, 1, study.name)
+    res = slurm_resources(SimpleNamespace(meta={"rung": "r"}), opts, study_resources(study))
+    return sbatch_params(res, opts, 1, study.name)
 
 
 def test_cpu_rung_with_two_nodes_asks_slurm_for_two_nodes_of_its_ranks():

@@ -14,7 +14,8 @@ import marin.optimizers as optimizers
 from ablations import Factor, Study, full_factorial
 from ablations.ladders import Rung
 from marin.config import Recipe, RunSpec, tiny
-from marin.optimizers import GroupKind, OptimizerLevel, register_optimizer
+from marin.factors import register_optimizer
+from marin.optimizers import GroupKind, OptimizerLevel
 
 LION_BETAS = (0.9, 0.99)
 
@@ -159,7 +160,7 @@ class InProcess:
     """An executor that runs its jobs on one background thread of this process, after `gate` opens;
     until then they are queued (its own table says so, as squeue does for SLURM)."""
 
-    name, waits, shows_jobs = "inproc", True, False
+    name, waits, shows_jobs, in_process = "inproc", True, False, True
 
     def __init__(self):
         import concurrent.futures

@@ -19,7 +19,8 @@ from ranks import free_port, run_ranks
 
 from marin import data
 from marin.data import prepare as prep
-from marin.data.eval import eval_domains, load_eval_corpus, tokenizer_of
+from marin.data.eval import eval_domains, tokenizer_of
+from marin.data.loading import load_eval_corpus
 from marin.data.shards import PreparedCorpus, ShardedBatches
 from marin.data.tokenizer import load_tokenizer
 

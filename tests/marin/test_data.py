@@ -70,7 +70,7 @@ def test_embedded_corpus_has_four_domains_with_licences_and_matching_sha256(embe
             meta = entry["files"][split]
             path = root / meta["path"]
             assert path.stat().st_size == meta["bytes"]
-            assert data._sha256_file(path) == meta["sha256"]
+            assert data.sha256_file(path) == meta["sha256"]
             assert meta["documents"] > 0
             assert meta["text_bytes"] <= (data.TRAIN_CAP_BYTES if split == "train" else data.HELDOUT_CAP_BYTES) + 400_000
     data.verify_manifest(root)

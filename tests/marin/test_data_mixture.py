@@ -11,7 +11,7 @@ import pytest
 
 from marin import data
 from marin.config import DataConfig, RunSpec, TrainConfig, preset
-from marin.data.corpus import _hash_hex
+from marin.data.corpus import hash_hex
 from marin.data.mixture import MixturePlan, webster
 from marin.data.shards import PreparedCorpus, ShardedBatches
 
@@ -41,7 +41,7 @@ def _domain_stream(corpus: PreparedCorpus, domain: str, seed: int) -> np.ndarray
     """Reference: the domain's documents in sha256(seed:0:uid) order (epoch 0), concatenated."""
     uids = corpus.uids
     mine = [j for j, u in enumerate(uids) if u.split("/")[0] == domain]
-    mine.sort(key=lambda j: int(_hash_hex(f"{seed}:0:{uids[j]}")[:15], 16))
+    mine.sort(key=lambda j: int(hash_hex(f"{seed}:0:{uids[j]}")[:15], 16))
     return np.concatenate([corpus.doc(j) for j in mine])
 
 

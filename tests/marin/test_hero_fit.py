@@ -191,13 +191,13 @@ def test_run_hero_submits_the_shape_plan_prints():
     from types import SimpleNamespace
 
     from ablations import get_study
-    from sweeps.executors import SlurmOptions, _sbatch_params, _slurm_resources
+    from sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
     from sweeps.hero import NCCL_ENV
     from sweeps.sweep import study_resources
 
     study = get_study("hero")
-    res = _slurm_resources(SimpleNamespace(meta={"rung": "hero_535b"}), SlurmOptions(), study_resources(study))
-    p = _sbatch_params(res, SlurmOptions(), 1, "hero")
+    res = slurm_resources(SimpleNamespace(meta={"rung": "hero_535b"}), SlurmOptions(), study_resources(study))
+    p = sbatch_params(res, SlurmOptions(), 1, "hero")
     assert res["python"] == "${MARIN_PYTHON:-python}" and p["nodes"] == 176 and p["signal_delay_s"] == 300
     assert "--gpu-bind=single:1" in p["srun_args"] and p["additional_parameters"]["segment"] == 16
     assert all(f"export {k}={v}" in p["setup"] for k, v in NCCL_ENV.items())

@@ -4,8 +4,10 @@ or analysis/; ablations/ and analysis/ import no torch at module level (their ow
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,20 @@ def test_the_reference_check_sees_each_kind_of_outside_reference(tmp_path):
     subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
     assert [h.split(":")[:2] for h in outside_references(tmp_path)] == [["a.py", "1"], ["a.py", "2"], ["a.py", "3"],
                                                                         ["b.md", "1"]]
+
+
+# Imported for real, in a fresh interpreter: the modules that must never pull in torch, transitively
+# (function-level imports do not run here; the ast test above covers ablations/ and analysis/ sources).
+TORCH_FREE = ("marin.commands", "marin.config", "marin.optimizers", "marin.factors", "marin.plugins",
+              *sorted(f"{pkg}.{p.stem}" if p.stem != "__init__" else pkg for pkg in ("ablations", "analysis")
+                      for p in (ROOT / pkg).glob("*.py")))
+
+
+def test_importing_the_torch_free_modules_loads_no_torch():
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+            "    if 'torch' in sys.modules:\n        print(m)\n        break\n")
+    r = subprocess.run([sys.executable, "-c", code, *TORCH_FREE], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "", f"importing {r.stdout.strip()} loads torch"
+    assert len(TORCH_FREE) > 25 and "analysis.report" in TORCH_FREE and "ablations" in TORCH_FREE

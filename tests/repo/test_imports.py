@@ -1,0 +1,74 @@
+"""The import graph (tests/repo/import_graph.py, built with `ast`; function-level imports count): no
+cycles among the project's modules, and the checker sees each kind of import."""
+
+from __future__ import annotations
+
+import ast
+
+from import_graph import _imports, cycles, import_graph, module_files, private_imports
+
+# Three cycles remain, each closed by a function-level import; they go next (the shared piece of each
+# moves to the module it belongs to). The set must shrink, never grow.
+KNOWN_CYCLES = {frozenset({"marin.ep", "marin.ep_exchange"}),
+                frozenset({"marin.train.distributed", "marin.train.step"}),
+                frozenset({"sweeps.dryrun", "sweeps.memory"})}
+
+
+def test_the_only_import_cycles_are_the_three_known_ones():
+    found = cycles(import_graph())
+    assert {" <-> ".join(sorted(c)) for c in found} == {" <-> ".join(sorted(c)) for c in KNOWN_CYCLES}
+
+
+# Private names still imported across modules: the hero-parallel files' (ep, memory/dryrun) go with their
+# rewrite; marin.fields' validation helpers with the next edit of marin/config.py; submitit's sbatch
+# renderer has no public form. The list must shrink, never grow.
+KNOWN_PRIVATE_IMPORTS = {
+    "marin/config.py imports marin.fields._check", "marin/config.py imports marin.fields._check_level",
+    "marin/config.py imports marin.fields._is_int", "marin/config.py imports marin.fields._is_num",
+    "marin/phases.py imports marin.fields._check", "marin/phases.py imports marin.fields._is_num",
+    "marin/ep_exchange.py imports marin.dispatch._ranks_in_groups", "marin/parallel.py imports marin.ep._ep_state_dict",
+    "sweeps/hero.py imports submitit.slurm.slurm._make_sbatch_string",
+    "sweeps/memory.py imports sweeps.dryrun._flex_block_masks", "sweeps/memory.py imports sweeps.dryrun._FlexFootprint",
+}
+
+
+def test_no_module_imports_another_modules_private_names_beyond_the_known_ones():
+    found = {f"{hit.split(':')[0]} {hit.split(' ', 1)[1]}" for hit in private_imports()}
+    assert found == KNOWN_PRIVATE_IMPORTS
+
+
+def test_the_private_import_check_sees_from_imports_of_underscored_names(tmp_path):
+    _tree(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "_x = 1\ny = 2\n",
+                     "pkg/b.py": "def f():\n    from pkg.a import _x, y\n    from pkg.a import __doc__\n"})
+    assert private_imports(tmp_path, ("pkg",)) == ["pkg/b.py:2 imports pkg.a._x"]
+
+
+def _tree(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return import_graph(tmp_path, ("pkg",))
+
+
+def test_a_cycle_closed_by_a_function_level_import_is_found(tmp_path):
+    g = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.b import f\n",
+                         "pkg/b.py": "def f():\n    from pkg import a\n", "pkg/c.py": "import pkg.a\n"})
+    assert g["pkg.b"] == {"pkg.a"} and cycles(g) == {frozenset({"pkg.a", "pkg.b"})}
+
+
+def test_type_checking_imports_and_a_package_init_close_no_cycle(tmp_path):
+    g = _tree(tmp_path, {"pkg/__init__.py": "from pkg.a import X\n",
+                         "pkg/a.py": "from typing import TYPE_CHECKING\nfrom pkg import b\nX = 1\n",
+                         "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n"})
+    assert g == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": set()} and cycles(g) == set()
+
+
+def test_relative_and_importlib_imports_resolve(tmp_path):
+    files = {"pkg/__init__.py": "", "pkg/sub/__init__.py": "from . import m\n",
+             "pkg/sub/m.py": "from ..a import f\nimport importlib\nimportlib.import_module('pkg.b')\n",
+             "pkg/a.py": "", "pkg/b.py": ""}
+    g = _tree(tmp_path, files)
+    assert g["pkg.sub"] == {"pkg.sub.m"} and g["pkg.sub.m"] == {"pkg.a", "pkg.b"}
+    assert set(module_files(tmp_path, ("pkg",))) == {"pkg", "pkg.sub", "pkg.sub.m", "pkg.a", "pkg.b"}
+    assert [t for _, t, _ in _imports(ast.parse("from .x import y"), "pkg.sub.m", False)] == ["pkg.sub.x"]
