@@ -10,7 +10,7 @@ import pytest
 
 from marin import data
 from marin.config import DataConfig, RunSpec, TrainConfig, preset
-from marin.data.corpus import _hash_hex
+from marin.data.corpus import hash_hex
 from marin.data.shards import PreparedCorpus, ShardedBatches, simulated_length
 
 SEQ, G, SEED, STEPS = 32, 8, 3, 10
@@ -28,7 +28,7 @@ def _domain_stream(corpus: PreparedCorpus, domain: str, seed: int) -> np.ndarray
     """Reference: the domain's documents in sha256(seed:0:uid) order (epoch 0), concatenated."""
     uids = corpus.uids
     mine = [j for j, u in enumerate(uids) if u.split("/")[0] == domain]
-    mine.sort(key=lambda j: int(_hash_hex(f"{seed}:0:{uids[j]}")[:15], 16))
+    mine.sort(key=lambda j: int(hash_hex(f"{seed}:0:{uids[j]}")[:15], 16))
     return np.concatenate([corpus.doc(j) for j in mine])
 
 
