@@ -75,6 +75,14 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
         yy = np.arange(len(comps)) + (j - (len(rungs) - 1) / 2) * 0.8 / max(len(rungs), 1)
         m = np.exp(e["effect"])
         ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
+    # the Findings' own numbers: each component at the reference compute C_ref (a black diamond)
+    c = a.components[a.components["response"] == response].set_index("component") if len(a.components) else None
+    if c is not None and "shapley" in c and len(c.index.intersection(comps)):
+        e = c.reindex(comps)
+        m = np.exp(e["shapley"].to_numpy(float))
+        ax.errorbar(m, np.arange(len(comps)) - 0.45, xerr=[m - np.exp(e["shapley_lo"].to_numpy(float)),
+                                                           np.exp(e["shapley_hi"].to_numpy(float)) - m],
+                    fmt="D", color="black", ms=4, capsize=2, label=f"C_ref = {a.c_ref:.3g} FLOPs")
     ax.axvline(1.0, color="grey", lw=1, ls="--")
     ax.set_xscale("log")
     log_ticks(ax, "x")
@@ -83,7 +91,7 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
     r = by_column(response)
     ax.set_xlabel(f"{r.axis if r else response} (× {_unit(response)}, log scale)")
     ax.legend(title="rung", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title(f"{r.label if r else response} per component and rung\n(Shapley, 95% CI)")
+    ax.set_title(f"{r.label if r else response} per component and rung, and at C_ref (◆)\n(Shapley, 95% CI)")
     return _save(fig, path)
 
 
@@ -112,7 +120,10 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
     ax.axhline(0, color="grey", lw=0.8)
     r = by_column(response)
     ax.set_ylabel(f"Shapley value, ln(× {_unit(response)})\n(ln 2 = 0.69: ×2)")
-    ax.set_title(f"Shapley waterfall of {r.symbol if r else response},\nall-off → all-on, 95% CIs")
+    sec = ax.secondary_yaxis("right", functions=(np.exp, np.log))  # the same values as multipliers
+    sec.set_ylabel(f"multiplier (× {_unit(response)})")
+    ax.set_title(f"Shapley waterfall of {r.symbol if r else response} at C_ref = {a.c_ref:.3g} FLOPs,\n"
+                 "all-off → all-on, 95% CIs")
     return _save(fig, path)
 
 
@@ -217,7 +228,8 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     if a.target_compute:
         hi_c = max(hi_c, a.target_compute)
     Cg = np.logspace(np.log10(lo_c) - 0.1, np.log10(hi_c) + 0.1, 100)
-    lab = ("L∞, α not identified" if {"linf", "alpha"} & set(a.law.not_identified)
+    # an unidentified law is drawn (it fits the rungs) but never labelled with numbers it does not have
+    lab = ("law (L∞, α, A not identified)" if {"linf", "alpha", "ln_a", "A"} & set(a.law.not_identified)
            else f"L∞={a.law.linf:.3f}, α={a.law.alpha:.3f}")
     ax.plot(Cg, a.law.predict(Cg), color="tab:blue", label=lab)
     lo, hi = a.law.band(Cg)
@@ -225,7 +237,7 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     ax.set_xscale("log")
     log_ticks(ax, "x")
     ax.set_xlabel("training compute C (analytic FLOPs, log scale)")
-    ax.set_ylabel("eval macro loss")
+    ax.set_ylabel("eval macro loss (nats per token)")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title("Reference law L = L∞ + A·C^−α\n(fitted on all arms)")
     return _save(fig, path)

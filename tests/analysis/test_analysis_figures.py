@@ -174,4 +174,12 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
         t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()), save(fig, path))[1])
     plots.scaling_fit(a, tmp_path / "s.png")
     law_label = next(t for t in legends if "L∞" in t)
-    assert law_label == "L∞, α not identified" and not re.search(r"\d", law_label)
+    assert law_label == "law (L∞, α, A not identified)" and not re.search(r"\d", law_label)
+    # why the multipliers still stand: the local slope, with its own interval
+    from analysis.report import local_slope
+
+    s, lo, hi = local_slope(a)
+    assert lo < s < hi < 0
+    assert (f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
+            f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
+            f"{s:.4g} nats per token per e-fold [{lo:.4g}, {hi:.4g}]") in md
