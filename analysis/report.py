@@ -55,6 +55,11 @@ def local_slope(a: StudyAnalysis) -> tuple[float, float, float] | None:
     return float(fit.params[0]), float(lo), float(hi)
 
 
+def _findings_with_notes(a: StudyAnalysis) -> list[str]:
+    tab, notes = say_once(findings_table(a))
+    return [md_table(tab), *notes]
+
+
 def _per_decade_note(a: StudyAnalysis) -> list[str]:
     """Once under Findings: a ladder narrower than a decade states its slope per 10x beyond its own span."""
     if len(a.rungs) < 2:
@@ -193,6 +198,27 @@ def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp},
                           "qualifiers": qualifiers(a, f), **scale_cells(a, f)}
                          for f in a.factors + ["TOTAL"]])
+
+
+def say_once(tab: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Findings' qualifiers that stand in most rows (at least 3, and more than half) are taken out of the
+    rows and said once in a note under the table, naming the rows they do not apply to."""
+    if "qualifiers" not in tab or len(tab) < 3:
+        return tab, []
+    parts = [[] if q in ("—", "", None) else str(q).split("; ") for q in tab["qualifiers"]]
+    counts: dict[str, int] = {}
+    for p in parts:
+        for q in dict.fromkeys(p):
+            counts[q] = counts.get(q, 0) + 1
+    common = [q for q, n in counts.items() if n >= 3 and n > len(tab) / 2]
+    if not common:
+        return tab, []
+    notes = []
+    for q in common:
+        without = [str(c) for c, p in zip(tab["component"], parts) if q not in p]
+        notes.append(f"- {q}" + (f" (all rows but {', '.join(without)})" if without else " (every row)"))
+    tab = tab.assign(qualifiers=["; ".join(x for x in p if x not in common) or "—" for p in parts])
+    return tab, ["", "Qualifiers of most rows, said once:", *notes]
 
 
 def regime_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
@@ -341,7 +367,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
           "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
-          md_table(findings_table(a))] + _per_decade_note(a)
+          *_findings_with_notes(a)] + _per_decade_note(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:

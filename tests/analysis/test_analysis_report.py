@@ -387,3 +387,16 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     assert "drops_at_scale.json could not be read" in (sd / "report" / "report.md").read_text()
     capsys.readouterr()
+
+
+def test_a_qualifier_of_most_findings_rows_is_said_once_naming_the_rows_it_skips():
+    from analysis.report import say_once
+
+    q = "quality: interval spans over 10x"
+    tab = pd.DataFrame({"component": ["a", "b", "c", "d", "TOTAL"],
+                        "qualifiers": [q, f"LRs untuned for this arm; {q}", q, "—", q]})
+    out, note = say_once(tab)
+    assert list(out["qualifiers"]) == ["—", "LRs untuned for this arm", "—", "—", "—"]
+    assert note == ["", "Qualifiers of most rows, said once:", f"- {q} (all rows but d)"]
+    few = tab.assign(qualifiers=[q, q, "—", "—", "—"])  # two rows of five: stays where it is
+    assert say_once(few)[0].equals(few) and say_once(few)[1] == []
