@@ -88,11 +88,13 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
                     for lv, g in d.groupby("level", sort=False))
     L = ["## Drop rates: this study's shards and the scale of Marin's claim", "",
          f"This study's EP transports drop {own} of routed tokens (per rung under Warnings). Marin's claim — ragged "
-         "all-to-all drops ~0.01–0.14% where the fixed per-cell transport drops 5.5–7.1% — is about shards of 65,536 "
-         "tokens. The ragged transport pools its capacity (1.15× the mean load) over all of a receiver's experts; the "
-         "fixed one gives every (sender, expert) cell 1.33×. Over the few tokens of a CPU rung's shard, one busy "
-         "expert fills a pool of 1.15× quickly and the pool's slack is small in rows, so ragged can drop more than "
-         "fixed there; over 65,536 tokens the pooled slack absorbs the documents' skew and the order reverses.", ""]
+         "all-to-all drops ~0.01–0.14% where the fixed per-cell transport drops 5.5–7.1% — was measured at GPU scale "
+         "(our GPU rungs plan shards of 65,536 tokens). The ragged transport's capacity is the smaller factor (1.15× the mean load, pooled over all of a "
+         "receiver's experts and senders) against the fixed one's 1.33× per (sender, expert) cell. Pooling wins "
+         "where it averages the skew of a shard's few documents away, which takes many tokens per shard; over the "
+         "few tokens of a CPU rung's shard a receiver's load swings almost as much as one cell's, and the smaller "
+         "factor overflows more often, so ragged drops more there (Marin's measurement and the rates at scale "
+         "below are the other regime).", ""]
     rows = None
     if study_dir is not None and (study_dir / AT_SCALE_FILE).is_file():
         try:
