@@ -55,6 +55,18 @@ def local_slope(a: StudyAnalysis) -> tuple[float, float, float] | None:
     return float(fit.params[0]), float(lo), float(hi)
 
 
+def _coding_line(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """Which level of each factor is +1 (a multiplier is the +1 level's over the −1 level's)."""
+    from analysis.results import factor_coding
+
+    try:
+        coding = factor_coding(raw)
+    except ValueError:  # a table without its runs' definitions: nothing to state
+        return []
+    parts = [f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in a.factors if f in coding]
+    return ["", "Coding (each multiplier is the +1 level over the −1 level): " + "; ".join(parts) + "."] if parts else []
+
+
 def _findings_with_notes(a: StudyAnalysis) -> list[str]:
     tab, notes = say_once(findings_table(a))
     return [md_table(tab), *notes]
@@ -369,7 +381,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
           "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
-          *_findings_with_notes(a)] + _per_decade_note(a)
+          *_findings_with_notes(a)] + _per_decade_note(a) + _coding_line(a, raw)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:

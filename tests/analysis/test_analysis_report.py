@@ -338,6 +338,11 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     assert "held-out cross-entropy in nats per token" in md and "L, L∞ and A are in nats per token." in md
     assert "Per decade of compute: the slope across the ladder, which spans 0.6 decades" in md
     assert md.count("Per decade of compute: the slope") == 1  # said once, not per row
+    from analysis.results import factor_coding
+
+    coding = factor_coding(df)
+    assert ("Coding (each multiplier is the +1 level over the −1 level): "
+            + "; ".join(f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in FACTORS3) + ".") in md
     from analysis.pipeline import analyze_table
     from analysis.report import local_slope
 
