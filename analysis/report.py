@@ -64,7 +64,8 @@ def _coding_line(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
     except ValueError:  # a table without its runs' definitions: nothing to state
         return []
     parts = [f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in a.factors if f in coding]
-    return ["", "Coding (each multiplier is the +1 level over the −1 level): " + "; ".join(parts) + "."] if parts else []
+    return ["", "Coding (each multiplier is the +1 level over the −1 level): " + "; ".join(parts) + ".", ""] \
+        if parts else []
 
 
 def _findings_with_notes(a: StudyAnalysis) -> list[str]:
@@ -101,12 +102,18 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
     L = ["## Drop rates: this study's shards and the scale of Marin's claim", "",
          f"This study's EP transports drop {own} of routed tokens (per rung under Warnings). Marin's claim — ragged "
          "all-to-all drops ~0.01–0.14% where the fixed per-cell transport drops 5.5–7.1% — was measured at GPU scale "
-         "(our GPU rungs plan shards of 65,536 tokens). The ragged transport's capacity is the smaller factor (1.15× the mean load, pooled over all of a "
-         "receiver's experts and senders) against the fixed one's 1.33× per (sender, expert) cell. Pooling wins "
-         "where it averages the skew of a shard's few documents away, which takes many tokens per shard; over the "
-         "few tokens of a CPU rung's shard a receiver's load swings almost as much as one cell's, and the smaller "
-         "factor overflows more often, so ragged drops more there (Marin's measurement and the rates at scale "
-         "below are the other regime).", ""]
+         "(our GPU rungs plan shards of 65,536 tokens)."]
+    recipe_more = d.loc[d["code"] > 0, "drop_rate"].mean() > d.loc[d["code"] < 0, "drop_rate"].mean()
+    if recipe_more:  # the smoke's reading: the recipe (ragged) transport drops more at its tiny shards
+        L[-1] += (" The ragged transport's capacity is the smaller factor (1.15× the mean load, pooled over all of "
+                  "a receiver's experts and senders) against the fixed one's 1.33× per (sender, expert) cell. Pooling "
+                  "wins where it averages the skew of a shard's few documents away, which takes many tokens per "
+                  "shard; over the few tokens of a CPU rung's shard a receiver's load swings almost as much as one "
+                  "cell's, and the smaller factor overflows more often, so ragged drops more here (Marin's "
+                  "measurement and the rates at scale below are the other regime).")
+    else:
+        L[-1] += " Here the recipe's transport drops less, as at scale."
+    L.append("")
     rows = None
     if study_dir is not None and (study_dir / AT_SCALE_FILE).is_file():
         try:

@@ -383,6 +383,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     assert "## Drop rates: this study's shards and the scale of Marin's claim" in md
     assert "python benchmarks/ep_drops.py --only rungs --json STUDY_DIR/drops_at_scale.json" in md
     assert re.search(r"This study's EP transports drop \w+ \d+\.\d–\d+\.\d%, \w+ \d+\.\d–\d+\.\d%", md)
+    assert "Here the recipe's transport drops less, as at scale." in md  # the simulated recipe drops 0.4%, 3% off
     (sd / "drops_at_scale.json").write_text(json.dumps({"rows": [
         {"rung": "d512", "S": 8, "Ts": 65536, "fixed_drop": 0.0512, "ragged_drop": 0.0007}]}))
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
@@ -392,6 +393,15 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     assert "drops_at_scale.json could not be read" in (sd / "report" / "report.md").read_text()
     capsys.readouterr()
+    from analysis.pipeline import analyze_table
+    from analysis.report import drops_section
+
+    df = pd.read_parquet(sd / "results.parquet")  # the smoke's reading: the recipe drops more at tiny shards
+    on = df["ep_transport"] == "on"
+    df.loc[on, "drop_rate"], df.loc[~on, "drop_rate"] = 0.08, 0.05
+    text = " ".join(drops_section(analyze_table(df, n_boot=0), None))
+    assert "so ragged drops more here" in text and "the smaller factor overflows more often" in text
+    assert "python benchmarks/ep_drops.py --only rungs --json" in text
 
 
 def test_a_qualifier_of_most_findings_rows_is_said_once_naming_the_rows_it_skips():
