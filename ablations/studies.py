@@ -274,7 +274,7 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, <= 10 min on 2 cores",
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, about 8 min on 2 idle cores (`plan smoke` scales it for the load)",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ("noise_cpu",))
 

@@ -293,7 +293,26 @@ def _needed(responses: tuple[str, ...]) -> list[Response]:
     return ordered(names)
 
 
-def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_linf: float | None = None,
+def analyze_table(df: pd.DataFrame, **kw) -> StudyAnalysis:
+    """`_analyze_table` with numpy's and scipy's RuntimeWarnings (an exp that overflows where a law
+    parameter is not identified, say) kept off the console and the notebook: each distinct one becomes
+    one line of the report's Warnings instead (the values it concerns are shown as not identified)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        a = _analyze_table(df, **kw)
+    numeric = sorted({str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)})
+    for w in caught:
+        if not issubclass(w.category, RuntimeWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if numeric:
+        a.warnings.append(f"numerical: {'; '.join(numeric)} while fitting (where a parameter is not identified; "
+                          "the numbers concerned are shown as not identified or as intervals that say little)")
+    return a
+
+
+def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_linf: float | None = None,
                   pin_alpha: float | None = None, n_boot: int = 200, boot_method: str = "wild", hc: str = "HC3",
                   mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
                   third_levels: str = "drop", level: float = 0.95, seed: int = 0,

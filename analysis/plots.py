@@ -75,6 +75,14 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
         yy = np.arange(len(comps)) + (j - (len(rungs) - 1) / 2) * 0.8 / max(len(rungs), 1)
         m = np.exp(e["effect"])
         ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
+    # the Findings' own numbers: each component at the reference compute C_ref (a black diamond)
+    c = a.components[a.components["response"] == response].set_index("component") if len(a.components) else None
+    if c is not None and "shapley" in c and len(c.index.intersection(comps)):
+        e = c.reindex(comps)
+        m = np.exp(e["shapley"].to_numpy(float))
+        ax.errorbar(m, np.arange(len(comps)) - 0.45, xerr=[m - np.exp(e["shapley_lo"].to_numpy(float)),
+                                                           np.exp(e["shapley_hi"].to_numpy(float)) - m],
+                    fmt="D", color="black", ms=4, capsize=2, label=f"C_ref = {a.c_ref:.3g} FLOPs")
     ax.axvline(1.0, color="grey", lw=1, ls="--")
     ax.set_xscale("log")
     log_ticks(ax, "x")
@@ -83,7 +91,7 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
     r = by_column(response)
     ax.set_xlabel(f"{r.axis if r else response} (× {_unit(response)}, log scale)")
     ax.legend(title="rung", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title(f"{r.label if r else response} per component and rung\n(Shapley, 95% CI)")
+    ax.set_title(f"{r.label if r else response} per component and rung, and at C_ref (◆)\n(Shapley, 95% CI)")
     return _save(fig, path)
 
 
@@ -112,7 +120,10 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
     ax.axhline(0, color="grey", lw=0.8)
     r = by_column(response)
     ax.set_ylabel(f"Shapley value, ln(× {_unit(response)})\n(ln 2 = 0.69: ×2)")
-    ax.set_title(f"Shapley waterfall of {r.symbol if r else response},\nall-off → all-on, 95% CIs")
+    sec = ax.secondary_yaxis("right", functions=(np.exp, np.log))  # the same values as multipliers
+    sec.set_ylabel(f"multiplier (× {_unit(response)})")
+    ax.set_title(f"Shapley waterfall of {r.symbol if r else response} at C_ref = {a.c_ref:.3g} FLOPs,\n"
+                 "all-off → all-on, 95% CIs")
     return _save(fig, path)
 
 
@@ -136,10 +147,41 @@ def interaction_cells(a: StudyAnalysis, response: str = "quality") -> tuple[pd.D
     return est.astype(float), sig, ali
 
 
-def draw_interactions(est: pd.DataFrame, sig: pd.DataFrame, ali: pd.DataFrame, title: str, unit: str = "compute"):
+def alias_cells(a: StudyAnalysis, response: str = "quality") -> tuple[pd.DataFrame, dict] | None:
+    """Which cells the heatmap draws where the design aliases interactions: one per alias group (its
+    first pair, below the diagonal), labelled with the pairs it stands for (factor letters A, B, ... in
+    the study's order); None for a design without aliased 2FIs (every cell drawn)."""
+    fit = a.fits.get(response)
+    if fit is None or fit.alias is None:
+        return None
+    letter = {f: chr(65 + i) for i, f in enumerate(fit.factors)}
+    keep = pd.DataFrame(False, index=fit.factors, columns=fit.factors)
+    label, seen, any_alias = {}, set(), False
+    for j, t in enumerate(fit.terms):
+        if t.kind != "2fi":
+            continue
+        g = fit.alias.group_of(j)
+        key = frozenset(i for i, _ in g) if g else frozenset([j])
+        if key in seen:
+            continue
+        seen.add(key)
+        x, y = sorted(t.factors, key=fit.factors.index, reverse=True)  # below the diagonal: row after column
+        keep.loc[x, y] = True
+        if g:
+            any_alias = True
+            others = ["".join(sorted((letter[f] for f in fit.terms[i].factors), key=str)) for i, _ in g if i != j]
+            label[(x, y)] = "= " + " = ".join(others)
+    return (keep, label) if any_alias else None
+
+
+def draw_interactions(est: pd.DataFrame, sig: pd.DataFrame, ali: pd.DataFrame, title: str, unit: str = "compute",
+                      keep: pd.DataFrame | None = None, label: dict | None = None):
     """The heatmap on the fixed scale ±HEATMAP_LIMIT; a cell whose interval contains 0 is drawn
-    grey and hatched (its value still printed)."""
+    grey and hatched (its value still printed). `keep` (alias_cells): only those cells are drawn, each
+    alias group once with `label` naming the pairs it stands for."""
     n = len(est)
+    if keep is not None:
+        est = est.where(keep.reindex_like(est).fillna(False).astype(bool))
     fig, ax = plt.subplots(figsize=(2.4 + 0.8 * n, 1.6 + 0.7 * n))
     sns.heatmap(est, mask=~sig.to_numpy() | ~np.isfinite(est.to_numpy()), cmap="RdBu_r", center=0,
                 vmin=-HEATMAP_LIMIT, vmax=HEATMAP_LIMIT, ax=ax, square=False, linewidths=0.5, linecolor="white",
@@ -153,7 +195,9 @@ def draw_interactions(est: pd.DataFrame, sig: pd.DataFrame, ali: pd.DataFrame, t
                 ax.add_patch(matplotlib.patches.Rectangle((j, i), 1, 1, facecolor="#eeeeee", hatch="///",
                                                           edgecolor="#bbbbbb", lw=0))
             strong = sig.iat[i, j] and abs(v) > 0.6 * HEATMAP_LIMIT
-            ax.text(j + 0.5, i + 0.5, f"{v:+.3f}" + ("\n(alias)" if ali.iat[i, j] else ""), ha="center", va="center",
+            tag = (label or {}).get((est.index[i], est.columns[j])) if keep is not None else None
+            ax.text(j + 0.5, i + 0.5, f"{v:+.3f}" + (f"\n{tag}" if tag else "\n(alias)" if ali.iat[i, j] and keep is None
+                                                     else ""), ha="center", va="center",
                     fontsize=8, color="white" if strong else "black")
     ax.set_title(title)
     return fig, ax
@@ -165,8 +209,15 @@ def interaction_heatmap(a: StudyAnalysis, path: Path, response: str = "quality")
     if cells is None:
         return None
     col = a.fits[response].response
-    fig, _ = draw_interactions(*cells, title=f"Two-factor interactions ({col});\nhatched: 95% CI contains 0",
-                               unit=_unit(col))
+    groups = alias_cells(a, response)
+    if groups is None:
+        fig, _ = draw_interactions(*cells, title=f"Two-factor interactions ({col});\nhatched: 95% CI contains 0",
+                                   unit=_unit(col))
+    else:  # a fraction estimates alias sums only: each group once, named (A, B, ... the factors in order)
+        key = ", ".join(f"{chr(65 + i)} {f}" for i, f in enumerate(a.fits[response].factors))
+        fig, _ = draw_interactions(*cells, title=f"Two-factor interactions ({col}), each alias group once;\n"
+                                   f"hatched: 95% CI contains 0\n{key}", unit=_unit(col), keep=groups[0],
+                                   label=groups[1])
     return _save(fig, path)
 
 
@@ -217,7 +268,8 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     if a.target_compute:
         hi_c = max(hi_c, a.target_compute)
     Cg = np.logspace(np.log10(lo_c) - 0.1, np.log10(hi_c) + 0.1, 100)
-    lab = ("L∞, α not identified" if {"linf", "alpha"} & set(a.law.not_identified)
+    # an unidentified law is drawn (it fits the rungs) but never labelled with numbers it does not have
+    lab = ("law (L∞, α, A not identified)" if {"linf", "alpha", "ln_a", "A"} & set(a.law.not_identified)
            else f"L∞={a.law.linf:.3f}, α={a.law.alpha:.3f}")
     ax.plot(Cg, a.law.predict(Cg), color="tab:blue", label=lab)
     lo, hi = a.law.band(Cg)
@@ -225,7 +277,7 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     ax.set_xscale("log")
     log_ticks(ax, "x")
     ax.set_xlabel("training compute C (analytic FLOPs, log scale)")
-    ax.set_ylabel("eval macro loss")
+    ax.set_ylabel("eval macro loss (nats per token)")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title("Reference law L = L∞ + A·C^−α\n(fitted on all arms)")
     return _save(fig, path)

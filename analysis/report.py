@@ -5,6 +5,7 @@ second interval, the full eval table, aliasing and the robust ANOVA in an append
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,107 @@ DEFINITIONS = (
     "the larger of HC3 and model-based, law fitted jointly (its uncertainty included), and with three or more seeds "
     "at least the between-seed t interval; boot: wild bootstrap refitting law and model."
 )
+
+
+def local_slope(a: StudyAnalysis) -> tuple[float, float, float] | None:
+    """dL/d ln C across the ladder, with its 95% interval: the loss on ln C with one offset per arm
+    (statsmodels OLS, HC3). It is what a quality multiplier rests on where the law's L∞, α and A are not
+    identified separately (M = exp(ΔL / slope) to first order)."""
+    import statsmodels.api as sm
+
+    t = a.table
+    cols = [f"x_{f}" for f in a.factors if f"x_{f}" in t]
+    if len(t) < 3 or not cols or t["train_flops"].nunique() < 2:
+        return None
+    arm = pd.Categorical(t[cols].astype(int).astype(str).agg("".join, axis=1))
+    X = pd.get_dummies(arm, dtype=float).to_numpy()
+    X = np.column_stack([np.log(t["train_flops"].to_numpy(float)), X])
+    try:
+        fit = sm.OLS(t["eval_macro_loss"].to_numpy(float), X).fit(cov_type="HC3")
+    except (ValueError, np.linalg.LinAlgError):
+        return None
+    if fit.df_resid < 1:
+        return None
+    lo, hi = fit.conf_int(0.05)[0]
+    return float(fit.params[0]), float(lo), float(hi)
+
+
+def _coding_line(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """Which level of each factor is +1 (a multiplier is the +1 level's over the −1 level's)."""
+    from analysis.results import factor_coding
+
+    try:
+        coding = factor_coding(raw)
+    except ValueError:  # a table without its runs' definitions: nothing to state
+        return []
+    parts = [f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in a.factors if f in coding]
+    return ["", "Coding (each multiplier is the +1 level over the −1 level): " + "; ".join(parts) + ".", ""] \
+        if parts else []
+
+
+def _findings_with_notes(a: StudyAnalysis) -> list[str]:
+    tab, notes = say_once(findings_table(a))
+    return [md_table(tab), *notes]
+
+
+def _per_decade_note(a: StudyAnalysis) -> list[str]:
+    """Once under Findings: a ladder narrower than a decade states its slope per 10x beyond its own span."""
+    if len(a.rungs) < 2:
+        return []
+    span = float(np.log10(a.rungs["compute"].max() / a.rungs["compute"].min()))
+    if span >= 1.0:
+        return []
+    return ["", f"Per decade of compute: the slope across the ladder, which spans {span:.2g} decades "
+            f"({a.rungs['compute'].min():.3g}–{a.rungs['compute'].max():.3g} FLOPs); a full decade (10×) is "
+            f"{1 / span:.2g}× the span measured, so read it as a rate, not as a change seen."]
+
+
+AT_SCALE_FILE = "drops_at_scale.json"  # benchmarks/ep_drops.py --only rungs --json OUT/STUDY/drops_at_scale.json
+
+
+def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
+    """The study's own drop rates per transport beside the ones where Marin's claim is checkable (GPU rungs,
+    65,536 tokens per EP shard, measured by benchmarks/ep_drops.py into STUDY/drops_at_scale.json), and why
+    they differ: a pooled capacity over few tokens overflows more often than a per-cell one."""
+    from analysis.checks import drop_rates
+
+    d = drop_rates(a)
+    if not len(d) or d["drop_rate"].max() <= 0:
+        return []
+    own = ", ".join(f"{lv} {100 * g['drop_rate'].min():.1f}–{100 * g['drop_rate'].max():.1f}%"
+                    for lv, g in d.groupby("level", sort=False))
+    L = ["## Drop rates: this study's shards and the scale of Marin's claim", "",
+         f"This study's EP transports drop {own} of routed tokens (per rung under Warnings). Marin's claim — ragged "
+         "all-to-all drops ~0.01–0.14% where the fixed per-cell transport drops 5.5–7.1% — was measured at GPU scale "
+         "(our GPU rungs plan shards of 65,536 tokens)."]
+    recipe_more = d.loc[d["code"] > 0, "drop_rate"].mean() > d.loc[d["code"] < 0, "drop_rate"].mean()
+    if recipe_more:  # the smoke's reading: the recipe (ragged) transport drops more at its tiny shards
+        L[-1] += (" The ragged transport's capacity is the smaller factor (1.15× the mean load, pooled over all of "
+                  "a receiver's experts and senders) against the fixed one's 1.33× per (sender, expert) cell. Pooling "
+                  "wins where it averages the skew of a shard's few documents away, which takes many tokens per "
+                  "shard; over the few tokens of a CPU rung's shard a receiver's load swings almost as much as one "
+                  "cell's, and the smaller factor overflows more often, so ragged drops more here (Marin's "
+                  "measurement and the rates at scale below are the other regime).")
+    else:
+        L[-1] += " Here the recipe's transport drops less, as at scale."
+    L.append("")
+    rows = None
+    if study_dir is not None and (study_dir / AT_SCALE_FILE).is_file():
+        try:
+            rows = json.loads((study_dir / AT_SCALE_FILE).read_text())["rows"]
+            rows = [r for r in rows if all(isinstance(r.get(k), (int, float)) for k in ("fixed_drop", "ragged_drop"))]
+        except (OSError, ValueError, KeyError, TypeError):
+            rows = None
+            L += [f"({AT_SCALE_FILE} could not be read: measure it again with the command below.)", ""]
+    if rows:
+        L += [f"Measured at the GPU rungs' load ({AT_SCALE_FILE}, from `benchmarks/ep_drops.py --only rungs`): "
+              + "; ".join(f"{r['rung']} ({r['S']} shards of {r['Ts']:,} tokens) fixed {100 * r['fixed_drop']:.2f}%, "
+                          f"ragged {100 * r['ragged_drop']:.3f}%" for r in rows) + ".", ""]
+    else:
+        L += ["Where the claim is checkable, measure it (router and dispatch only, minutes on CPU): "
+              f"`python benchmarks/ep_drops.py --only rungs --json STUDY_DIR/{AT_SCALE_FILE}`; the report then "
+              "prints those rates here.", ""]
+    return L
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -117,6 +219,27 @@ def findings_table(a: StudyAnalysis) -> pd.DataFrame:
     return pd.DataFrame([{"component": f, **{label: finding(a, r, f) for r, label in resp},
                           "qualifiers": qualifiers(a, f), **scale_cells(a, f)}
                          for f in a.factors + ["TOTAL"]])
+
+
+def say_once(tab: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Findings' qualifiers that stand in most rows (at least 3, and more than half) are taken out of the
+    rows and said once in a note under the table, naming the rows they do not apply to."""
+    if "qualifiers" not in tab or len(tab) < 3:
+        return tab, []
+    parts = [[] if q in ("—", "", None) else str(q).split("; ") for q in tab["qualifiers"]]
+    counts: dict[str, int] = {}
+    for p in parts:
+        for q in dict.fromkeys(p):
+            counts[q] = counts.get(q, 0) + 1
+    common = [q for q, n in counts.items() if n >= 3 and n > len(tab) / 2]
+    if not common:
+        return tab, []
+    notes = []
+    for q in common:
+        without = [str(c) for c, p in zip(tab["component"], parts) if q not in p]
+        notes.append(f"- {q}" + (f" (all rows but {', '.join(without)})" if without else " (every row)"))
+    tab = tab.assign(qualifiers=["; ".join(x for x in p if x not in common) or "—" for p in parts])
+    return tab, ["", "Qualifiers of most rows, said once:", *notes]
 
 
 def regime_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
@@ -256,13 +379,16 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
     L += ["## Findings", "",
+          f"C_ref = {a.c_ref:.3g} FLOPs is the reference compute: the geometric mean of the runs' training compute "
+          "(the ladder's centre in ln C, where the factor × log C terms vanish; ◆ in the forest figure). Losses are "
+          "held-out cross-entropy in nats per token (eval_macro_loss: the mean over the evaluation domains).", "",
           f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
           "value of the fitted model, law uncertainty included"
           + ("; never narrower than the between-seed interval of the per-seed estimates"
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
           "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
-          md_table(findings_table(a))]
+          *_findings_with_notes(a)] + _per_decade_note(a) + _coding_line(a, raw)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:
@@ -276,6 +402,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
+    L += drops_section(a, out_dir.parent if out_dir is not None else None)
     L += regime_section(a, raw)
     L += planted_section(a)
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
@@ -316,7 +443,15 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
               + (f" L∞, α and A rest on the {law.between_df} df of the (seed × rung) cluster means: each rung's "
                  "own init and data order shift all its arms together (docs/method.md §4.4)."
                  if law.between_df and law.between_df > 0 else "")
-              + (f" Not identified: {law.why}." if law.why else ""), ""]
+              + (f" Not identified: {law.why}." if law.why else "")
+              + " L, L∞ and A are in nats per token.", ""]
+        slope = local_slope(a)
+        if law.not_identified and slope is not None:
+            L += [f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
+                  f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
+                  f"{slope[0]:.4g} nats per token per e-fold [{slope[1]:.4g}, {slope[2]:.4g}] (the loss on ln C with one "
+                  "offset per arm, OLS with HC3, 95%). Beyond the ladder (extrapolation) they need the curvature the "
+                  "rungs do not fix.", ""]
         if "curved" in a.joint:
             k = a.joint["curved"]
             lo, hi = k.wald_ci("kappa", 1.96)
@@ -378,9 +513,13 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}
     if figures:
+        import warnings
+
         from analysis.plots import all_figures
 
-        figs = all_figures(a, raw, out_dir / "figures")
+        with warnings.catch_warnings():  # a figure's exp of a vast interval: drawn clipped, never printed raw
+            warnings.simplefilter("ignore", RuntimeWarning)
+            figs = all_figures(a, raw, out_dir / "figures")
     md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
     atomic_write_text(out_dir / "report.md", md)
     body = markdown.markdown(md, extensions=["tables"])

@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rung-mean-doc", type=int, default=4096, help="mean document length of the rung replay")
     ap.add_argument("--doc-locality", type=float, default=0.1, help="rho: share of a token's router input its document sets")
     ap.add_argument("--qb-steps", type=int, default=20, help="QB bias updates before the rung replay")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="write the per-rung rows there (OUT/STUDY/drops_at_scale.json: the report prints them)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"EP drop replay: fixed cf {CF_FIXED} (per sender-expert cell), pooled-wave cf {CF_WAVE} ({WAVES} waves, "
@@ -261,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
           "(pooled per receiver, 2 chunks); MB/shard = bytes a shard sends off-shard, dispatch + return")
     summary = {}
     summary["rungs"] = rung_rows(args)
+    if args.json:  # what the report prints beside a CPU study's own drop rates (analysis/report.py)
+        import json
+        from pathlib import Path
+
+        keep = ("rung", "S", "Ts", "docs_per_shard", "fixed_drop", "pooled_wave_drop", "ragged_drop")
+        Path(args.json).write_text(json.dumps({"source": "benchmarks/ep_drops.py --only rungs", "rows": [
+            {k: r[k] for k in keep} for r in summary["rungs"]]}, indent=1))
     if args.only == "rungs":
         return 0
 

@@ -88,10 +88,15 @@ def cmd_describe(args: argparse.Namespace, rung: dict | None = None) -> int:
           f"{' (latent)' if g['latent'] else ''}")
     print(f"params_total   {_fmt(info['params_total'])} ({info['params_total']:,})")
     print(f"params_active  {_fmt(info['params_active'])} ({info['params_active']:,}, non-embedding)")
+    pm = info["resolved"]["params_active_marin"]
+    print(f"  params_active_marin {_fmt(pm)}: Marin's count, which its ladder sizes tokens by (attention, router, "
+          "routed and shared experts, latent; no norms, gates, SConv, GatedNorm: marin/flops.py)")
     print(f"flops_per_token {_fmt(info['flops_per_token'])} (training, 3 x forward)")
     for k, v in info["forward_flops_breakdown"].items():
         print(f"  forward {k:<12} {_fmt(v)}")
     print(f"dispatch_bytes_per_token {_fmt(info['dispatch_bytes_per_token'])}")
+    if rung is not None and rung.get("rung_overrides") not in (None, "(none)"):
+        print(f"rung {args.preset} trains with {rung['rung_overrides']} (the model line above is the preset's)")
     print("resolved (docs/fidelity.md):")
     for k, v in info["resolved"].items():
         print(f"  {k:<22} {v}")

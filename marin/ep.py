@@ -15,6 +15,8 @@ equals `plan_drops` on the globally gathered expert ids (pinned by tests/marin/t
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -303,12 +305,23 @@ def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) ->
     return out
 
 
+@contextlib.contextmanager
+def _one_process_dcp(groups: EPGroups | None):
+    """DCP warns "torch.distributed is disabled ... assuming the intent is to save in a single process"
+    on every one-process save and load: that is exactly our intent (no_dist), so the warning is muted there."""
+    with warnings.catch_warnings():
+        if groups is None:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None) -> None:
     """Save model (and optimizer) with torch.distributed.checkpoint: every rank calls it; groups=None
     in one process. Any layout (world size, EP size, FSDP2 or not) can load it."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
+    with _one_process_dcp(groups):
+        dcp.save(_ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
 
 
 def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None,
@@ -319,7 +332,8 @@ def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
     from torch.distributed.tensor import DTensor
 
     sd = _ep_state_dict(model, groups, optimizer)
-    dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None, storage_reader=storage_reader, planner=planner)
+    with _one_process_dcp(groups):
+        dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None, storage_reader=storage_reader, planner=planner)
     # DCP writes in place into the tensors it was given; copy anyway, so an entry that was a copy
     # (not a view of the parameter) still lands in the model.
     own = dict(model.named_parameters()) | dict(model.named_buffers())

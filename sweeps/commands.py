@@ -35,15 +35,19 @@ def describe_args(p: argparse.ArgumentParser) -> None:
 
 
 def rung_of_preset(preset_name: str) -> dict | None:
-    """The batch, EP shards and token budget of the ladder rung named like the preset, else None."""
+    """The batch, EP shards, token budget and overrides of the ladder rung named like the preset, else None."""
     from ablations.ladders import RUNGS
 
     rung = RUNGS.get(preset_name)
     if rung is None or rung.preset != preset_name:
         return None
+    # what the rung trains beyond the preset (the GPU rungs: flex attention, triton kernels, compile)
+    over = {**{f"model.{k}": v for k, v in dict(rung.model_overrides).items()},
+            **{f"train.{k}": v for k, v in dict(rung.train_overrides).items()}}
     return {"ep_shards": rung.model().ep_shards, "batch_sequences": rung.batch_size,
             "tokens_per_step": rung.tokens_per_step, "steps": rung.steps(), "tokens": rung.tokens(),
-            "replica_groups": rung.train_config().replica_groups}
+            "replica_groups": rung.train_config().replica_groups,
+            "rung_overrides": " ".join(f"{k}={v}" for k, v in over.items()) or "(none)"}
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
@@ -212,11 +216,17 @@ def _fmt_num(v: Any) -> str:
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
-    cells = [[_fmt_num(r.get(c, "")) for c in cols] for r in rows]
+    cells = [["-" if r.get(c) is None and c in r else _fmt_num(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def _arm_key(study: Any) -> str:
+    """What an arm code such as `+-+` says: one sign per factor, in the design's order."""
+    levels = ", ".join(f"{f.name} (+ {f.level(1)}, - {f.level(-1)})" for f in study.factors)
+    return f"arm codes: one sign per factor in this order: {levels}; all_on / all_off: every factor + / -"
 
 
 def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
@@ -264,7 +274,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
     slots = get_executor(opts.executor).slots(opts)
     d["execution"] = {"executor": opts.executor, "workers": slots}
-    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots)  # the prior: the rungs as the study defines them
+    # the prior: the rungs as the study defines them
+    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots, opts.threads)
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
@@ -305,14 +316,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))
     if d.get("alias_table"):
         print(f"\nalias table (up to order {des.get('alias_max_order', 3)}):")
-        for eff, al in d["alias_table"].items():
+        shown: set[frozenset] = set()
+        for eff, al in d["alias_table"].items():  # an alias group once (AB = CD = EF is one line, not three)
+            group = frozenset([eff, *al])
+            if al and group in shown:
+                continue
+            shown.add(group)
             print(f"  {eff} = {' = '.join(al) if al else '(clear)'}")
     print(f"all two-factor interactions estimable: {d.get('all_2fi_estimable')}")
     print(f"\narms ({len(d['arms'])}): {', '.join(d['arms'])}")
+    print(_arm_key(study))
     print(f"seeds: {d['seeds']}\n\nrungs:")
     cols = [c for c in ("name", "d_model", "n_layers", "params_active", "params_total", "tokens", "steps", "batch_size",
                         "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min") if any(c in r for r in d["rungs"])]
     print(_table(d["rungs"], cols))
+    if "train_flops" in cols:
+        print("(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)")
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
     print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items() if not k.startswith(("est_", "max_par"))))
@@ -368,27 +387,18 @@ def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
     d["cost"]["train_flops"] = total
 
 
-def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None) -> dict | None:
-    """Wall time of the runs not done yet, from this host's measured runs (sweeps/costmodel.py)."""
+def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None,
+                   threads: int | None = None) -> dict | None:
+    """Wall time of the runs not done yet: the cost model of `run` and `tune` (`progress.plan_estimate`)."""
     from marin.schema import read_json
-    from sweeps.costmodel import mark_cold, spec_flops
-    from sweeps.progress import eta_model, study_eta
+    from sweeps.progress import plan_estimate
 
-    if not planned:
-        return None
-    k = slots or len(planned)
-    model = eta_model(prior, k, exclude=[r.run_id for r in planned], device=planned[0].spec.train.device.split(":")[0])
-    rows = []
-    for r in planned:
-        summ = read_json(r.dir / "summary.json") or {}
-        done = summ.get("status") == "completed"
-        rows.append({"state": "completed" if done else "pending", "flops": spec_flops(r.spec),
-                     "wall_s": summ.get("wall_s"), "started_at": summ.get("started_at")})
-    e = study_eta(mark_cold(rows, 0.0, k), model, k)  # the study's first runs paid the workers' start
+    e = plan_estimate([r.spec for r in planned], prior, slots, threads, [r.dir for r in planned])
     if e is None:
         return None
-    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured,
-            "completed": sum(r["state"] == "completed" for r in rows), "text": e.text()}
+    done = sum(1 for r in planned if ((read_json(r.dir / "summary.json") or {}).get("status") == "completed"))
+    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured, "load": e.load_note,
+            "completed": done, "text": e.text()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +493,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from marin.schema import read_json
+    from sweeps.costmodel import slowdown_now
     from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import tuned_multipliers
@@ -497,11 +508,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                  {"step": None, "total": None, "loss": None, "elapsed_s": None})
         if state == "completed":
             summary = read_json(sdir / r["run_id"] / "summary.json") or {}
-            r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"))
+            r.update(step=summary.get("step"), loss=summary.get("final_train_loss"), wall_s=summary.get("wall_s"),
+                     total=run_live(sdir / r["run_id"])["total"])
     rows = [dict(r, state=r["state"].split(",")[0], flops=run_flops(sdir / r["run_id"])) for r in st["runs"]]
     slots = max(1, st["counts"].get("running", 0))
-    model = eta_model(rung_prior(study.describe()["rungs"]), slots, exclude=[r["run_id"] for r in rows])
-    eta = study_eta(rows, model, slots)
+    model = eta_model(rung_prior(study.describe()["rungs"]), slots)
+    k, note = slowdown_now(slots)  # the load now: the running runs (ours) included
+    eta = study_eta(rows, model, slots, k or 1.0, note)
     left = st["counts"]["completed"] + st["counts"]["failed"] < st["n_runs"]
     st["eta_s"] = (eta.seconds if eta else None) if left else 0.0
     st["eta_90"] = [eta.lo, eta.hi] if eta and left else None
@@ -520,6 +533,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     shown = st["runs"] if args.all else [r for r in st["runs"] if r["state"].startswith(("running", "partial"))]
     if shown:
         print(_table(shown, cols))
+        if any(set(r["arm"] or "") <= {"+", "-"} and r["arm"] for r in shown):
+            print(_arm_key(study))
     failed = [r for r in st["runs"] if r["state"] == "failed"]
     for r in failed if args.all else failed[:args.limit]:
         print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")

@@ -11,14 +11,23 @@ it a little, so an ETA does not jump with the first, unusually short or long, ru
 each worker process trains pays one-time costs (imports, the embedded corpus: 32 s against 5 s for
 the same run warm, measured on `run smoke`), so the first `slots` runs of an invocation are left
 out of the fit (`mark_cold`).
+
+Load: runs on a busy machine take longer. Each finished run says how much slower than idle it trained
+(its threads x wall over the CPU time it got: `run_slowdown`), so the fit is made on idle-equivalent
+times (wall / slowdown), and a prediction is scaled by the slowdown the runs would see now
+(`slowdown_now`: a probing thread's CPU share and the threads the runs add). Where neither can be
+measured, the estimate says so and is not scaled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import socket
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -33,6 +42,10 @@ Z90 = 1.645  # two-sided 90%: the interval stated beside every estimate
 PRIOR_REL_SD = (1.0, 2.0)  # prior sd of (overhead, s/FLOP) relative to their assumed values: wide, a factor ~3
 NOISE_REL_PRIOR = 0.25  # one run's wall time scatters ~25% around the fit until runs say otherwise
 CACHE_FILE = "run_times.jsonl"
+# the load while runs train scatters around the load probed before them: on the shared 2-core machine
+# the 3 runs after a probe trained 1.2-1.7x slower than it said (its loaded share: half of it, 1 sd)
+LOAD_REL_SD = 0.5
+MAX_CACHE_LINES = 100_000  # the newest lines of the cache are read; older ones no longer describe the machine
 
 
 def spec_flops(spec: RunSpec) -> float:
@@ -54,11 +67,96 @@ class Estimate:
     lo: float
     hi: float
     n_measured: int
+    load_note: str = ""  # how the load scaled it (`slowdown_now`), or why it could not
 
     def text(self, fmt=None) -> str:
         f = fmt or (lambda s: f"{s / 60:.1f} min")
         basis = f"fitted to {self.n_measured} measured runs" if self.n_measured else "assumed, no run measured yet"
-        return f"{f(self.seconds)} (90%: {f(self.lo)}-{f(self.hi)}; {basis})"
+        note = f"; {self.load_note}" if self.load_note else ""
+        return f"{f(self.seconds)} (90%: {f(self.lo)}-{f(self.hi)}; {basis}{note})"
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine's load
+# ---------------------------------------------------------------------------------------------
+
+
+def cores() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def runnable_now() -> float | None:
+    """Threads running or waiting for a CPU right now, not counting this reader: /proc/loadavg's
+    running count (instantaneous), else the 1-minute load average; None where neither can be read."""
+    try:
+        return max(0.0, float(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1.0)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+_PROBE_BUF = b"\0" * (1 << 16)
+
+
+def probe_share(window_s: float = 0.05) -> float | None:
+    """The share of one CPU a thread of ours gets now: spin `window_s` (sha256, which releases the GIL)
+    and compare this thread's CPU time with the wall clock. It sees what a count of runnable threads
+    cannot: the scheduler's weights (nice levels, and autogroup's fair share per session). None where
+    thread CPU time cannot be read."""
+    try:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - w0 < window_s:
+            hashlib.sha256(_PROBE_BUF).digest()
+        wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    except (AttributeError, OSError):
+        return None
+    return min(1.0, cpu / wall) if wall > 0 else None
+
+
+def _autogroup() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def slowdown_now(demand: float, samples: int = 10, interval_s: float = 0.05) -> tuple[float | None, str]:
+    """(how many times slower than idle `demand` CPU-bound threads of ours would run now, what it rests on).
+    A thread alone gets the share s (`probe_share`, the mean of `samples`): with autogroup (a share per
+    session, ours holding all our threads) D threads split our session's, D / s; without it each thread
+    is one of W + D on C cores, with W = C / s - 1. Where s is a whole CPU, the other threads running
+    (`runnable_now`, at most C - 1 of them) fill the cores. None (and why) where it cannot be measured."""
+    got = []
+    for i in range(samples):
+        r = probe_share()
+        if r is None:
+            return None, "the machine's load cannot be measured here: not scaled for it"
+        got.append(r)
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    share, n, d = sum(got) / len(got), cores(), max(1.0, demand)
+    if share < 0.95:
+        k = d / share if _autogroup() else (n / share - 1.0 + d) / n
+    else:
+        k = (min(n - 1.0, runnable_now() or 0.0) + d) / n
+    k = max(1.0, k)
+    return k, f"x{k:.2f} for the load now (a thread of ours gets {share:.0%} of a CPU; {d:g} threads on {n} cores)"
+
+
+def run_slowdown(summary: dict) -> float | None:
+    """How many times slower than idle a finished run trained: its threads x wall over the CPU time it got
+    (summary.json's cpu_s, session_wall_s, threads; None for a run that did not record them)."""
+    cpu, wall, threads = summary.get("cpu_s"), summary.get("session_wall_s"), summary.get("threads")
+    if not (_positive(cpu) and _positive(wall) and _positive(threads)):
+        return None
+    return max(1.0, float(wall) * float(threads) / float(cpu))
 
 
 @dataclass
@@ -69,7 +167,8 @@ class CostModel:
 
     a0: float
     b0: float
-    obs: list[tuple[float, float]] = field(default_factory=list)
+    obs: list[tuple[float, ...]] = field(default_factory=list)  # (flops, wall_s[, slowdown while it ran])
+    cached: list[dict] = field(default_factory=list)  # the cache rows `obs` is joined from (sweeps/progress.py)
 
     def fit(self) -> tuple[np.ndarray, np.ndarray, float]:
         """Posterior mean and covariance of (a, c) with b = c x b0 (c = 1 is the prior's rate: a
@@ -81,8 +180,8 @@ class CostModel:
         mean, cov = m0, np.diag(sd0**2)
         if not self.obs:
             return mean, cov, rel
-        x = np.array([[1.0, self.b0 * f] for f, _ in self.obs])
-        y = np.array([w for _, w in self.obs])
+        x = np.array([[1.0, self.b0 * o[0]] for o in self.obs])
+        y = np.array([o[1] / (o[2] if len(o) > 2 else 1.0) for o in self.obs])  # idle-equivalent seconds
         for _ in range(3):  # noise from the residuals, shrunk towards the prior's when runs are few
             scale = np.maximum(x @ mean, 1e-3 + 0.1 * y)
             w = 1.0 / (rel * scale) ** 2
@@ -93,9 +192,11 @@ class CostModel:
             rel = max(0.03, math.sqrt((float(r @ r) + 2 * NOISE_REL_PRIOR**2) / (len(y) + 2)))
         return mean, cov, rel
 
-    def predict(self, flops: Sequence[float], left: Sequence[float] | None = None, slots: int = 1) -> Estimate:
+    def predict(self, flops: Sequence[float], left: Sequence[float] | None = None, slots: int = 1,
+                factor: float = 1.0, load_note: str = "") -> Estimate:
         """Wall seconds for runs of these FLOPs (each with the fraction `left` still to do), run
-        `slots` at a time; the interval adds the fit's uncertainty and each run's own scatter."""
+        `slots` at a time on a machine `factor` times slower than idle (`slowdown_now`); the interval adds
+        the fit's uncertainty, each run's own scatter and the load's (LOAD_REL_SD of its loaded share)."""
         u = self.b0 * np.asarray(flops, dtype=float)
         lf = np.ones_like(u) if left is None else np.clip(np.asarray(left, dtype=float), 0.0, 1.0)
         mean, cov, rel = self.fit()
@@ -103,8 +204,10 @@ class CostModel:
         g = np.array([lf.sum(), float(u @ lf)])
         var = float(g @ cov @ g) + float(((rel * per_run) ** 2).sum())
         total, sd = float(per_run.sum()), math.sqrt(max(var, 0.0))
-        k, spread = max(1, slots), 1.0 + Z90 * sd / max(total, 1e-9)  # a ratio interval: time is positive
-        return Estimate(total / k, total / spread / k, total * spread / k, len(self.obs))
+        rel = math.hypot(sd / max(total, 1e-9), LOAD_REL_SD * (1.0 - 1.0 / max(factor, 1.0)))
+        k, spread = max(1, slots), 1.0 + Z90 * rel  # a ratio interval: time is positive
+        total *= max(factor, 1.0)
+        return Estimate(total / k, total / spread / k, total * spread / k, len(self.obs), load_note)
 
 
 def prior_from(flops: Sequence[float], assumed_s: Sequence[float], overhead_s: float) -> tuple[float, float]:
@@ -124,15 +227,19 @@ def mark_cold(rows: list[dict], since: float, slots: int) -> list[dict]:
 
 
 def finished(run_dirs: Iterable[str | Path]) -> list[dict]:
-    """{run_id, flops, wall_s, device} of the completed runs among `run_dirs`."""
+    """{run_id, flops, wall_s, device, started_at[, slowdown]} of the completed runs among `run_dirs`."""
     out = []
     for d in run_dirs:
         s = read_json(Path(d) / "summary.json") or {}
-        if s.get("status") == "completed" and s.get("wall_s") and s.get("train_flops"):
+        if s.get("status") == "completed" and _positive(s.get("wall_s")) and _positive(s.get("train_flops")):
             device = ((read_json(Path(d) / "spec.json") or {}).get("train") or {}).get("device", "cpu")
-            out.append({"run_id": s.get("run_id") or Path(d).name, "flops": float(s["train_flops"]),
-                        "wall_s": float(s["wall_s"]), "device": str(device).split(":")[0],
-                        "started_at": float(s.get("started_at") or 0.0)})
+            row = {"run_id": s.get("run_id") or Path(d).name, "flops": float(s["train_flops"]),
+                   "wall_s": float(s["wall_s"]), "device": str(device).split(":")[0],
+                   "started_at": float(s.get("started_at") or 0.0)}
+            k = run_slowdown(s) if row["device"] == "cpu" else None
+            if k is not None:
+                row["slowdown"] = round(k, 4)
+            out.append(row)
     return out
 
 
@@ -153,17 +260,65 @@ def record(rows: Sequence[dict], slots: int, path: Path | None = None) -> int:
     return len(new)
 
 
-def read_cache(path: Path | None = None) -> list[dict]:
-    out = []
+_WARNED: set[tuple[str, int]] = set()
+
+
+def _cache_problem(path: Path, line: int, what: str, problems: list[str] | None) -> None:
+    msg = f"{path} line {line}: {what}: skipped"
+    if problems is not None:
+        problems.append(msg)
+    if (str(path), line) not in _WARNED:  # once per process: plan and the ETA both read the cache
+        _WARNED.add((str(path), line))
+        print(f"warning: {msg}", file=sys.stderr)
+
+
+def _positive(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def read_cache(path: Path | None = None, problems: list[str] | None = None) -> list[dict]:
+    """The cache's usable rows. A line that is not JSON, or whose flops / wall_s is not a positive finite
+    number (or slowdown / slots of the wrong kind), is skipped and named (file, line, field), never raised."""
+    path = path or cache_path()
+    out: list[dict] = []
     try:
-        lines = (path or cache_path()).read_text().splitlines()
+        raw = path.read_bytes().splitlines()
     except OSError:
         return out
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
+    first = max(0, len(raw) - MAX_CACHE_LINES)
+    for i, b in enumerate(raw[first:], start=first + 1):
+        if not b.strip():
             continue
-        if isinstance(r, dict) and r.get("flops") and r.get("wall_s") and not r.get("cold"):
-            out.append(r)
+        try:
+            r = json.loads(b.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            _cache_problem(path, i, "not a JSON line", problems)
+            continue
+        if not isinstance(r, dict):
+            _cache_problem(path, i, "not a JSON object", problems)
+            continue
+        if r.get("cold"):
+            continue
+        bad = next((k for k in ("flops", "wall_s") if not _positive(r.get(k))), None)
+        if bad is None and r.get("slowdown") is not None and not (_positive(r["slowdown"]) and r["slowdown"] >= 1):
+            bad = "slowdown"
+        if bad is None and r.get("slots") is not None and not (isinstance(r["slots"], int) and r["slots"] > 0):
+            bad = "slots"
+        if bad is not None:
+            _cache_problem(path, i, f"field {bad!r} is {r.get(bad)!r}, not a positive finite number", problems)
+            continue
+        out.append(r)
     return out
+
+
+def observations(cached: Sequence[dict], folder: Sequence[dict]) -> list[tuple[float, float, float]]:
+    """(flops, wall_s, slowdown) of every measured run, each run id once: the cache's row where there is
+    one, else the study folder's (a run finished since the cache was written)."""
+    seen: dict[str, dict] = {}
+    for r in list(cached) + list(folder):
+        rid = r.get("run_id")
+        if r.get("cold") or not _positive(r.get("flops")) or not _positive(r.get("wall_s")):
+            continue
+        key = rid if rid is not None else f"_{len(seen)}"
+        seen.setdefault(key, r)
+    return [(float(r["flops"]), float(r["wall_s"]), max(1.0, float(r.get("slowdown") or 1.0))) for r in seen.values()]

@@ -16,12 +16,22 @@ import os
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
 from marin.schema import read_json
-from sweeps.costmodel import CostModel, Estimate, mark_cold, prior_from, read_cache, spec_flops
+from sweeps import costmodel as cm
+from sweeps.costmodel import (
+    CostModel,
+    Estimate,
+    cores,
+    mark_cold,
+    prior_from,
+    read_cache,
+    spec_flops,
+)
 from sweeps.state import count, survey
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
@@ -96,29 +106,62 @@ def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
     return prior_from([r["train_flops"] / r["n_runs"] for r in rows], secs, min(over) if over else 0.1 * min(secs))
 
 
-def eta_model(prior: tuple[float, ...] | None, slots: int, exclude: Sequence[str] = (),
-              device: str = "cpu") -> CostModel | None:
-    """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior, the runs
-    this host recorded at `slots` runs at once (sweeps/costmodel.py) as data."""
+def eta_model(prior: tuple[float, ...] | None, slots: int, device: str = "cpu") -> CostModel | None:
+    """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior; its data, the
+    runs this host recorded at `slots` runs at once (sweeps/costmodel.py), are joined with the study
+    folder's in `study_eta` (each run id once)."""
     if prior is None:
         return None
-    ex = set(exclude)
-    obs = [(r["flops"], r["wall_s"]) for r in read_cache() if r.get("host") == socket.gethostname()
-           and r.get("slots") == slots and r.get("device", "cpu") == device and r.get("run_id") not in ex]
-    return CostModel(*prior, obs=obs)
+    cached = [r for r in read_cache() if r.get("host") == socket.gethostname()
+              and r.get("slots") == slots and r.get("device", "cpu") == device]
+    return CostModel(*prior, cached=cached)
 
 
-def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int) -> Estimate | None:
+def study_eta(runs: Sequence[dict], model: CostModel | None, slots: int, factor: float = 1.0,
+              load_note: str = "") -> Estimate | None:
     """Time until every run is done, with a 90% interval. runs: {"state", "flops", "wall_s", "step",
-    "total", "cold"}; completed runs join the model's data (not `cold` ones: costmodel.mark_cold),
-    running runs count the steps they have left."""
+    "total", "cold"[, "slowdown"]}; completed runs join the cached ones (each run id once; not `cold` ones:
+    costmodel.mark_cold), running runs count the steps they have left; `factor`: the load's slowdown now
+    (costmodel.slowdown_now), said in `load_note`."""
     if model is None or any(r.get("flops") is None for r in runs if r["state"] not in ("completed", "failed")):
         return None
-    done = [(r["flops"], r["wall_s"]) for r in runs
-            if r["state"] == "completed" and r.get("wall_s") and r.get("flops") and not r.get("cold")]
+    obs = cm.observations(model.cached, [r for r in runs if r["state"] == "completed"])
     todo = [r for r in runs if r["state"] not in ("completed", "failed")]
     left = [1.0 - min(r["step"] / r["total"], 1.0) if r.get("step") and r.get("total") else 1.0 for r in todo]
-    return CostModel(model.a0, model.b0, model.obs + done).predict([r["flops"] for r in todo], left, slots)
+    return CostModel(model.a0, model.b0, obs).predict([r["flops"] for r in todo], left, slots, factor, load_note)
+
+
+def load_factor(specs: Sequence[RunSpec], slots: int) -> tuple[float, str]:
+    """The slowdown `slots` of these runs at once would see now (CPU runs; a GPU's runs are not scaled)."""
+    if not specs or specs[0].train.device.split(":")[0] != "cpu":
+        return 1.0, ""
+    threads = specs[0].train.threads or max(1, cores() // max(1, slots))
+    k, note = cm.slowdown_now(min(slots, len(specs)) * threads)
+    return (k if k is not None else 1.0), note
+
+
+def plan_estimate(specs: Sequence[RunSpec], prior: tuple[float, ...] | None, slots: int | None,
+                  threads: int | None = None, run_dirs: Sequence[str | Path | None] = ()) -> Estimate | None:
+    """The one cost model behind `plan`, `run` and `tune`: wall time of `specs` (the runs still to train;
+    `run_dirs`, one per spec where it has a folder, count the ones done there), `slots` at a time with
+    `threads` torch threads each (None: the cores shared out), scaled by the machine's load now."""
+    if not specs:
+        return None
+    k = slots or len(specs)
+    todo = list(specs)
+    model = eta_model(prior, k, device=specs[0].train.device.split(":")[0])
+    rows = []
+    for i, spec in enumerate(specs):
+        d = run_dirs[i] if i < len(run_dirs) else None
+        summ = (read_json(Path(d) / "summary.json") or {}) if d is not None else {}
+        done = summ.get("status") == "completed"
+        rows.append({"run_id": spec.run_id, "state": "completed" if done else "pending", "flops": spec_flops(spec),
+                     "wall_s": summ.get("wall_s"), "started_at": summ.get("started_at"),
+                     "slowdown": cm.run_slowdown(summ) if done else None})
+    if threads is not None:
+        todo = [replace(specs[0], train=replace(specs[0].train, threads=threads))] * len(specs)
+    factor, note = load_factor(todo, k)
+    return study_eta(mark_cold(rows, 0.0, k), model, k, factor, note)
 
 
 def format_eta(e: Estimate) -> str:
@@ -158,11 +201,13 @@ class Progress:
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, tty: bool | None = None,
                  runs: Sequence[Any] = (), prior: tuple[float, ...] | None = None, slots: int | None = None,
-                 min_interval_s: float = 30.0):
+                 min_interval_s: float = 30.0, scale_for_load: bool = True):
         self.runs, self.slots = list(runs), slots
         # the ETA's cost model: the plan's assumption as prior, this host's measured runs as data
-        self.model = eta_model(prior, slots or 1, exclude=[r.run_id for r in self.runs],
+        self.model = eta_model(prior, slots or 1,
                                device=self.runs[0].spec.train.device.split(":")[0]) if self.runs else None
+        self.scale_for_load = scale_for_load
+        self._probed: tuple[float, str] | None = None
         self.min_interval_s = min_interval_s  # logs: a step/loss-only change prints at most this often
         self._last_print = 0.0
         self.total = total
@@ -188,6 +233,7 @@ class Progress:
             elif st == "completed":
                 summ = read_json(Path(r.dir) / "summary.json") or {}
                 row.update(wall_s=summ.get("wall_s"), started_at=summ.get("started_at"))
+                row["slowdown"] = cm.run_slowdown(summ)
             rows.append(row)
         mark_cold(rows, self.t0, self.slots or 1)
         return counts, rows
@@ -196,7 +242,8 @@ class Progress:
         extra: list[str] = []
         if self.runs:
             counts, rows = self.snapshot()
-            eta = study_eta(rows, self.model, self.slots or max(1, counts.get("running", 0)))
+            k = self.slots or max(1, counts.get("running", 0))
+            eta = study_eta(rows, self.model, k, *self.load_factor(rows, k))
             line = format_counts(counts, self.total, time.time() - self.t0, self.label)
             if eta is not None and counts.get("completed", 0) + counts.get("failed", 0) < self.total:
                 line += " " + format_eta(eta)
@@ -219,6 +266,20 @@ class Progress:
         if key != self._last_counts:
             self.lines.append(line)
         self._last_counts = key
+
+    def load_factor(self, rows: list[dict], k: int) -> tuple[float, str]:
+        """The load's slowdown for the ETA: the mean of the last 3 runs this invocation finished (as they
+        trained), else the probe's once at the start (costmodel.slowdown_now)."""
+        if not self.scale_for_load:
+            return 1.0, ""
+        recent = sorted((r for r in rows if r["state"] == "completed" and r.get("slowdown") and
+                         (r.get("started_at") or 0) >= self.t0), key=lambda r: r["started_at"])[-3:]
+        if recent:
+            f = sum(r["slowdown"] for r in recent) / len(recent)
+            return f, f"x{f:.2f} for the load the last {len(recent)} runs trained under"
+        if self._probed is None:
+            self._probed = load_factor([r.spec for r in self.runs], k)
+        return self._probed
 
     def close(self) -> None:
         if self.tty and self._width:

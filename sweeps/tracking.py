@@ -54,6 +54,12 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def run_name(meta: dict) -> str:
+    """study/rung/arm/seedN: the name a run shows in W&B and (with _ for /) TensorBoard."""
+    parts = [str(meta.get(k)) for k in ("study", "rung", "arm") if meta.get(k) is not None]
+    return "/".join(parts + ([f"seed{meta['seed']}"] if meta.get("seed") is not None else []))
+
+
 def wandb_env(meta: dict) -> dict[str, str]:
     tags = run_tags(meta)
     env = {"WANDB_PROJECT": os.environ.get("WANDB_PROJECT", "marin-ablate"),
@@ -70,8 +76,11 @@ def write_tensorboard_tags(run_dir: str | Path, meta: dict) -> None:
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
+    from marin.train.metrics import RUN_NAME_ENV, tensorboard_dir
+
     tags = run_tags(meta)
-    w = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+    with _env({RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}):
+        w = SummaryWriter(str(tensorboard_dir(Path(run_dir))))
     try:
         w.add_text("tags", "  \n".join(f"{k}: {v}" for k, v in tags.items()), 0)
         exp, ssi, sei = hparams(tags, {"loss": float("nan")})
@@ -117,7 +126,10 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
         write_tensorboard_tags(run_dir, meta)
     if "wandb" in log_to:
         _wandb_teardown()  # an earlier wandb run in this process (not tracked here) must not lend its settings
-    with _env(wandb_env(meta) if "wandb" in log_to else {}):
+    from marin.train.metrics import RUN_NAME_ENV
+
+    named = {RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}
+    with _env({**named, **(wandb_env(meta) if "wandb" in log_to else {})}):
         try:
             return train(spec, run_dir, resume=resume, log_to=log_to, keep_checkpoints=keep)
         finally:

@@ -166,6 +166,7 @@ class Trainer:
         self.resumed_from: str | None = None  # the checkpoint this session started from (summary.json)
         self.skipped: list[str] = []  # checkpoints passed over, with the reason
         self.progress: StepProgress | None = None
+        self.cpu0 = time.process_time()  # this session's CPU time: how much slower than idle it trained
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -356,8 +357,10 @@ class Trainer:
                 ev = self.eval_now(stage.seq_len)
                 st.last_eval = ev
                 self.emit({"step": st.step, **ev})
-                log.info("step %d eval macro %.4f bpb %.4f", step, ev["eval_macro_loss"], ev["macro_bpb"])
-            if not last and self.checkpoint_due(st.step):
+                log.info("step %d eval macro %.4f bpb %.4f", st.step, ev["eval_macro_loss"], ev["macro_bpb"])
+            if last and ckpt.RETENTION[self.keep_checkpoints] != 0:
+                self.checkpoint()  # the final weights: what `final` (a GPU run's default) keeps
+            elif not last and self.checkpoint_due(st.step):
                 self.checkpoint()
         summary = self.finish("completed", None, None)
         if self.main:  # a completed run keeps only what its retention level says (default: its newest checkpoint)
@@ -405,7 +408,10 @@ class Trainer:
             started_at=time.time() - (st.wall_s + (time.perf_counter() - self.t0)),
             extra={"eval_domain_bpb": ev.get("eval_domain_bpb"), "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr,
                    "optimizer": hp.level, "data": self.data.provenance, "resumed_from": self.resumed_from,
-                   "checkpoints_skipped": list(self.skipped)},
+                   "checkpoints_skipped": list(self.skipped),
+                   # the cost model reads threads x wall / CPU time as the load's slowdown (sweeps/costmodel.py)
+                   "cpu_s": time.process_time() - self.cpu0, "session_wall_s": time.perf_counter() - self.t0,
+                   "threads": torch.get_num_threads()},
         )
 
 

@@ -113,6 +113,16 @@ def check_log_to(log_to: tuple[str, ...]) -> None:
                                  f"({type(e).__name__}: {e}); install it with: pip install 'marin-ablate[{name}]'") from None
 
 
+RUN_NAME_ENV = "MARIN_RUN_NAME"  # a study's "study/rung/arm/seedN" (sweeps/tracking.py); a lone run: its id
+
+
+def tensorboard_dir(run_dir: Path) -> Path:
+    """run_dir/tensorboard, or under it a folder named like the run ($MARIN_RUN_NAME): TensorBoard names a
+    run by its path, so a study's runs read study_rung_arm_seedN there, not a hex id alone."""
+    name = os.environ.get(RUN_NAME_ENV)
+    return run_dir / "tensorboard" / name.replace("/", "_") if name else run_dir / "tensorboard"
+
+
 class Sinks:
     def __init__(self, log_to: tuple[str, ...], run_dir: Path, spec: RunSpec):
         self.tb = self.wandb = None
@@ -124,14 +134,15 @@ class Sinks:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise ValueError("log_to=tensorboard needs the 'tensorboard' extra: pip install marin-ablate[tensorboard]") from e
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(str(tensorboard_dir(run_dir)))
         if "wandb" in log_to:
             try:
                 import wandb
             except ImportError as e:
                 raise ValueError("log_to=wandb needs the 'wandb' extra: pip install marin-ablate[wandb]") from e
             os.environ.setdefault("WANDB_MODE", "offline")
-            self.wandb = wandb.init(dir=str(run_dir), name=spec.run_id, id=spec.run_id, resume="allow",
+            self.wandb = wandb.init(dir=str(run_dir), name=os.environ.get(RUN_NAME_ENV) or spec.run_id,
+                                    id=spec.run_id, resume="allow",
                                     config=spec.to_dict())
 
     def log(self, rec: dict) -> None:

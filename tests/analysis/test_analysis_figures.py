@@ -174,4 +174,32 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
         t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()), save(fig, path))[1])
     plots.scaling_fit(a, tmp_path / "s.png")
     law_label = next(t for t in legends if "L∞" in t)
-    assert law_label == "L∞, α not identified" and not re.search(r"\d", law_label)
+    assert law_label == "law (L∞, α, A not identified)" and not re.search(r"\d", law_label)
+    # why the multipliers still stand: the local slope, with its own interval
+    from analysis.report import local_slope
+
+    s, lo, hi = local_slope(a)
+    assert lo < s < hi < 0
+    assert (f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
+            f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
+            f"{s:.4g} nats per token per e-fold [{lo:.4g}, {hi:.4g}]") in md
+
+
+@pytest.mark.slow
+def test_a_resolution_iv_heatmap_draws_each_alias_group_once_and_names_its_pairs(tmp_path):
+    from analysis.simulate import random_truth, study_design
+
+    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
+    rng = np.random.default_rng(3)
+    t = simulate_table(random_truth(factors, rng), rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8, "r3": 8e8}, seeds=1,
+                       rng=rng, design=study_design("smoke", factors))
+    a = _analyze(t)
+    keep, label = plots.alias_cells(a)
+    assert int(keep.to_numpy().sum()) == 7 and len(label) == 7  # 21 pairs in 7 groups of three: 7 cells, not 42
+    assert label[("optimizer", "xsa")] == "= CD = EF"  # AG = CD = EF, as `plan smoke` prints it
+    est, sig, ali = plots.interaction_cells(a)
+    fig, ax = plots.draw_interactions(est, sig, ali, "t", keep=keep, label=label)
+    texts = [x.get_text() for x in ax.texts]
+    assert len(texts) == 7 and all("\n= " in x for x in texts) and not any("(alias)" in x for x in texts)
+    plots.plt.close(fig)
+    assert plots.interaction_heatmap(a, tmp_path / "h.png").stat().st_size > 1000

@@ -320,3 +320,98 @@ def test_a_response_that_cannot_be_fitted_is_refused_naming_the_field():
     assert list(RESPONSES) == ["quality", "throughput", "wall"]
     with pytest.raises(ValueError, match=r"responses \['bpb'\]; allowed values: quality, throughput, wall"):
         analyze_table(pd.DataFrame({"status": [], "train_flops": [], "eval_macro_loss": []}), responses=("bpb",))
+
+
+def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, capsys, recwarn):
+    """C_ref defined, loss units, per-decade stated as a rate beyond a 0.6-decade ladder, the local slope
+    that carries the multipliers where the law is not identified, and no raw RuntimeWarning escapes."""
+    rng = np.random.default_rng(3)
+    df = simulate_table(random_truth(FACTORS3, rng), rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=2, rng=rng,
+                        loss_curves=True)
+    sd = write_study(df, tmp_path / "study")
+    from sweeps.cli import main
+
+    assert main(["analyze", str(sd), "--n-boot", "0"]) == 0
+    captured = capsys.readouterr()
+    md = (sd / "report" / "report.md").read_text()
+    assert re.search(r"C_ref = \S+ FLOPs is the reference compute: the geometric mean of the runs' training compute", md)
+    assert "held-out cross-entropy in nats per token" in md and "L, L∞ and A are in nats per token." in md
+    assert "Per decade of compute: the slope across the ladder, which spans 0.6 decades" in md
+    assert md.count("Per decade of compute: the slope") == 1  # said once, not per row
+    from analysis.results import factor_coding
+
+    coding = factor_coding(df)
+    assert ("Coding (each multiplier is the +1 level over the −1 level): "
+            + "; ".join(f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in FACTORS3) + ".") in md
+    from analysis.pipeline import analyze_table
+    from analysis.report import local_slope
+
+    a = analyze_table(df, n_boot=0)
+    s, lo, hi = local_slope(a)
+    assert lo < s < hi < 0  # loss falls with compute, with its own interval
+    if a.law.not_identified:
+        assert f"{s:.4g} nats per token per e-fold [{lo:.4g}, {hi:.4g}]" in md
+    assert "RuntimeWarning" not in captured.out + captured.err
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_numerical_warning_while_fitting_is_a_report_warning_not_console_output(monkeypatch, recwarn):
+    from analysis import pipeline
+
+    rng = np.random.default_rng(0)
+    df = simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng)
+    real = pipeline._analyze_table
+
+    def overflowing(*a, **kw):  # what an unidentified law's exp does, inside the real analysis
+        np.exp(np.array([1000.0]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pipeline, "_analyze_table", overflowing)
+    a = pipeline.analyze_table(df, n_boot=0)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert any(w.startswith("numerical: overflow encountered in exp while fitting") for w in a.warnings)
+
+
+def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale(tmp_path, capsys):
+    """Without STUDY/drops_at_scale.json the section names the command that measures it; with it (as
+    benchmarks/ep_drops.py --json writes it) the rates at 65,536 tokens per shard are printed."""
+    sd, _ = _study(tmp_path)
+    from sweeps.cli import main
+
+    assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
+    md = (sd / "report" / "report.md").read_text()
+    assert "## Drop rates: this study's shards and the scale of Marin's claim" in md
+    assert "python benchmarks/ep_drops.py --only rungs --json STUDY_DIR/drops_at_scale.json" in md
+    assert re.search(r"This study's EP transports drop \w+ \d+\.\d–\d+\.\d%, \w+ \d+\.\d–\d+\.\d%", md)
+    assert "Here the recipe's transport drops less, as at scale." in md  # the simulated recipe drops 0.4%, 3% off
+    (sd / "drops_at_scale.json").write_text(json.dumps({"rows": [
+        {"rung": "d512", "S": 8, "Ts": 65536, "fixed_drop": 0.0512, "ragged_drop": 0.0007}]}))
+    assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
+    md = (sd / "report" / "report.md").read_text()
+    assert "d512 (8 shards of 65,536 tokens) fixed 5.12%, ragged 0.070%" in md
+    (sd / "drops_at_scale.json").write_text("{not json")
+    assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
+    assert "drops_at_scale.json could not be read" in (sd / "report" / "report.md").read_text()
+    capsys.readouterr()
+    from analysis.pipeline import analyze_table
+    from analysis.report import drops_section
+
+    df = pd.read_parquet(sd / "results.parquet")  # the smoke's reading: the recipe drops more at tiny shards
+    on = df["ep_transport"] == "on"
+    df.loc[on, "drop_rate"], df.loc[~on, "drop_rate"] = 0.08, 0.05
+    text = " ".join(drops_section(analyze_table(df, n_boot=0), None))
+    assert "so ragged drops more here" in text and "the smaller factor overflows more often" in text
+    assert "python benchmarks/ep_drops.py --only rungs --json" in text
+
+
+def test_a_qualifier_of_most_findings_rows_is_said_once_naming_the_rows_it_skips():
+    from analysis.report import say_once
+
+    q = "quality: interval spans over 10x"
+    tab = pd.DataFrame({"component": ["a", "b", "c", "d", "TOTAL"],
+                        "qualifiers": [q, f"LRs untuned for this arm; {q}", q, "—", q]})
+    out, note = say_once(tab)
+    assert list(out["qualifiers"]) == ["—", "LRs untuned for this arm", "—", "—", "—"]
+    assert note == ["", "Qualifiers of most rows, said once:", f"- {q} (all rows but d)"]
+    few = tab.assign(qualifiers=[q, q, "—", "—", "—"])  # two rows of five: stays where it is
+    assert say_once(few)[0].equals(few) and say_once(few)[1] == []

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 
 from marin.config import RunSpec, TrainConfig, preset
 from marin.train import train
@@ -208,15 +209,61 @@ def test_retention_keeps_the_newest_checkpoints_that_verify_and_a_completed_run_
     assert _names(run) == ["ckpt_000000004", "ckpt_000000006"]  # the damaged one goes, the last good one stays
     assert "ckpt_000000099 does not verify: removed" in (run / "train.log").read_text()
     assert train(spec, run)["status"] == "completed"
-    assert _names(run) == ["ckpt_000000006"]  # completed: only its final checkpoint
+    assert _names(run) == ["ckpt_000000008"]  # completed: only its final checkpoint, of the last step
 
 
 def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_refused(tmp_path):
     run = tmp_path / "run"
     assert train(_spec(7, checkpoint_every=2), run, keep_checkpoints="all")["status"] == "completed"
-    assert _names(run) == ["ckpt_000000002", "ckpt_000000004", "ckpt_000000006"]
+    assert _names(run) == ["ckpt_000000002", "ckpt_000000004", "ckpt_000000006", "ckpt_000000007"]
     with pytest.raises(ValueError, match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all', 'none'"):
         train(_spec(7), tmp_path / "other", keep_checkpoints="some")
+
+
+def test_the_final_step_checkpoints_and_reloads_equal_to_the_trained_model(tmp_path, monkeypatch, recwarn):
+    """`final` keeps the weights after step N (not the newest periodic one), verified, and they load
+    back bit for bit equal to the model and optimizer in memory when the run finished."""
+    from marin.optim import build_optimizer, resolve_hparams
+    from marin.train import checkpoint as ckpt
+    from marin.train import loop
+    from marin.train.distributed import build_train_model
+
+    held = {}
+    finish = loop.Trainer.finish
+
+    def spy(self, *a, **kw):  # the real finish, after copying what the trainer holds in memory
+        held["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        held["opt"] = json.dumps(str(self.opt.state_dict()["param_groups"]))
+        return finish(self, *a, **kw)
+
+    monkeypatch.setattr(loop.Trainer, "finish", spy)
+    run, spec = tmp_path / "run", _spec(7, checkpoint_every=3)
+    assert train(spec, run, keep_checkpoints="final")["status"] == "completed"
+    assert _names(run) == ["ckpt_000000007"]
+    ck = run / "checkpoints" / "ckpt_000000007"
+    meta = ckpt.read_meta(ck, spec.run_id)
+    ckpt.verify(ck, meta)  # every file's digest as recorded
+    assert meta["step"] == 7 and meta["loop"]["step"] == 7
+    model = build_train_model(spec, torch.device("cpu"), None)
+    opt = build_optimizer(model, resolve_hparams(spec))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    found = ckpt.restore(run / "checkpoints", spec.run_id, model, opt, torch.device("cpu"))
+    assert found is not None and found[0] == ck
+    got = model.state_dict()
+    assert set(got) == set(held["model"])
+    assert any(not torch.equal(before[k], held["model"][k]) for k in got)  # it trained: not the initial weights
+    for k, v in held["model"].items():
+        assert torch.equal(got[k], v), k
+    assert json.dumps(str(opt.state_dict()["param_groups"])) == held["opt"]
+    # one process saves and loads without DCP's "torch.distributed is disabled" UserWarning
+    assert not [w for w in recwarn if "torch.distributed is disabled" in str(w.message)]
+
+
+def test_a_completed_run_kept_at_none_writes_no_final_checkpoint_and_keeps_none(tmp_path):
+    run = tmp_path / "run"
+    assert train(_spec(5, checkpoint_every=2), run, keep_checkpoints="none")["status"] == "completed"
+    assert _names(run) == []
+    assert "checkpoint ckpt_000000005" not in (run / "train.log").read_text()
 
 
 def test_a_symlink_in_a_run_folder_is_refused_naming_it(tmp_path):

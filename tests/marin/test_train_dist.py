@@ -105,9 +105,10 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
         assert r["stopped"]["status"] == "interrupted" and r["stopped"]["step"] == 3
         assert r["resumed"]["status"] == "completed"
     ck = tmp / "cut" / "checkpoints"
-    # the periodic one (step 2), the preemption checkpoint (step 3) and the resumed run's periodic one
-    # (step 4): kept, as keep_checkpoints="all" says (the default keeps a completed run's final one only)
-    assert sorted(p.name for p in ck.iterdir()) == ["ckpt_000000002", "ckpt_000000003", "ckpt_000000004"]
+    # the periodic one (step 2), the preemption checkpoint (step 3), the resumed run's periodic one
+    # (step 4) and its final one (step 5): kept, as keep_checkpoints="all" says (the default keeps the final one only)
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt_000000002", "ckpt_000000003", "ckpt_000000004",
+                                                     "ckpt_000000005"]
     assert sorted(p.name for p in (ck / "ckpt_000000003").iterdir()) == ["dcp", "meta.json", "rng_0.pt", "rng_1.pt"]
     full, cut = _lines(tmp / "full"), _lines(tmp / "cut")
     assert [r["step"] for r in cut] == list(range(SPEC.train.steps))  # lines after the checkpoint dropped
@@ -122,7 +123,8 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
     one = tmp / "cut_in_one"
     shutil.copytree(tmp / "cut", one)
     (one / "summary.json").unlink()
-    shutil.rmtree(one / "checkpoints" / "ckpt_000000004")
+    for later in ("ckpt_000000004", "ckpt_000000005"):
+        shutil.rmtree(one / "checkpoints" / later)
     summary = train(SPEC, one)
     assert summary["status"] == "completed" and summary["tokens"] == ref["tokens"]
     single, resumed = _lines(tmp / "single"), _lines(one)
@@ -140,8 +142,10 @@ def test_background_checkpoint_holds_the_state_of_its_step(runs):
     one = tmp / "from_async_ckpt"
     shutil.copytree(tmp / "full", one)
     (one / "summary.json").unlink()
-    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["ckpt_000000002", "ckpt_000000004"]
-    shutil.rmtree(one / "checkpoints" / "ckpt_000000004")
+    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["ckpt_000000002", "ckpt_000000004",
+                                                                       "ckpt_000000005"]
+    for later in ("ckpt_000000004", "ckpt_000000005"):
+        shutil.rmtree(one / "checkpoints" / later)
     assert train(SPEC, one)["status"] == "completed"
     assert (one / "train.log").read_text().count("from ckpt_000000002 at step 2") == 1
     for a, b in zip(_lines(tmp / "full"), _lines(one)):

@@ -215,7 +215,8 @@ def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_eve
     assert sorted(p.name for p in (tmp_path / "tick" / "checkpoints").glob("ckpt_*"))  # saved without checkpoint_every
     never = dataclasses.replace(spec, train=dataclasses.replace(spec.train, checkpoint_interval_s=0.0))
     train(never, tmp_path / "never", resume=False)
-    assert not list((tmp_path / "never" / "checkpoints").glob("ckpt_*"))
+    # no temporary checkpoint between: only the final one, of the last step, that `final` keeps
+    assert [p.name for p in (tmp_path / "never" / "checkpoints").glob("ckpt_*")] == ["ckpt_000000004"]
 
 
 # ---- 3. time model ---------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
 
         pending = next(r for r in runs if r.run_id != run.run_id)  # the running run has no step left
         p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, slots=1,
-                     prior=(0.0, 60.0 / spec_flops(pending.spec)))
+                     prior=(0.0, 60.0 / spec_flops(pending.spec)), scale_for_load=False)
         p.update({})
     finally:
         lock.release()
@@ -162,6 +162,30 @@ def test_status_json_and_compact_table_show_a_running_runs_step_loss_and_elapsed
     assert run.run_id in every and other["run_id"] in every
 
 
+def test_status_shows_no_python_none_a_completed_runs_total_and_the_arm_codes_key(tmp_path, monkeypatch, capsys):
+    rung = Rung("tiny", "tiny", fixed_steps=3, batch_size=2, est_tokens_per_s=1000.0,
+                train_overrides={"eval_batches": 1, "eval_every": 3, "log_every": 1})
+    study = Study(name="tiny_key", description="two factors", factors=("xsa", "sconv"),
+                  design=full_factorial(["xsa", "sconv"]), rungs=(rung,), seeds=(0,), executor={"executor": "debug"})
+    runs = planned_runs(study, tmp_path)
+    for r in runs:
+        write_run_files(r)
+    done = runs[0]
+    (done.dir / "summary.json").write_text(json.dumps({"run_id": done.run_id, "status": "completed", "step": 3,
+                                                       "wall_s": 2.0, "final_train_loss": 3.5}))
+    monkeypatch.setattr(commands, "_study", lambda args: study)
+    p = argparse.ArgumentParser()
+    commands.status_args(p)
+    assert commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--json"])) == 0
+    st = json.loads(capsys.readouterr().out)
+    row = next(r for r in st["runs"] if r["run_id"] == done.run_id)
+    assert (row["state"], row["step"], row["total"]) == ("completed", 3, 3)
+    assert commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--all"])) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "3/3" in out
+    assert "arm codes: one sign per factor in this order: xsa (+ xsa, - none), sconv (+ short_conv, - none)" in out
+
+
 # ---------------------------------------------------------------------------------------------
 # W&B and TensorBoard
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +203,10 @@ def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tm
     assert rep.counts["completed"] == 2
     assert "WANDB_RUN_GROUP" not in os.environ  # set around each run only
     for run in planned_runs(study, tmp_path):
-        acc = EventAccumulator(str(run.dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+        name = f"tiny_watch/tiny/{run.meta['arm']}/seed0"  # the run's name in both tools, not its hex id
+        tb = run.dir / "tensorboard" / name.replace("/", "_")
+        assert [p.name for p in (run.dir / "tensorboard").iterdir()] == [tb.name]
+        acc = EventAccumulator(str(tb), size_guidance={"tensors": 0, "scalars": 0}).Reload()
         assert [e.step for e in acc.Scalars("loss")] == [0, 1]
         text = acc.Tensors("tags/text_summary")[0].tensor_proto.string_val[0].decode()
         assert "study: tiny_watch" in text and f"arm: {run.meta['arm']}" in text and "rung: tiny" in text
@@ -188,7 +215,7 @@ def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tm
         assert len(offline) == 1
         blob = next(offline[0].glob("*.wandb")).read_bytes()
         for s in ("tiny_watch", f"arm:{run.meta['arm']}", "rung:tiny", f"xsa:{run.meta['factors']['xsa']}",
-                  run.run_id):
+                  run.run_id, name):
             assert s.encode() in blob, s
 
 

@@ -1,0 +1,197 @@
+"""The cost model behind `plan`, `run` and `tune` (sweeps/costmodel.py): a damaged cache line is skipped and
+named, every measured run counts once (cache and study folder), and the 90% interval scaled by the
+machine's load covers real tiny runs timed on a loaded and on an idle machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sweeps import costmodel as cm
+from sweeps.progress import plan_estimate
+from sweeps.sweep import planned_runs
+
+
+def test_a_damaged_cache_line_is_skipped_and_named_by_file_line_and_field(tmp_path, capsys):
+    path = tmp_path / cm.CACHE_FILE
+    good = {"run_id": "r1", "flops": 1e9, "wall_s": 5.0, "host": "h", "slots": 1}
+    lines = [json.dumps(good).encode(), json.dumps(dict(good, flops="abc")).encode(),
+             json.dumps(dict(good, wall_s=-3.0)).encode(), b'{"run_id": "r4", "flops": 1e9, "wall_s": Infinity}',
+             bytes(range(128, 250)), json.dumps(dict(good, wall_s=float("nan"))).encode(), b"[1, 2]",
+             json.dumps(dict(good, slowdown=0.5)).encode()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    problems: list[str] = []
+    rows = cm.read_cache(path, problems)
+    assert [r["run_id"] for r in rows] == ["r1"]
+    assert problems == [f"{path} line 2: field 'flops' is 'abc', not a positive finite number: skipped",
+                        f"{path} line 3: field 'wall_s' is -3.0, not a positive finite number: skipped",
+                        f"{path} line 4: field 'wall_s' is inf, not a positive finite number: skipped",
+                        f"{path} line 5: not a JSON line: skipped",
+                        f"{path} line 6: field 'wall_s' is nan, not a positive finite number: skipped",
+                        f"{path} line 7: not a JSON object: skipped",
+                        f"{path} line 8: field 'slowdown' is 0.5, not a positive finite number: skipped"]
+    assert "line 5: not a JSON line" in capsys.readouterr().err  # said on the console too
+    # recording beside the damaged lines still appends (a bad cache never fails `run` after training)
+    assert cm.record([{"run_id": "r9", "flops": 2e9, "wall_s": 7.0}], 1, path) == 1
+    assert [r["run_id"] for r in cm.read_cache(path)] == ["r1", "r9"]
+
+
+def test_plan_with_a_damaged_cache_states_a_sane_interval(tmp_path, monkeypatch, capsys):
+    from sweeps.cli import main
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(cache))
+    (cache / cm.CACHE_FILE).write_bytes(b'{"flops": "abc", "wall_s": 1}\n{"flops": 1e9, "wall_s": -5}\n'
+                                        b'{"flops": 1e9, "wall_s": Infinity}\n\xff\xfe\x00garbage\n')
+    assert main(["plan", "smoke", "--out", str(tmp_path / "fresh")]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and err.count(str(cache / cm.CACHE_FILE)) == 4
+    line = next(x for x in out.splitlines() if x.startswith("time: "))
+    assert "nan" not in line and "assumed, no run measured yet" in line
+
+
+def _study():
+    from ablations.designs import full_factorial
+    from ablations.ladders import Rung
+    from ablations.studies import Study
+
+    rung = Rung("tiny", "tiny", fixed_steps=3, batch_size=2, est_tokens_per_s=1000.0,
+                train_overrides={"eval_batches": 1, "eval_every": 3, "log_every": 1})
+    return Study(name="tiny_cost", description="tiny test study", factors=("xsa",), design=full_factorial(["xsa"]),
+                 rungs=(rung,), seeds=(0,), executor={"executor": "debug"})
+
+
+def test_cache_rows_of_the_planned_runs_count_once_even_with_a_fresh_study_folder(tmp_path, monkeypatch):
+    """The cache's measured runs of exactly these specs are data for a fresh --out (they used to be
+    dropped by run id); a run both in the cache and done in the folder counts once."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(cache))
+    runs = planned_runs(_study(), tmp_path / "fresh")
+    rows = [{"run_id": r.run_id, "flops": cm.spec_flops(r.spec), "wall_s": 30.0, "device": "cpu",
+             "slowdown": 1.5} for r in runs]
+    cm.record(rows, 1, cache / cm.CACHE_FILE)
+    prior = (1.0, 1.0 / cm.spec_flops(runs[0].spec))
+    e = plan_estimate([r.spec for r in runs], prior, 1, 1, [r.dir for r in runs])
+    assert e.n_measured == len(runs) and "fitted to 2 measured runs" in e.text()
+    done = runs[0]
+    done.dir.mkdir(parents=True)
+    (done.dir / "summary.json").write_text(json.dumps({"status": "completed", "run_id": done.run_id, "wall_s": 30.0,
+                                                       "started_at": time.time() - 40}))
+    e2 = plan_estimate([r.spec for r in runs], prior, 1, 1, [r.dir for r in runs])
+    assert e2.n_measured == len(runs)  # the folder's completed run is the cache's row: not a third one
+
+
+def test_the_load_scales_the_estimate_and_is_said():
+    m = cm.CostModel(1.0, 1.0, obs=[(9.0, 10.0, 1.0)] * 5)
+    idle = m.predict([9.0], factor=1.0)
+    busy = m.predict([9.0], factor=3.0, load_note="x3.00 for the load now")
+    assert busy.seconds == pytest.approx(3 * idle.seconds) and busy.hi / busy.seconds > idle.hi / idle.seconds
+    assert "x3.00 for the load now" in busy.text()
+    # a run measured twice as slow as idle is an idle 10 s
+    assert cm.CostModel(1.0, 1.0, obs=[(9.0, 20.0, 2.0)] * 20).predict([9.0]).seconds == pytest.approx(10.0, rel=0.05)
+    assert cm.run_slowdown({"cpu_s": 5.0, "session_wall_s": 20.0, "threads": 1}) == 4.0
+    assert cm.run_slowdown({"cpu_s": 5.0}) is None  # a run of an older version: taken as unloaded
+
+
+# --- the interval against real runs, on a loaded and on an idle machine ---------------------------
+
+
+def _spec():
+    from marin.config import RunSpec, TrainConfig, preset
+
+    return RunSpec(model=preset("tiny", ["seq_len=64"]),
+                   train=TrainConfig(steps=20, batch_size=4, eval_every=0, eval_batches=1, checkpoint_every=0,
+                                     log_every=20, threads=1))
+
+
+def _timed_runs(tmp_path, tag: str, n: int) -> list[dict]:
+    """n real runs, one after another, as `run` records them (wall time, and the slowdown each trained under)."""
+    from marin.train import train
+
+    dirs = [tmp_path / f"{tag}{i}" for i in range(n)]
+    for d in dirs:
+        assert train(_spec(), d, resume=False, keep_checkpoints="none")["status"] == "completed"
+    out = cm.finished(dirs)
+    assert len(out) == n and all("slowdown" in r for r in out)
+    return [dict(r, run_id=f"{tag}{i}") for i, r in enumerate(out)]  # one spec, n measurements: n runs
+
+
+def _busy(n: int) -> list[subprocess.Popen]:
+    """n busy loops, each in a session of its own: load as other users' processes make it."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
+
+
+def _check(fit: cm.CostModel, held_out: list[dict], tag: str, now: tuple[float, str]) -> tuple[cm.Estimate, float]:
+    """The fit's 90% interval for the held-out runs' total under the load they trained at (each run's own
+    recorded slowdown: the known load factor), against their measured total; `now` (the probe's factor
+    just before them, what `plan` would have used) is printed beside it."""
+    k = sum(r["slowdown"] for r in held_out) / len(held_out)
+    pred = fit.predict([r["flops"] for r in held_out], factor=k, load_note=f"x{k:.2f} as they trained")
+    ahead = fit.predict([r["flops"] for r in held_out], factor=now[0], load_note=now[1])
+    truth = sum(r["wall_s"] for r in held_out)
+    fmt = lambda s: f"{s:.1f} s"  # noqa: E731
+    print(f"{tag}: measured {truth:.1f} s; predicted {pred.text(fmt)}; from the load probed before them "
+          f"{ahead.text(fmt)} (slowdowns as trained {[r['slowdown'] for r in held_out]})")
+    return pred, truth
+
+
+@pytest.mark.slow
+def test_the_90_interval_covers_real_runs_on_a_loaded_and_an_idle_machine(tmp_path):
+    """Fit on real tiny runs timed as the machine is, then predict runs timed beside 3 x cores busy loops
+    (and the reverse, once the loops are gone) at the load they trained under: the scaled 90% interval
+    holds the measured total; the unscaled one (the model before it measured the load) misses the loaded
+    truth."""
+    import torch
+
+    torch.set_num_threads(1)
+    if cm.probe_share() is None:
+        pytest.skip("thread CPU time cannot be read here")
+    from marin.train import train
+
+    train(_spec(), tmp_path / "warm")  # the first run in a process pays one-time costs (imports, the corpus)
+    prior = cm.prior_from([cm.spec_flops(_spec())], [3.0], 0.5)
+    idle = _timed_runs(tmp_path, "idle", 3)
+    fit_idle = cm.CostModel(*prior, obs=cm.observations(idle, []))
+    procs = _busy(3 * cm.cores())
+    try:
+        time.sleep(1.0)
+        now = cm.slowdown_now(1)
+        loaded = _timed_runs(tmp_path, "loaded", 3)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    pred, truth = _check(fit_idle, loaded, "loaded, from idle runs", now)
+    assert pred.n_measured == 3 and pred.lo <= truth <= pred.hi, (pred, truth)
+    assert truth > fit_idle.predict([r["flops"] for r in loaded]).hi  # unscaled, the interval misses
+
+    time.sleep(1.0)
+    now = cm.slowdown_now(1)
+    pred, truth = _check(cm.CostModel(*prior, obs=cm.observations(loaded, [])), _timed_runs(tmp_path, "again", 3),
+                         "idle, from loaded runs", now)
+    assert pred.lo <= truth <= pred.hi, (pred, truth)
+
+
+def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums(tmp_path, capsys):
+    from sweeps.cli import main
+
+    assert main(["plan", "smoke", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n  AB = CE = DF\n") == 1 and "\n  CE = " not in out and "\n  DF = " not in out
+    assert "arm codes: one sign per factor in this order: xsa (+ xsa, - none)" in out
+    assert "(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)" in out
+
+
+def test_describe_shows_the_rungs_overrides_and_what_params_active_marin_counts(capsys):
+    from sweeps.cli import main
+
+    assert main(["describe", "--preset", "d512"]) == 0
+    out = capsys.readouterr().out
+    assert "rung d512 trains with model.attention=flex model.kernels=triton" in out and "train.compile=True" in out
+    assert "params_active_marin 20.840M: Marin's count, which its ladder sizes tokens by" in out
