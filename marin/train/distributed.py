@@ -144,6 +144,7 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
     the experts evenly, and every stage's global batch must split into equal rows per rank."""
     from marin.ep import check_ep_layout
 
+    check_no_host_update(spec.train)
     ep = spec.model.ep_shards
     try:
         check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
@@ -169,7 +170,18 @@ def sharding_config(t: TrainConfig):
     """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
     from marin.parallel import ShardingConfig
 
-    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16", offload=t.offload == "cpu")
+    check_no_host_update(t)
+    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
+
+
+def check_no_host_update(t: TrainConfig) -> None:
+    """Refuse `TrainConfig.offload="cpu"`: FSDP2's CPUOffloadPolicy steps the optimizer on the host, and
+    the run's process group (NCCL) serves only the accelerator, so its first clipping all-reduce of a
+    host scalar fails; the hero fits without it (expert state ZeRO-sharded across racks, docs/hero.md)."""
+    if t.offload != "none":
+        raise ValueError(f"TrainConfig.offload={t.offload!r}: a sharded run keeps no state on the host (the "
+                         "optimizer steps on the accelerator; expert state is sharded across racks); allowed "
+                         "values: 'none'")
 
 
 def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) -> torch.nn.Module:
