@@ -10,7 +10,10 @@ meshes of `marin.ep.EPGroups`, `replicas` racks of consecutive ranks.
   (router, latent projections, shared experts), the embedding, the lm_head, and the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   the rack's dp_shard ranks (`expert_fsdp_mesh`, replicated across racks) shards that slice on dim 0,
-  or on dim 1 when its experts do not split evenly (`expert_placement`). The expert
+  or on dim 1 when its experts do not split evenly (`expert_placement`). With one rank per slice in a
+  rack (the hero) the slice is instead ZeRO-sharded across the racks on dim 1 (`ExpertShard`: fp32
+  master, gradient and optimizer state 1/racks per rank, gathered per layer), as wherever FSDP2 cannot
+  split it (neither dim divides: FSDP2 refuses an uneven dim 1). The expert
   units' gradient divide factor is the world size: the all-to-all backward already summed the EP
   group's contributions, the reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and
   the mean of the per-rank losses is the objective (what FSDP2 gives every other parameter). With
@@ -183,15 +186,18 @@ def zero_across_dp(groups: EPGroups, moe: nn.Module) -> bool:
     hero: dp_shard = 1, nothing to shard inside the rack, and a whole slice's fp32 state does not fit),
     and wherever FSDP2 cannot place the slice (neither dim 0 nor dim 1 splits evenly over dp: FSDP2
     pads dim 0 and refuses an uneven dim 1, e.g. 6 experts x 3072 rows over 11 racks)."""
-    d = groups.dp_size
-    if d == 1:
-        return False
-    if groups.replicas > 1 and groups.dp_shard_size == 1:
-        return True
-    if groups.replicas > 1:
-        return False  # HSDP inside the rack (FSDP2), replicated across racks
     w = moe.w_gate_EWH
-    return w.shape[0] % d != 0 and w.shape[1] % d != 0
+    return zero_shards_experts(groups.dp_size, groups.dp_shard_size, groups.replicas, w.shape[0], w.shape[1])
+
+
+def zero_shards_experts(dp: int, dp_shard: int, replicas: int, local_experts: int, rows: int) -> bool:
+    """`zero_across_dp` from sizes alone (the time model's rule too): dp ranks per EP slice, dp_shard of
+    them in a rack, the slice's experts and the rows of each expert matrix."""
+    if dp == 1:
+        return False
+    if replicas > 1:
+        return dp_shard == 1  # else HSDP inside the rack (FSDP2), replicated across racks
+    return local_experts % dp != 0 and rows % dp != 0
 
 
 class _GatherShards(torch.autograd.Function):

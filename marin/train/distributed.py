@@ -15,7 +15,8 @@ batch means: not exactly the global one), QB-topk thresholds are averaged over r
 aux-free are exact).
 Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
 allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
-TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack. FSDP2's
+TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack, or, one rank per
+slice in a rack, ZeRO-sharded across the racks (marin.parallel.ExpertShard); nothing on the host. FSDP2's
 reduce-scatter (and cross-rack all-reduce) averages gradients over the world (so no separate gradient
 sync), the global norm is reduced over one rack's shards, and the optimizer steps the shards (each
 split matrix orthogonalized once per rack by an owner rank, marin.optim.distributed_newton_schulz).
