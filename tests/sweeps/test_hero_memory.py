@@ -332,3 +332,19 @@ def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
         assert n_dense / shard <= dense <= 1.1 * n_dense / shard  # FSDP2 pads rows up to a multiple
         assert st["by_role"]["expert"] == n_routed // 4 // slice_part and st["experts_per_rank"] == 2
     assert "HSDP" in current_sharding(RunSpec(model=model, train=TrainConfig(replica_groups=2))).name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hero", "hero_rack", "hero_node", "hero_gpu"])
+def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(name):
+    # the dry run's memory table (part b) on the study's own layout; nothing may sit in host memory
+    from sweeps.dryrun import dry_run
+
+    st = get_study(name)
+    spec = st.runs()[0][0]
+    st.hero.check(spec)
+    assert spec.train.offload == "none" and spec.train.batch_size == 16 * st.hero.gpus
+    rep = dry_run(spec, st.hero.gpus, spec.model.ep_shards, capacity_gib=173.0)
+    assert rep["experts_per_rank"] == (8 if name == "hero_gpu" else 6) and rep["sequences_per_rank"] == 16
+    for level, t in rep["tables"].items():
+        assert t["ok"] and t["total"] <= 165 * GiB and t["host"] == 0, (name, level, t["total"] / GiB)
