@@ -269,7 +269,8 @@ class ExpertShard:
 def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = ShardingConfig()) -> nn.Module:
     """FSDP2 every parameter (module docstring): MoE submodules and blocks over `groups.fsdp_mesh`
     (the world, or HSDP inside racks), the expert stacks over `groups.expert_fsdp_mesh` with gradient
-    divide factor W. Call after `shard_experts`."""
+    divide factor W, or by `ExpertShard` over "dp" where `zero_across_dp` says so. Call after
+    `shard_experts`."""
     from torch.distributed.fsdp import fully_shard
 
     kw = dict(reshard_after_forward=cfg.reshard_after_forward)

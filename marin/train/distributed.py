@@ -114,7 +114,7 @@ class ParallelDims:
     def forward_backward(self, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
         """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
-        if self.world == 1:
+        if self.groups is None:  # one process, unsharded (a world of one with meshes holds DTensors)
             from marin.train.step import forward_backward
 
             return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
