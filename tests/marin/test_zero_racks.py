@@ -1,8 +1,9 @@
 """The hero's layout on 4 real gloo ranks: 2 racks x EP 2 with one rank per EP slice in a rack
 (dp_shard = 1), each slice's fp32 experts, gradients and optimizer state ZeRO-sharded across the racks
 on dim 1 (marin.parallel.ExpertShard; 21 latent rows over 2 racks split 11 + 10, uneven as the hero's
-3072 over 11). Every optimizer level's clipped steps equal one process, the checkpoint resumes, and the
-expert state per rank is its 1/racks share."""
+3072 over 11). Every optimizer level's clipped steps equal one process (Hyperball also with block
+recompute, where the gather runs again in the backward), the checkpoint resumes, and the expert state
+per rank is its 1/racks share."""
 
 import os
 
@@ -84,8 +85,12 @@ def _work(rank: int, tmp: str) -> dict:
         opt.zero_grad(set_to_none=True)
         return float(norm)
 
-    for level in LEVELS:
-        model = build_sharded_model(_cfg(), RECIPE, groups, SEED).train()
+    for level in (*LEVELS, "hyperball+recompute"):
+        recompute = level.endswith("+recompute")  # the hero's block recompute: the gather runs again
+        level = level.removesuffix("+recompute")
+        key = level + ("+recompute" if recompute else "")
+        model = build_sharded_model(_cfg(), RECIPE, groups, SEED,
+                                    activation_checkpoint="block" if recompute else "none").train()
         opt = build_optimizer(model, _hp(level), expert_group=groups.ep_group)
         ref = MarinModel(_cfg(), RECIPE)
         init_weights(ref, SEED)
@@ -102,12 +107,11 @@ def _work(rank: int, tmp: str) -> dict:
             ref_opt.zero_grad(set_to_none=True)
             norms.append(ref_norm)
         full, refp = _full(model, groups), dict(ref.named_parameters())
-        out[f"step_{level}"] = max(float((full[n] - refp[n].detach()).abs().max()) / max(float(refp[n].abs().max()), 1e-12)
+        out[f"step_{key}"] = max(float((full[n] - refp[n].detach()).abs().max()) / max(float(refp[n].abs().max()), 1e-12)
                                    for n in refp)
-        out[f"moved_{level}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in refp.items())
-        out[f"norms_{level}"] = norms
-        if level == "hyperball":
-            up = model.blocks[0].moe.w_up_EWH if hasattr(model.blocks[0], "moe") else None
+        out[f"moved_{key}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in refp.items())
+        out[f"norms_{key}"] = norms
+        if key == "hyperball":
             from marin.ep import moe_layers
 
             _, moe = next(iter(moe_layers(model)))
@@ -147,7 +151,7 @@ def test_expert_state_is_sharded_across_racks_on_dim_1_unevenly(zero):
         assert o["state_rows"] == o["local_rows"][0]  # the optimizer state is the shard's, not the slice's
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", [*LEVELS, "hyperball+recompute"])
 def test_four_ranks_zero_across_racks_step_like_one_process(zero, level):
     for o in zero:
         assert o[f"moved_{level}"] > 1e-3
