@@ -142,9 +142,12 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         for n, p in model.named_parameters():
             by_role[roles[n]] = by_role.get(roles[n], 0) + _padded_local(p)
         experts = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(model)]  # the EP slice (FSDP2 shards it over dp)
+        # a slice ZeRO-sharded across racks (marin.parallel.ExpertShard) is gathered whole, one layer at a time
+        zero = max((sum(getattr(m, p).numel() for p in ep.EXPERT_PARAM_NAMES) for _, m in ep.moe_layers(model)
+                    if getattr(m.dispatcher, "expert_shard", None) is not None), default=0)
         return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
                 "experts_per_rank": experts[0], "largest_matrix": biggest,
-                "largest_unit": max(units.items(), key=lambda kv: kv[1])}
+                "largest_unit": max(units.items(), key=lambda kv: kv[1]), "zero_gathered": zero}
     finally:
         dist.destroy_process_group()
 
@@ -219,6 +222,10 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         gb = sharding.gathered_bytes
         rows.append({"line": f"transient: FSDP2 gathered weights + unsharded grads ({unit})",
                      "bytes": (2 * gb + gb + (4 if gb != 4 else 0)) * elems})
+    if state.get("zero_gathered"):  # the gathered slice and its copy, its gradient, three fp32 buffers of it
+        gb = sharding.gathered_bytes or 4
+        rows.append({"line": "transient: one layer's expert slice gathered across racks + its gradient (ExpertShard)",
+                     "bytes": (3 * gb + 3 * 4) * state["zero_gathered"]})
     if gpu is not None:
         m, ep = spec.model, state.get("ep_size", 1)
         g = m.moe_geometry(spec.recipe)

@@ -348,3 +348,5 @@ def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(n
     assert rep["experts_per_rank"] == (8 if name == "hero_gpu" else 6) and rep["sequences_per_rank"] == 16
     for level, t in rep["tables"].items():
         assert t["ok"] and t["total"] <= 165 * GiB and t["host"] == 0, (name, level, t["total"] / GiB)
+        # only the hero has racks to shard its expert slice across; its gathered layer is a line of its own
+        assert any("ExpertShard" in r["line"] for r in t["rows"]) == (name == "hero")
