@@ -48,12 +48,17 @@ class HeroPlan:
     gpus_per_nvl_domain: int = 72
     hbm_gb_per_gpu: float = 186.0  # GB200: 186 GB = 173 GiB
     hardware: Hardware = GB200
+    # one SLURM job of the requeued chain (sbatch --time, the rung's timeout_min); the checkpoint
+    # cadence must leave no gap this long (sweeps/timemodel.py checkpoint_cadence)
+    job_time_min: int = 240
 
     def __post_init__(self) -> None:
         if self.ep_size % self.gpus_per_node:
             raise ValueError(f"HeroPlan.ep_size={self.ep_size} must be a multiple of gpus_per_node={self.gpus_per_node}")
         if self.ep_size > self.gpus_per_nvl_domain:
             raise ValueError(f"HeroPlan.ep_size={self.ep_size} exceeds the NVLink domain of {self.gpus_per_nvl_domain} GPUs")
+        if self.job_time_min < 1:
+            raise ValueError(f"HeroPlan.job_time_min must be >= 1 minute, got {self.job_time_min}")
         if self.ep_groups < 1:
             raise ValueError(f"HeroPlan.ep_groups must be >= 1, got {self.ep_groups}")
 
@@ -87,19 +92,15 @@ class HeroPlan:
         m, t = spec.model, spec.train.effective()
         tokens = t.steps * t.batch_size * m.seq_len
         fpt = flops_per_token(m, spec.recipe)
-        flops = fpt * tokens
-        rate = self.gpus * self.hardware.peak_flops * self.hardware.mfu
-        seconds = flops / rate
         g = m.moe_geometry(spec.recipe)
         n_total = params_total(m, spec.recipe)
         routed = m.n_layers * g.n_experts * 3 * g.width * g.hidden
         return {
-            "preset": "hero_535b",
+            "preset": "hero_535b", "n_layers": m.n_layers, "n_experts": g.n_experts,
             "params_total": n_total, "params_active": params_active(m, spec.recipe),
             "tokens": tokens, "steps": t.steps, "batch_sequences": t.batch_size, "seq_len": m.seq_len,
             "eval_every": t.eval_every,
-            "flops_per_token": fpt, "train_flops": flops,
-            "hardware": self.hardware.name, "assumed_mfu": self.hardware.mfu,
+            "flops_per_token": fpt, "train_flops": fpt * tokens, "hardware": self.hardware.name,
             "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "gpus": self.gpus,
             "layout": {
                 "ep_size": self.ep_size, "ep_groups": self.ep_groups, "data_parallel_replicas": self.ep_groups,
@@ -114,7 +115,6 @@ class HeroPlan:
                 "hbm_gb_per_gpu": self.hbm_gb_per_gpu,
                 "hbm_gib_per_gpu": round(self.hbm_gb_per_gpu * 1e9 / 2**30, 1),
             },
-            "expected_seconds": seconds, "expected_days": seconds / 86400,
-            "gpu_hours": self.gpus * seconds / 3600,
-            "seconds_per_step": seconds / t.steps,
+            # the duration is the time model's (sweeps/timemodel.py, `plan hero`): one number, one model
+            "job_time_min": self.job_time_min,
         }

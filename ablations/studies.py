@@ -11,7 +11,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
 - hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
-- hero_rack   GB200: the hero's job on one rack for 200 steps (the smoke run before the full job).
+- hero_gpu, hero_node, hero_rack  GB200: the smoke runs before the full job, 200 steps at the hero's
+              per-GPU shape on 1 GPU, one 4-GPU tray and one rack (fewer layers: docs/hero.md).
 
 No torch import.
 """
@@ -200,6 +201,8 @@ class Study:
                 info.update(core_seconds=r.est_wall_s() * sum(work) * n_seeds,
                             timeout_min=max(2, math.ceil(3 * r.est_wall_s() * max(work) / 60)))
                 total_wall += r.est_wall_s() * sum(work) * n_seeds
+            if self.hero is not None:  # one job of the hero's requeued chain: sbatch --time (sweeps/hero.py)
+                info.update(timeout_min=self.hero.job_time_min)
             total_flops += flops
             rung_rows.append(info)
         cost: dict[str, Any] = {"train_flops": total_flops}
@@ -377,11 +380,16 @@ HERO_LOSS_CHUNK = 8_192
 HERO_GATE_ROUTER_DECAY_START = 58_014
 
 
-def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero") -> Study:
+def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, name: str = "hero",
+         n_layers: int | None = None, ep_size: int = 64, gpus_per_node: int = 4) -> Study:
     """The full recipe at 535B-A23B on GB200 NVL72, as Marin ran it (launch_scaling_ladder.py d6144 row):
     390,251 steps x 11,264 x 4,096 tokens (18.0T), EP64 within a rack, `ep_groups` racks as data-parallel
-    replicas (default 11 -> 176 nodes, 704 GPUs, 16 sequences = 65,536 tokens per GPU and EP shard per
-    step), evaluation every 3,000 steps. A plan: sweeps prints the sbatch from `describe()["hero"]`.
+    replicas (default 11 -> 176 nodes, 704 GPUs), evaluation every 3,000 steps. A plan: sweeps prints the
+    sbatch from `describe()["hero"]`. Every variant keeps the hero's per-GPU shape: 16 sequences x 4,096
+    tokens per GPU and EP shard per step (1,024 sequences per EP64 rack) and 6 experts per rank per layer
+    (8 on one GPU, for top-8 routing);
+    `n_layers` / `ep_size` / `gpus_per_node` shrink it for the smoke runs (`hero_rack`, `hero_node`,
+    `hero_gpu`): n_experts = max(6 x ep_size, top_k).
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
     EP transport: `ragged`, the recipe's level and the hero's MoE backend: Marin's hero ran the static
     pooled-wave all-to-all only through step 81,716 (3.77T of 18T tokens) and continues on ragged
@@ -389,42 +397,53 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     (static splits, no host read in its exchange), e.g. `--recipe ep_transport=pooled_wave`, but is not
     this study's level: its receive buffers are not what the hero's memory plan measures. The gate/router
     decay switches on at step 58,014 as the hero's did (`HERO_GATE_ROUTER_DECAY_START`)."""
-    plan = HeroPlan(ep_groups=ep_groups)
+    plan = HeroPlan(ep_groups=ep_groups, ep_size=ep_size, gpus_per_node=gpus_per_node)
     model = preset("hero_535b")
-    batch = 11_264
+    per_rank_experts = model.n_experts // model.ep_shards
+    # at least top_k experts: one GPU holds 8 (top-8 routing), every other variant 6 per rank
+    model = replace(model, n_layers=n_layers or model.n_layers,
+                    n_experts=max(per_rank_experts * ep_size, model.top_k), ep_shards=ep_size)
+    batch = HERO_SEQS_PER_GPU * plan.gpus  # 11,264 at 11 racks
     tokens = steps * batch * model.seq_len
-    rung = Rung("hero_535b", "hero_535b", tokens_per_active_param=tokens / params_active(model, Recipe()),
+    rung = Rung(name if name != "hero" else "hero_535b", "hero_535b",
+                tokens_per_active_param=tokens / params_active(model, Recipe()),
                 batch_size=batch, fixed_steps=steps, device="cuda", precision="bf16", threads=None, gpus=plan.gpus,
                 # the fused path of the GPU rungs: flex compiled (eager flex OOMs at its first attention)
-                model_overrides={"kernels": "triton"},
+                model_overrides={"kernels": "triton", "n_layers": model.n_layers, "n_experts": model.n_experts,
+                                 "ep_shards": ep_size},
                 train_overrides={"compile": True, "eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
-                                 # 1,000 steps are 3.6-5.6 h, longer than a 4 h job: an hourly temporary
-                                 # checkpoint as Marin's (sweeps/timemodel.py checks it against the job limit)
+                                 # 1,000 steps are longer than a 4 h job: an hourly temporary checkpoint as
+                                 # Marin's (sweeps/timemodel.py checks it against HeroPlan.job_time_min)
                                  "checkpoint_interval_s": 3600.0,
                                  "log_every": 10,
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
                                  "eval_batch_size": plan.gpus, "mixed_precision": "bf16",
-                                 # rack-local sharding (HSDP), Marin's (replica_dcn, data, expert) mesh: only
-                                 # the gradient reduction crosses racks
+                                 # rack-local sharding (HSDP), Marin's (replica_dcn, data, expert) mesh; each
+                                 # rank's expert slice ZeRO-sharded across the racks (marin.parallel.ExpertShard):
+                                 # nothing on the host, the optimizer steps on the GPU
                                  "replica_groups": ep_groups,
-                                 # rack-local, each rank's expert slice is whole (fp32 master, grads and
-                                 # MuonH state 93 GiB): 224 GiB per rank without offload, 126 GiB with it;
-                                 # Marin's hero keeps master and optimizer state in pinned host memory too
-                                 "offload": "cpu",
                                  # Marin's hero switched the gate/router decay on mid-run (the ladder: step 0)
                                  "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
-    return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {ep_groups} x EP64",
+    shape = f"{ep_groups} x EP{ep_size}" + (f", {model.n_layers} layers" if n_layers else "")
+    return Study(name, f"Marin 535B-A23B {name}: {what}, GB200 NVL72, {shape}",
                  tuple(names), arms(names, ["all_on"]), (rung,), (0,),
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size,
                             # Marin's phased mixture on the embedded domains; a cluster corpus names its own
                             mixture=HERO_MIXTURE if corpus == "embedded" else (),
                             mixture_block=HERO_MIXTURE_BLOCK if corpus == "embedded" else 0), Recipe(),
-                 {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, plan.hardware,
+                 {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, None,
                  False, (), plan)
+
+
+#: The hero's per-GPU batch: 16 sequences x 4,096 tokens per GPU and EP shard (Marin: 1,024 per rack)
+HERO_SEQS_PER_GPU = 16
+#: Smoke-run depths (docs/hero.md "Smoke runs"): one rack cannot hold the hero's 48 layers' training
+#: state (12 bytes per parameter over 64 GPUs: 93 GiB of expert state per rank before activations)
+HERO_SMOKE_LAYERS = {"hero_rack": 16, "hero_node": 4, "hero_gpu": 2}
 
 
 def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64"), ratio: int = 4,
@@ -453,9 +472,15 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
-    # the hero's job on one NVL72 rack (one EP64 group, 16 trays), 200 steps with a checkpoint every
-    # 50: NCCL over NVLink, the pre-flight, checkpoints and a requeue, before the full job
-    "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack", **kw}),
+    # the smoke runs before the full job, first to last (README "Before a hero run"), each 200 steps
+    # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
+    # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)
+    "hero_gpu": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_gpu", "ep_size": 1,
+                                     "gpus_per_node": 1, "n_layers": HERO_SMOKE_LAYERS["hero_gpu"], **kw}),
+    "hero_node": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_node", "ep_size": 4,
+                                      "n_layers": HERO_SMOKE_LAYERS["hero_node"], **kw}),
+    "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack",
+                                      "n_layers": HERO_SMOKE_LAYERS["hero_rack"], **kw}),
 }
 
 

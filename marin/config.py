@@ -278,8 +278,8 @@ ACTIVATION_CHECKPOINTS = ("none", "block")
 # reduces gradients in fp32 (Marin's hero: experiments/grug/moe_hero_ep); needs precision="bf16"
 # (autocast). One process has nothing to gather or reduce: autocast alone is its bf16 compute.
 MIXED_PRECISIONS = ("none", "bf16")
-#: "cpu": FSDP2 CPUOffloadPolicy, fp32 master weights, gradients and optimizer state in pinned host memory
-#: (the escape when the dry run leaves too little headroom; Marin's hero offloaded its optimizer state)
+#: "cpu" (a host-side optimizer step) is refused for sharded runs by marin.train.distributed.check_no_host_update,
+#: naming this field: the hero shards its expert state across racks instead (docs/hero.md "Memory")
 OFFLOADS = ("none", "cpu")
 
 

@@ -261,8 +261,11 @@ def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
         shape = torch.Size((n * groups.ep_size,) + full)
         stride = torch.empty(shape, device="meta").stride()
         dim = _fsdp_dim(t) or 0
-        return DTensor.from_local(local, _expert_mesh(groups), [Replicate(), Shard(0), Shard(dim)], run_check=False,
-                                  shape=shape, stride=stride)
+        # a ZeRO shard over "dp" spanning racks (marin.parallel.ExpertShard, one rank per slice in a
+        # rack) splits over "replica"; FSDP2 inside a rack over "dp_shard"
+        across = isinstance(t, DTensor) and groups.replicas > 1 and t.device_mesh.ndim == 1
+        places = [Shard(dim), Shard(0), Replicate()] if across else [Replicate(), Shard(0), Shard(dim)]
+        return DTensor.from_local(local, _expert_mesh(groups), places, run_check=False, shape=shape, stride=stride)
     return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
 

@@ -147,6 +147,8 @@ class EPDispatcher:
         # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
         # averages them), so the slices hold gradients of the mean of the per-rank losses.
         self.grad_scale = 1.0
+        # marin.parallel.ExpertShard when the slice is ZeRO-sharded over dp: gathered here, per layer
+        self.expert_shard = None
 
     def __repr__(self) -> str:
         return (f"EPDispatcher(transport={self.transport!r}, ep={self.S}, rank={self.rank}, "
@@ -158,6 +160,9 @@ class EPDispatcher:
         if experts.n_experts != self.n_local:
             raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
                              f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
+        if self.expert_shard is not None:
+            experts = ExpertWeights(*(self.expert_shard.gather(w)
+                                      for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))
         if self.grad_scale != 1.0:
             experts = ExpertWeights(*(_GradScale.apply(w, self.grad_scale)
                                       for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))

@@ -10,7 +10,10 @@ meshes of `marin.ep.EPGroups`, `replicas` racks of consecutive ranks.
   (router, latent projections, shared experts), the embedding, the lm_head, and the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   the rack's dp_shard ranks (`expert_fsdp_mesh`, replicated across racks) shards that slice on dim 0,
-  or on dim 1 when its experts do not split evenly (`expert_placement`). The expert
+  or on dim 1 when its experts do not split evenly (`expert_placement`). With one rank per slice in a
+  rack (the hero) the slice is instead ZeRO-sharded across the racks on dim 1 (`ExpertShard`: fp32
+  master, gradient and optimizer state 1/racks per rank, gathered per layer), as wherever FSDP2 cannot
+  split it (neither dim divides: FSDP2 refuses an uneven dim 1). The expert
   units' gradient divide factor is the world size: the all-to-all backward already summed the EP
   group's contributions, the reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and
   the mean of the per-rank losses is the objective (what FSDP2 gives every other parameter). With
@@ -147,11 +150,12 @@ def init_weights(model: nn.Module, seed: int, groups: EPGroups | None = None) ->
 class ShardingConfig:
     """How `build_sharded_model` lays the model out. mixed_precision: bf16 compute with fp32 master
     weights and fp32 gradient reduction (default on for GPU rungs and the hero); reshard_after_forward:
-    free the gathered weights after each unit's forward (FSDP2's ZeRO-3; False keeps them to backward)."""
+    free the gathered weights after each unit's forward (FSDP2's ZeRO-3; False keeps them to backward).
+    Nothing lives on the host: every shard, gradient and optimizer state is on the accelerator, and
+    the optimizer steps there (docs/hero.md "Memory")."""
 
     mixed_precision: bool = False
     reshard_after_forward: bool = True
-    offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded fp32 params, grads, optimizer state on the host
 
 
 def _mp_policy(cfg: ShardingConfig):
@@ -176,20 +180,103 @@ def expert_placement(groups: EPGroups):
     return place
 
 
+def zero_across_dp(groups: EPGroups, moe: nn.Module) -> bool:
+    """Whether `moe`'s expert stacks are sharded by `ExpertShard` over the "dp" mesh (all ranks holding
+    this EP slice, across racks) instead of FSDP2: under HSDP with one rank per slice in a rack (the
+    hero: dp_shard = 1, nothing to shard inside the rack, and a whole slice's fp32 state does not fit),
+    and wherever FSDP2 cannot place the slice (neither dim 0 nor dim 1 splits evenly over dp: FSDP2
+    pads dim 0 and refuses an uneven dim 1, e.g. 6 experts x 3072 rows over 11 racks)."""
+    w = moe.w_gate_EWH
+    return zero_shards_experts(groups.dp_size, groups.dp_shard_size, groups.replicas, w.shape[0], w.shape[1])
+
+
+def zero_shards_experts(dp: int, dp_shard: int, replicas: int, local_experts: int, rows: int) -> bool:
+    """`zero_across_dp` from sizes alone (the time model's rule too): dp ranks per EP slice, dp_shard of
+    them in a rack, the slice's experts and the rows of each expert matrix."""
+    if dp == 1:
+        return False
+    if replicas > 1:
+        return dp_shard == 1  # else HSDP inside the rack (FSDP2), replicated across racks
+    return local_experts % dp != 0 and rows % dp != 0
+
+
+class _GatherShards(torch.autograd.Function):
+    """All-gather of dim-1 shards (torch.chunk sizes, padded to equal chunks for the collective) into
+    the whole [E, W, H] slice in the compute dtype; backward reduce-scatters the slice's gradient in
+    fp32 (summed over the group) back to this rank's shard (ZeRO-3, as FSDP2's unit)."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor, full_rows: int, group, dtype) -> Tensor:
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        chunk = -(-full_rows // n)
+        ctx.group, ctx.full_rows, ctx.local_rows, ctx.dtype_in, ctx.chunk = group, full_rows, local.shape[1], \
+            local.dtype, chunk
+        ctx.rank = rank
+        x = local.to(dtype) if dtype is not None else local
+        if x.shape[1] != chunk:  # the last ranks' shorter (or empty) chunks, padded for the collective
+            pad = x.new_zeros(x.shape[0], chunk - x.shape[1], *x.shape[2:])
+            x = torch.cat([x, pad], 1)
+        out = x.new_empty(n * x.numel())  # flat buffers: gloo checks the flat sizes only
+        dist.all_gather_into_tensor(out, x.contiguous().view(-1), group=group)
+        full = out.view((n,) + tuple(x.shape)).transpose(0, 1).reshape(x.shape[0], n * chunk, *x.shape[2:])  # [E, n*chunk, H]
+        return full.narrow(1, 0, full_rows).contiguous()
+
+    @staticmethod
+    def backward(ctx, g_full: Tensor):
+        n, chunk = dist.get_world_size(ctx.group), ctx.chunk
+        g = g_full.float()
+        if n * chunk != ctx.full_rows:
+            g = torch.cat([g, g.new_zeros(g.shape[0], n * chunk - ctx.full_rows, *g.shape[2:])], 1)
+        g_nE = g.reshape(g.shape[0], n, chunk, *g.shape[2:]).transpose(0, 1).contiguous()
+        mine = g_nE.new_empty(g_nE.shape[1:])
+        dist.reduce_scatter_tensor(mine.view(-1), g_nE.view(-1), op=dist.ReduceOp.SUM, group=ctx.group)
+        return mine.narrow(1, 0, ctx.local_rows).to(ctx.dtype_in), None, None, None
+
+
+class ExpertShard:
+    """ZeRO across the "dp" mesh of an EP slice (docs/hero.md "Memory"): each expert stack is a DTensor
+    sharded on dim 1 (rows of each expert's matrix, torch.chunk sizes: 3072 rows over 11 racks are
+    10 x 280 + 272, no padding stored), so the fp32 master, its gradient and the optimizer state are
+    1/dp of the slice per rank; the EP dispatcher gathers the whole slice per layer in the compute
+    dtype (`gather`) and the backward reduce-scatters its gradient. Marin shards its hero's expert
+    state over (replica_dcn, data) the same way (experiments/grug/moe_hero_ep)."""
+
+    def __init__(self, group, compute_dtype):
+        self.group, self.compute_dtype = group, compute_dtype
+
+    @classmethod
+    def apply_to(cls, moe: nn.Module, groups: EPGroups, compute_dtype=None) -> None:
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = groups.mesh["dp"]
+        n, rank = mesh.size(), mesh.get_local_rank()
+        for name in EXPERT_PARAM_NAMES:
+            full = getattr(moe, name)
+            chunks = torch.chunk(torch.empty(full.shape, device="meta"), n, dim=1)
+            rows = chunks[rank].shape[1] if rank < len(chunks) else 0
+            local = torch.empty((full.shape[0], rows) + tuple(full.shape[2:]), device=full.device, dtype=full.dtype)
+            dt = DTensor.from_local(local, mesh, [Shard(1)], run_check=False, shape=full.shape, stride=full.stride())
+            setattr(moe, name, nn.Parameter(dt, requires_grad=full.requires_grad))
+        moe.dispatcher.expert_shard = cls(mesh.get_group(), compute_dtype)
+        # the gather's backward sums the dp ranks and the all-to-all's the EP group: 1/W is the mean
+        moe.dispatcher.grad_scale = 1.0 / groups.world_size
+
+    def gather(self, w: Tensor) -> Tensor:
+        """The whole [E, W, H] slice of a dim-1 sharded DTensor parameter, in the compute dtype."""
+        return _GatherShards.apply(w.to_local(), w.shape[1], self.group, self.compute_dtype)
+
+
 def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = ShardingConfig()) -> nn.Module:
     """FSDP2 every parameter (module docstring): MoE submodules and blocks over `groups.fsdp_mesh`
     (the world, or HSDP inside racks), the expert stacks over `groups.expert_fsdp_mesh` with gradient
-    divide factor W. Call after `shard_experts`."""
+    divide factor W, or by `ExpertShard` over "dp" where `zero_across_dp` says so. Call after
+    `shard_experts`."""
     from torch.distributed.fsdp import fully_shard
 
     kw = dict(reshard_after_forward=cfg.reshard_after_forward)
     mp = _mp_policy(cfg)
     if mp is not None:
         kw["mp_policy"] = mp
-    if cfg.offload:
-        from torch.distributed.fsdp import CPUOffloadPolicy
-
-        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     mesh = groups.fsdp_mesh
     plain = set()  # one rank per slice and one rack: expert slices no unit shards (blocks, root leave them)
     for _, moe in moe_layers(model):
@@ -197,7 +284,10 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
             for unit in (child if isinstance(child, nn.ModuleList) else [child]):
                 if any(True for _ in unit.parameters()):
                     fully_shard(unit, mesh=mesh, **kw)
-        if groups.dp_size > 1:  # what is left in the MoE unit: its expert stacks
+        if zero_across_dp(groups, moe):  # ZeRO over every rank holding this slice (across racks)
+            ExpertShard.apply_to(moe, groups, compute_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+            plain.update(getattr(moe, p) for p in EXPERT_PARAM_NAMES)
+        elif groups.dp_size > 1:  # what is left in the MoE unit: its expert stacks
             fully_shard(moe, mesh=groups.expert_fsdp_mesh, shard_placement_fn=expert_placement(groups), **kw)
             if groups.dp_shard_size > 1:
                 moe.set_gradient_divide_factor(float(groups.world_size))
@@ -251,14 +341,26 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Ten
     the norm as a 0-dim tensor (read it when logging)."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-             for p in model.parameters() if p.grad is not None]
+    # expert shards of `ExpertShard` hold each element once in the world, not once per rack
+    world_sharded = {id(getattr(m, p)) for _, m in moe_layers(model)
+                     if getattr(m.dispatcher, "expert_shard", None) is not None for p in EXPERT_PARAM_NAMES}
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
     dev = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), dtype=torch.float32, device=dev)
-    for g in grads:
-        sq += g.float().pow(2).sum()
+    sq_world = torch.zeros((), dtype=torch.float32, device=dev)
+    for p, g in zip(params, grads):
+        (sq_world if id(p) in world_sharded else sq).add_(g.float().pow(2).sum())
     if dist.is_initialized():
-        dist.all_reduce(sq, group=group)
+        if world_sharded and group is not None and dist.get_world_size(group) < dist.get_world_size():
+            # one all-reduce over the world: rack-sharded elements are counted once per rack there
+            sq = sq / (dist.get_world_size() // dist.get_world_size(group)) + sq_world
+            dist.all_reduce(sq)
+        else:
+            sq = sq + sq_world
+            dist.all_reduce(sq, group=group)
+    else:
+        sq = sq + sq_world
     norm = sq.sqrt()
     if max_norm is not None:
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)

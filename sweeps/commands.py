@@ -283,7 +283,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
 
         hs = HeroSlurm()
-        d["hero"]["jobs_of_time_limit"] = math.ceil(d["hero"]["expected_seconds"] / 60 / hs.time_min)
         d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
         d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
         from sweeps.sweep import apply_spec_overrides
@@ -291,11 +290,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         spec = apply_spec_overrides(runs[0][0], args.overrides) if args.overrides else runs[0][0]
         study.hero.check(spec)  # --set may change the layout the plan is for
-        tm = d["hero"]["time_model"] = time_model(spec, study.hero, job_limit_s=hs.time_min * 60)
+        tm = d["hero"]["time_model"] = time_model(spec, study.hero, job_limit_s=hs.time_min(study.hero) * 60)
+        d["hero"]["jobs_of_time_limit"] = math.ceil(tm["days_point"] * 1440 / hs.time_min(study.hero))
         if not tm["checkpoint"]["fits"]:
             raise ValueError(f"TrainConfig.checkpoint_interval_s={runs[0][0].train.checkpoint_interval_s}: the longest "
                              f"gap between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter "
-                             f"than the job's time limit ({hs.time_per_job}); allowed values: 0 < seconds < {hs.time_min * 60}")
+                             f"than the job's time limit ({hs.time_min(study.hero)} min); allowed values: 0 < seconds < "
+                             f"{hs.time_min(study.hero) * 60}")
     if args.json:
         d = dict(d, runs=run_rows) if args.runs else d
         print(json.dumps(d, indent=1, default=str))

@@ -15,8 +15,8 @@
   gradients, the Newton-Schulz working set of the sharding.
 - A GPU rank also holds what no tensor shows, each its own line (`GpuAllowances`, assumptions): EP
   receive buffers at capacity, NCCL p2p and NVLS buffers, the CUDA context, allocator fragmentation.
-The table is in GB and GiB against the capacity; a line that breaks the budget is named. Where the
-headroom is under 10% the table with FSDP2 CPU offload (TrainConfig.offload="cpu") follows.
+The table is in GB and GiB against the capacity; a line that breaks the budget is named. Nothing is
+on the host (no offload: TrainConfig.offload="cpu" is refused).
 Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
 """
 
@@ -63,9 +63,10 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
         return apply_fsdp(model, groups, cfg)
 
     r = spec.train.replica_groups if spec is not None else 1
-    where = (f"HSDP: FSDP2 inside each of {r} racks, replicated across them; experts EP-sliced x FSDP2 over the "
-             "rack's dp_shard ranks, replicated across racks" if r > 1
-             else "FSDP2 over all ranks; experts over EP x FSDP2 over dp")
+    where = (f"HSDP: FSDP2 of non-expert parameters inside each of {r} racks, replicated across them; experts "
+             "EP-sliced, a slice with one rank per rack ZeRO-sharded across the racks (ExpertShard), else FSDP2 "
+             "over the rack's dp_shard ranks" if r > 1
+             else "FSDP2 over all ranks; experts over EP x FSDP2 (or ExpertShard where FSDP2 cannot split) over dp")
     return Sharding(where + " (marin.parallel)" +
                     (", bf16 compute" if cfg.mixed_precision else ""), apply, ns_whole_group=False,
                     gathered_bytes=2 if cfg.mixed_precision else 4)
@@ -141,9 +142,12 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         for n, p in model.named_parameters():
             by_role[roles[n]] = by_role.get(roles[n], 0) + _padded_local(p)
         experts = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(model)]  # the EP slice (FSDP2 shards it over dp)
+        # a slice ZeRO-sharded across racks (marin.parallel.ExpertShard) is gathered whole, one layer at a time
+        zero = max((sum(getattr(m, p).numel() for p in ep.EXPERT_PARAM_NAMES) for _, m in ep.moe_layers(model)
+                    if getattr(m.dispatcher, "expert_shard", None) is not None), default=0)
         return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
                 "experts_per_rank": experts[0], "largest_matrix": biggest,
-                "largest_unit": max(units.items(), key=lambda kv: kv[1])}
+                "largest_unit": max(units.items(), key=lambda kv: kv[1]), "zero_gathered": zero}
     finally:
         dist.destroy_process_group()
 
@@ -191,20 +195,17 @@ class GpuAllowances:
 
 
 def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sharding, level: str,
-                 gpu: GpuAllowances | None = None, offload: bool = False) -> list[dict]:
+                 gpu: GpuAllowances | None = None) -> list[dict]:
     """Per-rank memory lines (bytes) for optimizer `level` from the measured state and activations; `gpu`
-    adds the lines a GPU rank holds beyond tensors; `offload` moves the fp32 master and optimizer state
-    to host memory (FSDP2 CPUOffloadPolicy: they appear as host lines, 0 on the GPU)."""
+    adds the lines a GPU rank holds beyond tensors."""
     kinds = group_kinds(level)
     by_role = state["by_role"]
     n = sum(by_role.values())
-    where = " -> pinned host" if offload else ""
-    rows = [{"line": "parameters (fp32 master)" + where, "bytes": 0 if offload else 4 * n, "host": 4 * n if offload else 0},
-            {"line": "gradients (fp32)" + where, "bytes": 0 if offload else 4 * n, "host": 4 * n if offload else 0}]
+    rows = [{"line": "parameters (fp32 master)", "bytes": 4 * n}, {"line": "gradients (fp32)", "bytes": 4 * n}]
     for role, k in sorted(by_role.items()):
         kind = kinds[role]
         b = KINDS[kind].state_bytes * k
-        rows.append({"line": f"optimizer {kind} [{role}]{where}", "bytes": 0 if offload else b, "host": b if offload else 0})
+        rows.append({"line": f"optimizer {kind} [{role}]", "bytes": b})
     rows.append({"line": f"activations kept ({act['n_local']} local x {act['per_local'] / GiB:.3f} + {act['n_global']} "
                  f"global x {act['per_global'] / GiB:.3f} GiB)",
                  "bytes": act["n_local"] * act["per_local"] + act["n_global"] * act["per_global"]})
@@ -221,6 +222,10 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         gb = sharding.gathered_bytes
         rows.append({"line": f"transient: FSDP2 gathered weights + unsharded grads ({unit})",
                      "bytes": (2 * gb + gb + (4 if gb != 4 else 0)) * elems})
+    if state.get("zero_gathered"):  # the gathered slice and its copy, its gradient, three fp32 buffers of it
+        gb = sharding.gathered_bytes or 4
+        rows.append({"line": "transient: one layer's expert slice gathered across racks + its gradient (ExpertShard)",
+                     "bytes": (3 * gb + 3 * 4) * state["zero_gathered"]})
     if gpu is not None:
         m, ep = spec.model, state.get("ep_size", 1)
         g = m.moe_geometry(spec.recipe)
@@ -244,8 +249,8 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
             levels: tuple[str, ...] = ("hyperball", "adamw"), sharding: Sharding | None = None,
             seqs_per_rank: int | None = None, gpu: GpuAllowances | None = None, headroom: float = 0.10) -> dict:
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
-    A GPU run gets the `gpu` allowance lines (default GpuAllowances()); where a table leaves less than
-    `headroom` of the capacity free, its offloaded variant (`offload`) is computed too."""
+    A GPU run gets the `gpu` allowance lines (default GpuAllowances()); `headroom` is the free fraction
+    of the capacity the report asks for."""
     from sweeps.memory import fit_activations, substitutions
 
     t0 = time.perf_counter()
@@ -270,24 +275,20 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     budget = (capacity_gib - reserve_gib) * GiB
     tables = {}
     for level in levels:
-        configured = spec.train.offload == "cpu"
-
-        def table(offload: bool) -> dict:
-            rows = memory_table(spec, state, world, act, sharding, level, gpu, offload)
+        def table() -> dict:
+            rows = memory_table(spec, state, world, act, sharding, level, gpu)
             total = sum(r["bytes"] for r in rows)
             over = [r["line"] for r in rows if r["bytes"] > budget]
             return {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / (capacity_gib * GiB),
                     "host": sum(r.get("host", 0) for r in rows),
                     "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
 
-        tables[level] = table(configured)  # what the config runs
-        if not configured and tables[level]["headroom"] < headroom:
-            tables[level]["offload"] = table(True)  # the escape, not configured
+        tables[level] = table()
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "sharding": sharding.name,
             "experts_per_rank": states[0]["experts_per_rank"], "sequences_per_rank": seqs,
             "activation_checkpoint": ck, "loss_chunk_tokens": spec.train.loss_chunk_tokens,
             "activation_fit": {k: act[k] for k in ("points", "peaks", "residual", "base", "per_local", "per_global")},
-            "substitutions": subs, "headroom_wanted": headroom, "offload_configured": spec.train.offload == "cpu",
+            "substitutions": subs, "headroom_wanted": headroom,
             "capacity_gib": capacity_gib, "reserve_gib": reserve_gib, "tables": tables,
             "ok": all(t["ok"] for t in tables.values()),
             "seconds": time.perf_counter() - t0}
@@ -319,13 +320,8 @@ def format_report(rep: dict) -> str:
                    + (f" - {rep['reserve_gib']:.0f} GiB reserve)" if rep["reserve_gib"] else ")"))
         _format_table(out, t)
         out.append("  fits" if t["ok"] else f"  DOES NOT FIT: over budget: {'; '.join(t['over_budget'])}")
-        if "offload" in t:
-            o = t["offload"]
-            out.append(f"  headroom under {rep['headroom_wanted']:.0%}: with TrainConfig.offload='cpu' (FSDP2 "
-                       "CPUOffloadPolicy, fp32 master + gradients + optimizer state in pinned host memory)"
-                       + ("" if rep["offload_configured"] else ", not configured") + ":")
-            _format_table(out, o)
-            out.append("  fits with offload" if o["ok"] else f"  DOES NOT FIT even with offload: {'; '.join(o['over_budget'])}")
+        if t["ok"] and t["headroom"] < rep["headroom_wanted"]:
+            out.append(f"  headroom under {rep['headroom_wanted']:.0%}")
     out.append(f"\ndry run took {rep['seconds']:.1f} s")
     return "\n".join(out)
 

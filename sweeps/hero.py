@@ -50,7 +50,7 @@ class HeroSlurm:
     """SLURM fields of the hero job; `partition`/`account`/`qos` None leave them to the cluster."""
 
     job_name: str = "hero"
-    time_per_job: str = "04:00:00"
+    time_per_job: str | None = None  # HH:MM:SS; None: the plan's HeroPlan.job_time_min (one source)
     preemption_window_s: int = 300  # USR2 this long before the time limit (and what preemption tooling grants)
     cpus_per_node: int = 144
     cpu_bind: str = "cores"
@@ -61,9 +61,12 @@ class HeroSlurm:
     partition: str | None = None
     account: str | None = None
 
-    @property
-    def time_min(self) -> int:
-        parts = [int(x) for x in self.time_per_job.split(":")]
+    def time_min(self, plan: Any) -> int:
+        """sbatch --time in minutes: `time_per_job` when set, else the plan's job_time_min (what the
+        rung's timeout_min and the time model's checkpoint-cadence check read)."""
+        if self.time_per_job is None:
+            return plan.job_time_min
+        parts = [int(x) for x in self.time_per_job.split(":")] if self.time_per_job.count(":") == 2 else []
         if len(parts) != 3:
             raise ValueError(f"HeroSlurm.time_per_job={self.time_per_job!r} must look like HH:MM:SS")
         return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
@@ -78,7 +81,7 @@ def hero_resources(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "$SLURM
     additional: dict[str, Any] = {"segment": plan.nodes_per_ep_group, "mem": "0"}
     if hs.network:
         additional["network"] = hs.network
-    return {"gpus": plan.gpus, "gpus_per_node": plan.gpus_per_node, "time_min": hs.time_min,
+    return {"gpus": plan.gpus, "gpus_per_node": plan.gpus_per_node, "time_min": hs.time_min(plan),
             "cpus_per_task": cpus, "mem_gb": None, "exclusive": True,
             # the run spans many time-limited jobs: every time-out is a planned requeue
             "max_num_timeout": 100_000, "signal_delay_s": hs.preemption_window_s, "python": hs.python,

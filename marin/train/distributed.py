@@ -15,7 +15,8 @@ batch means: not exactly the global one), QB-topk thresholds are averaged over r
 aux-free are exact).
 Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
 allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
-TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack. FSDP2's
+TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack, or, one rank per
+slice in a rack, ZeRO-sharded across the racks (marin.parallel.ExpertShard); nothing on the host. FSDP2's
 reduce-scatter (and cross-rack all-reduce) averages gradients over the world (so no separate gradient
 sync), the global norm is reduced over one rack's shards, and the optimizer steps the shards (each
 split matrix orthogonalized once per rack by an owner rank, marin.optim.distributed_newton_schulz).
@@ -113,7 +114,7 @@ class ParallelDims:
     def forward_backward(self, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
         """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
-        if self.world == 1:
+        if self.groups is None:  # one process, unsharded (a world of one with meshes holds DTensors)
             from marin.train.step import forward_backward
 
             return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
@@ -144,6 +145,7 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
     the experts evenly, and every stage's global batch must split into equal rows per rank."""
     from marin.ep import check_ep_layout
 
+    check_no_host_update(spec.train)
     ep = spec.model.ep_shards
     try:
         check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
@@ -169,7 +171,18 @@ def sharding_config(t: TrainConfig):
     """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
     from marin.parallel import ShardingConfig
 
-    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16", offload=t.offload == "cpu")
+    check_no_host_update(t)
+    return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
+
+
+def check_no_host_update(t: TrainConfig) -> None:
+    """Refuse `TrainConfig.offload="cpu"`: FSDP2's CPUOffloadPolicy steps the optimizer on the host, and
+    the run's process group (NCCL) serves only the accelerator, so its first clipping all-reduce of a
+    host scalar fails; the hero fits without it (expert state ZeRO-sharded across racks, docs/hero.md)."""
+    if t.offload != "none":
+        raise ValueError(f"TrainConfig.offload={t.offload!r}: a sharded run keeps no state on the host (the "
+                         "optimizer steps on the accelerator; expert state is sharded across racks); allowed "
+                         "values: 'none'")
 
 
 def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) -> torch.nn.Module:

@@ -1,7 +1,8 @@
 """The hero's plan: configs that can run (flex only compiled), activation memory measured as the
 maximum over time and fitted per layer kind, the estimate against a real CPU measurement, the time
-model (FLOPs with the optimizer, bytes per link, a days range), checkpoint cadence, the offload
-escape."""
+model (FLOPs with the optimizer, bytes per link, one duration with its interval), checkpoint cadence
+against the job limit, no optimizer on the host (the expert slice ZeRO-sharded across racks), and the
+smoke runs' dry runs."""
 
 from __future__ import annotations
 
@@ -147,61 +148,35 @@ def test_uniform_pattern_hero_is_estimated_within_10_percent_of_the_tracker_at_4
 
 
 @pytest.mark.slow
-def test_gpu_lines_are_their_own_and_offload_moves_the_state_to_the_host():
+def test_gpu_lines_are_their_own_and_nothing_is_on_the_host():
     from sweeps.dryrun import GpuAllowances, Sharding, dry_run
 
     spec = _small(d=32, L=2)
     one = Sharding("one process", lambda m, g: m, ns_whole_group=False)
     probe = dry_run(spec, 1, 1, capacity_gib=100.0, levels=("hyperball",), sharding=one, gpu=GpuAllowances(
         cuda_context_gib=0.0, nvls_gib_per_comm=0.0))
-    lines = {r["line"].split(" (")[0] for r in probe["tables"]["hyperball"]["rows"]}
+    t = probe["tables"]["hyperball"]
+    lines = {r["line"].split(" (")[0] for r in t["rows"]}
     assert {"NCCL NVLS buffers", "CUDA context + library workspaces", "allocator fragmentation allowance"} <= lines
-    total = probe["tables"]["hyperball"]["total"]
-    tight = dry_run(spec, 1, 1, capacity_gib=1.02 * total / GiB, levels=("hyperball",), sharding=one,
-                    gpu=GpuAllowances(cuda_context_gib=0.0, nvls_gib_per_comm=0.0))
-    t = tight["tables"]["hyperball"]
-    assert t["headroom"] < 0.10 and "offload" in t
-    o = t["offload"]
-    assert o["total"] < t["total"] and o["host"] > 0
-    assert not any(r["bytes"] for r in o["rows"] if r["line"].startswith(("parameters", "gradients", "optimizer")))
-    assert "offload" not in probe["tables"]["hyperball"]  # plenty of headroom: no offload table
-    on = dataclasses.replace(spec, train=dataclasses.replace(spec.train, offload="cpu"))
-    conf = dry_run(on, 1, 1, capacity_gib=1.02 * total / GiB, levels=("hyperball",), sharding=one,
-                   gpu=GpuAllowances(cuda_context_gib=0.0, nvls_gib_per_comm=0.0))["tables"]["hyperball"]
-    assert "offload" not in conf and conf["total"] == pytest.approx(o["total"]) and conf["host"] == o["host"]
+    assert t["host"] == 0 and "offload" not in t
+    assert all(r["bytes"] > 0 for r in t["rows"] if r["line"].startswith(("parameters", "gradients", "optimizer")))
 
 
-@pytest.mark.slow
-def test_offload_option_trains_two_gloo_ranks_as_without_it(tmp_path):
-    # On CPU the host is the device: CPUOffloadPolicy moves nothing, but its path (sharded parameters
-    # and optimizer step where the policy puts them) must train, and equal the run without it.
-    from test_train_dist import DROPLESS, LOSS_TOL, _lines, _one_run
+def test_host_update_is_refused_naming_the_field_before_any_work():
+    from marin.train.distributed import check_dist_layout, sharding_config
+    from marin.train.stages import context_plan
+    from sweeps.timemodel import time_model
 
-    spec = dataclasses.replace(DROPLESS, train=dataclasses.replace(DROPLESS.train, steps=2))
-    off = dataclasses.replace(spec, train=dataclasses.replace(spec.train, offload="cpu"))
-    _one_run(tmp_path, spec, "plain", 2)
-    _one_run(tmp_path, off, "offload", 2)
-    a, b = _lines(tmp_path / "plain"), _lines(tmp_path / "offload")
-    assert len(a) == len(b) == 2
-    for x, y in zip(a, b):
-        assert abs(x["loss"] - y["loss"]) < LOSS_TOL and abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * x["grad_norm"]
-
-
-def test_offload_policy_reaches_fully_shard():
-    from unittest import mock
-
-    from marin import parallel
-    from marin.train.distributed import sharding_config
-
-    assert sharding_config(TrainConfig(offload="cpu")).offload and not sharding_config(TrainConfig()).offload
-    seen = []
-    with mock.patch("torch.distributed.fsdp.fully_shard", lambda m, **kw: seen.append(kw)):
-        groups = mock.Mock(dp_size=2, world_size=2, mesh={"dp": None}, world_mesh=None)
-        with mock.patch.object(parallel, "moe_layers", lambda m: []):
-            parallel.apply_fsdp(torch.nn.Linear(2, 2), groups, parallel.ShardingConfig(offload=True))
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    assert seen and all(isinstance(kw.get("offload_policy"), CPUOffloadPolicy) for kw in seen)
+    st, spec = _hero()
+    assert spec.train.offload == "none"
+    host = dataclasses.replace(spec, train=dataclasses.replace(spec.train, offload="cpu"))
+    msg = r"TrainConfig.offload='cpu'.*allowed values: 'none'"
+    with pytest.raises(ValueError, match=msg):
+        sharding_config(host.train)
+    with pytest.raises(ValueError, match=msg):
+        check_dist_layout(host, context_plan(host), 704)
+    with pytest.raises(ValueError, match=msg):
+        time_model(host, st.hero)
 
 
 def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_every(tmp_path):
@@ -222,23 +197,45 @@ def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_eve
 # ---- 3. time model ---------------------------------------------------------------------------
 
 
-def test_hero_time_model_contains_marins_measured_throughput_and_keeps_cross_rack_bytes_to_the_gradient():
-    from sweeps.timemodel import MARIN_MEASURED, format_time_model, time_model
+def test_hero_time_models_point_estimate_is_within_25_percent_of_marins_78_6_days():
+    # Assumptions() are the model's defaults, fixed in sweeps/timemodel.py before this comparison:
+    # moving them (or the model) so the point leaves Marin's measured 78.6 days by > 25% fails here
+    from sweeps.timemodel import MARIN_MEASURED, Assumptions, format_time_model, time_model
 
     st, spec = _hero()
-    tm = time_model(spec, st.hero, job_limit_s=4 * 3600)
-    assert tm["days"][1] / tm["days"][0] < 2
-    assert len(MARIN_MEASURED) == 2 and MARIN_MEASURED["hero, pooled-wave"]["days"] == 78.6
-    for point in MARIN_MEASURED.values():  # every measured point inside the printed range
-        for key, value in point.items():
-            assert tm[key][0] <= value <= tm[key][1], (key, value, tm[key])
-    across = sum(tm["bytes_across_racks"].values())
-    assert 0 < across <= 2 * tm["grad_shard_bytes"]  # a ring all-reduce of the shard, nothing else
-    assert 0 < tm["ns_flops_per_rank"] < tm["ns_flops_if_every_rank"]
+    tm = time_model(spec, st.hero, Assumptions(), job_limit_s=st.hero.job_time_min * 60)
+    marin = MARIN_MEASURED["hero, pooled-wave"]["days"]
+    assert marin == 78.6
+    assert abs(tm["days_point"] / marin - 1) <= 0.25, tm["days_point"]
+    assert tm["days"][0] < tm["days_point"] < tm["days"][1] and tm["days"][1] / tm["days"][0] < 2
     text = format_time_model(tm)
-    assert "across racks" in text and "Newton-Schulz" in text and "days" in text
+    # one duration on the page, with its interval, and which measurement the efficiency rests on
+    assert text.count(" days") == 2 and "duration: " in text and "(interval " in text
+    assert "~10% MFU on one H200" in text and "Marin's" in text
+    assert "across racks" in text and "Newton-Schulz" in text and "host transfer" in text
+    assert 0 < tm["ns_flops_per_rank"] < tm["ns_flops_if_every_rank"]
     rack = get_study("hero_rack")
     assert sum(time_model(rack.runs()[0][0], rack.hero)["bytes_across_racks"].values()) == 0
+
+
+def test_the_hero_plan_prints_no_second_duration():
+    d = get_study("hero").describe()
+    assert not {"expected_days", "expected_seconds", "gpu_hours", "assumed_mfu"} & set(d["hero"])
+    assert "gpu_hours" not in d["rungs"][0] and "assumed_mfu" not in d["cost"]
+
+
+def test_sbatch_time_the_rungs_timeout_and_the_checkpoint_cadence_agree():
+    from sweeps.hero import HeroSlurm, hero_resources, render_sbatch
+    from sweeps.timemodel import time_model
+
+    for name in ("hero", "hero_rack", "hero_node", "hero_gpu"):
+        st = get_study(name)
+        limit = st.hero.job_time_min
+        assert st.describe()["rungs"][0]["timeout_min"] == limit == HeroSlurm().time_min(st.hero)
+        assert hero_resources(st.hero)["time_min"] == limit and f"#SBATCH --time={limit}\n" in render_sbatch(st.hero)
+        tm = time_model(st.runs()[0][0], st.hero, job_limit_s=limit * 60)
+        assert tm["checkpoint"]["fits"] and tm["checkpoint"]["max_gap_s"] < limit * 60, name
+    assert HeroSlurm(time_per_job="02:00:00").time_min(get_study("hero").hero) == 120
 
 
 def test_hero_runs_rack_local_and_the_plan_refuses_another_layout_naming_both_fields():
@@ -254,26 +251,52 @@ def test_hero_runs_rack_local_and_the_plan_refuses_another_layout_naming_both_fi
 
 
 @pytest.mark.slow
-def test_only_the_gradient_reduction_crosses_racks_under_hsdp_and_fsdp_over_the_world_sends_the_gathers():
+def test_under_hsdp_the_expert_zero_collectives_and_the_gradient_reduction_cross_racks_not_the_gathers():
+    from marin.flops import params_routed, params_total
     from sweeps.timemodel import time_model
 
     st, spec = _hero()
     hsdp = time_model(spec, st.hero)
     flat = time_model(dataclasses.replace(spec, train=dataclasses.replace(spec.train, replica_groups=1)), st.hero)
-    assert list(hsdp["bytes_across_racks"]) == ["gradient all-reduce of the rank's shard over 11 replicas (fp32, ring)"]
-    assert any(k.startswith("FSDP all-gather") for k in hsdp["bytes_inside_rack"])
-    gathers = {k: v for k, v in flat["bytes_across_racks"].items() if k.startswith("FSDP all-gather")}
-    assert len(gathers) == 2 and not any(k.startswith("FSDP") for k in flat["bytes_inside_rack"])
-    # FSDP2 gathers the bf16 non-expert parameters twice a step (forward, backward), 703/704 of them per rank
-    from marin.flops import params_routed, params_total
-
-    n_dense = params_total(spec.model, spec.recipe) - params_routed(spec.model, spec.recipe)
+    n_routed = params_routed(spec.model, spec.recipe)
+    n_dense = params_total(spec.model, spec.recipe) - n_routed
+    across = hsdp["bytes_across_racks"]
+    assert not any(k.startswith("FSDP") for k in across)  # non-expert gathers stay in the rack
+    # the expert slice (1/64 of the routed parameters) gathered twice (forward, recompute) in bf16 and its
+    # fp32 gradient reduce-scattered once over the 11 racks: what an all-reduce of it would send
+    gather = "expert slice all-gather over 11 ranks (bf16, 2 forward passes)"
+    assert across[gather] == pytest.approx(2 * 2 * n_routed / 64 * 10 / 11, rel=1e-9)
+    assert across["expert slice reduce-scatter of fp32 gradients over 11 ranks"] == pytest.approx(
+        4 * n_routed / 64 * 10 / 11, rel=1e-9)
+    ns = "Newton-Schulz of expert matrices to owners over 11 ranks and back (fp32)"
+    assert across[ns] == pytest.approx(2 * 4 * n_routed / 704 * 10 / 11, rel=1e-9)  # each rank's shard, twice
+    assert across["gradient all-reduce of the rank's non-expert shard over 11 replicas (fp32, ring)"] == \
+        pytest.approx(2 * 4 * n_dense / 64 * 10 / 11, rel=1e-9)
+    assert len(across) == 4
     name = "FSDP all-gather of bf16 non-expert parameters over 704 ranks (forward + backward)"
     assert flat["bytes_across_racks"][name] == pytest.approx(2 * 2 * n_dense * 703 / 704, rel=1e-9)
-    assert sum(flat["bytes_across_racks"].values()) > 2 * sum(hsdp["bytes_across_racks"].values())
-    assert "gradient all-reduce" not in " ".join(flat["bytes_across_racks"])  # nothing replicated
+    assert sum(flat["bytes_across_racks"].values()) > 2 * sum(across.values())
     with pytest.raises(ValueError, match=r"TrainConfig.replica_groups=3 with world_size=704"):
         time_model(dataclasses.replace(spec, train=dataclasses.replace(spec.train, replica_groups=3)), st.hero)
+
+
+def test_hero_expert_slice_shards_3072_rows_over_11_racks_unpadded_and_the_flat_layout_builds():
+    """The hero's rank 0 and rank 703 (first and last rack): each expert stack of the 6-expert slice
+    holds 280 of its 3072 rows (10 racks; the last 272, and the dry run counts the largest shard); FSDP
+    over all 704 ranks (`replica_groups=1`, where FSDP2 would refuse 3072 rows over 11) builds too."""
+    from marin.flops import params_routed
+    from sweeps.dryrun import current_sharding, rank_state
+
+    _, spec = _hero()
+    layers = spec.model.n_layers
+    per_row = 6 * 3072 * 3  # one row of each of the 3 stacks of 6 experts (width = hidden = 3072)
+    first = rank_state(spec, 704, 64, 0, current_sharding(spec))
+    last = rank_state(spec, 704, 64, 703, current_sharding(spec))
+    assert first["by_role"]["expert"] == layers * per_row * 280 and last["by_role"]["expert"] == layers * per_row * 280
+    assert 10 * 280 + 272 == 3072 and params_routed(spec.model, spec.recipe) // 64 == layers * per_row * 3072
+    flat = dataclasses.replace(spec, train=dataclasses.replace(spec.train, replica_groups=1))
+    st = rank_state(flat, 704, 64, 703, current_sharding(flat))
+    assert st["by_role"]["expert"] == layers * per_row * 280 and st["experts_per_rank"] == 6
 
 
 def test_checkpoint_cadence_fits_the_job_limit_only_with_the_hourly_temporary_checkpoint():
@@ -294,7 +317,8 @@ def test_checkpoint_cadence_fits_the_job_limit_only_with_the_hourly_temporary_ch
 
 def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
     """8 ranks, EP 4: as 2 racks (HSDP) a rank holds 1/4 of the non-expert parameters (sharded in its rack)
-    and its whole EP slice (replicated across racks); as one flat group 1/8 and half its slice."""
+    and half its EP slice (one rank per slice in a rack: ZeRO across the racks); as one flat group 1/8
+    and half its slice."""
     from marin.flops import params_routed, params_total
     from sweeps.dryrun import current_sharding, rank_state
 
@@ -302,10 +326,28 @@ def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
                         top_k=2, ep_shards=4)
     n_routed = params_routed(model, Recipe())
     n_dense = params_total(model, Recipe()) - n_routed
-    for racks, shard, slice_part in ((2, 4, 1), (1, 8, 2)):
+    for racks, shard, slice_part in ((2, 4, 2), (1, 8, 2)):
         spec = RunSpec(model=model, recipe=Recipe(), train=TrainConfig(batch_size=16, replica_groups=racks))
         st = rank_state(spec, 8, 4, 5, current_sharding(spec))
         dense = sum(v for k, v in st["by_role"].items() if k != "expert")
         assert n_dense / shard <= dense <= 1.1 * n_dense / shard  # FSDP2 pads rows up to a multiple
         assert st["by_role"]["expert"] == n_routed // 4 // slice_part and st["experts_per_rank"] == 2
     assert "HSDP" in current_sharding(RunSpec(model=model, train=TrainConfig(replica_groups=2))).name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hero", "hero_rack", "hero_node", "hero_gpu"])
+def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(name):
+    # the dry run's memory table (part b) on the study's own layout; nothing may sit in host memory
+    from sweeps.dryrun import dry_run
+
+    st = get_study(name)
+    spec = st.runs()[0][0]
+    st.hero.check(spec)
+    assert spec.train.offload == "none" and spec.train.batch_size == 16 * st.hero.gpus
+    rep = dry_run(spec, st.hero.gpus, spec.model.ep_shards, capacity_gib=173.0)
+    assert rep["experts_per_rank"] == (8 if name == "hero_gpu" else 6) and rep["sequences_per_rank"] == 16
+    for level, t in rep["tables"].items():
+        assert t["ok"] and t["total"] <= 165 * GiB and t["host"] == 0, (name, level, t["total"] / GiB)
+        # only the hero has racks to shard its expert slice across; its gathered layer is a line of its own
+        assert any("ExpertShard" in r["line"] for r in t["rows"]) == (name == "hero")
