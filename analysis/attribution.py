@@ -168,6 +168,10 @@ class EffectsFit:
     # The model-based covariance s²(XᵀX)⁻¹: each contrast uses the larger of it and the robust one, since
     # HC estimators are biased low for contrasts carried by few runs (Bell & McCaffrey 2002).
     cov_model: np.ndarray | None = None
+    # The statsmodels results object of an OLS response (None for the joint law's quality fit, which is
+    # ours) and the candidate columns it estimated: the Appendix's coefficient table reads it.
+    sm_results: object | None = None
+    sm_cols: np.ndarray | None = None
 
     def estimable(self, c: np.ndarray) -> bool:
         V = self.alias.rowspace_V
@@ -218,9 +222,23 @@ class EffectsFit:
             est, se, lo, hi, _ = self.contrast(self.alias_sum(j), level)
             t = est / se if se > 0 else np.nan
             p = 2 * stats.t.sf(abs(t), max(self.dof, 1)) if np.isfinite(t) and self.dof > 0 else np.nan
+            if self.sm_results is not None and self.dof > 0 and np.isfinite(se) and se > 0:
+                # an OLS response: statsmodels' t test of the column, on the covariance the contrast uses
+                tt = self.sm_results.t_test(self.alias_sum(j)[self.sm_cols], cov_p=self._cov_k([j]), use_t=True)
+                est, se = float(np.squeeze(tt.effect)), float(np.squeeze(tt.sd))
+                t, p = float(np.squeeze(tt.tvalue)), float(np.squeeze(tt.pvalue))
+                lo, hi = (float(v) for v in np.squeeze(tt.conf_int(alpha=1 - level)))
             rows.append({"term": self.term_label(j), "kind": self.terms[j].kind, "estimate": est, "se": se,
                          "t": t, "p": p, "lo": lo, "hi": hi, "aliased": self.alias.group_of(j) is not None})
         return pd.DataFrame(rows)
+
+    def _cov_k(self, cols: list[int]) -> np.ndarray:
+        """The covariance over the statsmodels columns a test of `cols` uses: robust or model-based, the
+        larger (for one column: its larger variance; for a family: the larger trace)."""
+        K = self.sm_cols
+        cands = [self.cov[np.ix_(K, K)]] + ([self.cov_model[np.ix_(K, K)]] if self.cov_model is not None else [])
+        pos = [int(np.flatnonzero(K == j)[0]) for j in cols]
+        return max(cands, key=lambda m: float(np.trace(m[np.ix_(pos, pos)])))
 
     def predict_phi(self, X_mk: np.ndarray, z: float | np.ndarray) -> np.ndarray:
         z_m = np.broadcast_to(np.asarray(z, float), (X_mk.shape[0],))
@@ -245,30 +263,35 @@ def _t_quantile(level: float, dof: int) -> float:
 
 
 def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
-    XtX_inv = np.linalg.pinv(Xk.T @ Xk)
-    theta = XtX_inv @ (Xk.T @ y)
-    e = y - Xk @ theta
-    h = np.einsum("ij,jk,ik->i", Xk, XtX_inv, Xk)
-    n, p = Xk.shape
-    one_minus_h = np.clip(1 - h, 0, None)
-    safe = one_minus_h > 1e-10
-    if hc == "HC0":
-        w = e**2
-    elif hc == "HC1":
-        w = e**2 * n / max(n - p, 1)
-    elif hc == "HC2":
-        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1), 0.0)
+    """statsmodels OLS with the `hc` sandwich (the estimator of record, docs/method.md §4.4): (θ, robust cov,
+    residuals, leverage, (XᵀX)⁻¹, results). A run its own column fits exactly (leverage 1, residual 0 by
+    construction) adds nothing to the sandwich's middle: statsmodels' own sandwich with those terms zeroed,
+    where its HC2/HC3 formula would divide 0 by 0."""
+    import statsmodels.api as sm
+    from statsmodels.stats.sandwich_covariance import _HCCM
+
+    model = sm.OLS(y, Xk)
+    res = model.fit()
+    h = np.clip(res.get_influence().hat_matrix_diag, 0.0, 1.0)
+    e = np.asarray(res.resid)
+    safe = (1 - h) > 1e-10
+    if res.df_resid <= 0:
+        cov = np.zeros((Xk.shape[1],) * 2)
+    elif safe.all():
+        cov = np.asarray(model.fit(cov_type=hc).cov_params())
     else:
-        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1) ** 2, 0.0)
-    meat = (Xk * w[:, None]).T @ Xk
-    cov = XtX_inv @ meat @ XtX_inv
-    return theta, cov, e, h, XtX_inv
+        one_minus = np.where(safe, 1 - h, 1.0)
+        scale = {"HC0": e**2, "HC1": e**2 * len(y) / res.df_resid, "HC2": e**2 / one_minus,
+                 "HC3": e**2 / one_minus**2}[hc]
+        cov = np.asarray(_HCCM(res, np.where(safe, scale, 0.0)))
+    return np.asarray(res.params), cov, e, h, np.asarray(res.normalized_cov_params), res
 
 
 def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
                 groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
-    """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed)."""
+    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups`
+    (the pipeline passes the (seed × rung) cluster of each run)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)
@@ -276,12 +299,12 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     al = alias_structure(Xf)
     K = np.flatnonzero(al.kept)
     Xk = Xf[:, K]
-    theta_k, cov_k, e, h, XtX_inv = _ols(Xk, y_n, hc)
+    theta_k, cov_k, e, h, XtX_inv, sm_res = _ols(Xk, y_n, hc)
     method = f"ols-{hc}"
     notes: list[str] = []
     if mixed:
         if groups is None:
-            raise ValueError("mixed=True needs groups (the seed of each run)")
+            raise ValueError("mixed=True needs groups (the (seed × rung) cluster of each run)")
         import warnings
 
         import statsmodels.api as sm
@@ -296,7 +319,7 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
             theta_k = np.asarray(res.fe_params)
             cov_k = np.asarray(res.cov_params())[: len(K), : len(K)]
             e = y_n - Xk @ theta_k
-            method = "mixedlm-seed"
+            method = "mixedlm-cluster"
         except Exception as ex:  # singular random-effect fits fall back to OLS, with a note
             notes.append(f"mixed model failed ({type(ex).__name__}: {ex}); OLS used")
     p = len(terms)
@@ -307,12 +330,12 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     dof = len(y_n) - len(K)
     cov_model = np.zeros((p, p))
     if dof > 0:
-        cov_model[np.ix_(K, K)] = XtX_inv * float(e @ e) / dof
+        cov_model[np.ix_(K, K)] = np.asarray(sm_res.cov_params())  # s²(XᵀX)⁻¹, statsmodels' nonrobust
     if dof <= 0:
         notes.append("saturated design: no residual degrees of freedom, no standard errors")
     return EffectsFit(response=response, factors=list(factors), terms=terms, alias=al, theta=theta, cov=cov,
                       dof=dof, n=len(y_n), resid=e, leverage=h, X=Xf, method=method, notes=notes,
-                      cov_model=cov_model if method.startswith("ols") else None)
+                      cov_model=cov_model if method.startswith("ols") else None, sm_results=sm_res, sm_cols=K)
 
 
 def all_arms(k: int) -> np.ndarray:
@@ -420,6 +443,14 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
         W = float(th @ np.linalg.pinv(V) @ th)
         F = W / len(cols)
         return F, (float(stats.f.sf(F, len(cols), dof)) if fit.dof > 0 and np.isfinite(F) else np.nan)
+
+    if fit.sm_results is not None and fit.dof > 0:  # an OLS response: statsmodels' F tests
+        def wald(cols: list[int]) -> tuple[float, float]:  # noqa: F811
+            R = np.zeros((len(cols), len(fit.sm_cols)))
+            for i, j in enumerate(cols):
+                R[i, int(np.flatnonzero(fit.sm_cols == j)[0])] = 1.0
+            ft = fit.sm_results.f_test(R, cov_p=fit._cov_k(cols))
+            return float(np.squeeze(ft.fvalue)), float(np.squeeze(ft.pvalue))
 
     for j in K:
         F, p = wald([j])

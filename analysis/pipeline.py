@@ -60,6 +60,7 @@ class StudyAnalysis:
     target_compute: float | None = None
     joint: dict[str, JointFit] = field(default_factory=dict)  # "power", "curved", "power/main"
     checks: pd.DataFrame | None = None  # TOTAL two ways + lack of fit
+    paired: pd.DataFrame | None = None  # per component and rung, the paired (same-rung) quality estimate
     warnings: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # lost runs and what they cost
     level: float = 0.95
@@ -290,8 +291,8 @@ def _fit_ols(p: _Prepared, r: Response) -> None:
     m = np.isfinite(y)
     if m.sum() < 2:
         return
-    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed,
-              groups=p.ok["seed"].to_numpy()[m] if "seed" in p.ok else None)
+    # the random effect the design holds is the (seed × rung) cluster's shift (docs/method.md §4.4)
+    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed, groups=p.clusters[m])
     fr = fit_effects(p.X[m], p.z[m], y[m], p.factors, interactions=p.interactions, **kw)
     p.fits[r.name], p.masks[r.name] = fr, m
     p.notes.extend(f"{r.name}: {n}" for n in fr.notes)
@@ -330,7 +331,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates."""
-    from analysis.checks import lost_runs, total_checks, warnings_for
+    from analysis.checks import lost_runs, paired_per_rung, total_checks, warnings_for
     from analysis.findings import mark_not_varied, refuse_single_rung
     from analysis.replicates import (
         BETWEEN_SEEDS_MIN,
@@ -490,6 +491,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)
+    a.paired = paired_per_rung(a) if law is not None else None
     a.warnings = warnings_for(a, df)
     if truths:
         a.planted = truth_check(components, truths)

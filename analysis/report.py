@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.findings import arm_kinds, finding, qualifiers, scale_cells
+from analysis.findings import arm_kinds, finding, qualifiers, scale_cells, verdict_family
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
@@ -97,6 +97,36 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
             "not varied here" if not getattr(r, "varied", True) else _mult(r.effect, r.lo, r.hi) if r.estimable
             else "not estimable")
     return pd.DataFrame([{"component": k, **v} for k, v in piv.items()])
+
+
+def family_statement(a: StudyAnalysis) -> str:
+    """Which family the Findings verdicts control, and how (analysis/findings.py, verdict_family)."""
+    n = verdict_family(a)["n"]
+    return (f"The verdicts are one family: the {n} gain/loss and scale-trend verdicts of this table, controlled by "
+            f"Holm's step-down method at family-wise error {1 - a.level:.0%} (a verdict stands only when its "
+            f"adjusted p is below {1 - a.level:.2g}); the intervals shown are the unadjusted {a.level:.0%} ones.")
+
+
+def paired_section(a: StudyAnalysis) -> list[str]:
+    """Findings per rung: each component's paired estimate (its arms against the same rung's arms that differ
+    in it alone, through the law's local inverse: the authors' convention) beside the scale model's value."""
+    p = a.paired
+    if p is None or not len(p) or not (p["pairs"] > 0).any():
+        return []
+    model = a.per_rung[a.per_rung["response"] == "ln_M"].set_index(["component", "rung"]) if len(a.per_rung) else None
+    rows = []
+    for comp, g in p.groupby("component", sort=False):
+        row = {"component": comp}
+        for r in g.itertuples():
+            m = model.loc[(comp, r.rung)] if model is not None and (comp, r.rung) in model.index else None
+            ms = (_mult(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
+                  and bool(m.get("varied", True)) else "—")
+            row[f"{r.rung}"] = (f"paired {_mult(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
+                                else f"no same-rung pair · model {ms}")
+        rows.append(row)
+    return ["Per rung, quality M_flop paired (each arm against the same rung's arm that differs from it in this "
+            "component alone, through the law's local inverse — the per-rung convention of published ladders; "
+            "mean over such pairs) beside the scale model's smoothed value.", "", md_table(pd.DataFrame(rows)), ""]
 
 
 def verdict(est, lo, hi) -> str:
@@ -262,7 +292,8 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
           "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
-          md_table(findings_table(a))]
+          md_table(findings_table(a)), "", family_statement(a)]
+    L += paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:

@@ -238,3 +238,19 @@ def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_thr
     got = pd.read_csv(tmp_path / "rep" / "ofat.csv").sort_values("compute")
     np.testing.assert_allclose(got["M"], want, atol=5e-4)
     assert np.isfinite(got["M_lo"]).all() and (got["M_lo"] < got["M"]).all() and (got["M"] < got["M_hi"]).all()
+
+
+def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_numbers_in_findings(tmp_path):
+    """One import, one analyze (the factorial path, L∞ and α pinned to the authors' law): Findings carry the
+    paired per-rung estimate 1.315 / 1.228 / 1.186 / 1.144 beside the model's smoothed one."""
+    from sweeps.cli import main
+
+    src = _marin_csv(tmp_path / "muonh.csv", MARIN_MUONH, "optimizer")
+    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["analyze", str(tmp_path / "study"), "--pin-linf", "1.6", "--pin-alpha", "0.0941",
+                 "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    findings = md[md.index("## Findings"):md.index("## Warnings")]
+    row = next(ln for ln in findings.splitlines() if ln.startswith("| optimizer | paired"))
+    got = [float(c.split("paired ")[1].split()[0]) for c in row.split("|")[2:-1]]
+    np.testing.assert_allclose(got, [1.315, 1.228, 1.186, 1.144], atol=5e-4)

@@ -1,0 +1,98 @@
+"""statsmodels is the estimator of record of every linear model (docs/method.md §4.4, "What is statsmodels'
+and what is ours"): each fit here is checked against the statsmodels call it is, and the joint nonlinear law,
+which statsmodels cannot fit, against statsmodels' OLS on the same Jacobian."""
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+
+from analysis.attribution import anova_table, fit_effects
+from analysis.joint import fit_joint
+from analysis.pipeline import analyze_table, quality_design
+from analysis.simulate import random_truth, simulate_table
+
+F = ["xsa", "sconv", "qk_norm"]
+
+
+def _design(rng, n_rep=2):
+    X = np.array([[(i >> b) & 1 for b in range(3)] for i in range(8)] * n_rep, float) * 2 - 1
+    z = np.repeat(np.linspace(-1, 1, n_rep), 8)
+    y = 0.1 * X[:, 0] - 0.05 * X[:, 1] + 0.02 * X[:, 0] * z + rng.normal(0, 0.02, len(X)) * (1 + (X[:, 2] > 0))
+    return X, z, y
+
+
+@pytest.mark.parametrize("hc", ["HC0", "HC1", "HC2", "HC3"])
+def test_effects_fit_is_statsmodels_ols_with_its_robust_covariance(hc):
+    X, z, y = _design(np.random.default_rng(0), n_rep=3)
+    fit = fit_effects(X, z, y, F, scale=True, hc=hc)
+    K = np.flatnonzero(fit.alias.kept)
+    ref = sm.OLS(y, fit.X[:, K]).fit(cov_type=hc)
+    np.testing.assert_allclose(fit.theta[K], ref.params, atol=1e-12)
+    np.testing.assert_allclose(fit.cov[np.ix_(K, K)], ref.cov_params(), rtol=1e-10, atol=1e-16)
+    np.testing.assert_allclose(fit.cov_model[np.ix_(K, K)], sm.OLS(y, fit.X[:, K]).fit().cov_params(), rtol=1e-10)
+    assert fit.dof == ref.df_resid
+
+
+def test_coefficient_table_and_anova_are_statsmodels_t_and_f_tests_on_the_larger_covariance():
+    X, z, y = _design(np.random.default_rng(1), n_rep=3)
+    fit = fit_effects(X, z, y, F, scale=True, hc="HC3")
+    K = np.flatnonzero(fit.alias.kept)
+    rob, mod = sm.OLS(y, fit.X[:, K]).fit(cov_type="HC3"), sm.OLS(y, fit.X[:, K]).fit()
+    tab = fit.coef_table()
+    np.testing.assert_allclose(tab["estimate"], rob.params, atol=1e-12)
+    np.testing.assert_allclose(tab["se"], np.maximum(rob.bse, mod.bse), rtol=1e-10)
+    an = anova_table(fit).set_index("term")
+    np.testing.assert_allclose(an.loc["xsa", "F"], tab.set_index("term").loc["xsa", "t"] ** 2, rtol=1e-10)
+    fam = [j for j, t in enumerate(fit.terms) if t.kind == "2fi" and fit.alias.kept[j]]
+    R = np.zeros((len(fam), len(K)))
+    for i, j in enumerate(fam):
+        R[i, list(K).index(j)] = 1
+    V = max((rob.cov_params(), mod.cov_params()), key=lambda m: np.trace(R @ m @ R.T))
+    ft = mod.f_test(R, cov_p=V)
+    np.testing.assert_allclose(an.loc["all two-factor interactions", "F"], float(np.squeeze(ft.fvalue)), rtol=1e-10)
+
+
+def test_a_run_fitted_exactly_by_its_own_column_adds_nothing_to_the_sandwich():
+    """Leverage 1 (residual 0 by construction): statsmodels' HC3 would divide 0 by 0; that term is zero."""
+    X, z, y = _design(np.random.default_rng(2), n_rep=2)
+    X[:, 2] = -1.0
+    X[-1, 2] = 1.0  # qk_norm on in one run only: the intercept and its column span that run's indicator
+    fit = fit_effects(X, z, y, F, scale=False, interactions=False, hc="HC3")
+    assert fit.leverage.max() > 1 - 1e-9 and np.all(np.isfinite(fit.cov))
+    keep = fit.leverage < 1 - 1e-9  # the other runs' sandwich is statsmodels' HC3 on them, the lone run's term zero
+    K = np.flatnonzero(fit.alias.kept)
+    res = sm.OLS(y, fit.X[:, K]).fit()
+    Xi = fit.X[:, K] @ res.normalized_cov_params
+    w = np.where(keep, np.asarray(res.resid) ** 2 / np.where(keep, 1 - fit.leverage, 1) ** 2, 0.0)
+    np.testing.assert_allclose(fit.cov[np.ix_(K, K)], (Xi * w[:, None]).T @ Xi, rtol=1e-10, atol=1e-18)
+
+
+def test_joint_law_linearised_covariance_is_statsmodels_ols_on_its_jacobian():
+    rng = np.random.default_rng(3)
+    df = simulate_table(random_truth(F, rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9, "r3": 6.4e9}, seeds=1, rng=rng)
+    a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)
+    t = a.table
+    _, _, _, E, cols = quality_design(t[[f"x_{f}" for f in a.factors]].to_numpy(), t["z"].to_numpy(), a.factors,
+                                      interactions=True, scale=True)
+    jf = fit_joint(t["train_flops"].to_numpy(float), t["eval_macro_loss"].to_numpy(float), E, cols)
+    ols = sm.OLS(jf.resid, jf.jac)  # one Gauss–Newton step from the optimum: the linearised model
+    for ours, ref in ((jf.cov, ols.fit(cov_type="HC3").cov_params()), (jf.cov_model, ols.fit().cov_params())):
+        # agreement to the conditioning of JᵀJ (two pseudo-inverses of a nearly collinear law block)
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    assert jf.dof == ols.fit().df_resid
+
+
+def test_observed_total_line_is_statsmodels_wls_with_the_per_rung_variances():
+    from analysis.findings import observed_total
+
+    rng = np.random.default_rng(5)
+    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2, rng=rng)
+    a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)
+    ch = a.checks[a.checks["response"] == "ln_M"]
+    zz = a.rungs.set_index("rung")["z"].reindex(ch["rung"]).to_numpy(float)
+    w = sm.WLS(ch["observed"].to_numpy(float), sm.add_constant(zz), weights=1 / ch["obs_se"].to_numpy(float) ** 2)
+    ref = w.fit(cov_type="fixed scale")
+    est, lo, hi, _ = observed_total(a, "ln_M")
+    np.testing.assert_allclose(est, ref.params[0], rtol=1e-10)
+    from scipy import stats
+    np.testing.assert_allclose(hi - est, stats.t.ppf(0.975, a.fits["quality"].dof) * ref.bse[0], rtol=1e-10)
