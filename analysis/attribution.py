@@ -172,6 +172,23 @@ class EffectsFit:
     # ours) and the candidate columns it estimated: the Appendix's coefficient table reads it.
     sm_results: object | None = None
     sm_cols: np.ndarray | None = None
+    # The rung-shift part of cov_model (quality, analysis/joint.py) and the df it rests on: see contrast_df.
+    cov_between: np.ndarray | None = None
+    dof_between: int = 0
+
+    def contrast_df(self, c: np.ndarray) -> float:
+        """The df of a contrast's t quantile: the fit's residual df, or — where the model-based variance
+        (the larger) holds a rung-shift part estimated on few cluster means — Satterthwaite's df of its two
+        parts, v_w on the residual df and v_b on the between-cluster df: (v_w + v_b)² / (v_w²/df + v_b²/df_b),
+        never more than the residual df."""
+        if self.cov_between is None or self.dof_between <= 0 or self.dof <= 0 or self.cov_model is None:
+            return float(self.dof)
+        vm, vr = float(c @ self.cov_model @ c), float(c @ self.cov @ c)
+        vb = max(float(c @ self.cov_between @ c), 0.0)
+        if vr >= vm or vb <= 0:
+            return float(self.dof)
+        vw = max(vm - vb, 0.0)
+        return min(float(self.dof), float((vw + vb) ** 2 / (vw**2 / self.dof + vb**2 / self.dof_between)))
 
     def estimable(self, c: np.ndarray) -> bool:
         V = self.alias.rowspace_V
@@ -181,7 +198,7 @@ class EffectsFit:
         """(estimate, se, lo, hi, estimable) of c·θ; NaN for a contrast the design cannot estimate."""
         if not self.estimable(c):
             return (np.nan, np.nan, np.nan, np.nan, False)
-        q = _t_quantile(level, self.dof)
+        q = _t_quantile(level, self.contrast_df(c))
         est = float(c @ self.theta)
         se = float(np.sqrt(self.contrast_var(c)))
         if self.dof <= 0 or not se > ZERO_WIDTH * max(abs(est), 1.0):
@@ -252,17 +269,17 @@ _TQ: dict[tuple[float, int], float] = {}
 ZERO_WIDTH = 1e-9
 
 
-def _t_quantile(level: float, dof: int) -> float:
+def _t_quantile(level: float, dof: float) -> float:
     """Two-sided t critical value (cached: contrasts are many, df few)."""
     if dof <= 0:
         return float("nan")
-    key = (level, dof)
+    key = (level, round(float(dof), 3))  # a Satterthwaite df is fractional: 3 decimals are plenty
     if key not in _TQ:
-        _TQ[key] = float(stats.t.ppf(0.5 + level / 2, dof))
+        _TQ[key] = float(stats.t.ppf(0.5 + level / 2, key[1]))
     return _TQ[key]
 
 
-def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
+def _ols(Xk: np.ndarray, y: np.ndarray, hc: str, df_resid: int | None = None):
     """statsmodels OLS with the `hc` sandwich (the estimator of record, docs/method.md §4.4): (θ, robust cov,
     residuals, leverage, (XᵀX)⁻¹, results). A run its own column fits exactly (leverage 1, residual 0 by
     construction) adds nothing to the sandwich's middle: statsmodels' own sandwich with those terms zeroed,
@@ -271,11 +288,13 @@ def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
     from statsmodels.stats.sandwich_covariance import _HCCM
 
     model = sm.OLS(y, Xk)
+    if df_resid is not None and df_resid > 0:  # fewer df than n − p: the response spent some on its reference
+        model.df_resid = float(df_resid)
     res = model.fit()
     h = np.clip(res.get_influence().hat_matrix_diag, 0.0, 1.0)
     e = np.asarray(res.resid)
     safe = (1 - h) > 1e-10
-    if res.df_resid <= 0:
+    if res.df_resid <= 0 or (df_resid is not None and df_resid <= 0):
         cov = np.zeros((Xk.shape[1],) * 2)
     elif safe.all():
         cov = np.asarray(model.fit(cov_type=hc).cov_params())
@@ -289,9 +308,13 @@ def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
 
 def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
-                groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
+                groups: np.ndarray | None = None, mixed: bool = False,
+                ref_groups: np.ndarray | None = None) -> EffectsFit:
     """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups`
-    (the pipeline passes the (seed × rung) cluster of each run)."""
+    (the pipeline passes the (seed × rung) cluster of each run). `ref_groups`: for a response taken
+    relative to a reference mean per group (ln R: the all-off arm's runs at the same rung and hardware),
+    each run's group; the residual df is then n − rank([group indicators, X]), since each group's
+    reference spent one (a lone reference run's residual is zero by construction, not a df)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)
@@ -299,7 +322,11 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     al = alias_structure(Xf)
     K = np.flatnonzero(al.kept)
     Xk = Xf[:, K]
-    theta_k, cov_k, e, h, XtX_inv, sm_res = _ols(Xk, y_n, hc)
+    dof = len(y_n) - len(K)
+    if ref_groups is not None:
+        D = (np.asarray(ref_groups)[:, None] == np.unique(ref_groups)[None, :]).astype(float)
+        dof = len(y_n) - int(np.linalg.matrix_rank(np.column_stack([D, Xk]), tol=1e-9 * max(len(y_n), 1)))
+    theta_k, cov_k, e, h, XtX_inv, sm_res = _ols(Xk, y_n, hc, df_resid=dof)
     method = f"ols-{hc}"
     notes: list[str] = []
     if mixed:
@@ -327,7 +354,6 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     theta[K] = theta_k
     cov = np.zeros((p, p))
     cov[np.ix_(K, K)] = cov_k
-    dof = len(y_n) - len(K)
     cov_model = np.zeros((p, p))
     if dof > 0:
         cov_model[np.ix_(K, K)] = np.asarray(sm_res.cov_params())  # s²(XᵀX)⁻¹, statsmodels' nonrobust
@@ -384,7 +410,8 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
             src, bt, ccs = (loo_fit, loo_boot, cl) if use_loo else (fit, boot_theta, cc)
             c = ccs["total"] if f == "TOTAL" else ccs[kind][i]
             est, se, lo, hi, ok = src.contrast(c, level)
-            row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok})
+            row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok,
+                        f"{kind}_df": src.contrast_df(c)})
             if bt is not None and ok:
                 b = bt @ c
                 q = (1 - level) / 2

@@ -239,7 +239,7 @@ def _dof(a, resp: str) -> int:
     return max(int(fit.dof), 1) if fit is not None else 1
 
 
-def _p_value(est: float, lo: float, hi: float, dof: int, level: float) -> float:
+def _p_value(est: float, lo: float, hi: float, dof: float, level: float) -> float:
     """Two-sided p of ln-effect 0 read off the t interval it is reported with (half-width = t_q·se), so a
     verdict and its interval can never disagree before adjustment."""
     from scipy import stats as _st
@@ -275,7 +275,7 @@ def verdict_family(a) -> dict:
     return fam
 
 
-def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: int) -> str:
+def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
     """The verdict of one Findings cell, controlled as a family: gain / loss when Holm over the report's
     verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted interval
     alone would have excluded it)."""
@@ -333,7 +333,8 @@ def _finding(a, resp: str, f: str) -> str:
         return f"{_mult(est, lo, hi)}: unreliable ({test})"
     if resp != "ln_M" and on_cpu(a):
         return f"{_mult(est, lo, hi)}: not informative on CPU"
-    return f"{_mult(est, lo, hi)}: {_decide(a, (resp, f), est, lo, hi, _dof(a, resp))}"
+    dof = float(c["shapley_df"]) if "shapley_df" in c and math.isfinite(c["shapley_df"]) else _dof(a, resp)
+    return f"{_mult(est, lo, hi)}: {_decide(a, (resp, f), est, lo, hi, dof)}"
 
 
 def scale_cells(a, f: str) -> dict[str, str]:
@@ -369,7 +370,9 @@ def scale_cells(a, f: str) -> dict[str, str]:
     out["per decade of compute"] = "×" + _mult(s, lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
-    d = _decide(a, ("scale", f), s, lo, hi, fit.dof)
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    d = _decide(a, ("scale", f), s, lo, hi, fit.contrast_df(dc))
     if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
             tv, "rising with scale")

@@ -54,6 +54,10 @@ class JointFit:
     # effect the law's parameters see only through the cluster means (between_clusters).
     clusters: np.ndarray | None = None
     jac: np.ndarray | None = None  # J at the optimum: the precision planner's σ²(JᵀJ)⁻¹ (analysis/precision.py)
+    # The rung-shift part of cov_model (_cluster_term) and the df of the between-cluster mean square it rests
+    # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
+    cov_cluster: np.ndarray | None = None
+    between_df: int = 0
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -265,7 +269,9 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
                   converged=bool(best.success), data=(C, L, E, seeds),
                   clusters=None if clusters is None else np.asarray(clusters), jac=J)
     if clusters is not None and not warm_only:
-        jf.cov_model = cov_model + _cluster_term(jf, J, bread)
+        jf.cov_cluster = _cluster_term(jf, J, bread)
+        jf.cov_model = cov_model + jf.cov_cluster
+        jf.between_df = int(between_clusters(jf)[1])
     return jf
 
 

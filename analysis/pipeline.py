@@ -166,10 +166,12 @@ def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=N
     terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
                    warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
-    th, cov, cm, _ = jf.theta_std(len(terms), terms)
+    th, cov, cm, T = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response="ln_M", factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
                      cov_model=cm)
+    if jf.cov_cluster is not None and jf.between_df > 0 and np.any(jf.cov_cluster):
+        fit.cov_between, fit.dof_between = T @ jf.cov_cluster @ T.T, jf.between_df
     return fit, jf
 
 
@@ -208,6 +210,7 @@ class _Prepared:
     fits: dict[str, EffectsFit] = field(default_factory=dict)
     reduced: dict[str, EffectsFit] = field(default_factory=dict)
     masks: dict[str, np.ndarray] = field(default_factory=dict)
+    ref_groups: dict[str, np.ndarray] = field(default_factory=dict)  # a ratio response's reference group per run
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
 
@@ -275,6 +278,7 @@ def _ols_column(p: _Prepared, r: Response) -> np.ndarray:
         if np.isnan(y).any():
             p.notes.append(f"{int(np.isnan(y).sum())} run(s) without a baseline {r.name} on the same "
                            f"hardware and rung: no {r.name} ratio")
+        p.ref_groups[r.name] = np.array([f"{k_[0]}|{k_[1]}" for k_ in key])
         return y
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(src > 0, np.log(src), np.nan)
@@ -292,7 +296,9 @@ def _fit_ols(p: _Prepared, r: Response) -> None:
     if m.sum() < 2:
         return
     # the random effect the design holds is the (seed × rung) cluster's shift (docs/method.md §4.4)
-    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed, groups=p.clusters[m])
+    ref = p.ref_groups.get(r.name)
+    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed, groups=p.clusters[m],
+              ref_groups=None if ref is None else ref[m])
     fr = fit_effects(p.X[m], p.z[m], y[m], p.factors, interactions=p.interactions, **kw)
     p.fits[r.name], p.masks[r.name] = fr, m
     p.notes.extend(f"{r.name}: {n}" for n in fr.notes)

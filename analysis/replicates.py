@@ -129,6 +129,8 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
         se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
         half = _t_half(v, level)
         out.at[i, "shapley_se_between"] = se
+        if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
+            out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p
         out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
         out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
     return out

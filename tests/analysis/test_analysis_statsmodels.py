@@ -96,3 +96,43 @@ def test_observed_total_line_is_statsmodels_wls_with_the_per_rung_variances():
     np.testing.assert_allclose(est, ref.params[0], rtol=1e-10)
     from scipy import stats
     np.testing.assert_allclose(hi - est, stats.t.ppf(0.975, a.fits["quality"].dof) * ref.bse[0], rtol=1e-10)
+
+
+def test_throughput_df_leave_out_the_reference_runs_zero_residuals():
+    """Two arms on four rungs, one run each: the all-off arm is each rung's throughput reference (ln R = 0 by
+    construction), so the throughput fit has 8 − rank([4 rung indicators, x, x·z]) = 2 df, not 8 − 4."""
+    from analysis.simulate import SimTruth
+
+    truth = SimTruth(factors=["optimizer"], main={"optimizer": 0.1}, throughput={"optimizer": 0.01})
+    df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(4)}, seeds=1,
+                        design=np.array([[-1.0], [1.0]]), rng=np.random.default_rng(0))
+    a = analyze_table(df, n_boot=0, replicates=False)
+    fit = a.fits["throughput"]
+    assert fit.dof == 2 and fit.sm_results.df_resid == 2
+    K = np.flatnonzero(fit.alias.kept)
+    ref = sm.OLS(a.table["ln_R"].to_numpy(float), fit.X[:, K])
+    ref.df_resid = 2.0
+    np.testing.assert_allclose(fit.cov_model[np.ix_(K, K)], ref.fit().cov_params(), rtol=1e-10)
+
+
+def test_a_contrast_carrying_the_rung_shift_variance_takes_satterthwaites_df():
+    """The model-based variance of a quality contrast is v_w (on the residual df) + v_b (the rung-shift part, on the
+    between-cluster df, a handful): its t quantile is on min(df, (v_w + v_b)²/(v_w²/df + v_b²/df_b))."""
+    from scipy import stats
+
+    from analysis.attribution import component_contrasts
+    from analysis.simulate import SimTruth
+
+    truth = SimTruth(factors=["xsa", "sconv"], main={"xsa": 0.05}, rung_sd=0.02)
+    df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(4)}, seeds=2, rng=np.random.default_rng(11))
+    fit = analyze_table(df, n_boot=0, responses=("quality",), replicates=False).fits["quality"]
+    assert fit.cov_between is not None and 0 < fit.dof_between < fit.dof  # measured: 2 seeds × 4 rungs
+    c = component_contrasts(fit, 0.0)["total"]
+    # a ladder whose rung shifts dominate: 90% of the model-based variance is the shift's
+    fit.cov_between, fit.cov = 0.9 * fit.cov_model, 0.5 * fit.cov_model
+    want = 1 / (0.1**2 / fit.dof + 0.9**2 / fit.dof_between)
+    assert fit.contrast_df(c) == pytest.approx(want, rel=1e-12) and want < fit.dof / 2
+    est, se, lo, hi, _ = fit.contrast(c)
+    assert hi - est == pytest.approx(stats.t.ppf(0.975, round(want, 3)) * se, rel=1e-9)
+    fit.cov = 2 * fit.cov_model  # the robust variance is the larger: the residual df
+    assert fit.contrast_df(c) == fit.dof
