@@ -136,3 +136,32 @@ def test_a_contrast_carrying_the_rung_shift_variance_takes_satterthwaites_df():
     assert hi - est == pytest.approx(stats.t.ppf(0.975, round(want, 3)) * se, rel=1e-9)
     fit.cov = 2 * fit.cov_model  # the robust variance is the larger: the residual df
     assert fit.contrast_df(c) == fit.dof
+
+
+def test_between_seed_half_width_is_statsmodels_t_interval_of_the_mean():
+    from scipy import stats
+
+    from analysis.replicates import _t_half
+
+    v = [0.11, 0.07, 0.15, 0.09]
+    assert _t_half(v, 0.95) == pytest.approx(stats.t.ppf(0.975, 3) * np.std(v, ddof=1) / 2, rel=1e-12)
+
+
+def test_pure_error_lack_of_fit_is_statsmodels_anova_of_the_model_against_the_cell_means():
+    """For an OLS response the lack-of-fit F of checks._lof is anova_lm(model, cell-means model)."""
+    from statsmodels.stats.anova import anova_lm
+
+    from analysis.checks import _lof
+
+    X, z, y = _design(np.random.default_rng(6), n_rep=3)
+    z = np.repeat([-1.0, 0.0, 1.0], 8)
+    X = np.vstack([X[:8]] * 3)
+    y = np.vstack([y[:8]] * 3).ravel() + np.random.default_rng(7).normal(0, 0.02, 24)
+    Xr, zr, yr = np.vstack([X, X]), np.concatenate([z, z]), np.concatenate([y, y + np.random.default_rng(8).normal(0, 0.02, 24)])
+    fit = fit_effects(Xr, zr, yr, F, scale=True, interactions=False)
+    cells = np.array([f"{tuple(x)}|{zz}" for x, zz in zip(Xr, zr)])
+    F_, p_, dlof, dpe = _lof(fit.resid, cells, fit.dof)
+    D = (cells[:, None] == np.unique(cells)[None, :]).astype(float)
+    tab = anova_lm(fit.sm_results, sm.OLS(yr, D).fit())
+    assert (dlof, dpe) == (int(tab["df_diff"].iloc[1]), int(tab["df_resid"].iloc[1]))
+    np.testing.assert_allclose([F_, p_], [tab["F"].iloc[1], tab["Pr(>F)"].iloc[1]], rtol=1e-9)
