@@ -57,10 +57,10 @@ def test_the_family_is_statsmodels_holm_over_the_p_values_read_off_each_interval
         assert fam[k] == (bool(r_), pytest.approx(p_, rel=1e-9))
 
 
-def _null_false_verdicts(D, nr, i):
+def _null_false_verdicts(D, nr, seed):
     truth = SimTruth(factors=F7, main={})
     df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(nr)}, seeds=1, design=D,
-                        rng=np.random.default_rng(7000 + i))
+                        rng=np.random.default_rng(seed))
     a = analyze_table(df, n_boot=0, boot_method="none", replicates=False, law_forms=("power",))
     bad = []
     for r in findings_table(a).to_dict("records"):
@@ -74,11 +74,11 @@ def _null_false_verdicts(D, nr, i):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("design,nr", [("fraction_7_1", 3), ("smoke", 4)])
-def test_under_a_null_truth_at_most_5_percent_of_studies_show_any_false_verdict(design, nr):
+@pytest.mark.parametrize("design,nr,seed0", [("fraction_7_1", 3, 7000), ("smoke", 4, 7100)])
+def test_under_a_null_truth_at_most_5_percent_of_studies_show_any_false_verdict(design, nr, seed0):
     """100 null studies per design (nothing does anything; H100 throughput, so every response is a verdict):
-    a marin535-like 2^(7−1) fraction on 3 rungs, and the smoke design (2^(7−3), 4 rungs). About 4 and 8 minutes
-    on one core."""
+    a marin535-like 2^(7−1) fraction on 3 rungs, and the smoke design (2^(7−3), 4 rungs). Measured: 0 and 1 of
+    100 (unadjusted verdicts: 30 of 100 smoke studies); about 3 and 8 minutes of one core."""
     D = design_rows(7, 1) if design == "fraction_7_1" else study_design("smoke", F7)
-    hits = sum(bool(_null_false_verdicts(D, nr, i)) for i in range(100))
+    hits = sum(bool(_null_false_verdicts(D, nr, seed0 + i)) for i in range(100))
     assert hits <= 5, hits
