@@ -254,3 +254,29 @@ def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_nu
     row = next(ln for ln in findings.splitlines() if ln.startswith("| optimizer | paired"))
     got = [float(c.split("paired ")[1].split()[0]) for c in row.split("|")[2:-1]]
     np.testing.assert_allclose(got, [1.315, 1.228, 1.186, 1.144], atol=5e-4)
+
+
+def test_the_observed_total_carries_the_laws_own_uncertainty():
+    """TOTAL two ways: the all-on vs all-off pair of a rung through the joint law's local inverse, its variance
+    the two mean losses' scatter plus what the law's L∞ and α carry (the larger of HC3 and model-based)."""
+    from analysis.checks import paired_quality
+    from analysis.ofat import paired_ln_m
+    from analysis.pipeline import analyze_table
+
+    df = _ofat(RUNGS4, seeds=2, design=np.array([[-1, -1, -1], [1, 1, 1], [1, -1, -1], [-1, 1, 1]], float))
+    a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)
+    jf, t = a.joint["power"], a.table
+    s = float(np.sqrt(jf.resid @ jf.resid / jf.dof))
+    at = (t["rung"] == "r2").to_numpy()
+    X = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    on, off = np.flatnonzero(at & (X == 1).all(1)), np.flatnonzero(at & (X == -1).all(1))
+    est, se = paired_quality(a, on, off, s)
+    L, C = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)
+    want, g_law, g_m = paired_ln_m(L[on].mean(), np.log(C[on]).mean(), L[off].mean(), np.log(C[off]).mean(),
+                                   jf.linf, jf.alpha)
+    cov, cov_model = jf.law_block()
+    v_law = max(g_law @ cov @ g_law, g_law @ cov_model @ g_law)
+    assert est == pytest.approx(want, rel=1e-12) and v_law > 0
+    assert se**2 == pytest.approx(s**2 * (g_m[0] ** 2 / len(on) + g_m[1] ** 2 / len(off)) + v_law, rel=1e-9)
+    ch = a.checks[(a.checks["response"] == "ln_M") & (a.checks["rung"] == "r2")].iloc[0]
+    assert ch["observed"] == pytest.approx(est, rel=1e-12) and ch["obs_se"] == pytest.approx(se, rel=1e-12)
