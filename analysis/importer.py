@@ -311,7 +311,10 @@ def complete_table(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     is validated and converted here; a results table lacking run_id, status or error gets them
     (generated ids, "completed", none) instead of failing on a missing column."""
     if "loss" in df.columns and "eval_macro_loss" not in df.columns:
-        return to_table(validate(read_rows(path)), path.stem)
+        imp = validate(read_rows(path))
+        for note in imp.notes:
+            print(f"note: {note}")
+        return to_table(imp, path.stem)
     df = df.copy()
     if "status" not in df.columns:
         df["status"] = "completed"
