@@ -291,7 +291,8 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           + ("; never narrower than the between-seed interval of the per-seed estimates"
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
-          "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
+          "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
+          "qualifiers: what each verdict rests on (details under Warnings).", "",
           md_table(findings_table(a)), "", family_statement(a)]
     L += paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung

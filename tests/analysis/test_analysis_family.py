@@ -78,7 +78,7 @@ def _null_false_verdicts(D, nr, seed):
 def test_under_a_null_truth_at_most_5_percent_of_studies_show_any_false_verdict(design, nr, seed0):
     """100 null studies per design (nothing does anything; H100 throughput, so every response is a verdict):
     a marin535-like 2^(7−1) fraction on 3 rungs, and the smoke design (2^(7−3), 4 rungs). Measured: 0 and 1 of
-    100 (unadjusted verdicts: 30 of 100 smoke studies); about 3 and 8 minutes of one core."""
+    100 (with the unadjusted intervals alone: 34 and 30 of 100); about 3 and 8 minutes of one core."""
     D = design_rows(7, 1) if design == "fraction_7_1" else study_design("smoke", F7)
     hits = sum(bool(_null_false_verdicts(D, nr, seed0 + i)) for i in range(100))
     assert hits <= 5, hits
