@@ -223,6 +223,11 @@ def _mult(est, lo, hi) -> str:
     return s + (f" [{_exp(lo):.3f}, {_exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
+def mult_text(est, lo, hi) -> str:
+    """A ln-scale value and interval as multipliers, "est [lo, hi]"; a runaway end prints as inf."""
+    return _mult(est, lo, hi)
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
 

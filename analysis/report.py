@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.findings import arm_kinds, finding, qualifiers, scale_cells, verdict_family
+from analysis.findings import arm_kinds, finding, mult_text, qualifiers, scale_cells, verdict_family
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
@@ -53,9 +53,10 @@ def md_table(df: pd.DataFrame, digits: int = 3) -> str:
 def _mult(est, lo, hi) -> str:
     if not (isinstance(est, float) and math.isfinite(est)):
         return "not estimable"
-    s = f"{math.exp(est):.3f}"
-    if isinstance(lo, float) and math.isfinite(lo):
-        s += f" [{math.exp(lo):.3f}, {math.exp(hi):.3f}]"
+    with np.errstate(over="ignore"):  # a runaway end (a law with no slope left) prints as inf, it does not raise
+        s = f"{np.exp(est):.3f}"
+        if isinstance(lo, float) and math.isfinite(lo):
+            s += f" [{np.exp(lo):.3f}, {np.exp(hi):.3f}]"
     return s
 
 
@@ -119,9 +120,9 @@ def paired_section(a: StudyAnalysis) -> list[str]:
         row = {"component": comp}
         for r in g.itertuples():
             m = model.loc[(comp, r.rung)] if model is not None and (comp, r.rung) in model.index else None
-            ms = (_mult(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
+            ms = (mult_text(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
                   and bool(m.get("varied", True)) else "—")
-            row[f"{r.rung}"] = (f"paired {_mult(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
+            row[f"{r.rung}"] = (f"paired {mult_text(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
                                 else f"no same-rung pair · model {ms}")
         rows.append(row)
     return ["Per rung, quality M_flop paired (each arm against the same rung's arm that differs from it in this "
