@@ -168,6 +168,27 @@ class EffectsFit:
     # The model-based covariance s²(XᵀX)⁻¹: each contrast uses the larger of it and the robust one, since
     # HC estimators are biased low for contrasts carried by few runs (Bell & McCaffrey 2002).
     cov_model: np.ndarray | None = None
+    # The statsmodels results object of an OLS response (None for the joint law's quality fit, which is
+    # ours) and the candidate columns it estimated: the Appendix's coefficient table reads it.
+    sm_results: object | None = None
+    sm_cols: np.ndarray | None = None
+    # The rung-shift part of cov_model (quality, analysis/joint.py) and the df it rests on: see contrast_df.
+    cov_between: np.ndarray | None = None
+    dof_between: int = 0
+
+    def contrast_df(self, c: np.ndarray) -> float:
+        """The df of a contrast's t quantile: the fit's residual df, or — where the model-based variance
+        (the larger) holds a rung-shift part estimated on few cluster means — Satterthwaite's df of its two
+        parts, v_w on the residual df and v_b on the between-cluster df: (v_w + v_b)² / (v_w²/df + v_b²/df_b),
+        never more than the residual df."""
+        if self.cov_between is None or self.dof_between <= 0 or self.dof <= 0 or self.cov_model is None:
+            return float(self.dof)
+        vm, vr = float(c @ self.cov_model @ c), float(c @ self.cov @ c)
+        vb = max(float(c @ self.cov_between @ c), 0.0)
+        if vr >= vm or vb <= 0:
+            return float(self.dof)
+        vw = max(vm - vb, 0.0)
+        return min(float(self.dof), float((vw + vb) ** 2 / (vw**2 / self.dof + vb**2 / self.dof_between)))
 
     def estimable(self, c: np.ndarray) -> bool:
         V = self.alias.rowspace_V
@@ -177,7 +198,7 @@ class EffectsFit:
         """(estimate, se, lo, hi, estimable) of c·θ; NaN for a contrast the design cannot estimate."""
         if not self.estimable(c):
             return (np.nan, np.nan, np.nan, np.nan, False)
-        q = _t_quantile(level, self.dof)
+        q = _t_quantile(level, self.contrast_df(c))
         est = float(c @ self.theta)
         se = float(np.sqrt(self.contrast_var(c)))
         if self.dof <= 0 or not se > ZERO_WIDTH * max(abs(est), 1.0):
@@ -218,9 +239,23 @@ class EffectsFit:
             est, se, lo, hi, _ = self.contrast(self.alias_sum(j), level)
             t = est / se if se > 0 else np.nan
             p = 2 * stats.t.sf(abs(t), max(self.dof, 1)) if np.isfinite(t) and self.dof > 0 else np.nan
+            if self.sm_results is not None and self.dof > 0 and np.isfinite(se) and se > 0:
+                # an OLS response: statsmodels' t test of the column, on the covariance the contrast uses
+                tt = self.sm_results.t_test(self.alias_sum(j)[self.sm_cols], cov_p=self._cov_k([j]), use_t=True)
+                est, se = float(np.squeeze(tt.effect)), float(np.squeeze(tt.sd))
+                t, p = float(np.squeeze(tt.tvalue)), float(np.squeeze(tt.pvalue))
+                lo, hi = (float(v) for v in np.squeeze(tt.conf_int(alpha=1 - level)))
             rows.append({"term": self.term_label(j), "kind": self.terms[j].kind, "estimate": est, "se": se,
                          "t": t, "p": p, "lo": lo, "hi": hi, "aliased": self.alias.group_of(j) is not None})
         return pd.DataFrame(rows)
+
+    def _cov_k(self, cols: list[int]) -> np.ndarray:
+        """The covariance over the statsmodels columns a test of `cols` uses: robust or model-based, the
+        larger (for one column: its larger variance; for a family: the larger trace)."""
+        K = self.sm_cols
+        cands = [self.cov[np.ix_(K, K)]] + ([self.cov_model[np.ix_(K, K)]] if self.cov_model is not None else [])
+        pos = [int(np.flatnonzero(K == j)[0]) for j in cols]
+        return max(cands, key=lambda m: float(np.trace(m[np.ix_(pos, pos)])))
 
     def predict_phi(self, X_mk: np.ndarray, z: float | np.ndarray) -> np.ndarray:
         z_m = np.broadcast_to(np.asarray(z, float), (X_mk.shape[0],))
@@ -234,41 +269,52 @@ _TQ: dict[tuple[float, int], float] = {}
 ZERO_WIDTH = 1e-9
 
 
-def _t_quantile(level: float, dof: int) -> float:
+def _t_quantile(level: float, dof: float) -> float:
     """Two-sided t critical value (cached: contrasts are many, df few)."""
     if dof <= 0:
         return float("nan")
-    key = (level, dof)
+    key = (level, round(float(dof), 3))  # a Satterthwaite df is fractional: 3 decimals are plenty
     if key not in _TQ:
-        _TQ[key] = float(stats.t.ppf(0.5 + level / 2, dof))
+        _TQ[key] = float(stats.t.ppf(0.5 + level / 2, key[1]))
     return _TQ[key]
 
 
-def _ols(Xk: np.ndarray, y: np.ndarray, hc: str):
-    XtX_inv = np.linalg.pinv(Xk.T @ Xk)
-    theta = XtX_inv @ (Xk.T @ y)
-    e = y - Xk @ theta
-    h = np.einsum("ij,jk,ik->i", Xk, XtX_inv, Xk)
-    n, p = Xk.shape
-    one_minus_h = np.clip(1 - h, 0, None)
-    safe = one_minus_h > 1e-10
-    if hc == "HC0":
-        w = e**2
-    elif hc == "HC1":
-        w = e**2 * n / max(n - p, 1)
-    elif hc == "HC2":
-        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1), 0.0)
+def _ols(Xk: np.ndarray, y: np.ndarray, hc: str, df_resid: int | None = None):
+    """statsmodels OLS with the `hc` sandwich (the estimator of record, docs/method.md §4.4): (θ, robust cov,
+    residuals, leverage, (XᵀX)⁻¹, results). A run its own column fits exactly (leverage 1, residual 0 by
+    construction) adds nothing to the sandwich's middle: statsmodels' own sandwich with those terms zeroed,
+    where its HC2/HC3 formula would divide 0 by 0."""
+    import statsmodels.api as sm
+    from statsmodels.stats.sandwich_covariance import _HCCM
+
+    model = sm.OLS(y, Xk)
+    if df_resid is not None and df_resid > 0:  # fewer df than n − p: the response spent some on its reference
+        model.df_resid = float(df_resid)
+    res = model.fit()
+    h = np.clip(res.get_influence().hat_matrix_diag, 0.0, 1.0)
+    e = np.asarray(res.resid)
+    safe = (1 - h) > 1e-10
+    if res.df_resid <= 0 or (df_resid is not None and df_resid <= 0):
+        cov = np.zeros((Xk.shape[1],) * 2)
+    elif safe.all():
+        cov = np.asarray(model.fit(cov_type=hc).cov_params())
     else:
-        w = np.where(safe, e**2 / np.where(safe, one_minus_h, 1) ** 2, 0.0)
-    meat = (Xk * w[:, None]).T @ Xk
-    cov = XtX_inv @ meat @ XtX_inv
-    return theta, cov, e, h, XtX_inv
+        one_minus = np.where(safe, 1 - h, 1.0)
+        scale = {"HC0": e**2, "HC1": e**2 * len(y) / res.df_resid, "HC2": e**2 / one_minus,
+                 "HC3": e**2 / one_minus**2}[hc]
+        cov = np.asarray(_HCCM(res, np.where(safe, scale, 0.0)))
+    return np.asarray(res.params), cov, e, h, np.asarray(res.normalized_cov_params), res
 
 
 def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: list[str], *,
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
-                groups: np.ndarray | None = None, mixed: bool = False) -> EffectsFit:
-    """OLS with robust SEs (or a mixed model with a random intercept per `groups`, e.g. seed)."""
+                groups: np.ndarray | None = None, mixed: bool = False,
+                ref_groups: np.ndarray | None = None) -> EffectsFit:
+    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups`
+    (the pipeline passes the (seed × rung) cluster of each run). `ref_groups`: for a response taken
+    relative to a reference mean per group (ln R: the all-off arm's runs at the same rung and hardware),
+    each run's group; the residual df is then n − rank([group indicators, X]), since each group's
+    reference spent one (a lone reference run's residual is zero by construction, not a df)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)
@@ -276,12 +322,16 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     al = alias_structure(Xf)
     K = np.flatnonzero(al.kept)
     Xk = Xf[:, K]
-    theta_k, cov_k, e, h, XtX_inv = _ols(Xk, y_n, hc)
+    dof = len(y_n) - len(K)
+    if ref_groups is not None:
+        D = (np.asarray(ref_groups)[:, None] == np.unique(ref_groups)[None, :]).astype(float)
+        dof = len(y_n) - int(np.linalg.matrix_rank(np.column_stack([D, Xk]), tol=1e-9 * max(len(y_n), 1)))
+    theta_k, cov_k, e, h, XtX_inv, sm_res = _ols(Xk, y_n, hc, df_resid=dof)
     method = f"ols-{hc}"
     notes: list[str] = []
     if mixed:
         if groups is None:
-            raise ValueError("mixed=True needs groups (the seed of each run)")
+            raise ValueError("mixed=True needs groups (the (seed × rung) cluster of each run)")
         import warnings
 
         import statsmodels.api as sm
@@ -296,7 +346,7 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
             theta_k = np.asarray(res.fe_params)
             cov_k = np.asarray(res.cov_params())[: len(K), : len(K)]
             e = y_n - Xk @ theta_k
-            method = "mixedlm-seed"
+            method = "mixedlm-cluster"
         except Exception as ex:  # singular random-effect fits fall back to OLS, with a note
             notes.append(f"mixed model failed ({type(ex).__name__}: {ex}); OLS used")
     p = len(terms)
@@ -304,15 +354,14 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
     theta[K] = theta_k
     cov = np.zeros((p, p))
     cov[np.ix_(K, K)] = cov_k
-    dof = len(y_n) - len(K)
     cov_model = np.zeros((p, p))
     if dof > 0:
-        cov_model[np.ix_(K, K)] = XtX_inv * float(e @ e) / dof
+        cov_model[np.ix_(K, K)] = np.asarray(sm_res.cov_params())  # s²(XᵀX)⁻¹, statsmodels' nonrobust
     if dof <= 0:
         notes.append("saturated design: no residual degrees of freedom, no standard errors")
     return EffectsFit(response=response, factors=list(factors), terms=terms, alias=al, theta=theta, cov=cov,
                       dof=dof, n=len(y_n), resid=e, leverage=h, X=Xf, method=method, notes=notes,
-                      cov_model=cov_model if method.startswith("ols") else None)
+                      cov_model=cov_model if method.startswith("ols") else None, sm_results=sm_res, sm_cols=K)
 
 
 def all_arms(k: int) -> np.ndarray:
@@ -361,7 +410,8 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
             src, bt, ccs = (loo_fit, loo_boot, cl) if use_loo else (fit, boot_theta, cc)
             c = ccs["total"] if f == "TOTAL" else ccs[kind][i]
             est, se, lo, hi, ok = src.contrast(c, level)
-            row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok})
+            row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok,
+                        f"{kind}_df": src.contrast_df(c)})
             if bt is not None and ok:
                 b = bt @ c
                 q = (1 - level) / 2
@@ -420,6 +470,14 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
         W = float(th @ np.linalg.pinv(V) @ th)
         F = W / len(cols)
         return F, (float(stats.f.sf(F, len(cols), dof)) if fit.dof > 0 and np.isfinite(F) else np.nan)
+
+    if fit.sm_results is not None and fit.dof > 0:  # an OLS response: statsmodels' F tests
+        def wald(cols: list[int]) -> tuple[float, float]:  # noqa: F811
+            R = np.zeros((len(cols), len(fit.sm_cols)))
+            for i, j in enumerate(cols):
+                R[i, int(np.flatnonzero(fit.sm_cols == j)[0])] = 1.0
+            ft = fit.sm_results.f_test(R, cov_p=fit._cov_k(cols))
+            return float(np.squeeze(ft.fvalue)), float(np.squeeze(ft.pvalue))
 
     for j in K:
         F, p = wald([j])

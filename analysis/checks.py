@@ -61,16 +61,7 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
             i_on, i_off = np.flatnonzero(on & at & m), np.flatnonzero(off & at & m)
             if len(i_on) and len(i_off):
                 if law_family:
-                    law = a.law
-                    Lo, Lf = t["eval_macro_loss"].to_numpy(float)[i_on], t["eval_macro_loss"].to_numpy(float)[i_off]
-                    Co, Cf = t["train_flops"].to_numpy(float)[i_on], t["train_flops"].to_numpy(float)[i_off]
-                    go, gf = Lo.mean() - law.linf, Lf.mean() - law.linf
-                    if go > 0 and gf > 0:
-                        lnm = lambda g, Cs: -(np.log(g) - np.log(law.A)) / law.alpha - np.mean(np.log(Cs))  # noqa: E731
-                        obs = lnm(go, Co) - lnm(gf, Cf)
-                        se_o = s / law.alpha * np.sqrt(1 / (len(i_on) * go**2) + 1 / (len(i_off) * gf**2))
-                    else:
-                        obs = se_o = np.nan
+                    obs, se_o = paired_quality(a, i_on, i_off, s)
                 else:
                     y = t[col].to_numpy(float)
                     obs = y[i_on].mean() - y[i_off].mean()
@@ -80,6 +71,62 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
                     if okc:
                         row["agree"] = bool(abs(est - obs) <= q * np.hypot(se, se_o))
             rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[float, float]:
+    """ln M_flop of the runs i_on against the runs i_off of the same rung through the joint law's local
+    inverse (analysis/ofat.py, paired_ln_m: Marin's per-rung convention), and its standard error: the two
+    mean losses' scatter (s, the joint fit's residual sd) plus the law's own (L∞, α) uncertainty, the
+    larger of its HC3 and model-based variances. (NaN, NaN) when a mean loss is at or below L∞."""
+    from analysis.ofat import paired_ln_m
+
+    t, jf = a.table, a.joint["power"]
+    Lv, Cv = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)
+    Lo, Lf = float(Lv[i_on].mean()), float(Lv[i_off].mean())
+    if not (Lo > jf.linf and Lf > jf.linf):
+        return (np.nan, np.nan)
+    est, g_law, g_means = paired_ln_m(Lo, float(np.mean(np.log(Cv[i_on]))), Lf, float(np.mean(np.log(Cv[i_off]))),
+                                      jf.linf, jf.alpha)
+    cov, cov_model = jf.law_block()
+    v_law = max(float(g_law @ cov @ g_law), float(np.nan_to_num(g_law @ cov_model @ g_law)), 0.0)
+    return (est, float(np.sqrt(s**2 * (g_means[0] ** 2 / len(i_on) + g_means[1] ** 2 / len(i_off)) + v_law)))
+
+
+def paired_per_rung(a) -> pd.DataFrame:
+    """Per component and rung, the paired estimate of its quality multiplier: the mean over the pairs of
+    analysed arms at that rung that differ in this factor alone of each pair's paired_quality (the
+    authors' per-rung convention, no scale model), TOTAL the all-on vs all-off pair; NaN where no such
+    pair ran (a regular fraction holds none). Columns component, rung, paired, paired_lo, paired_hi, pairs."""
+    t = a.table
+    if a.joint.get("power") is None or not a.factors:
+        return pd.DataFrame()
+    jf = a.joint["power"]
+    s = float(np.sqrt(float(jf.resid @ jf.resid) / max(jf.dof, 1)))
+    q = float(stats.t.ppf(0.5 + a.level / 2, max(jf.dof, 1)))
+    X = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    arms = {tuple(x) for x in X}
+    rows = []
+    for r in a.rungs.itertuples():
+        at = (t["rung"] == r.rung).to_numpy()
+        for i, f in enumerate(a.factors + ["TOTAL"]):
+            if f == "TOTAL":
+                pairs = [(tuple([1.0] * len(a.factors)), tuple([-1.0] * len(a.factors)))]
+            else:
+                pairs = [(x, x[:i] + (-1.0,) + x[i + 1:]) for x in arms if x[i] == 1.0]
+            ests, vars_ = [], []
+            for on, off in pairs:
+                i_on = np.flatnonzero(at & np.all(X == on, 1))
+                i_off = np.flatnonzero(at & np.all(X == off, 1))
+                if len(i_on) and len(i_off):
+                    e, se = paired_quality(a, i_on, i_off, s)
+                    if np.isfinite(e):
+                        ests.append(e)
+                        vars_.append(se**2)
+            est = float(np.mean(ests)) if ests else np.nan
+            se = float(np.sqrt(np.sum(vars_)) / len(vars_)) if ests else np.nan
+            rows.append({"component": f, "rung": r.rung, "paired": est, "paired_lo": est - q * se,
+                         "paired_hi": est + q * se, "pairs": len(ests)})
     return pd.DataFrame(rows)
 
 

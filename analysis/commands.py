@@ -53,7 +53,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
     parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC3",
                         help="robust SE type of the throughput fit (each contrast uses the larger of it and the model SE)")
-    parser.add_argument("--mixed", action="store_true", help="mixed model with a random intercept per seed")
+    parser.add_argument("--mixed", action="store_true", help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × rung) cluster")
     parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
     parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
                         help="runs at a level other than recipe/baseline: leave out (noted) or refuse")

@@ -15,7 +15,7 @@ from scipy import stats
 
 from analysis.attribution import EffectsFit, component_contrasts
 from analysis.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
-from analysis.responses import by_column, is_sum, law, law_column, part_columns, uses_law
+from analysis.responses import RESPONSES, by_column, is_sum, law, law_column, part_columns, uses_law
 from analysis.results import codings
 
 
@@ -99,12 +99,13 @@ def observed_total(a, response: str) -> tuple[float, float, float, str]:
     q = float(stats.t.ppf(0.5 + a.level / 2, max(fit.dof if fit is not None else 1, 1)))
     if len(d) == 1:
         return (float(y[0]), float(y[0] - q * se[0]), float(y[0] + q * se[0]), f"at rung {d['rung'].iloc[0]}")
-    W = 1 / se**2
-    X = np.column_stack([np.ones_like(z), z])
-    cov = np.linalg.pinv(X.T @ (X * W[:, None]))
-    b = cov @ (X.T @ (W * y))
-    s = float(np.sqrt(max(cov[0, 0], 0.0)))
-    return (float(b[0]), float(b[0] - q * s), float(b[0] + q * s), f"{len(d)} rungs, at C_ref")
+    import statsmodels.api as sm
+
+    # statsmodels WLS with the known per-rung variances: cov_type="fixed scale" keeps scale 1, so the
+    # intercept's standard error is √[(XᵀWX)⁻¹]₀₀, not rescaled by the line's own scatter
+    res = sm.WLS(y, np.column_stack([np.ones_like(z), z]), weights=1 / se**2).fit(cov_type="fixed scale")
+    b0, s = float(res.params[0]), float(res.bse[0])
+    return (b0, b0 - q * s, b0 + q * s, f"{len(d)} rungs, at C_ref")
 
 
 def total_disagrees(a, response: str) -> str:
@@ -113,6 +114,15 @@ def total_disagrees(a, response: str) -> str:
     over rungs at C_ref (neither interval holds the other's estimate): a lack of fit the two-factor
     model spreads over every arm. A sum response: when one of its parts fails. (The pure-error lack-of-fit
     F test alone is not used: a rung-level shift of the baseline throughput fails it, harmlessly.)"""
+    cache = a.__dict__.setdefault("_total_disagrees", {})
+    if a.checks is None:
+        return _total_disagrees(a, response)
+    if response not in cache:
+        cache[response] = _total_disagrees(a, response)
+    return cache[response]
+
+
+def _total_disagrees(a, response: str) -> str:
     ch = a.checks
     if ch is None or not len(ch):
         return ""
@@ -146,20 +156,26 @@ def scale_trend(fit: EffectsFit, i: int | None, level: float) -> tuple[float, fl
     return (est, lo, hi)
 
 
-def interval_fails(est: float, lo: float, hi: float, boot_lo: float = np.nan, boot_hi: float = np.nan) -> str:
-    """Why an interval is no interval ('' when it is one): none (0 residual df), zero width, or a
-    bootstrap interval that excludes its own estimate."""
+def interval_fails(est: float, lo: float, hi: float) -> str:
+    """Why an interval is no interval ('' when it is one): none (0 residual df) or zero width. (A bootstrap
+    interval that disagrees is a diagnostic beside the verdict, boot_disagrees, never a veto.)"""
     if not (isinstance(est, float) and math.isfinite(est)):
         return "not estimable"
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "not estimable: no interval (no residual df or zero width)"
     if hi - lo <= 1e-9 * max(abs(est), 1.0):
         return "not estimable: zero-width interval"
-    if math.isfinite(boot_lo) and math.isfinite(boot_hi):
-        if boot_hi - boot_lo <= 1e-9 * max(abs(est), 1.0):
-            return "not estimable: zero-width bootstrap interval"
-        if not boot_lo <= est <= boot_hi:
-            return "not estimable: its bootstrap interval excludes the estimate"
+    return ""
+
+
+def boot_disagrees(est: float, boot_lo: float, boot_hi: float) -> str:
+    """The bootstrap diagnostic of one value ('' when its percentile interval holds the estimate)."""
+    if not (math.isfinite(boot_lo) and math.isfinite(boot_hi) and math.isfinite(est)):
+        return ""
+    if boot_hi - boot_lo <= 1e-9 * max(abs(est), 1.0):
+        return "zero-width bootstrap interval (Appendix)"
+    if not boot_lo <= est <= boot_hi:
+        return "its bootstrap interval excludes the estimate (Appendix)"
     return ""
 
 
@@ -206,8 +222,77 @@ def _mult(est, lo, hi) -> str:
     return s + (f" [{_exp(lo):.3f}, {_exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
+def mult_text(est, lo, hi) -> str:
+    """A ln-scale value and interval as multipliers, "est [lo, hi]"; a runaway end prints as inf."""
+    return _mult(est, lo, hi)
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
+
+
+#: The family the Findings verdicts control (docs/method.md, "Which family the verdicts control"): Holm's
+#: step-down over every gain/loss and scale-trend verdict of one report, family-wise error at 1 − level.
+FAMILY_METHOD = "holm"
+
+
+def _dof(a, resp: str) -> int:
+    """Residual df of the fit a response's Findings value comes from (the smaller of its parts' for a sum)."""
+    r = by_column(resp)
+    fit = a.fits.get(r.name) if r is not None else None
+    return max(int(fit.dof), 1) if fit is not None else 1
+
+
+def _p_value(est: float, lo: float, hi: float, dof: float, level: float) -> float:
+    """Two-sided p of ln-effect 0 read off the t interval it is reported with (half-width = t_q·se), so a
+    verdict and its interval can never disagree before adjustment."""
+    from scipy import stats as _st
+
+    q = float(_st.t.ppf(0.5 + level / 2, dof))
+    se = (hi - lo) / (2 * q)
+    return float(2 * _st.t.sf(abs(est) / se, dof)) if se > 0 else 1.0
+
+
+def verdict_family(a) -> dict:
+    """{key: (rejected, Holm-adjusted p)} over the report's verdict family, plus "n": its size. Built once
+    per analysis by evaluating every Findings cell with the unadjusted verdict (statsmodels.stats.multitest)."""
+    fam = getattr(a, "_family", None)
+    if fam is not None:
+        return fam
+    from statsmodels.stats.multitest import multipletests
+
+    a._family_pending = []
+    try:
+        for f in a.factors + ["TOTAL"]:
+            for r in RESPONSES.values():
+                finding(a, r.column, f)
+            scale_cells(a, f)
+        cells = dict(a._family_pending)
+    finally:
+        del a._family_pending
+    fam = {"n": len(cells)}
+    if cells:
+        keys = list(cells)
+        rej, p_adj, _, _ = multipletests([cells[k] for k in keys], alpha=1 - a.level, method=FAMILY_METHOD)
+        fam.update({k: (bool(r), float(p)) for k, r, p in zip(keys, rej, p_adj)})
+    a._family = fam
+    return fam
+
+
+def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
+    """The verdict of one Findings cell, controlled as a family: gain / loss when Holm over the report's
+    verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted interval
+    alone would have excluded it)."""
+    raw = _verdict(lo, hi)
+    pending = getattr(a, "_family_pending", None)
+    if pending is not None:
+        pending.append((key, _p_value(est, lo, hi, dof, a.level)))
+        return raw
+    fam = verdict_family(a)
+    if key not in fam or raw == "consistent with no effect" or fam[key][0]:
+        return raw
+    return (f"consistent with no effect (Holm over {fam['n']} verdicts: adjusted p {fam[key][1]:.2g}; the "
+            "unadjusted interval excludes 1)")
 
 
 def on_cpu(a) -> bool:
@@ -234,7 +319,7 @@ def _finding(a, resp: str, f: str) -> str:
         if why:
             return f"not varied here ({why})"
     est, lo, hi = float(c["shapley"]), float(c["shapley_lo"]), float(c["shapley_hi"])
-    bad = interval_fails(est, lo, hi, float(c.get("shapley_boot_lo", np.nan)), float(c.get("shapley_boot_hi", np.nan)))
+    bad = interval_fails(est, lo, hi)
     if bad:
         return (f"{_exp(est):.3f}: " if math.isfinite(est) else "") + bad
     test = total_disagrees(a, resp)
@@ -243,7 +328,9 @@ def _finding(a, resp: str, f: str) -> str:
     if test and f == "TOTAL":
         o, olo, ohi, src = recommended_total(a, resp)
         if src == "observed":
-            v = "not informative on CPU" if resp != law_column() and on_cpu(a) else _verdict(olo, ohi)
+            v = ("not informative on CPU" if resp != law_column() and on_cpu(a)
+                 else _decide(a, ("observed", resp), o, olo, ohi,
+                              _dof(a, law_column() if is_sum(resp) else resp)))
             where = "the failing part observed" if is_sum(resp) else observed_total(a, resp)[3]
             return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
                     f"model's {_exp(est):.3f} is unreliable ({test})")
@@ -251,7 +338,8 @@ def _finding(a, resp: str, f: str) -> str:
         return f"{_mult(est, lo, hi)}: unreliable ({test})"
     if resp != law_column() and on_cpu(a):
         return f"{_mult(est, lo, hi)}: not informative on CPU"
-    return f"{_mult(est, lo, hi)}: {_verdict(lo, hi)}"
+    dof = float(c["shapley_df"]) if "shapley_df" in c and math.isfinite(c["shapley_df"]) else _dof(a, resp)
+    return f"{_mult(est, lo, hi)}: {_decide(a, (resp, f), est, lo, hi, dof)}"
 
 
 def scale_cells(a, f: str) -> dict[str, str]:
@@ -287,14 +375,17 @@ def scale_cells(a, f: str) -> dict[str, str]:
     out["per decade of compute"] = "×" + _mult(s, lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
-    if lo > 0:
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    d = _decide(a, ("scale", f), s, lo, hi, fit.contrast_df(dc))
+    if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
             tv, "rising with scale")
-    elif hi < 0:
+    elif d == "loss":
         out["scale verdict"] = {"gain": "gain shrinking with scale", "loss": "loss growing with scale"}.get(
             tv, "falling with scale")
     else:
-        out["scale verdict"] = "no detectable trend"
+        out["scale verdict"] = "no detectable trend" + d.removeprefix("consistent with no effect")
     return out
 
 
@@ -342,4 +433,8 @@ def qualifiers(a, f: str) -> str:
             if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
     if wide:
         q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
+    boot = [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
+            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []))
+            if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
+    q += boot
     return "; ".join(q) or "—"

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -59,6 +59,7 @@ class Imported:
     rows: list[dict]  # validated rows
     factors: list[str]
     coding: dict[str, tuple[str, str]]  # factor -> (low, high)
+    notes: list[str] = field(default_factory=list)  # how each factor was coded, where that needs saying
 
 
 def _recipe():
@@ -210,9 +211,12 @@ def validate(raw: list[dict]) -> Imported:
             raise _err(i, "changes", f"arm {out['arm']!r} lists other changes than in row {prev[0]}; allowed "
                                      "values: one set of changes per arm")
         rows.append(out)
-    if use_changes:  # a factor a row does not change sits at the baseline's level
+    notes: list[str] = []
+    if use_changes:  # a factor a row does not change sits at the baseline arm's level, which the file does not name
         factors = list(dict.fromkeys(f for r in rows for f in r["levels"]))
-        base = {f: baseline_levels.get(f, "off") for f in factors}
+        base = {f: UNNAMED_BASELINE if f in baseline_levels else "off" for f in factors}
+        notes += [f"changes: the baseline arm's {f} is not named in the file; recorded as {UNNAMED_BASELINE!r}, "
+                  f"not as the registry's {baseline_levels[f]!r}" for f in factors if f in baseline_levels]
         for i, r in enumerate(rows, start=1):
             for f, lv in r["levels"].items():
                 if lv == base[f]:
@@ -232,20 +236,49 @@ def validate(raw: list[dict]) -> Imported:
         if other[0] != r["arm"]:
             raise _err(i, "arm", f"arm {r['arm']!r} has the same factor levels as arm {other[0]!r} (row {other[1]}); "
                                  "allowed values: arms that differ in at least one factor")
-    return Imported(rows, factors, {f: _coding(f, rows) for f in factors})
+    coding = {}
+    for f in factors:
+        coding[f], why = _coding(f, rows)
+        notes += why
+    return Imported(rows, factors, coding, notes)
 
 
-def _coding(f: str, rows: list[dict]) -> tuple[str, str]:
-    """(low, high) of a factor: a registered one's (baseline, recipe) levels; otherwise the level most
-    rows hold is low (first seen on a tie) and the next most held is high."""
+#: The level recorded for a registered factor the `changes` column leaves at the baseline arm's (unnamed) level.
+UNNAMED_BASELINE = "baseline"
+
+
+def _coding(f: str, rows: list[dict]) -> tuple[tuple[str, str], list[str]]:
+    """((low, high), notes) of a factor, from the levels the file holds: low is the baseline arm's level
+    (a registered factor's registry baseline if present; else the level of an arm named "baseline"; else,
+    when the registry's recipe level is present, the other level; else the level most rows hold, first
+    seen on a tie), high the recipe level if present, else the next most held. A note says when the levels
+    differ from the registry's, and names any third level (its runs are left out of a two-level analysis)."""
     specs = _recipe()[0]
-    if f in specs:
-        return specs[f].baseline, specs[f].recipe
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["levels"][f]] = counts.get(r["levels"][f], 0) + 1
     order = sorted(counts, key=lambda k: -counts[k])
-    return order[0], (order[1] if len(order) > 1 else order[0])
+    spec = specs.get(f)
+    named = [r["levels"][f] for r in rows if r["arm"].strip().lower() == "baseline"]
+    if spec is not None and spec.baseline in counts:
+        low = spec.baseline
+    elif named:
+        low = named[0]
+    elif spec is not None and spec.recipe in counts and len(order) > 1:
+        low = next(k for k in order if k != spec.recipe)
+    else:
+        low = order[0]
+    rest = [k for k in order if k != low]
+    high = spec.recipe if spec is not None and spec.recipe in rest else (rest[0] if rest else low)
+    notes = []
+    if spec is not None and (low, high) != (spec.baseline, spec.recipe):
+        notes.append(f"{f}: coded by the levels in the file, {low} (−1, the baseline arm's) and {high} (+1); the "
+                     f"registry's are {spec.baseline} and {spec.recipe}")
+    third = [k for k in order if k not in (low, high)]
+    if third:
+        notes.append(f"{f}: level(s) {', '.join(third)} ({sum(counts[k] for k in third)} run(s)) beyond the two coded "
+                     f"({low}, {high}): a two-level analysis leaves those runs out")
+    return (low, high), notes
 
 
 def _run_id(r: dict, study: str) -> str:
@@ -278,7 +311,10 @@ def complete_table(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     is validated and converted here; a results table lacking run_id, status or error gets them
     (generated ids, "completed", none) instead of failing on a missing column."""
     if "loss" in df.columns and "eval_macro_loss" not in df.columns:
-        return to_table(validate(read_rows(path)), path.stem)
+        imp = validate(read_rows(path))
+        for note in imp.notes:
+            print(f"note: {note}")
+        return to_table(imp, path.stem)
     df = df.copy()
     if "status" not in df.columns:
         df["status"] = "completed"
@@ -312,7 +348,8 @@ def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> 
                                         **v))
         atomic_write_json(tmp / "import.json", {"file": str(source_file), "sha256": sha256_file(source_file),
                                                 "rows": len(imp.rows), "factors": imp.factors,
-                                                "coding": {f: list(v) for f, v in imp.coding.items()}})
+                                                "coding": {f: list(v) for f, v in imp.coding.items()},
+                                                "notes": imp.notes})
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -344,6 +381,8 @@ def import_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_import(args) -> int:
     out = import_file(args.file, args.out, args.study)
+    for note in json.loads((out / "import.json").read_text()).get("notes", []):
+        print(f"note: {note}")
     n = sum(1 for _ in (out / "runs").iterdir())
     print(f"imported {n} runs into {out}; next: marin-ablate analyze {out}")
     return 0

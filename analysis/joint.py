@@ -55,6 +55,10 @@ class JointFit:
     # effect the law's parameters see only through the cluster means (between_clusters).
     clusters: np.ndarray | None = None
     jac: np.ndarray | None = None  # J at the optimum: the precision planner's σ²(JᵀJ)⁻¹ (analysis/precision.py)
+    # The rung-shift part of cov_model (_cluster_term) and the df of the between-cluster mean square it rests
+    # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
+    cov_cluster: np.ndarray | None = None
+    between_df: int = 0
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -266,7 +270,9 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
                   converged=bool(best.success), data=(C, L, E, seeds),
                   clusters=None if clusters is None else np.asarray(clusters), jac=J)
     if clusters is not None and not warm_only:
-        jf.cov_model = cov_model + _cluster_term(jf, J, bread)
+        jf.cov_cluster = _cluster_term(jf, J, bread)
+        jf.cov_model = cov_model + jf.cov_cluster
+        jf.between_df = int(between_clusters(jf)[1])
     return jf
 
 
@@ -463,8 +469,10 @@ def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=N
     terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
                    warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
-    th, cov, cm, _ = jf.theta_std(len(terms), terms)
+    th, cov, cm, T = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response=law_column(), factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
                      cov_model=cm)
+    if jf.cov_cluster is not None and jf.between_df > 0 and np.any(jf.cov_cluster):
+        fit.cov_between, fit.dof_between = T @ jf.cov_cluster @ T.T, jf.between_df
     return fit, jf

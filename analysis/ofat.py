@@ -5,8 +5,9 @@ baseline at 2–4 scales, often with the baseline's law stated. The baseline is 
 the arm every other arm differs from in exactly one factor — never from how the levels are coded, so
 no value moves when a study codes its levels the other way round.
 
-Per change and rung: the quality multiplier M = C_eq/C, C_eq the compute at which the baseline's law
-L(C) = L∞ + A·C^(−α) reaches the arm's mean loss, C the arm's own compute (docs/method.md §4.2); the
+Per change and rung: the quality multiplier M = C_eq/C paired by rung: C_eq the compute at which the
+baseline's law L(C) = L∞ + A·C^(−α), recentred on the same rung's baseline runs, reaches the arm's
+mean loss, C the arm's own compute (docs/method.md §4.2, §4.8; Marin's convention); the
 throughput ratio R (model FLOP/s over the baseline's on the same rung and hardware) and the
 wall-clock multiplier W = M·R. The law is pinned (L∞, α, A: any subset) or fitted on the baseline
 arm's runs when its scales leave residual freedom; each interval is a t interval on the residual df.
@@ -154,6 +155,19 @@ class OfatAnalysis:
 
 
 PARAMS = ("linf", "A", "alpha")
+
+
+def paired_ln_m(L_arm: float, lnC_arm: float, L_base: float, lnC_base: float, linf: float,
+                alpha: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """ln M of an arm against the baseline of its own rung through the law's local inverse: the law
+    recentred on that baseline (A fitted through it), so ln M = (ln(L̄_b − L∞) − ln(L̄ − L∞))/α
+    + ln C_b − ln C — Marin's effective-speedup convention (experiments/grug/moe/agent.md). A drops out,
+    and so does the baseline's own misfit at that rung. Returns (ln M, its gradient over the law's
+    (L∞, ln A, α), its gradient over the two mean losses (arm, baseline))."""
+    ga, gb = L_arm - linf, L_base - linf
+    lnm = (np.log(gb) - np.log(ga)) / alpha + lnC_base - lnC_arm
+    g_law = np.array([(1 / ga - 1 / gb) / alpha, 0.0, -(np.log(gb) - np.log(ga)) / alpha ** 2])
+    return float(lnm), g_law, np.array([-1 / (alpha * ga), 1 / (alpha * gb)])
 
 
 def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[OfatLaw, np.ndarray, int]:
@@ -312,6 +326,9 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
 
     q = float(stats.t.ppf(0.5 + level / 2, dof)) if dof > 0 else float("nan")
     qr = float(stats.t.ppf(0.5 + level / 2, dof_R)) if dof_R > 0 else float("nan")
+    base_at: dict[str, list[int]] = {}
+    for i in np.flatnonzero(is_base):
+        base_at.setdefault(rung[i], []).append(i)
     rows = []
     order = {lv: (star.factors.index(c[0]), c[2]) for lv, c in star.changes.items()}
     for (lv, r), ix in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], float(np.mean(C[kv[1]])))):
@@ -320,14 +337,17 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
         row = {"change": f"{f}: {b} -> {x}", "factor": f, "baseline_level": b, "level": x, "arm": star.labels[lv],
                "rung": r, "compute": float(np.exp(lc)), "n": n, "loss": mu}
         lnm = se = np.nan
-        if law is not None and mu > law.linf:
-            gap = mu - law.linf
-            lnm = (np.log(law.A) - np.log(gap)) / law.alpha - lc
-            g = np.array([1 / (law.alpha * gap), 1 / law.alpha, -(np.log(law.A) - np.log(gap)) / law.alpha ** 2])
-            g_mu = -1 / (law.alpha * gap)
-            se = float(np.sqrt(s2 * (g @ law.cov @ g + g_mu ** 2 / n))) if dof > 0 else np.nan
+        ib = base_at.get(r, [])
+        if law is not None and not ib:
+            notes.append(f"{row['change']} at {r}: no baseline run at this rung to pair with: no multiplier")
+        elif law is not None and min(mu, float(L[ib].mean())) > law.linf:
+            lnm, g_law, g_means = paired_ln_m(mu, lc, float(L[ib].mean()), float(np.mean(np.log(C[ib]))),
+                                              law.linf, law.alpha)
+            row["baseline_loss"] = float(L[ib].mean())
+            if dof > 0:
+                se = float(np.sqrt(s2 * (g_law @ law.cov @ g_law + g_means[0] ** 2 / n + g_means[1] ** 2 / len(ib))))
         elif law is not None:
-            notes.append(f"{row['change']} at {r}: mean loss {mu:.4g} is at or below L∞ {law.linf:.4g}: no multiplier")
+            notes.append(f"{row['change']} at {r}: a mean loss at or below L∞ {law.linf:.4g}: no multiplier")
         row.update(ln_M=lnm, ln_M_se=se)
         # Throughput of the cell against the baseline's runs on the same rung and hardware.
         d, var = [], []
@@ -373,7 +393,8 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
                    f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
                    f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |")
     out += ["", f"95% t intervals: quality on {a.dof} residual df, throughput on {a.dof_R}. M = C_eq/C, C_eq the "
-            "compute at which the baseline's law reaches the arm's mean loss; R = model FLOP/s over the baseline's "
+            "compute at which the baseline's law, recentred on the same rung's baseline runs, reaches the arm's mean "
+            "loss (paired by rung); R = model FLOP/s over the baseline's "
             "on the same rung and hardware; W = M·R.", "", "## What a one-factor-at-a-time study cannot tell", ""]
     out += [f"- {t}" for t in a.cannot_tell]
     if a.notes or a.warnings:

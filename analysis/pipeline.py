@@ -60,6 +60,7 @@ class StudyAnalysis:
     target_compute: float | None = None
     joint: dict[str, JointFit] = field(default_factory=dict)  # "power", "curved", "power/main"
     checks: pd.DataFrame | None = None  # TOTAL two ways + lack of fit
+    paired: pd.DataFrame | None = None  # per component and rung, the paired (same-rung) quality estimate
     warnings: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # lost runs and what they cost
     level: float = 0.95
@@ -181,6 +182,7 @@ class _Prepared:
     fits: dict[str, EffectsFit] = field(default_factory=dict)
     reduced: dict[str, EffectsFit] = field(default_factory=dict)
     masks: dict[str, np.ndarray] = field(default_factory=dict)
+    ref_groups: dict[str, np.ndarray] = field(default_factory=dict)  # a ratio response's reference group per run
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
 
@@ -248,6 +250,7 @@ def _ols_column(p: _Prepared, r: Response) -> np.ndarray:
         if np.isnan(y).any():
             p.notes.append(f"{int(np.isnan(y).sum())} run(s) without a baseline {r.name} on the same "
                            f"hardware and rung: no {r.name} ratio")
+        p.ref_groups[r.name] = np.array([f"{k_[0]}|{k_[1]}" for k_ in key])
         return y
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(src > 0, np.log(src), np.nan)
@@ -264,8 +267,10 @@ def _fit_ols(p: _Prepared, r: Response) -> None:
     m = np.isfinite(y)
     if m.sum() < 2:
         return
-    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed,
-              groups=p.ok["seed"].to_numpy()[m] if "seed" in p.ok else None)
+    # the random effect the design holds is the (seed × rung) cluster's shift (docs/method.md §4.4)
+    ref = p.ref_groups.get(r.name)
+    kw = dict(response=r.column, scale=p.scale, hc=p.hc, mixed=p.mixed, groups=p.clusters[m],
+              ref_groups=None if ref is None else ref[m])
     fr = fit_effects(p.X[m], p.z[m], y[m], p.factors, interactions=p.interactions, **kw)
     p.fits[r.name], p.masks[r.name] = fr, m
     p.notes.extend(f"{r.name}: {n}" for n in fr.notes)
@@ -323,7 +328,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates."""
-    from analysis.checks import lost_runs, total_checks, warnings_for
+    from analysis.checks import lost_runs, paired_per_rung, total_checks, warnings_for
     from analysis.findings import mark_not_varied, refuse_single_rung
     from analysis.replicates import (
         BETWEEN_SEEDS_MIN,
@@ -482,6 +487,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)
+    a.paired = paired_per_rung(a) if law is not None else None
     a.warnings = warnings_for(a, df)
     if truths:
         a.planted = truth_check(components, truths)

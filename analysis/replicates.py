@@ -80,9 +80,11 @@ def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any]) 
 
 
 def _t_half(values: list[float], level: float) -> float:
-    from scipy import stats
+    """Half-width of the between-seed t interval of the mean, statsmodels' DescrStatsW.tconfint_mean."""
+    from statsmodels.stats.weightstats import DescrStatsW
 
-    return float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    lo, hi = DescrStatsW(np.asarray(values, float)).tconfint_mean(alpha=1 - level)
+    return float(hi - lo) / 2
 
 
 def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
@@ -129,6 +131,8 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
         se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
         half = _t_half(v, level)
         out.at[i, "shapley_se_between"] = se
+        if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
+            out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p
         out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
         out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
     return out

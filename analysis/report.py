@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.findings import arm_kinds, finding, qualifiers, scale_cells
+from analysis.findings import arm_kinds, finding, mult_text, qualifiers, scale_cells, verdict_family
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
@@ -155,9 +155,10 @@ def md_table(df: pd.DataFrame, digits: int = 3) -> str:
 def _mult(est, lo, hi) -> str:
     if not (isinstance(est, float) and math.isfinite(est)):
         return "not estimable"
-    s = f"{math.exp(est):.3f}"
-    if isinstance(lo, float) and math.isfinite(lo):
-        s += f" [{math.exp(lo):.3f}, {math.exp(hi):.3f}]"
+    with np.errstate(over="ignore"):  # a runaway end (a law with no slope left) prints as inf, it does not raise
+        s = f"{np.exp(est):.3f}"
+        if isinstance(lo, float) and math.isfinite(lo):
+            s += f" [{np.exp(lo):.3f}, {np.exp(hi):.3f}]"
     return s
 
 
@@ -199,6 +200,36 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
             "not varied here" if not getattr(r, "varied", True) else _mult(r.effect, r.lo, r.hi) if r.estimable
             else "not estimable")
     return pd.DataFrame([{"component": k, **v} for k, v in piv.items()])
+
+
+def family_statement(a: StudyAnalysis) -> str:
+    """Which family the Findings verdicts control, and how (analysis/findings.py, verdict_family)."""
+    n = verdict_family(a)["n"]
+    return (f"The verdicts are one family: the {n} gain/loss and scale-trend verdicts of this table, controlled by "
+            f"Holm's step-down method at family-wise error {1 - a.level:.0%} (a verdict stands only when its "
+            f"adjusted p is below {1 - a.level:.2g}); the intervals shown are the unadjusted {a.level:.0%} ones.")
+
+
+def paired_section(a: StudyAnalysis) -> list[str]:
+    """Findings per rung: each component's paired estimate (its arms against the same rung's arms that differ
+    in it alone, through the law's local inverse: the authors' convention) beside the scale model's value."""
+    p = a.paired
+    if p is None or not len(p) or not (p["pairs"] > 0).any():
+        return []
+    model = a.per_rung[a.per_rung["response"] == "ln_M"].set_index(["component", "rung"]) if len(a.per_rung) else None
+    rows = []
+    for comp, g in p.groupby("component", sort=False):
+        row = {"component": comp}
+        for r in g.itertuples():
+            m = model.loc[(comp, r.rung)] if model is not None and (comp, r.rung) in model.index else None
+            ms = (mult_text(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
+                  and bool(m.get("varied", True)) else "—")
+            row[f"{r.rung}"] = (f"paired {mult_text(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
+                                else f"no same-rung pair · model {ms}")
+        rows.append(row)
+    return ["Per rung, quality M_flop paired (each arm against the same rung's arm that differs from it in this "
+            "component alone, through the law's local inverse — the per-rung convention of published ladders; "
+            "mean over such pairs) beside the scale model's smoothed value.", "", md_table(pd.DataFrame(rows)), ""]
 
 
 def verdict(est, lo, hi) -> str:
@@ -387,8 +418,10 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           + ("; never narrower than the between-seed interval of the per-seed estimates"
              if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
-          "not estimable; qualifiers: what each verdict rests on (details under Warnings).", "",
-          *_findings_with_notes(a)] + _per_decade_note(a) + _coding_line(a, raw)
+          "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
+          "qualifiers: what each verdict rests on (details under Warnings).", "",
+          *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + _coding_line(a, raw)
+    L += paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:

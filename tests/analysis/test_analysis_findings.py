@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.findings import (
+    boot_disagrees,
     finding,
     interval_fails,
     recommended_total,
@@ -121,11 +122,12 @@ def test_six_runs_give_intervals_and_a_verdict():
     assert "[" in f.loc[0, "quality M_flop"] and "not estimable" not in f.loc[0, "quality M_flop"]
 
 
-def test_interval_fails_on_zero_width_and_a_bootstrap_excluding_its_estimate():
+def test_interval_fails_on_zero_width_and_a_bootstrap_excluding_its_estimate_is_a_diagnostic_not_a_veto():
     assert interval_fails(0.53, 0.53, 0.53).startswith("not estimable")
     assert interval_fails(0.53, np.nan, np.nan).startswith("not estimable")
-    assert "excludes" in interval_fails(0.17, 0.0, 0.3, 0.18, 0.2)
-    assert interval_fails(0.17, 0.0, 0.3, 0.1, 0.2) == ""
+    assert interval_fails(0.17, 0.0, 0.3) == ""
+    assert "excludes the estimate" in boot_disagrees(0.17, 0.18, 0.2)
+    assert boot_disagrees(0.17, 0.1, 0.2) == ""
 
 
 def test_lone_arm_throughput_findings_lead_with_the_observed_total():

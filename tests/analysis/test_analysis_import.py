@@ -1,6 +1,8 @@
 """`marin-ablate import FILE` (analysis/importer.py): a CSV round-trips into a study folder the analysis
 reads, and every bad cell is refused with one line naming its row and column, before anything is written."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -48,7 +50,7 @@ def test_import_round_trips_into_the_same_multipliers(tmp_path, capsys):
     np.testing.assert_allclose(a[cols].to_numpy(float), b[cols].to_numpy(float), rtol=1e-9)
 
 
-def test_changes_column_and_params_tokens_give_the_same_runs(tmp_path):
+def test_changes_column_and_params_tokens_give_the_same_runs(tmp_path, capsys):
     rows = [{"arm": "base", "rung": "s", "changes": "", "params": 1e8, "tokens": 2e9, "loss": 3.1},
             {"arm": "+xsa", "rung": "s", "changes": "xsa", "params": 1e8, "tokens": 2e9, "loss": 3.0},
             {"arm": "+opt", "rung": "s", "changes": "optimizer=hyperball", "params": 1e8, "tokens": 2e9, "loss": 2.9}]
@@ -56,8 +58,11 @@ def test_changes_column_and_params_tokens_give_the_same_runs(tmp_path):
     pd.DataFrame(rows).to_csv(src, index=False)
     assert main(["import", str(src)]) == 0
     t = collect(tmp_path / "c", write=False).set_index("arm")
-    assert t.loc["+xsa", "xsa"] == "xsa" and t.loc["+xsa", "optimizer"] == "adamw" and t.loc["base", "xsa"] == "none"
+    # a level the file does not name is never relabelled as the registry's baseline level: it says so instead
+    assert t.loc["+xsa", "xsa"] == "xsa" and t.loc["+xsa", "optimizer"] == "baseline" and t.loc["base", "xsa"] == "baseline"
     assert t.loc["+opt", "optimizer"] == "hyperball"
+    assert "the baseline arm's optimizer is not named in the file; recorded as 'baseline', not as the registry's " \
+           "'adamw'" in capsys.readouterr().out
     np.testing.assert_allclose(t["train_flops"].to_numpy(float), 6 * 1e8 * 2e9)
 
 
@@ -137,3 +142,27 @@ def test_json_rows_with_a_factors_object_and_a_failed_run(tmp_path):
     assert t.loc[("x", 0), "xsa"] == "xsa" and t.loc[("base", 0), "eval_macro_loss"] == pytest.approx(3.1)
     src.write_text(json.dumps([{**rows[0], "factors": ["none"]}]))
     assert main(["import", str(src), "--out", str(tmp_path / "u")]) == 2
+
+
+def test_a_registered_factor_is_coded_by_the_levels_the_file_holds(tmp_path, capsys):
+    """Marin's AdamH baseline typed as optimizer=adamh (not the registry's adamw): adamh is coded −1, hyperball +1,
+    with a one-line note, and no run is dropped as a third level."""
+    rows = [{"arm": a, "rung": r, "flops": c, "loss": v, "optimizer": lv}
+            for r, c in (("s", 1e18), ("m", 4e18)) for a, lv, v in (("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
+    src = tmp_path / "m.csv"
+    pd.DataFrame(rows).to_csv(src, index=False)
+    assert main(["import", str(src)]) == 0
+    assert ("note: optimizer: coded by the levels in the file, adamh (−1, the baseline arm's) and hyperball (+1); "
+            "the registry's are adamw and hyperball") in capsys.readouterr().out
+    t = collect(tmp_path / "m", write=False)
+    coding = json.loads(t["coding"].iloc[0])["optimizer"]
+    assert (coding["low"], coding["high"]) == ("adamh", "hyperball") and len(t) == 4
+
+
+def test_a_third_level_is_named_at_import(tmp_path, capsys):
+    rows = [{"arm": a, "rung": "s", "flops": 1e18, "loss": v, "optimizer": lv}
+            for a, lv, v in (("adamw", "adamw", 3.3), ("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
+    src = tmp_path / "t.csv"
+    pd.DataFrame(rows).to_csv(src, index=False)
+    assert main(["import", str(src)]) == 0
+    assert "note: optimizer: level(s) adamh (1 run(s)) beyond the two coded (adamw, hyperball)" in capsys.readouterr().out

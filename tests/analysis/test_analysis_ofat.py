@@ -28,11 +28,13 @@ def _ofat(rungs, seeds=1, design=STAR, seed=0, **kw):
 
 
 def _hand(df, factor, rung, linf, A, alpha):
-    """M = C_eq / C with C_eq = ((L̄ − L∞)/A)^(−1/α): L̄ the arm's mean loss, C its (geometric mean) compute."""
+    """M = C_eq / C paired by rung: C_eq = C_b·((L̄ − L∞)/(L̄_b − L∞))^(−1/α), the law recentred on the same
+    rung's baseline (mean loss L̄_b, compute C_b); L̄ the arm's mean loss, C its (geometric mean) compute. A drops out."""
     arm = "".join("+" if f == factor else "-" for f in F)
-    cell = df[(df["arm"] == arm) & (df["rung"] == rung)]
+    cell, base = (df[(df["arm"] == a) & (df["rung"] == rung)] for a in (arm, "---"))
     L, C = cell["eval_macro_loss"].mean(), np.exp(np.log(cell["train_flops"]).mean())
-    return ((L - linf) / A) ** (-1 / alpha) / C
+    Lb, Cb = base["eval_macro_loss"].mean(), np.exp(np.log(base["train_flops"]).mean())
+    return Cb * ((L - linf) / (Lb - linf)) ** (-1 / alpha) / C
 
 
 def _row(a, factor, rung):
@@ -168,8 +170,9 @@ def test_intervals_cover_the_true_single_change_multiplier():
 
 
 def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance():
-    """With L∞, α, A pinned only the arm's mean loss is uncertain: se ln M = s/(α·(L̄ − L∞)·√n), s² the
-    baseline's squared residuals about the law plus every other cell's replicate scatter, over their df."""
+    """With L∞, α, A pinned only the two mean losses of the pair are uncertain: se ln M =
+    s/α·√(1/(n·g²) + 1/(n_b·g_b²)), g = L̄ − L∞ (arm), g_b (the same rung's baseline), s² the baseline's squared
+    residuals about the law plus every other cell's replicate scatter, over their df."""
     from scipy import stats
 
     df = _ofat(RUNGS4, seeds=2)
@@ -185,7 +188,9 @@ def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance
         arm = "".join("+" if g == f else "-" for g in F)
         for r in RUNGS4:
             L = df[(df["arm"] == arm) & (df["rung"] == r)]["eval_macro_loss"]
-            se = s / (LAW["alpha"] * (L.mean() - LAW["linf"]) * np.sqrt(len(L)))
+            Lb = df[(df["arm"] == "---") & (df["rung"] == r)]["eval_macro_loss"]
+            se = s / LAW["alpha"] * np.sqrt(1 / (len(L) * (L.mean() - LAW["linf"]) ** 2)
+                                            + 1 / (len(Lb) * (Lb.mean() - LAW["linf"]) ** 2))
             row = _row(a, f, r)
             np.testing.assert_allclose(np.log(row["M_hi"] / row["M"]), stats.t.ppf(0.975, dof) * se, rtol=1e-9)
 
@@ -201,3 +206,77 @@ def test_a_single_change_with_a_published_law_is_read_as_ofat(tmp_path, capsys):
                  "--out", str(tmp_path / "rep")]) == 0
     got = pd.read_csv(tmp_path / "rep" / "ofat.csv")
     np.testing.assert_allclose(got["M"], [_hand(df, "xsa", r, **LAW) for r in RUNGS2], rtol=1e-9)
+
+
+#: Marin's published ladders (marin-community/marin issues 5230 and 5596, Paloma macro loss; the README's law
+#: L = 1.6 + 95.18·C^(−0.0941)): the baseline AdamH arm and one change per ladder, one run per cell.
+MARIN_LAW = dict(pin_linf=1.6, pin_alpha=0.0941, pin_A=95.18)
+MARIN_NO_QK = [("baseline", "fixed_1.3", "d512", 2.19e17, 3.8104), ("no-qk-norm", "none", "d512", 2.19e17, 3.8332),
+               ("baseline", "fixed_1.3", "d768", 1.70e18, 3.4339), ("no-qk-norm", "none", "d768", 1.70e18, 3.4232)]
+MARIN_MUONH = [(arm, lv, r, c, loss) for r, c, lb, lm in (("d512", 2.19e17, 3.8104, 3.7542), ("d768", 1.70e18, 3.4339, 3.3988),
+                                                          ("d1024", 9.00e18, 3.1605, 3.1357), ("d1280", 2.83e19, 3.0065, 2.9888))
+               for arm, lv, loss in (("adamh", "adamh", lb), ("muonh", "hyperball", lm))]
+
+
+def _marin_csv(path, rows, factor):
+    pd.DataFrame([{"arm": a, "rung": r, "flops": c, "loss": v, factor: lv} for a, lv, r, c, v in rows]).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("rows,factor,want", [(MARIN_NO_QK, "qk_norm", [0.897, 1.064]),
+                                              (MARIN_MUONH, "optimizer", [1.315, 1.228, 1.186, 1.144])])
+def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_through_ofat(tmp_path, capsys, rows,
+                                                                                          factor, want):
+    """Each arm against its own rung's baseline through the pinned law: the authors' numbers to 3 digits."""
+    from sweeps.cli import main
+
+    src = _marin_csv(tmp_path / "marin.csv", rows, factor)
+    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["analyze", str(tmp_path / "study"), "--design", "ofat", *sum(([f"--{k.replace('_', '-')}", str(v)]
+                                                                               for k, v in MARIN_LAW.items()), []),
+                 "--out", str(tmp_path / "rep")]) == 0
+    got = pd.read_csv(tmp_path / "rep" / "ofat.csv").sort_values("compute")
+    np.testing.assert_allclose(got["M"], want, atol=5e-4)
+    assert np.isfinite(got["M_lo"]).all() and (got["M_lo"] < got["M"]).all() and (got["M"] < got["M_hi"]).all()
+
+
+def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_numbers_in_findings(tmp_path):
+    """One import, one analyze (the factorial path, L∞ and α pinned to the authors' law): Findings carry the
+    paired per-rung estimate 1.315 / 1.228 / 1.186 / 1.144 beside the model's smoothed one."""
+    from sweeps.cli import main
+
+    src = _marin_csv(tmp_path / "muonh.csv", MARIN_MUONH, "optimizer")
+    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["analyze", str(tmp_path / "study"), "--pin-linf", "1.6", "--pin-alpha", "0.0941",
+                 "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    findings = md[md.index("## Findings"):md.index("## Warnings")]
+    row = next(ln for ln in findings.splitlines() if ln.startswith("| optimizer | paired"))
+    got = [float(c.split("paired ")[1].split()[0]) for c in row.split("|")[2:-1]]
+    np.testing.assert_allclose(got, [1.315, 1.228, 1.186, 1.144], atol=5e-4)
+
+
+def test_the_observed_total_carries_the_laws_own_uncertainty():
+    """TOTAL two ways: the all-on vs all-off pair of a rung through the joint law's local inverse, its variance
+    the two mean losses' scatter plus what the law's L∞ and α carry (the larger of HC3 and model-based)."""
+    from analysis.checks import paired_quality
+    from analysis.ofat import paired_ln_m
+    from analysis.pipeline import analyze_table
+
+    df = _ofat(RUNGS4, seeds=2, design=np.array([[-1, -1, -1], [1, 1, 1], [1, -1, -1], [-1, 1, 1]], float))
+    a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)
+    jf, t = a.joint["power"], a.table
+    s = float(np.sqrt(jf.resid @ jf.resid / jf.dof))
+    at = (t["rung"] == "r2").to_numpy()
+    X = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    on, off = np.flatnonzero(at & (X == 1).all(1)), np.flatnonzero(at & (X == -1).all(1))
+    est, se = paired_quality(a, on, off, s)
+    L, C = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)
+    want, g_law, g_m = paired_ln_m(L[on].mean(), np.log(C[on]).mean(), L[off].mean(), np.log(C[off]).mean(),
+                                   jf.linf, jf.alpha)
+    cov, cov_model = jf.law_block()
+    v_law = max(g_law @ cov @ g_law, g_law @ cov_model @ g_law)
+    assert est == pytest.approx(want, rel=1e-12) and v_law > 0
+    assert se**2 == pytest.approx(s**2 * (g_m[0] ** 2 / len(on) + g_m[1] ** 2 / len(off)) + v_law, rel=1e-9)
+    ch = a.checks[(a.checks["response"] == "ln_M") & (a.checks["rung"] == "r2")].iloc[0]
+    assert ch["observed"] == pytest.approx(est, rel=1e-12) and ch["obs_se"] == pytest.approx(se, rel=1e-12)
