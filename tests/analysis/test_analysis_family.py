@@ -74,6 +74,7 @@ def _null_false_verdicts(D, nr, seed):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~8 minutes of one core for the smoke design, more on a loaded machine
 @pytest.mark.parametrize("design,nr,seed0", [("fraction_7_1", 3, 7000), ("smoke", 4, 7100)])
 def test_under_a_null_truth_at_most_5_percent_of_studies_show_any_false_verdict(design, nr, seed0):
     """100 null studies per design (nothing does anything; H100 throughput, so every response is a verdict):
