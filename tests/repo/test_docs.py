@@ -26,7 +26,9 @@ def _sections(doc: Path) -> tuple[set[str], set[str]]:
     text = doc.read_text()
     ids = set(re.findall(r"^#+ §([0-9.]+)", text, re.M)) | set(re.findall(r"\*\*§([0-9.]+)", text))
     titles = {t.strip() for t in re.findall(r"^#+ (?:§[0-9.]+ )?(.+)$", text, re.M)}
-    titles |= set(re.findall(r"^\*([^*\n]+)\*", text, re.M))  # italic paragraph labels: "*Joint law* (...)."
+    titles |= {t.split(" (")[0] for t in titles}  # a heading cited without its parenthetical: "Memory"
+    # italic paragraph labels, also as list items: "*Joint law* (...).", "- *Which family ... control.*"
+    titles |= set(re.findall(r"^(?:- )?\*([^*\n]+?)\.?\*", text, re.M))
     titles |= {t.strip() for t in re.findall(r"^\| ([^|\n]+?) \|", text, re.M)}  # table rows: docs/fidelity.md "KV layout"
     return ids, titles
 
