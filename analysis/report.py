@@ -369,11 +369,33 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     return "\n".join(L)
 
 
+# The report runs no script and loads nothing but its own figures: a name imported from someone else's
+# table cannot run code in the reader's browser even if it slipped past the escaping below.
+CSP = "default-src 'none'; script-src 'none'; object-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'"
+
+
+def render_html(md_text: str, title: str) -> str:
+    """report.html from report.md: raw HTML in the Markdown (a `<script>` or `<img onerror=…>` in an arm,
+    factor or rung name, a note, a warning) is written as text, never as markup."""
+    import html as html_lib
+
+    import markdown
+
+    conv = markdown.Markdown(extensions=["tables"])
+    conv.preprocessors.deregister("html_block")  # no block of raw HTML passes through
+    conv.inlinePatterns.deregister("html")  # nor an inline tag: '<' and '>' are escaped as text
+    body = conv.convert(md_text)
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<title>{html_lib.escape(title)}</title><style>"
+            "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
+            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
+            "</body></html>")
+
+
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
                  title: str = "study", figures: bool = True, command: str | None = None) -> tuple[Path, Path]:
     """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png."""
-    import markdown
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}
@@ -383,10 +405,6 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
         figs = all_figures(a, raw, out_dir / "figures")
     md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
     atomic_write_text(out_dir / "report.md", md)
-    body = markdown.markdown(md, extensions=["tables"])
-    html = ("<!doctype html><html><head><meta charset='utf-8'><title>" + title + "</title><style>"
-            "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
-            "</body></html>")
+    html = render_html(md, title)
     atomic_write_text(out_dir / "report.html", html)
     return out_dir / "report.md", out_dir / "report.html"
