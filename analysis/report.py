@@ -17,6 +17,7 @@ from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
 from analysis.responses import RESPONSES
+from analysis.results import factor_coding
 from marin.schema import atomic_write_text
 
 DEFINITIONS = (
@@ -50,12 +51,20 @@ def md_table(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
+def _exp(x: float) -> str:
+    """exp(x) as a multiplier; an estimate past float range (a degenerate fit) reads as such, not a crash."""
+    try:
+        return f"{math.exp(x):.3f}"
+    except OverflowError:
+        return "> 1e308"
+
+
 def _mult(est, lo, hi) -> str:
     if not (isinstance(est, float) and math.isfinite(est)):
         return "not estimable"
-    s = f"{math.exp(est):.3f}"
+    s = _exp(est)
     if isinstance(lo, float) and math.isfinite(lo):
-        s += f" [{math.exp(lo):.3f}, {math.exp(hi):.3f}]"
+        s += f" [{_exp(lo)}, {_exp(hi)}]"
     return s
 
 
@@ -179,6 +188,7 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
     def uniq(col):
         return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
 
+    coding = factor_coding(raw) if "coding" in raw else {}
     try:
         from importlib.metadata import version
 
@@ -188,7 +198,9 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
     return [f"- command: `{command or 'analyze_table (library call)'}`",
             f"- code version of the runs: {uniq('code_version')}; analysis package {ver}",
             f"- seeds: {uniq('seed')}; hardware: {uniq('hardware')}",
-            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}"]
+            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}",
+            "- coding: " + ("; ".join(f"{f}: +1 = {hi}, −1 = {lo}" for f, (lo, hi) in coding.items()
+                                      if f in a.factors) or "unknown")]
 
 
 def _domains(raw: pd.DataFrame) -> list[str]:

@@ -183,6 +183,7 @@ class FactorCoding:
     high: str | None = None
     truth: Mapping[str, float] | None = None
     regime: bool = False  # a condition (e.g. tokens per parameter) the report shows each component under
+    values: Mapping[str, Any] | None = None  # level name -> the config value it sets (checked against spec.json)
 
     @property
     def code(self) -> int | None:
@@ -195,6 +196,8 @@ class FactorCoding:
             d["truth"] = dict(self.truth)
         if self.regime:
             d["regime"] = True
+        if self.values:
+            d["values"] = dict(self.values)
         return d
 
 
@@ -237,8 +240,16 @@ class RunMeta:
             if not isinstance(level, str) or not isinstance(c, dict):
                 raise ValueError(f"factor {name!r}: its level must be a string and its coding an object")
             _check_truth(name, c.get("truth"))
-            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),
-                                        c.get("regime") is True))
+            values = c.get("values")
+            if values is not None and (not isinstance(values, dict) or not set(values) <= {c.get("low"), c.get("high")}):
+                raise ValueError(f"coding.{name}.values is {values!r}; allowed values: an object of its low and high "
+                                 "level -> the config value each sets")
+            f = FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),
+                             c.get("regime") is True, values)
+            if "code" in c and c["code"] != f.code:  # the file contradicts itself: which half is right is unknown
+                raise ValueError(f"coding.{name}.code is {c['code']!r} but level {level!r} is coded {f.code!r} "
+                                 f"(low {f.low!r}, high {f.high!r}); allowed values: a code that matches the level")
+            factors.append(f)
         known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
                    {k: v for k, v in d.items() if k not in known})

@@ -171,6 +171,26 @@ def test_a_bad_bpe_vocab_is_one_clear_line_before_the_source_is_read(tmp_path, c
     assert f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer in 257..1048576" in _one_error_line(capsys)
 
 
+def test_an_object_offsets_npy_with_a_rehashed_manifest_is_refused_naming_the_file(source, tmp_path, capsys):
+    out = tmp_path / "out"
+    _prepare(source, out)
+    m = json.loads((out / "manifest.json").read_text())
+    f = out / m["shards"][0]["offsets_path"]
+    offsets = np.load(f)
+    np.save(f, np.array(list(offsets), dtype=object), allow_pickle=True)  # loading it would unpickle
+    m["shards"][0]["offsets_sha256"] = prep.sha256_file(f)  # consistent hashes: only the dtype check can catch it
+    (out / "manifest.json").write_text(json.dumps(m))
+    shards._VERIFIED.clear()
+    with pytest.raises(ValueError, match=re.escape(str(f)) + r": not an integer \.npy array \(Object arrays"):
+        shards.PreparedCorpus(out)
+    np.save(f, offsets.astype(np.float64))  # numbers, but not integers
+    m["shards"][0]["offsets_sha256"] = prep.sha256_file(f)
+    (out / "manifest.json").write_text(json.dumps(m))
+    shards._VERIFIED.clear()
+    with pytest.raises(ValueError, match=re.escape(str(f)) + r": holds a float64 array"):
+        shards.PreparedCorpus(out)
+
+
 def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     """name -> (folder, a regex of what the error says)"""
     cases = {}
