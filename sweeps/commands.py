@@ -254,11 +254,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     from sweeps.executors import get_executor
     from sweeps.progress import rung_prior
-    from sweeps.sweep import planned_runs
+    from sweeps.sweep import check_specs, planned_runs
 
     d = study.describe()
     opts = _exec_options(args, study)
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
     slots = get_executor(opts.executor).slots(opts)

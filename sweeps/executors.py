@@ -493,6 +493,7 @@ def squeue_ids() -> set[str] | None:
 
 class DebugExecutor:
     name, waits, shows_jobs = "debug", False, False
+    trains_here = True  # its runs train on this machine: their device must exist here
 
     def validate(self, opts: ExecOptions) -> None:
         pass
@@ -534,6 +535,7 @@ class SlurmExecutor:
     """sbatch job arrays through submitit; `queued` reads squeue once per call."""
 
     name, waits, shows_jobs = "slurm", True, True
+    trains_here = False
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

@@ -93,12 +93,30 @@ class StopFlag:
         self.previous = {}
 
 
-def _device(t: TrainConfig) -> torch.device:
-    if t.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
-    if not (t.device == "cpu" or t.device.startswith("cuda")):
+def _device(t: TrainConfig, here: bool = True) -> torch.device:
+    """The run's device; `here`: it exists on this machine (a study whose runs train elsewhere, in SLURM
+    jobs, checks the name only)."""
+    dev, sep, index = t.device.partition(":")
+    if dev not in ("cpu", "cuda") or (dev == "cpu" and sep) or (sep and not index.isdigit()):
         raise ValueError(f"TrainConfig.device={t.device!r} is not supported; allowed values: 'cpu', 'cuda', 'cuda:N'")
+    if here and dev == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
+    if here and index and int(index) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"TrainConfig.device={t.device!r} but this machine has {n} CUDA device(s); allowed values "
+                         f"here: 'cuda', {', '.join(f'cuda:{i}' for i in range(n))}")
     return torch.device(t.device)
+
+
+def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.device, list[Stage]]:
+    """Every check `train` makes of a spec before it writes anything: the data paths and domains, the
+    device (on this machine when `here`), the context stages. `run`, `plan` and `tune` call it for every
+    run of a study before anything is launched, so a setting `train` refuses is refused there too."""
+    if not isinstance(spec, RunSpec):
+        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
+    t = spec.train.effective()
+    validate_data(spec.data)
+    return t, _device(t, here), context_plan(spec)
 
 
 def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
@@ -441,13 +459,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     Launched with a world size > 1 every rank calls this; all return the summary. `keep_checkpoints`
     (ckpt.RETENTION): "final" keeps a completed run's newest checkpoint only, "all" never prunes."""
     t0 = time.perf_counter()
-    if not isinstance(spec, RunSpec):
-        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
-    t = spec.train.effective()
+    t, device, stages = check_spec(spec)
     run_dir = Path(run_dir)
-    validate_data(spec.data)
-    device = _device(t)
-    stages = context_plan(spec)
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after={stop_after} must be >= 1")
     check_log_to(tuple(log_to))
