@@ -195,8 +195,11 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
         ver = version("marin-ablate")
     except Exception:  # not installed: the analysis still runs from a checkout
         ver = "unknown"
+    mixed = (raw[["run_id", "code_versions"]].dropna() if "code_versions" in raw else pd.DataFrame())
     return [f"- command: `{command or 'analyze_table (library call)'}`",
-            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}",
+            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}"
+            + (f"; {len(mixed)} run(s) resumed under changed code, their steps trained by more than one version: "
+               + ", ".join(f"{r} ({v})" for r, v in mixed.itertuples(index=False)) if len(mixed) else ""),
             f"- seeds: {uniq('seed')}; hardware: {uniq('hardware')}",
             f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}",
             "- coding: " + ("; ".join(f"{f}: +1 = {hi}, −1 = {lo}" for f, (lo, hi) in coding.items()

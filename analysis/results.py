@@ -149,6 +149,9 @@ def _row(run_dir: Path) -> dict:
         row[f"loss_{dom}"] = loss
     for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items():
         row[f"bpb_{dom}"] = bpb
+    versions = summ.extra.get("code_versions")
+    if isinstance(versions, list) and len(versions) > 1:  # resumed under other code: its steps mix versions
+        row["code_versions"] = " → ".join(map(str, versions))
     data = spec.get("data") or {}  # what the run trained and was evaluated on (the report names it)
     row["data_corpus"], row["data_eval_dir"] = data.get("corpus"), data.get("eval_dir") or None
     row["random_stream"] = random_stream(spec)

@@ -61,6 +61,7 @@ class LoopState:
     last_loss: float | None = None
     last_eval: dict | None = None
     data: dict | None = None  # the sharded loader's state (prepared corpora): checked on resume
+    code_versions: list = field(default_factory=list)  # [code version, first step it trained], each session's
 
 
 class StopFlag:
@@ -220,6 +221,7 @@ class Trainer:
                 self.metrics.recover(self.st.step)
             self.resumed, self.resumed_from, self.saved_step = True, ck.name, self.st.step
             log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
+            self._note_code_version()
         else:
             if self.skipped:
                 log.warning("no checkpoint loads (%d skipped): starting fresh from step 0 with the initial "
@@ -232,7 +234,19 @@ class Trainer:
                         shutil.rmtree(p) if p.is_dir() else p.unlink()
                 self.metrics.reset()
             log.info("start %s: %s", self.spec.run_id, self.spec.canonical_json())
+            self._note_code_version()
         self.pd.barrier()
+
+    def _note_code_version(self) -> None:
+        """Record the code version of this session; a resume under other code is warned about (the run's
+        steps then come from more than one version: summary.json lists them all, the report shows it)."""
+        now = code_version()
+        seen = self.st.code_versions
+        if seen and seen[-1][0] != now:
+            log.warning("code changed since the checkpoint: %s trained steps %d-%d with %s, continues at step %d "
+                        "with %s", self.spec.run_id, seen[-1][1], self.st.step - 1, seen[-1][0], self.st.step, now)
+        if not seen or seen[-1][0] != now:
+            seen.append([now, self.st.step])
 
     def checkpoint(self, now: bool = False) -> None:
         """Checkpoint the state after the last step. The previous background write is committed first;
@@ -423,7 +437,8 @@ class Trainer:
             started_at=time.time() - (st.wall_s + (time.perf_counter() - self.t0)),
             extra={"eval_domain_bpb": ev.get("eval_domain_bpb"), "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr,
                    "optimizer": hp.level, "data": self.data.provenance, "resumed_from": self.resumed_from,
-                   "checkpoints_skipped": list(self.skipped)},
+                   "checkpoints_skipped": list(self.skipped),
+                   "code_versions": [v for v, _ in st.code_versions] or [code_version()]},
         )
 
 
