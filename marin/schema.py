@@ -69,15 +69,48 @@ class DamagedFile(ValueError):
     """A run file exists but cannot be read as a JSON object (torn, foreign or corrupted)."""
 
 
+#: Bounds on every JSON text the harness reads (run files, manifests, imports, metrics lines): past them
+#: a file is refused with a message, never a traceback (Python's int-digit limit raises a bare
+#: ValueError, deep nesting a RecursionError) and never a multi-minute parse.
+JSON_MAX_BYTES = 256 << 20
+JSON_MAX_INT_DIGITS = 100
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > JSON_MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits; allowed values: at most {JSON_MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def loads_json(text: str | bytes) -> Any:
+    """json.loads with integers of at most JSON_MAX_INT_DIGITS digits and nesting Python can read;
+    anything else is a ValueError with one line (json.JSONDecodeError is one too)."""
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError("nested too deeply (more levels than Python's recursion limit)") from None
+
+
+def read_json_text(path: str | Path) -> Any:
+    """The JSON value in the file at `path` (at most JSON_MAX_BYTES); ValueError naming nothing but the
+    fault (callers name the file), FileNotFoundError when absent."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > JSON_MAX_BYTES:
+            raise ValueError(f"{size:,} bytes; allowed values: at most {JSON_MAX_BYTES:,} bytes")
+        raw = f.read()
+    return loads_json(raw.decode("utf-8"))
+
+
 def read_json(path: str | Path, *, strict: bool = False) -> dict | None:
     """The JSON object at `path`; None when absent. A damaged file reads as None (a torn write from a
     killed process that did not use atomic writes), or raises DamagedFile naming it when `strict`."""
     try:
-        with open(path) as f:
-            out = json.load(f)
+        out = read_json_text(path)
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         if strict:
             raise DamagedFile(f"cannot read {path}: {e}") from None
         return None

@@ -525,6 +525,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
     if len(failed) > args.limit and not args.all:
         print(f"... {len(failed) - args.limit} more failed runs (--all lists every run)")
+    for r in st["runs"]:  # counted with the unfinished runs (`run` trains them again), named here
+        if r["damaged"]:
+            print(f"damaged {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}, {r['state']}): {r['damaged']}; "
+                  "the next `run` trains it again")
     return 0
 
 

@@ -11,7 +11,6 @@ Everything here reads run directories only (spec.json, metrics.jsonl tail, summa
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
-from marin.schema import read_json
+from marin.schema import loads_json, read_json
 from sweeps.costmodel import CostModel, Estimate, mark_cold, prior_from, read_cache, spec_flops
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
@@ -37,7 +36,7 @@ def last_train_record(metrics_path: str | Path) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
         except ValueError:  # the first, cut line of the tail, or a line being written
             continue
         if isinstance(rec, dict) and "loss" in rec and "eval_macro_loss" not in rec:

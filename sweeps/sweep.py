@@ -250,7 +250,7 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
     statuses = state.survey(r.dir for r in runs)
     rows = [{"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
-             "state": st.state, "error": st.error,
+             "state": st.state, "error": st.error, "damaged": st.damaged,
              "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
              "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses)]
     return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),

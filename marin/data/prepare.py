@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from marin.data.tokenizer import tokenizer_info
-from marin.schema import atomic_write_bytes, atomic_write_json, sha256_file
+from marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
 FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -436,8 +436,8 @@ def _read_job(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        job = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        job = read_json_text(path)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable JSON file ({e}); delete the folder and prepare again") from None
     if not isinstance(job, dict) or not isinstance(job.get("tokenizer"), dict):
         raise ValueError(f"{path}: not a preparation record; delete the folder and prepare again")
@@ -480,8 +480,8 @@ def read_manifest(path: str | Path) -> dict:
         raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
                          "run `marin-ablate data prepare SOURCE --tokenizer PATH --out DIR` first")
     try:
-        manifest = json.loads(m.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = read_json_text(m)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{m}: not a readable JSON file ({e}); prepare the corpus again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin.schema import atomic_write_text
+from marin.schema import atomic_write_text, read_json_text
 from marin.train import files as run_files
 from marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
 
@@ -419,10 +419,10 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
 def read_meta(ck: Path, run_id: str) -> dict:
     """meta.json of a checkpoint, checked for format and run identity before any tensor is read."""
     try:
-        meta = json.loads((ck / META).read_text(encoding="utf-8"))
+        meta = read_json_text(ck / META)
     except FileNotFoundError:
         raise CheckpointError(f"{ck.name}: no {META} (an unfinished write)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{ck.name}: {META} is unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
         raise CheckpointError(f"{ck.name}: {META} is not a format-{FORMAT} checkpoint record")

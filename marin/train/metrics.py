@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from marin.config import RunSpec
-from marin.schema import atomic_write_text
+from marin.schema import atomic_write_text, loads_json
 
 log = logging.getLogger("marin.train")
 
@@ -25,7 +25,7 @@ LOSS_CURVE_POINTS = 200
 
 def _parse(line: bytes) -> dict | None:
     try:
-        rec = json.loads(line.decode("utf-8"))
+        rec = loads_json(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
