@@ -120,8 +120,10 @@ def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> A
     for f in files:
         if f.stat().st_size == 0:
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
+        if kind == "json":  # Arrow's JSON reader keeps invalid UTF-8 (failing later, naming no file) and
+            _check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
     try:
-        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
+        ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
         names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
         while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
@@ -129,6 +131,43 @@ def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> A
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
                          f"{text_column!r} column and one schema across files") from None
+    feature = ds.features.get(text_column)
+    dtype = getattr(feature, "dtype", None)
+    if feature is not None and dtype not in ("string", "large_string", "null"):  # a number or object: no text
+        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
+        raise ValueError(f"{names}: column {text_column!r} holds {dtype or type(feature).__name__} values, not "
+                         "text; allowed values: a string in every row")
+    return ds
+
+
+def _check_json_file(f: Path, text_column: str) -> None:
+    """ValueError naming `f` when it is not UTF-8 (read in 1 MiB chunks), or when a row of its first MiB
+    holds a `text_column` that is not a string (Arrow keeps one type per file: the first rows tell)."""
+    import codecs
+    import gzip
+
+    dec, pos = codecs.getincrementaldecoder("utf-8")(), 0
+    with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
+        for chunk in [*iter(lambda: fh.read(1 << 20), b""), b""]:
+            try:
+                text = dec.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{f}: not UTF-8 text (byte {pos + e.start}); allowed: UTF-8 JSON lines") from None
+            if pos == 0 and ".jsonl" in f.name:
+                _check_text_rows(f, text.split("\n")[:-1] if chunk else text.split("\n"), text_column)
+            pos += len(chunk)
+
+
+def _check_text_rows(f: Path, lines: list[str], text_column: str) -> None:
+    for n, line in enumerate(lines[:1000], start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):
+            return  # Arrow's reader names a malformed line itself
+        v = row.get(text_column) if isinstance(row, dict) else None
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{f}: line {n}: column {text_column!r} holds {type(v).__name__} values, not text; "
+                             "allowed values: a string in every row")
 
 
 def load_source(cfg: PrepareConfig) -> Any:

@@ -201,7 +201,7 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     d = root / "binary"
     d.mkdir()
     (d / "a.jsonl").write_bytes(bytes(range(256)) * 8)
-    cases["binary"] = (d, "a.jsonl: cannot read as json")
+    cases["binary"] = (d, r"a.jsonl: not UTF-8 text \(byte 128\)")
     d = root / "binary_txt"
     d.mkdir()
     (d / "a.txt").write_bytes(b"ok\x00" + bytes(range(256)))
@@ -220,10 +220,22 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     (d / "a.jsonl").write_text(json.dumps({"body": "hello there", "n": 1}) + "\n")
     (d / "b.txt").write_text("plain text\n")
     cases["mixed_kinds"] = (d, r"text_column='text' is not a column of \S+/a\.jsonl; allowed values: body, n")
+    for name, value, says in (("text_int", 5, "int"), ("text_object", {"a": 1}, "dict")):
+        d = root / name
+        d.mkdir()
+        (d / "a.jsonl").write_text(json.dumps({"text": "hello there"}) + "\n")
+        (d / "b.jsonl").write_text(json.dumps({"text": value}) + "\n")  # one schema per file, not across them
+        cases[name] = (d, rf"/b\.jsonl: line 1: column 'text' holds {says} values, not text")
+    d = root / "latin1_jsonl"
+    d.mkdir()
+    (d / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
+    (d / "b.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
+    cases["latin1_jsonl"] = (d, r"/b\.jsonl: not UTF-8 text \(byte 13\)")
     return cases
 
 
-@pytest.mark.parametrize("case", ["empty", "binary", "binary_txt", "latin1_txt", "mixed", "mixed_kinds"])
+@pytest.mark.parametrize("case", ["empty", "binary", "binary_txt", "latin1_txt", "mixed", "mixed_kinds", "text_int",
+                                  "text_object", "latin1_jsonl"])
 def test_unreadable_source_files_are_one_clear_line_in_prepare_and_in_eval_folders(tmp_path, capsys, case):
     folder, says = _bad_sources(tmp_path)[case]
     rc = main(["data", "prepare", str(folder), "--tokenizer", "byte", "--out", str(tmp_path / "out")])
