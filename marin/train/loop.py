@@ -131,6 +131,21 @@ def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
                          "allowed values: context stages at the model's seq_len only")
 
 
+def _allocated(build: Any, spec: RunSpec, device: torch.device) -> Any:
+    """`build()`, with a model too large for the device's memory named as a setting, not a traceback."""
+    try:
+        return build()
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        text = str(e)
+        if not (isinstance(e, MemoryError) or "allocate" in text or "out of memory" in text):
+            raise
+        m = spec.model
+        why = next((ln.strip() for ln in text.splitlines() if "allocate" in ln or "memory" in ln), type(e).__name__)
+        raise ValueError(f"the model (ModelConfig.d_model={m.d_model}, n_layers={m.n_layers}, n_experts={m.n_experts}, "
+                         f"vocab_size={m.vocab_size}) does not fit in the memory of {device} ({why[:200]}); allowed "
+                         "values: a smaller model, or a device with more memory") from None
+
+
 class Trainer:
     """One run's model, optimizer, data and state; `run()` trains to the end or to a stop."""
 
@@ -149,7 +164,7 @@ class Trainer:
         torch.manual_seed(spec.seed + self.t.seed_offset())
         # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
         # global weights either way (layout-independent init)
-        self.model = model = build_train_model(spec, device, pd.groups)
+        self.model = model = _allocated(lambda: build_train_model(spec, device, pd.groups), spec, device)
         if pd.groups is not None:
             log.info("distributed:%s rank %d; FSDP2 sharded, mixed precision %s", pd.describe(), pd.rank,
                      t.mixed_precision)

@@ -105,12 +105,29 @@ def check_log_to(log_to: tuple[str, ...]) -> None:
     for name in log_to:
         if name not in LOG_TO:
             raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
+        if name == "wandb" and os.environ.get("WANDB_MODE") == "online" and not _wandb_key():
+            raise ValueError("--log-to wandb with WANDB_MODE=online needs an API key, and none is set (WANDB_API_KEY, "
+                             "or `wandb login`); allowed values: set WANDB_API_KEY, or WANDB_MODE=offline (sync later)")
         for module in SINK_MODULES[name]:
             try:
                 importlib.import_module(module)
             except Exception as e:  # noqa: BLE001 - any failure to import means the sink cannot work
                 raise ValueError(f"--log-to {name} needs the '{name}' extra, and {module} does not import here "
                                  f"({type(e).__name__}: {e}); install it with: pip install 'marin-ablate[{name}]'") from None
+
+
+def _wandb_key() -> bool:
+    """An API key wandb would find: WANDB_API_KEY, or the netrc entry `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 class Sinks:

@@ -74,3 +74,37 @@ def test_train_on_the_embedded_corpus_evaluates_an_eval_dir_domain_it_lacks(tmp_
                                      checkpoint_every=0, threads=1))
     out = train(spec, tmp_path / "run")
     assert out["status"] == "completed" and set(out["eval_domain_loss"]) == {"legal"}
+
+
+def test_wandb_online_without_a_key_is_one_line_before_the_run_folder_exists(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--set", "train.steps=1", "--out", str(out), "--log-to", "wandb"]) == 2
+    assert "--log-to wandb with WANDB_MODE=online needs an API key" in _one_line(capsys)
+    assert not out.exists()
+    assert main(["run", "smoke", "--out", str(tmp_path / "study"), "--log-to", "wandb"]) == 2
+    assert "needs an API key" in _one_line(capsys) and not (tmp_path / "study").exists()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: preset("tiny", ["capacity_fixed=1e308"]), r"ModelConfig.capacity_fixed=1e\+308 is out of range; allowed "
+                                                       r"values: a number in \(0, 1024\]"),
+    (lambda: __import__("ablations.factors").factors.Factor("w", field="model.window", levels={"a": 32, "b": 64},
+                                                             truth=0.5),
+     r"Factor 'w': truth=0.5; allowed values: a mapping of M_flop, R -> a multiplier > 0"),
+])
+def test_settings_that_overflowed_or_crashed_are_one_line_errors(make, says):
+    with pytest.raises(ValueError, match=says):
+        make()
+
+
+def test_a_model_too_large_for_memory_is_named_as_a_setting(tmp_path):
+    from marin.train import train
+
+    spec = RunSpec(model=preset("tiny", ["d_model=10000000"]), train=TrainConfig(steps=1, threads=1))
+    with pytest.raises(ValueError, match=r"the model \(ModelConfig.d_model=10000000, .*\) does not fit in the memory "
+                                         r"of cpu \(.*allocate"):
+        train(spec, tmp_path / "run")
+    assert not (tmp_path / "run" / "spec.json").exists()  # the folder is not claimed: a corrected run may use it
