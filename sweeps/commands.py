@@ -427,6 +427,22 @@ def analyze_study(study_dir: Path) -> int | None:
         return None
 
 
+def _status_hint(args: argparse.Namespace) -> str:
+    """The `status` command that finds this study's runs: the study as given (a registered name, or the
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds and --set."""
+    import shlex
+
+    cmd = ["marin-ablate", "status", args.study]
+    if args.out != DEFAULT_OUT:
+        cmd += ["--out", str(args.out)]
+    for flag, v in (("--rungs", args.rungs), ("--seeds", args.seeds)):
+        if v:
+            cmd += [flag, v]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    return shlex.join(cmd)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sweeps.executors import get_executor
     from sweeps.sweep import run_study
@@ -453,11 +469,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))
           + f"; results in {rep.study_dir}")
     if c["failed"]:
-        print(f"failed runs keep their error in summary.json; `marin-ablate status {study.name}` lists them; "
+        print(f"failed runs keep their error in summary.json; `{_status_hint(args)}` lists them; "
               "--retry-failed runs them again")
     if c["running"] or c["queued"]:
         print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
-              f"`marin-ablate status {study.name}` follows them")
+              f"`{_status_hint(args)}` follows them")
     for line in log_locations(rep.study_dir, parse_log_to(args.log_to)):
         print(line)
     if opts.wait and not args.no_analyze and c["completed"]:

@@ -103,8 +103,24 @@ def test_settings_that_overflowed_or_crashed_are_one_line_errors(make, says):
 def test_a_model_too_large_for_memory_is_named_as_a_setting(tmp_path):
     from marin.train import train
 
-    spec = RunSpec(model=preset("tiny", ["d_model=10000000"]), train=TrainConfig(steps=1, threads=1))
-    with pytest.raises(ValueError, match=r"the model \(ModelConfig.d_model=10000000, .*\) does not fit in the memory "
+    spec = RunSpec(model=preset("tiny", ["d_model=1000000000"]), train=TrainConfig(steps=1, threads=1))
+    with pytest.raises(ValueError, match=r"the model \(ModelConfig.d_model=1000000000, .*\) does not fit in the memory "
                                          r"of cpu \(.*allocate"):
         train(spec, tmp_path / "run")
     assert not (tmp_path / "run" / "spec.json").exists()  # the folder is not claimed: a corrected run may use it
+
+
+@pytest.mark.slow
+def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    (tmp_path / "mystudy.py").write_text("from ablations.studies import smoke\n\nstudy = smoke(rungs=('cpu_s32',))\n")
+    monkeypatch.chdir(tmp_path)
+    # every run fails at once in setup (its first tensor cannot be allocated)
+    args = ["mystudy.py:study", "--out", str(tmp_path / "out"), "--set", "model.d_model=1000000000"]
+    assert main(["run", *args, "--executor", "debug", "--no-analyze"]) == 1
+    out = capsys.readouterr().out
+    hint = out.split("failed runs keep their error in summary.json; `", 1)[1].split("`", 1)[0]
+    assert hint == "marin-ablate status " + shlex.join(args)
+    assert main(shlex.split(hint)[1:]) == 0
+    assert "failed " in capsys.readouterr().out
