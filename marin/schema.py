@@ -13,6 +13,7 @@ analysis layer can read runs with it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -43,8 +44,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC and e.filename is None:  # name the file
+            raise OSError(errno.ENOSPC, "disk full (no space left on device); free space there and run again",
+                          str(path)) from e
         raise
 
 

@@ -21,6 +21,7 @@ No end-of-document token is added: the packer marks document boundaries by docum
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -127,7 +128,12 @@ def _load_files(kind: str, files: list[Path], text_column: str, cache: str) -> A
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
         names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
         while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                break
             e = e.__cause__ or e.__context__
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # the cache's disk, not the source, is at fault
+            raise ValueError(f"disk full (no space left on device) while writing the datasets cache {cache} from "
+                             f"{names}; free space there, or prepare into another --out") from None
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
                          f"{text_column!r} column and one schema across files") from None
