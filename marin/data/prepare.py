@@ -28,6 +28,8 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,8 +340,18 @@ def prepare_shard(i: int) -> dict:
     return meta
 
 
+class _Terminated(KeyboardInterrupt):
+    signum = signal.SIGTERM
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def _init_worker(cfg: PrepareConfig, ds: Any, tok: dict) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # num_proc processes already fill the cores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool; a worker never prints a traceback
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER.clear()
     _WORKER.update(cfg=cfg, ds=ds, tok=tok)
 
@@ -468,9 +480,18 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
         else:
             # fork: the workers inherit the memory-mapped dataset; none has loaded a tokenizer yet
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            prev = signal.getsignal(signal.SIGTERM)
             with ctx.Pool(min(cfg.num_proc, len(todo)), initializer=_init_worker, initargs=(cfg, ds, tok)) as pool:
-                for meta in pool.imap_unordered(prepare_shard, todo):
-                    progress(meta)
+                # SIGTERM to the driver stops it as Ctrl-C does: the pool is terminated on the way out (its
+                # workers exit quietly), never left writing into a closed pipe; written shards are kept
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, _terminated)
+                try:
+                    for meta in pool.imap_unordered(prepare_shard, todo):
+                        progress(meta)
+                finally:
+                    if threading.current_thread() is threading.main_thread():
+                        signal.signal(signal.SIGTERM, prev)
     metas = [_shard_paths(out, i)["meta.json"] for i in range(n_shards)]
     if not all(m.is_file() for m in metas):
         return None

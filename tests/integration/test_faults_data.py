@@ -302,3 +302,24 @@ def test_prepare_killed_at_20_random_points_always_resumes_to_the_uninterrupted_
         _prepare(source, out, docs_per_shard=8)  # the rerun resumes whatever the kill left
         assert _corpus_bytes(out) == expected, (k, torn)
         shards.verify_corpus(out)
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_two_worker_prepare_stops_it_without_worker_tracebacks(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(4):
+        (src / f"{k}.jsonl").write_text("".join(json.dumps({"text": t * 4}) + "\n" for t in _docs(3000, seed=k)))
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "data", "prepare", str(src), "--tokenizer", "bpe:2000",
+                          "--num-proc", "2", "--docs-per-shard", "100", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((out / "shards").glob("*.meta.json")) and p.poll() is None:
+        time.sleep(0.2)  # SIGTERM while the workers write shards
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "marin-ablate data: interrupted (SIGTERM)"
