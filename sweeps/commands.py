@@ -259,7 +259,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     d = study.describe()
     opts = _exec_options(args, study)
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
-    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
     slots = get_executor(opts.executor).slots(opts)
@@ -268,6 +267,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
 
