@@ -73,7 +73,11 @@ class Factor:
         if not isinstance(self.regime, bool):
             raise ValueError(f"Factor {self.name!r}: regime={self.regime!r}; allowed values: True, False")
         if self.truth is not None:
-            t = dict(self.truth.items() if isinstance(self.truth, Mapping) else self.truth)
+            try:
+                t = dict(self.truth.items() if isinstance(self.truth, Mapping) else self.truth)
+            except (TypeError, ValueError):
+                raise ValueError(f"Factor {self.name!r}: truth={self.truth!r}; allowed values: a mapping of "
+                                 f"{', '.join(TRUTH_KEYS)} -> a multiplier > 0, e.g. {{'M_flop': 0.5}}") from None
             bad = [k for k in t if k not in TRUTH_KEYS]
             if not t or bad:
                 raise ValueError(f"Factor {self.name!r}: truth keys {bad or '(none)'}; allowed values: "

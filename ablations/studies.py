@@ -20,6 +20,7 @@ No torch import.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -137,8 +138,8 @@ class Study:
     def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
         """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
         every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
-        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict, f.regime)
-                       for f in self.factors)
+        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict, f.regime,
+                                    _level_values(f)) for f in self.factors)
         return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
 
     def runs(self, lr_multipliers: Mapping[str, float] | None = None,
@@ -252,6 +253,15 @@ SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optim
 _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
+
+
+def _level_values(f: Factor) -> dict | None:
+    """{level name: config value} as meta.json records it (None where a value is not JSON): the analysis
+    checks each run's level against the value its spec.json holds."""
+    try:
+        return json.loads(json.dumps(dict(f.levels)))
+    except (TypeError, ValueError):
+        return None
 
 
 def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256")) -> Study:

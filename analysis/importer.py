@@ -52,6 +52,9 @@ COLUMNS: dict[str, tuple[bool, str]] = {
 }
 STATUSES = ("completed", "failed")
 ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: Bounds of an import: the file read, and the run folders it writes (one per row, ~16 KB each).
+MAX_FILE_BYTES = 64 << 20
+MAX_ROWS = 10_000
 
 
 @dataclass
@@ -75,8 +78,23 @@ def _err(row: int | None, col: str, msg: str) -> ValueError:
     return ValueError(f"{where}: {msg}")
 
 
+def _show(v) -> str:
+    """A cell as an error message quotes it: a long one cut, its length given."""
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:40]}… ({len(str(v)):,} characters)"
+
+
+def _json_int(text: str) -> int | str:
+    """A JSON integer; one too long to convert stays text, refused by the row check that names its cell."""
+    return int(text) if len(text) <= 100 else text
+
+
 def read_rows(path: Path) -> list[dict]:
     """The file's rows as dicts of raw values (CSV: text; JSON: a list of objects, or {"runs": [...]})."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"FILE {str(path)!r} is {size:,} bytes; allowed values: at most {MAX_FILE_BYTES:,} bytes "
+                         "(split the table)")
     if path.suffix.lower() == ".csv":
         try:
             df = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -85,9 +103,10 @@ def read_rows(path: Path) -> list[dict]:
         return df.to_dict("records")
     if path.suffix.lower() == ".json":
         try:
-            d = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read {str(path)!r} as JSON: {e}") from None
+            d = json.loads(path.read_text(), parse_int=_json_int)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; deep nesting
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise ValueError(f"cannot read {str(path)!r} as JSON: {why}") from None
         rows = d.get("runs") if isinstance(d, dict) else d
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError(f"{str(path)!r}: allowed values: a JSON list of row objects, or {{\"runs\": [...]}}")
@@ -109,16 +128,16 @@ def _blank(v) -> bool:
 def _number(v, row: int, col: str, *, integer: bool = False) -> float:
     allowed = "an integer >= 0" if integer else "a finite number > 0"
     if isinstance(v, bool):
-        raise _err(row, col, f"{v!r} is not a number; allowed values: {allowed}")
+        raise _err(row, col, f"{_show(v)} is not a number; allowed values: {allowed}")
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise _err(row, col, f"{v!r} is not a number; allowed values: {allowed}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise _err(row, col, f"{_show(v)} is not a number; allowed values: {allowed}") from None
     if integer:
         if not (math.isfinite(x) and x >= 0 and x == int(x)):
-            raise _err(row, col, f"{v!r} is out of range; allowed values: {allowed}")
+            raise _err(row, col, f"{_show(v)} is out of range; allowed values: {allowed}")
     elif not (math.isfinite(x) and x > 0):
-        raise _err(row, col, f"{v!r} is out of range; allowed values: {allowed}")
+        raise _err(row, col, f"{_show(v)} is out of range; allowed values: {allowed}")
     return x
 
 
@@ -151,6 +170,12 @@ def validate(raw: list[dict]) -> Imported:
         raise _err(None, col, "missing; allowed values: a flops column, or params and tokens columns (the compute)")
     use_changes = "changes" in cols
     factors = [c for c in cols if c not in COLUMNS]
+    from ablations.factors import RESERVED_NAMES
+
+    for c in factors:  # a factor column named like a results column would overwrite it
+        if c in RESERVED_NAMES:
+            raise _err(None, c, "is a column of every run's results row, so no factor can take its name; allowed "
+                                f"values: a schema column ({', '.join(COLUMNS)}) or a factor named otherwise")
     if use_changes and factors:
         raise _err(None, "changes", f"given with factor columns {', '.join(factors)}; allowed values: one or the other")
     rows, seen, arm_levels = [], {}, {}
@@ -331,6 +356,9 @@ def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> 
     """The run directories, built in a temporary sibling folder and renamed to `out` at the end."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not empty; allowed values: a new or empty folder")
+    if len(imp.rows) > MAX_ROWS:
+        raise ValueError(f"FILE has {len(imp.rows):,} rows, each a run folder; allowed values: at most {MAX_ROWS:,} "
+                         "rows (split the table, or analyze the file in place: marin-ablate analyze FILE)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     specs = _recipe()[0]

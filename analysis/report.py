@@ -18,6 +18,7 @@ from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
 from analysis.responses import RESPONSES
+from analysis.results import factor_coding
 from marin.schema import atomic_write_text
 
 DEFINITIONS = (
@@ -152,13 +153,20 @@ def md_table(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join(out) + "\n"
 
 
+def _exp(x: float) -> str:
+    """exp(x) as a multiplier; an estimate past float range (a degenerate fit) reads as such, not a crash."""
+    try:
+        return f"{math.exp(x):.3f}"
+    except OverflowError:
+        return "> 1e308"
+
+
 def _mult(est, lo, hi) -> str:
     if not (isinstance(est, float) and math.isfinite(est)):
         return "not estimable"
-    with np.errstate(over="ignore"):  # a runaway end (a law with no slope left) prints as inf, it does not raise
-        s = f"{np.exp(est):.3f}"
-        if isinstance(lo, float) and math.isfinite(lo):
-            s += f" [{np.exp(lo):.3f}, {np.exp(hi):.3f}]"
+    s = _exp(est)
+    if isinstance(lo, float) and math.isfinite(lo):
+        s += f" [{_exp(lo)}, {_exp(hi)}]"
     return s
 
 
@@ -333,16 +341,22 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
     def uniq(col):
         return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
 
+    coding = factor_coding(raw) if "coding" in raw else {}
     try:
         from importlib.metadata import version
 
         ver = version("marin-ablate")
     except Exception:  # not installed: the analysis still runs from a checkout
         ver = "unknown"
+    mixed = (raw[["run_id", "code_versions"]].dropna() if "code_versions" in raw else pd.DataFrame())
     return [f"- command: `{command or 'analyze_table (library call)'}`",
-            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}",
+            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}"
+            + (f"; {len(mixed)} run(s) resumed under changed code, their steps trained by more than one version: "
+               + ", ".join(f"{r} ({v})" for r, v in mixed.itertuples(index=False)) if len(mixed) else ""),
             f"- seeds: {uniq('seed')}; hardware: {uniq('hardware')}",
-            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}"]
+            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}",
+            "- coding: " + ("; ".join(f"{f}: +1 = {hi}, −1 = {lo}" for f, (lo, hi) in coding.items()
+                                      if f in a.factors) or "unknown")]
 
 
 def _domains(raw: pd.DataFrame) -> list[str]:
@@ -537,11 +551,33 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     return "\n".join(L)
 
 
+# The report runs no script and loads nothing but its own figures: a name imported from someone else's
+# table cannot run code in the reader's browser even if it slipped past the escaping below.
+CSP = "default-src 'none'; script-src 'none'; object-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'"
+
+
+def render_html(md_text: str, title: str) -> str:
+    """report.html from report.md: raw HTML in the Markdown (a `<script>` or `<img onerror=…>` in an arm,
+    factor or rung name, a note, a warning) is written as text, never as markup."""
+    import html as html_lib
+
+    import markdown
+
+    conv = markdown.Markdown(extensions=["tables"])
+    conv.preprocessors.deregister("html_block")  # no block of raw HTML passes through
+    conv.inlinePatterns.deregister("html")  # nor an inline tag: '<' and '>' are escaped as text
+    body = conv.convert(md_text)
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<title>{html_lib.escape(title)}</title><style>"
+            "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
+            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
+            "</body></html>")
+
+
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
                  title: str = "study", figures: bool = True, command: str | None = None) -> tuple[Path, Path]:
     """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png."""
-    import markdown
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}
@@ -555,10 +591,6 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
             figs = all_figures(a, raw, out_dir / "figures")
     md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
     atomic_write_text(out_dir / "report.md", md)
-    body = markdown.markdown(md, extensions=["tables"])
-    html = ("<!doctype html><html><head><meta charset='utf-8'><title>" + title + "</title><style>"
-            "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
-            "</body></html>")
+    html = render_html(md, title)
     atomic_write_text(out_dir / "report.html", html)
     return out_dir / "report.md", out_dir / "report.html"

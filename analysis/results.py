@@ -31,7 +31,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "max_grad_norm", "spikes", "wall_s", "hardware", "code_version", "error",
 )
 ID_COLUMNS: tuple[str, ...] = ("run_id", "study", "rung", "arm", "seed", "design_row")
-STATUSES: tuple[str, ...] = ("completed", "failed", "missing")
+STATUSES: tuple[str, ...] = ("completed", "failed", "missing")  # and, for a folder left out: "unreadable",
+# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor)
 
 
 @dataclass
@@ -59,6 +60,8 @@ def _row_or_reason(run_dir: Path) -> dict:
         return _row(run_dir)
     except DamagedFile as e:
         return {"run_id": run_dir.name, "status": "unreadable", "error": str(e)}
+    except Contradiction as e:
+        return {"run_id": run_dir.name, "status": "contradictory", "error": str(e)}
 
 
 def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
@@ -79,9 +82,48 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
                 rows[i]["error"] = f"runs/{dirs[i].name} holds the same run as runs/{dirs[keep].name}; counted once"
 
 
+class Contradiction(ValueError):
+    """A run folder whose meta.json and spec.json disagree on a factor: the run is left out, by name."""
+
+
+_MISSING = object()
+
+
+def contradiction(meta, spec: Mapping, run: str) -> str | None:
+    """Where `meta`'s coding contradicts the run's `spec.json` (or the factor's field definition), one line
+    naming the run, the factor and both values; None when they agree or the spec does not hold the field.
+
+    A recipe switch's level names are its values, and its baseline level is coded −1, its recipe level +1
+    (marin/factors.py); any other factor's levels map to the values its meta.json records."""
+    from marin.factors import BASELINE_LEVELS, RECIPE_LEVELS
+
+    for f in meta.factors:
+        section, _, attr = str(f.field or "").partition(".")
+        sec = spec.get(section) if isinstance(spec, Mapping) else None
+        value = sec.get(attr, _MISSING) if isinstance(sec, Mapping) else _MISSING
+        if section == "recipe" and attr in RECIPE_LEVELS:
+            base, rec = BASELINE_LEVELS[attr], RECIPE_LEVELS[attr][0]
+            if f.high == base or f.low == rec:
+                return (f"{run}: meta.json codes {f.name} −1 = {f.low!r}, +1 = {f.high!r}, but {f.field}'s baseline "
+                        f"level {base!r} is −1 and its recipe level {rec!r} is +1")
+        if f.values and f.level in f.values:
+            want = f.values[f.level]
+        elif section == "recipe":
+            want = f.level
+        else:
+            continue
+        if value is not _MISSING and json.dumps(value, sort_keys=True) != json.dumps(want, sort_keys=True):
+            return (f"{run}: meta.json has {f.name}={f.level!r} (sets {f.field}={want!r}) but spec.json has "
+                    f"{f.field}={value!r}")
+    return None
+
+
 def _row(run_dir: Path) -> dict:
     meta = read_meta(run_dir, strict=True)
     spec = read_json(run_dir / "spec.json", strict=True) or {}
+    why = contradiction(meta, spec, f"runs/{run_dir.name}") if meta is not None else None
+    if why:
+        raise Contradiction(why + "; left out (which file is right is unknown)")
     summ = read_summary(run_dir, strict=True)
     row: dict = {
         "run_id": summ.run_id if summ is not None and summ.run_id else run_dir.name,
@@ -107,6 +149,9 @@ def _row(run_dir: Path) -> dict:
         row[f"loss_{dom}"] = loss
     for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items():
         row[f"bpb_{dom}"] = bpb
+    versions = summ.extra.get("code_versions")
+    if isinstance(versions, list) and len(versions) > 1:  # resumed under other code: its steps mix versions
+        row["code_versions"] = " → ".join(map(str, versions))
     data = spec.get("data") or {}  # what the run trained and was evaluated on (the report names it)
     row["data_corpus"], row["data_eval_dir"] = data.get("corpus"), data.get("eval_dir") or None
     row["random_stream"] = random_stream(spec)
@@ -155,7 +200,7 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 def inventory(df: pd.DataFrame) -> Inventory:
     """Counts and ids of missing and failed runs."""
     st = df["status"].fillna("missing")
-    excluded = [(str(r), str(e)) for r, e in df.loc[st.isin(["duplicate", "unreadable"]), ["run_id", "error"]]
+    excluded = [(str(r), str(e)) for r, e in df.loc[st.isin(["duplicate", "unreadable", "contradictory"]), ["run_id", "error"]]
                 .itertuples(index=False)]
     done = df[st == "completed"]
     for col in ("eval_macro_loss", "train_flops"):  # a completed run the fit cannot use is named, not dropped silently

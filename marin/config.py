@@ -24,6 +24,7 @@ from marin.factors import (  # noqa: F401
     factor_spec,
 )
 from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
+    CAPACITY,
     FRAC,
     MOMENTUM,
     NONNEG,
@@ -106,8 +107,8 @@ MODEL_RANGES: dict[str, tuple] = {
                             "shared_hidden", "latent_ratio", "qb_hist_bins", "ep_shards", "ragged_chunks",
                             "sconv_kernel")},
     "n_shared_experts": NONNEG_INT, "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS,
-    "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": POS, "capacity_ragged": POS,
-    "capacity_pooled_wave": POS, "pooled_waves": POS_INT, "init_scale": POS, "z_loss_weight": NONNEG,
+    "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": CAPACITY,
+    "capacity_ragged": CAPACITY, "capacity_pooled_wave": CAPACITY, "pooled_waves": POS_INT, "init_scale": POS, "z_loss_weight": NONNEG,
 }
 
 

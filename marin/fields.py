@@ -37,6 +37,9 @@ POS_INT = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
 NONNEG_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
 POS = (lambda v: _is_num(v) and v > 0, "a finite number > 0")
 NONNEG = (lambda v: _is_num(v) and v >= 0, "a finite number >= 0")
+# an MoE capacity factor: slots per expert over the even share; past the largest expert count any
+# token fits, and a huge one overflows the slot count
+CAPACITY = (lambda v: _is_num(v) and 0 < v <= 1024, "a number in (0, 1024]")
 FRAC = (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
 MOMENTUM = (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)")
 SEED = (lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch.manual_seed's range

@@ -42,8 +42,15 @@ class RunLock:
                   "job_id": os.environ.get("SLURM_ARRAY_JOB_ID", os.environ.get("SLURM_JOB_ID"))}
         if os.environ.get("SLURM_ARRAY_TASK_ID"):
             holder["job_id"] = f"{holder['job_id']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(holder).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(holder).encode())
+        except OSError as e:
+            os.close(fd)
+            if e.errno == errno.ENOSPC:  # the first write of a run: name where, not only what
+                raise ValueError(f"disk full (no space left on device) while writing {self.path}; free space "
+                                 "there, or use another --out") from None
+            raise
         self._fd = fd
         return True
 

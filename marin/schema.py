@@ -13,6 +13,7 @@ analysis layer can read runs with it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -43,8 +44,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC and e.filename is None:  # name the file
+            raise OSError(errno.ENOSPC, "disk full (no space left on device); free space there and run again",
+                          str(path)) from e
         raise
 
 
@@ -69,15 +73,48 @@ class DamagedFile(ValueError):
     """A run file exists but cannot be read as a JSON object (torn, foreign or corrupted)."""
 
 
+#: Bounds on every JSON text the harness reads (run files, manifests, imports, metrics lines): past them
+#: a file is refused with a message, never a traceback (Python's int-digit limit raises a bare
+#: ValueError, deep nesting a RecursionError) and never a multi-minute parse.
+JSON_MAX_BYTES = 256 << 20
+JSON_MAX_INT_DIGITS = 100
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > JSON_MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits; allowed values: at most {JSON_MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def loads_json(text: str | bytes) -> Any:
+    """json.loads with integers of at most JSON_MAX_INT_DIGITS digits and nesting Python can read;
+    anything else is a ValueError with one line (json.JSONDecodeError is one too)."""
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError("nested too deeply (more levels than Python's recursion limit)") from None
+
+
+def read_json_text(path: str | Path) -> Any:
+    """The JSON value in the file at `path` (at most JSON_MAX_BYTES); ValueError naming nothing but the
+    fault (callers name the file), FileNotFoundError when absent."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > JSON_MAX_BYTES:
+            raise ValueError(f"{size:,} bytes; allowed values: at most {JSON_MAX_BYTES:,} bytes")
+        raw = f.read()
+    return loads_json(raw.decode("utf-8"))
+
+
 def read_json(path: str | Path, *, strict: bool = False) -> dict | None:
     """The JSON object at `path`; None when absent. A damaged file reads as None (a torn write from a
     killed process that did not use atomic writes), or raises DamagedFile naming it when `strict`."""
     try:
-        with open(path) as f:
-            out = json.load(f)
+        out = read_json_text(path)
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         if strict:
             raise DamagedFile(f"cannot read {path}: {e}") from None
         return None
@@ -183,6 +220,7 @@ class FactorCoding:
     high: str | None = None
     truth: Mapping[str, float] | None = None
     regime: bool = False  # a condition (e.g. tokens per parameter) the report shows each component under
+    values: Mapping[str, Any] | None = None  # level name -> the config value it sets (checked against spec.json)
 
     @property
     def code(self) -> int | None:
@@ -195,6 +233,8 @@ class FactorCoding:
             d["truth"] = dict(self.truth)
         if self.regime:
             d["regime"] = True
+        if self.values:
+            d["values"] = dict(self.values)
         return d
 
 
@@ -237,8 +277,16 @@ class RunMeta:
             if not isinstance(level, str) or not isinstance(c, dict):
                 raise ValueError(f"factor {name!r}: its level must be a string and its coding an object")
             _check_truth(name, c.get("truth"))
-            factors.append(FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),
-                                        c.get("regime") is True))
+            values = c.get("values")
+            if values is not None and (not isinstance(values, dict) or not set(values) <= {c.get("low"), c.get("high")}):
+                raise ValueError(f"coding.{name}.values is {values!r}; allowed values: an object of its low and high "
+                                 "level -> the config value each sets")
+            f = FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),
+                             c.get("regime") is True, values)
+            if "code" in c and c["code"] != f.code:  # the file contradicts itself: which half is right is unknown
+                raise ValueError(f"coding.{name}.code is {c['code']!r} but level {level!r} is coded {f.code!r} "
+                                 f"(low {f.low!r}, high {f.high!r}); allowed values: a code that matches the level")
+            factors.append(f)
         known = {"study", "rung", "arm", "seed", "design_row", "factors", "coding"}
         return cls(d.get("study"), d.get("rung"), d.get("arm"), d.get("seed"), d.get("design_row"), tuple(factors),
                    {k: v for k, v in d.items() if k not in known})

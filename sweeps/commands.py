@@ -265,7 +265,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     from sweeps.executors import get_executor
     from sweeps.progress import rung_prior
-    from sweeps.sweep import planned_runs
+    from sweeps.sweep import check_specs, planned_runs
 
     d = study.describe()
     opts = _exec_options(args, study)
@@ -279,6 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
 
@@ -438,6 +439,22 @@ def analyze_study(study_dir: Path) -> int | None:
         return None
 
 
+def _status_hint(args: argparse.Namespace) -> str:
+    """The `status` command that finds this study's runs: the study as given (a registered name, or the
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds and --set."""
+    import shlex
+
+    cmd = ["marin-ablate", "status", args.study]
+    if args.out != DEFAULT_OUT:
+        cmd += ["--out", str(args.out)]
+    for flag, v in (("--rungs", args.rungs), ("--seeds", args.seeds)):
+        if v:
+            cmd += [flag, v]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    return shlex.join(cmd)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sweeps.executors import get_executor
     from sweeps.sweep import run_study
@@ -464,11 +481,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))
           + f"; results in {rep.study_dir}")
     if c["failed"]:
-        print(f"failed runs keep their error in summary.json; `marin-ablate status {study.name}` lists them; "
+        print(f"failed runs keep their error in summary.json; `{_status_hint(args)}` lists them; "
               "--retry-failed runs them again")
     if c["running"] or c["queued"]:
         print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
-              f"`marin-ablate status {study.name}` follows them")
+              f"`{_status_hint(args)}` follows them")
     for line in log_locations(rep.study_dir, parse_log_to(args.log_to)):
         print(line)
     if opts.wait and not args.no_analyze and c["completed"]:
@@ -541,6 +558,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
     if len(failed) > args.limit and not args.all:
         print(f"... {len(failed) - args.limit} more failed runs (--all lists every run)")
+    for r in st["runs"]:  # counted with the unfinished runs (`run` trains them again), named here
+        if r["damaged"]:
+            print(f"damaged {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}, {r['state']}): {r['damaged']}; "
+                  "the next `run` trains it again")
     return 0
 
 

@@ -26,6 +26,7 @@ class Executor(Protocol):
     waits: bool  # `run` polls its jobs until done (False: `submit` has run everything already)
     shows_jobs: bool  # its job ids mean something to the user (printed by `run`)
     in_process: bool  # runs execute in the driver's process (False: workers import the plugins, marin.plugins)
+    trains_here: bool  # its runs train on this machine, so `run` checks their device exists here
 
     def validate(self, opts: ExecOptions) -> None:
         """Raise ValueError naming the field for anything wrong, before anything is submitted."""
@@ -52,6 +53,10 @@ def register_executor(ex: Executor) -> Executor:
     """Add an executor (a name already registered is an error)."""
     if ex.name in EXECUTORS:
         raise ValueError(f"executor {ex.name!r} is already registered")
+    missing = [a for a in ("name", "waits", "shows_jobs", "in_process", "trains_here") if not hasattr(ex, a)]
+    if missing:
+        raise ValueError(f"executor {getattr(ex, 'name', ex)!r} lacks {', '.join(missing)}; an executor row "
+                         f"declares name, waits, shows_jobs, in_process and trains_here (sweeps/executor_api.py)")
     EXECUTORS[ex.name] = ex
     plugins.note("executor", ex.name)
     return ex

@@ -495,6 +495,7 @@ def squeue_ids() -> set[str] | None:
 
 class DebugExecutor:
     name, waits, shows_jobs, in_process = "debug", False, False, True
+    trains_here = True  # its runs train on this machine: their device must exist here
 
     def validate(self, opts: ExecOptions) -> None:
         pass
@@ -536,6 +537,7 @@ class SlurmExecutor:
     """sbatch job arrays through submitit; `queued` reads squeue once per call."""
 
     name, waits, shows_jobs, in_process = "slurm", True, True, False
+    trains_here = False
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

@@ -11,7 +11,6 @@ Everything here reads run directories only (spec.json, metrics.jsonl tail, summa
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
-from marin.schema import read_json
+from marin.schema import loads_json, read_json
 from sweeps import costmodel as cm
 from sweeps.costmodel import (
     CostModel,
@@ -48,7 +47,7 @@ def last_train_record(metrics_path: str | Path) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
         except ValueError:  # the first, cut line of the tail, or a line being written
             continue
         if isinstance(rec, dict) and "loss" in rec and "eval_macro_loss" not in rec:

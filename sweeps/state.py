@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from marin.runlock import RunLock
-from marin.schema import read_json
+from marin.schema import DamagedFile, read_json
 from sweeps.executor_api import EXECUTORS
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class RunStatus:
     state: str
     summary: dict  # summary.json ({} when absent)
     job: dict  # job.json ({} when absent): executor, job_id, host, pid
+    damaged: str | None = None  # why summary.json cannot be read (the run counts as not finished: run again)
 
     @property
     def run_id(self) -> str:
@@ -59,16 +60,19 @@ def probe(run_dir: str | Path, queued: set[tuple[str, str]] | None = None) -> Ru
     """The state of one run directory; `queued` holds the (executor, job id) pairs still waiting
     (None: no executor asked)."""
     d = Path(run_dir)
-    summary = read_json(d / "summary.json") or {}
+    try:
+        summary, damaged = read_json(d / "summary.json", strict=True) or {}, None
+    except DamagedFile as e:
+        summary, damaged = {}, str(e)
     job = read_json(d / "job.json") or {}
     if summary.get("status") in ("completed", "failed"):
         return RunStatus(d, summary["status"], summary, job)
     if RunLock(d).held_elsewhere():
-        return RunStatus(d, "running", summary, job)
+        return RunStatus(d, "running", summary, job, damaged)
     if queued and (job.get("executor"), str(job.get("job_id"))) in queued:
-        return RunStatus(d, "queued", summary, job)
+        return RunStatus(d, "queued", summary, job, damaged)
     state = "partial" if any((d / "checkpoints").glob("ckpt_*")) else "pending"
-    return RunStatus(d, state, summary, job)
+    return RunStatus(d, state, summary, job, damaged)
 
 
 def survey(dirs: Iterable[str | Path]) -> list[RunStatus]:

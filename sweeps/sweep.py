@@ -21,7 +21,7 @@ from marin.config import RunSpec
 from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
 from sweeps.progress import Progress
-from sweeps.runs import PlannedRun, clear_failure, plan_runs, study_dir, write_run_files
+from sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_run_files
 
 # ---------------------------------------------------------------------------------------------
 # Studies
@@ -69,6 +69,26 @@ def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     if overrides:
         runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
     return plan_runs(runs, sdir or study_dir(out, study.name))
+
+
+def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
+    """What `train` checks of a spec before it writes anything (marin.train.loop.check_spec), for every
+    run, before any run directory is written or a run launched; the device is checked on this machine
+    only where the executor trains here. The error names the run."""
+    from marin.train.loop import check_spec
+
+    here = get_executor(executor).trains_here
+    seen: set[str] = set()
+    for r in runs:
+        key = spec_json({k: v for k, v in r.spec.to_dict().items() if k != "seed"})  # the seeds share their checks
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_spec(r.spec, here=here)
+        except ValueError as e:
+            where = ", ".join(f"{k} {r.meta[k]}" for k in ("rung", "arm") if r.meta.get(k) is not None)
+            raise ValueError(f"run {r.run_id} ({where}): {e}") from None
 
 
 def study_resources(study: Any, sdir: Path | None = None) -> Any:
@@ -172,6 +192,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
 
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
+    check_specs(runs, opts.executor)
     validate(opts, sdir)
     ex = get_executor(opts.executor)
     check_reachable(runs, ex)
@@ -222,7 +243,7 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
     statuses = state.survey(r.dir for r in runs)
     rows = [{"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
-             "state": st.state, "error": st.error,
+             "state": st.state, "error": st.error, "damaged": st.damaged,
              "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
              "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses)]
     return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),

@@ -23,7 +23,7 @@ import numpy as np
 from marin.hparams import resolve_hparams
 from sweeps.executors import ExecOptions, validate
 from sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
+from sweeps.sweep import RunReport, apply_spec_overrides, check_specs, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
@@ -131,7 +131,12 @@ def make_storage(storage: str | None, default_journal: Path) -> Any:
         if fs.startswith(_NETWORK_FS):
             raise ValueError(f"storage={storage!r}: SQLite on a network filesystem ({fs}) is unsafe; "
                              "allowed values: a journal file path (default) or a server RDB URL")
-    return optuna.storages.RDBStorage(storage)
+    try:
+        return optuna.storages.RDBStorage(storage)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy and the DB drivers raise many types (no driver, bad URL)
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ValueError(f"--storage {storage!r} cannot be opened ({why}); allowed values: a journal file path "
+                         "(default) or an RDB URL whose driver is installed (e.g. sqlite:///tune.db)") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,14 +213,12 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tdir = tune_dir(out, study.name)
-    validate(opts, tdir)
     rung = tune.rung or smallest_rung(study)
     seed = tune.seed if tune.seed is not None else study.seeds[0]
     if seed not in study.seeds:
         raise ValueError(f"seed={seed} is not a seed of study {study.name!r}; allowed values: {list(study.seeds)}")
     grid = lr_grid(tune.points, tune.span)
     lo, hi = grid[0], grid[-1]
-    storage = make_storage(tune.storage, tdir / "optuna.journal")
     dist = optuna.distributions.FloatDistribution(lo, hi)
 
     # the runs: every arm at every grid multiplier
@@ -228,6 +231,16 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
                 spec = apply_spec_overrides(spec, overrides)
             specs.append((spec, dict(meta, lr_multiplier=2.0 ** x, log2_lr_multiplier=x, tune=True)))
     runs = plan_runs(specs, tdir)
+    check_specs(runs, opts.executor)  # before the study folder or the storage is made
+    new_dirs = [d for d in (Path(out), tdir.parent, tdir) if not d.exists()]
+    validate(opts, tdir)
+    try:
+        storage = make_storage(tune.storage, tdir / "optuna.journal")
+    except BaseException:
+        for d in reversed(new_dirs):  # a refused --storage leaves no empty study folder behind
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
     heuristic = {r.meta["arm"]: resolve_hparams(r.spec).lr for r in runs if abs(r.meta["log2_lr_multiplier"]) < 1e-12}
 
     # ask: one Optuna study per arm; reuse a trial already holding a grid point

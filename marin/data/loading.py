@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -306,9 +307,12 @@ def get_tokenizer(data: DataConfig) -> Tokenizer:
 def _tokenize(tok: Tokenizer, ids: list[str], texts: list[str], cache: Path | None) -> DomainSplit:
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
     if cache is not None and cache.is_file():
-        z = np.load(cache)
-        if int(z["n_docs"]) == len(ids):
-            return DomainSplit(ids, z["tokens"], z["offsets"], text_bytes)
+        try:  # numbers only (an object array would unpickle); a damaged cache is built again
+            with np.load(cache, allow_pickle=False) as z:
+                if int(z["n_docs"]) == len(ids):
+                    return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), text_bytes)
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile):
+            pass
     arrays = tok.encode_docs(texts)
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

@@ -21,12 +21,15 @@ No end-of-document token is added: the packer marks document boundaries by docum
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from marin.data.tokenizer import tokenizer_info
-from marin.schema import atomic_write_bytes, atomic_write_json, sha256_file
+from marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
 FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -120,15 +123,59 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
     for f in files:
         if f.stat().st_size == 0:
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
+        if kind == "json":  # Arrow's JSON reader keeps invalid UTF-8 (failing later, naming no file) and
+            _check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
     try:
-        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
+        ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
         names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
         while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                break
             e = e.__cause__ or e.__context__
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # the cache's disk, not the source, is at fault
+            raise ValueError(f"disk full (no space left on device) while writing the datasets cache {cache} from "
+                             f"{names}; free space there, or prepare into another --out") from None
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
                          f"{text_column!r} column and one schema across files") from None
+    feature = ds.features.get(text_column)
+    dtype = getattr(feature, "dtype", None)
+    if feature is not None and dtype not in ("string", "large_string", "null"):  # a number or object: no text
+        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
+        raise ValueError(f"{names}: column {text_column!r} holds {dtype or type(feature).__name__} values, not "
+                         "text; allowed values: a string in every row")
+    return ds
+
+
+def _check_json_file(f: Path, text_column: str) -> None:
+    """ValueError naming `f` when it is not UTF-8 (read in 1 MiB chunks), or when a row of its first MiB
+    holds a `text_column` that is not a string (Arrow keeps one type per file: the first rows tell)."""
+    import codecs
+    import gzip
+
+    dec, pos = codecs.getincrementaldecoder("utf-8")(), 0
+    with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
+        for chunk in [*iter(lambda: fh.read(1 << 20), b""), b""]:
+            try:
+                text = dec.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{f}: not UTF-8 text (byte {pos + e.start}); allowed: UTF-8 JSON lines") from None
+            if pos == 0 and ".jsonl" in f.name:
+                _check_text_rows(f, text.split("\n")[:-1] if chunk else text.split("\n"), text_column)
+            pos += len(chunk)
+
+
+def _check_text_rows(f: Path, lines: list[str], text_column: str) -> None:
+    for n, line in enumerate(lines[:1000], start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):
+            return  # Arrow's reader names a malformed line itself
+        v = row.get(text_column) if isinstance(row, dict) else None
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{f}: line {n}: column {text_column!r} holds {type(v).__name__} values, not text; "
+                             "allowed values: a string in every row")
 
 
 def load_source(cfg: PrepareConfig) -> Any:
@@ -293,8 +340,18 @@ def prepare_shard(i: int) -> dict:
     return meta
 
 
+class _Terminated(KeyboardInterrupt):
+    signum = signal.SIGTERM
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def _init_worker(cfg: PrepareConfig, ds: Any, tok: dict) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # num_proc processes already fill the cores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool; a worker never prints a traceback
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER.clear()
     _WORKER.update(cfg=cfg, ds=ds, tok=tok)
 
@@ -423,9 +480,18 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
         else:
             # fork: the workers inherit the memory-mapped dataset; none has loaded a tokenizer yet
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            prev = signal.getsignal(signal.SIGTERM)
             with ctx.Pool(min(cfg.num_proc, len(todo)), initializer=_init_worker, initargs=(cfg, ds, tok)) as pool:
-                for meta in pool.imap_unordered(prepare_shard, todo):
-                    progress(meta)
+                # SIGTERM to the driver stops it as Ctrl-C does: the pool is terminated on the way out (its
+                # workers exit quietly), never left writing into a closed pipe; written shards are kept
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, _terminated)
+                try:
+                    for meta in pool.imap_unordered(prepare_shard, todo):
+                        progress(meta)
+                finally:
+                    if threading.current_thread() is threading.main_thread():
+                        signal.signal(signal.SIGTERM, prev)
     metas = [_shard_paths(out, i)["meta.json"] for i in range(n_shards)]
     if not all(m.is_file() for m in metas):
         return None
@@ -436,8 +502,8 @@ def _read_job(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        job = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        job = read_json_text(path)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable JSON file ({e}); delete the folder and prepare again") from None
     if not isinstance(job, dict) or not isinstance(job.get("tokenizer"), dict):
         raise ValueError(f"{path}: not a preparation record; delete the folder and prepare again")
@@ -480,8 +546,8 @@ def read_manifest(path: str | Path) -> dict:
         raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
                          "run `marin-ablate data prepare SOURCE --tokenizer PATH --out DIR` first")
     try:
-        manifest = json.loads(m.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = read_json_text(m)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{m}: not a readable JSON file ({e}); prepare the corpus again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__

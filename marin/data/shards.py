@@ -41,6 +41,19 @@ FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when ope
 _VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process
 
 
+def load_npy(path: Path) -> np.ndarray:
+    """An integer .npy the harness wrote (offsets, domains): anything else, an object array above all (its
+    load would unpickle), is refused naming the file."""
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not an integer .npy array ({e}); prepare the corpus again") from None
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu" or a.ndim != 1:
+        raise ValueError(f"{path}: holds a {getattr(a, 'dtype', type(a).__name__)} array of shape "
+                         f"{getattr(a, 'shape', '?')}; allowed values: a 1-d integer array; prepare the corpus again")
+    return a
+
+
 def pack_stream(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Windows of S+1 stream tokens with a global document key each -> (tokens, targets, doc_ids)."""
     same_NS = docs_NW[:, 1:] == docs_NW[:, :-1]
@@ -113,7 +126,7 @@ class PreparedCorpus:
             _VERIFIED[key] = True
         self._tokens, lengths, shard_of, local = [], [], [], []
         for s, sh in enumerate(self.manifest["shards"]):
-            offsets = np.asarray(np.load(self.path / sh["offsets_path"], allow_pickle=False), np.int64)
+            offsets = np.asarray(load_npy(self.path / sh["offsets_path"]), np.int64)
             if len(offsets) != sh["documents"] + 1 or int(offsets[-1]) != sh["tokens"]:
                 raise ValueError(f"{self.path / sh['offsets_path']}: {len(offsets) - 1} documents / {int(offsets[-1])} "
                                  f"tokens, manifest says {sh['documents']} / {sh['tokens']}; prepare the corpus again")
@@ -142,7 +155,7 @@ class PreparedCorpus:
                 uids = []
                 for sh in m["shards"]:
                     if m.get("domain_column"):
-                        dom = np.load(self.path / sh["domain_path"], allow_pickle=False)
+                        dom = load_npy(self.path / sh["domain_path"])
                         uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"])]
                     else:
                         uids += list(sh["ids"])
@@ -160,7 +173,7 @@ class PreparedCorpus:
         names: list[str] = []
         parts = []
         for sh in m["shards"]:
-            local = np.asarray(np.load(self.path / sh["domain_path"], allow_pickle=False), np.int64)
+            local = np.asarray(load_npy(self.path / sh["domain_path"]), np.int64)
             for name in sh["domains"]:
                 if name not in names:
                     names.append(name)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin.schema import atomic_write_text
+from marin.schema import atomic_write_text, read_json_text
 from marin.train import files as run_files
 from marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
 
@@ -118,11 +118,26 @@ def _metadata_classes() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+def _buildable() -> tuple[type, ...]:
+    """The classes whose instances DCP's metadata pickle fills in with BUILD (dataclass state)."""
+    import torch.distributed.checkpoint.filesystem as fs
+    import torch.distributed.checkpoint.metadata as md
+
+    return tuple(getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                          "TensorStorageMetadata", "BytesStorageMetadata",
+                                          "ChunkStorageMetadata")) + (fs._StorageInfo,)
+
+
+class _MetadataUnpickler(pickle._Unpickler):
     """DCP's .metadata is a pickle: an exact allow-list of (module, name) pairs, nothing else (a module
-    prefix would admit `os.system` through a dotted name under protocol >= 4)."""
+    prefix would admit `os.system` through a dotted name under protocol >= 4), and BUILD (the opcode
+    that sets attributes) only on a fresh instance of exactly one of DCP's metadata classes, with that
+    class's own fields: a BUILD on an allowed class itself would rewrite it (say its `__repr__`) for the
+    rest of the process. The pure-Python unpickler: the C one's opcodes cannot be checked one by one."""
 
     _allowed: dict[tuple[str, str], Any] | None = None
+    _build: tuple[type, ...] | None = None
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str):
         if _MetadataUnpickler._allowed is None:
@@ -135,6 +150,30 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):  # DCP metadata holds no persistent references
         raise pickle.UnpicklingError("checkpoint metadata holds a persistent reference: refusing to load it")
+
+    def _checked_build(self) -> None:
+        import dataclasses
+
+        if _MetadataUnpickler._build is None:
+            _MetadataUnpickler._build = _buildable()
+        state, inst = self.stack[-1], self.stack[-2]
+        cls = type(inst)
+        if cls not in _MetadataUnpickler._build:
+            what = inst.__name__ if isinstance(inst, type) else cls.__name__
+            raise pickle.UnpicklingError(f"checkpoint metadata sets attributes on {what}, which a checkpoint never "
+                                         "does: refusing to load it")
+        if "__setstate__" not in vars(cls):  # a plain dataclass: its state is a dict of its own fields
+            slots = state[1] if isinstance(state, tuple) and len(state) == 2 else None
+            d = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+            names = {f.name for f in dataclasses.fields(cls)}
+            for part in (d, slots):
+                if part is not None and (not isinstance(part, dict) or not set(part) <= names):
+                    bad = sorted(map(str, set(part) - names)) if isinstance(part, dict) else type(part).__name__
+                    raise pickle.UnpicklingError(f"checkpoint metadata sets {bad} on {cls.__name__}, which has no "
+                                                 "such field: refusing to load it")
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = _checked_build
 
 
 def _safe_dcp():
@@ -380,10 +419,10 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
 def read_meta(ck: Path, run_id: str) -> dict:
     """meta.json of a checkpoint, checked for format and run identity before any tensor is read."""
     try:
-        meta = json.loads((ck / META).read_text(encoding="utf-8"))
+        meta = read_json_text(ck / META)
     except FileNotFoundError:
         raise CheckpointError(f"{ck.name}: no {META} (an unfinished write)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{ck.name}: {META} is unreadable ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
         raise CheckpointError(f"{ck.name}: {META} is not a format-{FORMAT} checkpoint record")

@@ -91,10 +91,13 @@ def _is_rank0() -> bool:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from marin.train.loop import train
+    from marin.train.loop import check_spec, train
+    from marin.train.metrics import check_log_to
 
     spec = spec_from_args(args)
     log_to = tuple(x for x in args.log_to.split(",") if x)
+    check_spec(spec)  # a setting train refuses, refused before the lock creates --out
+    check_log_to(log_to)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     lock = RunLock(args.out)
     if _is_rank0() and not lock.acquire():

@@ -61,6 +61,7 @@ class LoopState:
     last_loss: float | None = None
     last_eval: dict | None = None
     data: dict | None = None  # the sharded loader's state (prepared corpora): checked on resume
+    code_versions: list = field(default_factory=list)  # [code version, first step it trained], each session's
 
 
 class StopFlag:
@@ -93,12 +94,30 @@ class StopFlag:
         self.previous = {}
 
 
-def _device(t: TrainConfig) -> torch.device:
-    if t.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
-    if not (t.device == "cpu" or t.device.startswith("cuda")):
+def _device(t: TrainConfig, here: bool = True) -> torch.device:
+    """The run's device; `here`: it exists on this machine (a study whose runs train elsewhere, in SLURM
+    jobs, checks the name only)."""
+    dev, sep, index = t.device.partition(":")
+    if dev not in ("cpu", "cuda") or (dev == "cpu" and sep) or (sep and not index.isdigit()):
         raise ValueError(f"TrainConfig.device={t.device!r} is not supported; allowed values: 'cpu', 'cuda', 'cuda:N'")
+    if here and dev == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TrainConfig.device={t.device!r} but CUDA is not available; allowed values here: 'cpu'")
+    if here and index and int(index) >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"TrainConfig.device={t.device!r} but this machine has {n} CUDA device(s); allowed values "
+                         f"here: 'cuda', {', '.join(f'cuda:{i}' for i in range(n))}")
     return torch.device(t.device)
+
+
+def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.device, list[Stage]]:
+    """Every check `train` makes of a spec before it writes anything: the data paths and domains, the
+    device (on this machine when `here`), the context stages. `run`, `plan` and `tune` call it for every
+    run of a study before anything is launched, so a setting `train` refuses is refused there too."""
+    if not isinstance(spec, RunSpec):
+        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
+    t = spec.train.effective()
+    validate_data(spec.data)
+    return t, _device(t, here), context_plan(spec)
 
 
 def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
@@ -110,6 +129,21 @@ def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
     elif q_scale != 1.0:
         raise ValueError("TrainConfig.context_stages changes seq_len but the model exposes no q_scale; "
                          "allowed values: context stages at the model's seq_len only")
+
+
+def _allocated(build: Any, spec: RunSpec, device: torch.device) -> Any:
+    """`build()`, with a model too large for the device's memory named as a setting, not a traceback."""
+    try:
+        return build()
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        text = str(e)
+        if not (isinstance(e, MemoryError) or "allocate" in text or "out of memory" in text):
+            raise
+        m = spec.model
+        why = next((ln.strip() for ln in text.splitlines() if "allocate" in ln or "memory" in ln), type(e).__name__)
+        raise ValueError(f"the model (ModelConfig.d_model={m.d_model}, n_layers={m.n_layers}, n_experts={m.n_experts}, "
+                         f"vocab_size={m.vocab_size}) does not fit in the memory of {device} ({why[:200]}); allowed "
+                         "values: a smaller model, or a device with more memory") from None
 
 
 class Trainer:
@@ -130,7 +164,7 @@ class Trainer:
         torch.manual_seed(spec.seed + self.t.seed_offset())
         # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
         # global weights either way (layout-independent init)
-        self.model = model = build_train_model(spec, device, pd.groups)
+        self.model = model = _allocated(lambda: build_train_model(spec, device, pd.groups), spec, device)
         if pd.groups is not None:
             log.info("distributed:%s rank %d; FSDP2 sharded, mixed precision %s", pd.describe(), pd.rank,
                      t.mixed_precision)
@@ -203,6 +237,7 @@ class Trainer:
                 self.metrics.recover(self.st.step)
             self.resumed, self.resumed_from, self.saved_step = True, ck.name, self.st.step
             log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
+            self._note_code_version()
         else:
             if self.skipped:
                 log.warning("no checkpoint loads (%d skipped): starting fresh from step 0 with the initial "
@@ -215,7 +250,19 @@ class Trainer:
                         shutil.rmtree(p) if p.is_dir() else p.unlink()
                 self.metrics.reset()
             log.info("start %s: %s", self.spec.run_id, self.spec.canonical_json())
+            self._note_code_version()
         self.pd.barrier()
+
+    def _note_code_version(self) -> None:
+        """Record the code version of this session; a resume under other code is warned about (the run's
+        steps then come from more than one version: summary.json lists them all, the report shows it)."""
+        now = code_version()
+        seen = self.st.code_versions
+        if seen and seen[-1][0] != now:
+            log.warning("code changed since the checkpoint: %s trained steps %d-%d with %s, continues at step %d "
+                        "with %s", self.spec.run_id, seen[-1][1], self.st.step - 1, seen[-1][0], self.st.step, now)
+        if not seen or seen[-1][0] != now:
+            seen.append([now, self.st.step])
 
     def checkpoint(self, now: bool = False) -> None:
         """Checkpoint the state after the last step. The previous background write is committed first;
@@ -411,7 +458,8 @@ class Trainer:
                    "checkpoints_skipped": list(self.skipped),
                    # the cost model reads threads x wall / CPU time as the load's slowdown (sweeps/costmodel.py)
                    "cpu_s": time.process_time() - self.cpu0, "session_wall_s": time.perf_counter() - self.t0,
-                   "threads": torch.get_num_threads()},
+                   "threads": torch.get_num_threads(),
+                   "code_versions": [v for v, _ in st.code_versions] or [code_version()]},
         )
 
 
@@ -447,13 +495,8 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     Launched with a world size > 1 every rank calls this; all return the summary. `keep_checkpoints`
     (ckpt.RETENTION): "final" keeps a completed run's newest checkpoint only, "all" never prunes."""
     t0 = time.perf_counter()
-    if not isinstance(spec, RunSpec):
-        raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
-    t = spec.train.effective()
+    t, device, stages = check_spec(spec)
     run_dir = Path(run_dir)
-    validate_data(spec.data)
-    device = _device(t)
-    stages = context_plan(spec)
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after={stop_after} must be >= 1")
     check_log_to(tuple(log_to))

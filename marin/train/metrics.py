@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from marin.config import RunSpec
-from marin.schema import atomic_write_text
+from marin.schema import atomic_write_text, loads_json
 
 log = logging.getLogger("marin.train")
 
@@ -25,7 +25,7 @@ LOSS_CURVE_POINTS = 200
 
 def _parse(line: bytes) -> dict | None:
     try:
-        rec = json.loads(line.decode("utf-8"))
+        rec = loads_json(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
@@ -105,6 +105,9 @@ def check_log_to(log_to: tuple[str, ...]) -> None:
     for name in log_to:
         if name not in LOG_TO:
             raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")
+        if name == "wandb" and os.environ.get("WANDB_MODE") == "online" and not _wandb_key():
+            raise ValueError("--log-to wandb with WANDB_MODE=online needs an API key, and none is set (WANDB_API_KEY, "
+                             "or `wandb login`); allowed values: set WANDB_API_KEY, or WANDB_MODE=offline (sync later)")
         for module in SINK_MODULES[name]:
             try:
                 importlib.import_module(module)
@@ -121,6 +124,20 @@ def tensorboard_dir(run_dir: Path) -> Path:
     run by its path, so a study's runs read study_rung_arm_seedN there, not a hex id alone."""
     name = os.environ.get(RUN_NAME_ENV)
     return run_dir / "tensorboard" / name.replace("/", "_") if name else run_dir / "tensorboard"
+
+
+def _wandb_key() -> bool:
+    """An API key wandb would find: WANDB_API_KEY, or the netrc entry `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 class Sinks:

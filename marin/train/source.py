@@ -52,6 +52,14 @@ def validate_data(data: DataConfig) -> None:
     if data.eval_dir and not Path(data.eval_dir).expanduser().is_dir():
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
+    if data.eval_dir and data.eval_domains:  # the domains of the eval_dir given, never of the training corpus
+        from marin.data.eval import eval_domains
+
+        found = eval_domains(data.eval_dir)
+        bad = [d for d in data.eval_domains if d not in found]
+        if bad:
+            raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of DataConfig.eval_dir="
+                             f"{data.eval_dir!r}; allowed values: {', '.join(found)}")
     check_mixture_domains(data)
     if is_prepared(data.corpus) and not data.eval_dir:
         raise ValueError(f"DataConfig.eval_dir is empty but DataConfig.corpus={data.corpus!r} is a prepared corpus, "
@@ -118,7 +126,9 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     data = spec.data
     validate_data(data)
     prepared = is_prepared(data.corpus)
-    root = str(Path(data.corpus if prepared else mdata.prepared_train(data)).expanduser().resolve())
+    # with an eval_dir the eval domains are that folder's: the training corpus is read without them
+    train_data = dataclasses.replace(data, eval_domains=()) if data.eval_dir else data
+    root = str(Path(data.corpus if prepared else mdata.prepared_train(train_data)).expanduser().resolve())
     corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
                      lambda: PreparedCorpus(root))
     steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
@@ -137,7 +147,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
         tokenizer = tokenizer_of(root)
         ev = _eval_corpus(data, tokenizer)
     else:
-        ev = mdata.load_corpus(data)  # its held-out split, unless eval_dir names another
+        ev = mdata.load_corpus(train_data)  # its held-out split, unless eval_dir names another
         tokenizer = ev.tokenizer
         ev = _eval_corpus(data, tokenizer) if data.eval_dir else ev
     vocab, rank_rows = corpus.vocab_size, True

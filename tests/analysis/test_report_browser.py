@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from analysis.pipeline import analyze_table
-from analysis.report import write_report
+from analysis.report import render_html, write_report
 from analysis.results import collect
 from analysis.simulate import random_truth, simulate_table, write_study
+from sweeps.cli import main
 
 BROWSER_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_BROWSER") == "1"
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
@@ -79,7 +80,11 @@ def test_report_html_in_headless_chromium(tmp_path, browser):
     n_tab = len(re.findall(r"<table>", html.read_text()))
     assert n_img >= 6 and n_tab >= 6
     probe = html.with_name("probe.html")  # beside report.html: the same relative image paths
-    probe.write_text(html.read_text().replace("</body>", PROBE + "</body>"))
+    # the report's policy forbids every script; the probe's copy lets its own inline one run and keeps the
+    # rest of the policy (images from the report's folder), so the images below load under it
+    page = html.read_text()
+    assert "script-src 'none'" in page
+    probe.write_text(page.replace("script-src 'none'", "script-src 'unsafe-inline'").replace("</body>", PROBE + "</body>"))
 
     r = _chromium(browser, tmp_path, "--dump-dom", probe.as_uri())
     m = re.search(r'data-probe="([^"]*)"', r.stdout)
@@ -108,3 +113,63 @@ def test_report_html_in_headless_chromium(tmp_path, browser):
 
     img = matplotlib.image.imread(shot)
     assert img.shape[:2] == (VIEWPORT[1], VIEWPORT[0]) and img[..., :3].std() > 0.05  # a rendered page, not blank
+
+
+# What an imported table can carry in every name it gives: arm, factor (a column), level, rung, source.
+SCRIPT = "<script>document.title='PWNED';document.documentElement.dataset.pwned='script'</script>"
+ONERROR = "<img src=x onerror=\"document.title='PWNED';document.documentElement.dataset.pwned='img'\">"
+
+
+def _hostile_csv(path: Path) -> Path:
+    import itertools
+    import math
+
+    import pandas as pd
+
+    f1, f2 = "f" + SCRIPT, "g" + ONERROR
+    rows = []
+    for rung, c in (("r" + ONERROR, 1e17), ("r" + SCRIPT, 4e17)):
+        for a, b in itertools.product((0, 1), repeat=2):
+            for seed in (0, 1):
+                rows.append({"arm": ["base", "+" + SCRIPT, "+" + ONERROR, "both" + SCRIPT][2 * a + b], "rung": rung,
+                             "seed": seed, f1: ["off", "on" + ONERROR][a], f2: ["off", "on" + SCRIPT][b],
+                             "loss": 2 + 400 * c ** -0.2 * math.exp(-0.02 * a - 0.03 * b) * (1 + 0.001 * seed),
+                             "flops": c, "tokens": 1e9, "tokens_per_s": 1e5 * (1 + 0.1 * a), "source": SCRIPT})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def _ran(browser: str, tmp: Path, page: Path) -> tuple[str, str | None]:
+    """(document.title, the marker a hostile script writes) after the page loaded and its scripts ran."""
+    r = _chromium(browser, tmp, "--dump-dom", page.as_uri())
+    assert "<body" in r.stdout, f"chromium printed no DOM: rc={r.returncode} {r.stderr[-2000:]}"
+    title = re.search(r"<title>(.*?)</title>", r.stdout, re.S)
+    mark = re.search(r'data-pwned="([^"]*)"', r.stdout)
+    return (title.group(1) if title else ""), (mark.group(1) if mark else None)
+
+
+@pytest.mark.slow
+def test_report_from_hostile_imported_names_runs_no_script(tmp_path, browser):
+    """Arm, factor, level, rung and source names holding `<script>` and `<img onerror>` reach report.html as
+    text: the page shows them, and no script runs (the report's policy forbids scripts besides)."""
+    src = _hostile_csv(tmp_path / "hostile.csv")
+    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["analyze", str(tmp_path / "study"), "--out", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    page = tmp_path / "rep" / "report.html"
+    text = page.read_text()
+    assert "<script" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;document.title" in text  # the names are shown, escaped
+    assert _ran(browser, tmp_path, page) == ("hostile", None)  # the study is named after the file
+
+    # the same Markdown rendered without escaping or policy: the hostile names do run, so the check above can fail
+    import markdown
+
+    md = (tmp_path / "rep" / "report.md").read_text()
+    bare = page.with_name("unescaped.html")
+    bare.write_text("<!doctype html><html><head><title>study</title></head><body>" + markdown.markdown(
+        md, extensions=["tables"]) + "</body></html>")
+    assert _ran(browser, tmp_path, bare)[0] == "PWNED"
+    # and escaping alone or the policy alone each stop it: the policy holds for raw HTML that gets through
+    raw = page.with_name("policy_only.html")
+    raw.write_text(render_html("x", "study").replace("<p>x</p>", SCRIPT + ONERROR))
+    assert _ran(browser, tmp_path, raw) == ("study", None)

@@ -96,6 +96,69 @@ def test_the_crafted_payloads_do_run_under_a_plain_unpickler(tmp_path):
         assert marker.exists(), kind
 
 
+FS = "torch.distributed.checkpoint.filesystem"
+
+
+def _builds() -> dict[str, bytes]:
+    """BUILD (set attributes) through allowed names only: on an allowed class itself, and on an instance
+    with a name that is no field of it (`__class__` would turn it into another class)."""
+    evil = _stack_global("torch.serialization", "_get_layout")
+    on_class = lambda proto, state: b"\x80" + bytes([proto]) + _stack_global(FS, "_StorageInfo") + state + b"b."
+    slot = b"N}" + _str("__repr__") + evil + b"s\x86"  # (None, {"__repr__": _get_layout}): setattr on the target
+    inst = _stack_global(FS, "_StorageInfo") + b")\x81"  # _StorageInfo.__new__(_StorageInfo)
+    return {
+        "p4_build_class_slotstate": on_class(4, slot),
+        "p2_build_class_dict": b"\x80\x02" + _global(FS, "_StorageInfo") + b"}" + _str("__repr__")
+                               + _global("torch.serialization", "_get_layout") + b"sb.",
+        "p5_build_instance_class_swap": b"\x80\x05" + inst + b"N}" + _str("__class__")
+                                        + _stack_global("torch", "Size") + b"s\x86b.",
+        "p4_build_on_dtype": b"\x80\x04" + _stack_global("torch", "float32") + slot + b"b.",
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_builds()))
+def test_metadata_build_on_anything_but_a_fresh_dcp_instance_is_refused(kind):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    before = _StorageInfo.__repr__
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load it"):
+        _MetadataUnpickler(io.BytesIO(_builds()[kind])).load()
+    assert _StorageInfo.__repr__ is before
+
+
+def test_the_build_payloads_do_rewrite_the_class_under_a_plain_unpickler():
+    """The control: a plain unpickler lets the class-level BUILD replace `_StorageInfo.__repr__`."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    before = _StorageInfo.__repr__
+    try:
+        pickle.loads(_builds()["p4_build_class_slotstate"])
+        assert _StorageInfo.__repr__ is not before
+    finally:
+        _StorageInfo.__repr__ = before
+
+
+def test_real_dcp_metadata_round_trips_through_the_checked_unpickler():
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    m = Metadata(state_dict_metadata={"w": TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16),
+                                                                 torch.Size([2, 3]), [ChunkStorageMetadata(
+                                                                     torch.Size([0, 0]), torch.Size([2, 3]))])},
+                 storage_data={MetadataIndex("w", torch.Size([0, 0])): _StorageInfo(Path("a/b"), 0, 10)},
+                 storage_meta=StorageMeta(checkpoint_id=Path("/x")))
+    for proto in (2, 3, 4, 5):
+        assert _MetadataUnpickler(io.BytesIO(pickle.dumps(m, protocol=proto))).load() == m
+
+
 def _rewrite(ck: Path, rel: str, data: bytes) -> None:
     """Replace a checkpoint file and record its new digest: a checkpoint that verifies but does not load."""
     (ck / rel).write_bytes(data)

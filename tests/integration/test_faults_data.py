@@ -171,6 +171,26 @@ def test_a_bad_bpe_vocab_is_one_clear_line_before_the_source_is_read(tmp_path, c
     assert f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer in 257..1048576" in _one_error_line(capsys)
 
 
+def test_an_object_offsets_npy_with_a_rehashed_manifest_is_refused_naming_the_file(source, tmp_path, capsys):
+    out = tmp_path / "out"
+    _prepare(source, out)
+    m = json.loads((out / "manifest.json").read_text())
+    f = out / m["shards"][0]["offsets_path"]
+    offsets = np.load(f)
+    np.save(f, np.array(list(offsets), dtype=object), allow_pickle=True)  # loading it would unpickle
+    m["shards"][0]["offsets_sha256"] = prep.sha256_file(f)  # consistent hashes: only the dtype check can catch it
+    (out / "manifest.json").write_text(json.dumps(m))
+    shards._VERIFIED.clear()
+    with pytest.raises(ValueError, match=re.escape(str(f)) + r": not an integer \.npy array \(Object arrays"):
+        shards.PreparedCorpus(out)
+    np.save(f, offsets.astype(np.float64))  # numbers, but not integers
+    m["shards"][0]["offsets_sha256"] = prep.sha256_file(f)
+    (out / "manifest.json").write_text(json.dumps(m))
+    shards._VERIFIED.clear()
+    with pytest.raises(ValueError, match=re.escape(str(f)) + r": holds a float64 array"):
+        shards.PreparedCorpus(out)
+
+
 def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     """name -> (folder, a regex of what the error says)"""
     cases = {}
@@ -181,7 +201,7 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     d = root / "binary"
     d.mkdir()
     (d / "a.jsonl").write_bytes(bytes(range(256)) * 8)
-    cases["binary"] = (d, "a.jsonl: cannot read as json")
+    cases["binary"] = (d, r"a.jsonl: not UTF-8 text \(byte 128\)")
     d = root / "binary_txt"
     d.mkdir()
     (d / "a.txt").write_bytes(b"ok\x00" + bytes(range(256)))
@@ -200,10 +220,22 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
     (d / "a.jsonl").write_text(json.dumps({"body": "hello there", "n": 1}) + "\n")
     (d / "b.txt").write_text("plain text\n")
     cases["mixed_kinds"] = (d, r"text_column='text' is not a column of \S+/a\.jsonl; allowed values: body, n")
+    for name, value, says in (("text_int", 5, "int"), ("text_object", {"a": 1}, "dict")):
+        d = root / name
+        d.mkdir()
+        (d / "a.jsonl").write_text(json.dumps({"text": "hello there"}) + "\n")
+        (d / "b.jsonl").write_text(json.dumps({"text": value}) + "\n")  # one schema per file, not across them
+        cases[name] = (d, rf"/b\.jsonl: line 1: column 'text' holds {says} values, not text")
+    d = root / "latin1_jsonl"
+    d.mkdir()
+    (d / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
+    (d / "b.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
+    cases["latin1_jsonl"] = (d, r"/b\.jsonl: not UTF-8 text \(byte 13\)")
     return cases
 
 
-@pytest.mark.parametrize("case", ["empty", "binary", "binary_txt", "latin1_txt", "mixed", "mixed_kinds"])
+@pytest.mark.parametrize("case", ["empty", "binary", "binary_txt", "latin1_txt", "mixed", "mixed_kinds", "text_int",
+                                  "text_object", "latin1_jsonl"])
 def test_unreadable_source_files_are_one_clear_line_in_prepare_and_in_eval_folders(tmp_path, capsys, case):
     folder, says = _bad_sources(tmp_path)[case]
     rc = main(["data", "prepare", str(folder), "--tokenizer", "byte", "--out", str(tmp_path / "out")])
@@ -270,3 +302,24 @@ def test_prepare_killed_at_20_random_points_always_resumes_to_the_uninterrupted_
         _prepare(source, out, docs_per_shard=8)  # the rerun resumes whatever the kill left
         assert _corpus_bytes(out) == expected, (k, torn)
         shards.verify_corpus(out)
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_two_worker_prepare_stops_it_without_worker_tracebacks(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(4):
+        (src / f"{k}.jsonl").write_text("".join(json.dumps({"text": t * 4}) + "\n" for t in _docs(3000, seed=k)))
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "data", "prepare", str(src), "--tokenizer", "bpe:2000",
+                          "--num-proc", "2", "--docs-per-shard", "100", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((out / "shards").glob("*.meta.json")) and p.poll() is None:
+        time.sleep(0.2)  # SIGTERM while the workers write shards
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "marin-ablate data: interrupted (SIGTERM)"

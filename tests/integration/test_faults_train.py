@@ -269,3 +269,40 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert [{k: v for k, v in r.items() if k not in strip} for r in _lines(run)] == \
         [{k: v for k, v in r.items() if k not in strip} for r in _lines(ref)]
     assert _temps(run) == []
+
+
+def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_recorded(tmp_path):
+    """The second session runs from a copy of marin/ with one source line more (another code version)."""
+    import shutil
+
+    from analysis.report import provenance
+    from analysis.results import collect
+    from marin.train.hardware import code_version
+
+    run = tmp_path / "study" / "runs" / "r"
+    spec = _spec(4)
+    assert train(spec, run, stop_after=2)["status"] == "interrupted"
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "marin", copy / "marin", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "marin" / "train" / "hardware.py", "a") as f:
+        f.write("# a later commit\n")
+    script = ("import sys, json; from marin.config import RunSpec; from marin.train import train; "
+              "print(json.dumps(train(RunSpec.from_dict(json.loads(sys.argv[1])), sys.argv[2])['status']))")
+    env = dict(os.environ, PYTHONPATH=str(copy))
+    p = subprocess.run([sys.executable, "-c", script, json.dumps(spec.to_dict()), str(run)], env=env,
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.stdout.strip() == '"completed"', p.stderr[-3000:]
+    summ = json.loads((run / "summary.json").read_text())
+    old = code_version()
+    assert len(summ["code_versions"]) == 2 and summ["code_versions"][0] == old != summ["code_versions"][1]
+    assert summ["code_version"] == summ["code_versions"][1]
+    log = (run / "train.log").read_text()
+    assert f"code changed since the checkpoint: {spec.run_id} trained steps 0-1 with {old}, continues at step 2" in log
+    t = collect(tmp_path / "study", write=False)
+    assert t.loc[0, "code_versions"] == " → ".join(summ["code_versions"])
+
+    class A:
+        factors, table = [], t
+
+    line = provenance(A(), t, None)[1]
+    assert "1 run(s) resumed under changed code" in line and f"{spec.run_id} ({old} → " in line

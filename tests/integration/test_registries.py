@@ -160,7 +160,7 @@ class InProcess:
     """An executor that runs its jobs on one background thread of this process, after `gate` opens;
     until then they are queued (its own table says so, as squeue does for SLURM)."""
 
-    name, waits, shows_jobs, in_process = "inproc", True, False, True
+    name, waits, shows_jobs, in_process, trains_here = "inproc", True, False, True, True
 
     def __init__(self):
         import concurrent.futures

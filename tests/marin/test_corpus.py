@@ -308,12 +308,14 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
 
     rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
     big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
-    assert main(["plan", "marin535", "--json", "--set", f"data.corpus={big}"]) == 0
+    (tmp_path / "eval" / "web" / "val").mkdir(parents=True)  # a prepared corpus needs an eval_dir (as `train` does)
+    ev = ["--set", f"data.eval_dir={tmp_path / 'eval'}"]
+    assert main(["plan", "marin535", "--json", "--set", f"data.corpus={big}", *ev]) == 0
     rows = json.loads(capsys.readouterr().out)["epochs"]
     assert [(r["rung"], r["tokens_needed"], r["corpus_tokens"]) for r in rows] == \
         [(k, v, 2 * max(rungs.values())) for k, v in rungs.items()]
     assert [r["epochs"] for r in rows] == [v / (2 * max(rungs.values())) for v in rungs.values()]
-    assert main(["plan", "marin535", "--set", f"data.corpus={big}"]) == 0
+    assert main(["plan", "marin535", "--set", f"data.corpus={big}", *ev]) == 0
     text = capsys.readouterr().out
     assert "tokens_needed" in text and f"{2 * max(rungs.values()):,}" in text
 
@@ -322,7 +324,7 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rungs["d1024"] > rungs["d768"]
     assert "rung d1024" in err and f"{rungs['d1024'] / rungs['d768']:.2f} epochs" in err and "--allow-repeat" in err
-    assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}"]) == 0
+    assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}", *ev]) == 0
     assert json.loads(capsys.readouterr().out)["epochs"][2]["epochs"] == rungs["d1024"] / rungs["d768"]
     wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
     assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2

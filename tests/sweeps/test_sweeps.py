@@ -66,7 +66,8 @@ def test_run_files_are_written_once_and_refuse_another_run(tmp_path):
     assert spec == runs[0].spec.to_dict()
     assert read_json(runs[0].dir / "meta.json") == runs[0].meta == {
         "study": "tiny", "rung": "tiny", "arm": runs[0].meta["arm"], "seed": 0, "design_row": 0,
-        "factors": {"xsa": "none"}, "coding": {"xsa": {"field": "recipe.xsa", "low": "none", "high": "xsa", "code": -1}}}
+        "factors": {"xsa": "none"}, "coding": {"xsa": {"field": "recipe.xsa", "low": "none", "high": "xsa", "code": -1,
+                                      "values": {"none": "none", "xsa": "xsa"}}}}
     alien = replace(runs[1], dir=runs[0].dir)
     with pytest.raises(ValueError, match="holds run"):
         write_run_files(alien)
@@ -136,6 +137,7 @@ def test_run_lock_keeps_a_second_process_out(tmp_path):
 
 
 def test_failed_run_keeps_its_error_and_is_retried_only_when_asked(tmp_path):
+    (tmp_path / "no_such_corpus").mkdir()  # exists (so the pre-launch checks pass), holds no text: each run fails
     study = tiny_study(data=DataConfig(corpus=str(tmp_path / "no_such_corpus")))
     rep = run_study(study, tmp_path / "out", ExecOptions(executor="debug"), progress=False)
     assert rep.counts["failed"] == 2 and rep.submitted == 2
