@@ -7,8 +7,8 @@ import pytest
 import statsmodels.api as sm
 
 from analysis.attribution import anova_table, fit_effects
-from analysis.joint import fit_joint
-from analysis.pipeline import analyze_table, quality_design
+from analysis.joint import fit_joint, quality_design
+from analysis.pipeline import analyze_table
 from analysis.simulate import random_truth, simulate_table
 
 F = ["xsa", "sconv", "qk_norm"]
