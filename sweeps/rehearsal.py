@@ -246,9 +246,11 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     run_dir = Path(run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     stages = context_plan(spec)
-    check_dist_layout(spec, stages, world)
-    backend = "meta:fake,cpu:fake" if host_backend else "meta:fake"
-    dist.init_process_group(backend, store=FakeStore(), rank=rank, world_size=world)
+    one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group
+    backend = "none (one process)" if one else "meta:fake,cpu:fake" if host_backend else "meta:fake"
+    if not one:
+        check_dist_layout(spec, stages, world)
+        dist.init_process_group(backend, store=FakeStore(), rank=rank, world_size=world)
     # FSDP2 takes its device from the mesh's device handle (none for meta) and refuses meta parameters
     # at its lazy init (meant for deferred init): here meta *is* the accelerator
     saved = (_fully_shard._get_device_from_mesh, _fsdp_param_group.FSDPParamGroup._validate_no_meta_params,
@@ -265,10 +267,10 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     mode = Discipline(host_collectives=host_backend)
     t0 = time.perf_counter()
     try:
-        groups = ep.build_ep_groups(ep_size, ACCEL.type, spec.train.effective().replica_groups)
+        groups = None if one else ep.build_ep_groups(ep_size, ACCEL.type, spec.train.effective().replica_groups)
         # the checkpoint writer's own gloo group cannot be built on a fake store: the save below runs
         # the writer's state dict and DCP's planner and file writer directly
-        d = dataclasses.replace(ParallelDims(world, rank, groups, False))
+        d = ParallelDims(world, rank, groups, False) if not one else ParallelDims()
         d.checkpointer = lambda: None
         amp = AutocastStandIn()
         _patch_autocast(amp)  # the trainer's `torch.autocast(device.type, ...)` and the router's
@@ -286,8 +288,9 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
         del torch.meta
         _patch_autocast(None)
         torch_ops._native_grouped_mm_ok = saved_gmm
-        dist.destroy_process_group()
-        _forget_meshes()
+        if not one:
+            dist.destroy_process_group()
+            _forget_meshes()
     return {"rank": rank, "backend": backend, "experts_per_rank": local[0] if local else 0,
             "param_device": next(iter(where.values()), ""), "checkpoint": ckpt,
             "host_reads": dict(mode.host_reads), "transfers": dict(mode.transfers),
