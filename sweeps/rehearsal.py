@@ -173,6 +173,74 @@ def _patch_autocast(amp: AutocastStandIn | None) -> None:
     torch.get_autocast_dtype = lambda d: torch.bfloat16 if d == ACCEL.type else dtype(d)
 
 
+class _Event:
+    """A device event of the stand-in: work on the accelerator stand-in is synchronous, so every event
+    has completed."""
+
+    def record(self, stream=None):
+        return self
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return event or _Event()
+
+    def synchronize(self):
+        pass
+
+
+class _DeviceHandle:
+    """What FSDP2 asks `torch.<device>` for (torch.cuda on a GPU): streams, events, the current device.
+    torch.cpu's streams return no events, which FSDP2's HSDP path refuses on a non-CPU device."""
+
+    Stream, Event = _Stream, _Event
+    _current = _Stream()
+
+    @staticmethod
+    def current_stream(device=None):
+        return _DeviceHandle._current
+
+    @staticmethod
+    def stream(s):
+        import contextlib
+
+        return contextlib.nullcontext(s)
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def synchronize(device=None):
+        pass
+
+    @staticmethod
+    def device_count():
+        return 1
+
+    @staticmethod
+    def is_available():
+        return True
+
+
 def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[str]]:
     """The spec at narrowed width (sweeps.dryrun.narrowed) that keeps what the step's devices and dtypes
     depend on: precision, mixed precision, offload, the optimizer, recompute and the chunked loss; and
@@ -257,7 +325,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
              ep_exchange.read_splits)
     _fully_shard._get_device_from_mesh = lambda mesh: ACCEL if mesh.device_type == ACCEL.type else saved[0](mesh)
     _fsdp_param_group.FSDPParamGroup._validate_no_meta_params = lambda self: None
-    torch.meta = torch.cpu  # the device handle FSDP2 asks for streams and events (torch.cuda's on a GPU)
+    torch.meta = _DeviceHandle  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
     ep_exchange.read_splits = _even_splits
     # the accelerator is a Hopper/Blackwell GPU (sm90+): torch._grouped_mm in bf16 with aligned rows
     saved_gmm = torch_ops._native_grouped_mm_ok
