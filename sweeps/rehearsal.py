@@ -207,38 +207,24 @@ class _Stream:
         pass
 
 
-class _DeviceHandle:
-    """What FSDP2 asks `torch.<device>` for (torch.cuda on a GPU): streams, events, the current device.
-    torch.cpu's streams return no events, which FSDP2's HSDP path refuses on a non-CPU device."""
+def _device_handle():
+    """What FSDP2 and DCP ask `torch.<device>` for (torch.cuda on a GPU): torch.cpu's functions, with
+    streams whose events exist (torch.cpu's record none, which FSDP2's HSDP path refuses on a non-CPU
+    device) and device 0."""
+    import contextlib
+    import types
 
-    Stream, Event = _Stream, _Event
-    _current = _Stream()
-
-    @staticmethod
-    def current_stream(device=None):
-        return _DeviceHandle._current
-
-    @staticmethod
-    def stream(s):
-        import contextlib
-
-        return contextlib.nullcontext(s)
-
-    @staticmethod
-    def current_device():
-        return 0
-
-    @staticmethod
-    def synchronize(device=None):
-        pass
-
-    @staticmethod
-    def device_count():
-        return 1
-
-    @staticmethod
-    def is_available():
-        return True
+    h = types.ModuleType("torch.meta")
+    h.__dict__.update({k: v for k, v in vars(torch.cpu).items() if not k.startswith("__")})
+    current = _Stream()
+    h.Stream, h.Event = _Stream, _Event
+    h.current_stream = lambda device=None: current
+    h.stream = lambda s=None: contextlib.nullcontext(s)
+    h.current_device = lambda: 0
+    h.is_initialized = h.is_available = lambda: True
+    h.device_count = lambda: 1
+    h.synchronize = lambda device=None: None
+    return h
 
 
 def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[str]]:
@@ -289,10 +275,10 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     plan = planner.finish_plan(plans[0])
     fut = writer.write_data(plan, planner)
     fut.wait()
-    written = sum(len(r) if isinstance(r, list) else 1 for r in [fut.value()])
+    results = fut.value()
     n = sum(1 for _ in path.rglob("*.distcp"))
-    return (f"DCP save planner + FileSystemWriter: {len(plan.items)} items of this rank written ({n} file, "
-            f"{written} result list; values stood in), metadata not committed (needs every rank's plan)")
+    return (f"DCP save planner + FileSystemWriter: {len(plan.items)} items of this rank planned, {len(results)} "
+            f"written to {n} file (values stood in); metadata not committed (needs every rank's plan)")
 
 
 def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, host_backend: bool = False) -> dict:
@@ -325,7 +311,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
              ep_exchange.read_splits)
     _fully_shard._get_device_from_mesh = lambda mesh: ACCEL if mesh.device_type == ACCEL.type else saved[0](mesh)
     _fsdp_param_group.FSDPParamGroup._validate_no_meta_params = lambda self: None
-    torch.meta = _DeviceHandle  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
+    torch.meta = _device_handle()  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
     ep_exchange.read_splits = _even_splits
     # the accelerator is a Hopper/Blackwell GPU (sm90+): torch._grouped_mm in bf16 with aligned rows
     saved_gmm = torch_ops._native_grouped_mm_ok
