@@ -31,6 +31,22 @@ def test_a_collective_on_a_host_tensor_fails_naming_it():
         dist.destroy_process_group()
 
 
+def test_a_group_with_a_host_backend_serves_host_collectives_when_asked():
+    """What a run that keeps host collectives needs ("cuda:nccl,cpu:gloo" on a GPU): the rehearsal
+    builds "meta:fake,cpu:fake" and lets them through, counted as host collectives."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("meta:fake,cpu:fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        d = Discipline(host_collectives=True)
+        with d:
+            dist.all_reduce(torch.zeros(()))
+            dist.all_reduce(torch.ones(3, device="meta"))
+        assert d.collectives == {"c10d::allreduce_ (host)": 1, "c10d::allreduce_ (accelerator)": 1}
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_host_accelerator_mix_fails_and_a_host_read_is_a_listed_stand_in():
     d = Discipline()
     with d:
