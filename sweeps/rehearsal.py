@@ -373,9 +373,10 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
 
 
 def format_rehearsal(rep: dict) -> str:
-    head = (f"dry run (c): one training step + checkpoint save at world {rep['world']} = {rep['world'] // rep['ep_size']}"
-            f" x EP {rep['ep_size']}, accelerator 'meta' standing in for cuda, host 'cpu', process group serving "
-            f"the accelerator only; offload={rep['offload']}, precision {rep['precision']}, mixed precision "
+    layout = (f"world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']}, process group serving "
+              "the accelerator only" if rep["world"] > 1 else f"one process (virtual EP {rep['ep_size']}, no process group)")
+    head = (f"dry run (c): one training step + checkpoint save at {layout}, accelerator 'meta' standing in for cuda, "
+            f"host 'cpu'; offload={rep['offload']}, precision {rep['precision']}, mixed precision "
             f"{rep['mixed_precision']}, d_model {rep['d_model']}, {rep['n_layers']} layers")
     out = [head] + [f"  stand-in: {s}" for s in rep["stand_ins"]]
     for r in rep["rows"]:
