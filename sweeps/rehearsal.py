@@ -61,12 +61,9 @@ def _caller() -> str:
     ours = [f for f in frames if any(s in f.filename for s in ("/marin/", "/sweeps/", "/ablations/"))
             and not f.filename.endswith("sweeps/rehearsal.py")]
     f = ours[-1] if ours else frames[-1]
-    root = f.filename.rsplit("/marin/", 1)[-1] if "/marin/" in f.filename else f.filename
-    for top in ("marin/", "sweeps/", "ablations/"):
-        i = f.filename.rfind("/" + top)
-        if i >= 0:
-            root = f.filename[i + 1:]
-    return f"{root}:{f.lineno} in {f.name}"
+    starts = [f.filename.rfind(f"/{top}/") for top in ("marin", "sweeps", "ablations")]
+    name = f.filename[max(starts) + 1:] if max(starts) >= 0 else f.filename  # repository-relative
+    return f"{name}:{f.lineno} in {f.name}"
 
 
 def _describe(t: torch.Tensor) -> str:
