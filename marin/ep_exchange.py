@@ -77,6 +77,12 @@ class _GradScale(torch.autograd.Function):
         return g * ctx.scale, None
 
 
+def read_splits(splits_2CS: Tensor, rows: int) -> list:
+    """ragged's one host read: every chunk's (input, output) split sizes as host ints (one `.tolist()`);
+    `rows` (the rows this rank could send) is for a stand-in that cannot read values (sweeps/rehearsal.py)."""
+    return splits_2CS.tolist()
+
+
 def _a2a(x: Tensor, out_splits: list[int] | None, in_splits: list[int] | None, group) -> Tensor:
     """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it
     (None: equal splits, x.shape[0] / S rows each way)."""
@@ -263,7 +269,7 @@ class EPDispatcher:
         acc_SQX = accepted_SE.view(S, S, chunks, Ec)  # (sender, receiver, chunk, expert in chunk)
         recv_CSX = acc_SQX[:, r].transpose(0, 1)  # rows I receive per chunk, sender, local expert
         # The one host read: every chunk's split sizes (all_to_all_single takes them as ints).
-        splits = torch.stack([acc_SQX[r].sum(-1).T, recv_CSX.sum(-1)]).tolist()  # [in/out][chunk][rank]
+        splits = read_splits(torch.stack([acc_SQX[r].sum(-1).T, recv_CSX.sum(-1)]), T * K)  # [in/out][chunk][rank]
         y_TW = torch.zeros_like(x_TW)
         start = 0
         for c in range(chunks):

@@ -22,7 +22,7 @@ h head dim, V vocab, R rotated dims / 2, C channels.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
@@ -286,7 +286,8 @@ class Block(nn.Module):
         y = moe.y_BSD
         if self.recipe.sconv == "short_conv" and "mlp_out" in self.cfg.sconv_sites:
             y = self.sconv_mlp_out(y, ctx.doc_ids_BS)  # SConv site mlp_out: before the residual add
-        return x_BSD + y, moe
+        # the rows are in the residual sum; the block (an FSDP2 unit) returns no view of them
+        return x_BSD + y, replace(moe, y_TD=None)
 
 
 def checkpointed_block(block: Block, x_BSD: Tensor, ctx: ForwardContext):

@@ -280,10 +280,17 @@ class RMSNorm(nn.Module):
 
 @dataclass
 class MoEOutput:
-    y_BSD: Tensor
+    # the (B·S, D) rows, not their (B, S, D) view: FSDP2 hooks every tensor a unit returns, and an
+    # in-place op on a returned view would skip its pre-backward all-gather (it warns at every step)
+    y_TD: Tensor | None  # None once the block has added it to the residual (Block.forward)
     aux_loss: Tensor
     stats_R: Tensor  # ROUTER_STATS
     dispatch: DispatchStats
+    batch_shape: tuple[int, int] = (0, 0)  # (B, S) of the input
+
+    @property
+    def y_BSD(self) -> Tensor:
+        return self.y_TD.view(*self.batch_shape, self.y_TD.shape[-1])
 
 
 class MoE(nn.Module):
@@ -352,4 +359,4 @@ class MoE(nn.Module):
         y_TD = routed_TD
         for expert in self.shared:
             y_TD = y_TD + expert(x_TD)
-        return MoEOutput(y_TD.view(B, S, D), r.aux_loss, r.stats_R, dstats)
+        return MoEOutput(y_TD, r.aux_loss, r.stats_R, dstats, (B, S))

@@ -8,7 +8,9 @@ init with a deadline (docs/architecture.md §5 and "Multi-node SLURM").
   a job computes the same one; a requeued job keeps its id, and its old tasks are gone). Nothing is
   set by hand, as in torchtitan's and Megatron's SLURM launchers.
 - gloo binds to the address of this host's name unless told an interface: GLOO_SOCKET_IFNAME is set
-  (when unset) to the interface that routes to MASTER_ADDR, so ranks on other hosts can reach it.
+  (when unset, whatever the backend: a CUDA run's checkpoint group is gloo) to NCCL_SOCKET_IFNAME's
+  interfaces where it names them exactly, else to the interface that routes to MASTER_ADDR, so ranks on
+  other hosts can reach it over the network NCCL uses.
 - The rendezvous has a deadline (MARIN_RENDEZVOUS_TIMEOUT_S, default 300 s): a rank that cannot
   reach it fails with one line naming the address and port instead of waiting forever.
 """
@@ -125,6 +127,21 @@ def interface_to(addr: str) -> str | None:
     return None
 
 
+def gloo_interface(addr: str, env: Mapping[str, str] | None = None) -> str | None:
+    """GLOO_SOCKET_IFNAME for this rank: NCCL's interfaces when NCCL_SOCKET_IFNAME names them exactly
+    (a list "eth0,eth1", or "=eth0" for an exact match; gloo takes a comma list of names), so NCCL and
+    the gloo checkpoint group use one network; else the interface that routes to `addr`. NCCL's prefix
+    ("eth": every eth*) and exclusion ("^docker") forms have no gloo equivalent and fall back too."""
+    env = os.environ if env is None else env
+    nccl = env.get("NCCL_SOCKET_IFNAME", "").strip()
+    if nccl and not nccl.startswith("^"):
+        names = [n.strip() for n in nccl.removeprefix("=").split(",") if n.strip()]
+        known = {name for _, name in socket.if_nameindex()}
+        if names and (nccl.startswith("=") or all(n in known for n in names)):
+            return ",".join(names)
+    return interface_to(addr)
+
+
 def rendezvous_timeout_s() -> float:
     v = os.environ.get("MARIN_RENDEZVOUS_TIMEOUT_S", "")
     try:
@@ -145,8 +162,8 @@ def init_process_group(backend: str, rdv: Rendezvous | None = None, timeout_s: f
     rdv = rdv or from_env()
     t = rendezvous_timeout_s() if timeout_s is None else timeout_s
     rdv.export()
-    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        ifname = interface_to(rdv.addr)
+    if "GLOO_SOCKET_IFNAME" not in os.environ:  # every backend: a CUDA run's checkpoint group is gloo too
+        ifname = gloo_interface(rdv.addr)
         if ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
     where = f"{rdv.addr}:{rdv.port}"

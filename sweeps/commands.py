@@ -145,7 +145,9 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="on CPU, for the first run: (a) the training loop at the full world size through a "
                              "fake process group (first, last and EP-edge ranks, narrowed width, 2 steps + eval); "
-                             "(b) one rank's memory at full width (fake tensors); exit 1 naming the lines over budget")
+                             "(b) one rank's memory at full width (fake tensors); (c) one step + checkpoint save with "
+                             "the accelerator and the host as different devices (sweeps/rehearsal.py); exit 1 naming "
+                             "the lines over budget or the call that fails")
     parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
     parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
@@ -244,14 +246,20 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     import tempfile
 
     from sweeps.dryrun import format_loop, loop_dry_run
+    from sweeps.rehearsal import format_rehearsal, rehearse
 
     with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+        # (c) first: the step on an accelerator that is not the host fails where a GPU would
+        reh = rehearse(spec, gpus, ep, work)
+        if not args.json:
+            print(format_rehearsal(reh) + "\n", flush=True)
         loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
     if not args.json:
         print(format_loop(loop) + "\n", flush=True)
     rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
-    print(json.dumps({"loop": loop, **rep}, indent=1, default=str) if args.json else format_report(rep))
-    return 0 if rep["ok"] else 1
+    print(json.dumps({"rehearsal": reh, "loop": loop, **rep}, indent=1, default=str) if args.json
+          else format_report(rep))
+    return 0 if rep["ok"] and reh["ok"] else 1
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -54,3 +54,41 @@ def test_bad_timeout_is_refused_naming_the_variable(monkeypatch):
         rendezvous_timeout_s()
     with pytest.raises(RendezvousError, match="names no host"):
         first_host("")
+
+
+def test_gloo_takes_nccl_socket_interfaces_when_they_name_interfaces_exactly():
+    from marin.rendezvous import gloo_interface
+
+    assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "lo"}) == "lo"
+    assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "=ib0,ib1"}) == "ib0,ib1"  # "=": exact names
+    # a prefix ("l" matches lo for NCCL) or an exclusion has no gloo form: the route to the master
+    assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "l"}) == "lo"
+    assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "^docker"}) == "lo"
+    assert gloo_interface("127.0.0.1", {}) == "lo"
+
+
+def test_init_process_group_sets_gloo_interface_for_a_non_gloo_backend_too(monkeypatch):
+    """A CUDA run initialises NCCL; its checkpoint writer's gloo group reads GLOO_SOCKET_IFNAME, so it is
+    set from NCCL's environment whatever the backend (here the 'fake' backend stands in for NCCL)."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    from marin.rendezvous import Rendezvous, init_process_group
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_process_group("fake", Rendezvous(0, 1, 0, "127.0.0.1", port, "torchrun"), timeout_s=30)
+    try:
+        import os
+
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    finally:
+        dist.destroy_process_group()
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
