@@ -323,19 +323,7 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
         model = MarinModel(model_cfg, recipe, **model_kw)
     shard_experts(model, groups, transport)
     apply_fsdp(model, groups, cfg)
-    # FSDP2's CPUOffloadPolicy wants its shards materialised on the host (its lazy init refuses others);
-    # what it does not manage (buffers, plain parameters) computes on the device (torchtitan's buffer_device)
-    model.to_empty(device="cpu" if cfg.offload else device)
-    if cfg.offload and torch.device(device).type != "cpu":
-        from torch.distributed.tensor import DTensor
-
-        for m in model.modules():
-            for n, b in m._buffers.items():
-                if b is not None:
-                    m._buffers[n] = b.to(device)
-            for n, p in m._parameters.items():
-                if p is not None and not isinstance(p, DTensor):
-                    m._parameters[n] = nn.Parameter(p.to(device), requires_grad=p.requires_grad)
+    model.to_empty(device=device)
     init_weights(model, seed, groups)
     return model
 

@@ -68,11 +68,13 @@ def _hero_rack(*overrides: str):
     return small, study.hero.gpus, spec.model.ep_shards
 
 
-def test_hero_rack_with_host_offload_fails_naming_the_host_collective(tmp_path):
-    """FSDP2's CPUOffloadPolicy keeps the gradients on the host, so clip_grad_norm_ all-reduces a host
-    scalar: NCCL (here, the accelerator-only group) refuses it in the first step."""
-    small, world, ep = _hero_rack("train.offload=cpu")
-    with pytest.raises(RehearsalError, match=r"allreduce_.*host tensor.*marin/parallel.py:\d+ in clip_grad_norm_"):
+def test_hero_rack_with_a_host_update_is_refused_before_its_step_naming_the_field(tmp_path):
+    """FSDP2's CPUOffloadPolicy kept the gradients on the host, so clip_grad_norm_ all-reduced a host
+    scalar that NCCL (here, the accelerator-only group) refuses in the first step; a host update is now
+    refused before any collective, naming the field (the rehearsal's own refusal of a host collective:
+    test_a_collective_on_a_host_tensor_fails_naming_it)."""
+    with pytest.raises(ValueError, match=r"TrainConfig.offload='cpu'.*allowed values: 'none'"):
+        small, world, ep = _hero_rack("train.offload=cpu")
         _in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
 
 
