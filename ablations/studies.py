@@ -65,9 +65,15 @@ class Study:
     vary_data_seed: bool = True
     companions: tuple[str, ...] = ()
     hero: HeroPlan | None = None
+    # Rungs of the baseline arm's own ladder, over a wider compute span than the design's, that pin the
+    # reference law's L∞ and α (docs/method.md §4.1, *Pinned reference law*); () fits it on the design.
+    reference_rungs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factors", resolve_factors(self.factors))
+        object.__setattr__(self, "reference_rungs", tuple(self.reference_rungs))
+        if self.reference_rungs:
+            ladder(self.reference_rungs)  # an unknown rung name is refused here, with the known ones
         object.__setattr__(self, "rungs", ladder(self.rungs))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "companions", tuple(self.companions))
@@ -96,6 +102,26 @@ class Study:
     @property
     def arm_names(self) -> list[str]:
         return [arm_name(self.design, i) for i in range(self.design.n_runs)]
+
+    @property
+    def lr_coupled(self) -> tuple[Factor, ...]:
+        """The factors whose levels want their own LR (`Factor.lr_coupled`): profiled before the design."""
+        return tuple(f for f in self.factors if f.lr_coupled)
+
+    def baseline_levels(self, **changes: str) -> dict[str, str]:
+        """Every factor at its low (baseline) level, except the ones named in `changes`."""
+        out = {f.name: f.low for f in self.factors}
+        out.update(check_levels(self.factors, changes))
+        return out
+
+    def arm_multipliers(self, per_level: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+        """{arm: LR multiplier} from profiled {factor: {level: multiplier}}: an arm's multiplier is the
+        product over the LR-coupled factors of its level's (docs/method.md §4.6); unprofiled levels: 1."""
+        out = {}
+        for row, arm in enumerate(self.arm_names):
+            lv = self.levels(row)
+            out[arm] = math.prod(float(per_level.get(f, {}).get(lv[f], 1.0)) for f in lv)
+        return out
 
     def levels(self, row: int) -> dict[str, str]:
         """{factor: level name} of design row `row` (+1 = high = recipe level)."""
@@ -246,6 +272,9 @@ SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optim
 
 _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
+#: The baseline arm's ladder that pins the CPU studies' reference law: 64x in compute (the design's
+#: rungs span 8x, too little for the law's curvature; docs/method.md §4.1).
+CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", "cpu_s512", "cpu_s1024")
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
@@ -274,7 +303,7 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     design = fraction(names, resolution=4)
     return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, <= 10 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
-                 _CPU_EXECUTOR, None, True, ("noise_cpu",))
+                 _CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS)
 
 
 def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("cpu_s",)) -> Study:

@@ -325,7 +325,7 @@ def qualifiers(a, f: str) -> str:
     fields = _fields(a)
     coupled = [g for g in a.factors if lr_coupled(fields.get(g, ""))]
     if lr_untuned(a.table) and (f in coupled or (f == "TOTAL" and coupled)):
-        q.append("LRs untuned for this arm (see `marin-ablate tune`)" if f != "TOTAL"
+        q.append("LRs untuned for this arm (see `marin-ablate run` without --no-profile)" if f != "TOTAL"
                  else f"LRs untuned for {', '.join(coupled)}")
     d = drop_rates(a)
     if f in (DROP_FACTOR, "TOTAL") and DROP_FACTOR in a.factors and len(d) and d["drop_rate"].max() > 0:
