@@ -5,7 +5,8 @@ meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor 
 `marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
 rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, ~8 min on 2 cores.
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, an LR profile and a
+              pinned-law baseline ladder first, ~10 min on 2 cores idle.
 - noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
@@ -292,16 +293,24 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
     assignments to fixed-capacity drops in so short a run.
 
+    Before the design, `run` profiles the optimizer's two levels at cpu_s32 (5 LRs each, up to 2 x 2
+    more when an optimum is on the grid's edge; docs/method.md §4.6) and, once per machine, runs the
+    all-off arm on CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) to pin the reference law (§4.1).
+
     Budget (2 cores, one thread per run, 2 runs at a time): with GatedNorm on every arm, about 23k
     tok/s all-off and 14k all-on (benchmarks/train_step.py, cpu_s) and ~2 s of per-run overhead,
         per arm ~ (32+64+128+256) x 1024 tokens / ~17k tok/s + 4 x 2 s = 37 core-s
-        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis). Measured end to end:
-        11-13 min while the 2 cores were shared with other jobs (803 s of user CPU).
-    A second seed doubles the time (use `noise_cpu` for seed noise instead).
+        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis); the profile 10-14 runs
+        x ~4 core-s (~0.5 min), the ladder once ~2000 steps x 1024 tokens / 23k tok/s + 7 x 2 s = ~105
+        core-s (~1.5 min, its 1024-step rung the longest). Measured before the profile and ladder: 7:40
+        idle. Measured with them (2026-12-01, 2 cores shared with six other engineers' jobs, load 10-14):
+        the profile 7 min for 14 runs, the ladder 17 min; the design did not finish within the session.
+    A second seed doubles the design's time (use `noise_cpu` for seed noise instead).
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, <= 10 min on 2 cores",
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, LRs "
+                 "profiled per optimizer, the reference law pinned from a 64x baseline ladder, ~10 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS)
 

@@ -321,24 +321,42 @@ def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
     return D @ D.T / (q * q)
 
 
-def _pin_term(jf: JointFit, pin_cov: np.ndarray) -> np.ndarray:
-    """D·Σ·Dᵀ with D = ∂params/∂(pinned L∞, α) by central differences of warm refits and Σ the pins'
-    covariance (rows linf, alpha): the delta method for a law pinned with an uncertainty."""
+def _pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> np.ndarray:
+    """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
+    principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
+    parameters' shift at the end that moves the effects more. Where the fit is linear in the pins this is the
+    delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster on one side of the law) each
+    contrast's interval still reaches its value at that end. An end a refit cannot reach (α ≤ 0, L∞
+    past the losses) is approached at half the step and extrapolated."""
     keys = [k for k in ("linf", "alpha") if k in jf.pinned]
     ii = [("linf", "alpha").index(k) for k in keys]
     sig = pin_cov[np.ix_(ii, ii)]
     C, L, E, seeds = jf.data
-    D = np.zeros((len(jf.names), len(keys)))
-    for j, k in enumerate(keys):
-        h = max(0.25 * float(np.sqrt(max(sig[j, j], 0.0))), 1e-6 * max(abs(jf.pinned[k]), 1.0))
-        ps = []
+    lam, U = np.linalg.eigh(sig)
+    eff = np.array([k.startswith("theta") for k in jf.names])  # the side is chosen by the effects' shift
+    out = np.zeros((len(jf.names), len(jf.names)))
+    for k in range(len(keys)):
+        if not lam[k] > 0:
+            continue
+        step = z * np.sqrt(lam[k]) * U[:, k]
+        best = None
         for sgn in (1.0, -1.0):
-            kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
-            kw[f"pin_{k}"] = jf.pinned[k] + sgn * h
-            ps.append(fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
-                                clusters=jf.clusters, **kw).params)
-        D[:, j] = (ps[0] - ps[1]) / (2 * h)
-    return D @ sig @ D.T
+            for frac in (1.0, 0.5, 0.25):
+                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
+                for j, name in enumerate(keys):
+                    kw[f"pin_{name}"] = jf.pinned[name] + sgn * frac * step[j]
+                try:
+                    f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
+                                  clusters=jf.clusters, **kw)
+                except ValueError:
+                    continue
+                d = (f.params - jf.params) / frac
+                if best is None or float(d[eff] @ d[eff]) > float(best[eff] @ best[eff]):
+                    best = d
+                break
+        if best is not None:
+            out += np.outer(best, best) / (z * z)
+    return out
 
 
 def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:

@@ -419,7 +419,7 @@ def analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_lin
 
     prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=scale, seeds=seeds, pins=pins,
                      interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters,
-                     pin_cov=None if pinned_law is None else pinned_law.cov)
+                     pin_cov=None if pinned_law is None else pinned_law.cov_propagated)
     for r in _needed(responses):  # one branch per family (analysis/responses.py)
         if r.family == "law":
             _fit_law(prep, r, law_forms)

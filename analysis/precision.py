@@ -393,7 +393,7 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
     if not rungs:
         return None, None, ""
     if pinned is not None:
-        return (np.asarray(pinned.cov, float), (pinned.linf, pinned.A, pinned.alpha),
+        return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
                 f"L∞ and α pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}), "
                 "its covariance in every interval")
     comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))]

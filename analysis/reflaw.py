@@ -37,6 +37,14 @@ class PinnedLaw:
     created: str = ""  # UTC date the ladder's fit was written
     source: str = ""  # the cached file it was copied from
 
+    @property
+    def cov_propagated(self) -> np.ndarray:
+        """The covariance the study's intervals carry: `cov` scaled by (t(dof)/z)² at 95%, so the pins'
+        few residual df (a 7-rung ladder leaves 4) widen the multipliers as they widen the law's own interval."""
+        from scipy import stats
+
+        return self.cov * (float(stats.t.ppf(0.975, max(self.dof, 1))) / float(stats.norm.ppf(0.975))) ** 2
+
     def se(self, name: str) -> float:
         i = ("linf", "alpha").index(name)
         return float(np.sqrt(max(self.cov[i, i], 0.0)))

@@ -67,9 +67,11 @@ def test_a_pinned_law_carries_its_own_interval_into_every_multiplier():
     est, lo, hi = total(with_cov)
     assert est == pytest.approx(total(without)[0], abs=1e-6)  # the same point estimate, a wider interval
     assert hi - lo > 1.05 * (total(without)[2] - total(without)[1])
-    # the multipliers a law at either end of the pinned L∞ interval gives lie inside the headline
-    for v in law.ci("linf"):
-        assert lo <= total(analyze(df, pin_linf=v, pin_alpha=law.alpha))[0] <= hi
+    # the TOTAL a law at either end of the pinned (L∞, α) 95% ellipse's long axis gives lies inside the headline
+    lam, U = np.linalg.eigh(law.cov_propagated)
+    for sgn in (1.0, -1.0):
+        v = np.array([law.linf, law.alpha]) + sgn * 1.96 * np.sqrt(lam[-1]) * U[:, -1]
+        assert lo <= total(analyze(df, pin_linf=v[0], pin_alpha=v[1]))[0] <= hi
     assert any("reference law pinned from the baseline arm's own ladder" in n for n in with_cov.notes)
 
 
@@ -98,7 +100,7 @@ def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
     back = read_pinned(tmp_path)
     assert back.linf == 2.0 and np.array_equal(back.cov, law.cov) and back.source == "src"
     (tmp_path / "reference_law.json").write_text("{\"linf\": 2.0}")
-    with pytest.raises(ValueError, match="pinned reference law: field 'alpha' missing or malformed"):
+    with pytest.raises(ValueError, match="pinned reference law: field 'cov' missing or malformed"):
         read_pinned(tmp_path)
 
 
@@ -107,7 +109,7 @@ def test_the_report_says_untuned_only_when_a_run_ran_the_heuristic_lr(tmp_path, 
     df = simulate_table(truth(0.0), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
     df["lr_source"] = source
     df["lr_scale"] = np.where(df["optimizer"] == "on", 4.0, 0.7) if source != "heuristic" else 1.0
-    df["lr_profile"] = None if source == "heuristic" else str(tmp_path / "profile" / "lr_profile.json")
+    df["lr_profile"] = None if source == "heuristic" else "runs/smoke/profile/lr_profile.json"
     df["lr_profile_date"] = None if source == "heuristic" else "2026-12-01 23:20 UTC"
     a = analyze(df)
     md = render_markdown(a, df, {}, tmp_path, title="t")
@@ -116,4 +118,7 @@ def test_the_report_says_untuned_only_when_a_run_ran_the_heuristic_lr(tmp_path, 
         assert "- learning rates (32 runs): Marin's heuristic LR (no per-arm profile)" in md
     else:
         assert "untuned" not in md and "not tuned" not in md
-        assert f"from `{tmp_path / 'profile' / 'lr_profile.json'}` (2026-12-01 23:20 UTC); multipliers 0.7–4" in md
+        find = md.split("## Findings")[1].split("## Warnings")[0]
+        row = next(ln for ln in find.splitlines() if ln.startswith("| optimizer "))
+        assert ("LRs profiled per level" if source == "profile" else "LRs tuned per arm") in row
+        assert "from `runs/smoke/profile/lr_profile.json` (2026-12-01 23:20 UTC); multipliers 0.7–4" in md
