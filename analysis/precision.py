@@ -416,7 +416,8 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
              "analysis's model interval, no bootstrap; docs/method.md §4.9)",
              f"noise: {noise.source}",
              f"law: L∞ {linf:.4g}, A {A:.4g}, α {alpha:.4g}"
-             + (" (from the noise source)" if noise.law else " (default: the calibration study's α and reducible loss "
+             + (" (from the noise source)" if noise.law else " (the pinned law)" if pin_law else
+                " (default: the calibration study's α and reducible loss "
                 f"{DEFAULT_LAW['reducible_at_cref']} nats at C_ref)")
              + f"; local slope at C_ref {alpha * A * c_ref ** -alpha:.4g} nats per ln C; every component assumed "
              f"ln M = {DEFAULT_EFFECT} (a larger effect widens its interval where clusters carry a shift)",

@@ -93,7 +93,15 @@ def fit_reference(C, L, *, key: str = "", created: str = "", level: float = 0.95
     cov_h = jf.cov[np.ix_(ii, ii)]
     cov_m = np.nan_to_num(jf.cov_model[np.ix_(ii, ii)])
     cov = cov_h if np.trace(cov_h) >= np.trace(cov_m) else cov_m
-    return PinnedLaw(jf.linf, jf.alpha, cov, jf.A, float(C.min()), float(C.max()), len(L), jf.dof, key, created)
+    law = PinnedLaw(jf.linf, jf.alpha, cov, jf.A, float(C.min()), float(C.max()), len(L), jf.dof, key, created)
+    a_lo, a_hi = law.ci("alpha", level)
+    l_lo, l_hi = law.ci("linf", level)
+    if not (a_lo > 0 and l_lo >= 0 and l_hi < float(L.min())):
+        # an interval that reaches a law that does not fall (α <= 0) or past the losses pins nothing
+        raise ValueError(f"reference ladder: L∞ = {law.linf:.4g} [{l_lo:.4g}, {l_hi:.4g}], α = {law.alpha:.4g} "
+                         f"[{a_lo:.4g}, {a_hi:.4g}] on {len(L)} runs: the interval leaves α > 0 or L∞ in [0, smallest "
+                         f"loss {float(L.min()):.4g}), so it cannot pin the law; allowed: more seeds or a wider span")
+    return law
 
 
 def read_pinned(study_dir: str | Path) -> PinnedLaw | None:

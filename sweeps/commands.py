@@ -503,7 +503,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sweeps.reference import pin_reference_law
 
         law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)
-        print(f"{study.name}: reference law pinned: L∞ = {law.linf:.4g}, α = {law.alpha:.4g} "
+        print(f"{study.name}: reference law not pinned: {law}" if isinstance(law, str) else
+              f"{study.name}: reference law pinned: L∞ = {law.linf:.4g}, α = {law.alpha:.4g} "
               f"({law.n} baseline runs, {law.source})", flush=True)
     elif args.no_pin:
         (_sdir(args.out, study.name) / LAW_FILE).unlink(missing_ok=True)  # the analysis then fits the law itself

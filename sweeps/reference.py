@@ -66,8 +66,10 @@ def reference_key(specs: list[tuple[Any, dict]]) -> str:
 
 
 def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequence[str] = (),
-                      progress: bool = True) -> PinnedLaw:
-    """Run (or reuse) the baseline ladder, fit and cache its law, copy it to `sdir/reference_law.json`."""
+                      progress: bool = True) -> PinnedLaw | str:
+    """Run (or reuse) the baseline ladder, fit and cache its law, copy it to `sdir/reference_law.json`;
+    a ladder whose fit cannot pin the law (analysis/reflaw.py `fit_reference`) returns the reason as a
+    line, and the study's analysis fits the law on its own rungs."""
     specs = reference_specs(study, overrides)
     key = reference_key(specs)
     cdir = cache_root() / key
@@ -88,7 +90,11 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
         if bad:
             raise ValueError(f"reference law: the baseline ladder's run(s) at {', '.join(bad)} did not complete "
                              f"(see {cdir / 'runs'}); run again to resume, or --no-pin to fit the law on the design")
-        law = fit_reference(C, L, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+        try:
+            law = fit_reference(C, L, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+        except ValueError as e:
+            (sdir / LAW_FILE).unlink(missing_ok=True)
+            return f"{e} (runs in {cdir / 'runs'}); the analysis fits the law on the design's rungs"
         law = PinnedLaw(**{**law.__dict__, "source": str(cdir / LAW_FILE)})
         atomic_write_json(cdir / LAW_FILE, law.to_dict())
     else:

@@ -92,6 +92,14 @@ def test_a_narrow_ladder_cannot_pin_a_law():
         fit_reference(base["train_flops"], base["eval_macro_loss"])
 
 
+def test_a_one_seed_ladder_whose_alpha_interval_reaches_zero_cannot_pin_the_law():
+    """The smoke study's baseline ladder as measured on a 2-core machine (seed 0, cpu_s16..cpu_s1024)."""
+    C = [15259926528.0 * 2**k for k in range(7)]
+    L = [3.4032, 3.2538, 3.0919, 2.9526, 2.7975, 2.7666, 2.6718]
+    with pytest.raises(ValueError, match=r"α = 0\.237\d* \[-0\.08\d*, 0\.55\d*\] on 7 runs: the interval leaves α > 0"):
+        fit_reference(C, L)
+
+
 def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
     law = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1e11, 1e13, 7, 4, "k", "today", "src")
     import json
