@@ -98,11 +98,9 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
     study = tiny_study(("optimizer",), steps=2)
     opts = ExecOptions(executor="debug")
     popts = ProfileOptions(points=3, span=2.0, max_extensions=4)
-    try:
-        res = profile_study(study, tmp_path, opts, popts, progress=False)
-    except ValueError as e:  # a 2-step run may want an LR beyond every extension: refused, never the edge
-        assert "after 4 extension(s)" in str(e)
-        return
+    res = profile_study(study, tmp_path, opts, popts, progress=False)
+    # 2-step runs want far more than the heuristic LR: the grid is extended (measured: 3 times), never cut at its edge
+    assert res.extensions >= 1 and res.multipliers["optimizer"]["hyperball"] > res.multipliers["optimizer"]["adamw"]
     assert set(res.multipliers) == {"optimizer"} and set(res.multipliers["optimizer"]) == {"adamw", "hyperball"}
     assert not any(p.edge for p in res.profiles.values())
     got = json.loads((tmp_path / "tiny" / "profile" / "lr_profile.json").read_text())
