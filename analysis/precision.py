@@ -396,11 +396,13 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
         return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
                 f"L∞ and α pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}), "
                 "its covariance in every interval")
-    comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))]
+    n_seeds = len(getattr(study, "reference_seeds", (0,)))
+    comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))] * n_seeds
     lay, _ = study_layout(study)
     law = noise.law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
     return (ladder_pin_cov(comps, law, noise), None,
-            f"L∞ and α pinned from the {len(rungs)}-rung baseline ladder `run` measures first ({rungs[0]}..{rungs[-1]}; "
+            f"L∞ and α pinned from the {len(rungs)}-rung × {n_seeds}-seed baseline ladder `run` measures first "
+            f"({rungs[0]}..{rungs[-1]}; "
             "not run on this machine yet: its covariance predicted at this noise)")
 
 

@@ -74,16 +74,18 @@ class PinnedLaw:
                              f"`marin-ablate run` writes ({LAW_FILE})") from None
 
 
-def fit_reference(C, L, *, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
+def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
     """L = L∞ + A·C^(−α) on the baseline ladder's runs; ValueError when the ladder does not identify
-    L∞ and α (too narrow a span, or a loss that does not bend): it cannot pin a law then."""
+    L∞ and α (too narrow a span, or a loss that does not bend): it cannot pin a law then. `seeds`:
+    the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
     from analysis.joint import fit_joint
 
     C, L = np.asarray(C, float), np.asarray(L, float)
     if len(C) < 4 or len(np.unique(np.round(np.log(C), 6))) < 4:
         raise ValueError(f"reference ladder: {len(np.unique(np.round(np.log(C), 6)))} distinct computes; a pinned "
                          "law needs >= 4 (L∞, A, α and one residual df)")
-    jf = fit_joint(C, L, np.zeros((len(L), 0)), [])
+    several = seeds is not None and len(set(np.asarray(seeds).tolist())) > 1
+    jf = fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=np.asarray(seeds) if several else None)
     bad = [k for k in ("linf", "alpha") if k in jf.not_identified]
     if bad or not 0.0 <= jf.linf < float(L.min()):
         raise ValueError(f"reference ladder over {C.min():.3g}..{C.max():.3g} FLOPs does not identify the law "

@@ -381,10 +381,11 @@ def _before_design(study: Any, out: str) -> list[dict]:
         key = reference_key(reference_specs(study))
         cached = (cache_root() / key / "reference_law.json").exists()
         rungs = ladder(study.reference_rungs)
+        n_seeds = len(getattr(study, "reference_seeds", (0,)))
         est = [r.est_wall_s() for r in rungs]
-        rows.append({"what": "baseline ladder pinning the reference law (once per machine and config)",
-                     "runs": len(rungs), "rungs": f"{rungs[0].name}..{rungs[-1].name}",
-                     "core_seconds": sum(est) if all(e is not None for e in est) else None,
+        rows.append({"what": f"baseline ladder pinning the reference law ({n_seeds} seed(s); once per machine and config)",
+                     "runs": len(rungs) * n_seeds, "rungs": f"{rungs[0].name}..{rungs[-1].name}",
+                     "core_seconds": n_seeds * sum(est) if all(e is not None for e in est) else None,
                      "state": f"cached ({cache_root() / key})" if cached else ""})
     return rows
 

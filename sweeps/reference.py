@@ -4,7 +4,7 @@ Run once per machine and configuration: its runs and fit live in the user's cach
 (`$MARIN_CACHE_DIR/reference_law/<key>/`, key = a hash of the ladder's run ids, so anything that
 changes a run — model, data, seed, heuristic — gives a new ladder), resumable and skipped when
 done; each study that uses it gets a copy of the fit (`<study>/reference_law.json`). The ladder runs
-the study's baseline levels at the heuristic LR on seed 0: the law is the baseline recipe's, and a
+the study's baseline levels at the heuristic LR on `reference_seeds`: the law is the baseline recipe's, and a
 study refits A on its own all-off arm (its own seed and profiled LR).
 """
 
@@ -31,20 +31,21 @@ def cache_root() -> Path:
 
 
 def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
-    """(spec, meta) of the baseline arm at each of `study.reference_rungs`, seed 0, heuristic LR."""
+    """(spec, meta) of the baseline arm at each of `study.reference_rungs` and `reference_seeds`, heuristic LR."""
     from ablations.studies import Study
 
     lv = study.baseline_levels()
+    seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))
     ladder_study = Study(f"{study.name}_reference", "", study.factors, study.design, study.reference_rungs,
-                         (REFERENCE_SEED,), study.data, study.base_recipe, study.executor, study.hardware,
-                         study.vary_data_seed)
+                         seeds, study.data, study.base_recipe, study.executor, study.hardware, study.vary_data_seed)
     out = []
     for r in ladder_study.rungs:
-        spec = ladder_study.spec(r, lv, REFERENCE_SEED)
-        if overrides:
-            spec = apply_spec_overrides(spec, overrides)
-        out.append((spec, dict(ladder_study.meta(r.name, "baseline", REFERENCE_SEED, None, lv), reference=True)))
-    if len({s.run_id for s, _ in out}) < len(out):
+        for seed in seeds:
+            spec = ladder_study.spec(r, lv, seed)
+            if overrides:
+                spec = apply_spec_overrides(spec, overrides)
+            out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
+    if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
         raise ValueError(f"--set {' '.join(overrides)} makes the baseline ladder's rungs ({', '.join(study.reference_rungs)}) "
                          "the same run; allowed: overrides that keep their steps apart, or --no-pin")
     return out
@@ -79,19 +80,20 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
         run_planned(runs, cdir, opts, resources=study_resources(study), label=f"{study.name} reference law",
                     progress=progress)
         _wait_for_others(runs)
-        C, L, bad = [], [], []
+        C, L, seeds, bad = [], [], [], []
         for r in runs:
             s = read_json(r.dir / "summary.json") or {}
             if s.get("status") == "completed" and s.get("eval_macro_loss") is not None:
                 C.append(float(s["train_flops"]))
                 L.append(float(s["eval_macro_loss"]))
+                seeds.append(int(r.meta["seed"]))
             else:
                 bad.append(r.meta["rung"])
         if bad:
             raise ValueError(f"reference law: the baseline ladder's run(s) at {', '.join(bad)} did not complete "
                              f"(see {cdir / 'runs'}); run again to resume, or --no-pin to fit the law on the design")
         try:
-            law = fit_reference(C, L, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+            law = fit_reference(C, L, seeds=seeds, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         except ValueError as e:
             (sdir / LAW_FILE).unlink(missing_ok=True)
             return f"{e} (runs in {cdir / 'runs'}); the analysis fits the law on the design's rungs"

@@ -114,3 +114,18 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
                     "lr_profile_date": res.created}
     hb = [a for a in study.arm_names if a != "all_off"][0]
     assert mult == {"all_off": res.multipliers["optimizer"]["adamw"], hb: res.multipliers["optimizer"]["hyperball"]}
+
+
+def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three_seeds():
+    from ablations.studies import get_study
+    from sweeps.reference import reference_key, reference_specs
+
+    study = get_study("smoke")
+    specs = reference_specs(study)
+    assert len(specs) == 21 and len({s.run_id for s, _ in specs}) == 21
+    assert {m["seed"] for _, m in specs} == {0, 1, 2} and all(m["factors"] == study.baseline_levels() for _, m in specs)
+    assert sorted({s.train.steps for s, _ in specs}) == [16, 32, 64, 128, 256, 512, 1024]
+    assert all(s.train.lr_scale == 1.0 for s, _ in specs)  # the heuristic LR: the key does not follow a profile
+    assert reference_key(specs) == reference_key(reference_specs(get_study("smoke", seeds=[1])))
+    with pytest.raises(ValueError, match="makes the baseline ladder's rungs .* the same run; allowed: .* or --no-pin"):
+        reference_specs(study, ["train.steps=6"])
