@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
-from marin.factors import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS  # noqa: F401
+from marin.factors import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS, SPECS  # noqa: F401
 from marin.schema import TRUTH_KEYS, RunSummary
 
 # Names a factor cannot take: each run's row in the results table already has these columns.
@@ -41,6 +41,7 @@ class Factor:
     levels: Any  # Mapping[level name -> value] (two entries); stored as a tuple of pairs
     truth: Any = None  # Mapping[TRUTH_KEYS -> multiplier > 0]; stored as a tuple of pairs
     regime: bool = False
+    lr_coupled: bool = False  # its levels want different LRs: profiled per level before the design runs
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -70,8 +71,9 @@ class Factor:
                     raise ValueError(f"Factor {self.name!r}: Recipe.{attr}={v!r} is not a known level; "
                                      f"allowed values: {', '.join(RECIPE_LEVELS[attr])}")
         object.__setattr__(self, "levels", pairs)
-        if not isinstance(self.regime, bool):
-            raise ValueError(f"Factor {self.name!r}: regime={self.regime!r}; allowed values: True, False")
+        for k in ("regime", "lr_coupled"):
+            if not isinstance(getattr(self, k), bool):
+                raise ValueError(f"Factor {self.name!r}: {k}={getattr(self, k)!r}; allowed values: True, False")
         if self.truth is not None:
             try:
                 t = dict(self.truth.items() if isinstance(self.truth, Mapping) else self.truth)
@@ -139,6 +141,8 @@ class Factor:
             d["truth"] = self.truth_dict
         if self.regime:
             d["regime"] = True
+        if self.lr_coupled:
+            d["lr_coupled"] = True
         return d
 
 
@@ -155,7 +159,7 @@ def recipe_factor(name: str, low: str | None = None, high: str | None = None) ->
     for lv in (low, high):
         if lv not in RECIPE_LEVELS[name]:
             raise ValueError(f"factor {name!r} has no level {lv!r}; allowed values: {', '.join(RECIPE_LEVELS[name])}")
-    return Factor(name, field=f"recipe.{name}", levels={low: low, high: high})
+    return Factor(name, field=f"recipe.{name}", levels={low: low, high: high}, lr_coupled=SPECS[name].lr_coupled)
 
 
 #: The seven recipe factors: name -> Factor(field "recipe.<name>", baseline (-1), recipe (+1)).

@@ -203,7 +203,7 @@ CPU_RUNGS: dict[str, Rung] = {
     # cores a width ladder cannot give the baseline enough tokens per parameter for its loss to fall
     # with compute (measured: all-off at cpu_s/m/l, 96 steps each: 3.13, 3.31, 3.30).
     **{f"cpu_s{n}": Rung(f"cpu_s{n}", "cpu_s", fixed_steps=n, batch_size=8, est_tokens_per_s=15_000, overhead_s=2.0)
-       for n in (32, 64, 128, 256)},
+       for n in (16, 32, 64, 128, 256, 512, 1024)},
 }
 
 

@@ -5,7 +5,8 @@ meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor 
 `marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
 rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, ~8 min on 2 cores.
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, an LR profile and a
+              pinned-law baseline ladder first, ~11-12 min on 2 cores idle (estimated).
 - noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
@@ -67,9 +68,17 @@ class Study:
     vary_data_seed: bool = True
     companions: tuple[str, ...] = ()
     hero: HeroPlan | None = None
+    # Rungs of the baseline arm's own ladder, over a wider compute span than the design's, that pin the
+    # reference law's L∞ and α (docs/method.md §4.1, *Pinned reference law*); () fits it on the design.
+    reference_rungs: tuple[str, ...] = ()
+    reference_seeds: tuple[int, ...] = (0,)  # the ladder's seeds (each its own init and data order)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factors", resolve_factors(self.factors))
+        object.__setattr__(self, "reference_rungs", tuple(self.reference_rungs))
+        object.__setattr__(self, "reference_seeds", tuple(self.reference_seeds))
+        if self.reference_rungs:
+            ladder(self.reference_rungs)  # an unknown rung name is refused here, with the known ones
         object.__setattr__(self, "rungs", ladder(self.rungs))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "companions", tuple(self.companions))
@@ -98,6 +107,26 @@ class Study:
     @property
     def arm_names(self) -> list[str]:
         return [arm_name(self.design, i) for i in range(self.design.n_runs)]
+
+    @property
+    def lr_coupled(self) -> tuple[Factor, ...]:
+        """The factors whose levels want their own LR (`Factor.lr_coupled`): profiled before the design."""
+        return tuple(f for f in self.factors if f.lr_coupled)
+
+    def baseline_levels(self, **changes: str) -> dict[str, str]:
+        """Every factor at its low (baseline) level, except the ones named in `changes`."""
+        out = {f.name: f.low for f in self.factors}
+        out.update(check_levels(self.factors, changes))
+        return out
+
+    def arm_multipliers(self, per_level: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+        """{arm: LR multiplier} from profiled {factor: {level: multiplier}}: an arm's multiplier is the
+        product over the LR-coupled factors of its level's (docs/method.md §4.6); unprofiled levels: 1."""
+        out = {}
+        for row, arm in enumerate(self.arm_names):
+            lv = self.levels(row)
+            out[arm] = math.prod(float(per_level.get(f, {}).get(lv[f], 1.0)) for f in lv)
+        return out
 
     def levels(self, row: int) -> dict[str, str]:
         """{factor: level name} of design row `row` (+1 = high = recipe level)."""
@@ -252,6 +281,11 @@ SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optim
 
 _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
+#: The baseline arm's ladder that pins the CPU studies' reference law: 64x in compute (the design's
+#: rungs span 8x, too little for the law's curvature; docs/method.md §4.1).
+CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", "cpu_s512", "cpu_s1024")
+#: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] (4 residual df), which pins nothing.
+CPU_REFERENCE_SEEDS = (0, 1, 2)
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
@@ -278,18 +312,27 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
     assignments to fixed-capacity drops in so short a run.
 
+    Before the design, `run` profiles the optimizer's two levels at cpu_s32 (5 LRs each, up to 2 x 2
+    more when an optimum is on the grid's edge; docs/method.md §4.6) and, once per machine, runs the
+    all-off arm on CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) x CPU_REFERENCE_SEEDS to pin the reference law (§4.1).
+
     Budget (2 cores, one thread per run, 2 runs at a time): with GatedNorm on every arm, about 23k
     tok/s all-off and 14k all-on (benchmarks/train_step.py, cpu_s) and ~2 s of per-run overhead,
         per arm ~ (32+64+128+256) x 1024 tokens / ~17k tok/s + 4 x 2 s = 37 core-s
-        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis). Measured end to end:
-        11-13 min while the 2 cores were shared with other jobs (803 s of user CPU).
-    A second seed doubles the time (use `noise_cpu` for seed noise instead).
+        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis); the profile 10-14 runs
+        x ~4 core-s (~0.5 min), the ladder once 3 seeds x (~2000 steps x 1024 tokens / 23k tok/s + 7 x 2 s)
+        = ~315 core-s (~2.5-3 min). Measured before the profile and ladder: 7:40 idle. Measured with them
+        (2026-12-01, 2 cores shared with six other engineers' jobs, load 10-18): the profile 7 min for 14
+        runs, a one-seed ladder 17 min; the design did not finish within the session.
+    A second seed doubles the design's time (use `noise_cpu` for seed noise instead).
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, about 8 min on 2 idle cores (`plan smoke` scales it for the load)",
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, LRs "
+                 "profiled per optimizer, the reference law pinned from a 64x baseline ladder, ~12 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
-                 _CPU_EXECUTOR, None, True, ("noise_cpu",))
+                 _CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,
+                 reference_seeds=CPU_REFERENCE_SEEDS)
 
 
 def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("cpu_s",)) -> Study:

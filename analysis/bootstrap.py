@@ -17,9 +17,10 @@ from analysis.responses import RESPONSES
 
 
 def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins, n_boot, method, rng,
-              interactions, scale):
+              interactions, scale, pin_cov=None):
     """{response (and "<response>/main" for a reduced model): (n_boot, terms) replicates of its
-    coefficients}, and the (n_boot, 3) law replicates (linf, A, alpha) of the law response."""
+    coefficients}, and the (n_boot, 3) law replicates (linf, A, alpha) of the law response.
+    pin_cov: pinned (L∞, α) drawn per replicate from N(pins, pin_cov) (a reference ladder's law)."""
     n = len(L)
     out: dict[str, np.ndarray] = {}
     blaw = np.full((n_boot, 3), np.nan)
@@ -41,6 +42,10 @@ def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins,
     for b in range(n_boot):
         v = rng.choice((-1.0, 1.0), size=n)  # one set of signs for every response: their replicates pair
         idx = np.arange(n) if method == "wild" else np.concatenate([rng.choice(ci, size=len(ci)) for ci in cell_idx])
+        pins_b = pins
+        if pin_cov is not None and pins[0] is not None and pins[1] is not None:
+            d = rng.multivariate_normal([pins[0], pins[1]], pin_cov)
+            pins_b = (float(d[0]), max(float(d[1]), 1e-4))
         for k, _, jf, inter in qkeys:
             if method == "wild":
                 r = jf.resid / np.sqrt(np.clip(1 - jf.leverage, 1e-3, None))
@@ -50,7 +55,7 @@ def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins,
             terms, Xf, al, E, cols = designs[k]
             try:
                 fb, jb = quality_fit(X[idx], z[idx], C[idx], Lb, factors, interactions=inter, scale=scale,
-                                     seeds=None if seeds is None else seeds[idx], pins=pins, start=jf,
+                                     seeds=None if seeds is None else seeds[idx], pins=pins_b, start=jf,
                                      warm_only=True,
                                      design=(terms, Xf[idx], al, E[idx], cols) if same_rows else None)
             except (ValueError, np.linalg.LinAlgError):

@@ -182,8 +182,15 @@ def _stream_warnings(a) -> list[str]:
     return out
 
 
+#: How a run's LR was set (analysis/results.py `lr_source`); every other value is the heuristic.
+LR_SET_PER_ARM = ("profile", "tuned")
+
+
 def lr_untuned(t: pd.DataFrame) -> bool:
-    """No per-arm learning rate in the table: every arm ran the heuristic LR."""
+    """Some analysed run ran the heuristic LR, not one profiled or tuned for its arm (its meta.json's
+    lr_source; a table without that column: untuned unless the LRs differ per arm)."""
+    if "lr_source" in t and t["lr_source"].notna().all():
+        return not t["lr_source"].isin(LR_SET_PER_ARM).all()
     return "lr" not in t or t["lr"].nunique() <= 1
 
 
@@ -266,7 +273,7 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
                  "little about GPU kernels")
     if lr_untuned(t):
         w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised "
-                 "(`marin-ablate tune STUDY`, then `run --tuned`)")
+                 "(`marin-ablate run STUDY` profiles them unless --no-profile; `tune STUDY` then `run --tuned`)")
     for c in ("epochs", "data_epochs"):
         if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
             w.append(f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")

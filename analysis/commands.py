@@ -45,6 +45,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin-A", type=float, default=None,
                         help="pin A of the reference law (one-factor-at-a-time studies: with --pin-linf and "
                              "--pin-alpha, a published law)")
+    parser.add_argument("--no-pinned-law", action="store_true",
+                        help="fit the reference law on the study's own rungs, not the pinned one its folder holds "
+                             "(reference_law.json, from the baseline ladder `marin-ablate run` measures)")
     parser.add_argument("--design", choices=DESIGNS, default="auto",
                         help="auto: one-factor-at-a-time when every arm is one change from one baseline arm, "
                              "else factorial (docs/method.md §4.8)")
@@ -109,11 +112,21 @@ def _ofat_or_none(args, table: pd.DataFrame):
                         star=star or find_star(table))
 
 
-def _analyze(args, table: pd.DataFrame, target: float | None):
+def _pinned(args, study_dir: Path | None):
+    """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
+    from analysis.reflaw import read_pinned
+
+    if study_dir is None or args.no_pinned_law or args.pin_linf is not None or args.pin_alpha is not None:
+        return None
+    return read_pinned(study_dir)
+
+
+def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
     from analysis.pipeline import analyze_table
 
     _check_boot_memory(args.n_boot, table)
     return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
+                         pinned_law=_pinned(args, study_dir),
                          boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
                          target_compute=target, third_levels=args.third_levels, seed=args.seed,
                          force_extrapolation=args.force_extrapolation)
@@ -141,7 +154,7 @@ def cmd_analyze(args) -> int:
     ofat = _ofat_or_none(args, table)
     if ofat is not None:
         return _report_ofat(ofat, table, study_dir, out)
-    a = _analyze(args, table, args.target)
+    a = _analyze(args, table, args.target, study_dir)
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
     title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
     import sys
@@ -194,7 +207,7 @@ def cmd_forecast(args) -> int:
     study_dir, table = resolve_study(args.study)
     if _ofat_or_none(args, table) is not None:
         raise ValueError("forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
-    a = _analyze(args, table, args.target)
+    a = _analyze(args, table, args.target, study_dir)
     path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
                           arm=args.arm, note=args.note, force=args.force_extrapolation)
     pred = a.arm_prediction(arm_codes(a, args.arm), args.target, force=args.force_extrapolation)

@@ -415,8 +415,12 @@ def qualifiers(a, f: str) -> str:
     fields = _fields(a)
     coupled = [g for g in a.factors if lr_coupled(fields.get(g, ""))]
     if lr_untuned(a.table) and (f in coupled or (f == "TOTAL" and coupled)):
-        q.append("LRs untuned for this arm (see `marin-ablate tune`)" if f != "TOTAL"
+        q.append("LRs untuned for this arm (see `marin-ablate run` without --no-profile)" if f != "TOTAL"
                  else f"LRs untuned for {', '.join(coupled)}")
+    elif f in coupled and "lr_source" in a.table:  # how the LRs were set (docs/method.md §4.6)
+        src = sorted(set(a.table["lr_source"].dropna()))
+        q.append("LRs " + " and ".join({"profile": "profiled per level", "tuned": "tuned per arm"}.get(x, x)
+                                       for x in src))
     d = drop_rates(a)
     if f in (DROP_FACTOR, "TOTAL") and DROP_FACTOR in a.factors and len(d) and d["drop_rate"].max() > 0:
         span = []

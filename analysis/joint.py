@@ -165,8 +165,13 @@ def _seed_blocks(seeds) -> np.ndarray:
 
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
               pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
-              clusters=None, fast_refit: bool = False) -> JointFit:
+              clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
+              envelope: bool = False) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
+    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's, analysis/reflaw.py): added
+    to every parameter's covariance by the delta method, so the pins' uncertainty reaches each effect.
+    envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
+    covariance to span the fits at each L∞ the data accept (`_curvature_term`).
     warm_only: start from `start` alone (a profile's refits move the optimum only a little).
     fast_refit: solve by analysis/lsq.py (linear in runs) instead of MINPACK, for the bootstrap's
     warm refits; MINPACK stays the solver of every reported fit (where the rungs leave the law's
@@ -273,7 +278,92 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         jf.cov_cluster = _cluster_term(jf, J, bread)
         jf.cov_model = cov_model + jf.cov_cluster
         jf.between_df = int(between_clusters(jf)[1])
+    if pin_cov is not None and pinned and not warm_only:
+        extra = _pin_term(jf, np.asarray(pin_cov, float))
+        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
+    if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
+            and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
+        extra = _curvature_term(jf)
+        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
     return jf
+
+
+#: L∞ values `_curvature_term` tries, as fractions of [0, smallest loss).
+ENVELOPE_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)
+
+
+def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
+    """Where the rungs do not fix the law's curvature (the fit runs off to α → 0, L∞ → −∞, or past
+    the losses), every multiplier rests on a local slope the curvature moves. Refit with L∞ held at
+    each value of [0, smallest loss) (ENVELOPE_GRID) the data accept — RSS within the profile test's
+    allowance (`profile_ci`: t² on the residual df, and on the between-cluster df with clusters) —
+    and return Σ_v d_v d_vᵀ / q² over the two extreme accepted fits (d_v their parameters' shift), so
+    each contrast's interval spans its value at every accepted curvature. None accepted: the fit
+    nearest the data's preference (L∞ = 0) stands for them."""
+    from scipy import stats
+
+    C, L, E, seeds = jf.data
+    q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
+    rss0 = float(jf.resid @ jf.resid)
+    allow = q * q * rss0 / jf.dof
+    s2b, dfb = between_clusters(jf)
+    if jf.clusters is not None and dfb > 0:
+        allow = max(allow, float(stats.t.ppf(0.5 + level / 2, dfb)) ** 2 * s2b)
+    fits = []
+    for frac in ENVELOPE_GRID:
+        v = frac * float(np.min(L))
+        try:
+            f = fit_joint(C, L, E, jf.effect_cols, form="power", seeds=seeds, pin_linf=v,
+                          pin_alpha=jf.pinned.get("alpha"), clusters=jf.clusters)
+        except ValueError:
+            continue
+        rss = float(f.resid @ f.resid)
+        p = np.array([v if k == "linf" else f.params[f.names.index(k)] for k in jf.names])
+        fits.append((rss - rss0 <= allow, rss, p))
+    if not fits:
+        return np.zeros((len(jf.names), len(jf.names)))
+    ok = [p for a, _, p in fits if a] or [min(fits, key=lambda t: t[1])[2]]
+    ends = [ok[0]] if len(ok) == 1 else [ok[0], ok[-1]]
+    D = np.stack([p - jf.params for p in ends], 1)
+    return D @ D.T / (q * q)
+
+
+def _pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> np.ndarray:
+    """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
+    principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
+    parameters' shift at the end that moves the effects more. Where the fit is linear in the pins this is the
+    delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster on one side of the law) each
+    contrast's interval still reaches its value at that end. An end a refit cannot reach (α ≤ 0, L∞
+    past the losses) is approached at half the step and extrapolated."""
+    keys = [k for k in ("linf", "alpha") if k in jf.pinned]
+    ii = [("linf", "alpha").index(k) for k in keys]
+    sig = pin_cov[np.ix_(ii, ii)]
+    C, L, E, seeds = jf.data
+    lam, U = np.linalg.eigh(sig)
+    eff = np.array([k.startswith("theta") for k in jf.names])  # the side is chosen by the effects' shift
+    out = np.zeros((len(jf.names), len(jf.names)))
+    for k in range(len(keys)):
+        if not lam[k] > 0:
+            continue
+        step = z * np.sqrt(lam[k]) * U[:, k]
+        best = None
+        for sgn in (1.0, -1.0):
+            for frac in (1.0, 0.5, 0.25):
+                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
+                for j, name in enumerate(keys):
+                    kw[f"pin_{name}"] = jf.pinned[name] + sgn * frac * step[j]
+                try:
+                    f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
+                                  clusters=jf.clusters, **kw)
+                except ValueError:
+                    continue
+                d = (f.params - jf.params) / frac
+                if best is None or float(d[eff] @ d[eff]) > float(best[eff] @ best[eff]):
+                    best = d
+                break
+        if best is not None:
+            out += np.outer(best, best) / (z * z)
+    return out
 
 
 def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:
@@ -461,14 +551,17 @@ def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
 
 def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
                 form: str = "power", start: JointFit | None = None,
-                warm_only: bool = False, design: tuple | None = None, clusters=None) -> tuple[EffectsFit, JointFit]:
+                warm_only: bool = False, design: tuple | None = None, clusters=None, pin_cov=None,
+                envelope: bool = False) -> tuple[EffectsFit, JointFit]:
     """The joint law + quality effects fit, with its coefficients in the standard effects basis;
     `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
     only a little);
-    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap)."""
+    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap);
+    `pin_cov`: the pinned (L∞, α)'s covariance (a reference ladder's law, analysis/reflaw.py);
+    `envelope`: widen for an unidentified curvature (`_curvature_term`)."""
     terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
-                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters)
+                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters, pin_cov=pin_cov, envelope=envelope)
     th, cov, cm, T = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response=law_column(), factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",

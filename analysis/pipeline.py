@@ -27,6 +27,7 @@ from analysis.attribution import (
 )
 from analysis.bootstrap import bootstrap
 from analysis.joint import JointFit, law_of, quality_fit
+from analysis.reflaw import PinnedLaw
 from analysis.responses import RESPONSES, Response, ordered
 from analysis.results import Inventory, factor_columns, inventory
 from analysis.scaling import LawFit, log_multiplier
@@ -69,6 +70,7 @@ class StudyAnalysis:
     planted: pd.DataFrame | None = None
     replicates: pd.DataFrame | None = None
     coverage: pd.DataFrame | None = None
+    pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/reflaw.py)
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -185,19 +187,20 @@ class _Prepared:
     ref_groups: dict[str, np.ndarray] = field(default_factory=dict)  # a ratio response's reference group per run
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
+    pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/reflaw.py)
 
 
 def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
     """Reference law and quality effects: one fit on every run (baseline-arm runs are not special)."""
     X, z, C, L, factors = p.X, p.z, p.C, p.L, p.factors
-    kw = dict(interactions=p.interactions, scale=p.scale, seeds=p.seeds, pins=p.pins)
+    kw = dict(interactions=p.interactions, scale=p.scale, seeds=p.seeds, pins=p.pins, pin_cov=p.pin_cov)
     if not p.scale and p.pins[1] is None:
         p.notes.append("reference law not estimable: one rung cannot fix α; pin it (--pin-alpha)")
     else:
         for form in law_forms:
             try:
                 fq, jf = quality_fit(X, z, C, L, factors, **kw, form=form, start=p.joint.get("power"),
-                                     clusters=p.clusters)
+                                     clusters=p.clusters, envelope=form == "power")
             except ValueError as e:
                 p.notes.append(f"reference law ({form} form) not estimable: {e}")
                 continue
@@ -206,7 +209,9 @@ def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
                 # ln C fits as well). A multiplier needs only the local slope dL/d ln C, which the
                 # rungs do fix; α, A, L∞ and anything that extrapolates are reported as such.
                 p.notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
-                               "law's local slope only; law parameters and extrapolation are not identified")
+                               "law's local slope, and their intervals span it at every L∞ in [0, smallest loss) "
+                               "the data accept; law parameters and extrapolation are not identified (pin the law "
+                               "from a wider baseline ladder: `marin-ablate run` does for a study with reference rungs)")
                 p.joint[form], p.law = jf, law_of(jf, p.level)
                 p.fits[r.name] = fq
                 break
@@ -322,12 +327,15 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                   mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
                   third_levels: str = "drop", level: float = 0.95, seed: int = 0,
                   responses: tuple[str, ...] | None = None, force_extrapolation: bool = False,
-                  law_forms: tuple[str, ...] = ("power", "curved"), replicates: bool = True) -> StudyAnalysis:
+                  law_forms: tuple[str, ...] = ("power", "curved"), replicates: bool = True,
+                  pinned_law: PinnedLaw | None = None) -> StudyAnalysis:
     """The attribution on a results table; see the module docstrings for the math. `responses`:
     names from analysis/responses.py (default every registered one).
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
-    `replicates` then analyses each seed alone as well, for the coverage over replicates."""
+    `replicates` then analyses each seed alone as well, for the coverage over replicates.
+    `pinned_law`: L∞ and α from a reference ladder (analysis/reflaw.py), pinned with their covariance
+    (it overrides pin_linf / pin_alpha)."""
     from analysis.checks import lost_runs, paired_per_rung, total_checks, warnings_for
     from analysis.findings import mark_not_varied, refuse_single_rung
     from analysis.replicates import (
@@ -391,6 +399,14 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if not scale:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
+    if pinned_law is not None:
+        pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
+        lo, hi = pinned_law.ci("linf", level), pinned_law.ci("alpha", level)
+        notes.append(f"reference law pinned from the baseline arm's own ladder ({pinned_law.n} runs over "
+                     f"{pinned_law.c_lo:.3g}..{pinned_law.c_hi:.3g} FLOPs, fitted {pinned_law.created}): "
+                     f"L∞ = {pinned_law.linf:.4g} [{lo[0]:.4g}, {lo[1]:.4g}], α = {pinned_law.alpha:.4g} "
+                     f"[{hi[0]:.4g}, {hi[1]:.4g}]; A refitted on this study's runs; the pins' covariance is in "
+                     "every multiplier's interval (delta method and bootstrap draws)")
     pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/joint.py)
@@ -399,7 +415,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     clusters = (stream + "|" + ok["rung"].astype(str)).to_numpy()
 
     prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=scale, seeds=seeds, pins=pins,
-                     interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters)
+                     interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters,
+                     pin_cov=None if pinned_law is None else pinned_law.cov_propagated)
     for r in _needed(responses):  # one branch per family (analysis/responses.py)
         if r.family == "law":
             _fit_law(prep, r, law_forms)
@@ -417,7 +434,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if n_boot > 0 and boot_method != "none" and fits:
 
         boot_theta, boot_law = bootstrap(ok, X, z, C, L, factors, prep.fits, prep.reduced, joint, masks, seeds, pins,
-                                         n_boot, boot_method, rng, interactions, scale)
+                                         n_boot, boot_method, rng, interactions, scale, pin_cov=prep.pin_cov)
 
     def comp_at(n: str, zz: float, fset=None, rset=None) -> pd.DataFrame:
         fset, rset = fset or fits, rset if rset is not None else reduced
@@ -467,6 +484,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if replicates and n_seeds >= 2 and (truths or n_seeds >= BETWEEN_SEEDS_MIN):
         def one(sub: pd.DataFrame) -> StudyAnalysis:
             return analyze_table(sub, pin_linf=pin_linf, pin_alpha=pin_alpha, n_boot=0, boot_method="none", hc=hc,
+                                 pinned_law=pinned_law,
                                  interactions=interactions, third_levels=third_levels, level=level,
                                  responses=responses, law_forms=law_forms, replicates=False)
 
@@ -483,7 +501,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
                       boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
-                      reduced=reduced, joint=joint, level=level)
+                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law)
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)

@@ -92,7 +92,7 @@ def _runs(lay: Layout, law, log_m=None):
     return X, z, C, L, seed, clusters, c_ref
 
 
-def _fits(lay: Layout, law, log_m=None):
+def _fits(lay: Layout, law, log_m=None, pinned: bool = False):
     """(Shapley fit, its JointFit, c_ref): the pipeline's quality fit, or its main-effects refit where
     the full model leaves a Shapley value non-estimable (as analysis/pipeline.py does)."""
     from analysis.attribution import component_contrasts
@@ -100,7 +100,7 @@ def _fits(lay: Layout, law, log_m=None):
 
     X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
     # one rung cannot fix α: the analysis then needs it pinned (--pin-alpha), and so does the prediction
-    pins = (None, law[2]) if len(lay.computes) < 2 else (None, None)
+    pins = (law[0], law[2]) if pinned else (None, law[2]) if len(lay.computes) < 2 else (None, None)
     kw = dict(scale=len(lay.computes) >= 2, seeds=seed if lay.seeds > 1 else None, clusters=clusters, pins=pins)
     fq, jf = quality_fit(X, z, C, L, list(lay.factors), interactions=True, **kw)
     if any(not fq.estimable(c) for c in component_contrasts(fq, 0.0)["shapley"]):
@@ -140,11 +140,25 @@ def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
     return hc3, model, {"dof": jf.dof, "cluster_df": int(dfb), "clusters": len(labels), "cluster_var": sig2b}
 
 
+def ladder_pin_cov(computes, law, noise: Noise) -> np.ndarray:
+    """The 2x2 covariance of (L∞, α) a baseline ladder at `computes` would fit (analysis/reflaw.py):
+    (σ² + σ²_rung)·(JᵀJ)⁻¹ of the law at the truth, each ladder run its own (seed × rung) cluster."""
+    C = np.asarray(computes, float)
+    linf, A, alpha = law
+    c0 = float(np.exp(np.mean(np.log(C))))
+    f = A * C ** (-alpha)
+    J = np.stack([np.ones_like(C), f, -f * np.log(C / c0)], 1)  # over (linf, ln a, alpha)
+    cov = (noise.sd**2 + noise.rung_sd**2) * np.linalg.pinv(J.T @ J)
+    return cov[np.ix_([0, 2], [0, 2])]
+
+
 def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[float, ...] = (1.0, 10.0),
-            log_m=None, law: tuple[float, float, float] | None = None) -> tuple[pd.DataFrame, dict]:
+            log_m=None, law: tuple[float, float, float] | None = None,
+            pin_cov: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
     """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref.
     `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
-    the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). Returns (table, info)."""
+    the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
+    pinned at the truth with this covariance (a reference ladder's, as `run` pins them). Returns (table, info)."""
     from analysis.attribution import component_table
     from analysis.replicates import BETWEEN_SEEDS_MIN
 
@@ -153,17 +167,23 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
                          "allowed values: seeds >= 1, at least one rung and two arms")
     law = law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
     try:
-        fq, jf, c_ref = _fits(lay, law, log_m)
+        fq, jf, c_ref = _fits(lay, law, log_m, pinned=pin_cov is not None)
     except ValueError as e:
         raise ValueError(f"precision: the analysis's fit cannot be made on {len(lay.design)} arms × {len(lay.computes)} "
                          f"rung(s) ({e}); a seed panel measures noise (use it as --noise PATH), the plan to size is a "
                          "factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
+    if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
+        from analysis.joint import _pin_term
+
+        extra = _pin_term(jf, np.asarray(pin_cov, float))
+        hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
     between = None
     if lay.seeds >= BETWEEN_SEEDS_MIN:  # each seed alone: its scatter's median t interval (analysis/replicates.py)
-        one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law)[0]
+        one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law,
+                      pin_cov=pin_cov)[0]
         k = lay.seeds
         between = (one["hw_1x"].to_numpy() * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
                    / math.sqrt(k) * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
@@ -364,20 +384,47 @@ def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seed
     return df.sort_values(["reaches", cost_unit(study)], ascending=[False, True]).reset_index(drop=True)
 
 
-def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95) -> str:
+def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tuple | None, str]:
+    """(pin covariance, law, line) of the law `run` pins for this study: the measured one (`pinned`,
+    a PinnedLaw from this machine's cache), else its ladder's covariance predicted at `noise`; (None,
+    None, "") for a study without a reference ladder."""
+    from ablations.ladders import ladder
+
+    rungs = getattr(study, "reference_rungs", ())
+    if not rungs:
+        return None, None, ""
+    if pinned is not None:
+        return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
+                f"L∞ and α pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}), "
+                "its covariance in every interval")
+    n_seeds = len(getattr(study, "reference_seeds", (0,)))
+    comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))] * n_seeds
+    lay, _ = study_layout(study)
+    law = noise.law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
+    return (ladder_pin_cov(comps, law, noise), None,
+            f"L∞ and α pinned from the {len(rungs)}-rung × {n_seeds}-seed baseline ladder `run` measures first "
+            f"({rungs[0]}..{rungs[-1]}; "
+            "not run on this machine yet: its covariance predicted at this noise)")
+
+
+def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95, pinned=None) -> str:
     """The `plan STUDY --precision` section."""
     lay, _ = study_layout(study)
-    t, info = predict(lay, noise, level=level, log_m=assumed_effects)
+    pin_cov, pin_law, pin_line = study_pin(study, noise, pinned)
+    t, info = predict(lay, noise, level=level, log_m=assumed_effects, pin_cov=pin_cov,
+                      law=pin_law if noise.law is None else None)
     linf, A, alpha = info["law"]
     c_ref = info["c_ref"]
     lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
              "analysis's model interval, no bootstrap; docs/method.md §4.9)",
              f"noise: {noise.source}",
              f"law: L∞ {linf:.4g}, A {A:.4g}, α {alpha:.4g}"
-             + (" (from the noise source)" if noise.law else " (default: the calibration study's α and reducible loss "
+             + (" (from the noise source)" if noise.law else " (the pinned law)" if pin_law else
+                " (default: the calibration study's α and reducible loss "
                 f"{DEFAULT_LAW['reducible_at_cref']} nats at C_ref)")
              + f"; local slope at C_ref {alpha * A * c_ref ** -alpha:.4g} nats per ln C; every component assumed "
              f"ln M = {DEFAULT_EFFECT} (a larger effect widens its interval where clusters carry a shift)",
+             *([f"pinned law: {pin_line}"] if pin_line else []),
              f"layout: {len(lay.design)} arms × {len(lay.computes)} rungs × {lay.seeds} seed(s) = {lay.n_runs} runs, "
              f"residual df {info['dof']}, {info['clusters']} (seed × rung) clusters, cluster df {info['cluster_df']}"]
     if info["cluster_df"] <= 0:
@@ -408,19 +455,22 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
     return "\n".join(lines)
 
 
-def plan_precision(study, noise_path: str | None = None, target: float | None = None, as_json: bool = False) -> str:
-    """`plan STUDY --precision [--noise PATH] [--target-halfwidth H] [--json]`: the section, or its JSON."""
+def plan_precision(study, noise_path: str | None = None, target: float | None = None, as_json: bool = False,
+                   pinned=None) -> str:
+    """`plan STUDY --precision [--noise PATH] [--target-halfwidth H] [--json]`: the section, or its JSON;
+    `pinned`: the PinnedLaw this machine measured for the study (else its ladder's is predicted)."""
     import json
 
     if target is not None and not (target > 0 and math.isfinite(target)):
         raise ValueError(f"--target-halfwidth {target}; allowed values: a positive ln-scale half-width, e.g. 0.05")
     noise = noise_from(noise_path) if noise_path else Noise(DEFAULT_SD)
     if not as_json:
-        return format_precision(study, noise, target=target)
+        return format_precision(study, noise, target=target, pinned=pinned)
     lay, _ = study_layout(study)
-    t, info = predict(lay, noise, log_m=assumed_effects)
+    pin_cov, pin_law, pin_line = study_pin(study, noise, pinned)
+    t, info = predict(lay, noise, log_m=assumed_effects, pin_cov=pin_cov, law=pin_law if noise.law is None else None)
     out = {"noise": {"sd": noise.sd, "rung_sd": noise.rung_sd, "source": noise.source},
-           "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"},
+           "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"}, "pinned_law": pin_line,
            "law": dict(zip(("linf", "A", "alpha"), info["law"])),
            "components": t.rename(columns={"hw_1x": "halfwidth_c_ref", "hw_10x": "halfwidth_10x_c_ref"})
            .to_dict("records")}

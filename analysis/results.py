@@ -155,6 +155,11 @@ def _row(run_dir: Path) -> dict:
     data = spec.get("data") or {}  # what the run trained and was evaluated on (the report names it)
     row["data_corpus"], row["data_eval_dir"] = data.get("corpus"), data.get("eval_dir") or None
     row["random_stream"] = random_stream(spec)
+    # how the run's LR was set (sweeps/tuning.py `lr_plan`): heuristic, a profile's or tune's multiplier
+    extra = dict(meta.extra) if meta is not None else {}
+    row["lr_scale"] = float((spec.get("train") or {}).get("lr_scale", 1.0))
+    row["lr_source"] = extra.get("lr_source") or ("heuristic" if row["lr_scale"] == 1.0 else "tuned")
+    row["lr_profile"], row["lr_profile_date"] = extra.get("lr_profile"), extra.get("lr_profile_date")
     row["loss_curve"] = json.dumps([list(p) for p in summ.loss_curve])
     # Start time of the run, for refusing forecasts written after it.
     started = summ.started_at

@@ -26,6 +26,9 @@ class FactorSpec:
     extra: tuple[str, ...] = ()  # other levels (code None unless a study's factor contrasts them)
     changes_model: bool = True  # False: only the optimizer changes (MODEL_FACTORS leaves it out)
     quality: bool = True  # False: changes throughput and drops, studied apart (QUALITY_FACTORS)
+    # True: its levels want different learning rates, so a study varying it profiles the LR of each
+    # level before the design runs (docs/method.md §4.6, sweeps/tuning.py `profile_study`)
+    lr_coupled: bool = False
     doc: str = ""
     # The level every run computed before this row existed (None: the baseline). The run id leaves a
     # switch at this level out of its hash (marin.config.RunSpec.identity_json), so adding a row keeps
@@ -68,7 +71,7 @@ RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
     FactorSpec("ep_transport", "ragged", "fixed", ("dropless", "pooled_wave"), quality=False,
                doc="ragged all-to-all with pooled receiver capacity vs fixed per-(sender, expert) capacity; "
                    "extras dropless and pooled_wave (the static pooled-wave all-to-all the hero ran)"),
-    FactorSpec("optimizer", *_OPTIMIZERS[:2], _OPTIMIZERS[2:], changes_model=False,
+    FactorSpec("optimizer", *_OPTIMIZERS[:2], _OPTIMIZERS[2:], changes_model=False, lr_coupled=True,
                doc="Hyperball (MuonH + AdamH + Adam) vs AdamW; extras Muon+AdamW, AdamH alone"),
 )
 

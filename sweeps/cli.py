@@ -59,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: finished runs are kept; running again resumes the rest
         signum = int(getattr(e, "signum", signal.SIGINT))
-        print(f"marin-ablate {name}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        print(f"marin-ablate {name}: interrupted ({signal.Signals(signum).name})"
+              + (f"; finished runs are kept: `marin-ablate {name} {argv[1]}` with the same options resumes the rest"
+                 if name in RESUMABLE and len(argv) > 1 else ""), file=sys.stderr)
         return 128 + signum
+
+
+#: Commands whose interrupted work the same command line resumes (finished runs are skipped).
+RESUMABLE = ("run", "tune")
 
 
 if __name__ == "__main__":

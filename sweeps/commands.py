@@ -269,7 +269,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.precision or args.noise is not None or args.target_halfwidth is not None:
         from analysis.precision import plan_precision
 
-        print(plan_precision(study, args.noise, args.target_halfwidth, args.json))
+        print(plan_precision(study, args.noise, args.target_halfwidth, args.json, pinned=_cached_law(study)))
         return 0
     from sweeps.executors import get_executor
     from sweeps.progress import rung_prior
@@ -288,6 +288,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
+    d["before_design"] = _before_design(study, args.out)
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch
 
@@ -345,6 +346,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
     print("cost: " + ", ".join(f"{k}={_fmt_num(v)}" for k, v in d["cost"].items() if not k.startswith(("est_", "max_par"))))
+    for row in d["before_design"]:
+        cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
+        print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
+              + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
+              + (f"; {row['state']}" if row.get("state") else ""))
     ex = d["execution"]
     print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
                                               else "runs at once as the scheduler allows"))
@@ -372,6 +378,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
         print(d["hero"]["sbatch_script"])
     return 0
+
+
+def _cached_law(study: Any):
+    """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
+    if not getattr(study, "reference_rungs", ()):
+        return None
+    from analysis.reflaw import LAW_FILE, PinnedLaw
+    from marin.schema import read_json
+    from sweeps.reference import cache_root, reference_key, reference_specs
+
+    got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
+    return PinnedLaw.from_dict(got) if got else None
+
+
+def _before_design(study: Any, out: str) -> list[dict]:
+    """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
+    LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
+    from sweeps.tuning import profile_cost, read_profile
+
+    rows = []
+    pc = profile_cost(study)
+    if pc is not None:
+        done = read_profile(out, study.name)
+        rows.append({"what": f"LR profile ({', '.join(pc['groups'])}, 5 log-spaced LRs each)", "runs": pc["runs"],
+                     "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
+                     "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
+    if getattr(study, "reference_rungs", ()):
+        from ablations.ladders import ladder
+        from sweeps.reference import cache_root, reference_key, reference_specs
+
+        key = reference_key(reference_specs(study))
+        cached = (cache_root() / key / "reference_law.json").exists()
+        rungs = ladder(study.reference_rungs)
+        n_seeds = len(getattr(study, "reference_seeds", (0,)))
+        est = [r.est_wall_s() for r in rungs]
+        rows.append({"what": f"baseline ladder pinning the reference law ({n_seeds} seed(s); once per machine and config)",
+                     "runs": len(rungs) * n_seeds, "rungs": f"{rungs[0].name}..{rungs[-1].name}",
+                     "core_seconds": n_seeds * sum(est) if all(e is not None for e in est) else None,
+                     "state": f"cached ({cache_root() / key})" if cached else ""})
+    return rows
 
 
 def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
@@ -421,6 +467,10 @@ def run_args(parser: argparse.ArgumentParser) -> None:
     _out_args(parser)
     _exec_args(parser)
     parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the LR profile of each LR-coupled factor's levels (every arm at the heuristic LR)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="skip the baseline ladder that pins the reference law (fit it on the design's rungs)")
     parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
     _data_args(parser)
     _log_args(parser)
@@ -467,14 +517,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweeps.executors import get_executor
     from sweeps.sweep import run_study
     from sweeps.tracking import log_locations, parse_log_to
-    from sweeps.tuning import tuned_multipliers
+    from sweeps.tuning import lr_plan
 
     study = _study(args)
     opts = _exec_options(args, study)
     epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
     _set_log_to(args)
-    mult = tuned_multipliers(args.out, study.name) if args.tuned else None
-    rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides)
+    if args.tuned:
+        lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
+    from sweeps.tuning import read_profile
+
+    if not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not read_profile(args.out, study.name):
+        raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
+                         "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
+    mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,
+                         profile=not args.no_profile, overrides=args.overrides)
+    if prov["lr_source"] == "profile":
+        print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
+    from analysis.reflaw import LAW_FILE
+    from sweeps.runs import study_dir as _sdir
+
+    if study.reference_rungs and not args.no_pin and opts.wait:
+        from sweeps.reference import pin_reference_law
+
+        law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)
+        print(f"{study.name}: reference law not pinned: {law}" if isinstance(law, str) else
+              f"{study.name}: reference law pinned: L∞ = {law.linf:.4g}, α = {law.alpha:.4g} "
+              f"({law.n} baseline runs, {law.source})", flush=True)
+    elif args.no_pin:
+        (_sdir(args.out, study.name) / LAW_FILE).unlink(missing_ok=True)  # the analysis then fits the law itself
+    rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides, provenance=prov)
     skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
     if rep.submitted == 0:
         print(f"{study.name}: nothing to submit ({rep.n_runs} runs; skipped: {skipped})")
@@ -512,6 +584,7 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     _study_args(parser)
     _out_args(parser)
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
+    parser.add_argument("--no-profile", action="store_true", help="the runs of `run --no-profile`")
     parser.add_argument("--all", action="store_true", help="one row per run (default: counts, ETA, running and failed runs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--limit", type=int, default=10, help="at most this many failed runs listed without --all")
@@ -522,10 +595,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from sweeps.costmodel import slowdown_now
     from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
     from sweeps.sweep import study_status
-    from sweeps.tuning import tuned_multipliers
+    from sweeps.tuning import lr_plan
 
     study = _study(args)
-    mult = tuned_multipliers(args.out, study.name) if args.tuned else None
+    mult, _ = lr_plan(study, args.out, None, tuned=args.tuned, profile=not args.no_profile)
     st = study_status(study, args.out, lr_multipliers=mult, overrides=args.overrides)
     sdir = Path(st["study_dir"]) / "runs"
     for r in st["runs"]:

@@ -64,8 +64,11 @@ def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
 
 def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = (),
-                 sdir: Path | None = None) -> list[PlannedRun]:
+                 sdir: Path | None = None, provenance: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+    """`provenance`: how the runs' LRs were set (sweeps/tuning.py `lr_plan`), recorded in each meta.json."""
     runs = study.runs(lr_multipliers=lr_multipliers, rungs=rungs)
+    if provenance:
+        runs = [(s, {**m, **provenance, "lr_multiplier": float(s.train.lr_scale)}) for s, m in runs]
     if overrides:
         runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
     return plan_runs(runs, sdir or study_dir(out, study.name))
@@ -150,11 +153,13 @@ class RunReport:
 
 
 def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers: Mapping[str, float] | None = None,
-              rungs: Sequence[str] | None = None, overrides: Sequence[str] = (), progress: bool = True) -> RunReport:
+              rungs: Sequence[str] | None = None, overrides: Sequence[str] = (), progress: bool = True,
+              provenance: Mapping[str, Any] | None = None) -> RunReport:
     """Plan, validate (before anything is written or submitted), write run dirs, submit the runs
     that are not done, and (opts.wait) wait for them with a progress line."""
     sdir = study_dir(out, study.name)
-    runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir)
+    runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir,
+                        provenance=provenance)
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)

@@ -67,12 +67,21 @@ class Profile:
         return 2.0 ** self.x_opt
 
 
-def fit_profile(x: Sequence[float], loss: Sequence[float], grid: Sequence[float] | None = None) -> Profile:
-    """Quadratic profile in log LR; flags an optimum on the edge of `grid` (default: of x)."""
+def fit_profile(x: Sequence[float], loss: Sequence[float], grid: Sequence[float] | None = None,
+                window: int | None = None) -> Profile:
+    """Quadratic profile in log LR; flags an optimum on the edge of `grid` (default: of x).
+    `window`: fit only the `window` finished points nearest the best one (an extended grid's far
+    side, where the loss climbs steeply, would bend a single quadratic away from the optimum)."""
     xs = np.asarray(x, float)
     ys = np.asarray(loss, float)
     ok = np.isfinite(ys)
     xs, ys = xs[ok], ys[ok]
+    if window is not None and len(xs) > window:
+        order = np.argsort(xs)
+        xs, ys = xs[order], ys[order]
+        i = int(np.argmin(ys))
+        lo_i = min(max(i - window // 2, 0), len(xs) - window)
+        xs, ys = xs[lo_i:lo_i + window], ys[lo_i:lo_i + window]
     if len(xs) == 0:
         raise ValueError("fit_profile: no finished points (every LR failed or is missing)")
     lo, hi = (min(grid), max(grid)) if grid is not None else (float(xs.min()), float(xs.max()))
@@ -206,52 +215,31 @@ def _damaged(path: Path) -> dict:
                      "run `marin-ablate tune` again to rewrite it")
 
 
-def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
-               overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
-    """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
+def _run_grid(key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
+              storage: Any, *, resources: Any, label: str, progress: bool,
+              prior: Any = None) -> tuple[dict[str, list[tuple[float, float]]], RunReport]:
+    """Run every (log2 multiplier, spec, meta) of every group; Optuna ask-and-tell records them, one
+    Optuna study per group named `key/group`, so a re-run reuses finished trials. Returns per group
+    the (x, eval loss) of its finished points (inf for a failed one) and the run report."""
     import optuna
+    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tdir = tune_dir(out, study.name)
-    rung = tune.rung or smallest_rung(study)
-    seed = tune.seed if tune.seed is not None else study.seeds[0]
-    if seed not in study.seeds:
-        raise ValueError(f"seed={seed} is not a seed of study {study.name!r}; allowed values: {list(study.seeds)}")
-    grid = lr_grid(tune.points, tune.span)
-    lo, hi = grid[0], grid[-1]
-    dist = optuna.distributions.FloatDistribution(lo, hi)
-
-    # the runs: every arm at every grid multiplier
-    specs: list[tuple[Any, dict]] = []
-    for x in grid:
-        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
-            if meta["seed"] != seed:
-                continue
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
-            specs.append((spec, dict(meta, lr_multiplier=2.0 ** x, log2_lr_multiplier=x, tune=True)))
+    xs_all = [x for pts in points.values() for x, _, _ in pts]
+    dist = optuna.distributions.FloatDistribution(min(xs_all), max(xs_all))
+    specs = [(spec, dict(meta, group=g, lr_multiplier=2.0 ** x, log2_lr_multiplier=x))
+             for g, pts in points.items() for x, spec, meta in pts]
     runs = plan_runs(specs, tdir)
-    check_specs(runs, opts.executor)  # before the study folder or the storage is made
-    new_dirs = [d for d in (Path(out), tdir.parent, tdir) if not d.exists()]
-    validate(opts, tdir)
-    try:
-        storage = make_storage(tune.storage, tdir / "optuna.journal")
-    except BaseException:
-        for d in reversed(new_dirs):  # a refused --storage leaves no empty study folder behind
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
-    heuristic = {r.meta["arm"]: resolve_hparams(r.spec).lr for r in runs if abs(r.meta["log2_lr_multiplier"]) < 1e-12}
 
-    # ask: one Optuna study per arm; reuse a trial already holding a grid point
+    # ask: reuse a trial already holding a grid point
     trials: dict[str, int] = {}  # run_id -> trial number
     ostudies = {}
     for r in runs:
-        arm, x = r.meta["arm"], r.meta["log2_lr_multiplier"]
-        if arm not in ostudies:
-            ostudies[arm] = optuna.create_study(study_name=f"{study.name}/{rung}/seed{seed}/{arm}", storage=storage,
-                                                direction="minimize", load_if_exists=True)
-        os_ = ostudies[arm]
+        g, x = r.meta["group"], r.meta["log2_lr_multiplier"]
+        if g not in ostudies:
+            ostudies[g] = optuna.create_study(study_name=f"{key}/{g}", storage=storage, direction="minimize",
+                                              load_if_exists=True)
+        os_ = ostudies[g]
         found = [t for t in os_.get_trials(deepcopy=False) if abs(t.params.get(PARAM, math.inf) - x) < 1e-9]
         if found:
             trials[r.run_id] = found[-1].number
@@ -261,16 +249,13 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
         t.set_user_attr("run_id", r.run_id)
         trials[r.run_id] = t.number
 
-    report = run_planned(runs, tdir, opts, resources=study_resources(study), label=f"{study.name} tune",
-                         progress=progress)
+    report = run_planned(runs, tdir, opts, resources=resources, label=label, progress=progress, prior=prior)
 
     # tell: the finished runs' eval loss; failed runs as FAIL
-    from optuna.trial import TrialState
-
-    by_number = {arm: {t.number: t for t in os_.get_trials(deepcopy=False)} for arm, os_ in ostudies.items()}
+    by_number = {g: {t.number: t for t in os_.get_trials(deepcopy=False)} for g, os_ in ostudies.items()}
     for r in runs:
-        os_ = ostudies[r.meta["arm"]]
-        t = by_number[r.meta["arm"]][trials[r.run_id]]
+        os_ = ostudies[r.meta["group"]]
+        t = by_number[r.meta["group"]][trials[r.run_id]]
         if t.state.is_finished():
             continue
         summary = read_json(r.dir / "summary.json") or {}
@@ -279,23 +264,81 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
         elif summary.get("status") == "failed":
             os_.tell(trials[r.run_id], state=TrialState.FAIL)
 
-    profiles, missing, mult = {}, {}, {}
-    for arm, os_ in ostudies.items():
-        xs, ys = [], []
+    out: dict[str, list[tuple[float, float]]] = {}
+    for g, os_ in ostudies.items():
+        grid = [x for x, _, _ in points[g]]
+        got = []
         for t in os_.get_trials(deepcopy=False):
             x = t.params.get(PARAM)
-            if x is None or not any(abs(x - g) < 1e-9 for g in grid):
+            if x is None or not any(abs(x - v) < 1e-9 for v in grid):
                 continue
             if t.state == TrialState.COMPLETE:
-                xs.append(x)
-                ys.append(t.value)
+                got.append((x, float(t.value)))
             elif t.state == TrialState.FAIL:
-                xs.append(x)
-                ys.append(math.inf)  # diverged / failed: excluded from the fit, kept in the record
-        done = {x for x, y in zip(xs, ys)}
+                got.append((x, math.inf))  # diverged / failed: excluded from the fit, kept in the record
+        out[g] = got
+    return out, report
+
+
+def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
+    """Runs and core-seconds of n_runs runs at `rung` (the rung's own wall-time assumption)."""
+    r = next(x for x in study.rungs if x.name == rung) if any(x.name == rung for x in study.rungs) else None
+    if r is None:
+        from ablations.ladders import RUNGS
+
+        r = RUNGS[rung]
+    est = r.est_wall_s()
+    return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
+
+
+def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
+               overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
+    """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
+    from sweeps.progress import rung_prior
+
+    tdir = tune_dir(out, study.name)
+    rung = tune.rung or smallest_rung(study)
+    seed = tune.seed if tune.seed is not None else study.seeds[0]
+    if seed not in study.seeds:
+        raise ValueError(f"seed={seed} is not a seed of study {study.name!r}; allowed values: {list(study.seeds)}")
+    grid = lr_grid(tune.points, tune.span)
+
+    # the runs: every arm at every grid multiplier
+    points: dict[str, list[tuple[float, Any, dict]]] = {}
+    heuristic: dict[str, float | None] = {}
+    for x in grid:
+        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
+            if meta["seed"] != seed:
+                continue
+            if overrides:
+                spec = apply_spec_overrides(spec, overrides)
+            points.setdefault(meta["arm"], []).append((x, spec, dict(meta, tune=True)))
+            if abs(x) < 1e-12:
+                heuristic[meta["arm"]] = resolve_hparams(spec).lr
+    # what `train` refuses is refused before the study folder or the storage is made
+    check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
+    new_dirs = [d for d in (Path(out), tdir.parent, tdir) if not d.exists()]
+    validate(opts, tdir)
+    try:
+        storage = make_storage(tune.storage, tdir / "optuna.journal")
+    except BaseException:
+        for d in reversed(new_dirs):  # a refused --storage leaves no empty study folder behind
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+    cost = grid_cost(study, sum(map(len, points.values())), rung)
+    if progress:
+        print(f"{study.name} tune: {len(points)} arms x {len(grid)} LR points = {cost['runs']} runs at {rung}"
+              + (f", ~{cost['core_seconds']:.0f} core-s" if cost["core_seconds"] else ""), flush=True)
+    got, report = _run_grid(f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
+                            resources=study_resources(study), label=f"{study.name} tune", progress=progress,
+                            prior=rung_prior(study.describe()["rungs"]))
+    profiles, missing, mult = {}, {}, {}
+    for arm, pts in got.items():
+        done = [x for x, _ in pts]
         missing[arm] = [g for g in grid if not any(abs(g - d) < 1e-9 for d in done)]
-        if any(math.isfinite(y) for y in ys):
-            p = fit_profile(xs, ys, grid)
+        if any(math.isfinite(y) for _, y in pts):
+            p = fit_profile([x for x, _ in pts], [y for _, y in pts], grid)
             profiles[arm] = p
             mult[arm] = p.multiplier
     res = TuneResult(study.name, rung, seed, grid, profiles, heuristic, mult, report,
@@ -304,3 +347,206 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
     if mult:
         atomic_write_json(tdir / "lr_multipliers.json", mult)
     return res
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile every study that varies an LR-coupled factor runs before its design
+# ---------------------------------------------------------------------------------------------
+
+PROFILE_FILE = "lr_profile.json"
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """The LR profile before a study's design (docs/method.md §4.6): per level of each LR-coupled
+    factor, `points` multipliers from 1/span to span at the smallest rung; an optimum on an edge adds
+    `extend` points beyond it, at most `max_extensions` times, then the study is refused."""
+
+    points: int = 5
+    span: float = 4.0
+    extend: int = 2
+    max_extensions: int = 2
+
+    def __post_init__(self) -> None:
+        TuneOptions(points=self.points, span=self.span)  # the same checks as `tune`'s grid
+        for k in ("extend", "max_extensions"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < (1 if k == "extend" else 0):
+                raise ValueError(f"ProfileOptions.{k}={v!r}; allowed values: an integer >= {1 if k == 'extend' else 0}")
+
+    def max_runs(self, n_groups: int) -> int:
+        return n_groups * (self.points + self.extend * self.max_extensions)
+
+
+@dataclass
+class LRProfile:
+    """Per level of each LR-coupled factor: its fitted LR multiplier (interior optimum), and where it came from."""
+
+    study: str
+    rung: str
+    seed: int
+    multipliers: dict[str, dict[str, float]]  # factor -> level -> multiplier
+    profiles: dict[str, Profile]  # "factor=level" -> its profile
+    grids: dict[str, list[float]]
+    created: str  # UTC date the multipliers were first fitted
+    path: Path | None = None
+    extensions: int = 0
+    report: RunReport | None = None
+
+    def provenance(self) -> dict:
+        """What each design run's meta.json records about its LR (analysis/report.py shows it)."""
+        return {"lr_source": "profile", "lr_profile": str(self.path) if self.path else None,
+                "lr_profile_date": self.created}
+
+    def to_dict(self) -> dict:
+        return {"study": self.study, "rung": self.rung, "seed": self.seed, "created": self.created,
+                "multipliers": self.multipliers, "extensions": self.extensions,
+                "profiles": {g: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef, "x_opt": p.x_opt,
+                                 "edge": p.edge, "note": p.reason, "grid_log2": self.grids[g]}
+                             for g, p in self.profiles.items()}}
+
+
+def profile_dir(out: str | Path, study_name: str) -> Path:
+    return study_dir(out, study_name) / "profile"
+
+
+def profile_groups(study: Any) -> dict[str, dict[str, str]]:
+    """"factor=level" -> the levels of the arm it is profiled on: the baseline arm with that one factor set."""
+    return {f"{f.name}={lv}": study.baseline_levels(**{f.name: lv}) for f in study.lr_coupled for lv in f.level_names}
+
+
+def _extended(grid: list[float], p: Profile, n: int) -> list[float]:
+    """`grid` with n more points (its own step) beyond the edge the optimum leans on (both when centred)."""
+    step = grid[1] - grid[0]
+    lo, hi = grid[0], grid[-1]
+    a = p.coef[0] if p.coef else 0.0
+    x_star = -p.coef[1] / (2 * a) if p.coef and a > 0 else p.x[int(np.argmin(p.loss))]
+    mid = 0.5 * (lo + hi)
+    up = [hi + step * (k + 1) for k in range(n)]
+    down = [lo - step * (k + 1) for k in range(n)]
+    new = up if x_star > mid + 1e-12 else down if x_star < mid - 1e-12 else up[:1] + down[:1]
+    return sorted(float(round(v, 12)) for v in grid + new)
+
+
+def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, study_name: str,
+                 where: Path | str = "") -> tuple[dict[str, Profile], dict[str, list[float]], int]:
+    """Run each group's grid (`run_points(grids)` -> {group: [(x, loss)]}), fit it (a quadratic on the
+    `points` nearest the best), and extend the grid of every group whose optimum is on an edge, at most
+    `max_extensions` times; then ValueError naming the group and its grid. Returns (profiles, grids,
+    extensions)."""
+    grids = {g: lr_grid(popts.points, popts.span) for g in groups}
+    n_ext = 0
+    while True:
+        got = run_points(grids)
+        profiles = {}
+        for g in groups:
+            fin = [(x, y) for x, y in got.get(g, []) if math.isfinite(y)]
+            done = {x for x, _ in fin}
+            bad = [x for x in grids[g] if not any(abs(x - d) < 1e-9 for d in done)]
+            if bad:
+                raise ValueError(f"LR profile of {g}: log2 multipliers {bad} have no finished run (see "
+                                 f"{where}); run again to resume, or --no-profile to use the heuristic")
+            profiles[g] = fit_profile([x for x, _ in fin], [y for _, y in fin], grids[g], window=popts.points)
+        edge = [g for g in groups if profiles[g].edge]
+        if not edge:
+            return profiles, grids, n_ext
+        if n_ext >= popts.max_extensions:
+            g = edge[0]
+            raise ValueError(f"LR profile of {g}: {profiles[g].reason} after {n_ext} extension(s) of the grid "
+                             f"(log2 multipliers {grids[g]}); the heuristic LR is far off for this level: run "
+                             f"`marin-ablate tune {study_name} --span S` with a wider span")
+        for g in edge:
+            grids[g] = _extended(grids[g], profiles[g], popts.extend)
+        n_ext += 1
+
+
+def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: ProfileOptions = ProfileOptions(),
+                  overrides: Sequence[str] = (), progress: bool = True) -> LRProfile:
+    """The LR profile a study runs before its design: real runs in `<study>/profile/` (resumable, done
+    ones skipped), an interior optimum per level of each LR-coupled factor (an edge extends the grid,
+    at most `max_extensions` times, then ValueError naming the level and its grid), recorded in
+    `<study>/profile/lr_profile.json` with the date the multipliers were fitted."""
+    from datetime import datetime, timezone
+
+    from sweeps.progress import rung_prior
+
+    groups = profile_groups(study)
+    if not groups:
+        raise ValueError(f"study {study.name!r} varies no LR-coupled factor: nothing to profile")
+    pdir = profile_dir(out, study.name)
+    validate(opts, pdir)
+    rung = smallest_rung(study)
+    seed = study.seeds[0]
+    storage = make_storage(None, pdir / "optuna.journal")
+    report: list[RunReport] = []
+
+    def run_points(grids: dict[str, list[float]]) -> dict[str, list[tuple[float, float]]]:
+        points = {}
+        for g, lv in groups.items():
+            pts = []
+            for x in grids[g]:
+                spec = study.spec(rung, lv, seed, 2.0 ** x)
+                if overrides:
+                    spec = apply_spec_overrides(spec, overrides)
+                pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
+            points[g] = pts
+        got, rep = _run_grid(f"{study.name}/profile/{rung}/seed{seed}", points, pdir, opts, storage,
+                             resources=study_resources(study), label=f"{study.name} LR profile",
+                             progress=progress, prior=rung_prior(study.describe()["rungs"]))
+        report.append(rep)
+        return got
+
+    profiles, grids, n_ext = profile_loop(list(groups), popts, run_points, f"{study.name}", pdir)
+    mult: dict[str, dict[str, float]] = {}
+    for g, p in profiles.items():
+        f, lv = g.split("=", 1)
+        mult.setdefault(f, {})[lv] = float(p.multiplier)
+    path = pdir / PROFILE_FILE
+    old = read_json(path) or {}
+    same = old.get("multipliers") == mult
+    created = old.get("created") if same and old.get("created") else datetime.now(timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
+    res = LRProfile(study.name, rung, seed, mult, profiles, grids, created, path, n_ext, report[-1])
+    atomic_write_json(path, res.to_dict())
+    return res
+
+
+def read_profile(out: str | Path, study_name: str) -> dict | None:
+    """The lr_profile.json a study's profile wrote, else None."""
+    return read_json(profile_dir(out, study_name) / PROFILE_FILE)
+
+
+def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
+            overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict[str, float] | None, dict]:
+    """({arm: LR multiplier} or None, provenance for each run's meta.json): `tune`'s multipliers
+    (tuned), the profile of each LR-coupled factor's levels (run now when `opts` is given, else read
+    from its file), or the heuristic (no LR-coupled factor, or profile=False)."""
+    from datetime import datetime, timezone
+
+    if tuned:
+        mult = tuned_multipliers(out, study.name)
+        path = tune_dir(out, study.name) / "lr_multipliers.json"
+        date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return mult, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
+    if profile and study.lr_coupled:
+        if opts is not None:
+            res = profile_study(study, out, opts, overrides=overrides, progress=progress)
+            return study.arm_multipliers(res.multipliers), res.provenance()
+        got = read_profile(out, study.name)
+        if got is not None:
+            return study.arm_multipliers(got["multipliers"]), {
+                "lr_source": "profile", "lr_profile": str(profile_dir(out, study.name) / PROFILE_FILE),
+                "lr_profile_date": got.get("created")}
+    return None, {"lr_source": "heuristic"}
+
+
+def profile_cost(study: Any, popts: ProfileOptions = ProfileOptions()) -> dict | None:
+    """The profile's runs and core-seconds before the design (`plan`), None without an LR-coupled factor."""
+    groups = profile_groups(study)
+    if not groups:
+        return None
+    rung = smallest_rung(study)
+    c = grid_cost(study, len(groups) * popts.points, rung)
+    c["max_runs"] = popts.max_runs(len(groups))
+    c["groups"] = list(groups)
+    return c

@@ -1,0 +1,106 @@
+"""The baseline arm's wide ladder that pins a study's reference law (docs/method.md §4.1; analysis/reflaw.py).
+
+Run once per machine and configuration: its runs and fit live in the user's cache
+(`$MARIN_CACHE_DIR/reference_law/<key>/`, key = a hash of the ladder's run ids, so anything that
+changes a run — model, data, seed, heuristic — gives a new ladder), resumable and skipped when
+done; each study that uses it gets a copy of the fit (`<study>/reference_law.json`). The ladder runs
+the study's baseline levels at the heuristic LR on `reference_seeds`: the law is the baseline recipe's, and a
+study refits A on its own all-off arm (its own seed and profiled LR).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+from analysis.reflaw import LAW_FILE, PinnedLaw, fit_reference
+from sweeps.executors import ExecOptions
+from sweeps.runs import atomic_write_json, plan_runs, read_json
+from sweeps.sweep import apply_spec_overrides, run_planned, study_resources
+
+REFERENCE_SEED = 0
+
+
+def cache_root() -> Path:
+    root = os.environ.get("MARIN_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate"
+    return Path(root) / "reference_law"
+
+
+def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
+    """(spec, meta) of the baseline arm at each of `study.reference_rungs` and `reference_seeds`, heuristic LR."""
+    from ablations.studies import Study
+
+    lv = study.baseline_levels()
+    seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))
+    ladder_study = Study(f"{study.name}_reference", "", study.factors, study.design, study.reference_rungs,
+                         seeds, study.data, study.base_recipe, study.executor, study.hardware, study.vary_data_seed)
+    out = []
+    for r in ladder_study.rungs:
+        for seed in seeds:
+            spec = ladder_study.spec(r, lv, seed)
+            if overrides:
+                spec = apply_spec_overrides(spec, overrides)
+            out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
+    if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
+        raise ValueError(f"--set {' '.join(overrides)} makes the baseline ladder's rungs ({', '.join(study.reference_rungs)}) "
+                         "the same run; allowed: overrides that keep their steps apart, or --no-pin")
+    return out
+
+
+def _wait_for_others(runs: list, poll_s: float = 5.0, limit_s: float = 4 * 3600.0) -> None:
+    """Another study's `run` may be measuring the same cached ladder: wait while it holds some runs."""
+    from sweeps.state import survey
+
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        if not any(st.state in ("running", "queued") for st in survey(r.dir for r in runs)):
+            return
+        time.sleep(poll_s)
+
+
+def reference_key(specs: list[tuple[Any, dict]]) -> str:
+    return hashlib.sha256(",".join(sorted(s.run_id for s, _ in specs)).encode()).hexdigest()[:16]
+
+
+def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequence[str] = (),
+                      progress: bool = True) -> PinnedLaw | str:
+    """Run (or reuse) the baseline ladder, fit and cache its law, copy it to `sdir/reference_law.json`;
+    a ladder whose fit cannot pin the law (analysis/reflaw.py `fit_reference`) returns the reason as a
+    line, and the study's analysis fits the law on its own rungs."""
+    specs = reference_specs(study, overrides)
+    key = reference_key(specs)
+    cdir = cache_root() / key
+    cached = read_json(cdir / LAW_FILE)
+    if cached is None:
+        runs = plan_runs(specs, cdir)
+        run_planned(runs, cdir, opts, resources=study_resources(study), label=f"{study.name} reference law",
+                    progress=progress)
+        _wait_for_others(runs)
+        C, L, seeds, bad = [], [], [], []
+        for r in runs:
+            s = read_json(r.dir / "summary.json") or {}
+            if s.get("status") == "completed" and s.get("eval_macro_loss") is not None:
+                C.append(float(s["train_flops"]))
+                L.append(float(s["eval_macro_loss"]))
+                seeds.append(int(r.meta["seed"]))
+            else:
+                bad.append(r.meta["rung"])
+        if bad:
+            raise ValueError(f"reference law: the baseline ladder's run(s) at {', '.join(bad)} did not complete "
+                             f"(see {cdir / 'runs'}); run again to resume, or --no-pin to fit the law on the design")
+        try:
+            law = fit_reference(C, L, seeds=seeds, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+        except ValueError as e:
+            (sdir / LAW_FILE).unlink(missing_ok=True)
+            return f"{e} (runs in {cdir / 'runs'}); the analysis fits the law on the design's rungs"
+        law = PinnedLaw(**{**law.__dict__, "source": str(cdir / LAW_FILE)})
+        atomic_write_json(cdir / LAW_FILE, law.to_dict())
+    else:
+        law = PinnedLaw.from_dict(cached)
+    sdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sdir / LAW_FILE, law.to_dict())
+    return law

@@ -1,0 +1,132 @@
+"""The reference law's uncertainty in every multiplier (docs/method.md §4.1), and LR provenance in the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis.joint import between_clusters
+from analysis.pipeline import analyze_table
+from analysis.reflaw import PinnedLaw, fit_reference, read_pinned
+from analysis.report import render_markdown
+from analysis.simulate import SimTruth, simulate_table
+
+F = ["xsa", "sconv", "optimizer"]
+DESIGN_RUNGS = {f"r{n}": n * 8192.0 for n in (32, 64, 128, 256)}  # 8x: the smoke ladder's span
+LADDER = {f"r{n}": n * 8192.0 for n in (16, 32, 64, 128, 256, 512, 1024)}  # 64x: the baseline ladder's
+
+
+def truth(rung_sd: float = 0.02) -> SimTruth:
+    t = SimTruth(F, main={"xsa": 0.05, "sconv": 0.05, "optimizer": 0.15}, linf=2.0, A=400.0, alpha=0.2,
+                 c_ref=1e14, noise_sd=0.01, seed_sd=0.0, flops_per_token=1e6)
+    t.rung_sd = rung_sd
+    return t
+
+
+def total(a) -> tuple[float, float, float]:
+    c = a.components
+    r = c[(c["response"] == "ln_M") & (c["component"] == "TOTAL")].iloc[0]
+    return float(r["shapley"]), float(r["shapley_lo"]), float(r["shapley_hi"])
+
+
+def analyze(df, **kw):
+    return analyze_table(df, n_boot=0, boot_method="none", law_forms=("power",), replicates=False, **kw)
+
+
+def test_an_unidentified_curvature_widens_the_headline_to_every_accepted_linf():
+    """Seed 0 of this planted study fits L∞ = −6 (α → 0: a straight line in ln C). Every L∞ in
+    [0, smallest loss) whose fit the profile test accepts gives its own TOTAL; the headline interval holds each."""
+    df = simulate_table(truth(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
+    a = analyze(df)
+    assert a.law.linf < 0 and "linf" in a.law.not_identified
+    est, lo, hi = total(a)
+    jf = a.joint["power"]
+    rss0 = float(jf.resid @ jf.resid)
+    s2b, dfb = between_clusters(jf)  # the split-plot test of a law parameter (analysis/joint.py profile_ci)
+    allow = max(stats.t.ppf(0.975, jf.dof) ** 2 * rss0 / jf.dof, stats.t.ppf(0.975, dfb) ** 2 * s2b)
+    accepted = 0
+    for frac in (0.0, 0.4, 0.8, 0.9):
+        v = frac * float(df["eval_macro_loss"].min())
+        b = analyze(df, pin_linf=v)
+        jb = b.joint["power"]
+        if float(jb.resid @ jb.resid) - rss0 <= allow:
+            accepted += 1
+            assert lo <= total(b)[0] <= hi, (v, total(b)[0], (lo, hi))
+    assert accepted >= 2
+
+
+def test_a_pinned_law_carries_its_own_interval_into_every_multiplier():
+    df = simulate_table(truth(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
+    base = simulate_table(truth(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    base = base[base["arm"] == "---"]
+    law = fit_reference(base["train_flops"], base["eval_macro_loss"], key="k", created="today")
+    assert 0 < law.linf < base["eval_macro_loss"].min() and law.cov.shape == (2, 2) and law.dof == 4
+    with_cov = analyze(df, pinned_law=law)
+    without = analyze(df, pin_linf=law.linf, pin_alpha=law.alpha)
+    est, lo, hi = total(with_cov)
+    assert est == pytest.approx(total(without)[0], abs=1e-6)  # the same point estimate, a wider interval
+    assert hi - lo > 1.05 * (total(without)[2] - total(without)[1])
+    # the TOTAL a law at either end of the pinned (L∞, α) 95% ellipse's long axis gives lies inside the headline
+    lam, U = np.linalg.eigh(law.cov_propagated)
+    for sgn in (1.0, -1.0):
+        v = np.array([law.linf, law.alpha]) + sgn * 1.96 * np.sqrt(lam[-1]) * U[:, -1]
+        assert lo <= total(analyze(df, pin_linf=v[0], pin_alpha=v[1]))[0] <= hi
+    assert any("reference law pinned from the baseline arm's own ladder" in n for n in with_cov.notes)
+
+
+def test_two_seeds_with_one_pinned_law_agree_within_their_combined_intervals():
+    base = simulate_table(truth(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    base = base[base["arm"] == "---"]
+    law = fit_reference(base["train_flops"], base["eval_macro_loss"])
+    got = [total(analyze(simulate_table(truth(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(s)),
+                         pinned_law=law)) for s in (0, 1)]
+    (e0, l0, h0), (e1, l1, h1) = got
+    assert abs(e0 - e1) <= np.hypot((h0 - l0) / 2, (h1 - l1) / 2)
+
+
+def test_a_narrow_ladder_cannot_pin_a_law():
+    base = simulate_table(truth(), rungs={"r1": 8192.0, "r2": 16384.0, "r3": 32768.0}, seeds=1,
+                          rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="3 distinct computes; a pinned law needs >= 4"):
+        fit_reference(base["train_flops"], base["eval_macro_loss"])
+
+
+def test_a_one_seed_ladder_whose_alpha_interval_reaches_zero_cannot_pin_the_law():
+    """The smoke study's baseline ladder as measured on a 2-core machine (seed 0, cpu_s16..cpu_s1024)."""
+    C = [15259926528.0 * 2**k for k in range(7)]
+    L = [3.4032, 3.2538, 3.0919, 2.9526, 2.7975, 2.7666, 2.6718]
+    with pytest.raises(ValueError, match=r"α = 0\.237\d* \[-0\.08\d*, 0\.55\d*\] on 7 runs: the interval leaves α > 0"):
+        fit_reference(C, L)
+
+
+def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
+    law = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1e11, 1e13, 7, 4, "k", "today", "src")
+    import json
+
+    (tmp_path / "reference_law.json").write_text(json.dumps(law.to_dict()))
+    back = read_pinned(tmp_path)
+    assert back.linf == 2.0 and np.array_equal(back.cov, law.cov) and back.source == "src"
+    (tmp_path / "reference_law.json").write_text("{\"linf\": 2.0}")
+    with pytest.raises(ValueError, match="pinned reference law: field 'cov' missing or malformed"):
+        read_pinned(tmp_path)
+
+
+@pytest.mark.parametrize("source", ["profile", "tuned", "heuristic"])
+def test_the_report_says_untuned_only_when_a_run_ran_the_heuristic_lr(tmp_path, source):
+    df = simulate_table(truth(0.0), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
+    df["lr_source"] = source
+    df["lr_scale"] = np.where(df["optimizer"] == "on", 4.0, 0.7) if source != "heuristic" else 1.0
+    df["lr_profile"] = None if source == "heuristic" else "runs/smoke/profile/lr_profile.json"
+    df["lr_profile_date"] = None if source == "heuristic" else "2026-12-01 23:20 UTC"
+    a = analyze(df)
+    md = render_markdown(a, df, {}, tmp_path, title="t")
+    if source == "heuristic":
+        assert "LRs untuned" in md and "learning rates are not tuned per arm" in md
+        assert "- learning rates (32 runs): Marin's heuristic LR (no per-arm profile)" in md
+    else:
+        assert "untuned" not in md and "not tuned" not in md
+        find = md.split("## Findings")[1].split("## Warnings")[0]
+        row = next(ln for ln in find.splitlines() if ln.startswith("| optimizer "))
+        assert ("LRs profiled per level" if source == "profile" else "LRs tuned per arm") in row
+        assert "from `runs/smoke/profile/lr_profile.json` (2026-12-01 23:20 UTC); multipliers 0.7–4" in md

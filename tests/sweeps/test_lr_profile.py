@@ -1,0 +1,131 @@
+"""The LR profile every study that varies an LR-coupled factor runs before its design (docs/method.md §4.6)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ablations.designs import full_factorial
+from ablations.factors import RECIPE_FACTORS, Factor
+from ablations.ladders import Rung
+from ablations.studies import Study
+from analysis.pipeline import analyze_table
+from analysis.simulate import SimTruth, simulate_table
+from sweeps.executors import ExecOptions
+from sweeps.tuning import ProfileOptions, lr_plan, profile_loop, profile_study
+
+
+def tiny_study(factors=("optimizer",), steps: int = 2) -> Study:
+    """2^k arms of the tiny preset, a few steps each (as tests/sweeps/test_sweeps.py builds it)."""
+    rung = Rung("tiny", "tiny", fixed_steps=steps, batch_size=2,
+                train_overrides={"eval_batches": 1, "eval_every": steps, "checkpoint_every": 2, "log_every": 1})
+    return Study(name="tiny", description="tiny test study", factors=tuple(factors),
+                 design=full_factorial(list(factors)), rungs=(rung,), seeds=(0,),
+                 executor={"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "timeout_min": 20})
+
+
+def planted(optima: dict[str, float], curvature: float = 0.05):
+    """The eval loss of a level at log2 multiplier x: 3 + curvature·(x − its optimum)², every point run."""
+    calls = []
+
+    def run_points(grids):
+        calls.append({g: list(v) for g, v in grids.items()})
+        return {g: [(x, 3.0 + curvature * (x - optima[g]) ** 2) for x in xs] for g, xs in grids.items()}
+
+    return run_points, calls
+
+
+def test_lr_coupled_is_a_property_of_the_factor_row():
+    assert RECIPE_FACTORS["optimizer"].lr_coupled and not RECIPE_FACTORS["xsa"].lr_coupled
+    assert tiny_study(("xsa", "optimizer")).lr_coupled == (RECIPE_FACTORS["optimizer"],)
+    own = Factor("wd", field="train.weight_decay", levels={"lo": 0.0, "hi": 0.1}, lr_coupled=True)
+    assert own.to_dict()["lr_coupled"] is True
+    with pytest.raises(ValueError, match="lr_coupled='yes'; allowed values: True, False"):
+        Factor("wd", field="train.weight_decay", levels={"lo": 0.0, "hi": 0.1}, lr_coupled="yes")
+
+
+def test_an_edge_optimum_extends_the_grid_until_it_is_interior():
+    run_points, calls = planted({"optimizer=adamw": -0.3, "optimizer=hyperball": 3.3})
+    prof, grids, n_ext = profile_loop(["optimizer=adamw", "optimizer=hyperball"], ProfileOptions(), run_points, "s")
+    assert n_ext == 1 and len(calls) == 2
+    assert grids["optimizer=adamw"] == [-2.0, -1.0, 0.0, 1.0, 2.0]  # interior at once: never extended
+    assert grids["optimizer=hyperball"] == [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0]
+    assert not any(p.edge for p in prof.values())
+    assert prof["optimizer=hyperball"].x_opt == pytest.approx(3.3)
+    assert prof["optimizer=adamw"].multiplier == pytest.approx(2 ** -0.3)
+
+
+def test_an_optimum_past_every_extension_is_refused_naming_the_level_and_grid():
+    run_points, calls = planted({"optimizer=adamw": 0.0, "optimizer=hyperball": -9.0})
+    with pytest.raises(ValueError, match=r"LR profile of optimizer=hyperball: optimum on the grid's edge .* after 2 "
+                                         r"extension\(s\) of the grid \(log2 multipliers \[-6\.0, -5\.0, .*, 2\.0\]\)"):
+        profile_loop(["optimizer=adamw", "optimizer=hyperball"], ProfileOptions(), run_points, "s")
+    assert len(calls) == 3
+
+
+def test_a_planted_lr_offset_flips_the_sign_untuned_and_the_profiled_design_recovers_it():
+    """Hyperball's true gain is ln M = +0.3 (all-off arm's law), but its heuristic LR is 4x too low
+    (optimum at log2 = 2); each octave off costs 0.05·x² nats. The profile finds the offset (interior,
+    after one extension); the design at the profiled LRs recovers the sign the heuristic one flips."""
+    optima = {"optimizer=adamw": 0.0, "optimizer=hyperball": 2.0}
+    run_points, _ = planted(optima)
+    prof, grids, n_ext = profile_loop(list(optima), ProfileOptions(), run_points, "s")
+    assert n_ext == 1 and not prof["optimizer=hyperball"].edge
+    m_hb = prof["optimizer=hyperball"].multiplier
+    assert m_hb == pytest.approx(4.0, rel=1e-6)
+    truth = SimTruth(["xsa", "optimizer"], main={"xsa": 0.05, "optimizer": 0.15}, linf=2.0, A=400.0, alpha=0.2,
+                     c_ref=1e14, noise_sd=0.003, seed_sd=0.0, flops_per_token=1e6)
+    rungs = {f"r{n}": n * 8192.0 for n in (32, 64, 128, 256)}
+
+    def table(mult_hb: float):
+        df = simulate_table(truth, rungs=rungs, seeds=1, rng=np.random.default_rng(3))
+        off = np.log2(mult_hb) - optima["optimizer=hyperball"]
+        df.loc[df["optimizer"] == truth.level_names("optimizer")[1], "eval_macro_loss"] += 0.05 * off ** 2
+        return df
+
+    def optimizer_lnm(df):
+        a = analyze_table(df, n_boot=0, boot_method="none", law_forms=("power",), replicates=False)
+        c = a.components
+        return float(c[(c["response"] == "ln_M") & (c["component"] == "optimizer")]["shapley"].iloc[0])
+
+    assert optimizer_lnm(table(1.0)) < 0  # the heuristic LR: a loss
+    assert optimizer_lnm(table(m_hb)) == pytest.approx(0.3, abs=0.05)  # profiled: the planted gain
+
+
+def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
+    study = tiny_study(("optimizer",), steps=2)
+    opts = ExecOptions(executor="debug")
+    popts = ProfileOptions(points=3, span=2.0, max_extensions=4)
+    res = profile_study(study, tmp_path, opts, popts, progress=False)
+    # 2-step runs want far more than the heuristic LR: the grid is extended (measured: 3 times), never cut at its edge
+    assert res.extensions >= 1 and res.multipliers["optimizer"]["hyperball"] > res.multipliers["optimizer"]["adamw"]
+    assert set(res.multipliers) == {"optimizer"} and set(res.multipliers["optimizer"]) == {"adamw", "hyperball"}
+    assert not any(p.edge for p in res.profiles.values())
+    got = json.loads((tmp_path / "tiny" / "profile" / "lr_profile.json").read_text())
+    assert got["multipliers"] == res.multipliers and got["created"] == res.created
+    n_runs = sum(len(g) for g in res.grids.values())
+    assert len(list((tmp_path / "tiny" / "profile" / "runs").iterdir())) == n_runs
+    again = profile_study(study, tmp_path, opts, popts, progress=False)
+    assert again.report.submitted == 0 and again.multipliers == res.multipliers and again.created == res.created
+    mult, prov = lr_plan(study, tmp_path, None)
+    assert prov == {"lr_source": "profile", "lr_profile": str(tmp_path / "tiny" / "profile" / "lr_profile.json"),
+                    "lr_profile_date": res.created}
+    hb = [a for a in study.arm_names if a != "all_off"][0]
+    assert mult == {"all_off": res.multipliers["optimizer"]["adamw"], hb: res.multipliers["optimizer"]["hyperball"]}
+
+
+def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three_seeds():
+    from ablations.studies import get_study
+    from sweeps.reference import reference_key, reference_specs
+
+    study = get_study("smoke")
+    specs = reference_specs(study)
+    assert len(specs) == 21 and len({s.run_id for s, _ in specs}) == 21
+    assert {m["seed"] for _, m in specs} == {0, 1, 2} and all(m["factors"] == study.baseline_levels() for _, m in specs)
+    assert sorted({s.train.steps for s, _ in specs}) == [16, 32, 64, 128, 256, 512, 1024]
+    assert all(s.train.lr_scale == 1.0 for s, _ in specs)  # the heuristic LR: the key does not follow a profile
+    assert reference_key(specs) == reference_key(reference_specs(get_study("smoke", seeds=[1])))
+    with pytest.raises(ValueError, match="makes the baseline ladder's rungs .* the same run; allowed: .* or --no-pin"):
+        reference_specs(study, ["train.steps=6"])
