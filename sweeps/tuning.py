@@ -188,6 +188,19 @@ def smallest_rung(study: Any) -> str:
     return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
 
 
+def profile_rung(study: Any) -> str:
+    """The rung the default LR profile runs at: the one nearest the ladder's geometric-mean compute (the
+    C_ref where the report reads its headline), the larger of two equally near. Measured on the smoke
+    ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up by the heuristic, over-set
+    its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the LR fair where it is read."""
+    from ablations.ladders import params_active
+    from marin.config import Recipe
+
+    c = {r.name: math.log(params_active(r.model(), Recipe()) * r.tokens()) for r in study.rungs}
+    mid = sum(c.values()) / len(c)
+    return min(c, key=lambda n: (round(abs(c[n] - mid), 9), -c[n]))
+
+
 def tune_dir(out: str | Path, study_name: str) -> Path:
     return study_dir(out, study_name) / "tune"
 
@@ -359,7 +372,7 @@ PROFILE_FILE = "lr_profile.json"
 @dataclass(frozen=True)
 class ProfileOptions:
     """The LR profile before a study's design (docs/method.md §4.6): per level of each LR-coupled
-    factor, `points` multipliers from 1/span to span at the smallest rung; an optimum on an edge adds
+    factor, `points` multipliers from 1/span to span at `profile_rung` (the ladder's middle); an optimum on an edge adds
     `extend` points beyond it, at most `max_extensions` times, then the study is refused."""
 
     points: int = 5
@@ -475,7 +488,7 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
         raise ValueError(f"study {study.name!r} varies no LR-coupled factor: nothing to profile")
     pdir = profile_dir(out, study.name)
     validate(opts, pdir)
-    rung = smallest_rung(study)
+    rung = profile_rung(study)
     seed = study.seeds[0]
     storage = make_storage(None, pdir / "optuna.journal")
     report: list[RunReport] = []
@@ -545,7 +558,7 @@ def profile_cost(study: Any, popts: ProfileOptions = ProfileOptions()) -> dict |
     groups = profile_groups(study)
     if not groups:
         return None
-    rung = smallest_rung(study)
+    rung = profile_rung(study)
     c = grid_cost(study, len(groups) * popts.points, rung)
     c["max_runs"] = popts.max_runs(len(groups))
     c["groups"] = list(groups)
