@@ -279,7 +279,7 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         jf.cov_model = cov_model + jf.cov_cluster
         jf.between_df = int(between_clusters(jf)[1])
     if pin_cov is not None and pinned and not warm_only:
-        extra = _pin_term(jf, np.asarray(pin_cov, float))
+        extra = pin_term(jf, np.asarray(pin_cov, float))
         jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
     if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
             and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
@@ -328,7 +328,7 @@ def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
     return D @ D.T / (q * q)
 
 
-def _pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> np.ndarray:
+def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> np.ndarray:
     """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
     principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
     parameters' shift at the end that moves the effects more. Where the fit is linear in the pins this is the

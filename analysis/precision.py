@@ -174,9 +174,9 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
                          "factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
-        from analysis.joint import _pin_term
+        from analysis.joint import pin_term
 
-        extra = _pin_term(jf, np.asarray(pin_cov, float))
+        extra = pin_term(jf, np.asarray(pin_cov, float))
         hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)

@@ -269,7 +269,7 @@ def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
     return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
 
-def _ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) -> dict:
+def ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) -> dict:
     """{"model": ..., "optim": ...}: expert stacks (and their optimizer states with the local expert
     dim leading) as DTensors sharded over "ep" and replicated over "dp", FSDP2 parameters as their
     DTensors, everything else plain (replicated). Optimizer states keyed by parameter name."""
@@ -324,7 +324,7 @@ def save_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
     import torch.distributed.checkpoint as dcp
 
     with _one_process_dcp(groups):
-        dcp.save(_ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
+        dcp.save(ep_state_dict(model, groups, optimizer), checkpoint_id=str(path), no_dist=groups is None)
 
 
 def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None = None, optimizer=None,
@@ -334,7 +334,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor
 
-    sd = _ep_state_dict(model, groups, optimizer)
+    sd = ep_state_dict(model, groups, optimizer)
     with _one_process_dcp(groups):
         dcp.load(sd, checkpoint_id=str(path), no_dist=groups is None, storage_reader=storage_reader, planner=planner)
     # DCP writes in place into the tensors it was given; copy anyway, so an entry that was a copy

@@ -394,10 +394,10 @@ class AsyncCheckpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        from marin.ep import _ep_state_dict
+        from marin.ep import ep_state_dict
 
         self.wait()
-        sd = _ep_state_dict(model, self.groups, optimizer)
+        sd = ep_state_dict(model, self.groups, optimizer)
         self._future = dcp.async_save(sd, checkpoint_id=str(path), process_group=self.pg,
                                       async_checkpointer_type=AsyncCheckpointerType.THREAD,
                                       no_dist=self.groups is None)

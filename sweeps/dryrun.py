@@ -389,7 +389,7 @@ class FakeCollectives:
             setattr(dist, name, fn)
 
 
-def _forget_meshes() -> None:
+def forget_meshes() -> None:
     """One process plays several ranks in turn: drop what outlives a process group and names its
     groups (DTensor's sharding-propagation cache returns specs that hold the old DeviceMesh; the
     expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
@@ -468,7 +468,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             if not fc.a2a or bad:
                 raise RuntimeError(f"all-to-alls over groups of {sorted({x[0] for x in bad})} ranks, expected {ep_size}"
                                    if bad else "no all-to-all ran: the experts were not dispatched over EP")
-            sd = ep._ep_state_dict(trainer.model, g, trainer.opt)
+            sd = ep.ep_state_dict(trainer.model, g, trainer.opt)
             names = {n for n, _ in trainer.model.named_parameters()}
             missing = sorted(names - set(sd["model"])) + sorted(names - set(sd.get("optim", {}).get("state", {})))
             if missing:
@@ -479,7 +479,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
                     "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
     finally:
         dist.destroy_process_group()
-        _forget_meshes()
+        forget_meshes()
     losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
     if not all(v is not None and math.isfinite(v) for v in losses + [st.max_grad_norm]):
         raise RuntimeError(f"rank {rank}: non-finite loss or grad norm: {losses}, {st.max_grad_norm}")
@@ -489,7 +489,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
 
 
-def _in_fresh_process(fn, *args):
+def in_fresh_process(fn, *args):
     """`fn(*args)` in a new interpreter: one process plays one rank, so nothing that torch keeps across
     process groups (device meshes held by DTensor specs and caches) leaks from one rank into the next.
     An exception raised there is raised here."""
@@ -507,7 +507,7 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
     ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
-    rows = [_in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
+    rows = [in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
             "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
             "sequences_per_rank": small.train.batch_size // world, "seconds": time.perf_counter() - t0}

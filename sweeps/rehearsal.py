@@ -259,9 +259,9 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from marin.ep import _ep_state_dict
+    from marin.ep import ep_state_dict
 
-    sd = _ep_state_dict(trainer.model, groups, trainer.opt)
+    sd = ep_state_dict(trainer.model, groups, trainer.opt)
     planner = DefaultSavePlanner()
     planner.set_up_planner(sd, None, is_coordinator=True)
     writer = FileSystemWriter(str(path), thread_count=1, single_file_per_rank=True)
@@ -289,7 +289,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from marin.train.distributed import ParallelDims, check_dist_layout
     from marin.train.loop import Trainer
     from marin.train.stages import context_plan
-    from sweeps.dryrun import _forget_meshes
+    from sweeps.dryrun import forget_meshes
 
     if dist.is_initialized():
         raise RuntimeError("the rehearsal needs a process without a process group")
@@ -341,7 +341,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
         torch_ops._native_grouped_mm_ok = saved_gmm
         if not one:
             dist.destroy_process_group()
-            _forget_meshes()
+            forget_meshes()
     return {"rank": rank, "backend": backend, "experts_per_rank": local[0] if local else 0,
             "param_device": next(iter(where.values()), ""), "checkpoint": ckpt,
             "host_reads": dict(mode.host_reads), "transfers": dict(mode.transfers),
@@ -351,7 +351,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
 def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False, **narrow) -> dict:
     """Part (c): the first and last rank (each in a fresh process) through `rehearse_rank`; `ok` false
     with `error` naming the call that fails (a GPU would fail there too)."""
-    from sweeps.dryrun import _in_fresh_process
+    from sweeps.dryrun import in_fresh_process
 
     t0 = time.perf_counter()
     small, subs = rehearsal_spec(spec, world, **narrow)
@@ -359,7 +359,7 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
     rows, error = [], None
     try:
         for r in ranks:
-            rows.append(_in_fresh_process(rehearse_rank, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
+            rows.append(in_fresh_process(rehearse_rank, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
                                           host_backend))
     except RehearsalError as e:
         error = str(e)

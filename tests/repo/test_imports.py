@@ -26,8 +26,13 @@ KNOWN_PRIVATE_IMPORTS = {
     "marin/config.py imports marin.fields._check", "marin/config.py imports marin.fields._check_level",
     "marin/config.py imports marin.fields._is_int", "marin/config.py imports marin.fields._is_num",
     "marin/phases.py imports marin.fields._check", "marin/phases.py imports marin.fields._is_num",
-    "marin/ep_exchange.py imports marin.dispatch._ranks_in_groups", "marin/parallel.py imports marin.ep._ep_state_dict",
+    "marin/ep_exchange.py imports marin.dispatch._ranks_in_groups", 
+    # third-party internals with no public form: submitit's sbatch renderer, statsmodels' sandwich of a
+    # given covariance, the FSDP2 hooks the rehearsal stands in for on the meta device
     "sweeps/hero.py imports submitit.slurm.slurm._make_sbatch_string",
+    "analysis/attribution.py imports statsmodels.stats.sandwich_covariance._HCCM",
+    "sweeps/rehearsal.py imports torch.distributed.fsdp._fully_shard._fsdp_param_group",
+    "sweeps/rehearsal.py imports torch.distributed.fsdp._fully_shard._fully_shard",
     "sweeps/memory.py imports sweeps.dryrun._flex_block_masks", "sweeps/memory.py imports sweeps.dryrun._FlexFootprint",
 }
 

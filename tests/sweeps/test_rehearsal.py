@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ablations.studies import get_study
-from sweeps.dryrun import _in_fresh_process
+from sweeps.dryrun import in_fresh_process
 from sweeps.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
 from sweeps.sweep import apply_spec_overrides
 
@@ -75,12 +75,12 @@ def test_hero_rack_with_a_host_update_is_refused_before_its_step_naming_the_fiel
     test_a_collective_on_a_host_tensor_fails_naming_it)."""
     with pytest.raises(ValueError, match=r"TrainConfig.offload='cpu'.*allowed values: 'none'"):
         small, world, ep = _hero_rack("train.offload=cpu")
-        _in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
+        in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
 
 
 def test_hero_rack_without_offload_takes_a_whole_step_on_the_accelerator(tmp_path):
     small, world, ep = _hero_rack("train.offload=none")
-    r = _in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
+    r = in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
     assert r["param_device"] == "meta" and r["experts_per_rank"] == 384 // ep
     c = r["collectives"]
     assert not any(k.endswith("(host)") for k in c)
