@@ -93,15 +93,18 @@ def contradiction(meta, spec: Mapping, run: str) -> str | None:
     """Where `meta`'s coding contradicts the run's `spec.json` (or the factor's field definition), one line
     naming the run, the factor and both values; None when they agree or the spec does not hold the field.
 
-    A recipe switch's level names are its values, and its baseline level is coded −1, its recipe level +1
-    (marin/factors.py); any other factor's levels map to the values its meta.json records."""
+    A recipe switch's level names are its values, and in a planned run its baseline level is coded −1, its
+    recipe level +1 (marin/factors.py); any other factor's levels map to the values its meta.json records."""
     from marin.factors import BASELINE_LEVELS, RECIPE_LEVELS
 
     for f in meta.factors:
         section, _, attr = str(f.field or "").partition(".")
         sec = spec.get(section) if isinstance(spec, Mapping) else None
         value = sec.get(attr, _MISSING) if isinstance(sec, Mapping) else _MISSING
-        if section == "recipe" and attr in RECIPE_LEVELS:
+        # the orientation is the registry's for a run this harness planned (its spec holds the switch); an
+        # imported table codes the levels its baseline arm holds (analysis/importer.py), e.g. Marin's
+        # QK-norm ladder, whose baseline is the recipe level
+        if section == "recipe" and attr in RECIPE_LEVELS and value is not _MISSING:
             base, rec = BASELINE_LEVELS[attr], RECIPE_LEVELS[attr][0]
             if f.high == base or f.low == rec:
                 return (f"{run}: meta.json codes {f.name} −1 = {f.low!r}, +1 = {f.high!r}, but {f.field}'s baseline "
