@@ -342,6 +342,11 @@ def _finding(a, resp: str, f: str) -> str:
     return f"{_mult(est, lo, hi)}: {_decide(a, (resp, f), est, lo, hi, dof)}"
 
 
+def _says_little(lo: float, hi: float) -> str:
+    """The qualifier of a cell whose ln interval spans more than WIDE_RATIO (every interval Findings shows)."""
+    return f" (spans over {WIDE_RATIO:g}x: says little)" if _exp(hi - lo) > WIDE_RATIO else ""
+
+
 def scale_cells(a, f: str) -> dict[str, str]:
     """Quality multiplier of f at the smallest and largest rung, its slope per decade of compute
     (× per 10× compute, with interval) and the scale verdict, e.g. "gain growing with scale"."""
@@ -361,7 +366,7 @@ def scale_cells(a, f: str) -> dict[str, str]:
         elif not (math.isfinite(x["effect"]) and math.isfinite(x["lo"])):
             out[key] = f"{r['rung']}: not estimable"
         else:
-            out[key] = f"{r['rung']}: {_mult(x['effect'], x['lo'], x['hi'])}"
+            out[key] = f"{r['rung']}: {_mult(x['effect'], x['lo'], x['hi'])}{_says_little(x['lo'], x['hi'])}"
             ends[key] = (x["lo"], x["hi"])
     vr = varied_rungs(a.table, a.factors).get(f, []) if f != "TOTAL" else list(a.rungs["rung"])
     if len(vr) < 2:
@@ -372,7 +377,7 @@ def scale_cells(a, f: str) -> dict[str, str]:
     if not (math.isfinite(s) and math.isfinite(lo)):
         out["scale verdict"] = "trend not estimable"
         return out
-    out["per decade of compute"] = "×" + _mult(s, lo, hi)
+    out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
     c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)

@@ -212,3 +212,16 @@ def test_quality_values_say_their_interval_omits_a_rung_shift_the_clusters_canno
     pinned = analyze_table(simulate_table(truth, rungs=rungs, seeds=1, design=design_rows(3)), pin_alpha=0.2, **kw)
     for a in (two, pinned):
         assert unmeasured_shift(a) == "" and "omits a rung shift" not in finding(a, "ln_M", "a")
+
+
+def test_a_scale_cell_whose_interval_spans_over_10x_says_little_and_a_narrow_one_does_not():
+    t = SimTruth(factors=["qk_norm", "sconv"], main={"qk_norm": 0.05, "sconv": 0.08},
+                 throughput={"qk_norm": -0.02, "sconv": 0.03}, noise_sd=0.1, seed_sd=0.003)
+    # 0.6 decades of compute and noisy losses: the slope per decade is poorly known
+    rungs = {f"r{j}": 1e8 * 1.5**j for j in range(3)}
+    wide = scale_cells(_analyze(simulate_table(t, rungs=rungs, seeds=2, rng=np.random.default_rng(3))), "sconv")
+    lo, hi = (float(v) for v in wide["per decade of compute"].split("[")[1].split("]")[0].split(","))
+    assert hi / lo > 10 and wide["per decade of compute"].endswith("(spans over 10x: says little)"), wide
+    narrow = scale_cells(_analyze(simulate_table(_truth(), rungs=RUNGS3, seeds=2, rng=np.random.default_rng(9))),
+                         "sconv")
+    assert "says little" not in narrow["per decade of compute"] and "[" in narrow["per decade of compute"], narrow
