@@ -522,6 +522,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = _study(args)
     opts = _exec_options(args, study)
     epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
+    from sweeps.sweep import check_specs, planned_runs
+
+    # what `train` refuses, before the LR profile or the reference ladder writes anything
+    check_specs(planned_runs(study, args.out, overrides=args.overrides), opts.executor)
     _set_log_to(args)
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run

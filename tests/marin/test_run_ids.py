@@ -122,4 +122,7 @@ def test_planning_computes_each_run_id_once(monkeypatch, capsys):
     monkeypatch.setattr(RunSpec, "identity_json", lambda self: calls.append(1) or ident(self))
     assert main(["plan", "smoke"]) == 0  # describe, the run list and the epoch check share one spec each
     n = len(calls)
-    assert n == len(get_study("smoke").runs()) == 64
+    smoke = get_study("smoke")
+    # the design's 64 runs and, priced before it, the reference ladder's (the baseline arm on its rungs x seeds)
+    ladder = len(smoke.reference_rungs) * len(smoke.reference_seeds)
+    assert n == len(smoke.runs()) + ladder == 64 + 21
