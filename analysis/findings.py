@@ -227,6 +227,18 @@ def mult_text(est, lo, hi) -> str:
     return _mult(est, lo, hi)
 
 
+#: A ln interval wider than this ratio is not printed as numbers (its ends carry no information).
+UNREADABLE_RATIO = 1e3
+
+
+def qualified_text(est, lo, hi) -> str:
+    """`mult_text` with its "says little" qualifier; an interval spanning over UNREADABLE_RATIO is named, not
+    printed (a paired cell of one run through an unidentified law reaches 1e30)."""
+    if math.isfinite(lo) and math.isfinite(hi) and hi - lo > math.log(UNREADABLE_RATIO):
+        return f"{_exp(est):.3f} [interval spans over {UNREADABLE_RATIO:g}x: says nothing]"
+    return _mult(est, lo, hi) + (_says_little(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.findings import arm_kinds, finding, mult_text, qualifiers, scale_cells, verdict_family
+from analysis.findings import arm_kinds, finding, qualified_text, qualifiers, scale_cells, verdict_family
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.regimes import regime_frames
@@ -230,9 +230,9 @@ def paired_section(a: StudyAnalysis) -> list[str]:
         row = {"component": comp}
         for r in g.itertuples():
             m = model.loc[(comp, r.rung)] if model is not None and (comp, r.rung) in model.index else None
-            ms = (mult_text(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
+            ms = (qualified_text(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
                   and bool(m.get("varied", True)) else "—")
-            row[f"{r.rung}"] = (f"paired {mult_text(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
+            row[f"{r.rung}"] = (f"paired {qualified_text(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
                                 else f"no same-rung pair · model {ms}")
         rows.append(row)
     return ["Per rung, quality M_flop paired (each arm against the same rung's arm that differs from it in this "

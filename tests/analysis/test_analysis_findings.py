@@ -3,6 +3,7 @@ observed TOTAL on a lone-arm effect, "not varied here", scale trends, CPU throug
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -225,3 +226,11 @@ def test_a_scale_cell_whose_interval_spans_over_10x_says_little_and_a_narrow_one
     narrow = scale_cells(_analyze(simulate_table(_truth(), rungs=RUNGS3, seeds=2, rng=np.random.default_rng(9))),
                          "sconv")
     assert "says little" not in narrow["per decade of compute"] and "[" in narrow["per decade of compute"], narrow
+
+
+def test_an_interval_spanning_over_1000x_is_named_not_printed_and_one_over_10x_says_little():
+    from analysis.findings import qualified_text
+
+    assert qualified_text(math.log(1.4), -60.0, 70.0) == "1.400 [interval spans over 1000x: says nothing]"
+    assert qualified_text(0.0, math.log(0.2), math.log(5.0)) == "1.000 [0.200, 5.000] (spans over 10x: says little)"
+    assert qualified_text(0.0, math.log(0.5), math.log(2.0)) == "1.000 [0.500, 2.000]"
