@@ -455,7 +455,9 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             coords = (g.mesh.get_local_rank("dp"), g.mesh.get_local_rank("ep"))
             if coords != divmod(rank, ep_size):
                 raise RuntimeError(f"rank {rank} sits at (dp, ep) = {coords}, expected {divmod(rank, ep_size)}")
-            trainer = Trainer(spec, run_dir, stages, device, d, time.perf_counter())
+            # no final checkpoint: DCP's global plan cannot validate on the fake group (its collectives move
+            # no data); the rehearsal, part (c), runs the save planner and writer of one rank instead
+            trainer = Trainer(spec, run_dir, stages, device, d, time.perf_counter(), keep_checkpoints="none")
             trainer.main = True  # each rank writes rank 0's files into its own folder (no broadcast to wait for)
             trainer.start(resume=False)
             trainer.sinks = Sinks((), run_dir, spec)

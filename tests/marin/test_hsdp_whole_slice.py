@@ -1,6 +1,7 @@
-"""The hero's own HSDP layout on 4 real gloo ranks: 2 racks x (dp_shard 1 x EP 2), so each rank holds a
-whole EP slice of the experts, as the hero's 64-rank racks of EP 64 do (FSDP2 over a one-rank dp_shard
-dim: nothing gathered inside a rack, the slices' gradients averaged over the racks). Every optimizer level's two
+"""The hero's own layout on 4 real gloo ranks: 2 racks x (dp_shard 1 x EP 2), so each rack holds a whole
+EP slice of the experts per rank, as the hero's 64-rank racks of EP 64 do, its fp32 state ZeRO-sharded
+across the racks (marin.parallel.ExpertShard; the non-expert parameters FSDP2 over a one-rank dp_shard
+dim, their gradients averaged over the racks). Every optimizer level's two
 steps equal one process; no block returns a view to FSDP2 (docs/hero.md). The dp_shard = 2 layout is
 tests/marin/test_hsdp.py.
 """
@@ -44,12 +45,13 @@ def _work(rank: int) -> dict:
     views: list[str] = []
     for level in LEVELS:
         model = build_sharded_model(_cfg(), RECIPE, groups, SEED).train()
-        # HSDP's expert unit: replicated over the racks, "sharded" over one dp_shard rank = the whole slice
-        # (the EP-sliced stack is the parameter: its global shape leads with n_experts / EP)
+        # the hero's expert state (marin.parallel.ExpertShard): the EP-sliced stack (n_experts / EP experts)
+        # ZeRO-sharded on dim 1 across the racks, torch.chunk sizes, nothing whole on any rank
         n_e = _cfg().moe_geometry(RECIPE).n_experts
-        out["whole_slices"] = all((p.to_local() if isinstance(p, DTensor) else p).shape == p.shape
-                                  and p.shape[0] == n_e // EP
-                                  for n, p in model.named_parameters() if n in set(expert_param_names(model)))
+        out["zero_slices"] = all(isinstance(p, DTensor) and p.shape[0] == n_e // EP
+                                 and p.to_local().shape[1] == torch.chunk(torch.empty(p.shape[1]), REPLICAS)[
+                                     groups.mesh.get_local_rank("dp")].shape[0] < p.shape[1]
+                                 for n, p in model.named_parameters() if n in set(expert_param_names(model)))
         opt = build_optimizer(model, _hp(level), expert_group=groups.ep_group)
         ref = _ref_model().train()
         ref_opt = build_optimizer(ref, _hp(level))
@@ -84,8 +86,8 @@ def whole_slice(tmp_path_factory):
     return read_results(tmp / f"r{r}.json" for r in range(WORLD))
 
 
-def test_each_rank_holds_a_whole_ep_slice(whole_slice):
-    assert all(o["dp_shard"] == 1 and o["whole_slices"] for o in whole_slice)
+def test_each_rank_holds_its_ep_slice_zero_sharded_across_the_racks(whole_slice):
+    assert all(o["dp_shard"] == 1 and o["zero_slices"] for o in whole_slice)
 
 
 @pytest.mark.parametrize("level", LEVELS)
