@@ -418,8 +418,10 @@ def test_two_gloo_ranks_train_on_disjoint_slices_and_a_resume_continues_at_the_n
     assert resumed["final_train_loss"] == pytest.approx(full["final_train_loss"], abs=1e-4)
     assert sorted(full["eval_domain_loss"]) == ["code", "docs", "prose"] and math.isfinite(full["macro_bpb"])
     assert full["data"]["eval_dir"] == str(paloma_dir.resolve()) and full["data"]["corpus_tokens"] == corpus.n_tokens
-    loop = json.loads((tmp_path / "cut" / "checkpoints" / "ckpt_000000002" / "meta.json").read_text())["loop"]
-    assert loop["data"] == {"step": 2, "seed": SEED, "seq_len": TRAIN_SEQ, "global_batch": TRAIN_B,
+    # the resumed run's final checkpoint (kept by default; the interrupt's step-2 one is pruned) records where
+    # the loader stands
+    loop = json.loads((tmp_path / "cut" / "checkpoints" / "ckpt_000000004" / "meta.json").read_text())["loop"]
+    assert loop["data"] == {"step": 4, "seed": SEED, "seq_len": TRAIN_SEQ, "global_batch": TRAIN_B,
                             "corpus": corpus.fingerprint}
 
 
