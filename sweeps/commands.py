@@ -499,7 +499,7 @@ def analyze_study(study_dir: Path) -> int | None:
 
 def _status_hint(args: argparse.Namespace) -> str:
     """The `status` command that finds this study's runs: the study as given (a registered name, or the
-    path:attribute it was loaded from), with the same --out, --rungs, --seeds and --set."""
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds, --set, --tuned and --no-profile."""
     import shlex
 
     cmd = ["marin-ablate", "status", args.study]
@@ -510,6 +510,9 @@ def _status_hint(args: argparse.Namespace) -> str:
             cmd += [flag, v]
     for o in args.overrides:
         cmd += ["--set", o]
+    # how the LRs were set changes the run ids: status must look for the same runs
+    cmd += [f for f, on in (("--tuned", getattr(args, "tuned", False)),
+                            ("--no-profile", getattr(args, "no_profile", False))) if on]
     return shlex.join(cmd)
 
 

@@ -119,8 +119,9 @@ def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, caps
     (tmp_path / "mystudy.py").write_text("from ablations.studies import smoke\n\nstudy = smoke(rungs=('cpu_s32',))\n")
     monkeypatch.chdir(tmp_path)
     # every run fails at once in setup (its first tensor cannot be allocated)
-    args = ["mystudy.py:study", "--out", str(tmp_path / "out"), "--set", "model.d_model=1000000000"]
-    assert main(["run", *args, "--executor", "debug", "--no-analyze"]) == 1
+    # (the design's runs: the LR profile before them would stop the study first, naming its folder)
+    args = ["mystudy.py:study", "--out", str(tmp_path / "out"), "--set", "model.d_model=1000000000", "--no-profile"]
+    assert main(["run", *args, "--no-pin", "--executor", "debug", "--no-analyze"]) == 1
     out = capsys.readouterr().out
     hint = out.split("failed runs keep their error in summary.json; `", 1)[1].split("`", 1)[0]
     assert hint == "marin-ablate status " + shlex.join(args)
