@@ -201,8 +201,11 @@ class RunJob(submitit.helpers.Checkpointable):
                                                                     f"{os.environ.get('MASTER_PORT')}"})
         if rank != 0:  # the run's files belong to rank 0; other ranks only train
             from marin.train import train
+            from sweeps.tracking import retention
 
-            train(task.spec, task.dir, resume=True)
+            # the same retention as rank 0 (sweeps.tracking.tracked_train): the final save is collective,
+            # so a rank that skipped it would wait for the others in the summary's broadcast forever
+            train(task.spec, task.dir, resume=True, keep_checkpoints=retention(task.spec))
             return {"run_id": task.run_id, "outcome": "rank", "status": None, "error": None}
         _mark_job(task, _job_id())
         return execute(task)

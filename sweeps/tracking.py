@@ -113,12 +113,18 @@ def default_retention(spec: Any) -> str:
     return "none" if spec.train.device == "cpu" else "final"
 
 
+def retention(spec: Any) -> str:
+    """The checkpoint retention of a study's run: `run --keep-checkpoints` ($MARIN_KEEP_CHECKPOINTS), else
+    `default_retention`; every rank of a distributed run must use the same (the final save is collective)."""
+    return os.environ.get(KEEP_ENV) or default_retention(spec)
+
+
 def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     """marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
     from marin.train import train
 
     log_to = parse_log_to(os.environ.get(LOG_TO_ENV))
-    keep = os.environ.get(KEEP_ENV) or default_retention(spec)
+    keep = retention(spec)
     if not log_to:
         return train(spec, run_dir, resume=resume, keep_checkpoints=keep)
     meta = read_json(Path(run_dir) / "meta.json") or {}
