@@ -14,8 +14,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.findings import arm_kinds, finding, qualified_text, qualifiers, scale_cells, verdict_family
+from analysis.html import render_html
 from analysis.joint import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
+from analysis.provenance import provenance
 from analysis.regimes import regime_frames
 from analysis.responses import RESPONSES
 from analysis.results import factor_coding
@@ -58,7 +60,6 @@ def local_slope(a: StudyAnalysis) -> tuple[float, float, float] | None:
 
 def _coding_line(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
     """Which level of each factor is +1 (a multiplier is the +1 level's over the −1 level's)."""
-    from analysis.results import factor_coding
 
     try:
         coding = factor_coding(raw)
@@ -337,57 +338,6 @@ def planted_section(a: StudyAnalysis) -> list[str]:
     return L
 
 
-def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list[str]:
-    def uniq(col):
-        return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
-
-    coding = factor_coding(raw) if "coding" in raw else {}
-    try:
-        from importlib.metadata import version
-
-        ver = version("marin-ablate")
-    except Exception:  # not installed: the analysis still runs from a checkout
-        ver = "unknown"
-    mixed = (raw[["run_id", "code_versions"]].dropna() if "code_versions" in raw else pd.DataFrame())
-    return [f"- command: `{command or 'analyze_table (library call)'}`",
-            f"- code version of the runs: {uniq('code_version')}; analysis package {ver}"
-            + (f"; {len(mixed)} run(s) resumed under changed code, their steps trained by more than one version: "
-               + ", ".join(f"{r} ({v})" for r, v in mixed.itertuples(index=False)) if len(mixed) else ""),
-            f"- seeds: {uniq('seed')}; hardware: {uniq('hardware')}",
-            f"- {len(raw)} runs in the table, {len(a.table)} analysed; factors: {', '.join(a.factors)}",
-            "- coding: " + ("; ".join(f"{f}: +1 = {hi}, −1 = {lo}" for f, (lo, hi) in coding.items()
-                                      if f in a.factors) or "unknown"),
-            *lr_provenance(a), *pinned_law_provenance(a)]
-
-
-def lr_provenance(a: StudyAnalysis) -> list[str]:
-    """How the analysed runs' LRs were set: the heuristic, a profile or `tune` (file, date), and the multipliers."""
-    t = a.table
-    if "lr_source" not in t or not t["lr_source"].notna().any():
-        return ["- learning rates: not recorded (the runs predate LR provenance)"]
-    out = []
-    for src, g in t.groupby(t["lr_source"].fillna("heuristic"), sort=False):
-        files = sorted({f"`{f}` ({d})" for f, d in zip(g.get("lr_profile", []), g.get("lr_profile_date", []))
-                        if isinstance(f, str)})
-        scale = pd.to_numeric(g.get("lr_scale", pd.Series(1.0, index=g.index)), errors="coerce")
-        what = {"heuristic": "Marin's heuristic LR (no per-arm profile)",
-                "profile": "profiled per level of each LR-coupled factor at the smallest rung, carried up the "
-                           "ladder by the heuristic",
-                "tuned": "`marin-ablate tune` multipliers per arm, carried up the ladder by the heuristic"}.get(src, src)
-        out.append(f"- learning rates ({len(g)} runs): {what}" + (f" from {', '.join(files)}" if files else "")
-                   + (f"; multipliers {scale.min():.3g}–{scale.max():.3g}" if src != "heuristic" else ""))
-    return out
-
-
-def pinned_law_provenance(a: StudyAnalysis) -> list[str]:
-    """The pinned reference law's source and date, when the analysis pinned one."""
-    p = getattr(a, "pinned_law", None)
-    if p is None:
-        return []
-    return [f"- reference law: L∞ and α pinned from the baseline ladder ({p.n} runs, {p.c_lo:.3g}..{p.c_hi:.3g} FLOPs; "
-            f"`{p.source}`, {p.created}); A refitted on this study's runs"]
-
-
 def _domains(raw: pd.DataFrame) -> list[str]:
     return [c[len("loss_"):] for c in raw.columns if c.startswith("loss_") and c != "loss_curve"]
 
@@ -578,30 +528,6 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
         L += [md_table(fit.coef_table()[["term", "estimate", "se", "lo", "hi", "p"]], 4)]
         L += [md_table(a.anova[name], 4)]
     return "\n".join(L)
-
-
-# The report runs no script and loads nothing but its own figures: a name imported from someone else's
-# table cannot run code in the reader's browser even if it slipped past the escaping below.
-CSP = "default-src 'none'; script-src 'none'; object-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'"
-
-
-def render_html(md_text: str, title: str) -> str:
-    """report.html from report.md: raw HTML in the Markdown (a `<script>` or `<img onerror=…>` in an arm,
-    factor or rung name, a note, a warning) is written as text, never as markup."""
-    import html as html_lib
-
-    import markdown
-
-    conv = markdown.Markdown(extensions=["tables"])
-    conv.preprocessors.deregister("html_block")  # no block of raw HTML passes through
-    conv.inlinePatterns.deregister("html")  # nor an inline tag: '<' and '>' are escaped as text
-    body = conv.convert(md_text)
-    return ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-            f"<title>{html_lib.escape(title)}</title><style>"
-            "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:13px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>" + body +
-            "</body></html>")
 
 
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,

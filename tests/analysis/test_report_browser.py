@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.html import render_html
 from analysis.pipeline import analyze_table
-from analysis.report import render_html, write_report
+from analysis.report import write_report
 from analysis.results import collect
 from analysis.simulate import random_truth, simulate_table, write_study
 from sweeps.cli import main

@@ -275,7 +275,7 @@ def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_record
     """The second session runs from a copy of marin/ with one source line more (another code version)."""
     import shutil
 
-    from analysis.report import provenance
+    from analysis.provenance import provenance
     from analysis.results import collect
     from marin.train.hardware import code_version
 
