@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from terminal import foreground
 
 from marin.config import RunSpec, TrainConfig, preset
 from marin.train import train
@@ -210,7 +211,7 @@ def test_ctrl_c_checkpoints_like_sigterm_and_the_run_resumes(tmp_path, ref6):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "train", *_cli(run, steps=2000)], cwd=ROOT,
                             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=foreground)
     _wait_for_lines(run / "metrics.jsonl", 2, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

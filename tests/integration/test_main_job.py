@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from terminal import foreground
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -61,7 +62,7 @@ def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
             "--no-profile", "--no-pin"]  # the design's runs, not the LR profile before it
     proc = subprocess.Popen(_cli("run", "smoke", *args, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=foreground)
     deadline = time.time() + 120
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
@@ -97,7 +98,7 @@ def test_ctrl_c_then_rerun_completes_without_redoing_finished_runs(tmp_path):
     study_dir = tmp_path / "smoke"
     proc = subprocess.Popen(_cli("run", "smoke", *SMALL, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=foreground)
     deadline = time.time() + 300
     while time.time() < deadline and sum(s["status"] == "completed" for s in _summaries(study_dir).values()) < 2:
         assert proc.poll() is None, proc.stdout.read()
