@@ -17,10 +17,11 @@ from analysis.responses import RESPONSES
 
 
 def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins, n_boot, method, rng,
-              interactions, scale, pin_cov=None):
+              interactions, scale, pin_cov=None, pin_valley=()):
     """{response (and "<response>/main" for a reduced model): (n_boot, terms) replicates of its
     coefficients}, and the (n_boot, 3) law replicates (linf, A, alpha) of the law response.
-    pin_cov: pinned (L∞, α) drawn per replicate from N(pins, pin_cov) (a reference ladder's law)."""
+    pin_cov: pinned (L∞, α) drawn per replicate from N(pins, pin_cov) (a reference ladder's law), about a
+    pair drawn uniformly from `pin_valley` where the ladder fixed only the slope."""
     n = len(L)
     out: dict[str, np.ndarray] = {}
     blaw = np.full((n_boot, 3), np.nan)
@@ -44,7 +45,8 @@ def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins,
         idx = np.arange(n) if method == "wild" else np.concatenate([rng.choice(ci, size=len(ci)) for ci in cell_idx])
         pins_b = pins
         if pin_cov is not None and pins[0] is not None and pins[1] is not None:
-            d = rng.multivariate_normal([pins[0], pins[1]], pin_cov)
+            at = pin_valley[rng.integers(len(pin_valley))] if len(pin_valley) else pins
+            d = rng.multivariate_normal([at[0], at[1]], pin_cov)
             pins_b = (float(d[0]), max(float(d[1]), 1e-4))
         for k, _, jf, inter in qkeys:
             if method == "wild":

@@ -166,10 +166,11 @@ def _seed_blocks(seeds) -> np.ndarray:
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
               pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
               clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
-              envelope: bool = False) -> JointFit:
+              pin_valley: tuple = (), envelope: bool = False) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
     pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's, analysis/reflaw.py): added
     to every parameter's covariance by the delta method, so the pins' uncertainty reaches each effect.
+    pin_valley: the (L∞, α) pairs a ladder that fixes only the slope accepts (`valley_term`).
     envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
     covariance to span the fits at each L∞ the data accept (`_curvature_term`).
     warm_only: start from `start` alone (a profile's refits move the optimum only a little).
@@ -280,6 +281,8 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         jf.between_df = int(between_clusters(jf)[1])
     if pin_cov is not None and pinned and not warm_only:
         extra = pin_term(jf, np.asarray(pin_cov, float))
+        if len(pin_valley):
+            extra = extra + valley_term(jf, pin_valley)
         jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
     if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
             and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
@@ -363,6 +366,25 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
                 break
         if best is not None:
             out += np.outer(best, best) / (z * z)
+    return out
+
+
+def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> np.ndarray:
+    """A ladder that fixes the law's slope but not its curvature accepts a valley of (L∞, α) pairs
+    (analysis/reflaw.py); each one is a law the study could rest on. Refit with the pins at the
+    valley's two ends and return Σ d dᵀ / z² (d the parameters' shift there), so each contrast's 95%
+    interval reaches its value at either end, as `_curvature_term` does for the study's own profile."""
+    C, L, E, seeds = jf.data
+    ends = [valley[0]] if len(valley) == 1 else [valley[0], valley[-1]]
+    out = np.zeros((len(jf.names), len(jf.names)))
+    for linf, alpha in ends:
+        try:
+            f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, pin_linf=float(linf),
+                          pin_alpha=float(alpha), start=jf, clusters=jf.clusters)
+        except ValueError:  # this end's law does not fall over the study's rungs: the other end stands
+            continue
+        d = f.params - jf.params
+        out += np.outer(d, d) / (z * z)
     return out
 
 
@@ -552,16 +574,17 @@ def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
 def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
                 form: str = "power", start: JointFit | None = None,
                 warm_only: bool = False, design: tuple | None = None, clusters=None, pin_cov=None,
-                envelope: bool = False) -> tuple[EffectsFit, JointFit]:
+                pin_valley: tuple = (), envelope: bool = False) -> tuple[EffectsFit, JointFit]:
     """The joint law + quality effects fit, with its coefficients in the standard effects basis;
     `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
     only a little);
     `design`: `quality_design` of these rows, when the caller already has it (the bootstrap);
-    `pin_cov`: the pinned (L∞, α)'s covariance (a reference ladder's law, analysis/reflaw.py);
+    `pin_cov`, `pin_valley`: the pinned (L∞, α)'s covariance and valley (a reference ladder's law, analysis/reflaw.py);
     `envelope`: widen for an unidentified curvature (`_curvature_term`)."""
     terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
-                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters, pin_cov=pin_cov, envelope=envelope)
+                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters, pin_cov=pin_cov,
+                   pin_valley=pin_valley, envelope=envelope)
     th, cov, cm, T = jf.theta_std(len(terms), terms)
     fit = EffectsFit(response=law_column(), factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
                      n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",

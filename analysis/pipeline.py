@@ -188,12 +188,14 @@ class _Prepared:
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
     pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/reflaw.py)
+    pin_valley: tuple = ()  # its accepted (L∞, α) pairs, where its ladder fixes only the slope
 
 
 def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
     """Reference law and quality effects: one fit on every run (baseline-arm runs are not special)."""
     X, z, C, L, factors = p.X, p.z, p.C, p.L, p.factors
-    kw = dict(interactions=p.interactions, scale=p.scale, seeds=p.seeds, pins=p.pins, pin_cov=p.pin_cov)
+    kw = dict(interactions=p.interactions, scale=p.scale, seeds=p.seeds, pins=p.pins, pin_cov=p.pin_cov,
+              pin_valley=p.pin_valley)
     if not p.scale and p.pins[1] is None:
         p.notes.append("reference law not estimable: one rung cannot fix α; pin it (--pin-alpha)")
     else:
@@ -401,12 +403,9 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
     if pinned_law is not None:
         pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
-        lo, hi = pinned_law.ci("linf", level), pinned_law.ci("alpha", level)
-        notes.append(f"reference law pinned from the baseline arm's own ladder ({pinned_law.n} runs over "
-                     f"{pinned_law.c_lo:.3g}..{pinned_law.c_hi:.3g} FLOPs, fitted {pinned_law.created}): "
-                     f"L∞ = {pinned_law.linf:.4g} [{lo[0]:.4g}, {lo[1]:.4g}], α = {pinned_law.alpha:.4g} "
-                     f"[{hi[0]:.4g}, {hi[1]:.4g}]; A refitted on this study's runs; the pins' covariance is in "
-                     "every multiplier's interval (delta method and bootstrap draws)")
+        notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {pinned_law.created}): "
+                     f"{pinned_law.describe()}; A refitted on this study's runs; the pins' spread is in every "
+                     "multiplier's interval (delta method and bootstrap draws)")
     pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/joint.py)
@@ -416,7 +415,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
 
     prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=scale, seeds=seeds, pins=pins,
                      interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters,
-                     pin_cov=None if pinned_law is None else pinned_law.cov_propagated)
+                     pin_cov=None if pinned_law is None else pinned_law.cov_propagated,
+                     pin_valley=() if pinned_law is None else pinned_law.valley)
     for r in _needed(responses):  # one branch per family (analysis/responses.py)
         if r.family == "law":
             _fit_law(prep, r, law_forms)
@@ -434,7 +434,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if n_boot > 0 and boot_method != "none" and fits:
 
         boot_theta, boot_law = bootstrap(ok, X, z, C, L, factors, prep.fits, prep.reduced, joint, masks, seeds, pins,
-                                         n_boot, boot_method, rng, interactions, scale, pin_cov=prep.pin_cov)
+                                         n_boot, boot_method, rng, interactions, scale, pin_cov=prep.pin_cov,
+                                         pin_valley=prep.pin_valley)
 
     def comp_at(n: str, zz: float, fset=None, rset=None) -> pd.DataFrame:
         fset, rset = fset or fits, rset if rset is not None else reduced

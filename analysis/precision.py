@@ -154,11 +154,12 @@ def ladder_pin_cov(computes, law, noise: Noise) -> np.ndarray:
 
 def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[float, ...] = (1.0, 10.0),
             log_m=None, law: tuple[float, float, float] | None = None,
-            pin_cov: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
+            pin_cov: np.ndarray | None = None, pin_valley: tuple = ()) -> tuple[pd.DataFrame, dict]:
     """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref.
     `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
     the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
-    pinned at the truth with this covariance (a reference ladder's, as `run` pins them). Returns (table, info)."""
+    pinned at the truth with this covariance (a reference ladder's, as `run` pins them), and `pin_valley` its
+    accepted (L∞, α) pairs where the ladder fixes only the slope. Returns (table, info)."""
     from analysis.attribution import component_table
     from analysis.replicates import BETWEEN_SEEDS_MIN
 
@@ -174,16 +175,18 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
                          "factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
-        from analysis.joint import pin_term
+        from analysis.joint import pin_term, valley_term
 
         extra = pin_term(jf, np.asarray(pin_cov, float))
+        if len(pin_valley):
+            extra = extra + valley_term(jf, pin_valley)
         hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
     between = None
     if lay.seeds >= BETWEEN_SEEDS_MIN:  # each seed alone: its scatter's median t interval (analysis/replicates.py)
         one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law,
-                      pin_cov=pin_cov)[0]
+                      pin_cov=pin_cov, pin_valley=pin_valley)[0]
         k = lay.seeds
         between = (one["hw_1x"].to_numpy() * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
                    / math.sqrt(k) * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
@@ -384,19 +387,19 @@ def options(study, noise: Noise, target: float, *, level: float = 0.95, max_seed
     return df.sort_values(["reaches", cost_unit(study)], ascending=[False, True]).reset_index(drop=True)
 
 
-def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tuple | None, str]:
-    """(pin covariance, law, line) of the law `run` pins for this study: the measured one (`pinned`,
+def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tuple | None, str, tuple]:
+    """(pin covariance, law, line, valley) of the law `run` pins for this study: the measured one (`pinned`,
     a PinnedLaw from this machine's cache), else its ladder's covariance predicted at `noise`; (None,
-    None, "") for a study without a reference ladder."""
+    None, "", ()) for a study without a reference ladder."""
     from ablations.ladders import ladder
 
     rungs = getattr(study, "reference_rungs", ())
     if not rungs:
-        return None, None, ""
+        return None, None, "", ()
     if pinned is not None:
         return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
-                f"L∞ and α pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}), "
-                "its covariance in every interval")
+                f"reference law pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}): "
+                f"{pinned.describe()}", pinned.valley)
     n_seeds = len(getattr(study, "reference_seeds", (0,)))
     comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))] * n_seeds
     lay, _ = study_layout(study)
@@ -404,15 +407,15 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
     return (ladder_pin_cov(comps, law, noise), None,
             f"L∞ and α pinned from the {len(rungs)}-rung × {n_seeds}-seed baseline ladder `run` measures first "
             f"({rungs[0]}..{rungs[-1]}; "
-            "not run on this machine yet: its covariance predicted at this noise)")
+            "not run on this machine yet: its covariance predicted at this noise)", ())
 
 
 def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95, pinned=None) -> str:
     """The `plan STUDY --precision` section."""
     lay, _ = study_layout(study)
-    pin_cov, pin_law, pin_line = study_pin(study, noise, pinned)
+    pin_cov, pin_law, pin_line, valley = study_pin(study, noise, pinned)
     t, info = predict(lay, noise, level=level, log_m=assumed_effects, pin_cov=pin_cov,
-                      law=pin_law if noise.law is None else None)
+                      law=pin_law if noise.law is None else None, pin_valley=valley if noise.law is None else ())
     linf, A, alpha = info["law"]
     c_ref = info["c_ref"]
     lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
@@ -467,8 +470,9 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
     if not as_json:
         return format_precision(study, noise, target=target, pinned=pinned)
     lay, _ = study_layout(study)
-    pin_cov, pin_law, pin_line = study_pin(study, noise, pinned)
-    t, info = predict(lay, noise, log_m=assumed_effects, pin_cov=pin_cov, law=pin_law if noise.law is None else None)
+    pin_cov, pin_law, pin_line, valley = study_pin(study, noise, pinned)
+    t, info = predict(lay, noise, log_m=assumed_effects, pin_cov=pin_cov, law=pin_law if noise.law is None else None,
+                      pin_valley=valley if noise.law is None else ())
     out = {"noise": {"sd": noise.sd, "rung_sd": noise.rung_sd, "source": noise.source},
            "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"}, "pinned_law": pin_line,
            "law": dict(zip(("linf", "A", "alpha"), info["law"])),

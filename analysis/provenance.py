@@ -56,5 +56,5 @@ def pinned_law_provenance(a: StudyAnalysis) -> list[str]:
     p = getattr(a, "pinned_law", None)
     if p is None:
         return []
-    return [f"- reference law: L∞ and α pinned from the baseline ladder ({p.n} runs, {p.c_lo:.3g}..{p.c_hi:.3g} FLOPs; "
-            f"`{p.source}`, {p.created}); A refitted on this study's runs"]
+    return [f"- reference law pinned from the baseline ladder (`{p.source}`, {p.created}): {p.describe()}; "
+            "A refitted on this study's runs"]

@@ -549,8 +549,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)
         print(f"{study.name}: reference law not pinned: {law}" if isinstance(law, str) else
-              f"{study.name}: reference law pinned: L∞ = {law.linf:.4g}, α = {law.alpha:.4g} "
-              f"({law.n} baseline runs, {law.source})", flush=True)
+              f"{study.name}: reference law pinned: {law.describe()} ({law.source})", flush=True)
     elif args.no_pin:
         (_sdir(args.out, study.name) / LAW_FILE).unlink(missing_ok=True)  # the analysis then fits the law itself
     rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides, provenance=prov)

@@ -92,21 +92,57 @@ def test_a_narrow_ladder_cannot_pin_a_law():
         fit_reference(base["train_flops"], base["eval_macro_loss"])
 
 
-def test_a_one_seed_ladder_whose_alpha_interval_reaches_zero_cannot_pin_the_law():
-    """The smoke study's baseline ladder as measured on a 2-core machine (seed 0, cpu_s16..cpu_s1024)."""
+def straight(rung_sd: float = 0.02) -> SimTruth:
+    """A law that barely bends over the ladder's 64x (α = 0.06), as every CPU ladder measures it."""
+    t = SimTruth(F, main={"xsa": 0.05, "sconv": 0.05, "optimizer": 0.15}, linf=0.5, A=15.0, alpha=0.06,
+                 c_ref=1e14, noise_sd=0.02, seed_sd=0.0, flops_per_token=1e6)
+    t.rung_sd = rung_sd
+    return t
+
+
+def test_a_ladder_that_fixes_the_slope_but_not_the_curvature_pins_it_along_its_valley():
+    """The smoke study's baseline ladder as measured on a 2-core machine (seed 0, cpu_s16..cpu_s1024): its
+    free fit's α interval reaches 0, yet every L∞ from 0 to near the losses fits with α rising to match."""
     C = [15259926528.0 * 2**k for k in range(7)]
     L = [3.4032, 3.2538, 3.0919, 2.9526, 2.7975, 2.7666, 2.6718]
-    with pytest.raises(ValueError, match=r"α = 0\.237\d* \[-0\.08\d*, 0\.55\d*\] on 7 runs: the interval leaves α > 0"):
+    law = fit_reference(C, L)
+    linfs, alphas = zip(*law.valley)
+    assert linfs[0] == 0.0 and linfs[-1] > 2.0 and all(np.diff(alphas) > 0)
+    assert (law.linf, law.alpha) in law.valley and law.cov[0, 0] == 0.0 and law.cov[1, 1] > 0
+    assert law.ci("linf")[0] == 0.0 and law.ci("linf")[1] == linfs[-1]
+    assert "its local slope, not its curvature" in law.describe()
+
+
+def test_a_valley_pinned_law_holds_the_multiplier_of_every_law_on_its_valley():
+    base = simulate_table(straight(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    law = fit_reference(*(base[base["arm"] == "---"][c] for c in ("train_flops", "eval_macro_loss")))
+    assert len(law.valley) >= 3 and law.valley[-1][0] > 2.0  # a planted straight ladder: curvature unidentified
+    got = []
+    for s in (0, 1):
+        df = simulate_table(straight(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(s))
+        est, lo, hi = total(analyze(df, pinned_law=law))
+        for linf, alpha in law.valley:
+            assert lo <= total(analyze(df, pin_linf=linf, pin_alpha=alpha))[0] <= hi, (s, linf)
+        got.append((est, lo, hi))
+    (e0, l0, h0), (e1, l1, h1) = got
+    assert abs(e0 - e1) <= np.hypot((h0 - l0) / 2, (h1 - l1) / 2)
+
+
+def test_a_ladder_whose_loss_does_not_fall_cannot_pin_the_law():
+    C = [15259926528.0 * 2**k for k in range(7)]
+    L = 3.0 + 0.02 * np.random.default_rng(0).standard_normal(7)
+    with pytest.raises(ValueError, match="reference ladder over 1.53e\\+10..9.77e\\+11 FLOPs: "):
         fit_reference(C, L)
 
 
 def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
-    law = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1e11, 1e13, 7, 4, "k", "today", "src")
+    law = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1e11, 1e13, 7, 4, "k", "today", "src",
+                    valley=((0.0, 0.1), (2.0, 0.2)))
     import json
 
     (tmp_path / "reference_law.json").write_text(json.dumps(law.to_dict()))
     back = read_pinned(tmp_path)
-    assert back.linf == 2.0 and np.array_equal(back.cov, law.cov) and back.source == "src"
+    assert back.linf == 2.0 and np.array_equal(back.cov, law.cov) and back.source == "src" and back.valley == law.valley
     (tmp_path / "reference_law.json").write_text("{\"linf\": 2.0}")
     with pytest.raises(ValueError, match="pinned reference law: field 'cov' missing or malformed"):
         read_pinned(tmp_path)
