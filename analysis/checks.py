@@ -247,7 +247,7 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         if a.law.not_identified:
             w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "
                      "not reported" + (f" ({a.law.why})" if a.law.why else ""))
-        if a.law.pinned:
+        if a.law.pinned and getattr(a, "pinned_law", None) is None:  # a ladder's pins carry their spread
             w.append(f"law parameter(s) pinned by the user: {', '.join(f'{k}={v:g}' for k, v in a.law.pinned.items())}; "
                      "their uncertainty is not in the intervals")
     shift = unmeasured_shift(a)

@@ -128,6 +128,21 @@ def test_a_valley_pinned_law_holds_the_multiplier_of_every_law_on_its_valley():
     assert abs(e0 - e1) <= np.hypot((h0 - l0) / 2, (h1 - l1) / 2)
 
 
+def test_beyond_its_ladder_a_study_s_interval_reaches_both_ends_of_the_valley():
+    """Past the ladder's span the valley's laws part: L∞ = 0 and L∞ near the losses extrapolate different
+    slopes, so the interval is set by the valley's ends, not by α's conditional spread."""
+    base = simulate_table(straight(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    law = fit_reference(*(base[base["arm"] == "---"][c] for c in ("train_flops", "eval_macro_loss")))
+    quiet = straight(rung_sd=0.0)
+    quiet.noise_sd = 0.002
+    far = {f"r{n}": n * 8192.0 for n in (4096, 8192, 16384, 32768)}  # 4x past the ladder's largest rung
+    df = simulate_table(quiet, rungs=far, seeds=1, rng=np.random.default_rng(0))
+    _, lo, hi = total(analyze(df, pinned_law=law))
+    ends = [total(analyze(df, pin_linf=v, pin_alpha=a))[0] for v, a in (law.valley[0], law.valley[-1])]
+    assert max(ends) - min(ends) > 1.0  # the valley's two laws part by more than a factor e in M
+    assert all(lo <= e <= hi for e in ends), (ends, (lo, hi))
+
+
 def test_a_ladder_whose_loss_does_not_fall_cannot_pin_the_law():
     C = [15259926528.0 * 2**k for k in range(7)]
     L = 3.0 + 0.02 * np.random.default_rng(0).standard_normal(7)
