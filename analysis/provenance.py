@@ -3,6 +3,8 @@ the factors' coding, how each run's LR was set and the reference law it rests on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from analysis.pipeline import StudyAnalysis
@@ -56,5 +58,6 @@ def pinned_law_provenance(a: StudyAnalysis) -> list[str]:
     p = getattr(a, "pinned_law", None)
     if p is None:
         return []
-    return [f"- reference law pinned from the baseline ladder (`{p.source}`, {p.created}): {p.describe()}; "
+    source = p.source.replace(str(Path.home()), "~", 1)  # the report is shared: no home directory in it
+    return [f"- reference law pinned from the baseline ladder (`{source}`, {p.created}): {p.describe()}; "
             "A refitted on this study's runs"]
