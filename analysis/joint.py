@@ -59,6 +59,13 @@ class JointFit:
     # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
     cov_cluster: np.ndarray | None = None
     between_df: int = 0
+    # Where L∞ and α are pinned with a spread (a reference ladder's): the ellipse's part over (linf, ln a,
+    # alpha), pinned rows included, so the law's band and A's interval see the pins move with ln a; and the
+    # valley's part — its share of `cov` and the laws (L∞, A, α) refitted at its ends, which the law's
+    # band and intervals reach exactly (a linear band cannot follow two laws that part off the data).
+    cov_pins: np.ndarray | None = None
+    cov_valley: np.ndarray | None = None
+    valley_laws: tuple = ()
 
     def get(self, name: str) -> float:
         if name in self.pinned:
@@ -102,14 +109,20 @@ class JointFit:
         return T @ self.params, T @ self.cov @ T.T, T @ self.cov_model @ T.T, T
 
     def law_block(self) -> tuple[np.ndarray, np.ndarray]:
-        """(cov HC3, cov model) over (linf, ln a, alpha); zero rows for pinned parameters."""
+        """(cov HC3, cov model) over (linf, ln a, alpha); a pinned parameter's rows are its pins' spread
+        (`cov_pins`), zero when it was pinned as exact; a valley's part is left to `valley_laws`."""
         out = []
+        pinned = [i for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.pinned]
         for cv in (self.cov, self.cov_model):
             c = np.zeros((3, 3))
+            cv = cv - self.cov_valley if self.cov_valley is not None else cv
             idx = [(i, self.names.index(k)) for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
             for i, p in idx:
                 for j, q in idx:
                     c[i, j] = cv[p, q]
+            if self.cov_pins is not None:
+                for i in pinned:
+                    c[i, :], c[:, i] = self.cov_pins[i, :], self.cov_pins[:, i]
             out.append(c)
         return out[0], out[1]
 
@@ -280,9 +293,10 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         jf.cov_model = cov_model + jf.cov_cluster
         jf.between_df = int(between_clusters(jf)[1])
     if pin_cov is not None and pinned and not warm_only:
-        extra = pin_term(jf, np.asarray(pin_cov, float))
+        extra, jf.cov_pins = pin_term(jf, np.asarray(pin_cov, float))
         if len(pin_valley):
-            extra = extra + valley_term(jf, pin_valley)
+            jf.cov_valley, jf.valley_laws = valley_term(jf, pin_valley)
+            extra = extra + jf.cov_valley
         jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
     if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
             and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
@@ -331,20 +345,26 @@ def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
     return D @ D.T / (q * q)
 
 
-def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> np.ndarray:
+def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarray:
+    """(Δlinf, Δln a, Δalpha) of a refit: free parameters from d, pinned ones from their own shift."""
+    return np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
+                     for k in ("linf", "ln_a", "alpha")])
+
+
+def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
     """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
     principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
-    parameters' shift at the end that moves the effects more. Where the fit is linear in the pins this is the
-    delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster on one side of the law) each
-    contrast's interval still reaches its value at that end. An end a refit cannot reach (α ≤ 0, L∞
-    past the losses) is approached at half the step and extrapolated."""
+    parameters' shift at the end that moves the effects more (and the same over (linf, ln a, alpha)). Where
+    the fit is linear in the pins this is the delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster
+    on one side of the law) each contrast's interval still reaches its value at that end. An end a refit
+    cannot reach (α ≤ 0, L∞ past the losses) is approached at half the step and extrapolated."""
     keys = [k for k in ("linf", "alpha") if k in jf.pinned]
     ii = [("linf", "alpha").index(k) for k in keys]
     sig = pin_cov[np.ix_(ii, ii)]
     C, L, E, seeds = jf.data
     lam, U = np.linalg.eigh(sig)
     eff = np.array([k.startswith("theta") for k in jf.names])  # the side is chosen by the effects' shift
-    out = np.zeros((len(jf.names), len(jf.names)))
+    out, law = np.zeros((len(jf.names), len(jf.names))), np.zeros((3, 3))
     for k in range(len(keys)):
         if not lam[k] > 0:
             continue
@@ -361,22 +381,25 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
                 except ValueError:
                     continue
                 d = (f.params - jf.params) / frac
-                if best is None or float(d[eff] @ d[eff]) > float(best[eff] @ best[eff]):
-                    best = d
+                if best is None or float(d[eff] @ d[eff]) > float(best[0][eff] @ best[0][eff]):
+                    best = (d, {name: sgn * step[j] for j, name in enumerate(keys)})
                 break
         if best is not None:
-            out += np.outer(best, best) / (z * z)
-    return out
+            out += np.outer(best[0], best[0]) / (z * z)
+            g = _law_shift(jf, *best)
+            law += np.outer(g, g) / (z * z)
+    return out, law
 
 
-def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> np.ndarray:
+def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> tuple[np.ndarray, tuple]:
     """A ladder that fixes the law's slope but not its curvature accepts a valley of (L∞, α) pairs
     (analysis/reflaw.py); each one is a law the study could rest on. Refit with the pins at the
-    valley's two ends and return Σ d dᵀ / z² (d the parameters' shift there), so each contrast's 95%
-    interval reaches its value at either end, as `_curvature_term` does for the study's own profile."""
+    valley's two ends and return (Σ d dᵀ / z², d the parameters' shift there; the end laws (L∞, A, α)),
+    so each contrast's 95% interval reaches its value at either end, as `_curvature_term` does for
+    the study's own profile."""
     C, L, E, seeds = jf.data
     ends = [valley[0]] if len(valley) == 1 else [valley[0], valley[-1]]
-    out = np.zeros((len(jf.names), len(jf.names)))
+    out, laws = np.zeros((len(jf.names), len(jf.names))), []
     for linf, alpha in ends:
         try:
             f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, pin_linf=float(linf),
@@ -385,7 +408,8 @@ def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> np.ndarra
             continue
         d = f.params - jf.params
         out += np.outer(d, d) / (z * z)
-    return out
+        laws.append((f.linf, f.A, f.alpha))
+    return out, tuple(laws)
 
 
 def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:
@@ -554,12 +578,13 @@ def law_of(jf: JointFit, level: float = 0.95):
         qb = float(stats.t.ppf(0.5 + level / 2, dfb)) * np.sqrt(s2b / max(float(jf.resid @ jf.resid) / jf.dof, 1e-300))
         qa = max(q, qb)
     lnA = np.log(jf.A)
-    prof["A"] = (float(np.exp(lnA - qa * se)), float(np.exp(lnA + qa * se)))
+    ends_A = [A for _, A, _ in jf.valley_laws]  # a valley's laws: A moves with the pinned curvature
+    prof["A"] = (float(min([np.exp(lnA - qa * se), *ends_A])), float(max([np.exp(lnA + qa * se), *ends_A])))
     if jf.dof <= 0:
         prof = {}
     return LawFit(linf=jf.linf, A=jf.A, alpha=jf.alpha, c0=jf.c0, cov=cov, n=jf.n, pinned=dict(jf.pinned),
                   rss=float(jf.resid @ jf.resid), profile=prof, not_identified=ni, dof=jf.dof, why=why,
-                  between_df=dfb if jf.clusters is not None else None)
+                  between_df=dfb if jf.clusters is not None else None, ends=jf.valley_laws)
 
 
 def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:

@@ -177,9 +177,9 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
         from analysis.joint import pin_term, valley_term
 
-        extra = pin_term(jf, np.asarray(pin_cov, float))
+        extra = pin_term(jf, np.asarray(pin_cov, float))[0]
         if len(pin_valley):
-            extra = extra + valley_term(jf, pin_valley)
+            extra = extra + valley_term(jf, pin_valley)[0]
         hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)

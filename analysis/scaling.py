@@ -29,6 +29,8 @@ class LawFit:
     dof: int | None = None
     why: str = ""  # why L∞/α are not identified, when the reason is the design (a line for the report)
     between_df: int | None = None  # df of the (seed × rung) cluster means the L∞/α intervals rest on
+    # Laws (linf, A, alpha) the band must reach at 95%: a pinned valley's ends (analysis/reflaw.py)
+    ends: tuple = ()
 
     def predict(self, C) -> np.ndarray:
         return self.linf + self.A * np.asarray(C, float) ** (-self.alpha)
@@ -46,14 +48,18 @@ class LawFit:
         return self.profile.get(name, (float("nan"), float("nan")))  # no interval is honest here, a zero-width one is not
 
     def band(self, C, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-        """Pointwise delta-method band of the fitted curve over (linf, ln a, alpha)."""
+        """Pointwise delta-method band of the fitted curve over (linf, ln a, alpha), widened so that it
+        reaches each of `ends` (their gap to the curve counted as 1.96 standard errors)."""
         from scipy import stats
 
         C = np.asarray(C, float)
         p = self.predict(C)
         f = self.A * C ** (-self.alpha)
         G = np.stack([np.ones_like(C), f, -f * np.log(C / self.c0)], 1)
-        se = np.sqrt(np.clip(((G @ np.nan_to_num(self.cov)) * G).sum(1), 0, None))
+        var = np.clip(((G @ np.nan_to_num(self.cov)) * G).sum(1), 0, None)
+        for linf, A, alpha in self.ends:
+            var = var + ((linf + A * C ** (-alpha)) - p) ** 2 / stats.norm.ppf(0.975) ** 2
+        se = np.sqrt(var)
         qt = stats.t.ppf(0.5 + level / 2, max(self.dof or self.n - 3, 1))
         return p - qt * se, p + qt * se
 

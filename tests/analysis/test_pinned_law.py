@@ -143,6 +143,22 @@ def test_beyond_its_ladder_a_study_s_interval_reaches_both_ends_of_the_valley():
     assert all(lo <= e <= hi for e in ends), (ends, (lo, hi))
 
 
+def test_a_valley_pinned_law_s_band_reaches_both_end_laws_and_stays_on_the_data():
+    base = simulate_table(straight(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    law = fit_reference(*(base[base["arm"] == "---"][c] for c in ("train_flops", "eval_macro_loss")))
+    df = simulate_table(straight(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
+    fit = analyze(df, pinned_law=law).law
+    C = np.unique(df["train_flops"].to_numpy(float))
+    lo, hi = fit.band(C)
+    assert float(np.max(hi - lo)) < float(np.ptp(df["eval_macro_loss"]))  # not the linearised valley's width
+    far = C.max() * np.array([1.0, 8.0, 64.0, 512.0])  # where the valley's two laws part
+    lo, hi = fit.band(far)
+    assert len(fit.ends) == 2
+    for linf, A, alpha in fit.ends:
+        assert np.all((lo <= linf + A * far**-alpha) & (linf + A * far**-alpha <= hi))
+    assert fit.ci("A")[0] <= min(A for _, A, _ in fit.ends) and max(A for _, A, _ in fit.ends) <= fit.ci("A")[1]
+
+
 def test_a_ladder_whose_loss_does_not_fall_cannot_pin_the_law():
     C = [15259926528.0 * 2**k for k in range(7)]
     L = 3.0 + 0.02 * np.random.default_rng(0).standard_normal(7)
