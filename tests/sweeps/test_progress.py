@@ -13,7 +13,7 @@ from ablations.designs import full_factorial
 from ablations.ladders import Rung
 from ablations.studies import Study
 from marin.progress_line import StepProgress, format_line
-from sweeps import commands
+from sweeps import status_commands
 from sweeps.executors import ExecOptions
 from sweeps.progress import Progress, last_train_record, run_live, study_eta
 from sweeps.runs import RunLock, write_run_files
@@ -138,10 +138,10 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
 
 
 def _status(tmp_path, monkeypatch, capsys, *flags):
-    monkeypatch.setattr(commands, "_study", lambda args: tiny_study())
+    monkeypatch.setattr(status_commands, "study_from_args", lambda args: tiny_study())
     p = argparse.ArgumentParser()
-    commands.status_args(p)
-    assert commands.cmd_status(p.parse_args(["tiny_watch", "--out", str(tmp_path), *flags])) == 0
+    status_commands.status_args(p)
+    assert status_commands.cmd_status(p.parse_args(["tiny_watch", "--out", str(tmp_path), *flags])) == 0
     return capsys.readouterr().out
 
 
@@ -173,14 +173,14 @@ def test_status_shows_no_python_none_a_completed_runs_total_and_the_arm_codes_ke
     done = runs[0]
     (done.dir / "summary.json").write_text(json.dumps({"run_id": done.run_id, "status": "completed", "step": 3,
                                                        "wall_s": 2.0, "final_train_loss": 3.5}))
-    monkeypatch.setattr(commands, "_study", lambda args: study)
+    monkeypatch.setattr(status_commands, "study_from_args", lambda args: study)
     p = argparse.ArgumentParser()
-    commands.status_args(p)
-    assert commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--json"])) == 0
+    status_commands.status_args(p)
+    assert status_commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--json"])) == 0
     st = json.loads(capsys.readouterr().out)
     row = next(r for r in st["runs"] if r["run_id"] == done.run_id)
     assert (row["state"], row["step"], row["total"]) == ("completed", 3, 3)
-    assert commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--all"])) == 0
+    assert status_commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--all"])) == 0
     out = capsys.readouterr().out
     assert "None" not in out and "3/3" in out
     assert "arm codes: one sign per factor in this order: xsa (+ xsa, - none), sconv (+ short_conv, - none)" in out
