@@ -284,7 +284,8 @@ _CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "th
 #: The baseline arm's ladder that pins the CPU studies' reference law: 64x in compute (the design's
 #: rungs span 8x, too little for the law's curvature; docs/method.md §4.1).
 CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", "cpu_s512", "cpu_s1024")
-#: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] (4 residual df), which pins nothing.
+#: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] on 4 residual df (its valley, §4.1,
+#: then spans L∞ 0..2.54); three give the slope 16 df.
 CPU_REFERENCE_SEEDS = (0, 1, 2)
 _GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
@@ -322,16 +323,16 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
         per arm ~ (32+64+128+256) x 1024 tokens / ~17k tok/s + 4 x 2 s = 37 core-s
         x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis); the profile 10-14 runs
         x ~10 core-s (~1 min), the ladder once 3 seeds x (~2000 steps x 1024 tokens / 23k tok/s + 7 x 2 s)
-        = ~315 core-s (~2.5-3 min). Measured (2026-12-02, a fresh clone, 2 cores, load 1-2.6, install
-        included): 13:09 wall, the ladder 4:32 and the design 5:57 of it; with the ladder cached, 10:21.
-        On these rungs the ladder's loss does not bend (L∞ -2.27 at 3 seeds): it pins nothing and the
-        analysis fits the law on the design.
+        = ~315 core-s (~2.5-3 min). Measured (2026-12-02, a fresh clone, 2 idle cores, install included):
+        8:42 wall, the profile 1:00, the ladder 2:54 and the design 3:34 of it; with the ladder cached,
+        --seeds 1 took 4:46. On these rungs the ladder's loss hardly bends (free fit L∞ -2.27 at 3 seeds):
+        it pins the law along its valley (every L∞ in 0..2.19 fits with nearly one local slope).
     A second seed doubles the design's time (use `noise_cpu` for seed noise instead).
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
     return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, LRs "
-                 "profiled per optimizer, a 64x baseline ladder for the reference law, ~13 min on 2 cores",
+                 "profiled per optimizer, a 64x baseline ladder for the reference law, ~9 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  _CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,
                  reference_seeds=CPU_REFERENCE_SEEDS)
