@@ -306,7 +306,7 @@ class Design:
         out = {
             "kind": self.kind,
             "factors": list(self.factors),
-            "letters": dict(zip(self.letters, self.factors)),
+            "letters": dict(zip(self.letters, self.factors, strict=True)),
             "n_runs": self.n_runs,
             "source": self.source,
         }

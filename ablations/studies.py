@@ -132,7 +132,7 @@ class Study:
         """{factor: level name} of design row `row` (+1 = high = recipe level)."""
         if not 0 <= row < self.design.n_runs:
             raise ValueError(f"design_row={row}; allowed values: 0..{self.design.n_runs - 1}")
-        return {f.name: f.level(c) for f, c in zip(self.factors, self.design.matrix[row])}
+        return {f.name: f.level(c) for f, c in zip(self.factors, self.design.matrix[row], strict=True)}
 
     def _rung(self, rung: str | Rung) -> Rung:
         name = rung.name if isinstance(rung, Rung) else rung

@@ -150,7 +150,7 @@ def lost_runs(raw: pd.DataFrame, a, third_levels: str) -> list[str]:
     if base.any():
         out.append(f"{int(base.sum())} all-off (baseline) run(s) lost: the law is fitted on every arm, so it is "
                    "still estimated, from the other arms")
-    rz = dict(zip(a.rungs["rung"], a.rungs["z"]))
+    rz = dict(zip(a.rungs["rung"], a.rungs["z"], strict=True))
     z = np.array([rz.get(str(r), 0.0) for r in raw.get("rung", pd.Series(["?"] * len(raw)))])
     terms = build_terms(a.factors, interactions=True, scale=len(a.rungs) >= 2)
     full = alias_structure(design_matrix(terms, a.factors, Xa[keep], z[keep]))
@@ -161,7 +161,7 @@ def lost_runs(raw: pd.DataFrame, a, third_levels: str) -> list[str]:
         def est(al, c):
             V = al.rowspace_V
             return np.linalg.norm(c - V @ (V.T @ c)) <= 1e-7 * max(np.linalg.norm(c), 1e-12)
-        cost = [f for f, c in zip(a.factors, cc["loo"]) if est(full, c) and not est(now, c)]
+        cost = [f for f, c in zip(a.factors, cc["loo"], strict=True) if est(full, c) and not est(now, c)]
         out.append("lost runs cost the leave-one-out/add-one-in values of " + ", ".join(cost) if cost
                    else "lost runs cost no estimable component value")
     by = lost.groupby([lost.get("arm", pd.Series("?", index=lost.index)).astype(str),

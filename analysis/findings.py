@@ -32,7 +32,7 @@ def arm_kinds(a) -> dict[str, str]:
         return {}
     xs = t[[f"x_{f}" for f in a.factors]].to_numpy()
     return dict(zip(t["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off",
-                                                                                    "other arms"))))
+                                                                                    "other arms")), strict=True))
 
 
 def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
@@ -52,7 +52,7 @@ def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[s
         return per_rung
     vr = varied_rungs(table, factors)
     out = per_rung.copy()
-    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, []) for c, r in zip(out["component"], out["rung"])]
+    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, []) for c, r in zip(out["component"], out["rung"], strict=True)]
     out.loc[~out["varied"], ["effect", "lo", "hi"]] = np.nan
     return out
 
@@ -286,7 +286,7 @@ def verdict_family(a) -> dict:
     if cells:
         keys = list(cells)
         rej, p_adj, _, _ = multipletests([cells[k] for k in keys], alpha=1 - a.level, method=FAMILY_METHOD)
-        fam.update({k: (bool(r), float(p)) for k, r, p in zip(keys, rej, p_adj)})
+        fam.update({k: (bool(r), float(p)) for k, r, p in zip(keys, rej, p_adj, strict=True)})
     a._family = fam
     return fam
 
@@ -450,12 +450,12 @@ def qualifiers(a, f: str) -> str:
     if len(c) and f != "TOTAL" and (c.get("aliased_with", pd.Series("", index=c.index)).fillna("") != "").any():
         q.append("aliased interactions assumed negligible (Appendix)")
     wide = [by_column(r).label if by_column(r) else r for r, lo, hi in zip(c.get("response", []), c.get("shapley_lo", []),
-                                                                          c.get("shapley_hi", []))
+                                                                          c.get("shapley_hi", []), strict=True)
             if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
     if wide:
         q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
     boot = [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
-            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []))
+            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []), strict=False)
             if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
     q += boot
     return "; ".join(q) or "—"

@@ -348,7 +348,7 @@ def complete_table(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     if "run_id" not in df.columns:
         key = [df[c].astype(str) if c in df.columns else pd.Series("", index=df.index) for c in ("rung", "arm", "seed")]
         df["run_id"] = [hashlib.sha256(f"{path.stem}|{i}|{r}|{a}|{s}".encode()).hexdigest()[:16]
-                        for i, r, a, s in zip(range(len(df)), *key)]
+                        for i, r, a, s in zip(range(len(df)), *key, strict=True)]
     return df
 
 

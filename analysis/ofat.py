@@ -55,7 +55,7 @@ def _levels(df: pd.DataFrame, factors: list[str]) -> list[tuple]:
 
 
 def _ncomp(a: tuple, b: tuple) -> int:
-    return sum(x != y for x, y in zip(a, b))
+    return sum(x != y for x, y in zip(a, b, strict=True))
 
 
 def find_star(df: pd.DataFrame) -> Star | None:
@@ -76,13 +76,13 @@ def find_star(df: pd.DataFrame) -> Star | None:
     cands = [a for a in arms if nb[a] == best]
     if len(cands) > 1:  # e.g. two arms, or every change a level of one factor: the coded low level decides
         coding = factor_coding(df)
-        low = {a: sum(lv == str(coding.get(f, (None,))[0]) for f, lv in zip(factors, a)) for a in cands}
+        low = {a: sum(lv == str(coding.get(f, (None,))[0]) for f, lv in zip(factors, a, strict=True)) for a in cands}
         top = max(low.values())
         cands = [a for a in cands if low[a] == top]
     arm_col = ok["arm"].astype(str).tolist() if "arm" in ok else [None] * len(ok)
     label = {}
-    for lv, name in zip(levels, arm_col):
-        label.setdefault(lv, name or ",".join(f"{f}={v}" for f, v in zip(factors, lv)))
+    for lv, name in zip(levels, arm_col, strict=True):
+        label.setdefault(lv, name or ",".join(f"{f}={v}" for f, v in zip(factors, lv, strict=True)))
     if len(cands) > 1:
         raise ValueError(f"no unique baseline: arms {', '.join(repr(label[a]) for a in cands)} each differ from "
                          f"{best} other arm(s) by one change; allowed values: a design where one arm holds every "
@@ -91,7 +91,7 @@ def find_star(df: pd.DataFrame) -> Star | None:
     changes = {}
     for a in arms:
         if _ncomp(a, base) == 1:
-            i = next(i for i, (x, y) in enumerate(zip(a, base)) if x != y)
+            i = next(i for i, (x, y) in enumerate(zip(a, base, strict=True)) if x != y)
             changes[a] = (factors[i], base[i], a[i])
     left = [label[a] for a in arms if a != base and a not in changes]
     return Star(factors, base, label, changes, left)
@@ -123,7 +123,7 @@ def _arm_changes(star: Star) -> list[tuple[str, str, str]]:
     """(factor, baseline level, level) of every arm's differing factors, one entry per arm and factor."""
     out = []
     for a in star.labels:
-        out += [(f, b, x) for f, b, x in zip(star.factors, star.baseline, a) if x != b]
+        out += [(f, b, x) for f, b, x in zip(star.factors, star.baseline, a, strict=True) if x != b]
     return out
 
 
@@ -191,7 +191,7 @@ def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[Ofat
         start = None
 
     def unpack(p):
-        d = dict(zip(free, p))
+        d = dict(zip(free, p, strict=True))
         linf = d.get("linf", pins.get("linf"))
         alpha = d.get("alpha", pins.get("alpha"))
         lna0 = d["A"] if "A" in d else np.log(pins["A"]) - pins["alpha"] * np.log(c0)  # ln of A·c0^(−α)
@@ -276,7 +276,7 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     if star.left_out:
         notes.append(f"left out (more than one change from the baseline): {', '.join(star.left_out)}")
     ok, C, L = ok[keep], C[keep], L[keep]
-    levels = [lv for lv, k in zip(levels, keep) if k]
+    levels = [lv for lv, k in zip(levels, keep, strict=True) if k]
     is_base = np.array([lv == star.baseline for lv in levels])
     rung = ok["rung"].astype(str).to_numpy() if "rung" in ok else np.round(np.log10(C), 1).astype(str)
     hw = ok["hardware"].astype(str).to_numpy() if "hardware" in ok else np.full(len(ok), "?")
@@ -294,7 +294,7 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
         why = str(e)
         res, p = np.array([]), 0
     cells: dict[tuple, list[int]] = {}
-    for i, (lv, r) in enumerate(zip(levels, rung)):
+    for i, (lv, r) in enumerate(zip(levels, rung, strict=True)):
         if lv != star.baseline:
             cells.setdefault((lv, r), []).append(i)
     ss = float(np.sum(res ** 2)) + sum(float(np.sum((L[ix] - L[ix].mean()) ** 2)) for ix in cells.values())
@@ -368,7 +368,7 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     if any(not np.isfinite(rw["ln_R"]) for rw in rows):
         notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung and hardware")
     table = pd.DataFrame(rows)
-    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline)), law, table, dof, dof_R, notes, warns)
+    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline, strict=True)), law, table, dof, dof_R, notes, warns)
 
 
 def _fmt(est: float, lo: float, hi: float) -> str:

@@ -226,7 +226,7 @@ def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
                 p.fits[r.name], p.law = fq, law_of(jf, p.level)
         if r.name in p.fits:
             shap = component_contrasts(p.fits[r.name], 0.0)["shapley"]
-            badf = [f for f, c in zip(factors, shap) if not p.fits[r.name].estimable(c)]
+            badf = [f for f, c in zip(factors, shap, strict=True) if not p.fits[r.name].estimable(c)]
             if badf and p.interactions:
                 red, jr = quality_fit(X, z, C, L, factors, **{**kw, "interactions": False})
                 p.reduced[r.name], p.joint["power/main"] = red, jr
@@ -243,15 +243,15 @@ def _ols_column(p: _Prepared, r: Response) -> np.ndarray:
     src = pd.to_numeric(ok[r.source], errors="coerce").to_numpy(float) if r.source in ok else np.full(len(ok), np.nan)
     if r.transform == "ln_ratio":  # against the baseline arm on the same hardware and rung
         hw = ok["hardware"].astype(str) if "hardware" in ok else pd.Series("?", index=ok.index)
-        key = list(zip(ok["rung"], hw))
+        key = list(zip(ok["rung"], hw, strict=True))
         base = np.all(p.X == -1, axis=1)
         ref_sum: dict = {}
-        for k_, m_, b_ in zip(key, src, base):
+        for k_, m_, b_ in zip(key, src, base, strict=True):
             if b_ and np.isfinite(m_):
                 s_, n_ = ref_sum.get(k_, (0.0, 0))
                 ref_sum[k_] = (s_ + m_, n_ + 1)
         ratio = np.array([m_ / (ref_sum[k_][0] / ref_sum[k_][1]) if k_ in ref_sum else np.nan
-                          for m_, k_ in zip(src, key)], float)
+                          for m_, k_ in zip(src, key, strict=True)], float)
         with np.errstate(divide="ignore", invalid="ignore"):
             y = np.log(ratio)
         if np.isnan(y).any():

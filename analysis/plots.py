@@ -236,12 +236,12 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     if not rows:
         return None
     d = pd.DataFrame(rows)
-    order = dict(zip(a.rungs["rung"], a.rungs["compute"]))
+    order = dict(zip(a.rungs["rung"], a.rungs["compute"], strict=True))
     rungs = sorted(d["rung"].unique(), key=lambda r: (order.get(r, np.inf), r))  # by compute, not as strings
     kind = arm_kinds(a)
     pal = {"all-on": "tab:green", "all-off": "tab:red", "other arms": "lightgrey"}
     fig, axes = plt.subplots(1, len(rungs), figsize=(4.5 * len(rungs), 3.6), squeeze=False)
-    for ax, rg in zip(axes[0], rungs):
+    for ax, rg in zip(axes[0], rungs, strict=True):
         for (arm, run), g in d[d["rung"] == rg].groupby(["arm", "run"], sort=False):
             kd = kind.get(run, "other arms")
             hi = kd != "other arms"
@@ -250,7 +250,7 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")
     h, lab = axes[0][0].get_legend_handles_labels()
-    uniq = dict(zip(lab, h))
+    uniq = dict(zip(lab, h, strict=True))
     axes[0][-1].legend(uniq.values(), uniq.keys(), title="arm", fontsize=7)
     return _save(fig, path)
 
@@ -315,14 +315,14 @@ def planted(a: StudyAnalysis, path: Path) -> Path | None:
     facs = list(dict.fromkeys(d["factor"]))
     reps = list(dict.fromkeys(d["replicate"]))
     fig, axes = plt.subplots(1, len(resp), figsize=(6.5 * len(resp), 0.8 + 0.22 * len(facs) * len(reps)), squeeze=False)
-    for ax, r in zip(axes[0], resp):
+    for ax, r in zip(axes[0], resp, strict=True):
         e = d[(d["response"] == r) & d["estimable"]]
         for i, f in enumerate(facs):
             g = e[e["factor"] == f]
             yy = i + (np.array([reps.index(x) for x in g["replicate"]]) - (len(reps) - 1) / 2) * 0.8 / len(reps)
             m = np.exp(g["estimate"].to_numpy(float))
             col = np.where(g["covers"].to_numpy(bool), "tab:blue", "tab:red")
-            for y_, m_, lo_, hi_, c_, rep in zip(yy, m, np.exp(g["lo"]), np.exp(g["hi"]), col, g["replicate"]):
+            for y_, m_, lo_, hi_, c_, rep in zip(yy, m, np.exp(g["lo"]), np.exp(g["hi"]), col, g["replicate"], strict=True):
                 ax.errorbar(m_, y_, xerr=[[m_ - lo_], [hi_ - m_]], fmt="s" if rep == "pooled" else "o", color=c_,
                             ms=3, capsize=1.5, lw=1)
             t = np.exp(d[(d["response"] == r) & (d["factor"] == f)]["truth"].iloc[0])

@@ -88,7 +88,7 @@ def _runs(lay: Layout, law, log_m=None):
     lnm = np.zeros(len(C)) if log_m is None else np.asarray(log_m(X, C), float)
     linf, A, alpha = law
     L = linf + A * (np.exp(lnm) * C) ** (-alpha)
-    clusters = np.array([f"{s}|{r}" for s, r in zip(seed, rung)])
+    clusters = np.array([f"{s}|{r}" for s, r in zip(seed, rung, strict=True)])
     return X, z, C, L, seed, clusters, c_ref
 
 
@@ -443,7 +443,7 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
              "±ln M at 10× C_ref": f"{r.hw_10x:.4f}"} for r in t.itertuples()]
     cols = list(rows[0])
     w = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
-    lines += ["  ".join(c.ljust(x) for c, x in zip(cols, w))] + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w)) for r in rows]
+    lines += ["  ".join(c.ljust(x) for c, x in zip(cols, w, strict=True))] + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w, strict=True)) for r in rows]
     if target is not None:
         o = options(study, noise, target, level=level)
         unit = cost_unit(study)
@@ -475,7 +475,7 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
                       pin_valley=valley if noise.law is None else ())
     out = {"noise": {"sd": noise.sd, "rung_sd": noise.rung_sd, "source": noise.source},
            "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"}, "pinned_law": pin_line,
-           "law": dict(zip(("linf", "A", "alpha"), info["law"])),
+           "law": dict(zip(("linf", "A", "alpha"), info["law"], strict=True)),
            "components": t.rename(columns={"hw_1x": "halfwidth_c_ref", "hw_10x": "halfwidth_10x_c_ref"})
            .to_dict("records")}
     if target is not None:

@@ -41,7 +41,7 @@ def lr_provenance(a: StudyAnalysis) -> list[str]:
         return ["- learning rates: not recorded (the runs predate LR provenance)"]
     out = []
     for src, g in t.groupby(t["lr_source"].fillna("heuristic"), sort=False):
-        files = sorted({f"`{f}` ({d})" for f, d in zip(g.get("lr_profile", []), g.get("lr_profile_date", []))
+        files = sorted({f"`{f}` ({d})" for f, d in zip(g.get("lr_profile", []), g.get("lr_profile_date", []), strict=False)
                         if isinstance(f, str)})
         scale = pd.to_numeric(g.get("lr_scale", pd.Series(1.0, index=g.index)), errors="coerce")
         what = {"heuristic": "Marin's heuristic LR (no per-arm profile)",

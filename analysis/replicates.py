@@ -119,7 +119,7 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
     for c in (a.components for a in per_seed.values() if not isinstance(a, str)):
         e: dict = {}
         if len(c):
-            for key, v in zip(zip(c["response"], c["component"]), c["shapley"].where(c["shapley_estimable"])):
+            for key, v in zip(zip(c["response"], c["component"], strict=True), c["shapley"].where(c["shapley_estimable"]), strict=True):
                 if key not in e and not math.isnan(v):
                     e[key] = float(v)
         est.append(e)

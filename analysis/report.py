@@ -276,7 +276,7 @@ def say_once(tab: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         return tab, []
     notes = []
     for q in common:
-        without = [str(c) for c, p in zip(tab["component"], parts) if q not in p]
+        without = [str(c) for c, p in zip(tab["component"], parts, strict=True) if q not in p]
         notes.append(f"- {q}" + (f" (all rows but {', '.join(without)})" if without else " (every row)"))
     tab = tab.assign(qualifiers=["; ".join(x for x in p if x not in common) or "—" for p in parts])
     return tab, ["", "Qualifiers of most rows, said once:", *notes]
@@ -290,10 +290,10 @@ def regime_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
         change = {"gain": "grows", "loss": "shrinks"}
         tab = pd.DataFrame({
             "component": t["component"], "response": t["label"],
-            f"{regime} = {lo}": [_mult(*v) for v in zip(t["low"], t["low_lo"], t["low_hi"])],
-            f"{regime} = {hi}": [_mult(*v) for v in zip(t["high"], t["high_lo"], t["high_hi"])],
+            f"{regime} = {lo}": [_mult(*v) for v in zip(t["low"], t["low_lo"], t["low_hi"], strict=True)],
+            f"{regime} = {hi}": [_mult(*v) for v in zip(t["high"], t["high_lo"], t["high_hi"], strict=True)],
             f"change ({hi} / {lo})": [f"{_mult(*v)}: {change.get(verdict(*v), verdict(*v))}"
-                                      for v in zip(t["change"], t["change_lo"], t["change_hi"])]})
+                                      for v in zip(t["change"], t["change_lo"], t["change_hi"], strict=True)]})
         L += [f"## Effects by regime: {regime}", "",
               f"Each component's multiplier (Shapley over the other components, at C_ref) with `{regime}` held at "
               "each level, and their ratio: whether the effect grows or shrinks with the regime "
@@ -314,8 +314,8 @@ def planted_section(a: StudyAnalysis) -> list[str]:
          md_table(pd.DataFrame({"factor": p["factor"], "response": p["response"].map(label),
                                 "truth": np.exp(p["truth"]),
                                 "estimate [95% CI]": [_mult(e, lo, hi) if ok else "not estimable"
-                                                      for e, lo, hi, ok in zip(p["estimate"], p["lo"], p["hi"], p["estimable"])],
-                                "covers": ["yes" if c else "NO" if ok else "—" for c, ok in zip(p["covers"], p["estimable"])],
+                                                      for e, lo, hi, ok in zip(p["estimate"], p["lo"], p["hi"], p["estimable"], strict=True)],
+                                "covers": ["yes" if c else "NO" if ok else "—" for c, ok in zip(p["covers"], p["estimable"], strict=True)],
                                 "ln error": p["error"]}), 4)]
     c = a.coverage
     if c is None or not len(c):
@@ -330,9 +330,9 @@ def planted_section(a: StudyAnalysis) -> list[str]:
           "wide as the noise, below 1 when they are wider (conservative), above 1 when narrower.", "",
           md_table(pd.DataFrame({"factor": c["factor"], "response": c["response"].map(label),
                                  "truth": np.exp(c["truth"]),
-                                 "covered": [f"{k}/{m}" for k, m in zip(c["covered"], c["replicates"])],
+                                 "covered": [f"{k}/{m}" for k, m in zip(c["covered"], c["replicates"], strict=True)],
                                  "coverage [exact 95%]": [f"{v:.2f} [{lo:.2f}, {hi:.2f}]" for v, lo, hi in
-                                                          zip(c["coverage"], c["coverage_lo"], c["coverage_hi"])],
+                                                          zip(c["coverage"], c["coverage_lo"], c["coverage_hi"], strict=True)],
                                  "mean estimate": np.exp(c["mean_estimate"]), "largest ln error": c["max_abs_error"],
                                  "scatter / SE": c["sd_over_se"]}), 4)]
     return L
@@ -344,7 +344,7 @@ def _domains(raw: pd.DataFrame) -> list[str]:
 
 def _rung_order(a: StudyAnalysis, rungs) -> list:
     """Rungs by compute (their numeric order), unknown ones last: never sorted as strings."""
-    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
+    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"], strict=True))
     return sorted(rungs, key=lambda r: (comp.get(str(r), math.inf), str(r)))
 
 
@@ -363,7 +363,7 @@ def eval_sets(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
     if not len(ok) or not {"rung", "run_id", "eval_macro_loss"} <= set(ok.columns):
         return L
     kind = ok["run_id"].map(arm_kinds(a)).fillna("other arms")
-    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"]))
+    comp = dict(zip(a.rungs["rung"].astype(str), a.rungs["compute"], strict=True))
     rows = []
     for r in _rung_order(a, ok["rung"].unique()):
         at = ok["rung"] == r
@@ -422,9 +422,9 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     if a.checks is not None and len(a.checks):
         ch = a.checks.copy()
         tab = pd.DataFrame({"TOTAL": ch["response"].map({r.column: r.name for r in RESPONSES.values()}), "rung": ch["rung"],
-                            "model": [_mult(m, lo, hi) for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"])],
+                            "model": [_mult(m, lo, hi) for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"], strict=True)],
                             "observed all-on vs all-off": [_mult(m, lo, hi) if math.isfinite(m) else "not observed"
-                                                           for m, lo, hi in zip(ch["observed"], ch["obs_lo"], ch["obs_hi"])],
+                                                           for m, lo, hi in zip(ch["observed"], ch["obs_lo"], ch["obs_hi"], strict=True)],
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
@@ -459,7 +459,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
 
         rows = [{"parameter": k, "estimate": est(k),
                  **dict(zip(("95% CI lo", "95% CI hi"), ("not identified",) * 2 if est(k) == "not identified"
-                            else ci(k)))} for k in ("linf", "A", "alpha")]
+                            else ci(k), strict=True))} for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
               f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
               "the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other parameter refitted, "

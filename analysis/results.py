@@ -214,7 +214,7 @@ def inventory(df: pd.DataFrame) -> Inventory:
     for col in ("eval_macro_loss", "train_flops"):  # a completed run the fit cannot use is named, not dropped silently
         if col in done:
             v = pd.to_numeric(done[col], errors="coerce").astype(float)
-            excluded += [(str(r), f"completed, but {col} is {x}") for r, x in zip(done["run_id"], v)
+            excluded += [(str(r), f"completed, but {col} is {x}") for r, x in zip(done["run_id"], v, strict=True)
                          if not np.isfinite(x)]
     return Inventory(
         n_runs=int((~st.isin(["duplicate"])).sum()), n_completed=int((st == "completed").sum()),

@@ -200,7 +200,7 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                        "train_flops": C, "eval_macro_loss": L, "loss_web": L + 0.05, "loss_code": L - 0.05,
                        "macro_bpb": L / np.log(2) / 4, "final_train_loss": L - 0.02, "tokens_per_s": mfs / fpt,
                        "model_flops_per_s": mfs, "mfu": mfs / 9.9e14,
-                       "drop_rate": max(0.0, (0.004 if dict(zip(truth.factors, x)).get("ep_transport", -1) > 0 else 0.03)
+                       "drop_rate": max(0.0, (0.004 if dict(zip(truth.factors, x, strict=True)).get("ep_transport", -1) > 0 else 0.03)
                                         + rng.normal(0, 0.002)),
                        "max_grad_norm": 1.0, "spikes": 0, "status": "completed", "error": None,
                        "wall_s": C / mfs, "hardware": hardware, "code_version": "sim", "started_at": 1.7e9}

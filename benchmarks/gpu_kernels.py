@@ -121,7 +121,7 @@ def bench_xsa(dev):
     dy, dv, dg = xsa_bwd(ys, vs, as_, dzs)
     yr, vr, ar = (t.float().requires_grad_() for t in (ys, vs, as_))
     ref = torch.autograd.grad(xsa_gate_torch(yr, vr, ar), (yr, vr, ar), dzs.float())
-    for nm, got, r in zip(("dy", "dv", "dgate"), (dy, dv, dg), ref):
+    for nm, got, r in zip(("dy", "dv", "dgate"), (dy, dv, dg), ref, strict=True):
         err_row("xsa", f"gate bwd {nm} bf16 vs fp32 reference", got, r, 2e-2)
 
     q_bytes, kv_bytes = y.numel() * 2, v.numel() * 2

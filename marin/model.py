@@ -53,7 +53,7 @@ class ModelOutput:
     @cached_property
     def stats(self) -> dict[str, float]:
         """Router and dispatch statistics as floats (one device sync, on first access)."""
-        vals = dict(zip(MODEL_STATS, self.stats_t.tolist()))
+        vals = dict(zip(MODEL_STATS, self.stats_t.tolist(), strict=True))
         stats = {k: vals[k] for k in ROUTER_STATS}
         stats["max_load_ratio"] = vals["max_load_ratio_worst"]
         stats.update(assigned=float(self.assigned), dropped=vals["dropped"],

@@ -313,7 +313,7 @@ class MarinOptimizer(torch.optim.Optimizer):
         # of the owned whole matrices, ~1/n of them per rank), before the kinds' updates read the results
         dirs = [self._nesterov(p, g) for p, g in ortho]
         outs = distributed_newton_schulz([p for p, _ in ortho], dirs, [g["ns_steps"] for _, g in ortho])
-        self._ready = {id(p): (d, o) for (p, _), d, o in zip(ortho, dirs, outs)}
+        self._ready = {id(p): (d, o) for (p, _), d, o in zip(ortho, dirs, outs, strict=True)}
         for g in self.param_groups:
             # one parameter at a time: a group stacked into one tensor is a transient the size of
             # the group (hundreds of GiB at the hero)

@@ -349,7 +349,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Ten
     dev = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), dtype=torch.float32, device=dev)
     sq_world = torch.zeros((), dtype=torch.float32, device=dev)
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         (sq_world if id(p) in world_sharded else sq).add_(g.float().pow(2).sum())
     if dist.is_initialized():
         if world_sharded and group is not None and dist.get_world_size(group) < dist.get_world_size():

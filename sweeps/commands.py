@@ -199,8 +199,8 @@ def format_num(v: Any) -> str:
 def format_table(rows: list[dict], cols: list[str]) -> str:
     cells = [["-" if r.get(c) is None and c in r else format_num(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
 
 

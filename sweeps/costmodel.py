@@ -212,7 +212,7 @@ class CostModel:
 
 def prior_from(flops: Sequence[float], assumed_s: Sequence[float], overhead_s: float) -> tuple[float, float]:
     """(a0, b0) matching the plan's assumed seconds per run: the overhead and the median s/FLOP beyond it."""
-    rates = [(s - overhead_s) / f for f, s in zip(flops, assumed_s) if f > 0 and s > overhead_s]
+    rates = [(s - overhead_s) / f for f, s in zip(flops, assumed_s, strict=True) if f > 0 and s > overhead_s]
     if not rates:
         raise ValueError("no run has an assumed time: the cost model needs a rung throughput or hardware")
     return overhead_s, float(np.median(rates))

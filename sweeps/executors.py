@@ -317,7 +317,7 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
                                         python=res.get("python"))
             ex.update_parameters(**sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
             jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
-            for i, j in zip(chunk, jobs):
+            for i, j in zip(chunk, jobs, strict=True):
                 record_job(runs[i], "slurm", j.job_id, folder=str(sub.folder))
             sub.jobs.extend(jobs)
     _log_submission(study_dir, sub)

@@ -138,7 +138,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         rel = list(des["defining_relation"])
         print(f"defining relation: {' = '.join(rel if rel[0] == 'I' else ['I', *rel])}")
     print("\nfactors (letter  name  recipe level / baseline level):")
-    for letter, f in zip(des.get("letters", ""), d["factors"]):
+    for letter, f in zip(des.get("letters", ""), d["factors"], strict=True):
         print(f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / {f.get('low', f.get('baseline', ''))}")
     if d.get("fixed_recipe"):
         print("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))

@@ -223,7 +223,7 @@ class Progress:
         statuses = survey(r.dir for r in self.runs)
         counts = count(statuses)
         rows = []
-        for r, status in zip(self.runs, statuses):
+        for r, status in zip(self.runs, statuses, strict=True):
             st = status.state
             row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "state": st, "meta": r.meta,
                    "work": r.spec.train.token_multiplier, "flops": spec_flops(r.spec)}

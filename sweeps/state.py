@@ -103,7 +103,7 @@ def count_dirs(dirs: Iterable[str | Path]) -> dict[str, int]:
 def select(runs: Sequence[PlannedRun], retry_failed: bool) -> tuple[list[PlannedRun], dict[str, int]]:
     """The runs that need executing, and counts of those left alone by state."""
     todo, skipped = [], {}
-    for r, st in zip(runs, survey(r.dir for r in runs)):
+    for r, st in zip(runs, survey(r.dir for r in runs), strict=True):
         if needs_run(st.state, retry_failed):
             todo.append(r)
         else:

@@ -250,6 +250,6 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     rows = [{"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
              "state": st.state, "error": st.error, "damaged": st.damaged,
              "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
-             "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses)]
+             "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses, strict=True)]
     return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),
             "counts": state.count(statuses), "runs": rows}

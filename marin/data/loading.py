@@ -182,7 +182,7 @@ def _raw_marin_format(path: Path, name: str) -> _RawCorpus:
 
 def _split_by_hash(domain: str, ids: list[str], texts: list[str]):
     tr, ho = ([], []), ([], [])
-    for i, t in zip(ids, texts):
+    for i, t in zip(ids, texts, strict=True):
         dst = ho if heldout_of(f"{domain}/{i}") else tr
         dst[0].append(i)
         dst[1].append(t)
@@ -383,7 +383,7 @@ def prepared_train(data: DataConfig, log=None) -> Path:
         return out
     src = raw.derived_dir / "prepared" / f"source-{key}"
     for domain, (ids, texts) in sorted(raw.train.items()):
-        body = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in zip(ids, texts))
+        body = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in zip(ids, texts, strict=True))
         f = src / domain / "train.jsonl"
         if not f.is_file() or f.stat().st_size != len(body.encode("utf-8")):
             atomic_write_bytes(f, body.encode("utf-8"))

@@ -301,7 +301,7 @@ def prepare_shard(i: int) -> dict:
         texts = ["" if t is None else str(t) for t in rows[cfg.text_column]]
         labels = rows[dcol] if dcol else [None] * len(texts)
         row_ids = rows[cfg.id_column] if cfg.id_column else [None] * len(texts)
-        for text, toks, label, rid in zip(texts, encode(texts), labels, row_ids):
+        for text, toks, label, rid in zip(texts, encode(texts), labels, row_ids, strict=True):
             if len(toks) == 0:  # an empty document has no token to train on
                 skipped += 1
                 continue
@@ -333,7 +333,7 @@ def prepare_shard(i: int) -> dict:
     meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
             "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
             "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
-            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v)) for k, v in per_domain.items()}}
+            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}}
     if cfg.id_column:
         meta["ids"] = ids
     atomic_write_json(p["meta.json"], meta)  # last: the shard is done

@@ -156,7 +156,7 @@ class PreparedCorpus:
                 for sh in m["shards"]:
                     if m.get("domain_column"):
                         dom = load_npy(self.path / sh["domain_path"])
-                        uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"])]
+                        uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"], strict=True)]
                     else:
                         uids += list(sh["ids"])
             else:
@@ -234,7 +234,7 @@ class DocStream:
             src_P = c._doc_local[doc_P] + lo_P - cum[k_P]
             n_P = hi_P - lo_P
             pieces += [c._tokens[s][o:o + n] for s, o, n in zip(c._doc_shard[doc_P].tolist(), src_P.tolist(),
-                                                                  n_P.tolist())]
+                                                                  n_P.tolist(), strict=True)]
             keys.append(e * n_docs + k_P)
             sizes.append(n_P)
         np.concatenate(pieces, out=tokens)  # one copy, widened on the way
@@ -259,7 +259,7 @@ def _read_rows(stream: DocStream, idx_R: np.ndarray, S: int, length: int | None)
     idx_R = idx_R % length if length else idx_R
     tokens_RW, docs_RW = np.empty((len(idx_R), S + 1), np.int64), np.empty((len(idx_R), S + 1), np.int64)
     cuts = [0, *(np.flatnonzero(np.diff(idx_R) != 1) + 1).tolist(), len(idx_R)]
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in zip(cuts[:-1], cuts[1:], strict=False):
         lo = int(idx_R[a]) * S
         tokens_RW[a:b], docs_RW[a:b] = _windows(*stream.read(lo, lo + (b - a) * S + 1), b - a, S)
     return tokens_RW, docs_RW
@@ -321,11 +321,11 @@ class ShardedBatches:
                 raise ValueError(f"DataConfig.simulated_epoching_target={self.simulated_target} is below this run's "
                                  f"{run_tokens} tokens ({total_steps} steps x {self.tokens_per_step}); allowed values: 0 "
                                  f"(off) or at least the run's tokens")
-            comps = ([(f"domain {n!r}", st) for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams)]
+            comps = ([(f"domain {n!r}", st) for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams, strict=True)]
                      if self.plan is not None else [("the corpus", self._all)])
             lengths = [None if st is None else simulated_length(st.n_tokens // self.seq_len, run_tokens,
                                                                   self.simulated_target) for _, st in comps]
-            for (what, st), n in zip(comps, lengths):
+            for (what, st), n in zip(comps, lengths, strict=True):
                 if n == 0:
                     raise ValueError(f"DataConfig.simulated_epoching_target={self.simulated_target}: {what} of "
                                      f"{self.corpus.path} ({st.n_tokens // self.seq_len} sequences of {self.seq_len}) "

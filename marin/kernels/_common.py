@@ -26,7 +26,7 @@ def save_inputs(ctx, inputs, output) -> None:
 
 def needed(ctx, *grads):
     """`grads` with None where autograd wants no gradient (the backward of a registered op)."""
-    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad, strict=True))
 
 
 def optional_arg(t: torch.Tensor | None, dummy: torch.Tensor, ndim: int):

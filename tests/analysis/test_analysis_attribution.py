@@ -42,7 +42,7 @@ def test_shapley_loo_aoi_match_closed_forms_with_interactions():
     k, z = 4, 0.37
     fit = _random_fit(k, seed=11)
     names = [t.name for t in fit.terms]
-    th = dict(zip(names, fit.theta))
+    th = dict(zip(names, fit.theta, strict=True))
     cc = component_contrasts(fit, z)
     for i, f in enumerate(fit.factors):
         inter = sum(th[":".join(p)] for p in itertools.combinations(fit.factors, 2) if f in p)

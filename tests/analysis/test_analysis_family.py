@@ -53,7 +53,7 @@ def test_the_family_is_statsmodels_holm_over_the_p_values_read_off_each_interval
         ps[("scale", f)] = _p_value(*scale_trend(fit, i, a.level), fit.contrast_df(dc), a.level)
     assert fam["n"] == len(ps) == 16
     rej, p_adj, _, _ = multipletests(list(ps.values()), alpha=0.05, method="holm")
-    for k, r_, p_ in zip(ps, rej, p_adj):
+    for k, r_, p_ in zip(ps, rej, p_adj, strict=True):
         assert fam[k] == (bool(r_), pytest.approx(p_, rel=1e-9))
 
 

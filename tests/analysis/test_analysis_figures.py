@@ -135,7 +135,7 @@ def test_findings_lead_with_qualifiers_beside_each_verdict_then_the_forest_figur
     cols = [c.strip() for c in head.strip("|").split("|")]
     assert cols.index("qualifiers") == cols.index("wall-clock M_flop·R") + 1  # beside the verdicts
     table = find.split(head)[1].split("\n\n")[0]  # the verdict table (the paired per-rung one follows it)
-    rows = {ln.split("|")[1].strip(): dict(zip(cols, (c.strip() for c in ln.strip("|").split("|"))))
+    rows = {ln.split("|")[1].strip(): dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")), strict=True))
             for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| component")}
     assert "LRs untuned" in rows["optimizer"]["qualifiers"] and "LRs untuned" not in rows["xsa"]["qualifiers"]
     assert re.search(r"off 6\.4–6\.6%, on 7\.8–8\.0%", rows["ep_transport"]["qualifiers"])

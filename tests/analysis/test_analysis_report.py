@@ -54,7 +54,7 @@ def test_collect_reads_each_factor_and_its_coding_from_the_runs(tmp_path):
     assert factor_coding(t) == {"window": ("short", "long"), "router_balance": ("aux_free", "quantile")}
     assert factor_columns(t) == ["window", "router_balance"]  # the study's order
     codes = factor_codes(t, "window")
-    assert set(codes) == {-1, 1} and all((c == 1) == (lv == "long") for c, lv in zip(codes, t["window"]))
+    assert set(codes) == {-1, 1} and all((c == 1) == (lv == "long") for c, lv in zip(codes, t["window"], strict=True))
     with pytest.raises(ValueError, match="unknown factor 'xsa'; allowed values .*window, router_balance"):
         factor_codes(t, "xsa")
 
@@ -293,7 +293,7 @@ def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report
     find = md.split("## Findings")[1].split("## Warnings")[0]
     head = next(ln for ln in find.splitlines() if ln.startswith("| component "))
     row = next(ln for ln in find.splitlines() if ln.startswith("| xsa "))
-    cell = dict(zip(head.split("|"), row.split("|")))[" macro bits/byte ratio "]
+    cell = dict(zip(head.split("|"), row.split("|"), strict=True))[" macro bits/byte ratio "]
     assert re.fullmatch(r" \d+\.\d+ \[\d+\.\d+, \d+\.\d+\].*", cell), cell  # a multiplier with its interval
     assert "](figures/forest_bpb.png)" in md and (sd / "report" / "figures" / "forest_bpb.png").stat().st_size > 1000
     # the ratio it reports is the runs' own: exp(Shapley) = geometric-mean bpb ratio of xsa on vs off

@@ -159,7 +159,7 @@ def test_pure_error_lack_of_fit_is_statsmodels_anova_of_the_model_against_the_ce
     y = np.vstack([y[:8]] * 3).ravel() + np.random.default_rng(7).normal(0, 0.02, 24)
     Xr, zr, yr = np.vstack([X, X]), np.concatenate([z, z]), np.concatenate([y, y + np.random.default_rng(8).normal(0, 0.02, 24)])
     fit = fit_effects(Xr, zr, yr, F, scale=True, interactions=False)
-    cells = np.array([f"{tuple(x)}|{zz}" for x, zz in zip(Xr, zr)])
+    cells = np.array([f"{tuple(x)}|{zz}" for x, zz in zip(Xr, zr, strict=True)])
     F_, p_, dlof, dpe = _lof(fit.resid, cells, fit.dof)
     D = (cells[:, None] == np.unique(cells)[None, :]).astype(float)
     tab = anova_lm(fit.sm_results, sm.OLS(yr, D).fit())

@@ -93,7 +93,7 @@ def test_import_of_a_huge_number_names_its_row_and_column(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["eval_macro_loss", "study", "coding"])
 def test_import_refuses_a_factor_column_named_like_a_results_column(tmp_path, capsys, name):
-    rows = [dict(r, **{name: lv}) for r, lv in zip(ROWS, ("a", "b"))]
+    rows = [dict(r, **{name: lv}) for r, lv in zip(ROWS, ("a", "b"), strict=True)]
     assert main(["import", str(_csv(tmp_path / "t.csv", rows))]) == 2
     err = _one_line(capsys)
     assert f"column {name!r}: is a column of every run's results row" in err

@@ -106,7 +106,7 @@ def test_a_ladder_that_fixes_the_slope_but_not_the_curvature_pins_it_along_its_v
     C = [15259926528.0 * 2**k for k in range(7)]
     L = [3.4032, 3.2538, 3.0919, 2.9526, 2.7975, 2.7666, 2.6718]
     law = fit_reference(C, L)
-    linfs, alphas = zip(*law.valley)
+    linfs, alphas = zip(*law.valley, strict=True)
     assert linfs[0] == 0.0 and linfs[-1] > 2.0 and all(np.diff(alphas) > 0)
     assert (law.linf, law.alpha) in law.valley and law.cov[0, 0] == 0.0 and law.cov[1, 1] > 0
     assert law.ci("linf")[0] == 0.0 and law.ci("linf")[1] == linfs[-1]

@@ -84,7 +84,7 @@ def test_flex_attention_layer_matches_sdpa_output_and_gradients(layer, docs, fle
 def test_block_masks_follow_the_dense_mask_rule_element_by_element():
     for docs in (None, DOCS):
         dense_masks = attention_masks(docs, B, S, CFG.window, "cpu")
-        for bm, dense in zip(block_masks(docs, B, S, CFG.window, "cpu"), dense_masks):
+        for bm, dense in zip(block_masks(docs, B, S, CFG.window, "cpu"), dense_masks, strict=True):
             got = flex_module.create_mask(bm.mask_mod, B, 1, S, S, device="cpu")
             assert torch.equal(got, dense.expand(B, 1, S, S))
 

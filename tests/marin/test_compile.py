@@ -102,7 +102,7 @@ def test_compiled_training_matches_eager_and_never_recompiles(estimator):
             assert got.stats["assigned"] == ref.stats["assigned"]
             assert abs(got.stats["drop_rate"] - ref.stats["drop_rate"]) < 0.02, step
     # The QB biases were updated in both (bf16 rounding moves the thresholds a little, not the pattern).
-    for (name, b_ref), b_got in zip(eager.named_buffers(), compiled_model.buffers()):
+    for (name, b_ref), b_got in zip(eager.named_buffers(), compiled_model.buffers(), strict=True):
         assert b_ref.abs().max() > 0 and torch.cosine_similarity(b_ref, b_got, dim=0) > 0.9, name
 
 

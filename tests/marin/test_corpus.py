@@ -456,7 +456,7 @@ def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tm
     lines = [x for x in p.stderr.splitlines() if x.startswith("step ")]  # not a TTY: plain lines
     recs = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "ce" in r]
     assert len(lines) == len(recs) == 3
-    for line, rec in zip(lines, recs):
+    for line, rec in zip(lines, recs, strict=True):
         fields = line.split(" | ")
         k = rec["step"] + 1
         assert fields[0] == f"step {k}/3 ({100 * k // 3}%)" and fields[1] == f"loss {rec['loss']:.4f}"

@@ -135,7 +135,7 @@ def test_eval_domains_filter_and_unknown_domain_errors(embedded):
 
 def _check_packed(tokens, targets, doc_ids):
     """Letters corpus: a new document starts exactly where the letter changes."""
-    for row_t, row_y, row_d in zip(tokens.tolist(), targets.tolist(), doc_ids.tolist()):
+    for row_t, row_y, row_d in zip(tokens.tolist(), targets.tolist(), doc_ids.tolist(), strict=True):
         assert row_d[0] == 0
         for t in range(1, len(row_t)):
             assert row_d[t] == row_d[t - 1] + (row_t[t] != row_t[t - 1])
@@ -184,7 +184,7 @@ def test_batches_are_deterministic_across_loaders_and_random_access_by_step(lett
     data.clear_corpus_cache()
     b = _loader(cfg, 24, 3, 7)
     for s in (11, 0, 5, 5):  # any order: a resumed run asks for its next step directly
-        assert all(torch.equal(x, y) for x, y in zip(b.batch(s), seq[s]))
+        assert all(torch.equal(x, y) for x, y in zip(b.batch(s), seq[s], strict=True))
     other = _loader(cfg, 24, 3, 8)
     assert not torch.equal(other.batch(0)[0], seq[0][0])
 

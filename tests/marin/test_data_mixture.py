@@ -102,7 +102,7 @@ def test_each_phase_reads_its_proportions_from_each_domains_own_stream_in_order(
     for step in range(STEPS):
         tokens, targets, _ = loader.batch(step)
         dom = [names[i] for i in loader.row_domains(step)]
-        for row, d in zip(tokens.numpy(), dom):
+        for row, d in zip(tokens.numpy(), dom, strict=True):
             k = read[d]
             np.testing.assert_array_equal(row, refs[d][k * SEQ:(k + 1) * SEQ])  # next window of its own stream
             read[d] += 1

@@ -217,7 +217,7 @@ def test_local_dispatcher_dropless_equals_dense_reference_with_gradients():
     assert stats.dropped == 0 and stats.assigned == T * K
     leaves = (x, comb, ex.w_gate_EWH, ex.w_up_EWH, ex.w_down_EHW)
     g = torch.randn_like(y)
-    for a, b in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(ref, leaves, g)):
+    for a, b in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(ref, leaves, g), strict=True):
         assert torch.allclose(a, b)
 
 

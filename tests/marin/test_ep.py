@@ -127,7 +127,7 @@ def _check_dispatcher(rank, S, out):
             sender_keep, _ = pooled_wave_keep(idx, n_experts=E, n_shards=S, capacity_factor=cf, waves=3)
             out[name] = dict(
                 y=_maxdiff(y, y_ref[sl]),
-                grads=max(_maxdiff(a, b) for a, b in zip(grads, (refs[0][sl], refs[1][sl]) + tuple(r[el] for r in refs[2:]))),
+                grads=max(_maxdiff(a, b) for a, b in zip(grads, (refs[0][sl], refs[1][sl]) + tuple(r[el] for r in refs[2:]), strict=True)),
                 dropped=int(stats.dropped), planner_dropped=int((~keep[sl]).sum()), total_dropped=int((~keep).sum()),
                 sender_dropped=int((~sender_keep).sum()), receiver_dropped=int((sender_keep.view(T, K) & ~keep).sum()),
                 assigned=stats.assigned, host_reads=_host_reads(disp, idx[sl], comb[sl], dropless))
@@ -368,7 +368,7 @@ def test_checkpoint_saved_by_2_ranks_loads_in_1_and_in_4(ep_runs):
     one = _Holder(_init_moe(MoE(_moe_cfg(2), Recipe(ep_transport="ragged")), seed=99))
     opt = torch.optim.AdamW(one.parameters(), lr=1e-2)
     load_checkpoint(one, os.path.join(tmp, "ckpt"), optimizer=opt)
-    for (n, p), (_, q) in zip(one.named_parameters(), ref.named_parameters()):
+    for (n, p), (_, q) in zip(one.named_parameters(), ref.named_parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), n
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(opt.state[p][k], ref_opt.state[q][k], rtol=1e-4, atol=1e-6), (n, k)

@@ -18,7 +18,7 @@ from marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelCon
 from marin.model import MarinModel
 from sweeps.cli import main as cli_main
 
-COMBOS = [Recipe(**dict(zip(MODEL_FACTORS, lv)))
+COMBOS = [Recipe(**dict(zip(MODEL_FACTORS, lv, strict=True)))
           for lv in itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in MODEL_FACTORS])]
 EXTRAS = [Recipe(qk_norm="none"), Recipe(router_balance="aux_free"), Recipe(ep_transport="dropless")]
 

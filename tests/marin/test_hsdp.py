@@ -185,7 +185,7 @@ def _work(rank: int, tmp: str) -> dict:
             out["load_equal"] = all(torch.equal(v, saved[n]) for n, v in _full(m2, groups).items())
             step(m2, o2, 2)
             out["resume"] = max(float((v - w).abs().max()) for v, w in
-                                zip(_full(m2, groups).values(), _full(model, groups).values()))
+                                zip(_full(m2, groups).values(), _full(model, groups).values(), strict=True))
             after = _full(model, groups)  # collective: every rank gathers, rank 0 writes
             if rank == 0:
                 torch.save({"saved": saved, "after": after}, Path(tmp) / "hyperball.pt")

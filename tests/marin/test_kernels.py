@@ -81,7 +81,7 @@ def test_sconv_forward_and_backward_match_reference_with_document_masking():
     out, ref = sconv_triton(x, w, DOCS_BS), sconv_reference(x, w, DOCS_BS)
     _close(out, ref)
     g = torch.randn_like(ref)
-    for a, b in zip(_grads(out, (x, w), g), _grads(ref, (x, w), g)):
+    for a, b in zip(_grads(out, (x, w), g), _grads(ref, (x, w), g), strict=True):
         _close(a, b)
 
 
@@ -92,7 +92,7 @@ def test_sconv_without_doc_ids_matches_reference_on_strided_input():
     out, ref = sconv_triton(x, w, None), sconv_reference(x, w, None)
     _close(out, ref)
     g = torch.randn_like(ref)
-    for a, b in zip(_grads(out, (base, w), g), _grads(ref, (base, w), g)):
+    for a, b in zip(_grads(out, (base, w), g), _grads(ref, (base, w), g), strict=True):
         _close(a, b)
 
 
@@ -141,7 +141,7 @@ def test_xsa_forward_and_backward_match_reference_under_gqa(H, K):
     z, ref = xsa_triton(y, v), xsa_reference(y, v)
     _close(z, ref)
     g = torch.randn_like(ref)
-    for a, b in zip(_grads(z, (y, v), g), _grads(ref, (y, v), g)):
+    for a, b in zip(_grads(z, (y, v), g), _grads(ref, (y, v), g), strict=True):
         _close(a, b, 1e-4)
 
 
@@ -160,7 +160,7 @@ def test_xsa_gate_fused_matches_unfused_gate_forward_and_backward():
     z, ref = xsa_gate_triton(y, v, a), xsa_gate_torch(y, v, a)
     _close(z, ref)
     g = torch.randn_like(ref)
-    for p, q in zip(_grads(z, (y, v, a), g), _grads(ref, (y, v, a), g)):
+    for p, q in zip(_grads(z, (y, v, a), g), _grads(ref, (y, v, a), g), strict=True):
         _close(p, q, 1e-4)
 
 
@@ -267,7 +267,7 @@ def test_grouped_mm_backward_kernels_with_small_blocks_match_torch():
     _close(gmm_fwd(dy, w, offsets, w_transposed=True, blocks=(16, 16, 16, 4, 2)),
            grouped_mm_torch(dy, w.transpose(1, 2), offsets), 1e-4)
     _close(gmm_dw(x, dy, offsets, blocks=(16, 16, 16, 4)),
-           torch.stack([x[s:e].T @ dy[s:e] for s, e in zip([0, 5, 21, 21], offsets.tolist())]), 1e-4)
+           torch.stack([x[s:e].T @ dy[s:e] for s, e in zip([0, 5, 21, 21], offsets.tolist(), strict=True)]), 1e-4)
 
 
 def test_grouped_mm_gradcheck_float64():

@@ -89,7 +89,7 @@ def _outputs_and_grads(fn, inputs):
     outs = fn(*leaves)
     # A distinct random cotangent per output, so no gradient is a plain sum.
     cot = [torch.randn_like(o) for o in outs]
-    loss = sum((o * c).sum() for o, c in zip(outs, cot))
+    loss = sum((o * c).sum() for o, c in zip(outs, cot, strict=True))
     return outs, torch.autograd.grad(loss, [leaves[i] for i in _DIFFERENTIABLE])
 
 
@@ -101,7 +101,7 @@ def test_compiled_block_of_all_six_kernels_has_no_graph_break_and_matches_eager(
     torch._dynamo.reset()
     torch.manual_seed(1)
     c_outs, c_grads = _outputs_and_grads(torch.compile(_block, fullgraph=True, backend=backend), inputs)
-    for a, b in zip(outs + grads, c_outs + c_grads):
+    for a, b in zip(outs + grads, c_outs + c_grads, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     # XSA's output keeps its (B, S, H, D) storage under compile: the reshape before W_o stays free.
     assert c_outs[1].stride() == outs[1].stride() and c_outs[1].transpose(1, 2).is_contiguous()

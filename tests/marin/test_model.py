@@ -20,7 +20,7 @@ CFG = ModelConfig(seq_len=16, window=6, n_layers=2, global_every=2)
 B, S = 2, 16
 
 # All 2^6 recipe/baseline combos of the model factors, then the extra levels once each.
-RECIPES = [Recipe(**dict(zip(MODEL_FACTORS, lv)))
+RECIPES = [Recipe(**dict(zip(MODEL_FACTORS, lv, strict=True)))
            for lv in itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in MODEL_FACTORS])]
 RECIPES += [Recipe(qk_norm="none"), Recipe(router_balance="aux_free"), Recipe(ep_transport="dropless")]
 
@@ -274,5 +274,5 @@ def test_triton_kernels_model_matches_torch_reference_model():
     torch.testing.assert_close(out_tri.logits_BSV, out_ref.logits_BSV, rtol=1e-4, atol=1e-5)
     out_ref.loss.backward()
     out_tri.loss.backward()
-    for (name, p), q in zip(ref.named_parameters(), tri.parameters()):
+    for (name, p), q in zip(ref.named_parameters(), tri.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)

@@ -64,8 +64,8 @@ def test_combine_weights_come_from_unbiased_logits_and_sum_to_scale():
     assert same.any() and (~same).any()
     w_plain = combine_weights(s, idx_plain, 2.5)
     for t in torch.nonzero(same).squeeze(1).tolist():
-        a = dict(zip(idx_plain[t].tolist(), w_plain[t].tolist()))
-        b = dict(zip(idx_biased[t].tolist(), w[t].tolist()))
+        a = dict(zip(idx_plain[t].tolist(), w_plain[t].tolist(), strict=True))
+        b = dict(zip(idx_biased[t].tolist(), w[t].tolist(), strict=True))
         assert a.keys() == b.keys() and all(abs(a[e] - b[e]) < 1e-6 for e in a)
 
 
@@ -203,7 +203,7 @@ def test_qb_bias_over_a_process_group_pools_every_process():
     torch.manual_seed(0)
     streams = [_skewed(512) + 0.5 * r for r in range(world)]
     alphas = [select_experts(s, torch.zeros(E), K)[1] for s in streams]
-    margins = [s - a[:, None] for s, a in zip(streams, alphas)]
+    margins = [s - a[:, None] for s, a in zip(streams, alphas, strict=True)]
     # topk: per-process thresholds, averaged
     betas = [qb_threshold_topk(m, qb_n_star(512, K, E)) for m in margins]
     torch.testing.assert_close(results[("topk", 0)], qb_bias((betas[0] + betas[1]) / 2))

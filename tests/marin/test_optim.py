@@ -131,7 +131,7 @@ def test_lr_schedules_warm_up_then_decay_to_final_fraction():
         m = [lr_multiplier(s, n, sched, 0.01, 0.05) for s in range(n)]
         assert m[0] == pytest.approx(0.5) and m[1] == pytest.approx(1.0), sched
         assert m[-1] == pytest.approx(0.05), sched
-        assert all(a >= b - 1e-12 for a, b in zip(m[1:], m[2:])), f"{sched} not non-increasing after warmup"
+        assert all(a >= b - 1e-12 for a, b in zip(m[1:], m[2:], strict=False)), f"{sched} not non-increasing after warmup"
     lin = [lr_multiplier(s, n) for s in range(n)]
     assert lin[100] == pytest.approx(1 - 0.95 * 99 / 198)  # straight line from step 1 to step 199
     cos = [lr_multiplier(s, n, "cosine") for s in range(n)]

@@ -44,14 +44,14 @@ def test_each_domain_is_cut_to_int_n_times_run_over_target_sequences_and_repeats
     # L = floor(n · run / target); the numbers are far from a rounding edge, so float and exact agree
     n = {d: int(corpus.doc_lengths[dom_N == i].sum()) // SEQ for i, d in enumerate(names)}
     want = {d: n[d] * RUN // TARGET for d in names}
-    assert dict(zip(names, loader.domain_lengths)) == want
+    assert dict(zip(names, loader.domain_lengths, strict=True)) == want
     assert want == {"code": 8, "docs": 8, "prose": 5, "scripture": 8}
     assert simulated_length(63_666, RUN, TARGET) == int(63_666 * (RUN / TARGET)) == 5  # Marin's float form
     refs = {d: _domain_stream(corpus, d, SEED) for d in names}
     read = {d: 0 for d in names}
     for step in range(STEPS):
         tokens, _, _ = loader.batch(step)
-        for row, d in zip(tokens.numpy(), [names[i] for i in loader.row_domains(step)]):
+        for row, d in zip(tokens.numpy(), [names[i] for i in loader.row_domains(step)], strict=True):
             k = read[d] % want[d]  # the k-th sequence of the cut, round and round
             np.testing.assert_array_equal(row, refs[d][k * SEQ:(k + 1) * SEQ])
             read[d] += 1

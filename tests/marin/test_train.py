@@ -50,7 +50,7 @@ def test_every_factor_combination_takes_three_finite_steps(tmp_path):
     combos = list(itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in FACTORS]))
     assert len(combos) == 2 ** 7
     for i, levels in enumerate(combos):
-        recipe = Recipe(**dict(zip(FACTORS, levels)))
+        recipe = Recipe(**dict(zip(FACTORS, levels, strict=True)))
         summary = train(RunSpec(model=TINY, recipe=recipe, train=_fast(3)), tmp_path / f"r{i}", resume=False)
         lines, _ = _metrics(tmp_path / f"r{i}")
         assert summary["status"] == "completed", (recipe, summary["error"])
@@ -153,7 +153,7 @@ def test_two_stage_context_schedule_switches_length_with_constant_tokens_per_ste
     assert [(r["seq_len"], r["batch_size"]) for r in lines] == [(64, 4)] * 5 + [(128, 2)] * 5
     assert [r["q_scale"] for r in lines] == [1.0] * 5 + [pytest.approx(1 + 0.1 * math.log(2))] * 5
     tokens = [r["tokens"] for r in lines]
-    assert all(b - a == 256 for a, b in zip([0] + tokens, tokens))
+    assert all(b - a == 256 for a, b in zip([0] + tokens, tokens, strict=False))
     with pytest.raises(ValueError, match="context_stages"):
         context_plan(RunSpec(model=TINY, train=_fast(10, batch=4, context_stages=(ContextStage(0.5, 96),))))
 

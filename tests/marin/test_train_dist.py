@@ -82,7 +82,7 @@ def test_two_rank_ep_run_equals_single_process_virtual_ep(runs):
     tmp, ref, ranks = runs
     single, full = _lines(tmp / "single"), _lines(tmp / "full")
     assert [r["step"] for r in full] == [r["step"] for r in single] == list(range(SPEC.train.steps))
-    for a, b in zip(single, full):
+    for a, b in zip(single, full, strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL, (a["step"], a["loss"], b["loss"])
         assert abs(a["ce"] - b["ce"]) < LOSS_TOL, a["step"]
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"], a["step"]
@@ -112,7 +112,7 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     assert sorted(p.name for p in (ck / "ckpt_000000003").iterdir()) == ["dcp", "meta.json", "rng_0.pt", "rng_1.pt"]
     full, cut = _lines(tmp / "full"), _lines(tmp / "cut")
     assert [r["step"] for r in cut] == list(range(SPEC.train.steps))  # lines after the checkpoint dropped
-    for a, b in zip(full, cut):
+    for a, b in zip(full, cut, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-6 and a["drop_rate"] == b["drop_rate"], a["step"]
     assert abs(ranks[0]["resumed"]["eval_macro_loss"] - ranks[0]["full"]["eval_macro_loss"]) < 1e-6
 
@@ -131,7 +131,7 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
     assert [r["step"] for r in resumed] == list(range(SPEC.train.steps))
     assert resumed[:3] == _lines(tmp / "cut")[:3]  # the 2-rank lines before the checkpoint are kept
     assert (one / "train.log").read_text().count("from ckpt_000000003 at step 3") == 2  # the 2-rank resume's line, then this one's
-    for a, b in zip(single, resumed):
+    for a, b in zip(single, resumed, strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
@@ -148,7 +148,7 @@ def test_background_checkpoint_holds_the_state_of_its_step(runs):
         shutil.rmtree(one / "checkpoints" / later)
     assert train(SPEC, one)["status"] == "completed"
     assert (one / "train.log").read_text().count("from ckpt_000000002 at step 2") == 1
-    for a, b in zip(_lines(tmp / "full"), _lines(one)):
+    for a, b in zip(_lines(tmp / "full"), _lines(one), strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
@@ -163,7 +163,7 @@ def test_two_rank_run_with_block_recompute_equals_the_run_without(runs):
         assert summary["status"] == "completed"
     full, rec = _lines(tmp / "full"), _lines(tmp / "recompute")
     assert [r["step"] for r in rec] == list(range(SPEC.train.steps))
-    for a, b in zip(full, rec):
+    for a, b in zip(full, rec, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-6, (a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * a["grad_norm"], a["step"]
         assert a["drop_rate"] == b["drop_rate"] and abs(a["load_cv"] - b["load_cv"]) < 1e-6, a["step"]
@@ -213,7 +213,7 @@ def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path, racks, lay
         assert layout in summary["hardware"]
     single, dp = _lines(tmp_path / "single"), _lines(tmp_path / "dp2ep2")
     assert [r["step"] for r in dp] == list(range(DROPLESS.train.steps))
-    for a, b in zip(single, dp):
+    for a, b in zip(single, dp, strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL, (a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"], a["step"]
         assert a["drop_rate"] == b["drop_rate"] == 0.0
@@ -275,7 +275,7 @@ def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatc
     ref, got = _lines(tmp_path / "eager"), _lines(tmp_path / "compiled")
     assert [r["step"] for r in got] == list(range(COMPILED.train.steps)) and eager["status"] == "completed"
     assert abs(got[0]["loss"] - ref[0]["loss"]) < 1e-3 * ref[0]["loss"]  # same weights: bf16 rounding only
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-2 * a["loss"], (a["step"], a["loss"], b["loss"])
 
 

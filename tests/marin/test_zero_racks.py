@@ -130,7 +130,7 @@ def _work(rank: int, tmp: str) -> dict:
             out["load_equal"] = all(torch.equal(v, saved[n]) for n, v in _full(m2, groups).items())
             step(m2, o2, 2)
             out["resume"] = max(float((v - w).abs().max()) for v, w in
-                                zip(_full(m2, groups).values(), _full(model, groups).values()))
+                                zip(_full(m2, groups).values(), _full(model, groups).values(), strict=True))
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -157,7 +157,7 @@ def test_four_ranks_zero_across_racks_step_like_one_process(zero, level):
         assert o[f"moved_{level}"] > 1e-3
         assert o[f"step_{level}"] < 5e-5, (level, o[f"step_{level}"])  # fp32 sums in another order
         n = o[f"norms_{level}"]
-        for sharded, ref in zip(n[::2], n[1::2]):  # the clipped global norm is the one-process norm
+        for sharded, ref in zip(n[::2], n[1::2], strict=True):  # the clipped global norm is the one-process norm
             assert abs(sharded - ref) < 1e-5 * ref, (level, n)
 
 
