@@ -282,7 +282,8 @@ class Design:
         if self.label_resolution is not None and res is not None and self.label_resolution > res:
             shortest = min(words, key=_popcount)
             raise ValueError(f"design labelled resolution {roman(self.label_resolution)} has resolution {roman(res)}: "
-                             f"its defining relation contains the word {word_str(shortest, self.letters, words[shortest])} "
+                             "its defining relation contains the word "
+                             f"{word_str(shortest, self.letters, words[shortest])} "
                              f"of length {_popcount(shortest)} (I={'='.join(self.defining_relation()[1:])})")
 
     def _scan_products(self, res: int | None) -> None:
@@ -367,7 +368,8 @@ def _from_generators(names: tuple[str, ...], generators: Sequence[str], label: i
     for t, m, s in parsed:
         bad = [letters[i] for i in range(len(names)) if m >> i & 1 and i not in pyname]
         if bad:
-            raise ValueError(f"generator {letters[t]}=...: uses generated factor(s) {bad}; write it in base factors only")
+            raise ValueError(f"generator {letters[t]}=...: uses generated factor(s) {bad}; "
+                             "write it in base factors only")
         terms.append(("-" if s < 0 else "") + "".join(pyname[i] for i in range(len(names)) if m >> i & 1))
     gen_str = " ".join(terms)
     H = pydoe.fracfact(gen_str).astype(int)
@@ -444,7 +446,8 @@ def fraction(factors: Iterable, *, generators: Sequence[str] | None = None, reso
         raise ValueError(f"resolution={resolution!r}; allowed values: integers >= 3 (III, IV, V, ...)")
     if generators is not None:
         if runs is not None and runs != 2 ** (n - len(generators)):
-            raise ValueError(f"{len(generators)} generators over {n} factors give {2 ** (n - len(generators))} runs, not runs={runs}")
+            raise ValueError(f"{len(generators)} generators over {n} factors give {2 ** (n - len(generators))} runs, "
+                             f"not runs={runs}")
         return _from_generators(names, list(generators), resolution)
     if runs is None:
         if resolution is None:
@@ -462,7 +465,8 @@ def fraction(factors: Iterable, *, generators: Sequence[str] | None = None, reso
     if runs > 2**n:
         raise ValueError(f"runs={runs} exceeds the full factorial of {n} factors ({2 ** n} runs)")
     if runs < n + 1:
-        raise ValueError(f"{n} factors need at least {1 << n.bit_length()} runs (distinct main-effect columns), asked runs={runs}")
+        raise ValueError(f"{n} factors need at least {1 << n.bit_length()} runs (distinct main-effect columns), "
+                         f"asked runs={runs}")
     if k == n:
         return full_factorial(names)
     best_res, cols, examined = _best_columns(n, k)

@@ -59,7 +59,8 @@ class Factor:
                              f"allowed values: {', '.join(allowed)}")
         pairs = tuple(self.levels.items()) if isinstance(self.levels, Mapping) else tuple(map(tuple, self.levels))
         if len(pairs) != 2 or any(len(p) != 2 for p in pairs):
-            raise ValueError(f"Factor {self.name!r}: levels must be exactly two (name, value) pairs, got {self.levels!r}")
+            raise ValueError(f"Factor {self.name!r}: levels must be exactly two (name, value) pairs, "
+                             f"got {self.levels!r}")
         (n0, v0), (n1, v1) = pairs
         if not (isinstance(n0, str) and isinstance(n1, str)) or n0 == n1:
             raise ValueError(f"Factor {self.name!r}: level names must be two distinct strings, got {n0!r}, {n1!r}")
@@ -123,7 +124,8 @@ class Factor:
 
     def check_level(self, level: str) -> str:
         if level not in self.level_names:
-            raise ValueError(f"factor {self.name!r} has no level {level!r}; allowed values: {', '.join(self.level_names)}")
+            raise ValueError(f"factor {self.name!r} has no level {level!r}; "
+                             f"allowed values: {', '.join(self.level_names)}")
         return level
 
     def value(self, level: str) -> Any:

@@ -54,9 +54,11 @@ class HeroPlan:
 
     def __post_init__(self) -> None:
         if self.ep_size % self.gpus_per_node:
-            raise ValueError(f"HeroPlan.ep_size={self.ep_size} must be a multiple of gpus_per_node={self.gpus_per_node}")
+            raise ValueError(f"HeroPlan.ep_size={self.ep_size} must be a multiple of "
+                             f"gpus_per_node={self.gpus_per_node}")
         if self.ep_size > self.gpus_per_nvl_domain:
-            raise ValueError(f"HeroPlan.ep_size={self.ep_size} exceeds the NVLink domain of {self.gpus_per_nvl_domain} GPUs")
+            raise ValueError(f"HeroPlan.ep_size={self.ep_size} exceeds the NVLink domain of "
+                             f"{self.gpus_per_nvl_domain} GPUs")
         if self.job_time_min < 1:
             raise ValueError(f"HeroPlan.job_time_min must be >= 1 minute, got {self.job_time_min}")
         if self.ep_groups < 1:

@@ -80,7 +80,8 @@ class Rung:
             v = getattr(self, attr)
             object.__setattr__(self, attr, tuple(sorted(dict(v).items())) if isinstance(v, Mapping) else tuple(v))
         if self.tokens_per_active_param <= 0:
-            raise ValueError(f"Rung {self.name!r}: tokens_per_active_param must be > 0, got {self.tokens_per_active_param}")
+            raise ValueError(f"Rung {self.name!r}: tokens_per_active_param must be > 0, "
+                             f"got {self.tokens_per_active_param}")
         if self.fixed_steps is not None and self.fixed_steps < 1:
             raise ValueError(f"Rung {self.name!r}: fixed_steps must be >= 1, got {self.fixed_steps}")
         for attr in ("nodes", "tasks_per_node"):

@@ -86,8 +86,10 @@ class Study:
         object.__setattr__(self, "executor", tuple(sorted(dict(ex).items())) if isinstance(ex, Mapping) else tuple(ex))
         names = tuple(f.name for f in self.factors)
         if self.design.factors != names:
-            raise ValueError(f"Study {self.name!r}: design factors {self.design.factors} differ from the study's {names}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
+            raise ValueError(f"Study {self.name!r}: design factors {self.design.factors} differ from the "
+                             f"study's {names}")
+        if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
+                or not all(isinstance(s, int) and s >= 0 for s in self.seeds)):
             raise ValueError(f"Study {self.name!r}: seeds={self.seeds} must be distinct non-negative integers")
 
     def restrict(self, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> "Study":
@@ -139,7 +141,8 @@ class Study:
         for r in self.rungs:
             if r.name == name:
                 return r
-        raise ValueError(f"Study {self.name!r} has no rung {name!r}; allowed values: {', '.join(r.name for r in self.rungs)}")
+        raise ValueError(f"Study {self.name!r} has no rung {name!r}; "
+                         f"allowed values: {', '.join(r.name for r in self.rungs)}")
 
     def spec(self, rung: str | Rung, levels: Mapping[str, str], seed: int, lr_multiplier: float = 1.0) -> RunSpec:
         """The RunSpec of one arm (any level combination, not only design rows) at a rung and seed."""
@@ -467,7 +470,8 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                 # the fused path of the GPU rungs: flex compiled (eager flex OOMs at its first attention)
                 model_overrides={"kernels": "triton", "n_layers": model.n_layers, "n_experts": model.n_experts,
                                  "ep_shards": ep_size},
-                train_overrides={"compile": True, "eval_every": min(3_000, steps), "checkpoint_every": min(1_000, max(1, steps // 4)),
+                train_overrides={"compile": True, "eval_every": min(3_000, steps),
+                                 "checkpoint_every": min(1_000, max(1, steps // 4)),
                                  # 1,000 steps are longer than a 4 h job: an hourly temporary checkpoint as
                                  # Marin's (sweeps/timemodel.py checks it against HeroPlan.job_time_min)
                                  "checkpoint_interval_s": 3600.0,

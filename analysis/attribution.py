@@ -491,7 +491,8 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def code_table(df: pd.DataFrame, factors: list[str], third_levels: str = "error") -> tuple[np.ndarray, np.ndarray, list[str]]:
+def code_table(df: pd.DataFrame, factors: list[str],
+               third_levels: str = "error") -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Coded (n, k) ±1 matrix of `factors`, each coded by the definition its runs recorded (low −1,
     high +1). A run at another level (a third level the study's design does not contrast) raises,
     or with third_levels='drop' is left out and named in the notes."""

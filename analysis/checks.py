@@ -2,8 +2,9 @@
 
 TOTAL two ways: the model's all-on vs all-off contrast beside the one observed on those two arms'
 own runs at each rung (the law response, quality: their mean losses inverted through the reference
-law; an OLS response such as throughput: the mean of its column, e.g. ln R; analysis/responses.py). Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on
-cells arm × rung, when cells hold replicates.
+law; an OLS response such as throughput: the mean of its column, e.g. ln R; analysis/responses.py).
+Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on cells arm × rung,
+when cells hold replicates.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[fl
     v_law = max(float(g_law @ cov @ g_law), float(np.nan_to_num(g_law @ cov_model @ g_law)), 0.0)
     for linf, _, alpha in jf.valley_laws:  # a pinned valley's ends, each at 1.96 standard errors
         if Lo > linf and Lf > linf:
-            end = paired_ln_m(Lo, float(np.mean(np.log(Cv[i_on]))), Lf, float(np.mean(np.log(Cv[i_off]))), linf, alpha)[0]
+            end = paired_ln_m(Lo, float(np.mean(np.log(Cv[i_on]))), Lf, float(np.mean(np.log(Cv[i_off]))),
+                              linf, alpha)[0]
             v_law += (end - est) ** 2 / 1.959963984540054**2
     return (est, float(np.sqrt(s**2 * (g_means[0] ** 2 / len(i_on) + g_means[1] ** 2 / len(i_off)) + v_law)))
 
@@ -235,8 +237,8 @@ def unmeasured_shift(a) -> str:
     if law is None or law.between_df is None or law.between_df > 0 or {"linf", "alpha"} <= set(law.pinned):
         return ""
     n = a.table["rung"].nunique() * (a.table["seed"].nunique() if "seed" in a.table else 1)
-    return (f"{n} (seed × rung) clusters leave no df to measure a loss shift shared by one cluster; add a seed, a rung, "
-            "or pin L∞ or α")
+    return (f"{n} (seed × rung) clusters leave no df to measure a loss shift shared by one cluster; "
+            "add a seed, a rung, or pin L∞ or α")
 
 
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
@@ -252,12 +254,13 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
             w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "
                      "not reported" + (f" ({a.law.why})" if a.law.why else ""))
         if a.law.pinned and getattr(a, "pinned_law", None) is None:  # a ladder's pins carry their spread
-            w.append(f"law parameter(s) pinned by the user: {', '.join(f'{k}={v:g}' for k, v in a.law.pinned.items())}; "
+            w.append("law parameter(s) pinned by the user: "
+                     f"{', '.join(f'{k}={v:g}' for k, v in a.law.pinned.items())}; "
                      "their uncertainty is not in the intervals")
     shift = unmeasured_shift(a)
     if shift:
-        w.append(f"quality multipliers (every ln_M and ln_W value, per rung and extrapolated too): their intervals omit "
-                 f"any (seed × rung) shift: {shift}")
+        w.append("quality multipliers (every ln_M and ln_W value, per rung and extrapolated too): "
+                 f"their intervals omit any (seed × rung) shift: {shift}")
     nr = len(a.rungs)
     if nr < 4:
         w.append(f"{nr} rung(s): the law's form cannot be checked (a broken power law and a power law agree on "
@@ -280,7 +283,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
                  "(`marin-ablate run STUDY` profiles them unless --no-profile; `tune STUDY` then `run --tuned`)")
     for c in ("epochs", "data_epochs"):
         if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
-            w.append(f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
+            w.append(f"some runs see their data more than once "
+                     f"(max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
     dw = drop_warning(a)
     if dw:
         w.append(dw)

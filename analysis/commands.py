@@ -32,8 +32,8 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
             plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
-                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, studies/, runs/, results/ (tried "
-                     f"{', '.join(map(str, cands))})")
+                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, "
+                     f"studies/, runs/, results/ (tried {', '.join(map(str, cands))})")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -55,8 +55,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
                         help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
     parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC3",
-                        help="robust SE type of the throughput fit (each contrast uses the larger of it and the model SE)")
-    parser.add_argument("--mixed", action="store_true", help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × rung) cluster")
+                        help="robust SE type of the throughput fit "
+                             "(each contrast uses the larger of it and the model SE)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × rung) cluster")
     parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
     parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
                         help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
@@ -156,7 +158,8 @@ def cmd_analyze(args) -> int:
         return _report_ofat(ofat, table, study_dir, out)
     a = _analyze(args, table, args.target, study_dir)
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
-    title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
+    title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
+             else study_dir.name)
     import sys
 
     md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures,
@@ -181,7 +184,8 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     from analysis.ofat import report_lines
     from marin.schema import atomic_write_bytes, atomic_write_text
 
-    title = str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else study_dir.name
+    title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
+             else study_dir.name)
     lines = report_lines(a, title)
     md, csv = out / "report.md", out / "ofat.csv"
     atomic_write_text(md, "\n".join(lines) + "\n")

@@ -52,7 +52,8 @@ def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[s
         return per_rung
     vr = varied_rungs(table, factors)
     out = per_rung.copy()
-    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, []) for c, r in zip(out["component"], out["rung"], strict=True)]
+    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, [])
+                     for c, r in zip(out["component"], out["rung"], strict=True)]
     out.loc[~out["varied"], ["effect", "lo", "hi"]] = np.nan
     return out
 
@@ -139,7 +140,8 @@ def _total_disagrees(a, response: str) -> str:
         o, olo, ohi, _ = observed_total(a, resp)
         if len(m) and not interval_fails(o, olo, ohi):
             m = m.iloc[0]
-            if math.isfinite(m["shapley_lo"]) and not (olo <= m["shapley"] <= ohi or m["shapley_lo"] <= o <= m["shapley_hi"]):
+            if math.isfinite(m["shapley_lo"]) and not (olo <= m["shapley"] <= ohi
+                                                       or m["shapley_lo"] <= o <= m["shapley_hi"]):
                 out.append(f"TOTAL two ways pooled over rungs: the model's {_exp(m['shapley']):.3g}x against "
                            f"the all-on vs all-off runs' {_exp(o):.3g}x for {resp}")
     return "; ".join(out)
@@ -213,7 +215,8 @@ def refuse_single_rung(a) -> list[str]:
             m = (e["component"] == f).to_numpy()
             cols = [c for c in e.columns if c.split("_")[0] in ("shapley", "loo", "aoi") and e[c].dtype.kind == "f"]
             e.loc[m, cols] = np.nan
-            out.append(f"extrapolation of {f} refused: varied at rung {vr[0]} only, so there is no scale trend to carry")
+            out.append(f"extrapolation of {f} refused: varied at rung {vr[0]} only, "
+                       "so there is no scale trend to carry")
     return out
 
 
@@ -449,13 +452,14 @@ def qualifiers(a, f: str) -> str:
     c = comp[comp["component"] == f] if len(comp) else comp
     if len(c) and f != "TOTAL" and (c.get("aliased_with", pd.Series("", index=c.index)).fillna("") != "").any():
         q.append("aliased interactions assumed negligible (Appendix)")
-    wide = [by_column(r).label if by_column(r) else r for r, lo, hi in zip(c.get("response", []), c.get("shapley_lo", []),
-                                                                          c.get("shapley_hi", []), strict=True)
+    wide = [by_column(r).label if by_column(r) else r
+            for r, lo, hi in zip(c.get("response", []), c.get("shapley_lo", []), c.get("shapley_hi", []), strict=True)
             if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
     if wide:
         q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
     boot = [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
-            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []), strict=False)
+            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []),
+                strict=False)
             if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
     q += boot
     return "; ".join(q) or "—"

@@ -79,7 +79,8 @@ def write_forecast(study_dir: str | Path, analysis: StudyAnalysis, raw_table: pd
     fit = analysis.fits["quality"]
     content = {
         "kind": "marin-ablate forecast", "version": 1,
-        "study": str(raw_table["study"].dropna().iloc[0]) if "study" in raw_table and raw_table["study"].notna().any() else Path(study_dir).name,
+        "study": (str(raw_table["study"].dropna().iloc[0])
+                  if "study" in raw_table and raw_table["study"].notna().any() else Path(study_dir).name),
         "created_at": now, "created_utc": datetime.fromtimestamp(now, timezone.utc).isoformat(),
         "note": note,
         "target": {"compute": float(target_compute), "arm": arm, "codes": codes},

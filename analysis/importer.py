@@ -164,9 +164,11 @@ def validate(raw: list[dict]) -> Imported:
     cols = list(dict.fromkeys(c for r in raw for c in r))
     for c in ("arm", "rung", "loss"):
         if c not in cols:
-            raise _err(None, c, "missing; allowed values: a table with columns arm, rung, loss, and flops or params + tokens")
+            raise _err(None, c, "missing; allowed values: a table with columns arm, rung, loss, "
+                                "and flops or params + tokens")
     if "flops" not in cols and not {"params", "tokens"} <= set(cols):
-        col = "flops" if "params" not in cols and "tokens" not in cols else ("params" if "params" not in cols else "tokens")
+        col = ("flops" if "params" not in cols and "tokens" not in cols
+               else ("params" if "params" not in cols else "tokens"))
         raise _err(None, col, "missing; allowed values: a flops column, or params and tokens columns (the compute)")
     use_changes = "changes" in cols
     factors = [c for c in cols if c not in COLUMNS]

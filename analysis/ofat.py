@@ -366,9 +366,11 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
             row[k], row[f"{k}_lo"], row[f"{k}_hi"] = np.exp(est), np.exp(est - qq * s_), np.exp(est + qq * s_)
         rows.append(row)
     if any(not np.isfinite(rw["ln_R"]) for rw in rows):
-        notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung and hardware")
+        notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung "
+                     "and hardware")
     table = pd.DataFrame(rows)
-    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline, strict=True)), law, table, dof, dof_R, notes, warns)
+    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline, strict=True)), law, table, dof, dof_R,
+                        notes, warns)
 
 
 def _fmt(est: float, lo: float, hi: float) -> str:
@@ -384,7 +386,8 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
            "); each other arm differs from it by one change (docs/method.md §4.8).", ""]
     if a.law is not None:
         lw = a.law
-        src = "pinned" if len(lw.pinned) == 3 else f"fitted on the baseline's runs ({', '.join(lw.pinned) or 'none'} pinned)"
+        src = ("pinned" if len(lw.pinned) == 3
+               else f"fitted on the baseline's runs ({', '.join(lw.pinned) or 'none'} pinned)")
         out += [f"Law of the baseline, {src}: L(C) = {lw.linf:.4g} + {lw.A:.4g}·C^(−{lw.alpha:.4g}).", ""]
     out += ["| change | rung | compute (FLOPs) | runs | loss | M (quality) | R (throughput) | W (wall-clock) |",
             "|---|---|---|---|---|---|---|---|"]

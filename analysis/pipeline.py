@@ -213,7 +213,8 @@ def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
                 p.notes.append("reference law curvature not identified (α, A, L∞): the multipliers rest on the "
                                "law's local slope, and their intervals span it at every L∞ in [0, smallest loss) "
                                "the data accept; law parameters and extrapolation are not identified (pin the law "
-                               "from a wider baseline ladder: `marin-ablate run` does for a study with reference rungs)")
+                               "from a wider baseline ladder: `marin-ablate run` does for a study with reference "
+                               "rungs)")
                 p.joint[form], p.law = jf, law_of(jf, p.level)
                 p.fits[r.name] = fq
                 break
@@ -471,8 +472,10 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                     ee = e2[kind].to_numpy()
                     if n in reduced and kind == "shapley":
                         continue  # the reduced model has no curved twin; its spread stays unassessed
-                    extrap.loc[m, f"{kind}_lo"] = np.fmin(extrap.loc[m, f"{kind}_lo"].to_numpy(), e2[f"{kind}_lo"].to_numpy())
-                    extrap.loc[m, f"{kind}_hi"] = np.fmax(extrap.loc[m, f"{kind}_hi"].to_numpy(), e2[f"{kind}_hi"].to_numpy())
+                    extrap.loc[m, f"{kind}_lo"] = np.fmin(extrap.loc[m, f"{kind}_lo"].to_numpy(),
+                                                          e2[f"{kind}_lo"].to_numpy())
+                    extrap.loc[m, f"{kind}_hi"] = np.fmax(extrap.loc[m, f"{kind}_hi"].to_numpy(),
+                                                          e2[f"{kind}_hi"].to_numpy())
                     if kind == "shapley":
                         extrap.loc[m, "law_form_spread"] = np.abs(e1 - ee)
         if not scale:
@@ -530,6 +533,7 @@ def _per_rung(fits, rungs, level, boot_theta) -> pd.DataFrame:
                        "effect": est, "lo": lo, "hi": hi, "estimable": ok}
                 if boot_theta.get(name) is not None and ok:
                     q = (1 - level) / 2
-                    row["boot_lo"], row["boot_hi"] = (float(v) for v in np.nanquantile(boot_theta[name] @ c, [q, 1 - q]))
+                    row["boot_lo"], row["boot_hi"] = (float(v)
+                                                      for v in np.nanquantile(boot_theta[name] @ c, [q, 1 - q]))
                 rows.append(row)
     return pd.DataFrame(rows)

@@ -74,7 +74,8 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
         e = d[d["rung"] == r].set_index("component").reindex(comps)
         yy = np.arange(len(comps)) + (j - (len(rungs) - 1) / 2) * 0.8 / max(len(rungs), 1)
         m = np.exp(e["effect"])
-        ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r), capsize=2)
+        ax.errorbar(m, yy, xerr=[m - np.exp(e["lo"]), np.exp(e["hi"]) - m], fmt="o", color=pal[j], label=str(r),
+                    capsize=2)
     # the Findings' own numbers: each component at the reference compute C_ref (a black diamond)
     c = a.components[a.components["response"] == response].set_index("component") if len(a.components) else None
     if c is not None and "shapley" in c and len(c.index.intersection(comps)):
@@ -114,7 +115,8 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
     tot = c.loc["TOTAL", "shapley"] if "TOTAL" in c.index else vals.sum()
     ax.bar(len(comps), tot, color="tab:blue")
     if "TOTAL" in c.index and np.isfinite(c.loc["TOTAL", "shapley_lo"]):
-        ax.errorbar([len(comps)], [tot], yerr=[[tot - c.loc["TOTAL", "shapley_lo"]], [c.loc["TOTAL", "shapley_hi"] - tot]],
+        ax.errorbar([len(comps)], [tot],
+                    yerr=[[tot - c.loc["TOTAL", "shapley_lo"]], [c.loc["TOTAL", "shapley_hi"] - tot]],
                     fmt="none", ecolor="black", capsize=3, lw=1)
     ax.set_xticks(range(len(comps) + 1), comps + ["total"], rotation=30, ha="right")
     ax.axhline(0, color="grey", lw=0.8)
@@ -127,7 +129,8 @@ def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | No
     return _save(fig, path)
 
 
-def interaction_cells(a: StudyAnalysis, response: str = "quality") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
+def interaction_cells(a: StudyAnalysis,
+                      response: str = "quality") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
     """(2β_ij, significant, aliased) per factor pair on the ln scale; an aliased pair shows its alias
     group's estimate. Significant: the 95% interval excludes 0. None when there is nothing to draw."""
     fit = a.fits.get(response)
@@ -196,8 +199,9 @@ def draw_interactions(est: pd.DataFrame, sig: pd.DataFrame, ali: pd.DataFrame, t
                                                           edgecolor="#bbbbbb", lw=0))
             strong = sig.iat[i, j] and abs(v) > 0.6 * HEATMAP_LIMIT
             tag = (label or {}).get((est.index[i], est.columns[j])) if keep is not None else None
-            ax.text(j + 0.5, i + 0.5, f"{v:+.3f}" + (f"\n{tag}" if tag else "\n(alias)" if ali.iat[i, j] and keep is None
-                                                     else ""), ha="center", va="center",
+            ax.text(j + 0.5, i + 0.5,
+                    f"{v:+.3f}" + (f"\n{tag}" if tag else "\n(alias)" if ali.iat[i, j] and keep is None else ""),
+                    ha="center", va="center",
                     fontsize=8, color="white" if strong else "black")
     ax.set_title(title)
     return fig, ax
@@ -231,8 +235,8 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
         if not isinstance(lc, str):
             continue
         for step, loss in json.loads(lc):
-            rows.append({"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")), "rung": str(getattr(r, "rung", "")),
-                         "run": r.run_id})
+            rows.append({"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")),
+                         "rung": str(getattr(r, "rung", "")), "run": r.run_id})
     if not rows:
         return None
     d = pd.DataFrame(rows)
@@ -262,7 +266,8 @@ def scaling_fit(a: StudyAnalysis, path: Path) -> Path | None:
     t = a.table
     base = np.all(np.stack([t[f"x_{f}"] == -1 for f in a.factors]), axis=0)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter(t.loc[~base, "train_flops"], t.loc[~base, "eval_macro_loss"], s=8, color="grey", alpha=0.4, label="other arms")
+    ax.scatter(t.loc[~base, "train_flops"], t.loc[~base, "eval_macro_loss"], s=8, color="grey", alpha=0.4,
+               label="other arms")
     ax.scatter(t.loc[base, "train_flops"], t.loc[base, "eval_macro_loss"], s=18, color="tab:blue", label="baseline arm")
     lo_c, hi_c = float(t["train_flops"].min()), float(t["train_flops"].max())
     if a.target_compute:
@@ -322,7 +327,8 @@ def planted(a: StudyAnalysis, path: Path) -> Path | None:
             yy = i + (np.array([reps.index(x) for x in g["replicate"]]) - (len(reps) - 1) / 2) * 0.8 / len(reps)
             m = np.exp(g["estimate"].to_numpy(float))
             col = np.where(g["covers"].to_numpy(bool), "tab:blue", "tab:red")
-            for y_, m_, lo_, hi_, c_, rep in zip(yy, m, np.exp(g["lo"]), np.exp(g["hi"]), col, g["replicate"], strict=True):
+            for y_, m_, lo_, hi_, c_, rep in zip(yy, m, np.exp(g["lo"]), np.exp(g["hi"]), col, g["replicate"],
+                                                 strict=True):
                 ax.errorbar(m_, y_, xerr=[[m_ - lo_], [hi_ - m_]], fmt="s" if rep == "pooled" else "o", color=c_,
                             ms=3, capsize=1.5, lw=1)
             t = np.exp(d[(d["response"] == r) & (d["factor"] == f)]["truth"].iloc[0])

@@ -170,9 +170,9 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     try:
         fq, jf, c_ref = _fits(lay, law, log_m, pinned=pin_cov is not None)
     except ValueError as e:
-        raise ValueError(f"precision: the analysis's fit cannot be made on {len(lay.design)} arms × {len(lay.computes)} "
-                         f"rung(s) ({e}); a seed panel measures noise (use it as --noise PATH), the plan to size is a "
-                         "factorial on at least two rungs") from None
+        raise ValueError(f"precision: the analysis's fit cannot be made on {len(lay.design)} arms × "
+                         f"{len(lay.computes)} rung(s) ({e}); a seed panel measures noise (use it as --noise PATH), "
+                         "the plan to size is a factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
         from analysis.joint import pin_term, valley_term
@@ -188,7 +188,8 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
         one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law,
                       pin_cov=pin_cov, pin_valley=pin_valley)[0]
         k = lay.seeds
-        between = (one["hw_1x"].to_numpy() * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
+        between = (one["hw_1x"].to_numpy()
+                   * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
                    / math.sqrt(k) * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
     out = None
     for ratio in ratios:
@@ -271,8 +272,10 @@ def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     rung = math.sqrt(max(0.0, (s2b - s2w) / float(np.mean(n_g)))) if dfb > 0 and np.isfinite(s2b) else 0.0
     law = (jf.linf, jf.A, jf.alpha) if jf.alpha > 0 and math.isfinite(jf.A) else None
     src = (f"residuals of the analysed study {path}: within (seed × rung) sd {math.sqrt(s2w):.4g} nats on {dfw} df, "
-           + (f"shift sd {rung:.3g} on {dfb} cluster df" if dfb > 0 else "no cluster df to measure a (seed × rung) shift")
-           + (f"; its law L∞ {law[0]:.4g}, A {law[1]:.4g}, α {law[2]:.4g}" if law else "; its law not used (α ≤ 0)"))
+           + (f"shift sd {rung:.3g} on {dfb} cluster df" if dfb > 0
+              else "no cluster df to measure a (seed × rung) shift")
+           + (f"; its law L∞ {law[0]:.4g}, A {law[1]:.4g}, α {law[2]:.4g}" if law
+              else "; its law not used (α ≤ 0)"))
     return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=law)
 
 
@@ -431,23 +434,26 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
              f"layout: {len(lay.design)} arms × {len(lay.computes)} rungs × {lay.seeds} seed(s) = {lay.n_runs} runs, "
              f"residual df {info['dof']}, {info['clusters']} (seed × rung) clusters, cluster df {info['cluster_df']}"]
     if info["cluster_df"] <= 0:
-        lines.append("  the clusters leave no df for a (seed × rung) shift: the analysis's intervals cannot include one "
-                     "(these widths omit it); add a seed or a rung")
+        lines.append("  the clusters leave no df for a (seed × rung) shift: the analysis's intervals cannot "
+                     "include one (these widths omit it); add a seed or a rung")
     if len(lay.computes) < 2:
         lines.append(f"  one rung: α pinned at {alpha:.4g}, as the analysis needs it (--pin-alpha); no scale trend, so "
                      "the 10× column carries the multipliers unchanged")
     if info["main_effects_only"]:
-        lines.append("  this fraction aliases main effects with interactions: Shapley values from the main-effects model")
+        lines.append("  this fraction aliases main effects with interactions: "
+                     "Shapley values from the main-effects model")
     rows = [{"component": r.component, f"±ln M at C_ref {c_ref:.3g}": f"{r.hw_1x:.4f}",
              "as a multiplier": f"×/÷ {math.exp(r.hw_1x):.3f}" if np.isfinite(r.hw_1x) else "not estimable",
              "±ln M at 10× C_ref": f"{r.hw_10x:.4f}"} for r in t.itertuples()]
     cols = list(rows[0])
     w = [max(len(c), *(len(r[c]) for r in rows)) for c in cols]
-    lines += ["  ".join(c.ljust(x) for c, x in zip(cols, w, strict=True))] + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w, strict=True)) for r in rows]
+    lines += (["  ".join(c.ljust(x) for c, x in zip(cols, w, strict=True))]
+              + ["  ".join(r[c].ljust(x) for c, x in zip(cols, w, strict=True)) for r in rows])
     if target is not None:
         o = options(study, noise, target, level=level)
         unit = cost_unit(study)
-        lines.append(f"\ntarget half-width {target:g} (widest component at C_ref), options (seeds tried up to {MAX_SEEDS}):")
+        lines.append(f"\ntarget half-width {target:g} (widest component at C_ref), "
+                     f"options (seeds tried up to {MAX_SEEDS}):")
         for r in o.itertuples():
             lines.append(f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, "
                          f"{r.train_flops:.3g} FLOPs, {unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"

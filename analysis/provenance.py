@@ -13,7 +13,8 @@ from analysis.results import factor_coding
 
 def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list[str]:
     def uniq(col):
-        return ", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any() else "unknown"
+        return (", ".join(sorted({str(v) for v in raw[col].dropna()})) if col in raw and raw[col].notna().any()
+                else "unknown")
 
     coding = factor_coding(raw) if "coding" in raw else {}
     try:
@@ -41,13 +42,15 @@ def lr_provenance(a: StudyAnalysis) -> list[str]:
         return ["- learning rates: not recorded (the runs predate LR provenance)"]
     out = []
     for src, g in t.groupby(t["lr_source"].fillna("heuristic"), sort=False):
-        files = sorted({f"`{f}` ({d})" for f, d in zip(g.get("lr_profile", []), g.get("lr_profile_date", []), strict=False)
+        files = sorted({f"`{f}` ({d})"
+                        for f, d in zip(g.get("lr_profile", []), g.get("lr_profile_date", []), strict=False)
                         if isinstance(f, str)})
         scale = pd.to_numeric(g.get("lr_scale", pd.Series(1.0, index=g.index)), errors="coerce")
         what = {"heuristic": "Marin's heuristic LR (no per-arm profile)",
                 "profile": "profiled per level of each LR-coupled factor at the ladder's middle rung, carried "
                            "up the ladder by the heuristic",
-                "tuned": "`marin-ablate tune` multipliers per arm, carried up the ladder by the heuristic"}.get(src, src)
+                "tuned": "`marin-ablate tune` multipliers per arm, carried up the ladder by the heuristic",
+                }.get(src, src)
         out.append(f"- learning rates ({len(g)} runs): {what}" + (f" from {', '.join(files)}" if files else "")
                    + (f"; multipliers {scale.min():.3g}–{scale.max():.3g}" if src != "heuristic" else ""))
     return out

@@ -80,8 +80,8 @@ class PinnedLaw:
                     f"({span})")
         (l0, a0), (l1, a1) = self.valley[0], self.valley[-1]
         return (f"its local slope, not its curvature ({span} do not fix how the loss bends): every L∞ from {l0:.4g} "
-                f"to {l1:.4g} fits, with α from {a0:.4g} to {a1:.4g}; fitted at L∞ = {self.linf:.4g}, α = {self.alpha:.4g}; "
-                f"every multiplier's interval reaches its value at both ends")
+                f"to {l1:.4g} fits, with α from {a0:.4g} to {a1:.4g}; fitted at L∞ = {self.linf:.4g}, "
+                f"α = {self.alpha:.4g}; every multiplier's interval reaches its value at both ends")
 
     def to_dict(self) -> dict:
         return {"linf": self.linf, "alpha": self.alpha, "cov": np.asarray(self.cov).tolist(), "A": self.A,
@@ -173,8 +173,8 @@ def _valley(C, L, seeds, free, key: str, created: str, level: float) -> PinnedLa
         i = lo.names.index("alpha")
         raise ValueError(f"{span}: α = {lo.alpha:.4g} [{lo.alpha - q * np.sqrt(lo.cov_model[i, i]):.4g}, "
                          f"{lo.alpha + q * np.sqrt(lo.cov_model[i, i]):.4g}] at L∞ = 0 on {len(L)} runs, and no L∞ in "
-                         f"[0, smallest loss {float(L.min()):.4g}) both fits and leaves α > 0: the interval leaves α > 0 "
-                         "unsupported, so it cannot pin the law; allowed: more seeds or a wider span")
+                         f"[0, smallest loss {float(L.min()):.4g}) both fits and leaves α > 0: the interval leaves "
+                         "α > 0 unsupported, so it cannot pin the law; allowed: more seeds or a wider span")
     best = min(ok, key=rss)
     i = best.names.index("alpha")
     cov = np.zeros((2, 2))

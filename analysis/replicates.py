@@ -54,7 +54,8 @@ def truth_check(components: pd.DataFrame, truths: dict[str, dict[str, float]]) -
     rows = []
     for f, t in truths.items():
         for resp, lnt in t.items():
-            c = components[(components["response"] == resp) & (components["component"] == f)] if len(components) else components
+            c = (components[(components["response"] == resp) & (components["component"] == f)] if len(components)
+                 else components)
             est, lo, hi, se = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi", "shapley_se"))
                                if len(c) else (np.nan,) * 4)
             ok = bool(len(c)) and bool(c.iloc[0]["shapley_estimable"]) and math.isfinite(lo) and math.isfinite(hi)
@@ -119,7 +120,8 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
     for c in (a.components for a in per_seed.values() if not isinstance(a, str)):
         e: dict = {}
         if len(c):
-            for key, v in zip(zip(c["response"], c["component"], strict=True), c["shapley"].where(c["shapley_estimable"]), strict=True):
+            for key, v in zip(zip(c["response"], c["component"], strict=True),
+                              c["shapley"].where(c["shapley_estimable"]), strict=True):
                 if key not in e and not math.isnan(v):
                     e[key] = float(v)
         est.append(e)

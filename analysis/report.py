@@ -27,11 +27,12 @@ DEFINITIONS = (
     "Quality multiplier M_flop = C_eq / C with C_eq = ((L − L∞)/A)^(−1/α) from the baseline arm's law, C the run's "
     "own analytic FLOPs. Throughput ratio R = model FLOP/s of the arm / of the baseline arm on the same hardware and "
     "rung; wall-clock multiplier = M_flop·R (all three reported). Factors are coded +1 recipe level, −1 baseline "
-    "level. A component's multiplier is exp(Shapley value) of the fitted ln-scale model = exp(2β_i + 2γ_i·ln(C/C_ref)): "
-    "the all-off → all-on change of that factor averaged over the others. LOO = leave-one-out from all-on, AOI = "
-    "add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij (the interaction signal). CI: "
-    "the larger of HC3 and model-based, law fitted jointly (its uncertainty included), and with three or more seeds "
-    "at least the between-seed t interval; boot: wild bootstrap refitting law and model."
+    "level. A component's multiplier is exp(Shapley value) of the fitted ln-scale model = "
+    "exp(2β_i + 2γ_i·ln(C/C_ref)): the all-off → all-on change of that factor averaged over the others. "
+    "LOO = leave-one-out from all-on, AOI = add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij "
+    "(the interaction signal). CI: the larger of HC3 and model-based, law fitted jointly (its uncertainty "
+    "included), and with three or more seeds at least the between-seed t interval; boot: wild bootstrap refitting "
+    "law and model."
 )
 
 
@@ -186,8 +187,9 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
             c = c.iloc[0]
             row[label] = _mult(c["shapley"], c["shapley_lo"], c["shapley_hi"])
             if r.family == "law":
-                row["M_flop boot CI"] = (_mult(c["shapley"], c["shapley_boot_lo"], c["shapley_boot_hi"]).split(" ", 1)[-1]
-                                         if math.isfinite(c.get("shapley_boot_lo", np.nan)) else "—")
+                row["M_flop boot CI"] = (
+                    _mult(c["shapley"], c["shapley_boot_lo"], c["shapley_boot_hi"]).split(" ", 1)[-1]
+                    if math.isfinite(c.get("shapley_boot_lo", np.nan)) else "—")
                 if f != "TOTAL":
                     row["M_flop LOO"] = _mult(c["loo"], c["loo_lo"], c["loo_hi"])
                     row["M_flop AOI"] = _mult(c["aoi"], c["aoi_lo"], c["aoi_hi"])
@@ -314,8 +316,10 @@ def planted_section(a: StudyAnalysis) -> list[str]:
          md_table(pd.DataFrame({"factor": p["factor"], "response": p["response"].map(label),
                                 "truth": np.exp(p["truth"]),
                                 "estimate [95% CI]": [_mult(e, lo, hi) if ok else "not estimable"
-                                                      for e, lo, hi, ok in zip(p["estimate"], p["lo"], p["hi"], p["estimable"], strict=True)],
-                                "covers": ["yes" if c else "NO" if ok else "—" for c, ok in zip(p["covers"], p["estimable"], strict=True)],
+                                                      for e, lo, hi, ok in zip(p["estimate"], p["lo"], p["hi"],
+                                                                               p["estimable"], strict=True)],
+                                "covers": ["yes" if c else "NO" if ok else "—"
+                                           for c, ok in zip(p["covers"], p["estimable"], strict=True)],
                                 "ln error": p["error"]}), 4)]
     c = a.coverage
     if c is None or not len(c):
@@ -332,7 +336,8 @@ def planted_section(a: StudyAnalysis) -> list[str]:
                                  "truth": np.exp(c["truth"]),
                                  "covered": [f"{k}/{m}" for k, m in zip(c["covered"], c["replicates"], strict=True)],
                                  "coverage [exact 95%]": [f"{v:.2f} [{lo:.2f}, {hi:.2f}]" for v, lo, hi in
-                                                          zip(c["coverage"], c["coverage_lo"], c["coverage_hi"], strict=True)],
+                                                          zip(c["coverage"], c["coverage_lo"], c["coverage_hi"],
+                                                              strict=True)],
                                  "mean estimate": np.exp(c["mean_estimate"]), "largest ln error": c["max_abs_error"],
                                  "scatter / SE": c["sd_over_se"]}), 4)]
     return L
@@ -421,10 +426,13 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
         L += _figure(lead, figures[lead], out_dir)
     if a.checks is not None and len(a.checks):
         ch = a.checks.copy()
-        tab = pd.DataFrame({"TOTAL": ch["response"].map({r.column: r.name for r in RESPONSES.values()}), "rung": ch["rung"],
-                            "model": [_mult(m, lo, hi) for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"], strict=True)],
+        tab = pd.DataFrame({"TOTAL": ch["response"].map({r.column: r.name for r in RESPONSES.values()}),
+                            "rung": ch["rung"],
+                            "model": [_mult(m, lo, hi)
+                                      for m, lo, hi in zip(ch["model"], ch["model_lo"], ch["model_hi"], strict=True)],
                             "observed all-on vs all-off": [_mult(m, lo, hi) if math.isfinite(m) else "not observed"
-                                                           for m, lo, hi in zip(ch["observed"], ch["obs_lo"], ch["obs_hi"], strict=True)],
+                                                           for m, lo, hi in zip(ch["observed"], ch["obs_lo"],
+                                                                                ch["obs_hi"], strict=True)],
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
@@ -461,11 +469,11 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                  **dict(zip(("95% CI lo", "95% CI hi"), ("not identified",) * 2 if est(k) == "not identified"
                             else ci(k), strict=True))} for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
-              f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute multiplier M on "
-              "the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other parameter refitted, "
-              "F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or α = 0 without leaving the interval, so "
-              "the rungs bound that side only by the parameter's range. A: delta method with the larger of the "
-              "HC3 and model-based variances."
+              f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute "
+              "multiplier M on the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other "
+              "parameter refitted, F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or "
+              "α = 0 without leaving the interval, so the rungs bound that side only by the parameter's range. "
+              "A: delta method with the larger of the HC3 and model-based variances."
               + (f" L∞, α and A rest on the {law.between_df} df of the (seed × rung) cluster means: each rung's "
                  "own init and data order shift all its arms together (docs/method.md §4.4)."
                  if law.between_df and law.between_df > 0 else "")
@@ -475,14 +483,16 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
         if law.not_identified and slope is not None:
             L += [f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
                   f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
-                  f"{slope[0]:.4g} nats per token per e-fold [{slope[1]:.4g}, {slope[2]:.4g}] (the loss on ln C with one "
-                  "offset per arm, OLS with HC3, 95%). Beyond the ladder (extrapolation) they need the curvature the "
-                  "rungs do not fix.", ""]
+                  f"{slope[0]:.4g} nats per token per e-fold [{slope[1]:.4g}, {slope[2]:.4g}] (the loss on ln C "
+                  "with one offset per arm, OLS with HC3, 95%). Beyond the ladder (extrapolation) they need the "
+                  "curvature the rungs do not fix.", ""]
         if "curved" in a.joint:
             k = a.joint["curved"]
             lo, hi = k.wald_ci("kappa", 1.96)
-            L += [f"Law-form check: the curved form (exponent drifting with log C) has κ = {k.kappa:.3g} [{lo:.3g}, {hi:.3g}]"
-                  + (" — the power law is consistent with the ladder." if lo <= 0 <= hi else " — the ladder bends."), ""]
+            L += [f"Law-form check: the curved form (exponent drifting with log C) has κ = {k.kappa:.3g} "
+                  f"[{lo:.3g}, {hi:.3g}]"
+                  + (" — the power law is consistent with the ladder." if lo <= 0 <= hi
+                     else " — the ladder bends."), ""]
     L += [f"## Attribution at the reference compute C_ref = {a.c_ref:.3g} FLOPs", "", DEFINITIONS, "",
           md_table(attribution_table(a))]
     L += ["## Per rung (quality multiplier, Shapley, 95% CI, from the fitted scale model)", "",

@@ -208,7 +208,8 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 def inventory(df: pd.DataFrame) -> Inventory:
     """Counts and ids of missing and failed runs."""
     st = df["status"].fillna("missing")
-    excluded = [(str(r), str(e)) for r, e in df.loc[st.isin(["duplicate", "unreadable", "contradictory"]), ["run_id", "error"]]
+    excluded = [(str(r), str(e))
+                for r, e in df.loc[st.isin(["duplicate", "unreadable", "contradictory"]), ["run_id", "error"]]
                 .itertuples(index=False)]
     done = df[st == "completed"]
     for col in ("eval_macro_loss", "train_flops"):  # a completed run the fit cannot use is named, not dropped silently

@@ -45,7 +45,8 @@ class LawFit:
             return (v, v)
         if name in self.not_identified or (name == "A" and {"linf", "alpha"} & set(self.not_identified)):
             return (float("nan"), float("nan"))
-        return self.profile.get(name, (float("nan"), float("nan")))  # no interval is honest here, a zero-width one is not
+        # no interval is honest here, a zero-width one is not
+        return self.profile.get(name, (float("nan"), float("nan")))
 
     def band(self, C, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         """Pointwise delta-method band of the fitted curve over (linf, ln a, alpha), widened so that it

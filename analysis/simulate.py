@@ -62,7 +62,8 @@ class SimTruth:
             raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
         unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors] if f not in self.factors]
         if unknown:
-            raise ValueError(f"levels/planted/stream_factors: {unknown} name no factor; allowed values: {', '.join(self.factors)}")
+            raise ValueError(f"levels/planted/stream_factors: {unknown} name no factor; "
+                             f"allowed values: {', '.join(self.factors)}")
 
     def level_names(self, f: str) -> tuple[str, str]:
         """(low, high) level names of factor `f`, the run metadata the analysis codes from."""
@@ -81,7 +82,8 @@ class SimTruth:
     def log_m(self, X_nk: np.ndarray, z_n: np.ndarray) -> np.ndarray:
         k = len(self.factors)
         out = np.zeros(len(X_nk))
-        b0 = sum(self._b(f) for f in self.factors) - sum(self._bij(a, b) for a, b in itertools.combinations(self.factors, 2))
+        b0 = (sum(self._b(f) for f in self.factors)
+              - sum(self._bij(a, b) for a, b in itertools.combinations(self.factors, 2)))
         bz = sum(self.scale.get(f, 0.0) for f in self.factors)
         out += b0 + bz * z_n
         for i in range(k):
@@ -200,7 +202,9 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                        "train_flops": C, "eval_macro_loss": L, "loss_web": L + 0.05, "loss_code": L - 0.05,
                        "macro_bpb": L / np.log(2) / 4, "final_train_loss": L - 0.02, "tokens_per_s": mfs / fpt,
                        "model_flops_per_s": mfs, "mfu": mfs / 9.9e14,
-                       "drop_rate": max(0.0, (0.004 if dict(zip(truth.factors, x, strict=True)).get("ep_transport", -1) > 0 else 0.03)
+                       "drop_rate": max(0.0, (0.004
+                                              if dict(zip(truth.factors, x, strict=True)).get("ep_transport", -1) > 0
+                                              else 0.03)
                                         + rng.normal(0, 0.002)),
                        "max_grad_norm": 1.0, "spikes": 0, "status": "completed", "error": None,
                        "wall_s": C / mfs, "hardware": hardware, "code_version": "sim", "started_at": 1.7e9}

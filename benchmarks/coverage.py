@@ -7,7 +7,8 @@ resolution IV, on 4 rungs (compute x2 per rung, like the smoke ladder's 32..256 
 calibration design (5 factors, 16 arms, 3 rungs) with 5 seeds, whose placebo changes every run's
 random stream (a loss shift shared by the arms of one seed and placebo level). Scenarios
 rotate per study: plain, strong scale trends, strong interactions, heteroscedastic noise, a broken
-law, lost runs (one baseline run among them), a lone-arm throughput effect (the all-on arm alone 0.82x as fast). A number counts as
+law, lost runs (one baseline run among them), a lone-arm throughput effect (the all-on arm alone
+0.82x as fast). A number counts as
 "ok" when its interval covers the truth or the report flags it (not identified / disagreement /
 law form not assessable / interval wider than 10x). A component's truth is its Shapley value under
 the true model (an all-on-only throughput effect is shared equally by the factors).

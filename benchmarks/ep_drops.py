@@ -16,7 +16,8 @@ rung at its planned load, and for S in {4, 16, 64} shards.
 Marin measured 5.5-7.1% drops for fixed against 0.01-0.14% for ragged and attributed it to how many
 documents a shard holds; its hero's pooled-wave transport dropped about 3% at 4k context, climbing
 to about 4% over its scaling ladder (sender pool per destination of ceil(1.15·T_s·K/(S·3)) rows per
-wave, receiver buffer of ceil(1.15·T_s·K/(E_l·3)) rows per local expert and wave). Three routing sources, each over packed documents, few per shard:
+wave, receiver buffer of ceil(1.15·T_s·K/(E_l·3)) rows per local expert and wave). Three routing
+sources, each over packed documents, few per shard:
 
   tiny   the routing of a `tiny`-shaped MarinModel (64 experts top-8 latent, QB balancing) trained here
          for --train-steps steps on the embedded corpus, replayed dropless on held-out packed batches,
@@ -155,7 +156,8 @@ def rung_routing(n_tokens: int, width: int, mean_doc: int, locality: float, qb_s
                     aux_weight=cfg.router_aux_weight, aux_free_rate=cfg.aux_free_rate,
                     qb_estimator=cfg.qb_estimator, qb_hist_bins=cfg.qb_hist_bins)
     torch.nn.init.trunc_normal_(router.weight, std=cfg.init_scale / width ** 0.5,
-                                a=-cfg.init_trunc * cfg.init_scale / width ** 0.5, b=cfg.init_trunc * cfg.init_scale / width ** 0.5)
+                                a=-cfg.init_trunc * cfg.init_scale / width ** 0.5,
+                                b=cfg.init_trunc * cfg.init_scale / width ** 0.5)
 
     def tokens(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = []
@@ -235,9 +237,11 @@ def replay(idx_TK: torch.Tensor, doc_T: torch.Tensor, E: int, S: int, Ts: int, r
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'S':>4} {'T_s':>6} {'docs/shard':>10} {'cell cap':>8} {'fixed drop':>11} {'wave drop':>10} "
-          f"{'ragged drop':>12} {'fixed MB/shard':>15} {'wave MB/shard':>14} {'ragged MB/shard':>16} {'max load/mean':>14}")
+          f"{'ragged drop':>12} {'fixed MB/shard':>15} {'wave MB/shard':>14} {'ragged MB/shard':>16} "
+          f"{'max load/mean':>14}")
     for r in rows:
-        print(f"{r['S']:>4} {r['Ts']:>6} {r['docs_per_shard']:>10.1f} {r['cell_rows']:>8} {100 * r['fixed_drop']:>10.2f}% "
+        print(f"{r['S']:>4} {r['Ts']:>6} {r['docs_per_shard']:>10.1f} {r['cell_rows']:>8} "
+              f"{100 * r['fixed_drop']:>10.2f}% "
               f"{100 * r['pooled_wave_drop']:>9.2f}% {100 * r['ragged_drop']:>11.3f}% {r['fixed_bytes'] / 1e6:>15.2f} "
               f"{r['pooled_wave_bytes'] / 1e6:>14.2f} {r['ragged_bytes'] / 1e6:>16.2f} {r['max_load']:>14.2f}")
 
@@ -246,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--zipf", type=float, default=0.5, help="per-document Zipf exponent of the synthetic router")
-    ap.add_argument("--tokens-per-shard", type=int, default=4096, help="synthetic router (hero: one 4096-token sequence)")
+    ap.add_argument("--tokens-per-shard", type=int, default=4096,
+                    help="synthetic router (hero: one 4096-token sequence)")
     ap.add_argument("--mean-doc", type=int, default=1000, help="mean document length of the synthetic packing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=("all", "rungs"), default="all", help="rungs: only the per-rung table")
     ap.add_argument("--rung-width", type=int, default=64, help="router input width of the rung replay (narrowed)")
     ap.add_argument("--rung-mean-doc", type=int, default=4096, help="mean document length of the rung replay")
-    ap.add_argument("--doc-locality", type=float, default=0.1, help="rho: share of a token's router input its document sets")
+    ap.add_argument("--doc-locality", type=float, default=0.1,
+                    help="rho: share of a token's router input its document sets")
     ap.add_argument("--qb-steps", type=int, default=20, help="QB bias updates before the rung replay")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="write the per-rung rows there (OUT/STUDY/drops_at_scale.json: the report prints them)")
@@ -313,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         f = [r["fixed_drop"] for r in rows]
         g = [r["ragged_drop"] for r in rows]
         same = min(f) >= 0.01 and max(g) <= 0.002
-        print(f"  {name:>5}: fixed {100 * min(f):.2f}-{100 * max(f):.2f}%, ragged {100 * min(g):.3f}-{100 * max(g):.3f}% "
+        print(f"  {name:>5}: fixed {100 * min(f):.2f}-{100 * max(f):.2f}%, "
+              f"ragged {100 * min(g):.3f}-{100 * max(g):.3f}% "
               f"-> pattern (fixed >= 1% and ragged <= 0.2% at every S) {'reproduced' if same else 'NOT reproduced'}")
     print("Why: a fixed cell is one (sender, expert) pair, so it overflows whenever the few documents of a shard\n"
           "favour an expert, regardless of the global balance; a ragged receiver pools S senders over E/S\n"

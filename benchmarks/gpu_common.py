@@ -20,7 +20,8 @@ H200_BF16_DENSE_TFLOPS = 989.4  # datasheet dense bf16, for a second MFU column
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--quick", action="store_true", help="a ~1-minute subset: no config sweeps, no compile, no full model")
+    p.add_argument("--quick", action="store_true",
+                   help="a ~1-minute subset: no config sweeps, no compile, no full model")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU dry run of the code paths)")
     p.add_argument("--out", default=None, help="markdown file to append to (default benchmarks/RESULTS.md on cuda)")
     p.add_argument("--no-write", action="store_true", help="print only")
@@ -80,7 +81,8 @@ def section(fn):
             fn(*a, **k)
         except Exception as e:  # noqa: BLE001 - one failure must not kill the rest
             traceback.print_exc()
-            row(name, "SECTION FAILED", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}", "", None)
+            row(name, "SECTION FAILED", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                "", None)
         print(f"   ({time.time() - t:.1f}s)", flush=True)
 
     return run

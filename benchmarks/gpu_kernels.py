@@ -51,7 +51,8 @@ def bench_sconv(dev, K):
     shape = f"B{B} S{S} C{C} bf16"
 
     # bf16 correctness against the fp32 reference (the interpreter cannot check bf16 on CPU)
-    err_row("sconv", "fwd bf16 vs fp32 reference", sconv_fwd(x, w, doc), sconv_reference(x.float(), w.float(), doc), 1e-2)
+    err_row("sconv", "fwd bf16 vs fp32 reference", sconv_fwd(x, w, doc), sconv_reference(x.float(), w.float(), doc),
+            1e-2)
     xs, ws, ds, dys = x[:2, : min(S, 1024), :512], w[:, :512], doc[:2, : min(S, 1024)], dy[:2, : min(S, 1024), :512]
     dx, dw = sconv_bwd(xs.contiguous(), ws.contiguous(), ds.contiguous(), dys.contiguous())
     xr, wr = xs.float().requires_grad_(), ws.float().requires_grad_()
@@ -114,7 +115,8 @@ def bench_xsa(dev):
     shape = f"B{B} H{H} K{Kv} S{S} D{D} bf16"
 
     err_row("xsa", "fwd bf16 vs fp32 reference", xsa_fwd(y, v), xsa_reference(y.float(), v.float()), 1e-2)
-    err_row("xsa", "gate fwd bf16 vs fp32 reference", xsa_fwd(y, v, a), xsa_gate_torch(y.float(), v.float(), a.float()), 1e-2)
+    err_row("xsa", "gate fwd bf16 vs fp32 reference", xsa_fwd(y, v, a), xsa_gate_torch(y.float(), v.float(), a.float()),
+            1e-2)
     sl = slice(0, min(S, 512))
     ys, vs, as_, dzs = (t[:, :, sl].contiguous() for t in (y, v, a.transpose(1, 2), dz))
     as_ = as_.transpose(1, 2).contiguous()
@@ -137,7 +139,8 @@ def bench_xsa(dev):
         gbps_row("xsa", "torch reference + gate fwd torch.compile", fwd_bytes, timeit(lambda: ref_c(y, v, a), dev))
     if not common.ARGS.quick and not common.ARGS.tiny:
         for bs, nw in ((8, 4), (32, 4), (16, 8), (32, 8)):
-            gbps_row("xsa", f"  fwd block_s={bs} warps={nw}", fwd_bytes, timeit(lambda: xsa_fwd(y, v, block_s=bs, num_warps=nw), dev))
+            gbps_row("xsa", f"  fwd block_s={bs} warps={nw}", fwd_bytes,
+                     timeit(lambda: xsa_fwd(y, v, block_s=bs, num_warps=nw), dev))
             gbps_row("xsa", f"  bwd block_s={bs} warps={nw}", bwd_bytes,
                      timeit(lambda: xsa_bwd(y, v, None, dz, block_s=bs, num_warps=nw), dev))
 
@@ -166,7 +169,8 @@ def bench_moe_permute(dev):
     gbps_row("moe", f"triton permute fwd {shape}", 2 * N * rowb, timeit(lambda: kt.permute(x, src, K), dev))
     gbps_row("moe", "torch permute fwd (index)", 2 * N * rowb, timeit(lambda: permute_torch(x, src, K), dev))
     gbps_row("moe", "triton unpermute fwd", N * rowb + T * rowb, timeit(lambda: kt.unpermute(yn, src, c), dev))
-    gbps_row("moe", "torch unpermute fwd (index_add)", N * rowb + T * rowb, timeit(lambda: unpermute_torch(yn, src, c), dev))
+    gbps_row("moe", "torch unpermute fwd (index_add)", N * rowb + T * rowb,
+             timeit(lambda: unpermute_torch(yn, src, c), dev))
     xg, yg, cg = x.clone().requires_grad_(), yn.clone().requires_grad_(), c.clone().requires_grad_()
     dxn = torch.randn(N, W, device=dev, dtype=bf)
     for nm, f in (("triton", kt.permute), ("torch", permute_torch)):
@@ -195,7 +199,8 @@ def bench_grouped_gemm(dev):
     w = torch.randn(E, I, O, device=dev, dtype=bf) / math.sqrt(I)
     dy = torch.randn(N, O, device=dev, dtype=bf)
     kt = get_kernels("triton")
-    err_row("gmm", f"triton fwd {str(bf)[6:]} vs fp32 torch", kt.grouped_mm(x, w, offs), grouped_mm_torch(x.float(), w.float(), offs), 2e-2)
+    err_row("gmm", f"triton fwd {str(bf)[6:]} vs fp32 torch", kt.grouped_mm(x, w, offs),
+            grouped_mm_torch(x.float(), w.float(), offs), 2e-2)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
     got = torch.autograd.grad(kt.grouped_mm(xg, wg, offs), (xg, wg), dy)

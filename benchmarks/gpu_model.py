@@ -92,7 +92,8 @@ def bench_syncs(dev):
             verdict, note = "FOUND", str(e).splitlines()[0][:100]
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        row("syncs", f"host syncs in a training fwd+bwd, kernels={kernels}", verdict, "", "ok" if verdict == "none" else "FAIL", note)
+        row("syncs", f"host syncs in a training fwd+bwd, kernels={kernels}", verdict, "",
+            "ok" if verdict == "none" else "FAIL", note)
 
 
 # ---- blocks ---------------------------------------------------------------------------------
@@ -208,7 +209,8 @@ def bench_blocks(dev, compiled=False):
     # Recipe: all switches on; latent geometry 2E experts top-2K at d/2 (same routed FLOPs), a local
     # layer (sliding window, half-RoPE) with document masking.
     def recipe_block(attention, kernels):
-        cfg = ModelConfig(d_model=d, n_layers=4, n_heads=H, head_dim=h, n_kv_heads=Hkv, n_kv_heads_global=max(1, Hkv // 2),
+        cfg = ModelConfig(d_model=d, n_layers=4, n_heads=H, head_dim=h, n_kv_heads=Hkv,
+                          n_kv_heads_global=max(1, Hkv // 2),
                           vocab_size=256, seq_len=S, window=win, n_experts=2 * E, top_k=2 * K, expert_hidden=m,
                           n_shared_experts=1, shared_hidden=m, latent_ratio=2, ep_shards=8, kernels=kernels,
                           attention=attention)
@@ -237,8 +239,9 @@ def bench_blocks(dev, compiled=False):
     wrap = torch.compile if compiled else (lambda mod: mod)
     how = "torch.compile" if compiled else "eager"
     runs = [(f"plain {how}", lambda: (wrap(plain), None), f_plain)]
-    runs += [(f"recipe {how} attention={a} kernels={k}", lambda a=a, k=k: (lambda b, c: (wrap(b), c))(*recipe_block(a, k)),
-              f_recipe) for a, k in recipe_variants(dev, compiled)]
+    runs += [(f"recipe {how} attention={a} kernels={k}",
+              lambda a=a, k=k: (lambda b, c: (wrap(b), c))(*recipe_block(a, k)), f_recipe)
+             for a, k in recipe_variants(dev, compiled)]
     tf = {}
     for name, build, flops in runs:
         if compiled and elapsed() > common.ARGS.budget_s - 90:  # a block compiles in about a minute
@@ -262,7 +265,8 @@ def bench_blocks(dev, compiled=False):
     recipe_best = max((v for k, v in tf.items() if k.startswith("recipe")), default=None)
     if compiled and recipe_best and f"plain {how}" in tf:
         ratio = recipe_best / tf[f"plain {how}"]
-        row("blocks", "best compiled recipe / compiled plain (target >= 1.1)", ratio, "x", "met" if ratio >= 1.1 else "not met")
+        row("blocks", "best compiled recipe / compiled plain (target >= 1.1)", ratio, "x",
+            "met" if ratio >= 1.1 else "not met")
     if not compiled:
         row("blocks", "plain: model FLOPs/token fwd", f_plain / 3 / T, "FLOP", None, "causal keys (S+1)/2")
         row("blocks", "recipe: model FLOPs/token fwd", f_recipe / 3 / T, "FLOP", None,

@@ -79,7 +79,8 @@ def bench_arm(name: str, recipe: Recipe, cfg, batch: int, steps: int, warmup: in
     fpt = flops_per_token(cfg, recipe, cfg.seq_len)
     peak = peak_flops(device, "bf16" if bf16 else "fp32")
     return {"arm": name, "tokens_per_s": tps, "model_flops_per_s": fpt * tps, "mfu": fpt * tps / peak if peak else None,
-            "flops_per_token": fpt, "step_ms": 1e3 * dt / steps, "opt_ms": 1e3 * opt_s / steps, "drop_rate": dropped / max(assigned, 1.0),
+            "flops_per_token": fpt, "step_ms": 1e3 * dt / steps, "opt_ms": 1e3 * opt_s / steps,
+            "drop_rate": dropped / max(assigned, 1.0),
             "final_loss": loss,
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
 
@@ -98,7 +99,8 @@ def main() -> None:
     ap.add_argument("--precision", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), bf16, fp32")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args()
-    dev = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    dev = ("cuda" if args.device == "auto" and torch.cuda.is_available()
+           else ("cpu" if args.device == "auto" else args.device))
     device = torch.device(dev)
     cfg = preset(args.preset or ("d512" if device.type == "cuda" else "cpu_s"), list(args.set))
     batch = args.batch or 8

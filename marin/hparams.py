@@ -65,7 +65,8 @@ assert tuple(HEURISTICS) == LR_HEURISTICS
 
 def heuristic(name: str) -> LRHeuristic:
     if name not in HEURISTICS:
-        raise ValueError(f"TrainConfig.lr_heuristic={name!r} is not a known level; allowed values: {', '.join(HEURISTICS)}")
+        raise ValueError(f"TrainConfig.lr_heuristic={name!r} is not a known level; "
+                         f"allowed values: {', '.join(HEURISTICS)}")
     return HEURISTICS[name]
 
 

@@ -3,7 +3,8 @@
 
 Layout (Marin experiments/grug/moe_hero_ep/model.py Transformer): token embedding -> RMSNorm ->
 GatedNorm -> n_layers x [pre-RMSNorm -> GatedNorm -> attention, pre-RMSNorm -> GatedNorm -> MoE] ->
-final RMSNorm -> GatedNorm -> untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss (when that level is on).
+final RMSNorm -> GatedNorm -> untied lm_head. Loss = token-mean CE + z-loss (1e-4·lse²) + Switch aux loss
+(when that level is on).
 
 Memory (training only, neither changes a number): `activation_checkpoint="block"` keeps each block's
 input and recomputes the block in the backward; `loss_chunk_tokens > 0` computes lm_head + fp32 CE +

@@ -178,7 +178,8 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
             raise ValueError(f"param_roles() has no role for parameter {name!r}; allowed values: {', '.join(ROLES)}")
         role = roles[name]
         if role not in kinds:
-            raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; allowed values: {', '.join(ROLES)}")
+            raise ValueError(f"param_roles()[{name!r}]={role!r} is not a known role; "
+                             f"allowed values: {', '.join(ROLES)}")
         kind = kinds[role]
         k = KINDS[kind]
         if k.on_sphere and not p.is_meta and not _on_fake_group(p) \

@@ -46,7 +46,8 @@ class GroupKind:
         if self.lr not in LR_GROUPS:
             raise ValueError(f"GroupKind {self.name!r}: lr={self.lr!r}; allowed values: {', '.join(LR_GROUPS)}")
         if not (isinstance(self.state_buffers, int) and self.state_buffers >= 0):
-            raise ValueError(f"GroupKind {self.name!r}: state_buffers={self.state_buffers!r}; allowed values: an integer >= 0")
+            raise ValueError(f"GroupKind {self.name!r}: state_buffers={self.state_buffers!r}; "
+                             "allowed values: an integer >= 0")
 
     @property
     def state_bytes(self) -> int:

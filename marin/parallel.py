@@ -218,7 +218,8 @@ class _GatherShards(torch.autograd.Function):
             x = torch.cat([x, pad], 1)
         out = x.new_empty(n * x.numel())  # flat buffers: gloo checks the flat sizes only
         dist.all_gather_into_tensor(out, x.contiguous().view(-1), group=group)
-        full = out.view((n,) + tuple(x.shape)).transpose(0, 1).reshape(x.shape[0], n * chunk, *x.shape[2:])  # [E, n*chunk, H]
+        # [E, n*chunk, H]
+        full = out.view((n,) + tuple(x.shape)).transpose(0, 1).reshape(x.shape[0], n * chunk, *x.shape[2:])
         return full.narrow(1, 0, full_rows).contiguous()
 
     @staticmethod

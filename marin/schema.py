@@ -182,7 +182,8 @@ _TYPES: dict[str, tuple] = {
         isinstance(k, str) and (x is None or _num(x)) for k, x in v.items())), "an object of numbers or null"),
     "tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(map(_int, v)), "a list of integers"),
     "tuple": (lambda v: isinstance(v, (list, tuple)) and all(
-        isinstance(x, (list, tuple)) and len(x) == 2 and all(map(_num, x)) for x in v), "a list of [step, value] pairs"),
+        isinstance(x, (list, tuple)) and len(x) == 2 and all(map(_num, x)) for x in v),
+        "a list of [step, value] pairs"),
 }
 
 
@@ -278,7 +279,8 @@ class RunMeta:
                 raise ValueError(f"factor {name!r}: its level must be a string and its coding an object")
             _check_truth(name, c.get("truth"))
             values = c.get("values")
-            if values is not None and (not isinstance(values, dict) or not set(values) <= {c.get("low"), c.get("high")}):
+            if values is not None and (not isinstance(values, dict)
+                                       or not set(values) <= {c.get("low"), c.get("high")}):
                 raise ValueError(f"coding.{name}.values is {values!r}; allowed values: an object of its low and high "
                                  "level -> the config value each sets")
             f = FactorCoding(name, level, c.get("field"), c.get("low"), c.get("high"), c.get("truth"),

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = [f"  {k:<{width}}  {v[1]}" for k, v in COMMANDS.items()]
         msg = "usage: marin-ablate COMMAND [options]\n\ncommands:\n" + "\n".join(lines)
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"marin-ablate: unknown command {argv[0]!r}; allowed values: {', '.join(COMMANDS)}\n", file=sys.stderr)
+            print(f"marin-ablate: unknown command {argv[0]!r}; allowed values: {', '.join(COMMANDS)}\n",
+                  file=sys.stderr)
             print(msg, file=sys.stderr)
             return 2
         print(msg)

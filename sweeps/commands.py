@@ -70,7 +70,8 @@ def study_args(p: argparse.ArgumentParser) -> None:
 
 
 def out_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output root; runs go to OUT/STUDY/runs/RUN_ID (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"output root; runs go to OUT/STUDY/runs/RUN_ID (default {DEFAULT_OUT})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a field of every run's spec (model., train., data., recipe.); changes run ids")
 
@@ -78,9 +79,12 @@ def out_args(p: argparse.ArgumentParser) -> None:
 def exec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--executor", default=None, help="local, debug or slurm (default: the study's, else local)")
-    g.add_argument("--workers", type=int, default=None, help="local: parallel worker processes (default: study's max_parallel, else 2)")
-    g.add_argument("--threads", type=int, default=None, help="local/debug: torch threads per worker (default cpus // workers)")
-    g.add_argument("--retry-failed", action="store_true", help="run failed runs again (their old summary is kept aside)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="local: parallel worker processes (default: study's max_parallel, else 2)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="local/debug: torch threads per worker (default cpus // workers)")
+    g.add_argument("--retry-failed", action="store_true",
+                   help="run failed runs again (their old summary is kept aside)")
     g.add_argument("--no-wait", action="store_true", help="submit and return (slurm)")
     s = p.add_argument_group("slurm")
     s.add_argument("--partition", default=None)
@@ -94,7 +98,8 @@ def exec_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--constraint", default=None)
     s.add_argument("--exclude", default=None)
     s.add_argument("--setup", action="append", default=[], metavar="LINE", help="shell line before srun (repeatable)")
-    s.add_argument("--signal-delay-s", type=int, default=90, help="USR2 this long before the time limit (checkpoint, requeue)")
+    s.add_argument("--signal-delay-s", type=int, default=90,
+                   help="USR2 this long before the time limit (checkpoint, requeue)")
 
 
 def study_exec_args(p: argparse.ArgumentParser) -> None:

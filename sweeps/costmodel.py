@@ -55,7 +55,8 @@ def spec_flops(spec: RunSpec) -> float:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("MARIN_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate"
+    root = (os.environ.get("MARIN_CACHE_DIR")
+            or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate")
     return Path(root) / CACHE_FILE
 
 

@@ -16,7 +16,8 @@ def data_args(parser: argparse.ArgumentParser) -> None:
                         "save_to_disk directory, or a hub dataset name already in the HF cache")
     p.add_argument("--tokenizer", required=True, metavar="SPEC",
                    help="'byte', a tokenizer.json file, 'bpe:VOCAB' (a byte-level BPE trained on SOURCE, saved as "
-                        "OUT/tokenizer.json) or 'pkg:DISTRIBUTION/PATH' (a tokenizer.json shipped by an installed package)")
+                        "OUT/tokenizer.json) or 'pkg:DISTRIBUTION/PATH' "
+                        "(a tokenizer.json shipped by an installed package)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (manifest.json, shards/)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--domain-column", default=None, help="a column naming each document's domain (optional)")

@@ -158,7 +158,8 @@ def check_ep_racks(node_domains: Sequence[tuple[str, str | None]], nodes_per_ep_
             by_domain.setdefault(str(d), []).append(h)
         if len(by_domain) > 1:
             bad.append(f"EP group {g} (nodes {g * nodes_per_ep_group}..{(g + 1) * nodes_per_ep_group - 1}) spans "
-                       f"{len(by_domain)} NVLink domains: " + "; ".join(f"{d}: {', '.join(hs)}" for d, hs in by_domain.items()))
+                       f"{len(by_domain)} NVLink domains: "
+                       + "; ".join(f"{d}: {', '.join(hs)}" for d, hs in by_domain.items()))
     if bad:
         raise ValueError("EP groups straddle NVL72 racks (their all-to-all would leave NVLink):\n  " + "\n  ".join(bad))
 

@@ -37,14 +37,18 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
     parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
     parser.add_argument("--reserve-gib", type=float, default=0.0,
-                        help="dry run: kept free per GPU beyond the table's own lines (CUDA context, NCCL, fragmentation)")
+                        help="dry run: kept free per GPU beyond the table's own lines "
+                             "(CUDA context, NCCL, fragmentation)")
     pr = parser.add_argument_group("precision (analysis/precision.py)")
     pr.add_argument("--precision", action="store_true",
-                    help="print each component's expected 95%% half-width of ln M at C_ref and 10x C_ref instead of the plan")
+                    help="print each component's expected 95%% half-width of ln M at C_ref and 10x C_ref "
+                         "instead of the plan")
     pr.add_argument("--noise", default=None, metavar="PATH",
-                    help="precision: a finished noise study or an analysed study (folder or results file); default: a stated assumption")
+                    help="precision: a finished noise study or an analysed study (folder or results file); "
+                         "default: a stated assumption")
     pr.add_argument("--target-halfwidth", type=float, default=None, metavar="H",
-                    help="precision: the cheapest seeds / rungs / fraction whose widest component half-width at C_ref is <= H (ln scale)")
+                    help="precision: the cheapest seeds / rungs / fraction whose widest component half-width "
+                         "at C_ref is <= H (ln scale)")
     corpus_args(parser)
 
 
@@ -122,8 +126,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not tm["checkpoint"]["fits"]:
             raise ValueError(f"TrainConfig.checkpoint_interval_s={runs[0][0].train.checkpoint_interval_s}: the longest "
                              f"gap between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter "
-                             f"than the job's time limit ({hs.time_min(study.hero)} min); allowed values: 0 < seconds < "
-                             f"{hs.time_min(study.hero) * 60}")
+                             f"than the job's time limit ({hs.time_min(study.hero)} min); "
+                             f"allowed values: 0 < seconds < {hs.time_min(study.hero) * 60}")
     if args.json:
         d = dict(d, runs=run_rows) if args.runs else d
         print(json.dumps(d, indent=1, default=str))
@@ -139,7 +143,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"defining relation: {' = '.join(rel if rel[0] == 'I' else ['I', *rel])}")
     print("\nfactors (letter  name  recipe level / baseline level):")
     for letter, f in zip(des.get("letters", ""), d["factors"], strict=True):
-        print(f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / {f.get('low', f.get('baseline', ''))}")
+        print(f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / "
+              f"{f.get('low', f.get('baseline', ''))}")
     if d.get("fixed_recipe"):
         print("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))
     if d.get("alias_table"):
@@ -156,13 +161,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(arm_key(study))
     print(f"seeds: {d['seeds']}\n\nrungs:")
     cols = [c for c in ("name", "d_model", "n_layers", "params_active", "params_total", "tokens", "steps", "batch_size",
-                        "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min") if any(c in r for r in d["rungs"])]
+                        "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min")
+            if any(c in r for r in d["rungs"])]
     print(format_table(d["rungs"], cols))
     if "train_flops" in cols:
         print("(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)")
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
     # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
-    print("cost: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["cost"].items() if not k.startswith(("est_", "max_par"))))
+    print("cost: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["cost"].items()
+                               if not k.startswith(("est_", "max_par"))))
     for row in d["before_design"]:
         cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
         print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
@@ -173,7 +180,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                               else "runs at once as the scheduler allows"))
     if d["time"]:
         t = d["time"]
-        print(f"time: {t['text']}" + (f"; {t['completed']} of {d['n_runs']} runs already done" if t["completed"] else ""))
+        print(f"time: {t['text']}"
+              + (f"; {t['completed']} of {d['n_runs']} runs already done" if t["completed"] else ""))
     print("\ndata (tokens one run needs / tokens in data.corpus):")
     print(format_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
                    "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
@@ -230,7 +238,8 @@ def _before_design(study: Any, out: str) -> list[dict]:
         rungs = ladder(study.reference_rungs)
         n_seeds = len(getattr(study, "reference_seeds", (0,)))
         est = [r.est_wall_s() for r in rungs]
-        rows.append({"what": f"baseline ladder pinning the reference law ({n_seeds} seed(s); once per machine and config)",
+        rows.append({"what": f"baseline ladder pinning the reference law "
+                             f"({n_seeds} seed(s); once per machine and config)",
                      "runs": len(rungs) * n_seeds, "rungs": f"{rungs[0].name}..{rungs[-1].name}",
                      "core_seconds": n_seeds * sum(est) if all(e is not None for e in est) else None,
                      "state": f"cached ({cache_root() / key})" if cached else ""})

@@ -177,7 +177,8 @@ def hms(s: float) -> str:
 def format_running(run_id: str, meta: dict, live: dict) -> str:
     loss = f"{live['loss']:.4f}" if live.get("loss") is not None else "-"
     el = f" {hms(live['elapsed_s'])}" if live.get("elapsed_s") is not None else ""
-    return f"  {run_id} {meta.get('rung')} {meta.get('arm')} seed {meta.get('seed')}: step {live['step']}/{live['total']} loss {loss}{el}"
+    return (f"  {run_id} {meta.get('rung')} {meta.get('arm')} seed {meta.get('seed')}: "
+            f"step {live['step']}/{live['total']} loss {loss}{el}")
 
 
 def format_counts(counts: dict[str, int], total: int, elapsed_s: float, label: str = "") -> str:

@@ -26,7 +26,8 @@ REFERENCE_SEED = 0
 
 
 def cache_root() -> Path:
-    root = os.environ.get("MARIN_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate"
+    root = (os.environ.get("MARIN_CACHE_DIR")
+            or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate")
     return Path(root) / "reference_law"
 
 
@@ -46,8 +47,9 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
                 spec = apply_spec_overrides(spec, overrides)
             out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
     if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
-        raise ValueError(f"--set {' '.join(overrides)} makes the baseline ladder's rungs ({', '.join(study.reference_rungs)}) "
-                         "the same run; allowed: overrides that keep their steps apart, or --no-pin")
+        raise ValueError(f"--set {' '.join(overrides)} makes the baseline ladder's rungs "
+                         f"({', '.join(study.reference_rungs)}) the same run; allowed: overrides that keep their "
+                         "steps apart, or --no-pin")
     return out
 
 
@@ -93,7 +95,8 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
             raise ValueError(f"reference law: the baseline ladder's run(s) at {', '.join(bad)} did not complete "
                              f"(see {cdir / 'runs'}); run again to resume, or --no-pin to fit the law on the design")
         try:
-            law = fit_reference(C, L, seeds=seeds, key=key, created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+            law = fit_reference(C, L, seeds=seeds, key=key,
+                                created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         except ValueError as e:
             (sdir / LAW_FILE).unlink(missing_ok=True)
             return f"{e} (runs in {cdir / 'runs'}); the analysis fits the law on the design's rungs"

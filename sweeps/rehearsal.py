@@ -120,7 +120,8 @@ class Discipline(TorchDispatchMode):
             if isinstance(e, RehearsalError):
                 raise
             msg = " ".join(str(e).split())[:300]
-            raise RehearsalError(f"{func} on {', '.join(_describe(t) for t in tensors[:3])} from {_caller()}: {msg}") from e
+            raise RehearsalError(f"{func} on {', '.join(_describe(t) for t in tensors[:3])} "
+                                 f"from {_caller()}: {msg}") from e
 
 
 class AutocastStandIn:
@@ -371,7 +372,8 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
 
 def format_rehearsal(rep: dict) -> str:
     layout = (f"world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']}, process group serving "
-              "the accelerator only" if rep["world"] > 1 else f"one process (virtual EP {rep['ep_size']}, no process group)")
+              "the accelerator only" if rep["world"] > 1
+              else f"one process (virtual EP {rep['ep_size']}, no process group)")
     head = (f"dry run (c): one training step + checkpoint save at {layout}, accelerator 'meta' standing in for cuda, "
             f"host 'cpu'; offload={rep['offload']}, precision {rep['precision']}, mixed precision "
             f"{rep['mixed_precision']}, d_model {rep['d_model']}, {rep['n_layers']} layers")

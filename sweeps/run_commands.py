@@ -91,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from sweeps.tuning import read_profile
 
-    if not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not read_profile(args.out, study.name):
+    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile)
+            and not read_profile(args.out, study.name)):
         raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
                          "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
     mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,

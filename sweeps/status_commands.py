@@ -16,7 +16,8 @@ def status_args(parser: argparse.ArgumentParser) -> None:
     out_args(parser)
     parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
     parser.add_argument("--no-profile", action="store_true", help="the runs of `run --no-profile`")
-    parser.add_argument("--all", action="store_true", help="one row per run (default: counts, ETA, running and failed runs)")
+    parser.add_argument("--all", action="store_true",
+                        help="one row per run (default: counts, ETA, running and failed runs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--limit", type=int, default=10, help="at most this many failed runs listed without --all")
 

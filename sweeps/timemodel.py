@@ -120,7 +120,8 @@ def collectives(spec: RunSpec, plan, opt: dict) -> list[dict]:
     f = lambda n: (n - 1) / n  # noqa: E731 - the fraction of a gathered/reduced buffer a rank exchanges
     slice_elems = n_routed / ep
     rows = [
-        (f"FSDP all-gather of {'bf16' if pb == 2 else 'fp32'} non-expert parameters over {S} ranks (forward + backward)",
+        (f"FSDP all-gather of {'bf16' if pb == 2 else 'fp32'} non-expert parameters over {S} ranks "
+         "(forward + backward)",
          2 * f(S) * n_dense * pb, shard_link, "fsdp"),
         (f"FSDP reduce-scatter of fp32 non-expert gradients over {S} ranks", f(S) * n_dense * 4, shard_link, "fsdp"),
     ]
@@ -129,7 +130,8 @@ def collectives(spec: RunSpec, plan, opt: dict) -> list[dict]:
         gathers = passes - 1
         rows += [(f"expert slice all-gather over {dp} ranks ({'bf16' if pb == 2 else 'fp32'}, {gathers} forward "
                   f"pass{'es' if gathers > 1 else ''})", gathers * f(dp) * slice_elems * pb, link, "zero"),
-                 (f"expert slice reduce-scatter of fp32 gradients over {dp} ranks", f(dp) * slice_elems * 4, link, "zero")]
+                 (f"expert slice reduce-scatter of fp32 gradients over {dp} ranks", f(dp) * slice_elems * 4, link,
+                  "zero")]
     elif d > 1:  # FSDP2 of the EP slice over the shard group's d ranks
         rows += [(f"FSDP all-gather of the EP slice's experts over {d} ranks (forward + backward)",
                   2 * f(d) * slice_elems * pb, shard_link, "fsdp"),
@@ -211,13 +213,16 @@ def checkpoint_cadence(t, step_s: tuple[float, float], job_limit_s: float | None
 def format_time_model(tm: dict) -> str:
     a = tm["assumptions"]
     r, S = tm["replica_groups"], tm["shard_group"]
-    lines = [f"time model (per rank per step; {tm['tokens_per_rank']:,} tokens per rank, {tm['tokens_per_step']:,} per step):",
+    lines = [f"time model (per rank per step; {tm['tokens_per_rank']:,} tokens per rank, "
+             f"{tm['tokens_per_step']:,} per step):",
              f"  layout: TrainConfig.replica_groups={r}: non-expert parameters sharded over {S} ranks ("
              + ("inside one rack" if tm["shard_group_racks"] == 1 else f"spanning {tm['shard_group_racks']} racks")
              + (f"), replicated over {r} groups" if r > 1 else ")"),
-             (f"  model FLOPs {tm['model_flops_per_rank'] / 1e15:.2f} PFLOP; optimizer (Newton-Schulz, each matrix once "
-              f"per group that splits it) {tm['ns_flops_per_rank'] / 1e12:.1f} TFLOP ({tm['ns_flops_per_rank'] / tm['model_flops_per_rank']:.2%}"
-              f" of the model's; {tm['ns_flops_if_every_rank'] / 1e12:.0f} TFLOP if every rank ran every non-expert matrix)"),
+             (f"  model FLOPs {tm['model_flops_per_rank'] / 1e15:.2f} PFLOP; optimizer (Newton-Schulz, each matrix "
+              f"once per group that splits it) {tm['ns_flops_per_rank'] / 1e12:.1f} TFLOP "
+              f"({tm['ns_flops_per_rank'] / tm['model_flops_per_rank']:.2%}"
+              f" of the model's; {tm['ns_flops_if_every_rank'] / 1e12:.0f} TFLOP if every rank ran every "
+              "non-expert matrix)"),
              "  bytes per rank per step inside the rack (NVLink), per collective:"]
     lines += [f"    {k}: {v / GB:.1f} GB" for k, v in tm["bytes_inside_rack"].items()]
     lines.append("  bytes per rank per step across racks (network), per collective:")
@@ -237,8 +242,9 @@ def format_time_model(tm: dict) -> str:
                  "on one H200 (benchmarks/RESULTS.md), host-bound and not the hero's compiled path")
     lines.append(f"  links (assumed): NVLink {a['nvlink_gbps']:.0f} GB/s x {a['nvlink_fraction'][1]:.0%} "
                  f"({a['nvlink_fraction'][0]:.0%}-{a['nvlink_fraction'][2]:.0%}); network {a['net_gbps']:.0f} GB/s x "
-                 f"{a['net_fraction'][1]:.0%} ({a['net_fraction'][0]:.0%}-{a['net_fraction'][2]:.0%}); EP, Newton-Schulz "
-                 f"and the expert ZeRO collectives exposed; FSDP {a['fsdp_exposed'][1]:.0%} and the non-expert "
+                 f"{a['net_fraction'][1]:.0%} ({a['net_fraction'][0]:.0%}-{a['net_fraction'][2]:.0%}); "
+                 f"EP, Newton-Schulz and the expert ZeRO collectives exposed; FSDP {a['fsdp_exposed'][1]:.0%} "
+                 "and the non-expert "
                  f"cross-rack all-reduce {a['exposed'][1]:.0%} exposed; no host transfer (nothing is offloaded)")
     if all(tm[k] == v for k, v in MARIN_LAYOUT.items()):  # Marin's layout: its measurements apply
         for name, point in MARIN_MEASURED.items():
@@ -249,5 +255,6 @@ def format_time_model(tm: dict) -> str:
     lines.append(f"  checkpoints: every {c['by_steps_s'][0] / 3600:.1f}-{c['by_steps_s'][1] / 3600:.1f} h of steps"
                  + (f", a temporary one every {c['interval_s'] / 3600:.1f} h" if c["interval_s"] else "")
                  + (f"; longest gap {c['max_gap_s'] / 3600:.1f} h "
-                    + ("<" if c["fits"] else ">=") + f" the job limit {c['job_limit_s'] / 3600:.1f} h" if c["job_limit_s"] else ""))
+                    + ("<" if c["fits"] else ">=") + f" the job limit {c['job_limit_s'] / 3600:.1f} h"
+                    if c["job_limit_s"] else ""))
     return "\n".join(lines)

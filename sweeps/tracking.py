@@ -102,7 +102,8 @@ def log_locations(study_dir: str | Path, log_to: tuple[str, ...]) -> list[str]:
             lines.append(f"W&B offline runs: {len(offline)} under {runs}/*/wandb; upload them with: "
                          f"wandb sync {runs}/*/wandb/offline-run-*")
         else:
-            lines.append(f"W&B runs: {runs}/*/wandb (synced online, project {os.environ.get('WANDB_PROJECT', 'marin-ablate')})")
+            lines.append(f"W&B runs: {runs}/*/wandb "
+                         f"(synced online, project {os.environ.get('WANDB_PROJECT', 'marin-ablate')})")
     return lines
 
 

@@ -21,7 +21,8 @@ def tune_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--points", type=int, default=5, help="LR points per arm (log-spaced)")
     parser.add_argument("--span", type=float, default=4.0, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
     parser.add_argument("--storage", default=None,
-                        help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) or an RDB URL")
+                        help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) "
+                             "or an RDB URL")
     parser.add_argument("--rung", default=None, help="rung to tune at (default: the smallest)")
     parser.add_argument("--seed", type=int, default=None, help="seed to tune with (default: the study's first)")
     log_args(parser)
@@ -45,5 +46,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"edge: {r['arm']}: {r['note']}")
     for arm, xs in res.missing.items():
         print(f"missing: {arm}: log2 multipliers {xs} have no finished run")
-    print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; use `marin-ablate run {study.name} --tuned`")
+    print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; "
+          f"use `marin-ablate run {study.name} --tuned`")
     return 0 if not res.missing else 1

@@ -177,7 +177,8 @@ class TuneResult:
     def to_dict(self) -> dict:
         return {"study": self.study, "rung": self.rung, "seed": self.seed, "grid_log2": self.grid,
                 "multipliers": self.multipliers, "rows": self.rows(),
-                "profiles": {a: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef} for a, p in self.profiles.items()},
+                "profiles": {a: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef}
+                             for a, p in self.profiles.items()},
                 "missing": self.missing}
 
 

@@ -47,7 +47,8 @@ def paloma_search_paths() -> list[Path]:
     if os.environ.get("MARIN_PALOMA_DIR"):
         paths.append(Path(os.environ["MARIN_PALOMA_DIR"]).expanduser())
     paths.append(data_cache_dir() / "paloma")
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub")
+    hub = Path(os.environ.get("HF_HUB_CACHE")
+               or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub")
     paths.extend(sorted((hub / "datasets--allenai--paloma" / "snapshots").glob("*")))
     return paths
 

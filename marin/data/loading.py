@@ -383,7 +383,8 @@ def prepared_train(data: DataConfig, log=None) -> Path:
         return out
     src = raw.derived_dir / "prepared" / f"source-{key}"
     for domain, (ids, texts) in sorted(raw.train.items()):
-        body = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in zip(ids, texts, strict=True))
+        body = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
+                       for i, t in zip(ids, texts, strict=True))
         f = src / domain / "train.jsonl"
         if not f.is_file() or f.stat().st_size != len(body.encode("utf-8")):
             atomic_write_bytes(f, body.encode("utf-8"))
@@ -406,8 +407,9 @@ def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "v
             text_bytes=sum(len(t.encode("utf-8")) for t in texts))
         files[name] = fs
     root = Path(eval_dir).expanduser().resolve()
-    manifest = {"eval_dir": str(root), "split": split, "domains": {d: {"files": files[d], "documents": s.n_docs,
-                                                                        "tokens": s.n_tokens, "text_bytes": s.text_bytes}
-                                                                    for d, s in heldout.items()}}
+    manifest = {"eval_dir": str(root), "split": split,
+                "domains": {d: {"files": files[d], "documents": s.n_docs, "tokens": s.n_tokens,
+                                "text_bytes": s.text_bytes}
+                            for d, s in heldout.items()}}
     return Corpus(name=root.name, domains=list(heldout), manifest=manifest, tokenizer=tokenizer, train={},
                   heldout=heldout, path=root, fingerprint=tokenizer.fingerprint)

@@ -137,5 +137,6 @@ def check_mixture_domains(data: Any) -> None:
     unknown = sorted({d for ph in data.mixture for d, _ in ph.weights} - set(names)) if names is not None else []
     if unknown:
         raise ValueError(f"DataConfig.mixture names domain(s) {unknown} that DataConfig.corpus={data.corpus!r} does "
-                         f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'} (state this corpus's phases "
-                         f"with --set data.mixture=0:A=1+B=1,0.8:A=1+B=2, or none with --set data.mixture=)")
+                         f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'} "
+                         f"(state this corpus's phases with --set data.mixture=0:A=1+B=1,0.8:A=1+B=2, or none with "
+                         f"--set data.mixture=)")

@@ -54,7 +54,8 @@ def describe(corpus: Corpus) -> str:
     lines = [f"corpus {corpus.name} ({corpus.tokenizer.name}, vocab {corpus.tokenizer.vocab_size})"]
     for d in sorted(set(corpus.train) | set(corpus.heldout)):
         tr, ho = corpus.train.get(d), corpus.heldout.get(d)
-        cells = [f"{s} {x.n_docs} docs {x.n_tokens} tok {x.text_bytes} B" for s, x in (("train", tr), ("heldout", ho)) if x]
+        cells = [f"{s} {x.n_docs} docs {x.n_tokens} tok {x.text_bytes} B"
+                 for s, x in (("train", tr), ("heldout", ho)) if x]
         lines.append(f"  {d:<12} " + " | ".join(cells))
     return "\n".join(lines)
 

@@ -333,7 +333,8 @@ def prepare_shard(i: int) -> dict:
     meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
             "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
             "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
-            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}}
+            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True))
+                           for k, v in per_domain.items()}}
     if cfg.id_column:
         meta["ids"] = ids
     atomic_write_json(p["meta.json"], meta)  # last: the shard is done

@@ -97,7 +97,8 @@ def verify_corpus(path: str | Path, full: bool = True) -> dict:
         if sh["tokens"]:
             top = int(np.max(np.memmap(tp, dtype=dtype, mode="r")))
             if top >= vocab:
-                raise ValueError(f"{tp}: token id {top} >= the tokenizer's vocabulary {vocab}; prepare the corpus again")
+                raise ValueError(f"{tp}: token id {top} >= the tokenizer's vocabulary {vocab}; "
+                                 "prepare the corpus again")
     return manifest
 
 
@@ -119,7 +120,8 @@ class PreparedCorpus:
         self.fingerprint = hashlib.sha256((self.path / "manifest.json").read_bytes()).hexdigest()[:16]
         dtype = np.dtype(self.manifest["dtype"])
         total = sum(sh["tokens"] for sh in self.manifest["shards"]) * dtype.itemsize
-        stamp = tuple(_stamp(self.path / sh[k]) for sh in self.manifest["shards"] for k in ("tokens_path", "offsets_path"))
+        stamp = tuple(_stamp(self.path / sh[k])
+                      for sh in self.manifest["shards"] for k in ("tokens_path", "offsets_path"))
         key = (str(self.path.resolve()), self.fingerprint, stamp)
         if key not in _VERIFIED:
             verify_corpus(self.path, full=total <= FULL_VERIFY_BYTES)
@@ -284,21 +286,24 @@ class ShardedBatches:
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank={self.rank} must be in 0..{self.world - 1}")
         if global_batch % self.world:
-            raise ValueError(f"global_batch={global_batch} must be a multiple of the data-parallel world size {self.world}")
+            raise ValueError(f"global_batch={global_batch} must be a multiple of the data-parallel world size "
+                             f"{self.world}")
         self.seq_len, self.global_batch, self.seed = int(seq_len), int(global_batch), int(seed)
         self.batch_size = self.global_batch // self.world
         self.tokens_per_epoch = self.corpus.n_tokens
         need = self.global_batch * self.seq_len + 1
         if self.tokens_per_epoch < need:
-            raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, fewer than one batch "
-                             f"needs: global_batch {global_batch} x seq_len {seq_len} + 1 = {need}")
+            raise ValueError(f"prepared corpus {self.corpus.path} has {self.tokens_per_epoch} tokens, "
+                             f"fewer than one batch needs: global_batch {global_batch} x seq_len {seq_len} + 1 = "
+                             f"{need}")
         self.step = 0
         self._all = DocStream(self.corpus, self.seed)
         self.mixture, self.total_steps = tuple(mixture), total_steps
         self.plan: MixturePlan | None = None
         if self.mixture:
             if total_steps is None:
-                raise ValueError("ShardedBatches: a mixture needs the run's total_steps (its phases are fractions of them)")
+                raise ValueError("ShardedBatches: a mixture needs the run's total_steps "
+                                 "(its phases are fractions of them)")
             names, dom_N = self.corpus.doc_domains()
             self.plan = MixturePlan(self.mixture, names, total_steps, self.global_batch, self.seed,
                                     where=f"DataConfig.corpus ({self.corpus.path})", block=mixture_block)
@@ -315,13 +320,15 @@ class ShardedBatches:
         self.domain_lengths: list[int | None] = []
         if self.simulated_target:
             if total_steps is None:
-                raise ValueError("ShardedBatches: simulated epoching needs the run's total_steps (its experiment budget)")
+                raise ValueError("ShardedBatches: simulated epoching needs the run's total_steps "
+                                 "(its experiment budget)")
             run_tokens = int(total_steps) * self.tokens_per_step
             if run_tokens > self.simulated_target:
                 raise ValueError(f"DataConfig.simulated_epoching_target={self.simulated_target} is below this run's "
-                                 f"{run_tokens} tokens ({total_steps} steps x {self.tokens_per_step}); allowed values: 0 "
-                                 f"(off) or at least the run's tokens")
-            comps = ([(f"domain {n!r}", st) for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams, strict=True)]
+                                 f"{run_tokens} tokens ({total_steps} steps x {self.tokens_per_step}); "
+                                 f"allowed values: 0 (off) or at least the run's tokens")
+            comps = ([(f"domain {n!r}", st)
+                      for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams, strict=True)]
                      if self.plan is not None else [("the corpus", self._all)])
             lengths = [None if st is None else simulated_length(st.n_tokens // self.seq_len, run_tokens,
                                                                   self.simulated_target) for _, st in comps]

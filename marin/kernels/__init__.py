@@ -56,7 +56,8 @@ def get_kernels(backend: str) -> KernelSet:
 
         return KernelSet("triton", sconv_triton, xsa_triton, xsa_gate_triton, permute_triton,
                          unpermute_triton, grouped_mm_triton)
-    raise ValueError(f"kernels={backend!r} is not a known backend; allowed values: {', '.join(map(repr, KERNEL_BACKENDS))}")
+    raise ValueError(f"kernels={backend!r} is not a known backend; "
+                     f"allowed values: {', '.join(map(repr, KERNEL_BACKENDS))}")
 
 
 __all__ = ["KERNEL_BACKENDS", "KernelSet", "get_kernels", "xsa_gate_torch"]

@@ -389,7 +389,8 @@ def grouped_mm_triton(x_NI: torch.Tensor, w_EIO: torch.Tensor, offsets_E: torch.
         raise ValueError(f"grouped_mm: shapes x {tuple(x_NI.shape)} and w {tuple(w_EIO.shape)} do not match "
                          "(want x_NI and w_EIO with the same I)")
     if offsets_E.dim() != 1 or offsets_E.numel() != w_EIO.shape[0]:
-        raise ValueError(f"grouped_mm: offsets_E must be 1-D with {w_EIO.shape[0]} entries, got {tuple(offsets_E.shape)}")
+        raise ValueError(f"grouped_mm: offsets_E must be 1-D with {w_EIO.shape[0]} entries, "
+                         f"got {tuple(offsets_E.shape)}")
     check_runnable(x_NI, w_EIO, name="grouped_mm")
     if w_EIO.dtype != x_NI.dtype:  # fp32 master weights under bf16 autocast: tl.dot wants one dtype
         w_EIO = w_EIO.to(x_NI.dtype)

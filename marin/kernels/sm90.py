@@ -104,8 +104,8 @@ def builds() -> list[KernelBuild]:
         # dx = dy @ w^T: the same kernel with w read transposed (unit stride on I instead of O)
         compile_sm90(moe._gmm_kernel,
                      dict(x_ptr=bf, w_ptr=bf, y_ptr=bf, offs_ptr="*i32", tile_end_ptr="*i32", tile_group_ptr="*i32"),
-                     dict(ACC=f32, PREC="tf32", BM=g_bm, BN=min(128, g_bn), BK=g_bk), unit_strides=("sxi", "swi", "syo"),
-                     num_warps=g_nw, num_stages=g_ns),
+                     dict(ACC=f32, PREC="tf32", BM=g_bm, BN=min(128, g_bn), BK=g_bk),
+                     unit_strides=("sxi", "swi", "syo"), num_warps=g_nw, num_stages=g_ns),
         compile_sm90(moe._gmm_dw_kernel, dict(x_ptr=bf, dy_ptr=bf, dw_ptr=bf, offs_ptr="*i32"),
                      dict(ACC=f32, PREC="tf32", BM=64, BN=128, BK=64), unit_strides=("sxi", "syo", "swo"), num_warps=8),
     ]
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"triton {triton.__version__}, target cuda sm_90")
     print(f"{'kernel':24s} {'regs':>5s} {'stack':>6s} {'smem':>7s} {'wgmma':>6s}  config")
     for b in results:
-        print(f"{b.name:24s} {b.registers!s:>5s} {b.stack_bytes!s:>6s} {b.shared_bytes:>7d} {b.uses_wgmma!s:>6s}  {b.config}")
+        print(f"{b.name:24s} {b.registers!s:>5s} {b.stack_bytes!s:>6s} {b.shared_bytes:>7d} {b.uses_wgmma!s:>6s}  "
+              f"{b.config}")
     return 0
 
 

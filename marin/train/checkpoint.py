@@ -15,8 +15,9 @@ before meta.json is written, so a checkpoint never names data that is not on dis
 Safety: the run identity is read from meta.json before any tensor file is opened; every file is
 checked against its recorded size and sha256; tensors load with `torch.load(weights_only=True)`
 and DCP's pickled metadata through an unpickler that admits only DCP's metadata classes. Resume
-takes the newest checkpoint that verifies and loads, falling back to older ones (docs/architecture.md §3). The layout follows torchtitan's checkpointer (pytorch/torchtitan,
-torchtitan/components/checkpoint.py `CheckpointManager`): DCP for state, a step-named folder, keep-last-k.
+takes the newest checkpoint that verifies and loads, falling back to older ones (docs/architecture.md §3).
+The layout follows torchtitan's checkpointer (pytorch/torchtitan, torchtitan/components/checkpoint.py
+`CheckpointManager`): DCP for state, a step-named folder, keep-last-k.
 """
 
 from __future__ import annotations

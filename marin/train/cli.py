@@ -33,15 +33,16 @@ def train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", action="append", default=[], metavar="FACTOR=LEVEL",
                         help="set a recipe switch; 'baseline' alone gives Recipe.baseline()")
     parser.add_argument("--set", action="append", default=[], metavar="[SECTION.]FIELD=VALUE",
-                        help="override a field of the spec: model./train./data./recipe.FIELD=VALUE as every command takes "
-                             "(a bare FIELD=VALUE is model.FIELD)")
+                        help="override a field of the spec: model./train./data./recipe.FIELD=VALUE as every command "
+                             "takes (a bare FIELD=VALUE is model.FIELD)")
     parser.add_argument("--train-set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
     parser.add_argument("--data-set", action="append", default=[], metavar="FIELD=VALUE", help="DataConfig override")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="run directory")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out and start over")
-    parser.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after N steps of this session")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="checkpoint and stop after N steps of this session")
     parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
     parser.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default="final",
                         help="final: a completed run keeps only its newest checkpoint; all: never prune; none: "

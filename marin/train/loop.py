@@ -155,7 +155,8 @@ class Trainer:
         from marin import flops as mflops
 
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
-        self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = spec, spec.train.effective(), run_dir, stages, pd, t0
+        self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = (
+            spec, spec.train.effective(), run_dir, stages, pd, t0)
         self.main = pd.main
         t = self.t
         self.data = src = build_data_source(spec, stages, spec.data.data_seed + self.t.seed_offset(), pd.rank, pd.world)

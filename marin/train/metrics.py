@@ -113,7 +113,8 @@ def check_log_to(log_to: tuple[str, ...]) -> None:
                 importlib.import_module(module)
             except Exception as e:  # noqa: BLE001 - any failure to import means the sink cannot work
                 raise ValueError(f"--log-to {name} needs the '{name}' extra, and {module} does not import here "
-                                 f"({type(e).__name__}: {e}); install it with: pip install 'marin-ablate[{name}]'") from None
+                                 f"({type(e).__name__}: {e}); "
+                                 f"install it with: pip install 'marin-ablate[{name}]'") from None
 
 
 RUN_NAME_ENV = "MARIN_RUN_NAME"  # a study's "study/rung/arm/seedN" (sweeps/tracking.py); a lone run: its id
@@ -150,7 +151,8 @@ class Sinks:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise ValueError("log_to=tensorboard needs the 'tensorboard' extra: pip install marin-ablate[tensorboard]") from e
+                raise ValueError("log_to=tensorboard needs the 'tensorboard' extra: "
+                                 "pip install marin-ablate[tensorboard]") from e
             self.tb = SummaryWriter(str(tensorboard_dir(run_dir)))
         if "wandb" in log_to:
             try:

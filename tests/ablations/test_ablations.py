@@ -193,7 +193,8 @@ def test_lr_multiplier_scales_only_the_named_arm():
 
 def test_noise_panel_is_all_on_and_all_off_over_five_seeds():
     runs = get_study("noise").runs()
-    assert sorted({(m["arm"], m["seed"]) for _, m in runs}) == sorted((a, s) for a in ("all_on", "all_off") for s in range(5))
+    assert sorted({(m["arm"], m["seed"]) for _, m in runs}) == sorted((a, s) for a in ("all_on", "all_off")
+                                                                       for s in range(5))
     assert all(s.recipe == Recipe() for s, m in runs if m["arm"] == "all_on")
     off = [s.recipe for s, m in runs if m["arm"] == "all_off"]
     assert all(r == Recipe.baseline().with_(ep_transport="ragged") for r in off)

@@ -82,7 +82,8 @@ def test_component_ci_covers_truth_in_200_simulated_studies():
         df = simulate_table(truth, rungs=rungs, seeds=2, rng=rng)
         a = analyze_table(df, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",))
         c = a.components[a.components["response"] == "ln_M"].set_index("component")
-        for kind, true in (("shapley", truth.shapley(a.c_ref)), ("loo", truth.loo(a.c_ref)), ("aoi", truth.aoi(a.c_ref))):
+        for kind, true in (("shapley", truth.shapley(a.c_ref)), ("loo", truth.loo(a.c_ref)),
+                           ("aoi", truth.aoi(a.c_ref))):
             for f, v in true.items():
                 hits[kind].append(c.loc[f, f"{kind}_lo"] <= v <= c.loc[f, f"{kind}_hi"])
     cov = {k: float(np.mean(v)) for k, v in hits.items()}

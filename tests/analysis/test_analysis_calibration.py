@@ -188,11 +188,13 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
                                             rel=0, abs=1e-12)
     # the model interval already carries the (seed × stream × rung) shift's variance (analysis/joint.py),
     # so the between-seed floor may leave it as it is
-    assert p["shapley_hi"] - p["shapley_lo"] >= o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"]
+    assert (p["shapley_hi"] - p["shapley_lo"]
+            >= o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"])
     assert o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"] >= 1.5 * half
     # a factor whose levels share each seed's stream is not widened by the shared noise
     x = c.loc[("ln_M", "xsa")]
-    assert x["shapley_hi"] - x["shapley_lo"] < 1.5 * (o.loc[("ln_M", "xsa"), "shapley_hi"] - o.loc[("ln_M", "xsa"), "shapley_lo"])
+    assert (x["shapley_hi"] - x["shapley_lo"]
+            < 1.5 * (o.loc[("ln_M", "xsa"), "shapley_hi"] - o.loc[("ln_M", "xsa"), "shapley_lo"]))
     assert any("between-seed t interval" in n for n in a.notes)
     # the law's L∞ and α: tested against the (seed × stream × rung) cluster means, at least as wide as
     # the within-cluster profile; and at least the between-seed interval of the seeds whose own fit

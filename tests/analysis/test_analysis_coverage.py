@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 def _coverage_module():
-    spec = importlib.util.spec_from_file_location("coverage_bench", Path(__file__).parents[2] / "benchmarks" / "coverage.py")
+    spec = importlib.util.spec_from_file_location("coverage_bench",
+                                                  Path(__file__).parents[2] / "benchmarks" / "coverage.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

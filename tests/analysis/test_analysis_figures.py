@@ -88,7 +88,8 @@ def test_no_figure_is_clipped_and_every_log_axis_has_two_labelled_ticks(tmp_path
     monkeypatch.setattr(plots, "_save", spy)
     out = plots.all_figures(a, df, tmp_path)
     drawn = [p for p in out.values() if p is not None]
-    assert {"forest_quality.png", "interactions.png", "scaling_fit.png", "shapley_waterfall.png"} <= {p.name for p in drawn}
+    assert ({"forest_quality.png", "interactions.png", "scaling_fit.png", "shapley_waterfall.png"}
+            <= {p.name for p in drawn})
     for p in drawn:
         assert _border_is_blank(p), f"{p.name}: something touches the image border (clipped)"
     n_log = 0
@@ -101,7 +102,8 @@ def test_no_figure_is_clipped_and_every_log_axis_has_two_labelled_ticks(tmp_path
                 axis = ax.xaxis if which == "x" else ax.yaxis
                 lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
                 labels = [t.get_text() for t in axis.get_majorticklabels()
-                          if t.get_text() and lo <= (t.get_position()[0] if which == "x" else t.get_position()[1]) <= hi]
+                          if t.get_text()
+                          and lo <= (t.get_position()[0] if which == "x" else t.get_position()[1]) <= hi]
                 assert len(labels) >= 2 and len(set(labels)) == len(labels), (name, labels)
         assert tight.width > 0 and tight.height > 0
     assert n_log >= 2  # forest and scaling at least

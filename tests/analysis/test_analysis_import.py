@@ -59,7 +59,8 @@ def test_changes_column_and_params_tokens_give_the_same_runs(tmp_path, capsys):
     assert main(["import", str(src)]) == 0
     t = collect(tmp_path / "c", write=False).set_index("arm")
     # a level the file does not name is never relabelled as the registry's baseline level: it says so instead
-    assert t.loc["+xsa", "xsa"] == "xsa" and t.loc["+xsa", "optimizer"] == "baseline" and t.loc["base", "xsa"] == "baseline"
+    assert (t.loc["+xsa", "xsa"] == "xsa" and t.loc["+xsa", "optimizer"] == "baseline"
+            and t.loc["base", "xsa"] == "baseline")
     assert t.loc["+opt", "optimizer"] == "hyperball"
     assert "the baseline arm's optimizer is not named in the file; recorded as 'baseline', not as the registry's " \
            "'adamw'" in capsys.readouterr().out
@@ -148,7 +149,8 @@ def test_a_registered_factor_is_coded_by_the_levels_the_file_holds(tmp_path, cap
     """Marin's AdamH baseline typed as optimizer=adamh (not the registry's adamw): adamh is coded −1, hyperball +1,
     with a one-line note, and no run is dropped as a third level."""
     rows = [{"arm": a, "rung": r, "flops": c, "loss": v, "optimizer": lv}
-            for r, c in (("s", 1e18), ("m", 4e18)) for a, lv, v in (("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
+            for r, c in (("s", 1e18), ("m", 4e18))
+            for a, lv, v in (("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
     src = tmp_path / "m.csv"
     pd.DataFrame(rows).to_csv(src, index=False)
     assert main(["import", str(src)]) == 0
@@ -165,4 +167,5 @@ def test_a_third_level_is_named_at_import(tmp_path, capsys):
     src = tmp_path / "t.csv"
     pd.DataFrame(rows).to_csv(src, index=False)
     assert main(["import", str(src)]) == 0
-    assert "note: optimizer: level(s) adamh (1 run(s)) beyond the two coded (adamw, hyperball)" in capsys.readouterr().out
+    assert ("note: optimizer: level(s) adamh (1 run(s)) beyond the two coded (adamw, hyperball)"
+            in capsys.readouterr().out)

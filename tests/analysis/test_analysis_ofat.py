@@ -75,7 +75,8 @@ def test_free_law_on_noise_free_ladder_recovers_the_true_single_change_multiplie
         x = -np.ones((1, 3))
         x[0, i] = 1
         for r, tok in RUNGS4.items():
-            C = float(df[(df["arm"] == "".join("+" if g == f else "-" for g in F)) & (df["rung"] == r)]["train_flops"].iloc[0])
+            C = float(df[(df["arm"] == "".join("+" if g == f else "-" for g in F))
+                         & (df["rung"] == r)]["train_flops"].iloc[0])
             assert abs(np.log(_row(a, f, r)["M"]) - float(t.log_m(x, t.z([C]))[0])) < 1e-4
     # 4 baseline runs, 3 law parameters, one run per cell: 1 df (exact fit: zero variance, finite width)
     assert a.dof == 1
@@ -213,13 +214,15 @@ def test_a_single_change_with_a_published_law_is_read_as_ofat(tmp_path, capsys):
 MARIN_LAW = dict(pin_linf=1.6, pin_alpha=0.0941, pin_A=95.18)
 MARIN_NO_QK = [("baseline", "fixed_1.3", "d512", 2.19e17, 3.8104), ("no-qk-norm", "none", "d512", 2.19e17, 3.8332),
                ("baseline", "fixed_1.3", "d768", 1.70e18, 3.4339), ("no-qk-norm", "none", "d768", 1.70e18, 3.4232)]
-MARIN_MUONH = [(arm, lv, r, c, loss) for r, c, lb, lm in (("d512", 2.19e17, 3.8104, 3.7542), ("d768", 1.70e18, 3.4339, 3.3988),
-                                                          ("d1024", 9.00e18, 3.1605, 3.1357), ("d1280", 2.83e19, 3.0065, 2.9888))
+MARIN_MUONH = [(arm, lv, r, c, loss)
+               for r, c, lb, lm in (("d512", 2.19e17, 3.8104, 3.7542), ("d768", 1.70e18, 3.4339, 3.3988),
+                                    ("d1024", 9.00e18, 3.1605, 3.1357), ("d1280", 2.83e19, 3.0065, 2.9888))
                for arm, lv, loss in (("adamh", "adamh", lb), ("muonh", "hyperball", lm))]
 
 
 def _marin_csv(path, rows, factor):
-    pd.DataFrame([{"arm": a, "rung": r, "flops": c, "loss": v, factor: lv} for a, lv, r, c, v in rows]).to_csv(path, index=False)
+    pd.DataFrame([{"arm": a, "rung": r, "flops": c, "loss": v, factor: lv}
+                  for a, lv, r, c, v in rows]).to_csv(path, index=False)
     return path
 
 

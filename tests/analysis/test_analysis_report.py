@@ -127,12 +127,14 @@ def test_forecast_is_immutable_hashed_and_scored_beside_the_outcome(tmp_path):
     with pytest.raises(FileExistsError):  # the same forecast is never rewritten
         write_forecast(sd, a, t, target_compute=target, arm="recipe", now=1.8e9)
     (fc,) = read_forecasts(sd)
-    assert fc["valid_hash"] and fc["content"]["prediction"]["loss_lo"] < fc["content"]["prediction"]["loss"] < fc["content"]["prediction"]["loss_hi"]
+    assert fc["valid_hash"] and (fc["content"]["prediction"]["loss_lo"] < fc["content"]["prediction"]["loss"]
+                                 < fc["content"]["prediction"]["loss_hi"])
     assert judge(fc, t, a.factors)["status"].startswith("pending")
     # the target run arrives after the forecast: scored beside it
     truth_loss = fc["content"]["prediction"]["loss"] + 0.001
     run = t[t["arm"] == "+++"].iloc[0].copy()
-    run["run_id"], run["rung"], run["train_flops"], run["eval_macro_loss"], run["started_at"] = "tgt", "r3", target, truth_loss, 1.9e9
+    run["run_id"], run["rung"], run["train_flops"], run["eval_macro_loss"], run["started_at"] = (
+        "tgt", "r3", target, truth_loss, 1.9e9)
     t2 = pd.concat([t, run.to_frame().T], ignore_index=True)
     j = judge(fc, t2, a.factors)
     assert j["status"] == "scored" and j["outcome"] == pytest.approx(truth_loss)
@@ -187,7 +189,8 @@ def test_notebook_executes_headless_on_a_relative_path_from_where_it_was_launche
     rng = np.random.default_rng(1)
     launch = tmp_path / "launch"
     write_study(simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng), launch / "study")
-    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK), "--output-dir", str(tmp_path / "nbc")],
+    r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK),
+                       "--output-dir", str(tmp_path / "nbc")],
                       launch, MARIN_RESULTS="study")
     assert r.returncode == 0, r.stderr[-3000:]
     outs = _outputs(tmp_path / "nbc" / "attribution.ipynb")
@@ -334,7 +337,8 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     assert main(["analyze", str(sd), "--n-boot", "0"]) == 0
     captured = capsys.readouterr()
     md = (sd / "report" / "report.md").read_text()
-    assert re.search(r"C_ref = \S+ FLOPs is the reference compute: the geometric mean of the runs' training compute", md)
+    assert re.search(r"C_ref = \S+ FLOPs is the reference compute: "
+                     r"the geometric mean of the runs' training compute", md)
     assert "held-out cross-entropy in nats per token" in md and "L, L∞ and A are in nats per token." in md
     assert "Per decade of compute: the slope across the ladder, which spans 0.6 decades" in md
     assert md.count("Per decade of compute: the slope") == 1  # said once, not per row

@@ -86,7 +86,8 @@ def test_observed_total_line_is_statsmodels_wls_with_the_per_rung_variances():
     from analysis.findings import observed_total
 
     rng = np.random.default_rng(5)
-    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2, rng=rng)
+    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
+                        rng=rng)
     a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)
     ch = a.checks[a.checks["response"] == "ln_M"]
     zz = a.rungs.set_index("rung")["z"].reindex(ch["rung"]).to_numpy(float)
@@ -157,7 +158,8 @@ def test_pure_error_lack_of_fit_is_statsmodels_anova_of_the_model_against_the_ce
     z = np.repeat([-1.0, 0.0, 1.0], 8)
     X = np.vstack([X[:8]] * 3)
     y = np.vstack([y[:8]] * 3).ravel() + np.random.default_rng(7).normal(0, 0.02, 24)
-    Xr, zr, yr = np.vstack([X, X]), np.concatenate([z, z]), np.concatenate([y, y + np.random.default_rng(8).normal(0, 0.02, 24)])
+    Xr, zr = np.vstack([X, X]), np.concatenate([z, z])
+    yr = np.concatenate([y, y + np.random.default_rng(8).normal(0, 0.02, 24)])
     fit = fit_effects(Xr, zr, yr, F, scale=True, interactions=False)
     cells = np.array([f"{tuple(x)}|{zz}" for x, zz in zip(Xr, zr, strict=True)])
     F_, p_, dlof, dpe = _lof(fit.resid, cells, fit.dof)

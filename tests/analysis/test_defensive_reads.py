@@ -104,5 +104,6 @@ def test_import_bounds_the_run_folders_it_writes(tmp_path, capsys):
     rows = [{"arm": "a", "rung": "s", "seed": i, "loss": 3.0, "flops": 1e18} for i in range(MAX_ROWS + 1)]
     src = _csv(tmp_path / "big.csv", rows)
     assert main(["import", str(src)]) == 2
-    assert f"FILE has {MAX_ROWS + 1:,} rows, each a run folder; allowed values: at most {MAX_ROWS:,}" in _one_line(capsys)
+    assert (f"FILE has {MAX_ROWS + 1:,} rows, each a run folder; allowed values: at most {MAX_ROWS:,}"
+            in _one_line(capsys))
     assert [p.name for p in tmp_path.iterdir()] == ["big.csv"]

@@ -85,7 +85,8 @@ def test_report_html_in_headless_chromium(tmp_path, browser):
     # rest of the policy (images from the report's folder), so the images below load under it
     page = html.read_text()
     assert "script-src 'none'" in page
-    probe.write_text(page.replace("script-src 'none'", "script-src 'unsafe-inline'").replace("</body>", PROBE + "</body>"))
+    probe.write_text(page.replace("script-src 'none'", "script-src 'unsafe-inline'")
+                     .replace("</body>", PROBE + "</body>"))
 
     r = _chromium(browser, tmp_path, "--dump-dom", probe.as_uri())
     m = re.search(r'data-probe="([^"]*)"', r.stdout)

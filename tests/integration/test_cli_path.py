@@ -81,7 +81,8 @@ def test_set_has_one_syntax_and_plan_shows_what_run_uses(tmp_path, capsys):
     assert d["execution"] == {"executor": "local", "workers": 2}  # what run uses (the study's max_parallel)
     assert _plan_json(["smoke", "--rungs", "cpu_s32", "--workers", "3"], capsys)["execution"]["workers"] == 3
     # describe and train take the same syntax; a section a command cannot use is refused naming the allowed
-    assert cli_main(["describe", "--preset", "tiny", "--set", "model.d_model=32", "--set", "recipe.xsa=none", "--json"]) == 0
+    assert cli_main(["describe", "--preset", "tiny", "--set", "model.d_model=32", "--set", "recipe.xsa=none",
+                     "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["d_model"] == 32 and out["recipe"]["xsa"] == "none"
     assert cli_main(["describe", "--preset", "tiny", "--set", "train.steps=3"]) == 2
@@ -108,8 +109,9 @@ def test_plan_prints_the_run_ids_run_creates_with_set(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
-    """Four real tiny runs (2-8 steps), a prior assuming a 3x faster machine (the gap that was measured), and the fit predicts a fifth run of 16 steps
-    within 50% (generous: a shared machine) and inside its own 90% interval widened by that margin."""
+    """Four real tiny runs (2-8 steps), a prior assuming a 3x faster machine (the gap that was measured), and the
+    fit predicts a fifth run of 16 steps within 50% (generous: a shared machine) and inside its own 90% interval
+    widened by that margin."""
     import torch
 
     from marin.config import RunSpec, TrainConfig, preset
@@ -169,7 +171,8 @@ def test_a_completed_cpu_study_run_is_smaller_than_its_weights_unless_asked_to_k
 
     torch.set_num_threads(1)
     spec = RunSpec(model=preset("tiny", ["seq_len=64"]),
-                   train=TrainConfig(steps=4, batch_size=2, eval_every=4, eval_batches=1, checkpoint_every=2, log_every=1))
+                   train=TrainConfig(steps=4, batch_size=2, eval_every=4, eval_batches=1, checkpoint_every=2,
+                                     log_every=1))
     weights = 4 * params_total(spec.model, spec.recipe)
 
     def size(d):

@@ -133,7 +133,8 @@ def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writ
     from analysis.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(1)
-    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2, rng=rng)
+    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
+                        rng=rng)
     study = write_study(df, tmp_path / "study")
     runs = sorted((study / "runs").iterdir())
     shutil.copytree(runs[0], study / "runs" / "copy-of-first")  # a copied run folder

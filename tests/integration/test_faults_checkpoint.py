@@ -216,7 +216,8 @@ def test_a_failed_load_leaves_no_partly_loaded_state(tmp_path, fresh6, which):
 
 
 def _listing(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
@@ -279,7 +280,8 @@ def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_ref
     run = tmp_path / "run"
     assert train(_spec(7, checkpoint_every=2), run, keep_checkpoints="all")["status"] == "completed"
     assert _names(run) == ["ckpt_000000002", "ckpt_000000004", "ckpt_000000006", "ckpt_000000007"]
-    with pytest.raises(ValueError, match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all', 'none'"):
+    with pytest.raises(ValueError,
+                       match="keep_checkpoints='some' is not a known level; allowed values: 'final', 'all', 'none'"):
         train(_spec(7), tmp_path / "other", keep_checkpoints="some")
 
 

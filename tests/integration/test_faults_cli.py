@@ -71,7 +71,8 @@ def test_a_bootstrap_beyond_the_machines_memory_is_refused_before_any_draw(monke
     _check_boot_memory(200, table)  # the default fits anywhere
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     n = ram // _boot_bytes(1, 2) + 1  # one replicate more than the whole memory holds
-    with pytest.raises(ValueError, match=rf"--n-boot {n} needs about .* GiB .*allowed values here: an integer in 0\.\.\d+"):
+    with pytest.raises(ValueError,
+                       match=rf"--n-boot {n} needs about .* GiB .*allowed values here: an integer in 0\.\.\d+"):
         _check_boot_memory(n, table)
     assert _boot_bytes(10**9, 7) > 22 * 2**30  # the 22.8 GB an unbounded run grew to before it was killed
 

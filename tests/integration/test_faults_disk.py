@@ -36,8 +36,9 @@ def test_disk_full_in_prepare_names_the_path_under_out_not_the_source(tmp_path, 
     src = tmp_path / "src"
     src.mkdir()
     rng = random.Random(0)
-    (src / "a.jsonl").write_text("".join(json.dumps({"text": " ".join(rng.choice("ab cd ef".split()) for _ in range(100))})
-                                         + "\n" for _ in range(3000)))  # ~0.9 MB: its cache does not fit in 1 MiB
+    (src / "a.jsonl").write_text("".join(
+        json.dumps({"text": " ".join(rng.choice("ab cd ef".split()) for _ in range(100))}) + "\n"
+        for _ in range(3000)))  # ~0.9 MB: its cache does not fit in 1 MiB
     out = small_disk / "out"
     assert main(["data", "prepare", str(src), "--tokenizer", "byte", "--out", str(out)]) == 2
     err = _one_line(capsys)  # the datasets cache or a shard, whichever fills the disk first: a path under --out

@@ -17,7 +17,8 @@ def _sim_study(tmp_path: Path) -> Path:
     from analysis.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(1)
-    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2, rng=rng)
+    df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
+                        rng=rng)
     return write_study(df, tmp_path / "study")
 
 

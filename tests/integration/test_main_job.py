@@ -66,7 +66,8 @@ def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
-        started = [d for d in (study_dir / "runs").glob("*") if _last_logged_step(d) >= 20] if study_dir.exists() else []
+        started = ([d for d in (study_dir / "runs").glob("*") if _last_logged_step(d) >= 20] if study_dir.exists()
+                   else [])
         if len(started) == 2:
             break
         time.sleep(0.5)

@@ -44,7 +44,8 @@ def registries():
     saved = (dict(optimizers.KINDS), dict(optimizers.OPTIMIZERS), dict(factors.SPECS), dict(factors.RECIPE_LEVELS),
              factors.RECIPE_FACTOR_SPECS)
     yield
-    for table, old in zip((optimizers.KINDS, optimizers.OPTIMIZERS, factors.SPECS, factors.RECIPE_LEVELS), saved, strict=False):
+    for table, old in zip((optimizers.KINDS, optimizers.OPTIMIZERS, factors.SPECS, factors.RECIPE_LEVELS), saved,
+                          strict=False):
         table.clear()
         table.update(old)
     factors.RECIPE_FACTOR_SPECS = saved[-1]

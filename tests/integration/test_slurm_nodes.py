@@ -54,7 +54,8 @@ def _problem() -> str | None:
 PROBLEM = _problem()
 REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_SLURM") == "1"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.skipif(PROBLEM is not None and not REQUIRED, reason=f"no multi-node SLURM cluster: {PROBLEM}")]
+              pytest.mark.skipif(PROBLEM is not None and not REQUIRED,
+                                 reason=f"no multi-node SLURM cluster: {PROBLEM}")]
 
 
 @pytest.fixture(scope="module", autouse=True)

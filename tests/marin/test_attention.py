@@ -157,4 +157,5 @@ def test_flex_on_a_cpu_run_is_rejected_before_training_naming_the_field():
     with pytest.raises(ValueError, match=r"ModelConfig\.attention.*'flex' trains on CUDA only.*allowed values.*'sdpa'"):
         RunSpec(model=ModelConfig(attention="flex"), train=TrainConfig(device="cpu"))
     # on CUDA flex runs compiled (eager flex is refused: tests/sweeps/test_hero_memory.py)
-    assert RunSpec(model=ModelConfig(attention="flex"), train=TrainConfig(device="cuda", compile=True)).model.attention == "flex"
+    assert RunSpec(model=ModelConfig(attention="flex"),
+                   train=TrainConfig(device="cuda", compile=True)).model.attention == "flex"

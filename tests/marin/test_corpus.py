@@ -1,5 +1,5 @@
-"""marin/data prepare + shards + eval: prepare a real corpus into token shards (parallel, resumable), read it from 2 gloo
-ranks (disjoint, covering, resumable by content), and evaluate on a Paloma-layout directory."""
+"""marin/data prepare + shards + eval: prepare a real corpus into token shards (parallel, resumable), read it from
+2 gloo ranks (disjoint, covering, resumable by content), and evaluate on a Paloma-layout directory."""
 
 import dataclasses
 import json

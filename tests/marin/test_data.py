@@ -72,7 +72,8 @@ def test_embedded_corpus_has_four_domains_with_licences_and_matching_sha256(embe
             assert path.stat().st_size == meta["bytes"]
             assert data.sha256_file(path) == meta["sha256"]
             assert meta["documents"] > 0
-            assert meta["text_bytes"] <= (data.TRAIN_CAP_BYTES if split == "train" else data.HELDOUT_CAP_BYTES) + 400_000
+            assert meta["text_bytes"] <= ((data.TRAIN_CAP_BYTES if split == "train" else data.HELDOUT_CAP_BYTES)
+                                          + 400_000)
     data.verify_manifest(root)
     assert embedded.domains == ["code", "docs", "prose", "scripture"]
 
@@ -260,7 +261,8 @@ def test_bpe_trains_on_a_small_sample_roundtrips_and_is_reused(tmp_path, data_di
 
 
 def test_bpe_vocab_must_exceed_the_byte_alphabet():
-    with pytest.raises(ValueError, match=r"DataConfig.bpe_vocab=200 is out of range; allowed values: an integer in 257\.\.1048576"):
+    with pytest.raises(ValueError,
+                       match=r"DataConfig.bpe_vocab=200 is out of range; allowed values: an integer in 257\.\.1048576"):
         data.get_tokenizer(DataConfig(tokenizer="bpe", bpe_vocab=200))
 
 

@@ -180,7 +180,8 @@ def test_a_tiny_run_trains_on_each_phases_domain_fractions(corpus, tmp_path, mon
                    data=DataConfig(mixture=MIX, data_seed=SEED))
     summary = train(spec, tmp_path / "run")
     assert summary["status"] == "completed" and [s for s, _ in seen] == list(range(STEPS))
-    refs = {d: _domain_stream(corpus, d, SEED).astype(np.uint16).tobytes() for d in ("prose", "code", "docs", "scripture")}
+    refs = {d: _domain_stream(corpus, d, SEED).astype(np.uint16).tobytes()
+            for d in ("prose", "code", "docs", "scripture")}
     tokens = {0: {}, 1: {}}
     for step, rows in seen:
         phase = 0 if step < 6 else 1

@@ -1,5 +1,6 @@
 """Real expert parallelism on gloo: EP transports and the EP MoE equal the single-process computation,
-drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (docs/method.md §2.1, docs/architecture.md §5).
+drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (docs/method.md §2.1,
+docs/architecture.md §5).
 
 Two process launches serve every test (mp.spawn is the slow part): 2 ranks (EP 2) and 4 ranks
 (EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;
@@ -127,7 +128,9 @@ def _check_dispatcher(rank, S, out):
             sender_keep, _ = pooled_wave_keep(idx, n_experts=E, n_shards=S, capacity_factor=cf, waves=3)
             out[name] = dict(
                 y=_maxdiff(y, y_ref[sl]),
-                grads=max(_maxdiff(a, b) for a, b in zip(grads, (refs[0][sl], refs[1][sl]) + tuple(r[el] for r in refs[2:]), strict=True)),
+                grads=max(_maxdiff(a, b)
+                          for a, b in zip(grads, (refs[0][sl], refs[1][sl]) + tuple(r[el] for r in refs[2:]),
+                                          strict=True)),
                 dropped=int(stats.dropped), planner_dropped=int((~keep[sl]).sum()), total_dropped=int((~keep).sum()),
                 sender_dropped=int((~sender_keep).sum()), receiver_dropped=int((sender_keep.view(T, K) & ~keep).sum()),
                 assigned=stats.assigned, host_reads=_host_reads(disp, idx[sl], comb[sl], dropless))
@@ -316,7 +319,8 @@ def _rows(results, name):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless", "dispatch_pooled_wave"])
+@pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless",
+                                  "dispatch_pooled_wave"])
 def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs, world, case):
     rows = _rows(ep_runs[1][world], case)
     for row in rows:

@@ -22,7 +22,8 @@ def test_architecture_outside_the_seven_factors_is_identical_in_every_arm():
     shared_off = {n: p.shape for n, p in off.named_parameters() if not any(k in n for k in factor_owned)}
     assert shared_on == shared_off
     for name in ("embed_norm.weight", "embed_gated_norm.w_down.weight", "final_gated_norm.w_up.weight",
-                 "blocks.0.attn_gated_norm.w_down.weight", "blocks.1.mlp_gated_norm.w_up.weight", "blocks.0.attn.gate.weight"):
+                 "blocks.0.attn_gated_norm.w_down.weight", "blocks.1.mlp_gated_norm.w_up.weight",
+                 "blocks.0.attn.gate.weight"):
         assert name in shared_on
     # Optimizer groups: outside the factor-owned parameters, only the optimizer factor moves a group.
     mixed = Recipe.baseline().with_(optimizer="hyperball")
@@ -35,7 +36,8 @@ def test_architecture_outside_the_seven_factors_is_identical_in_every_arm():
 def _hp(level: str):
     from marin.config import RunSpec, TrainConfig  # noqa: PLC0415
     from marin.optim import resolve_hparams  # noqa: PLC0415
-    return resolve_hparams(RunSpec(model=CFG, recipe=Recipe().with_(optimizer=level), train=TrainConfig(steps=10, lr=1e-2, adam_lr=1e-3)))
+    return resolve_hparams(RunSpec(model=CFG, recipe=Recipe().with_(optimizer=level),
+                                   train=TrainConfig(steps=10, lr=1e-2, adam_lr=1e-3)))
 
 
 def test_gated_norm_is_y_times_sigmoid_of_silu_low_rank_and_every_norm_has_eps_1e_5():

@@ -136,7 +136,8 @@ def test_qb_histogram_has_10000_bins_and_interpolates_linearly_in_the_crossing_b
     # 4 bins over [0, 4): counts 0, 2, 4, 2. n* = 3: the top bin holds 2, so the threshold lies one
     # quarter of the way down bin 2 (1 of its 4 margins needed): 3 - 1/4 = 2.75
     counts = torch.tensor([[0.0, 2.0, 4.0, 2.0]], dtype=torch.float64)
-    beta = qb_threshold_hist(counts, torch.tensor(0.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64), 3.0)
+    beta = qb_threshold_hist(counts, torch.tensor(0.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64),
+                             3.0)
     assert beta.item() == pytest.approx(2.75, abs=1e-9)
 
 

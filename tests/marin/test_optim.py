@@ -131,7 +131,8 @@ def test_lr_schedules_warm_up_then_decay_to_final_fraction():
         m = [lr_multiplier(s, n, sched, 0.01, 0.05) for s in range(n)]
         assert m[0] == pytest.approx(0.5) and m[1] == pytest.approx(1.0), sched
         assert m[-1] == pytest.approx(0.05), sched
-        assert all(a >= b - 1e-12 for a, b in zip(m[1:], m[2:], strict=False)), f"{sched} not non-increasing after warmup"
+        assert all(a >= b - 1e-12 for a, b in zip(m[1:], m[2:], strict=False)), \
+            f"{sched} not non-increasing after warmup"
     lin = [lr_multiplier(s, n) for s in range(n)]
     assert lin[100] == pytest.approx(1 - 0.95 * 99 / 198)  # straight line from step 1 to step 199
     cos = [lr_multiplier(s, n, "cosine") for s in range(n)]
@@ -165,7 +166,8 @@ def test_heuristic_values_and_overrides():
 
 
 def test_build_optimizer_gives_adam_groups_the_resolved_eps():
-    hp = resolve_hparams(RunSpec(model=ModelConfig(d_model=512, seq_len=4096), train=TrainConfig(steps=1000, batch_size=32)))
+    hp = resolve_hparams(RunSpec(model=ModelConfig(d_model=512, seq_len=4096),
+                                 train=TrainConfig(steps=1000, batch_size=32)))
     opt = build_optimizer(_Toy(), hp)
     eps = {g["kind"]: g["eps"] for g in opt.param_groups}
     assert eps["adam"] == hp.eps and eps["adamh"] == hp.eps and hp.eps < 1e-15

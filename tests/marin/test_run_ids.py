@@ -62,8 +62,9 @@ def _ids_with_row(tmp_path: Path, row: str, extra: dict) -> dict:
     anchor = "RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = ("
     assert anchor in src
     table.write_text(src.replace(anchor, anchor + "\n    " + row + ","))
-    out = subprocess.run([sys.executable, "-c", _IDS, json.dumps(extra), str(tmp_path)], cwd=tmp_path, capture_output=True,
-                         text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True)
+    out = subprocess.run([sys.executable, "-c", _IDS, json.dumps(extra), str(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         check=True)
     return json.loads(out.stdout)
 
 

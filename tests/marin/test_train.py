@@ -66,7 +66,8 @@ def test_tiny_run_learns_the_embedded_corpus(tmp_path):
     _, evals = _metrics(tmp_path / "run")
     first, last = evals[0], evals[-1]
     assert (first["step"], last["step"]) == (0, 200)
-    assert last["eval_macro_loss"] <= 0.7 * first["eval_macro_loss"], (first["eval_macro_loss"], last["eval_macro_loss"])
+    assert last["eval_macro_loss"] <= 0.7 * first["eval_macro_loss"], (first["eval_macro_loss"],
+                                                                        last["eval_macro_loss"])
     domains = set(summary["eval_domain_loss"])
     assert domains == {"code", "docs", "prose", "scripture"}
     for d in domains:
@@ -74,7 +75,8 @@ def test_tiny_run_learns_the_embedded_corpus(tmp_path):
     # macro = unweighted mean of the domains; bpb = nats / ln 2 / bytes per token (1 for bytes)
     assert summary["eval_macro_loss"] == pytest.approx(sum(summary["eval_domain_loss"].values()) / len(domains))
     assert summary["macro_bpb"] == pytest.approx(summary["eval_macro_loss"] / math.log(2))
-    assert summary["tokens"] == 200 * 2 * 64 and summary["train_flops"] == pytest.approx(summary["flops_per_token"] * summary["tokens"])
+    assert summary["tokens"] == 200 * 2 * 64
+    assert summary["train_flops"] == pytest.approx(summary["flops_per_token"] * summary["tokens"])
     for key in ("run_id", "status", "error", "failed_step", "step", "tokens", "params_total", "params_active",
                 "flops_per_token", "train_flops", "eval_macro_loss", "eval_domain_loss", "macro_bpb",
                 "final_train_loss", "tokens_per_s", "model_flops_per_s", "mfu", "drop_rate", "max_grad_norm",
@@ -112,7 +114,8 @@ def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert resumed["final_train_loss"] == ref["final_train_loss"]
     assert resumed["eval_macro_loss"] == ref["eval_macro_loss"]
     assert resumed["loss_curve"] == ref["loss_curve"]
-    assert [(r["step"], r["loss"]) for r in _metrics(run)[0]] == [(r["step"], r["loss"]) for r in _metrics(tmp_path / "ref")[0]]
+    assert ([(r["step"], r["loss"]) for r in _metrics(run)[0]]
+            == [(r["step"], r["loss"]) for r in _metrics(tmp_path / "ref")[0]])
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp files left
 
 

@@ -130,7 +130,8 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
     single, resumed = _lines(tmp / "single"), _lines(one)
     assert [r["step"] for r in resumed] == list(range(SPEC.train.steps))
     assert resumed[:3] == _lines(tmp / "cut")[:3]  # the 2-rank lines before the checkpoint are kept
-    assert (one / "train.log").read_text().count("from ckpt_000000003 at step 3") == 2  # the 2-rank resume's line, then this one's
+    # the 2-rank resume's line, then this one's
+    assert (one / "train.log").read_text().count("from ckpt_000000003 at step 3") == 2
     for a, b in zip(single, resumed, strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 

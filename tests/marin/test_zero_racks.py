@@ -107,8 +107,8 @@ def _work(rank: int, tmp: str) -> dict:
             ref_opt.zero_grad(set_to_none=True)
             norms.append(ref_norm)
         full, refp = _full(model, groups), dict(ref.named_parameters())
-        out[f"step_{key}"] = max(float((full[n] - refp[n].detach()).abs().max()) / max(float(refp[n].abs().max()), 1e-12)
-                                   for n in refp)
+        out[f"step_{key}"] = max(float((full[n] - refp[n].detach()).abs().max())
+                                 / max(float(refp[n].abs().max()), 1e-12) for n in refp)
         out[f"moved_{key}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in refp.items())
         out[f"norms_{key}"] = norms
         if key == "hyperball":

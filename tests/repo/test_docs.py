@@ -29,7 +29,8 @@ def _sections(doc: Path) -> tuple[set[str], set[str]]:
     titles |= {t.split(" (")[0] for t in titles}  # a heading cited without its parenthetical: "Memory"
     # italic paragraph labels, also as list items: "*Joint law* (...).", "- *Which family ... control.*"
     titles |= set(re.findall(r"^(?:- )?\*([^*\n]+?)\.?\*", text, re.M))
-    titles |= {t.strip() for t in re.findall(r"^\| ([^|\n]+?) \|", text, re.M)}  # table rows: docs/fidelity.md "KV layout"
+    # table rows: docs/fidelity.md "KV layout"
+    titles |= {t.strip() for t in re.findall(r"^\| ([^|\n]+?) \|", text, re.M)}
     return ids, titles
 
 

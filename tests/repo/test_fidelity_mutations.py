@@ -20,7 +20,8 @@ def test_every_fidelity_row_has_a_mutation_and_names_a_test_that_exists():
         assert tests, f"row {row!r} names no test (FILE.py::test_NAME, a file under tests/)"
         for t in tests:
             f, name = t.split("::")
-            assert re.search(rf"^def {name}\(", (ROOT / fm.find_test_file(f)).read_text(), re.M), f"{row}: {t} does not exist"
+            assert re.search(rf"^def {name}\(", (ROOT / fm.find_test_file(f)).read_text(), re.M), \
+                f"{row}: {t} does not exist"
 
 
 def test_every_mutation_matches_its_file_exactly_once():

@@ -148,7 +148,8 @@ def test_estimate_is_within_10_percent_of_the_allocator_in_the_heros_regime(d, L
     one = Sharding("one process", lambda m, g: m, ns_whole_group=False)
     pred = dry_run(spec, 1, 1, capacity_gib=100.0, levels=("hyperball",), sharding=one)["tables"]["hyperball"]["total"]
     meas = measured_step_peak(spec)
-    print(f"d{d} L{L} recompute + chunked loss: predicted {pred / 2**20:.2f} MiB, measured {meas['peak'] / 2**20:.2f} MiB")
+    print(f"d{d} L{L} recompute + chunked loss: predicted {pred / 2**20:.2f} MiB, "
+          f"measured {meas['peak'] / 2**20:.2f} MiB")
     assert pred == pytest.approx(meas["peak"], rel=0.10)
 
 

@@ -133,7 +133,8 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
     finally:
         lock.release()
     head, running = out.getvalue().splitlines()
-    assert head.startswith("tiny_watch: 0/2 done, 1 running, 0 failed, 1 pending") and re.search(r"ETA 1m00s \(0m\d\ds-\dm\d\ds\)$", head)
+    assert head.startswith("tiny_watch: 0/2 done, 1 running, 0 failed, 1 pending")
+    assert re.search(r"ETA 1m00s \(0m\d\ds-\dm\d\ds\)$", head)
     assert running.startswith(f"  {run.run_id} tiny {run.meta['arm']} seed 0: step 3/3 loss 2.0000")
 
 

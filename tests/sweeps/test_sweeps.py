@@ -108,7 +108,8 @@ def test_bad_executor_options_raise_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="workers"):
         run_study(study, tmp_path, ExecOptions(executor="local", workers=0))
     # a partition that does not exist (or no SLURM at all): refused before submission
-    with pytest.raises(ValueError, match="partition='no-such-partition' does not exist|SLURM client commands|sinfo failed"):
+    with pytest.raises(ValueError,
+                       match="partition='no-such-partition' does not exist|SLURM client commands|sinfo failed"):
         run_study(study, tmp_path, ExecOptions(executor="slurm", slurm=SlurmOptions(partition="no-such-partition")))
     assert not (tmp_path / "tiny" / "runs").exists() and not (tmp_path / "tiny" / "submitit").exists()
     with pytest.raises(ValueError, match="gpus_per_run"):
