@@ -32,12 +32,12 @@ from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides 
     POS,
     POS_INT,
     SEED,
-    _check,
-    _check_level,
-    _is_int,
-    _is_num,
     apply_overrides,
+    check,
+    check_level,
     check_ranges,
+    is_int,
+    is_num,
     optional,
     split_overrides,
 )
@@ -54,7 +54,7 @@ class _RecipeMethods:
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type: ignore[arg-type]
-            _check_level("Recipe", f.name, getattr(self, f.name), RECIPE_LEVELS[f.name])
+            check_level("Recipe", f.name, getattr(self, f.name), RECIPE_LEVELS[f.name])
 
     @classmethod
     def baseline(cls) -> "Recipe":
@@ -177,43 +177,43 @@ class ModelConfig:
     def __post_init__(self) -> None:
         o = "ModelConfig"
         check_ranges(o, self, MODEL_RANGES)
-        _check(self.d_model % self.n_heads == 0, o, "d_model",
-               f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: multiples of n_heads")
+        check(self.d_model % self.n_heads == 0, o, "d_model",
+              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: multiples of n_heads")
         for kv in ("n_kv_heads", "n_kv_heads_global"):
-            _check(self.n_heads % getattr(self, kv) == 0, o, kv,
-                   f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
-        _check(self.top_k <= self.n_experts, o, "top_k",
-               f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
-        _check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
-               f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}; allowed values: divisors of d_model")
+            check(self.n_heads % getattr(self, kv) == 0, o, kv,
+                  f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
+        check(self.top_k <= self.n_experts, o, "top_k",
+              f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
+        check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
+              f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}; allowed values: divisors of d_model")
         for name in ("n_experts", "top_k"):
-            _check(getattr(self, name) % self.latent_ratio == 0, o, name,
-                   f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
-                   "(the standard level uses n_experts/alpha experts, top_k/alpha)")
-        _check((self.n_experts // self.latent_ratio) % self.ep_shards == 0, o, "ep_shards",
-               f"ep_shards={self.ep_shards} must divide the expert count at every latent_moe level "
-               f"({self.n_experts} and {self.n_experts // self.latent_ratio}); allowed values: their common divisors")
-        _check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
-        _check(self.window <= self.seq_len, o, "window",
-               f"window={self.window} exceeds seq_len={self.seq_len}; allowed values: 1..{self.seq_len}")
-        _check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
-        _check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",
-               "rotated dims (head_dim*rope_fraction) must be even")
-        _check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
-               "capacity factors must be positive")
-        _check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
-        _check_level(o, "kv_layout", self.kv_layout, KV_LAYOUTS)
-        _check_level(o, "router_precision", self.router_precision, ROUTER_PRECISIONS)
-        _check_level(o, "gated_norm", self.gated_norm, GATED_NORM_LEVELS)
-        _check(isinstance(self.gated_norm_rank, int) and self.gated_norm_rank >= 1, o, "gated_norm_rank",
-               f"must be a positive integer, got {self.gated_norm_rank!r}")
-        _check(self.qb_hist_bins >= 2, o, "qb_hist_bins", f"must be >= 2, got {self.qb_hist_bins}")
-        _check(self.init_trunc > 0, o, "init_trunc", f"must be > 0, got {self.init_trunc}")
-        _check(self.norm_eps > 0, o, "norm_eps", f"must be > 0, got {self.norm_eps}")
-        _check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
-        _check_level(o, "attention", self.attention, ATTENTION_BACKENDS)
+            check(getattr(self, name) % self.latent_ratio == 0, o, name,
+                  f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
+                  "(the standard level uses n_experts/alpha experts, top_k/alpha)")
+        check((self.n_experts // self.latent_ratio) % self.ep_shards == 0, o, "ep_shards",
+              f"ep_shards={self.ep_shards} must divide the expert count at every latent_moe level "
+              f"({self.n_experts} and {self.n_experts // self.latent_ratio}); allowed values: their common divisors")
+        check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
+        check(self.window <= self.seq_len, o, "window",
+              f"window={self.window} exceeds seq_len={self.seq_len}; allowed values: 1..{self.seq_len}")
+        check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
+        check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",
+              "rotated dims (head_dim*rope_fraction) must be even")
+        check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
+              "capacity factors must be positive")
+        check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
+        check_level(o, "kv_layout", self.kv_layout, KV_LAYOUTS)
+        check_level(o, "router_precision", self.router_precision, ROUTER_PRECISIONS)
+        check_level(o, "gated_norm", self.gated_norm, GATED_NORM_LEVELS)
+        check(isinstance(self.gated_norm_rank, int) and self.gated_norm_rank >= 1, o, "gated_norm_rank",
+              f"must be a positive integer, got {self.gated_norm_rank!r}")
+        check(self.qb_hist_bins >= 2, o, "qb_hist_bins", f"must be >= 2, got {self.qb_hist_bins}")
+        check(self.init_trunc > 0, o, "init_trunc", f"must be > 0, got {self.init_trunc}")
+        check(self.norm_eps > 0, o, "norm_eps", f"must be > 0, got {self.norm_eps}")
+        check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
+        check_level(o, "attention", self.attention, ATTENTION_BACKENDS)
         for s in self.sconv_sites:
-            _check_level(o, "sconv_sites", s, SCONV_SITES)
+            check_level(o, "sconv_sites", s, SCONV_SITES)
 
     # ---- derived geometry --------------------------------------------------------------------
     def is_global(self, layer: int) -> bool:
@@ -297,7 +297,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "warmup_frac": FRAC, "final_lr_frac": FRAC, "weight_decay": NONNEG, "beta1": optional(MOMENTUM),
     "beta2": optional(MOMENTUM), "muon_momentum": MOMENTUM, "ns_steps": POS_INT, "grad_clip": optional(POS),
     "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
-    "spike_window": POS_INT, "spike_factor": (lambda v: _is_num(v) and v > 1, "a finite number > 1"),
+    "spike_window": POS_INT, "spike_factor": (lambda v: is_num(v) and v > 1, "a finite number > 1"),
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
     "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG, "gate_router_decay_start": NONNEG_INT,
@@ -362,25 +362,25 @@ class TrainConfig:
         o = "TrainConfig"
         check_ranges(o, self, TRAIN_RANGES)
         for st in self.context_stages:
-            _check(_is_int(st.seq_len) and st.seq_len >= 1, o, "context_stages",
-                   f"stage seq_len={st.seq_len!r} is out of range; allowed values: an integer >= 1")
-        _check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
-        _check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
-        _check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
-        _check_level(o, "precision", self.precision, PRECISIONS)
-        _check_level(o, "mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
-        _check(self.mixed_precision == "none" or self.precision == "bf16", o, "mixed_precision",
-               f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
-               f"precision={self.precision!r}; allowed values with it: 'none'")
-        _check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
-        _check_level(o, "offload", self.offload, OFFLOADS)
-        _check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
-               "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")
-        _check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
+            check(is_int(st.seq_len) and st.seq_len >= 1, o, "context_stages",
+                  f"stage seq_len={st.seq_len!r} is out of range; allowed values: an integer >= 1")
+        check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
+        check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
+        check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
+        check_level(o, "precision", self.precision, PRECISIONS)
+        check_level(o, "mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        check(self.mixed_precision == "none" or self.precision == "bf16", o, "mixed_precision",
+              f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
+              f"precision={self.precision!r}; allowed values with it: 'none'")
+        check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
+        check_level(o, "offload", self.offload, OFFLOADS)
+        check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
+              "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")
+        check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
         fr = [s.start_frac for s in self.context_stages]
-        _check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
-               "stage start fractions must be increasing and lie in [0, 1)")
+        check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
+              "stage start fractions must be increasing and lie in [0, 1)")
 
     def effective(self) -> "TrainConfig":
         """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
@@ -423,8 +423,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
-        _check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
-        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: _is_int(v) and 257 <= v <= 1 << 20,
+        check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
+        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 (256 bytes plus at least one merge)"),
                                            "data_seed": SEED, "mixture_block": NONNEG_INT,
                                            "simulated_epoching_target": NONNEG_INT})
@@ -475,15 +475,15 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         check_ranges("RunSpec", self, {"seed": SEED})
-        _check(not (self.model.attention == "flex" and self.train.device == "cpu"), "ModelConfig", "attention",
-               "'flex' trains on CUDA only (torch has no flex_attention backward on CPU); allowed values with "
-               "TrainConfig.device='cpu': 'sdpa'")
+        check(not (self.model.attention == "flex" and self.train.device == "cpu"), "ModelConfig", "attention",
+              "'flex' trains on CUDA only (torch has no flex_attention backward on CPU); allowed values with "
+              "TrainConfig.device='cpu': 'sdpa'")
         # Eager flex_attention is torch's unfused reference: it materialises fp32 (B, H, S, S) scores
         # (51.5 GB per tensor at the hero's shape), so on a GPU flex runs compiled or not at all.
-        _check(not (self.model.attention == "flex" and self.train.device.startswith("cuda") and not self.train.compile),
-               "ModelConfig", "attention",
-               "'flex' on CUDA needs TrainConfig.compile=True (eager flex materialises (B, H, S, S) scores); "
-               "allowed values with TrainConfig.compile=False: 'sdpa'")
+        check(not (self.model.attention == "flex" and self.train.device.startswith("cuda") and not self.train.compile),
+              "ModelConfig", "attention",
+              "'flex' on CUDA needs TrainConfig.compile=True (eager flex materialises (B, H, S, S) scores); "
+              "allowed values with TrainConfig.compile=False: 'sdpa'")
 
     def to_dict(self) -> dict:
         return to_dict(self)

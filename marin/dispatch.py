@@ -78,8 +78,9 @@ def pooled_wave_capacities(tokens_per_shard: int, top_k: int, n_experts: int, n_
             max(1, _ceil(capacity_factor * A / (El * waves))))
 
 
-def _ranks_in_groups(group_N: Tensor, n_groups: int, order_N: Tensor | None = None) -> Tensor:
-    """Each element's rank inside its group (0 = first), by order_N (by flat position when None)."""
+def ranks_in_groups(group_N: Tensor, n_groups: int, order_N: Tensor | None = None) -> Tensor:
+    """Each element's rank inside its group (0 = first), by order_N (by flat position when None). The
+    pooled-wave gates here and the real-EP receivers' buffer slots (marin/ep_exchange.py) rank with it."""
     N = group_N.numel()
     pos_N = torch.arange(N, device=group_N.device)
     key_N = group_N * N + (pos_N if order_N is None else order_N)
@@ -95,7 +96,7 @@ def pooled_wave_slots(dest_N: Tensor, n_dest: int, waves: int) -> tuple[Tensor, 
     """(wave_N, slot_N) of a sender's assignments: ranked per destination in flat order, rank r goes
     to wave r % W at pool slot r // W (levanter `_moe_mlp_ep_fixed_pooled_wave_a2a_local`). The
     sender gate of `pooled_wave_keep` and of the real-EP exchange (marin/ep_exchange.py)."""
-    r_N = _ranks_in_groups(dest_N, n_dest)
+    r_N = ranks_in_groups(dest_N, n_dest)
     return r_N % waves, r_N // waves
 
 
@@ -106,7 +107,7 @@ def pooled_wave_receiver_keep(sent_N: Tensor, wave_N: Tensor, e_N: Tensor, slot_
     sent_N False take no room. Shared by `pooled_wave_keep` and the real-EP receivers."""
     S, W = n_shards, waves
     group_N = torch.where(sent_N, wave_N * n_experts + e_N, W * n_experts)
-    recv_rank_N = _ranks_in_groups(group_N, W * n_experts + 1, slot_N * S + shard_N)
+    recv_rank_N = ranks_in_groups(group_N, W * n_experts + 1, slot_N * S + shard_N)
     return sent_N & (recv_rank_N < buffer)
 
 

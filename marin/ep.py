@@ -4,9 +4,10 @@ the rest of the model, sharded checkpoints (docs/method.md §2.1 "EP transports"
 Layout. `world = dp x ep` ranks on a 2-D device mesh ("dp", "ep"); rank = dp_rank * ep + ep_rank, so an
 EP group is a block of consecutive ranks (one node on a cluster). Each EP group holds every expert once,
 E/ep per rank, contiguous (rank q holds experts [q*E/ep, (q+1)*E/ep)): `shard_experts` keeps that slice
-and swaps in the `EPDispatcher`; each rank is one token shard. The rest of the sharding (FSDP2 over
-"dp" for the expert slices, over every rank for the other parameters, gradients of the mean of the
-per-rank losses) is `marin.parallel.apply_fsdp` (docs/architecture.md §5).
+and swaps in the `EPDispatcher`; each rank is one token shard. What must divide what is checked before
+any collective (marin/ep_layout.py). The rest of the sharding (FSDP2 over "dp" for the expert slices,
+over every rank for the other parameters, gradients of the mean of the per-rank losses) is
+`marin.parallel.apply_fsdp` (docs/architecture.md §5).
 
 Exchange. `EPDispatcher` (marin/ep_exchange.py) runs every transport of the planner -- fixed,
 pooled_wave, ragged, dropless -- deciding drops with the functions `plan_drops` uses, so the result
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from marin.dispatch import LocalDispatcher
 from marin.ep_exchange import EP_TRANSPORTS, EPDispatcher  # noqa: F401  (the exchange, re-exported)
+from marin.ep_layout import check_ep_layout, check_replicas
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
@@ -35,18 +37,6 @@ EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 # ---------------------------------------------------------------------------------------------
 # Layout and process groups
 # ---------------------------------------------------------------------------------------------
-
-
-def check_ep_layout(n_experts: int, ep_size: int, world_size: int) -> None:
-    """Raise ValueError (before any collective) unless ep_size divides both world_size and n_experts."""
-    if ep_size < 1 or world_size < 1:
-        raise ValueError(f"ep_size={ep_size} and world_size={world_size} must be positive")
-    if world_size % ep_size != 0:
-        raise ValueError(f"EP size ep_size={ep_size} does not divide world_size={world_size}; "
-                         f"allowed ep_size: divisors of {world_size}")
-    if n_experts % ep_size != 0:
-        raise ValueError(f"n_experts={n_experts} is not divisible by EP size ep_size={ep_size}; "
-                         f"allowed ep_size: divisors of {n_experts} that divide world_size={world_size}")
 
 
 @dataclass(frozen=True)
@@ -130,14 +120,6 @@ class EPGroups:
     def rack_group(self):
         """The ranks of this rack: each element of a sharded parameter or gradient lives once in it."""
         return dist.group.WORLD if self.replicas == 1 else self.rack_mesh.get_group("shard")
-
-
-def check_replicas(replicas: int, ep_size: int, world_size: int) -> None:
-    """Raise ValueError unless `replicas` racks of whole EP groups tile the world."""
-    if replicas < 1 or world_size % replicas != 0 or (world_size // replicas) % ep_size != 0:
-        raise ValueError(f"TrainConfig.replica_groups={replicas} with world_size={world_size} and EP size "
-                         f"{ep_size}: allowed values: divisors r of {world_size} with {world_size}/r a multiple "
-                         f"of {ep_size}")
 
 
 def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = None, replicas: int = 1) -> EPGroups:

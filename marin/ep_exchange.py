@@ -27,7 +27,6 @@ from marin.dispatch import (
     TRANSPORTS,
     DispatchStats,
     ExpertWeights,
-    _ranks_in_groups,
     cell_counts,
     expert_offsets,
     fixed_cell_capacity,
@@ -37,8 +36,10 @@ from marin.dispatch import (
     ragged_accepted,
     ragged_capacities,
     ragged_chunk_layout,
+    ranks_in_groups,
     swiglu_grouped,
 )
+from marin.ep_layout import check_ep_layout
 
 EP_TRANSPORTS = TRANSPORTS  # every transport the planner knows has a real-EP exchange
 
@@ -141,8 +142,6 @@ class EPDispatcher:
             raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
         if n_chunks < 1 or waves < 1:
             raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
-        from marin.ep import check_ep_layout
-
         self.group = group
         self.S = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -233,7 +232,7 @@ class EPDispatcher:
         B = El * Wv * buffer
         local_R = (rid_R - self.rank * El).clamp(0, El - 1)
         grp_R = local_R * Wv + wave_R
-        rank_R = _ranks_in_groups(torch.where(keep_R, grp_R, El * Wv), El * Wv + 1)
+        rank_R = ranks_in_groups(torch.where(keep_R, grp_R, El * Wv), El * Wv + 1)
         buf_R = torch.where(keep_R, grp_R * buffer + rank_R, B)
         src_B = torch.full((B + 1,), R, dtype=torch.long, device=dev).scatter_(0, buf_R, r_R)[:-1]
         x_EMW = _with_zero_row(recv)[src_B].view(El, Wv * buffer, W)

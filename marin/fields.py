@@ -1,6 +1,8 @@
 """Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
 __post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
-the `--set field=value` overrides parsed by each field's type. Torch-free, like marin/config.py."""
+the `--set field=value` overrides parsed by each field's type. The validation helpers (`check`,
+`check_level`, `is_int`, `is_num`) are public: marin/config.py and marin/phases.py raise with them.
+Torch-free, like marin/config.py."""
 
 from __future__ import annotations
 
@@ -13,36 +15,36 @@ from typing import Any, Mapping, Sequence
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
+def check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}.{name}={value!r} is not a known level; allowed values: {', '.join(map(repr, allowed))}")
 
 
-def _check(cond: bool, owner: str, name: str, msg: str) -> None:
+def check(cond: bool, owner: str, name: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{owner}.{name}: {msg}")
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # Range rules: (predicate, allowed-range text). A field's rule is checked in every __post_init__ below,
 # so `train`, `run`, `tune` and `plan` reject the same values with the same message.
-POS_INT = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
-NONNEG_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
-POS = (lambda v: _is_num(v) and v > 0, "a finite number > 0")
-NONNEG = (lambda v: _is_num(v) and v >= 0, "a finite number >= 0")
+POS_INT = (lambda v: is_int(v) and v >= 1, "an integer >= 1")
+NONNEG_INT = (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
+POS = (lambda v: is_num(v) and v > 0, "a finite number > 0")
+NONNEG = (lambda v: is_num(v) and v >= 0, "a finite number >= 0")
 # an MoE capacity factor: slots per expert over the even share; past the largest expert count any
 # token fits, and a huge one overflows the slot count
-CAPACITY = (lambda v: _is_num(v) and 0 < v <= 1024, "a number in (0, 1024]")
-FRAC = (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
-MOMENTUM = (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)")
-SEED = (lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch.manual_seed's range
+CAPACITY = (lambda v: is_num(v) and 0 < v <= 1024, "a number in (0, 1024]")
+FRAC = (lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
+MOMENTUM = (lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")
+SEED = (lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch.manual_seed's range
 
 
 def optional(rule: tuple) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from marin.fields import _check, _is_num
+from marin.fields import check, is_num
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,16 @@ def _mixture_phase(p: Any, i: int) -> MixturePhase:
         frac, weights = p[0], dict(p[1]) if isinstance(p[1], (Mapping, list, tuple)) else p[1]
     else:
         raise ValueError(f"DataConfig.mixture: {where} is {p!r}; allowed values: (start_frac, {{domain: weight}})")
-    _check(isinstance(weights, dict) and len(weights) > 0, "DataConfig", "mixture",
-           f"{where} weights {weights!r}; allowed values: a non-empty {{domain: weight}} mapping")
+    check(isinstance(weights, dict) and len(weights) > 0, "DataConfig", "mixture",
+          f"{where} weights {weights!r}; allowed values: a non-empty {{domain: weight}} mapping")
     for d, w in weights.items():
-        _check(isinstance(d, str) and d != "", "DataConfig", "mixture",
-               f"{where} domain {d!r}; allowed values: a domain name of the corpus")
-        _check(_is_num(w) and w >= 0, "DataConfig", "mixture",
-               f"{where} weight of {d!r} is {w!r}; allowed values: a finite number >= 0")
-    _check(sum(weights.values()) > 0, "DataConfig", "mixture",
-           f"{where} weights sum to 0; allowed values: weights >= 0 with a positive sum")
-    _check(_is_num(frac), "DataConfig", "mixture", f"{where} start_frac={frac!r}; allowed values: a number in [0, 1)")
+        check(isinstance(d, str) and d != "", "DataConfig", "mixture",
+              f"{where} domain {d!r}; allowed values: a domain name of the corpus")
+        check(is_num(w) and w >= 0, "DataConfig", "mixture",
+              f"{where} weight of {d!r} is {w!r}; allowed values: a finite number >= 0")
+    check(sum(weights.values()) > 0, "DataConfig", "mixture",
+          f"{where} weights sum to 0; allowed values: weights >= 0 with a positive sum")
+    check(is_num(frac), "DataConfig", "mixture", f"{where} start_frac={frac!r}; allowed values: a number in [0, 1)")
     return MixturePhase(float(frac), tuple(sorted((d, float(w)) for d, w in weights.items())))
 
 
@@ -62,8 +62,8 @@ def check_mixture(phases: Any) -> tuple[MixturePhase, ...]:
         phases = tuple(x for x in phases.split(",") if x)
     out = tuple(_mixture_phase(p, i) for i, p in enumerate(phases))
     fr = [p.start_frac for p in out]
-    _check(not out or fr[0] == 0, "DataConfig", "mixture",
-           f"the first phase starts at start_frac={fr[0] if fr else None!r}; allowed values: 0 (every step needs a phase)")
-    _check(all(a < b for a, b in zip(fr, fr[1:])) and all(0 <= f < 1 for f in fr), "DataConfig", "mixture",
-           f"phase start fractions {fr}; allowed values: strictly increasing numbers in [0, 1), the first 0")
+    check(not out or fr[0] == 0, "DataConfig", "mixture",
+          f"the first phase starts at start_frac={fr[0] if fr else None!r}; allowed values: 0 (every step needs a phase)")
+    check(all(a < b for a, b in zip(fr, fr[1:])) and all(0 <= f < 1 for f in fr), "DataConfig", "mixture",
+          f"phase start fractions {fr}; allowed values: strictly increasing numbers in [0, 1), the first 0")
     return out

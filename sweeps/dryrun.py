@@ -152,34 +152,6 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         dist.destroy_process_group()
 
 
-class _FlexFootprint(torch.autograd.Function):
-    """flex_attention's memory with no values: what its fused kernel keeps for the backward (torch
-    torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp: query, key, value, out and the
-    fp32 logsumexp) and allocates in it (dq, dk, dv, the fp32 row term). flex has no CPU backward, so
-    under fake tensors on CPU the attention of a flex model is this shape-exact stand-in."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out = torch.empty_like(q)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, _, lse = ctx.saved_tensors
-        delta = torch.empty_like(lse)  # noqa: F841 - counted while alive, as the kernel's
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
-    """The BlockMask tensors of one (local, global) pair (int32 block counts and indices, both
-    directions, partial and full blocks of 128), allocated, not computed."""
-    nb = -(-S // 128)
-    return tuple(tuple(torch.empty(shape, dtype=torch.int32, device=device)
-                       for shape in ((B, 1, nb), (B, 1, nb, nb)) * 4) for _ in range(2))
-
-
 @dataclass(frozen=True)
 class GpuAllowances:
     """Per-rank memory outside PyTorch's tensors, each its own line (assumptions, not measurements: the

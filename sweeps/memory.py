@@ -11,6 +11,9 @@ checked against a real CPU run (docs/hero.md).
   a linearity check; extrapolated to the model's own layer pattern.
 - `measured_step_peak`: the CPU allocator's own report (profiler memory events) of a real training
   step, the reference the estimate is checked against (tests/sweeps/test_hero_memory.py).
+- Stand-ins: a kernel the CPU cannot run under fake tensors is measured as its footprint, shape-exact
+  and never computed: `_FlexFootprint` (with `_flex_block_masks`) for compiled flex attention,
+  `_GroupedMMFootprint` for the fp32 grouped GEMM; `substitutions` names them in the table.
 Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker).
 """
 
@@ -61,6 +64,34 @@ def _grouped_mm_fp32(x_NI, w_EIO, offs=None, **kw):
     return _GroupedMMFootprint.apply(x_NI, w_EIO, offs)
 
 
+class _FlexFootprint(torch.autograd.Function):
+    """flex_attention's memory with no values: what its fused kernel keeps for the backward (torch
+    torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp: query, key, value, out and the
+    fp32 logsumexp) and allocates in it (dq, dk, dv, the fp32 row term). flex has no CPU backward, so
+    under fake tensors on CPU the attention of a flex model is this shape-exact stand-in."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, _, lse = ctx.saved_tensors
+        delta = torch.empty_like(lse)  # noqa: F841 - counted while alive, as the kernel's
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_block_masks(doc_ids_BS, B: int, S: int, window: int, device):
+    """The BlockMask tensors of one (local, global) pair (int32 block counts and indices, both
+    directions, partial and full blocks of 128), allocated, not computed."""
+    nb = -(-S // 128)
+    return tuple(tuple(torch.empty(shape, dtype=torch.int32, device=device)
+                       for shape in ((B, 1, nb), (B, 1, nb, nb)) * 4) for _ in range(2))
+
+
 def uses_flex_footprint(spec: RunSpec) -> bool:
     """Whether the dry run stands `_FlexFootprint` in for flex attention: only for a configuration that
     runs flex compiled (the fused kernel's footprint); eager flex is refused by RunSpec."""
@@ -94,7 +125,6 @@ def activation_peak(spec: RunSpec, layers: int, seqs: int, global_every: int | N
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from marin import model as mmodel
-    from sweeps.dryrun import _flex_block_masks, _FlexFootprint
 
     # Triton kernels need CUDA tensors: torch's ops stand in (substitutions() names it in the table)
     cfg = dataclasses.replace(spec.model, n_layers=layers, global_every=global_every or spec.model.global_every,

@@ -157,7 +157,7 @@ def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str =
                job_limit_s: float | None = None) -> dict:
     """FLOPs, bytes per link and the step time (a point estimate and its interval) for `spec` laid
     out as `plan` (a HeroPlan) with the spec's own `TrainConfig.replica_groups`."""
-    from marin.ep import check_replicas
+    from marin.ep_layout import check_replicas
     from marin.flops import flops_per_token, params_total
     from marin.train.distributed import check_no_host_update
 

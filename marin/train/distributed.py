@@ -33,7 +33,9 @@ import torch.distributed as dist
 
 from marin.config import RunSpec, TrainConfig
 from marin.data import IGNORE_INDEX
+from marin.ep_layout import check_ep_layout
 from marin.train.stages import Stage
+from marin.train.step import forward_backward
 
 
 @dataclass
@@ -115,8 +117,6 @@ class ParallelDims:
                          doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
         """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
         if self.groups is None:  # one process, unsharded (a world of one with meshes holds DTensors)
-            from marin.train.step import forward_backward
-
             return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
         return dist_forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip, self)
 
@@ -143,8 +143,6 @@ def launch_world_size() -> int:
 def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
     """Before any collective: EP groups of ModelConfig.ep_shards ranks must tile the world and hold
     the experts evenly, and every stage's global batch must split into equal rows per rank."""
-    from marin.ep import check_ep_layout
-
     check_no_host_update(spec.train)
     ep = spec.model.ep_shards
     try:

@@ -23,16 +23,16 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
     """Dropless eval: per-domain token-mean NLL, macro loss = unweighted mean over domains, bpb.
     Each rank scores its rows of every batch (`pd`, a ParallelDims: one process when None); NLL sums
     and counts are all-reduced."""
-    from marin.train.distributed import ParallelDims
-
-    pd = pd if pd is not None else ParallelDims()
+    # One process by hand rather than a ParallelDims(): marin.train.distributed builds on this module.
+    rows = pd.rows if pd is not None else (lambda x: x)
+    all_reduce = pd.all_reduce if pd is not None else (lambda t: t)
     was_training = model.training
     model.eval()
     sums: dict[str, list[float]] = {}
     for dom, bs in batches.items():
         nll, count = 0.0, 0
         for tokens, targets, doc_ids in bs:
-            tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
+            tokens, targets, doc_ids = rows(tokens), rows(targets), rows(doc_ids)
             tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
             with autocast():  # the model's own fp32 CE (chunked when loss_chunk_tokens > 0)
                 out = model(tokens, doc_ids, targets)
@@ -40,7 +40,7 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
             nll += float(out.ce_loss) * n
             count += n
         sums[dom] = [nll, float(count)]
-    flat = pd.all_reduce(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device))
+    flat = all_reduce(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64, device=device))
     sums = {dom: flat[2 * i:2 * i + 2].tolist() for i, dom in enumerate(sums)}
     domain_loss = {dom: nll / max(count, 1) for dom, (nll, count) in sums.items()}
     model.train(was_training)

@@ -20,7 +20,8 @@ from ranks import count_host_reads, free_port
 
 from marin.config import ModelConfig, Recipe
 from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
-from marin.ep import check_ep_layout, init_ep
+from marin.ep import init_ep
+from marin.ep_layout import check_ep_layout
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.

@@ -394,8 +394,7 @@ def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
 
 def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
     from marin.config import RunSpec, TrainConfig
-    from sweeps.dryrun import _FlexFootprint
-    from sweeps.memory import activation_peak
+    from sweeps.memory import _FlexFootprint, activation_peak
 
     q = torch.randn(2, 8, 64, 16, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)  # GQA: k, v at their own heads
