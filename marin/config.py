@@ -1,8 +1,9 @@
 """Typed configuration for marin-ablate: the model, the seven recipe switches, training, data, runs.
 
 Pure dataclasses and arithmetic (range rules and `--set` parsing in marin/fields.py); this module
-never imports torch (docs/architecture.md §1) so that a design can be planned and costed on a laptop. Every field that takes a named level is validated against its
-allowed values, and every error names the field.
+never imports torch (docs/architecture.md §1) so that a design can be planned and costed on a laptop.
+Every field that takes a named level is validated against its allowed values, and every error names
+the field.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ MODEL_RANGES: dict[str, tuple] = {
                             "sconv_kernel")},
     "n_shared_experts": NONNEG_INT, "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS,
     "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": CAPACITY,
-    "capacity_ragged": CAPACITY, "capacity_pooled_wave": CAPACITY, "pooled_waves": POS_INT, "init_scale": POS, "z_loss_weight": NONNEG,
+    "capacity_ragged": CAPACITY, "capacity_pooled_wave": CAPACITY, "pooled_waves": POS_INT, "init_scale": POS,
+    "z_loss_weight": NONNEG,
 }
 
 
@@ -178,14 +180,16 @@ class ModelConfig:
         o = "ModelConfig"
         check_ranges(o, self, MODEL_RANGES)
         check(self.d_model % self.n_heads == 0, o, "d_model",
-              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: multiples of n_heads")
+              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; allowed values: "
+              "multiples of n_heads")
         for kv in ("n_kv_heads", "n_kv_heads_global"):
             check(self.n_heads % getattr(self, kv) == 0, o, kv,
                   f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
         check(self.top_k <= self.n_experts, o, "top_k",
               f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
         check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
-              f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}; allowed values: divisors of d_model")
+              f"latent_ratio={self.latent_ratio} does not divide d_model={self.d_model}; allowed values: "
+              "divisors of d_model")
         for name in ("n_experts", "top_k"):
             check(getattr(self, name) % self.latent_ratio == 0, o, name,
                   f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
@@ -425,7 +429,8 @@ class DataConfig:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20,
-                                                         "an integer in 257..1048576 (256 bytes plus at least one merge)"),
+                                                         "an integer in 257..1048576 "
+                                                         "(256 bytes plus at least one merge)"),
                                            "data_seed": SEED, "mixture_block": NONNEG_INT,
                                            "simulated_epoching_target": NONNEG_INT})
 

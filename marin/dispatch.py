@@ -333,9 +333,11 @@ class LocalDispatcher:
     def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
                  kernels: KernelSet | None = None, waves: int = 3):
         if transport not in TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+            raise ValueError(f"transport={transport!r} is not known; "
+                             f"allowed values: {', '.join(map(repr, TRANSPORTS))}")
         if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float "
+                             f"for transport={transport!r}")
         if n_shards < 1 or n_chunks < 1 or waves < 1:
             raise ValueError(f"n_shards={n_shards}, n_chunks={n_chunks} and waves={waves} must be >= 1")
         self.transport = transport

@@ -137,16 +137,19 @@ class EPDispatcher:
     def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2,
                  waves: int = 3):
         if transport not in EP_TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, EP_TRANSPORTS))}")
+            raise ValueError(f"transport={transport!r} is not known; "
+                             f"allowed values: {', '.join(map(repr, EP_TRANSPORTS))}")
         if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float "
+                             f"for transport={transport!r}")
         if n_chunks < 1 or waves < 1:
             raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
         self.group = group
         self.S = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         check_ep_layout(n_experts, self.S, self.S)
-        self.transport, self.n_experts, self.capacity_factor, self.n_chunks = transport, n_experts, capacity_factor, n_chunks
+        self.transport, self.n_experts, self.capacity_factor, self.n_chunks = (transport, n_experts, capacity_factor,
+                                                                              n_chunks)
         self.waves = waves
         self.n_local = n_experts // self.S
         # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
@@ -286,7 +289,7 @@ class EPDispatcher:
             ret = _a2a(back, in_splits, out_splits, self.group)
             w_M1 = combine_TK.reshape(-1)[src_c].unsqueeze(1).to(ret.dtype)
             y_TW = y_TW.index_add(0, tok_c, (ret * w_M1).to(y_TW.dtype))
-        sent = [sum(col) for col in zip(*splits[0])]  # rows to each receiver, all chunks (host ints)
+        sent = [sum(col) for col in zip(*splits[0], strict=True)]  # rows to each receiver, all chunks (host ints)
         off_rows = sum(sent) - sent[r]
         nbytes = 2 * off_rows * W * x_TW.element_size() + (S - 1) * E * 8
         return y_TW, DispatchStats(assigned=T * K, dropped=T * K - sum(sent),

@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 
 def check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"{owner}.{name}={value!r} is not a known level; allowed values: {', '.join(map(repr, allowed))}")
+        raise ValueError(f"{owner}.{name}={value!r} is not a known level; "
+                         f"allowed values: {', '.join(map(repr, allowed))}")
 
 
 def check(cond: bool, owner: str, name: str, msg: str) -> None:

@@ -63,7 +63,9 @@ def check_mixture(phases: Any) -> tuple[MixturePhase, ...]:
     out = tuple(_mixture_phase(p, i) for i, p in enumerate(phases))
     fr = [p.start_frac for p in out]
     check(not out or fr[0] == 0, "DataConfig", "mixture",
-          f"the first phase starts at start_frac={fr[0] if fr else None!r}; allowed values: 0 (every step needs a phase)")
-    check(all(a < b for a, b in zip(fr, fr[1:])) and all(0 <= f < 1 for f in fr), "DataConfig", "mixture",
+          f"the first phase starts at start_frac={fr[0] if fr else None!r}; "
+          "allowed values: 0 (every step needs a phase)")
+    check(all(a < b for a, b in zip(fr, fr[1:], strict=False)) and all(0 <= f < 1 for f in fr),
+          "DataConfig", "mixture",
           f"phase start fractions {fr}; allowed values: strictly increasing numbers in [0, 1), the first 0")
     return out

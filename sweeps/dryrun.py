@@ -1,10 +1,10 @@
 """`plan STUDY --dry-run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
 
 - State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
-  marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the full world size (torch's FakeStore), for
-  the first and last rank and the edges of the first EP group; each rank's local parameters are counted
-  by optimizer group. Gradients and optimizer state follow from them (fp32 state bytes per element of
-  each group's kind: marin.optimizers).
+  marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the
+  full world size (torch's FakeStore), for the first and last rank and the edges of the first EP group;
+  each rank's local parameters are counted by optimizer group. Gradients and optimizer state follow
+  from them (fp32 state bytes per element of each group's kind: marin.optimizers).
 - Activations (sweeps/memory.py): the maximum over time of activations + temporaries of one rank's
   forward + backward at full width under FakeTensorMode, fitted over depths 2-4 and an all-global
   model (local and global blocks keep different bytes), with a linearity check; the run's precision.
@@ -119,7 +119,8 @@ def _padded_local(p: torch.Tensor) -> int:
 
 def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sharding) -> dict:
     """Local parameter elements by role, experts per rank, the largest whole matrix (elements), for
-    `rank` of a `world`-rank fake process group."""
+    `rank` of a `world`-rank fake process group; a one-GPU run (`world` 1) is the single-process model:
+    every expert local (virtual EP), no process group and no sharding, as its trainer builds it."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from marin import ep
@@ -127,9 +128,11 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
 
     if dist.is_initialized():
         raise RuntimeError("the dry run needs a process without a process group")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    one = world == 1
+    if not one:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        groups = ep.build_ep_groups(ep_size, replicas=spec.train.replica_groups)  # the run's own meshes
+        groups = None if one else ep.build_ep_groups(ep_size, replicas=spec.train.replica_groups)  # the run's meshes
         with torch.device("meta"):
             model = MarinModel(spec.model, spec.recipe)
         roles = model.param_roles()
@@ -137,7 +140,7 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         for n, p in model.named_parameters():
             biggest[roles[n]] = max(biggest.get(roles[n], 0), p[0].numel() if roles[n] == "expert" else p.numel())
         units = fsdp_units(model, ep_size)
-        model = sharding.apply(model, groups) or model
+        model = model if one else sharding.apply(model, groups) or model
         by_role: dict[str, int] = {}
         for n, p in model.named_parameters():
             by_role[roles[n]] = by_role.get(roles[n], 0) + _padded_local(p)
@@ -145,11 +148,13 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         # a slice ZeRO-sharded across racks (marin.parallel.ExpertShard) is gathered whole, one layer at a time
         zero = max((sum(getattr(m, p).numel() for p in ep.EXPERT_PARAM_NAMES) for _, m in ep.moe_layers(model)
                     if getattr(m.dispatcher, "expert_shard", None) is not None), default=0)
-        return {"rank": rank, "dp_rank": rank // ep_size, "ep_rank": rank % ep_size, "by_role": by_role,
+        return {"rank": rank, "dp_rank": 0 if one else rank // ep_size, "ep_rank": 0 if one else rank % ep_size,
+                "by_role": by_role,
                 "experts_per_rank": experts[0], "largest_matrix": biggest,
                 "largest_unit": max(units.items(), key=lambda kv: kv[1]), "zero_gathered": zero}
     finally:
-        dist.destroy_process_group()
+        if not one:
+            dist.destroy_process_group()
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,8 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         rows.append({"line": f"EP receive buffers at capacity {cap:g} (dispatch + combine, bf16)",
                      "bytes": int(2 * tokens * g.top_k * cap * g.width * 2) if ep > 1 else 0})
         rows.append({"line": f"NCCL p2p buffers ({ep - 1} peers x {gpu.nccl_p2p_channels} channels x 2 x "
-                     f"{gpu.nccl_buffsize >> 20} MiB)", "bytes": (ep - 1) * gpu.nccl_p2p_channels * 2 * gpu.nccl_buffsize})
+                     f"{gpu.nccl_buffsize >> 20} MiB)",
+                     "bytes": (ep - 1) * gpu.nccl_p2p_channels * 2 * gpu.nccl_buffsize})
         rows.append({"line": f"NCCL NVLS buffers ({gpu.nvls_comms} communicators, assumed)",
                      "bytes": int(gpu.nvls_comms * gpu.nvls_gib_per_comm * GiB)})
         rows.append({"line": "CUDA context + library workspaces (assumed)", "bytes": int(gpu.cuda_context_gib * GiB)})
@@ -234,11 +240,12 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     if gpu is None and spec.train.device.startswith("cuda"):
         gpu = GpuAllowances()
     seqs = seqs_per_rank or spec.train.batch_size // world
-    ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
+    ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
     states = [rank_state(spec, world, ep_size, r, sharding) for r in ranks]
     if len({tuple(sorted(s["by_role"].items())) for s in states}) != 1:
         raise RuntimeError(f"ranks {ranks} hold different state: {states}")
-    state = {**states[0], "ep_size": ep_size, "tokens_per_rank": seqs * spec.model.seq_len}
+    # one GPU's virtual EP shards exchange rows in its own memory: no EP receive or NCCL buffers
+    state = {**states[0], "ep_size": 1 if world == 1 else ep_size, "tokens_per_rank": seqs * spec.model.seq_len}
     ck = spec.train.activation_checkpoint
     # The peak (max over time of activations + temporaries) is the first block of the backward with
     # every layer's kept activations alive: base + n_local a_local + n_global a_global, where base holds
@@ -283,7 +290,8 @@ def format_report(rep: dict) -> str:
             f"per rank, activation_checkpoint={rep['activation_checkpoint']}, loss_chunk_tokens="
             f"{rep['loss_chunk_tokens']}")
     acts = ("activations: max over time of activations + temporaries (fake tensors, MemTracker) at (layers, "
-            "global_every) " + ", ".join(f"{p}: {v / GiB:.2f} GiB" for p, v in zip(fit["points"], fit["peaks"]))
+            "global_every) "
+            + ", ".join(f"{p}: {v / GiB:.2f} GiB" for p, v in zip(fit["points"], fit["peaks"], strict=True))
             + f"; linear fit residual {fit['residual']:.1%} of a layer")
     out = [head, f"sharding: {rep['sharding']}", acts]
     out += [f"stand-in: {s}" for s in rep["substitutions"]]
@@ -330,7 +338,8 @@ class FakeCollectives:
     def _all_gather(self, out, inp, group=None, async_op=False):
         s = dist.get_world_size(group)
         if out.numel() != s * inp.numel():
-            raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements for inputs of {inp.numel()}")
+            raise RuntimeError(f"all_gather over {s} ranks: output of {out.numel()} elements "
+                               f"for inputs of {inp.numel()}")
         out.view(s, -1).copy_(inp.reshape(1, -1).clone())  # FSDP2 gathers in place: inp is a view of out
 
     def _reduce_scatter(self, output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
@@ -349,7 +358,8 @@ class FakeCollectives:
     def __enter__(self) -> "FakeCollectives":
         for name, fn in (("all_to_all_single", self._all_to_all_single), ("all_gather_into_tensor", self._all_gather),
                          ("all_gather_single", self._all_gather),
-                         ("reduce_scatter_tensor", self._reduce_scatter), ("reduce_scatter_single", self._reduce_scatter),
+                         ("reduce_scatter_tensor", self._reduce_scatter),
+                         ("reduce_scatter_single", self._reduce_scatter),
                          ("broadcast_object_list", self._broadcast_object_list)):
             if hasattr(dist, name):
                 self._orig[name] = getattr(dist, name)
@@ -398,14 +408,16 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
 
 def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> dict:
     """`rank` of a `world`-rank fake process group through the real Trainer: setup, steps, eval,
-    summary; then the distributed checkpoint's state dict. Raises naming what is wrong."""
+    summary; then the distributed checkpoint's state dict. A one-GPU rung (`world` 1) trains in one
+    process with virtual EP over `ep_size` shards and no process group, as its run does; its final
+    checkpoint is written for real. Raises naming what is wrong."""
     import math
     from pathlib import Path
 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from marin import ep
-    from marin.train.distributed import check_dist_layout, init_dist
+    from marin.train.distributed import ParallelDims, check_dist_layout, init_dist
     from marin.train.loop import StopFlag, Trainer
     from marin.train.metrics import Sinks
     from marin.train.stages import context_plan
@@ -416,51 +428,71 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     run_dir = Path(run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     stages = context_plan(spec)
-    check_dist_layout(spec, stages, world)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    one = world == 1
+    if not one:
+        check_dist_layout(spec, stages, world)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         with FakeCollectives() as fc:
-            d, device = init_dist(spec, torch.device("cpu"))
-            g = d.groups
-            if (g.dp_size, g.ep_size) != (world // ep_size, ep_size):
-                raise RuntimeError(f"mesh dp x ep = {g.dp_size} x {g.ep_size}, expected {world // ep_size} x {ep_size}")
-            coords = (g.mesh.get_local_rank("dp"), g.mesh.get_local_rank("ep"))
-            if coords != divmod(rank, ep_size):
-                raise RuntimeError(f"rank {rank} sits at (dp, ep) = {coords}, expected {divmod(rank, ep_size)}")
-            # no final checkpoint: DCP's global plan cannot validate on the fake group (its collectives move
-            # no data); the rehearsal, part (c), runs the save planner and writer of one rank instead
-            trainer = Trainer(spec, run_dir, stages, device, d, time.perf_counter(), keep_checkpoints="none")
+            if one:
+                d, device, coords = ParallelDims(), torch.device("cpu"), (0, 0)
+            else:
+                d, device = init_dist(spec, torch.device("cpu"))
+                g = d.groups
+                if (g.dp_size, g.ep_size) != (world // ep_size, ep_size):
+                    raise RuntimeError(f"mesh dp x ep = {g.dp_size} x {g.ep_size}, "
+                                       f"expected {world // ep_size} x {ep_size}")
+                coords = (g.mesh.get_local_rank("dp"), g.mesh.get_local_rank("ep"))
+                if coords != divmod(rank, ep_size):
+                    raise RuntimeError(f"rank {rank} sits at (dp, ep) = {coords}, expected {divmod(rank, ep_size)}")
+            # no final checkpoint on the fake group: DCP's global plan cannot validate there (its collectives
+            # move no data); the rehearsal, part (c), runs the save planner and writer of one rank instead
+            trainer = Trainer(spec, run_dir, stages, device, d, time.perf_counter(),
+                              keep_checkpoints="final" if one else "none")
             trainer.main = True  # each rank writes rank 0's files into its own folder (no broadcast to wait for)
             trainer.start(resume=False)
             trainer.sinks = Sinks((), run_dir, spec)
             summary = trainer.run(StopFlag(), None)
             n_e = spec.model.moe_geometry(spec.recipe).n_experts
+            per_rank = n_e if one else n_e // ep_size  # virtual EP keeps every expert in its one process
             local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
-            if set(local) != {n_e // ep_size}:
-                raise RuntimeError(f"experts per rank {local}, expected {n_e // ep_size} in every layer")
+            if set(local) != {per_rank}:
+                raise RuntimeError(f"experts per rank {local}, expected {per_rank} in every layer")
             bad = [x for x in fc.a2a if x[0] != ep_size]
-            if not fc.a2a or bad:
+            if one and fc.a2a:
+                raise RuntimeError(f"{len(fc.a2a)} all-to-alls ran in one process: virtual EP needs none")
+            if not one and (not fc.a2a or bad):
                 raise RuntimeError(f"all-to-alls over groups of {sorted({x[0] for x in bad})} ranks, expected {ep_size}"
                                    if bad else "no all-to-all ran: the experts were not dispatched over EP")
-            sd = ep.ep_state_dict(trainer.model, g, trainer.opt)
+            if one:
+                final = run_dir / "checkpoints" / f"ckpt_{trainer.st.step:09d}" / "meta.json"
+                if not final.exists():
+                    raise RuntimeError(f"no final checkpoint at {final.parent}")
+                sd = {"model": trainer.model.state_dict(), "optim": trainer.opt.state_dict()}
+            else:
+                sd = ep.ep_state_dict(trainer.model, g, trainer.opt)
             names = {n for n, _ in trainer.model.named_parameters()}
-            missing = sorted(names - set(sd["model"])) + sorted(names - set(sd.get("optim", {}).get("state", {})))
+            missing = sorted(names - set(sd["model"]))
+            if not one:  # the EP state dict keys its optimizer state by parameter name
+                missing += sorted(names - set(sd.get("optim", {}).get("state", {})))
             if missing:
                 raise RuntimeError(f"checkpoint state dict lacks {missing[:5]}")
             st = trainer.st
             seq = stages[0].seq_len
-            data = {"rank_slices": trainer.data.rank_rows, "train_rows": int(trainer.data.train[seq].batch(0)[0].shape[0]),
+            data = {"rank_slices": trainer.data.rank_rows,
+                    "train_rows": int(trainer.data.train[seq].batch(0)[0].shape[0]),
                     "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
     finally:
-        dist.destroy_process_group()
-        forget_meshes()
+        if not one:
+            dist.destroy_process_group()
+            forget_meshes()
     losses = [summary.get("final_train_loss"), summary.get("eval_macro_loss")]
     if not all(v is not None and math.isfinite(v) for v in losses + [st.max_grad_norm]):
         raise RuntimeError(f"rank {rank}: non-finite loss or grad norm: {losses}, {st.max_grad_norm}")
     return {"rank": rank, "dp_ep": coords, "experts_per_rank": local[0], "steps": st.step,
             "loss": st.last_loss, "eval_macro_loss": summary["eval_macro_loss"],
-            "all_to_alls": len(fc.a2a), "split_rows": sum(sum(x[1]) for x in fc.a2a),
-            "data": data, "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
+            "all_to_alls": len(fc.a2a), "split_rows": sum(sum(x[1]) for x in fc.a2a), "data": data,
+            "checkpoint_tensors": len(sd["model"]) + sum(len(v) for v in sd.get("optim", {}).get("state", {}).values())}
 
 
 def in_fresh_process(fn, *args):
@@ -480,7 +512,7 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
 
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
-    ranks = sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
+    ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
     rows = [in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
             "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
@@ -488,12 +520,15 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
 
 
 def format_loop(rep: dict) -> str:
-    out = [f"dry run (a): the training loop at world {rep['world']} = {rep['world'] // rep['ep_size']} x EP "
-           f"{rep['ep_size']} (fake process group), d_model {rep['d_model']}, {rep['n_layers']} layers, seq_len "
-           f"{rep['seq_len']}, {rep['sequences_per_rank']} sequences per rank, 2 steps + eval, CPU sdpa fp32"]
+    layout = (f"one process (virtual EP {rep['ep_size']}, no process group; the final checkpoint written)"
+              if rep["world"] == 1 else
+              f"world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']} (fake process group)")
+    out = [f"dry run (a): the training loop at {layout}, d_model {rep['d_model']}, {rep['n_layers']} layers, "
+           f"seq_len {rep['seq_len']}, {rep['sequences_per_rank']} sequences per rank, 2 steps + eval, CPU sdpa fp32"]
     for r in rep["rows"]:
-        out.append(f"  rank {r['rank']:>5} (dp, ep) = {r['dp_ep']}: {r['experts_per_rank']} experts, {r['steps']} steps, "
-                   f"loss {r['loss']:.4f}, eval {r['eval_macro_loss']:.4f}, {r['all_to_alls']} all-to-alls ({r['split_rows']} rows), checkpoint state dict "
+        out.append(f"  rank {r['rank']:>5} (dp, ep) = {r['dp_ep']}: {r['experts_per_rank']} experts, "
+                   f"{r['steps']} steps, loss {r['loss']:.4f}, eval {r['eval_macro_loss']:.4f}, "
+                   f"{r['all_to_alls']} all-to-alls ({r['split_rows']} rows), checkpoint state dict "
                    f"{r['checkpoint_tensors']} tensors")
     out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)

@@ -190,9 +190,10 @@ def fit_activations(spec: RunSpec, seqs: int, measure=activation_peak, depths: t
     slopes = [c for c in coef[1:] if c > 0]
     if not slopes:
         raise RuntimeError(f"activation peaks {peaks} do not grow with depth: nothing to extrapolate")
-    resid = max(abs(f - p) for f, p in zip(fitted, peaks)) / min(slopes)
+    resid = max(abs(f - p) for f, p in zip(fitted, peaks, strict=True)) / min(slopes)
     if resid > LINEARITY_TOL:
-        raise RuntimeError(f"activation peaks {[(pt, round(p / 2**30, 3)) for pt, p in zip(pts, peaks)]} (layers, "
+        raise RuntimeError(f"activation peaks "
+                           f"{[(pt, round(p / 2**30, 3)) for pt, p in zip(pts, peaks, strict=True)]} (layers, "
                            f"global_every -> GiB) are not linear in the layer counts (residual {resid:.0%} of a "
                            f"layer > {LINEARITY_TOL:.0%}): the depth extrapolation would not hold")
     base, a_local, a_global = (coef[0], coef[1], coef[2]) if has_local else (coef[0], 0.0, coef[1])
@@ -225,7 +226,8 @@ def measured_step_peak(spec: RunSpec, steps: int = 2) -> dict:
         docs = torch.zeros_like(tok)
         opt.zero_grad(set_to_none=True)
         last = i == steps - 1
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) if last else contextlib.nullcontext() as prof:
+        with (profile(activities=[ProfilerActivity.CPU], profile_memory=True) if last
+              else contextlib.nullcontext()) as prof:
             model(tok, docs, tok).loss.backward()
             opt.step()
         if last:

@@ -63,7 +63,7 @@ def test_block_checkpointing_leaves_losses_grads_and_router_biases_unchanged(rec
         torch.testing.assert_close(b.aux_loss, a.aux_loss, rtol=0, atol=0)
         for n in ga:
             torch.testing.assert_close(gb[n], ga[n], rtol=1e-6, atol=1e-7, msg=n)
-        for x, y in zip(bb, ba):
+        for x, y in zip(bb, ba, strict=True):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
     if recipe.router_balance != "switch_aux":  # the balancing really moved the biases
         assert any(bool(b.abs().sum() > 0) for b in ba)
@@ -343,8 +343,9 @@ def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
 
 def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_its_checkpoint(prepared_corpus, tmp_path):
     """The hero preset through the real Trainer at world 4 = 2 racks x EP 2 (fake process group, HSDP as
-    the hero's racks), narrowed to 16 experts: each rank reads its own slice of the prepared corpus, evaluates one sequence of the
-    hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict is complete."""
+    the hero's racks), narrowed to 16 experts: each rank reads its own slice of the prepared corpus, evaluates
+    one sequence of the hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict
+    is complete."""
     from ablations import get_study
     from sweeps.dryrun import format_loop, loop_dry_run
     from sweeps.sweep import apply_spec_overrides
@@ -362,6 +363,25 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
         assert np_finite(r["loss"]) and np_finite(r["eval_macro_loss"]) and r["all_to_alls"] > 0
         assert r["checkpoint_tensors"] > 0
     assert "rank     3 (dp, ep) = (1, 1): 8 experts" in format_loop(rep)
+
+
+def test_a_one_gpu_rung_dry_runs_as_one_process_with_virtual_ep_and_writes_its_final_checkpoint(tmp_path):
+    """d512 trains on one GPU with 8 virtual EP shards and no process group: the loop (a) and the state
+    count run that single-process trainer (every expert local, no all-to-all), not an 8-rank group."""
+    from ablations import get_study
+    from sweeps.dryrun import current_sharding, format_loop, loop_dry_run, rank_state
+
+    spec = get_study("marin535").runs()[0][0]
+    assert spec.model.ep_shards == 8 and get_study("marin535").rungs[0].gpus == 1
+    rep = loop_dry_run(spec, 1, spec.model.ep_shards, tmp_path, seq_len=64)
+    (row,) = rep["rows"]
+    n_e = spec.model.moe_geometry(spec.recipe).n_experts
+    assert rep["ranks"] == [0] and row["dp_ep"] == (0, 0) and row["experts_per_rank"] == n_e
+    assert row["all_to_alls"] == 0 and row["steps"] == 2 and np_finite(row["loss"])
+    assert list((tmp_path / "rank0" / "checkpoints").glob("ckpt_000000002/meta.json"))
+    assert "one process (virtual EP 8, no process group" in format_loop(rep)
+    st = rank_state(spec, 1, 8, 0, current_sharding(spec))
+    assert st["experts_per_rank"] == n_e and (st["dp_rank"], st["ep_rank"]) == (0, 0)
 
 
 def np_finite(x) -> bool:
