@@ -95,7 +95,11 @@ class Rung:
             raise ValueError(f"Rung {self.name!r}: {e}") from None
         if self.evals_per_run is not None and self.evals_per_run < 1:
             raise ValueError(f"Rung {self.name!r}: evals_per_run must be >= 1, got {self.evals_per_run}")
-        self.model()  # validates preset and overrides now, naming the field
+        m = self.model()  # validates preset and overrides now, naming the field
+        if self.gpus > 1 and self.gpus % m.ep_shards:
+            raise ValueError(f"Rung {self.name!r}: gpus={self.gpus} is not a whole number of EP groups of "
+                             f"ep_shards={m.ep_shards} ranks; allowed values: 1 (virtual EP in one process) or "
+                             f"multiples of {m.ep_shards}")
 
     def model(self) -> ModelConfig:
         try:
@@ -225,13 +229,15 @@ def _gpu(name: str, batch: int, gpus: int, **changes: Any) -> Rung:
 
 
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)
-#: and Marin's fast-ladder batches (128 sequences at d512/d768, 256 at d1024), doubling above.
+#: and Marin's fast-ladder batches (128 sequences at d512/d768, 256 at d1024), doubling above. One EP
+#: shard per GPU (world = EP, one data-parallel group): EP of 16 cannot run on 8 GPUs, and d512's 128
+#: sequences on one GPU need ~206 GiB (`plan marin535 --dry-run --gpus 1`; 29 GiB per GPU at 8).
 GPU_RUNGS: dict[str, Rung] = {
-    "d512": _gpu("d512", 128, 1),
-    "d768": _gpu("d768", 128, 1),
-    "d1024": _gpu("d1024", 256, 8),
-    "d1536": _gpu("d1536", 512, 8),
-    "d2048": _gpu("d2048", 1024, 8),
+    "d512": _gpu("d512", 128, 8),
+    "d768": _gpu("d768", 128, 8),
+    "d1024": _gpu("d1024", 256, 16),
+    "d1536": _gpu("d1536", 512, 32),
+    "d2048": _gpu("d2048", 1024, 64),
 }
 
 #: Marin's hero scaling ladder (experiments/grug/moe_hero_ep/launch_scaling_ladder.py): the same

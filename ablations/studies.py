@@ -397,8 +397,8 @@ def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[i
     """The six quality factors, 2^(6-1) half fraction F=ABCDE (I=ABCDEF, resolution VI): every main
     effect and 2FI is clear (main effects alias 5FIs, 2FIs alias 4FIs). EP transport fixed at the
     recipe's ragged (cf 1.15) so drops do not confound the quality factors; it has its own study
-    (`marin535_ep`). Seed noise comes from `noise`. One GPU per run at d512/d768 (virtual EP over 8
-    shards), 8 GPUs at d1024/d1536. Cost at the assumed 20% MFU on H100/H200 in `describe()`."""
+    (`marin535_ep`). Seed noise comes from `noise`. One EP shard per GPU: 8 GPUs per run at d512/d768,
+    16 at d1024, 32 at d1536. Cost at the assumed 20% MFU on H100/H200 in `describe()`."""
     names = list(SIX_QUALITY)
     design = fraction(names, generators=["F=ABCDE"], resolution=6)
     rs = tuple(rungs) + (("d1536",) if include_d1536 and "d1536" not in rungs else ())
@@ -409,17 +409,17 @@ def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[i
 
 def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[int] = (0, 1)) -> Study:
     """EP transport alone: ragged (pooled receiver cf 1.15) vs fixed (per sender-expert cf 1.33), the
-    other six switches at the recipe level. Measures drop rate, its quality cost and throughput; runs
-    use the real EP transport over 8 GPUs (one EP group), so tokens/s and MFU are comparable.
+    other six switches at the recipe level. Measures drop rate, its quality cost and throughput; each run
+    uses the real EP transport over its rung's GPUs, one EP group of one shard per GPU (8 at d512 and d768,
+    16 at d1024), so tokens/s and MFU are comparable.
     Why ragged vs fixed and not the hero's own pooled-wave transport: the recipe as published names the
     ragged all-to-all and the factor's levels are ragged / fixed; pooled_wave (an extra level, real EP
     included) is a third arm a study can add (benchmarks/ep_drops.py and ep_step.py set the four
     transports side by side)."""
     design = full_factorial(["ep_transport"])
-    eight = tuple(replace(r, gpus=8) for r in ladder(rungs))
     return Study("marin535_ep", "EP transport (ragged vs fixed): drops, quality and throughput, 2 arms",
-                 ("ep_transport",), design, eight, tuple(seeds), _GPU_DATA, Recipe(),
-                 _gpu_executor(gpus_per_run=8, ep="real", ep_size=8), H100, True, ("marin535",))
+                 ("ep_transport",), design, ladder(rungs), tuple(seeds), _GPU_DATA, Recipe(),
+                 _gpu_executor(), H100, True, ("marin535",))
 
 
 def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512",)) -> Study:

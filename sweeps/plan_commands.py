@@ -94,7 +94,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     from sweeps.executors import get_executor
     from sweeps.progress import rung_prior
-    from sweeps.sweep import check_specs, planned_runs
+    from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
     d = study.describe()
     opts = exec_options(args, study)
@@ -109,6 +109,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
+    check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)
     if "hero" in d:
         from sweeps.hero import HeroSlurm, checkpoint_plan, render_sbatch

@@ -94,6 +94,30 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
             raise ValueError(f"run {r.run_id} ({where}): {e}") from None
 
 
+def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any) -> None:
+    """Every multi-GPU run's world (`--gpus-per-run` or its rung's GPUs) tiles its EP groups and splits its
+    batches (marin.train.distributed.check_dist_layout), before anything is written or submitted: a run
+    that would fail at its first collective is refused here, named."""
+    from marin.train.distributed import check_dist_layout
+    from marin.train.stages import context_plan
+
+    if opts.executor != "slurm" or resources is None:
+        return
+    seen: set[tuple[str, int]] = set()
+    for r in runs:
+        gpus = opts.slurm.gpus_per_run if opts.slurm.gpus_per_run is not None else int(resources(r).get("gpus") or 0)
+        key = (spec_json({k: v for k, v in r.spec.to_dict().items() if k != "seed"}), gpus)
+        if gpus <= 1 or key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_dist_layout(r.spec, context_plan(r.spec), gpus)
+        except ValueError as e:
+            where = ", ".join(f"{k} {r.meta[k]}" for k in ("rung", "arm") if r.meta.get(k) is not None)
+            raise ValueError(f"run {r.run_id} ({where}) on {gpus} GPUs: {e}; use --gpus-per-run a multiple of "
+                             f"its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own GPUs") from None
+
+
 def study_resources(study: Any, sdir: Path | None = None) -> Any:
     """run -> {gpus, time_min, cpus_per_task, mem_gb} from the study's rungs and executor defaults
     (the hero: its whole job shape; `sdir`, the study folder, keeps its pre-flight reports)."""
@@ -198,6 +222,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
     check_specs(runs, opts.executor)
+    check_layouts(runs, opts, resources)
     validate(opts, sdir)
     ex = get_executor(opts.executor)
     check_reachable(runs, ex)

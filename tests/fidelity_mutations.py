@@ -122,7 +122,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M("ladder shapes", "local KV heads d/256",
       (("marin/config.py", "kv = max(1, n_heads // 4)", "kv = max(1, n_heads // 2)"),)),
     M("ladder batch/tokens", "d768 batch 256",
-      (("ablations/ladders.py", '"d768": _gpu("d768", 128, 1),', '"d768": _gpu("d768", 256, 1),'),)),
+      (("ablations/ladders.py", '"d768": _gpu("d768", 128, 8),', '"d768": _gpu("d768", 256, 8),'),)),
     M("hero shape", "8 local KV heads",
       (("marin/config.py", "n_heads=48, head_dim=128, n_kv_heads=12, n_kv_heads_global=6,",
         "n_heads=48, head_dim=128, n_kv_heads=8, n_kv_heads_global=4,"),)),

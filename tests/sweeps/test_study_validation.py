@@ -127,3 +127,29 @@ def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, caps
     assert hint == "marin-ablate status " + shlex.join(args)
     assert main(shlex.split(hint)[1:]) == 0
     assert "failed " in capsys.readouterr().out
+
+
+def test_every_gpu_rung_puts_one_ep_shard_on_each_gpu_and_a_rung_that_cannot_tile_is_refused():
+    from ablations.ladders import GPU_RUNGS, _gpu
+
+    assert {n: (r.gpus, r.model().ep_shards) for n, r in GPU_RUNGS.items()} == {
+        "d512": (8, 8), "d768": (8, 8), "d1024": (16, 16), "d1536": (32, 32), "d2048": (64, 64)}
+    with pytest.raises(ValueError, match=r"Rung 'd1024': gpus=8 is not a whole number of EP groups of "
+                                         r"ep_shards=16 ranks; allowed values: 1 \(virtual EP in one process\) "
+                                         r"or multiples of 16"):
+        _gpu("d1024", 256, 8)
+
+
+def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anything_is_written(tmp_path, capsys):
+    from ablations import get_study
+    from sweeps.executors import ExecOptions, SlurmOptions
+    from sweeps.sweep import check_layouts, planned_runs, study_resources
+
+    study = get_study("marin535")
+    runs = planned_runs(study, tmp_path)
+    check_layouts(runs, ExecOptions(executor="slurm"), study_resources(study))  # the rungs' own GPUs tile
+    with pytest.raises(ValueError, match=r"run \w+ \(rung d1024, arm [^)]+\) on 8 GPUs: ModelConfig.ep_shards=16 "
+                                         r"\(the EP group size\) with world_size=8: .*; use --gpus-per-run a "
+                                         r"multiple of its ModelConfig.ep_shards=16"):
+        check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=8)), study_resources(study))
+    assert not any(tmp_path.iterdir())
