@@ -2,8 +2,8 @@
 
 docs/method.md §2.1 "EP transports" (Marin 535B-A23B recipe: ragged all-to-all with pooled receiver capacity
 vs fixed per-(sender, expert) capacity). The drop decision lives in one pure function, `plan_drops`,
-used by the virtual-EP `LocalDispatcher` here and by the real expert-parallel dispatcher in
-`marin/ep.py`, so a single-process run drops exactly what an S-rank EP run would.
+used by the virtual-EP `LocalDispatcher` here and by the real expert-parallel dispatcher
+(`marin/ep_exchange.py` `EPDispatcher`), so a single-process run drops exactly what an S-rank EP run would.
 
 The local path is static-shaped and never reads a tensor value on the host (drop counts stay on
 the device in DispatchStats), so a compiled MoE block is one graph and a GPU step does not stall.
