@@ -95,7 +95,7 @@ def test_the_reference_check_sees_each_kind_of_outside_reference(tmp_path):
 
 # Imported for real, in a fresh interpreter: the modules that must never pull in torch, transitively
 # (function-level imports do not run here; the ast test above covers ablations/ and analysis/ sources).
-TORCH_FREE = ("marin.commands", "marin.config", "marin.optimizers", "marin.factors", "marin.plugins",
+TORCH_FREE = ("marin.commands", "marin.config", "marin.optimizers", "marin.factors", "marin.plugins", "marin.ep_layout",
               *sorted(f"{pkg}.{p.stem}" if p.stem != "__init__" else pkg for pkg in ("ablations", "analysis")
                       for p in (ROOT / pkg).glob("*.py")))
 
