@@ -448,7 +448,12 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     else:
         law = a.law
 
+        pinned_law = getattr(a, "pinned_law", None)
+
         def ci(k):
+            if k in law.pinned and pinned_law is not None:  # the ladder's own interval (its valley, if any)
+                lo, hi = pinned_law.ci(k)
+                return (f"pinned: {lo:.4g}", f"pinned: {hi:.4g}")
             if k in law.pinned:
                 return ("pinned", "pinned")
             lo, hi = law.ci(k)
@@ -470,14 +475,19 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                             else ci(k), strict=True))} for k in ("linf", "A", "alpha")]
         L += [md_table(pd.DataFrame(rows), 4),
               f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute "
-              "multiplier M on the all-off arm's curve. L∞ and α: profile-likelihood intervals (every other "
-              "parameter refitted, F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or "
-              "α = 0 without leaving the interval, so the rungs bound that side only by the parameter's range. "
-              "A: delta method with the larger of the HC3 and model-based variances."
-              + (f" L∞, α and A rest on the {law.between_df} df of the (seed × rung) cluster means: each rung's "
+              "multiplier M on the all-off arm's curve. "
+              + ("L∞ and α: profile-likelihood intervals (every other "
+                 "parameter refitted, F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or "
+                 "α = 0 without leaving the interval, so the rungs bound that side only by the parameter's range. "
+                 if pinned_law is None else "")
+              + "A: delta method with the larger of the HC3 and model-based variances."
+              + (f" {'A rests' if pinned_law is not None else 'L∞, α and A rest'} on the {law.between_df} df of "
+                 "the (seed × rung) cluster means: each rung's "
                  "own init and data order shift all its arms together (docs/method.md §4.4)."
                  if law.between_df and law.between_df > 0 else "")
               + (f" Not identified: {law.why}." if law.why else "")
+              + (f" L∞ and α are pinned from the baseline ladder, their columns its interval: "
+                 f"{pinned_law.describe()} (docs/method.md §4.1)." if pinned_law is not None else "")
               + " L, L∞ and A are in nats per token.", ""]
         slope = local_slope(a)
         if law.not_identified and slope is not None:

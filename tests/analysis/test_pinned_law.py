@@ -159,6 +159,18 @@ def test_a_valley_pinned_law_s_band_reaches_both_end_laws_and_stays_on_the_data(
     assert fit.ci("A")[0] <= min(A for _, A, _ in fit.ends) and max(A for _, A, _ in fit.ends) <= fit.ci("A")[1]
 
 
+def test_the_report_gives_a_valley_pinned_law_its_ladder_s_interval_and_no_user_pin_warning(tmp_path):
+    base = simulate_table(straight(), rungs=LADDER, seeds=1, rng=np.random.default_rng(100))
+    law = fit_reference(*(base[base["arm"] == "---"][c] for c in ("train_flops", "eval_macro_loss")))
+    df = simulate_table(straight(), rungs=DESIGN_RUNGS, seeds=1, rng=np.random.default_rng(0))
+    md = render_markdown(analyze(df, pinned_law=law), df, {}, tmp_path, title="t")
+    section = md.split("## Reference law")[1]
+    lo, hi = law.ci("linf")
+    assert f"| linf | 0.0000 | pinned: {lo:.4g} | pinned: {hi:.4g} |" in section
+    assert "L∞ and α are pinned from the baseline ladder, their columns its interval: its local slope" in section
+    assert "pinned by the user" not in md and "profile-likelihood intervals" not in section.split("##")[0]
+
+
 def test_a_ladder_whose_loss_does_not_fall_cannot_pin_the_law():
     C = [15259926528.0 * 2**k for k in range(7)]
     L = 3.0 + 0.02 * np.random.default_rng(0).standard_normal(7)
