@@ -16,6 +16,7 @@ from marin import plugins
 from sweeps.bounds import check_args
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "studies": ("sweeps.commands", "the registered studies (plugins' included), one line each"),
     "describe": ("sweeps.commands", "resolved config, parameter and FLOP counts of a preset"),
     "train": ("marin.train", "train one run into an output directory"),
     "plan": ("sweeps.plan_commands", "print a study's design, alias table, runs and cost"),
@@ -29,12 +30,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """The installed package's version (importlib.metadata: no torch), or "unknown" from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("marin-ablate")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"marin-ablate {version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         lines = [f"  {k:<{width}}  {v[1]}" for k, v in COMMANDS.items()]
-        msg = "usage: marin-ablate COMMAND [options]\n\ncommands:\n" + "\n".join(lines)
+        msg = ("usage: marin-ablate COMMAND [options]   (marin-ablate --version; marin-ablate COMMAND --help)\n\n"
+               "commands:\n" + "\n".join(lines))
         if argv and argv[0] not in ("-h", "--help"):
             print(f"marin-ablate: unknown command {argv[0]!r}; allowed values: {', '.join(COMMANDS)}\n",
                   file=sys.stderr)

@@ -1,7 +1,8 @@
-"""`marin-ablate describe`, and what `plan`, `run`, `status` and `tune` share: their arguments, the
+"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their arguments, the
 study and execution options they resolve, the corpus check and the table layout (sweeps/cli.py
 dispatches here and to sweeps/plan_commands.py, run_commands.py, status_commands.py, tune_commands.py).
 
+    marin-ablate studies [--json]             the registered studies, one line each
     marin-ablate describe --preset NAME [--json]  resolved config, parameter and FLOP counts
 
     marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
@@ -16,6 +17,7 @@ submitted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -25,6 +27,23 @@ DEFAULT_OUT = "runs"
 # ---------------------------------------------------------------------------------------------
 # describe: marin.commands does the arithmetic; the ladder rung of a preset is looked up here
 # ---------------------------------------------------------------------------------------------
+
+
+def studies_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="a JSON list of {name, description} (default: a table)")
+
+
+def cmd_studies(args: argparse.Namespace) -> int:
+    """Every registered study with its one-line description: what `plan`, `run` and `tune` accept as STUDY."""
+    from ablations.studies import STUDIES, get_study
+
+    rows = [{"name": n, "description": get_study(n).description} for n in STUDIES]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        width = max(len(r["name"]) for r in rows)
+        print("\n".join(f"{r['name']:<{width}}  {r['description']}" for r in rows))
+    return 0
 
 
 def describe_args(p: argparse.ArgumentParser) -> None:
