@@ -144,9 +144,11 @@ def _check(fit: cm.CostModel, held_out: list[dict], tag: str, now: tuple[float, 
 @pytest.mark.slow
 def test_the_90_interval_covers_real_runs_on_a_loaded_and_an_idle_machine(tmp_path):
     """Fit on real tiny runs timed as the machine is, then predict runs timed beside 3 x cores busy loops
-    (and the reverse, once the loops are gone) at the load they trained under: the scaled 90% interval
-    holds the measured total; the unscaled one (the model before it measured the load) misses the loaded
-    truth."""
+    (and the reverse, once the loops are gone) at the load they trained under: the scaled interval holds
+    the measured total; the unscaled one (the model before it measured the load) misses the loaded truth
+    even widened. One draw of a 90% interval misses one time in ten by design (a CI run once missed by
+    0.1%), so each draw is held to the same model's 99.9% interval (`_wide`): a wrong scale, the failure
+    this guards against, misses that too."""
     import torch
 
     torch.set_num_threads(1)
@@ -168,14 +170,21 @@ def test_the_90_interval_covers_real_runs_on_a_loaded_and_an_idle_machine(tmp_pa
             p.kill()
             p.wait()
     pred, truth = _check(fit_idle, loaded, "loaded, from idle runs", now)
-    assert pred.n_measured == 3 and pred.lo <= truth <= pred.hi, (pred, truth)
-    assert truth > fit_idle.predict([r["flops"] for r in loaded]).hi  # unscaled, the interval misses
+    assert pred.n_measured == 3 and _wide(pred)[0] <= truth <= _wide(pred)[1], (pred, _wide(pred), truth)
+    assert truth > _wide(fit_idle.predict([r["flops"] for r in loaded]))[1]  # unscaled, even the wide one misses
 
     time.sleep(1.0)
     now = cm.slowdown_now(1)
     pred, truth = _check(cm.CostModel(*prior, obs=cm.observations(loaded, [])), _timed_runs(tmp_path, "again", 3),
                          "idle, from loaded runs", now)
-    assert pred.lo <= truth <= pred.hi, (pred, truth)
+    assert _wide(pred)[0] <= truth <= _wide(pred)[1], (pred, _wide(pred), truth)
+
+
+def _wide(e: cm.Estimate, z: float = 3.29) -> tuple[float, float]:
+    """The estimate's interval at two-sided 99.9% instead of 90%: the same relative sd (its 90% spread
+    1 + Z90·rel), the same ratio form."""
+    rel = (e.hi / e.seconds - 1.0) / cm.Z90
+    return e.seconds / (1.0 + z * rel), e.seconds * (1.0 + z * rel)
 
 
 def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums(tmp_path, capsys):
