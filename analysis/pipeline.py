@@ -26,7 +26,8 @@ from analysis.attribution import (
     fit_effects,
 )
 from analysis.bootstrap import bootstrap
-from analysis.joint import JointFit, law_of, quality_fit
+from analysis.joint import JointFit, quality_fit
+from analysis.law_intervals import law_of
 from analysis.reflaw import PinnedLaw
 from analysis.responses import RESPONSES, Response, ordered
 from analysis.results import Inventory, factor_columns, inventory

@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis.findings import arm_kinds, finding, qualified_text, qualifiers, scale_cells, verdict_family
 from analysis.html import render_html
-from analysis.joint import PROFILE_BOUNDS
+from analysis.law_intervals import PROFILE_BOUNDS
 from analysis.pipeline import StudyAnalysis
 from analysis.provenance import provenance
 from analysis.regimes import regime_frames

@@ -1,7 +1,7 @@
 """The reference law L(C) = L∞ + A·C^(−α) and the quality multiplier M_flop = C_eq/C (docs/method.md §4.1–2).
 
-The law is fitted jointly with the quality effects on every run (analysis/joint.py, `law_of` returns
-it as a LawFit): this module holds the fitted law, its intervals and the multiplier it defines.
+The law is fitted jointly with the quality effects on every run (analysis/joint.py; analysis/law_intervals.py
+`law_of` returns it as a LawFit): this module holds the fitted law, its intervals and the multiplier it defines.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class LawFit:
 
     def ci(self, name: str) -> tuple[float, float]:
         """95% interval of linf, A or alpha: L∞ and α profile likelihood (F-based), A delta method
-        (analysis/joint.py `law_of`); (v, v) when pinned, NaN when the data cannot identify it."""
+        (analysis/law_intervals.py `law_of`); (v, v) when pinned, NaN when the data cannot identify it."""
         if name not in ("linf", "A", "alpha"):
             raise ValueError(f"name {name!r}; allowed values: linf, A, alpha")
         if name in self.pinned:

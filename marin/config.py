@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Mapping
 
 from marin.factors import (  # noqa: F401
     BASELINE_LEVELS,
@@ -39,8 +39,10 @@ from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides 
     check_ranges,
     is_int,
     is_num,
+    non_default,
     optional,
     split_overrides,
+    to_dict,
 )
 from marin.phases import MixturePhase, check_mixture  # noqa: F401  (re-exported: DataConfig.mixture's type)
 from marin.schema import seed_offset
@@ -446,27 +448,6 @@ class DataConfig:
 SPEC_VERSION = 6
 
 
-def non_default(obj: Any) -> dict:
-    """The fields of a dataclass that differ from their defaults (nested dataclasses recursively)."""
-    out = {}
-    for f in fields(obj):
-        v = getattr(obj, f.name)
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            out[f.name] = to_dict(v)
-            continue
-        if dataclasses.is_dataclass(v) and isinstance(v, type(default)):
-            sub = non_default(v)
-            if sub:
-                out[f.name] = sub
-        elif to_dict(v) != to_dict(default):
-            out[f.name] = to_dict(v)
-    return out
-
-
 @dataclass(frozen=True)
 class RunSpec:
     """One run: (ModelConfig, Recipe, TrainConfig, data, seed). Its id hashes `identity_json`, so it
@@ -530,15 +511,6 @@ class RunSpec:
             data["mixture"] = check_mixture(data["mixture"])
         return cls(model=ModelConfig(**model), recipe=Recipe(**d.get("recipe", {})),
                    train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
-
-
-def to_dict(obj: Any) -> Any:
-    """Dataclasses to plain JSON-able dicts (tuples become lists)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(x) for x in obj]
-    return obj
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
 __post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
-the `--set field=value` overrides parsed by each field's type. The validation helpers (`check`,
+the `--set field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
+(`to_dict`, and `non_default`: what a run id hashes). The validation helpers (`check`,
 `check_level`, `is_int`, `is_num`) are public: marin/config.py and marin/phases.py raise with them.
 Torch-free, like marin/config.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import fields, replace
 from typing import Any, Mapping, Sequence
@@ -126,4 +128,34 @@ def split_overrides(items: Sequence[str], sections: Sequence[str] = SPEC_SECTION
             raise ValueError(f"--set {item!r} must look like section.field=value; allowed sections: "
                              f"{', '.join(sections)} (a bare field=value is model.field)")
         out[section].append(f"{name}={value}")
+    return out
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses to plain JSON-able dicts (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    return obj
+
+
+def non_default(obj: Any) -> dict:
+    """The fields of a dataclass that differ from their defaults (nested dataclasses recursively)."""
+    out = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            out[f.name] = to_dict(v)
+            continue
+        if dataclasses.is_dataclass(v) and isinstance(v, type(default)):
+            sub = non_default(v)
+            if sub:
+                out[f.name] = sub
+        elif to_dict(v) != to_dict(default):
+            out[f.name] = to_dict(v)
     return out

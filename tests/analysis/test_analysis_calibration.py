@@ -201,7 +201,7 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     # identifies them (each seed alone: 2 streams × 3 rungs, 5 cluster-level parameters, 1 df)
     import dataclasses
 
-    from analysis.joint import PROFILE_BOUNDS, profile_ci
+    from analysis.law_intervals import PROFILE_BOUNDS, profile_ci
 
     jf = a.joint["power"]
     assert a.law.between_df == 6 * 2 * 3 - (3 + 5 + 2)  # law, 5 seed blocks, placebo and placebo × log C

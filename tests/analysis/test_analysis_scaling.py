@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.joint import fit_joint, law_of
+from analysis.joint import fit_joint
+from analysis.law_intervals import law_of
 from analysis.scaling import log_multiplier
 
 TRUE = {"linf": 2.1, "A": 350.0, "alpha": 0.18}
@@ -91,7 +92,8 @@ def test_law_profile_interval_is_exactly_the_set_where_the_refitted_rss_passes_t
     RSS <= RSS_min·(1 + t²/df), every value outside does not; an end at the range bound is exact."""
     from scipy import stats
 
-    from analysis.joint import PROFILE_BOUNDS, fit_joint, profile_ci
+    from analysis.joint import fit_joint
+    from analysis.law_intervals import PROFILE_BOUNDS, profile_ci
 
     C, L, E = _joint_ladder(seed=rungs, rungs=rungs)
     jf = fit_joint(C, L, E, [1])

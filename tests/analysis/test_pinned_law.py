@@ -43,7 +43,7 @@ def test_an_unidentified_curvature_widens_the_headline_to_every_accepted_linf():
     est, lo, hi = total(a)
     jf = a.joint["power"]
     rss0 = float(jf.resid @ jf.resid)
-    s2b, dfb = between_clusters(jf)  # the split-plot test of a law parameter (analysis/joint.py profile_ci)
+    s2b, dfb = between_clusters(jf)  # the split-plot test of a law parameter (analysis/law_intervals.py profile_ci)
     allow = max(stats.t.ppf(0.975, jf.dof) ** 2 * rss0 / jf.dof, stats.t.ppf(0.975, dfb) ** 2 * s2b)
     accepted = 0
     for frac in (0.0, 0.4, 0.8, 0.9):
