@@ -74,6 +74,15 @@ def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, fl
     return plan_runs(runs, sdir or study_dir(out, study.name))
 
 
+def _spec_key(r: PlannedRun) -> str:
+    """What a run's checks depend on: its spec without the seed (a study's seeds share them)."""
+    return spec_json({k: v for k, v in r.spec.to_dict().items() if k != "seed"})
+
+
+def _where(r: PlannedRun) -> str:
+    return ", ".join(f"{k} {r.meta[k]}" for k in ("rung", "arm") if r.meta.get(k) is not None)
+
+
 def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
     """What `train` checks of a spec before it writes anything (marin.train.loop.check_spec), for every
     run, before any run directory is written or a run launched; the device is checked on this machine
@@ -83,15 +92,14 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
     here = get_executor(executor).trains_here
     seen: set[str] = set()
     for r in runs:
-        key = spec_json({k: v for k, v in r.spec.to_dict().items() if k != "seed"})  # the seeds share their checks
+        key = _spec_key(r)  # the seeds share their checks
         if key in seen:
             continue
         seen.add(key)
         try:
             check_spec(r.spec, here=here)
         except ValueError as e:
-            where = ", ".join(f"{k} {r.meta[k]}" for k in ("rung", "arm") if r.meta.get(k) is not None)
-            raise ValueError(f"run {r.run_id} ({where}): {e}") from None
+            raise ValueError(f"run {r.run_id} ({_where(r)}): {e}") from None
 
 
 def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any) -> None:
@@ -106,15 +114,14 @@ def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any)
     seen: set[tuple[str, int]] = set()
     for r in runs:
         gpus = opts.slurm.gpus_per_run if opts.slurm.gpus_per_run is not None else int(resources(r).get("gpus") or 0)
-        key = (spec_json({k: v for k, v in r.spec.to_dict().items() if k != "seed"}), gpus)
+        key = (_spec_key(r), gpus)
         if gpus <= 1 or key in seen:
             continue
         seen.add(key)
         try:
             check_dist_layout(r.spec, context_plan(r.spec), gpus)
         except ValueError as e:
-            where = ", ".join(f"{k} {r.meta[k]}" for k in ("rung", "arm") if r.meta.get(k) is not None)
-            raise ValueError(f"run {r.run_id} ({where}) on {gpus} GPUs: {e}; use --gpus-per-run a multiple of "
+            raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPUs: {e}; use --gpus-per-run a multiple of "
                              f"its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own GPUs") from None
 
 
