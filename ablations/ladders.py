@@ -277,7 +277,7 @@ def _hero_rung(d: str, racks: int) -> Rung:
 
 HERO_RUNGS: dict[str, Rung] = {f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()}
 
-#: The ladder families: a study's rungs come from one (analysis/precision.py proposes its other rungs).
+#: The ladder families: a study's rungs come from one (analysis/calibration/precision.py proposes its other rungs).
 LADDERS: dict[str, dict[str, Rung]] = {"cpu": CPU_RUNGS, "gpu": GPU_RUNGS, "hero": HERO_RUNGS}
 RUNGS: dict[str, Rung] = {name: r for family in LADDERS.values() for name, r in family.items()}
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.hardware import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
+from ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
 from ablations.ladders import (
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
@@ -234,7 +234,7 @@ class Study:
                 info.update(core_seconds=r.est_wall_s() * sum(work) * n_seeds,
                             timeout_min=max(2, math.ceil(3 * r.est_wall_s() * max(work) / 60)))
                 total_wall += r.est_wall_s() * sum(work) * n_seeds
-            if self.hero is not None:  # one job of the hero's requeued chain: sbatch --time (sweeps/hero.py)
+            if self.hero is not None:  # one job of the hero's requeued chain: sbatch --time (planning/hero.py)
                 info.update(timeout_min=self.hero.job_time_min)
             total_flops += flops
             rung_rows.append(info)
@@ -364,7 +364,7 @@ def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = 
     arms, resolution IV, every two-factor interaction with waste clear.
     Replicates: each seed (its own init and data order) is one replicate of the 48-run study; the
     analysis also analyses each seed alone and reports how many replicates' intervals cover each
-    planted truth (analysis/replicates.py). Ten by default: a coverage rate, not one draw.
+    planted truth (analysis/fit/replicates.py). Ten by default: a coverage rate, not one draw.
     Budget: ~16 arms x (32+64+128 steps) x 1.5 (extra_compute) x 1024 tokens / ~15k tok/s + 3 x 2 s
     = ~30 core-s per arm; measured ~6 min per seed on 2 cores, so ~1 h for the ten.
     """
@@ -473,7 +473,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                 train_overrides={"compile": True, "eval_every": min(3_000, steps),
                                  "checkpoint_every": min(1_000, max(1, steps // 4)),
                                  # 1,000 steps are longer than a 4 h job: an hourly temporary checkpoint as
-                                 # Marin's (sweeps/timemodel.py checks it against HeroPlan.job_time_min)
+                                 # Marin's (planning/timemodel.py checks it against HeroPlan.job_time_min)
                                  "checkpoint_interval_s": 3600.0,
                                  "log_every": 10,
                                  # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss

@@ -1,9 +1,8 @@
 """marin-ablate analysis: results table -> reference law -> multipliers -> attribution -> report (docs/method.md §4).
 
 Never imports torch or `marin` (tests/analysis/test_analysis_report.py checks it), so notebooks open fast.
-Modules: results (run dirs -> table), responses (what is attributed: one table), joint (law + quality
-effects fit; lsq its solver), scaling (law, M_flop), attribution (effects, Shapley/LOO/AOI,
-aliasing), pipeline (the whole analysis), ofat (one-factor-at-a-time studies), importer
-(`marin-ablate import FILE`), forecast (pre-registration), plots, report, simulate,
-commands (`marin-ablate analyze|forecast`).
+By job: `io` (run folders -> table, tables from elsewhere), `responses` (what is attributed: one table),
+`fit` (the joint law + quality effects, attribution, regimes, replicates, bootstrap, checks), `ofat`
+(one-factor-at-a-time studies), `calibration` (precision planning, simulation, forecasts), `report` (writer,
+findings, plots, provenance) and `pipeline` (the whole analysis). The commands are marin_ablate/analyze.py.
 """

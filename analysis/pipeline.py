@@ -1,9 +1,9 @@
 """Results table -> law, multipliers, effects, components, extrapolation, checks (docs/method.md).
 
 `analyze_table(df)` is the whole analysis without plots or files. The reference law and the quality
-effects are one fit on every run (analysis/joint.py); throughput is an OLS on ln R; wall-clock adds
+effects are one fit on every run (analysis/fit/joint.py); throughput is an OLS on ln R; wall-clock adds
 the two. It uses what is estimable and records in `notes` everything it left out, and in `warnings`
-what a reader must know before trusting a number (analysis/checks.py).
+what a reader must know before trusting a number (analysis/fit/checks.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.attribution import (
+from analysis.fit.attribution import (
     EffectsFit,
     alias_structure,
     anova_table,
@@ -25,13 +25,13 @@ from analysis.attribution import (
     design_matrix,
     fit_effects,
 )
-from analysis.bootstrap import bootstrap
-from analysis.joint import JointFit, quality_fit
-from analysis.law_intervals import law_of
-from analysis.reflaw import PinnedLaw
+from analysis.fit.bootstrap import bootstrap
+from analysis.fit.joint import JointFit, quality_fit
+from analysis.fit.law_intervals import law_of
+from analysis.fit.reflaw import PinnedLaw
+from analysis.fit.scaling import LawFit, log_multiplier
+from analysis.io.results import Inventory, factor_columns, inventory
 from analysis.responses import RESPONSES, Response, ordered
-from analysis.results import Inventory, factor_columns, inventory
-from analysis.scaling import LawFit, log_multiplier
 
 BOOT_METHODS = ("wild", "cells", "none")
 #: Extrapolation beyond this multiple of the top rung's compute is refused unless forced.
@@ -66,12 +66,12 @@ class StudyAnalysis:
     warnings: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # lost runs and what they cost
     level: float = 0.95
-    # Planted factors of known effect (analysis/replicates.py): the pooled check, and with several
+    # Planted factors of known effect (analysis/fit/replicates.py): the pooled check, and with several
     # seeds each seed's own analysis and the coverage over those replicates.
     planted: pd.DataFrame | None = None
     replicates: pd.DataFrame | None = None
     coverage: pd.DataFrame | None = None
-    pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/reflaw.py)
+    pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/fit/reflaw.py)
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -181,14 +181,14 @@ class _Prepared:
     mixed: bool
     level: float
     notes: list[str]
-    clusters: np.ndarray | None = None  # runs sharing a random stream at one rung (analysis/joint.py)
+    clusters: np.ndarray | None = None  # runs sharing a random stream at one rung (analysis/fit/joint.py)
     fits: dict[str, EffectsFit] = field(default_factory=dict)
     reduced: dict[str, EffectsFit] = field(default_factory=dict)
     masks: dict[str, np.ndarray] = field(default_factory=dict)
     ref_groups: dict[str, np.ndarray] = field(default_factory=dict)  # a ratio response's reference group per run
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
-    pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/reflaw.py)
+    pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/fit/reflaw.py)
     pin_valley: tuple = ()  # its accepted (L∞, α) pairs, where its ladder fixes only the slope
 
 
@@ -338,11 +338,10 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates.
-    `pinned_law`: L∞ and α from a reference ladder (analysis/reflaw.py), pinned with their covariance
+    `pinned_law`: L∞ and α from a reference ladder (analysis/fit/reflaw.py), pinned with their covariance
     (it overrides pin_linf / pin_alpha)."""
-    from analysis.checks import lost_runs, paired_per_rung, total_checks, warnings_for
-    from analysis.findings import mark_not_varied, refuse_single_rung
-    from analysis.replicates import (
+    from analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
+    from analysis.fit.replicates import (
         BETWEEN_SEEDS_MIN,
         between_seed_interval,
         between_seed_law,
@@ -352,6 +351,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         replicate_checks,
         truth_check,
     )
+    from analysis.report.findings import mark_not_varied, refuse_single_rung
 
     responses = tuple(RESPONSES) if responses is None else tuple(responses)
     bad = [r for r in responses if r not in RESPONSES]
@@ -410,7 +410,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                      "multiplier's interval (delta method and bootstrap draws)")
     pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
-    # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/joint.py)
+    # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)
     stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()
               else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))
     clusters = (stream + "|" + ok["rung"].astype(str)).to_numpy()
@@ -481,7 +481,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                         extrap.loc[m, "law_form_spread"] = np.abs(e1 - ee)
         if not scale:
             notes.append("extrapolation without scale terms: the multipliers are carried unchanged to the target")
-    # Seeds as replicates (analysis/replicates.py): each seed alone, for the between-seed interval and
+    # Seeds as replicates (analysis/fit/replicates.py): each seed alone, for the between-seed interval and
     # the coverage of planted truths.
     truths = planted_truths(df)
     n_seeds = ok["seed"].nunique() if "seed" in ok else 1

@@ -4,9 +4,9 @@ on which scale, and how the report names it.
 Every response is a ln-scale column of the analysis table (`Response.column`) whose factor effects
 are attributed the same way (Shapley, LOO, AOI, per rung). Its `family` says how it is fitted:
 
-  * "law": the joint law + quality effects fit on every run (analysis/joint.py); the column is
+  * "law": the joint law + quality effects fit on every run (analysis/fit/joint.py); the column is
     ln M_flop of each run under the fitted reference law;
-  * "ols": OLS of `transform(source)` on the factor model (analysis/attribution.py `fit_effects`);
+  * "ols": OLS of `transform(source)` on the factor model (analysis/fit/attribution.py `fit_effects`);
     transform "ln" is ln(source), "ln_ratio" is ln(source / mean source of the all-off arm on the
     same rung and hardware), so the effect is a ratio to the baseline measured alongside it;
   * "sum": the sum of `parts` (coefficients and covariances add, as for independent noise).

@@ -40,15 +40,15 @@ RUNG_SD = {"g1": 0.02, "g2": 0.02}
 @functools.lru_cache(maxsize=None)
 def _design(study: str) -> tuple[list[str], np.ndarray]:
     from ablations.studies import get_study
-    from analysis.simulate import study_design
+    from analysis.calibration.simulate import study_design
 
     factors = [f.name for f in get_study(study).factors]
     return factors, study_design(study, factors)
 
 
 def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str, tuple[bool, bool]]:
+    from analysis.calibration.simulate import random_truth, simulate_table
     from analysis.pipeline import analyze_table
-    from analysis.simulate import random_truth, simulate_table
 
     study, seeds, nr = DESIGNS[design]
     factors, D = _design(study)
@@ -80,14 +80,14 @@ def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str
     ch = a.checks
     disagree = {r: bool((ch[ch["response"] == r]["agree"] == False).any()) for r in ("ln_M", "ln_R")}  # noqa: E712
     sh = truth.shapley(a.c_ref)
-    # the report says when its quality intervals cannot include a (seed × rung) shift (analysis/checks.py)
-    from analysis.checks import unmeasured_shift
+    # the report says when its quality intervals cannot include a (seed × rung) shift (analysis/fit/checks.py)
+    from analysis.fit.checks import unmeasured_shift
 
     blind = bool(unmeasured_shift(a))
-    # the report warns that a stream-changing factor's intervals can be too narrow (analysis/checks.py)
+    # the report warns that a stream-changing factor's intervals can be too narrow (analysis/fit/checks.py)
     streamed = {f for f in factors if any(w.startswith(f"{f}: its two levels never share") for w in a.warnings)}
     for f in factors:
-        # a TOTAL disagreement warns that every component of that response is suspect (analysis/checks.py)
+        # a TOTAL disagreement warns that every component of that response is suspect (analysis/fit/checks.py)
         put("component M_flop", comp.loc[("ln_M", f), "shapley_lo"], comp.loc[("ln_M", f), "shapley_hi"], sh[f],
             disagree["ln_M"] or f in streamed or blind)
         if f in truth.stream_factors:  # scored alone too: with >= 3 seeds the between-seed interval covers it
@@ -100,7 +100,7 @@ def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str
     put("TOTAL R", comp.loc[("ln_R", "TOTAL"), "shapley_lo"], comp.loc[("ln_R", "TOTAL"), "shapley_hi"],
         truth.throughput_total(), disagree["ln_R"])
     # What Findings lead with: the observed all-on vs all-off contrast where the model's TOTAL fails its check
-    from analysis.findings import recommended_total
+    from analysis.report.findings import recommended_total
 
     for resp, label, t in (("ln_R", "R", truth.throughput_total()),
                            ("ln_W", "W", sum(sh.values()) + truth.throughput_total())):
@@ -137,7 +137,7 @@ def main() -> None:
     bad = [x for x in scen if x not in SCENARIOS]
     if bad:
         ap.error(f"--scenarios {bad}: allowed values: {', '.join(SCENARIOS)}")
-    from analysis.replicates import clopper_pearson
+    from analysis.fit.replicates import clopper_pearson
 
     print("| design | quantity | n | coverage | covered or flagged | exact 95% of covered or flagged |")
     print("|---|---|---|---|---|---|")

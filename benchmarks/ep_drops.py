@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
           "(pooled per receiver, 2 chunks); MB/shard = bytes a shard sends off-shard, dispatch + return")
     summary = {}
     summary["rungs"] = rung_rows(args)
-    if args.json:  # what the report prints beside a CPU study's own drop rates (analysis/report.py)
+    if args.json:  # what the report prints beside a CPU study's own drop rates (analysis/report/writer.py)
         import json
         from pathlib import Path
 

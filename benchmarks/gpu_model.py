@@ -284,7 +284,7 @@ def bench_full_model(dev):
     from marin.config import PRESETS, Recipe, RunSpec, TrainConfig
     from marin.flops import flops_per_token
     from marin.model import MarinModel
-    from marin.optim import build_optimizer, resolve_hparams
+    from marin.update_rules import build_optimizer, resolve_hparams
 
     name = "tiny" if common.ARGS.tiny else "d1024"
     recipe = Recipe()

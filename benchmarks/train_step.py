@@ -21,8 +21,8 @@ import torch
 from marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin.flops import flops_per_token
 from marin.model import MarinModel
-from marin.optim import build_optimizer, resolve_hparams
 from marin.train import forward_backward, hardware_name, optimizer_step, peak_flops
+from marin.update_rules import build_optimizer, resolve_hparams
 
 
 def synthetic_batches(n: int, batch: int, seq_len: int, vocab: int, seed: int = 0):

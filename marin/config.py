@@ -15,15 +15,6 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
-from marin.factors import (  # noqa: F401
-    BASELINE_LEVELS,
-    FACTORS,
-    IDENTITY_LEVELS,
-    MODEL_FACTORS,
-    RECIPE_FACTOR_SPECS,
-    RECIPE_LEVELS,
-    factor_spec,
-)
 from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
     CAPACITY,
     FRAC,
@@ -46,9 +37,18 @@ from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides 
 )
 from marin.phases import MixturePhase, check_mixture  # noqa: F401  (re-exported: DataConfig.mixture's type)
 from marin.schema import seed_offset
+from marin.switches import (  # noqa: F401
+    BASELINE_LEVELS,
+    FACTORS,
+    IDENTITY_LEVELS,
+    MODEL_FACTORS,
+    RECIPE_FACTOR_SPECS,
+    RECIPE_LEVELS,
+    factor_spec,
+)
 
 # ---------------------------------------------------------------------------------------------
-# Recipe: one field per row of marin.factors.RECIPE_FACTOR_SPECS, defaulting to the recipe level.
+# Recipe: one field per row of marin.switches.RECIPE_FACTOR_SPECS, defaulting to the recipe level.
 # ---------------------------------------------------------------------------------------------
 
 

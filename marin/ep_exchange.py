@@ -80,7 +80,7 @@ class _GradScale(torch.autograd.Function):
 
 def read_splits(splits_2CS: Tensor, rows: int) -> list:
     """ragged's one host read: every chunk's (input, output) split sizes as host ints (one `.tolist()`);
-    `rows` (the rows this rank could send) is for a stand-in that cannot read values (sweeps/rehearsal.py)."""
+    `rows` (the rows this rank could send) is for a stand-in that cannot read values (planning/rehearsal.py)."""
     return splits_2CS.tolist()
 
 

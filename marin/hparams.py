@@ -1,6 +1,6 @@
 """One resolver for a run's optimizer hyperparameters: peak LR per group, Adam ε, betas.
 
-Studies (`ablations.ladders.Rung`), `marin-ablate train` and `marin.optim.build_optimizer` all call
+Studies (`ablations.ladders.Rung`), `marin-ablate train` and `marin.update_rules.build_optimizer` all call
 `resolve_hparams(spec)`; a rung or a tuned arm sets only `TrainConfig.lr_scale`. Pure arithmetic,
 never imports torch.
 

@@ -4,11 +4,11 @@ A level maps each parameter role (the model's `param_roles()`) to a kind; a kind
 state buffers it keeps per element, whether it orthogonalizes its direction (Newton–Schulz), which
 resolved peak lr it takes, whether it decays weights and whether it lives on a hyperball; a level also
 names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
-(`marin.optim`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`sweeps/dryrun.py`)
-and the hero's checkpoint plan (`sweeps/hero.py`) all read these tables. Adding an optimizer is one
-`marin.factors.register_optimizer(...)` call (README "Adding an optimizer"): it adds the level to the
+(`marin.update_rules`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`planning/dryrun.py`)
+and the hero's checkpoint plan (`planning/hero.py`) all read these tables. Adding an optimizer is one
+`marin.switches.register_optimizer(...)` call (README "Adding an optimizer"): it adds the level to the
 recipe's optimizer factor too, which reads this table. Pure Python; never imports torch: a
-kind's `update` is the import path ("module:function") of its torch step, resolved by `marin.optim`.
+kind's `update` is the import path ("module:function") of its torch step, resolved by `marin.update_rules`.
 Table of levels: docs/method.md §2.1.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Callable
 ROLES = ("matrix", "expert", "lm_head", "embed", "router", "gate", "norm", "sconv")
 NO_DECAY_ROLES = ("norm", "sconv")  # no decay on gains or the identity-init conv taps, whatever the level
 LR_GROUPS = ("matrix", "adam")  # which resolved peak lr a kind takes: OptimHparams.lr or .adam_lr
-#: Newton–Schulz coefficient schedules (a, b, c) per iteration, as marin.optim's module docstring derives them
+#: Newton–Schulz coefficient schedules (a, b, c) per iteration, as marin.update_rules's module docstring derives them
 NS_SCHEDULES: dict[str, tuple[tuple[float, float, float], ...]] = {
     "quintic": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
                 (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
@@ -32,7 +32,7 @@ NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
 @dataclass(frozen=True)
 class GroupKind:
     """One update rule. `update` is "module:function" (or the function) of signature
-    `(opt: marin.optim.MarinOptimizer, p: Tensor, group: dict) -> None`, stepping one parameter."""
+    `(opt: marin.update_rules.MarinOptimizer, p: Tensor, group: dict) -> None`, stepping one parameter."""
 
     name: str
     state_buffers: int  # fp32 buffers per parameter element (momentum: 1; Adam moments: 2)
@@ -98,7 +98,7 @@ class OptimizerLevel:
                              f"{', '.join(allowed) or '(none: every role decays, sits on a sphere or never decays)'}")
 
 
-_MARIN = "marin.optim:"
+_MARIN = "marin.update_rules:"
 GATE_ROUTER = ("gate", "router")  # Hyperball's Adam group decays these (OptimizerLevel.annealed_decay)
 KINDS: dict[str, GroupKind] = {k.name: k for k in (
     GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update"),
@@ -108,7 +108,7 @@ KINDS: dict[str, GroupKind] = {k.name: k for k in (
     GroupKind("muon", 1, True, "matrix", True, False, _MARIN + "muon_update"),
 )}
 
-#: The levels; the first is the recipe level, the second the baseline (marin.factors "optimizer" row).
+#: The levels; the first is the recipe level, the second the baseline (marin.switches "optimizer" row).
 OPTIMIZERS: dict[str, OptimizerLevel] = {o.name: o for o in (
     OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}, "adam", "hyperball",
                    "MuonH on matrices, AdamH on the lm head, Adam elsewhere", annealed_decay=GATE_ROUTER),

@@ -356,7 +356,7 @@ def slurm_resources(run: PlannedRun, s: SlurmOptions, resources: Callable | None
            "nodes": 1 if gpus else int(s.nodes or base.get("nodes") or 1),
            "tasks_per_node": 1 if gpus else int(s.tasks_per_node or base.get("tasks_per_node") or 1),
            "max_num_timeout": max(s.max_num_timeout, int(base.get("max_num_timeout") or 0))}
-    # a study's own job shape (the hero: sweeps/hero.py), hashable so runs group by it
+    # a study's own job shape (the hero: planning/hero.py), hashable so runs group by it
     for k in ("signal_delay_s", "python", "setup", "srun_args", "additional", "job_name", "partition", "account"):
         if base.get(k) is not None:
             res[k] = base[k]

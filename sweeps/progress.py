@@ -3,7 +3,7 @@ running run its step and last loss.
 
 On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a new line is printed
 only when something shown changes, so logs stay short. The ETA is the cost model of
-sweeps/costmodel.py (the plan's per-rung seconds as its prior, this host's recorded runs and the
+planning/costmodel.py (the plan's per-rung seconds as its prior, this host's recorded runs and the
 study's finished runs as its data) over the runs left, less the steps running runs have done, with
 a 90% interval.
 Everything here reads run directories only (spec.json, metrics.jsonl tail, summary.json, .lock).
@@ -21,8 +21,8 @@ from typing import Any, Sequence, TextIO
 
 from marin.config import RunSpec
 from marin.schema import loads_json, read_json
-from sweeps import costmodel as cm
-from sweeps.costmodel import (
+from planning import costmodel as cm
+from planning.costmodel import (
     CostModel,
     Estimate,
     cores,
@@ -84,7 +84,7 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
 
 def run_flops(run_dir: str | Path) -> float | None:
     """Training FLOPs of the run from its spec.json (None when unreadable)."""
-    from sweeps.costmodel import spec_flops
+    from planning.costmodel import spec_flops
 
     try:
         return spec_flops(RunSpec.from_dict(read_json(Path(run_dir) / "spec.json") or {}))
@@ -107,7 +107,7 @@ def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
 
 def eta_model(prior: tuple[float, ...] | None, slots: int, device: str = "cpu") -> CostModel | None:
     """The cost model an ETA starts from: the plan's assumption (`rung_prior`) as the prior; its data, the
-    runs this host recorded at `slots` runs at once (sweeps/costmodel.py), are joined with the study
+    runs this host recorded at `slots` runs at once (planning/costmodel.py), are joined with the study
     folder's in `study_eta` (each run id once)."""
     if prior is None:
         return None

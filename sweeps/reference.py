@@ -1,4 +1,4 @@
-"""The baseline arm's wide ladder that pins a study's reference law (docs/method.md §4.1; analysis/reflaw.py).
+"""The baseline arm's wide ladder that pins a study's reference law (docs/method.md §4.1; analysis/fit/reflaw.py).
 
 Run once per machine and configuration: its runs and fit live in the user's cache
 (`$MARIN_CACHE_DIR/reference_law/<key>/`, key = a hash of the ladder's run ids, so anything that
@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis.reflaw import LAW_FILE, PinnedLaw, fit_reference
+from analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
 from sweeps.executors import ExecOptions
 from sweeps.runs import atomic_write_json, plan_runs, read_json
 from sweeps.sweep import apply_spec_overrides, run_planned, study_resources
@@ -71,7 +71,7 @@ def reference_key(specs: list[tuple[Any, dict]]) -> str:
 def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequence[str] = (),
                       progress: bool = True) -> PinnedLaw | str:
     """Run (or reuse) the baseline ladder, fit and cache its law, copy it to `sdir/reference_law.json`;
-    a ladder whose fit cannot pin the law (analysis/reflaw.py `fit_reference`) returns the reason as a
+    a ladder whose fit cannot pin the law (analysis/fit/reflaw.py `fit_reference`) returns the reason as a
     line, and the study's analysis fits the law on its own rungs."""
     specs = reference_specs(study, overrides)
     key = reference_key(specs)

@@ -144,8 +144,8 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
 
     hero = getattr(study, "hero", None)
     hero_res = None
-    if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (sweeps/hero.py)
-        from sweeps.hero import hero_resources
+    if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (planning/hero.py)
+        from planning.hero import hero_resources
 
         hero_res = hero_resources(hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
 
@@ -266,7 +266,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     finally:
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
-        from sweeps import costmodel
+        from planning import costmodel
 
         # this host's measured run times, for the next plan's and ETA's cost model
         k = ex.slots(opts) or 1

@@ -408,7 +408,7 @@ class LRProfile:
     report: RunReport | None = None
 
     def provenance(self) -> dict:
-        """What each design run's meta.json records about its LR (analysis/report.py shows it)."""
+        """What each design run's meta.json records about its LR (analysis/report/writer.py shows it)."""
         return {"lr_source": "profile", "lr_profile": str(self.path) if self.path else None,
                 "lr_profile_date": self.created}
 

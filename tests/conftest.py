@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _own_run_time_cache(tmp_path_factory, monkeypatch):
-    """Run times recorded by a test's studies (sweeps/costmodel.py) go to its own cache, not the user's."""
+    """Run times recorded by a test's studies (planning/costmodel.py) go to its own cache, not the user's."""
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path_factory.mktemp("marin-cache")))
 
 

@@ -19,7 +19,7 @@ TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the 
 slice in a rack, ZeRO-sharded across the racks (marin.parallel.ExpertShard); nothing on the host. FSDP2's
 reduce-scatter (and cross-rack all-reduce) averages gradients over the world (so no separate gradient
 sync), the global norm is reduced over one rack's shards, and the optimizer steps the shards (each
-split matrix orthogonalized once per rack by an owner rank, marin.optim.distributed_newton_schulz).
+split matrix orthogonalized once per rack by an owner rank, marin.update_rules.distributed_newton_schulz).
 """
 
 from __future__ import annotations

@@ -28,16 +28,16 @@ import torch.distributed as dist
 
 from marin import schema
 from marin.config import RunSpec, TrainConfig
-from marin.optim import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
-from marin.progress_line import StepProgress
 from marin.train import checkpoint as ckpt
 from marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
 from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
-from marin.train.hardware import code_version, hardware_name, peak_flops
+from marin.train.machine import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
 from marin.train.source import build_data_source, global_tokens, validate_data
 from marin.train.stages import Stage, context_plan, is_spike, stage_at
 from marin.train.step import evaluate, optimizer_step
+from marin.train.step_progress import StepProgress
+from marin.update_rules import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
 
 log = logging.getLogger("marin.train")
 
@@ -457,7 +457,7 @@ class Trainer:
             extra={"eval_domain_bpb": ev.get("eval_domain_bpb"), "lr_peak": hp.lr, "adam_lr_peak": hp.adam_lr,
                    "optimizer": hp.level, "data": self.data.provenance, "resumed_from": self.resumed_from,
                    "checkpoints_skipped": list(self.skipped),
-                   # the cost model reads threads x wall / CPU time as the load's slowdown (sweeps/costmodel.py)
+                   # the cost model reads threads x wall / CPU time as the load's slowdown (planning/costmodel.py)
                    "cpu_s": time.process_time() - self.cpu0, "session_wall_s": time.perf_counter() - self.t0,
                    "threads": torch.get_num_threads(),
                    "code_versions": [v for v, _ in st.code_versions] or [code_version()]},

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from analysis.calibration.simulate import random_truth, simulate_table
 from analysis.pipeline import analyze_table
-from analysis.simulate import random_truth, simulate_table
 
 
 def _waste_table(seed: int):
@@ -66,8 +66,8 @@ def test_calibration_study_crosses_waste_with_every_arm():
 
 def test_planted_truth_travels_from_the_factor_to_the_results_table(tmp_path):
     from ablations.studies import get_study
-    from analysis.replicates import planted_truths
-    from analysis.results import collect
+    from analysis.fit.replicates import planted_truths
+    from analysis.io.results import collect
     from marin.schema import RunMeta, write_meta
 
     st = get_study("calibration")
@@ -95,7 +95,7 @@ def test_factor_truth_rejects_unknown_response_and_non_positive_multiplier():
 
 
 def _placebo_study(seeds: int, seed: int = 0, stream_sd: float = 0.0):
-    from analysis.simulate import SimTruth
+    from analysis.calibration.simulate import SimTruth
 
     rng = np.random.default_rng(seed)
     truth = SimTruth(factors=["xsa", "qk_norm", "placebo"], main={"xsa": 0.05, "qk_norm": -0.03},
@@ -147,7 +147,7 @@ def test_waste_level_is_exact_in_every_replicate():
 
 
 def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_path):
-    from analysis.report import render_markdown
+    from analysis.report.writer import render_markdown
 
     df = _placebo_study(seeds=2)
     flip = df["placebo"] == "on"
@@ -157,7 +157,7 @@ def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_p
     md = render_markdown(a, df, {}, tmp_path, title="t")
     assert "## Planted truths" in md and "### Coverage over 2 replicates" in md
     assert md.index("## Planted truths") < md.index("## Warnings")
-    from analysis.plots import planted
+    from analysis.report.plots import planted
 
     assert planted(a, tmp_path / "planted.png").stat().st_size > 10_000
 
@@ -186,7 +186,7 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     half = stats.t.ppf(0.975, 5) * se_b
     assert p["shapley_lo"] == pytest.approx(min(o.loc[("ln_M", "placebo"), "shapley_lo"], p["shapley"] - half),
                                             rel=0, abs=1e-12)
-    # the model interval already carries the (seed × stream × rung) shift's variance (analysis/joint.py),
+    # the model interval already carries the (seed × stream × rung) shift's variance (analysis/fit/joint.py),
     # so the between-seed floor may leave it as it is
     assert (p["shapley_hi"] - p["shapley_lo"]
             >= o.loc[("ln_M", "placebo"), "shapley_hi"] - o.loc[("ln_M", "placebo"), "shapley_lo"])
@@ -201,7 +201,7 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     # identifies them (each seed alone: 2 streams × 3 rungs, 5 cluster-level parameters, 1 df)
     import dataclasses
 
-    from analysis.law_intervals import PROFILE_BOUNDS, profile_ci
+    from analysis.fit.law_intervals import PROFILE_BOUNDS, profile_ci
 
     jf = a.joint["power"]
     assert a.law.between_df == 6 * 2 * 3 - (3 + 5 + 2)  # law, 5 seed blocks, placebo and placebo × log C

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import analysis.plots as plots
+import analysis.report.plots as plots
+from analysis.calibration.simulate import SimTruth, simulate_table, study_design
 from analysis.pipeline import analyze_table
-from analysis.report import render_markdown
-from analysis.simulate import SimTruth, simulate_table, study_design
+from analysis.report.writer import render_markdown
 
 RUNGS = {"r10": 1.6e9, "r2": 1e8, "r5": 4e8}  # string order r10 < r2 < r5; compute order r2 < r5 < r10
 
@@ -159,7 +159,7 @@ def test_findings_lead_with_qualifiers_beside_each_verdict_then_the_forest_figur
 
 
 def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
-    """One seed, three rungs shifted by their own init: L∞ and α are not identified (analysis/joint.py);
+    """One seed, three rungs shifted by their own init: L∞ and α are not identified (analysis/fit/joint.py);
     neither they nor A show a number in the law table, and the scaling figure's legend says so."""
     truth = SimTruth(factors=["qk_norm", "sconv"], main={"qk_norm": 0.05, "sconv": 0.08}, noise_sd=0.003,
                      seed_sd=0.003, rung_sd=0.01)
@@ -179,7 +179,7 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
     law_label = next(t for t in legends if "L∞" in t)
     assert law_label == "law (L∞, α, A not identified)" and not re.search(r"\d", law_label)
     # why the multipliers still stand: the local slope, with its own interval
-    from analysis.report import local_slope
+    from analysis.report.writer import local_slope
 
     s, lo, hi = local_slope(a)
     assert lo < s < hi < 0
@@ -190,7 +190,7 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_resolution_iv_heatmap_draws_each_alias_group_once_and_names_its_pairs(tmp_path):
-    from analysis.simulate import random_truth, study_design
+    from analysis.calibration.simulate import random_truth, study_design
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
     rng = np.random.default_rng(3)

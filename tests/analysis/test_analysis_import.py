@@ -1,4 +1,4 @@
-"""`marin-ablate import FILE` (analysis/importer.py): a CSV round-trips into a study folder the analysis
+"""`marin-ablate import FILE` (analysis/io/importer.py): a CSV round-trips into a study folder the analysis
 reads, and every bad cell is refused with one line naming its row and column, before anything is written."""
 
 import json
@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.calibration.simulate import SimTruth, simulate_table
+from analysis.io.results import collect
 from analysis.ofat import analyze_ofat
-from analysis.results import collect
-from analysis.simulate import SimTruth, simulate_table
-from sweeps.cli import main
+from marin_ablate.main import main
 
 F = ["xsa", "sconv", "qk_norm"]
 LEVELS = {"xsa": ("none", "xsa"), "sconv": ("none", "short_conv"), "qk_norm": ("learned_gain", "fixed_1.3")}
@@ -113,8 +113,8 @@ def test_import_refuses_a_folder_that_holds_runs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_factorial_import_round_trips_into_the_same_attribution(tmp_path):
+    from analysis.calibration.simulate import design_rows
     from analysis.pipeline import analyze_table
-    from analysis.simulate import design_rows
 
     t = SimTruth(factors=F, main={"xsa": 0.05, "sconv": 0.1, "qk_norm": -0.04}, levels=LEVELS)
     df = simulate_table(t, rungs={"r1": 1e8, "r2": 4e8, "r3": 1.6e9}, seeds=2, design=design_rows(3))

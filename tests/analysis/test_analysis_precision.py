@@ -1,4 +1,4 @@
-"""The precision planner (analysis/precision.py): its predicted half-widths against the analysis's
+"""The precision planner (analysis/calibration/precision.py): its predicted half-widths against the analysis's
 realized intervals on simulated studies, its noise sources, and the `plan --precision` output."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.attribution import code_table, component_table
-from analysis.joint import quality_fit
+from analysis.calibration.precision import Layout, Noise, noise_from, predict
+from analysis.calibration.simulate import design_rows, random_truth, simulate_table, write_study
+from analysis.fit.attribution import code_table, component_table
+from analysis.fit.joint import quality_fit
 from analysis.pipeline import analyze_table
-from analysis.precision import Layout, Noise, noise_from, predict
-from analysis.simulate import design_rows, random_truth, simulate_table, write_study
 
 
 def _realized(k: int, n_rungs: int, seeds: int, n: int = 100, noise: float = 0.005):
@@ -123,7 +123,7 @@ def test_noise_rejects_a_panel_without_replicates(tmp_path):
 
 
 def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["plan", "smoke", "--precision", "--target-halfwidth", "0.05"]) == 0
     out = capsys.readouterr().out
@@ -144,7 +144,7 @@ def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_pa
 
 def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure():
     from ablations.studies import get_study
-    from analysis.precision import options
+    from analysis.calibration.precision import options
 
     o = options(get_study("marin535"), Noise(0.005, rung_sd=0.02), 1.0, max_seeds=2)
     one_seed = o[(o["seeds"] == 1) & (o["rungs"] == 3)]
@@ -153,8 +153,8 @@ def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure()
 
 
 def test_plan_precision_reads_a_noise_study_folder(tmp_path, capsys):
-    from analysis.simulate import SimTruth
-    from sweeps.cli import main
+    from analysis.calibration.simulate import SimTruth
+    from marin_ablate.main import main
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer"]
     truth = SimTruth(factors, main={"xsa": 0.05}, noise_sd=0.004, seed_sd=0.01)

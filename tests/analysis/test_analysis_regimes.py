@@ -1,4 +1,4 @@
-"""Effects by regime (analysis/regimes.py): each component's multiplier at each level of a regime
+"""Effects by regime (analysis/fit/regimes.py): each component's multiplier at each level of a regime
 factor, against the closed form 2β_i + 2c·β_ir of a model fitted to data with known coefficients."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.attribution import all_arms, fit_effects
-from analysis.regimes import regime_factors, regime_table
+from analysis.fit.attribution import all_arms, fit_effects
+from analysis.fit.regimes import regime_factors, regime_table
 
 
 def test_component_multiplier_at_each_regime_level_is_its_main_effect_plus_the_regime_interaction():
@@ -41,9 +41,9 @@ def test_regime_factors_are_read_from_the_runs_codings():
 @pytest.mark.slow
 def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios(tmp_path):
     from ablations import get_study
+    from analysis.io.results import collect
     from analysis.pipeline import analyze_table
-    from analysis.report import write_report
-    from analysis.results import collect
+    from analysis.report.writer import write_report
     from sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
     study = get_study("overtrain", rungs=("cpu_s32", "cpu_s64"), ratio=2)

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.forecast import judge, read_forecasts, write_forecast
+from analysis.calibration.forecast import judge, read_forecasts, write_forecast
+from analysis.calibration.simulate import random_truth, simulate_table, write_study
+from analysis.io.results import collect, factor_codes, factor_coding, factor_columns
 from analysis.pipeline import analyze_table
-from analysis.results import collect, factor_codes, factor_coding, factor_columns
-from analysis.simulate import random_truth, simulate_table, write_study
 
 FACTORS3 = ["xsa", "sconv", "ep_transport"]
 RUNGS = {"r0": 1e8, "r1": 4e8, "r2": 1.6e9}
@@ -35,7 +35,7 @@ def test_analysis_imports_no_torch():
     code = ("import importlib, pkgutil, sys, analysis\n"
             "for m in pkgutil.walk_packages(analysis.__path__, 'analysis.'):\n"
             "    importlib.import_module(m.name)\n"
-            "import analysis.commands, analysis.plots, analysis.report\n"
+            "import marin_ablate.analyze, analysis.report.plots, analysis.report.writer\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "extra = sorted(k for k in sys.modules if k == 'marin' or k.startswith('marin.'))\n"
             "assert extra == ['marin', 'marin.plugins', 'marin.schema'], extra\n"
@@ -76,7 +76,7 @@ def test_collect_reports_missing_and_failed_runs(tmp_path):
 def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
     # Two whole arms lost (+ failures): one of the 2FIs is no longer estimable.
     sd, df = _study(tmp_path, fail=2, missing=3, drop_arms=("++-", "+-+"))
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--out", str(tmp_path / "rep")])
     assert rc == 0
@@ -96,7 +96,7 @@ def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
 
 def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys):
     sd, _ = _study(tmp_path, fail=1)
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "20", "--target", "5e18"]) == 0
     out = capsys.readouterr().out
@@ -111,7 +111,7 @@ def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys)
 
 
 def test_analyze_refuses_unknown_study_with_exit_2(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["analyze", str(tmp_path / "nope")]) == 2
     assert "STUDY" in capsys.readouterr().err
@@ -154,7 +154,7 @@ def test_forecast_is_immutable_hashed_and_scored_beside_the_outcome(tmp_path):
 
 def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
     sd, _ = _study(tmp_path)
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["forecast", str(sd), "--target", "4e18", "--n-boot", "20"]) == 0
     assert "forecast " in capsys.readouterr().out
@@ -218,9 +218,9 @@ def test_notebook_refuses_simulated_data_unless_asked(tmp_path):
 
 
 def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatmap_and_coefficients():
-    from analysis.attribution import interaction_matrix
+    from analysis.calibration.simulate import random_truth, simulate_table, study_design
+    from analysis.fit.attribution import interaction_matrix
     from analysis.pipeline import analyze_table
-    from analysis.simulate import random_truth, simulate_table, study_design
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
     rng = np.random.default_rng(3)
@@ -241,7 +241,7 @@ def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatma
 
 
 def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
-    from analysis.forecast import read_forecasts
+    from analysis.calibration.forecast import read_forecasts
     from marin.schema import DamagedFile
 
     (tmp_path / "forecasts").mkdir()
@@ -252,14 +252,15 @@ def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
 
 
 def test_a_joint_fit_that_did_not_converge_is_a_report_warning(tmp_path, monkeypatch):
-    import analysis.joint
-    from analysis.report import render_markdown
+    import analysis.fit.joint
+    from analysis.report.writer import render_markdown
 
     _, df = _study(tmp_path)
     a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
     assert all(jf.converged for jf in a.joint.values())
     assert not any("did not converge" in w for w in a.warnings)
-    monkeypatch.setattr(analysis.joint, "MAX_ITER", 1)  # one Levenberg–Marquardt step per start: a real, unfinished fit
+    # one Levenberg–Marquardt step per start: a real, unfinished fit
+    monkeypatch.setattr(analysis.fit.joint, "MAX_ITER", 1)
     a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
     assert not a.joint["power"].converged
     w = [w for w in a.warnings if "joint law fit (power) did not converge" in w]
@@ -279,7 +280,7 @@ def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report
     """A second metric column the trainer writes (macro bits per byte) becomes an analysis response
     by one row in analysis/responses.py: plan, run (real tiny training runs), analyze, report."""
     from analysis.responses import RESPONSES, Response
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     bpb = Response("bpb", "ln_bpb", "macro bits/byte ratio", "bpb", "macro bits per byte ratio", source="macro_bpb")
     monkeypatch.setitem(RESPONSES, bpb.name, bpb)  # the one edit
@@ -332,7 +333,7 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     df = simulate_table(random_truth(FACTORS3, rng), rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=2, rng=rng,
                         loss_curves=True)
     sd = write_study(df, tmp_path / "study")
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "0"]) == 0
     captured = capsys.readouterr()
@@ -342,13 +343,13 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     assert "held-out cross-entropy in nats per token" in md and "L, L∞ and A are in nats per token." in md
     assert "Per decade of compute: the slope across the ladder, which spans 0.6 decades" in md
     assert md.count("Per decade of compute: the slope") == 1  # said once, not per row
-    from analysis.results import factor_coding
+    from analysis.io.results import factor_coding
 
     coding = factor_coding(df)
     assert ("Coding (each multiplier is the +1 level over the −1 level): "
             + "; ".join(f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in FACTORS3) + ".") in md
     from analysis.pipeline import analyze_table
-    from analysis.report import local_slope
+    from analysis.report.writer import local_slope
 
     a = analyze_table(df, n_boot=0)
     s, lo, hi = local_slope(a)
@@ -380,7 +381,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     """Without STUDY/drops_at_scale.json the section names the command that measures it; with it (as
     benchmarks/ep_drops.py --json writes it) the rates at 65,536 tokens per shard are printed."""
     sd, _ = _study(tmp_path)
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     md = (sd / "report" / "report.md").read_text()
@@ -398,7 +399,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     assert "drops_at_scale.json could not be read" in (sd / "report" / "report.md").read_text()
     capsys.readouterr()
     from analysis.pipeline import analyze_table
-    from analysis.report import drops_section
+    from analysis.report.writer import drops_section
 
     df = pd.read_parquet(sd / "results.parquet")  # the smoke's reading: the recipe drops more at tiny shards
     on = df["ep_transport"] == "on"
@@ -409,7 +410,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
 
 
 def test_a_qualifier_of_most_findings_rows_is_said_once_naming_the_rows_it_skips():
-    from analysis.report import say_once
+    from analysis.report.writer import say_once
 
     q = "quality: interval spans over 10x"
     tab = pd.DataFrame({"component": ["a", "b", "c", "d", "TOTAL"],

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from analysis.importer import MAX_ROWS
-from analysis.results import collect
-from analysis.simulate import SimTruth, simulate_table, write_study
+from analysis.calibration.simulate import SimTruth, simulate_table, write_study
+from analysis.io.importer import MAX_ROWS
+from analysis.io.results import collect
 from marin.schema import JSON_MAX_INT_DIGITS, DamagedFile, loads_json, read_json
-from sweeps.cli import main
+from marin_ablate.main import main
 
 HUGE = "7" * 5000
 DEEP = "[" * 200_000 + "]" * 200_000

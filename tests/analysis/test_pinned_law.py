@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.joint import between_clusters
+from analysis.calibration.simulate import SimTruth, simulate_table
+from analysis.fit.joint import between_clusters
+from analysis.fit.reflaw import PinnedLaw, fit_reference, read_pinned
 from analysis.pipeline import analyze_table
-from analysis.reflaw import PinnedLaw, fit_reference, read_pinned
-from analysis.report import render_markdown
-from analysis.simulate import SimTruth, simulate_table
+from analysis.report.writer import render_markdown
 
 F = ["xsa", "sconv", "optimizer"]
 DESIGN_RUNGS = {f"r{n}": n * 8192.0 for n in (32, 64, 128, 256)}  # 8x: the smoke ladder's span
@@ -43,7 +43,7 @@ def test_an_unidentified_curvature_widens_the_headline_to_every_accepted_linf():
     est, lo, hi = total(a)
     jf = a.joint["power"]
     rss0 = float(jf.resid @ jf.resid)
-    s2b, dfb = between_clusters(jf)  # the split-plot test of a law parameter (analysis/law_intervals.py profile_ci)
+    s2b, dfb = between_clusters(jf)  # the split-plot test of a law parameter (analysis/fit/law_intervals.py profile_ci)
     allow = max(stats.t.ppf(0.975, jf.dof) ** 2 * rss0 / jf.dof, stats.t.ppf(0.975, dfb) ** 2 * s2b)
     accepted = 0
     for frac in (0.0, 0.4, 0.8, 0.9):

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.html import render_html
+from analysis.calibration.simulate import random_truth, simulate_table, write_study
+from analysis.io.results import collect
 from analysis.pipeline import analyze_table
-from analysis.report import write_report
-from analysis.results import collect
-from analysis.simulate import random_truth, simulate_table, write_study
-from sweeps.cli import main
+from analysis.report.html import render_html
+from analysis.report.writer import write_report
+from marin_ablate.main import main
 
 BROWSER_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_BROWSER") == "1"
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)

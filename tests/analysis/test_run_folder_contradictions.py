@@ -1,6 +1,6 @@
 """A run folder that contradicts itself (meta.json's levels or coding against the spec.json beside it, or
 against the factor's definition) is left out of the analysis with a note naming the run and both values,
-never analysed silently with its sign flipped (analysis/results.py)."""
+never analysed silently with its sign flipped (analysis/io/results.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ablations.studies import get_study
-from analysis.results import collect, inventory
+from analysis.io.results import collect, inventory
 from marin.schema import spec_json
-from sweeps.cli import main
+from marin_ablate.main import main
 
 RUNGS = ("cpu_s32", "cpu_s64")
 COMPUTE = {"cpu_s32": 1e14, "cpu_s64": 4e14}

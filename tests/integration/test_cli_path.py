@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from ablations.studies import STUDIES, get_study
-from sweeps.cli import main as cli_main
+from marin_ablate.main import main as cli_main
 
 STUDY_FILE = textwrap.dedent('''
     from ablations import Factor, Study, full_factorial, get_rung
@@ -116,7 +116,7 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
 
     from marin.config import RunSpec, TrainConfig, preset
     from marin.train import train
-    from sweeps.costmodel import CostModel, finished, spec_flops
+    from planning.costmodel import CostModel, finished, spec_flops
 
     torch.set_num_threads(1)
 
@@ -145,7 +145,7 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
 def test_train_takes_the_same_set_syntax():
     import argparse
 
-    from marin.train.cli import spec_from_args, train_args
+    from marin_ablate.train import spec_from_args, train_args
 
     p = argparse.ArgumentParser()
     train_args(p)

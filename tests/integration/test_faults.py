@@ -20,7 +20,7 @@ from ablations.designs import full_factorial
 from ablations.ladders import Rung
 from ablations.studies import Study
 from marin.config import DataConfig, ModelConfig, RunSpec, TrainConfig
-from sweeps.cli import main as cli_main
+from marin_ablate.main import main as cli_main
 from sweeps.executors import ExecOptions, SlurmOptions
 from sweeps.runs import write_run_files
 from sweeps.state import probe
@@ -108,7 +108,7 @@ def test_bad_names_are_one_line_errors_with_exit_2(argv, expect, capsys):
 
 
 def test_an_unusable_path_is_one_line_naming_it_with_exit_2(tmp_path, capsys):
-    from analysis.simulate import random_truth, simulate_table, write_study
+    from analysis.calibration.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(0)
     study = write_study(simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9},
@@ -128,9 +128,9 @@ def test_an_unusable_path_is_one_line_naming_it_with_exit_2(tmp_path, capsys):
 
 
 def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writes_only_under_out(tmp_path, capsys):
+    from analysis.calibration.simulate import random_truth, simulate_table, write_study
+    from analysis.io.results import collect, inventory
     from analysis.pipeline import analyze_table
-    from analysis.results import collect, inventory
-    from analysis.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(1)
     df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
@@ -183,7 +183,7 @@ def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
 @pytest.mark.slow
 def test_sigterm_to_the_run_driver_stops_its_workers_which_checkpoint(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{Path(__file__).parent}")  # the study is imported from this file
-    cmd = [sys.executable, "-m", "sweeps.cli", "run", "test_faults:slow_study", "--out", str(tmp_path),
+    cmd = [sys.executable, "-m", "marin_ablate", "run", "test_faults:slow_study", "--out", str(tmp_path),
            "--executor", "local", "--workers", "1", "--threads", "1", "--no-analyze"]
     drv = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)

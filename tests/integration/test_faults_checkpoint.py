@@ -221,7 +221,7 @@ def _listing(run: Path) -> dict[str, bytes]:
 
 
 def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
-    from sweeps.cli import main as cli_main
+    from marin_ablate.main import main as cli_main
 
     run = tmp_path / "run"
     assert train(_spec(2, checkpoint_every=1), run, stop_after=1)["status"] == "interrupted"
@@ -288,10 +288,10 @@ def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_ref
 def test_the_final_step_checkpoints_and_reloads_equal_to_the_trained_model(tmp_path, monkeypatch, recwarn):
     """`final` keeps the weights after step N (not the newest periodic one), verified, and they load
     back bit for bit equal to the model and optimizer in memory when the run finished."""
-    from marin.optim import build_optimizer, resolve_hparams
     from marin.train import checkpoint as ckpt
     from marin.train import loop
     from marin.train.distributed import build_train_model
+    from marin.update_rules import build_optimizer, resolve_hparams
 
     held = {}
     finish = loop.Trainer.finish

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from sweeps.cli import main as cli_main
+from marin_ablate.main import main as cli_main
 
 
 def _one_line(capsys) -> str:
@@ -65,7 +65,7 @@ def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, ca
 def test_a_bootstrap_beyond_the_machines_memory_is_refused_before_any_draw(monkeypatch):
     import os
 
-    from analysis.commands import _boot_bytes, _check_boot_memory
+    from marin_ablate.analyze import _boot_bytes, _check_boot_memory
 
     table = pd.DataFrame({"xsa": [0, 1], "sconv": [0, 1]})
     _check_boot_memory(200, table)  # the default fits anywhere

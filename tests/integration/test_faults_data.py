@@ -22,7 +22,7 @@ from marin.data import prepare as prep
 from marin.data import shards
 from marin.data.loading import load_eval_corpus
 from marin.data.tokenizer import ByteTokenizer, train_bpe
-from sweeps.cli import main
+from marin_ablate.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def test_two_concurrent_prepares_into_one_out_never_both_succeed_with_different_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for race in range(2):
         out = tmp_path / f"out{race}"
-        procs = [subprocess.Popen([sys.executable, "-m", "sweeps.cli", "data", "prepare", str(source), "--tokenizer",
+        procs = [subprocess.Popen([sys.executable, "-m", "marin_ablate", "data", "prepare", str(source), "--tokenizer",
                                    t, "--out", str(out), "--docs-per-shard", "10"], env=env, cwd=ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for t in ("byte", str(tok))]
@@ -311,7 +311,7 @@ def test_sigterm_to_a_two_worker_prepare_stops_it_without_worker_tracebacks(tmp_
     for k in range(4):
         (src / f"{k}.jsonl").write_text("".join(json.dumps({"text": t * 4}) + "\n" for t in _docs(3000, seed=k)))
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "data", "prepare", str(src), "--tokenizer", "bpe:2000",
+    p = subprocess.Popen([sys.executable, "-m", "marin_ablate", "data", "prepare", str(src), "--tokenizer", "bpe:2000",
                           "--num-proc", "2", "--docs-per-shard", "100", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))

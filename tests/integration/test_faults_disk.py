@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sweeps.cli import main
+from marin_ablate.main import main
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sweeps.cli import main as cli_main
+from marin_ablate.main import main as cli_main
 
 
 def _sim_study(tmp_path: Path) -> Path:
-    from analysis.simulate import random_truth, simulate_table, write_study
+    from analysis.calibration.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(1)
     df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
@@ -23,8 +23,8 @@ def _sim_study(tmp_path: Path) -> Path:
 
 
 def test_a_copied_run_folder_is_counted_once_and_never_reported_lost(tmp_path, capsys):
+    from analysis.io.results import collect
     from analysis.pipeline import analyze_table
-    from analysis.results import collect
 
     study = _sim_study(tmp_path)
     runs = sorted((study / "runs").iterdir())
@@ -38,7 +38,7 @@ def test_a_copied_run_folder_is_counted_once_and_never_reported_lost(tmp_path, c
 
 
 def test_tampered_meta_and_wrongly_typed_summary_fields_are_one_line_naming_the_file(tmp_path, capsys):
-    from analysis.results import collect
+    from analysis.io.results import collect
 
     study = _sim_study(tmp_path)
     runs = sorted((study / "runs").iterdir())

@@ -193,11 +193,11 @@ def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float =
 
 def test_a_second_train_on_the_same_out_fails_with_one_line(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "train", *_cli(tmp_path / "run", steps=2000)],
+    first = subprocess.Popen([sys.executable, "-m", "marin_ablate", "train", *_cli(tmp_path / "run", steps=2000)],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_lines(tmp_path / "run" / "metrics.jsonl", 1, first)
-        second = subprocess.run([sys.executable, "-m", "sweeps.cli", "train", *_cli(tmp_path / "run", steps=2000)],
+        second = subprocess.run([sys.executable, "-m", "marin_ablate", "train", *_cli(tmp_path / "run", steps=2000)],
                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     finally:
         first.kill()
@@ -209,7 +209,7 @@ def test_a_second_train_on_the_same_out_fails_with_one_line(tmp_path):
 
 def test_ctrl_c_checkpoints_like_sigterm_and_the_run_resumes(tmp_path, ref6):
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "train", *_cli(run, steps=2000)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "marin_ablate", "train", *_cli(run, steps=2000)], cwd=ROOT,
                             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=foreground)
     _wait_for_lines(run / "metrics.jsonl", 2, proc)
@@ -276,16 +276,16 @@ def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_record
     """The second session runs from a copy of marin/ with one source line more (another code version)."""
     import shutil
 
-    from analysis.provenance import provenance
-    from analysis.results import collect
-    from marin.train.hardware import code_version
+    from analysis.io.results import collect
+    from analysis.report.provenance import provenance
+    from marin.train.machine import code_version
 
     run = tmp_path / "study" / "runs" / "r"
     spec = _spec(4)
     assert train(spec, run, stop_after=2)["status"] == "interrupted"
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "marin", copy / "marin", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "marin" / "train" / "hardware.py", "a") as f:
+    with open(copy / "marin" / "train" / "machine.py", "a") as f:
         f.write("# a later commit\n")
     script = ("import sys, json; from marin.config import RunSpec; from marin.train import train; "
               "print(json.dumps(train(RunSpec.from_dict(json.loads(sys.argv[1])), sys.argv[2])['status']))")

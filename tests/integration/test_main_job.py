@@ -29,7 +29,7 @@ SMALL = ["--rungs", "cpu_s", "--set", "train.steps=6", "--set", "train.checkpoin
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sweeps.cli", *args]
+    return [sys.executable, "-m", "marin_ablate", *args]
 
 
 def _env() -> dict:

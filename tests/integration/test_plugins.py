@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import marin.factors as factors
 import marin.optimizers as optimizers
+import marin.switches as factors
 from marin import plugins
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ STUDY_FILE = '''
 from ablations import Factor, Study, full_factorial
 from ablations.ladders import Rung
 from analysis.responses import Response, register
-from marin.factors import register_optimizer
+from marin.switches import register_optimizer
 from marin.optimizers import GroupKind, OptimizerLevel
 
 
@@ -84,7 +84,7 @@ def _env(**extra: str) -> dict:
 
 
 def _cli(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "marin_ablate", *args], capture_output=True, text=True,
                           env=env or _env(), timeout=timeout, cwd=ROOT)
 
 
@@ -134,7 +134,7 @@ def test_a_study_file_optimizer_and_response_reach_slurm_array_tasks(tmp_path):
 
 def test_registration_notes_the_module_whose_import_makes_it(registries, tmp_path):
     f = tmp_path / "plug.py"
-    f.write_text("from marin.factors import register_optimizer\nfrom marin.optimizers import OptimizerLevel\n"
+    f.write_text("from marin.switches import register_optimizer\nfrom marin.optimizers import OptimizerLevel\n"
                  "register_optimizer(OptimizerLevel('adamw2', {}, 'adamw', 'adamw'))\n")
     plugins.load_file(f)
     factors.register_optimizer(optimizers.OptimizerLevel("adamw3", {}, "adamw", "adamw"))  # in a function
@@ -164,7 +164,7 @@ def test_a_local_run_of_a_level_registered_in_a_function_is_refused_before_anyth
 def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path):
     """A real distribution on the path (dist-info with entry_points.txt), found by importlib.metadata."""
     (tmp_path / "lionplug.py").write_text(textwrap.dedent('''
-        from marin.factors import register_optimizer
+        from marin.switches import register_optimizer
         from marin.optimizers import OptimizerLevel
         register_optimizer(OptimizerLevel("adamw_ep", {}, "adamw", "adamw", "AdamW, from an entry point"))
     '''))

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import marin.factors as factors
 import marin.optimizers as optimizers
+import marin.switches as factors
 from ablations import Factor, Study, full_factorial
 from ablations.ladders import Rung
 from marin.config import Recipe, RunSpec, tiny
-from marin.factors import register_optimizer
 from marin.optimizers import GroupKind, OptimizerLevel
+from marin.switches import register_optimizer
 
 LION_BETAS = (0.9, 0.99)
 
@@ -70,7 +70,7 @@ def lion_study() -> Study:
 
 
 def _through_analyze(study_ref: str, name: str, out: Path, capsys, *extra: str) -> str:
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["plan", study_ref]) == 0
     assert main(["run", study_ref, "--out", str(out), "--no-analyze", *extra]) == 0
@@ -87,8 +87,8 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
     register_lion()
     assert Recipe(optimizer="lion").optimizer == "lion"
     # the plan's costing reads the registry: one fp32 buffer, no Newton–Schulz transient
-    from sweeps.dryrun import Sharding, memory_table
-    from sweeps.hero import checkpoint_plan, params_by_role
+    from planning.dryrun import Sharding, memory_table
+    from planning.hero import checkpoint_plan, params_by_role
 
     spec = RunSpec(model=tiny(), recipe=Recipe(optimizer="lion"))
     by_role = params_by_role(spec)
@@ -105,7 +105,7 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
 
     # the trainer builds it: one step of a decayed parameter is w - lr*(sign(g) + wd*w) (m starts at 0)
     from marin.model import MarinModel
-    from marin.optim import build_optimizer, group_assignment, resolve_hparams
+    from marin.update_rules import build_optimizer, group_assignment, resolve_hparams
 
     torch.manual_seed(0)
     model = MarinModel(spec.model, spec.recipe)
@@ -129,7 +129,7 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
 def _anneal_groups(level: str) -> dict[str, float]:
     """role -> peak decay of the groups that anneal under `level` (the tiny model, default decay)."""
     from marin.model import MarinModel
-    from marin.optim import build_optimizer, resolve_hparams
+    from marin.update_rules import build_optimizer, resolve_hparams
 
     spec = RunSpec(model=tiny(), recipe=Recipe(optimizer=level))
     opt = build_optimizer(MarinModel(spec.model, spec.recipe), resolve_hparams(spec))
@@ -221,7 +221,7 @@ def inproc_study() -> Study:
 
 @pytest.mark.slow
 def test_a_registered_executor_runs_a_study_from_plan_to_report_and_never_submits_twice(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
     from sweeps.executors import EXECUTORS, ExecOptions, register_executor, wait
     from sweeps.state import count_dirs
     from sweeps.sweep import run_study

@@ -97,8 +97,8 @@ def _assert_equal_runs(got_dir: Path, want_dir: Path) -> None:
 
 
 def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp_path, capsys):
-    from analysis.results import collect, inventory
-    from sweeps.cli import main as cli_main
+    from analysis.io.results import collect, inventory
+    from marin_ablate.main import main as cli_main
 
     study = two_node_study()
     ref = run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
@@ -220,7 +220,7 @@ def test_hero_preflight_on_the_cluster_refuses_an_ep_group_split_over_racks(tmp_
     out = tmp_path / "job.out"
     script = "\n".join([
         "#!/bin/bash",
-        (f'{sys.executable} -m sweeps.hero check-racks --topology "$SLURM_JOB_NODELIST" '
+        (f'{sys.executable} -m planning.hero check-racks --topology "$SLURM_JOB_NODELIST" '
          f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1"),
         'srun --ntasks-per-node=1 bash -c "echo rank $SLURM_PROCID ran on $(hostname)"', ""])
     r = subprocess.run(["sbatch", "--wait", "-N", str(NODES), "--ntasks-per-node=1", "-c", "1", "--mem=200M",

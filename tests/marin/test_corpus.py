@@ -274,7 +274,7 @@ def test_paloma_layout_eval_corpus_gives_eval_batches_and_bytes_per_token(paloma
 
 
 def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepared, tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     out = tmp_path / "cli"
     rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--out", str(out),
@@ -295,7 +295,7 @@ def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
 
 
 def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["plan", "marin535"]) == 2
     err = capsys.readouterr().err
@@ -304,7 +304,7 @@ def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsy
 
 def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     from ablations.studies import get_study
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
     big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
@@ -332,7 +332,7 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
 
 
 def test_plan_refuses_a_corpus_whose_manifest_is_unreadable_or_of_another_format(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -446,7 +446,7 @@ def test_a_prepared_corpus_run_validates_eval_dir_and_vocabulary(prepared, palom
 @pytest.mark.slow
 def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "sweeps.cli", "train", "--preset", "tiny", "--set", f"seq_len={TRAIN_SEQ}",
+    cmd = [sys.executable, "-m", "marin_ablate", "train", "--preset", "tiny", "--set", f"seq_len={TRAIN_SEQ}",
            "--set", "model.vocab_size=512", "--set", f"data.corpus={prepared[0]}", "--set",
            f"data.eval_dir={paloma_dir}", "--steps", "3", "--train-set", "batch_size=2", "--set", "train.eval_every=0",
            "--train-set", "eval_batches=1", "--train-set", "log_every=1", "--train-set", "threads=1", "--out", str(out)]
@@ -483,7 +483,7 @@ def real_data_study():
 
 @pytest.mark.slow
 def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepared, paloma_dir, tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
     from sweeps.executors import ExecOptions
     from sweeps.sweep import run_study
 

@@ -15,9 +15,9 @@ import pytest
 from ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
 from ablations.ladders import Rung
 from marin.config import BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe
-from marin.factors import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 from marin.hparams import HEURISTICS, resolve_hparams
 from marin.schema import RunMeta, RunSummary, read_summary, write_summary
+from marin.switches import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -112,8 +112,8 @@ def test_a_studys_lrs_equal_the_resolvers_for_every_optimizer_level_and_rung(lev
 
 @pytest.mark.slow
 def test_new_model_factor_and_third_recipe_level_are_attributed_with_cis(tmp_path):
+    from analysis.io.results import collect
     from analysis.pipeline import analyze_table
-    from analysis.results import collect
     from sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
     rungs = tuple(Rung(f"tiny{n}", "tiny", fixed_steps=n, batch_size=2,

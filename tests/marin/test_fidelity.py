@@ -8,7 +8,7 @@ import torch.utils.checkpoint as ckpt
 from marin.config import FACTORS, ModelConfig, Recipe, preset
 from marin.model import GatedNorm, MarinModel
 from marin.moe import Router, combine_weights, router_probs
-from marin.optim import build_optimizer, group_assignment
+from marin.update_rules import build_optimizer, group_assignment
 
 CFG = ModelConfig(seq_len=16, window=8)
 
@@ -35,7 +35,7 @@ def test_architecture_outside_the_seven_factors_is_identical_in_every_arm():
 
 def _hp(level: str):
     from marin.config import RunSpec, TrainConfig  # noqa: PLC0415
-    from marin.optim import resolve_hparams  # noqa: PLC0415
+    from marin.update_rules import resolve_hparams  # noqa: PLC0415
     return resolve_hparams(RunSpec(model=CFG, recipe=Recipe().with_(optimizer=level),
                                    train=TrainConfig(steps=10, lr=1e-2, adam_lr=1e-3)))
 
@@ -107,8 +107,8 @@ def test_qb_statistics_are_recorded_once_under_a_reentrant_activation_checkpoint
 
 def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
     from ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
-    from marin.commands import resolved  # noqa: PLC0415
-    from sweeps.commands import rung_of_preset  # noqa: PLC0415
+    from marin_ablate.common import rung_of_preset  # noqa: PLC0415
+    from marin_ablate.describe import resolved  # noqa: PLC0415
     for name, r in GPU_RUNGS.items():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name
@@ -146,7 +146,7 @@ def test_expert_bank_is_one_hyperball_sphere_by_default_and_per_expert_as_the_na
     from dataclasses import replace  # noqa: PLC0415
 
     from marin.config import TrainConfig  # noqa: PLC0415
-    from marin.optim import MarinOptimizer, param_groups  # noqa: PLC0415
+    from marin.update_rules import MarinOptimizer, param_groups  # noqa: PLC0415
 
     assert TrainConfig().expert_sphere == "bank"  # Marin's hero: axes range(1, ndim) of [L, E, in, out]
     g = torch.Generator().manual_seed(0)

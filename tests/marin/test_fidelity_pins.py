@@ -14,7 +14,7 @@ from ablations.ladders import GPU_RUNGS
 from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
 from marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
 from marin.moe import MoE, qb_threshold_hist
-from marin.optim import build_optimizer, newton_schulz, resolve_hparams
+from marin.update_rules import build_optimizer, newton_schulz, resolve_hparams
 
 EPS = 1e-5  # Marin GrugModelConfig.layer_norm_eps
 CFG = ModelConfig(seq_len=16, window=8)

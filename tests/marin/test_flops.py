@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from marin import flops
 from marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe, preset
 from marin.model import MarinModel
-from sweeps.cli import main as cli_main
+from marin_ablate.main import main as cli_main
 
 COMBOS = [Recipe(**dict(zip(MODEL_FACTORS, lv, strict=True)))
           for lv in itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in MODEL_FACTORS])]
@@ -150,5 +150,5 @@ def test_describe_cli_rejects_unknown_levels_with_allowed_values(capsys):
 
 
 def test_accounting_and_describe_import_no_torch():
-    code = "import sys, marin.flops, marin.commands; sys.exit('torch' in sys.modules)"
+    code = "import sys, marin.flops, marin_ablate.describe; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

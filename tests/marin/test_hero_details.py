@@ -13,7 +13,7 @@ from marin.dispatch import LocalDispatcher, plan_drops, pooled_wave_capacities, 
 from marin.hparams import resolve_hparams
 from marin.model import MarinModel
 from marin.moe import Router, qb_n_star, qb_threshold_topk
-from marin.optim import build_optimizer, decay_fraction, set_lr
+from marin.update_rules import build_optimizer, decay_fraction, set_lr
 
 
 def _tiny(**kw) -> ModelConfig:

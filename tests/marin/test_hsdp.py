@@ -15,8 +15,8 @@ import torch.distributed as dist
 from ranks import free_port, read_results, run_ranks, write_result
 
 from marin.config import ModelConfig, Recipe
-from marin.factors import RECIPE_LEVELS
 from marin.hparams import OptimHparams
+from marin.switches import RECIPE_LEVELS
 
 pytestmark = pytest.mark.slow
 
@@ -124,10 +124,10 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 
 def _work(rank: int, tmp: str) -> dict:
     out: dict = {}
-    from marin import optim as moptim
+    from marin import update_rules as moptim
     from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
-    from marin.optim import build_optimizer
     from marin.parallel import build_sharded_model, clip_grad_norm_
+    from marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)
@@ -248,7 +248,7 @@ def test_each_matrix_is_orthogonalized_once_per_rack(hsdp):
 
 def test_checkpoint_resumes_exactly_and_loads_in_one_process(hsdp):
     from marin.ep import load_checkpoint
-    from marin.optim import build_optimizer
+    from marin.update_rules import build_optimizer
 
     tmp, outs = hsdp
     for o in outs:

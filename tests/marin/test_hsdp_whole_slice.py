@@ -36,8 +36,8 @@ def _work(rank: int) -> dict:
     from torch.distributed.tensor import DTensor
 
     from marin.ep import build_ep_groups, expert_param_names
-    from marin.optim import build_optimizer
     from marin.parallel import build_sharded_model, clip_grad_norm_
+    from marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)

@@ -13,7 +13,7 @@ import pytest
 
 from ablations.studies import get_study
 from marin.config import SPEC_VERSION, RunSpec, non_default, to_dict
-from marin.factors import RECIPE_FACTOR_SPECS
+from marin.switches import RECIPE_FACTOR_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("spec_identity.json")
@@ -44,8 +44,8 @@ def test_every_default_and_identity_level_is_pinned_for_the_spec_version():
 _IDS = """
 import dataclasses, json, sys
 from ablations.studies import get_study
-import marin.factors
-assert marin.factors.__file__.startswith(sys.argv[2]), marin.factors.__file__  # the copy, not the checkout
+import marin.switches
+assert marin.switches.__file__.startswith(sys.argv[2]), marin.switches.__file__  # the copy, not the checkout
 runs = [s for s, _ in get_study("smoke").runs()]
 extra = json.loads(sys.argv[1])
 print(json.dumps({"plain": [s.run_id for s in runs],
@@ -57,7 +57,7 @@ def _ids_with_row(tmp_path: Path, row: str, extra: dict) -> dict:
     """Run ids of the smoke study planned by a copy of the package whose factor table has one more row."""
     for pkg in ("marin", "ablations"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    table = tmp_path / "marin" / "factors.py"
+    table = tmp_path / "marin" / "switches.py"
     src = table.read_text()
     anchor = "RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = ("
     assert anchor in src
@@ -116,7 +116,7 @@ def test_the_recipe_enters_the_id_by_its_switches_away_from_their_identity_level
 
 
 def test_planning_computes_each_run_id_once(monkeypatch, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     calls = []
     ident = RunSpec.identity_json

@@ -101,8 +101,8 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     out: dict = {}
     try:
         from marin.ep import build_ep_groups, expert_param_names
-        from marin.optim import build_optimizer
         from marin.parallel import build_sharded_model, clip_grad_norm_
+        from marin.update_rules import build_optimizer
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
         groups = build_ep_groups(2)

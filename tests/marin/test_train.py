@@ -27,7 +27,8 @@ from marin.config import (
     TrainConfig,
     preset,
 )
-from marin.train import context_plan, is_spike, spec_from_args, train, train_args
+from marin.train import context_plan, is_spike, train
+from marin_ablate.train import spec_from_args, train_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny", ["seq_len=64"])
@@ -171,7 +172,7 @@ def test_diverged_run_writes_a_failed_summary_with_step_and_reason(tmp_path):
 
 
 def test_bad_input_fails_before_any_work(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["train", "--preset", "nope", "--out", str(tmp_path / "a")]) == 2
     assert "unknown preset 'nope'; allowed values: tiny" in capsys.readouterr().err

@@ -13,8 +13,8 @@ import torch.distributed as dist
 from ranks import free_port, read_results, run_ranks, write_result
 
 from marin.config import ModelConfig, Recipe
-from marin.factors import RECIPE_LEVELS
 from marin.hparams import OptimHparams
+from marin.switches import RECIPE_LEVELS
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def _work(rank: int, tmp: str) -> dict:
 
     from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
     from marin.model import MarinModel
-    from marin.optim import build_optimizer
     from marin.parallel import build_sharded_model, clip_grad_norm_, init_weights
+    from marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("marin", "ablations", "sweeps", "analysis")
+PACKAGES = ("marin", "marin_ablate", "ablations", "sweeps", "planning", "analysis")
 
 
 def module_files(root: Path = ROOT, packages=PACKAGES) -> dict[str, Path]:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("marin", "sweeps", "ablations", "analysis", "benchmarks", "tests", "docs")
+SOURCES = ("marin", "marin_ablate", "sweeps", "planning", "ablations", "analysis", "benchmarks", "tests", "docs")
 # "docs/method.md §2.1, §4" or "[architecture.md](architecture.md) §2": a doc and one or more section ids
 NUMBERED = re.compile(r"([\w-]+)\.md\)?,? ((?:§[0-9][0-9.]*[0-9]?(?:,? (?:and )?)?)+)")
 # 'docs/architecture.md, "Run directory"' or 'docs/architecture.md ("Data")': a section by name

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-UPPER_LAYERS = ("ablations", "sweeps", "analysis")
+UPPER_LAYERS = ("marin_ablate", "ablations", "sweeps", "planning", "analysis")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -39,15 +39,16 @@ def upper_layer_imports(package: str) -> list[str]:
     return bad
 
 
-def test_marin_imports_nothing_of_ablations_sweeps_or_analysis():
+def test_marin_imports_nothing_of_the_cli_ablations_sweeps_planning_or_analysis():
     assert upper_layer_imports("marin") == []
 
 
 def test_the_layer_check_sees_function_level_and_importlib_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import os\n\ndef f():\n    from ablations.ladders import RUNGS\n    import sweeps.cli\n"
-                 "    importlib.import_module('analysis.report')\n")
-    assert [m for _, m in imported_modules(f)] == ["os", "ablations.ladders", "sweeps.cli", "analysis.report"]
+    f.write_text("import os\n\ndef f():\n    from ablations.ladders import RUNGS\n    import marin_ablate.main\n"
+                 "    importlib.import_module('analysis.report.writer')\n")
+    assert [m for _, m in imported_modules(f)] == ["os", "ablations.ladders", "marin_ablate.main",
+                                                   "analysis.report.writer"]
 
 
 @pytest.mark.parametrize("package", ["ablations", "analysis"])
@@ -95,9 +96,14 @@ def test_the_reference_check_sees_each_kind_of_outside_reference(tmp_path):
 
 # Imported for real, in a fresh interpreter: the modules that must never pull in torch, transitively
 # (function-level imports do not run here; the ast test above covers ablations/ and analysis/ sources).
-TORCH_FREE = ("marin.commands", "marin.config", "marin.optimizers", "marin.factors", "marin.plugins", "marin.ep_layout",
-              *sorted(f"{pkg}.{p.stem}" if p.stem != "__init__" else pkg for pkg in ("ablations", "analysis")
-                      for p in (ROOT / pkg).glob("*.py")))
+def _modules(pkg: str) -> list[str]:
+    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                  for p in (ROOT / pkg).rglob("*.py") if p.stem != "__main__")
+
+
+TORCH_FREE = ("marin.config", "marin.optimizers", "marin.switches", "marin.plugins", "marin.ep_layout",
+              *_modules("ablations"), *_modules("analysis"),
+              *(m for m in _modules("marin_ablate") if m != "marin_ablate.train"))
 
 
 def test_importing_the_torch_free_modules_loads_no_torch():
@@ -107,4 +113,4 @@ def test_importing_the_torch_free_modules_loads_no_torch():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "", f"importing {r.stdout.strip()} loads torch"
-    assert len(TORCH_FREE) > 25 and "analysis.report" in TORCH_FREE and "ablations" in TORCH_FREE
+    assert len(TORCH_FREE) > 25 and "analysis.report.writer" in TORCH_FREE and "ablations" in TORCH_FREE

@@ -1,4 +1,4 @@
-"""The cost model behind `plan`, `run` and `tune` (sweeps/costmodel.py): a damaged cache line is skipped and
+"""The cost model behind `plan`, `run` and `tune` (planning/costmodel.py): a damaged cache line is skipped and
 named, every measured run counts once (cache and study folder), and the 90% interval scaled by the
 machine's load covers real tiny runs timed on a loaded and on an idle machine."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sweeps import costmodel as cm
+from planning import costmodel as cm
 from sweeps.progress import plan_estimate
 from sweeps.sweep import planned_runs
 
@@ -41,7 +41,7 @@ def test_a_damaged_cache_line_is_skipped_and_named_by_file_line_and_field(tmp_pa
 
 
 def test_plan_with_a_damaged_cache_states_a_sane_interval(tmp_path, monkeypatch, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -188,7 +188,7 @@ def _wide(e: cm.Estimate, z: float = 3.29) -> tuple[float, float]:
 
 
 def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums(tmp_path, capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["plan", "smoke", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -198,7 +198,7 @@ def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums
 
 
 def test_describe_shows_the_rungs_overrides_and_what_params_active_marin_counts(capsys):
-    from sweeps.cli import main
+    from marin_ablate.main import main
 
     assert main(["describe", "--preset", "d512"]) == 0
     out = capsys.readouterr().out

@@ -11,8 +11,8 @@ from ablations.designs import full_factorial
 from ablations.factors import RECIPE_FACTORS, Factor
 from ablations.ladders import Rung
 from ablations.studies import Study
+from analysis.calibration.simulate import SimTruth, simulate_table
 from analysis.pipeline import analyze_table
-from analysis.simulate import SimTruth, simulate_table
 from sweeps.executors import ExecOptions
 from sweeps.tuning import ProfileOptions, lr_plan, profile_loop, profile_study
 

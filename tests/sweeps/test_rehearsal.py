@@ -1,5 +1,5 @@
 """The rehearsal (`plan STUDY --dry-run`, part c): one training step + checkpoint save on an accelerator
-that is not the host, through a process group that serves only the accelerator (sweeps/rehearsal.py)."""
+that is not the host, through a process group that serves only the accelerator (planning/rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from ablations.studies import get_study
-from sweeps.dryrun import in_fresh_process
-from sweeps.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
+from planning.dryrun import in_fresh_process
+from planning.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
 from sweeps.sweep import apply_spec_overrides
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from marin.config import DataConfig, RunSpec, TrainConfig, preset
 from marin.train.loop import _device, check_spec
-from sweeps.cli import main
+from marin_ablate.main import main
 
 
 def _one_line(capsys) -> str:

@@ -1,0 +1,504 @@
+"""One fit of the reference law and the quality effects on every run (docs/method.md §4, *Joint law*).
+
+Model, per run n with coded factors x_n, compute C_n, u_n = ln(C_n/C0) + e_n·θ:
+
+    L_n = L∞ + a·exp(−α·u_n − κ·u_n²/2) + δ_seed(n) + ε_n
+
+e_n·θ = ln M_flop of run n: the effects model (main, two-factor, factor × log C terms) minus its
+value at the all-off arm, so the all-off arm *is* the reference law (ln M ≡ 0) and every arm is a
+compute multiplier on it. Every run informs L∞, a, α; a lost baseline run costs one run, not the
+law. κ = 0 is the power law L∞ + A·C^−α (Kaplan et al. 2020; Hoffmann et al. 2022); the "curved"
+form frees κ (a power law whose exponent drifts with log C, the smooth version of a broken power law,
+Caballero et al. 2023) to measure how much an extrapolation depends on the law's form. δ are
+sum-to-zero seed blocks (a seed shifts every loss it touches). Least squares by scipy; covariance
+HC3 (MacKinnon & White 1985) and the model-based s²(JᵀJ)⁻¹, each contrast using the larger, with
+t on the fit's own residual df.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import optimize
+
+from analysis.fit.attribution import EffectsFit, Term, alias_structure, build_terms, design_matrix
+from analysis.fit.lsq import levenberg_marquardt
+from analysis.responses import law_column
+
+FORMS = ("power", "curved")
+#: A parameter whose variance inflation (bread_ii·(JᵀJ)_ii) exceeds this is "not identified".
+NOT_IDENTIFIED_VIF = 1e6
+#: Levenberg–Marquardt iterations per start (MINPACK: twice as many evaluations); a fit that reaches
+#: it has not converged (the report warns).
+MAX_ITER = 200
+
+
+@dataclass
+class JointFit:
+    form: str
+    c0: float
+    names: list[str]  # parameter names, in order
+    params: np.ndarray
+    cov: np.ndarray  # HC3
+    cov_model: np.ndarray  # s²(JᵀJ)⁻¹
+    dof: int
+    n: int
+    resid: np.ndarray
+    leverage: np.ndarray
+    effect_cols: list[int]  # term indices of θ in the standard (intercept + logC) basis
+    pinned: dict[str, float] = field(default_factory=dict)
+    not_identified: list[str] = field(default_factory=list)
+    converged: bool = True
+    data: tuple | None = None  # (C, L, E, seeds) the fit saw: profile intervals refit on it
+    # Runs sharing a random stream at one rung (seed × rung): their common loss shift is a random
+    # effect the law's parameters see only through the cluster means (between_clusters).
+    clusters: np.ndarray | None = None
+    # J at the optimum: the precision planner's σ²(JᵀJ)⁻¹ (analysis/calibration/precision.py)
+    jac: np.ndarray | None = None
+    # The rung-shift part of cov_model (_cluster_term) and the df of the between-cluster mean square it rests
+    # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
+    cov_cluster: np.ndarray | None = None
+    between_df: int = 0
+    # Where L∞ and α are pinned with a spread (a reference ladder's): the ellipse's part over (linf, ln a,
+    # alpha), pinned rows included, so the law's band and A's interval see the pins move with ln a; and the
+    # valley's part — its share of `cov` and the laws (L∞, A, α) refitted at its ends, which the law's
+    # band and intervals reach exactly (a linear band cannot follow two laws that part off the data).
+    cov_pins: np.ndarray | None = None
+    cov_valley: np.ndarray | None = None
+    valley_laws: tuple = ()
+
+    def get(self, name: str) -> float:
+        if name in self.pinned:
+            return self.pinned[name]
+        return float(self.params[self.names.index(name)])
+
+    @property
+    def linf(self) -> float:
+        return self.get("linf")
+
+    @property
+    def alpha(self) -> float:
+        return self.get("alpha")
+
+    @property
+    def kappa(self) -> float:
+        return self.get("kappa") if "kappa" in self.names or "kappa" in self.pinned else 0.0
+
+    @property
+    def A(self) -> float:
+        with np.errstate(over="ignore"):  # a bootstrap refit can drift to a huge A: inf, not an exception
+            return float(np.exp(self.get("ln_a") + self.alpha * np.log(self.c0)))
+
+    def contrast_var(self, g: np.ndarray) -> float:
+        g = np.nan_to_num(g)
+        return float(max(g @ self.cov @ g, g @ self.cov_model @ g, 0.0))
+
+    def theta_std(self, n_terms: int, terms: list[Term]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(θ, cov, cov_model, T) in the standard basis (intercept, logC, effects) with f(all-off) ≡ 0."""
+        T = np.zeros((n_terms, len(self.names)))
+        for j, t in enumerate(self.effect_cols):
+            T[t, self.names.index(f"theta{j}")] = 1.0
+            kind = terms[t].kind
+            if kind == "main":
+                T[0, self.names.index(f"theta{j}")] = 1.0
+            elif kind == "2fi":
+                T[0, self.names.index(f"theta{j}")] = -1.0
+            elif kind == "main_x_scale":
+                s = next(i for i, tt in enumerate(terms) if tt.kind == "scale")
+                T[s, self.names.index(f"theta{j}")] = 1.0
+        return T @ self.params, T @ self.cov @ T.T, T @ self.cov_model @ T.T, T
+
+    def law_block(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cov HC3, cov model) over (linf, ln a, alpha); a pinned parameter's rows are its pins' spread
+        (`cov_pins`), zero when it was pinned as exact; a valley's part is left to `valley_laws`."""
+        out = []
+        pinned = [i for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.pinned]
+        for cv in (self.cov, self.cov_model):
+            c = np.zeros((3, 3))
+            cv = cv - self.cov_valley if self.cov_valley is not None else cv
+            idx = [(i, self.names.index(k)) for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
+            for i, p in idx:
+                for j, q in idx:
+                    c[i, j] = cv[p, q]
+            if self.cov_pins is not None:
+                for i in pinned:
+                    c[i, :], c[:, i] = self.cov_pins[i, :], self.cov_pins[:, i]
+            out.append(c)
+        return out[0], out[1]
+
+    def loss_grad(self, C: float, e_row: np.ndarray) -> tuple[float, np.ndarray]:
+        """Loss of an arm with effect row e_row (over θ) at compute C and its gradient over params."""
+        th = self._theta()
+        u = float(np.log(C / self.c0) + e_row @ th)
+        f = float(np.exp(self.get("ln_a") - self.alpha * u - 0.5 * self.kappa * u * u))
+        g = np.zeros(len(self.names))
+        d = {"linf": 1.0, "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
+        for k, v in d.items():
+            if k in self.names:
+                g[self.names.index(k)] = v
+        dth = -f * (self.alpha + self.kappa * u) * e_row
+        for j in range(len(e_row)):
+            g[self.names.index(f"theta{j}")] = dth[j]
+        return self.linf + f, g
+
+    def _theta(self) -> np.ndarray:
+        return np.array([self.params[self.names.index(f"theta{j}")] for j in range(len(self.effect_cols))])
+
+    def wald_ci(self, name: str, q: float) -> tuple[float, float]:
+        if name in self.pinned:
+            v = self.pinned[name]
+            return (v, v)
+        if name in self.not_identified or name not in self.names:
+            return (np.nan, np.nan)
+        i = self.names.index(name)
+        se = np.sqrt(max(self.cov[i, i], self.cov_model[i, i]))
+        return (float(self.params[i] - q * se), float(self.params[i] + q * se))
+
+
+def effect_design(terms: list[Term], factors: list[str], kept: np.ndarray, X_nk: np.ndarray,
+                  z_n: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Columns of the kept non-constant terms minus their value at the all-off arm: e_n with e·θ = ln M."""
+    cols = [j for j in np.flatnonzero(kept) if terms[j].kind not in ("intercept", "scale")]
+    D = design_matrix(terms, factors, X_nk, z_n) - design_matrix(terms, factors, -np.ones_like(X_nk), z_n)
+    return D[:, cols], cols
+
+
+def _seed_blocks(seeds) -> np.ndarray:
+    if seeds is None:
+        return np.zeros((0, 0))
+    lev = list(dict.fromkeys(np.asarray(seeds).tolist()))
+    if len(lev) < 2:
+        return np.zeros((len(seeds), 0))
+    s = np.asarray(seeds)
+    B = np.zeros((len(s), len(lev) - 1))
+    for j, v in enumerate(lev[1:]):
+        B[:, j] = (s == v).astype(float) - (s == lev[0]).astype(float)
+    return B
+
+
+def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
+              pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
+              clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
+              pin_valley: tuple = (), envelope: bool = False) -> JointFit:
+    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
+    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's, analysis/fit/reflaw.py): added
+    to every parameter's covariance by the delta method, so the pins' uncertainty reaches each effect.
+    pin_valley: the (L∞, α) pairs a ladder that fixes only the slope accepts (`valley_term`).
+    envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
+    covariance to span the fits at each L∞ the data accept (`_curvature_term`).
+    warm_only: start from `start` alone (a profile's refits move the optimum only a little).
+    fast_refit: solve by analysis/fit/lsq.py (linear in runs) instead of MINPACK, for the bootstrap's
+    warm refits; MINPACK stays the solver of every reported fit (where the rungs leave the law's
+    curvature flat, where it stops decides whether α stays positive)."""
+    if form not in FORMS:
+        raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
+    C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
+    c0 = float(np.exp(np.mean(np.log(C))))
+    x = np.log(C / c0)
+    B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
+    q, s = E.shape[1], B.shape[1]
+    pinned = {k: v for k, v in (("linf", pin_linf), ("alpha", pin_alpha)) if v is not None}
+    names = [k for k in ("linf", "ln_a", "alpha") if k not in pinned]
+    if form == "curved":
+        names.append("kappa")
+    names += [f"theta{j}" for j in range(q)] + [f"seed{j}" for j in range(s)]
+    idx = {k: i for i, k in enumerate(names)}
+
+    def unpack(p):
+        g = lambda k: pinned[k] if k in pinned else p[idx[k]]  # noqa: E731
+        th = p[idx["theta0"]: idx["theta0"] + q] if q else np.zeros(0)
+        de = p[len(names) - s:] if s else np.zeros(0)
+        return g("linf"), p[idx["ln_a"]], g("alpha"), (p[idx["kappa"]] if "kappa" in idx else 0.0), th, de
+
+    def resid(p):
+        linf, la, al, ka, th, de = unpack(p)
+        u = x + E @ th
+        return linf + np.exp(la - al * u - 0.5 * ka * u * u) + B @ de - L
+
+    def jac(p):
+        linf, la, al, ka, th, de = unpack(p)
+        u = x + E @ th
+        f = np.exp(la - al * u - 0.5 * ka * u * u)
+        J = np.zeros((len(L), len(names)))
+        cols = {"linf": np.ones_like(f), "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
+        for k, v in cols.items():
+            if k in idx:
+                J[:, idx[k]] = v
+        if q:
+            J[:, idx["theta0"]: idx["theta0"] + q] = (-f * (al + ka * u))[:, None] * E
+        if s:
+            J[:, len(names) - s:] = B
+        return J
+
+    starts = []
+    if start is not None:
+        p0 = np.zeros(len(names))
+        for k in names:
+            if k in start.names:
+                p0[idx[k]] = start.params[start.names.index(k)]
+        starts.append(p0)
+    span = max(float(np.ptp(L)), 1e-3)
+    for al0 in (() if warm_only and starts else (pin_alpha,) if pin_alpha is not None else (0.1, 0.3, 0.8)):
+        linf0 = pin_linf if pin_linf is not None else float(np.min(L)) - 0.5 * span
+        p0 = np.zeros(len(names))
+        if "linf" in idx:
+            p0[idx["linf"]] = linf0
+        p0[idx["ln_a"]] = np.log(max(float(np.mean(L)) - linf0, 1e-6))
+        if "alpha" in idx:
+            p0[idx["alpha"]] = al0
+        starts.append(p0)
+    best = None
+    for p0 in starts:
+        try:
+            if fast_refit:
+                r = levenberg_marquardt(resid, jac, p0, xtol=1e-12, ftol=1e-12, max_iter=MAX_ITER)
+            else:
+                r = optimize.least_squares(resid, p0, jac=jac, method="lm", xtol=1e-12, ftol=1e-12,
+                                           max_nfev=2 * MAX_ITER)
+        except (ValueError, FloatingPointError):
+            continue
+        if not np.all(np.isfinite(r.x)):
+            continue
+        if best is None or r.cost < best.cost - 1e-15:
+            best = r
+    if best is None:
+        raise ValueError("the joint law fit failed on every start")
+    p = best.x
+    linf, la, al, ka, th, de = unpack(p)
+    if not al > 0:
+        raise ValueError(f"the fitted law does not fall with compute (alpha = {al:.3g})")
+    J = jac(p)
+    e = resid(p)
+    n = len(L)
+    JtJ = J.T @ J
+    bread = np.linalg.pinv(JtJ)
+    rank = int(np.linalg.matrix_rank(J, tol=1e-10 * max(np.linalg.norm(J), 1e-300)))
+    dof = n - rank
+    h = np.clip(((J @ bread) * J).sum(1), 0, 1)
+    safe = (1 - h) > 1e-8
+    w = np.where(safe, e**2 / np.where(safe, 1 - h, 1) ** 2, 0.0)
+    cov = bread @ ((J * w[:, None]).T @ J) @ bread
+    s2 = float(e @ e) / dof if dof > 0 else np.nan
+    cov_model = s2 * bread
+    vif = np.diag(bread) * np.diag(JtJ)
+    ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa") and not vif[idx[k]] < NOT_IDENTIFIED_VIF]
+    if dof <= 0:
+        ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
+    jf = JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
+                  resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
+                  converged=bool(best.success), data=(C, L, E, seeds),
+                  clusters=None if clusters is None else np.asarray(clusters), jac=J)
+    if clusters is not None and not warm_only:
+        jf.cov_cluster = _cluster_term(jf, J, bread)
+        jf.cov_model = cov_model + jf.cov_cluster
+        jf.between_df = int(between_clusters(jf)[1])
+    if pin_cov is not None and pinned and not warm_only:
+        extra, jf.cov_pins = pin_term(jf, np.asarray(pin_cov, float))
+        if len(pin_valley):
+            jf.cov_valley, jf.valley_laws = valley_term(jf, pin_valley)
+            extra = extra + jf.cov_valley
+        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
+    if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
+            and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
+        extra = _curvature_term(jf)
+        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
+    return jf
+
+
+#: L∞ values `_curvature_term` tries, as fractions of [0, smallest loss).
+ENVELOPE_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)
+
+
+def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
+    """Where the rungs do not fix the law's curvature (the fit runs off to α → 0, L∞ → −∞, or past
+    the losses), every multiplier rests on a local slope the curvature moves. Refit with L∞ held at
+    each value of [0, smallest loss) (ENVELOPE_GRID) the data accept — RSS within the profile test's
+    allowance (`profile_ci`: t² on the residual df, and on the between-cluster df with clusters) —
+    and return Σ_v d_v d_vᵀ / q² over the two extreme accepted fits (d_v their parameters' shift), so
+    each contrast's interval spans its value at every accepted curvature. None accepted: the fit
+    nearest the data's preference (L∞ = 0) stands for them."""
+    from scipy import stats
+
+    C, L, E, seeds = jf.data
+    q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
+    rss0 = float(jf.resid @ jf.resid)
+    allow = q * q * rss0 / jf.dof
+    s2b, dfb = between_clusters(jf)
+    if jf.clusters is not None and dfb > 0:
+        allow = max(allow, float(stats.t.ppf(0.5 + level / 2, dfb)) ** 2 * s2b)
+    fits = []
+    for frac in ENVELOPE_GRID:
+        v = frac * float(np.min(L))
+        try:
+            f = fit_joint(C, L, E, jf.effect_cols, form="power", seeds=seeds, pin_linf=v,
+                          pin_alpha=jf.pinned.get("alpha"), clusters=jf.clusters)
+        except ValueError:
+            continue
+        rss = float(f.resid @ f.resid)
+        p = np.array([v if k == "linf" else f.params[f.names.index(k)] for k in jf.names])
+        fits.append((rss - rss0 <= allow, rss, p))
+    if not fits:
+        return np.zeros((len(jf.names), len(jf.names)))
+    ok = [p for a, _, p in fits if a] or [min(fits, key=lambda t: t[1])[2]]
+    ends = [ok[0]] if len(ok) == 1 else [ok[0], ok[-1]]
+    D = np.stack([p - jf.params for p in ends], 1)
+    return D @ D.T / (q * q)
+
+
+def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarray:
+    """(Δlinf, Δln a, Δalpha) of a refit: free parameters from d, pinned ones from their own shift."""
+    return np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
+                     for k in ("linf", "ln_a", "alpha")])
+
+
+def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+    """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
+    principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
+    parameters' shift at the end that moves the effects more (and the same over (linf, ln a, alpha)). Where
+    the fit is linear in the pins this is the delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster
+    on one side of the law) each contrast's interval still reaches its value at that end. An end a refit
+    cannot reach (α ≤ 0, L∞ past the losses) is approached at half the step and extrapolated."""
+    keys = [k for k in ("linf", "alpha") if k in jf.pinned]
+    ii = [("linf", "alpha").index(k) for k in keys]
+    sig = pin_cov[np.ix_(ii, ii)]
+    C, L, E, seeds = jf.data
+    lam, U = np.linalg.eigh(sig)
+    eff = np.array([k.startswith("theta") for k in jf.names])  # the side is chosen by the effects' shift
+    out, law = np.zeros((len(jf.names), len(jf.names))), np.zeros((3, 3))
+    for k in range(len(keys)):
+        if not lam[k] > 0:
+            continue
+        step = z * np.sqrt(lam[k]) * U[:, k]
+        best = None
+        for sgn in (1.0, -1.0):
+            for frac in (1.0, 0.5, 0.25):
+                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
+                for j, name in enumerate(keys):
+                    kw[f"pin_{name}"] = jf.pinned[name] + sgn * frac * step[j]
+                try:
+                    f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
+                                  clusters=jf.clusters, **kw)
+                except ValueError:
+                    continue
+                d = (f.params - jf.params) / frac
+                if best is None or float(d[eff] @ d[eff]) > float(best[0][eff] @ best[0][eff]):
+                    best = (d, {name: sgn * step[j] for j, name in enumerate(keys)})
+                break
+        if best is not None:
+            out += np.outer(best[0], best[0]) / (z * z)
+            g = _law_shift(jf, *best)
+            law += np.outer(g, g) / (z * z)
+    return out, law
+
+
+def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> tuple[np.ndarray, tuple]:
+    """A ladder that fixes the law's slope but not its curvature accepts a valley of (L∞, α) pairs
+    (analysis/fit/reflaw.py); each one is a law the study could rest on. Refit with the pins at the
+    valley's two ends and return (Σ d dᵀ / z², d the parameters' shift there; the end laws (L∞, A, α)),
+    so each contrast's 95% interval reaches its value at either end, as `_curvature_term` does for
+    the study's own profile."""
+    C, L, E, seeds = jf.data
+    ends = [valley[0]] if len(valley) == 1 else [valley[0], valley[-1]]
+    out, laws = np.zeros((len(jf.names), len(jf.names))), []
+    for linf, alpha in ends:
+        try:
+            f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, pin_linf=float(linf),
+                          pin_alpha=float(alpha), start=jf, clusters=jf.clusters)
+        except ValueError:  # this end's law does not fall over the study's rungs: the other end stands
+            continue
+        d = f.params - jf.params
+        out += np.outer(d, d) / (z * z)
+        laws.append((f.linf, f.A, f.alpha))
+    return out, tuple(laws)
+
+
+def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:
+    """The covariance a (seed × rung) random shift adds to the least-squares estimates:
+    σ²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹, s_g = J_gᵀ1 the cluster's summed Jacobian rows, with
+    σ²_b = max(0, (s²_b − s²_w)/n̄) by moments (s²_b the between-cluster mean square, s²_w the
+    within-cluster one). It reaches every contrast through the law's local slope. Zero when the
+    clusters leave no df to measure σ²_b."""
+    s2b, dfb = between_clusters(jf)
+    if dfb <= 0 or not np.isfinite(s2b) or jf.dof - dfb <= 0:
+        return np.zeros_like(bread)
+    labels, inv = np.unique(jf.clusters.astype(str), return_inverse=True)
+    n_g = np.bincount(inv).astype(float)
+    r = jf.resid
+    r_g = np.bincount(inv, weights=r) / n_g
+    s2w = float(np.sum((r - r_g[inv]) ** 2)) / (jf.dof - dfb)
+    sig2b = max(0.0, (s2b - s2w) / float(np.mean(n_g)))
+    if sig2b == 0.0:
+        return np.zeros_like(bread)
+    S = np.zeros((len(labels), J.shape[1]))
+    np.add.at(S, inv, J)
+    return sig2b * bread @ (S.T @ S) @ bread
+
+
+LAW_PARAMS = ("linf", "ln_a", "alpha", "kappa")
+
+
+def between_clusters(jf: JointFit) -> tuple[float, int]:
+    """(mean square, df) of the residuals' cluster means: the split-plot "whole-plot" error
+    (Box, Hunter & Hunter 2005, §9). A loss shift shared by every arm of one (seed, rung) cluster —
+    the rung's own init and data order — cancels in the arms' contrasts but not in the law, which
+    sees each cluster as one point. The law's parameters, the seed blocks and the effects of
+    factors that never vary inside a cluster are fitted on the G cluster means; what is left of them
+    (Σ n_g·r̄_g² on G − p_b df) estimates σ² + n̄·σ²_rung, the variance those parameters carry.
+    df ≤ 0: the clusters cannot separate the shifts from the law. Without clusters: (nan, 0)."""
+    if jf.clusters is None:
+        return np.nan, 0
+    _, L, E, seeds = jf.data
+    g = jf.clusters
+    labels, inv = np.unique(g.astype(str), return_inverse=True)
+    G = len(labels)
+    n_g = np.bincount(inv, minlength=G).astype(float)
+    mean = lambda v: np.bincount(inv, weights=v, minlength=G) / n_g  # noqa: E731
+    r_g = mean(jf.resid)
+    cols = []
+    for j in range(E.shape[1]):  # an effect constant inside every cluster is a between-cluster parameter
+        if np.allclose(E[:, j], mean(E[:, j])[inv]):
+            cols.append(mean(E[:, j]))
+    B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
+    cols += [mean(B[:, j]) for j in range(B.shape[1])]
+    p_b = sum(k in jf.names for k in LAW_PARAMS)  # the law's own free parameters, each a cluster-level one
+    if cols:
+        M = np.column_stack(cols)
+        p_b += int(np.linalg.matrix_rank(M, tol=1e-9 * max(np.linalg.norm(M), 1e-300)))
+    df = G - p_b
+    if df <= 0:
+        return np.nan, df
+    return float(n_g @ r_g**2) / df, df
+
+
+def quality_design(X, z, factors, *, interactions: bool, scale: bool) -> tuple:
+    """(terms, candidate design, alias structure, effect design E, its term indices) of the quality fit."""
+    terms = build_terms(factors, interactions=interactions, scale=scale)
+    Xf = design_matrix(terms, factors, X, z)
+    al = alias_structure(Xf)
+    E, cols = effect_design(terms, factors, al.kept, X, z)
+    return terms, Xf, al, E, cols
+
+
+def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=None, pins=(None, None),
+                form: str = "power", start: JointFit | None = None,
+                warm_only: bool = False, design: tuple | None = None, clusters=None, pin_cov=None,
+                pin_valley: tuple = (), envelope: bool = False) -> tuple[EffectsFit, JointFit]:
+    """The joint law + quality effects fit, with its coefficients in the standard effects basis;
+    `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
+    only a little);
+    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap);
+    `pin_cov`, `pin_valley`: the pinned (L∞, α)'s covariance and valley (a reference ladder's law,
+    analysis/fit/reflaw.py);
+    `envelope`: widen for an unidentified curvature (`_curvature_term`)."""
+    terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
+    jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
+                   warm_only=warm_only, fast_refit=warm_only, clusters=clusters, pin_cov=pin_cov,
+                   pin_valley=pin_valley, envelope=envelope)
+    th, cov, cm, T = jf.theta_std(len(terms), terms)
+    fit = EffectsFit(response=law_column(), factors=list(factors), terms=terms, alias=al, theta=th, cov=cov, dof=jf.dof,
+                     n=len(L), resid=jf.resid, leverage=jf.leverage, X=Xf, method=f"joint law ({form}), HC3",
+                     cov_model=cm)
+    if jf.cov_cluster is not None and jf.between_df > 0 and np.any(jf.cov_cluster):
+        fit.cov_between, fit.dof_between = T @ jf.cov_cluster @ T.T, jf.between_df
+    return fit, jf

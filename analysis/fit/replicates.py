@@ -1,0 +1,184 @@
+"""Seeds as replicates: each seed analysed alone, the between-seed interval, and planted truths.
+
+Runs of one seed share their random stream (init and data order) across arms, so a contrast between
+arms cancels the noise the stream carries, and the residuals never see it (docs/method.md §4.4). Each
+seed analysed alone is one replicate of the study; over three or more, the scatter of a component's
+per-seed estimates measures its noise directly, and the recommended interval is never narrower than
+the between-seed t interval built from it.
+
+A study may also plant factors of known effect (the `calibration` study's placebo, waste and extra
+compute; docs/calibration/). Each run records the truth in its coding, so the check needs nothing but
+the results table: the study's own interval against the truth (one draw), and over the replicates
+the fraction whose 95% interval covers it (with its Clopper-Pearson interval) and the replicates'
+scatter against the standard error they report. One interval covering once is one Bernoulli draw.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from analysis.io.results import codings
+from analysis.responses import RESPONSES
+
+
+def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """{factor: {response column: true ln multiplier}} from the runs' coding (each response's
+    truth_key, analysis/responses.py); a sum response's truth (ln_W = ln_M + ln_R) when all its parts are planted.
+
+    Runs that disagree on a factor's truth (two studies pooled) are refused: the check would be meaningless."""
+    seen: dict[str, dict[str, float]] = {}
+    for coding, _ in codings(df):
+        for name, d in coding.items():
+            t = d.get("truth")
+            if not t:
+                continue
+            column_of = {r.truth_key: r.column for r in RESPONSES.values() if r.truth_key}
+            lnt = {column_of[k]: math.log(float(v)) for k, v in t.items() if k in column_of}
+            for r in RESPONSES.values():
+                cols = [RESPONSES[q].column for q in r.parts]
+                if cols and all(c in lnt for c in cols):
+                    lnt[r.column] = sum(lnt[c] for c in cols)
+            if name in seen and seen[name] != lnt:
+                raise ValueError(f"factor {name!r}: the runs record two different planted truths "
+                                 f"({seen[name]} and {lnt}); analyse one study at a time")
+            seen[name] = lnt
+    return seen
+
+
+def truth_check(components: pd.DataFrame, truths: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """Per planted factor and response: truth, the recommended (Shapley) estimate and interval, covered?"""
+    rows = []
+    for f, t in truths.items():
+        for resp, lnt in t.items():
+            c = (components[(components["response"] == resp) & (components["component"] == f)] if len(components)
+                 else components)
+            est, lo, hi, se = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi", "shapley_se"))
+                               if len(c) else (np.nan,) * 4)
+            ok = bool(len(c)) and bool(c.iloc[0]["shapley_estimable"]) and math.isfinite(lo) and math.isfinite(hi)
+            rows.append({"factor": f, "response": resp, "truth": lnt, "estimate": est, "lo": lo, "hi": hi, "se": se,
+                         "estimable": ok, "covers": bool(ok and lo <= lnt <= hi), "error": est - lnt})
+    return pd.DataFrame(rows, columns=["factor", "response", "truth", "estimate", "lo", "hi", "se", "estimable",
+                                       "covers", "error"])
+
+
+#: Seeds needed before the between-seed interval is used (two give a t interval on one df).
+BETWEEN_SEEDS_MIN = 3
+
+
+def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any]) -> dict[int, Any]:
+    """{seed: that seed's runs analysed alone (a StudyAnalysis)}, or the reason the analysis refused them."""
+    out: dict[int, Any] = {}
+    for seed in sorted(df["seed"].dropna().unique()):
+        try:
+            out[int(seed)] = analyze(df[df["seed"] == seed])
+        except ValueError as e:
+            out[int(seed)] = str(e)
+    return out
+
+
+def _t_half(values: list[float], level: float) -> float:
+    """Half-width of the between-seed t interval of the mean, statsmodels' DescrStatsW.tconfint_mean."""
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    lo, hi = DescrStatsW(np.asarray(values, float)).tconfint_mean(alpha=1 - level)
+    return float(hi - lo) / 2
+
+
+def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
+    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
+    fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
+    parameters' ranges (L∞ ≥ 0, α ≥ 0). Returns the parameters widened."""
+    from analysis.fit.law_intervals import PROFILE_BOUNDS
+
+    laws = [a.law for a in per_seed.values() if not isinstance(a, str) and a.law is not None
+            and not {"linf", "alpha"} & set(a.law.not_identified)]
+    widened = []
+    for k in ("linf", "alpha"):
+        v = [float(getattr(x, k)) for x in laws if k not in x.pinned]
+        if k not in law.profile or len(v) < BETWEEN_SEEDS_MIN:
+            continue
+        half, est = _t_half(v, level), float(getattr(law, k))
+        lo, hi = law.profile[k]
+        new = (max(min(lo, est - half), PROFILE_BOUNDS[k][0]), max(hi, est + half))
+        if new != (lo, hi):
+            law.profile[k] = new
+            widened.append(k)
+    return widened
+
+
+def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
+                          level: float = 0.95) -> pd.DataFrame:
+    """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
+    estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it); adds shapley_se_between and between_seeds."""
+    out = components.copy()
+    out["shapley_se_between"], out["between_seeds"] = np.nan, 0
+    est = []  # per seed: {(response, component): its estimable Shapley value (the first row of that key)}
+    for c in (a.components for a in per_seed.values() if not isinstance(a, str)):
+        e: dict = {}
+        if len(c):
+            for key, v in zip(zip(c["response"], c["component"], strict=True),
+                              c["shapley"].where(c["shapley_estimable"]), strict=True):
+                if key not in e and not math.isnan(v):
+                    e[key] = float(v)
+        est.append(e)
+    for i, r in out.iterrows():
+        v = [e[(r["response"], r["component"])] for e in est if (r["response"], r["component"]) in e]
+        out.at[i, "between_seeds"] = len(v)
+        if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
+            continue
+        se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
+        half = _t_half(v, level)
+        out.at[i, "shapley_se_between"] = se
+        if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
+            out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p
+        out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
+        out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
+    return out
+
+
+def replicate_checks(per_seed: dict[int, Any], truths: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """`truth_check` of every seed analysed alone. A replicate the analysis refused is kept, every
+    number not estimable, with the reason."""
+    rows = []
+    for seed, a in per_seed.items():
+        ok = not isinstance(a, str)
+        tc = truth_check(a.components if ok else pd.DataFrame(), truths)
+        tc["note"] = "" if ok else a
+        tc.insert(0, "replicate", seed)
+        rows.append(tc)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval for k successes in n trials."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if n == 0:
+        return (np.nan, np.nan)
+    lo, hi = proportion_confint(k, n, alpha=1 - level, method="beta")
+    return float(lo), float(hi)
+
+
+def coverage_summary(reps: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per planted factor and response over the replicates: how many intervals cover the truth (a
+    replicate whose number is not estimable does not count as covering), the coverage's exact
+    interval, the mean estimate, the largest error, and the scatter of the estimates over the mean
+    standard error the replicates report (≈ 1 when the intervals are as wide as the noise)."""
+    rows = []
+    for (f, resp), g in reps.groupby(["factor", "response"], sort=False):
+        est = g.loc[g["estimable"], "estimate"].to_numpy(float)
+        se = g.loc[g["estimable"], "se"].to_numpy(float)
+        k, n = int(g["covers"].sum()), len(g)
+        lo, hi = clopper_pearson(k, n, level)
+        sd = float(np.std(est, ddof=1)) if len(est) >= 2 else np.nan
+        rows.append({"factor": f, "response": resp, "truth": float(g["truth"].iloc[0]), "replicates": n,
+                     "not_estimable": int((~g["estimable"]).sum()), "covered": k, "coverage": k / n if n else np.nan,
+                     "coverage_lo": lo, "coverage_hi": hi, "mean_estimate": float(est.mean()) if len(est) else np.nan,
+                     "max_abs_error": float(np.max(np.abs(est - g["truth"].iloc[0]))) if len(est) else np.nan,
+                     "sd_estimates": sd, "mean_se": float(se.mean()) if len(se) else np.nan,
+                     "sd_over_se": sd / float(se.mean()) if len(se) and se.mean() > 0 else np.nan})
+    return pd.DataFrame(rows)

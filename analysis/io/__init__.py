@@ -1,0 +1,1 @@
+"""Reading runs: run folders to the results table (`results`) and tables from elsewhere (`importer`)."""

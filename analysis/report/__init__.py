@@ -1,0 +1,1 @@
+"""The report: its writer (`writer`: markdown + HTML), findings in prose, figures, provenance."""

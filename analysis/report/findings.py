@@ -1,0 +1,465 @@
+"""What Findings may claim (docs/method.md, "What Findings say"): where a factor was varied, the
+observed TOTAL when the model's disagrees, the scale trend of each component, and which intervals
+are no interval at all.
+
+Every function reads a finished StudyAnalysis (analysis/pipeline.py); none refits anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.fit.attribution import EffectsFit, component_contrasts
+from analysis.fit.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
+from analysis.io.results import codings
+from analysis.responses import RESPONSES, by_column, is_sum, law, law_column, part_columns, uses_law
+
+
+def _exp(v: float) -> float:
+    """exp that saturates to inf (a runaway estimate prints as inf, it does not raise)."""
+    with np.errstate(over="ignore"):
+        return float(np.exp(v))
+
+
+def arm_kinds(a) -> dict[str, str]:
+    """{run_id: "all-on" | "all-off" | "other arms"} of the analysed runs, from their ±1 coding."""
+    t = a.table
+    if not a.factors or "run_id" not in t:
+        return {}
+    xs = t[[f"x_{f}" for f in a.factors]].to_numpy()
+    return dict(zip(t["run_id"], np.where(np.all(xs == 1, 1), "all-on", np.where(np.all(xs == -1, 1), "all-off",
+                                                                                    "other arms")), strict=True))
+
+
+def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
+    """{factor: the rungs at which its two levels both occur among the analysed runs}."""
+    out = {}
+    for f in factors:
+        g = table.groupby("rung")[f"x_{f}"].nunique()
+        out[f] = [str(r) for r, n in g.items() if n > 1]
+    return out
+
+
+def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
+    """Per-rung values of a factor at a rung where its levels never both ran are not data: the
+    scale model would carry them in from other rungs. Their effect and interval become NaN and
+    `varied` False (the report says "not varied here")."""
+    if not len(per_rung):
+        return per_rung
+    vr = varied_rungs(table, factors)
+    out = per_rung.copy()
+    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, [])
+                     for c, r in zip(out["component"], out["rung"], strict=True)]
+    out.loc[~out["varied"], ["effect", "lo", "hi"]] = np.nan
+    return out
+
+
+def not_varied_at(a, f: str, compute: float) -> str:
+    """'' when factor f's value at `compute` rests on rungs that vary it; else the line saying why not.
+    A factor varied at one rung only has no scale trend: its value is refused at any other compute;
+    otherwise `compute` must lie within the compute span of the rungs that vary it."""
+    vr = varied_rungs(a.table, a.factors).get(f, [])
+    if not vr:
+        return f"{f} is not varied at any rung"
+    comp = a.rungs.set_index("rung")["compute"]
+    cs = comp.reindex(vr).to_numpy(float)
+    if len(vr) == 1:
+        if abs(math.log(compute / cs[0])) < 1e-9:
+            return ""
+        return f"{f} is varied at rung {vr[0]} only: no scale trend, its value is not carried to other compute"
+    if cs.min() * (1 - 1e-9) <= compute <= cs.max() * (1 + 1e-9):
+        return ""
+    return f"{f} is varied at rungs {', '.join(vr)} only ({cs.min():.3g}–{cs.max():.3g} FLOPs): not varied here"
+
+
+def observed_total(a, response: str) -> tuple[float, float, float, str]:
+    """The all-on vs all-off contrast the two arms' own runs show, carried to C_ref: per rung the
+    observed contrast (analysis/fit/checks.py, total_checks) with its standard error; one rung: that rung
+    (its compute named); two or more: the weighted least-squares line in ln C evaluated at C_ref.
+    A sum response adds its parts' contrasts rung by rung. (est, lo, hi, where); NaN when unobserved."""
+    ch = a.checks
+    if ch is None or not len(ch):
+        return (np.nan, np.nan, np.nan, "")
+    if is_sum(response):
+        parts = [ch[ch["response"] == p].set_index("rung") for p in part_columns(response)]
+        common = [x for x in parts[0].index if all(x in q.index for q in parts)]
+        d = pd.DataFrame({"rung": common, "observed": sum(q.loc[common, "observed"].to_numpy() for q in parts),
+                          "obs_se": np.sqrt(sum(q.loc[common, "obs_se"].to_numpy() ** 2 for q in parts))})
+    else:
+        d = ch[ch["response"] == response][["rung", "observed", "obs_se"]]
+    d = d[np.isfinite(d["observed"].to_numpy(float)) & (d["obs_se"].to_numpy(float) > 0)]
+    if not len(d):
+        return (np.nan, np.nan, np.nan, "")
+    z = a.rungs.set_index("rung")["z"].reindex(d["rung"]).to_numpy(float)
+    y, se = d["observed"].to_numpy(float), d["obs_se"].to_numpy(float)
+    fit = a.fits.get(by_column(response).name)
+    q = float(stats.t.ppf(0.5 + a.level / 2, max(fit.dof if fit is not None else 1, 1)))
+    if len(d) == 1:
+        return (float(y[0]), float(y[0] - q * se[0]), float(y[0] + q * se[0]), f"at rung {d['rung'].iloc[0]}")
+    import statsmodels.api as sm
+
+    # statsmodels WLS with the known per-rung variances: cov_type="fixed scale" keeps scale 1, so the
+    # intercept's standard error is √[(XᵀWX)⁻¹]₀₀, not rescaled by the line's own scatter
+    res = sm.WLS(y, np.column_stack([np.ones_like(z), z]), weights=1 / se**2).fit(cov_type="fixed scale")
+    b0, s = float(res.params[0]), float(res.bse[0])
+    return (b0, b0 - q * s, b0 + q * s, f"{len(d)} rungs, at C_ref")
+
+
+def total_disagrees(a, response: str) -> str:
+    """The name of the failed check when the model's TOTAL for `response` cannot be trusted ('' when
+    it can): the model and the observed all-on vs all-off contrast disagree at some rung, or pooled
+    over rungs at C_ref (neither interval holds the other's estimate): a lack of fit the two-factor
+    model spreads over every arm. A sum response: when one of its parts fails. (The pure-error lack-of-fit
+    F test alone is not used: a rung-level shift of the baseline throughput fails it, harmlessly.)"""
+    cache = a.__dict__.setdefault("_total_disagrees", {})
+    if a.checks is None:
+        return _total_disagrees(a, response)
+    if response not in cache:
+        cache[response] = _total_disagrees(a, response)
+    return cache[response]
+
+
+def _total_disagrees(a, response: str) -> str:
+    ch = a.checks
+    if ch is None or not len(ch):
+        return ""
+    out = []
+    for resp in part_columns(response):
+        c = ch[ch["response"] == resp]
+        bad = c[c["agree"] == False]  # noqa: E712
+        if len(bad):
+            out.append(f"TOTAL two ways: the model and the all-on vs all-off runs disagree for {resp} at "
+                       + ", ".join(bad["rung"].astype(str)))
+            continue
+        comp = a.components
+        m = comp[(comp["response"] == resp) & (comp["component"] == "TOTAL")] if len(comp) else comp
+        o, olo, ohi, _ = observed_total(a, resp)
+        if len(m) and not interval_fails(o, olo, ohi):
+            m = m.iloc[0]
+            if math.isfinite(m["shapley_lo"]) and not (olo <= m["shapley"] <= ohi
+                                                       or m["shapley_lo"] <= o <= m["shapley_hi"]):
+                out.append(f"TOTAL two ways pooled over rungs: the model's {_exp(m['shapley']):.3g}x against "
+                           f"the all-on vs all-off runs' {_exp(o):.3g}x for {resp}")
+    return "; ".join(out)
+
+
+def scale_trend(fit: EffectsFit, i: int | None, level: float) -> tuple[float, float, float]:
+    """Slope of a component's ln multiplier per decade of compute (Shapley; i None: TOTAL), with its
+    interval: the difference of its contrast at z = 1 and z = 0, times ln 10 (the model is linear in z)."""
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    c = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    est, se, lo, hi, ok = fit.contrast(c * math.log(10), level)
+    if not ok:
+        return (np.nan, np.nan, np.nan)
+    return (est, lo, hi)
+
+
+def interval_fails(est: float, lo: float, hi: float) -> str:
+    """Why an interval is no interval ('' when it is one): none (0 residual df) or zero width. (A bootstrap
+    interval that disagrees is a diagnostic beside the verdict, boot_disagrees, never a veto.)"""
+    if not (isinstance(est, float) and math.isfinite(est)):
+        return "not estimable"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "not estimable: no interval (no residual df or zero width)"
+    if hi - lo <= 1e-9 * max(abs(est), 1.0):
+        return "not estimable: zero-width interval"
+    return ""
+
+
+def boot_disagrees(est: float, boot_lo: float, boot_hi: float) -> str:
+    """The bootstrap diagnostic of one value ('' when its percentile interval holds the estimate)."""
+    if not (math.isfinite(boot_lo) and math.isfinite(boot_hi) and math.isfinite(est)):
+        return ""
+    if boot_hi - boot_lo <= 1e-9 * max(abs(est), 1.0):
+        return "zero-width bootstrap interval (Appendix)"
+    if not boot_lo <= est <= boot_hi:
+        return "its bootstrap interval excludes the estimate (Appendix)"
+    return ""
+
+
+def recommended_total(a, resp: str) -> tuple[float, float, float, str]:
+    """The TOTAL Findings lead with: the model's Shapley TOTAL at C_ref, or — when the TOTAL two ways
+    check fails for resp — the observed all-on vs all-off contrast (observed_total) if it has an
+    interval. (est, lo, hi, "model" | "observed")."""
+    comp = a.components
+    c = comp[(comp["response"] == resp) & (comp["component"] == "TOTAL")] if len(comp) else comp
+    est, lo, hi = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi")) if len(c)
+                   else (np.nan,) * 3)
+    if is_sum(resp) and total_disagrees(a, resp):
+        # wall-clock = quality + throughput: replace only the part whose check fails (half-widths in quadrature)
+        parts = [recommended_total(a, p) for p in part_columns(resp)]
+        if "observed" in [p[3] for p in parts] and not any(interval_fails(*p[:3]) for p in parts):
+            w, hw = sum(p[0] for p in parts), math.hypot(*((p[2] - p[1]) / 2 for p in parts))
+            return (w, w - hw, w + hw, "observed")
+        return (est, lo, hi, "model")
+    if total_disagrees(a, resp):
+        o, olo, ohi, _ = observed_total(a, resp)
+        if not interval_fails(o, olo, ohi):
+            return (o, olo, ohi, "observed")
+    return (est, lo, hi, "model")
+
+
+def refuse_single_rung(a) -> list[str]:
+    """Extrapolated values of a factor varied at one rung only are refused (NaN) — with one rung
+    there is no scale trend to carry; returns the lines saying so."""
+    e = a.extrapolation
+    if e is None:
+        return []
+    out = []
+    for f, vr in varied_rungs(a.table, a.factors).items():
+        if len(vr) == 1 and len(a.rungs) > 1:
+            m = (e["component"] == f).to_numpy()
+            cols = [c for c in e.columns if c.split("_")[0] in ("shapley", "loo", "aoi") and e[c].dtype.kind == "f"]
+            e.loc[m, cols] = np.nan
+            out.append(f"extrapolation of {f} refused: varied at rung {vr[0]} only, "
+                       "so there is no scale trend to carry")
+    return out
+
+
+def _mult(est, lo, hi) -> str:
+    s = f"{_exp(est):.3f}"
+    return s + (f" [{_exp(lo):.3f}, {_exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
+def mult_text(est, lo, hi) -> str:
+    """A ln-scale value and interval as multipliers, "est [lo, hi]"; a runaway end prints as inf."""
+    return _mult(est, lo, hi)
+
+
+#: A ln interval wider than this ratio is not printed as numbers (its ends carry no information).
+UNREADABLE_RATIO = 1e3
+
+
+def qualified_text(est, lo, hi) -> str:
+    """`mult_text` with its "says little" qualifier; an interval spanning over UNREADABLE_RATIO is named, not
+    printed (a paired cell of one run through an unidentified law reaches 1e30)."""
+    if math.isfinite(lo) and math.isfinite(hi) and hi - lo > math.log(UNREADABLE_RATIO):
+        return f"{_exp(est):.3f} [interval spans over {UNREADABLE_RATIO:g}x: says nothing]"
+    return _mult(est, lo, hi) + (_says_little(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
+
+
+#: The family the Findings verdicts control (docs/method.md, "Which family the verdicts control"): Holm's
+#: step-down over every gain/loss and scale-trend verdict of one report, family-wise error at 1 − level.
+FAMILY_METHOD = "holm"
+
+
+def _dof(a, resp: str) -> int:
+    """Residual df of the fit a response's Findings value comes from (the smaller of its parts' for a sum)."""
+    r = by_column(resp)
+    fit = a.fits.get(r.name) if r is not None else None
+    return max(int(fit.dof), 1) if fit is not None else 1
+
+
+def _p_value(est: float, lo: float, hi: float, dof: float, level: float) -> float:
+    """Two-sided p of ln-effect 0 read off the t interval it is reported with (half-width = t_q·se), so a
+    verdict and its interval can never disagree before adjustment."""
+    from scipy import stats as _st
+
+    q = float(_st.t.ppf(0.5 + level / 2, dof))
+    se = (hi - lo) / (2 * q)
+    return float(2 * _st.t.sf(abs(est) / se, dof)) if se > 0 else 1.0
+
+
+def verdict_family(a) -> dict:
+    """{key: (rejected, Holm-adjusted p)} over the report's verdict family, plus "n": its size. Built once
+    per analysis by evaluating every Findings cell with the unadjusted verdict (statsmodels.stats.multitest)."""
+    fam = getattr(a, "_family", None)
+    if fam is not None:
+        return fam
+    from statsmodels.stats.multitest import multipletests
+
+    a._family_pending = []
+    try:
+        for f in a.factors + ["TOTAL"]:
+            for r in RESPONSES.values():
+                finding(a, r.column, f)
+            scale_cells(a, f)
+        cells = dict(a._family_pending)
+    finally:
+        del a._family_pending
+    fam = {"n": len(cells)}
+    if cells:
+        keys = list(cells)
+        rej, p_adj, _, _ = multipletests([cells[k] for k in keys], alpha=1 - a.level, method=FAMILY_METHOD)
+        fam.update({k: (bool(r), float(p)) for k, r, p in zip(keys, rej, p_adj, strict=True)})
+    a._family = fam
+    return fam
+
+
+def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
+    """The verdict of one Findings cell, controlled as a family: gain / loss when Holm over the report's
+    verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted interval
+    alone would have excluded it)."""
+    raw = _verdict(lo, hi)
+    pending = getattr(a, "_family_pending", None)
+    if pending is not None:
+        pending.append((key, _p_value(est, lo, hi, dof, a.level)))
+        return raw
+    fam = verdict_family(a)
+    if key not in fam or raw == "consistent with no effect" or fam[key][0]:
+        return raw
+    return (f"consistent with no effect (Holm over {fam['n']} verdicts: adjusted p {fam[key][1]:.2g}; the "
+            "unadjusted interval excludes 1)")
+
+
+def on_cpu(a) -> bool:
+    t = a.table
+    return "hardware" in t and t["hardware"].astype(str).str.lower().str.contains("cpu").any()
+
+
+def finding(a, resp: str, f: str) -> str:
+    """The Findings cell of component f (or TOTAL) for response column resp (analysis/responses.py) at C_ref; a
+    quality-based value whose interval cannot include a (seed × rung) shift says so (checks.unmeasured_shift)."""
+    cell = _finding(a, resp, f)
+    shift = unmeasured_shift(a) if uses_law(resp) and cell[:1].isdigit() else ""
+    return cell + (f"; the interval omits a rung shift ({shift})" if shift else "")
+
+
+def _finding(a, resp: str, f: str) -> str:
+    comp = a.components
+    c = comp[(comp["response"] == resp) & (comp["component"] == f)] if len(comp) else comp
+    if not len(c):
+        return "not estimable"
+    c = c.iloc[0]
+    if f != "TOTAL":
+        why = not_varied_at(a, f, a.c_ref)
+        if why:
+            return f"not varied here ({why})"
+    est, lo, hi = float(c["shapley"]), float(c["shapley_lo"]), float(c["shapley_hi"])
+    bad = interval_fails(est, lo, hi)
+    if bad:
+        return (f"{_exp(est):.3f}: " if math.isfinite(est) else "") + bad
+    test = total_disagrees(a, resp)
+    if test and f != "TOTAL" and resp != law_column() and on_cpu(a):
+        return f"{_mult(est, lo, hi)}: not informative on CPU"
+    if test and f == "TOTAL":
+        o, olo, ohi, src = recommended_total(a, resp)
+        if src == "observed":
+            v = ("not informative on CPU" if resp != law_column() and on_cpu(a)
+                 else _decide(a, ("observed", resp), o, olo, ohi,
+                              _dof(a, law_column() if is_sum(resp) else resp)))
+            where = "the failing part observed" if is_sum(resp) else observed_total(a, resp)[3]
+            return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
+                    f"model's {_exp(est):.3f} is unreliable ({test})")
+    if test:
+        return f"{_mult(est, lo, hi)}: unreliable ({test})"
+    if resp != law_column() and on_cpu(a):
+        return f"{_mult(est, lo, hi)}: not informative on CPU"
+    dof = float(c["shapley_df"]) if "shapley_df" in c and math.isfinite(c["shapley_df"]) else _dof(a, resp)
+    return f"{_mult(est, lo, hi)}: {_decide(a, (resp, f), est, lo, hi, dof)}"
+
+
+def _says_little(lo: float, hi: float) -> str:
+    """The qualifier of a cell whose ln interval spans more than WIDE_RATIO (every interval Findings shows)."""
+    return f" (spans over {WIDE_RATIO:g}x: says little)" if _exp(hi - lo) > WIDE_RATIO else ""
+
+
+def scale_cells(a, f: str) -> dict[str, str]:
+    """Quality multiplier of f at the smallest and largest rung, its slope per decade of compute
+    (× per 10× compute, with interval) and the scale verdict, e.g. "gain growing with scale"."""
+    out = {"smallest rung": "—", "largest rung": "—", "per decade of compute": "—", "scale verdict": "—"}
+    fit = a.reduced.get(law().name, a.fits.get(law().name))
+    pr = a.per_rung
+    if fit is None or not len(pr) or len(a.rungs) < 2:
+        if fit is not None:
+            out["scale verdict"] = "one rung: no scale trend"
+        return out
+    d = pr[(pr["response"] == law_column()) & (pr["component"] == f)].set_index("rung")
+    ends = {}
+    for key, r in (("smallest rung", a.rungs.iloc[0]), ("largest rung", a.rungs.iloc[-1])):
+        x = d.loc[r["rung"]] if r["rung"] in d.index else None
+        if x is None or ("varied" in d and not bool(x["varied"])):
+            out[key] = f"{r['rung']}: not varied here"
+        elif not (math.isfinite(x["effect"]) and math.isfinite(x["lo"])):
+            out[key] = f"{r['rung']}: not estimable"
+        else:
+            out[key] = f"{r['rung']}: {_mult(x['effect'], x['lo'], x['hi'])}{_says_little(x['lo'], x['hi'])}"
+            ends[key] = (x["lo"], x["hi"])
+    vr = varied_rungs(a.table, a.factors).get(f, []) if f != "TOTAL" else list(a.rungs["rung"])
+    if len(vr) < 2:
+        out["scale verdict"] = "varied at one rung only: no scale trend"
+        return out
+    i = None if f == "TOTAL" else fit.factors.index(f)
+    s, lo, hi = scale_trend(fit, i, a.level)
+    if not (math.isfinite(s) and math.isfinite(lo)):
+        out["scale verdict"] = "trend not estimable"
+        return out
+    out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
+    top = ends.get("largest rung")
+    tv = _verdict(*top) if top else "—"
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    d = _decide(a, ("scale", f), s, lo, hi, fit.contrast_df(dc))
+    if d == "gain":
+        out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
+            tv, "rising with scale")
+    elif d == "loss":
+        out["scale verdict"] = {"gain": "gain shrinking with scale", "loss": "loss growing with scale"}.get(
+            tv, "falling with scale")
+    else:
+        out["scale verdict"] = "no detectable trend" + d.removeprefix("consistent with no effect")
+    return out
+
+
+#: Factors whose change moves the best learning rate: a field of the train section or one naming the
+#: optimizer (in any section). With LRs untuned per arm their verdicts carry that qualifier beside them.
+LR_COUPLED_SECTIONS, LR_COUPLED_ATTRS = ("train",), ("optimizer",)
+
+
+def lr_coupled(field: str) -> bool:
+    section, _, attr = field.partition(".")
+    return section in LR_COUPLED_SECTIONS or attr in LR_COUPLED_ATTRS
+
+
+def _fields(a) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for coding, _ in codings(a.table):
+        for name, d in coding.items():
+            out.setdefault(name, str(d.get("field", "")))
+    return out
+
+
+def qualifiers(a, f: str) -> str:
+    """What qualifies component f's verdicts (or TOTAL's), shown beside them in Findings: LRs not
+    tuned for an LR-coupled factor, both EP transports' drop rates, aliasing, an interval too wide
+    to say anything. The Warnings section says the same at length."""
+    q = []
+    fields = _fields(a)
+    coupled = [g for g in a.factors if lr_coupled(fields.get(g, ""))]
+    if lr_untuned(a.table) and (f in coupled or (f == "TOTAL" and coupled)):
+        q.append("LRs untuned for this arm (see `marin-ablate run` without --no-profile)" if f != "TOTAL"
+                 else f"LRs untuned for {', '.join(coupled)}")
+    elif f in coupled and "lr_source" in a.table:  # how the LRs were set (docs/method.md §4.6)
+        src = sorted(set(a.table["lr_source"].dropna()))
+        q.append("LRs " + " and ".join({"profile": "profiled per level", "tuned": "tuned per arm"}.get(x, x)
+                                       for x in src))
+    d = drop_rates(a)
+    if f in (DROP_FACTOR, "TOTAL") and DROP_FACTOR in a.factors and len(d) and d["drop_rate"].max() > 0:
+        span = []
+        for lv, g in d.groupby("level", sort=False):
+            lo, hi = 100 * g["drop_rate"].min(), 100 * g["drop_rate"].max()
+            span.append(f"{lv} {lo:.1f}%" if hi - lo < 0.05 else f"{lv} {lo:.1f}–{hi:.1f}%")
+        q.append("drops " + ", ".join(span) + " of routed tokens (per rung in Warnings)")
+    comp = a.components
+    c = comp[comp["component"] == f] if len(comp) else comp
+    if len(c) and f != "TOTAL" and (c.get("aliased_with", pd.Series("", index=c.index)).fillna("") != "").any():
+        q.append("aliased interactions assumed negligible (Appendix)")
+    wide = [by_column(r).label if by_column(r) else r
+            for r, lo, hi in zip(c.get("response", []), c.get("shapley_lo", []), c.get("shapley_hi", []), strict=True)
+            if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
+    if wide:
+        q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
+    boot = [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
+            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []),
+                strict=False)
+            if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
+    q += boot
+    return "; ".join(q) or "—"

@@ -1,0 +1,5 @@
+import sys
+
+from marin_ablate.main import main
+
+sys.exit(main())

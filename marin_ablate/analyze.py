@@ -1,0 +1,220 @@
+"""`marin-ablate analyze` and `marin-ablate forecast`. No torch anywhere on this path."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.ofat import DESIGNS
+from marin import plugins
+
+STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
+
+
+def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
+    """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/."""
+    from analysis.io.importer import complete_table
+    from analysis.io.results import load_table
+
+    p = Path(study)
+    cands = [p]
+    if not p.is_absolute():
+        for root in (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results"):
+            if root:
+                cands.append(Path(root) / study)
+    for c in cands:
+        if c.is_file():
+            return c.parent, complete_table(load_table(c), c)
+        if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
+            plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
+            return c, load_table(c)
+    raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
+                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, "
+                     f"studies/, runs/, results/ (tried {', '.join(map(str, cands))})")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", metavar="STUDY",
+                        help="a study directory (runs/, e.g. one `marin-ablate import` wrote), a results table "
+                             "(.parquet or .csv in the results-table schema), or a study name")
+    parser.add_argument("--pin-linf", type=float, default=None, help="pin L∞ of the reference law")
+    parser.add_argument("--pin-alpha", type=float, default=None, help="pin α of the reference law")
+    parser.add_argument("--pin-A", type=float, default=None,
+                        help="pin A of the reference law (one-factor-at-a-time studies: with --pin-linf and "
+                             "--pin-alpha, a published law)")
+    parser.add_argument("--no-pinned-law", action="store_true",
+                        help="fit the reference law on the study's own rungs, not the pinned one its folder holds "
+                             "(reference_law.json, from the baseline ladder `marin-ablate run` measures)")
+    parser.add_argument("--design", choices=DESIGNS, default="auto",
+                        help="auto: one-factor-at-a-time when every arm is one change from one baseline arm, "
+                             "else factorial (docs/method.md §4.8)")
+    parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (0: none)")
+    parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
+                        help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
+    parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC3",
+                        help="robust SE type of the throughput fit "
+                             "(each contrast uses the larger of it and the model SE)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × rung) cluster")
+    parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
+    parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
+                        help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force-extrapolation", action="store_true",
+                        help="allow a --target beyond 10x the top rung's compute (the interval then says little)")
+
+
+def _boot_bytes(n_boot: int, n_factors: int) -> int:
+    """Memory the bootstrap's draws take: per replicate 3 law parameters and, for each of 4 fits
+    (full and main-effects quality and throughput), one value per term (intercept, factors, their
+    pairs, scale terms); twice that for the copies the intervals are taken from."""
+    terms = 1 + n_factors + n_factors * (n_factors - 1) // 2 + 2
+    return 2 * 8 * n_boot * (3 + 4 * terms)
+
+
+def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
+    """Refuse a bootstrap whose draws would not fit in this machine's memory (before any is drawn)."""
+    from marin.config import FACTORS
+
+    k = sum(f in table.columns for f in FACTORS) or len(FACTORS)
+    need = _boot_bytes(n_boot, k)
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not on this platform: nothing to compare with
+        return
+    if need > ram // 2:
+        most = max(0, (ram // 2) // _boot_bytes(1, k))
+        raise ValueError(f"--n-boot {n_boot} needs about {need / 2**30:.1f} GiB for its draws, more than half of "
+                         f"this machine's {ram / 2**30:.1f} GiB; allowed values here: an integer in 0..{most}")
+
+
+def _ofat_or_none(args, table: pd.DataFrame):
+    """The one-factor-at-a-time analysis when the runs (or --design ofat) call for it, else None
+    (the factorial analysis), with the reason for a pooled design noted on the console."""
+    from analysis.ofat import analyze_ofat, design_kind, find_star
+
+    kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
+    if note:
+        print(f"note: {note}")
+    if kind == "factorial" and args.design == "auto" and args.pin_A is not None and star is not None \
+            and star.covers_all:  # one change against a published law: the OFAT reading of a 2-arm design
+        kind = "ofat"
+    if kind == "factorial":
+        if args.pin_A is not None:
+            raise ValueError("--pin-A: the factorial analysis fits A jointly with every arm; allowed values: "
+                             "omit it, or --design ofat for a one-factor-at-a-time study")
+        return None
+    if getattr(args, "target", None) is not None:
+        raise ValueError("--target: a one-factor-at-a-time study is reported per rung, not extrapolated; "
+                         "allowed values: omit --target, or --design factorial")
+    return analyze_ofat(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A,
+                        star=star or find_star(table))
+
+
+def _pinned(args, study_dir: Path | None):
+    """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
+    from analysis.fit.reflaw import read_pinned
+
+    if study_dir is None or args.no_pinned_law or args.pin_linf is not None or args.pin_alpha is not None:
+        return None
+    return read_pinned(study_dir)
+
+
+def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
+    from analysis.pipeline import analyze_table
+
+    _check_boot_memory(args.n_boot, table)
+    return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
+                         pinned_law=_pinned(args, study_dir),
+                         boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
+                         target_compute=target, third_levels=args.third_levels, seed=args.seed,
+                         force_extrapolation=args.force_extrapolation)
+
+
+def analyze_args(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
+                     "import FILE` writes it), its results.parquet, a results .csv in the same schema, or a "
+                     "study name. Results from elsewhere: `marin-ablate import FILE` first (README).")
+    _common(parser)
+    parser.add_argument("--out", default=None, help="report directory (default STUDY/report)")
+    parser.add_argument("--target", type=float, default=None, help="extrapolate multipliers to this compute (FLOPs)")
+    parser.add_argument("--no-figures", action="store_true")
+
+
+def cmd_analyze(args) -> int:
+    from analysis.calibration.forecast import judge, read_forecasts
+    from analysis.io.results import write_table
+    from analysis.report.writer import attribution_table, write_report
+
+    study_dir, table = resolve_study(args.study)
+    out = Path(args.out) if args.out else study_dir / "report"
+    if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --out when given
+        print(f"wrote {write_table(table, (out if args.out else study_dir) / 'results.parquet')}")
+    ofat = _ofat_or_none(args, table)
+    if ofat is not None:
+        return _report_ofat(ofat, table, study_dir, out)
+    a = _analyze(args, table, args.target, study_dir)
+    fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
+    title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
+             else study_dir.name)
+    import sys
+
+    md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures,
+                            command="marin-ablate " + " ".join(sys.argv[1:]))
+    tab = attribution_table(a)
+    aliased = "aliased" in tab and (tab["aliased"] != "").any()
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        # The alias chains are long at resolution IV: the report lists them; the console names them.
+        print(tab.drop(columns=["aliased"], errors="ignore").to_string(index=False))
+    if aliased:
+        print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
+              "need them separately and are not estimable; the alias groups are in the report")
+    for n in a.notes:
+        print(f"note: {n}")
+    for w in a.warnings:
+        print(f"warning: {w}")
+    print(f"wrote {md} and {html}")
+    return 0
+
+
+def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
+    from analysis.ofat import report_lines
+    from marin.schema import atomic_write_bytes, atomic_write_text
+
+    title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
+             else study_dir.name)
+    lines = report_lines(a, title)
+    md, csv = out / "report.md", out / "ofat.csv"
+    atomic_write_text(md, "\n".join(lines) + "\n")
+    atomic_write_bytes(csv, a.table.to_csv(index=False).encode())
+    print("\n".join(lines[2:]))
+    print(f"wrote {md} and {csv}")
+    return 0
+
+
+def forecast_args(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--target", type=float, required=True, help="target compute in FLOPs")
+    parser.add_argument("--arm", default="recipe", help="recipe (all on), baseline (all off), or an arm name")
+    parser.add_argument("--note", default="", help="free text stored in the forecast")
+    parser.add_argument("--out", default=None, help="study directory to hold forecasts/ (default: the study's)")
+
+
+def cmd_forecast(args) -> int:
+    from analysis.calibration.forecast import arm_codes, write_forecast
+
+    if not args.target > 0:
+        raise ValueError(f"--target must be > 0 FLOPs, got {args.target}")
+    study_dir, table = resolve_study(args.study)
+    if _ofat_or_none(args, table) is not None:
+        raise ValueError("forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
+    a = _analyze(args, table, args.target, study_dir)
+    path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
+                          arm=args.arm, note=args.note, force=args.force_extrapolation)
+    pred = a.arm_prediction(arm_codes(a, args.arm), args.target, force=args.force_extrapolation)
+    print(f"forecast {path}: arm {args.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "
+          f"[{pred['loss_lo']:.4f}, {pred['loss_hi']:.4f}]")
+    return 0

@@ -1,0 +1,284 @@
+"""`marin-ablate plan STUDY [--json]`: a study's design, alias table, runs, cost and time, the runs
+made before the design, and per rung the tokens needed against the corpus (a hero study: its time
+model and sbatch); `--dry-run` rehearses the first run on CPU and `--precision` states the expected
+precision of the multipliers instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from marin_ablate.common import (
+    arm_key,
+    corpus_args,
+    epochs_checked,
+    exec_options,
+    format_num,
+    format_table,
+    study_exec_args,
+    study_from_args,
+)
+
+
+def plan_args(parser: argparse.ArgumentParser) -> None:
+    study_exec_args(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable plan")
+    parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="on CPU, for the first run: (a) the training loop at the full world size through a "
+                             "fake process group (first, last and EP-edge ranks, narrowed width, 2 steps + eval); "
+                             "(b) one rank's memory at full width (fake tensors); (c) one step + checkpoint save with "
+                             "the accelerator and the host as different devices (planning/rehearsal.py); exit 1 naming "
+                             "the lines over budget or the call that fails")
+    parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
+    parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
+    parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
+    parser.add_argument("--reserve-gib", type=float, default=0.0,
+                        help="dry run: kept free per GPU beyond the table's own lines "
+                             "(CUDA context, NCCL, fragmentation)")
+    pr = parser.add_argument_group("precision (analysis/calibration/precision.py)")
+    pr.add_argument("--precision", action="store_true",
+                    help="print each component's expected 95%% half-width of ln M at C_ref and 10x C_ref "
+                         "instead of the plan")
+    pr.add_argument("--noise", default=None, metavar="PATH",
+                    help="precision: a finished noise study or an analysed study (folder or results file); "
+                         "default: a stated assumption")
+    pr.add_argument("--target-halfwidth", type=float, default=None, metavar="H",
+                    help="precision: the cheapest seeds / rungs / fraction whose widest component half-width "
+                         "at C_ref is <= H (ln scale)")
+    corpus_args(parser)
+
+
+def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
+    from planning.dryrun import dry_run, format_report
+    from sweeps.sweep import apply_spec_overrides
+
+    spec = study.runs()[0][0]
+    if args.overrides:
+        spec = apply_spec_overrides(spec, args.overrides)
+    hero = getattr(study, "hero", None)
+    if hero is not None and not args.gpus:
+        hero.check(spec)  # the layout the time model and the sbatch are planned for
+    gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
+    ep = args.ep or spec.model.ep_shards
+    import tempfile
+
+    from planning.dryrun import format_loop, loop_dry_run
+    from planning.rehearsal import format_rehearsal, rehearse
+
+    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+        # (c) first: the step on an accelerator that is not the host fails where a GPU would
+        reh = rehearse(spec, gpus, ep, work)
+        if not args.json:
+            print(format_rehearsal(reh) + "\n", flush=True)
+        loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
+    if not args.json:
+        print(format_loop(loop) + "\n", flush=True)
+    rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
+    print(json.dumps({"rehearsal": reh, "loop": loop, **rep}, indent=1, default=str) if args.json
+          else format_report(rep))
+    return 0 if rep["ok"] and reh["ok"] else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    study = study_from_args(args)
+    if getattr(args, "dry_run", False):
+        return cmd_dry_run(study, args)
+    if args.precision or args.noise is not None or args.target_halfwidth is not None:
+        from analysis.calibration.precision import plan_precision
+
+        print(plan_precision(study, args.noise, args.target_halfwidth, args.json, pinned=_cached_law(study)))
+        return 0
+    from sweeps.executors import get_executor
+    from sweeps.progress import rung_prior
+    from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+
+    d = study.describe()
+    opts = exec_options(args, study)
+    planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
+    runs = [(r.spec, r.meta) for r in planned]
+    run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    slots = get_executor(opts.executor).slots(opts)
+    d["execution"] = {"executor": opts.executor, "workers": slots}
+    # the prior: the rungs as the study defines them
+    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots, opts.threads)
+    if args.overrides:
+        _rungs_as_overridden(d, runs, study)
+    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
+    check_layouts(planned, opts, study_resources(study))
+    d["before_design"] = _before_design(study, args.out)
+    if "hero" in d:
+        from planning.hero import HeroSlurm, checkpoint_plan, render_sbatch
+
+        hs = HeroSlurm()
+        d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
+        d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
+        from planning.timemodel import time_model
+        from sweeps.sweep import apply_spec_overrides
+
+        spec = apply_spec_overrides(runs[0][0], args.overrides) if args.overrides else runs[0][0]
+        study.hero.check(spec)  # --set may change the layout the plan is for
+        tm = d["hero"]["time_model"] = time_model(spec, study.hero, job_limit_s=hs.time_min(study.hero) * 60)
+        d["hero"]["jobs_of_time_limit"] = math.ceil(tm["days_point"] * 1440 / hs.time_min(study.hero))
+        if not tm["checkpoint"]["fits"]:
+            raise ValueError(f"TrainConfig.checkpoint_interval_s={runs[0][0].train.checkpoint_interval_s}: the longest "
+                             f"gap between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter "
+                             f"than the job's time limit ({hs.time_min(study.hero)} min); "
+                             f"allowed values: 0 < seconds < {hs.time_min(study.hero) * 60}")
+    if args.json:
+        d = dict(d, runs=run_rows) if args.runs else d
+        print(json.dumps(d, indent=1, default=str))
+        return 0
+    des = d["design"]
+    print(f"study {d['name']}: {d['description']}")
+    print(f"design: {des['kind']}, {des['n_runs']} arms over {len(d['factors'])} factors, "
+          f"resolution {des.get('resolution_roman') or des.get('resolution')}")
+    if des.get("generators"):
+        print(f"generators: {', '.join(des['generators'])}")
+    if des.get("defining_relation"):
+        rel = list(des["defining_relation"])
+        print(f"defining relation: {' = '.join(rel if rel[0] == 'I' else ['I', *rel])}")
+    print("\nfactors (letter  name  recipe level / baseline level):")
+    for letter, f in zip(des.get("letters", ""), d["factors"], strict=True):
+        print(f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / "
+              f"{f.get('low', f.get('baseline', ''))}")
+    if d.get("fixed_recipe"):
+        print("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))
+    if d.get("alias_table"):
+        print(f"\nalias table (up to order {des.get('alias_max_order', 3)}):")
+        shown: set[frozenset] = set()
+        for eff, al in d["alias_table"].items():  # an alias group once (AB = CD = EF is one line, not three)
+            group = frozenset([eff, *al])
+            if al and group in shown:
+                continue
+            shown.add(group)
+            print(f"  {eff} = {' = '.join(al) if al else '(clear)'}")
+    print(f"all two-factor interactions estimable: {d.get('all_2fi_estimable')}")
+    print(f"\narms ({len(d['arms'])}): {', '.join(d['arms'])}")
+    print(arm_key(study))
+    print(f"seeds: {d['seeds']}\n\nrungs:")
+    cols = [c for c in ("name", "d_model", "n_layers", "params_active", "params_total", "tokens", "steps", "batch_size",
+                        "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min")
+            if any(c in r for r in d["rungs"])]
+    print(format_table(d["rungs"], cols))
+    if "train_flops" in cols:
+        print("(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)")
+    print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
+    # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
+    print("cost: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["cost"].items()
+                               if not k.startswith(("est_", "max_par"))))
+    for row in d["before_design"]:
+        cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
+        print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
+              + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
+              + (f"; {row['state']}" if row.get("state") else ""))
+    ex = d["execution"]
+    print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
+                                              else "runs at once as the scheduler allows"))
+    if d["time"]:
+        t = d["time"]
+        print(f"time: {t['text']}"
+              + (f"; {t['completed']} of {d['n_runs']} runs already done" if t["completed"] else ""))
+    print("\ndata (tokens one run needs / tokens in data.corpus):")
+    print(format_table([{**r, "corpus_tokens": r["corpus_tokens"] if r["corpus_tokens"] is not None else "unknown",
+                   "epochs": round(r["epochs"], 3) if r["epochs"] is not None else "-"} for r in d["epochs"]],
+                 ["rung", "device", "tokens_needed", "corpus_tokens", "epochs", "corpus"]))
+    if d.get("companions"):
+        print(f"companion studies: {', '.join(d['companions'])}")
+    if args.runs:
+        print("\n" + format_table(run_rows, ["run_id", "rung", "arm", "seed", "design_row"]))
+    if "hero" in d:
+        from planning.hero import format_checkpoint
+
+        hero = {k: v for k, v in d["hero"].items() if k not in ("checkpoint", "sbatch_script", "layout", "time_model")}
+        print("\nhero: " + ", ".join(f"{k}={format_num(v)}" for k, v in hero.items()))
+        print("layout: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["hero"]["layout"].items()))
+        print(format_checkpoint(d["hero"]["checkpoint"]))
+        from planning.timemodel import format_time_model
+
+        print(format_time_model(d["hero"]["time_model"]))
+        print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
+        print(d["hero"]["sbatch_script"])
+    return 0
+
+
+def _cached_law(study: Any):
+    """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
+    if not getattr(study, "reference_rungs", ()):
+        return None
+    from analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin.schema import read_json
+    from sweeps.reference import cache_root, reference_key, reference_specs
+
+    got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
+    return PinnedLaw.from_dict(got) if got else None
+
+
+def _before_design(study: Any, out: str) -> list[dict]:
+    """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
+    LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
+    from sweeps.tuning import profile_cost, read_profile
+
+    rows = []
+    pc = profile_cost(study)
+    if pc is not None:
+        done = read_profile(out, study.name)
+        rows.append({"what": f"LR profile ({', '.join(pc['groups'])}, 5 log-spaced LRs each)", "runs": pc["runs"],
+                     "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
+                     "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
+    if getattr(study, "reference_rungs", ()):
+        from ablations.ladders import ladder
+        from sweeps.reference import cache_root, reference_key, reference_specs
+
+        key = reference_key(reference_specs(study))
+        cached = (cache_root() / key / "reference_law.json").exists()
+        rungs = ladder(study.reference_rungs)
+        n_seeds = len(getattr(study, "reference_seeds", (0,)))
+        est = [r.est_wall_s() for r in rungs]
+        rows.append({"what": f"baseline ladder pinning the reference law "
+                             f"({n_seeds} seed(s); once per machine and config)",
+                     "runs": len(rungs) * n_seeds, "rungs": f"{rungs[0].name}..{rungs[-1].name}",
+                     "core_seconds": n_seeds * sum(est) if all(e is not None for e in est) else None,
+                     "state": f"cached ({cache_root() / key})" if cached else ""})
+    return rows
+
+
+def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
+    """The rung table and FLOP cost of the specs `--set` gives (the runs `run` trains)."""
+    from marin.flops import flops_per_token, params_active, params_total
+    from planning.costmodel import spec_flops
+
+    total = 0.0
+    for row in d["rungs"]:
+        specs = [s for s, m in runs if m["rung"] == row["name"]]
+        if not specs:
+            continue
+        s = specs[0]
+        tr = s.train.effective()
+        row.update(d_model=s.model.d_model, n_layers=s.model.n_layers, n_heads=s.model.n_heads,
+                   seq_len=s.model.seq_len, vocab_size=s.model.vocab_size, steps=tr.steps, batch_size=tr.batch_size,
+                   tokens=tr.steps * tr.batch_size * s.model.seq_len,
+                   params_active=params_active(s.model, study.base_recipe),
+                   params_total=params_total(s.model, study.base_recipe),
+                   flops_per_token=flops_per_token(s.model, study.base_recipe),
+                   train_flops=sum(spec_flops(x) for x in specs))
+        total += row["train_flops"]
+    d["cost"]["train_flops"] = total
+
+
+def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None,
+                   threads: int | None = None) -> dict | None:
+    """Wall time of the runs not done yet: the cost model of `run` and `tune` (`progress.plan_estimate`)."""
+    from marin.schema import read_json
+    from sweeps.progress import plan_estimate
+
+    e = plan_estimate([r.spec for r in planned], prior, slots, threads, [r.dir for r in planned])
+    if e is None:
+        return None
+    done = sum(1 for r in planned if ((read_json(r.dir / "summary.json") or {}).get("status") == "completed"))
+    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured, "load": e.load_note,
+            "completed": done, "text": e.text()}

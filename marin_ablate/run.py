@@ -1,0 +1,141 @@
+"""`marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]`:
+every setting checked before anything is written, the LR profile and the reference law's baseline
+ladder when the study has them, the design's runs submitted through the executor, a summary of their
+states, then the analysis of the study.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from marin_ablate.common import (
+    DEFAULT_OUT,
+    corpus_args,
+    epochs_checked,
+    exec_options,
+    log_args,
+    set_log_to,
+    study_exec_args,
+    study_from_args,
+)
+
+
+def run_args(parser: argparse.ArgumentParser) -> None:
+    study_exec_args(parser)
+    parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the LR profile of each LR-coupled factor's levels (every arm at the heuristic LR)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="skip the baseline ladder that pins the reference law (fit it on the design's rungs)")
+    parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
+    corpus_args(parser)
+    log_args(parser)
+
+
+def analyze_study(study_dir: Path) -> int | None:
+    """Run `marin-ablate analyze` on the study directory through its Python entry point; None when
+    the analysis package does not provide it (a note is printed)."""
+    try:
+        from marin_ablate import analyze as ac
+    except ImportError as e:
+        print(f"note: analysis skipped ({e})")
+        return None
+    if not hasattr(ac, "cmd_analyze") or not hasattr(ac, "analyze_args"):
+        print("note: analysis skipped (marin_ablate.analyze has no cmd_analyze)")
+        return None
+    p = argparse.ArgumentParser(prog="marin-ablate analyze")
+    ac.analyze_args(p)
+    ns = p.parse_args([str(study_dir)])
+    try:
+        return int(ac.cmd_analyze(ns) or 0)
+    except ValueError as e:  # e.g. too few rungs for the reference law: the runs themselves are fine
+        print(f"note: analysis of {study_dir} stopped: {e}")
+        return None
+
+
+def _status_hint(args: argparse.Namespace) -> str:
+    """The `status` command that finds this study's runs: the study as given (a registered name, or the
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds, --set, --tuned and --no-profile."""
+    import shlex
+
+    cmd = ["marin-ablate", "status", args.study]
+    if args.out != DEFAULT_OUT:
+        cmd += ["--out", str(args.out)]
+    for flag, v in (("--rungs", args.rungs), ("--seeds", args.seeds)):
+        if v:
+            cmd += [flag, v]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    # how the LRs were set changes the run ids: status must look for the same runs
+    cmd += [f for f, on in (("--tuned", getattr(args, "tuned", False)),
+                            ("--no-profile", getattr(args, "no_profile", False))) if on]
+    return shlex.join(cmd)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sweeps.executors import get_executor
+    from sweeps.sweep import run_study
+    from sweeps.tracking import log_locations, parse_log_to
+    from sweeps.tuning import lr_plan
+
+    study = study_from_args(args)
+    opts = exec_options(args, study)
+    epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
+    from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+
+    # what `train` refuses, before the LR profile or the reference ladder writes anything
+    planned = planned_runs(study, args.out, overrides=args.overrides)
+    check_specs(planned, opts.executor)
+    check_layouts(planned, opts, study_resources(study))
+    set_log_to(args)
+    if args.tuned:
+        lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
+    from sweeps.tuning import read_profile
+
+    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile)
+            and not read_profile(args.out, study.name)):
+        raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
+                         "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
+    mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,
+                         profile=not args.no_profile, overrides=args.overrides)
+    if prov["lr_source"] == "profile":
+        print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
+    from analysis.fit.reflaw import LAW_FILE
+    from sweeps.runs import study_dir as _sdir
+
+    if study.reference_rungs and not args.no_pin and opts.wait:
+        from sweeps.reference import pin_reference_law
+
+        law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)
+        print(f"{study.name}: reference law not pinned: {law}" if isinstance(law, str) else
+              f"{study.name}: reference law pinned: {law.describe()} ({law.source})", flush=True)
+    elif args.no_pin:
+        (_sdir(args.out, study.name) / LAW_FILE).unlink(missing_ok=True)  # the analysis then fits the law itself
+    rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides, provenance=prov)
+    skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
+    if rep.submitted == 0:
+        print(f"{study.name}: nothing to submit ({rep.n_runs} runs; skipped: {skipped})")
+    else:
+        jobs = sorted({j.split("_")[0] for j in rep.job_ids})
+        where = f" as job(s) {', '.join(jobs)}" if get_executor(opts.executor).shows_jobs else ""
+        print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
+              f"(skipped: {skipped})")
+    from sweeps.state import STATES, all_done
+
+    c = rep.counts
+    print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))
+          + f"; results in {rep.study_dir}")
+    if c["failed"]:
+        print(f"failed runs keep their error in summary.json; `{_status_hint(args)}` lists them; "
+              "--retry-failed runs them again")
+    if c["running"] or c["queued"]:
+        print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
+              f"`{_status_hint(args)}` follows them")
+    for line in log_locations(rep.study_dir, parse_log_to(args.log_to)):
+        print(line)
+    if opts.wait and not args.no_analyze and c["completed"]:
+        analyze_study(rep.study_dir)
+    if not opts.wait:
+        return 0
+    return 0 if all_done(c) else 1

@@ -1,0 +1,389 @@
+"""`plan STUDY --dry-run`, part (c): one whole training step of the configured layout with the accelerator
+and the host as different devices, failing where a GPU would (docs/hero.md "The rehearsal").
+
+The accelerator is the `meta` device standing in for `cuda` (fake CUDA on a CPU-only build cannot be
+indexed; meta can), the host is `cpu`, and the process group is `init_process_group("meta:fake")`: its
+only backend serves the accelerator, as NCCL serves only `cuda`, so a collective on a host tensor is
+refused as NCCL would refuse it. A run that asks for host collectives (`TrainConfig.offload="cpu"` with
+`host_backend=True`) gets `"meta:fake,cpu:fake"`, as torchtitan initialises `"cuda:nccl,cpu:gloo"`.
+
+One rank of the full world size (torch's FakeStore) builds its shards with the trainer's own code
+(`marin.train.distributed.build_train_model`: EP slice + FSDP2/HSDP, offload as configured), then runs
+`Trainer.train_step` -- forward, backward, `clip_grad_norm_`, the optimizer step (Newton-Schulz's owner
+gather/scatter and the sphere-norm all-reduces included) -- and a checkpoint save of the DCP state dict
+through DCP's save planner and file writer, for this rank's shards only (the global plan of a fake group
+holds one rank's items; metadata is not committed). `Discipline` watches every op:
+- a collective (`c10d`, `_c10d_functional`) on a host tensor fails naming the collective and the caller;
+- an op mixing host and accelerator tensors (other than a copy between them, or a 0-dim host scalar,
+  which CUDA kernels accept) fails naming the op and the caller;
+- a host read of an accelerator value (`.item()`, `float(t)`, `.tolist()`, `.cpu()`) is a stand-in:
+  the value is 1 (a scalar read) or zeros (a copy to the host), and each call site is listed;
+- an op whose meta kernel refuses its operands (a dtype mismatch of bf16 compute against fp32 state, a
+  shape that does not match) fails naming the op and the caller. bf16 autocast itself is a region
+  marker only (`AutocastStandIn`): the step's bf16 comes from FSDP2's mixed precision.
+Kernels that cannot run on CPU keep device, dtype and shape through a stand-in and are listed: the
+Triton kernels (torch's ops), compiled flex attention (sdpa), torch.compile (eager), ragged EP's split
+read (even splits, `marin.ep_exchange.read_splits`). Width is narrowed (`planning.dryrun.narrowed`); the
+full-width memory is part (b).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from marin.config import RunSpec
+
+ACCEL, HOST = torch.device("meta"), torch.device("cpu")
+_aten = torch.ops.aten
+_COPIES = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default, _aten._copy_from.default,
+           _aten._copy_from_and_resize.default, _aten.lift_fresh.default, _aten.detach.default,
+           _aten.alias.default, _aten.set_.source_Tensor}
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
+
+
+class RehearsalError(RuntimeError):
+    """The step would fail on a GPU: one line naming the call and its caller."""
+
+
+def _caller() -> str:
+    """The innermost frame of this project (marin/, sweeps/, ablations/) outside this module, else the
+    innermost frame outside torch: where the offending call was made."""
+    frames = traceback.extract_stack()[:-2]
+    ours = [f for f in frames if any(s in f.filename for s in ("/marin/", "/sweeps/", "/ablations/"))
+            and not f.filename.endswith("planning/rehearsal.py")]
+    f = ours[-1] if ours else frames[-1]
+    starts = [f.filename.rfind(f"/{top}/") for top in ("marin", "sweeps", "ablations")]
+    name = f.filename[max(starts) + 1:] if max(starts) >= 0 else f.filename  # repository-relative
+    return f"{name}:{f.lineno} in {f.name}"
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} on {t.device.type}"
+
+
+class Discipline(TorchDispatchMode):
+    """Device discipline of a GPU step (module docstring): refuses host collectives and host/accelerator
+    mixes, stands in for host reads of accelerator values and lists them by call site."""
+
+    def __init__(self, host_collectives: bool = False):
+        super().__init__()
+        self.host_collectives = host_collectives
+        self.host_reads: Counter[str] = Counter()
+        self.transfers: Counter[str] = Counter()  # accelerator -> host copies that are not reads (offload)
+        self.collectives: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        ns = func.namespace
+        if ns in _COLLECTIVE_NAMESPACES:
+            host = [t for t in tensors if t.device.type != ACCEL.type]
+            if host and not self.host_collectives:
+                raise RehearsalError(f"{func} of a host tensor ({_describe(host[0])}) from {_caller()}: the "
+                                     "process group serves only the accelerator, as NCCL serves only cuda "
+                                     "(No backend type associated with device type cpu)")
+            self.collectives[f"{func.name()} ({'host' if host else 'accelerator'})"] += 1
+            return func(*args, **kwargs)
+        if func is _aten._local_scalar_dense.default and tensors[0].device == ACCEL:
+            self.host_reads[_caller()] += 1
+            t = tensors[0]
+            return True if t.dtype == torch.bool else 1 if not t.is_floating_point() else 1.0
+        if func in _COPIES:
+            src = tensors[1] if func in (_aten.copy_.default, _aten.copy.default) else tensors[0]
+            dst_dev = (tensors[0].device if func in (_aten.copy_.default, _aten.copy.default)
+                       else kwargs.get("device", src.device))
+            if src.device == ACCEL and torch.device(dst_dev).type == HOST.type:
+                site = _caller()
+                (self.transfers if "torch/distributed" in "".join(traceback.format_stack()[-12:])
+                 else self.host_reads)[site] += 1
+                if func in (_aten.copy_.default,):
+                    return tensors[0].zero_() if tensors[0].device.type == HOST.type else tensors[0]
+                return torch.zeros(src.shape, dtype=kwargs.get("dtype") or src.dtype, device=HOST)
+            return func(*args, **kwargs)
+        devs = {t.device.type for t in tensors if t.dim() > 0 or t.device == ACCEL}
+        if len(devs) > 1:
+            host = next(t for t in tensors if t.device.type != ACCEL.type and t.dim() > 0)
+            raise RehearsalError(f"{func} mixes host and accelerator tensors ({_describe(host)}) from {_caller()}: "
+                                 "on a GPU this raises 'Expected all tensors to be on the same device'")
+        try:
+            return func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as e:
+            if isinstance(e, RehearsalError):
+                raise
+            msg = " ".join(str(e).split())[:300]
+            raise RehearsalError(f"{func} on {', '.join(_describe(t) for t in tensors[:3])} "
+                                 f"from {_caller()}: {msg}") from e
+
+
+class AutocastStandIn:
+    """torch.autocast for the accelerator stand-in (torch.autocast has no meta device): a region that
+    records whether autocast is on (`stack`), so the trainer's `torch.autocast(device.type, ...)`, the
+    router's fp32 region and activation checkpointing's recompute run unchanged. It does not cast: the
+    step's dtypes are FSDP2's bf16 compute (MixedPrecisionPolicy), not autocast's (tried as a
+    TorchFunctionMode: checkpoint's recompute does not run through it, so forward and recompute differ)."""
+
+    def __init__(self):
+        self.stack: list[bool] = [False]
+
+    def autocast(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled=None):
+        if device_type != ACCEL.type:
+            return _TORCH_AUTOCAST(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if enabled and dtype not in (None, torch.bfloat16):
+            raise RehearsalError(f"autocast dtype {dtype} from {_caller()}: the rehearsal models bf16 only")
+        stack = self.stack
+
+        class _Region:
+            def __enter__(self):
+                stack.append(bool(enabled))
+
+            def __exit__(self, *exc):
+                stack.pop()
+
+        return _Region()
+
+
+_TORCH_AUTOCAST = torch.autocast
+_TORCH_AUTOCAST_QUERIES = (torch.is_autocast_enabled, torch.get_autocast_dtype)
+_TORCH_AMP = (torch.amp.autocast, torch.amp.is_autocast_available)
+
+
+def _patch_autocast(amp: AutocastStandIn | None) -> None:
+    """torch.autocast, is_autocast_enabled and get_autocast_dtype answer for the accelerator stand-in
+    from `amp` (None restores torch's)."""
+    if amp is None:
+        torch.autocast = _TORCH_AUTOCAST
+        torch.amp.autocast, torch.amp.is_autocast_available = _TORCH_AMP
+        torch.is_autocast_enabled, torch.get_autocast_dtype = _TORCH_AUTOCAST_QUERIES
+        return
+    enabled, dtype = _TORCH_AUTOCAST_QUERIES
+    torch.autocast = torch.amp.autocast = amp.autocast  # torch.utils.checkpoint's recompute too
+    torch.amp.is_autocast_available = lambda d: d == ACCEL.type or _TORCH_AMP[1](d)
+    torch.is_autocast_enabled = lambda *a: amp.stack[-1] if a and a[0] == ACCEL.type else enabled(*a)
+    torch.get_autocast_dtype = lambda d: torch.bfloat16 if d == ACCEL.type else dtype(d)
+
+
+class _Event:
+    """A device event of the stand-in: work on the accelerator stand-in is synchronous, so every event
+    has completed."""
+
+    def record(self, stream=None):
+        return self
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return event or _Event()
+
+    def synchronize(self):
+        pass
+
+
+def _device_handle():
+    """What FSDP2 and DCP ask `torch.<device>` for (torch.cuda on a GPU): torch.cpu's functions, with
+    streams whose events exist (torch.cpu's record none, which FSDP2's HSDP path refuses on a non-CPU
+    device) and device 0."""
+    import contextlib
+    import types
+
+    h = types.ModuleType("torch.meta")
+    h.__dict__.update({k: v for k, v in vars(torch.cpu).items() if not k.startswith("__")})
+    current = _Stream()
+    h.Stream, h.Event = _Stream, _Event
+    h.current_stream = lambda device=None: current
+    h.stream = lambda s=None: contextlib.nullcontext(s)
+    h.current_device = lambda: 0
+    h.is_initialized = h.is_available = lambda: True
+    h.device_count = lambda: 1
+    h.synchronize = lambda device=None: None
+    return h
+
+
+def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[str]]:
+    """The spec at narrowed width (planning.dryrun.narrowed) that keeps what the step's devices and dtypes
+    depend on: precision, mixed precision, offload, the optimizer, recompute and the chunked loss; and
+    the stand-ins it takes, for the output."""
+    from planning.dryrun import narrowed
+
+    small = narrowed(spec, world, steps=1, **narrow)
+    t = dataclasses.replace(small.train, precision=spec.train.precision, mixed_precision=spec.train.mixed_precision,
+                            eval_every=0)
+    subs = []
+    if spec.model.attention == "flex":
+        subs.append("flex attention (compiled): sdpa of the same q, k, v (device, dtype and output shape kept)")
+    if spec.model.kernels == "triton":
+        subs.append("kernels='triton': torch's ops of the same functions (device, dtype and shape kept)")
+    if spec.train.compile:
+        subs.append("TrainConfig.compile: the blocks run eager (the same ops, one at a time)")
+    if spec.recipe.ep_transport in ("ragged", "dropless") and spec.model.ep_shards > 1:
+        subs.append("ragged EP's split read (marin.ep_exchange.read_splits): even splits of the sendable rows")
+    return dataclasses.replace(small, train=t), subs
+
+
+def _even_splits(splits_2CS: torch.Tensor, rows: int) -> list:
+    """ragged EP's host read stood in: every chunk sends (and receives) `rows` split evenly over the
+    ranks, what a balanced router sends under capacity (the shapes downstream follow from these)."""
+    _, chunks, s = splits_2CS.shape
+    each = rows // (chunks * s)
+    return [[[each] * s for _ in range(chunks)] for _ in range(2)]
+
+
+def _save_checkpoint(trainer, groups, path: Path) -> str:
+    """This rank's DCP save as far as a fake group lets it go: the state dict, the save planner's local
+    and (one-rank) global plan, and FileSystemWriter's write of this rank's items; what ran, in words."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from marin.ep import ep_state_dict
+
+    sd = ep_state_dict(trainer.model, groups, trainer.opt)
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(sd, None, is_coordinator=True)
+    writer = FileSystemWriter(str(path), thread_count=1, single_file_per_rank=True)
+    writer.set_up_storage_writer(True)
+    local = writer.prepare_local_plan(planner.create_local_plan())
+    plans, _ = planner.create_global_plan([local])
+    plans = writer.prepare_global_plan(plans)
+    plan = planner.finish_plan(plans[0])
+    fut = writer.write_data(plan, planner)
+    fut.wait()
+    results = fut.value()
+    n = sum(1 for _ in path.rglob("*.distcp"))
+    return (f"DCP save planner + FileSystemWriter: {len(plan.items)} items of this rank planned, {len(results)} "
+            f"written to {n} file (values stood in); metadata not committed (needs every rank's plan)")
+
+
+def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, host_backend: bool = False) -> dict:
+    """`rank` of a `world`-rank group through one training step and a checkpoint save on the accelerator
+    stand-in (module docstring); raises RehearsalError naming the call that would fail on a GPU."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from marin import ep, ep_exchange
+    from marin.kernels import torch_ops
+    from marin.train.distributed import ParallelDims, check_dist_layout
+    from marin.train.loop import Trainer
+    from marin.train.stages import context_plan
+    from planning.dryrun import forget_meshes
+
+    if dist.is_initialized():
+        raise RuntimeError("the rehearsal needs a process without a process group")
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
+    run_dir = Path(run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    stages = context_plan(spec)
+    one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group
+    backend = "none (one process)" if one else "meta:fake,cpu:fake" if host_backend else "meta:fake"
+    if not one:
+        check_dist_layout(spec, stages, world)
+        dist.init_process_group(backend, store=FakeStore(), rank=rank, world_size=world)
+    # FSDP2 takes its device from the mesh's device handle (none for meta) and refuses meta parameters
+    # at its lazy init (meant for deferred init): here meta *is* the accelerator
+    saved = (_fully_shard._get_device_from_mesh, _fsdp_param_group.FSDPParamGroup._validate_no_meta_params,
+             ep_exchange.read_splits)
+    _fully_shard._get_device_from_mesh = lambda mesh: ACCEL if mesh.device_type == ACCEL.type else saved[0](mesh)
+    _fsdp_param_group.FSDPParamGroup._validate_no_meta_params = lambda self: None
+    torch.meta = _device_handle()  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
+    ep_exchange.read_splits = _even_splits
+    # the accelerator is a Hopper/Blackwell GPU (sm90+): torch._grouped_mm in bf16 with aligned rows
+    saved_gmm = torch_ops._native_grouped_mm_ok
+    torch_ops._native_grouped_mm_ok = lambda x, w: (saved_gmm(x, w) if x.device != ACCEL else
+                                                   x.dtype == w.dtype == torch.bfloat16 and x.shape[1] % 8 == 0
+                                                   and w.shape[2] % 8 == 0)
+    mode = Discipline(host_collectives=host_backend)
+    t0 = time.perf_counter()
+    try:
+        groups = None if one else ep.build_ep_groups(ep_size, ACCEL.type, spec.train.effective().replica_groups)
+        # the checkpoint writer's own gloo group cannot be built on a fake store: the save below runs
+        # the writer's state dict and DCP's planner and file writer directly
+        d = ParallelDims(world, rank, groups, False) if not one else ParallelDims()
+        d.checkpointer = lambda: None
+        amp = AutocastStandIn()
+        _patch_autocast(amp)  # the trainer's `torch.autocast(device.type, ...)` and the router's
+        # backward in this thread: the modes are thread-local (a device thread would not see them)
+        with mode, torch.autograd.set_multithreading_enabled(False):
+            trainer = Trainer(spec, run_dir, stages, ACCEL, d, time.perf_counter())
+            trainer.main = True
+            where = {n: p.device.type for n, p in list(trainer.model.named_parameters())[:1]}
+            _, loss, _, gnorm, _, _ = trainer.train_step(stages[0])
+            ckpt = _save_checkpoint(trainer, groups, run_dir / "checkpoints" / "rehearsal")
+        local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
+    finally:
+        (_fully_shard._get_device_from_mesh, _fsdp_param_group.FSDPParamGroup._validate_no_meta_params,
+         ep_exchange.read_splits) = saved
+        del torch.meta
+        _patch_autocast(None)
+        torch_ops._native_grouped_mm_ok = saved_gmm
+        if not one:
+            dist.destroy_process_group()
+            forget_meshes()
+    return {"rank": rank, "backend": backend, "experts_per_rank": local[0] if local else 0,
+            "param_device": next(iter(where.values()), ""), "checkpoint": ckpt,
+            "host_reads": dict(mode.host_reads), "transfers": dict(mode.transfers),
+            "collectives": dict(mode.collectives), "seconds": time.perf_counter() - t0}
+
+
+def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False, **narrow) -> dict:
+    """Part (c): the first and last rank (each in a fresh process) through `rehearse_rank`; `ok` false
+    with `error` naming the call that fails (a GPU would fail there too)."""
+    from planning.dryrun import in_fresh_process
+
+    t0 = time.perf_counter()
+    small, subs = rehearsal_spec(spec, world, **narrow)
+    ranks = sorted({0, world - 1})
+    rows, error = [], None
+    try:
+        for r in ranks:
+            rows.append(in_fresh_process(rehearse_rank, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
+                                          host_backend))
+    except RehearsalError as e:
+        error = str(e)
+    return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "ok": error is None, "error": error,
+            "stand_ins": subs, "offload": spec.train.offload, "precision": small.train.precision,
+            "mixed_precision": small.train.mixed_precision, "d_model": small.model.d_model,
+            "n_layers": small.model.n_layers, "seconds": time.perf_counter() - t0}
+
+
+def format_rehearsal(rep: dict) -> str:
+    layout = (f"world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']}, process group serving "
+              "the accelerator only" if rep["world"] > 1
+              else f"one process (virtual EP {rep['ep_size']}, no process group)")
+    head = (f"dry run (c): one training step + checkpoint save at {layout}, accelerator 'meta' standing in for cuda, "
+            f"host 'cpu'; offload={rep['offload']}, precision {rep['precision']}, mixed precision "
+            f"{rep['mixed_precision']}, d_model {rep['d_model']}, {rep['n_layers']} layers")
+    out = [head] + [f"  stand-in: {s}" for s in rep["stand_ins"]]
+    for r in rep["rows"]:
+        out.append(f"  rank {r['rank']:>5}: {r['experts_per_rank']} experts, parameters on {r['param_device']}, "
+                   f"{sum(r['collectives'].values())} collectives, {r['seconds']:.1f} s")
+        out += [f"    host read stood in: {site} (x{n})" for site, n in sorted(r["host_reads"].items())]
+        out.append(f"    checkpoint: {r['checkpoint']}")
+    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save" if rep["ok"]
+               else f"  FAIL: {rep['error']}")
+    out.append(f"  took {rep['seconds']:.1f} s")
+    return "\n".join(out)
