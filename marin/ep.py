@@ -221,6 +221,12 @@ def _expert_mesh(groups: EPGroups):
     return _EXPERT_MESHES[key]
 
 
+def forget_expert_meshes() -> None:
+    """Drop the cached expert-mesh views: they are keyed by the world mesh's id, which a later mesh may
+    reuse once a process group is destroyed (a process that plays several ranks in turn, planning/dryrun.py)."""
+    _EXPERT_MESHES.clear()
+
+
 def _fsdp_dim(t: Tensor) -> int | None:
     """The dim FSDP2 shards a DTensor on (None for a plain tensor)."""
     from torch.distributed.tensor import DTensor

@@ -380,7 +380,7 @@ def forget_meshes() -> None:
     from marin import ep
 
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    ep._EXPERT_MESHES.clear()
+    ep.forget_expert_meshes()
 
 
 def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, seq_len: int = 128,
