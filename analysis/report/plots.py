@@ -19,7 +19,7 @@ import seaborn as sns  # noqa: E402
 from analysis.fit.attribution import interaction_matrix  # noqa: E402
 from analysis.pipeline import StudyAnalysis  # noqa: E402
 from analysis.report.findings import arm_kinds  # noqa: E402
-from analysis.responses import RESPONSES, by_column  # noqa: E402
+from analysis.responses import RESPONSES, by_column, law_column  # noqa: E402
 
 #: The interaction heatmap's colour scale: fixed at ±ln 2 (an interaction that doubles or halves the
 #: all-on vs all-off multiplier saturates), so noise never looks like a strong effect.
@@ -61,8 +61,9 @@ def log_ticks(ax, which: str = "x") -> list[float]:
     return ticks
 
 
-def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
-    """Per-component multiplier exp(Shapley) with its 95% CI, one marker per rung."""
+def forest(a: StudyAnalysis, path: Path, response: str | None = None) -> Path | None:
+    """Per-component multiplier exp(Shapley) with its 95% CI, one marker per rung (default: the law response)."""
+    response = response or law_column()
     d = a.per_rung[(a.per_rung["response"] == response) & a.per_rung["estimable"]] if len(a.per_rung) else a.per_rung
     if not len(d):
         return None
@@ -96,8 +97,9 @@ def forest(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
     return _save(fig, path)
 
 
-def waterfall(a: StudyAnalysis, path: Path, response: str = "ln_M") -> Path | None:
-    """Shapley values stacked from the all-off arm to the all-on arm (the total gain)."""
+def waterfall(a: StudyAnalysis, path: Path, response: str | None = None) -> Path | None:
+    """Shapley values stacked from the all-off arm to the all-on arm (the total gain; default: the law response)."""
+    response = response or law_column()
     c = a.components[(a.components["response"] == response)] if len(a.components) else a.components
     if not len(c):
         return None

@@ -20,7 +20,7 @@ from analysis.pipeline import StudyAnalysis
 from analysis.report.findings import arm_kinds, finding, qualified_text, qualifiers, scale_cells, verdict_family
 from analysis.report.html import render_html
 from analysis.report.provenance import provenance
-from analysis.responses import RESPONSES
+from analysis.responses import RESPONSES, law_column
 from marin.schema import atomic_write_text
 
 DEFINITIONS = (
@@ -204,7 +204,7 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
     d = a.per_rung
     if not len(d):
         return d
-    d = d[d["response"] == "ln_M"]
+    d = d[d["response"] == law_column()]
     piv = {}
     for r in d.itertuples():
         piv.setdefault(r.component, {})[f"{r.rung} ({r.compute:.2g})"] = (
@@ -227,7 +227,8 @@ def paired_section(a: StudyAnalysis) -> list[str]:
     p = a.paired
     if p is None or not len(p) or not (p["pairs"] > 0).any():
         return []
-    model = a.per_rung[a.per_rung["response"] == "ln_M"].set_index(["component", "rung"]) if len(a.per_rung) else None
+    model = (a.per_rung[a.per_rung["response"] == law_column()].set_index(["component", "rung"])
+             if len(a.per_rung) else None)
     rows = []
     for comp, g in p.groupby("component", sort=False):
         row = {"component": comp}
