@@ -383,6 +383,21 @@ def forget_meshes() -> None:
     ep.forget_expert_meshes()
 
 
+def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str):
+    """What a rank played in this process starts from: no process group yet, the spec at `ep_size` EP
+    shards, its run folder with a checkpoints/ folder, and its context stages (spec, run_dir, stages)."""
+    from pathlib import Path
+
+    from marin.train.stages import context_plan
+
+    if dist.is_initialized():
+        raise RuntimeError(f"{what} needs a process without a process group")
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
+    run_dir = Path(run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return spec, run_dir, context_plan(spec)
+
+
 def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, seq_len: int = 128,
              seqs_per_rank: int = 2, steps: int = 2) -> RunSpec:
     """The spec at a width a CPU affords, keeping what the layout depends on: experts, top-k, the EP
@@ -412,7 +427,6 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     process with virtual EP over `ep_size` shards and no process group, as its run does; its final
     checkpoint is written for real. Raises naming what is wrong."""
     import math
-    from pathlib import Path
 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -420,14 +434,8 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     from marin.train.distributed import ParallelDims, check_dist_layout, init_dist
     from marin.train.loop import StopFlag, Trainer
     from marin.train.metrics import Sinks
-    from marin.train.stages import context_plan
 
-    if dist.is_initialized():
-        raise RuntimeError("the dry run needs a process without a process group")
-    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
-    run_dir = Path(run_dir)
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    stages = context_plan(spec)
+    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run")
     one = world == 1
     if not one:
         check_dist_layout(spec, stages, world)

@@ -289,15 +289,9 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from marin.kernels import torch_ops
     from marin.train.distributed import ParallelDims, check_dist_layout
     from marin.train.loop import Trainer
-    from marin.train.stages import context_plan
-    from planning.dryrun import forget_meshes
+    from planning.dryrun import forget_meshes, start_rank
 
-    if dist.is_initialized():
-        raise RuntimeError("the rehearsal needs a process without a process group")
-    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
-    run_dir = Path(run_dir)
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    stages = context_plan(spec)
+    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal")
     one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group
     backend = "none (one process)" if one else "meta:fake,cpu:fake" if host_backend else "meta:fake"
     if not one:

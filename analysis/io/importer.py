@@ -67,9 +67,9 @@ class Imported:
 def _recipe():
     """The registered recipe factors (marin.switches, imported when a file is read: analysis modules
     load only marin.schema at import)."""
-    from marin import switches as factors
+    from marin import switches
 
-    return factors.SPECS, factors.RECIPE_LEVELS, factors.BASELINE_LEVELS
+    return switches.SPECS, switches.RECIPE_LEVELS, switches.BASELINE_LEVELS
 
 
 def _err(row: int | None, col: str, msg: str) -> ValueError:
