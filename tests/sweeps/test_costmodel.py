@@ -1,12 +1,10 @@
 """The cost model behind `plan`, `run` and `tune` (planning/costmodel.py): a damaged cache line is skipped and
 named, every measured run counts once (cache and study folder), and the 90% interval scaled by the
-machine's load covers real tiny runs timed on a loaded and on an idle machine."""
+machine's load is exact on the rows real runs record (its coverage on real runs: benchmarks/costmodel.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -99,92 +97,28 @@ def test_the_load_scales_the_estimate_and_is_said():
     assert cm.run_slowdown({"cpu_s": 5.0}) is None  # a run of an older version: taken as unloaded
 
 
-# --- the interval against real runs, on a loaded and on an idle machine ---------------------------
+# --- what real runs record for it ------------------------------------------------------------
+# Whether the 90% interval covers real runs on a loaded and an idle machine is timing on a shared
+# machine: benchmarks/costmodel.py measures it (benchmarks/RESULTS.md), no test asserts it.
 
 
-def _spec():
+def test_a_real_run_records_the_cpu_time_and_wall_its_slowdown_is_read_from(tmp_path):
+    """The fields `run_slowdown` reads are written by a real run (one thread: CPU time <= wall), and a
+    model fitted on such rows predicts the same run at a load k as k times its idle estimate."""
     from marin.config import RunSpec, TrainConfig, preset
-
-    return RunSpec(model=preset("tiny", ["seq_len=64"]),
-                   train=TrainConfig(steps=20, batch_size=4, eval_every=0, eval_batches=1, checkpoint_every=0,
-                                     log_every=20, threads=1))
-
-
-def _timed_runs(tmp_path, tag: str, n: int) -> list[dict]:
-    """n real runs, one after another, as `run` records them (wall time, and the slowdown each trained under)."""
     from marin.train import train
 
-    dirs = [tmp_path / f"{tag}{i}" for i in range(n)]
-    for d in dirs:
-        assert train(_spec(), d, resume=False, keep_checkpoints="none")["status"] == "completed"
-    out = cm.finished(dirs)
-    assert len(out) == n and all("slowdown" in r for r in out)
-    return [dict(r, run_id=f"{tag}{i}") for i, r in enumerate(out)]  # one spec, n measurements: n runs
-
-
-def _busy(n: int) -> list[subprocess.Popen]:
-    """n busy loops, each in a session of its own: load as other users' processes make it."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
-
-
-def _check(fit: cm.CostModel, held_out: list[dict], tag: str, now: tuple[float, str]) -> tuple[cm.Estimate, float]:
-    """The fit's 90% interval for the held-out runs' total under the load they trained at (each run's own
-    recorded slowdown: the known load factor), against their measured total; `now` (the probe's factor
-    just before them, what `plan` would have used) is printed beside it."""
-    k = sum(r["slowdown"] for r in held_out) / len(held_out)
-    pred = fit.predict([r["flops"] for r in held_out], factor=k, load_note=f"x{k:.2f} as they trained")
-    ahead = fit.predict([r["flops"] for r in held_out], factor=now[0], load_note=now[1])
-    truth = sum(r["wall_s"] for r in held_out)
-    fmt = lambda s: f"{s:.1f} s"  # noqa: E731
-    print(f"{tag}: measured {truth:.1f} s; predicted {pred.text(fmt)}; from the load probed before them "
-          f"{ahead.text(fmt)} (slowdowns as trained {[r['slowdown'] for r in held_out]})")
-    return pred, truth
-
-
-@pytest.mark.slow
-def test_the_90_interval_covers_real_runs_on_a_loaded_and_an_idle_machine(tmp_path):
-    """Fit on real tiny runs timed as the machine is, then predict runs timed beside 3 x cores busy loops
-    (and the reverse, once the loops are gone) at the load they trained under: the scaled interval holds
-    the measured total; the unscaled one (the model before it measured the load) misses the loaded truth
-    even widened. One draw of a 90% interval misses one time in ten by design (a CI run once missed by
-    0.1%), so each draw is held to the same model's 99.9% interval (`_wide`): a wrong scale, the failure
-    this guards against, misses that too."""
-    import torch
-
-    torch.set_num_threads(1)
-    if cm.probe_share() is None:
-        pytest.skip("thread CPU time cannot be read here")
-    from marin.train import train
-
-    train(_spec(), tmp_path / "warm")  # the first run in a process pays one-time costs (imports, the corpus)
-    prior = cm.prior_from([cm.spec_flops(_spec())], [3.0], 0.5)
-    idle = _timed_runs(tmp_path, "idle", 3)
-    fit_idle = cm.CostModel(*prior, obs=cm.observations(idle, []))
-    procs = _busy(3 * cm.cores())
-    try:
-        time.sleep(1.0)
-        now = cm.slowdown_now(1)
-        loaded = _timed_runs(tmp_path, "loaded", 3)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    pred, truth = _check(fit_idle, loaded, "loaded, from idle runs", now)
-    assert pred.n_measured == 3 and _wide(pred)[0] <= truth <= _wide(pred)[1], (pred, _wide(pred), truth)
-    assert truth > _wide(fit_idle.predict([r["flops"] for r in loaded]))[1]  # unscaled, even the wide one misses
-
-    time.sleep(1.0)
-    now = cm.slowdown_now(1)
-    pred, truth = _check(cm.CostModel(*prior, obs=cm.observations(loaded, [])), _timed_runs(tmp_path, "again", 3),
-                         "idle, from loaded runs", now)
-    assert _wide(pred)[0] <= truth <= _wide(pred)[1], (pred, _wide(pred), truth)
-
-
-def _wide(e: cm.Estimate, z: float = 3.29) -> tuple[float, float]:
-    """The estimate's interval at two-sided 99.9% instead of 90%: the same relative sd (its 90% spread
-    1 + Z90·rel), the same ratio form."""
-    rel = (e.hi / e.seconds - 1.0) / cm.Z90
-    return e.seconds / (1.0 + z * rel), e.seconds * (1.0 + z * rel)
+    spec = RunSpec(model=preset("tiny", ["seq_len=64"]),
+                   train=TrainConfig(steps=4, batch_size=2, eval_every=0, eval_batches=1, checkpoint_every=0,
+                                     log_every=4, threads=1))
+    summary = train(spec, tmp_path / "r", resume=False, keep_checkpoints="none")
+    assert summary["status"] == "completed" and summary["threads"] == 1
+    assert 0 < summary["cpu_s"] <= summary["session_wall_s"] * 1.05  # one thread cannot get more than the wall
+    (row,) = cm.finished([tmp_path / "r"])
+    assert row["flops"] == pytest.approx(cm.spec_flops(spec)) and row["slowdown"] >= 1.0
+    assert row["slowdown"] == pytest.approx(cm.run_slowdown(summary), rel=1e-3)
+    m = cm.CostModel(*cm.prior_from([row["flops"]], [3.0], 0.5), obs=cm.observations([row] * 4, []))
+    assert m.predict([row["flops"]], factor=2.5).seconds == pytest.approx(2.5 * m.predict([row["flops"]]).seconds)
 
 
 def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums(tmp_path, capsys):
