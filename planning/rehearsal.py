@@ -306,8 +306,8 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     torch.meta = _device_handle()  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
     ep_exchange.read_splits = _even_splits
     # the accelerator is a Hopper/Blackwell GPU (sm90+): torch._grouped_mm in bf16 with aligned rows
-    saved_gmm = torch_ops._native_grouped_mm_ok
-    torch_ops._native_grouped_mm_ok = lambda x, w: (saved_gmm(x, w) if x.device != ACCEL else
+    saved_gmm = torch_ops.native_grouped_mm_ok
+    torch_ops.native_grouped_mm_ok = lambda x, w: (saved_gmm(x, w) if x.device != ACCEL else
                                                    x.dtype == w.dtype == torch.bfloat16 and x.shape[1] % 8 == 0
                                                    and w.shape[2] % 8 == 0)
     mode = Discipline(host_collectives=host_backend)
@@ -333,7 +333,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
          ep_exchange.read_splits) = saved
         del torch.meta
         _patch_autocast(None)
-        torch_ops._native_grouped_mm_ok = saved_gmm
+        torch_ops.native_grouped_mm_ok = saved_gmm
         if not one:
             dist.destroy_process_group()
             forget_meshes()

@@ -27,7 +27,7 @@ from marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, 
 
 
 @triton.jit
-def _gather_rows_kernel(x_ptr, idx_ptr, out_ptr, N, W, DIV, sxr, sxw, sor, sow,
+def gather_rows_kernel(x_ptr, idx_ptr, out_ptr, N, W, DIV, sxr, sxw, sor, sow,
                         BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     # out[n] = x[idx[n] // DIV]
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -41,7 +41,7 @@ def _gather_rows_kernel(x_ptr, idx_ptr, out_ptr, N, W, DIV, sxr, sxw, sor, sow,
 
 
 @triton.jit
-def _combine_rows_kernel(y_ptr, pos_ptr, c_ptr, out_ptr, T, W, syr, syw, sor, sow,
+def combine_rows_kernel(y_ptr, pos_ptr, c_ptr, out_ptr, T, W, syr, syw, sor, sow,
                          K: tl.constexpr, HAS_C: tl.constexpr, ACC: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     # out[t] = Σ_k c[t,k]·y[pos[t,k]] (c ≡ 1 without HAS_C); pos < 0 marks a dropped assignment.
@@ -65,7 +65,7 @@ def _combine_rows_kernel(y_ptr, pos_ptr, c_ptr, out_ptr, T, W, syr, syw, sor, so
 
 
 @triton.jit
-def _unpermute_bwd_kernel(dy_ptr, y_ptr, src_ptr, c_ptr, dyn_ptr, dc_ptr, N, W, K,
+def unpermute_bwd_kernel(dy_ptr, y_ptr, src_ptr, c_ptr, dyn_ptr, dc_ptr, N, W, K,
                           sdr, sdw, syr, syw, sor, sow,
                           ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     # d y_N[n] = c[s]·dy[s // K] and dc[s] = ⟨dy[s // K], y_N[n]⟩ with s = src[n].
@@ -92,7 +92,7 @@ def _inverse(src_N: torch.Tensor, T: int, K: int) -> torch.Tensor:
     return pos
 
 
-def _row_blocks(W: int, elem: int) -> tuple[int, int]:
+def row_blocks(W: int, elem: int) -> tuple[int, int]:
     # ~32 fp32 values per thread at 4 warps: the unpermute backward holds two such tiles.
     block_w = min(next_pow2(W), max(16, 4096 // elem))
     return max(1, min(32, 4096 // block_w)), block_w
@@ -101,8 +101,8 @@ def _row_blocks(W: int, elem: int) -> tuple[int, int]:
 def _launch_gather(x, idx, div, n_rows):
     W = x.shape[1]
     out = torch.empty((n_rows, W), device=x.device, dtype=x.dtype)
-    bn, bw = _row_blocks(W, x.element_size())
-    _gather_rows_kernel[(triton.cdiv(n_rows, bn),)](x, idx, out, n_rows, W, div, *x.stride(), *out.stride(),
+    bn, bw = row_blocks(W, x.element_size())
+    gather_rows_kernel[(triton.cdiv(n_rows, bn),)](x, idx, out, n_rows, W, div, *x.stride(), *out.stride(),
                                                     BLOCK_N=bn, BLOCK_W=bw)
     return out
 
@@ -110,8 +110,8 @@ def _launch_gather(x, idx, div, n_rows):
 def _launch_combine(y, pos_TK, c_TK, T, K, acc_like):
     W = y.shape[1]
     out = torch.empty((T, W), device=y.device, dtype=y.dtype)
-    bt, bw = _row_blocks(W, y.element_size())
-    _combine_rows_kernel[(triton.cdiv(T, bt),)](
+    bt, bw = row_blocks(W, y.element_size())
+    combine_rows_kernel[(triton.cdiv(T, bt),)](
         y, pos_TK, c_TK if c_TK is not None else pos_TK, out, T, W, *y.stride(), *out.stride(),
         K=K, HAS_C=c_TK is not None, ACC=acc_dtype(acc_like), BLOCK_T=bt, BLOCK_W=bw)
     return out
@@ -173,8 +173,8 @@ def _unpermute_bwd_op(dy_TW: torch.Tensor, y_NW: torch.Tensor, src_N: torch.Tens
     K = combine_TK.shape[1]
     dyn = torch.empty_like(y_NW, memory_format=torch.contiguous_format)
     dc = torch.zeros(combine_TK.shape, device=y_NW.device, dtype=combine_TK.dtype)
-    bn, bw = _row_blocks(W, y_NW.element_size())
-    _unpermute_bwd_kernel[(triton.cdiv(N, bn),)](
+    bn, bw = row_blocks(W, y_NW.element_size())
+    unpermute_bwd_kernel[(triton.cdiv(N, bn),)](
         dy_TW, y_NW, src_N, combine_TK.contiguous(), dyn, dc, N, W, K,
         *dy_TW.stride(), *y_NW.stride(), *dyn.stride(),
         ACC=acc_dtype(y_NW if y_NW.dtype == torch.float64 else combine_TK), BLOCK_N=bn, BLOCK_W=bw)
@@ -228,7 +228,7 @@ def unpermute_triton(y_NW: torch.Tensor, src_N: torch.Tensor, combine_TK: torch.
 
 
 @triton.jit
-def _gmm_kernel(x_ptr, w_ptr, y_ptr, offs_ptr, tile_end_ptr, tile_group_ptr, E, I, O,
+def gmm_kernel(x_ptr, w_ptr, y_ptr, offs_ptr, tile_end_ptr, tile_group_ptr, E, I, O,
                 sxn, sxi, swe, swi, swo, syn, syo,
                 ACC: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     tile = tl.program_id(0)
@@ -257,7 +257,7 @@ def _gmm_kernel(x_ptr, w_ptr, y_ptr, offs_ptr, tile_end_ptr, tile_group_ptr, E, 
 
 
 @triton.jit
-def _gmm_dw_kernel(x_ptr, dy_ptr, dw_ptr, offs_ptr, I, O,
+def gmm_dw_kernel(x_ptr, dy_ptr, dw_ptr, offs_ptr, I, O,
                    sxn, sxi, syn, syo, swe, swi, swo,
                    ACC: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     # dw[e] = x[rows of e]^T @ dy[rows of e]; BM tiles I, BN tiles O, BK steps over the group's rows.
@@ -283,7 +283,7 @@ def _gmm_dw_kernel(x_ptr, dy_ptr, dw_ptr, offs_ptr, I, O,
              acc.to(dw_ptr.dtype.element_ty), mask=mask_i[:, None] & mask_o[None, :])
 
 
-def _gmm_blocks(N: int, I: int, O: int, elem: int = 2) -> tuple[int, int, int, int, int]:
+def gmm_blocks(N: int, I: int, O: int, elem: int = 2) -> tuple[int, int, int, int, int]:
     # 128x128x64 bf16 tiles use wgmma without spills on sm_90; fp32 tiles that size spill: halve BM.
     bm = 16 if N <= 512 else (128 if elem <= 2 else 64)
     bn = min(128, max(16, next_pow2(O)))
@@ -317,13 +317,13 @@ def gmm_fwd(x_NI, w_EIO, offsets_E, *, w_transposed=False, blocks=None):
     else:
         O = w_EIO.shape[2]
         swe, swi, swo = w_EIO.stride()
-    bm, bn, bk, nw, ns = blocks or _gmm_blocks(N, I, O, x_NI.element_size())
+    bm, bn, bk, nw, ns = blocks or gmm_blocks(N, I, O, x_NI.element_size())
     y = torch.zeros((N, O), device=x_NI.device, dtype=x_NI.dtype)
     if N == 0:
         return y
     offs = offsets_E.to(device=x_NI.device, dtype=torch.int32).contiguous()
     tile_end, tile_group, n_tiles = _tile_table(offs, N, bm)
-    _gmm_kernel[(n_tiles, triton.cdiv(O, bn))](
+    gmm_kernel[(n_tiles, triton.cdiv(O, bn))](
         x_NI, w_EIO, y, offs, tile_end, tile_group, E, I, O,
         *x_NI.stride(), swe, swi, swo, *y.stride(),
         ACC=acc_dtype(x_NI), PREC=_prec(x_NI), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=ns)
@@ -343,7 +343,7 @@ def gmm_dw(x_NI, dy_NO, offsets_E, *, blocks=None):
         bm, bn, bk, nw = blocks
     dw = torch.empty((E, I, O), device=x_NI.device, dtype=x_NI.dtype)
     offs = offsets_E.to(device=x_NI.device, dtype=torch.int32).contiguous()
-    _gmm_dw_kernel[(triton.cdiv(I, bm) * triton.cdiv(O, bn), E)](
+    gmm_dw_kernel[(triton.cdiv(I, bm) * triton.cdiv(O, bn), E)](
         x_NI, dy_NO, dw, offs, I, O, *x_NI.stride(), *dy_NO.stride(), *dw.stride(),
         ACC=acc_dtype(x_NI), PREC=_prec(x_NI), BM=bm, BN=bn, BK=bk, num_warps=nw, num_stages=3)
     return dw

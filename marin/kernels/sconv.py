@@ -20,7 +20,7 @@ from marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, 
 
 
 @triton.jit
-def _sconv_fwd_kernel(
+def sconv_fwd_kernel(
     x_ptr, w_ptr, doc_ptr, out_ptr,
     S, C,
     sxb, sxs, sxc, swk, swc, sdb, sds, sob, sos, soc,
@@ -54,7 +54,7 @@ def _sconv_fwd_kernel(
 
 
 @triton.jit
-def _sconv_bwd_kernel(
+def sconv_bwd_kernel(
     x_ptr, w_ptr, doc_ptr, dy_ptr, dx_ptr, dwp_ptr,
     S, C,
     sxb, sxs, sxc, swk, swc, sdb, sds, syb, sys_, syc, sdxb, sdxs, sdxc,
@@ -108,7 +108,7 @@ def _check(x_BSC: torch.Tensor, w_KC: torch.Tensor, doc_ids_BS: torch.Tensor | N
     check_runnable(x_BSC, w_KC, doc_ids_BS, name="sconv")
 
 
-def _config(C: int) -> tuple[int, int, int]:
+def launch_config(C: int) -> tuple[int, int, int]:
     """(block_s, block_c, num_warps): 16 x 256 tiles over 8 warps keep both kernels at <= 128
     registers without spills for bf16 on sm_90 (ptxas, triton 3.7); the GPU benchmark sweeps others."""
     block_c = min(256, next_pow2(C))
@@ -119,12 +119,12 @@ def _config(C: int) -> tuple[int, int, int]:
 def sconv_fwd(x_BSC, w_KC, doc_ids_BS=None, *, block_s=None, block_c=None, num_warps=None):
     B, S, C = x_BSC.shape
     K = w_KC.shape[0]
-    bs, bc, nw = _config(C)
+    bs, bc, nw = launch_config(C)
     block_s, block_c, num_warps = block_s or bs, block_c or bc, num_warps or nw
     out = torch.empty((B, S, C), device=x_BSC.device, dtype=x_BSC.dtype)
     doc, sd = optional_arg(doc_ids_BS, x_BSC, 2)
     grid = (triton.cdiv(S, block_s), triton.cdiv(C, block_c), B)
-    _sconv_fwd_kernel[grid](
+    sconv_fwd_kernel[grid](
         x_BSC, w_KC, doc, out, S, C,
         *x_BSC.stride(), *w_KC.stride(), *sd, *out.stride(),
         K=K, HAS_DOC=doc_ids_BS is not None, ACC=acc_dtype(x_BSC),
@@ -136,7 +136,7 @@ def sconv_fwd(x_BSC, w_KC, doc_ids_BS=None, *, block_s=None, block_c=None, num_w
 def sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC, *, block_s=None, block_c=None, tiles=None, num_warps=None):
     B, S, C = x_BSC.shape
     K = w_KC.shape[0]
-    bs, bc, nw = _config(C)
+    bs, bc, nw = launch_config(C)
     block_s, block_c, num_warps = block_s or bs, block_c or bc, num_warps or nw
     tiles = tiles or max(1, min(8, triton.cdiv(S, block_s)))
     dx = torch.empty_like(x_BSC, memory_format=torch.contiguous_format)
@@ -145,7 +145,7 @@ def sconv_bwd(x_BSC, w_KC, doc_ids_BS, dy_BSC, *, block_s=None, block_c=None, ti
     dw_part = torch.empty((B * n_s, K, C), device=x_BSC.device, dtype=acc_t)
     doc, sd = optional_arg(doc_ids_BS, x_BSC, 2)
     grid = (n_s, triton.cdiv(C, block_c), B)
-    _sconv_bwd_kernel[grid](
+    sconv_bwd_kernel[grid](
         x_BSC, w_KC, doc, dy_BSC, dx, dw_part, S, C,
         *x_BSC.stride(), *w_KC.stride(), *sd, *dy_BSC.stride(), *dx.stride(), tiles,
         K=K, KP=next_pow2(K), HAS_DOC=doc_ids_BS is not None, ACC=acc_dtype(x_BSC),

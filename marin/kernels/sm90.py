@@ -71,42 +71,42 @@ def compile_sm90(kernel, ptrs: dict[str, str], consts: dict, *, unit_strides=(),
 def builds() -> list[KernelBuild]:
     """Every kernel at the model's bf16 shapes and this package's default block sizes."""
     bf, f32 = "*bf16", tl.float32
-    s_bs, s_bc, s_nw = sconv._config(2048)
-    x_bs, x_bd = xsa._blocks(128, None)
-    r_bn, r_bw = moe._row_blocks(1024, 2)
-    g_bm, g_bn, g_bk, g_nw, g_ns = moe._gmm_blocks(1 << 17, 1024, 512, 2)
+    s_bs, s_bc, s_nw = sconv.launch_config(2048)
+    x_bs, x_bd = xsa.blocks(128, None)
+    r_bn, r_bw = moe.row_blocks(1024, 2)
+    g_bm, g_bn, g_bk, g_nw, g_ns = moe.gmm_blocks(1 << 17, 1024, 512, 2)
     out = [
-        compile_sm90(sconv._sconv_fwd_kernel, dict(x_ptr=bf, w_ptr=bf, doc_ptr="*i64", out_ptr=bf),
+        compile_sm90(sconv.sconv_fwd_kernel, dict(x_ptr=bf, w_ptr=bf, doc_ptr="*i64", out_ptr=bf),
                      dict(K=4, HAS_DOC=True, ACC=f32, BLOCK_S=s_bs, BLOCK_C=s_bc),
                      unit_strides=("sxc", "swc", "sds", "soc"), num_warps=s_nw),
-        compile_sm90(sconv._sconv_bwd_kernel,
+        compile_sm90(sconv.sconv_bwd_kernel,
                      dict(x_ptr=bf, w_ptr=bf, doc_ptr="*i64", dy_ptr=bf, dx_ptr=bf, dwp_ptr="*fp32"),
                      dict(K=4, KP=4, HAS_DOC=True, ACC=f32, BLOCK_S=s_bs, BLOCK_C=s_bc),
                      unit_strides=("sxc", "swc", "sds", "syc", "sdxc"), num_warps=s_nw),
-        compile_sm90(xsa._xsa_fwd_kernel, dict(y_ptr=bf, v_ptr=bf, g_ptr=bf, z_ptr=bf),
+        compile_sm90(xsa.xsa_fwd_kernel, dict(y_ptr=bf, v_ptr=bf, g_ptr=bf, z_ptr=bf),
                      dict(G=4, HAS_GATE=True, ACC=f32, EPS=xsa.XSA_EPS, BLOCK_S=x_bs, BLOCK_D=x_bd),
                      unit_strides=("syd", "svd", "sgh", "szd"), num_warps=4),
-        compile_sm90(xsa._xsa_bwd_kernel,
+        compile_sm90(xsa.xsa_bwd_kernel,
                      dict(y_ptr=bf, v_ptr=bf, g_ptr=bf, dz_ptr=bf, dy_ptr=bf, dv_ptr=bf, dg_ptr=bf),
                      dict(G=4, HAS_GATE=True, ACC=f32, EPS=xsa.XSA_EPS, BLOCK_S=x_bs, BLOCK_D=x_bd),
                      unit_strides=("syd", "svd", "sgh", "sdzd", "sdyd", "sdvd", "sdgh"), num_warps=8),
-        compile_sm90(moe._gather_rows_kernel, dict(x_ptr=bf, idx_ptr="*i64", out_ptr=bf),
+        compile_sm90(moe.gather_rows_kernel, dict(x_ptr=bf, idx_ptr="*i64", out_ptr=bf),
                      dict(BLOCK_N=r_bn, BLOCK_W=r_bw), unit_strides=("sxw", "sow")),
-        compile_sm90(moe._combine_rows_kernel, dict(y_ptr=bf, pos_ptr="*i64", c_ptr="*fp32", out_ptr=bf),
+        compile_sm90(moe.combine_rows_kernel, dict(y_ptr=bf, pos_ptr="*i64", c_ptr="*fp32", out_ptr=bf),
                      dict(K=8, HAS_C=True, ACC=f32, BLOCK_T=r_bn, BLOCK_W=r_bw), unit_strides=("syw", "sow")),
-        compile_sm90(moe._unpermute_bwd_kernel,
+        compile_sm90(moe.unpermute_bwd_kernel,
                      dict(dy_ptr=bf, y_ptr=bf, src_ptr="*i64", c_ptr="*fp32", dyn_ptr=bf, dc_ptr="*fp32"),
                      dict(ACC=f32, BLOCK_N=r_bn, BLOCK_W=r_bw), unit_strides=("sdw", "syw", "sow")),
-        compile_sm90(moe._gmm_kernel,
+        compile_sm90(moe.gmm_kernel,
                      dict(x_ptr=bf, w_ptr=bf, y_ptr=bf, offs_ptr="*i32", tile_end_ptr="*i32", tile_group_ptr="*i32"),
                      dict(ACC=f32, PREC="tf32", BM=g_bm, BN=g_bn, BK=g_bk), unit_strides=("sxi", "swo", "syo"),
                      num_warps=g_nw, num_stages=g_ns),
         # dx = dy @ w^T: the same kernel with w read transposed (unit stride on I instead of O)
-        compile_sm90(moe._gmm_kernel,
+        compile_sm90(moe.gmm_kernel,
                      dict(x_ptr=bf, w_ptr=bf, y_ptr=bf, offs_ptr="*i32", tile_end_ptr="*i32", tile_group_ptr="*i32"),
                      dict(ACC=f32, PREC="tf32", BM=g_bm, BN=min(128, g_bn), BK=g_bk),
                      unit_strides=("sxi", "swi", "syo"), num_warps=g_nw, num_stages=g_ns),
-        compile_sm90(moe._gmm_dw_kernel, dict(x_ptr=bf, dy_ptr=bf, dw_ptr=bf, offs_ptr="*i32"),
+        compile_sm90(moe.gmm_dw_kernel, dict(x_ptr=bf, dy_ptr=bf, dw_ptr=bf, offs_ptr="*i32"),
                      dict(ACC=f32, PREC="tf32", BM=64, BN=128, BK=64), unit_strides=("sxi", "syo", "swo"), num_warps=8),
     ]
     return out

@@ -66,7 +66,7 @@ def _cpu_grouped_mm_dtypes() -> frozenset:
 _CPU_GROUPED_MM_DTYPES = _cpu_grouped_mm_dtypes()
 
 
-def _native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
+def native_grouped_mm_ok(x_NI: Tensor, w_EIO: Tensor) -> bool:
     if x_NI.dtype != w_EIO.dtype:
         return False
     if x_NI.device.type == "cpu":
@@ -102,7 +102,7 @@ def grouped_mm_torch(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
         # bf16 run down the per-expert loop.
         dt = torch.get_autocast_dtype(x_NI.device.type)
         x_NI, w_EIO = x_NI.to(dt), w_EIO.to(dt)
-    if _native_grouped_mm_ok(x_NI, w_EIO):
+    if native_grouped_mm_ok(x_NI, w_EIO):
         offs = offsets_E.to(device=x_NI.device, dtype=torch.int32)
         # The kernel leaves rows past the last group unspecified, forward and backward (garbage dx on
         # H200, uninitialised memory on CPU). Masking both sides on the device keeps them out of y and

@@ -25,7 +25,7 @@ XSA_EPS = 1e-6
 
 
 @triton.jit
-def _xsa_fwd_kernel(
+def xsa_fwd_kernel(
     y_ptr, v_ptr, g_ptr, z_ptr,
     S, D,
     syb, syh, sys_, syd, svb, svh, svs, svd, sgb, sgs, sgh, szb, szh, szs, szd,
@@ -54,7 +54,7 @@ def _xsa_fwd_kernel(
 
 
 @triton.jit
-def _xsa_bwd_kernel(
+def xsa_bwd_kernel(
     y_ptr, v_ptr, g_ptr, dz_ptr, dy_ptr, dv_ptr, dg_ptr,
     S, D,
     syb, syh, sys_, syd, svb, svh, svs, svd, sgb, sgs, sgh,
@@ -109,7 +109,7 @@ def _check(y_BHSD, v_BKSD, gate_BSH=None) -> None:
     check_runnable(y_BHSD, v_BKSD, gate_BSH, name="xsa")
 
 
-def _blocks(D: int, block_s: int | None) -> tuple[int, int]:
+def blocks(D: int, block_s: int | None) -> tuple[int, int]:
     # 16 x 128 tiles: 48 registers (fwd, 4 warps) and 60 (bwd, 8 warps) for bf16 on sm_90 (ptxas).
     block_d = next_pow2(D)
     return (block_s or max(1, min(64, 2048 // block_d))), block_d
@@ -123,11 +123,11 @@ def _bhsd_view_of_bshd(like_BHSD: torch.Tensor) -> torch.Tensor:
 def xsa_fwd(y_BHSD, v_BKSD, gate_BSH=None, *, block_s=None, num_warps=4):
     B, H, S, D = y_BHSD.shape
     K = v_BKSD.shape[1]
-    block_s, block_d = _blocks(D, block_s)
+    block_s, block_d = blocks(D, block_s)
     z = _bhsd_view_of_bshd(y_BHSD)
     g, sg = optional_arg(gate_BSH, y_BHSD, 3)
     grid = (triton.cdiv(S, block_s), K, B)
-    _xsa_fwd_kernel[grid](
+    xsa_fwd_kernel[grid](
         y_BHSD, v_BKSD, g, z, S, D, *y_BHSD.stride(), *v_BKSD.stride(), *sg, *z.stride(),
         G=H // K, HAS_GATE=gate_BSH is not None, ACC=acc_dtype(y_BHSD), EPS=XSA_EPS,
         BLOCK_S=block_s, BLOCK_D=block_d, num_warps=num_warps,
@@ -138,14 +138,14 @@ def xsa_fwd(y_BHSD, v_BKSD, gate_BSH=None, *, block_s=None, num_warps=4):
 def xsa_bwd(y_BHSD, v_BKSD, gate_BSH, dz_BHSD, *, block_s=None, num_warps=8):
     B, H, S, D = y_BHSD.shape
     K = v_BKSD.shape[1]
-    block_s, block_d = _blocks(D, block_s)
+    block_s, block_d = blocks(D, block_s)
     dy = _bhsd_view_of_bshd(y_BHSD)
     dv = torch.empty_like(v_BKSD)
     dg = torch.empty_like(gate_BSH) if gate_BSH is not None else None
     g, sg = optional_arg(gate_BSH, y_BHSD, 3)
     dg_arg, sdg = optional_arg(dg, y_BHSD, 3)
     grid = (triton.cdiv(S, block_s), K, B)
-    _xsa_bwd_kernel[grid](
+    xsa_bwd_kernel[grid](
         y_BHSD, v_BKSD, g, dz_BHSD, dy, dv, dg_arg, S, D,
         *y_BHSD.stride(), *v_BKSD.stride(), *sg, *dz_BHSD.stride(), *dy.stride(), *dv.stride(), *sdg,
         G=H // K, HAS_GATE=gate_BSH is not None, ACC=acc_dtype(y_BHSD), EPS=XSA_EPS,

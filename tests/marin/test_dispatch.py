@@ -13,7 +13,7 @@ from marin.dispatch import (
     plan_drops,
     ragged_capacities,
 )
-from marin.kernels.torch_ops import _CPU_GROUPED_MM_DTYPES, _native_grouped_mm_ok
+from marin.kernels.torch_ops import _CPU_GROUPED_MM_DTYPES, native_grouped_mm_ok
 
 
 def _idx(rows):
@@ -179,7 +179,7 @@ def test_native_grouped_mm_zeroes_rows_past_the_last_group_without_a_host_sync(d
     x.requires_grad_()
     w = (torch.randn(E, I, O) / I**0.5).to(dtype).requires_grad_()
     offs = torch.cumsum(torch.tensor(counts), 0).to(torch.int32)
-    assert _native_grouped_mm_ok(x, w)  # the native path, not the loop
+    assert native_grouped_mm_ok(x, w)  # the native path, not the loop
     y = grouped_mm(x, w, offs)
     dy = torch.randn(N, O).to(dtype)
     dy[-6:] = float("nan")
@@ -292,7 +292,7 @@ def test_grouped_mm_on_cuda_matches_the_loop_and_accepts_zero_stride_gradients()
     x = x32.cuda().bfloat16().requires_grad_()
     w = w32.cuda().bfloat16().requires_grad_()
     cap = torch.cuda.get_device_capability()
-    assert _native_grouped_mm_ok(x, w) == (cap >= (9, 0))
+    assert native_grouped_mm_ok(x, w) == (cap >= (9, 0))
     y = grouped_mm(x, w, offs.cuda())
     y.float().sum().backward()  # an expanded (zero-stride) upstream gradient
     xr, wr = x.detach().float().cpu().requires_grad_(), w.detach().float().cpu().requires_grad_()

@@ -330,9 +330,9 @@ def test_every_kernel_compiles_for_sm90_without_spills_and_gmm_uses_wgmma():
     assert out.returncode == 0, out.stderr[-3000:]
     builds = json.loads(out.stdout.strip().splitlines()[-1])
     names = {b["name"] for b in builds}
-    assert names == {"_sconv_fwd_kernel", "_sconv_bwd_kernel", "_xsa_fwd_kernel", "_xsa_bwd_kernel",
-                     "_gather_rows_kernel", "_combine_rows_kernel", "_unpermute_bwd_kernel", "_gmm_kernel",
-                     "_gmm_dw_kernel"}
+    assert names == {"sconv_fwd_kernel", "sconv_bwd_kernel", "xsa_fwd_kernel", "xsa_bwd_kernel",
+                     "gather_rows_kernel", "combine_rows_kernel", "unpermute_bwd_kernel", "gmm_kernel",
+                     "gmm_dw_kernel"}
     for b in builds:
         if b["name"].startswith(("_sconv", "_xsa")):  # the memory-bound hot paths: default tiles fit
             assert b["stack_bytes"] == 0, b

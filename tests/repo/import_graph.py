@@ -108,13 +108,44 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 
 def private_imports(root: Path = ROOT, packages=PACKAGES) -> list[str]:
-    """`from x import _y` of another module's private name (file:line)."""
+    """Another project module's private name used here (file:line): `from x import _y`, or `m._y` where
+    `m` is bound by an import of another project module (`import a.b as m`, `from a import b`)."""
     files = module_files(root, packages)
     bad = []
     for mod, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for line, target, names in _imports(tree, mod, path.name == "__init__.py"):
             for n in names:
-                if n.startswith("_") and not n.startswith("__") and target != mod:
+                if _private(n) and target != mod:
                     bad.append(f"{path.relative_to(root)}:{line} imports {target}.{n}")
+        bad += _private_attributes(tree, mod, files, path.relative_to(root))
     return bad
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_attributes(tree: ast.AST, mod: str, files: dict[str, Path], rel: Path) -> list[str]:
+    """`m._y` (or `m.sub._y`) on a name bound to another project module by an import in this file."""
+    bound = {}
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in files and a.name != mod and a.asname:
+                    bound[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in files and full != mod:
+                    bound[a.asname or a.name] = full
+    out = []
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            path, v = [], node.value
+            while isinstance(v, ast.Attribute):
+                path.append(v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in bound:
+                out.append(f"{rel}:{node.lineno} uses {'.'.join([bound[v.id], *reversed(path), node.attr])}")
+    return out

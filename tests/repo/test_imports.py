@@ -34,6 +34,13 @@ def test_the_private_import_check_sees_from_imports_of_underscored_names(tmp_pat
     assert private_imports(tmp_path, ("pkg",)) == ["pkg/b.py:2 imports pkg.a._x"]
 
 
+def test_the_private_import_check_sees_private_attributes_of_an_imported_module(tmp_path):
+    _tree(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "_x = 1\n",
+                     "pkg/b.py": "from pkg import a\nimport pkg.a as m\nimport os\n\n"
+                                 "def f():\n    return a._x, m._x, a.__doc__, os._exit, a.y\n"})
+    assert private_imports(tmp_path, ("pkg",)) == ["pkg/b.py:6 uses pkg.a._x", "pkg/b.py:6 uses pkg.a._x"]
+
+
 def _tree(tmp_path, files: dict[str, str]):
     for name, text in files.items():
         p = tmp_path / name
