@@ -89,6 +89,14 @@ def write_run_files(run: PlannedRun) -> None:
         write_meta(run.dir, run.meta)
 
 
+def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
+    """Every run's files (`write_run_files`), then the study folder's `plugins.json`: the sources of this
+    process's registry rows, which `analyze` and `status` in a later process import too (marin.plugins)."""
+    for r in runs:
+        write_run_files(r)
+    plugins.write_sources(study_dir_)
+
+
 # ---------------------------------------------------------------------------------------------
 # Lock
 # ---------------------------------------------------------------------------------------------
