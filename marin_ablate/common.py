@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 DEFAULT_OUT = "runs"
 
@@ -195,12 +195,16 @@ def set_log_to(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def epochs_checked(study: Any, rung_rows: list[dict], overrides: list[str], allow_repeat: bool) -> list[dict]:
+def epochs_checked(study: Any, rung_rows: list[dict] | None = None, overrides: Sequence[str] = (),
+                   allow_repeat: bool = False) -> list[dict]:
     """Per rung: tokens needed, tokens in the corpus, epochs; ValueError when a GPU rung's data
-    would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py)."""
+    would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py).
+    `rung_rows`: the study's `describe()["rungs"]`, when the caller has them already."""
     from ablations.epochs import check_epochs, study_epoch_rows
     from sweeps.sweep import apply_spec_overrides
 
+    if rung_rows is None:
+        rung_rows = study.describe()["rungs"]
     runs = study.runs()
     if overrides:
         runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]

@@ -81,14 +81,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     study = study_from_args(args)
     opts = exec_options(args, study)
-    epochs_checked(study, study.describe()["rungs"], args.overrides, args.allow_repeat)
+    set_log_to(args)
+    epochs_checked(study, overrides=args.overrides, allow_repeat=args.allow_repeat)
     from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
     # what `train` refuses, before the LR profile or the reference ladder writes anything
     planned = planned_runs(study, args.out, overrides=args.overrides)
     check_specs(planned, opts.executor)
     check_layouts(planned, opts, study_resources(study))
-    set_log_to(args)
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from sweeps.tuning import read_profile

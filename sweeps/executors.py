@@ -267,10 +267,11 @@ def _folder(study_dir: Path, executor: str) -> Path:
     return study_dir / "submitit" / f"{executor}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
 
-def _submit_debug(tasks: list[RunTask], sub: Submission, opts: ExecOptions, on_run_done: Callable | None) -> None:
+def _submit_debug(runs: Sequence[PlannedRun], sub: Submission, opts: ExecOptions, on_run_done: Callable | None) -> None:
+    """In this process, one run after another: each run's task is made as it starts."""
     _set_threads(opts.threads)
-    for t in tasks:
-        execute(t)
+    for r in runs:
+        execute(RunTask.of(r))
         if on_run_done is not None:
             on_run_done()
 
@@ -505,7 +506,7 @@ class DebugExecutor:
 
     def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
         sub = Submission(self.name, runs=list(runs))
-        _submit_debug([RunTask.of(r) for r in runs], sub, opts, on_run_done)
+        _submit_debug(runs, sub, opts, on_run_done)
         return sub
 
     def queued(self, job_ids: set[str]) -> set[str]:

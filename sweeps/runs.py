@@ -35,7 +35,7 @@ from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json,
     write_spec,
     write_summary,
 )
-from sweeps.state import needs_run, summary_state
+from sweeps.state import claim
 
 # ---------------------------------------------------------------------------------------------
 # Layout
@@ -87,6 +87,14 @@ def write_run_files(run: PlannedRun) -> None:
         write_spec(run.dir, run.spec)
     if read_json(run.dir / "meta.json") != run.meta:
         write_meta(run.dir, run.meta)
+
+
+def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
+    """Every run's files (`write_run_files`), then the study folder's `plugins.json`: the sources of this
+    process's registry rows, which `analyze` and `status` in a later process import too (marin.plugins)."""
+    for r in runs:
+        write_run_files(r)
+    plugins.write_sources(study_dir_)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +172,9 @@ class RunTask:
 
     @property
     def spec(self) -> RunSpec:
+        """The RunSpec, built from plain data once the rows it names are registered (`marin.plugins.ensure`
+        imports the task's plugins first: a worker process has not imported them)."""
+        plugins.ensure(self.plugins)
         return RunSpec.from_dict(self.spec_dict)
 
     @property
@@ -176,11 +187,11 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
     outcome is "skipped" (completed, failed without retry, or locked by another worker), "ran"
     (train returned a summary), "interrupted" (a signal stopped train; the run is partial and
     resumable) or "failed" (train raised; the error is recorded in summary.json). The task's plugins
-    are imported first: a worker process builds the spec from plain data.
+    are imported first (`RunTask.spec`): a worker process builds the spec from plain data. The run is
+    claimed through its lock (`sweeps.state.claim`).
 
     Under submitit a SIGUSR2 makes train checkpoint and hand the signal back to submitit, whose
     handler requeues the job and exits (SystemExit passes through here, the lock is released)."""
-    plugins.ensure(task.plugins)
     spec = task.spec
     d = Path(task.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -191,18 +202,11 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
         err = (read_json(d / "summary.json") or {}).get("error") if status == "failed" else None
         return {"run_id": spec.run_id, "outcome": "skipped", "status": status, "error": err}
 
-    ended = summary_state(d)
-    if ended is not None and not needs_run(ended, task.retry_failed):
+    lock, ended = claim(d, task.retry_failed)
+    if lock is None:
         return skipped(ended)
-    lock = RunLock(d)
-    if not lock.acquire():
-        return skipped("running")
     t0 = time.time()
     try:
-        # asked again under the lock: another worker may have finished it in between
-        ended = summary_state(d)
-        if ended is not None and not needs_run(ended, task.retry_failed):
-            return skipped(ended)
         if ended == "failed":
             clear_failure(d)
         if train_fn is None:

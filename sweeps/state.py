@@ -7,7 +7,8 @@ A run is in exactly one of STATES, read from its directory and the executor that
   partial             checkpoints exist, nothing holds or queues it: the next `run` resumes it;
   pending             nothing yet.
 Everything that counts, selects, displays or waits on runs asks `survey` (one question per executor
-per survey, e.g. one squeue call, not one per run) or `summary_state` (the check a worker repeats under the run lock).
+per survey, e.g. one squeue call, not one per run) or `summary_state` (the check a worker repeats under the run lock,
+`claim`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,28 @@ def summary_state(run_dir: str | Path) -> str | None:
 def needs_run(state: str, retry_failed: bool) -> bool:
     """Whether a run in `state` is (re)started: pending, partial, or failed when retrying."""
     return state in ("pending", "partial") or (state == "failed" and retry_failed)
+
+
+def claim(run_dir: str | Path, retry_failed: bool) -> tuple[RunLock | None, str | None]:
+    """A worker's claim on a run: (its run lock, held, and the state it ended in, None or 'failed' when
+    retrying) when the run needs executing; else (None, why): its ended state, or 'running' when another
+    worker holds the lock. The summary is asked before the lock (cheap) and again under it: another worker
+    may have finished the run in between."""
+    ended = summary_state(run_dir)
+    if ended is not None and not needs_run(ended, retry_failed):
+        return None, ended
+    lock = RunLock(run_dir)
+    if not lock.acquire():
+        return None, "running"
+    try:
+        ended = summary_state(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    if ended is not None and not needs_run(ended, retry_failed):
+        lock.release()
+        return None, ended
+    return lock, ended
 
 
 def probe(run_dir: str | Path, queued: set[tuple[str, str]] | None = None) -> RunStatus:

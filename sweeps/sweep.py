@@ -20,8 +20,8 @@ from marin import plugins
 from marin.config import RunSpec
 from sweeps import state
 from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
-from sweeps.progress import Progress
-from sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_run_files
+from sweeps.progress import Progress, rung_prior
+from sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 
 # ---------------------------------------------------------------------------------------------
 # Studies
@@ -194,10 +194,9 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
-    from sweeps.progress import rung_prior
-
+    rung_rows = study.describe()["rungs"]
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
-                       prior=rung_prior(study.describe()["rungs"]))
+                       rung_rows=rung_rows)
 
 
 def check_reachable(runs: Sequence[PlannedRun], ex: Any) -> None:
@@ -222,27 +221,36 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True, prior: tuple[float, ...] | None = None) -> RunReport:
-    """Validate (nothing is written before), write run dirs, submit what is not done, wait (opts.wait).
-
-    SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
-    SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
+def preflight(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, resources: Any = None) -> Any:
+    """Everything refused before a run directory is written, in one place: what `train` refuses of each
+    spec (`check_specs`), multi-GPU layouts (`check_layouts`), the executor's options and the output folder
+    (`validate`), plugin rows a worker process cannot import (`check_reachable`). Returns the executor."""
     check_specs(runs, opts.executor)
     check_layouts(runs, opts, resources)
     validate(opts, sdir)
     ex = get_executor(opts.executor)
     check_reachable(runs, ex)
+    return ex
+
+
+def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
+                label: str = "", progress: bool = True, rung_rows: Sequence[dict] | None = None) -> RunReport:
+    """Validate (`preflight`: nothing is written before), write run dirs, submit what is not done, wait
+    (opts.wait). `rung_rows`: the study's `describe()["rungs"]`, whose assumed throughput is the progress
+    line's ETA prior (`sweeps.progress.rung_prior`).
+
+    SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
+    SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
+    ex = preflight(runs, sdir, opts, resources)
     started = time.time()
-    for r in runs:
-        write_run_files(r)
-    plugins.write_sources(sdir)  # `analyze` and `status` in a later process import them too
+    write_runs(runs, sdir)
     todo, skipped = state.select(runs, opts.retry_failed)
     if opts.retry_failed:  # cleared here, once: two workers must not both retry the same run
         for r in todo:
             clear_failure(r.dir)
-    prog = Progress(len(runs), label or sdir.name, runs=runs, prior=prior,
-                    slots=ex.slots(opts)) if progress else None
+    slots = ex.slots(opts)
+    prog = Progress(len(runs), label or sdir.name, runs=runs, prior=rung_prior(rung_rows) if rung_rows else None,
+                    slots=slots) if progress else None
     dirs = [r.dir for r in runs]
     main = threading.current_thread() is threading.main_thread()
     prev_term = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
@@ -269,7 +277,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
         from planning import costmodel
 
         # this host's measured run times, for the next plan's and ETA's cost model
-        k = ex.slots(opts) or 1
+        k = slots or 1
         costmodel.record(costmodel.mark_cold(costmodel.finished(r.dir for r in todo), started, k), k)
     return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
 

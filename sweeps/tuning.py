@@ -148,6 +148,21 @@ def make_storage(storage: str | None, default_journal: Path) -> Any:
                          "(default) or an RDB URL whose driver is installed (e.g. sqlite:///tune.db)") from None
 
 
+def open_storage(opts: ExecOptions, folder: Path, storage: str | None = None) -> Any:
+    """The Optuna storage of a grid whose runs go to `folder` (`make_storage`; default `folder/optuna.journal`),
+    opened once the executor's options and the folder are validated (`validate`: nothing is written before);
+    a refused `storage` leaves no empty folder behind."""
+    new_dirs = [d for d in (folder, *folder.parents) if not d.exists()]  # innermost first
+    validate(opts, folder)
+    try:
+        return make_storage(storage, folder / "optuna.journal")
+    except BaseException:
+        for d in new_dirs:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+
+
 # ---------------------------------------------------------------------------------------------
 # Tuning a study
 # ---------------------------------------------------------------------------------------------
@@ -229,12 +244,12 @@ def _damaged(path: Path) -> dict:
                      "run `marin-ablate tune` again to rewrite it")
 
 
-def _run_grid(key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
-              storage: Any, *, resources: Any, label: str, progress: bool,
-              prior: Any = None) -> tuple[dict[str, list[tuple[float, float]]], RunReport]:
-    """Run every (log2 multiplier, spec, meta) of every group; Optuna ask-and-tell records them, one
-    Optuna study per group named `key/group`, so a re-run reuses finished trials. Returns per group
-    the (x, eval loss) of its finished points (inf for a failed one) and the run report."""
+def _run_grid(study: Any, key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
+              storage: Any, *, label: str, progress: bool) -> tuple[dict[str, list[tuple[float, float]]], RunReport]:
+    """Run every (log2 multiplier, spec, meta) of every group of `study`'s runs (its rungs give their job
+    shape and the progress line's prior); Optuna ask-and-tell records them, one Optuna study per group
+    named `key/group`, so a re-run reuses finished trials. Returns per group the (x, eval loss) of its
+    finished points (inf for a failed one) and the run report."""
     import optuna
     from optuna.trial import TrialState
 
@@ -263,7 +278,9 @@ def _run_grid(key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: 
         t.set_user_attr("run_id", r.run_id)
         trials[r.run_id] = t.number
 
-    report = run_planned(runs, tdir, opts, resources=resources, label=label, progress=progress, prior=prior)
+    rung_rows = study.describe()["rungs"]
+    report = run_planned(runs, tdir, opts, resources=study_resources(study), label=label, progress=progress,
+                         rung_rows=rung_rows)
 
     # tell: the finished runs' eval loss; failed runs as FAIL
     by_number = {g: {t.number: t for t in os_.get_trials(deepcopy=False)} for g, os_ in ostudies.items()}
@@ -308,8 +325,6 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
 def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
                overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
     """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
-    from sweeps.progress import rung_prior
-
     tdir = tune_dir(out, study.name)
     rung = tune.rung or smallest_rung(study)
     seed = tune.seed if tune.seed is not None else study.seeds[0]
@@ -331,22 +346,13 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
                 heuristic[meta["arm"]] = resolve_hparams(spec).lr
     # what `train` refuses is refused before the study folder or the storage is made
     check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
-    new_dirs = [d for d in (Path(out), tdir.parent, tdir) if not d.exists()]
-    validate(opts, tdir)
-    try:
-        storage = make_storage(tune.storage, tdir / "optuna.journal")
-    except BaseException:
-        for d in reversed(new_dirs):  # a refused --storage leaves no empty study folder behind
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    storage = open_storage(opts, tdir, tune.storage)
     cost = grid_cost(study, sum(map(len, points.values())), rung)
     if progress:
         print(f"{study.name} tune: {len(points)} arms x {len(grid)} LR points = {cost['runs']} runs at {rung}"
               + (f", ~{cost['core_seconds']:.0f} core-s" if cost["core_seconds"] else ""), flush=True)
-    got, report = _run_grid(f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
-                            resources=study_resources(study), label=f"{study.name} tune", progress=progress,
-                            prior=rung_prior(study.describe()["rungs"]))
+    got, report = _run_grid(study, f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
+                            label=f"{study.name} tune", progress=progress)
     profiles, missing, mult = {}, {}, {}
     for arm, pts in got.items():
         done = [x for x, _ in pts]
@@ -429,6 +435,22 @@ def profile_groups(study: Any) -> dict[str, dict[str, str]]:
     return {f"{f.name}={lv}": study.baseline_levels(**{f.name: lv}) for f in study.lr_coupled for lv in f.level_names}
 
 
+def profile_points(study: Any, groups: dict[str, dict[str, str]], grids: dict[str, list[float]], rung: str,
+                   seed: int, overrides: Sequence[str] = ()) -> dict[str, list[tuple[float, Any, dict]]]:
+    """Per group ("factor=level" -> its arm's levels, `profile_groups`): the (log2 multiplier, spec, meta)
+    of each point of its grid, at `rung` and `seed`, with `--set` overrides applied."""
+    points = {}
+    for g, lv in groups.items():
+        pts = []
+        for x in grids[g]:
+            spec = study.spec(rung, lv, seed, 2.0 ** x)
+            if overrides:
+                spec = apply_spec_overrides(spec, overrides)
+            pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
+        points[g] = pts
+    return points
+
+
 def _extended(grid: list[float], p: Profile, n: int) -> list[float]:
     """`grid` with n more points (its own step) beyond the edge the optimum leans on (both when centred)."""
     step = grid[1] - grid[0]
@@ -482,31 +504,19 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     `<study>/profile/lr_profile.json` with the date the multipliers were fitted."""
     from datetime import datetime, timezone
 
-    from sweeps.progress import rung_prior
-
     groups = profile_groups(study)
     if not groups:
         raise ValueError(f"study {study.name!r} varies no LR-coupled factor: nothing to profile")
     pdir = profile_dir(out, study.name)
-    validate(opts, pdir)
+    storage = open_storage(opts, pdir)
     rung = profile_rung(study)
     seed = study.seeds[0]
-    storage = make_storage(None, pdir / "optuna.journal")
     report: list[RunReport] = []
 
     def run_points(grids: dict[str, list[float]]) -> dict[str, list[tuple[float, float]]]:
-        points = {}
-        for g, lv in groups.items():
-            pts = []
-            for x in grids[g]:
-                spec = study.spec(rung, lv, seed, 2.0 ** x)
-                if overrides:
-                    spec = apply_spec_overrides(spec, overrides)
-                pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
-            points[g] = pts
-        got, rep = _run_grid(f"{study.name}/profile/{rung}/seed{seed}", points, pdir, opts, storage,
-                             resources=study_resources(study), label=f"{study.name} LR profile",
-                             progress=progress, prior=rung_prior(study.describe()["rungs"]))
+        points = profile_points(study, groups, grids, rung, seed, overrides)
+        got, rep = _run_grid(study, f"{study.name}/profile/{rung}/seed{seed}", points, pdir, opts, storage,
+                             label=f"{study.name} LR profile", progress=progress)
         report.append(rep)
         return got
 
@@ -542,7 +552,7 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         return mult, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
-    if profile and study.lr_coupled:
+    if profile and profile_groups(study):  # the levels of its LR-coupled factors: what `profile_study` runs
         if opts is not None:
             res = profile_study(study, out, opts, overrides=overrides, progress=progress)
             return study.arm_multipliers(res.multipliers), res.provenance()

@@ -34,7 +34,7 @@ from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin.train.machine import code_version, hardware_name, peak_flops
 from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
 from marin.train.source import build_data_source, global_tokens, validate_data
-from marin.train.stages import Stage, context_plan, is_spike, stage_at
+from marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
 from marin.train.step import evaluate, optimizer_step
 from marin.train.step_progress import StepProgress
 from marin.update_rules import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
@@ -118,17 +118,6 @@ def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.
     t = spec.train.effective()
     validate_data(spec.data)
     return t, _device(t, here), context_plan(spec)
-
-
-def _set_q_scale(model: torch.nn.Module, q_scale: float) -> None:
-    """Context extension: the model reads `q_scale` (1 + 0.1 ln(L/L0)) in every attention layer."""
-    if hasattr(model, "set_q_scale"):
-        model.set_q_scale(q_scale)
-    elif hasattr(model, "q_scale"):
-        model.q_scale = float(q_scale)
-    elif q_scale != 1.0:
-        raise ValueError("TrainConfig.context_stages changes seq_len but the model exposes no q_scale; "
-                         "allowed values: context stages at the model's seq_len only")
 
 
 def _allocated(build: Any, spec: RunSpec, device: torch.device) -> Any:
@@ -223,6 +212,15 @@ class Trainer:
         return self.pd.groups, self.pd.rank, self.pd.world
 
     # -- resume and checkpoint -------------------------------------------------------------------
+
+    def begin(self, resume: bool, log_to: tuple[str, ...] = ()) -> None:
+        """What `train` does once the trainer is built: claim the run directory (rank 0 writes spec.json,
+        only now that the run could be set up: a setup error, a bad eval_dir, must not claim it), resume
+        or start afresh (`start`), then open the metric sinks (rank 0's)."""
+        if self.main:
+            schema.write_spec(self.run_dir, self.spec)
+        self.start(resume)
+        self.sinks = Sinks(tuple(log_to) if self.main else (), self.run_dir, self.spec)
 
     def start(self, resume: bool) -> None:
         """Resume from the newest usable checkpoint, or start afresh (metrics.jsonl emptied)."""
@@ -348,7 +346,7 @@ class Trainer:
             step = st.step
             stage = stage_at(self.stages, step)
             if stage != cur_stage:
-                _set_q_scale(self.model, stage.q_scale)
+                apply_q_scale(self.model, stage.q_scale)
                 if cur_stage is not None:
                     log.info("context stage: seq_len %d batch %d q_scale %.4f from step %d",
                              stage.seq_len, stage.batch_size, stage.q_scale, step)
@@ -489,23 +487,25 @@ def _other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str]
     return None
 
 
-def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
-          log_to: tuple[str, ...] = (), keep_checkpoints: str = "final") -> dict:
-    """Train `spec` into `run_dir`; returns the summary (also summary.json), or
-    {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written).
-    Launched with a world size > 1 every rank calls this; all return the summary. `keep_checkpoints`
-    (ckpt.RETENTION): "final" keeps a completed run's newest checkpoint only, "all" never prunes."""
-    t0 = time.perf_counter()
+def check_train(spec: RunSpec, stop_after: int | None = None, log_to: tuple[str, ...] = (),
+                keep_checkpoints: str = "final") -> tuple[TrainConfig, torch.device, list[Stage], int]:
+    """Everything `train` refuses before it touches the run directory: the spec (`check_spec`), `stop_after`,
+    the metric sinks, the retention level and the launch (`check_launch`). Returns (the effective train
+    config, the device, the context stages, the world size)."""
     t, device, stages = check_spec(spec)
-    run_dir = Path(run_dir)
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after={stop_after} must be >= 1")
     check_log_to(tuple(log_to))
     if keep_checkpoints not in ckpt.RETENTION:
         raise ValueError(f"keep_checkpoints={keep_checkpoints!r} is not a known level; allowed values: "
                          f"{', '.join(map(repr, ckpt.RETENTION))}")
-    world = check_launch(spec, stages)
+    return t, device, stages, check_launch(spec, stages)
 
+
+def _claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
+    """The run directory, made and checked before anything in it changes: the summary of this run when it
+    is done already (`resume`), else None. A directory holding another run is refused (`_other_run`); a
+    fresh start (not `resume`) removes the old verdict, so a killed run does not leave it behind."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     ckpt.check_no_symlinks(run_dir)
@@ -521,7 +521,22 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
                          "use another --out, or move that directory aside first (--no-resume never deletes "
                          "another run)")
     if not resume and summary_path.exists():
-        summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed
+        summary_path.unlink()
+    return None
+
+
+def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
+          log_to: tuple[str, ...] = (), keep_checkpoints: str = "final") -> dict:
+    """Train `spec` into `run_dir`; returns the summary (also summary.json), or
+    {"status": "interrupted", ...} when stopped by a signal or `stop_after` (a checkpoint is written).
+    Launched with a world size > 1 every rank calls this; all return the summary. `keep_checkpoints`
+    (ckpt.RETENTION): "final" keeps a completed run's newest checkpoint only, "all" never prunes."""
+    t0 = time.perf_counter()
+    t, device, stages, world = check_train(spec, stop_after, log_to, keep_checkpoints)
+    run_dir = Path(run_dir)
+    done = _claim_dir(run_dir, spec, resume)
+    if done is not None:
+        return done
     pd, device = parallel_dims(spec, world, device)
     main = pd.main
     if main:
@@ -540,10 +555,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
         elif os.environ.get("SLURM_CPUS_PER_TASK"):
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
         trainer = Trainer(spec, run_dir, stages, device, pd, t0, keep_checkpoints)
-        if main:  # only once the run can start: a setup error (a bad eval_dir) must not claim the directory
-            schema.write_spec(run_dir, spec)
-        trainer.start(resume)
-        trainer.sinks = Sinks(tuple(log_to) if main else (), run_dir, spec)
+        trainer.begin(resume, log_to)
         stop.install()
         return trainer.run(stop, stop_after)
     finally:

@@ -9,6 +9,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Any
 
 from marin.config import RunSpec
 
@@ -40,6 +41,17 @@ def context_plan(spec: RunSpec) -> list[Stage]:
             continue
         stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + 0.1 * math.log(cs.seq_len / l0)))
     return stages
+
+
+def apply_q_scale(model: Any, q_scale: float) -> None:
+    """Context extension: the model reads `q_scale` (1 + 0.1 ln(L/L0)) in every attention layer."""
+    if hasattr(model, "set_q_scale"):
+        model.set_q_scale(q_scale)
+    elif hasattr(model, "q_scale"):
+        model.q_scale = float(q_scale)
+    elif q_scale != 1.0:
+        raise ValueError("TrainConfig.context_stages changes seq_len but the model exposes no q_scale; "
+                         "allowed values: context stages at the model's seq_len only")
 
 
 def stage_at(stages: list[Stage], step: int) -> Stage:
