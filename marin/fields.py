@@ -169,16 +169,18 @@ def non_default(obj: Any) -> dict:
 def option(default: Any = dataclasses.MISSING, *, help: str = "", choices: Sequence | None = None,  # noqa: A002
            lo: float | None = None, hi: float | None = None, lo_open: bool = False, positional: bool = False,
            metavar: str | None = None, spec: Sequence[str] | None = None, inline: bool = False,
-           section: Any = None) -> Any:
+           section: Any = None, allowed: str | None = None) -> Any:
     """A dataclass field with its command-line description: `help`, `choices` (the allowed values),
     `lo`/`hi` (an inclusive range; `lo_open`: lo excluded), `positional` (an argument, not a flag),
     `spec` (the RunSpec sections `--SECTION.FIELD=VALUE` overrides reach: the field holds those
     items), `inline` (a nested options dataclass whose flags join this level's), `section` (the
-    nested options dataclass, or a callable returning it, when the annotation cannot name it).
+    nested options dataclass, or a callable returning it, when the annotation cannot name it),
+    `allowed` (the allowed values in words, when the range's own text reads worse).
     `check_fields` checks the value against choices and range."""
     md = {"help": help, "choices": tuple(choices) if choices is not None else None, "lo": lo, "hi": hi,
           "lo_open": lo_open, "positional": positional, "metavar": metavar,
-          "spec": tuple(spec) if spec is not None else None, "inline": inline, "section": section}
+          "spec": tuple(spec) if spec is not None else None, "inline": inline, "section": section,
+          "allowed": allowed}
     if isinstance(default, (list, dict, set)):
         raise TypeError("option(): a mutable default; use a tuple")
     return dataclasses.field(default=default, metadata={"option": md})
@@ -201,7 +203,9 @@ def allowed_text(f: dataclasses.Field) -> str:
     """The allowed values of an option field, as the error and --help state them."""
     md, kind = option_meta(f), base_type(f)
     nullable = f.default is None
-    if md.get("choices") is not None:
+    if md.get("allowed"):
+        text = md["allowed"]
+    elif md.get("choices") is not None:
         text = ", ".join(map(str, md["choices"]))
     elif md.get("lo") is not None or md.get("hi") is not None:
         what = "an integer" if kind == "int" else "a finite number"

@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.ofat import DESIGNS
 from marin import plugins
-from marin.fields import option
+from marin.fields import SEED, option
 from marin_ablate import options
 
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
@@ -71,7 +71,7 @@ class FitOptions:
     no_interactions: bool = option(False, help="main effects (+ scale) only")
     third_levels: str = option("drop", choices=("drop", "error"),
                                help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
-    seed: int = option(0, lo=0, hi=SEED_MAX, help="the bootstrap's seed")
+    seed: int = option(0, lo=0, hi=SEED_MAX, allowed=SEED[1], help="the bootstrap's seed")
     force_extrapolation: bool = option(False, help="allow a --target beyond 10x the top rung's compute (the "
                                                    "interval then says little)")
 

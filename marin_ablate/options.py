@@ -248,7 +248,17 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     items: list[str] = []
     if sf is not None:
         argv, items = spec_overrides(argv, option_meta(sf)["spec"])
-    p, _ = parser_for(cls, prog)
+    p, dests = parser_for(cls, prog)
+    sections = sorted({d.split(".", 1)[0] for d in dests if "." in d})
+    for tok in argv:
+        if tok == "--":
+            break
+        head = tok.split("=", 1)[0]
+        if head.startswith("--") and "." in head and head[2:].split(".", 1)[0] not in sections:
+            allowed = [*(f"--{s}.F=V" for s in (option_meta(sf)["spec"] if sf is not None else ())),
+                       *(f"--{s}.FIELD" for s in sections)]
+            raise ValueError(f"{head}: this command has no section {head[2:].split('.', 1)[0]!r}; allowed sections: "
+                             f"{', '.join(allowed) or '(none)'}")
     ns = vars(p.parse_args(argv))
     given = {k for k, v in ns.items() if v is not _NOT_GIVEN and not k.startswith("S:")}
     return _build(cls, ns, "", given, items)

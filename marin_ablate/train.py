@@ -22,7 +22,7 @@ from marin.config import (
     preset,
     split_overrides,
 )
-from marin.fields import SPEC_SECTIONS, option
+from marin.fields import SEED, SPEC_SECTIONS, option
 from marin.runlock import RunLock
 from marin.train.metrics import LOG_TO
 from marin_ablate import options
@@ -38,7 +38,7 @@ class TrainOptions:
     overrides: tuple[str, ...] = option((), spec=SPEC_SECTIONS,
                                         help="e.g. --train.steps=20 --recipe.qk_norm=off")
     baseline: bool = option(False, help="start from Recipe.baseline() (every factor off) instead of Recipe()")
-    seed: int = option(0, lo=0, hi=2**64 - 1, help="the run's seed")
+    seed: int = option(0, lo=0, hi=2**64 - 1, allowed=SEED[1], help="the run's seed")
     no_resume: bool = option(False, help="ignore checkpoints in --run-dir and start over")
     stop_after: int | None = option(None, lo=1, metavar="N", help="checkpoint and stop after N steps of this session")
     log_to: str = option("", metavar="SINKS", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from marin.fields import option
+from marin.fields import SEED, option
 from marin_ablate import options
 from marin_ablate.common import (
     ExecConfig,
@@ -32,7 +32,8 @@ class TuneCliOptions(StudyOptions):
     storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
                                  "OUT/STUDY/tune/optuna.journal) or an RDB URL")
     rung: str | None = option(None, help="rung to tune at (none: the smallest)")
-    seed: int | None = option(None, lo=0, hi=2**64 - 1, help="seed to tune with (none: the study's first)")
+    seed: int | None = option(None, lo=0, hi=2**64 - 1, allowed=SEED[1],
+                              help="seed to tune with (none: the study's first)")
 
 
 def cmd_tune(argv: list[str]) -> int:

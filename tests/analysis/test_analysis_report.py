@@ -78,7 +78,7 @@ def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
     sd, df = _study(tmp_path, fail=2, missing=3, drop_arms=("++-", "+-+"))
     from marin_ablate.main import main
 
-    rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--out", str(tmp_path / "rep")])
+    rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--report-dir", str(tmp_path / "rep")])
     assert rc == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     nf, nm = int((df["status"] == "failed").sum()), int((df["status"] == "missing").sum())
