@@ -1,6 +1,6 @@
 """Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
 __post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
-the `--set field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
+the `--section.field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
 (`to_dict`, and `non_default`: what a run id hashes). The validation helpers (`check`,
 `check_level`, `is_int`, `is_num`) are public: marin/config.py and marin/phases.py raise with them.
 Torch-free, like marin/config.py."""
@@ -63,7 +63,7 @@ def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# --set field=value overrides
+# --section.field=value overrides
 # ---------------------------------------------------------------------------------------------
 
 
@@ -112,20 +112,21 @@ def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
         raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
 
 
-#: The sections of a run's spec that `--set section.field=value` reaches (marin.config.RunSpec).
+#: The sections of a run's spec that `--section.field=value` reaches (marin.config.RunSpec).
 SPEC_SECTIONS = ("model", "train", "data", "recipe")
 
 
 def split_overrides(items: Sequence[str], sections: Sequence[str] = SPEC_SECTIONS) -> dict[str, list[str]]:
-    """`--set section.field=value` items by section, the one syntax of describe, train, plan, run and
-    tune; a bare `field=value` is `model.field=value`. A section the command cannot use is refused."""
+    """`section.field=value` items (`--section.field=value` flags) by section, the one syntax of describe,
+    train, plan, run and tune; a bare `field=value` is `model.field=value`. A section the command cannot use is
+    refused."""
     out: dict[str, list[str]] = {s: [] for s in SPEC_SECTIONS}
     for item in items:
         key, eq, value = item.partition("=")
         section, dot, name = key.strip().rpartition(".")
         section = section if dot else "model"
         if not eq or not name or section not in sections:
-            raise ValueError(f"--set {item!r} must look like section.field=value; allowed sections: "
+            raise ValueError(f"override {item!r} must look like section.field=value; allowed sections: "
                              f"{', '.join(sections)} (a bare field=value is model.field)")
         out[section].append(f"{name}={value}")
     return out

@@ -518,7 +518,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     if other is not None:  # never resumed into, never deleted: another spec's results stay as they are
         held, where = other
         raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
-                         "use another --out, or move that directory aside first (--no-resume never deletes "
+                         "use another --run-dir, or move that directory aside first (--no-resume never deletes "
                          "another run)")
     if not resume and summary_path.exists():
         summary_path.unlink()  # a fresh run must not leave the old verdict behind if it is killed

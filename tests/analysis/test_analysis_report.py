@@ -38,7 +38,7 @@ def test_analysis_imports_no_torch():
             "import marin_ablate.analyze, analysis.report.plots, analysis.report.writer\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "extra = sorted(k for k in sys.modules if k == 'marin' or k.startswith('marin.'))\n"
-            "assert extra == ['marin', 'marin.plugins', 'marin.schema'], extra\n"
+            "assert extra == ['marin', 'marin.fields', 'marin.plugins', 'marin.schema'], extra\n"
             "print(len([k for k in sys.modules if k.startswith('analysis')]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

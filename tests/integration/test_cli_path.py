@@ -1,5 +1,5 @@
 """A researcher's path through the CLI: a study file anywhere, registration by builder or Study,
---rungs/--seeds honoured or refused, one --set syntax (plan's ids are run's), the retention of a
+--rungs/--seeds honoured or refused, one --SECTION.F=V override syntax (plan's ids are run's), the retention of a
 completed study run, and the cost model fitted to real run times."""
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anyt
     runs = planned_runs(study, tmp_path)
     check_layouts(runs, ExecOptions(executor="slurm"), study_resources(study))  # the rungs' own GPUs tile
     with pytest.raises(ValueError, match=r"run \w+ \(rung d1024, arm [^)]+\) on 8 GPUs: ModelConfig.ep_shards=16 "
-                                         r"\(the EP group size\) with world_size=8: .*; use --gpus-per-run a "
+                                         r"\(the EP group size\) with world_size=8: .*; use --slurm.gpus_per_run a "
                                          r"multiple of its ModelConfig.ep_shards=16"):
         check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=8)), study_resources(study))
     assert not any(tmp_path.iterdir())
