@@ -142,8 +142,8 @@ def _add(parser: argparse.ArgumentParser, cls: type, prefix: str, dests: dict) -
             kw.pop("default")
         if t == "bool":
             kw["action"] = "store_true"
-        elif t == "tuple":
-            kw.update(action="append", metavar=md.get("metavar") or "VALUE")
+        elif t == "tuple":  # append needs a list default: None stands for "not given"
+            kw.update(action="append", default=None, metavar=md.get("metavar") or "VALUE")
         else:
             kw.update(type={"int": int, "float": float}.get(t, str), metavar=md.get("metavar") or t.upper())
         parser.add_argument(extra, dest=dest, **kw)
@@ -164,7 +164,7 @@ def _build(cls: type, ns: dict, prefix: str, given: set[str], spec_items: list[s
         else:
             dest = f"{prefix}{f.name}"
             v = ns.get(dest, _NOT_GIVEN)
-            if v is _NOT_GIVEN:
+            if v is _NOT_GIVEN or v is None:
                 continue  # the field's default
             if base_type(f) == "tuple":
                 v = tuple(v)
@@ -260,7 +260,7 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
             raise ValueError(f"{head}: this command has no section {head[2:].split('.', 1)[0]!r}; allowed sections: "
                              f"{', '.join(allowed) or '(none)'}")
     ns = vars(p.parse_args(argv))
-    given = {k for k, v in ns.items() if v is not _NOT_GIVEN and not k.startswith("S:")}
+    given = {k for k, v in ns.items() if v is not _NOT_GIVEN and v is not None and not k.startswith("S:")}
     return _build(cls, ns, "", given, items)
 
 

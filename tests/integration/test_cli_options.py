@@ -42,11 +42,10 @@ def test_the_walker_makes_a_flag_per_field_with_its_default_in_help():
 
 
 def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_run_and_tune():
-    from sweeps.executors import get_executor
-
     from marin_ablate.plan import PlanOptions
     from marin_ablate.run import RunOptions
     from marin_ablate.tune import TuneCliOptions
+    from sweeps.executors import get_executor
 
     row = get_executor("slurm").options
     names = [f.name for f in fields(row) if "option" in f.metadata]
