@@ -1,4 +1,5 @@
-"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their arguments, the
+"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their option
+dataclasses (`StudyOptions`, `ExecConfig`, `LogOptions`; marin_ablate/options.py makes the flags), the
 study and execution options they resolve, the corpus check and the table layout (marin_ablate/main.py
 dispatches here and to marin_ablate/plan.py, run.py, status.py, tune.py).
 
@@ -6,11 +7,12 @@ dispatches here and to marin_ablate/plan.py, run.py, status.py, tune.py).
     marin-ablate describe --preset NAME [--json]  resolved config, parameter and FLOP counts
 
     marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
-    marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]
+    marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]
     marin-ablate status STUDY [--out DIR] [--json]
     marin-ablate tune STUDY [--points 5] [--span 4] [--storage PATH|URL]
 
-A bad option raises ValueError (marin_ablate/main.py prints one line and exits 2) before anything is written or
+Every command that builds runs takes `--model.F=V`, `--train.F=V`, `--data.F=V`, `--recipe.F=V`. A bad
+option raises ValueError (marin_ablate/main.py prints one line and exits 2) before anything is written or
 submitted.
 """
 
