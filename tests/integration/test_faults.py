@@ -90,7 +90,7 @@ def test_range_checks_are_the_same_for_train_run_tune_and_status(tmp_path, capsy
         err = capsys.readouterr().err
         assert "TrainConfig.log_every=0 is out of range; allowed values: an integer >= 1" in err, (argv, err)
     assert cli_main(["run", "test_faults:slow_study", "--workers", "0", "--out", str(tmp_path)]) == 2  # ran with 2
-    assert "ExecOptions.workers=0 is out of range" in capsys.readouterr().err
+    assert "--workers=0 is out of range" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, expect", [
