@@ -36,7 +36,7 @@ class TrainOptions:
     preset: str = option(help="model preset (marin.config.PRESETS)")
     run_dir: str = option(metavar="DIR", help="the run directory (checkpoints, metrics, summary.json)")
     overrides: tuple[str, ...] = option((), spec=SPEC_SECTIONS,
-                                        help="e.g. --train.steps=20 --recipe.qk_norm=off")
+                                        help="e.g. --train.steps=20 --recipe.qk_norm=none")
     baseline: bool = option(False, help="start from Recipe.baseline() (every factor off) instead of Recipe()")
     seed: int = option(0, lo=0, hi=2**64 - 1, allowed=SEED[1], help="the run's seed")
     no_resume: bool = option(False, help="ignore checkpoints in --run-dir and start over")
