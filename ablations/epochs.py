@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from marin.data.prepare import read_manifest
 
 ALLOW_REPEAT = "--allow-repeat"  # the plan/run option that accepts more than one epoch on a GPU rung
-CORPUS_SETTING = "--set data.corpus=DIR"  # how a study points at a prepared corpus
+CORPUS_SETTING = "--data.corpus=DIR"  # how a study points at a prepared corpus
 
 
 def corpus_tokens(corpus: str) -> tuple[int | None, dict | None]:

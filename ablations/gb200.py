@@ -113,7 +113,7 @@ class HeroPlan:
                 "sequences_per_gpu_per_step": t.batch_size // self.gpus,
                 "tokens_per_gpu_per_step": t.batch_size // self.gpus * m.seq_len,
                 "tokens_per_ep_shard": t.batch_size // self.gpus * m.seq_len,  # one EP shard per GPU
-                # per-rank memory (state, activations, transients) is measured by `plan hero --dry-run`
+                # per-rank memory (state, activations, transients) is measured by `plan hero --dry_run`
                 "hbm_gb_per_gpu": self.hbm_gb_per_gpu,
                 "hbm_gib_per_gpu": round(self.hbm_gb_per_gpu * 1e9 / 2**30, 1),
             },

@@ -231,7 +231,7 @@ def _gpu(name: str, batch: int, gpus: int, **changes: Any) -> Rung:
 #: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)
 #: and Marin's fast-ladder batches (128 sequences at d512/d768, 256 at d1024), doubling above. One EP
 #: shard per GPU (world = EP, one data-parallel group): EP of 16 cannot run on 8 GPUs, and d512's 128
-#: sequences on one GPU need ~206 GiB (`plan marin535 --dry-run --gpus 1`; 29 GiB per GPU at 8).
+#: sequences on one GPU need ~206 GiB (`plan marin535 --dry_run --dry_run.gpus 1`; 29 GiB per GPU at 8).
 GPU_RUNGS: dict[str, Rung] = {
     "d512": _gpu("d512", 128, 8),
     "d768": _gpu("d768", 128, 8),

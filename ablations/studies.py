@@ -159,7 +159,7 @@ class Study:
             data = replace(data, data_seed=self.data.data_seed + seed)
         if r.mixture and not data.mixture and data.corpus == "embedded":
             # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
-            # own mixture (`--set data.mixture=...`) or another corpus keeps the study's data
+            # own mixture (`--data.mixture=...`) or another corpus keeps the study's data
             data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
         if r.simulated_epoching_target and not data.simulated_epoching_target:
             data = replace(data, simulated_epoching_target=r.simulated_epoching_target)  # Marin's hero ladder
@@ -453,7 +453,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     EP transport: `ragged`, the recipe's level and the hero's MoE backend: Marin's hero ran the static
     pooled-wave all-to-all only through step 81,716 (3.77T of 18T tokens) and continues on ragged
     (docs/fidelity.md "pooled-wave transport"). `ep_transport="pooled_wave"` runs under real EP too
-    (static splits, no host read in its exchange), e.g. `--recipe ep_transport=pooled_wave`, but is not
+    (static splits, no host read in its exchange), e.g. `--recipe.ep_transport=pooled_wave`, but is not
     this study's level: its receive buffers are not what the hero's memory plan measures. The gate/router
     decay switches on at step 58,014 as the hero's did (`HERO_GATE_ROUTER_DECAY_START`)."""
     plan = HeroPlan(ep_groups=ep_groups, ep_size=ep_size, gpus_per_node=gpus_per_node)
@@ -476,7 +476,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # Marin's (planning/timemodel.py checks it against HeroPlan.job_time_min)
                                  "checkpoint_interval_s": 3600.0,
                                  "log_every": 10,
-                                 # what fits a GB200 (`plan hero --dry-run`): blocks recomputed, the loss
+                                 # what fits a GB200 (`plan hero --dry_run`): blocks recomputed, the loss
                                  # in chunks of 8,192 tokens, eval one sequence per GPU
                                  "activation_checkpoint": "block", "loss_chunk_tokens": HERO_LOSS_CHUNK,
                                  "eval_batch_size": plan.gpus, "mixed_precision": "bf16",

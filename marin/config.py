@@ -1,6 +1,6 @@
 """Typed configuration for marin-ablate: the model, the seven recipe switches, training, data, runs.
 
-Pure dataclasses and arithmetic (range rules and `--set` parsing in marin/fields.py); this module
+Pure dataclasses and arithmetic (range rules and `--SECTION.F=V` override parsing in marin/fields.py); this module
 never imports torch (docs/architecture.md §1) so that a design can be planned and costed on a laptop.
 Every field that takes a named level is validated against its allowed values, and every error names
 the field.
@@ -475,7 +475,8 @@ class RunSpec:
         return to_dict(self)
 
     def with_overrides(self, items: "list[str] | tuple[str, ...]") -> "RunSpec":
-        """`--set section.field=value` items (marin.fields.split_overrides) applied to this spec."""
+        """`section.field=value` items (marin.fields.split_overrides; `--section.field=value` on the command line)
+        applied to this spec."""
         by_section = {s: v for s, v in split_overrides(items).items() if v}
         return replace(self, **{s: apply_overrides(getattr(self, s), v) for s, v in by_section.items()})
 

@@ -1,6 +1,6 @@
 """Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
 __post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
-the `--set field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
+the `--section.field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
 (`to_dict`, and `non_default`: what a run id hashes). The validation helpers (`check`,
 `check_level`, `is_int`, `is_num`) are public: marin/config.py and marin/phases.py raise with them.
 Torch-free, like marin/config.py."""
@@ -63,7 +63,7 @@ def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# --set field=value overrides
+# --section.field=value overrides
 # ---------------------------------------------------------------------------------------------
 
 
@@ -112,20 +112,21 @@ def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
         raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
 
 
-#: The sections of a run's spec that `--set section.field=value` reaches (marin.config.RunSpec).
+#: The sections of a run's spec that `--section.field=value` reaches (marin.config.RunSpec).
 SPEC_SECTIONS = ("model", "train", "data", "recipe")
 
 
 def split_overrides(items: Sequence[str], sections: Sequence[str] = SPEC_SECTIONS) -> dict[str, list[str]]:
-    """`--set section.field=value` items by section, the one syntax of describe, train, plan, run and
-    tune; a bare `field=value` is `model.field=value`. A section the command cannot use is refused."""
+    """`section.field=value` items (`--section.field=value` flags) by section, the one syntax of describe,
+    train, plan, run and tune; a bare `field=value` is `model.field=value`. A section the command cannot use is
+    refused."""
     out: dict[str, list[str]] = {s: [] for s in SPEC_SECTIONS}
     for item in items:
         key, eq, value = item.partition("=")
         section, dot, name = key.strip().rpartition(".")
         section = section if dot else "model"
         if not eq or not name or section not in sections:
-            raise ValueError(f"--set {item!r} must look like section.field=value; allowed sections: "
+            raise ValueError(f"override {item!r} must look like section.field=value; allowed sections: "
                              f"{', '.join(sections)} (a bare field=value is model.field)")
         out[section].append(f"{name}={value}")
     return out
@@ -159,3 +160,98 @@ def non_default(obj: Any) -> dict:
         elif to_dict(v) != to_dict(default):
             out[f.name] = to_dict(v)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Options: a field's help, allowed values and range, on the field (the CLI walker, marin_ablate/options.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str = "", choices: Sequence | None = None,  # noqa: A002
+           lo: float | None = None, hi: float | None = None, lo_open: bool = False, positional: bool = False,
+           metavar: str | None = None, spec: Sequence[str] | None = None, inline: bool = False,
+           section: Any = None, allowed: str | None = None) -> Any:
+    """A dataclass field with its command-line description: `help`, `choices` (the allowed values),
+    `lo`/`hi` (an inclusive range; `lo_open`: lo excluded), `positional` (an argument, not a flag),
+    `spec` (the RunSpec sections `--SECTION.FIELD=VALUE` overrides reach: the field holds those
+    items), `inline` (a nested options dataclass whose flags join this level's), `section` (the
+    nested options dataclass, or a callable returning it, when the annotation cannot name it),
+    `allowed` (the allowed values in words, when the range's own text reads worse).
+    `check_fields` checks the value against choices and range."""
+    md = {"help": help, "choices": tuple(choices) if choices is not None else None, "lo": lo, "hi": hi,
+          "lo_open": lo_open, "positional": positional, "metavar": metavar,
+          "spec": tuple(spec) if spec is not None else None, "inline": inline, "section": section,
+          "allowed": allowed}
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("option(): a mutable default; use a tuple")
+    return dataclasses.field(default=default, metadata={"option": md})
+
+
+def option_meta(f: dataclasses.Field) -> dict:
+    """The option() description of a field ({} for a plain field)."""
+    return dict(f.metadata.get("option", {}))
+
+
+def base_type(f: dataclasses.Field) -> str:
+    """The field's annotation without `| None`: 'int', 'float', 'str', 'bool', 'tuple' or a class name."""
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    parts = [p.strip() for p in t.replace("Optional[", "").rstrip("]").split("|") if p.strip() != "None"]
+    name = parts[0] if parts else "str"
+    return "tuple" if name.startswith(("tuple", "Tuple")) else name
+
+
+def allowed_text(f: dataclasses.Field) -> str:
+    """The allowed values of an option field, as the error and --help state them."""
+    md, kind = option_meta(f), base_type(f)
+    nullable = f.default is None
+    if md.get("allowed"):
+        text = md["allowed"]
+    elif md.get("choices") is not None:
+        text = ", ".join(map(str, md["choices"]))
+    elif md.get("lo") is not None or md.get("hi") is not None:
+        what = "an integer" if kind == "int" else "a finite number"
+        lo, hi = md.get("lo"), md.get("hi")
+        if lo is not None and hi is not None:
+            text = f"{what} in {lo}..{hi}" if not md.get("lo_open") else f"{what} in ({lo}, {hi}]"
+        elif lo is not None:
+            text = f"{what} {'>' if md.get('lo_open') else '>='} {lo}"
+        else:
+            text = f"{what} <= {hi}"
+    else:
+        text = {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(kind, "")
+    return f"None or {text}" if nullable and text else text
+
+
+def check_value(f: dataclasses.Field, value: Any, name: str) -> None:
+    """ValueError naming `name` (the field or its flag), the value and the allowed values."""
+    md, kind = option_meta(f), base_type(f)
+    if value is None and f.default is None:
+        return
+    ok = True
+    if md.get("choices") is not None:
+        ok = value in md["choices"]
+    elif kind == "int":
+        ok = is_int(value)
+    elif kind == "float":
+        ok = is_num(value)
+    if ok and (md.get("lo") is not None or md.get("hi") is not None):
+        lo, hi = md.get("lo"), md.get("hi")
+        ok = is_num(value) and (lo is None or (value > lo if md.get("lo_open") else value >= lo)) \
+            and (hi is None or value <= hi)
+    if not ok:
+        what = "is not one of the allowed values" if md.get("choices") is not None else "is out of range"
+        raise ValueError(f"{name}={value!r} {what}; allowed values: {allowed_text(f)}")
+
+
+def check_fields(obj: Any, owner: str | None = None) -> None:
+    """Check every option() field of a dataclass against its choices and range (nested option
+    dataclasses too); the error names `owner.field` (owner: the class name unless given)."""
+    owner = type(obj).__name__ if owner is None else owner
+    for f in fields(obj):
+        if "option" not in f.metadata:
+            continue
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            check_fields(v, owner if option_meta(f).get("inline") else f"{owner}.{f.name}")
+        else:
+            check_value(f, v, f"{owner}.{f.name}")

@@ -19,7 +19,7 @@ class MixturePhase:
 
 
 def _mixture_phase(p: Any, i: int) -> MixturePhase:
-    """One phase from a MixturePhase, a (start_frac, {domain: weight}) pair, or the `--set` string
+    """One phase from a MixturePhase, a (start_frac, {domain: weight}) pair, or the `--data.mixture=` string
     form "FRAC:DOMAIN=W+DOMAIN=W"; weights sorted by domain name so equal mixtures are equal specs."""
     where = f"phase {i}"
     if isinstance(p, str):

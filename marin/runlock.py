@@ -49,7 +49,7 @@ class RunLock:
             os.close(fd)
             if e.errno == errno.ENOSPC:  # the first write of a run: name where, not only what
                 raise ValueError(f"disk full (no space left on device) while writing {self.path}; free space "
-                                 "there, or use another --out") from None
+                                 "there, or use another --run-dir") from None
             raise
         self._fd = fd
         return True

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 
 from analysis.ofat import DESIGNS
 from marin import plugins
+from marin.fields import SEED, option
+from marin_ablate import options
 
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
 
@@ -36,35 +39,41 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
                      f"studies/, runs/, results/ (tried {', '.join(map(str, cands))})")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("study", metavar="STUDY",
+MAX_BOOT = 1_000_000  # replicates: beyond this the bootstrap takes days and its draws no longer fit in memory
+SEED_MAX = 2**64 - 1  # torch.manual_seed's range, as a spec's seed
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How the study's table is fitted: what analyze and forecast share."""
+
+    study: str = option(positional=True, metavar="STUDY",
                         help="a study directory (runs/, e.g. one `marin-ablate import` wrote), a results table "
                              "(.parquet or .csv in the results-table schema), or a study name")
-    parser.add_argument("--pin-linf", type=float, default=None, help="pin L∞ of the reference law")
-    parser.add_argument("--pin-alpha", type=float, default=None, help="pin α of the reference law")
-    parser.add_argument("--pin-A", type=float, default=None,
-                        help="pin A of the reference law (one-factor-at-a-time studies: with --pin-linf and "
-                             "--pin-alpha, a published law)")
-    parser.add_argument("--no-pinned-law", action="store_true",
-                        help="fit the reference law on the study's own rungs, not the pinned one its folder holds "
-                             "(reference_law.json, from the baseline ladder `marin-ablate run` measures)")
-    parser.add_argument("--design", choices=DESIGNS, default="auto",
-                        help="auto: one-factor-at-a-time when every arm is one change from one baseline arm, "
-                             "else factorial (docs/method.md §4.8)")
-    parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (0: none)")
-    parser.add_argument("--boot", choices=("wild", "cells", "none"), default="wild",
-                        help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
-    parser.add_argument("--hc", choices=("HC0", "HC1", "HC2", "HC3"), default="HC3",
-                        help="robust SE type of the throughput fit "
-                             "(each contrast uses the larger of it and the model SE)")
-    parser.add_argument("--mixed", action="store_true",
-                        help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × rung) cluster")
-    parser.add_argument("--no-interactions", action="store_true", help="main effects (+ scale) only")
-    parser.add_argument("--third-levels", choices=("drop", "error"), default="drop",
-                        help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force-extrapolation", action="store_true",
-                        help="allow a --target beyond 10x the top rung's compute (the interval then says little)")
+    pin_linf: float | None = option(None, lo=0, help="pin L∞ of the reference law (a loss)")
+    pin_alpha: float | None = option(None, lo=0, lo_open=True, help="pin α of the reference law")
+    pin_A: float | None = option(None, lo=0, lo_open=True,
+                                 help="pin A of the reference law (one-factor-at-a-time studies: with --pin-linf and "
+                                      "--pin-alpha, a published law)")
+    no_pinned_law: bool = option(False, help="fit the reference law on the study's own rungs, not the pinned one its "
+                                             "folder holds (reference_law.json, from the baseline ladder "
+                                             "`marin-ablate run` measures)")
+    design: str = option("auto", choices=DESIGNS,
+                         help="auto: one-factor-at-a-time when every arm is one change from one baseline arm, else "
+                              "factorial (docs/method.md §4.8)")
+    n_boot: int = option(200, lo=0, hi=MAX_BOOT, help="bootstrap replicates (0: none)")
+    boot: str = option("wild", choices=("wild", "cells", "none"),
+                       help="wild: Rademacher on residuals, refit law+model; cells: resample runs within arm×rung")
+    hc: str = option("HC3", choices=("HC0", "HC1", "HC2", "HC3"),
+                     help="robust SE type of the throughput fit (each contrast uses the larger of it and the model SE)")
+    mixed: bool = option(False, help="statsmodels MixedLM for the OLS responses, a random intercept per (seed × "
+                                     "rung) cluster")
+    no_interactions: bool = option(False, help="main effects (+ scale) only")
+    third_levels: str = option("drop", choices=("drop", "error"),
+                               help="runs at a level other than recipe/baseline: leave out (noted) or refuse")
+    seed: int = option(0, lo=0, hi=SEED_MAX, allowed=SEED[1], help="the bootstrap's seed")
+    force_extrapolation: bool = option(False, help="allow a --target beyond 10x the top rung's compute (the "
+                                                   "interval then says little)")
 
 
 def _boot_bytes(n_boot: int, n_factors: int) -> int:
@@ -134,25 +143,29 @@ def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | 
                          force_extrapolation=args.force_extrapolation)
 
 
-def analyze_args(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
-                     "import FILE` writes it), its results.parquet, a results .csv in the same schema, or a "
-                     "study name. Results from elsewhere: `marin-ablate import FILE` first (README).")
-    _common(parser)
-    parser.add_argument("--out", default=None, help="report directory (default STUDY/report)")
-    parser.add_argument("--target", type=float, default=None, help="extrapolate multipliers to this compute (FLOPs)")
-    parser.add_argument("--no-figures", action="store_true")
+@dataclass(frozen=True)
+class AnalyzeOptions(FitOptions):
+    """Results table, multipliers, attribution, report and plots."""
+
+    command: ClassVar[str] = "analyze"
+    epilog: ClassVar[str] = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
+                             "import FILE` writes it), its results.parquet, a results .csv in the same schema, or a "
+                             "study name. Results from elsewhere: `marin-ablate import FILE` first (README).")
+    report_dir: str | None = option(None, metavar="DIR", help="report directory (none: STUDY/report)")
+    target: float | None = option(None, lo=0, lo_open=True, help="extrapolate multipliers to this compute (FLOPs)")
+    no_figures: bool = option(False, help="no plots in the report")
 
 
-def cmd_analyze(args) -> int:
+def cmd_analyze(argv: list[str]) -> int:
     from analysis.calibration.forecast import judge, read_forecasts
     from analysis.io.results import write_table
     from analysis.report.writer import attribution_table, write_report
 
+    args = options.parse(AnalyzeOptions, argv)
     study_dir, table = resolve_study(args.study)
-    out = Path(args.out) if args.out else study_dir / "report"
-    if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --out when given
-        print(f"wrote {write_table(table, (out if args.out else study_dir) / 'results.parquet')}")
+    out = Path(args.report_dir) if args.report_dir else study_dir / "report"
+    if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --report-dir when given
+        print(f"wrote {write_table(table, (out if args.report_dir else study_dir) / 'results.parquet')}")
     ofat = _ofat_or_none(args, table)
     if ofat is not None:
         return _report_ofat(ofat, table, study_dir, out)
@@ -195,24 +208,26 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     return 0
 
 
-def forecast_args(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
-    parser.add_argument("--target", type=float, required=True, help="target compute in FLOPs")
-    parser.add_argument("--arm", default="recipe", help="recipe (all on), baseline (all off), or an arm name")
-    parser.add_argument("--note", default="", help="free text stored in the forecast")
-    parser.add_argument("--out", default=None, help="study directory to hold forecasts/ (default: the study's)")
+@dataclass(frozen=True, kw_only=True)
+class ForecastOptions(FitOptions):
+    """Write an immutable pre-registered forecast."""
+
+    command: ClassVar[str] = "forecast"
+    target: float = option(lo=0, lo_open=True, help="target compute in FLOPs")
+    arm: str = option("recipe", help="recipe (all on), baseline (all off), or an arm name")
+    note: str = option("", help="free text stored in the forecast")
+    study_dir: str | None = option(None, metavar="DIR", help="study directory to hold forecasts/ (none: the study's)")
 
 
-def cmd_forecast(args) -> int:
+def cmd_forecast(argv: list[str]) -> int:
     from analysis.calibration.forecast import arm_codes, write_forecast
 
-    if not args.target > 0:
-        raise ValueError(f"--target must be > 0 FLOPs, got {args.target}")
+    args = options.parse(ForecastOptions, argv)
     study_dir, table = resolve_study(args.study)
     if _ofat_or_none(args, table) is not None:
         raise ValueError("forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
     a = _analyze(args, table, args.target, study_dir)
-    path = write_forecast(Path(args.out) if args.out else study_dir, a, table, target_compute=args.target,
+    path = write_forecast(Path(args.study_dir) if args.study_dir else study_dir, a, table, target_compute=args.target,
                           arm=args.arm, note=args.note, force=args.force_extrapolation)
     pred = a.arm_prediction(arm_codes(a, args.arm), args.target, force=args.force_extrapolation)
     print(f"forecast {path}: arm {args.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "

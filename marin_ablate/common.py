@@ -1,4 +1,5 @@
-"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their arguments, the
+"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their option
+dataclasses (`StudyOptions`, `ExecConfig`, `LogOptions`; marin_ablate/options.py makes the flags), the
 study and execution options they resolve, the corpus check and the table layout (marin_ablate/main.py
 dispatches here and to marin_ablate/plan.py, run.py, status.py, tune.py).
 
@@ -6,39 +7,48 @@ dispatches here and to marin_ablate/plan.py, run.py, status.py, tune.py).
     marin-ablate describe --preset NAME [--json]  resolved config, parameter and FLOP counts
 
     marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
-    marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]
+    marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]
     marin-ablate status STUDY [--out DIR] [--json]
     marin-ablate tune STUDY [--points 5] [--span 4] [--storage PATH|URL]
 
-A bad option raises ValueError (marin_ablate/main.py prints one line and exits 2) before anything is written or
+Every command that builds runs takes `--model.F=V`, `--train.F=V`, `--data.F=V`, `--recipe.F=V`. A bad
+option raises ValueError (marin_ablate/main.py prints one line and exits 2) before anything is written or
 submitted.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Sequence
+
+from marin.fields import SPEC_SECTIONS, option
+from marin_ablate import options
 
 DEFAULT_OUT = "runs"
 
 
 # ---------------------------------------------------------------------------------------------
-# describe: marin_ablate.describe does the arithmetic; the ladder rung of a preset is looked up here
+# The option dataclasses the commands share (marin_ablate/options.py turns them into flags)
 # ---------------------------------------------------------------------------------------------
 
 
-def studies_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="a JSON list of {name, description} (default: a table)")
+@dataclass(frozen=True)
+class StudiesOptions:
+    """The registered studies (plugins' included), one line each."""
+
+    command: ClassVar[str] = "studies"
+    json: bool = option(False, help="a JSON list of {name, description} (default: a table)")
 
 
-def cmd_studies(args: argparse.Namespace) -> int:
+def cmd_studies(argv: list[str]) -> int:
     """Every registered study with its one-line description: what `plan`, `run` and `tune` accept as STUDY."""
     from ablations.studies import STUDIES, get_study
 
+    opts = options.parse(StudiesOptions, argv)
     rows = [{"name": n, "description": get_study(n).description} for n in STUDIES]
-    if args.json:
+    if opts.json:
         print(json.dumps(rows, indent=1))
     else:
         width = max(len(r["name"]) for r in rows)
@@ -46,10 +56,55 @@ def cmd_studies(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_args(p: argparse.ArgumentParser) -> None:
-    from marin_ablate.describe import describe_args as model_describe_args
+@dataclass(frozen=True)
+class StudyOptions:
+    """What names a study's runs: the study, its rungs and seeds, the output root and the spec overrides."""
 
-    model_describe_args(p)
+    study: str = option(positional=True, metavar="STUDY",
+                        help="a registered study (`marin-ablate studies`), path/to/file.py:attribute or "
+                             "package.module:attribute (a Study or a function returning one)")
+    rungs: str | None = option(None, metavar="A,B", help="comma-separated rungs (none: the study's)")
+    seeds: str | None = option(None, metavar="0,1", help="comma-separated seeds (none: the study's)")
+    out: str = option(DEFAULT_OUT, metavar="DIR", help="output root; runs go to OUT/STUDY/runs/RUN_ID")
+    overrides: tuple[str, ...] = option((), spec=SPEC_SECTIONS, help="e.g. --data.corpus=DIR (a prepared corpus)")
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """How the runs execute: the executor and its row's options (`--slurm.FIELD`: the slurm row's)."""
+
+    executor: str | None = option(None, metavar="NAME",
+                                  help="a registered executor: local, debug, slurm (none: the study's, else local)")
+    workers: int | None = option(None, lo=1, help="local: parallel worker processes (none: the study's "
+                                                  "max_parallel, else 2)")
+    threads: int | None = option(None, lo=1, help="local/debug: torch threads per worker (none: cpus // workers)")
+    retry_failed: bool = option(False, help="run failed runs again (their old summary is kept aside)")
+    no_wait: bool = option(False, help="submit and return (slurm)")
+    slurm: Any = option(None, section=lambda: _executor_options("slurm"),
+                        help="sbatch resources of the slurm executor; any of them implies --executor slurm")
+
+
+def _executor_options(name: str) -> type:
+    from sweeps.executors import get_executor
+
+    return get_executor(name).options
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """Where the runs' metrics go and which checkpoints a finished run keeps."""
+
+    log_to: str | None = option(None, metavar="SINKS", help="wandb,tensorboard: every run's metrics, grouped by "
+                                "study, tagged with arm, rung and levels")
+    keep_checkpoints: str | None = option(None, choices=("none", "final", "all"),
+                                          help="what a completed run keeps: none (the default on CPU), final (its "
+                                               "newest checkpoint; the default on GPU) or all; an unfinished run "
+                                               "always keeps what it resumes from")
+
+
+# ---------------------------------------------------------------------------------------------
+# describe: marin_ablate.describe does the arithmetic; the ladder rung of a preset is looked up here
+# ---------------------------------------------------------------------------------------------
 
 
 def rung_of_preset(preset_name: str) -> dict | None:
@@ -68,64 +123,12 @@ def rung_of_preset(preset_name: str) -> dict | None:
             "rung_overrides": " ".join(f"{k}={v}" for k, v in over.items()) or "(none)"}
 
 
-def cmd_describe(args: argparse.Namespace) -> int:
+def cmd_describe(argv: list[str]) -> int:
+    from marin_ablate.describe import DescribeOptions
     from marin_ablate.describe import cmd_describe as print_describe
 
-    return print_describe(args, rung_of_preset(args.preset))
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared arguments
-# ---------------------------------------------------------------------------------------------
-
-
-def study_args(p: argparse.ArgumentParser) -> None:
-    from ablations.studies import STUDIES
-
-    p.add_argument("study", metavar="STUDY", help=f"a registered study ({', '.join(STUDIES)}), "
-                   "path/to/file.py:attribute or package.module:attribute (a Study or a function returning one)")
-    p.add_argument("--rungs", default=None, help="comma-separated rungs (default: the study's)")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
-
-
-def out_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=DEFAULT_OUT,
-                   help=f"output root; runs go to OUT/STUDY/runs/RUN_ID (default {DEFAULT_OUT})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a field of every run's spec (model., train., data., recipe.); changes run ids")
-
-
-def exec_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("execution")
-    g.add_argument("--executor", default=None, help="local, debug or slurm (default: the study's, else local)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="local: parallel worker processes (default: study's max_parallel, else 2)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="local/debug: torch threads per worker (default cpus // workers)")
-    g.add_argument("--retry-failed", action="store_true",
-                   help="run failed runs again (their old summary is kept aside)")
-    g.add_argument("--no-wait", action="store_true", help="submit and return (slurm)")
-    s = p.add_argument_group("slurm")
-    s.add_argument("--partition", default=None)
-    s.add_argument("--account", default=None)
-    s.add_argument("--qos", default=None)
-    s.add_argument("--time-min", type=int, default=None, help="time limit per run in minutes (default: per rung)")
-    s.add_argument("--gpus-per-run", type=int, default=None, help="GPUs per run, one task each (default: per rung)")
-    s.add_argument("--cpus-per-task", type=int, default=None)
-    s.add_argument("--mem-gb", type=float, default=None, help="memory per run")
-    s.add_argument("--array-parallelism", type=int, default=None, help="array tasks running at once (default: study's)")
-    s.add_argument("--constraint", default=None)
-    s.add_argument("--exclude", default=None)
-    s.add_argument("--setup", action="append", default=[], metavar="LINE", help="shell line before srun (repeatable)")
-    s.add_argument("--signal-delay-s", type=int, default=90,
-                   help="USR2 this long before the time limit (checkpoint, requeue)")
-
-
-def study_exec_args(p: argparse.ArgumentParser) -> None:
-    """The arguments of a command that trains or plans a study's runs (plan, run, tune)."""
-    study_args(p)
-    out_args(p)
-    exec_args(p)
+    opts = options.parse(DescribeOptions, argv)
+    return print_describe(opts, rung_of_preset(opts.preset))
 
 
 def _csv(v: str | None, cast: Any = str) -> list | None:
@@ -137,47 +140,32 @@ def _csv(v: str | None, cast: Any = str) -> list | None:
         raise ValueError(f"cannot parse {v!r} as a comma-separated list of {cast.__name__}") from None
 
 
-def study_from_args(args: argparse.Namespace) -> Any:
+def study_from_args(opts: Any) -> Any:
     from sweeps.sweep import resolve_study
 
-    return resolve_study(args.study, _csv(args.rungs), _csv(args.seeds, int))
+    return resolve_study(opts.study, _csv(opts.rungs), _csv(opts.seeds, int))
 
 
-def exec_options(args: argparse.Namespace, study: Any):
+def exec_options(cfg: ExecConfig, study: Any):
+    """The ExecOptions of the command line's ExecConfig and the study's defaults."""
     from sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
 
     ex = dict(getattr(study, "executor", ()) or ())
-    executor = args.executor or ex.get("executor") or "local"
+    executor = cfg.executor or ("slurm" if cfg.slurm is not None else None) or ex.get("executor") or "local"
     if executor not in EXECUTORS:
         raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    slurm = SlurmOptions(
-        partition=args.partition, account=args.account, qos=args.qos, time_min=args.time_min,
-        gpus_per_run=args.gpus_per_run, cpus_per_task=args.cpus_per_task, mem_gb=args.mem_gb,
-        array_parallelism=args.array_parallelism or ex.get("slurm_array_parallelism"),
-        signal_delay_s=args.signal_delay_s, constraint=args.constraint, exclude=args.exclude,
-        setup=tuple(args.setup))
-    workers = args.workers if args.workers is not None else int(ex.get("max_parallel", 2))
+    if cfg.slurm is not None and executor != "slurm":
+        raise ValueError(f"--slurm.* options are the slurm executor's, given with --executor {executor}; "
+                         "allowed: --executor slurm, or no --slurm.* option")
+    slurm = cfg.slurm if cfg.slurm is not None else SlurmOptions()
+    if slurm.array_parallelism is None and ex.get("slurm_array_parallelism"):
+        slurm = replace(slurm, array_parallelism=ex["slurm_array_parallelism"])
+    workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
     return ExecOptions(executor=executor, workers=workers,
-                       threads=args.threads, retry_failed=args.retry_failed, wait=not args.no_wait, slurm=slurm)
+                       threads=cfg.threads, retry_failed=cfg.retry_failed, wait=not cfg.no_wait, slurm=slurm)
 
 
-def corpus_args(p: argparse.ArgumentParser) -> None:
-    if not any("--set" in a.option_strings for a in p._actions):
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                       help="override a field of every run's spec, e.g. data.corpus=DIR (a prepared corpus)")
-    p.add_argument("--allow-repeat", action="store_true",
-                   help="accept a GPU rung that needs more tokens than its corpus holds (more than one epoch)")
-
-
-def log_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-to", default=None, metavar="SINKS",
-                   help="wandb,tensorboard: every run's metrics, grouped by study, tagged with arm, rung and levels")
-    p.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default=None,
-                   help="what a completed run keeps: none (default on CPU), final (its newest checkpoint; default "
-                        "on GPU) or all; an unfinished run always keeps what it resumes from")
-
-
-def set_log_to(args: argparse.Namespace) -> None:
+def set_log_to(args: LogOptions) -> None:
     from sweeps.tracking import KEEP_ENV, LOG_TO_ENV, parse_log_to
 
     if args.keep_checkpoints is not None:  # inherited like the sinks

@@ -7,33 +7,25 @@ ablations); this module holds the arithmetic and the printing.
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
+from typing import ClassVar
 
-from marin.config import PRESETS, RECIPE_LEVELS, Recipe, apply_overrides, preset, split_overrides
+from marin.config import PRESETS, Recipe, apply_overrides, preset, split_overrides
+from marin.fields import option
 from marin.flops import describe
 
 
-def describe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny", help=f"model preset; one of: {', '.join(PRESETS)}")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a model./recipe. field (repeatable; a bare FIELD=VALUE is model.FIELD)")
-    parser.add_argument("--recipe", dest="recipe", action="append", default=[], metavar="FACTOR=LEVEL",
-                        help=f"set a recipe factor to a level (repeatable); factors: {', '.join(RECIPE_LEVELS)}")
-    parser.add_argument("--baseline", action="store_true", help="start from Recipe.baseline() instead of Recipe()")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+@dataclass(frozen=True)
+class DescribeOptions:
+    """Resolved config, parameter and FLOP counts of a preset."""
 
-
-def parse_recipe(items: list[str], baseline: bool = False) -> Recipe:
-    """`factor=level` strings on top of Recipe() (or Recipe.baseline())."""
-    levels = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--recipe {item!r} must look like factor=level; factors: {', '.join(RECIPE_LEVELS)}")
-        k, v = (s.strip() for s in item.split("=", 1))
-        levels[k] = v
-    base = Recipe.baseline() if baseline else Recipe()
-    return base.with_(**levels)
+    command: ClassVar[str] = "describe"
+    preset: str = option("tiny", help=f"model preset; one of: {', '.join(PRESETS)}")
+    overrides: tuple[str, ...] = option((), spec=("model", "recipe"),
+                                        help="a recipe factor's level: --recipe.FACTOR=LEVEL")
+    baseline: bool = option(False, help="start from Recipe.baseline() instead of Recipe()")
+    json: bool = option(False, help="print one JSON object")
 
 
 def _fmt(n: float) -> str:
@@ -65,16 +57,16 @@ def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
     return out
 
 
-def describe_info(args: argparse.Namespace, rung: dict | None = None) -> dict:
-    """The describe record of `args` (preset, --set, --recipe, --baseline); `rung` as in `resolved`."""
+def describe_info(args: DescribeOptions, rung: dict | None = None) -> dict:
+    """The describe record of `args` (preset, --model./--recipe. overrides, --baseline); `rung` as in `resolved`."""
     sets = split_overrides(args.overrides, ("model", "recipe"))  # train./data. change neither count
     cfg = preset(args.preset, sets["model"])
-    recipe = parse_recipe(args.recipe, args.baseline)
+    recipe = Recipe.baseline() if args.baseline else Recipe()
     recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
     return {"preset": args.preset, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, rung)}
 
 
-def cmd_describe(args: argparse.Namespace, rung: dict | None = None) -> int:
+def cmd_describe(args: DescribeOptions, rung: dict | None = None) -> int:
     """Print the describe record (the CLI's entry is marin_ablate.common.cmd_describe, which adds the rung)."""
     info = describe_info(args, rung)
     if args.json:

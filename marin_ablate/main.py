@@ -1,19 +1,17 @@
 """`marin-ablate`: one entry point; each subcommand lives with the package that owns it.
 
 The table below is static so that `marin-ablate --help` and `analyze` never import torch; the
-owning module is imported only when its command runs. Each owner exposes `<name>_args(parser)` and
-`cmd_<name>(args) -> int`.
+owning module is imported only when its command runs. Each owner exposes `cmd_<name>(argv) -> int`,
+which parses its options dataclass with one call (`options.parse(RunOptions, argv)`: marin_ablate/options.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import signal
 import sys
 
 from marin import plugins
-from sweeps.bounds import check_args
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "studies": ("marin_ablate.common", "the registered studies (plugins' included), one line each"),
@@ -61,12 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0]
     plugins.load_entry_points()  # installed plugins' rows, before any option is checked against a registry
     module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"marin-ablate {name}", description=COMMANDS[name][1])
-    getattr(module, f"{name}_args")(parser)
-    args = parser.parse_args(argv[1:])
     try:
-        check_args(args)
-        return int(getattr(module, f"cmd_{name}")(args) or 0)
+        return int(getattr(module, f"cmd_{name}")(argv[1:]) or 0)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"marin-ablate {name}: error: {e}", file=sys.stderr)
         return 2

@@ -1,58 +1,71 @@
 """`marin-ablate plan STUDY [--json]`: a study's design, alias table, runs, cost and time, the runs
 made before the design, and per rung the tokens needed against the corpus (a hero study: its time
-model and sbatch); `--dry-run` rehearses the first run on CPU and `--precision` states the expected
+model and sbatch); `--dry_run` rehearses the first run on CPU and `--precision` states the expected
 precision of the multipliers instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from marin.fields import option
+from marin_ablate import options
 from marin_ablate.common import (
+    ExecConfig,
+    StudyOptions,
     arm_key,
-    corpus_args,
     epochs_checked,
     exec_options,
     format_num,
     format_table,
-    study_exec_args,
     study_from_args,
 )
 
 
-def plan_args(parser: argparse.ArgumentParser) -> None:
-    study_exec_args(parser)
-    parser.add_argument("--json", action="store_true", help="machine-readable plan")
-    parser.add_argument("--runs", action="store_true", help="list every run (id, rung, arm, seed)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="on CPU, for the first run: (a) the training loop at the full world size through a "
-                             "fake process group (first, last and EP-edge ranks, narrowed width, 2 steps + eval); "
-                             "(b) one rank's memory at full width (fake tensors); (c) one step + checkpoint save with "
-                             "the accelerator and the host as different devices (planning/rehearsal.py); exit 1 naming "
-                             "the lines over budget or the call that fails")
-    parser.add_argument("--gpus", type=int, default=None, help="dry run: world size (default: the study's)")
-    parser.add_argument("--ep", type=int, default=None, help="dry run: EP group size (default: model.ep_shards)")
-    parser.add_argument("--capacity-gib", type=float, default=173.0, help="dry run: memory per GPU (GB200: 173 GiB)")
-    parser.add_argument("--reserve-gib", type=float, default=0.0,
-                        help="dry run: kept free per GPU beyond the table's own lines "
-                             "(CUDA context, NCCL, fragmentation)")
-    pr = parser.add_argument_group("precision (analysis/calibration/precision.py)")
-    pr.add_argument("--precision", action="store_true",
-                    help="print each component's expected 95%% half-width of ln M at C_ref and 10x C_ref "
-                         "instead of the plan")
-    pr.add_argument("--noise", default=None, metavar="PATH",
-                    help="precision: a finished noise study or an analysed study (folder or results file); "
-                         "default: a stated assumption")
-    pr.add_argument("--target-halfwidth", type=float, default=None, metavar="H",
-                    help="precision: the cheapest seeds / rungs / fraction whose widest component half-width "
-                         "at C_ref is <= H (ln scale)")
-    corpus_args(parser)
+@dataclass(frozen=True)
+class DryRunOptions:
+    """On CPU, for the first run: (a) the training loop at the full world size through a fake process group
+    (first, last and EP-edge ranks, narrowed width, 2 steps + eval); (b) one rank's memory at full width (fake
+    tensors); (c) one step + checkpoint save with the accelerator and the host as different devices
+    (planning/rehearsal.py); exit 1 naming the lines over budget or the call that fails."""
+
+    gpus: int | None = option(None, lo=1, help="world size (none: the study's)")
+    ep: int | None = option(None, lo=1, help="EP group size (none: model.ep_shards)")
+    capacity_gib: float = option(173.0, lo=0, lo_open=True, help="memory per GPU (GB200: 173 GiB)")
+    reserve_gib: float = option(0.0, lo=0, help="kept free per GPU beyond the table's own lines (CUDA context, "
+                                                "NCCL, fragmentation)")
 
 
-def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """Each component's expected 95% half-width of ln M at C_ref and 10x C_ref instead of the plan
+    (analysis/calibration/precision.py)."""
+
+    noise: str | None = option(None, metavar="PATH", help="a finished noise study or an analysed study (folder or "
+                                                          "results file); none: a stated assumption")
+    target_halfwidth: float | None = option(None, lo=0, lo_open=True, metavar="H",
+                                            help="the cheapest seeds / rungs / fraction whose widest component "
+                                                 "half-width at C_ref is <= H (ln scale)")
+
+
+@dataclass(frozen=True)
+class PlanOptions(StudyOptions):
+    """Print a study's design, alias table, runs and cost (a hero study: its time model and sbatch)."""
+
+    command: ClassVar[str] = "plan"
+    execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
+    json: bool = option(False, help="machine-readable plan")
+    runs: bool = option(False, help="list every run (id, rung, arm, seed)")
+    allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
+                                            "(more than one epoch)")
+    dry_run: DryRunOptions | None = option(None, section=DryRunOptions, help=DryRunOptions.__doc__)
+    precision: PrecisionOptions | None = option(None, section=PrecisionOptions, help=PrecisionOptions.__doc__)
+
+
+def cmd_dry_run(study: Any, args: PlanOptions) -> int:
     from planning.dryrun import dry_run, format_report
     from sweeps.sweep import apply_spec_overrides
 
@@ -60,10 +73,11 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
     if args.overrides:
         spec = apply_spec_overrides(spec, args.overrides)
     hero = getattr(study, "hero", None)
-    if hero is not None and not args.gpus:
+    dr = args.dry_run
+    if hero is not None and not dr.gpus:
         hero.check(spec)  # the layout the time model and the sbatch are planned for
-    gpus = args.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
-    ep = args.ep or spec.model.ep_shards
+    gpus = dr.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
+    ep = dr.ep or spec.model.ep_shards
     import tempfile
 
     from planning.dryrun import format_loop, loop_dry_run
@@ -77,27 +91,29 @@ def cmd_dry_run(study: Any, args: argparse.Namespace) -> int:
         loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
     if not args.json:
         print(format_loop(loop) + "\n", flush=True)
-    rep = dry_run(spec, gpus, ep, capacity_gib=args.capacity_gib, reserve_gib=args.reserve_gib)
+    rep = dry_run(spec, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib)
     print(json.dumps({"rehearsal": reh, "loop": loop, **rep}, indent=1, default=str) if args.json
           else format_report(rep))
     return 0 if rep["ok"] and reh["ok"] else 1
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(argv: list[str]) -> int:
+    args = options.parse(PlanOptions, argv)
     study = study_from_args(args)
-    if getattr(args, "dry_run", False):
+    if args.dry_run is not None:
         return cmd_dry_run(study, args)
-    if args.precision or args.noise is not None or args.target_halfwidth is not None:
+    if args.precision is not None:
         from analysis.calibration.precision import plan_precision
 
-        print(plan_precision(study, args.noise, args.target_halfwidth, args.json, pinned=_cached_law(study)))
+        pr = args.precision
+        print(plan_precision(study, pr.noise, pr.target_halfwidth, args.json, pinned=_cached_law(study)))
         return 0
     from sweeps.executors import get_executor
     from sweeps.progress import rung_prior
     from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
     d = study.describe()
-    opts = exec_options(args, study)
+    opts = exec_options(args.execution, study)
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
@@ -121,7 +137,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from sweeps.sweep import apply_spec_overrides
 
         spec = apply_spec_overrides(runs[0][0], args.overrides) if args.overrides else runs[0][0]
-        study.hero.check(spec)  # --set may change the layout the plan is for
+        study.hero.check(spec)  # a --model.F=V override may change the layout the plan is for
         tm = d["hero"]["time_model"] = time_model(spec, study.hero, job_limit_s=hs.time_min(study.hero) * 60)
         d["hero"]["jobs_of_time_limit"] = math.ceil(tm["days_point"] * 1440 / hs.time_min(study.hero))
         if not tm["checkpoint"]["fits"]:
@@ -248,7 +264,7 @@ def _before_design(study: Any, out: str) -> list[dict]:
 
 
 def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
-    """The rung table and FLOP cost of the specs `--set` gives (the runs `run` trains)."""
+    """The rung table and FLOP cost of the specs the --SECTION.F=V overrides give (the runs `run` trains)."""
     from marin.flops import flops_per_token, params_active, params_total
     from planning.costmodel import spec_flops
 

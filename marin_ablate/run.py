@@ -1,4 +1,4 @@
-"""`marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [slurm options]`:
+"""`marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]`:
 every setting checked before anything is written, the LR profile and the reference law's baseline
 ladder when the study has them, the design's runs submitted through the executor, a summary of their
 states, then the analysis of the study.
@@ -6,31 +6,38 @@ states, then the analysis of the study.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from marin.fields import option
+from marin_ablate import options
 from marin_ablate.common import (
-    DEFAULT_OUT,
-    corpus_args,
+    ExecConfig,
+    LogOptions,
+    StudyOptions,
     epochs_checked,
     exec_options,
-    log_args,
     set_log_to,
-    study_exec_args,
     study_from_args,
 )
 
 
-def run_args(parser: argparse.ArgumentParser) -> None:
-    study_exec_args(parser)
-    parser.add_argument("--tuned", action="store_true", help="use the per-arm LR multipliers `tune` wrote")
-    parser.add_argument("--no-profile", action="store_true",
-                        help="skip the LR profile of each LR-coupled factor's levels (every arm at the heuristic LR)")
-    parser.add_argument("--no-pin", action="store_true",
-                        help="skip the baseline ladder that pins the reference law (fit it on the design's rungs)")
-    parser.add_argument("--no-analyze", action="store_true", help="do not run the analysis afterwards")
-    corpus_args(parser)
-    log_args(parser)
+@dataclass(frozen=True)
+class RunOptions(StudyOptions):
+    """Run a study (local, debug or slurm executor), then analyse it."""
+
+    command: ClassVar[str] = "run"
+    execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
+    log: LogOptions = option(LogOptions(), inline=True, section=LogOptions)
+    tuned: bool = option(False, help="use the per-arm LR multipliers `tune` wrote")
+    no_profile: bool = option(False, help="skip the LR profile of each LR-coupled factor's levels (every arm at the "
+                                          "heuristic LR)")
+    no_pin: bool = option(False, help="skip the baseline ladder that pins the reference law (fit it on the "
+                                      "design's rungs)")
+    no_analyze: bool = option(False, help="do not run the analysis afterwards")
+    allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
+                                            "(more than one epoch)")
 
 
 def analyze_study(study_dir: Path) -> int | None:
@@ -41,47 +48,40 @@ def analyze_study(study_dir: Path) -> int | None:
     except ImportError as e:
         print(f"note: analysis skipped ({e})")
         return None
-    if not hasattr(ac, "cmd_analyze") or not hasattr(ac, "analyze_args"):
+    if not hasattr(ac, "cmd_analyze"):
         print("note: analysis skipped (marin_ablate.analyze has no cmd_analyze)")
         return None
-    p = argparse.ArgumentParser(prog="marin-ablate analyze")
-    ac.analyze_args(p)
-    ns = p.parse_args([str(study_dir)])
     try:
-        return int(ac.cmd_analyze(ns) or 0)
+        return int(ac.cmd_analyze([str(study_dir)]) or 0)
     except ValueError as e:  # e.g. too few rungs for the reference law: the runs themselves are fine
         print(f"note: analysis of {study_dir} stopped: {e}")
         return None
 
 
-def _status_hint(args: argparse.Namespace) -> str:
+def _status_hint(args: RunOptions) -> str:
     """The `status` command that finds this study's runs: the study as given (a registered name, or the
-    path:attribute it was loaded from), with the same --out, --rungs, --seeds, --set, --tuned and --no-profile."""
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds, overrides, --tuned and --no-profile."""
     import shlex
 
-    cmd = ["marin-ablate", "status", args.study]
-    if args.out != DEFAULT_OUT:
-        cmd += ["--out", str(args.out)]
-    for flag, v in (("--rungs", args.rungs), ("--seeds", args.seeds)):
-        if v:
-            cmd += [flag, v]
-    for o in args.overrides:
-        cmd += ["--set", o]
+    from marin_ablate.options import flags_of
+    from marin_ablate.status import StatusOptions
+
     # how the LRs were set changes the run ids: status must look for the same runs
-    cmd += [f for f, on in (("--tuned", getattr(args, "tuned", False)),
-                            ("--no-profile", getattr(args, "no_profile", False))) if on]
-    return shlex.join(cmd)
+    st = StatusOptions(study=args.study, rungs=args.rungs, seeds=args.seeds, out=args.out, overrides=args.overrides,
+                       tuned=args.tuned, no_profile=args.no_profile)
+    return shlex.join(["marin-ablate", "status", *flags_of(st)])
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(argv: list[str]) -> int:
     from sweeps.executors import get_executor
     from sweeps.sweep import run_study
     from sweeps.tracking import log_locations, parse_log_to
     from sweeps.tuning import lr_plan
 
+    args = options.parse(RunOptions, argv)
     study = study_from_args(args)
-    opts = exec_options(args, study)
-    set_log_to(args)
+    opts = exec_options(args.execution, study)
+    set_log_to(args.log)
     epochs_checked(study, overrides=args.overrides, allow_repeat=args.allow_repeat)
     from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if c["running"] or c["queued"]:
         print(f"{c['running'] + c['queued']} run(s) belong to another process or SLURM job and are not finished; "
               f"`{_status_hint(args)}` follows them")
-    for line in log_locations(rep.study_dir, parse_log_to(args.log_to)):
+    for line in log_locations(rep.study_dir, parse_log_to(args.log.log_to)):
         print(line)
     if opts.wait and not args.no_analyze and c["completed"]:
         analyze_study(rep.study_dir)

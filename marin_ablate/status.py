@@ -4,31 +4,36 @@ ones with their progress, the failed and damaged ones with their reason (`--all`
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from marin_ablate.common import arm_key, format_table, out_args, study_args, study_from_args
-
-
-def status_args(parser: argparse.ArgumentParser) -> None:
-    study_args(parser)
-    out_args(parser)
-    parser.add_argument("--tuned", action="store_true", help="the runs of `run --tuned`")
-    parser.add_argument("--no-profile", action="store_true", help="the runs of `run --no-profile`")
-    parser.add_argument("--all", action="store_true",
-                        help="one row per run (default: counts, ETA, running and failed runs)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--limit", type=int, default=10, help="at most this many failed runs listed without --all")
+from marin.fields import option
+from marin_ablate import options
+from marin_ablate.common import StudyOptions, arm_key, format_table, study_from_args
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class StatusOptions(StudyOptions):
+    """Progress of a study's runs."""
+
+    command: ClassVar[str] = "status"
+    tuned: bool = option(False, help="the runs of `run --tuned`")
+    no_profile: bool = option(False, help="the runs of `run --no-profile`")
+    all: bool = option(False, help="one row per run (default: counts, ETA, running and failed runs)")
+    json: bool = option(False, help="one JSON object")
+    limit: int = option(10, lo=0, help="at most this many failed runs listed without --all")
+
+
+def cmd_status(argv: list[str]) -> int:
     from marin.schema import read_json
     from planning.costmodel import slowdown_now
     from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
     from sweeps.sweep import study_status
     from sweeps.tuning import lr_plan
 
+    args = options.parse(StatusOptions, argv)
     study = study_from_args(args)
     mult, _ = lr_plan(study, args.out, None, tuned=args.tuned, profile=not args.no_profile)
     st = study_status(study, args.out, lr_multipliers=mult, overrides=args.overrides)

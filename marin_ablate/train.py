@@ -1,21 +1,19 @@
 """`marin-ablate train`: one run into an output directory (docs/architecture.md §4).
 
 The command takes the run directory's lock (marin.runlock, the one `marin-ablate run` takes), so two
-commands on the same --out never interleave; Ctrl-C checkpoints like SIGTERM and exits 130.
+commands on the same --run-dir never interleave; Ctrl-C checkpoints like SIGTERM and exits 130.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 from marin.config import (
-    FACTORS,
-    RECIPE_LEVELS,
     DataConfig,
     Recipe,
     RunSpec,
@@ -24,56 +22,45 @@ from marin.config import (
     preset,
     split_overrides,
 )
+from marin.fields import SEED, SPEC_SECTIONS, option
 from marin.runlock import RunLock
 from marin.train.metrics import LOG_TO
+from marin_ablate import options
 
 
-def train_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", required=True, help="model preset (marin.config.PRESETS)")
-    parser.add_argument("--recipe", action="append", default=[], metavar="FACTOR=LEVEL",
-                        help="set a recipe switch; 'baseline' alone gives Recipe.baseline()")
-    parser.add_argument("--set", action="append", default=[], metavar="[SECTION.]FIELD=VALUE",
-                        help="override a field of the spec: model./train./data./recipe.FIELD=VALUE as every command "
-                             "takes (a bare FIELD=VALUE is model.FIELD)")
-    parser.add_argument("--train-set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
-    parser.add_argument("--data-set", action="append", default=[], metavar="FIELD=VALUE", help="DataConfig override")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="run directory")
-    parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out and start over")
-    parser.add_argument("--stop-after", type=int, default=None,
-                        help="checkpoint and stop after N steps of this session")
-    parser.add_argument("--log-to", default="", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
-    parser.add_argument("--keep-checkpoints", choices=("none", "final", "all"), default="final",
-                        help="final: a completed run keeps only its newest checkpoint; all: never prune; none: "
-                             "a completed run keeps no checkpoint")
+@dataclass(frozen=True)
+class TrainOptions:
+    """Train one run into a run directory."""
+
+    command: ClassVar[str] = "train"
+    preset: str = option(help="model preset (marin.config.PRESETS)")
+    run_dir: str = option(metavar="DIR", help="the run directory (checkpoints, metrics, summary.json)")
+    overrides: tuple[str, ...] = option((), spec=SPEC_SECTIONS,
+                                        help="e.g. --train.steps=20 --recipe.qk_norm=none")
+    baseline: bool = option(False, help="start from Recipe.baseline() (every factor off) instead of Recipe()")
+    seed: int = option(0, lo=0, hi=2**64 - 1, allowed=SEED[1], help="the run's seed")
+    no_resume: bool = option(False, help="ignore checkpoints in --run-dir and start over")
+    stop_after: int | None = option(None, lo=1, metavar="N", help="checkpoint and stop after N steps of this session")
+    log_to: str = option("", metavar="SINKS", help=f"comma-separated extra sinks: {', '.join(LOG_TO)}")
+    keep_checkpoints: str = option("final", choices=("none", "final", "all"),
+                                   help="final: a completed run keeps only its newest checkpoint; all: never prune; "
+                                        "none: a completed run keeps no checkpoint")
 
 
-def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    sets = split_overrides(list(args.set))
+def spec_from_args(args: TrainOptions) -> RunSpec:
+    """The RunSpec of train's options: the preset, Recipe() (or its baseline), the --SECTION.F=V overrides."""
+    sets = split_overrides(list(args.overrides))
     model = preset(args.preset, sets["model"])
-    recipe = Recipe()
-    for item in args.recipe:
-        if item == "baseline":
-            recipe = Recipe.baseline()
-            continue
-        if "=" not in item:
-            raise ValueError(f"--recipe {item!r} must look like factor=level; factors: {', '.join(FACTORS)}")
-        k, v = (x.strip() for x in item.split("=", 1))
-        if k not in RECIPE_LEVELS:
-            raise ValueError(f"unknown recipe factor {k!r}; allowed values: {', '.join(FACTORS)}")
-        recipe = recipe.with_(**{k: v})
+    recipe = Recipe.baseline() if args.baseline else Recipe()
     recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
-    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"] + list(args.train_set)))
-    if args.steps is not None:
-        tr = replace(tr, steps=args.steps)
-    data = apply_overrides(DataConfig(), sets["data"] + list(args.data_set))
+    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"]))
+    data = apply_overrides(DataConfig(), sets["data"])
     return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=args.seed)
 
 
 def _int_fields(cfg):
     """apply_overrides parses a None-default field as float; `int | None` fields want ints (so that
-    `--train-set threads=1` and threads=1 give the same run id)."""
+    `--train.threads=1` and threads=1 give the same run id)."""
     fix = {}
     for f in fields(cfg):
         v = getattr(cfg, f.name)
@@ -91,25 +78,26 @@ def _is_rank0() -> bool:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0) == 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(argv: list[str]) -> int:
     from marin.train.loop import check_spec, train
     from marin.train.metrics import check_log_to
 
+    args = options.parse(TrainOptions, argv)
     spec = spec_from_args(args)
     log_to = tuple(x for x in args.log_to.split(",") if x)
-    check_spec(spec)  # a setting train refuses, refused before the lock creates --out
+    check_spec(spec)  # a setting train refuses, refused before the lock creates --run-dir
     check_log_to(log_to)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    lock = RunLock(args.out)
+    lock = RunLock(args.run_dir)
     if _is_rank0() and not lock.acquire():
         try:
             holder = lock.path.read_text().strip()
         except OSError:
             holder = "unknown"
-        raise ValueError(f"--out {args.out!r} is in use by another training process (lock {lock.path}, "
-                         f"holder {holder}); wait for it or use another --out")
+        raise ValueError(f"--run-dir {args.run_dir!r} is in use by another training process (lock {lock.path}, "
+                         f"holder {holder}); wait for it or use another --run-dir")
     try:
-        out = train(spec, args.out, resume=not args.no_resume, stop_after=args.stop_after, log_to=log_to,
+        out = train(spec, args.run_dir, resume=not args.no_resume, stop_after=args.stop_after, log_to=log_to,
                     keep_checkpoints=args.keep_checkpoints)
     finally:
         lock.release()

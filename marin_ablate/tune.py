@@ -4,36 +4,45 @@ rung (sweeps/tuning.py), written as the multipliers that `run --tuned` uses.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
+from typing import ClassVar
 
+from marin.fields import SEED, option
+from marin_ablate import options
 from marin_ablate.common import (
+    ExecConfig,
+    LogOptions,
+    StudyOptions,
     exec_options,
     format_table,
-    log_args,
     set_log_to,
-    study_exec_args,
     study_from_args,
 )
 
 
-def tune_args(parser: argparse.ArgumentParser) -> None:
-    study_exec_args(parser)
-    parser.add_argument("--points", type=int, default=5, help="LR points per arm (log-spaced)")
-    parser.add_argument("--span", type=float, default=4.0, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
-    parser.add_argument("--storage", default=None,
-                        help="Optuna storage: a journal file path (default OUT/STUDY/tune/optuna.journal) "
-                             "or an RDB URL")
-    parser.add_argument("--rung", default=None, help="rung to tune at (default: the smallest)")
-    parser.add_argument("--seed", type=int, default=None, help="seed to tune with (default: the study's first)")
-    log_args(parser)
+@dataclass(frozen=True)
+class TuneCliOptions(StudyOptions):
+    """Per-arm learning-rate profile at the smallest rung."""
+
+    command: ClassVar[str] = "tune"
+    execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
+    log: LogOptions = option(LogOptions(), inline=True, section=LogOptions)
+    points: int = option(5, lo=3, help="LR points per arm (log-spaced; a quadratic needs three)")
+    span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
+    storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
+                                 "OUT/STUDY/tune/optuna.journal) or an RDB URL")
+    rung: str | None = option(None, help="rung to tune at (none: the smallest)")
+    seed: int | None = option(None, lo=0, hi=2**64 - 1, allowed=SEED[1],
+                              help="seed to tune with (none: the study's first)")
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(argv: list[str]) -> int:
     from sweeps.tuning import TuneOptions, tune_dir, tune_study
 
+    args = options.parse(TuneCliOptions, argv)
     study = study_from_args(args)
-    opts = exec_options(args, study)
-    set_log_to(args)
+    opts = exec_options(args.execution, study)
+    set_log_to(args.log)
     res = tune_study(study, args.out, opts,
                      TuneOptions(points=args.points, span=args.span, storage=args.storage, rung=args.rung,
                                  seed=args.seed), overrides=args.overrides)

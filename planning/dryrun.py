@@ -1,4 +1,4 @@
-"""`plan STUDY --dry-run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
+"""`plan STUDY --dry_run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
 
 - State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
   marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the

@@ -1,4 +1,4 @@
-"""`plan STUDY --dry-run`, part (c): one whole training step of the configured layout with the accelerator
+"""`plan STUDY --dry_run`, part (c): one whole training step of the configured layout with the accelerator
 and the host as different devices, failing where a GPU would (docs/hero.md "The rehearsal").
 
 The accelerator is the `meta` device standing in for `cuda` (fake CUDA on a CPU-only build cannot be

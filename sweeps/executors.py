@@ -40,7 +40,8 @@ from typing import Any, Callable, Sequence
 import submitit
 
 from marin import plugins
-from marin.config import NONNEG_INT, POS, POS_INT, check_ranges, optional
+from marin.config import POS_INT, check_ranges, optional
+from marin.fields import check_fields, option
 from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
 from sweeps.progress import Progress
 from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
@@ -53,28 +54,30 @@ from sweeps.state import count_dirs, needs_run, probe
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """sbatch resources. gpus_per_run=None: from the study's rung (Rung.gpus); time_min=None: from
-    the study's per-rung timeout_min (or 60)."""
+    """sbatch resources (the slurm row's options: `--slurm.FIELD` on plan, run and tune)."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_min: int | None = None
-    gpus_per_run: int | None = None
-    nodes: int | None = None  # CPU runs: nodes per run (None: the rung's, or 1); GPU runs: from gpus
-    tasks_per_node: int | None = None  # CPU runs: ranks per node (None: the rung's, or 1)
-    cpus_per_task: int | None = None  # per task (= per GPU for GPU runs); None: 1 on CPU, study's cpus_per_gpu on GPU
-    mem_gb: float | None = None  # per run; None: study's mem_gb (CPU) or mem_gb_per_gpu x GPUs
-    array_parallelism: int | None = None
-    signal_delay_s: int = 90
-    max_num_timeout: int = 3  # requeues after a time-out before submitit gives up
-    constraint: str | None = None
-    exclude: str | None = None
-    setup: tuple[str, ...] = ()  # shell lines before srun (module load, source venv ...)
+    partition: str | None = option(None, help="sbatch --partition")
+    account: str | None = option(None, help="sbatch --account")
+    qos: str | None = option(None, help="sbatch --qos")
+    time_min: int | None = option(None, lo=1, help="time limit per run in minutes (none: the study's per rung, or 60)")
+    gpus_per_run: int | None = option(None, lo=0, help="GPUs per run, one task each (none: the rung's)")
+    nodes: int | None = option(None, lo=1, help="CPU runs: nodes per run (none: the rung's, or 1); GPU runs: from GPUs")
+    tasks_per_node: int | None = option(None, lo=1, help="CPU runs: ranks per node (none: the rung's, or 1)")
+    cpus_per_task: int | None = option(None, lo=1, help="per task (= per GPU for GPU runs); none: 1 on CPU, the "
+                                                        "study's cpus_per_gpu on GPU")
+    mem_gb: float | None = option(None, lo=0, lo_open=True, help="memory per run in GB; none: the study's mem_gb "
+                                                                 "(CPU) or mem_gb_per_gpu x GPUs")
+    array_parallelism: int | None = option(None, lo=1, help="array tasks running at once (none: the study's)")
+    signal_delay_s: int = option(90, lo=1, help="USR2 this long before the time limit (checkpoint, requeue)")
+    max_num_timeout: int = option(3, lo=0, help="requeues after a time-out before submitit gives up")
+    constraint: str | None = option(None, help="sbatch --constraint")
+    exclude: str | None = option(None, help="sbatch --exclude")
+    setup: tuple[str, ...] = option((), metavar="LINE", help="shell line before srun (module load, source venv ...; "
+                                                            "repeatable)")
     use_srun: bool = True
 
     def __post_init__(self) -> None:
-        check_ranges("slurm", self, SLURM_RANGES)
+        check_fields(self, "slurm")
 
 
 @dataclass(frozen=True)
@@ -84,18 +87,15 @@ class ExecOptions:
     threads: int | None = None  # local: torch threads per worker (None: cpus // workers, at least 1)
     retry_failed: bool = False
     wait: bool = True
-    poll_s: float = 2.0
+    poll_s: float = option(2.0, lo=0, lo_open=True)
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     def __post_init__(self) -> None:
         check_ranges("ExecOptions", self, EXEC_RANGES)
+        check_fields(self, "ExecOptions")
 
 
-SLURM_RANGES = {"time_min": optional(POS_INT), "gpus_per_run": optional(NONNEG_INT), "nodes": optional(POS_INT),
-                "tasks_per_node": optional(POS_INT),
-                "cpus_per_task": optional(POS_INT), "mem_gb": optional(POS), "array_parallelism": optional(POS_INT),
-                "signal_delay_s": POS_INT, "max_num_timeout": NONNEG_INT}
-EXEC_RANGES = {"workers": POS_INT, "threads": optional(POS_INT), "poll_s": POS}
+EXEC_RANGES = {"workers": POS_INT, "threads": optional(POS_INT)}
 
 
 def _sinfo(*args: str) -> subprocess.CompletedProcess:
@@ -542,6 +542,7 @@ class SlurmExecutor:
 
     name, waits, shows_jobs, in_process = "slurm", True, True, False
     trains_here = False
+    options = SlurmOptions  # `--slurm.FIELD` on plan, run and tune (marin_ablate/common.py ExecConfig)
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

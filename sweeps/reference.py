@@ -47,7 +47,7 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
                 spec = apply_spec_overrides(spec, overrides)
             out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
     if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
-        raise ValueError(f"--set {' '.join(overrides)} makes the baseline ladder's rungs "
+        raise ValueError(f"the overrides {' '.join(overrides)} make the baseline ladder's rungs "
                          f"({', '.join(study.reference_rungs)}) the same run; allowed: overrides that keep their "
                          "steps apart, or --no-pin")
     return out

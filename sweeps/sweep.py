@@ -58,7 +58,7 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
 
 
 def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
-    """`--set section.field=value` (marin.fields.split_overrides) applied to one spec."""
+    """`--section.field=value` (marin.fields.split_overrides) applied to one spec."""
     return spec.with_overrides(list(overrides))
 
 
@@ -103,7 +103,7 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
 
 
 def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any) -> None:
-    """Every multi-GPU run's world (`--gpus-per-run` or its rung's GPUs) tiles its EP groups and splits its
+    """Every multi-GPU run's world (`--slurm.gpus_per_run` or its rung's GPUs) tiles its EP groups and splits its
     batches (marin.train.distributed.check_dist_layout), before anything is written or submitted: a run
     that would fail at its first collective is refused here, named."""
     from marin.train.distributed import check_dist_layout
@@ -121,8 +121,9 @@ def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any)
         try:
             check_dist_layout(r.spec, context_plan(r.spec), gpus)
         except ValueError as e:
-            raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPUs: {e}; use --gpus-per-run a multiple of "
-                             f"its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own GPUs") from None
+            raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPUs: {e}; use --slurm.gpus_per_run a "
+                             f"multiple of its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own "
+                             "GPUs") from None
 
 
 def study_resources(study: Any, sdir: Path | None = None) -> Any:

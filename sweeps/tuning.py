@@ -438,7 +438,7 @@ def profile_groups(study: Any) -> dict[str, dict[str, str]]:
 def profile_points(study: Any, groups: dict[str, dict[str, str]], grids: dict[str, list[float]], rung: str,
                    seed: int, overrides: Sequence[str] = ()) -> dict[str, list[tuple[float, Any, dict]]]:
     """Per group ("factor=level" -> its arm's levels, `profile_groups`): the (log2 multiplier, spec, meta)
-    of each point of its grid, at `rung` and `seed`, with `--set` overrides applied."""
+    of each point of its grid, at `rung` and `seed`, with the `--section.field=value` overrides applied."""
     points = {}
     for g, lv in groups.items():
         pts = []

@@ -356,7 +356,7 @@ def complete_table(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> Path:
     """The run directories, built in a temporary sibling folder and renamed to `out` at the end."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {str(out)!r} exists and is not empty; allowed values: a new or empty folder")
+        raise ValueError(f"--study-dir {str(out)!r} exists and is not empty; allowed values: a new or empty folder")
     if len(imp.rows) > MAX_ROWS:
         raise ValueError(f"FILE has {len(imp.rows):,} rows, each a run folder; allowed values: at most {MAX_ROWS:,} "
                          "rows (split the table, or analyze the file in place: marin-ablate analyze FILE)")

@@ -138,5 +138,5 @@ def check_mixture_domains(data: Any) -> None:
     if unknown:
         raise ValueError(f"DataConfig.mixture names domain(s) {unknown} that DataConfig.corpus={data.corpus!r} does "
                          f"not have; allowed values: {', '.join(map(repr, names)) or '(no domains)'} "
-                         f"(state this corpus's phases with --set data.mixture=0:A=1+B=1,0.8:A=1+B=2, or none with "
-                         f"--set data.mixture=)")
+                         f"(state this corpus's phases with --data.mixture=0:A=1+B=1,0.8:A=1+B=2, or none with "
+                         f"--data.mixture=)")

@@ -135,7 +135,7 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
             e = e.__cause__ or e.__context__
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # the cache's disk, not the source, is at fault
             raise ValueError(f"disk full (no space left on device) while writing the datasets cache {cache} from "
-                             f"{names}; free space there, or prepare into another --out") from None
+                             f"{names}; free space there, or prepare into another --corpus-dir") from None
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"{names}: cannot read as {kind} ({type(e).__name__}: {msg}); every row needs a "
                          f"{text_column!r} column and one schema across files") from None
@@ -393,8 +393,8 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
     path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
     if path.is_file() and (not made_by.is_file() or made_by.read_text() != spec):
         if made_by.is_file():
-            raise ValueError(f"--out {str(out)!r} holds a tokenizer made by {made_by.read_text()!r}, not {spec!r}; "
-                             "choose another --out or delete it")
+            raise ValueError(f"--corpus-dir {str(out)!r} holds a tokenizer made by {made_by.read_text()!r}, "
+                             f"not {spec!r}; choose another --corpus-dir or delete it")
         path.unlink()  # killed between training and recording it: train again
     if not path.is_file():
         if log:
@@ -447,15 +447,15 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
     job_path = out / "prepare.json"
     old = _read_job(job_path)
     if old is not None and cfg.tokenizer.startswith("bpe:") and old["tokenizer"].get("spec") != cfg.tokenizer:
-        raise ValueError(f"--out {str(out)!r} holds a preparation of different inputs (differs in tokenizer); "
-                         "choose another --out or delete it")
+        raise ValueError(f"--corpus-dir {str(out)!r} holds a preparation of different inputs (differs in tokenizer); "
+                         "choose another --corpus-dir or delete it")
     tok = _corpus_tokenizer(cfg, ds, out, log)
     job = _job_record(cfg, _source_record(cfg, ds), tok, len(ds))
     if old is not None:
         if old != job:
             diff = sorted(k for k in job if old.get(k) != job[k])
-            raise ValueError(f"--out {str(out)!r} holds a preparation of different inputs (differs in "
-                             f"{', '.join(diff)}); choose another --out or delete it")
+            raise ValueError(f"--corpus-dir {str(out)!r} holds a preparation of different inputs (differs in "
+                             f"{', '.join(diff)}); choose another --corpus-dir or delete it")
     else:
         atomic_write_json(job_path, job)
     n_shards = max(1, -(-len(ds) // cfg.docs_per_shard))
@@ -545,7 +545,7 @@ def read_manifest(path: str | Path) -> dict:
     m = p / "manifest.json" if p.is_dir() else p
     if not m.is_file():
         raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
-                         "run `marin-ablate data prepare SOURCE --tokenizer PATH --out DIR` first")
+                         "run `marin-ablate data prepare SOURCE --tokenizer PATH --corpus-dir DIR` first")
     try:
         manifest = read_json_text(m)
     except (OSError, ValueError) as e:

@@ -429,7 +429,7 @@ def read_meta(ck: Path, run_id: str) -> dict:
         raise CheckpointError(f"{ck.name}: {META} is not a format-{FORMAT} checkpoint record")
     if meta.get("run_id") != run_id:
         raise ValueError(f"checkpoint {ck} belongs to run {meta.get('run_id')}, not {run_id}; use another "
-                         "--out, or move that directory aside first")
+                         "--run-dir, or move that directory aside first")
     return meta
 
 

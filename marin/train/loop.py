@@ -518,7 +518,7 @@ def _claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
     if other is not None:  # never resumed into, never deleted: another spec's results stay as they are
         held, where = other
         raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
-                         "use another --out, or move that directory aside first (--no-resume never deletes "
+                         "use another --run-dir, or move that directory aside first (--no-resume never deletes "
                          "another run)")
     if not resume and summary_path.exists():
         summary_path.unlink()

@@ -34,7 +34,7 @@ def _csv(df, path):
 def test_import_round_trips_into_the_same_multipliers(tmp_path, capsys):
     df = _sim()
     src = _csv(df, tmp_path / "ladder.csv")
-    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     table = collect(tmp_path / "study", write=False)
     assert len(table) == len(df) and set(table["status"]) == {"completed"}
     direct, imported = analyze_ofat(df, **PINS), analyze_ofat(table, **PINS)
@@ -45,7 +45,7 @@ def test_import_round_trips_into_the_same_multipliers(tmp_path, capsys):
     capsys.readouterr()
     for study, out in ((tmp_path / "study", tmp_path / "rep1"), (src, tmp_path / "rep2")):
         assert main(["analyze", str(study), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
-                     "--out", str(out)]) == 0
+                     "--report-dir", str(out)]) == 0
     a, b = pd.read_csv(tmp_path / "rep1" / "ofat.csv"), pd.read_csv(tmp_path / "rep2" / "ofat.csv")
     np.testing.assert_allclose(a[cols].to_numpy(float), b[cols].to_numpy(float), rtol=1e-9)
 
@@ -71,7 +71,7 @@ def test_analyze_a_results_csv_without_run_id_status_or_error(tmp_path):
     df = _sim().drop(columns=["run_id", "status", "error"])
     df.to_csv(tmp_path / "r.csv", index=False)
     assert main(["analyze", str(tmp_path / "r.csv"), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
-                 "--out", str(tmp_path / "rep")]) == 0
+                 "--report-dir", str(tmp_path / "rep")]) == 0
 
 
 BAD = [  # (what, edit of the good CSV, row, column)
@@ -93,7 +93,7 @@ def test_bad_cell_is_one_line_naming_row_and_column(tmp_path, capsys, what, edit
     good = pd.read_csv(_csv(_sim(), tmp_path / "good.csv"))
     src = tmp_path / "bad.csv"
     edit(good).to_csv(src, index=False)
-    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 2
+    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"column {col!r}" in err and "allowed values" in err, err
     if row is not None:
@@ -118,7 +118,7 @@ def test_factorial_import_round_trips_into_the_same_attribution(tmp_path):
 
     t = SimTruth(factors=F, main={"xsa": 0.05, "sconv": 0.1, "qk_norm": -0.04}, levels=LEVELS)
     df = simulate_table(t, rungs={"r1": 1e8, "r2": 4e8, "r3": 1.6e9}, seeds=2, design=design_rows(3))
-    assert main(["import", str(_csv(df, tmp_path / "f.csv")), "--out", str(tmp_path / "f")]) == 0
+    assert main(["import", str(_csv(df, tmp_path / "f.csv")), "--study-dir", str(tmp_path / "f")]) == 0
     a = analyze_table(df, n_boot=0, replicates=False)
     b = analyze_table(collect(tmp_path / "f", write=False), n_boot=0, replicates=False)
     cols = ["shapley", "shapley_lo", "shapley_hi", "loo", "aoi"]
@@ -142,7 +142,7 @@ def test_json_rows_with_a_factors_object_and_a_failed_run(tmp_path):
     assert t.loc[("x", 1), "status"] == "failed" and t.loc[("x", 1), "error"] == "diverged at step 900"
     assert t.loc[("x", 0), "xsa"] == "xsa" and t.loc[("base", 0), "eval_macro_loss"] == pytest.approx(3.1)
     src.write_text(json.dumps([{**rows[0], "factors": ["none"]}]))
-    assert main(["import", str(src), "--out", str(tmp_path / "u")]) == 2
+    assert main(["import", str(src), "--study-dir", str(tmp_path / "u")]) == 2
 
 
 def test_a_registered_factor_is_coded_by_the_levels_the_file_holds(tmp_path, capsys):

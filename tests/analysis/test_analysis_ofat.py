@@ -142,7 +142,7 @@ def test_cli_analyze_reports_ofat_and_what_it_cannot_tell(tmp_path, capsys):
     src = tmp_path / "ofat.csv"
     _ofat(RUNGS2, seeds=2).to_csv(src, index=False)
     rc = main(["analyze", str(src), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
-               "--out", str(tmp_path / "rep")])
+               "--report-dir", str(tmp_path / "rep")])
     assert rc == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "cannot tell" in md and "Shapley" in md and "interactions" in md and "TOTAL" in md
@@ -204,7 +204,7 @@ def test_a_single_change_with_a_published_law_is_read_as_ofat(tmp_path, capsys):
     src = tmp_path / "one.csv"
     df.to_csv(src, index=False)
     assert main(["analyze", str(src), "--pin-linf", "2", "--pin-alpha", "0.2", "--pin-A", "400",
-                 "--out", str(tmp_path / "rep")]) == 0
+                 "--report-dir", str(tmp_path / "rep")]) == 0
     got = pd.read_csv(tmp_path / "rep" / "ofat.csv")
     np.testing.assert_allclose(got["M"], [_hand(df, "xsa", r, **LAW) for r in RUNGS2], rtol=1e-9)
 
@@ -234,10 +234,10 @@ def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_thr
     from marin_ablate.main import main
 
     src = _marin_csv(tmp_path / "marin.csv", rows, factor)
-    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     assert main(["analyze", str(tmp_path / "study"), "--design", "ofat", *sum(([f"--{k.replace('_', '-')}", str(v)]
                                                                                for k, v in MARIN_LAW.items()), []),
-                 "--out", str(tmp_path / "rep")]) == 0
+                 "--report-dir", str(tmp_path / "rep")]) == 0
     got = pd.read_csv(tmp_path / "rep" / "ofat.csv").sort_values("compute")
     np.testing.assert_allclose(got["M"], want, atol=5e-4)
     assert np.isfinite(got["M_lo"]).all() and (got["M_lo"] < got["M"]).all() and (got["M"] < got["M_hi"]).all()
@@ -249,9 +249,9 @@ def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_nu
     from marin_ablate.main import main
 
     src = _marin_csv(tmp_path / "muonh.csv", MARIN_MUONH, "optimizer")
-    assert main(["import", str(src), "--out", str(tmp_path / "study")]) == 0
+    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     assert main(["analyze", str(tmp_path / "study"), "--pin-linf", "1.6", "--pin-alpha", "0.0941",
-                 "--out", str(tmp_path / "rep")]) == 0
+                 "--report-dir", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     findings = md[md.index("## Findings"):md.index("## Warnings")]
     row = next(ln for ln in findings.splitlines() if ln.startswith("| optimizer | paired"))

@@ -125,19 +125,19 @@ def test_noise_rejects_a_panel_without_replicates(tmp_path):
 def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_path, capsys):
     from marin_ablate.main import main
 
-    assert main(["plan", "smoke", "--precision", "--target-halfwidth", "0.05"]) == 0
+    assert main(["plan", "smoke", "--precision", "--precision.target_halfwidth", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "noise: default: 0.01 nats per run" in out and "±ln M at 10× C_ref" in out
     assert "cheapest reaching 0.05:" in out and "TOTAL" in out
-    assert main(["plan", "smoke", "--precision", "--target-halfwidth", "-1"]) == 2
-    assert "--target-halfwidth -1" in capsys.readouterr().err
-    assert main(["plan", "smoke", "--precision", "--noise", str(tmp_path / "nothing")]) == 2
+    assert main(["plan", "smoke", "--precision", "--precision.target_halfwidth", "-1"]) == 2
+    assert "--precision.target_halfwidth=-1" in capsys.readouterr().err
+    assert main(["plan", "smoke", "--precision", "--precision.noise", str(tmp_path / "nothing")]) == 2
     assert main(["plan", "smoke", "--precision", "--json"]) == 0
     import json
 
     d = json.loads(capsys.readouterr().out)
     assert len(d["components"]) == 8 and d["noise"]["sd"] == pytest.approx(0.01)
-    assert main(["plan", "smoke", "--json", "--target-halfwidth", "0.05"]) == 0
+    assert main(["plan", "smoke", "--json", "--precision.target_halfwidth", "0.05"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(o["reaches"] is True for o in d["options"]) and d["target_halfwidth"] == pytest.approx(0.05)
 
@@ -161,7 +161,7 @@ def test_plan_precision_reads_a_noise_study_folder(tmp_path, capsys):
     panel = simulate_table(truth, rungs={"d512": 1e8}, seeds=5, rng=np.random.default_rng(2),
                            design=np.array([[1.0] * 6, [-1.0] * 6]))
     write_study(panel, tmp_path / "noise")
-    assert main(["plan", "marin535", "--precision", "--noise", str(tmp_path / "noise")]) == 0
+    assert main(["plan", "marin535", "--precision", "--precision.noise", str(tmp_path / "noise")]) == 0
     out = capsys.readouterr().out
     assert f"noise study {tmp_path / 'noise'}: seed-to-seed sd" in out and "paired difference (4 df)" in out
     assert "the clusters leave no df for a (seed × rung) shift" in out  # 1 seed x 3 rungs, and the panel shows one

@@ -38,7 +38,7 @@ def test_analysis_imports_no_torch():
             "import marin_ablate.analyze, analysis.report.plots, analysis.report.writer\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "extra = sorted(k for k in sys.modules if k == 'marin' or k.startswith('marin.'))\n"
-            "assert extra == ['marin', 'marin.plugins', 'marin.schema'], extra\n"
+            "assert extra == ['marin', 'marin.fields', 'marin.plugins', 'marin.schema'], extra\n"
             "print(len([k for k in sys.modules if k.startswith('analysis')]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -78,7 +78,7 @@ def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
     sd, df = _study(tmp_path, fail=2, missing=3, drop_arms=("++-", "+-+"))
     from marin_ablate.main import main
 
-    rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--out", str(tmp_path / "rep")])
+    rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--report-dir", str(tmp_path / "rep")])
     assert rc == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     nf, nm = int((df["status"] == "failed").sum()), int((df["status"] == "missing").sum())

@@ -87,7 +87,7 @@ def test_flipped_level_in_every_run_is_refused_naming_both_values(tmp_path):
         f"runs/{ids[0]}: meta.json has xsa={meta['factors']['xsa']!r} (sets recipe.xsa={meta['factors']['xsa']!r}) "
         f"but spec.json has recipe.xsa={spec['recipe']['xsa']!r}; left out (which file is right is unknown)")
     # analyze says so in one line (nothing left to fit) instead of reading the gain as a loss
-    assert main(["analyze", str(root), "--out", str(tmp_path / "rep"), "--n-boot", "0"]) == 2
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 2
 
 
 def test_a_code_that_contradicts_its_own_level_names_the_file(tmp_path):
@@ -110,7 +110,7 @@ def test_one_flipped_run_is_left_out_and_the_report_is_written(tmp_path, capsys)
     [rid] = _edit_meta(root, _flip_level, only=5)
     t = collect(root, write=False)
     assert inventory(t).excluded[0][0] == rid
-    assert main(["analyze", str(root), "--out", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert f"runs/{rid}: meta.json has xsa=" in md
     assert "- coding: xsa: +1 = xsa, −1 = none; sconv: +1 = short_conv, −1 = none" in md

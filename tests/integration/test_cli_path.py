@@ -1,5 +1,5 @@
 """A researcher's path through the CLI: a study file anywhere, registration by builder or Study,
---rungs/--seeds honoured or refused, one --set syntax (plan's ids are run's), the retention of a
+--rungs/--seeds honoured or refused, one --SECTION.F=V override syntax (plan's ids are run's), the retention of a
 completed study run, and the cost model fitted to real run times."""
 
 from __future__ import annotations
@@ -72,31 +72,31 @@ def test_registration_by_builder_or_study_object_and_bad_forms(monkeypatch, caps
 
 
 def test_set_has_one_syntax_and_plan_shows_what_run_uses(tmp_path, capsys):
-    sets = ["--set", "model.d_model=32", "--set", "train.log_every=1", "--set", "recipe.sconv=none"]
+    sets = ["--model.d_model=32", "--train.log_every=1", "--recipe.sconv=none"]
     d = _plan_json(["smoke", "--rungs", "cpu_s32", "--out", str(tmp_path), *sets], capsys)
-    assert d["rungs"][0]["d_model"] == 32 and d["rungs"][0]["params_total"] < 241_856  # the rung table follows --set
+    assert d["rungs"][0]["d_model"] == 32 and d["rungs"][0]["params_total"] < 241_856  # the rung table follows them
     plain = _plan_json(["smoke", "--rungs", "cpu_s32"], capsys)
     assert d["cost"]["train_flops"] < 0.6 * plain["cost"]["train_flops"]  # and so does the cost
     assert {r["run_id"] for r in d["runs"]}.isdisjoint(r["run_id"] for r in plain["runs"])
     assert d["execution"] == {"executor": "local", "workers": 2}  # what run uses (the study's max_parallel)
     assert _plan_json(["smoke", "--rungs", "cpu_s32", "--workers", "3"], capsys)["execution"]["workers"] == 3
     # describe and train take the same syntax; a section a command cannot use is refused naming the allowed
-    assert cli_main(["describe", "--preset", "tiny", "--set", "model.d_model=32", "--set", "recipe.xsa=none",
+    assert cli_main(["describe", "--preset", "tiny", "--model.d_model=32", "--recipe.xsa=none",
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["d_model"] == 32 and out["recipe"]["xsa"] == "none"
-    assert cli_main(["describe", "--preset", "tiny", "--set", "train.steps=3"]) == 2
-    assert "allowed sections: model, recipe" in capsys.readouterr().err
-    assert cli_main(["run", "smoke", "--set", "optim.lr=1", "--out", str(tmp_path)]) == 2
-    assert "allowed sections: model, train, data, recipe" in capsys.readouterr().err
+    assert cli_main(["describe", "--preset", "tiny", "--train.steps=3"]) == 2
+    assert "allowed sections: --model.F=V, --recipe.F=V" in capsys.readouterr().err
+    assert cli_main(["run", "smoke", "--optim.lr=1", "--out", str(tmp_path)]) == 2
+    assert "allowed sections: --model.F=V, --train.F=V, --data.F=V, --recipe.F=V" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_plan_prints_the_run_ids_run_creates_with_set(tmp_path, capsys):
     f = tmp_path / "my_study.py"
     f.write_text(STUDY_FILE)
-    argv = [f"{f}:build", "--rungs", "cpu_s32", "--out", str(tmp_path / "out"), "--set", "model.d_model=32",
-            "--set", "train.steps=2", "--set", "train.eval_batches=1"]
+    argv = [f"{f}:build", "--rungs", "cpu_s32", "--out", str(tmp_path / "out"), "--model.d_model=32",
+            "--train.steps=2", "--train.eval_batches=1"]
     planned = {r["run_id"] for r in _plan_json(argv, capsys)["runs"]}
     assert cli_main(["run", *argv, "--executor", "debug", "--no-analyze"]) == 0, capsys.readouterr()
     made = {p.name for p in (tmp_path / "out" / "file_study" / "runs").iterdir()}
@@ -142,20 +142,18 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
     assert pred.n_measured == 4
 
 
-def test_train_takes_the_same_set_syntax():
-    import argparse
+def test_train_takes_the_same_override_syntax():
+    from marin_ablate import options
+    from marin_ablate.train import TrainOptions, spec_from_args
 
-    from marin_ablate.train import spec_from_args, train_args
-
-    p = argparse.ArgumentParser()
-    train_args(p)
-    args = p.parse_args(["--preset", "tiny", "--out", "x", "--set", "seq_len=64", "--set", "model.d_model=32",
-                         "--set", "recipe.xsa=none", "--set", "train.steps=3", "--set", "data.data_seed=5"])
+    args = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.seq_len=64",
+                                        "--model.d_model=32", "--recipe.xsa=none", "--train.steps=3",
+                                        "--data.data_seed=5"])
     spec = spec_from_args(args)
     assert (spec.model.seq_len, spec.model.d_model, spec.recipe.xsa, spec.train.steps, spec.data.data_seed) == (
         64, 32, "none", 3, 5)
-    with pytest.raises(ValueError, match="allowed sections: model, train, data, recipe"):
-        spec_from_args(p.parse_args(["--preset", "tiny", "--out", "x", "--set", "optim.lr=1"]))
+    with pytest.raises(ValueError, match="allowed sections: --model.F=V, --train.F=V, --data.F=V, --recipe.F=V"):
+        options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--optim.lr=1"])
 
 
 @pytest.mark.slow

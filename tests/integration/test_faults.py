@@ -80,17 +80,17 @@ def test_out_of_range_settings_are_refused_naming_field_and_range(make, field, a
 
 
 def test_range_checks_are_the_same_for_train_run_tune_and_status(tmp_path, capsys):
-    cases = [["train", "--preset", "tiny", "--train-set", "log_every=0"],
-             ["run", "test_faults:slow_study", "--set", "train.log_every=0"],
-             ["tune", "test_faults:slow_study", "--set", "train.log_every=0"],
-             ["status", "test_faults:slow_study", "--set", "train.log_every=0"]]
+    cases = [["train", "--preset", "tiny", "--train.log_every=0"],
+             ["run", "test_faults:slow_study", "--train.log_every=0"],
+             ["tune", "test_faults:slow_study", "--train.log_every=0"],
+             ["status", "test_faults:slow_study", "--train.log_every=0"]]
     for argv in cases:
-        argv = [*argv, "--out", str(tmp_path)]
+        argv = [*argv, "--run-dir" if argv[0] == "train" else "--out", str(tmp_path)]
         assert cli_main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "TrainConfig.log_every=0 is out of range; allowed values: an integer >= 1" in err, (argv, err)
     assert cli_main(["run", "test_faults:slow_study", "--workers", "0", "--out", str(tmp_path)]) == 2  # ran with 2
-    assert "ExecOptions.workers=0 is out of range" in capsys.readouterr().err
+    assert "--workers=0 is out of range" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -115,7 +115,7 @@ def test_an_unusable_path_is_one_line_naming_it_with_exit_2(tmp_path, capsys):
                                        seeds=2, rng=rng), tmp_path / "study")
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    assert cli_main(["analyze", str(study), "--out", str(blocker / "report"), "--n-boot", "0"]) == 2
+    assert cli_main(["analyze", str(study), "--report-dir", str(blocker / "report"), "--n-boot", "0"]) == 2
     err = capsys.readouterr().err
     assert str(blocker) in err and "Traceback" not in err and err.count("\n") == 1, err
     (tmp_path / "lr").mkdir()
@@ -153,7 +153,7 @@ def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writ
     a = analyze_table(t, n_boot=0)
     assert any(nan_dir.name in n and "nan" in n for n in a.notes)  # the report lists it with its reason
     out = tmp_path / "elsewhere"
-    assert cli_main(["analyze", str(study), "--out", str(out), "--n-boot", "0", "--no-figures"]) == 0
+    assert cli_main(["analyze", str(study), "--report-dir", str(out), "--n-boot", "0", "--no-figures"]) == 0
     assert not (study / "results.parquet").exists() and not (study / "report").exists()
     assert (out / "results.parquet").exists()
     assert "left out" in capsys.readouterr().out

@@ -228,8 +228,8 @@ def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
     (run / "train.log").unlink()  # the log is appended to by any attempt; the results must not change
     before = _listing(run)
     capsys.readouterr()
-    argv = ["train", "--preset", "tiny", "--set", "seq_len=64", "--steps", "3", "--train-set", "batch_size=2",
-            "--train-set", "eval_batches=1", "--train-set", "threads=1", "--out", str(run), "--no-resume"]
+    argv = ["train", "--preset", "tiny", "--model.seq_len=64", "--train.steps", "3", "--train.batch_size=2",
+            "--train.eval_batches=1", "--train.threads=1", "--run-dir", str(run), "--no-resume"]
     assert cli_main(argv) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "holds run" in err[0] and "(spec.json)" in err[0], err

@@ -27,13 +27,13 @@ def _one_line(capsys) -> str:
     (["analyze", "nowhere", "--seed", "-5"], "--seed", "an integer in [0, 2**64)"),
     (["forecast", "nowhere", "--target", "inf"], "--target", "a finite number > 0"),
     (["run", "smoke", "--workers", "0"], "workers", "an integer >= 1"),
-    (["run", "smoke", "--mem-gb", "nan"], "mem_gb", "None or a finite number > 0"),
-    (["run", "smoke", "--executor", "slurm", "--signal-delay-s", "-1"], "signal_delay_s", "an integer >= 1"),
-    (["tune", "smoke", "--span", "inf"], "span", "must be > 1"),
-    (["tune", "smoke", "--points", "2"], "points", "must be an integer >= 3"),
-    (["plan", "smoke", "--dry-run", "--capacity-gib", "inf"], "--capacity-gib", "a finite number > 0"),
+    (["run", "smoke", "--slurm.mem_gb", "nan"], "mem_gb", "None or a finite number > 0"),
+    (["run", "smoke", "--executor", "slurm", "--slurm.signal_delay_s", "-1"], "signal_delay_s", "an integer >= 1"),
+    (["tune", "smoke", "--span", "inf"], "--span", "a finite number > 1"),
+    (["tune", "smoke", "--points", "2"], "--points", "an integer >= 3"),
+    (["plan", "smoke", "--dry_run", "--dry_run.capacity_gib", "inf"], "--dry_run.capacity_gib", "a finite number > 0"),
     (["status", "smoke", "--limit", "-2"], "--limit", "an integer >= 0"),
-    (["train", "--preset", "tiny", "--out", "nowhere", "--stop-after", "0"], "--stop-after", "an integer >= 1"),
+    (["train", "--preset", "tiny", "--run-dir", "nowhere", "--stop-after", "0"], "--stop-after", "an integer >= 1"),
 ])
 def test_numeric_arguments_out_of_range_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, flag,
                                                                       allowed):
@@ -45,7 +45,7 @@ def test_numeric_arguments_out_of_range_are_one_line_before_any_work(tmp_path, c
 
 
 def test_infinite_lr_scale_is_refused_naming_the_field(tmp_path, capsys):
-    assert cli_main(["plan", "smoke", "--set", "train.lr_scale=inf"]) == 2
+    assert cli_main(["plan", "smoke", "--train.lr_scale=inf"]) == 2
     line = _one_line(capsys)
     assert "lr_scale" in line and "a finite number > 0" in line, line
 

@@ -65,7 +65,7 @@ def test_two_concurrent_prepares_into_one_out_never_both_succeed_with_different_
     for race in range(2):
         out = tmp_path / f"out{race}"
         procs = [subprocess.Popen([sys.executable, "-m", "marin_ablate", "data", "prepare", str(source), "--tokenizer",
-                                   t, "--out", str(out), "--docs-per-shard", "10"], env=env, cwd=ROOT,
+                                   t, "--corpus-dir", str(out), "--docs-per-shard", "10"], env=env, cwd=ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for t in ("byte", str(tok))]
         results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
@@ -158,7 +158,7 @@ def test_a_garbage_manifest_is_one_clear_line(source, tmp_path, capsys, content)
 def test_a_garbage_tokenizer_json_is_one_clear_line(source, tmp_path, capsys, content):
     tok = tmp_path / "tokenizer.json"
     tok.write_bytes(content)
-    rc = main(["data", "prepare", str(source), "--tokenizer", str(tok), "--out", str(tmp_path / "out")])
+    rc = main(["data", "prepare", str(source), "--tokenizer", str(tok), "--corpus-dir", str(tmp_path / "out")])
     assert rc == 2
     assert f"tokenizer file {tok} is not an HF tokenizers file" in _one_error_line(capsys)
     assert not (tmp_path / "out" / "prepare.json").exists()
@@ -166,7 +166,8 @@ def test_a_garbage_tokenizer_json_is_one_clear_line(source, tmp_path, capsys, co
 
 @pytest.mark.parametrize("spec", ["bpe:abc", "bpe:100", "bpe:"])
 def test_a_bad_bpe_vocab_is_one_clear_line_before_the_source_is_read(tmp_path, capsys, spec):
-    rc = main(["data", "prepare", str(tmp_path / "no-such-source"), "--tokenizer", spec, "--out", str(tmp_path / "o")])
+    rc = main(["data", "prepare", str(tmp_path / "no-such-source"), "--tokenizer", spec,
+               "--corpus-dir", str(tmp_path / "o")])
     assert rc == 2
     assert f"tokenizer={spec!r}: VOCAB of bpe:VOCAB must be an integer in 257..1048576" in _one_error_line(capsys)
 
@@ -238,7 +239,7 @@ def _bad_sources(root: Path) -> dict[str, tuple[Path, str]]:
                                   "text_object", "latin1_jsonl"])
 def test_unreadable_source_files_are_one_clear_line_in_prepare_and_in_eval_folders(tmp_path, capsys, case):
     folder, says = _bad_sources(tmp_path)[case]
-    rc = main(["data", "prepare", str(folder), "--tokenizer", "byte", "--out", str(tmp_path / "out")])
+    rc = main(["data", "prepare", str(folder), "--tokenizer", "byte", "--corpus-dir", str(tmp_path / "out")])
     assert rc == 2
     assert re.search(says, _one_error_line(capsys))
     evaldir = tmp_path / "eval"
@@ -312,7 +313,7 @@ def test_sigterm_to_a_two_worker_prepare_stops_it_without_worker_tracebacks(tmp_
         (src / f"{k}.jsonl").write_text("".join(json.dumps({"text": t * 4}) + "\n" for t in _docs(3000, seed=k)))
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "marin_ablate", "data", "prepare", str(src), "--tokenizer", "bpe:2000",
-                          "--num-proc", "2", "--docs-per-shard", "100", "--out", str(out)],
+                          "--num-proc", "2", "--docs-per-shard", "100", "--corpus-dir", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     deadline = time.time() + 240

@@ -40,7 +40,7 @@ def test_disk_full_in_prepare_names_the_path_under_out_not_the_source(tmp_path, 
         json.dumps({"text": " ".join(rng.choice("ab cd ef".split()) for _ in range(100))}) + "\n"
         for _ in range(3000)))  # ~0.9 MB: its cache does not fit in 1 MiB
     out = small_disk / "out"
-    assert main(["data", "prepare", str(src), "--tokenizer", "byte", "--out", str(out)]) == 2
+    assert main(["data", "prepare", str(src), "--tokenizer", "byte", "--corpus-dir", str(out)]) == 2
     err = _one_line(capsys)  # the datasets cache or a shard, whichever fills the disk first: a path under --out
     assert f"{out}/" in err and "disk full (no space left on device)" in err and "cannot read" not in err
 
@@ -54,5 +54,5 @@ def test_disk_full_at_train_start_names_the_path(small_disk, capsys):
         except OSError:
             pass
     out = small_disk / "run"
-    assert main(["train", "--preset", "tiny", "--set", "train.steps=1", "--out", str(out)]) == 2
+    assert main(["train", "--preset", "tiny", "--train.steps=1", "--run-dir", str(out)]) == 2
     assert f"disk full (no space left on device) while writing {out / '.lock'}" in _one_line(capsys)

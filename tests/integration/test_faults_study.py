@@ -33,7 +33,8 @@ def test_a_copied_run_folder_is_counted_once_and_never_reported_lost(tmp_path, c
     assert (t["status"] == "duplicate").sum() == 1
     a = analyze_table(t, n_boot=0)
     assert a.lost == [] and not [w for w in a.warnings if "lost" in w], a.warnings
-    assert cli_main(["analyze", str(study), "--n-boot", "0", "--no-figures", "--out", str(tmp_path / "rep")]) == 0
+    assert cli_main(["analyze", str(study), "--n-boot", "0", "--no-figures",
+                     "--report-dir", str(tmp_path / "rep")]) == 0
     assert "lost" not in capsys.readouterr().out
 
 
@@ -58,7 +59,8 @@ def test_tampered_meta_and_wrongly_typed_summary_fields_are_one_line_naming_the_
     assert "field 'wall_s' is 'slow'; allowed values: a number or null" in bad[runs[2].name]
     assert "field 'step' is 'abc'; allowed values: an integer or null" in bad[runs[3].name]
     capsys.readouterr()
-    assert cli_main(["analyze", str(study), "--n-boot", "0", "--no-figures", "--out", str(tmp_path / "rep")]) == 0
+    assert cli_main(["analyze", str(study), "--n-boot", "0", "--no-figures",
+                     "--report-dir", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.err and "left out" in out.out
 

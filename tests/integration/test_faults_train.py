@@ -176,9 +176,9 @@ def test_disk_full_during_a_checkpoint_names_the_path_and_leaves_no_temporary(tm
 
 
 def _cli(out: Path, *extra: str, steps: int = 6) -> list[str]:
-    return ["--preset", "tiny", "--set", "seq_len=64", "--steps", str(steps), "--train-set", "batch_size=2",
-            "--train-set", "eval_every=0", "--train-set", "eval_batches=1", "--train-set", "log_every=1",
-            "--train-set", "threads=1", "--out", str(out), *extra]
+    return ["--preset", "tiny", "--model.seq_len=64", "--train.steps", str(steps), "--train.batch_size=2",
+            "--train.eval_every=0", "--train.eval_batches=1", "--train.log_every=1",
+            "--train.threads=1", "--run-dir", str(out), *extra]
 
 
 def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:

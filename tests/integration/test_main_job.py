@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 # the design alone: its LR profile and pinned law have their own tests (tests/sweeps/test_lr_profile.py)
-SMALL = ["--rungs", "cpu_s", "--set", "train.steps=6", "--set", "train.checkpoint_every=2", "--no-profile", "--no-pin"]
+SMALL = ["--rungs", "cpu_s", "--train.steps=6", "--train.checkpoint_every=2", "--no-profile", "--no-pin"]
 
 
 def _cli(*args: str) -> list[str]:
@@ -58,7 +58,7 @@ def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
     # No periodic checkpoint can fall inside these runs (every 10,000 steps), so a checkpoint on disk
     # after Ctrl-C was written by the interrupt itself, at the step the run had reached.
     study_dir = tmp_path / "smoke"
-    args = ["--rungs", "cpu_s", "--set", "train.steps=2000", "--set", "train.checkpoint_every=10000",
+    args = ["--rungs", "cpu_s", "--train.steps=2000", "--train.checkpoint_every=10000",
             "--no-profile", "--no-pin"]  # the design's runs, not the LR profile before it
     proc = subprocess.Popen(_cli("run", "smoke", *args, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -277,13 +277,14 @@ def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepare
     from marin_ablate.main import main
 
     out = tmp_path / "cli"
-    rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--out", str(out),
+    rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--corpus-dir", str(out),
                "--text-column", "body", "--domain-column", "source", "--docs-per-shard", str(DOCS_PER_SHARD)])
     assert rc == 0
     m = json.loads((out / "manifest.json").read_text())
     assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in prepared[2]["shards"]]
-    assert f"--set data.corpus={out}" in capsys.readouterr().out
-    assert main(["data", "prepare", str(source), "--tokenizer", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+    assert f"--data.corpus={out}" in capsys.readouterr().out
+    assert main(["data", "prepare", str(source), "--tokenizer", str(tmp_path / "none.json"),
+                 "--corpus-dir", str(out)]) == 2
 
 
 def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
@@ -299,7 +300,7 @@ def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsy
 
     assert main(["plan", "marin535"]) == 2
     err = capsys.readouterr().err
-    assert "data.corpus='embedded'" in err and "--set data.corpus=DIR" in err and "data prepare" in err
+    assert "data.corpus='embedded'" in err and "--data.corpus=DIR" in err and "data prepare" in err
 
 
 def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
@@ -309,25 +310,25 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
     big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
     (tmp_path / "eval" / "web" / "val").mkdir(parents=True)  # a prepared corpus needs an eval_dir (as `train` does)
-    ev = ["--set", f"data.eval_dir={tmp_path / 'eval'}"]
-    assert main(["plan", "marin535", "--json", "--set", f"data.corpus={big}", *ev]) == 0
+    ev = [f"--data.eval_dir={tmp_path / 'eval'}"]
+    assert main(["plan", "marin535", "--json", f"--data.corpus={big}", *ev]) == 0
     rows = json.loads(capsys.readouterr().out)["epochs"]
     assert [(r["rung"], r["tokens_needed"], r["corpus_tokens"]) for r in rows] == \
         [(k, v, 2 * max(rungs.values())) for k, v in rungs.items()]
     assert [r["epochs"] for r in rows] == [v / (2 * max(rungs.values())) for v in rungs.values()]
-    assert main(["plan", "marin535", "--set", f"data.corpus={big}", *ev]) == 0
+    assert main(["plan", "marin535", f"--data.corpus={big}", *ev]) == 0
     text = capsys.readouterr().out
     assert "tokens_needed" in text and f"{2 * max(rungs.values()):,}" in text
 
     small = _fake_prepared(tmp_path / "small", rungs["d768"], 16384)  # d1024 would repeat it
-    assert main(["plan", "marin535", "--set", f"data.corpus={small}"]) == 2
+    assert main(["plan", "marin535", f"--data.corpus={small}"]) == 2
     err = capsys.readouterr().err
     assert rungs["d1024"] > rungs["d768"]
     assert "rung d1024" in err and f"{rungs['d1024'] / rungs['d768']:.2f} epochs" in err and "--allow-repeat" in err
-    assert main(["plan", "marin535", "--json", "--allow-repeat", "--set", f"data.corpus={small}", *ev]) == 0
+    assert main(["plan", "marin535", "--json", "--allow-repeat", f"--data.corpus={small}", *ev]) == 0
     assert json.loads(capsys.readouterr().out)["epochs"][2]["epochs"] == rungs["d1024"] / rungs["d768"]
     wide = _fake_prepared(tmp_path / "wide", 10 ** 12, 128256)
-    assert main(["plan", "marin535", "--set", f"data.corpus={wide}"]) == 2
+    assert main(["plan", "marin535", f"--data.corpus={wide}"]) == 2
     assert "vocabulary of 128256, more than model.vocab_size=16384" in capsys.readouterr().err
 
 
@@ -338,7 +339,7 @@ def test_plan_refuses_a_corpus_whose_manifest_is_unreadable_or_of_another_format
     bad.mkdir()
     for text, says in (("{not json", "not a readable JSON file"), ('{"format": "other"}', "format 'other' is not")):
         (bad / "manifest.json").write_text(text)
-        assert main(["plan", "marin535", "--set", f"data.corpus={bad}"]) == 2
+        assert main(["plan", "marin535", f"--data.corpus={bad}"]) == 2
         err = capsys.readouterr().err
         assert says in err and "prepare the corpus again" in err
 
@@ -446,10 +447,10 @@ def test_a_prepared_corpus_run_validates_eval_dir_and_vocabulary(prepared, palom
 @pytest.mark.slow
 def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "marin_ablate", "train", "--preset", "tiny", "--set", f"seq_len={TRAIN_SEQ}",
-           "--set", "model.vocab_size=512", "--set", f"data.corpus={prepared[0]}", "--set",
-           f"data.eval_dir={paloma_dir}", "--steps", "3", "--train-set", "batch_size=2", "--set", "train.eval_every=0",
-           "--train-set", "eval_batches=1", "--train-set", "log_every=1", "--train-set", "threads=1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "marin_ablate", "train", "--preset", "tiny", f"--model.seq_len={TRAIN_SEQ}",
+           "--model.vocab_size=512", f"--data.corpus={prepared[0]}",
+           f"--data.eval_dir={paloma_dir}", "--train.steps", "3", "--train.batch_size=2", "--train.eval_every=0",
+           "--train.eval_batches=1", "--train.log_every=1", "--train.threads=1", "--run-dir", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
@@ -469,7 +470,7 @@ def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tm
 
 
 def real_data_study():
-    """A tiny study: xsa x 3 short rungs, on whatever data `--set data.*` names."""
+    """A tiny study: xsa x 3 short rungs, on whatever data `--data.*` names."""
     from ablations.designs import full_factorial
     from ablations.ladders import Rung
     from ablations.studies import Study
@@ -487,7 +488,7 @@ def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepa
     from sweeps.executors import ExecOptions
     from sweeps.sweep import run_study
 
-    sets = [f"data.corpus={prepared[0]}", f"data.eval_dir={paloma_dir}", "model.vocab_size=512"]  # run --set ...
+    sets = [f"data.corpus={prepared[0]}", f"data.eval_dir={paloma_dir}", "model.vocab_size=512"]  # run --data.F=V ...
     rep = run_study(real_data_study(), tmp_path, ExecOptions(executor="debug"), overrides=sets, progress=False)
     assert rep.counts["completed"] == 6
     sd = tmp_path / "real_data"

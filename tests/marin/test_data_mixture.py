@@ -237,7 +237,7 @@ def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_
 def test_plan_refuses_a_mixture_naming_a_domain_the_corpus_lacks_before_any_run(capsys):
     from marin_ablate.main import main
 
-    assert main(["plan", "smoke", "--set", "data.mixture=0:prose=1+web=1,0.8:code=1"]) == 2
+    assert main(["plan", "smoke", "--data.mixture=0:prose=1+web=1,0.8:code=1"]) == 2
     err = capsys.readouterr().err
     assert "DataConfig.mixture names domain(s) ['web']" in err and "allowed values: 'prose'" in err
-    assert main(["plan", "smoke", "--set", "data.mixture=0:prose=1+code=1,0.8:docs=1"]) == 0
+    assert main(["plan", "smoke", "--data.mixture=0:prose=1+code=1,0.8:docs=1"]) == 0

@@ -129,7 +129,7 @@ def test_causal_attention_counts_windowed_keys_and_training_is_three_forwards():
 
 
 def test_describe_cli_prints_json_with_counts(capsys):
-    rc = cli_main(["describe", "--preset", "tiny", "--set", "d_model=128", "--recipe", "latent_moe=standard", "--json"])
+    rc = cli_main(["describe", "--preset", "tiny", "--model.d_model=128", "--recipe.latent_moe=standard", "--json"])
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
     cfg, recipe = preset("tiny", ["d_model=128"]), Recipe(latent_moe="standard")
@@ -142,7 +142,7 @@ def test_describe_cli_prints_json_with_counts(capsys):
 
 
 def test_describe_cli_rejects_unknown_levels_with_allowed_values(capsys):
-    assert cli_main(["describe", "--recipe", "xsa=maybe"]) == 2
+    assert cli_main(["describe", "--recipe.xsa=maybe"]) == 2
     err = capsys.readouterr().err
     assert "Recipe.xsa" in err and "allowed values" in err and "'none'" in err
     assert cli_main(["describe", "--preset", "d99"]) == 2

@@ -366,7 +366,7 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
 
 
 def test_a_one_gpu_rung_dry_runs_as_one_process_with_virtual_ep_and_writes_its_final_checkpoint(tmp_path):
-    """d512 on one GPU (`--gpus-per-run 1`, `plan --dry-run --gpus 1`) trains with 8 virtual EP shards and
+    """d512 on one GPU (`--slurm.gpus_per_run 1`, `plan --dry_run --dry_run.gpus 1`) trains with 8 virtual EP shards and
     no process group: the loop (a) and the state count run that single-process trainer (every expert local,
     no all-to-all), not an 8-rank group."""
     from ablations import get_study

@@ -28,7 +28,8 @@ from marin.config import (
     preset,
 )
 from marin.train import context_plan, is_spike, train
-from marin_ablate.train import spec_from_args, train_args
+from marin_ablate import options
+from marin_ablate.train import TrainOptions, spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny", ["seq_len=64"])
@@ -89,20 +90,16 @@ def test_tiny_run_learns_the_embedded_corpus(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
-    argv = ["--preset", "tiny", "--set", "seq_len=64", "--steps", "24", "--train-set", "batch_size=2",
-            "--train-set", "eval_every=8", "--train-set", "eval_batches=1", "--train-set", "checkpoint_every=10",
-            "--train-set", "log_every=1", "--train-set", "threads=1"]
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    train_args(parser)
-    spec = spec_from_args(parser.parse_args(argv + ["--out", "x"]))
+    argv = ["--preset", "tiny", "--model.seq_len=64", "--train.steps", "24", "--train.batch_size=2",
+            "--train.eval_every=8", "--train.eval_batches=1", "--train.checkpoint_every=10",
+            "--train.log_every=1", "--train.threads=1"]
+    spec = spec_from_args(options.parse(TrainOptions, argv + ["--run-dir", "x"]))
     ref = train(spec, tmp_path / "ref")
 
     run = tmp_path / "cut"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "tests/train_signalled.py", "13", "TERM", *argv, "--out", str(run)], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "tests/train_signalled.py", "13", "TERM", *argv, "--run-dir", str(run)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
     assert not (run / "summary.json").exists()
     cks = sorted(p.name for p in (run / "checkpoints").iterdir())
@@ -174,11 +171,11 @@ def test_diverged_run_writes_a_failed_summary_with_step_and_reason(tmp_path):
 def test_bad_input_fails_before_any_work(tmp_path, capsys):
     from marin_ablate.main import main
 
-    assert main(["train", "--preset", "nope", "--out", str(tmp_path / "a")]) == 2
+    assert main(["train", "--preset", "nope", "--run-dir", str(tmp_path / "a")]) == 2
     assert "unknown preset 'nope'; allowed values: tiny" in capsys.readouterr().err
-    assert main(["train", "--preset", "tiny", "--recipe", "xsa=maybe", "--out", str(tmp_path / "b")]) == 2
+    assert main(["train", "--preset", "tiny", "--recipe.xsa=maybe", "--run-dir", str(tmp_path / "b")]) == 2
     assert "Recipe.xsa='maybe'" in capsys.readouterr().err
-    assert main(["train", "--preset", "tiny", "--train-set", "lr_schedule=step", "--out", str(tmp_path / "c")]) == 2
+    assert main(["train", "--preset", "tiny", "--train.lr_schedule=step", "--run-dir", str(tmp_path / "c")]) == 2
     assert "TrainConfig.lr_schedule" in capsys.readouterr().err
     with pytest.raises(ValueError, match="DataConfig.corpus='/no/such/corpus'"):
         train(RunSpec(model=TINY, train=_fast(3), data=DataConfig(corpus="/no/such/corpus")), tmp_path / "d")

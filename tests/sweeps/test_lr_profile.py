@@ -127,5 +127,5 @@ def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three
     assert sorted({s.train.steps for s, _ in specs}) == [16, 32, 64, 128, 256, 512, 1024]
     assert all(s.train.lr_scale == 1.0 for s, _ in specs)  # the heuristic LR: the key does not follow a profile
     assert reference_key(specs) == reference_key(reference_specs(get_study("smoke", seeds=[1])))
-    with pytest.raises(ValueError, match="makes the baseline ladder's rungs .* the same run; allowed: .* or --no-pin"):
+    with pytest.raises(ValueError, match="make the baseline ladder's rungs .* the same run; allowed: .* or --no-pin"):
         reference_specs(study, ["train.steps=6"])

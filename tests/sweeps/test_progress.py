@@ -1,7 +1,6 @@
 """Live visibility: train's per-step line, a study's ETA and running runs in `run`/`status`, and a
 study's runs reaching offline W&B and TensorBoard grouped by study and tagged with arm/rung/levels."""
 
-import argparse
 import io
 import json
 import os
@@ -140,9 +139,7 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
 
 def _status(tmp_path, monkeypatch, capsys, *flags):
     monkeypatch.setattr(status_commands, "study_from_args", lambda args: tiny_study())
-    p = argparse.ArgumentParser()
-    status_commands.status_args(p)
-    assert status_commands.cmd_status(p.parse_args(["tiny_watch", "--out", str(tmp_path), *flags])) == 0
+    assert status_commands.cmd_status(["tiny_watch", "--out", str(tmp_path), *flags]) == 0
     return capsys.readouterr().out
 
 
@@ -175,13 +172,11 @@ def test_status_shows_no_python_none_a_completed_runs_total_and_the_arm_codes_ke
     (done.dir / "summary.json").write_text(json.dumps({"run_id": done.run_id, "status": "completed", "step": 3,
                                                        "wall_s": 2.0, "final_train_loss": 3.5}))
     monkeypatch.setattr(status_commands, "study_from_args", lambda args: study)
-    p = argparse.ArgumentParser()
-    status_commands.status_args(p)
-    assert status_commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--json"])) == 0
+    assert status_commands.cmd_status(["tiny_key", "--out", str(tmp_path), "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     row = next(r for r in st["runs"] if r["run_id"] == done.run_id)
     assert (row["state"], row["step"], row["total"]) == ("completed", 3, 3)
-    assert status_commands.cmd_status(p.parse_args(["tiny_key", "--out", str(tmp_path), "--all"])) == 0
+    assert status_commands.cmd_status(["tiny_key", "--out", str(tmp_path), "--all"]) == 0
     out = capsys.readouterr().out
     assert "None" not in out and "3/3" in out
     assert "arm codes: one sign per factor in this order: xsa (+ xsa, - none), sconv (+ short_conv, - none)" in out

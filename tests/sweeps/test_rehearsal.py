@@ -1,4 +1,4 @@
-"""The rehearsal (`plan STUDY --dry-run`, part c): one training step + checkpoint save on an accelerator
+"""The rehearsal (`plan STUDY --dry_run`, part c): one training step + checkpoint save on an accelerator
 that is not the host, through a process group that serves only the accelerator (planning/rehearsal.py)."""
 
 from __future__ import annotations

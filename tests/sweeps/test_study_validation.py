@@ -27,7 +27,7 @@ def _one_line(capsys) -> str:
 ])
 def test_a_setting_train_refuses_is_refused_before_anything_is_written(tmp_path, capsys, command, setting, says):
     out = tmp_path / "out"
-    assert main([command, "smoke", "--out", str(out), "--set", setting]) == 2
+    assert main([command, "smoke", "--out", str(out), f"--{setting}"]) == 2
     err = _one_line(capsys)
     # names the first run it concerns: a design run, or for `run` a run of the LR profile before the design
     assert says in err and "run " in err and re.search(r"\(rung cpu_s\d+, arm ", err), err
@@ -83,7 +83,7 @@ def test_wandb_online_without_a_key_is_one_line_before_the_run_folder_exists(tmp
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
     out = tmp_path / "run"
-    assert main(["train", "--preset", "tiny", "--set", "train.steps=1", "--out", str(out), "--log-to", "wandb"]) == 2
+    assert main(["train", "--preset", "tiny", "--train.steps=1", "--run-dir", str(out), "--log-to", "wandb"]) == 2
     assert "--log-to wandb with WANDB_MODE=online needs an API key" in _one_line(capsys)
     assert not out.exists()
     assert main(["run", "smoke", "--out", str(tmp_path / "study"), "--log-to", "wandb"]) == 2
@@ -120,7 +120,7 @@ def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, caps
     monkeypatch.chdir(tmp_path)
     # every run fails at once in setup (its first tensor cannot be allocated)
     # (the design's runs: the LR profile before them would stop the study first, naming its folder)
-    args = ["mystudy.py:study", "--out", str(tmp_path / "out"), "--set", "model.d_model=1000000000", "--no-profile"]
+    args = ["mystudy.py:study", "--out", str(tmp_path / "out"), "--model.d_model=1000000000", "--no-profile"]
     assert main(["run", *args, "--no-pin", "--executor", "debug", "--no-analyze"]) == 1
     out = capsys.readouterr().out
     hint = out.split("failed runs keep their error in summary.json; `", 1)[1].split("`", 1)[0]
@@ -149,7 +149,7 @@ def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anyt
     runs = planned_runs(study, tmp_path)
     check_layouts(runs, ExecOptions(executor="slurm"), study_resources(study))  # the rungs' own GPUs tile
     with pytest.raises(ValueError, match=r"run \w+ \(rung d1024, arm [^)]+\) on 8 GPUs: ModelConfig.ep_shards=16 "
-                                         r"\(the EP group size\) with world_size=8: .*; use --gpus-per-run a "
+                                         r"\(the EP group size\) with world_size=8: .*; use --slurm.gpus_per_run a "
                                          r"multiple of its ModelConfig.ep_shards=16"):
         check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=8)), study_resources(study))
     assert not any(tmp_path.iterdir())
