@@ -1,5 +1,5 @@
 """Field helpers of the configuration dataclasses (marin/config.py): range rules checked in every
-__post_init__, so `train`, `run`, `tune` and `plan` reject the same values with the same message, and
+__post_init__, so `train`, `run`, `run --tune` and `plan` reject the same values with the same message, and
 the `--section.field=value` overrides parsed by each field's type, and the dataclasses as plain dicts
 (`to_dict`, and `non_default`: what a run id hashes). The validation helpers (`check`,
 `check_level`, `is_int`, `is_num`) are public: marin/config.py and marin/phases.py raise with them.
@@ -37,7 +37,7 @@ def is_num(v: Any) -> bool:
 
 
 # Range rules: (predicate, allowed-range text). A field's rule is checked in every __post_init__ below,
-# so `train`, `run`, `tune` and `plan` reject the same values with the same message.
+# so `train`, `run`, `run --tune` and `plan` reject the same values with the same message.
 POS_INT = (lambda v: is_int(v) and v >= 1, "an integer >= 1")
 NONNEG_INT = (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
 POS = (lambda v: is_num(v) and v > 0, "a finite number > 0")
@@ -170,18 +170,22 @@ def non_default(obj: Any) -> dict:
 def option(default: Any = dataclasses.MISSING, *, help: str = "", choices: Sequence | None = None,  # noqa: A002
            lo: float | None = None, hi: float | None = None, lo_open: bool = False, positional: bool = False,
            metavar: str | None = None, spec: Sequence[str] | None = None, inline: bool = False,
-           section: Any = None, allowed: str | None = None) -> Any:
+           section: Any = None, allowed: str | None = None, name: str | None = None, mode: bool = False,
+           sections: Any = None) -> Any:
     """A dataclass field with its command-line description: `help`, `choices` (the allowed values),
     `lo`/`hi` (an inclusive range; `lo_open`: lo excluded), `positional` (an argument, not a flag),
     `spec` (the RunSpec sections `--SECTION.FIELD=VALUE` overrides reach: the field holds those
     items), `inline` (a nested options dataclass whose flags join this level's), `section` (the
     nested options dataclass, or a callable returning it, when the annotation cannot name it),
-    `allowed` (the allowed values in words, when the range's own text reads worse).
+    `allowed` (the allowed values in words, when the range's own text reads worse), `name` (a
+    section's flag name when the field's cannot be it: `import`), `mode` (a section that is one mode of
+    its command: two modes at once are refused), `sections` (a callable returning {name: options
+    dataclass}: one section per entry, known only when the parser is built: the executors' rows).
     `check_fields` checks the value against choices and range."""
     md = {"help": help, "choices": tuple(choices) if choices is not None else None, "lo": lo, "hi": hi,
           "lo_open": lo_open, "positional": positional, "metavar": metavar,
           "spec": tuple(spec) if spec is not None else None, "inline": inline, "section": section,
-          "allowed": allowed}
+          "allowed": allowed, "name": name, "mode": mode, "sections": sections}
     if isinstance(default, (list, dict, set)):
         raise TypeError("option(): a mutable default; use a tuple")
     return dataclasses.field(default=default, metadata={"option": md})

@@ -154,7 +154,7 @@ def dispatch_bytes_per_token(cfg: ModelConfig, recipe: Recipe, bytes_per_element
 
 
 def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
-    """Resolved config and accounting, for `marin-ablate describe` and run summaries."""
+    """Resolved config and accounting, for `marin-ablate plan --preset` and run summaries."""
     g = cfg.moe_geometry(recipe)
     return {
         "model": to_dict(cfg),

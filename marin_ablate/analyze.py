@@ -1,4 +1,6 @@
-"""`marin-ablate analyze` and `marin-ablate forecast`. No torch anywhere on this path."""
+"""`marin-ablate analyze` and its modes: `--import.table FILE` (runs from elsewhere into a study folder,
+analysis/io/importer.py) and `--forecast` (an immutable pre-registered forecast). No torch anywhere on
+this path."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import ClassVar
 
 import pandas as pd
 
+from analysis.io.importer import COLUMNS
 from analysis.ofat import DESIGNS
 from marin import plugins
 from marin.fields import SEED, option
@@ -45,10 +48,10 @@ SEED_MAX = 2**64 - 1  # torch.manual_seed's range, as a spec's seed
 
 @dataclass(frozen=True)
 class FitOptions:
-    """How the study's table is fitted: what analyze and forecast share."""
+    """How the study's table is fitted: what the report and the forecast share."""
 
     study: str = option(positional=True, metavar="STUDY",
-                        help="a study directory (runs/, e.g. one `marin-ablate import` wrote), a results table "
+                        help="a study directory (runs/, e.g. one `analyze --import.table` wrote), a results table "
                              "(.parquet or .csv in the results-table schema), or a study name")
     pin_linf: float | None = option(None, lo=0, help="pin L∞ of the reference law (a loss)")
     pin_alpha: float | None = option(None, lo=0, lo_open=True, help="pin α of the reference law")
@@ -144,16 +147,68 @@ def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | 
 
 
 @dataclass(frozen=True)
+class ImportSection:
+    """Instead of the report: read a CSV or JSON table of runs from elsewhere into a study folder (--study-dir)
+    that `analyze` then reads."""
+
+    table: str | None = option(None, metavar="FILE", help="a .csv or .json table, one row per run (required)")
+    study: str | None = option(None, help="study name (none: FILE's name without its suffix)")
+
+
+@dataclass(frozen=True)
+class ForecastSection:
+    """Instead of the report: write an immutable pre-registered forecast of one arm's loss at --target FLOPS
+    (required) into the study folder's forecasts/."""
+
+    arm: str = option("recipe", help="recipe (all on), baseline (all off), or an arm name")
+    note: str = option("", help="free text stored in the forecast")
+
+
+@dataclass(frozen=True)
 class AnalyzeOptions(FitOptions):
-    """Results table, multipliers, attribution, report and plots."""
+    """Results table, multipliers, attribution, report and plots; or a mode: --import.table FILE, --forecast."""
 
     command: ClassVar[str] = "analyze"
     epilog: ClassVar[str] = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
-                             "import FILE` writes it), its results.parquet, a results .csv in the same schema, or a "
-                             "study name. Results from elsewhere: `marin-ablate import FILE` first (README).")
+                             "analyze --import.table FILE` writes it), its results.parquet, a results .csv in the "
+                             "same schema, or a study name. Results from elsewhere: `--import.table FILE` first "
+                             "(README). The table's columns: "
+                             + "; ".join(f"{c}{' (required)' if req else ''}: {what}"
+                                         for c, (req, what) in COLUMNS.items())
+                             + "; every other column is a factor, its values the arm's levels.")
+    study: str | None = option(None, positional=True, metavar="STUDY",
+                               help="a study directory (runs/, e.g. one `--import.table` wrote), a results table "
+                                    "(.parquet or .csv in the results-table schema), or a study name; none with "
+                                    "--import.table")
     report_dir: str | None = option(None, metavar="DIR", help="report directory (none: STUDY/report)")
-    target: float | None = option(None, lo=0, lo_open=True, help="extrapolate multipliers to this compute (FLOPs)")
+    target: float | None = option(None, lo=0, lo_open=True, help="extrapolate multipliers to this compute (FLOPs); "
+                                                                 "--forecast: the forecast's compute")
     no_figures: bool = option(False, help="no plots in the report")
+    study_dir: str | None = option(None, metavar="DIR", help="the study folder this writes into: --import.table "
+                                   "creates it (none: FILE without its suffix), --forecast adds forecasts/ to it "
+                                   "(none: STUDY's)")
+    imports: ImportSection | None = option(None, section=ImportSection, name="import", mode=True,
+                                           help=ImportSection.__doc__)
+    forecast: ForecastSection | None = option(None, section=ForecastSection, mode=True, help=ForecastSection.__doc__)
+
+
+def _import(args: AnalyzeOptions) -> int:
+    """`analyze --import.table FILE`: the table into a study folder (what `marin-ablate import` did)."""
+    import json
+
+    from analysis.io.importer import import_file
+
+    if args.imports.table is None:
+        raise ValueError("--import needs --import.table FILE (a .csv or .json table, one row per run)")
+    if args.study is not None:
+        raise ValueError(f"STUDY {args.study!r} with --import.table: the import writes a study folder (--study-dir); "
+                         f"allowed: `analyze --import.table {args.imports.table}`, then `analyze DIR`")
+    out = import_file(args.imports.table, args.study_dir, args.imports.study)
+    for note in json.loads((out / "import.json").read_text()).get("notes", []):
+        print(f"note: {note}")
+    n = sum(1 for _ in (out / "runs").iterdir())
+    print(f"imported {n} runs into {out}; next: marin-ablate analyze {out}")
+    return 0
 
 
 def cmd_analyze(argv: list[str]) -> int:
@@ -162,6 +217,13 @@ def cmd_analyze(argv: list[str]) -> int:
     from analysis.report.writer import attribution_table, write_report
 
     args = options.parse(AnalyzeOptions, argv)
+    if args.imports is not None:
+        return _import(args)
+    if args.study is None:
+        raise ValueError("analyze needs a STUDY (a study directory, a results table or a study name), or "
+                         "--import.table FILE")
+    if args.forecast is not None:
+        return _forecast(args)
     study_dir, table = resolve_study(args.study)
     out = Path(args.report_dir) if args.report_dir else study_dir / "report"
     if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --report-dir when given
@@ -208,28 +270,21 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     return 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class ForecastOptions(FitOptions):
-    """Write an immutable pre-registered forecast."""
-
-    command: ClassVar[str] = "forecast"
-    target: float = option(lo=0, lo_open=True, help="target compute in FLOPs")
-    arm: str = option("recipe", help="recipe (all on), baseline (all off), or an arm name")
-    note: str = option("", help="free text stored in the forecast")
-    study_dir: str | None = option(None, metavar="DIR", help="study directory to hold forecasts/ (none: the study's)")
-
-
-def cmd_forecast(argv: list[str]) -> int:
+def _forecast(args: AnalyzeOptions) -> int:
+    """`analyze STUDY --forecast --target FLOPS`: an immutable pre-registered forecast (what `marin-ablate
+    forecast` did)."""
     from analysis.calibration.forecast import arm_codes, write_forecast
 
-    args = options.parse(ForecastOptions, argv)
+    if args.target is None:
+        raise ValueError("--forecast needs --target FLOPS (the compute the forecast is for)")
     study_dir, table = resolve_study(args.study)
     if _ofat_or_none(args, table) is not None:
-        raise ValueError("forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
+        raise ValueError("--forecast needs the factorial model; allowed values: a factorial study (--design factorial)")
     a = _analyze(args, table, args.target, study_dir)
+    fc = args.forecast
     path = write_forecast(Path(args.study_dir) if args.study_dir else study_dir, a, table, target_compute=args.target,
-                          arm=args.arm, note=args.note, force=args.force_extrapolation)
-    pred = a.arm_prediction(arm_codes(a, args.arm), args.target, force=args.force_extrapolation)
-    print(f"forecast {path}: arm {args.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "
+                          arm=fc.arm, note=fc.note, force=args.force_extrapolation)
+    pred = a.arm_prediction(arm_codes(a, fc.arm), args.target, force=args.force_extrapolation)
+    print(f"forecast {path}: arm {fc.arm} at {args.target:.3g} FLOPs -> loss {pred['loss']:.4f} "
           f"[{pred['loss_lo']:.4f}, {pred['loss_hi']:.4f}]")
     return 0

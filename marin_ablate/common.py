@@ -1,15 +1,15 @@
-"""`marin-ablate studies` and `describe`, and what `plan`, `run`, `status` and `tune` share: their option
-dataclasses (`StudyOptions`, `ExecConfig`, `LogOptions`; marin_ablate/options.py makes the flags), the
-study and execution options they resolve, the corpus check and the table layout (marin_ablate/main.py
-dispatches here and to marin_ablate/plan.py, run.py, status.py, tune.py).
+"""`marin-ablate studies`, and what `plan`, `run` and `status` share: their option dataclasses
+(`StudyOptions`, `ExecConfig`, `LogOptions`; marin_ablate/options.py makes the flags), the study and
+execution options they resolve, a preset's ladder rung, the corpus check and the table layout
+(marin_ablate/main.py dispatches here and to marin_ablate/plan.py, run.py, status.py).
 
     marin-ablate studies [--json]             the registered studies, one line each
-    marin-ablate describe --preset NAME [--json]  resolved config, parameter and FLOP counts
+    marin-ablate plan --preset NAME [--json]  resolved config, parameter and FLOP counts of a preset
 
     marin-ablate plan STUDY [--json]          design, alias table, runs, cost (hero: its sbatch)
     marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]
+    marin-ablate run STUDY --tune [--tune.points 5] [--tune.span 4] [--tune.storage PATH|URL]
     marin-ablate status STUDY [--out DIR] [--json]
-    marin-ablate tune STUDY [--points 5] [--span 4] [--storage PATH|URL]
 
 Every command that builds runs takes `--model.F=V`, `--train.F=V`, `--data.F=V`, `--recipe.F=V`. A bad
 option raises ValueError (marin_ablate/main.py prints one line and exits 2) before anything is written or
@@ -43,7 +43,7 @@ class StudiesOptions:
 
 
 def cmd_studies(argv: list[str]) -> int:
-    """Every registered study with its one-line description: what `plan`, `run` and `tune` accept as STUDY."""
+    """Every registered study with its one-line description: what `plan`, `run` and `status` accept as STUDY."""
     from ablations.studies import STUDIES, get_study
 
     opts = options.parse(StudiesOptions, argv)
@@ -71,7 +71,8 @@ class StudyOptions:
 
 @dataclass(frozen=True)
 class ExecConfig:
-    """How the runs execute: the executor and its row's options (`--slurm.FIELD`: the slurm row's)."""
+    """How the runs execute: the executor and its row's options (`--NAME.FIELD`: each executor row that
+    declares an `options` dataclass gets its section, `--slurm.time_min` the slurm row's)."""
 
     executor: str | None = option(None, metavar="NAME",
                                   help="a registered executor: local, debug, slurm (none: the study's, else local)")
@@ -80,14 +81,15 @@ class ExecConfig:
     threads: int | None = option(None, lo=1, help="local/debug: torch threads per worker (none: cpus // workers)")
     retry_failed: bool = option(False, help="run failed runs again (their old summary is kept aside)")
     no_wait: bool = option(False, help="submit and return (slurm)")
-    slurm: Any = option(None, section=lambda: _executor_options("slurm"),
-                        help="sbatch resources of the slurm executor; any of them implies --executor slurm")
+    backends: tuple = option((), sections=lambda: executor_sections(),
+                             help="(the executor row's options; any of them implies --executor NAME)")
 
 
-def _executor_options(name: str) -> type:
-    from sweeps.executors import get_executor
+def executor_sections() -> dict[str, type]:
+    """{name: options dataclass} of the registered executors that declare one (plugins' included)."""
+    from sweeps.executors import EXECUTORS
 
-    return get_executor(name).options
+    return {n: ex.options for n, ex in EXECUTORS.items() if getattr(ex, "options", None) is not None}
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class LogOptions:
 
 
 # ---------------------------------------------------------------------------------------------
-# describe: marin_ablate.describe does the arithmetic; the ladder rung of a preset is looked up here
+# plan --preset: marin_ablate.describe does the arithmetic; the ladder rung of a preset is looked up here
 # ---------------------------------------------------------------------------------------------
 
 
@@ -123,14 +125,6 @@ def rung_of_preset(preset_name: str) -> dict | None:
             "rung_overrides": " ".join(f"{k}={v}" for k, v in over.items()) or "(none)"}
 
 
-def cmd_describe(argv: list[str]) -> int:
-    from marin_ablate.describe import DescribeOptions
-    from marin_ablate.describe import cmd_describe as print_describe
-
-    opts = options.parse(DescribeOptions, argv)
-    return print_describe(opts, rung_of_preset(opts.preset))
-
-
 def _csv(v: str | None, cast: Any = str) -> list | None:
     if v is None:
         return None
@@ -147,22 +141,32 @@ def study_from_args(opts: Any) -> Any:
 
 
 def exec_options(cfg: ExecConfig, study: Any):
-    """The ExecOptions of the command line's ExecConfig and the study's defaults."""
+    """The ExecOptions of the command line's ExecConfig and the study's defaults: a `--NAME.*` section
+    implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
+    also as `ExecOptions.slurm`)."""
     from sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
 
     ex = dict(getattr(study, "executor", ()) or ())
-    executor = cfg.executor or ("slurm" if cfg.slurm is not None else None) or ex.get("executor") or "local"
+    given = dict(cfg.backends)
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(f'--{n}.*' for n in given)}: the options of {len(given)} executors; "
+                         "allowed: one executor's section")
+    executor = cfg.executor or next(iter(given), None) or ex.get("executor") or "local"
     if executor not in EXECUTORS:
         raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    if cfg.slurm is not None and executor != "slurm":
-        raise ValueError(f"--slurm.* options are the slurm executor's, given with --executor {executor}; "
-                         "allowed: --executor slurm, or no --slurm.* option")
-    slurm = cfg.slurm if cfg.slurm is not None else SlurmOptions()
+    for name in given:
+        if name != executor:
+            raise ValueError(f"--{name}.* options are the {name} executor's, given with --executor {executor}; "
+                             f"allowed: --executor {name}, or no --{name}.* option")
+    own = getattr(EXECUTORS[executor], "options", None)
+    backend = given.get(executor, own() if own is not None else None)
+    slurm = backend if executor == "slurm" else SlurmOptions()
     if slurm.array_parallelism is None and ex.get("slurm_array_parallelism"):
         slurm = replace(slurm, array_parallelism=ex["slurm_array_parallelism"])
+        backend = slurm if executor == "slurm" else backend
     workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
-    return ExecOptions(executor=executor, workers=workers,
-                       threads=cfg.threads, retry_failed=cfg.retry_failed, wait=not cfg.no_wait, slurm=slurm)
+    return ExecOptions(executor=executor, workers=workers, threads=cfg.threads, retry_failed=cfg.retry_failed,
+                       wait=not cfg.no_wait, slurm=slurm, options=backend)
 
 
 def set_log_to(args: LogOptions) -> None:

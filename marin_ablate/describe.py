@@ -1,15 +1,15 @@
-"""`marin-ablate describe`: the resolved config of a preset, its parameter and FLOP counts.
+"""`marin-ablate plan --preset P`: the resolved config of a preset, its parameter and FLOP counts.
 
 Pure arithmetic over the config (marin.flops); importing it loads no torch. The command's entry is
-`marin_ablate.common.cmd_describe`, which adds a ladder rung's batch and EP shards (marin/ imports no
-ablations); this module holds the arithmetic and the printing.
+`marin_ablate.plan.cmd_preset`, which checks the options and adds a ladder rung's batch and EP shards
+(marin_ablate.common.rung_of_preset: marin/ imports no ablations); this module holds the arithmetic and
+the printing.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import ClassVar
 
 from marin.config import PRESETS, Recipe, apply_overrides, preset, split_overrides
 from marin.fields import option
@@ -18,9 +18,8 @@ from marin.flops import describe
 
 @dataclass(frozen=True)
 class DescribeOptions:
-    """Resolved config, parameter and FLOP counts of a preset."""
+    """Resolved config, parameter and FLOP counts of a preset (what `plan --preset P` gave)."""
 
-    command: ClassVar[str] = "describe"
     preset: str = option("tiny", help=f"model preset; one of: {', '.join(PRESETS)}")
     overrides: tuple[str, ...] = option((), spec=("model", "recipe"),
                                         help="a recipe factor's level: --recipe.FACTOR=LEVEL")
@@ -67,7 +66,7 @@ def describe_info(args: DescribeOptions, rung: dict | None = None) -> dict:
 
 
 def cmd_describe(args: DescribeOptions, rung: dict | None = None) -> int:
-    """Print the describe record (the CLI's entry is marin_ablate.common.cmd_describe, which adds the rung)."""
+    """Print the describe record (the CLI's entry is marin_ablate.plan.cmd_preset, which adds the rung)."""
     info = describe_info(args, rung)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))

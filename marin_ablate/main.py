@@ -15,16 +15,23 @@ from marin import plugins
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "studies": ("marin_ablate.common", "the registered studies (plugins' included), one line each"),
-    "describe": ("marin_ablate.common", "resolved config, parameter and FLOP counts of a preset"),
     "train": ("marin_ablate.train", "train one run into an output directory"),
-    "plan": ("marin_ablate.plan", "print a study's design, alias table, runs and cost"),
-    "run": ("marin_ablate.run", "run a study (local, debug or slurm executor), then analyse it"),
+    "plan": ("marin_ablate.plan", "print a study's design, alias table, runs and cost (--preset P: a preset's "
+                                  "config, parameters, FLOPs)"),
+    "run": ("marin_ablate.run", "run a study (local, debug or slurm executor), then analyse it (--tune: the "
+                                "per-arm LR profile)"),
     "status": ("marin_ablate.status", "progress of a study's runs"),
-    "tune": ("marin_ablate.tune", "per-arm learning-rate profile at the smallest rung"),
-    "analyze": ("marin_ablate.analyze", "results table, multipliers, attribution, report and plots"),
-    "import": ("marin_ablate.import_runs", "read a CSV/JSON table of runs from elsewhere into a study folder"),
+    "analyze": ("marin_ablate.analyze", "results table, multipliers, attribution, report and plots (--import.table "
+                                        "FILE: read runs from elsewhere; --forecast: pre-register a forecast)"),
     "data": ("marin_ablate.data", "prepare a corpus: tokenize once into token shards with a manifest"),
-    "forecast": ("marin_ablate.analyze", "write an immutable pre-registered forecast"),
+}
+
+#: Commands that became modes of another: refused (exit 2, before any work) naming the new form.
+MOVED: dict[str, str] = {
+    "describe": "marin-ablate plan --preset P",
+    "tune": "marin-ablate run STUDY --tune [--tune.points N --tune.span S --tune.storage PATH|URL ...]",
+    "import": "marin-ablate analyze --import.table FILE [--study-dir DIR] [--import.study NAME]",
+    "forecast": "marin-ablate analyze STUDY --forecast --target FLOPS [--forecast.arm ARM --forecast.note TEXT]",
 }
 
 
@@ -44,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-V", "--version"):
         print(f"marin-ablate {version()}")
         return 0
+    if argv and argv[0] in MOVED:
+        print(f"marin-ablate: {argv[0]!r} is now a mode of another command; use {MOVED[argv[0]]} "
+              "(README 'Command line')", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         lines = [f"  {k:<{width}}  {v[1]}" for k, v in COMMANDS.items()]
@@ -77,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Commands whose interrupted work the same command line resumes (finished runs are skipped).
-RESUMABLE = ("run", "tune")
+RESUMABLE = ("run",)
 
 
 if __name__ == "__main__":

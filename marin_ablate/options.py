@@ -4,12 +4,15 @@ it into argparse flags and the parsed arguments back into the dataclass.
 
     a field                      --name-with-dashes VALUE   (a bool: a switch; a tuple: repeatable)
     a positional field           NAME
-    a nested options dataclass   --section.field VALUE      (spelled as the field: --slurm.time_min 30);
-                                 `--section` alone, or any of its options, turns the section (a mode) on
-    an inline dataclass          its fields at this level   (the execution options of plan, run, tune)
+    a nested options dataclass   --section.field VALUE      (the section with dashes, the field as spelled:
+                                 --dry-run.capacity_gib 80); `--section` alone, or any of its options,
+                                 turns the section (a mode) on; two `mode` sections at once are refused
+    a table of sections          one section per row        (the executors' `options`: --slurm.time_min 30)
+    an inline dataclass          its fields at this level   (the execution options of plan and run)
     a spec field                 --model.F=V --train.F=V --data.F=V --recipe.F=V (the RunSpec's fields)
 
-`parse(cls, argv)` refuses an old spelling first (`RENAMED`: one table), then parses, checks every
+`parse(cls, argv)` refuses an old spelling first (`RENAMED`: one table; a section spelled with
+underscores, `--dry_run`, is refused naming `--dry-run`), then parses, checks every
 value against its field's choices and range (`marin.fields.check_fields`'s rule), and returns an
 instance of `cls`. A bad option raises ValueError naming the flag and the allowed values (exit 2,
 marin_ablate/main.py), before any work. Every option's default is shown in `--help`.
@@ -37,15 +40,16 @@ RENAMED: dict[str, str | dict[str, str]] = {
     "--train-set": "--train.F=V",
     "--data-set": "--data.F=V",
     "--recipe": {"train": "--recipe.FACTOR=LEVEL, or --baseline for Recipe.baseline()",
-                 "describe": "--recipe.FACTOR=LEVEL", "*": "--recipe.FACTOR=LEVEL"},
+                 "*": "--recipe.FACTOR=LEVEL"},
     "--steps": "--train.steps=N",
-    "--out": {"train": "--run-dir", "analyze": "--report-dir", "forecast": "--study-dir", "import": "--study-dir",
+    "--out": {"train": "--run-dir", "analyze": "--report-dir (the report) or --study-dir (--import.table, --forecast)",
               "data": "--corpus-dir"},
     **{f"--{s.replace('_', '-')}": f"--slurm.{s}" for s in _SLURM},
-    "--dry-run": "--dry_run",
-    "--gpus": "--dry_run.gpus", "--ep": "--dry_run.ep", "--capacity-gib": "--dry_run.capacity_gib",
-    "--reserve-gib": "--dry_run.reserve_gib",
+    "--gpus": "--dry-run.gpus", "--ep": "--dry-run.ep", "--capacity-gib": "--dry-run.capacity_gib",
+    "--reserve-gib": "--dry-run.reserve_gib",
     "--noise": "--precision.noise", "--target-halfwidth": "--precision.target_halfwidth",
+    "--points": {"run": "--tune.points"}, "--span": {"run": "--tune.span"}, "--storage": {"run": "--tune.storage"},
+    "--arm": {"analyze": "--forecast.arm"}, "--note": {"analyze": "--forecast.note"},
 }
 
 
@@ -62,8 +66,13 @@ def refuse_renamed(argv: Sequence[str], command: str) -> None:
             raise ValueError(f"{flag} was renamed; use {new} (README 'Command line')")
 
 
+def _dashed(prefix: str) -> str:
+    """A dest prefix (section names and dots: `dry_run.`) as its flag spells it (`dry-run.`)."""
+    return prefix.replace("_", "-")
+
+
 def _flag(name: str, prefix: str) -> str:
-    return f"--{prefix}{name}" if prefix else f"--{name.replace('_', '-')}"
+    return f"--{_dashed(prefix)}{name}" if prefix else f"--{name.replace('_', '-')}"
 
 
 def _section_type(f: dataclasses.Field) -> type | None:
@@ -73,14 +82,26 @@ def _section_type(f: dataclasses.Field) -> type | None:
     return None
 
 
+def _section_name(f: dataclasses.Field) -> str:
+    return option_meta(f).get("name") or f.name
+
+
+def _sections_of(f: dataclasses.Field) -> dict[str, type]:
+    """A table-of-sections field's rows: {section name: options dataclass}."""
+    return dict(option_meta(f)["sections"]())
+
+
 def _walk(cls: type, prefix: str = ""):
-    """(field, flag, kind) per option of `cls`: kind 'value', 'positional', 'spec', 'section' or 'inline'."""
+    """(field, flag, kind) per option of `cls`: kind 'value', 'positional', 'spec', 'section', 'sections'
+    (a table of sections: extra is {name: options dataclass}) or 'inline'."""
     for f in dataclasses.fields(cls):
         md = option_meta(f)
         if not md:
             continue
         sec = _section_type(f)
-        if sec is not None:
+        if md.get("sections") is not None:
+            yield f, _sections_of(f), "sections"
+        elif sec is not None:
             yield f, sec, "inline" if md.get("inline") else "section"
         elif md.get("spec") is not None:
             yield f, None, "spec"
@@ -116,14 +137,17 @@ def _add(parser: argparse.ArgumentParser, cls: type, prefix: str, dests: dict) -
         if kind == "inline":
             _add(parser, extra, prefix, dests)
             continue
-        if kind == "section":
-            name = f"{prefix}{f.name}"
-            g = parser.add_argument_group(f"--{name}", (md.get("help") or "") + f" (`--{name}` alone, or any "
-                                          f"--{name}.X, turns it on)")
-            dests[f"S:{name}"] = (name, f)
-            g.add_argument(f"--{name}", dest=f"S:{name}", action="store_true", default=_NOT_GIVEN,
-                           help=f"turn {name} on with the defaults below")
-            _add(g, extra, f"{name}.", dests)
+        if kind in ("section", "sections"):
+            rows = extra if kind == "sections" else {_section_name(f): extra}
+            for sname, scls in rows.items():
+                name, flag = f"{prefix}{sname}", f"--{_dashed(prefix + sname)}"
+                what = md.get("help") or "" if kind == "section" else (
+                    f"{(scls.__doc__ or sname).strip().splitlines()[0]} {md.get('help') or ''}".strip())
+                g = parser.add_argument_group(flag, what + f" (`{flag}` alone, or any {flag}.X, turns it on)")
+                dests[f"S:{name}"] = (name, f)
+                g.add_argument(flag, dest=f"S:{name}", action="store_true", default=_NOT_GIVEN,
+                               help=f"turn {flag[2:]} on with the defaults below")
+                _add(g, scls, f"{name}.", dests)
             continue
         if kind == "spec":
             continue  # taken out of argv before argparse (spec_overrides)
@@ -150,15 +174,24 @@ def _add(parser: argparse.ArgumentParser, cls: type, prefix: str, dests: dict) -
 
 
 def _build(cls: type, ns: dict, prefix: str, given: set[str], spec_items: list[str]) -> Any:
-    """An instance of `cls` from the parsed values (a section: None unless one of its options was given)."""
-    kw = {}
+    """An instance of `cls` from the parsed values (a section: None unless one of its options was given;
+    a table of sections: the (name, options) pairs of those given). Two modes at once: ValueError."""
+    kw, modes = {}, []
+
+    def on(name: str) -> bool:
+        return ns.get(f"S:{name}") is True or any(g.startswith(f"{name}.") for g in given)
+
     for f, extra, kind in _walk(cls, prefix):
         if kind == "inline":
             kw[f.name] = _build(extra, ns, prefix, given, spec_items)
         elif kind == "section":
-            name = f"{prefix}{f.name}"
-            on = ns.get(f"S:{name}") is True or any(g.startswith(f"{name}.") for g in given)
-            kw[f.name] = _build(extra, ns, f"{name}.", given, spec_items) if on else f.default
+            name = f"{prefix}{_section_name(f)}"
+            kw[f.name] = _build(extra, ns, f"{name}.", given, spec_items) if on(name) else f.default
+            if on(name) and option_meta(f).get("mode"):
+                modes.append(f"--{_dashed(name)}")
+        elif kind == "sections":
+            kw[f.name] = tuple((n, _build(c, ns, f"{prefix}{n}.", given, spec_items)) for n, c in extra.items()
+                               if on(f"{prefix}{n}"))
         elif kind == "spec":
             kw[f.name] = tuple(spec_items)
         else:
@@ -170,6 +203,9 @@ def _build(cls: type, ns: dict, prefix: str, given: set[str], spec_items: list[s
                 v = tuple(v)
             check_value(f, v, dest if kind == "positional" else _flag(f.name, prefix))
             kw[f.name] = v
+    if len(modes) > 1:
+        raise ValueError(f"{' and '.join(modes)} are two modes of {getattr(cls, 'command', 'this command')}; "
+                         f"allowed: one of them")
     return cls(**kw)
 
 
@@ -249,12 +285,15 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     if sf is not None:
         argv, items = spec_overrides(argv, option_meta(sf)["spec"])
     p, dests = parser_for(cls, prog)
-    sections = sorted({d.split(".", 1)[0] for d in dests if "." in d})
+    sections = sorted({_dashed(d.split(".", 1)[0]) for d in dests if "." in d})
     for tok in argv:
         if tok == "--":
             break
         head = tok.split("=", 1)[0]
-        if head.startswith("--") and "." in head and head[2:].split(".", 1)[0] not in sections:
+        sec = head[2:].split(".", 1)[0] if head.startswith("--") else ""
+        if "_" in sec and _dashed(sec) in sections:  # a section is spelled with dashes, its fields as named
+            raise ValueError(f"{head} was renamed; use --{_dashed(sec)}{head[2 + len(sec):]} (README 'Command line')")
+        if head.startswith("--") and "." in head and sec not in sections:
             allowed = [*(f"--{s}.F=V" for s in (option_meta(sf)["spec"] if sf is not None else ())),
                        *(f"--{s}.FIELD" for s in sections)]
             raise ValueError(f"{head}: this command has no section {head[2:].split('.', 1)[0]!r}; allowed sections: "
@@ -274,8 +313,11 @@ def flags_of(obj: Any, cls: type | None = None, prefix: str = "") -> list[str]:
             out += flags_of(v, extra, prefix)
         elif kind == "section":
             if v is not None:
-                sub = flags_of(v, extra, f"{prefix}{f.name}.")
-                out += sub or [f"--{prefix}{f.name}"]
+                name = f"{prefix}{_section_name(f)}"
+                out += flags_of(v, extra, f"{name}.") or [f"--{_dashed(name)}"]
+        elif kind == "sections":
+            for n, sub in v:
+                out += flags_of(sub, extra[n], f"{prefix}{n}.") or [f"--{_dashed(prefix + n)}"]
         elif kind == "spec":
             out += [f"--{x}" for x in v]
         elif kind == "positional":

@@ -1,16 +1,18 @@
 """`marin-ablate plan STUDY [--json]`: a study's design, alias table, runs, cost and time, the runs
 made before the design, and per rung the tokens needed against the corpus (a hero study: its time
-model and sbatch); `--dry_run` rehearses the first run on CPU and `--precision` states the expected
-precision of the multipliers instead.
+model and sbatch); `--dry-run` rehearses the first run on CPU and `--precision` states the expected
+precision of the multipliers instead. `plan --preset P` prints one model preset's resolved config,
+parameter and FLOP counts instead of a study's (marin_ablate/describe.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from marin.config import PRESETS
 from marin.fields import option
 from marin_ablate import options
 from marin_ablate.common import (
@@ -53,16 +55,24 @@ class PrecisionOptions:
 
 @dataclass(frozen=True)
 class PlanOptions(StudyOptions):
-    """Print a study's design, alias table, runs and cost (a hero study: its time model and sbatch)."""
+    """Print a study's design, alias table, runs and cost (a hero study: its time model and sbatch), or with
+    --preset P a model preset's resolved config, parameter and FLOP counts."""
 
     command: ClassVar[str] = "plan"
+    study: str | None = option(None, positional=True, metavar="STUDY",
+                               help="a registered study (`marin-ablate studies`), path/to/file.py:attribute or "
+                                    "package.module:attribute; or none with --preset")
+    preset: str | None = option(None, metavar="P", help=f"a model preset instead of a STUDY: its resolved config, "
+                                                        f"parameter and FLOP counts; one of: {', '.join(PRESETS)}")
+    baseline: bool = option(False, help="--preset: start from Recipe.baseline() instead of Recipe()")
     execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
     json: bool = option(False, help="machine-readable plan")
     runs: bool = option(False, help="list every run (id, rung, arm, seed)")
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
-    dry_run: DryRunOptions | None = option(None, section=DryRunOptions, help=DryRunOptions.__doc__)
-    precision: PrecisionOptions | None = option(None, section=PrecisionOptions, help=PrecisionOptions.__doc__)
+    dry_run: DryRunOptions | None = option(None, section=DryRunOptions, mode=True, help=DryRunOptions.__doc__)
+    precision: PrecisionOptions | None = option(None, section=PrecisionOptions, mode=True,
+                                                help=PrecisionOptions.__doc__)
 
 
 def cmd_dry_run(study: Any, args: PlanOptions) -> int:
@@ -97,8 +107,38 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
     return 0 if rep["ok"] and reh["ok"] else 1
 
 
+def cmd_preset(args: PlanOptions) -> int:
+    """`plan --preset P`: the preset's resolved config, parameter and FLOP counts (a ladder rung's batch and
+    EP shards too); a study's options are refused naming them."""
+    from marin_ablate.common import rung_of_preset
+    from marin_ablate.describe import DescribeOptions, cmd_describe
+
+    if args.study is not None:
+        raise ValueError(f"STUDY {args.study!r} and --preset {args.preset}: plan takes one of them; allowed: "
+                         f"`plan {args.study}` or `plan --preset {args.preset}`")
+    # the study's options given (flags_of: the non-default ones; [1:] drops the empty STUDY)
+    study_only = options.flags_of(replace(args, study="", preset=None, baseline=False, json=False, overrides=()))[1:]
+    if study_only:
+        raise ValueError(f"--preset {args.preset}: {study_only[0]} is a study's option; allowed with --preset: "
+                         "--json, --baseline, --model.F=V, --recipe.F=V")
+    bad = [x for x in args.overrides if not x.startswith(("model.", "recipe."))]
+    if bad:
+        raise ValueError(f"--preset {args.preset}: --{bad[0].split('=', 1)[0]} changes no count of a preset; allowed "
+                         "sections: --model.F=V, --recipe.F=V")
+    d = DescribeOptions(preset=args.preset, overrides=args.overrides, baseline=args.baseline, json=args.json)
+    return cmd_describe(d, rung_of_preset(args.preset))
+
+
 def cmd_plan(argv: list[str]) -> int:
     args = options.parse(PlanOptions, argv)
+    if args.preset is not None:
+        return cmd_preset(args)
+    if args.study is None:
+        raise ValueError("plan needs a STUDY (`marin-ablate studies` lists them) or --preset P (one of: "
+                         f"{', '.join(PRESETS)})")
+    if args.baseline:
+        raise ValueError("--baseline starts a --preset from Recipe.baseline(); a study names its arms; allowed: "
+                         "--preset P --baseline")
     study = study_from_args(args)
     if args.dry_run is not None:
         return cmd_dry_run(study, args)
@@ -288,7 +328,7 @@ def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
 
 def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None,
                    threads: int | None = None) -> dict | None:
-    """Wall time of the runs not done yet: the cost model of `run` and `tune` (`progress.plan_estimate`)."""
+    """Wall time of the runs not done yet: the cost model of `run` and `run --tune` (`progress.plan_estimate`)."""
     from marin.schema import read_json
     from sweeps.progress import plan_estimate
 

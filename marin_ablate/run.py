@@ -1,7 +1,8 @@
 """`marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]`:
 every setting checked before anything is written, the LR profile and the reference law's baseline
 ladder when the study has them, the design's runs submitted through the executor, a summary of their
-states, then the analysis of the study.
+states, then the analysis of the study. `run STUDY --tune` profiles every arm's LR instead
+(marin_ablate/tune.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from marin_ablate.common import (
     set_log_to,
     study_from_args,
 )
+from marin_ablate.tune import TuneSection
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class RunOptions(StudyOptions):
     command: ClassVar[str] = "run"
     execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
     log: LogOptions = option(LogOptions(), inline=True, section=LogOptions)
-    tuned: bool = option(False, help="use the per-arm LR multipliers `tune` wrote")
+    tuned: bool = option(False, help="use the per-arm LR multipliers `run --tune` wrote")
     no_profile: bool = option(False, help="skip the LR profile of each LR-coupled factor's levels (every arm at the "
                                           "heuristic LR)")
     no_pin: bool = option(False, help="skip the baseline ladder that pins the reference law (fit it on the "
@@ -38,6 +40,7 @@ class RunOptions(StudyOptions):
     no_analyze: bool = option(False, help="do not run the analysis afterwards")
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
+    tune: TuneSection | None = option(None, section=TuneSection, mode=True, help=TuneSection.__doc__)
 
 
 def analyze_study(study_dir: Path) -> int | None:
@@ -79,6 +82,10 @@ def cmd_run(argv: list[str]) -> int:
     from sweeps.tuning import lr_plan
 
     args = options.parse(RunOptions, argv)
+    if args.tune is not None:  # a mode: the LR profile instead of the design
+        from marin_ablate.tune import cmd_tune
+
+        return cmd_tune(args)
     study = study_from_args(args)
     opts = exec_options(args.execution, study)
     set_log_to(args.log)

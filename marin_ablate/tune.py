@@ -1,32 +1,22 @@
-"""`marin-ablate tune STUDY [--points 5] [--span 4] [--storage PATH|URL]`: the per-arm LR profile at one
-rung (sweeps/tuning.py), written as the multipliers that `run --tuned` uses.
+"""`marin-ablate run STUDY --tune [--tune.points 5] [--tune.span 4] [--tune.storage PATH|URL]`: the per-arm
+LR profile at one rung (sweeps/tuning.py), written as the multipliers that `run --tuned` uses. A mode of
+`run` (marin_ablate/run.py `RunOptions.tune`): the study, execution and log options are run's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
 from marin.fields import SEED, option
-from marin_ablate import options
-from marin_ablate.common import (
-    ExecConfig,
-    LogOptions,
-    StudyOptions,
-    exec_options,
-    format_table,
-    set_log_to,
-    study_from_args,
-)
+from marin_ablate.common import exec_options, format_table, set_log_to, study_from_args
 
 
 @dataclass(frozen=True)
-class TuneCliOptions(StudyOptions):
-    """Per-arm learning-rate profile at the smallest rung."""
+class TuneSection:
+    """Instead of the design: the per-arm learning-rate profile at the smallest rung (the multipliers
+    `run --tuned` uses)."""
 
-    command: ClassVar[str] = "tune"
-    execution: ExecConfig = option(ExecConfig(), inline=True, section=ExecConfig)
-    log: LogOptions = option(LogOptions(), inline=True, section=LogOptions)
     points: int = option(5, lo=3, help="LR points per arm (log-spaced; a quadratic needs three)")
     span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
     storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
@@ -36,16 +26,25 @@ class TuneCliOptions(StudyOptions):
                               help="seed to tune with (none: the study's first)")
 
 
-def cmd_tune(argv: list[str]) -> int:
+#: run's options that are the design's, not the profile's: refused with --tune
+_DESIGN_ONLY = ("tuned", "no_profile", "no_pin", "no_analyze", "allow_repeat")
+
+
+def cmd_tune(args: Any) -> int:
+    """`run STUDY --tune`: `args` is run's RunOptions with its `tune` section given."""
     from sweeps.tuning import TuneOptions, tune_dir, tune_study
 
-    args = options.parse(TuneCliOptions, argv)
+    extra = [f"--{n.replace('_', '-')}" for n in _DESIGN_ONLY if getattr(args, n)]
+    if extra:
+        raise ValueError(f"--tune profiles the LRs instead of running the design; {', '.join(extra)} "
+                         "is the design's; allowed: --tune without it, or run without --tune")
     study = study_from_args(args)
     opts = exec_options(args.execution, study)
     set_log_to(args.log)
+    t = args.tune
     res = tune_study(study, args.out, opts,
-                     TuneOptions(points=args.points, span=args.span, storage=args.storage, rung=args.rung,
-                                 seed=args.seed), overrides=args.overrides)
+                     TuneOptions(points=t.points, span=t.span, storage=t.storage, rung=t.rung, seed=t.seed),
+                     overrides=args.overrides)
     print(f"{study.name}: LR profile at rung {res.rung}, seed {res.seed}, log2 multipliers {res.grid}")
     rows = res.rows()
     if rows:

@@ -54,7 +54,7 @@ from sweeps.state import count_dirs, needs_run, probe
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """sbatch resources (the slurm row's options: `--slurm.FIELD` on plan, run and tune)."""
+    """sbatch resources (the slurm row's options: `--slurm.FIELD` on plan and run)."""
 
     partition: str | None = option(None, help="sbatch --partition")
     account: str | None = option(None, help="sbatch --account")
@@ -89,6 +89,7 @@ class ExecOptions:
     wait: bool = True
     poll_s: float = option(2.0, lo=0, lo_open=True)
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    options: Any = None  # the executor row's own `options` (its `--NAME.*` section); slurm's is `slurm` too
 
     def __post_init__(self) -> None:
         check_ranges("ExecOptions", self, EXEC_RANGES)
@@ -542,7 +543,7 @@ class SlurmExecutor:
 
     name, waits, shows_jobs, in_process = "slurm", True, True, False
     trains_here = False
-    options = SlurmOptions  # `--slurm.FIELD` on plan, run and tune (marin_ablate/common.py ExecConfig)
+    options = SlurmOptions  # its `--slurm.FIELD` section on plan and run (marin_ablate/common.py ExecConfig)
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

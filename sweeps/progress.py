@@ -141,7 +141,7 @@ def load_factor(specs: Sequence[RunSpec], slots: int) -> tuple[float, str]:
 
 def plan_estimate(specs: Sequence[RunSpec], prior: tuple[float, ...] | None, slots: int | None,
                   threads: int | None = None, run_dirs: Sequence[str | Path | None] = ()) -> Estimate | None:
-    """The one cost model behind `plan`, `run` and `tune`: wall time of `specs` (the runs still to train;
+    """The one cost model behind `plan`, `run` and `run --tune`: wall time of `specs` (the runs still to train;
     `run_dirs`, one per spec where it has a folder, count the ones done there), `slots` at a time with
     `threads` torch threads each (None: the cores shared out), scaled by the machine's load now."""
     if not specs:

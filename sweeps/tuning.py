@@ -7,7 +7,7 @@ the grid's edge or the profile is not convex. The multiplier is carried up the l
 heuristic (`Study.runs(lr_multipliers=...)`, `marin-ablate run --tuned`).
 
 Optuna ask-and-tell records the trials: one Optuna study per arm, the grid points enqueued, so a
-re-run of `tune` reuses finished trials. Storage: a journal file (`JournalFileBackend`, safe on
+re-run of `run --tune` reuses finished trials. Storage: a journal file (`JournalFileBackend`, safe on
 shared filesystems) by default, or an RDB URL; SQLite on NFS is refused (its locking is unsafe there).
 """
 
@@ -144,7 +144,7 @@ def make_storage(storage: str | None, default_journal: Path) -> Any:
         return optuna.storages.RDBStorage(storage)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy and the DB drivers raise many types (no driver, bad URL)
         why = f"{type(e).__name__}: {e}".splitlines()[0]
-        raise ValueError(f"--storage {storage!r} cannot be opened ({why}); allowed values: a journal file path "
+        raise ValueError(f"--tune.storage {storage!r} cannot be opened ({why}); allowed values: a journal file path "
                          "(default) or an RDB URL whose driver is installed (e.g. sqlite:///tune.db)") from None
 
 
@@ -222,10 +222,10 @@ def tune_dir(out: str | Path, study_name: str) -> Path:
 
 
 def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
-    """The per-arm LR multipliers `tune` wrote (ValueError when it has not run)."""
+    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
     path = tune_dir(out, study_name) / "lr_multipliers.json"
     if not path.exists():
-        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate tune {study_name}` first")
+        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
     got = read_json(path)
     try:
         mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
@@ -235,13 +235,13 @@ def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
     if bad:
         k, v = next(iter(bad.items()))
         raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
-                         "number > 0 (run `marin-ablate tune` again to rewrite it)")
+                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
     return mult
 
 
 def _damaged(path: Path) -> dict:
     raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
-                     "run `marin-ablate tune` again to rewrite it")
+                     "run `marin-ablate run STUDY --tune` again to rewrite it")
 
 
 def _run_grid(study: Any, key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
@@ -388,7 +388,7 @@ class ProfileOptions:
     max_extensions: int = 2
 
     def __post_init__(self) -> None:
-        TuneOptions(points=self.points, span=self.span)  # the same checks as `tune`'s grid
+        TuneOptions(points=self.points, span=self.span)  # the same checks as `run --tune`'s grid
         for k in ("extend", "max_extensions"):
             v = getattr(self, k)
             if not isinstance(v, int) or v < (1 if k == "extend" else 0):
@@ -490,7 +490,7 @@ def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, 
             g = edge[0]
             raise ValueError(f"LR profile of {g}: {profiles[g].reason} after {n_ext} extension(s) of the grid "
                              f"(log2 multipliers {grids[g]}); the heuristic LR is far off for this level: run "
-                             f"`marin-ablate tune {study_name} --span S` with a wider span")
+                             f"`marin-ablate run {study_name} --tune --tune.span S` with a wider span")
         for g in edge:
             grids[g] = _extended(grids[g], profiles[g], popts.extend)
         n_ext += 1
@@ -542,7 +542,7 @@ def read_profile(out: str | Path, study_name: str) -> dict | None:
 
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
             overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict[str, float] | None, dict]:
-    """({arm: LR multiplier} or None, provenance for each run's meta.json): `tune`'s multipliers
+    """({arm: LR multiplier} or None, provenance for each run's meta.json): `run --tune`'s multipliers
     (tuned), the profile of each LR-coupled factor's levels (run now when `opts` is given, else read
     from its file), or the heuristic (no LR-coupled factor, or profile=False)."""
     from datetime import datetime, timezone

@@ -1,4 +1,4 @@
-"""`marin-ablate import FILE`: results from elsewhere (a CSV or JSON table) -> a study folder (README
+"""`marin-ablate analyze --import.table FILE`: results from elsewhere (a CSV or JSON table) -> a study folder (README
 "Importing results from elsewhere", docs/method.md §4.8).
 
 Every row is validated before anything is written; an error is one line naming the row (1 = the first

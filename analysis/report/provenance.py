@@ -36,7 +36,7 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
 
 
 def lr_provenance(a: StudyAnalysis) -> list[str]:
-    """How the analysed runs' LRs were set: the heuristic, a profile or `tune` (file, date), and the multipliers."""
+    """How the analysed runs' LRs were set: the heuristic, a profile or `run --tune` (file, date), the multipliers."""
     t = a.table
     if "lr_source" not in t or not t["lr_source"].notna().any():
         return ["- learning rates: not recorded (the runs predate LR provenance)"]
@@ -49,7 +49,7 @@ def lr_provenance(a: StudyAnalysis) -> list[str]:
         what = {"heuristic": "Marin's heuristic LR (no per-arm profile)",
                 "profile": "profiled per level of each LR-coupled factor at the ladder's middle rung, carried "
                            "up the ladder by the heuristic",
-                "tuned": "`marin-ablate tune` multipliers per arm, carried up the ladder by the heuristic",
+                "tuned": "`marin-ablate run --tune` multipliers per arm, carried up the ladder by the heuristic",
                 }.get(src, src)
         out.append(f"- learning rates ({len(g)} runs): {what}" + (f" from {', '.join(files)}" if files else "")
                    + (f"; multipliers {scale.min():.3g}–{scale.max():.3g}" if src != "heuristic" else ""))

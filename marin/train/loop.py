@@ -111,7 +111,7 @@ def _device(t: TrainConfig, here: bool = True) -> torch.device:
 
 def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.device, list[Stage]]:
     """Every check `train` makes of a spec before it writes anything: the data paths and domains, the
-    device (on this machine when `here`), the context stages. `run`, `plan` and `tune` call it for every
+    device (on this machine when `here`), the context stages. `run` (and `run --tune`) and `plan` call it for every
     run of a study before anything is launched, so a setting `train` refuses is refused there too."""
     if not isinstance(spec, RunSpec):
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")

@@ -1,5 +1,6 @@
-"""`marin-ablate import FILE` (analysis/io/importer.py): a CSV round-trips into a study folder the analysis
-reads, and every bad cell is refused with one line naming its row and column, before anything is written."""
+"""`marin-ablate analyze --import.table FILE` (analysis/io/importer.py): a CSV round-trips into a study
+folder the analysis reads, and every bad cell is refused with one line naming its row and column, before
+anything is written."""
 
 import json
 
@@ -34,7 +35,7 @@ def _csv(df, path):
 def test_import_round_trips_into_the_same_multipliers(tmp_path, capsys):
     df = _sim()
     src = _csv(df, tmp_path / "ladder.csv")
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     table = collect(tmp_path / "study", write=False)
     assert len(table) == len(df) and set(table["status"]) == {"completed"}
     direct, imported = analyze_ofat(df, **PINS), analyze_ofat(table, **PINS)
@@ -56,7 +57,7 @@ def test_changes_column_and_params_tokens_give_the_same_runs(tmp_path, capsys):
             {"arm": "+opt", "rung": "s", "changes": "optimizer=hyperball", "params": 1e8, "tokens": 2e9, "loss": 2.9}]
     src = tmp_path / "c.csv"
     pd.DataFrame(rows).to_csv(src, index=False)
-    assert main(["import", str(src)]) == 0
+    assert main(["analyze", "--import.table", str(src)]) == 0
     t = collect(tmp_path / "c", write=False).set_index("arm")
     # a level the file does not name is never relabelled as the registry's baseline level: it says so instead
     assert (t.loc["+xsa", "xsa"] == "xsa" and t.loc["+xsa", "optimizer"] == "baseline"
@@ -93,7 +94,7 @@ def test_bad_cell_is_one_line_naming_row_and_column(tmp_path, capsys, what, edit
     good = pd.read_csv(_csv(_sim(), tmp_path / "good.csv"))
     src = tmp_path / "bad.csv"
     edit(good).to_csv(src, index=False)
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 2
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"column {col!r}" in err and "allowed values" in err, err
     if row is not None:
@@ -106,8 +107,8 @@ def test_bad_cell_is_one_line_naming_row_and_column(tmp_path, capsys, what, edit
 
 def test_import_refuses_a_folder_that_holds_runs(tmp_path, capsys):
     src = _csv(_sim(), tmp_path / "l.csv")
-    assert main(["import", str(src)]) == 0
-    assert main(["import", str(src)]) == 2
+    assert main(["analyze", "--import.table", str(src)]) == 0
+    assert main(["analyze", "--import.table", str(src)]) == 2
     assert "not empty" in capsys.readouterr().err
 
 
@@ -118,7 +119,8 @@ def test_factorial_import_round_trips_into_the_same_attribution(tmp_path):
 
     t = SimTruth(factors=F, main={"xsa": 0.05, "sconv": 0.1, "qk_norm": -0.04}, levels=LEVELS)
     df = simulate_table(t, rungs={"r1": 1e8, "r2": 4e8, "r3": 1.6e9}, seeds=2, design=design_rows(3))
-    assert main(["import", str(_csv(df, tmp_path / "f.csv")), "--study-dir", str(tmp_path / "f")]) == 0
+    src = _csv(df, tmp_path / "f.csv")
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "f")]) == 0
     a = analyze_table(df, n_boot=0, replicates=False)
     b = analyze_table(collect(tmp_path / "f", write=False), n_boot=0, replicates=False)
     cols = ["shapley", "shapley_lo", "shapley_hi", "loo", "aoi"]
@@ -137,12 +139,12 @@ def test_json_rows_with_a_factors_object_and_a_failed_run(tmp_path):
              "error": "diverged at step 900"}]
     src = tmp_path / "t.json"
     src.write_text(json.dumps({"runs": rows}))
-    assert main(["import", str(src)]) == 0
+    assert main(["analyze", "--import.table", str(src)]) == 0
     t = collect(tmp_path / "t", write=False).set_index(["arm", "seed"])
     assert t.loc[("x", 1), "status"] == "failed" and t.loc[("x", 1), "error"] == "diverged at step 900"
     assert t.loc[("x", 0), "xsa"] == "xsa" and t.loc[("base", 0), "eval_macro_loss"] == pytest.approx(3.1)
     src.write_text(json.dumps([{**rows[0], "factors": ["none"]}]))
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "u")]) == 2
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "u")]) == 2
 
 
 def test_a_registered_factor_is_coded_by_the_levels_the_file_holds(tmp_path, capsys):
@@ -153,7 +155,7 @@ def test_a_registered_factor_is_coded_by_the_levels_the_file_holds(tmp_path, cap
             for a, lv, v in (("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
     src = tmp_path / "m.csv"
     pd.DataFrame(rows).to_csv(src, index=False)
-    assert main(["import", str(src)]) == 0
+    assert main(["analyze", "--import.table", str(src)]) == 0
     assert ("note: optimizer: coded by the levels in the file, adamh (−1, the baseline arm's) and hyperball (+1); "
             "the registry's are adamw and hyperball") in capsys.readouterr().out
     t = collect(tmp_path / "m", write=False)
@@ -166,6 +168,6 @@ def test_a_third_level_is_named_at_import(tmp_path, capsys):
             for a, lv, v in (("adamw", "adamw", 3.3), ("adamh", "adamh", 3.2), ("muonh", "hyperball", 3.1))]
     src = tmp_path / "t.csv"
     pd.DataFrame(rows).to_csv(src, index=False)
-    assert main(["import", str(src)]) == 0
+    assert main(["analyze", "--import.table", str(src)]) == 0
     assert ("note: optimizer: level(s) adamh (1 run(s)) beyond the two coded (adamw, hyperball)"
             in capsys.readouterr().out)

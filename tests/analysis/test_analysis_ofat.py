@@ -234,7 +234,7 @@ def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_thr
     from marin_ablate.main import main
 
     src = _marin_csv(tmp_path / "marin.csv", rows, factor)
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     assert main(["analyze", str(tmp_path / "study"), "--design", "ofat", *sum(([f"--{k.replace('_', '-')}", str(v)]
                                                                                for k, v in MARIN_LAW.items()), []),
                  "--report-dir", str(tmp_path / "rep")]) == 0
@@ -249,7 +249,7 @@ def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_nu
     from marin_ablate.main import main
 
     src = _marin_csv(tmp_path / "muonh.csv", MARIN_MUONH, "optimizer")
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     assert main(["analyze", str(tmp_path / "study"), "--pin-linf", "1.6", "--pin-alpha", "0.0941",
                  "--report-dir", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()

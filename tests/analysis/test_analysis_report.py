@@ -156,7 +156,7 @@ def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
     sd, _ = _study(tmp_path)
     from marin_ablate.main import main
 
-    assert main(["forecast", str(sd), "--target", "4e18", "--n-boot", "20"]) == 0
+    assert main(["analyze", str(sd), "--forecast", "--target", "4e18", "--n-boot", "20"]) == 0
     assert "forecast " in capsys.readouterr().out
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     md = (sd / "report" / "report.md").read_text()

@@ -80,21 +80,21 @@ ROWS = [{"arm": a, "rung": "s", "xsa": lv, "loss": 3.0 - 0.1 * i, "flops": 1e18}
 
 def test_import_of_a_huge_number_names_its_row_and_column(tmp_path, capsys):
     rows = [dict(ROWS[0]), dict(ROWS[1], flops=HUGE)]
-    assert main(["import", str(_csv(tmp_path / "t.csv", rows))]) == 2
+    assert main(["analyze", "--import.table", str(_csv(tmp_path / "t.csv", rows))]) == 2
     err = _one_line(capsys)
     assert "row 2, column 'flops': '7777" in err and "(5,000 characters) is out of range" in err and len(err) < 300
     (tmp_path / "t.json").write_text(json.dumps(ROWS).replace('"flops": 1e+18}]', f'"flops": {HUGE}}}]'))
-    assert main(["import", str(tmp_path / "t.json")]) == 2
+    assert main(["analyze", "--import.table", str(tmp_path / "t.json")]) == 2
     assert "row 2, column 'flops'" in _one_line(capsys)
     (tmp_path / "d.json").write_text(DEEP)
-    assert main(["import", str(tmp_path / "d.json")]) == 2
+    assert main(["analyze", "--import.table", str(tmp_path / "d.json")]) == 2
     assert "as JSON: nested too deeply" in _one_line(capsys)
 
 
 @pytest.mark.parametrize("name", ["eval_macro_loss", "study", "coding"])
 def test_import_refuses_a_factor_column_named_like_a_results_column(tmp_path, capsys, name):
     rows = [dict(r, **{name: lv}) for r, lv in zip(ROWS, ("a", "b"), strict=True)]
-    assert main(["import", str(_csv(tmp_path / "t.csv", rows))]) == 2
+    assert main(["analyze", "--import.table", str(_csv(tmp_path / "t.csv", rows))]) == 2
     err = _one_line(capsys)
     assert f"column {name!r}: is a column of every run's results row" in err
     assert not (tmp_path / "t").exists()
@@ -103,7 +103,7 @@ def test_import_refuses_a_factor_column_named_like_a_results_column(tmp_path, ca
 def test_import_bounds_the_run_folders_it_writes(tmp_path, capsys):
     rows = [{"arm": "a", "rung": "s", "seed": i, "loss": 3.0, "flops": 1e18} for i in range(MAX_ROWS + 1)]
     src = _csv(tmp_path / "big.csv", rows)
-    assert main(["import", str(src)]) == 2
+    assert main(["analyze", "--import.table", str(src)]) == 2
     assert (f"FILE has {MAX_ROWS + 1:,} rows, each a run folder; allowed values: at most {MAX_ROWS:,}"
             in _one_line(capsys))
     assert [p.name for p in tmp_path.iterdir()] == ["big.csv"]

@@ -155,7 +155,7 @@ def test_report_from_hostile_imported_names_runs_no_script(tmp_path, browser):
     """Arm, factor, level, rung and source names holding `<script>` and `<img onerror>` reach report.html as
     text: the page shows them, and no script runs (the report's policy forbids scripts besides)."""
     src = _hostile_csv(tmp_path / "hostile.csv")
-    assert main(["import", str(src), "--study-dir", str(tmp_path / "study")]) == 0
+    assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0
     assert main(["analyze", str(tmp_path / "study"), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
     page = tmp_path / "rep" / "report.html"
     text = page.read_text()

@@ -41,16 +41,15 @@ def test_the_walker_makes_a_flag_per_field_with_its_default_in_help():
     assert got == _Outer(name="n", count=4, lines=("a", "b"), verbose=True)
 
 
-def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_run_and_tune():
+def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_and_run():
     from marin_ablate.plan import PlanOptions
     from marin_ablate.run import RunOptions
-    from marin_ablate.tune import TuneCliOptions
     from sweeps.executors import get_executor
 
     row = get_executor("slurm").options
     names = [f.name for f in fields(row) if "option" in f.metadata]
     assert {"partition", "time_min", "mem_gb", "setup", "signal_delay_s"} <= set(names)
-    for cls in (PlanOptions, RunOptions, TuneCliOptions):
+    for cls in (PlanOptions, RunOptions):
         text = options.parser_for(cls)[0].format_help()
         assert all(f"--slurm.{n}" in text for n in names), cls
 
@@ -62,7 +61,7 @@ def test_a_section_option_implies_its_mode():
     assert options.parse(_Outer, ["n"]).inner is None
     assert options.parse(_Outer, ["n", "--inner"]).inner == _Inner()
     assert options.parse(_Outer, ["n", "--inner.size", "5"]).inner == _Inner(size=5)
-    plan = options.parse(PlanOptions, ["smoke", "--dry_run.gpus", "8"])
+    plan = options.parse(PlanOptions, ["smoke", "--dry-run.gpus", "8"])
     assert plan.dry_run == DryRunOptions(gpus=8) and plan.precision is None
     plan = options.parse(PlanOptions, ["smoke", "--precision.target_halfwidth", "0.05"])
     assert plan.precision == PrecisionOptions(target_halfwidth=0.05) and plan.dry_run is None
@@ -97,9 +96,8 @@ def test_check_fields_names_the_owner_and_field_of_a_dataclass():
 
 
 def _renamed_cases():
-    argv_of = {"train": ["train"], "analyze": ["analyze", "x"], "forecast": ["forecast", "x"],
-               "import": ["import", "x"], "data": ["data", "prepare", "x"], "describe": ["describe"],
-               "*": ["plan", "smoke"]}
+    argv_of = {"train": ["train"], "analyze": ["analyze", "x"], "run": ["run", "smoke"],
+               "data": ["data", "prepare", "x"], "*": ["plan", "smoke"]}
     for old, new in options.RENAMED.items():
         for command, repl in (new.items() if isinstance(new, dict) else [("*", new)]):
             yield pytest.param(argv_of[command], old, repl, id=f"{command}:{old}")

@@ -80,12 +80,12 @@ def test_set_has_one_syntax_and_plan_shows_what_run_uses(tmp_path, capsys):
     assert {r["run_id"] for r in d["runs"]}.isdisjoint(r["run_id"] for r in plain["runs"])
     assert d["execution"] == {"executor": "local", "workers": 2}  # what run uses (the study's max_parallel)
     assert _plan_json(["smoke", "--rungs", "cpu_s32", "--workers", "3"], capsys)["execution"]["workers"] == 3
-    # describe and train take the same syntax; a section a command cannot use is refused naming the allowed
-    assert cli_main(["describe", "--preset", "tiny", "--model.d_model=32", "--recipe.xsa=none",
+    # plan --preset and train take the same syntax; a section a command cannot use is refused naming the allowed
+    assert cli_main(["plan", "--preset", "tiny", "--model.d_model=32", "--recipe.xsa=none",
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["d_model"] == 32 and out["recipe"]["xsa"] == "none"
-    assert cli_main(["describe", "--preset", "tiny", "--train.steps=3"]) == 2
+    assert cli_main(["plan", "--preset", "tiny", "--train.steps=3"]) == 2
     assert "allowed sections: --model.F=V, --recipe.F=V" in capsys.readouterr().err
     assert cli_main(["run", "smoke", "--optim.lr=1", "--out", str(tmp_path)]) == 2
     assert "allowed sections: --model.F=V, --train.F=V, --data.F=V, --recipe.F=V" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def test_out_of_range_settings_are_refused_naming_field_and_range(make, field, a
 def test_range_checks_are_the_same_for_train_run_tune_and_status(tmp_path, capsys):
     cases = [["train", "--preset", "tiny", "--train.log_every=0"],
              ["run", "test_faults:slow_study", "--train.log_every=0"],
-             ["tune", "test_faults:slow_study", "--train.log_every=0"],
+             ["run", "test_faults:slow_study", "--tune", "--train.log_every=0"],
              ["status", "test_faults:slow_study", "--train.log_every=0"]]
     for argv in cases:
         argv = [*argv, "--run-dir" if argv[0] == "train" else "--out", str(tmp_path)]
@@ -99,7 +99,7 @@ def test_range_checks_are_the_same_for_train_run_tune_and_status(tmp_path, capsy
     (["plan", "os.path:join"], "cannot be called with"),
     (["plan", "math:pi"], "is a float; allowed values: a Study, or a function returning one"),
     (["plan", "nope"], "unknown study 'nope'"),
-    (["describe", "--preset", "nope"], "unknown preset 'nope'"),
+    (["plan", "--preset", "nope"], "unknown preset 'nope'"),
 ])
 def test_bad_names_are_one_line_errors_with_exit_2(argv, expect, capsys):
     assert cli_main(argv) == 2

@@ -1,5 +1,5 @@
-"""README "Quick start" (its studies, describe and plan lines) and "Adding a factor" run verbatim in a fresh
-folder outside the repository: the study file loaded by path, --rungs honoured, a short run, and the
+"""README "Quick start" (its studies and plan lines: plan --preset and plan STUDY) and "Adding a factor" run
+verbatim in a fresh folder outside the repository: the study file loaded by path, --rungs honoured, a short run, and the
 block pasted at the end of a copy of ablations/studies.py and registered by name."""
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def _bash(script: str, cwd: Path, env: dict, timeout: int = 600) -> subprocess.C
     return r
 
 
-def test_quick_start_studies_describe_and_plan_lines_run_verbatim(tmp_path):
+def test_quick_start_studies_and_plan_lines_run_verbatim(tmp_path):
     (block,) = _blocks("Quick start", "bash")
     lines = [ln for ln in block.splitlines()
-             if ln.startswith(("marin-ablate studies", "marin-ablate describe", "marin-ablate plan"))]
-    assert len(lines) == 3, "Quick start shows studies, describe and plan smoke"
+             if ln.startswith(("marin-ablate studies", "marin-ablate plan"))]
+    assert len(lines) == 3, "Quick start shows studies, plan --preset and plan smoke"
     r = _bash("\n".join(lines), tmp_path, _env(tmp_path))
     assert re.search(r"^smoke +CPU smoke: 7 recipe factors", r.stdout, re.M)
     assert "study smoke" in r.stdout and "runs: 64" in r.stdout

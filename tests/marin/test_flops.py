@@ -128,8 +128,8 @@ def test_causal_attention_counts_windowed_keys_and_training_is_three_forwards():
         flops.forward_flops_breakdown(cfg, Recipe(), attention="sparse")
 
 
-def test_describe_cli_prints_json_with_counts(capsys):
-    rc = cli_main(["describe", "--preset", "tiny", "--model.d_model=128", "--recipe.latent_moe=standard", "--json"])
+def test_plan_preset_prints_json_with_counts(capsys):
+    rc = cli_main(["plan", "--preset", "tiny", "--model.d_model=128", "--recipe.latent_moe=standard", "--json"])
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
     cfg, recipe = preset("tiny", ["d_model=128"]), Recipe(latent_moe="standard")
@@ -137,15 +137,15 @@ def test_describe_cli_prints_json_with_counts(capsys):
     assert info["params_total"] == flops.params_total(cfg, recipe)
     assert info["params_active"] == flops.params_active(cfg, recipe)
     assert info["flops_per_token"] == flops.flops_per_token(cfg, recipe)
-    assert cli_main(["describe", "--preset", "hero_535b"]) == 0
+    assert cli_main(["plan", "--preset", "hero_535b"]) == 0
     assert "params_total" in capsys.readouterr().out
 
 
-def test_describe_cli_rejects_unknown_levels_with_allowed_values(capsys):
-    assert cli_main(["describe", "--recipe.xsa=maybe"]) == 2
+def test_plan_preset_rejects_unknown_levels_with_allowed_values(capsys):
+    assert cli_main(["plan", "--preset", "tiny", "--recipe.xsa=maybe"]) == 2
     err = capsys.readouterr().err
     assert "Recipe.xsa" in err and "allowed values" in err and "'none'" in err
-    assert cli_main(["describe", "--preset", "d99"]) == 2
+    assert cli_main(["plan", "--preset", "d99"]) == 2
     assert "allowed values" in capsys.readouterr().err
 
 

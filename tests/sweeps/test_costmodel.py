@@ -131,10 +131,10 @@ def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums
     assert "(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)" in out
 
 
-def test_describe_shows_the_rungs_overrides_and_what_params_active_marin_counts(capsys):
+def test_plan_preset_shows_the_rungs_overrides_and_what_params_active_marin_counts(capsys):
     from marin_ablate.main import main
 
-    assert main(["describe", "--preset", "d512"]) == 0
+    assert main(["plan", "--preset", "d512"]) == 0
     out = capsys.readouterr().out
     assert "rung d512 trains with model.attention=flex model.kernels=triton" in out and "train.compile=True" in out
     assert "params_active_marin 20.840M: Marin's count, which its ladder sizes tokens by" in out

@@ -19,7 +19,7 @@ def _one_line(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("command", ["plan", "run", "tune"])
+@pytest.mark.parametrize("command", [["plan"], ["run"], ["run", "--tune"]])
 @pytest.mark.parametrize("setting, says", [
     ("data.eval_dir=/no/such/eval", "DataConfig.eval_dir='/no/such/eval': no such directory"),
     ("train.device=cuda:99", "TrainConfig.device='cuda:99' but CUDA is not available"),
@@ -27,7 +27,7 @@ def _one_line(capsys) -> str:
 ])
 def test_a_setting_train_refuses_is_refused_before_anything_is_written(tmp_path, capsys, command, setting, says):
     out = tmp_path / "out"
-    assert main([command, "smoke", "--out", str(out), f"--{setting}"]) == 2
+    assert main([command[0], "smoke", *command[1:], "--out", str(out), f"--{setting}"]) == 2
     err = _one_line(capsys)
     # names the first run it concerns: a design run, or for `run` a run of the LR profile before the design
     assert says in err and "run " in err and re.search(r"\(rung cpu_s\d+, arm ", err), err
@@ -58,9 +58,9 @@ def test_eval_domains_are_checked_against_the_eval_dir_given_not_the_training_co
                                        ("nosuchdialect://x", "NoSuchModuleError")])
 def test_tune_storage_without_a_driver_is_one_line_and_leaves_no_study_folder(tmp_path, capsys, url, says):
     out = tmp_path / "out"
-    assert main(["tune", "smoke", "--out", str(out), "--storage", url]) == 2
+    assert main(["run", "smoke", "--tune", "--out", str(out), "--tune.storage", url]) == 2
     err = _one_line(capsys)
-    assert f"--storage {url!r} cannot be opened ({says}" in err
+    assert f"--tune.storage {url!r} cannot be opened ({says}" in err
     assert not out.exists()
 
 

@@ -1,0 +1,149 @@
+"""Commands that are modes of one (README "Command line"): `plan --preset`, `run --tune`, `analyze
+--import.table` and `analyze --forecast`; the old command names refused naming the new form; two modes at
+once refused naming both; section flags spelled with dashes; an executor row's `options` as its own section."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from marin.fields import option
+from marin_ablate import options
+from marin_ablate.main import MOVED
+from marin_ablate.main import main as cli_main
+
+
+@pytest.mark.parametrize("old, new", [("describe", "marin-ablate plan --preset P"),
+                                      ("tune", "marin-ablate run STUDY --tune"),
+                                      ("import", "marin-ablate analyze --import.table FILE"),
+                                      ("forecast", "marin-ablate analyze STUDY --forecast --target FLOPS")])
+def test_each_moved_command_is_refused_naming_its_new_form(tmp_path, monkeypatch, capsys, old, new):
+    monkeypatch.chdir(tmp_path)
+    assert MOVED[old].startswith(new)
+    assert cli_main([old, "smoke", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"marin-ablate: {old!r} is now a mode of another command; use {MOVED[old]} (README 'Command line')"]
+    assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def test_plan_preset_prints_what_describe_printed(capsys):
+    from marin_ablate.common import rung_of_preset
+    from marin_ablate.describe import DescribeOptions, cmd_describe
+
+    for argv, d in ((["--preset", "d512"], DescribeOptions(preset="d512")),
+                    (["--preset", "tiny", "--baseline", "--model.d_model=32", "--recipe.xsa=xsa", "--json"],
+                     DescribeOptions(preset="tiny", baseline=True, overrides=("model.d_model=32", "recipe.xsa=xsa"),
+                                     json=True))):
+        assert cmd_describe(d, rung_of_preset(d.preset)) == 0
+        want = capsys.readouterr().out
+        assert cli_main(["plan", *argv]) == 0
+        assert capsys.readouterr().out == want and "params_total" in want
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "smoke", "--preset", "tiny"], "STUDY 'smoke' and --preset tiny: plan takes one of them"),
+    (["plan"], "plan needs a STUDY (`marin-ablate studies` lists them) or --preset P"),
+    (["plan", "--preset", "tiny", "--runs"], "--preset tiny: --runs is a study's option"),
+    (["plan", "smoke", "--dry-run", "--precision"], "--dry-run and --precision are two modes of plan; allowed: one"),
+    (["analyze", "x", "--import.table", "t.csv", "--forecast"], "--import and --forecast are two modes of analyze"),
+    (["analyze", "x", "--forecast"], "--forecast needs --target FLOPS"),
+    (["analyze", "x", "--import.table", "t.csv"], "STUDY 'x' with --import.table"),
+    (["run", "smoke", "--tune", "--tuned"], "--tune profiles the LRs instead of running the design; --tuned"),
+    (["plan", "smoke", "--dry_run"], "--dry_run was renamed; use --dry-run (README 'Command line')"),
+    (["plan", "smoke", "--dry_run.gpus", "8"], "--dry_run.gpus was renamed; use --dry-run.gpus"),
+])
+def test_a_mode_given_wrong_is_one_line_naming_what_to_give(tmp_path, monkeypatch, capsys, argv, says):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
+    src = tmp_path / "ladder.csv"
+    rows = ["arm,rung,seed,xsa,sconv,loss,flops,tokens,tokens_per_s"]
+    for r, (c, base) in enumerate([(1e18, 1.79), (4e18, 1.76), (1.6e19, 1.735)]):
+        for seed in range(2):
+            for arm, xsa, sconv, d in (("all_off", "none", "none", 0), ("x", "xsa", "none", -0.003),
+                                       ("s", "none", "short_conv", -0.006), ("all_on", "xsa", "short_conv", -0.009)):
+                rows.append(f"{arm},s{r},{seed},{xsa},{sconv},{base + d + 0.001 * seed:.4f},{c},{c / 1e8},20000")
+    src.write_text("\n".join(rows) + "\n")
+    sd = tmp_path / "study"
+    assert cli_main(["analyze", "--import.table", str(src), "--study-dir", str(sd), "--import.study", "ladder"]) == 0
+    assert f"imported 24 runs into {sd}; next: marin-ablate analyze {sd}" in capsys.readouterr().out
+    assert cli_main(["analyze", str(sd), "--forecast", "--target", "1e20", "--forecast.note", "n",
+                     "--design", "factorial", "--n-boot", "10"]) == 0
+    assert "arm recipe at 1e+20 FLOPs -> loss" in capsys.readouterr().out
+    (fc,) = (sd / "forecasts").iterdir()
+    assert json.loads(fc.read_text())["content"]["note"] == "n"
+
+
+def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
+    from sweeps.tuning import tuned_multipliers
+
+    study = "tests/sweeps/test_sweeps.py:tiny_study"
+    assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: LR profile at rung tiny, seed 0, log2 multipliers [-2.0, 0.0, 2.0]" in out
+    assert "use `marin-ablate run tiny --tuned`" in out
+    assert (tmp_path / "tiny" / "tune" / "optuna.journal").stat().st_size > 0
+    assert set(tuned_multipliers(tmp_path, "tiny")) == {"all_off", "all_on"}
+
+
+@dataclass(frozen=True)
+class CloudOptions:
+    """A plugin executor's own options."""
+
+    zone: str = option("eu-1", help="where the runs go")
+    spot_price: float | None = option(None, lo=0, lo_open=True, help="the most it pays per hour")
+
+
+class CloudExecutor:
+    """A plugin row with an `options` dataclass: `--fake-cloud.*` on plan and run; `slots` records what reached it."""
+
+    name, waits, shows_jobs, in_process, trains_here = "fake_cloud", True, True, False, False
+    options = CloudOptions
+    seen: list = []
+
+    def validate(self, opts) -> None:
+        pass
+
+    def slots(self, opts):
+        self.seen.append(opts.options)
+        return 4
+
+
+@pytest.fixture
+def cloud():
+    from sweeps.executors import EXECUTORS, register_executor
+
+    ex = register_executor(CloudExecutor())
+    try:
+        yield ex
+    finally:
+        EXECUTORS.pop("fake_cloud", None)
+        ex.seen.clear()
+
+
+def test_a_plugin_executors_options_are_its_own_section_and_reach_it(cloud, tmp_path, capsys):
+    from marin_ablate.common import exec_options
+    from marin_ablate.run import RunOptions
+
+    text = options.parser_for(RunOptions)[0].format_help()
+    assert "--fake-cloud.zone" in text and "--fake-cloud.spot_price" in text and "--slurm.partition" in text
+    args = options.parse(RunOptions, ["smoke", "--fake-cloud.spot_price", "0.5"])
+    ex = exec_options(args.execution, None)
+    assert ex.executor == "fake_cloud" and ex.options == CloudOptions(spot_price=0.5)  # the section implies --executor
+    assert cli_main(["plan", "smoke", "--fake-cloud.zone", "us-2", "--json", "--out", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["execution"] == {"executor": "fake_cloud", "workers": 4}
+    assert cloud.seen == [CloudOptions(zone="us-2")]
+    for argv, says in ((["--fake-cloud.spot_price", "0"], "--fake-cloud.spot_price=0.0 is out of range"),
+                       (["--fake_cloud.zone", "x"], "--fake_cloud.zone was renamed; use --fake-cloud.zone"),
+                       (["--executor", "debug", "--fake-cloud.zone", "x"],
+                        "--fake_cloud.* options are the fake_cloud executor's, given with --executor debug"),
+                       (["--fake-cloud", "--slurm.qos", "q"], "the options of 2 executors")):
+        assert cli_main(["plan", "smoke", *argv, "--out", str(tmp_path)]) == 2
+        assert says in capsys.readouterr().err, argv
