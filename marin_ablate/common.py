@@ -82,7 +82,7 @@ class ExecConfig:
     retry_failed: bool = option(False, help="run failed runs again (their old summary is kept aside)")
     no_wait: bool = option(False, help="submit and return (slurm)")
     backends: tuple = option((), sections=lambda: executor_sections(),
-                             help="(the executor row's options; any of them implies --executor NAME)")
+                             help="the {name} executor row's options; any of them implies --executor {name}")
 
 
 def executor_sections() -> dict[str, type]:

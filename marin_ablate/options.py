@@ -141,8 +141,9 @@ def _add(parser: argparse.ArgumentParser, cls: type, prefix: str, dests: dict) -
             rows = extra if kind == "sections" else {_section_name(f): extra}
             for sname, scls in rows.items():
                 name, flag = f"{prefix}{sname}", f"--{_dashed(prefix + sname)}"
-                what = md.get("help") or "" if kind == "section" else (
-                    f"{(scls.__doc__ or sname).strip().splitlines()[0]} {md.get('help') or ''}".strip())
+                what = " ".join((md.get("help") or "").format(name=sname).split())  # a docstring: one paragraph
+                if kind == "sections":  # a row's own doc first
+                    what = f"{' '.join((scls.__doc__ or sname).split())} ({what})"
                 g = parser.add_argument_group(flag, what + f" (`{flag}` alone, or any {flag}.X, turns it on)")
                 dests[f"S:{name}"] = (name, f)
                 g.add_argument(flag, dest=f"S:{name}", action="store_true", default=_NOT_GIVEN,

@@ -1,7 +1,7 @@
 """Send every run of a study to W&B and TensorBoard, grouped by study and tagged with arm, rung,
 seed and every factor's level, so arms compare side by side in the tools researchers already use.
 
-`run`/`tune --log-to wandb,tensorboard` put the sinks in $MARIN_LOG_TO, which the executors' worker
+`run` (and `run --tune`) `--log-to wandb,tensorboard` put the sinks in $MARIN_LOG_TO, which the executors' worker
 processes inherit (local workers and sbatch jobs copy the environment); `execute` trains each run
 through `tracked_train`, which reads the run's meta.json, sets W&B's documented run variables
 (WANDB_PROJECT, WANDB_RUN_GROUP = study, WANDB_TAGS, WANDB_JOB_TYPE = rung) around the run, writes
