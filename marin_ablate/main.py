@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         width = max(map(len, COMMANDS))
         lines = [f"  {k:<{width}}  {v[1]}" for k, v in COMMANDS.items()]
         msg = ("usage: marin-ablate COMMAND [options]   (marin-ablate --version; marin-ablate COMMAND --help)\n\n"
-               "commands:\n" + "\n".join(lines))
+               "commands:\n" + "\n".join(lines)
+               + "\n\nmodes of a command now (the old names are refused):\n"
+               + "\n".join(f"  {k:<{max(width, *map(len, MOVED))}}  {v}" for k, v in MOVED.items()))
         if argv and argv[0] not in ("-h", "--help"):
             print(f"marin-ablate: unknown command {argv[0]!r}; allowed values: {', '.join(COMMANDS)}\n",
                   file=sys.stderr)

@@ -147,3 +147,10 @@ def test_a_plugin_executors_options_are_its_own_section_and_reach_it(cloud, tmp_
                        (["--fake-cloud", "--slurm.qos", "q"], "the options of 2 executors")):
         assert cli_main(["plan", "smoke", *argv, "--out", str(tmp_path)]) == 2
         assert says in capsys.readouterr().err, argv
+
+
+def test_help_lists_each_moved_command_with_its_new_form(capsys):
+    assert cli_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(k in out and v in out for k, v in MOVED.items())
+    assert not any(f"\n  {k} " in out.split("modes of a command now")[0] for k in MOVED)  # no longer a command
