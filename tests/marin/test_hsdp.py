@@ -28,6 +28,11 @@ CLIP = 0.5
 TIMEOUT_S = 600
 LEVELS = RECIPE_LEVELS["optimizer"]  # every optimizer level the recipe table knows
 RECIPE = Recipe(ep_transport="dropless")
+# Two fp32 steps after a different reduction order: the Muon levels land ~2e-6 of the weights apart, the Adam
+# levels ~2e-5 (a first Adam step is g / (|g| + eps), so near-zero gradient entries turn rounding into update
+# differences; 2.05e-5 measured for adamh on one CPU, under 2e-5 on another). A lost average or a wrong shard
+# is off by the step itself, which moves the weights by > 1e-3 (asserted beside it): 20x this bound.
+STEP_TOL = 5e-5
 COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "all_gather", "reduce_scatter_single",
                "reduce_scatter_tensor", "all_reduce", "gather", "scatter", "all_to_all_single", "broadcast")
 
@@ -215,7 +220,7 @@ def test_eight_ranks_as_two_racks_step_like_one_process(hsdp, level):
     _, outs = hsdp
     for o in outs:
         assert o[f"moved_{level}"] > 1e-3  # the reference moved: equality is not trivial
-        assert o[f"step_{level}"] < 2e-5, (level, o[f"step_{level}"])
+        assert o[f"step_{level}"] < STEP_TOL, (level, o[f"step_{level}"])
 
 
 def test_no_parameter_gather_or_reduce_scatter_crosses_racks(hsdp):
