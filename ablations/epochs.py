@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from marin.data.prepare import read_manifest
+from marin_ablate.marin.data.prepare import read_manifest
 
 ALLOW_REPEAT = "--allow-repeat"  # the plan/run option that accepts more than one epoch on a GPU rung
 CORPUS_SETTING = "--data.corpus=DIR"  # how a study points at a prepared corpus

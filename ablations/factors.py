@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
-from marin.schema import TRUTH_KEYS, RunSummary
-from marin.switches import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS, SPECS  # noqa: F401
+from marin_ablate.marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
+from marin_ablate.marin.schema import TRUTH_KEYS, RunSummary
+from marin_ablate.marin.switches import BASELINE_LEVELS, FACTORS, QUALITY_FACTORS, RECIPE_LEVELS, SPECS  # noqa: F401
 
 # Names a factor cannot take: each run's row in the results table already has these columns.
 RESERVED_NAMES = frozenset({f.name for f in fields(RunSummary)} | {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablations.ladders import flops_per_token, params_active, params_total
-from marin.config import RunSpec
+from marin_ablate.ablations.ladders import flops_per_token, params_active, params_total
+from marin_ablate.marin.config import RunSpec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from marin.config import (
+from marin_ablate.marin.config import (
     LR_HEURISTICS,
     MixturePhase,
     ModelConfig,
@@ -26,8 +26,8 @@ from marin.config import (
     check_mixture,
     preset,
 )
-from marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
-from marin.hparams import OptimHparams, resolve_hparams
+from marin_ablate.marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
+from marin_ablate.marin.hparams import OptimHparams, resolve_hparams
 
 # ---------------------------------------------------------------------------------------------
 # Rungs

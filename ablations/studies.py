@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ablations.designs import Design, arm_name, arms, fraction, full_factorial
-from ablations.factors import Factor, apply_levels, check_levels, resolve_factors
-from ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
-from ablations.ladders import (
+from marin_ablate.ablations.designs import Design, arm_name, arms, fraction, full_factorial
+from marin_ablate.ablations.factors import Factor, apply_levels, check_levels, resolve_factors
+from marin_ablate.ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
+from marin_ablate.ablations.ladders import (
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
     Rung,
@@ -37,8 +37,8 @@ from ablations.ladders import (
     ladder,
     params_active,
 )
-from marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
-from marin.schema import FactorCoding, RunMeta
+from marin_ablate.marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
+from marin_ablate.marin.schema import FactorCoding, RunMeta
 
 # ---------------------------------------------------------------------------------------------
 # Study

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.io.results import factor_coding, factor_columns
+from marin_ablate.analysis.io.results import factor_coding, factor_columns
 
 DESIGNS = ("auto", "factorial", "ofat")
 #: What a one-factor-at-a-time study cannot tell, printed with every OFAT report.

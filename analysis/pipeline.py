@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.fit.attribution import (
+from marin_ablate.analysis.fit.attribution import (
     EffectsFit,
     alias_structure,
     anova_table,
@@ -25,13 +25,13 @@ from analysis.fit.attribution import (
     design_matrix,
     fit_effects,
 )
-from analysis.fit.bootstrap import bootstrap
-from analysis.fit.joint import JointFit, quality_fit
-from analysis.fit.law_intervals import law_of
-from analysis.fit.reflaw import PinnedLaw
-from analysis.fit.scaling import LawFit, log_multiplier
-from analysis.io.results import Inventory, factor_columns, inventory
-from analysis.responses import RESPONSES, Response, ordered
+from marin_ablate.analysis.fit.bootstrap import bootstrap
+from marin_ablate.analysis.fit.joint import JointFit, quality_fit
+from marin_ablate.analysis.fit.law_intervals import law_of
+from marin_ablate.analysis.fit.reflaw import PinnedLaw
+from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
+from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
+from marin_ablate.analysis.responses import RESPONSES, Response, ordered
 
 BOOT_METHODS = ("wild", "cells", "none")
 #: Extrapolation beyond this multiple of the top rung's compute is refused unless forced.
@@ -340,8 +340,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     `replicates` then analyses each seed alone as well, for the coverage over replicates.
     `pinned_law`: L∞ and α from a reference ladder (analysis/fit/reflaw.py), pinned with their covariance
     (it overrides pin_linf / pin_alpha)."""
-    from analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
-    from analysis.fit.replicates import (
+    from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
+    from marin_ablate.analysis.fit.replicates import (
         BETWEEN_SEEDS_MIN,
         between_seed_interval,
         between_seed_law,
@@ -351,7 +351,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         replicate_checks,
         truth_check,
     )
-    from analysis.report.findings import mark_not_varied, refuse_single_rung
+    from marin_ablate.analysis.report.findings import mark_not_varied, refuse_single_rung
 
     responses = tuple(RESPONSES) if responses is None else tuple(responses)
     bad = [r for r in responses if r not in RESPONSES]

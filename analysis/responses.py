@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marin import plugins
+from marin_ablate.marin import plugins
 
 FAMILIES = ("law", "ols", "sum")
 TRANSFORMS = ("ln", "ln_ratio")

@@ -34,10 +34,10 @@ def main() -> None:
         raise SystemExit("--seeds and --repeats must be >= 1, --n-boot >= 0")
     load0 = os.getloadavg()
 
-    from analysis.calibration.simulate import random_truth, simulate_table, write_study
-    from analysis.io.results import collect
-    from analysis.pipeline import analyze_table
-    from analysis.report.writer import write_report
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.analysis.report.writer import write_report
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport"]
     rng = np.random.default_rng(0)

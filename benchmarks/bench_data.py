@@ -23,8 +23,8 @@ def _mean_seconds(fn, repeats: int) -> float:
 
 def main() -> None:
     os.environ["MARIN_DATA_DIR"] = tempfile.mkdtemp(prefix="marin-bench-data-")
-    from marin import data
-    from marin.config import DataConfig
+    from marin_ablate.marin import data
+    from marin_ablate.marin.config import DataConfig
 
     rows = []
 
@@ -40,7 +40,7 @@ def main() -> None:
     timed("load_corpus byte (arrow cached)", lambda: data.load_corpus(DataConfig()))
     path = timed("prepared_train byte (first: write shards)", lambda: data.prepared_train(DataConfig()))
     timed("prepared_train byte (cached)", lambda: data.prepared_train(DataConfig()))
-    from marin.data import shards  # noqa: F401  (imports torch: not part of the open time)
+    from marin_ablate.marin.data import shards  # noqa: F401  (imports torch: not part of the open time)
 
     corpus = timed("PreparedCorpus open (sha256 verify)", lambda: data.PreparedCorpus(path))
     timed("train BPE 4096", lambda: data.get_tokenizer(DataConfig(tokenizer="bpe", bpe_vocab=4096)))
@@ -59,9 +59,9 @@ def main() -> None:
 def mixture_table(corpus) -> None:
     """A step's read with a two-phase data mixture (per-domain streams) vs the single corpus stream,
     both measured in this run, and the mixture's slot layout alone at the hero's global batch."""
-    from marin import data
-    from marin.config import DataConfig
-    from marin.data.mixture import MixturePlan
+    from marin_ablate.marin import data
+    from marin_ablate.marin.config import DataConfig
+    from marin_ablate.marin.data.mixture import MixturePlan
 
     mix = DataConfig(mixture=((0.0, {"prose": 1, "scripture": 1, "docs": 1, "code": 1}),
                               (0.8, {"prose": 1, "scripture": 1, "docs": 2, "code": 2}))).mixture
@@ -104,7 +104,7 @@ def _token_by_token(loader, step: int) -> np.ndarray:
 def loader_table(corpus) -> None:
     """The loader's read (windows) vs a plain memmap read of the same bytes, measured in this run
     (and the previous token-by-token read, for scale)."""
-    from marin import data
+    from marin_ablate.marin import data
 
     flat = np.memmap(corpus.path / corpus.manifest["shards"][0]["tokens_path"], dtype=corpus.manifest["dtype"],
                      mode="r")

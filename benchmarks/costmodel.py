@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from planning import costmodel as cm  # noqa: E402
+from marin_ablate.planning import costmodel as cm  # noqa: E402
 
 
 def _spec():
-    from marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
 
     return RunSpec(model=preset("tiny", ["seq_len=64"]),
                    train=TrainConfig(steps=20, batch_size=4, eval_every=0, eval_batches=1, checkpoint_every=0,
@@ -34,7 +34,7 @@ def _spec():
 
 def timed_runs(root: Path, tag: str, n: int) -> list[dict]:
     """n real runs one after another, as `run` records them (wall time, the slowdown each trained under)."""
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     dirs = [root / f"{tag}{i}" for i in range(n)]
     for d in dirs:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     torch.set_num_threads(1)
     if cm.probe_share() is None:

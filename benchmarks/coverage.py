@@ -39,16 +39,16 @@ RUNG_SD = {"g1": 0.02, "g2": 0.02}
 
 @functools.lru_cache(maxsize=None)
 def _design(study: str) -> tuple[list[str], np.ndarray]:
-    from ablations.studies import get_study
-    from analysis.calibration.simulate import study_design
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.analysis.calibration.simulate import study_design
 
     factors = [f.name for f in get_study(study).factors]
     return factors, study_design(study, factors)
 
 
 def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str, tuple[bool, bool]]:
-    from analysis.calibration.simulate import random_truth, simulate_table
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table
+    from marin_ablate.analysis.pipeline import analyze_table
 
     study, seeds, nr = DESIGNS[design]
     factors, D = _design(study)
@@ -81,7 +81,7 @@ def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str
     disagree = {r: bool((ch[ch["response"] == r]["agree"] == False).any()) for r in ("ln_M", "ln_R")}  # noqa: E712
     sh = truth.shapley(a.c_ref)
     # the report says when its quality intervals cannot include a (seed × rung) shift (analysis/fit/checks.py)
-    from analysis.fit.checks import unmeasured_shift
+    from marin_ablate.analysis.fit.checks import unmeasured_shift
 
     blind = bool(unmeasured_shift(a))
     # the report warns that a stream-changing factor's intervals can be too narrow (analysis/fit/checks.py)
@@ -100,7 +100,7 @@ def one(design: str, i: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str
     put("TOTAL R", comp.loc[("ln_R", "TOTAL"), "shapley_lo"], comp.loc[("ln_R", "TOTAL"), "shapley_hi"],
         truth.throughput_total(), disagree["ln_R"])
     # What Findings lead with: the observed all-on vs all-off contrast where the model's TOTAL fails its check
-    from analysis.report.findings import recommended_total
+    from marin_ablate.analysis.report.findings import recommended_total
 
     for resp, label, t in (("ln_R", "R", truth.throughput_total()),
                            ("ln_W", "W", sum(sh.values()) + truth.throughput_total())):
@@ -137,7 +137,7 @@ def main() -> None:
     bad = [x for x in scen if x not in SCENARIOS]
     if bad:
         ap.error(f"--scenarios {bad}: allowed values: {', '.join(SCENARIOS)}")
-    from analysis.fit.replicates import clopper_pearson
+    from marin_ablate.analysis.fit.replicates import clopper_pearson
 
     print("| design | quantity | n | coverage | covered or flagged | exact 95% of covered or flagged |")
     print("|---|---|---|---|---|---|")

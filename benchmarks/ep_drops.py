@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from marin.dispatch import fixed_cell_capacity, plan_drops, transport_bytes
+from marin_ablate.marin.dispatch import fixed_cell_capacity, plan_drops, transport_bytes
 
 SHARDS = (4, 16, 64)
 CF_FIXED, CF_RAGGED, CF_WAVE, WAVES = 1.33, 1.15, 1.15, 3
@@ -82,10 +82,10 @@ def zipf_routing(n_tokens: int, E: int, K: int, mean_doc: int, zipf: float, loca
 
 def tiny_routing(n_seqs: int, train_steps: int, zipf: float, seed: int) -> tuple[list[torch.Tensor], torch.Tensor, str]:
     """Per-layer expert_idx_TK of a tiny model on packed held-out data, doc ids, and a description."""
-    from marin.config import DataConfig, ModelConfig, Recipe
-    from marin.data import ShardedBatches, eval_batches, load_corpus, prepared_train
-    from marin.model import MarinModel
-    from marin.moe import Router
+    from marin_ablate.marin.config import DataConfig, ModelConfig, Recipe
+    from marin_ablate.marin.data import ShardedBatches, eval_batches, load_corpus, prepared_train
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.moe import Router
 
     torch.manual_seed(seed)
     cfg = ModelConfig(seq_len=256, window=64, n_experts=64, top_k=8, ep_shards=4)
@@ -144,9 +144,9 @@ def rung_routing(n_tokens: int, width: int, mean_doc: int, locality: float, qb_s
                  block: int = 65_536) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(expert_idx_TK, doc_T, geometry) from a GPU rung's Router (384 experts top-8, QB hist 10,000
     bins, its init scale) at input width `width`, over packed documents with per-document direction."""
-    from ablations.ladders import GPU_RUNGS
-    from marin.config import Recipe
-    from marin.moe import Router
+    from marin_ablate.ablations.ladders import GPU_RUNGS
+    from marin_ablate.marin.config import Recipe
+    from marin_ablate.marin.moe import Router
 
     cfg = GPU_RUNGS["d512"].model()
     g = cfg.moe_geometry(Recipe())
@@ -183,7 +183,7 @@ def rung_routing(n_tokens: int, width: int, mean_doc: int, locality: float, qb_s
 
 def rung_rows(args) -> list[dict]:
     """One row per GPU rung: its planned S shards of 65,536 tokens replayed through both transports."""
-    from ablations.ladders import GPU_RUNGS, TOKENS_PER_EP_SHARD
+    from marin_ablate.ablations.ladders import GPU_RUNGS, TOKENS_PER_EP_SHARD
 
     Ts = TOKENS_PER_EP_SHARD
     shards = {name: r.model().ep_shards for name, r in GPU_RUNGS.items()}

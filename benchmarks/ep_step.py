@@ -49,10 +49,10 @@ class _Root(torch.nn.Module):
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: str) -> None:
-    from marin.config import ModelConfig, Recipe
-    from marin.ep import build_ep_groups, shard_experts
-    from marin.moe import MoE
-    from marin.parallel import apply_fsdp
+    from marin_ablate.marin.config import ModelConfig, Recipe
+    from marin_ablate.marin.ep import build_ep_groups, shard_experts
+    from marin_ablate.marin.moe import MoE
+    from marin_ablate.marin.parallel import apply_fsdp
 
     # A bare MoE block returns a view; FSDP2 warns about in-place ops on it, and we do none.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")

@@ -137,7 +137,7 @@ TRITON_OK = False
 
 
 def get_kernels(backend):
-    from marin.kernels import get_kernels as gk
+    from marin_ablate.marin.kernels import get_kernels as gk
 
     return gk(backend)
 

@@ -39,8 +39,8 @@ def bench_sconv(dev, K):
     import torch
     import torch.nn.functional as F
 
-    from marin.kernels.reference import sconv_reference
-    from marin.kernels.sconv import sconv_bwd, sconv_fwd
+    from marin_ablate.marin.kernels.reference import sconv_reference
+    from marin_ablate.marin.kernels.sconv import sconv_bwd, sconv_fwd
 
     B, S, C = (2, 64, 32) if common.ARGS.tiny else (8, 4096, 2048)
     bf = torch.bfloat16
@@ -102,9 +102,9 @@ def bench_sconv(dev, K):
 def bench_xsa(dev):
     import torch
 
-    from marin.kernels import xsa_gate_torch
-    from marin.kernels.reference import xsa_reference
-    from marin.kernels.xsa import xsa_bwd, xsa_fwd
+    from marin_ablate.marin.kernels import xsa_gate_torch
+    from marin_ablate.marin.kernels.reference import xsa_reference
+    from marin_ablate.marin.kernels.xsa import xsa_bwd, xsa_fwd
 
     B, H, Kv, S, D = (2, 4, 2, 32, 16) if common.ARGS.tiny else (8, 16, 4, 4096, 128)
     bf = torch.bfloat16
@@ -149,7 +149,7 @@ def bench_xsa(dev):
 def bench_moe_permute(dev):
     import torch
 
-    from marin.kernels.torch_ops import permute_torch, sort_by_expert, unpermute_torch
+    from marin_ablate.marin.kernels.torch_ops import permute_torch, sort_by_expert, unpermute_torch
 
     T, W, K, E = (64, 32, 2, 4) if common.ARGS.tiny else (32768, 1024, 8, 64)
     bf = torch.bfloat16
@@ -187,7 +187,7 @@ def bench_moe_permute(dev):
 def bench_grouped_gemm(dev):
     import torch
 
-    from marin.kernels.torch_ops import grouped_mm_torch, sort_by_expert
+    from marin_ablate.marin.kernels.torch_ops import grouped_mm_torch, sort_by_expert
 
     T, K, E, I, O = (64, 2, 4, 32, 32) if common.ARGS.tiny else (16384, 8, 64, 1024, 512)
     # The interpreter's bf16 tl.dot is wrong (fp16 is exact): on CPU check the code path in fp16.

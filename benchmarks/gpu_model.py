@@ -20,8 +20,8 @@ def bench_model_parity(dev):
 
     import torch
 
-    from marin.config import PRESETS, Recipe
-    from marin.model import MarinModel
+    from marin_ablate.marin.config import PRESETS, Recipe
+    from marin_ablate.marin.model import MarinModel
 
     cfg = PRESETS["cpu_l" if dev.type == "cuda" else "tiny"]()
     B, S = (4, cfg.seq_len) if dev.type == "cuda" else (1, 32)
@@ -67,8 +67,8 @@ def bench_syncs(dev):
 
     import torch
 
-    from marin.config import PRESETS, Recipe
-    from marin.model import MarinModel
+    from marin_ablate.marin.config import PRESETS, Recipe
+    from marin_ablate.marin.model import MarinModel
 
     if dev.type != "cuda":
         row("syncs", "host syncs in forward+backward", "n/a on CPU", "")
@@ -104,7 +104,7 @@ def plain_block_cls():
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from marin.kernels.torch_ops import grouped_mm_torch
+    from marin_ablate.marin.kernels.torch_ops import grouped_mm_torch
 
     class PlainBlock(nn.Module):
         """What a peer runs: pre-RMSNorm GQA attention (SDPA, causal, QK RMSNorm with learned gain) and
@@ -167,7 +167,7 @@ def block_fwd_flops_per_token(d, H, Hkv, h, keys, E, K, width, m, n_shared, m_sh
 
 def recipe_context(cfg, doc, B, S, dev):
     """The ForwardContext MarinModel.forward builds: dense masks for sdpa, BlockMasks for flex."""
-    from marin.model import ForwardContext, attention_masks, block_masks, rope_tables
+    from marin_ablate.marin.model import ForwardContext, attention_masks, block_masks, rope_tables
 
     masks = (block_masks if cfg.attention == "flex" else attention_masks)(doc, B, S, cfg.window, dev)
     cos, sin = rope_tables(S, int(cfg.head_dim * cfg.rope_fraction), cfg.rope_theta, dev)
@@ -187,9 +187,9 @@ def recipe_variants(dev, compiled):
 def bench_blocks(dev, compiled=False):
     import torch
 
-    from marin.config import ModelConfig, Recipe
-    from marin.flops import mean_keys_per_query
-    from marin.model import Block
+    from marin_ablate.marin.config import ModelConfig, Recipe
+    from marin_ablate.marin.flops import mean_keys_per_query
+    from marin_ablate.marin.model import Block
 
     bf = torch.bfloat16
     if common.ARGS.tiny:
@@ -281,10 +281,10 @@ def bench_full_model(dev):
 
     import torch
 
-    from marin.config import PRESETS, Recipe, RunSpec, TrainConfig
-    from marin.flops import flops_per_token
-    from marin.model import MarinModel
-    from marin.update_rules import build_optimizer, resolve_hparams
+    from marin_ablate.marin.config import PRESETS, Recipe, RunSpec, TrainConfig
+    from marin_ablate.marin.flops import flops_per_token
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 
     name = "tiny" if common.ARGS.tiny else "d1024"
     recipe = Recipe()

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from marin import flops
-from marin.config import MODEL_FACTORS, RECIPE_LEVELS, Recipe, preset
-from marin.model import MarinModel
+from marin_ablate.marin import flops
+from marin_ablate.marin.config import MODEL_FACTORS, RECIPE_LEVELS, Recipe, preset
+from marin_ablate.marin.model import MarinModel
 
 
 def _sync(device: torch.device) -> None:

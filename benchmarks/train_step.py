@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from marin.config import Recipe, RunSpec, TrainConfig, preset
-from marin.flops import flops_per_token
-from marin.model import MarinModel
-from marin.train import forward_backward, hardware_name, optimizer_step, peak_flops
-from marin.update_rules import build_optimizer, resolve_hparams
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.flops import flops_per_token
+from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.train import forward_backward, hardware_name, optimizer_step, peak_flops
+from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 
 
 def synthetic_batches(n: int, batch: int, seq_len: int, vocab: int, seed: int = 0):

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
-from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
+from marin_ablate.marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
     CAPACITY,
     FRAC,
     MOMENTUM,
@@ -35,9 +35,9 @@ from marin.fields import (  # noqa: F401  (re-exported: the rules and overrides 
     split_overrides,
     to_dict,
 )
-from marin.phases import MixturePhase, check_mixture  # noqa: F401  (re-exported: DataConfig.mixture's type)
-from marin.schema import seed_offset
-from marin.switches import (  # noqa: F401
+from marin_ablate.marin.phases import MixturePhase, check_mixture  # noqa: F401  (re-exported: DataConfig.mixture's type)
+from marin_ablate.marin.schema import seed_offset
+from marin_ablate.marin.switches import (  # noqa: F401
     BASELINE_LEVELS,
     FACTORS,
     IDENTITY_LEVELS,

@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from marin.kernels import KernelSet, get_kernels
-from marin.kernels.torch_ops import count_ids, sort_by_expert
-from marin.kernels.torch_ops import grouped_mm_torch as grouped_mm  # the one grouped GEMM of the torch path
+from marin_ablate.marin.kernels import KernelSet, get_kernels
+from marin_ablate.marin.kernels.torch_ops import count_ids, sort_by_expert
+from marin_ablate.marin.kernels.torch_ops import (
+    grouped_mm_torch as grouped_mm,  # the one grouped GEMM of the torch path
+)
 
 TRANSPORTS = ("fixed", "ragged", "pooled_wave", "dropless")
 

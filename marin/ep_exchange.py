@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from marin.dispatch import (
+from marin_ablate.marin.dispatch import (
     TRANSPORTS,
     DispatchStats,
     ExpertWeights,
@@ -39,7 +39,7 @@ from marin.dispatch import (
     ranks_in_groups,
     swiglu_grouped,
 )
-from marin.ep_layout import check_ep_layout
+from marin_ablate.marin.ep_layout import check_ep_layout
 
 EP_TRANSPORTS = TRANSPORTS  # every transport the planner knows has a real-EP exchange
 

@@ -27,7 +27,7 @@ and against torch's FlopCounterMode):
 
 from __future__ import annotations
 
-from marin.config import ModelConfig, Recipe, to_dict
+from marin_ablate.marin.config import ModelConfig, Recipe, to_dict
 
 MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",
                 "gated_norm", "lm_head")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from marin.config import LR_HEURISTICS, RunSpec, TrainConfig
+from marin_ablate.marin.config import LR_HEURISTICS, RunSpec, TrainConfig
 
 #: What a peer runs with AdamW (nanoGPT / GPT-3 betas, PyTorch's default ε).
 ADAMW_BETAS = (0.9, 0.95)
@@ -117,7 +117,7 @@ HPARAM_RULES = {"hyperball": _hyperball_rule, "adamw": _adamw_rule, "muon_adamw"
 def resolve_hparams(spec: RunSpec) -> OptimHparams:
     """The run's hyperparameters: the level's rule (`HPARAM_RULES`) on the heuristic's values ×
     `lr_scale`; explicit TrainConfig values (lr, adam_lr, beta1, beta2, adam_eps) win."""
-    from marin.optimizers import optimizer_level
+    from marin_ablate.marin.optimizers import optimizer_level
 
     t: TrainConfig = spec.train.effective()  # D is the tokens the run trains (token_multiplier included)
     level = optimizer_level(spec.recipe.optimizer)

@@ -33,9 +33,9 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
-from marin.config import ACTIVATION_CHECKPOINTS, ModelConfig, Recipe
-from marin.kernels import get_kernels
-from marin.moe import ROUTER_STATS, MoE, RMSNorm, Router
+from marin_ablate.marin.config import ACTIVATION_CHECKPOINTS, ModelConfig, Recipe
+from marin_ablate.marin.kernels import get_kernels
+from marin_ablate.marin.moe import ROUTER_STATS, MoE, RMSNorm, Router
 
 # Order of ModelOutput.stats_t: router statistics averaged over layers, then the worst layer's load.
 MODEL_STATS = (*ROUTER_STATS, "max_load_ratio_worst", "dropped", "dispatch_bytes")

@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from marin.config import ModelConfig, Recipe
-from marin.dispatch import DispatchStats, ExpertWeights, LocalDispatcher
-from marin.kernels import get_kernels
-from marin.kernels.torch_ops import count_ids
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.dispatch import DispatchStats, ExpertWeights, LocalDispatcher
+from marin_ablate.marin.kernels import get_kernels
+from marin_ablate.marin.kernels.torch_ops import count_ids
 
 # Order of the per-layer router statistics tensor (logged only, never differentiated).
 ROUTER_STATS = ("load_cv", "max_load_ratio", "router_z", "switch_balance")

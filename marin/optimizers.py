@@ -98,7 +98,7 @@ class OptimizerLevel:
                              f"{', '.join(allowed) or '(none: every role decays, sits on a sphere or never decays)'}")
 
 
-_MARIN = "marin.update_rules:"
+_MARIN = "marin_ablate.marin.update_rules:"
 GATE_ROUTER = ("gate", "router")  # Hyperball's Adam group decays these (OptimizerLevel.annealed_decay)
 KINDS: dict[str, GroupKind] = {k.name: k for k in (
     GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update"),

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch import Tensor
 
-from marin.ep import EXPERT_PARAM_NAMES, EPGroups, moe_layers, shard_experts
+from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, EPGroups, moe_layers, shard_experts
 
 INIT_BLOCK_ELEMS = 1 << 16  # elements per init block: a shard draws at most two blocks it does not keep
 
@@ -318,7 +318,7 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
     experts, FSDP2 of everything, then only this rank's shards allocated on `device` and initialised
     by `init_weights` (the same global weights as `init_weights` of a one-process model, same seed).
     `model_kw` go to MarinModel (activation_checkpoint, loss_chunk_tokens)."""
-    from marin.model import MarinModel
+    from marin_ablate.marin.model import MarinModel
 
     with torch.device("meta"):
         model = MarinModel(model_cfg, recipe, **model_kw)
@@ -395,7 +395,7 @@ class AsyncCheckpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        from marin.ep import ep_state_dict
+        from marin_ablate.marin.ep import ep_state_dict
 
         self.wait()
         sd = ep_state_dict(model, self.groups, optimizer)
@@ -417,7 +417,7 @@ def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | N
     model, so the plan sizes the hero without allocating it."""
     from torch.distributed.tensor import DTensor
 
-    from marin.optimizers import state_bytes_by_role
+    from marin_ablate.marin.optimizers import state_bytes_by_role
 
     state_bytes = state_bytes_by_role(level)
     experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from marin.fields import check, is_num
+from marin_ablate.marin.fields import check, is_num
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 ENTRY_POINT_GROUP = "marin_ablate.plugins"
 PLUGINS_FILE = "plugins.json"  # in a study folder: the sources its rows came from
-PROJECT_PACKAGES = ("marin", "ablations", "sweeps", "analysis")  # built-in rows register at their own import
+PACKAGE = "marin_ablate"  # built-in rows register at their own import: a module of the package is no plugin source
 
 #: (registry, row name) -> the module name or study file path whose import registers it (None: a function did)
 REGISTERED: dict[tuple[str, str], str | None] = {}
@@ -75,7 +75,7 @@ def sources() -> list[str]:
     """The modules and study files to import so that this process's registered rows exist (in order)."""
     out: list[str] = []
     for src in REGISTERED.values():
-        if src and src.split(".")[0] not in PROJECT_PACKAGES and src not in out:
+        if src and src.split(".")[0] != PACKAGE and src not in out:
             out.append(src)
     return out
 
@@ -129,7 +129,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
 
 def write_sources(folder: str | Path) -> None:
     """`plugins.json` in a study folder: the sources of this process's rows (read back by `read_sources`)."""
-    from marin.schema import atomic_write_json
+    from marin_ablate.marin.schema import atomic_write_json
 
     old = read_sources(folder)
     srcs = old + [s for s in sources() if s not in old]  # a later run of the study adds, never forgets

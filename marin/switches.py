@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from marin import plugins
-from marin.optimizers import KINDS, OPTIMIZERS, GroupKind, OptimizerLevel
+from marin_ablate.marin import plugins
+from marin_ablate.marin.optimizers import KINDS, OPTIMIZERS, GroupKind, OptimizerLevel
 
 
 @dataclass(frozen=True)

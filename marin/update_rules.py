@@ -53,9 +53,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from marin.config import LR_SCHEDULES
-from marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
-from marin.optimizers import (
+from marin_ablate.marin.config import LR_SCHEDULES
+from marin_ablate.marin.hparams import ADAMW_BETAS, OptimHparams, resolve_hparams  # noqa: F401  (re-exported)
+from marin_ablate.marin.optimizers import (
     KINDS,
     NO_DECAY_ROLES,
     NS_COEFFS,

@@ -11,19 +11,19 @@ from typing import ClassVar
 
 import pandas as pd
 
-from analysis.io.importer import COLUMNS
-from analysis.ofat import DESIGNS
-from marin import plugins
-from marin.fields import SEED, option
 from marin_ablate import options
+from marin_ablate.analysis.io.importer import COLUMNS
+from marin_ablate.analysis.ofat import DESIGNS
+from marin_ablate.marin import plugins
+from marin_ablate.marin.fields import SEED, option
 
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
 
 
 def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
     """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/."""
-    from analysis.io.importer import complete_table
-    from analysis.io.results import load_table
+    from marin_ablate.analysis.io.importer import complete_table
+    from marin_ablate.analysis.io.results import load_table
 
     p = Path(study)
     cands = [p]
@@ -89,7 +89,7 @@ def _boot_bytes(n_boot: int, n_factors: int) -> int:
 
 def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
     """Refuse a bootstrap whose draws would not fit in this machine's memory (before any is drawn)."""
-    from marin.config import FACTORS
+    from marin_ablate.marin.config import FACTORS
 
     k = sum(f in table.columns for f in FACTORS) or len(FACTORS)
     need = _boot_bytes(n_boot, k)
@@ -106,7 +106,7 @@ def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
 def _ofat_or_none(args, table: pd.DataFrame):
     """The one-factor-at-a-time analysis when the runs (or --design ofat) call for it, else None
     (the factorial analysis), with the reason for a pooled design noted on the console."""
-    from analysis.ofat import analyze_ofat, design_kind, find_star
+    from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
 
     kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
     if note:
@@ -128,7 +128,7 @@ def _ofat_or_none(args, table: pd.DataFrame):
 
 def _pinned(args, study_dir: Path | None):
     """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
-    from analysis.fit.reflaw import read_pinned
+    from marin_ablate.analysis.fit.reflaw import read_pinned
 
     if study_dir is None or args.no_pinned_law or args.pin_linf is not None or args.pin_alpha is not None:
         return None
@@ -136,7 +136,7 @@ def _pinned(args, study_dir: Path | None):
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.pipeline import analyze_table
 
     _check_boot_memory(args.n_boot, table)
     return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
@@ -196,7 +196,7 @@ def _import(args: AnalyzeOptions) -> int:
     """`analyze --import.table FILE`: the table into a study folder (what `marin-ablate import` did)."""
     import json
 
-    from analysis.io.importer import import_file
+    from marin_ablate.analysis.io.importer import import_file
 
     if args.imports.table is None:
         raise ValueError("--import needs --import.table FILE (a .csv or .json table, one row per run)")
@@ -212,9 +212,9 @@ def _import(args: AnalyzeOptions) -> int:
 
 
 def cmd_analyze(argv: list[str]) -> int:
-    from analysis.calibration.forecast import judge, read_forecasts
-    from analysis.io.results import write_table
-    from analysis.report.writer import attribution_table, write_report
+    from marin_ablate.analysis.calibration.forecast import judge, read_forecasts
+    from marin_ablate.analysis.io.results import write_table
+    from marin_ablate.analysis.report.writer import attribution_table, write_report
 
     args = options.parse(AnalyzeOptions, argv)
     if args.imports is not None:
@@ -256,8 +256,8 @@ def cmd_analyze(argv: list[str]) -> int:
 
 
 def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
-    from analysis.ofat import report_lines
-    from marin.schema import atomic_write_bytes, atomic_write_text
+    from marin_ablate.analysis.ofat import report_lines
+    from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_text
 
     title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
              else study_dir.name)
@@ -273,7 +273,7 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
 def _forecast(args: AnalyzeOptions) -> int:
     """`analyze STUDY --forecast --target FLOPS`: an immutable pre-registered forecast (what `marin-ablate
     forecast` did)."""
-    from analysis.calibration.forecast import arm_codes, write_forecast
+    from marin_ablate.analysis.calibration.forecast import arm_codes, write_forecast
 
     if args.target is None:
         raise ValueError("--forecast needs --target FLOPS (the compute the forecast is for)")

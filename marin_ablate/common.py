@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Sequence
 
-from marin.fields import SPEC_SECTIONS, option
 from marin_ablate import options
+from marin_ablate.marin.fields import SPEC_SECTIONS, option
 
 DEFAULT_OUT = "runs"
 
@@ -44,7 +44,7 @@ class StudiesOptions:
 
 def cmd_studies(argv: list[str]) -> int:
     """Every registered study with its one-line description: what `plan`, `run` and `status` accept as STUDY."""
-    from ablations.studies import STUDIES, get_study
+    from marin_ablate.ablations.studies import STUDIES, get_study
 
     opts = options.parse(StudiesOptions, argv)
     rows = [{"name": n, "description": get_study(n).description} for n in STUDIES]
@@ -87,7 +87,7 @@ class ExecConfig:
 
 def executor_sections() -> dict[str, type]:
     """{name: options dataclass} of the registered executors that declare one (plugins' included)."""
-    from sweeps.executors import EXECUTORS
+    from marin_ablate.sweeps.executors import EXECUTORS
 
     return {n: ex.options for n, ex in EXECUTORS.items() if getattr(ex, "options", None) is not None}
 
@@ -111,7 +111,7 @@ class LogOptions:
 
 def rung_of_preset(preset_name: str) -> dict | None:
     """The batch, EP shards, token budget and overrides of the ladder rung named like the preset, else None."""
-    from ablations.ladders import RUNGS
+    from marin_ablate.ablations.ladders import RUNGS
 
     rung = RUNGS.get(preset_name)
     if rung is None or rung.preset != preset_name:
@@ -135,7 +135,7 @@ def _csv(v: str | None, cast: Any = str) -> list | None:
 
 
 def study_from_args(opts: Any) -> Any:
-    from sweeps.sweep import resolve_study
+    from marin_ablate.sweeps.sweep import resolve_study
 
     return resolve_study(opts.study, _csv(opts.rungs), _csv(opts.seeds, int))
 
@@ -144,7 +144,7 @@ def exec_options(cfg: ExecConfig, study: Any):
     """The ExecOptions of the command line's ExecConfig and the study's defaults: a `--NAME.*` section
     implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
     also as `ExecOptions.slurm`)."""
-    from sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
+    from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
 
     ex = dict(getattr(study, "executor", ()) or ())
     given = dict(cfg.backends)
@@ -170,12 +170,12 @@ def exec_options(cfg: ExecConfig, study: Any):
 
 
 def set_log_to(args: LogOptions) -> None:
-    from sweeps.tracking import KEEP_ENV, LOG_TO_ENV, parse_log_to
+    from marin_ablate.sweeps.tracking import KEEP_ENV, LOG_TO_ENV, parse_log_to
 
     if args.keep_checkpoints is not None:  # inherited like the sinks
         os.environ[KEEP_ENV] = args.keep_checkpoints
     if args.log_to is not None:  # the worker processes inherit it (sweeps/tracking.py)
-        from marin.train.metrics import check_log_to
+        from marin_ablate.marin.train.metrics import check_log_to
 
         names = parse_log_to(args.log_to)
         check_log_to(names)  # before any run is launched: a missing backend would fail every run
@@ -192,8 +192,8 @@ def epochs_checked(study: Any, rung_rows: list[dict] | None = None, overrides: S
     """Per rung: tokens needed, tokens in the corpus, epochs; ValueError when a GPU rung's data
     would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py).
     `rung_rows`: the study's `describe()["rungs"]`, when the caller has them already."""
-    from ablations.epochs import check_epochs, study_epoch_rows
-    from sweeps.sweep import apply_spec_overrides
+    from marin_ablate.ablations.epochs import check_epochs, study_epoch_rows
+    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     if rung_rows is None:
         rung_rows = study.describe()["rungs"]
@@ -202,7 +202,7 @@ def epochs_checked(study: Any, rung_rows: list[dict] | None = None, overrides: S
         runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]
     rows = study_epoch_rows(rung_rows, runs)
     check_epochs(rows, allow_repeat)
-    from marin.data.mixture import check_mixture_domains
+    from marin_ablate.marin.data.mixture import check_mixture_domains
     for data in {sp.data for sp, _ in runs}:  # a mixture names the corpus's domains (before any run)
         check_mixture_domains(data)
     return rows

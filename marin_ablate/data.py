@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from marin.fields import option
 from marin_ablate import options
+from marin_ablate.marin.fields import option
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,12 @@ def cmd_data(argv: list[str]) -> int:
     action = argv[0]
     args = options.parse(ACTIONS[action], argv[1:], prog=f"marin-ablate data {action}")
     if action == "verify":
-        from marin.data.shards import verify_corpus
+        from marin_ablate.marin.data.shards import verify_corpus
 
         m = verify_corpus(args.corpus, full=True)
         print(f"{args.corpus}: {len(m['shards'])} shards, {m['tokens']:,} tokens match manifest.json (sha256)")
         return 0
-    from marin.data.prepare import PrepareConfig, prepare
+    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(source=args.source, tokenizer=args.tokenizer, out=args.corpus_dir,
                         text_column=args.text_column, domain_column=args.domain_column,

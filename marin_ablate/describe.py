@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from marin.config import PRESETS, Recipe, apply_overrides, preset, split_overrides
-from marin.fields import option
-from marin.flops import describe
+from marin_ablate.marin.config import PRESETS, Recipe, apply_overrides, preset, split_overrides
+from marin_ablate.marin.fields import option
+from marin_ablate.marin.flops import describe
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ def resolved(cfg, recipe: Recipe, rung: dict | None = None) -> dict:
     `rung` (ep_shards, batch_sequences, tokens_per_step, steps, tokens), when the preset is a ladder
     rung, is passed in by the caller: marin/ knows no ladders. Adam's epsilon and the peak learning
     rate per optimizer group join this dict from the hyperparameter resolver (they are not the model's)."""
-    from marin.flops import params_active_marin  # noqa: PLC0415
-    from marin.optimizers import NS_COEFFS  # noqa: PLC0415
+    from marin_ablate.marin.flops import params_active_marin  # noqa: PLC0415
+    from marin_ablate.marin.optimizers import NS_COEFFS  # noqa: PLC0415
     out = {
         "params_active_marin": params_active_marin(cfg, recipe),
         "qb_estimator": cfg.qb_estimator, "qb_hist_bins": cfg.qb_hist_bins,

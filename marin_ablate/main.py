@@ -11,7 +11,7 @@ import importlib
 import signal
 import sys
 
-from marin import plugins
+from marin_ablate.marin import plugins
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "studies": ("marin_ablate.common", "the registered studies (plugins' included), one line each"),

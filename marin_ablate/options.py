@@ -25,7 +25,7 @@ import dataclasses
 import re
 from typing import Any, Sequence, TypeVar
 
-from marin.fields import SPEC_SECTIONS, allowed_text, base_type, check_value, option_meta
+from marin_ablate.marin.fields import SPEC_SECTIONS, allowed_text, base_type, check_value, option_meta
 
 T = TypeVar("T")
 
@@ -227,7 +227,7 @@ _SPEC_RE = re.compile(r"^--(model|train|data|recipe)\.([A-Za-z_][A-Za-z0-9_]*)(?
 def spec_overrides(argv: list[str], sections: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the rest of argv, `section.field=value` items) from the `--section.field=value` (or
     `--section.field value`) tokens; an unknown section or field is refused naming the allowed ones."""
-    from marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
+    from marin_ablate.marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
 
     classes = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "recipe": Recipe}
     rest, items, i = [], [], 0

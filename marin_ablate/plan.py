@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from marin.config import PRESETS
-from marin.fields import option
 from marin_ablate import options
 from marin_ablate.common import (
     ExecConfig,
@@ -25,6 +23,8 @@ from marin_ablate.common import (
     format_table,
     study_from_args,
 )
+from marin_ablate.marin.config import PRESETS
+from marin_ablate.marin.fields import option
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ class PlanOptions(StudyOptions):
 
 
 def cmd_dry_run(study: Any, args: PlanOptions) -> int:
-    from planning.dryrun import dry_run, format_report
-    from sweeps.sweep import apply_spec_overrides
+    from marin_ablate.planning.dryrun import dry_run, format_report
+    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     spec = study.runs()[0][0]
     if args.overrides:
@@ -90,8 +90,8 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
     ep = dr.ep or spec.model.ep_shards
     import tempfile
 
-    from planning.dryrun import format_loop, loop_dry_run
-    from planning.rehearsal import format_rehearsal, rehearse
+    from marin_ablate.planning.dryrun import format_loop, loop_dry_run
+    from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
 
     with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
         # (c) first: the step on an accelerator that is not the host fails where a GPU would
@@ -143,14 +143,14 @@ def cmd_plan(argv: list[str]) -> int:
     if args.dry_run is not None:
         return cmd_dry_run(study, args)
     if args.precision is not None:
-        from analysis.calibration.precision import plan_precision
+        from marin_ablate.analysis.calibration.precision import plan_precision
 
         pr = args.precision
         print(plan_precision(study, pr.noise, pr.target_halfwidth, args.json, pinned=_cached_law(study)))
         return 0
-    from sweeps.executors import get_executor
-    from sweeps.progress import rung_prior
-    from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+    from marin_ablate.sweeps.executors import get_executor
+    from marin_ablate.sweeps.progress import rung_prior
+    from marin_ablate.sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
     d = study.describe()
     opts = exec_options(args.execution, study)
@@ -168,13 +168,13 @@ def cmd_plan(argv: list[str]) -> int:
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)
     if "hero" in d:
-        from planning.hero import HeroSlurm, checkpoint_plan, render_sbatch
+        from marin_ablate.planning.hero import HeroSlurm, checkpoint_plan, render_sbatch
 
         hs = HeroSlurm()
         d["hero"]["checkpoint"] = checkpoint_plan(runs[0][0], study.hero.gpus, hs.preemption_window_s)
         d["hero"]["sbatch_script"] = render_sbatch(study.hero, hs)
-        from planning.timemodel import time_model
-        from sweeps.sweep import apply_spec_overrides
+        from marin_ablate.planning.timemodel import time_model
+        from marin_ablate.sweeps.sweep import apply_spec_overrides
 
         spec = apply_spec_overrides(runs[0][0], args.overrides) if args.overrides else runs[0][0]
         study.hero.check(spec)  # a --model.F=V override may change the layout the plan is for
@@ -248,13 +248,13 @@ def cmd_plan(argv: list[str]) -> int:
     if args.runs:
         print("\n" + format_table(run_rows, ["run_id", "rung", "arm", "seed", "design_row"]))
     if "hero" in d:
-        from planning.hero import format_checkpoint
+        from marin_ablate.planning.hero import format_checkpoint
 
         hero = {k: v for k, v in d["hero"].items() if k not in ("checkpoint", "sbatch_script", "layout", "time_model")}
         print("\nhero: " + ", ".join(f"{k}={format_num(v)}" for k, v in hero.items()))
         print("layout: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["hero"]["layout"].items()))
         print(format_checkpoint(d["hero"]["checkpoint"]))
-        from planning.timemodel import format_time_model
+        from marin_ablate.planning.timemodel import format_time_model
 
         print(format_time_model(d["hero"]["time_model"]))
         print("\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n")
@@ -266,9 +266,9 @@ def _cached_law(study: Any):
     """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
     if not getattr(study, "reference_rungs", ()):
         return None
-    from analysis.fit.reflaw import LAW_FILE, PinnedLaw
-    from marin.schema import read_json
-    from sweeps.reference import cache_root, reference_key, reference_specs
+    from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin_ablate.marin.schema import read_json
+    from marin_ablate.sweeps.reference import cache_root, reference_key, reference_specs
 
     got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
     return PinnedLaw.from_dict(got) if got else None
@@ -277,7 +277,7 @@ def _cached_law(study: Any):
 def _before_design(study: Any, out: str) -> list[dict]:
     """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
     LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
-    from sweeps.tuning import profile_cost, read_profile
+    from marin_ablate.sweeps.tuning import profile_cost, read_profile
 
     rows = []
     pc = profile_cost(study)
@@ -287,8 +287,8 @@ def _before_design(study: Any, out: str) -> list[dict]:
                      "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
                      "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
     if getattr(study, "reference_rungs", ()):
-        from ablations.ladders import ladder
-        from sweeps.reference import cache_root, reference_key, reference_specs
+        from marin_ablate.ablations.ladders import ladder
+        from marin_ablate.sweeps.reference import cache_root, reference_key, reference_specs
 
         key = reference_key(reference_specs(study))
         cached = (cache_root() / key / "reference_law.json").exists()
@@ -305,8 +305,8 @@ def _before_design(study: Any, out: str) -> list[dict]:
 
 def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
     """The rung table and FLOP cost of the specs the --SECTION.F=V overrides give (the runs `run` trains)."""
-    from marin.flops import flops_per_token, params_active, params_total
-    from planning.costmodel import spec_flops
+    from marin_ablate.marin.flops import flops_per_token, params_active, params_total
+    from marin_ablate.planning.costmodel import spec_flops
 
     total = 0.0
     for row in d["rungs"]:
@@ -329,8 +329,8 @@ def _rungs_as_overridden(d: dict, runs: list, study: Any) -> None:
 def _time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None,
                    threads: int | None = None) -> dict | None:
     """Wall time of the runs not done yet: the cost model of `run` and `run --tune` (`progress.plan_estimate`)."""
-    from marin.schema import read_json
-    from sweeps.progress import plan_estimate
+    from marin_ablate.marin.schema import read_json
+    from marin_ablate.sweeps.progress import plan_estimate
 
     e = plan_estimate([r.spec for r in planned], prior, slots, threads, [r.dir for r in planned])
     if e is None:

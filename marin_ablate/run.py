@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from marin.fields import option
 from marin_ablate import options
 from marin_ablate.common import (
     ExecConfig,
@@ -22,6 +21,7 @@ from marin_ablate.common import (
     set_log_to,
     study_from_args,
 )
+from marin_ablate.marin.fields import option
 from marin_ablate.tune import TuneSection
 
 
@@ -76,10 +76,10 @@ def _status_hint(args: RunOptions) -> str:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from sweeps.executors import get_executor
-    from sweeps.sweep import run_study
-    from sweeps.tracking import log_locations, parse_log_to
-    from sweeps.tuning import lr_plan
+    from marin_ablate.sweeps.executors import get_executor
+    from marin_ablate.sweeps.sweep import run_study
+    from marin_ablate.sweeps.tracking import log_locations, parse_log_to
+    from marin_ablate.sweeps.tuning import lr_plan
 
     args = options.parse(RunOptions, argv)
     if args.tune is not None:  # a mode: the LR profile instead of the design
@@ -90,7 +90,7 @@ def cmd_run(argv: list[str]) -> int:
     opts = exec_options(args.execution, study)
     set_log_to(args.log)
     epochs_checked(study, overrides=args.overrides, allow_repeat=args.allow_repeat)
-    from sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+    from marin_ablate.sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
 
     # what `train` refuses, before the LR profile or the reference ladder writes anything
     planned = planned_runs(study, args.out, overrides=args.overrides)
@@ -98,7 +98,7 @@ def cmd_run(argv: list[str]) -> int:
     check_layouts(planned, opts, study_resources(study))
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
-    from sweeps.tuning import read_profile
+    from marin_ablate.sweeps.tuning import read_profile
 
     if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile)
             and not read_profile(args.out, study.name)):
@@ -108,11 +108,11 @@ def cmd_run(argv: list[str]) -> int:
                          profile=not args.no_profile, overrides=args.overrides)
     if prov["lr_source"] == "profile":
         print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
-    from analysis.fit.reflaw import LAW_FILE
-    from sweeps.runs import study_dir as _sdir
+    from marin_ablate.analysis.fit.reflaw import LAW_FILE
+    from marin_ablate.sweeps.runs import study_dir as _sdir
 
     if study.reference_rungs and not args.no_pin and opts.wait:
-        from sweeps.reference import pin_reference_law
+        from marin_ablate.sweeps.reference import pin_reference_law
 
         law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)
         print(f"{study.name}: reference law not pinned: {law}" if isinstance(law, str) else
@@ -128,7 +128,7 @@ def cmd_run(argv: list[str]) -> int:
         where = f" as job(s) {', '.join(jobs)}" if get_executor(opts.executor).shows_jobs else ""
         print(f"{study.name}: {rep.submitted} of {rep.n_runs} runs submitted to {opts.executor}{where} "
               f"(skipped: {skipped})")
-    from sweeps.state import STATES, all_done
+    from marin_ablate.sweeps.state import STATES, all_done
 
     c = rep.counts
     print(f"{study.name}: " + ", ".join(f"{c[k]} {k}" for k in STATES if c.get(k) or k in ("completed", "failed"))

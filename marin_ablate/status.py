@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from marin.fields import option
 from marin_ablate import options
 from marin_ablate.common import StudyOptions, arm_key, format_table, study_from_args
+from marin_ablate.marin.fields import option
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,20 @@ class StatusOptions(StudyOptions):
 
 
 def cmd_status(argv: list[str]) -> int:
-    from marin.schema import read_json
-    from planning.costmodel import slowdown_now
-    from sweeps.progress import eta_model, format_counts, format_eta, hms, run_flops, run_live, rung_prior, study_eta
-    from sweeps.sweep import study_status
-    from sweeps.tuning import lr_plan
+    from marin_ablate.marin.schema import read_json
+    from marin_ablate.planning.costmodel import slowdown_now
+    from marin_ablate.sweeps.progress import (
+        eta_model,
+        format_counts,
+        format_eta,
+        hms,
+        run_flops,
+        run_live,
+        rung_prior,
+        study_eta,
+    )
+    from marin_ablate.sweeps.sweep import study_status
+    from marin_ablate.sweeps.tuning import lr_plan
 
     args = options.parse(StatusOptions, argv)
     study = study_from_args(args)

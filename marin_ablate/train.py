@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-from marin.config import (
+from marin_ablate import options
+from marin_ablate.marin.config import (
     DataConfig,
     Recipe,
     RunSpec,
@@ -22,10 +23,9 @@ from marin.config import (
     preset,
     split_overrides,
 )
-from marin.fields import SEED, SPEC_SECTIONS, option
-from marin.runlock import RunLock
-from marin.train.metrics import LOG_TO
-from marin_ablate import options
+from marin_ablate.marin.fields import SEED, SPEC_SECTIONS, option
+from marin_ablate.marin.runlock import RunLock
+from marin_ablate.marin.train.metrics import LOG_TO
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ def _is_rank0() -> bool:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from marin.train.loop import check_spec, train
-    from marin.train.metrics import check_log_to
+    from marin_ablate.marin.train.loop import check_spec, train
+    from marin_ablate.marin.train.metrics import check_log_to
 
     args = options.parse(TrainOptions, argv)
     spec = spec_from_args(args)

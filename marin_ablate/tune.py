@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from marin.fields import SEED, option
 from marin_ablate.common import exec_options, format_table, set_log_to, study_from_args
+from marin_ablate.marin.fields import SEED, option
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ _DESIGN_ONLY = ("tuned", "no_profile", "no_pin", "no_analyze", "allow_repeat")
 
 def cmd_tune(args: Any) -> int:
     """`run STUDY --tune`: `args` is run's RunOptions with its `tune` section given."""
-    from sweeps.tuning import TuneOptions, tune_dir, tune_study
+    from marin_ablate.sweeps.tuning import TuneOptions, tune_dir, tune_study
 
     extra = [f"--{n.replace('_', '-')}" for n in _DESIGN_ONLY if getattr(args, n)]
     if extra:

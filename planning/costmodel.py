@@ -34,9 +34,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from marin.config import RunSpec
-from marin.flops import flops_per_token
-from marin.schema import read_json
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.flops import flops_per_token
+from marin_ablate.marin.schema import read_json
 
 Z90 = 1.645  # two-sided 90%: the interval stated beside every estimate
 PRIOR_REL_SD = (1.0, 2.0)  # prior sd of (overhead, s/FLOP) relative to their assumed values: wide, a factor ~3

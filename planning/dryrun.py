@@ -30,8 +30,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from marin.config import RunSpec
-from marin.optimizers import KINDS, group_kinds
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.optimizers import KINDS, group_kinds
 
 GiB, GB = 2**30, 1e9
 
@@ -52,9 +52,9 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
     """The trainer's sharding (marin.train.distributed.build_train_model): experts sliced over EP and
     FSDP2 over dp, everything else FSDP2 over the world, with the run's ShardingConfig; Newton-Schulz
     gathers one whole matrix at a time (marin.update_rules)."""
-    from marin.ep import shard_experts
-    from marin.parallel import ShardingConfig, apply_fsdp
-    from marin.train.distributed import sharding_config
+    from marin_ablate.marin.ep import shard_experts
+    from marin_ablate.marin.parallel import ShardingConfig, apply_fsdp
+    from marin_ablate.marin.train.distributed import sharding_config
 
     cfg = sharding_config(spec.train) if spec is not None else ShardingConfig()
 
@@ -75,7 +75,7 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
 def fsdp_units(model, ep_size: int) -> dict[str, int]:
     """Elements of each FSDP2 unit of marin.parallel.apply_fsdp when gathered (a whole unit, the
     expert stacks as this rank's EP slice), from the unsharded (meta) model."""
-    from marin.ep import EXPERT_PARAM_NAMES, moe_layers
+    from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, moe_layers
 
     owner: dict[int, str] = {}
     for name, moe in moe_layers(model):
@@ -123,8 +123,8 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
     every expert local (virtual EP), no process group and no sharding, as its trainer builds it."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from marin import ep
-    from marin.model import MarinModel
+    from marin_ablate.marin import ep
+    from marin_ablate.marin.model import MarinModel
 
     if dist.is_initialized():
         raise RuntimeError("the dry run needs a process without a process group")
@@ -229,7 +229,7 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
     A GPU run gets the `gpu` allowance lines (default GpuAllowances()); `headroom` is the free fraction
     of the capacity the report asks for."""
-    from planning.memory import fit_activations, substitutions
+    from marin_ablate.planning.memory import fit_activations, substitutions
 
     t0 = time.perf_counter()
     subs = substitutions(spec)  # raises for flex without compile: that configuration is not modelled
@@ -377,7 +377,7 @@ def forget_meshes() -> None:
     expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
     from torch.distributed.tensor import DTensor
 
-    from marin import ep
+    from marin_ablate.marin import ep
 
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
     ep.forget_expert_meshes()
@@ -388,7 +388,7 @@ def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str):
     shards, its run folder with a checkpoints/ folder, and its context stages (spec, run_dir, stages)."""
     from pathlib import Path
 
-    from marin.train.stages import context_plan
+    from marin_ablate.marin.train.stages import context_plan
 
     if dist.is_initialized():
         raise RuntimeError(f"{what} needs a process without a process group")
@@ -404,7 +404,7 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
     size, the recipe, the optimizer, checkpointing, the chunked loss; `steps` steps, an eval at the end,
     no checkpoint written (DCP save does not run on the fake group: the state dict is checked instead).
     CPU runs sdpa in fp32 (flex has no CPU backward); an embedded corpus is byte-tokenized."""
-    from marin.config import DataConfig
+    from marin_ablate.marin.config import DataConfig
 
     m = dataclasses.replace(spec.model, d_model=d_model, n_layers=n_layers, n_heads=4, head_dim=16, n_kv_heads=2,
                             n_kv_heads_global=1, seq_len=seq_len, window=seq_len // 2,
@@ -430,10 +430,10 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from marin import ep
-    from marin.train.distributed import ParallelDims, check_dist_layout, init_dist
-    from marin.train.loop import StopFlag, Trainer
-    from marin.train.metrics import Sinks
+    from marin_ablate.marin import ep
+    from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout, init_dist
+    from marin_ablate.marin.train.loop import StopFlag, Trainer
+    from marin_ablate.marin.train.metrics import Sinks
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run")
     one = world == 1

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from marin.config import RunSpec
-from marin.optimizers import state_bytes_by_role
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.optimizers import state_bytes_by_role
 
 GiB, GB = 2**30, 1e9
 
@@ -101,7 +101,8 @@ def preflight_lines(nodes_per_ep_group: int, fabric_dir: str, python: str = PYTH
         'mkdir -p "$MARIN_FABRIC"',
         'scontrol show hostnames "$SLURM_JOB_NODELIST" > "$MARIN_FABRIC/nodes"',
         f"srun --ntasks-per-node=1 --ntasks=$SLURM_JOB_NUM_NODES --kill-on-bad-exit=1 bash -c {shlex.quote(report)}",
-        f'{python} -m planning.hero check-racks --nodes-per-ep-group {nodes_per_ep_group} --dir "$MARIN_FABRIC" '
+        f'{python} -m marin_ablate.planning.hero check-racks --nodes-per-ep-group {nodes_per_ep_group} '
+        '--dir "$MARIN_FABRIC" '
         "|| exit 1",
     ]
 
@@ -110,7 +111,7 @@ def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/he
     """The sbatch script `run hero --executor slurm` submits (the same `sbatch_params` path)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from sweeps.executors import SlurmOptions, sbatch_params
+    from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params
 
     res = hero_resources(plan, hs, folder)
     params = sbatch_params(res, SlurmOptions(), 1, hs.job_name)
@@ -232,7 +233,7 @@ _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed
 
 
 def params_by_role(spec: RunSpec) -> dict[str, int]:
-    from marin.flops import params_breakdown
+    from marin_ablate.marin.flops import params_breakdown
 
     out: dict[str, int] = {}
     for k, v in params_breakdown(spec.model, spec.recipe).items():
@@ -270,7 +271,7 @@ def format_checkpoint(cp: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m planning.hero")
+    p = argparse.ArgumentParser(prog="python -m marin_ablate.planning.hero")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check-racks", help="fail unless every EP group's nodes share one NVLink domain")
     src = c.add_mutually_exclusive_group(required=True)

@@ -25,7 +25,7 @@ import dataclasses
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from marin.config import RunSpec
+from marin_ablate.marin.config import RunSpec
 
 #: Largest residual of the depth fit, as a fraction of one layer's kept bytes, before the dry run
 #: refuses to extrapolate (a residual of a whole layer would make the 48-layer figure meaningless).
@@ -124,7 +124,7 @@ def activation_peak(spec: RunSpec, layers: int, seqs: int, global_every: int | N
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from marin import model as mmodel
+    from marin_ablate.marin import model as mmodel
 
     # Triton kernels need CUDA tensors: torch's ops stand in (substitutions() names it in the table)
     cfg = dataclasses.replace(spec.model, n_layers=layers, global_every=global_every or spec.model.global_every,
@@ -210,9 +210,9 @@ def measured_step_peak(spec: RunSpec, steps: int = 2) -> dict:
     optimizer state; gradients set to None)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from marin.hparams import resolve_hparams
-    from marin.model import MarinModel
-    from marin.update_rules import build_optimizer
+    from marin_ablate.marin.hparams import resolve_hparams
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import build_optimizer
 
     torch.manual_seed(0)
     m = spec.model

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from marin.config import RunSpec
+from marin_ablate.marin.config import RunSpec
 
 ACCEL, HOST = torch.device("meta"), torch.device("cpu")
 _aten = torch.ops.aten
@@ -229,7 +229,7 @@ def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[s
     """The spec at narrowed width (planning.dryrun.narrowed) that keeps what the step's devices and dtypes
     depend on: precision, mixed precision, offload, the optimizer, recompute and the chunked loss; and
     the stand-ins it takes, for the output."""
-    from planning.dryrun import narrowed
+    from marin_ablate.planning.dryrun import narrowed
 
     small = narrowed(spec, world, steps=1, **narrow)
     t = dataclasses.replace(small.train, precision=spec.train.precision, mixed_precision=spec.train.mixed_precision,
@@ -260,7 +260,7 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from marin.ep import ep_state_dict
+    from marin_ablate.marin.ep import ep_state_dict
 
     sd = ep_state_dict(trainer.model, groups, trainer.opt)
     planner = DefaultSavePlanner()
@@ -285,11 +285,11 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from marin import ep, ep_exchange
-    from marin.kernels import torch_ops
-    from marin.train.distributed import ParallelDims, check_dist_layout
-    from marin.train.loop import Trainer
-    from planning.dryrun import forget_meshes, start_rank
+    from marin_ablate.marin import ep, ep_exchange
+    from marin_ablate.marin.kernels import torch_ops
+    from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout
+    from marin_ablate.marin.train.loop import Trainer
+    from marin_ablate.planning.dryrun import forget_meshes, start_rank
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal")
     one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group
@@ -346,7 +346,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
 def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False, **narrow) -> dict:
     """Part (c): the first and last rank (each in a fresh process) through `rehearse_rank`; `ok` false
     with `error` naming the call that fails (a GPU would fail there too)."""
-    from planning.dryrun import in_fresh_process
+    from marin_ablate.planning.dryrun import in_fresh_process
 
     t0 = time.perf_counter()
     small, subs = rehearsal_spec(spec, world, **narrow)

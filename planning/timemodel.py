@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from marin.config import RunSpec
+from marin_ablate.marin.config import RunSpec
 
 GB = 1e9
 
@@ -70,8 +70,8 @@ def optimizer_work(spec: RunSpec, level: str = "hyperball") -> dict:
     fp32 elements of those matrices (non-expert and expert), from the meta-device model's shapes."""
     import torch
 
-    from marin.model import MarinModel
-    from marin.update_rules import group_kinds
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import group_kinds
 
     kinds = group_kinds(level)
     with torch.device("meta"):
@@ -99,8 +99,8 @@ def collectives(spec: RunSpec, plan, opt: dict) -> list[dict]:
     the non-expert parameters inside a rack; the expert slice, one rank per slice in a rack, is
     ZeRO-sharded across the racks (marin.parallel.ExpertShard: gathered per layer in each forward pass,
     its gradient reduce-scattered, its Newton-Schulz matrices gathered to owners and scattered back)."""
-    from marin.flops import params_routed, params_total
-    from marin.parallel import zero_shards_experts
+    from marin_ablate.marin.flops import params_routed, params_total
+    from marin_ablate.marin.parallel import zero_shards_experts
 
     m, t = spec.model, spec.train.effective()
     W, G, R, ep = plan.gpus, plan.ep_size, plan.ep_groups, plan.ep_size
@@ -157,9 +157,9 @@ def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str =
                job_limit_s: float | None = None) -> dict:
     """FLOPs, bytes per link and the step time (a point estimate and its interval) for `spec` laid
     out as `plan` (a HeroPlan) with the spec's own `TrainConfig.replica_groups`."""
-    from marin.ep_layout import check_replicas
-    from marin.flops import flops_per_token, params_total
-    from marin.train.distributed import check_no_host_update
+    from marin_ablate.marin.ep_layout import check_replicas
+    from marin_ablate.marin.flops import flops_per_token, params_total
+    from marin_ablate.marin.train.distributed import check_no_host_update
 
     check_no_host_update(spec.train)
     check_replicas(spec.train.replica_groups, plan.ep_size, plan.gpus)  # any layout that tiles, for comparison

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from marin import plugins
+from marin_ablate.marin import plugins
 
 if TYPE_CHECKING:
-    from sweeps.executors import ExecOptions, Submission
-    from sweeps.runs import PlannedRun
+    from marin_ablate.sweeps.executors import ExecOptions, Submission
+    from marin_ablate.sweeps.runs import PlannedRun
 
 
 class Executor(Protocol):

@@ -39,13 +39,13 @@ from typing import Any, Callable, Sequence
 
 import submitit
 
-from marin import plugins
-from marin.config import POS_INT, check_ranges, optional
-from marin.fields import check_fields, option
-from sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
-from sweeps.progress import Progress
-from sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
-from sweeps.state import count_dirs, needs_run, probe
+from marin_ablate.marin import plugins
+from marin_ablate.marin.config import POS_INT, check_ranges, optional
+from marin_ablate.marin.fields import check_fields, option
+from marin_ablate.sweeps.executor_api import EXECUTORS, Executor, get_executor, register_executor  # noqa: F401  (re-exported)
+from marin_ablate.sweeps.progress import Progress
+from marin_ablate.sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
+from marin_ablate.sweeps.state import count_dirs, needs_run, probe
 
 # ---------------------------------------------------------------------------------------------
 # Options and validation
@@ -161,7 +161,7 @@ def _set_threads(threads: int | None) -> None:
 def _distributed_setup() -> int:
     """One task per device: export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT from SLURM's
     environment (marin.rendezvous: the master is the job's first node, resolved); returns rank."""
-    from marin.rendezvous import from_env
+    from marin_ablate.marin.rendezvous import from_env
 
     if int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return 0
@@ -201,8 +201,8 @@ class RunJob(submitit.helpers.Checkpointable):
                                "host": os.uname().nodename, "master": f"{os.environ.get('MASTER_ADDR')}:"
                                                                     f"{os.environ.get('MASTER_PORT')}"})
         if rank != 0:  # the run's files belong to rank 0; other ranks only train
-            from marin.train import train
-            from sweeps.tracking import retention
+            from marin_ablate.marin.train import train
+            from marin_ablate.sweeps.tracking import retention
 
             # the same retention as rank 0 (sweeps.tracking.tracked_train): the final save is collective,
             # so a rank that skipped it would wait for the others in the summary's broadcast forever

@@ -19,10 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from marin.config import RunSpec
-from marin.schema import loads_json, read_json
-from planning import costmodel as cm
-from planning.costmodel import (
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.schema import loads_json, read_json
+from marin_ablate.planning import costmodel as cm
+from marin_ablate.planning.costmodel import (
     CostModel,
     Estimate,
     cores,
@@ -31,7 +31,7 @@ from planning.costmodel import (
     read_cache,
     spec_flops,
 )
-from sweeps.state import count, survey
+from marin_ablate.sweeps.state import count, survey
 
 _TAIL_BYTES = 16384  # a train line is < 1 KB: the last ones are in this much of metrics.jsonl
 
@@ -84,7 +84,7 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
 
 def run_flops(run_dir: str | Path) -> float | None:
     """Training FLOPs of the run from its spec.json (None when unreadable)."""
-    from planning.costmodel import spec_flops
+    from marin_ablate.planning.costmodel import spec_flops
 
     try:
         return spec_flops(RunSpec.from_dict(read_json(Path(run_dir) / "spec.json") or {}))

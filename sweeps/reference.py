@@ -17,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
-from sweeps.executors import ExecOptions
-from sweeps.runs import atomic_write_json, plan_runs, read_json
-from sweeps.sweep import apply_spec_overrides, run_planned, study_resources
+from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
+from marin_ablate.sweeps.executors import ExecOptions
+from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
+from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
 
 REFERENCE_SEED = 0
 
@@ -33,7 +33,7 @@ def cache_root() -> Path:
 
 def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
     """(spec, meta) of the baseline arm at each of `study.reference_rungs` and `reference_seeds`, heuristic LR."""
-    from ablations.studies import Study
+    from marin_ablate.ablations.studies import Study
 
     lv = study.baseline_levels()
     seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))
@@ -55,7 +55,7 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
 
 def _wait_for_others(runs: list, poll_s: float = 5.0, limit_s: float = 4 * 3600.0) -> None:
     """Another study's `run` may be measuring the same cached ladder: wait while it holds some runs."""
-    from sweeps.state import survey
+    from marin_ablate.sweeps.state import survey
 
     t0 = time.time()
     while time.time() - t0 < limit_s:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from marin import plugins
-from marin.config import RunSpec
-from marin.runlock import RunLock  # noqa: F401  (re-exported: sweeps callers import it from here)
-from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
+from marin_ablate.marin import plugins
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.runlock import RunLock  # noqa: F401  (re-exported: sweeps callers import it from here)
+from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
     SUMMARY_KEYS,
     RunSummary,
     atomic_write_json,
@@ -35,7 +35,7 @@ from marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json,
     write_spec,
     write_summary,
 )
-from sweeps.state import claim
+from marin_ablate.sweeps.state import claim
 
 # ---------------------------------------------------------------------------------------------
 # Layout
@@ -210,7 +210,9 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
         if ended == "failed":
             clear_failure(d)
         if train_fn is None:
-            from sweeps.tracking import tracked_train as train_fn  # marin.train.train, plus $MARIN_LOG_TO sinks
+            from marin_ablate.sweeps.tracking import (
+                tracked_train as train_fn,  # marin.train.train, plus $MARIN_LOG_TO sinks
+            )
         try:
             out = train_fn(spec, d, resume=True)
         except Exception as e:  # noqa: BLE001 - a run's failure is data, recorded, never retried silently

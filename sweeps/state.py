@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from marin.runlock import RunLock
-from marin.schema import DamagedFile, read_json
-from sweeps.executor_api import EXECUTORS
+from marin_ablate.marin.runlock import RunLock
+from marin_ablate.marin.schema import DamagedFile, read_json
+from marin_ablate.sweeps.executor_api import EXECUTORS
 
 if TYPE_CHECKING:
-    from sweeps.runs import PlannedRun
+    from marin_ablate.sweeps.runs import PlannedRun
 
 STATES = ("completed", "failed", "running", "queued", "partial", "pending")
 #: States a `run` leaves to their owner (finished, or another process/job has them).

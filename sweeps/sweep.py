@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from marin import plugins
-from marin.config import RunSpec
-from sweeps import state
-from sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
-from sweeps.progress import Progress, rung_prior
-from sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
+from marin_ablate.marin import plugins
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.sweeps import state
+from marin_ablate.sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
+from marin_ablate.sweeps.progress import Progress, rung_prior
+from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 
 # ---------------------------------------------------------------------------------------------
 # Studies
@@ -36,7 +36,7 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     loaded from where it is; no PYTHONPATH) or `package.module:attribute`. The attribute is a Study
     or a builder; `rungs`/`seeds` go to a builder that takes them, else restrict the study
     (`ablations.studies.build_study`)."""
-    from ablations.studies import STUDIES, build_study, get_study
+    from marin_ablate.ablations.studies import STUDIES, build_study, get_study
 
     if ":" not in name:
         if name not in STUDIES:
@@ -87,7 +87,7 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
     """What `train` checks of a spec before it writes anything (marin.train.loop.check_spec), for every
     run, before any run directory is written or a run launched; the device is checked on this machine
     only where the executor trains here. The error names the run."""
-    from marin.train.loop import check_spec
+    from marin_ablate.marin.train.loop import check_spec
 
     here = get_executor(executor).trains_here
     seen: set[str] = set()
@@ -106,8 +106,8 @@ def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any)
     """Every multi-GPU run's world (`--slurm.gpus_per_run` or its rung's GPUs) tiles its EP groups and splits its
     batches (marin.train.distributed.check_dist_layout), before anything is written or submitted: a run
     that would fail at its first collective is refused here, named."""
-    from marin.train.distributed import check_dist_layout
-    from marin.train.stages import context_plan
+    from marin_ablate.marin.train.distributed import check_dist_layout
+    from marin_ablate.marin.train.stages import context_plan
 
     if opts.executor != "slurm" or resources is None:
         return
@@ -146,7 +146,7 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     hero = getattr(study, "hero", None)
     hero_res = None
     if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (planning/hero.py)
-        from planning.hero import hero_resources
+        from marin_ablate.planning.hero import hero_resources
 
         hero_res = hero_resources(hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
 
@@ -275,7 +275,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     finally:
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
-        from planning import costmodel
+        from marin_ablate.planning import costmodel
 
         # this host's measured run times, for the next plan's and ETA's cost model
         k = slots or 1

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from marin.schema import read_json
+from marin_ablate.marin.schema import read_json
 
 LOG_TO_ENV = "MARIN_LOG_TO"
 KEEP_ENV = "MARIN_KEEP_CHECKPOINTS"  # `run --keep-checkpoints all`: workers inherit it like the sinks
@@ -76,7 +76,7 @@ def write_tensorboard_tags(run_dir: str | Path, meta: dict) -> None:
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
-    from marin.train.metrics import RUN_NAME_ENV, tensorboard_dir
+    from marin_ablate.marin.train.metrics import RUN_NAME_ENV, tensorboard_dir
 
     tags = run_tags(meta)
     with _env({RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}):
@@ -121,8 +121,8 @@ def retention(spec: Any) -> str:
 
 
 def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
-    """marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
-    from marin.train import train
+    """marin_ablate.marin.train.train with the sinks of $MARIN_LOG_TO, grouped and tagged (module docstring)."""
+    from marin_ablate.marin.train import train
 
     log_to = parse_log_to(os.environ.get(LOG_TO_ENV))
     keep = retention(spec)
@@ -133,7 +133,7 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
         write_tensorboard_tags(run_dir, meta)
     if "wandb" in log_to:
         _wandb_teardown()  # an earlier wandb run in this process (not tracked here) must not lend its settings
-    from marin.train.metrics import RUN_NAME_ENV
+    from marin_ablate.marin.train.metrics import RUN_NAME_ENV
 
     named = {RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}
     with _env({**named, **(wandb_env(meta) if "wandb" in log_to else {})}):

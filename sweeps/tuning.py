@@ -20,10 +20,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from marin.hparams import resolve_hparams
-from sweeps.executors import ExecOptions, validate
-from sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from sweeps.sweep import RunReport, apply_spec_overrides, check_specs, run_planned, study_resources
+from marin_ablate.marin.hparams import resolve_hparams
+from marin_ablate.sweeps.executors import ExecOptions, validate
+from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
+from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
@@ -198,8 +198,8 @@ class TuneResult:
 
 
 def smallest_rung(study: Any) -> str:
-    from ablations.ladders import params_active
-    from marin.config import Recipe
+    from marin_ablate.ablations.ladders import params_active
+    from marin_ablate.marin.config import Recipe
 
     return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
 
@@ -209,8 +209,8 @@ def profile_rung(study: Any) -> str:
     C_ref where the report reads its headline), the larger of two equally near. Measured on the smoke
     ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up by the heuristic, over-set
     its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the LR fair where it is read."""
-    from ablations.ladders import params_active
-    from marin.config import Recipe
+    from marin_ablate.ablations.ladders import params_active
+    from marin_ablate.marin.config import Recipe
 
     c = {r.name: math.log(params_active(r.model(), Recipe()) * r.tokens()) for r in study.rungs}
     mid = sum(c.values()) / len(c)
@@ -315,7 +315,7 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
     """Runs and core-seconds of n_runs runs at `rung` (the rung's own wall-time assumption)."""
     r = next(x for x in study.rungs if x.name == rung) if any(x.name == rung for x in study.rungs) else None
     if r is None:
-        from ablations.ladders import RUNGS
+        from marin_ablate.ablations.ladders import RUNGS
 
         r = RUNGS[rung]
     est = r.est_wall_s()

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pkgcopy import package_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "fidelity.md"
 
@@ -232,10 +234,11 @@ def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
         tree = Path(tmp)
         copy_tree(tree)
         apply(tree, m)
+        installed = package_tree(tree / "_installed", root=tree)  # the mutated tree, under its one import name
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                *[f"{find_test_file(t.split('::')[0], tree)}::{t.split('::')[1]}" for t in tests]]
-        env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+        env = {"PYTHONPATH": str(installed), "PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                "TRITON_INTERPRET": "1", "HF_DATASETS_OFFLINE": "1", "HOME": tmp}
         try:
             r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)

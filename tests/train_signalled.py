@@ -13,7 +13,7 @@ import sys
 
 
 def _wrap(step: int, sig: int):
-    from marin.train.loop import Trainer
+    from marin_ablate.marin.train.loop import Trainer
 
     original = Trainer.train_step
 

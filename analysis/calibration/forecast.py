@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.pipeline import StudyAnalysis
-from marin.schema import DamagedFile, read_json
+from marin_ablate.analysis.pipeline import StudyAnalysis
+from marin_ablate.marin.schema import DamagedFile, read_json
 
 COMPUTE_TOLERANCE = 0.10  # a run is "the target" when its FLOPs are within 10% of the target compute
 ARM_ALIASES = ("recipe", "baseline")
@@ -50,7 +50,7 @@ def _table_hash(df: pd.DataFrame) -> str:
 
 
 def _matching_runs(df: pd.DataFrame, factors: list[str], codes: dict[str, int], compute: float) -> pd.DataFrame:
-    from analysis.io.results import factor_codes, factor_coding
+    from marin_ablate.analysis.io.results import factor_codes, factor_coding
 
     coding = factor_coding(df)
     m = np.ones(len(df), bool)

@@ -95,8 +95,8 @@ def _runs(lay: Layout, law, log_m=None):
 def _fits(lay: Layout, law, log_m=None, pinned: bool = False):
     """(Shapley fit, its JointFit, c_ref): the pipeline's quality fit, or its main-effects refit where
     the full model leaves a Shapley value non-estimable (as analysis/pipeline.py does)."""
-    from analysis.fit.attribution import component_contrasts
-    from analysis.fit.joint import quality_fit
+    from marin_ablate.analysis.fit.attribution import component_contrasts
+    from marin_ablate.analysis.fit.joint import quality_fit
 
     X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
     # one rung cannot fix α: the analysis then needs it pinned (--pin-alpha), and so does the prediction
@@ -111,7 +111,7 @@ def _fits(lay: Layout, law, log_m=None, pinned: bool = False):
 def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
     """(robust, model-based) Var θ̂ over the joint fit's parameters at the truth, as the analysis
     computes them (it takes the larger per contrast), and the df they rest on."""
-    from analysis.fit.joint import between_clusters
+    from marin_ablate.analysis.fit.joint import between_clusters
 
     J = jf.jac
     bread = np.linalg.pinv(J.T @ J)
@@ -160,8 +160,8 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
     pinned at the truth with this covariance (a reference ladder's, as `run` pins them), and `pin_valley` its
     accepted (L∞, α) pairs where the ladder fixes only the slope. Returns (table, info)."""
-    from analysis.fit.attribution import component_table
-    from analysis.fit.replicates import BETWEEN_SEEDS_MIN
+    from marin_ablate.analysis.fit.attribution import component_table
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 
     if lay.seeds < 1 or not lay.computes or len(lay.design) < 2:
         raise ValueError(f"layout: seeds={lay.seeds}, {len(lay.computes)} rungs, {len(lay.design)} arms; "
@@ -175,7 +175,7 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
                          "the plan to size is a factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
-        from analysis.fit.joint import pin_term, valley_term
+        from marin_ablate.analysis.fit.joint import pin_term, valley_term
 
         extra = pin_term(jf, np.asarray(pin_cov, float))[0]
         if len(pin_valley):
@@ -212,7 +212,7 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
 def noise_from(path: str | Path) -> Noise:
     """The noise of a finished study folder (or results file): a seed panel (one rung, or at most two
     arms) gives the seed-to-seed sd per rung; an analysed factorial gives its fit's residuals."""
-    from analysis.io.results import factor_columns, load_table
+    from marin_ablate.analysis.io.results import factor_columns, load_table
 
     df = load_table(path)
     ok = df[df["status"] == "completed"].copy() if "status" in df else df.copy()
@@ -254,9 +254,9 @@ def _panel_noise(ok: pd.DataFrame, path) -> Noise:
 
 def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     """An analysed study: the joint fit's within-cluster residual sd and its between-cluster excess."""
-    from analysis.fit.joint import between_clusters
-    from analysis.pipeline import analyze_table
-    from analysis.responses import law
+    from marin_ablate.analysis.fit.joint import between_clusters
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.analysis.responses import law
 
     a = analyze_table(ok, n_boot=0, boot_method="none", responses=(law().name,), law_forms=("power",),
                       replicates=False)
@@ -308,7 +308,7 @@ def study_layout(study) -> tuple[Layout, list[dict]]:
 
 def _extra_rungs(study, rows: list[dict]) -> list[dict]:
     """Registered rungs of the study's ladder family not in it, each with its per-run compute and cost."""
-    from ablations.ladders import ladder, ladder_family
+    from marin_ablate.ablations.ladders import ladder, ladder_family
 
     names = [r["rung"] for r in rows]
     fam = ladder_family(names)
@@ -329,7 +329,7 @@ def _extra_rungs(study, rows: list[dict]) -> list[dict]:
 def _fraction(study, div: int):
     if div == 1:
         return np.asarray(study.design.matrix, float), ""
-    from ablations.designs import fraction
+    from marin_ablate.ablations.designs import fraction
 
     n = len(study.design.matrix) // div
     d = fraction([f.name for f in study.factors], runs=n)
@@ -394,7 +394,7 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
     """(pin covariance, law, line, valley) of the law `run` pins for this study: the measured one (`pinned`,
     a PinnedLaw from this machine's cache), else its ladder's covariance predicted at `noise`; (None,
     None, "", ()) for a study without a reference ladder."""
-    from ablations.ladders import ladder
+    from marin_ablate.ablations.ladders import ladder
 
     rungs = getattr(study, "reference_rungs", ())
     if not rungs:

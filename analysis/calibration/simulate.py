@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from marin.schema import FactorCoding, RunMeta
+from marin_ablate.marin.schema import FactorCoding, RunMeta
 
 
 @dataclass
@@ -146,7 +146,7 @@ def design_rows(k: int, fraction: int = 0) -> np.ndarray:
 def study_design(name: str, factors: list[str] | None = None) -> np.ndarray:
     """The ±1 design matrix of a registered study (ablations/studies.py, torch-free), columns in the
     order of `factors` (default: the study's own order)."""
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
 
     st = get_study(name)
     names = [f.name for f in st.factors]

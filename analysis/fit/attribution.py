@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.io.results import factor_codes, factor_coding
+from marin_ablate.analysis.io.results import factor_codes, factor_coding
 
 HC_TYPES = ("HC0", "HC1", "HC2", "HC3")
 

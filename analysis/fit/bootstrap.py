@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.fit.attribution import design_matrix
-from analysis.fit.joint import quality_design, quality_fit
-from analysis.responses import RESPONSES
+from marin_ablate.analysis.fit.attribution import design_matrix
+from marin_ablate.analysis.fit.joint import quality_design, quality_fit
+from marin_ablate.analysis.responses import RESPONSES
 
 
 def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins, n_boot, method, rng,

@@ -13,8 +13,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.fit.attribution import alias_structure, build_terms, code_table, component_contrasts, design_matrix
-from analysis.responses import RESPONSES
+from marin_ablate.analysis.fit.attribution import (
+    alias_structure,
+    build_terms,
+    code_table,
+    component_contrasts,
+    design_matrix,
+)
+from marin_ablate.analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
 WIDE_RATIO = 10.0
@@ -80,7 +86,7 @@ def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[fl
     inverse (analysis/ofat.py, paired_ln_m: Marin's per-rung convention), and its standard error: the two
     mean losses' scatter (s, the joint fit's residual sd) plus the law's own (L∞, α) uncertainty, the
     larger of its HC3 and model-based variances. (NaN, NaN) when a mean loss is at or below L∞."""
-    from analysis.ofat import paired_ln_m
+    from marin_ablate.analysis.ofat import paired_ln_m
 
     t, jf = a.table, a.joint["power"]
     Lv, Cv = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from analysis.fit.attribution import EffectsFit, Term, alias_structure, build_terms, design_matrix
-from analysis.fit.lsq import levenberg_marquardt
-from analysis.responses import law_column
+from marin_ablate.analysis.fit.attribution import EffectsFit, Term, alias_structure, build_terms, design_matrix
+from marin_ablate.analysis.fit.lsq import levenberg_marquardt
+from marin_ablate.analysis.responses import law_column
 
 FORMS = ("power", "curved")
 #: A parameter whose variance inflation (bread_ii·(JᵀJ)_ii) exceeds this is "not identified".

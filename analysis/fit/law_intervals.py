@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize
 
-from analysis.fit.joint import JointFit, between_clusters, fit_joint
+from marin_ablate.analysis.fit.joint import JointFit, between_clusters, fit_joint
 
 #: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0) and lies below every
 #: observed loss (the upper end is set per fit in profile_ci), α must be > 0.
@@ -87,7 +87,7 @@ def law_of(jf: JointFit, level: float = 0.95):
     intervals for L∞ and α (profile_ci), a delta-method interval for A."""
     from scipy import stats
 
-    from analysis.fit.scaling import LawFit
+    from marin_ablate.analysis.fit.scaling import LawFit
 
     q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
     cov_h, cov_m = jf.law_block()

@@ -107,7 +107,7 @@ def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: 
     the ladder identifies both, else along the profile its data accept (`_valley`); ValueError when
     neither pins a falling law (too narrow a span, too few runs, or α's interval reaching 0). `seeds`:
     the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
-    from analysis.fit.joint import fit_joint
+    from marin_ablate.analysis.fit.joint import fit_joint
 
     C, L = np.asarray(C, float), np.asarray(L, float)
     if len(C) < 4 or len(np.unique(np.round(np.log(C), 6))) < 4:
@@ -145,7 +145,7 @@ def _valley(C, L, seeds, free, key: str, created: str, level: float) -> PinnedLa
     no accepted pair: ValueError."""
     from scipy import stats
 
-    from analysis.fit.joint import ENVELOPE_GRID, fit_joint
+    from marin_ablate.analysis.fit.joint import ENVELOPE_GRID, fit_joint
 
     fits = []
     for frac in ENVELOPE_GRID:

@@ -20,9 +20,9 @@ from math import factorial
 import numpy as np
 import pandas as pd
 
-from analysis.fit.attribution import EffectsFit, all_arms
-from analysis.io.results import factor_coding
-from analysis.responses import RESPONSES
+from marin_ablate.analysis.fit.attribution import EffectsFit, all_arms
+from marin_ablate.analysis.io.results import factor_coding
+from marin_ablate.analysis.responses import RESPONSES
 
 
 def regime_factors(df: pd.DataFrame) -> list[str]:

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from analysis.io.results import codings
-from analysis.responses import RESPONSES
+from marin_ablate.analysis.io.results import codings
+from marin_ablate.analysis.responses import RESPONSES
 
 
 def planted_truths(df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -92,7 +92,7 @@ def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list
     """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
     fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
     parameters' ranges (L∞ ≥ 0, α ≥ 0). Returns the parameters widened."""
-    from analysis.fit.law_intervals import PROFILE_BOUNDS
+    from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
 
     laws = [a.law for a in per_seed.values() if not isinstance(a, str) and a.law is not None
             and not {"linf", "alpha"} & set(a.law.not_identified)]

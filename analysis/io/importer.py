@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from marin.schema import (
+from marin_ablate.marin.schema import (
     FactorCoding,
     RunMeta,
     RunSummary,
@@ -67,7 +67,7 @@ class Imported:
 def _recipe():
     """The registered recipe factors (marin.switches, imported when a file is read: analysis modules
     load only marin.schema at import)."""
-    from marin import switches
+    from marin_ablate.marin import switches
 
     return switches.SPECS, switches.RECIPE_LEVELS, switches.BASELINE_LEVELS
 
@@ -171,7 +171,7 @@ def validate(raw: list[dict]) -> Imported:
         raise _err(None, col, "missing; allowed values: a flops column, or params and tokens columns (the compute)")
     use_changes = "changes" in cols
     factors = [c for c in cols if c not in COLUMNS]
-    from ablations.factors import RESERVED_NAMES
+    from marin_ablate.ablations.factors import RESERVED_NAMES
 
     for c in factors:  # a factor column named like a results column would overwrite it
         if c in RESERVED_NAMES:

@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from marin.schema import DamagedFile, atomic_write_bytes, random_stream, read_json, read_meta, read_summary
+from marin_ablate.marin.schema import DamagedFile, atomic_write_bytes, random_stream, read_json, read_meta, read_summary
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
@@ -95,7 +95,7 @@ def contradiction(meta, spec: Mapping, run: str) -> str | None:
 
     A recipe switch's level names are its values, and in a planned run its baseline level is coded −1, its
     recipe level +1 (marin/switches.py); any other factor's levels map to the values its meta.json records."""
-    from marin.switches import BASELINE_LEVELS, RECIPE_LEVELS
+    from marin_ablate.marin.switches import BASELINE_LEVELS, RECIPE_LEVELS
 
     for f in meta.factors:
         section, _, attr = str(f.field or "").partition(".")

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.fit.attribution import EffectsFit, component_contrasts
-from analysis.fit.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
-from analysis.io.results import codings
-from analysis.responses import RESPONSES, by_column, is_sum, law, law_column, part_columns, uses_law
+from marin_ablate.analysis.fit.attribution import EffectsFit, component_contrasts
+from marin_ablate.analysis.fit.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
+from marin_ablate.analysis.io.results import codings
+from marin_ablate.analysis.responses import RESPONSES, by_column, is_sum, law, law_column, part_columns, uses_law
 
 
 def _exp(v: float) -> float:

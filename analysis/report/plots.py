@@ -16,10 +16,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from analysis.fit.attribution import interaction_matrix  # noqa: E402
-from analysis.pipeline import StudyAnalysis  # noqa: E402
-from analysis.report.findings import arm_kinds  # noqa: E402
-from analysis.responses import RESPONSES, by_column, law_column  # noqa: E402
+from marin_ablate.analysis.fit.attribution import interaction_matrix  # noqa: E402
+from marin_ablate.analysis.pipeline import StudyAnalysis  # noqa: E402
+from marin_ablate.analysis.report.findings import arm_kinds  # noqa: E402
+from marin_ablate.analysis.responses import RESPONSES, by_column, law_column  # noqa: E402
 
 #: The interaction heatmap's colour scale: fixed at ±ln 2 (an interaction that doubles or halves the
 #: all-on vs all-off multiplier saturates), so noise never looks like a strong effect.

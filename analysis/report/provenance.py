@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.io.results import factor_coding
-from analysis.pipeline import StudyAnalysis
+from marin_ablate.analysis.io.results import factor_coding
+from marin_ablate.analysis.pipeline import StudyAnalysis
 
 
 def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list[str]:

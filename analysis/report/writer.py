@@ -13,15 +13,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.fit.law_intervals import PROFILE_BOUNDS
-from analysis.fit.regimes import regime_frames
-from analysis.io.results import factor_coding
-from analysis.pipeline import StudyAnalysis
-from analysis.report.findings import arm_kinds, finding, qualified_text, qualifiers, scale_cells, verdict_family
-from analysis.report.html import render_html
-from analysis.report.provenance import provenance
-from analysis.responses import RESPONSES, law_column
-from marin.schema import atomic_write_text
+from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
+from marin_ablate.analysis.fit.regimes import regime_frames
+from marin_ablate.analysis.io.results import factor_coding
+from marin_ablate.analysis.pipeline import StudyAnalysis
+from marin_ablate.analysis.report.findings import (
+    arm_kinds,
+    finding,
+    qualified_text,
+    qualifiers,
+    scale_cells,
+    verdict_family,
+)
+from marin_ablate.analysis.report.html import render_html
+from marin_ablate.analysis.report.provenance import provenance
+from marin_ablate.analysis.responses import RESPONSES, law_column
+from marin_ablate.marin.schema import atomic_write_text
 
 DEFINITIONS = (
     "Quality multiplier M_flop = C_eq / C with C_eq = ((L − L∞)/A)^(−1/α) from the baseline arm's law, C the run's "
@@ -95,7 +102,7 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
     """The study's own drop rates per transport beside the ones where Marin's claim is checkable (GPU rungs,
     65,536 tokens per EP shard, measured by benchmarks/ep_drops.py into STUDY/drops_at_scale.json), and why
     they differ: a pooled capacity over few tokens overflows more often than a per-cell one."""
-    from analysis.fit.checks import drop_rates
+    from marin_ablate.analysis.fit.checks import drop_rates
 
     d = drop_rates(a)
     if not len(d) or d["drop_rate"].max() <= 0:
@@ -560,7 +567,7 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
     if figures:
         import warnings
 
-        from analysis.report.plots import all_figures
+        from marin_ablate.analysis.report.plots import all_figures
 
         with warnings.catch_warnings():  # a figure's exp of a vast interval: drawn clipped, never printed raw
             warnings.simplefilter("ignore", RuntimeWarning)

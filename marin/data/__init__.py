@@ -59,5 +59,5 @@ __all__ = [n for n in sorted(_WHERE) if not n.startswith("_")]
 
 def __getattr__(name: str):
     if name in _WHERE:
-        return getattr(importlib.import_module(f"marin.data.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'marin.data' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"marin_ablate.marin.data.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'marin_ablate.marin.data' has no attribute {name!r}")

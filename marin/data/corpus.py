@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from marin.schema import sha256_file  # the data package imports it from here too
+from marin_ablate.marin.schema import sha256_file  # the data package imports it from here too
 
 EMBEDDED_VERSION = 2  # bump on any change to what the builder writes: caches are keyed by it
 SPLITS = ("train", "heldout")

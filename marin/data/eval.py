@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marin.data.corpus import data_cache_dir
-from marin.data.prepare import (
+from marin_ablate.marin.data.corpus import data_cache_dir
+from marin_ablate.marin.data.prepare import (
     PrepareConfig,
     load_source,
     read_manifest,
     sha256_file,
     source_files,
 )
-from marin.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from marin_ablate.marin.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 SPLIT_DIRS = {"val": ("val", "validation", "valid"), "test": ("test",)}
 

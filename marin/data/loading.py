@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from marin.config import TOKENIZERS, DataConfig
-from marin.data.corpus import (
+from marin_ablate.marin.config import TOKENIZERS, DataConfig
+from marin_ablate.marin.data.corpus import (
     HELDOUT_NAMES,
     SPLITS,
     TEXT_SUFFIXES,
@@ -28,8 +28,8 @@ from marin.data.corpus import (
     sha256_file,
     verify_manifest,
 )
-from marin.data.eval import eval_domains, eval_texts
-from marin.data.tokenizer import (
+from marin_ablate.marin.data.eval import eval_domains, eval_texts
+from marin_ablate.marin.data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
     bpe_sample,
@@ -90,8 +90,8 @@ class Corpus:
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
     """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
     a text file is one document."""
-    from marin.data.prepare import load_files as _read_rows
-    from marin.data.prepare import read_text_file
+    from marin_ablate.marin.data.prepare import load_files as _read_rows
+    from marin_ablate.marin.data.prepare import read_text_file
 
     if kind == "text":
         return [path.name], [read_text_file(path)]
@@ -370,8 +370,8 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     token shards with its tokenizer, on first use (cached beside the corpus, under the preparation
     lock), so every run reads its train stream through the one loader (marin.data.shards). The
     shuffle keys on DOMAIN/ID, so the stream depends only on (corpus, tokenizer, data_seed)."""
-    from marin.data.prepare import PrepareConfig, prepare, read_manifest
-    from marin.schema import atomic_write_bytes
+    from marin_ablate.marin.data.prepare import PrepareConfig, prepare, read_manifest
+    from marin_ablate.marin.schema import atomic_write_bytes
 
     _check_data(data)
     raw = _raw_corpus(data)

@@ -120,7 +120,7 @@ def corpus_domains(corpus: str) -> list[str] | None:
     """The domains a mixture may name, known without reading text: the embedded corpus's and a
     prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
     if corpus == "embedded":
-        from marin.data.corpus import EMBEDDED_SOURCES
+        from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
         return list(EMBEDDED_SOURCES)
     manifest = Path(corpus).expanduser() / "manifest.json"
     if corpus != "paloma" and manifest.is_file():

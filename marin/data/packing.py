@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from marin.data.loading import Corpus
-from marin.data.shards import pack_stream
+from marin_ablate.marin.data.loading import Corpus
+from marin_ablate.marin.data.shards import pack_stream
 
 
 def _check_shape(seq_len: int, batch_size: int) -> None:

@@ -37,8 +37,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from marin.data.tokenizer import tokenizer_info
-from marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
+from marin_ablate.marin.data.tokenizer import tokenizer_info
+from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
 FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -388,7 +388,7 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
     if not spec.startswith("bpe:"):
         return tokenizer_info(spec)
     vocab = _bpe_vocab(spec)
-    from marin.data.tokenizer import train_bpe
+    from marin_ablate.marin.data.tokenizer import train_bpe
 
     path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
     if path.is_file() and (not made_by.is_file() or made_by.read_text() != spec):

@@ -32,10 +32,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from marin.data.corpus import IGNORE_INDEX, hash_hex
-from marin.data.mixture import MixturePlan
-from marin.data.prepare import read_manifest
-from marin.schema import sha256_file
+from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
+from marin_ablate.marin.data.mixture import MixturePlan
+from marin_ablate.marin.data.prepare import read_manifest
+from marin_ablate.marin.schema import sha256_file
 
 FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when opened; larger: `data verify`
 _VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process

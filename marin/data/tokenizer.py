@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from marin.data.corpus import dist_file, publish_file, sha256_file
+from marin_ablate.marin.data.corpus import dist_file, publish_file, sha256_file
 
 BPE_SAMPLE_BYTES_PER_DOMAIN = 1_000_000  # BPE trains on this much train text of each domain
 

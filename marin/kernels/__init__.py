@@ -30,7 +30,7 @@ def xsa_gate_torch(y_BHSD, v_BKSD, gate_logits_BSH):
     """The headwise gate 2σ(a) applied to the XSA output (unfused reference)."""
     import torch
 
-    from marin.kernels.reference import xsa_reference
+    from marin_ablate.marin.kernels.reference import xsa_reference
 
     z = xsa_reference(y_BHSD, v_BKSD)
     return z * (2.0 * torch.sigmoid(gate_logits_BSH.float())).transpose(1, 2).unsqueeze(-1).to(z.dtype)
@@ -39,8 +39,8 @@ def xsa_gate_torch(y_BHSD, v_BKSD, gate_logits_BSH):
 def get_kernels(backend: str) -> KernelSet:
     """The op set for `backend` in KERNEL_BACKENDS."""
     if backend == "torch":
-        from marin.kernels.reference import sconv_reference, xsa_reference
-        from marin.kernels.torch_ops import grouped_mm_torch, permute_torch, unpermute_torch
+        from marin_ablate.marin.kernels.reference import sconv_reference, xsa_reference
+        from marin_ablate.marin.kernels.torch_ops import grouped_mm_torch, permute_torch, unpermute_torch
 
         return KernelSet("torch", sconv_reference, xsa_reference, xsa_gate_torch, permute_torch,
                          unpermute_torch, grouped_mm_torch)
@@ -50,9 +50,9 @@ def get_kernels(backend: str) -> KernelSet:
         except ImportError as e:
             raise ValueError("kernels='triton' needs the triton package (pip install -e '.[triton]'); "
                              f"allowed values without it: 'torch' ({e})") from None
-        from marin.kernels.moe import grouped_mm_triton, permute_triton, unpermute_triton
-        from marin.kernels.sconv import sconv_triton
-        from marin.kernels.xsa import xsa_gate_triton, xsa_triton
+        from marin_ablate.marin.kernels.moe import grouped_mm_triton, permute_triton, unpermute_triton
+        from marin_ablate.marin.kernels.sconv import sconv_triton
+        from marin_ablate.marin.kernels.xsa import xsa_gate_triton, xsa_triton
 
         return KernelSet("triton", sconv_triton, xsa_triton, xsa_gate_triton, permute_triton,
                          unpermute_triton, grouped_mm_triton)

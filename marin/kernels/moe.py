@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, next_pow2, save_inputs
+from marin_ablate.marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, next_pow2, save_inputs
 
 # ---------------------------------------------------------------------------------------------
 # Permute / unpermute

@@ -4,7 +4,7 @@ The interpreter (TRITON_INTERPRET=1) runs kernels as numpy and accepts code the 
 rejects; this builds each kernel through triton's full pipeline (TTIR -> PTX -> cubin with the
 ptxas bundled in the triton wheel) at the shapes and dtypes the model uses (bf16 operands, the
 default block sizes, runtime specialisation of unit strides and 16-divisible ints mimicked), and
-reads registers, spill stack and shared memory from the cubin. `python -m marin.kernels.sm90`
+reads registers, spill stack and shared memory from the cubin. `python -m marin_ablate.marin.kernels.sm90`
 prints the table (run it with TRITON_INTERPRET unset). Needs triton; imports it.
 """
 
@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from marin.kernels import moe, sconv, xsa
+from marin_ablate.marin.kernels import moe, sconv, xsa
 
 
 @dataclass(frozen=True)

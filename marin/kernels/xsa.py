@@ -19,7 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
-from marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, next_pow2, optional_arg, save_inputs
+from marin_ablate.marin.kernels._common import (
+    acc_dtype,
+    check_runnable,
+    kernel_op,
+    needed,
+    next_pow2,
+    optional_arg,
+    save_inputs,
+)
 
 XSA_EPS = 1e-6
 

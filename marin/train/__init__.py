@@ -5,12 +5,17 @@ command is marin_ablate/train.py.
 docs/architecture.md maps them.
 """
 
-from marin.train.distributed import ParallelDims, check_dist_layout, dist_forward_backward, launch_world_size
-from marin.train.loop import LoopState, Trainer, train
-from marin.train.machine import PEAK_FLOPS_BF16, code_version, hardware_name, peak_flops
-from marin.train.metrics import LOG_TO
-from marin.train.stages import Stage, context_plan, is_spike, stage_at
-from marin.train.step import evaluate, forward_backward, optimizer_step
+from marin_ablate.marin.train.distributed import (
+    ParallelDims,
+    check_dist_layout,
+    dist_forward_backward,
+    launch_world_size,
+)
+from marin_ablate.marin.train.loop import LoopState, Trainer, train
+from marin_ablate.marin.train.machine import PEAK_FLOPS_BF16, code_version, hardware_name, peak_flops
+from marin_ablate.marin.train.metrics import LOG_TO
+from marin_ablate.marin.train.stages import Stage, context_plan, is_spike, stage_at
+from marin_ablate.marin.train.step import evaluate, forward_backward, optimizer_step
 
 __all__ = [
     "LOG_TO", "PEAK_FLOPS_BF16", "LoopState", "ParallelDims", "Stage", "Trainer", "check_dist_layout",

@@ -31,11 +31,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from marin.config import RunSpec, TrainConfig
-from marin.data import IGNORE_INDEX
-from marin.ep_layout import check_ep_layout
-from marin.train.stages import Stage
-from marin.train.step import forward_backward
+from marin_ablate.marin.config import RunSpec, TrainConfig
+from marin_ablate.marin.data import IGNORE_INDEX
+from marin_ablate.marin.ep_layout import check_ep_layout
+from marin_ablate.marin.train.stages import Stage
+from marin_ablate.marin.train.step import forward_backward
 
 
 @dataclass
@@ -101,7 +101,7 @@ class ParallelDims:
         """The background checkpoint writer of a distributed run (None: one process writes in place)."""
         if self.groups is None:
             return None
-        from marin.parallel import AsyncCheckpointer
+        from marin_ablate.marin.parallel import AsyncCheckpointer
 
         return AsyncCheckpointer(self.groups)
 
@@ -134,7 +134,7 @@ def launch_world_size() -> int:
     if "RANK" in env and "WORLD_SIZE" in env:
         return int(env["WORLD_SIZE"])
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        from marin.ep import dist_env
+        from marin_ablate.marin.ep import dist_env
 
         return dist_env().world_size
     return 1
@@ -167,7 +167,7 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
 
 def sharding_config(t: TrainConfig):
     """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
-    from marin.parallel import ShardingConfig
+    from marin_ablate.marin.parallel import ShardingConfig
 
     check_no_host_update(t)
     return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
@@ -189,8 +189,8 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) ->
     with the layout-independent marin.parallel.init_weights from seed + the TrainConfig seed stream,
     so every layout of a run starts from the same global weights. Built on the meta device first:
     no rank ever allocates more than it keeps."""
-    from marin.model import MarinModel
-    from marin.parallel import build_sharded_model, init_weights
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.parallel import build_sharded_model, init_weights
 
     t = spec.train.effective()
     seed = spec.seed + t.seed_offset()
@@ -229,7 +229,7 @@ def parallel_dims(spec: RunSpec, world: int, device: torch.device) -> tuple[Para
 def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.device]:
     """Initialise torch.distributed (marin.ep.init_ep: rank and world from the launcher's environment)
     and build the meshes of ModelConfig.ep_shards and TrainConfig.replica_groups."""
-    from marin import ep
+    from marin_ablate.marin import ep
 
     owns = not dist.is_initialized()
     groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
@@ -255,7 +255,7 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     CE and z-loss are reweighted by n_r W / N so that the world mean of the gradients (FSDP2's
     reduce-scatter) is the gradient of the global token mean; the grad norm (and clipping) is the
     global norm over every shard (marin.parallel.clip_grad_norm_)."""
-    from marin.parallel import clip_grad_norm_
+    from marin_ablate.marin.parallel import clip_grad_norm_
 
     dev = tokens.device
     n_loc = int((targets != IGNORE_INDEX).sum())

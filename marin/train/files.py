@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import IO, Callable
 
-from marin.schema import sha256_file
+from marin_ablate.marin.schema import sha256_file
 
 TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>" (schema's: ".<name>.<random>.tmp"): hidden, never a result
 

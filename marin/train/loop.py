@@ -26,20 +26,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marin import schema
-from marin.config import RunSpec, TrainConfig
-from marin.train import checkpoint as ckpt
-from marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
-from marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
-from marin.train.machine import code_version, hardware_name, peak_flops
-from marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
-from marin.train.source import build_data_source, global_tokens, validate_data
-from marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
-from marin.train.step import evaluate, optimizer_step
-from marin.train.step_progress import StepProgress
-from marin.update_rules import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
+from marin_ablate.marin import schema
+from marin_ablate.marin.config import RunSpec, TrainConfig
+from marin_ablate.marin.train import checkpoint as ckpt
+from marin_ablate.marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
+from marin_ablate.marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
+from marin_ablate.marin.train.machine import code_version, hardware_name, peak_flops
+from marin_ablate.marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
+from marin_ablate.marin.train.source import build_data_source, global_tokens, validate_data
+from marin_ablate.marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
+from marin_ablate.marin.train.step import evaluate, optimizer_step
+from marin_ablate.marin.train.step_progress import StepProgress
+from marin_ablate.marin.update_rules import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
 
-log = logging.getLogger("marin.train")
+log = logging.getLogger("marin_ablate.marin.train")
 
 
 @dataclass
@@ -140,8 +140,8 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, pd: ParallelDims,
                  t0: float, keep_checkpoints: str = "final"):
-        from marin import data as mdata
-        from marin import flops as mflops
+        from marin_ablate.marin import data as mdata
+        from marin_ablate.marin import flops as mflops
 
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
         self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = (

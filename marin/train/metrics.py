@@ -14,10 +14,10 @@ import logging
 import os
 from pathlib import Path
 
-from marin.config import RunSpec
-from marin.schema import atomic_write_text, loads_json
+from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.schema import atomic_write_text, loads_json
 
-log = logging.getLogger("marin.train")
+log = logging.getLogger("marin_ablate.marin.train")
 
 LOG_TO = ("wandb", "tensorboard")
 LOSS_CURVE_POINTS = 200

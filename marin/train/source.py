@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from marin.config import DataConfig, RunSpec
-from marin.data.mixture import check_mixture_domains
+from marin_ablate.marin.config import DataConfig, RunSpec
+from marin_ablate.marin.data.mixture import check_mixture_domains
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
 
@@ -53,7 +53,7 @@ def validate_data(data: DataConfig) -> None:
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
     if data.eval_dir and data.eval_domains:  # the domains of the eval_dir given, never of the training corpus
-        from marin.data.eval import eval_domains
+        from marin_ablate.marin.data.eval import eval_domains
 
         found = eval_domains(data.eval_dir)
         bad = [d for d in data.eval_domains if d not in found]
@@ -105,8 +105,8 @@ class DataSource:
 
 
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
-    from marin.data.eval import eval_domains
-    from marin.data.loading import load_eval_corpus
+    from marin_ablate.marin.data.eval import eval_domains
+    from marin_ablate.marin.data.loading import load_eval_corpus
 
     found = eval_domains(data.eval_dir)
     bad = [d for d in data.eval_domains if d not in found]
@@ -119,9 +119,9 @@ def _eval_corpus(data: DataConfig, tokenizer) -> Any:
 
 def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, world: int = 1) -> DataSource:
     """The data of `spec` for this rank: stages are marin.train.stages.Stage (seq_len, batch_size)."""
-    from marin import data as mdata
-    from marin.data.eval import tokenizer_of
-    from marin.data.shards import PreparedCorpus, ShardedBatches
+    from marin_ablate.marin import data as mdata
+    from marin_ablate.marin.data.eval import tokenizer_of
+    from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches
 
     data = spec.data
     validate_data(data)
@@ -175,7 +175,7 @@ VOCAB_COST_RATIO = 4.0
 def vocab_warning(spec: RunSpec, vocab: int) -> str | None:
     """A warning when the vocabulary is far too large for the rung's width: the output layer
     (2·d·V FLOPs per token) would cost more than VOCAB_COST_RATIO times everything else."""
-    from marin.flops import forward_flops_breakdown
+    from marin_ablate.marin.flops import forward_flops_breakdown
 
     terms = forward_flops_breakdown(dataclasses.replace(spec.model, vocab_size=vocab), spec.recipe)
     head = terms.pop("lm_head")

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from marin.config import RunSpec
+from marin_ablate.marin.config import RunSpec
 
 SPIKE_MIN_HISTORY = 10  # no spike verdict before this many losses are in the window
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from marin.data import IGNORE_INDEX
+from marin_ablate.marin.data import IGNORE_INDEX
 
 
 @torch.no_grad()

@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from ablations.designs import Design, arms, fraction, full_factorial
-from ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
-from ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
-from ablations.studies import HeroPlan, Study, get_study
-from marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
-from marin.flops import flops_per_token
-from marin.hparams import HEURISTICS, resolve_hparams
+from marin_ablate.ablations.designs import Design, arms, fraction, full_factorial
+from marin_ablate.ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
+from marin_ablate.ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
+from marin_ablate.ablations.studies import HeroPlan, Study, get_study
+from marin_ablate.marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
+from marin_ablate.marin.flops import flops_per_token
+from marin_ablate.marin.hparams import HEURISTICS, resolve_hparams
 
 SEVEN = list(FACTORS)
 
@@ -214,7 +214,7 @@ def test_hero_plan_is_marins_704_gpu_layout_18t_tokens_on_ep64_gb200():
 
 
 def test_ablations_plan_without_importing_torch():
-    code = ("import sys; from ablations import get_study; get_study('marin535').describe(); "
+    code = ("import sys; from marin_ablate.ablations import get_study; get_study('marin535').describe(); "
             "get_study('smoke').runs(); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

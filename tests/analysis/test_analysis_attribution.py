@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.calibration.simulate import SimTruth, design_rows, random_truth, simulate_table
-from analysis.fit.attribution import all_arms, component_contrasts, fit_effects
-from analysis.pipeline import analyze_table
+from marin_ablate.analysis.calibration.simulate import SimTruth, design_rows, random_truth, simulate_table
+from marin_ablate.analysis.fit.attribution import all_arms, component_contrasts, fit_effects
+from marin_ablate.analysis.pipeline import analyze_table
 
 F4 = ["xsa", "sconv", "qk_norm", "latent_moe"]
 

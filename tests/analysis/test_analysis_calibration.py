@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.calibration.simulate import random_truth, simulate_table
-from analysis.pipeline import analyze_table
+from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table
+from marin_ablate.analysis.pipeline import analyze_table
 
 
 def _waste_table(seed: int):
@@ -46,7 +46,7 @@ def test_waste_level_recovers_m_flop_one_half_exactly():
 
 
 def test_calibration_study_crosses_waste_with_every_arm():
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
 
     st = get_study("calibration", seeds=[0])
     assert get_study("calibration").seeds == tuple(range(10))  # ten replicates by default
@@ -65,10 +65,10 @@ def test_calibration_study_crosses_waste_with_every_arm():
 
 
 def test_planted_truth_travels_from_the_factor_to_the_results_table(tmp_path):
-    from ablations.studies import get_study
-    from analysis.fit.replicates import planted_truths
-    from analysis.io.results import collect
-    from marin.schema import RunMeta, write_meta
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.analysis.fit.replicates import planted_truths
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.marin.schema import RunMeta, write_meta
 
     st = get_study("calibration")
     for i, (spec, meta) in enumerate(st.runs(rungs=["cpu_s32"])[:4]):
@@ -84,7 +84,7 @@ def test_planted_truth_travels_from_the_factor_to_the_results_table(tmp_path):
 def test_factor_truth_rejects_unknown_response_and_non_positive_multiplier():
     import pytest
 
-    from ablations.factors import Factor
+    from marin_ablate.ablations.factors import Factor
 
     with pytest.raises(ValueError, match=r"truth keys \['loss'\]; allowed values: M_flop, R"):
         Factor("p", field="train.seed_stream", levels={"a": 0, "b": 1}, truth={"loss": 1.0})
@@ -95,7 +95,7 @@ def test_factor_truth_rejects_unknown_response_and_non_positive_multiplier():
 
 
 def _placebo_study(seeds: int, seed: int = 0, stream_sd: float = 0.0):
-    from analysis.calibration.simulate import SimTruth
+    from marin_ablate.analysis.calibration.simulate import SimTruth
 
     rng = np.random.default_rng(seed)
     truth = SimTruth(factors=["xsa", "qk_norm", "placebo"], main={"xsa": 0.05, "qk_norm": -0.03},
@@ -147,7 +147,7 @@ def test_waste_level_is_exact_in_every_replicate():
 
 
 def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_path):
-    from analysis.report.writer import render_markdown
+    from marin_ablate.analysis.report.writer import render_markdown
 
     df = _placebo_study(seeds=2)
     flip = df["placebo"] == "on"
@@ -157,7 +157,7 @@ def test_a_missed_planted_truth_is_a_warning_and_the_report_shows_coverage(tmp_p
     md = render_markdown(a, df, {}, tmp_path, title="t")
     assert "## Planted truths" in md and "### Coverage over 2 replicates" in md
     assert md.index("## Planted truths") < md.index("## Warnings")
-    from analysis.report.plots import planted
+    from marin_ablate.analysis.report.plots import planted
 
     assert planted(a, tmp_path / "planted.png").stat().st_size > 10_000
 
@@ -201,7 +201,7 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
     # identifies them (each seed alone: 2 streams × 3 rungs, 5 cluster-level parameters, 1 df)
     import dataclasses
 
-    from analysis.fit.law_intervals import PROFILE_BOUNDS, profile_ci
+    from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS, profile_ci
 
     jf = a.joint["power"]
     assert a.law.between_df == 6 * 2 * 3 - (3 + 5 + 2)  # law, 5 seed blocks, placebo and placebo × log C
@@ -241,8 +241,8 @@ def test_a_factor_that_changes_every_runs_stream_is_warned():
 
 
 def test_random_stream_of_a_run_follows_its_init_and_data_seeds():
-    from ablations.studies import get_study
-    from marin.schema import random_stream
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.marin.schema import random_stream
 
     runs = get_study("calibration", seeds=[0, 1]).runs(rungs=["cpu_s32"])
     streams = {}

@@ -40,7 +40,7 @@ def test_throughput_truth_is_the_shapley_value_of_the_simulated_ln_r():
     import itertools
     from math import factorial
 
-    from analysis.calibration.simulate import random_truth
+    from marin_ablate.analysis.calibration.simulate import random_truth
 
     factors = ["a", "b", "c", "d"]
     truth = random_truth(factors, np.random.default_rng(3))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from statsmodels.stats.multitest import multipletests
 
-from analysis.calibration.simulate import SimTruth, design_rows, simulate_table, study_design
-from analysis.pipeline import analyze_table
-from analysis.report.findings import _p_value, verdict_family
-from analysis.report.writer import family_statement, findings_table
+from marin_ablate.analysis.calibration.simulate import SimTruth, design_rows, simulate_table, study_design
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.report.findings import _p_value, verdict_family
+from marin_ablate.analysis.report.writer import family_statement, findings_table
 
 F3 = ["xsa", "sconv", "qk_norm"]
 F7 = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
@@ -35,8 +35,8 @@ def test_a_verdict_holm_does_not_reject_is_withheld_with_its_adjusted_p_and_the_
 
 
 def test_the_family_is_statsmodels_holm_over_the_p_values_read_off_each_interval():
-    from analysis.fit.attribution import component_contrasts
-    from analysis.report.findings import scale_trend
+    from marin_ablate.analysis.fit.attribution import component_contrasts
+    from marin_ablate.analysis.report.findings import scale_trend
 
     a = _small()
     fam = verdict_family(a)

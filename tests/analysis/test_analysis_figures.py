@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import analysis.report.plots as plots
-from analysis.calibration.simulate import SimTruth, simulate_table, study_design
-from analysis.pipeline import analyze_table
-from analysis.report.writer import render_markdown
+import marin_ablate.analysis.report.plots as plots
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table, study_design
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.report.writer import render_markdown
 
 RUNGS = {"r10": 1.6e9, "r2": 1e8, "r5": 4e8}  # string order r10 < r2 < r5; compute order r2 < r5 < r10
 
@@ -179,7 +179,7 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
     law_label = next(t for t in legends if "L∞" in t)
     assert law_label == "law (L∞, α, A not identified)" and not re.search(r"\d", law_label)
     # why the multipliers still stand: the local slope, with its own interval
-    from analysis.report.writer import local_slope
+    from marin_ablate.analysis.report.writer import local_slope
 
     s, lo, hi = local_slope(a)
     assert lo < s < hi < 0
@@ -190,7 +190,7 @@ def test_an_unidentified_law_parameter_is_never_a_number(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_resolution_iv_heatmap_draws_each_alias_group_once_and_names_its_pairs(tmp_path):
-    from analysis.calibration.simulate import random_truth, study_design
+    from marin_ablate.analysis.calibration.simulate import random_truth, study_design
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
     rng = np.random.default_rng(3)

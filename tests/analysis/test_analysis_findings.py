@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibration.simulate import SimTruth, simulate_table
-from analysis.fit.joint import between_clusters
-from analysis.pipeline import analyze_table
-from analysis.report.findings import (
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
+from marin_ablate.analysis.fit.joint import between_clusters
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.report.findings import (
     boot_disagrees,
     finding,
     interval_fails,
@@ -21,7 +21,7 @@ from analysis.report.findings import (
     scale_cells,
     varied_rungs,
 )
-from analysis.report.writer import _per_rung_table, findings_table
+from marin_ablate.analysis.report.writer import _per_rung_table, findings_table
 
 RUNGS3 = {f"r{j}": 1e8 * 4**j for j in range(3)}
 
@@ -48,7 +48,7 @@ def test_law_rests_on_seed_by_rung_clusters_their_df_and_mean_square():
     assert s2b > 5 * float(jf.resid @ jf.resid) / jf.dof
     assert a.law.between_df == 2
     # the shift's variance reaches every quality contrast through the law: larger than without clusters
-    from analysis.fit.joint import fit_joint
+    from marin_ablate.analysis.fit.joint import fit_joint
 
     C, L, E, seeds = jf.data
     plain = fit_joint(C, L, E, jf.effect_cols, seeds=seeds)
@@ -196,9 +196,9 @@ def test_gain_growing_with_scale_is_a_verdict_and_cpu_throughput_is_not_informat
 def test_quality_values_say_their_interval_omits_a_rung_shift_the_clusters_cannot_measure():
     """One seed on three rungs: three cluster means, three law parameters, no df for a (seed × rung)
     shift; two seeds, or α pinned, leave df and the note goes."""
-    from analysis.calibration.simulate import design_rows, random_truth
-    from analysis.fit.checks import unmeasured_shift
-    from analysis.report.findings import finding
+    from marin_ablate.analysis.calibration.simulate import design_rows, random_truth
+    from marin_ablate.analysis.fit.checks import unmeasured_shift
+    from marin_ablate.analysis.report.findings import finding
 
     factors = ["a", "b", "c"]
     truth = random_truth(factors, np.random.default_rng(5))
@@ -229,7 +229,7 @@ def test_a_scale_cell_whose_interval_spans_over_10x_says_little_and_a_narrow_one
 
 
 def test_an_interval_spanning_over_1000x_is_named_not_printed_and_one_over_10x_says_little():
-    from analysis.report.findings import qualified_text
+    from marin_ablate.analysis.report.findings import qualified_text
 
     assert qualified_text(math.log(1.4), -60.0, 70.0) == "1.400 [interval spans over 1000x: says nothing]"
     assert qualified_text(0.0, math.log(0.2), math.log(5.0)) == "1.000 [0.200, 5.000] (spans over 10x: says little)"

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibration.simulate import SimTruth, simulate_table
-from analysis.io.results import collect
-from analysis.ofat import analyze_ofat
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
+from marin_ablate.analysis.io.results import collect
+from marin_ablate.analysis.ofat import analyze_ofat
 from marin_ablate.main import main
 
 F = ["xsa", "sconv", "qk_norm"]
@@ -114,8 +114,8 @@ def test_import_refuses_a_folder_that_holds_runs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_factorial_import_round_trips_into_the_same_attribution(tmp_path):
-    from analysis.calibration.simulate import design_rows
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.calibration.simulate import design_rows
+    from marin_ablate.analysis.pipeline import analyze_table
 
     t = SimTruth(factors=F, main={"xsa": 0.05, "sconv": 0.1, "qk_norm": -0.04}, levels=LEVELS)
     df = simulate_table(t, rungs={"r1": 1e8, "r2": 4e8, "r3": 1.6e9}, seeds=2, design=design_rows(3))

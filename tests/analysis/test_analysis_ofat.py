@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibration.simulate import SimTruth, design_rows, simulate_table
-from analysis.ofat import analyze_ofat, design_kind, find_star
+from marin_ablate.analysis.calibration.simulate import SimTruth, design_rows, simulate_table
+from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
 
 F = ["xsa", "sconv", "qk_norm"]
 LAW = dict(linf=2.0, A=400.0, alpha=0.2)
@@ -262,9 +262,9 @@ def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_nu
 def test_the_observed_total_carries_the_laws_own_uncertainty():
     """TOTAL two ways: the all-on vs all-off pair of a rung through the joint law's local inverse, its variance
     the two mean losses' scatter plus what the law's L∞ and α carry (the larger of HC3 and model-based)."""
-    from analysis.fit.checks import paired_quality
-    from analysis.ofat import paired_ln_m
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.fit.checks import paired_quality
+    from marin_ablate.analysis.ofat import paired_ln_m
+    from marin_ablate.analysis.pipeline import analyze_table
 
     df = _ofat(RUNGS4, seeds=2, design=np.array([[-1, -1, -1], [1, 1, 1], [1, -1, -1], [-1, 1, 1]], float))
     a = analyze_table(df, n_boot=0, responses=("quality",), replicates=False)

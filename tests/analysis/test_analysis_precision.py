@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibration.precision import Layout, Noise, noise_from, predict
-from analysis.calibration.simulate import design_rows, random_truth, simulate_table, write_study
-from analysis.fit.attribution import code_table, component_table
-from analysis.fit.joint import quality_fit
-from analysis.pipeline import analyze_table
+from marin_ablate.analysis.calibration.precision import Layout, Noise, noise_from, predict
+from marin_ablate.analysis.calibration.simulate import design_rows, random_truth, simulate_table, write_study
+from marin_ablate.analysis.fit.attribution import code_table, component_table
+from marin_ablate.analysis.fit.joint import quality_fit
+from marin_ablate.analysis.pipeline import analyze_table
 
 
 def _realized(k: int, n_rungs: int, seeds: int, n: int = 100, noise: float = 0.005):
@@ -143,8 +143,8 @@ def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_pa
 
 
 def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure():
-    from ablations.studies import get_study
-    from analysis.calibration.precision import options
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.analysis.calibration.precision import options
 
     o = options(get_study("marin535"), Noise(0.005, rung_sd=0.02), 1.0, max_seeds=2)
     one_seed = o[(o["seeds"] == 1) & (o["rungs"] == 3)]
@@ -153,7 +153,7 @@ def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure()
 
 
 def test_plan_precision_reads_a_noise_study_folder(tmp_path, capsys):
-    from analysis.calibration.simulate import SimTruth
+    from marin_ablate.analysis.calibration.simulate import SimTruth
     from marin_ablate.main import main
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer"]

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.fit.attribution import all_arms, fit_effects
-from analysis.fit.regimes import regime_factors, regime_table
+from marin_ablate.analysis.fit.attribution import all_arms, fit_effects
+from marin_ablate.analysis.fit.regimes import regime_factors, regime_table
 
 
 def test_component_multiplier_at_each_regime_level_is_its_main_effect_plus_the_regime_interaction():
@@ -40,11 +40,11 @@ def test_regime_factors_are_read_from_the_runs_codings():
 
 @pytest.mark.slow
 def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios(tmp_path):
-    from ablations import get_study
-    from analysis.io.results import collect
-    from analysis.pipeline import analyze_table
-    from analysis.report.writer import write_report
-    from sweeps.runs import RunTask, execute, plan_runs, write_run_files
+    from marin_ablate.ablations import get_study
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.analysis.report.writer import write_report
+    from marin_ablate.sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
     study = get_study("overtrain", rungs=("cpu_s32", "cpu_s64"), ratio=2)
     steps = {(m["rung"], m["factors"]["token_ratio"]): s.train.effective().steps for s, m in study.runs()}
@@ -66,7 +66,7 @@ def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios
 
 
 def test_a_factor_named_like_a_results_column_is_refused():
-    from ablations import Factor
+    from marin_ablate.ablations import Factor
 
     with pytest.raises(ValueError, match="'tokens' is a column of every run's results row"):
         Factor("tokens", field="train.token_multiplier", levels={"x1": 1, "x4": 4})

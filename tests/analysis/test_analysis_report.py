@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.calibration.forecast import judge, read_forecasts, write_forecast
-from analysis.calibration.simulate import random_truth, simulate_table, write_study
-from analysis.io.results import collect, factor_codes, factor_coding, factor_columns
-from analysis.pipeline import analyze_table
+from marin_ablate.analysis.calibration.forecast import judge, read_forecasts, write_forecast
+from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
+from marin_ablate.analysis.io.results import collect, factor_codes, factor_coding, factor_columns
+from marin_ablate.analysis.pipeline import analyze_table
 
 FACTORS3 = ["xsa", "sconv", "ep_transport"]
 RUNGS = {"r0": 1e8, "r1": 4e8, "r2": 1.6e9}
@@ -32,14 +32,15 @@ def _study(tmp_path: Path, *, fail=0, missing=0, seed=0, drop_arms=()) -> tuple[
 
 
 def test_analysis_imports_no_torch():
-    code = ("import importlib, pkgutil, sys, analysis\n"
-            "for m in pkgutil.walk_packages(analysis.__path__, 'analysis.'):\n"
+    code = ("import importlib, pkgutil, sys\nfrom marin_ablate import analysis\n"
+            "for m in pkgutil.walk_packages(analysis.__path__, 'marin_ablate.analysis.'):\n"
             "    importlib.import_module(m.name)\n"
-            "import marin_ablate.analyze, analysis.report.plots, analysis.report.writer\n"
+            "import marin_ablate.analyze, marin_ablate.analysis.report.plots, marin_ablate.analysis.report.writer\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
-            "extra = sorted(k for k in sys.modules if k == 'marin' or k.startswith('marin.'))\n"
-            "assert extra == ['marin', 'marin.fields', 'marin.plugins', 'marin.schema'], extra\n"
-            "print(len([k for k in sys.modules if k.startswith('analysis')]))")
+            "extra = sorted(k for k in sys.modules if k.startswith('marin_ablate.marin'))\n"
+            "assert extra == ['marin_ablate.marin', 'marin_ablate.marin.fields', 'marin_ablate.marin.plugins',\n"
+            "                 'marin_ablate.marin.schema'], extra\n"
+            "print(len([k for k in sys.modules if k.startswith('marin_ablate.analysis')]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip()) >= 10
@@ -218,9 +219,9 @@ def test_notebook_refuses_simulated_data_unless_asked(tmp_path):
 
 
 def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatmap_and_coefficients():
-    from analysis.calibration.simulate import random_truth, simulate_table, study_design
-    from analysis.fit.attribution import interaction_matrix
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, study_design
+    from marin_ablate.analysis.fit.attribution import interaction_matrix
+    from marin_ablate.analysis.pipeline import analyze_table
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
     rng = np.random.default_rng(3)
@@ -241,8 +242,8 @@ def test_a_resolution_iv_fraction_shows_every_alias_group_estimate_in_the_heatma
 
 
 def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
-    from analysis.calibration.forecast import read_forecasts
-    from marin.schema import DamagedFile
+    from marin_ablate.analysis.calibration.forecast import read_forecasts
+    from marin_ablate.marin.schema import DamagedFile
 
     (tmp_path / "forecasts").mkdir()
     bad = tmp_path / "forecasts" / "forecast-20261201.json"
@@ -252,15 +253,15 @@ def test_a_damaged_forecast_file_is_named_not_skipped(tmp_path):
 
 
 def test_a_joint_fit_that_did_not_converge_is_a_report_warning(tmp_path, monkeypatch):
-    import analysis.fit.joint
-    from analysis.report.writer import render_markdown
+    import marin_ablate.analysis.fit.joint as joint
+    from marin_ablate.analysis.report.writer import render_markdown
 
     _, df = _study(tmp_path)
     a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
     assert all(jf.converged for jf in a.joint.values())
     assert not any("did not converge" in w for w in a.warnings)
     # one Levenberg–Marquardt step per start: a real, unfinished fit
-    monkeypatch.setattr(analysis.fit.joint, "MAX_ITER", 1)
+    monkeypatch.setattr(joint, "MAX_ITER", 1)
     a = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
     assert not a.joint["power"].converged
     w = [w for w in a.warnings if "joint law fit (power) did not converge" in w]
@@ -279,7 +280,7 @@ def two_seed_study():
 def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report(tmp_path, monkeypatch, capsys):
     """A second metric column the trainer writes (macro bits per byte) becomes an analysis response
     by one row in analysis/responses.py: plan, run (real tiny training runs), analyze, report."""
-    from analysis.responses import RESPONSES, Response
+    from marin_ablate.analysis.responses import RESPONSES, Response
     from marin_ablate.main import main
 
     bpb = Response("bpb", "ln_bpb", "macro bits/byte ratio", "bpb", "macro bits per byte ratio", source="macro_bpb")
@@ -309,7 +310,7 @@ def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report
 
 
 def test_a_response_that_cannot_be_fitted_is_refused_naming_the_field():
-    from analysis.responses import RESPONSES, Response, register
+    from marin_ablate.analysis.responses import RESPONSES, Response, register
 
     with pytest.raises(ValueError, match="family 'glm'; allowed values: law, ols, sum"):
         Response("x", "ln_x", "x", "x", "x", family="glm", source="x")
@@ -343,13 +344,13 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     assert "held-out cross-entropy in nats per token" in md and "L, L∞ and A are in nats per token." in md
     assert "Per decade of compute: the slope across the ladder, which spans 0.6 decades" in md
     assert md.count("Per decade of compute: the slope") == 1  # said once, not per row
-    from analysis.io.results import factor_coding
+    from marin_ablate.analysis.io.results import factor_coding
 
     coding = factor_coding(df)
     assert ("Coding (each multiplier is the +1 level over the −1 level): "
             + "; ".join(f"{f}: +1 = {coding[f][1]}, −1 = {coding[f][0]}" for f in FACTORS3) + ".") in md
-    from analysis.pipeline import analyze_table
-    from analysis.report.writer import local_slope
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.analysis.report.writer import local_slope
 
     a = analyze_table(df, n_boot=0)
     s, lo, hi = local_slope(a)
@@ -361,7 +362,7 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
 
 
 def test_a_numerical_warning_while_fitting_is_a_report_warning_not_console_output(monkeypatch, recwarn):
-    from analysis import pipeline
+    from marin_ablate.analysis import pipeline
 
     rng = np.random.default_rng(0)
     df = simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng)
@@ -398,8 +399,8 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     assert "drops_at_scale.json could not be read" in (sd / "report" / "report.md").read_text()
     capsys.readouterr()
-    from analysis.pipeline import analyze_table
-    from analysis.report.writer import drops_section
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.analysis.report.writer import drops_section
 
     df = pd.read_parquet(sd / "results.parquet")  # the smoke's reading: the recipe drops more at tiny shards
     on = df["ep_transport"] == "on"
@@ -410,7 +411,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
 
 
 def test_a_qualifier_of_most_findings_rows_is_said_once_naming_the_rows_it_skips():
-    from analysis.report.writer import say_once
+    from marin_ablate.analysis.report.writer import say_once
 
     q = "quality: interval spans over 10x"
     tab = pd.DataFrame({"component": ["a", "b", "c", "d", "TOTAL"],

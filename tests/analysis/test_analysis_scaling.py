@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.fit.joint import fit_joint
-from analysis.fit.law_intervals import law_of
-from analysis.fit.scaling import log_multiplier
+from marin_ablate.analysis.fit.joint import fit_joint
+from marin_ablate.analysis.fit.law_intervals import law_of
+from marin_ablate.analysis.fit.scaling import log_multiplier
 
 TRUE = {"linf": 2.1, "A": 350.0, "alpha": 0.18}
 
@@ -92,8 +92,8 @@ def test_law_profile_interval_is_exactly_the_set_where_the_refitted_rss_passes_t
     RSS <= RSS_min·(1 + t²/df), every value outside does not; an end at the range bound is exact."""
     from scipy import stats
 
-    from analysis.fit.joint import fit_joint
-    from analysis.fit.law_intervals import PROFILE_BOUNDS, profile_ci
+    from marin_ablate.analysis.fit.joint import fit_joint
+    from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS, profile_ci
 
     C, L, E = _joint_ladder(seed=rungs, rungs=rungs)
     jf = fit_joint(C, L, E, [1])
@@ -120,7 +120,7 @@ def test_joint_fit_reaches_the_optimum_scipy_minpack_finds():
     residuals, written out here: the same parameters and cost."""
     from scipy import optimize
 
-    from analysis.fit.joint import fit_joint
+    from marin_ablate.analysis.fit.joint import fit_joint
 
     C, L, E = _joint_ladder(seed=7, rungs=5)
     seeds = np.tile([0, 1], len(C) // 2)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
-from analysis.calibration.simulate import random_truth, simulate_table
-from analysis.fit.attribution import anova_table, fit_effects
-from analysis.fit.joint import fit_joint, quality_design
-from analysis.pipeline import analyze_table
+from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table
+from marin_ablate.analysis.fit.attribution import anova_table, fit_effects
+from marin_ablate.analysis.fit.joint import fit_joint, quality_design
+from marin_ablate.analysis.pipeline import analyze_table
 
 F = ["xsa", "sconv", "qk_norm"]
 
@@ -83,7 +83,7 @@ def test_joint_law_linearised_covariance_is_statsmodels_ols_on_its_jacobian():
 
 
 def test_observed_total_line_is_statsmodels_wls_with_the_per_rung_variances():
-    from analysis.report.findings import observed_total
+    from marin_ablate.analysis.report.findings import observed_total
 
     rng = np.random.default_rng(5)
     df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
@@ -102,7 +102,7 @@ def test_observed_total_line_is_statsmodels_wls_with_the_per_rung_variances():
 def test_throughput_df_leave_out_the_reference_runs_zero_residuals():
     """Two arms on four rungs, one run each: the all-off arm is each rung's throughput reference (ln R = 0 by
     construction), so the throughput fit has 8 − rank([4 rung indicators, x, x·z]) = 2 df, not 8 − 4."""
-    from analysis.calibration.simulate import SimTruth
+    from marin_ablate.analysis.calibration.simulate import SimTruth
 
     truth = SimTruth(factors=["optimizer"], main={"optimizer": 0.1}, throughput={"optimizer": 0.01})
     df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(4)}, seeds=1,
@@ -121,8 +121,8 @@ def test_a_contrast_carrying_the_rung_shift_variance_takes_satterthwaites_df():
     between-cluster df, a handful): its t quantile is on min(df, (v_w + v_b)²/(v_w²/df + v_b²/df_b))."""
     from scipy import stats
 
-    from analysis.calibration.simulate import SimTruth
-    from analysis.fit.attribution import component_contrasts
+    from marin_ablate.analysis.calibration.simulate import SimTruth
+    from marin_ablate.analysis.fit.attribution import component_contrasts
 
     truth = SimTruth(factors=["xsa", "sconv"], main={"xsa": 0.05}, rung_sd=0.02)
     df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(4)}, seeds=2, rng=np.random.default_rng(11))
@@ -142,7 +142,7 @@ def test_a_contrast_carrying_the_rung_shift_variance_takes_satterthwaites_df():
 def test_between_seed_half_width_is_statsmodels_t_interval_of_the_mean():
     from scipy import stats
 
-    from analysis.fit.replicates import _t_half
+    from marin_ablate.analysis.fit.replicates import _t_half
 
     v = [0.11, 0.07, 0.15, 0.09]
     assert _t_half(v, 0.95) == pytest.approx(stats.t.ppf(0.975, 3) * np.std(v, ddof=1) / 2, rel=1e-12)
@@ -152,7 +152,7 @@ def test_pure_error_lack_of_fit_is_statsmodels_anova_of_the_model_against_the_ce
     """For an OLS response the lack-of-fit F of checks._lof is anova_lm(model, cell-means model)."""
     from statsmodels.stats.anova import anova_lm
 
-    from analysis.fit.checks import _lof
+    from marin_ablate.analysis.fit.checks import _lof
 
     X, z, y = _design(np.random.default_rng(6), n_rep=3)
     z = np.repeat([-1.0, 0.0, 1.0], 8)

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from analysis.calibration.simulate import SimTruth, simulate_table, write_study
-from analysis.io.importer import MAX_ROWS
-from analysis.io.results import collect
-from marin.schema import JSON_MAX_INT_DIGITS, DamagedFile, loads_json, read_json
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table, write_study
+from marin_ablate.analysis.io.importer import MAX_ROWS
+from marin_ablate.analysis.io.results import collect
 from marin_ablate.main import main
+from marin_ablate.marin.schema import JSON_MAX_INT_DIGITS, DamagedFile, loads_json, read_json
 
 HUGE = "7" * 5000
 DEEP = "[" * 200_000 + "]" * 200_000
@@ -53,9 +53,9 @@ def test_one_hostile_summary_leaves_its_run_out_by_name_and_the_rest_is_analysed
 
 
 def test_status_shows_a_damaged_summary_as_damaged(tmp_path, capsys):
-    from ablations.studies import get_study
-    from sweeps.runs import write_run_files
-    from sweeps.sweep import planned_runs
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.sweeps.runs import write_run_files
+    from marin_ablate.sweeps.sweep import planned_runs
 
     runs = planned_runs(get_study("smoke"), tmp_path)
     for r in runs:

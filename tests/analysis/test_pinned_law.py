@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.calibration.simulate import SimTruth, simulate_table
-from analysis.fit.joint import between_clusters
-from analysis.fit.reflaw import PinnedLaw, fit_reference, read_pinned
-from analysis.pipeline import analyze_table
-from analysis.report.writer import render_markdown
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
+from marin_ablate.analysis.fit.joint import between_clusters
+from marin_ablate.analysis.fit.reflaw import PinnedLaw, fit_reference, read_pinned
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.report.writer import render_markdown
 
 F = ["xsa", "sconv", "optimizer"]
 DESIGN_RUNGS = {f"r{n}": n * 8192.0 for n in (32, 64, 128, 256)}  # 8x: the smoke ladder's span

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.calibration.simulate import random_truth, simulate_table, write_study
-from analysis.io.results import collect
-from analysis.pipeline import analyze_table
-from analysis.report.html import render_html
-from analysis.report.writer import write_report
+from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
+from marin_ablate.analysis.io.results import collect
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.report.html import render_html
+from marin_ablate.analysis.report.writer import write_report
 from marin_ablate.main import main
 
 BROWSER_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_BROWSER") == "1"

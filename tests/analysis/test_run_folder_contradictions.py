@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ablations.studies import get_study
-from analysis.io.results import collect, inventory
-from marin.schema import spec_json
+from marin_ablate.ablations.studies import get_study
+from marin_ablate.analysis.io.results import collect, inventory
 from marin_ablate.main import main
+from marin_ablate.marin.schema import spec_json
 
 RUNGS = ("cpu_s32", "cpu_s64")
 COMPUTE = {"cpu_s32": 1e14, "cpu_s64": 4e14}

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from marin.fields import option
 from marin_ablate import options
 from marin_ablate.main import MOVED
 from marin_ablate.main import main as cli_main
+from marin_ablate.marin.fields import option
 
 
 @pytest.mark.parametrize("old, new", [("describe", "marin-ablate plan --preset P"),
@@ -82,7 +82,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
 
 
 def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
-    from sweeps.tuning import tuned_multipliers
+    from marin_ablate.sweeps.tuning import tuned_multipliers
 
     study = "tests/sweeps/test_sweeps.py:tiny_study"
     assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0
@@ -118,7 +118,7 @@ class CloudExecutor:
 
 @pytest.fixture
 def cloud():
-    from sweeps.executors import EXECUTORS, register_executor
+    from marin_ablate.sweeps.executors import EXECUTORS, register_executor
 
     ex = register_executor(CloudExecutor())
     try:

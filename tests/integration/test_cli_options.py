@@ -8,9 +8,9 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from marin.fields import check_fields, option
 from marin_ablate import options
 from marin_ablate.main import main as cli_main
+from marin_ablate.marin.fields import check_fields, option
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def test_the_walker_makes_a_flag_per_field_with_its_default_in_help():
 def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_and_run():
     from marin_ablate.plan import PlanOptions
     from marin_ablate.run import RunOptions
-    from sweeps.executors import get_executor
+    from marin_ablate.sweeps.executors import get_executor
 
     row = get_executor("slurm").options
     names = [f.name for f in fields(row) if "option" in f.metadata]
@@ -89,7 +89,7 @@ def test_a_bad_value_names_the_field_and_the_allowed_values(argv, says):
 def test_check_fields_names_the_owner_and_field_of_a_dataclass():
     with pytest.raises(ValueError, match=r"^_Outer.inner.size=0 is out of range; allowed values: an integer >= 1$"):
         check_fields(_Outer(name="n", inner=_Inner(size=0)))
-    from sweeps.executors import SlurmOptions
+    from marin_ablate.sweeps.executors import SlurmOptions
 
     with pytest.raises(ValueError, match=r"^slurm.time_min=0 is out of range; allowed values: None or an integer >= 1"):
         SlurmOptions(time_min=0)
@@ -114,10 +114,10 @@ def test_every_renamed_flag_is_refused_naming_its_replacement(tmp_path, monkeypa
 
 
 def test_a_model_override_reaches_the_runspec_the_same_way_for_train_and_for_studies(tmp_path):
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
     from marin_ablate.run import RunOptions
+    from marin_ablate.sweeps.sweep import planned_runs
     from marin_ablate.train import TrainOptions, spec_from_args
-    from sweeps.sweep import planned_runs
 
     tr = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.d_model=48",
                                       "--train.steps", "3"])

@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
-from ablations.studies import STUDIES, get_study
+from marin_ablate.ablations.studies import STUDIES, get_study
 from marin_ablate.main import main as cli_main
 
 STUDY_FILE = textwrap.dedent('''
-    from ablations import Factor, Study, full_factorial, get_rung
+    from marin_ablate.ablations import Factor, Study, full_factorial, get_rung
 
     window = Factor("window", field="model.window", levels={"short": 32, "long": 64})
 
@@ -114,9 +114,9 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
     widened by that margin."""
     import torch
 
-    from marin.config import RunSpec, TrainConfig, preset
-    from marin.train import train
-    from planning.costmodel import CostModel, finished, spec_flops
+    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.train import train
+    from marin_ablate.planning.costmodel import CostModel, finished, spec_flops
 
     torch.set_num_threads(1)
 
@@ -163,9 +163,9 @@ def test_a_completed_cpu_study_run_is_smaller_than_its_weights_unless_asked_to_k
     (at least the weights: 4 bytes per parameter)."""
     import torch
 
-    from marin.config import RunSpec, TrainConfig, preset
-    from marin.flops import params_total
-    from sweeps.tracking import KEEP_ENV, tracked_train
+    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.flops import params_total
+    from marin_ablate.sweeps.tracking import KEEP_ENV, tracked_train
 
     torch.set_num_threads(1)
     spec = RunSpec(model=preset("tiny", ["seq_len=64"]),

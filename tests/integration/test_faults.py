@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
-from marin.config import DataConfig, ModelConfig, RunSpec, TrainConfig
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
 from marin_ablate.main import main as cli_main
-from sweeps.executors import ExecOptions, SlurmOptions
-from sweeps.runs import write_run_files
-from sweeps.state import probe
-from sweeps.sweep import planned_runs
+from marin_ablate.marin.config import DataConfig, ModelConfig, RunSpec, TrainConfig
+from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions
+from marin_ablate.sweeps.runs import write_run_files
+from marin_ablate.sweeps.state import probe
+from marin_ablate.sweeps.sweep import planned_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ def test_bad_names_are_one_line_errors_with_exit_2(argv, expect, capsys):
 
 
 def test_an_unusable_path_is_one_line_naming_it_with_exit_2(tmp_path, capsys):
-    from analysis.calibration.simulate import random_truth, simulate_table, write_study
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(0)
     study = write_study(simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9},
@@ -128,9 +128,9 @@ def test_an_unusable_path_is_one_line_naming_it_with_exit_2(tmp_path, capsys):
 
 
 def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writes_only_under_out(tmp_path, capsys):
-    from analysis.calibration.simulate import random_truth, simulate_table, write_study
-    from analysis.io.results import collect, inventory
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
+    from marin_ablate.analysis.io.results import collect, inventory
+    from marin_ablate.analysis.pipeline import analyze_table
 
     rng = np.random.default_rng(1)
     df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
@@ -163,7 +163,7 @@ def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
     study = sweep_study()  # the study the CLI below runs
     run = planned_runs(study, tmp_path)[0]
     write_run_files(run)
-    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from sweeps.runs import RunLock; "
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from marin_ablate.sweeps.runs import RunLock; "
                              f"assert RunLock({str(run.dir)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # noqa: E501
     try:

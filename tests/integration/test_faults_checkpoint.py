@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from marin.config import RunSpec, TrainConfig, preset
-from marin.train import train
-from marin.train.checkpoint import _MetadataUnpickler
-from marin.train.files import file_digest
+from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+from marin_ablate.marin.train import train
+from marin_ablate.marin.train.checkpoint import _MetadataUnpickler
+from marin_ablate.marin.train.files import file_digest
 
 TINY = preset("tiny", ["seq_len=64"])
 
@@ -243,7 +243,7 @@ def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
 
 
 def test_a_setup_error_does_not_claim_the_directory_for_its_spec(tmp_path):
-    from marin.config import DataConfig
+    from marin_ablate.marin.config import DataConfig
 
     empty = tmp_path / "eval"
     empty.mkdir()
@@ -288,10 +288,10 @@ def test_keep_checkpoints_all_keeps_every_checkpoint_and_an_unknown_level_is_ref
 def test_the_final_step_checkpoints_and_reloads_equal_to_the_trained_model(tmp_path, monkeypatch, recwarn):
     """`final` keeps the weights after step N (not the newest periodic one), verified, and they load
     back bit for bit equal to the model and optimizer in memory when the run finished."""
-    from marin.train import checkpoint as ckpt
-    from marin.train import loop
-    from marin.train.distributed import build_train_model
-    from marin.update_rules import build_optimizer, resolve_hparams
+    from marin_ablate.marin.train import checkpoint as ckpt
+    from marin_ablate.marin.train import loop
+    from marin_ablate.marin.train.distributed import build_train_model
+    from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 
     held = {}
     finish = loop.Trainer.finish
@@ -389,7 +389,7 @@ def _fork_instrumented(spec: RunSpec, run: Path, w: int) -> int:
     if pid == 0:
         code = 1
         try:
-            from marin.train import checkpoint as ck
+            from marin_ablate.marin.train import checkpoint as ck
 
             begin, commit = ck.begin_save, ck.commit
 
@@ -421,7 +421,7 @@ def test_fifty_kills_inside_checkpoint_writes_then_resume_matches_an_uninterrupt
     import signal
     import time
 
-    from marin.train import checkpoint as ck
+    from marin_ablate.marin.train import checkpoint as ck
 
     spec = _spec(4, checkpoint_every=1, eval_every=2)
     ref = tmp_path / "ref"

@@ -51,7 +51,7 @@ def test_infinite_lr_scale_is_refused_naming_the_field(tmp_path, capsys):
 
 
 def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, capsys):
-    from sweeps.tuning import tune_dir
+    from marin_ablate.sweeps.tuning import tune_dir
 
     path = tune_dir(tmp_path, "smoke") / "lr_multipliers.json"
     path.parent.mkdir(parents=True)
@@ -89,7 +89,7 @@ def test_a_missing_log_backend_is_refused_before_any_run_is_launched(tmp_path, c
 
 
 def test_the_end_of_run_names_where_the_logs_are_and_the_sync_command(tmp_path):
-    from sweeps.tracking import log_locations
+    from marin_ablate.sweeps.tracking import log_locations
 
     runs = tmp_path / "runs"
     (runs / "a" / "wandb" / "offline-run-20260101_000000-a").mkdir(parents=True)

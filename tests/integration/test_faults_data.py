@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin.data import prepare as prep
-from marin.data import shards
-from marin.data.loading import load_eval_corpus
-from marin.data.tokenizer import ByteTokenizer, train_bpe
 from marin_ablate.main import main
+from marin_ablate.marin.data import prepare as prep
+from marin_ablate.marin.data import shards
+from marin_ablate.marin.data.loading import load_eval_corpus
+from marin_ablate.marin.data.tokenizer import ByteTokenizer, train_bpe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_two_concurrent_prepares_into_one_out_never_both_succeed_with_different_
 def test_the_out_lock_is_exclusive_between_processes(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from marin.data.prepare import out_lock\n"
+                               "from marin_ablate.marin.data.prepare import out_lock\n"
                                "with out_lock(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(3)",
                                str(out)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "held"

@@ -14,7 +14,7 @@ from marin_ablate.main import main as cli_main
 
 
 def _sim_study(tmp_path: Path) -> Path:
-    from analysis.calibration.simulate import random_truth, simulate_table, write_study
+    from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, write_study
 
     rng = np.random.default_rng(1)
     df = simulate_table(random_truth(["xsa", "sconv"], rng), rungs={"r0": 1e8, "r1": 4e8, "r2": 1.6e9}, seeds=2,
@@ -23,8 +23,8 @@ def _sim_study(tmp_path: Path) -> Path:
 
 
 def test_a_copied_run_folder_is_counted_once_and_never_reported_lost(tmp_path, capsys):
-    from analysis.io.results import collect
-    from analysis.pipeline import analyze_table
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.analysis.pipeline import analyze_table
 
     study = _sim_study(tmp_path)
     runs = sorted((study / "runs").iterdir())
@@ -39,7 +39,7 @@ def test_a_copied_run_folder_is_counted_once_and_never_reported_lost(tmp_path, c
 
 
 def test_tampered_meta_and_wrongly_typed_summary_fields_are_one_line_naming_the_file(tmp_path, capsys):
-    from analysis.io.results import collect
+    from marin_ablate.analysis.io.results import collect
 
     study = _sim_study(tmp_path)
     runs = sorted((study / "runs").iterdir())
@@ -71,8 +71,8 @@ def test_a_wrongly_typed_summary_field_in_status_is_no_traceback(tmp_path, capsy
     sys.path.insert(0, str(Path(__file__).parent))
     from test_faults import sweep_study
 
-    from sweeps.runs import write_run_files
-    from sweeps.sweep import planned_runs
+    from marin_ablate.sweeps.runs import write_run_files
+    from marin_ablate.sweeps.sweep import planned_runs
 
     runs = planned_runs(sweep_study(), tmp_path)
     for r in runs:
@@ -90,8 +90,8 @@ def test_a_successful_retry_leaves_no_error_txt_and_keeps_the_failed_record(tmp_
     sys.path.insert(0, str(Path(__file__).parent))
     from test_faults import sweep_study
 
-    from sweeps.runs import RunTask, execute
-    from sweeps.sweep import planned_runs
+    from marin_ablate.sweeps.runs import RunTask, execute
+    from marin_ablate.sweeps.sweep import planned_runs
 
     run = planned_runs(sweep_study(steps=2), tmp_path)[0]
     run.dir.mkdir(parents=True)

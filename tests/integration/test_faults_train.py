@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pkgcopy import package_tree
 from terminal import foreground
 
-from marin.config import RunSpec, TrainConfig, preset
-from marin.train import train
-from marin.train.files import file_digest
+from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+from marin_ablate.marin.train import train
+from marin_ablate.marin.train.files import file_digest
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -154,7 +155,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, re
 
 
 def test_disk_full_during_a_checkpoint_names_the_path_and_leaves_no_temporary(tmp_path, monkeypatch):
-    import marin.train.files as files
+    import marin_ablate.marin.train.files as files
 
     run = tmp_path / "run"
     (run / "checkpoints" / ".ckpt_000000001.tmp").mkdir(parents=True)  # a killed writer's leftovers
@@ -274,20 +275,19 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
 
 def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_recorded(tmp_path):
     """The second session runs from a copy of marin/ with one source line more (another code version)."""
-    import shutil
 
-    from analysis.io.results import collect
-    from analysis.report.provenance import provenance
-    from marin.train.machine import code_version
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.analysis.report.provenance import provenance
+    from marin_ablate.marin.train.machine import code_version
 
     run = tmp_path / "study" / "runs" / "r"
     spec = _spec(4)
     assert train(spec, run, stop_after=2)["status"] == "interrupted"
-    copy = tmp_path / "src"
-    shutil.copytree(ROOT / "marin", copy / "marin", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "marin" / "train" / "machine.py", "a") as f:
+    copy = package_tree(tmp_path / "src")
+    with open(copy / "marin_ablate" / "marin" / "train" / "machine.py", "a") as f:
         f.write("# a later commit\n")
-    script = ("import sys, json; from marin.config import RunSpec; from marin.train import train; "
+    script = ("import sys, json; from marin_ablate.marin.config import RunSpec; "
+              "from marin_ablate.marin.train import train; "
               "print(json.dumps(train(RunSpec.from_dict(json.loads(sys.argv[1])), sys.argv[2])['status']))")
     env = dict(os.environ, PYTHONPATH=str(copy))
     p = subprocess.run([sys.executable, "-c", script, json.dumps(spec.to_dict()), str(run)], env=env,

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
-from sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
-from sweeps.sweep import study_resources
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
+from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
+from marin_ablate.sweeps.sweep import study_resources
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.

@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 
-import marin.optimizers as optimizers
-import marin.switches as factors
-from marin import plugins
+import marin_ablate.marin.optimizers as optimizers
+import marin_ablate.marin.switches as factors
+from marin_ablate.marin import plugins
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A study file as a user writes it: rows registered at its top level; torch only inside the update
 # (the driver's `plan` and `analyze` stay torch-free).
 STUDY_FILE = '''
-from ablations import Factor, Study, full_factorial
-from ablations.ladders import Rung
-from analysis.responses import Response, register
-from marin.switches import register_optimizer
-from marin.optimizers import GroupKind, OptimizerLevel
+from marin_ablate.ablations import Factor, Study, full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.analysis.responses import Response, register
+from marin_ablate.marin.switches import register_optimizer
+from marin_ablate.marin.optimizers import GroupKind, OptimizerLevel
 
 
 def lion_update(opt, p, g):
@@ -134,7 +134,8 @@ def test_a_study_file_optimizer_and_response_reach_slurm_array_tasks(tmp_path):
 
 def test_registration_notes_the_module_whose_import_makes_it(registries, tmp_path):
     f = tmp_path / "plug.py"
-    f.write_text("from marin.switches import register_optimizer\nfrom marin.optimizers import OptimizerLevel\n"
+    f.write_text("from marin_ablate.marin.switches import register_optimizer\n"
+                 "from marin_ablate.marin.optimizers import OptimizerLevel\n"
                  "register_optimizer(OptimizerLevel('adamw2', {}, 'adamw', 'adamw'))\n")
     plugins.load_file(f)
     factors.register_optimizer(optimizers.OptimizerLevel("adamw3", {}, "adamw", "adamw"))  # in a function
@@ -146,10 +147,10 @@ def test_registration_notes_the_module_whose_import_makes_it(registries, tmp_pat
 
 
 def test_a_local_run_of_a_level_registered_in_a_function_is_refused_before_anything_is_written(registries, tmp_path):
-    from ablations import Factor, Study, full_factorial
-    from ablations.ladders import Rung
-    from sweeps.executors import ExecOptions
-    from sweeps.sweep import run_study
+    from marin_ablate.ablations import Factor, Study, full_factorial
+    from marin_ablate.ablations.ladders import Rung
+    from marin_ablate.sweeps.executors import ExecOptions
+    from marin_ablate.sweeps.sweep import run_study
 
     factors.register_optimizer(optimizers.OptimizerLevel("adamw4", {}, "adamw", "adamw"))
     opt = Factor("opt", field="recipe.optimizer", levels={"adamw": "adamw", "adamw4": "adamw4"})
@@ -164,8 +165,8 @@ def test_a_local_run_of_a_level_registered_in_a_function_is_refused_before_anyth
 def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path):
     """A real distribution on the path (dist-info with entry_points.txt), found by importlib.metadata."""
     (tmp_path / "lionplug.py").write_text(textwrap.dedent('''
-        from marin.switches import register_optimizer
-        from marin.optimizers import OptimizerLevel
+        from marin_ablate.marin.switches import register_optimizer
+        from marin_ablate.marin.optimizers import OptimizerLevel
         register_optimizer(OptimizerLevel("adamw_ep", {}, "adamw", "adamw", "AdamW, from an entry point"))
     '''))
     di = tmp_path / "lionplug-0.1.dist-info"
@@ -173,15 +174,16 @@ def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path
     (di / "METADATA").write_text("Metadata-Version: 2.1\nName: lionplug\nVersion: 0.1\n")
     (di / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINT_GROUP}]\nadamw_ep = lionplug\n")
     env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    code = ("from marin import plugins; from marin.config import Recipe; print(plugins.load_entry_points()); "
+    code = ("from marin_ablate.marin import plugins; from marin_ablate.marin.config import Recipe; "
+            "print(plugins.load_entry_points()); "
             "print(Recipe(optimizer='adamw_ep').optimizer, plugins.REGISTERED[('optimizer', 'adamw_ep')])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("\n")[:2] == ["['adamw_ep']", "adamw_ep lionplug"]
     # and the CLI loads it before it checks a study's levels against the registry
     (tmp_path / "s.py").write_text(textwrap.dedent('''
-        from ablations import Factor, Study, full_factorial
-        from ablations.ladders import Rung
+        from marin_ablate.ablations import Factor, Study, full_factorial
+        from marin_ablate.ablations.ladders import Rung
         opt = Factor("opt", field="recipe.optimizer", levels={"adamw": "adamw", "adamw_ep": "adamw_ep"})
         study = Study("ep", "an entry point's level", (opt,), full_factorial(["opt"]),
                       (Rung("tiny2", "tiny", fixed_steps=2, batch_size=2),), seeds=(0,))

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import marin.optimizers as optimizers
-import marin.switches as factors
-from ablations import Factor, Study, full_factorial
-from ablations.ladders import Rung
-from marin.config import Recipe, RunSpec, tiny
-from marin.optimizers import GroupKind, OptimizerLevel
-from marin.switches import register_optimizer
+import marin_ablate.marin.optimizers as optimizers
+import marin_ablate.marin.switches as factors
+from marin_ablate.ablations import Factor, Study, full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.marin.config import Recipe, RunSpec, tiny
+from marin_ablate.marin.optimizers import GroupKind, OptimizerLevel
+from marin_ablate.marin.switches import register_optimizer
 
 LION_BETAS = (0.9, 0.99)
 
@@ -87,8 +87,8 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
     register_lion()
     assert Recipe(optimizer="lion").optimizer == "lion"
     # the plan's costing reads the registry: one fp32 buffer, no Newton–Schulz transient
-    from planning.dryrun import Sharding, memory_table
-    from planning.hero import checkpoint_plan, params_by_role
+    from marin_ablate.planning.dryrun import Sharding, memory_table
+    from marin_ablate.planning.hero import checkpoint_plan, params_by_role
 
     spec = RunSpec(model=tiny(), recipe=Recipe(optimizer="lion"))
     by_role = params_by_role(spec)
@@ -104,8 +104,8 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
     assert rows["transient: Newton-Schulz working set (one whole matrix)"] > 0
 
     # the trainer builds it: one step of a decayed parameter is w - lr*(sign(g) + wd*w) (m starts at 0)
-    from marin.model import MarinModel
-    from marin.update_rules import build_optimizer, group_assignment, resolve_hparams
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import build_optimizer, group_assignment, resolve_hparams
 
     torch.manual_seed(0)
     model = MarinModel(spec.model, spec.recipe)
@@ -128,8 +128,8 @@ def test_a_registered_optimizer_runs_a_study_from_plan_to_report(registries, tmp
 
 def _anneal_groups(level: str) -> dict[str, float]:
     """role -> peak decay of the groups that anneal under `level` (the tiny model, default decay)."""
-    from marin.model import MarinModel
-    from marin.update_rules import build_optimizer, resolve_hparams
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 
     spec = RunSpec(model=tiny(), recipe=Recipe(optimizer=level))
     opt = build_optimizer(MarinModel(spec.model, spec.recipe), resolve_hparams(spec))
@@ -176,8 +176,8 @@ class InProcess:
         pass
 
     def submit(self, runs, study_dir, opts, resources, on_run_done):
-        from sweeps.executors import Submission, record_job
-        from sweeps.runs import RunTask, execute
+        from marin_ablate.sweeps.executors import Submission, record_job
+        from marin_ablate.sweeps.runs import RunTask, execute
 
         sub = Submission(self.name, runs=list(runs))
         for r in runs:
@@ -222,9 +222,9 @@ def inproc_study() -> Study:
 @pytest.mark.slow
 def test_a_registered_executor_runs_a_study_from_plan_to_report_and_never_submits_twice(tmp_path, capsys):
     from marin_ablate.main import main
-    from sweeps.executors import EXECUTORS, ExecOptions, register_executor, wait
-    from sweeps.state import count_dirs
-    from sweeps.sweep import run_study
+    from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, register_executor, wait
+    from marin_ablate.sweeps.state import count_dirs
+    from marin_ablate.sweeps.sweep import run_study
 
     ex = register_executor(InProcess())
     try:

@@ -17,13 +17,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
 from marin_ablate.main import main as cli_main
-from sweeps.executors import ExecOptions, wait
-from sweeps.runs import read_json
-from sweeps.sweep import planned_runs, run_study
+from marin_ablate.sweeps.executors import ExecOptions, wait
+from marin_ablate.sweeps.runs import read_json
+from marin_ablate.sweeps.sweep import planned_runs, run_study
 
 
 def _slurm_problem() -> str | None:
@@ -95,8 +95,8 @@ def test_study_goes_in_as_one_array_and_a_rerun_submits_nothing(tmp_path, capsys
 
 
 def test_a_study_larger_than_max_array_size_goes_in_as_several_arrays_runs_and_is_analysed(tmp_path, capsys):
-    from analysis.io.results import collect, inventory
-    from sweeps.executors import slurm_max_array_size
+    from marin_ablate.analysis.io.results import collect, inventory
+    from marin_ablate.sweeps.executors import slurm_max_array_size
 
     limit = slurm_max_array_size()
     assert limit < 16, f"the CI cluster's MaxArraySize is {limit}; .ci/slurm.sh sets a small one"
@@ -165,7 +165,7 @@ def test_smoke_through_slurm_gives_the_same_table_as_the_local_executor(tmp_path
     assert cli_main(["run", *small, "--out", str(tmp_path / "local"), "--executor", "debug", "--threads", "1"]) == 0
     assert cli_main(["run", *small, "--out", str(tmp_path / "slurm"), "--executor", "slurm",
                      "--slurm.cpus_per_task", "1", "--slurm.mem_gb", "1"]) == 0
-    from analysis.io.results import collect
+    from marin_ablate.analysis.io.results import collect
 
     cols = ["run_id", "arm", "eval_macro_loss", "final_train_loss", "drop_rate", "status"]
     local = collect(tmp_path / "local" / "smoke")[cols].sort_values("run_id").reset_index(drop=True)

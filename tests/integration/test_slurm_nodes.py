@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
-from marin.config import Recipe
-from sweeps.executors import ExecOptions, wait
-from sweeps.runs import read_json
-from sweeps.sweep import planned_runs, run_study
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
+from marin_ablate.marin.config import Recipe
+from marin_ablate.sweeps.executors import ExecOptions, wait
+from marin_ablate.sweeps.runs import read_json
+from marin_ablate.sweeps.sweep import planned_runs, run_study
 
 NODES = 2
 # Relative: 4 ranks (EP 2 x DP 2) sum in another order than one process, and over 16 MoE steps that
@@ -97,7 +97,7 @@ def _assert_equal_runs(got_dir: Path, want_dir: Path) -> None:
 
 
 def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp_path, capsys):
-    from analysis.io.results import collect, inventory
+    from marin_ablate.analysis.io.results import collect, inventory
     from marin_ablate.main import main as cli_main
 
     study = two_node_study()
@@ -124,7 +124,7 @@ def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp
 
 
 def _one_run_study(steps: int, name: str) -> Study:
-    from ablations.designs import arms
+    from marin_ablate.ablations.designs import arms
 
     s = two_node_study(steps=steps, checkpoint_every=4, name=name)
     return Study(name=s.name, description=s.description, factors=s.factors, design=arms(["xsa"], ["all_on"]),
@@ -220,7 +220,7 @@ def test_hero_preflight_on_the_cluster_refuses_an_ep_group_split_over_racks(tmp_
     out = tmp_path / "job.out"
     script = "\n".join([
         "#!/bin/bash",
-        (f'{sys.executable} -m planning.hero check-racks --topology "$SLURM_JOB_NODELIST" '
+        (f'{sys.executable} -m marin_ablate.planning.hero check-racks --topology "$SLURM_JOB_NODELIST" '
          f"--nodes-per-ep-group {nodes_per_ep_group} || exit 1"),
         'srun --ntasks-per-node=1 bash -c "echo rank $SLURM_PROCID ran on $(hostname)"', ""])
     r = subprocess.run(["sbatch", "--wait", "-N", str(NODES), "--ntasks-per-node=1", "-c", "1", "--mem=200M",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from marin.config import (
+from marin_ablate.marin.config import (
     BASELINE_LEVELS,
     FACTORS,
     MODEL_FACTORS,

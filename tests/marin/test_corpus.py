@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, run_ranks
 
-from marin import data
-from marin.data import prepare as prep
-from marin.data.eval import eval_domains, tokenizer_of
-from marin.data.loading import load_eval_corpus
-from marin.data.shards import PreparedCorpus, ShardedBatches
-from marin.data.tokenizer import load_tokenizer
+from marin_ablate.marin import data
+from marin_ablate.marin.data import prepare as prep
+from marin_ablate.marin.data.eval import eval_domains, tokenizer_of
+from marin_ablate.marin.data.loading import load_eval_corpus
+from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches
+from marin_ablate.marin.data.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_PER_DOMAIN = 60
@@ -304,7 +304,7 @@ def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsy
 
 
 def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
     from marin_ablate.main import main
 
     rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
@@ -352,7 +352,7 @@ TRAIN_SEQ, TRAIN_B = 64, 4
 
 
 def _train_spec(prepared_dir: Path, paloma: Path, steps: int = 4):
-    from marin.config import DataConfig, Recipe, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import DataConfig, Recipe, RunSpec, TrainConfig, preset
 
     # ep_shards=2 with qb_estimator=hist: 2 ranks are the EP shards of one replica, each with 2 rows
     return RunSpec(model=preset("tiny", [f"seq_len={TRAIN_SEQ}", "vocab_size=512", "ep_shards=2",
@@ -366,7 +366,7 @@ def _train_spec(prepared_dir: Path, paloma: Path, steps: int = 4):
 def _train_rank(rank: int, ports: list[int], spec, tmp: str) -> None:
     import traceback
 
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -427,7 +427,7 @@ def test_two_gloo_ranks_train_on_disjoint_slices_and_a_resume_continues_at_the_n
 
 
 def test_a_prepared_corpus_run_validates_eval_dir_and_vocabulary(prepared, paloma_dir, tmp_path):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     spec = _train_spec(prepared[0], paloma_dir, steps=1)
     no_eval = dataclasses.replace(spec, data=dataclasses.replace(spec.data, eval_dir=""))
@@ -471,9 +471,9 @@ def test_train_prints_one_progress_line_per_logged_step(prepared, paloma_dir, tm
 
 def real_data_study():
     """A tiny study: xsa x 3 short rungs, on whatever data `--data.*` names."""
-    from ablations.designs import full_factorial
-    from ablations.ladders import Rung
-    from ablations.studies import Study
+    from marin_ablate.ablations.designs import full_factorial
+    from marin_ablate.ablations.ladders import Rung
+    from marin_ablate.ablations.studies import Study
 
     rungs = tuple(Rung(f"tiny{n}", "tiny", model_overrides={"seq_len": TRAIN_SEQ}, fixed_steps=n, batch_size=2,
                        train_overrides={"eval_batches": 1, "checkpoint_every": n, "log_every": 1}) for n in (2, 4, 8))
@@ -485,8 +485,8 @@ def real_data_study():
 @pytest.mark.slow
 def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepared, paloma_dir, tmp_path, capsys):
     from marin_ablate.main import main
-    from sweeps.executors import ExecOptions
-    from sweeps.sweep import run_study
+    from marin_ablate.sweeps.executors import ExecOptions
+    from marin_ablate.sweeps.sweep import run_study
 
     sets = [f"data.corpus={prepared[0]}", f"data.eval_dir={paloma_dir}", "model.vocab_size=512"]  # run --data.F=V ...
     rep = run_study(real_data_study(), tmp_path, ExecOptions(executor="debug"), overrides=sets, progress=False)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from marin import data
-from marin.config import DataConfig
+from marin_ablate.marin import data
+from marin_ablate.marin.config import DataConfig
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -356,7 +356,7 @@ def test_embedded_train_stream_through_shards_is_the_sha256_ordered_document_str
 
 
 def test_a_folder_of_text_files_prepares_one_document_per_file_with_folder_domains(tmp_path):
-    from marin.data.prepare import PrepareConfig, prepare
+    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
 
     texts = {"poems/a.txt": "roses are red\n", "poems/b.md": "violets are blue, ünïcode\n",
              "notes/c.txt": "a note\n", "notes/empty.txt": ""}
@@ -374,7 +374,7 @@ def test_a_folder_of_text_files_prepares_one_document_per_file_with_folder_domai
 
 
 def test_bpe_vocab_tokenizer_is_trained_on_the_source_and_saved_with_the_corpus(tmp_path):
-    from marin.data.prepare import PrepareConfig, prepare
+    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
 
     src = tmp_path / "src"
     src.mkdir()
@@ -415,9 +415,9 @@ def test_a_tokenizer_shipped_by_an_installed_package_is_found_offline(tmp_path, 
 
 
 def test_a_vocabulary_far_too_large_for_the_width_warns_with_the_cost_ratio():
-    from marin.config import ModelConfig, RunSpec
-    from marin.flops import forward_flops_breakdown
-    from marin.train.source import VOCAB_COST_RATIO, vocab_warning
+    from marin_ablate.marin.config import ModelConfig, RunSpec
+    from marin_ablate.marin.flops import forward_flops_breakdown
+    from marin_ablate.marin.train.source import VOCAB_COST_RATIO, vocab_warning
 
     spec = RunSpec(model=ModelConfig(d_model=128, n_layers=4))
     terms = forward_flops_breakdown(ModelConfig(d_model=128, n_layers=4, vocab_size=100_000), spec.recipe)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin import data
-from marin.config import DataConfig, RunSpec, TrainConfig, preset
-from marin.data.corpus import hash_hex
-from marin.data.mixture import MixturePlan, webster
-from marin.data.shards import PreparedCorpus, ShardedBatches
+from marin_ablate.marin import data
+from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+from marin_ablate.marin.data.corpus import hash_hex
+from marin_ablate.marin.data.mixture import MixturePlan, webster
+from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches
 
 SEQ, G, SEED, STEPS = 32, 8, 3, 10
 MIX = ((0.0, {"prose": 3.0, "code": 1.0}), (0.6, {"docs": 1.0, "scripture": 1.0, "code": 2.0}))
@@ -60,7 +60,7 @@ def test_a_bad_mixture_is_one_line_naming_the_field_and_the_allowed_values(mixtu
 
 
 def test_a_domain_the_corpus_lacks_is_refused_before_any_step(corpus):
-    from marin.train.source import validate_data
+    from marin_ablate.marin.train.source import validate_data
 
     bad = DataConfig(mixture=((0, {"code": 1, "web": 1}),))
     with pytest.raises(ValueError, match=r"DataConfig\.mixture names domain\(s\) \['web'\].*allowed values: 'prose'"):
@@ -163,7 +163,7 @@ def _which_domain(row: np.ndarray, refs: dict[str, bytes]) -> list[str]:
 
 @pytest.mark.slow
 def test_a_tiny_run_trains_on_each_phases_domain_fractions(corpus, tmp_path, monkeypatch):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     seen: list = []
     real = ShardedBatches.batch
@@ -197,8 +197,8 @@ def test_a_tiny_run_trains_on_each_phases_domain_fractions(corpus, tmp_path, mon
 
 
 def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_the_steps():
-    from ablations.ladders import HERO_MIXTURE, HERO_RUNGS
-    from ablations.studies import get_study
+    from marin_ablate.ablations.ladders import HERO_MIXTURE, HERO_RUNGS
+    from marin_ablate.ablations.studies import get_study
 
     assert [p.start_frac for p in HERO_MIXTURE] == [0.0, 0.8]
     assert {d for p in HERO_MIXTURE for d, _ in p.weights} == {"prose", "scripture", "docs", "code"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from marin.dispatch import (
+from marin_ablate.marin.dispatch import (
     DispatchStats,
     ExpertWeights,
     LocalDispatcher,
@@ -13,7 +13,7 @@ from marin.dispatch import (
     plan_drops,
     ragged_capacities,
 )
-from marin.kernels.torch_ops import _CPU_GROUPED_MM_DTYPES, native_grouped_mm_ok
+from marin_ablate.marin.kernels.torch_ops import _CPU_GROUPED_MM_DTYPES, native_grouped_mm_ok
 
 
 def _idx(rows):

@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from ranks import count_host_reads, free_port
 
-from marin.config import ModelConfig, Recipe
-from marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
-from marin.ep import init_ep
-from marin.ep_layout import check_ep_layout
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
+from marin_ablate.marin.ep import init_ep
+from marin_ablate.marin.ep_layout import check_ep_layout
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -77,8 +77,8 @@ class _Holder(torch.nn.Module):
 
 def _sharded(model, groups):
     """The trainer's sharding (marin.parallel): experts sliced over EP, FSDP2 over the rest."""
-    from marin.ep import shard_experts
-    from marin.parallel import apply_fsdp
+    from marin_ablate.marin.ep import shard_experts
+    from marin_ablate.marin.parallel import apply_fsdp
 
     return apply_fsdp(shard_experts(model, groups), groups)
 
@@ -104,7 +104,7 @@ def _host_reads(disp, idx, comb, dropless):
 
 
 def _check_dispatcher(rank, S, out):
-    from marin.ep import EPDispatcher
+    from marin_ablate.marin.ep import EPDispatcher
 
     T, K, E, W, H = 12 * S, 2, 2 * S, 6, 5
     Ts, El = T // S, E // S
@@ -140,8 +140,8 @@ def _check_dispatcher(rank, S, out):
 
 
 def _check_moe(rank, world, ep, out, tmp):
-    from marin.ep import build_ep_groups
-    from marin.moe import MoE
+    from marin_ablate.marin.ep import build_ep_groups
+    from marin_ablate.marin.moe import MoE
 
     groups = build_ep_groups(ep)
     B_l, L = 2, 8
@@ -183,8 +183,8 @@ def _check_moe(rank, world, ep, out, tmp):
 
 
 def _check_model(rank, world, ep, out):
-    from marin.ep import build_ep_groups
-    from marin.model import MarinModel
+    from marin_ablate.marin.ep import build_ep_groups
+    from marin_ablate.marin.model import MarinModel
 
     groups = build_ep_groups(ep)
     n_groups, L = world // ep, 16
@@ -225,7 +225,7 @@ def _check_model(rank, world, ep, out):
 def _ckpt_reference():
     """One AdamW step of the ragged MoE block on 4 sequences, in one process: what the 2-rank run
     (2 sequences per rank, loss averaged over ranks) saves."""
-    from marin.moe import MoE
+    from marin_ablate.marin.moe import MoE
 
     cfg = _moe_cfg(2)
     ref = _init_moe(MoE(cfg, Recipe(ep_transport="ragged")), seed=4).train()
@@ -239,8 +239,8 @@ def _ckpt_reference():
 def _check_checkpoint(rank, world, out, tmp):
     """2 ranks (EP 2, FSDP2) take the reference step and save model + optimizer; 4 ranks (EP 2 x DP 2)
     load both into a differently initialised model."""
-    from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
-    from marin.moe import MoE
+    from marin_ablate.marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
+    from marin_ablate.marin.moe import MoE
 
     try:
         groups = build_ep_groups(2)
@@ -365,8 +365,8 @@ def test_ep_marin_model_with_fsdp2_equals_single_process(ep_runs, world, transpo
 
 
 def test_checkpoint_saved_by_2_ranks_loads_in_1_and_in_4(ep_runs):
-    from marin.ep import load_checkpoint
-    from marin.moe import MoE
+    from marin_ablate.marin.ep import load_checkpoint
+    from marin_ablate.marin.moe import MoE
 
     tmp, results = ep_runs
     ref, ref_opt, _ = _ckpt_reference()
@@ -405,7 +405,7 @@ def test_init_ep_rejects_bad_layout_before_any_collective(monkeypatch):
 
 
 def test_dist_env_reads_torchrun_then_slurm_variables(monkeypatch):
-    from marin.ep import dist_env
+    from marin_ablate.marin.ep import dist_env
 
     # submitit's export writes os.environ directly: setenv first so monkeypatch restores every key.
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
-from ablations.ladders import Rung
-from marin.config import BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe
-from marin.hparams import HEURISTICS, resolve_hparams
-from marin.schema import RunMeta, RunSummary, read_summary, write_summary
-from marin.switches import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
+from marin_ablate.ablations import RUNGS, Factor, Study, full_factorial, get_study, recipe_factor
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.marin.config import BASELINE_LEVELS, FACTORS, MODEL_FACTORS, RECIPE_LEVELS, Recipe
+from marin_ablate.marin.hparams import HEURISTICS, resolve_hparams
+from marin_ablate.marin.schema import RunMeta, RunSummary, read_summary, write_summary
+from marin_ablate.marin.switches import QUALITY_FACTORS, RECIPE_FACTOR_SPECS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -112,9 +112,9 @@ def test_a_studys_lrs_equal_the_resolvers_for_every_optimizer_level_and_rung(lev
 
 @pytest.mark.slow
 def test_new_model_factor_and_third_recipe_level_are_attributed_with_cis(tmp_path):
-    from analysis.io.results import collect
-    from analysis.pipeline import analyze_table
-    from sweeps.runs import RunTask, execute, plan_runs, write_run_files
+    from marin_ablate.analysis.io.results import collect
+    from marin_ablate.analysis.pipeline import analyze_table
+    from marin_ablate.sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
     rungs = tuple(Rung(f"tiny{n}", "tiny", fixed_steps=n, batch_size=2,
                        train_overrides={"eval_batches": 1, "checkpoint_every": n, "log_every": 1})
@@ -150,7 +150,7 @@ def _section(title: str) -> str:
 def test_readme_adding_a_factor_code_runs():
     blocks = re.findall(r"```python\n(.*?)```", _section("Adding a factor"), re.S)
     assert blocks, "the section shows its steps as python code"
-    from ablations.studies import STUDIES
+    from marin_ablate.ablations.studies import STUDIES
 
     ns: dict = {"STUDIES": dict(STUDIES)}  # the last block registers the builder in ablations/studies.py
     for b in blocks:

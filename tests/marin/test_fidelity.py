@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint as ckpt
 
-from marin.config import FACTORS, ModelConfig, Recipe, preset
-from marin.model import GatedNorm, MarinModel
-from marin.moe import Router, combine_weights, router_probs
-from marin.update_rules import build_optimizer, group_assignment
+from marin_ablate.marin.config import FACTORS, ModelConfig, Recipe, preset
+from marin_ablate.marin.model import GatedNorm, MarinModel
+from marin_ablate.marin.moe import Router, combine_weights, router_probs
+from marin_ablate.marin.update_rules import build_optimizer, group_assignment
 
 CFG = ModelConfig(seq_len=16, window=8)
 
@@ -34,8 +34,8 @@ def test_architecture_outside_the_seven_factors_is_identical_in_every_arm():
 
 
 def _hp(level: str):
-    from marin.config import RunSpec, TrainConfig  # noqa: PLC0415
-    from marin.update_rules import resolve_hparams  # noqa: PLC0415
+    from marin_ablate.marin.config import RunSpec, TrainConfig  # noqa: PLC0415
+    from marin_ablate.marin.update_rules import resolve_hparams  # noqa: PLC0415
     return resolve_hparams(RunSpec(model=CFG, recipe=Recipe().with_(optimizer=level),
                                    train=TrainConfig(steps=10, lr=1e-2, adam_lr=1e-3)))
 
@@ -106,7 +106,7 @@ def test_qb_statistics_are_recorded_once_under_a_reentrant_activation_checkpoint
 
 
 def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
-    from ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
+    from marin_ablate.ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
     from marin_ablate.common import rung_of_preset  # noqa: PLC0415
     from marin_ablate.describe import resolved  # noqa: PLC0415
     for name, r in GPU_RUNGS.items():
@@ -123,7 +123,7 @@ def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
 
 
 def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unrounded():
-    from marin.moe import margin_histogram, qb_bias, qb_n_star, qb_threshold_hist, qb_threshold_topk  # noqa: PLC0415
+    from marin_ablate.marin.moe import margin_histogram, qb_bias, qb_n_star, qb_threshold_hist, qb_threshold_topk  # noqa: PLC0415
     assert qb_n_star(111, 8, 64) == 13  # 13.875: Marin's integer division, where round() gives 14
     assert qb_n_star(7, 8, 384) == 1  # floor 0 -> at least one
     assert qb_n_star(65_536, 8, 384) == 1365  # 1365.33 at 65,536 tokens per EP shard
@@ -145,8 +145,8 @@ def test_qb_topk_rank_rounds_t_k_over_e_down_like_marin_and_hist_keeps_it_unroun
 def test_expert_bank_is_one_hyperball_sphere_by_default_and_per_expert_as_the_named_option():
     from dataclasses import replace  # noqa: PLC0415
 
-    from marin.config import TrainConfig  # noqa: PLC0415
-    from marin.update_rules import MarinOptimizer, param_groups  # noqa: PLC0415
+    from marin_ablate.marin.config import TrainConfig  # noqa: PLC0415
+    from marin_ablate.marin.update_rules import MarinOptimizer, param_groups  # noqa: PLC0415
 
     assert TrainConfig().expert_sphere == "bank"  # Marin's hero: axes range(1, ndim) of [L, E, in, out]
     g = torch.Generator().manual_seed(0)

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablations.ladders import GPU_RUNGS
-from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
-from marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
-from marin.moe import MoE, qb_threshold_hist
-from marin.update_rules import build_optimizer, newton_schulz, resolve_hparams
+from marin_ablate.ablations.ladders import GPU_RUNGS
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
+from marin_ablate.marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
+from marin_ablate.marin.moe import MoE, qb_threshold_hist
+from marin_ablate.marin.update_rules import build_optimizer, newton_schulz, resolve_hparams
 
 EPS = 1e-5  # Marin GrugModelConfig.layer_norm_eps
 CFG = ModelConfig(seq_len=16, window=8)
@@ -198,7 +198,7 @@ def test_hero_and_ladder_split_kv_heads_four_to_one_local_and_eight_to_one_globa
 
 
 def test_xsa_subtracts_the_value_projection_with_eps_1e_minus_6():
-    from marin.kernels import get_kernels  # noqa: PLC0415
+    from marin_ablate.marin.kernels import get_kernels  # noqa: PLC0415
 
     torch.manual_seed(0)
     y = torch.randn(1, 4, 8, 16, dtype=torch.float64)

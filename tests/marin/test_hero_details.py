@@ -8,12 +8,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
-from marin.dispatch import LocalDispatcher, plan_drops, pooled_wave_capacities, pooled_wave_keep, transport_bytes
-from marin.hparams import resolve_hparams
-from marin.model import MarinModel
-from marin.moe import Router, qb_n_star, qb_threshold_topk
-from marin.update_rules import build_optimizer, decay_fraction, set_lr
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
+from marin_ablate.marin.dispatch import (
+    LocalDispatcher,
+    plan_drops,
+    pooled_wave_capacities,
+    pooled_wave_keep,
+    transport_bytes,
+)
+from marin_ablate.marin.hparams import resolve_hparams
+from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.moe import Router, qb_n_star, qb_threshold_topk
+from marin_ablate.marin.update_rules import build_optimizer, decay_fraction, set_lr
 
 
 def _tiny(**kw) -> ModelConfig:
@@ -72,11 +78,11 @@ def test_gate_router_decay_at_step_t_is_one_minus_t_over_steps_from_its_switch_o
     # switched on at step 5 (Marin's hero: 58,014): nothing before it, the same anneal from it on
     assert [decay_fraction(t, T, 5) for t in range(T)] == [0.0] * 5 + [1 - t / T for t in range(5, T)]
     assert TrainConfig().gate_router_decay_start == 0  # the ladder's, and ours, from step 0
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
 
     (hero_spec, _), = get_study("hero").runs()
     assert hero_spec.train.gate_router_decay_start == 58_014  # Marin's hero
-    from ablations.ladders import HERO_RUNGS
+    from marin_ablate.ablations.ladders import HERO_RUNGS
 
     assert {r.train_config().gate_router_decay_start for r in HERO_RUNGS.values()} == {0}  # its ladder
     with pytest.raises(ValueError, match="gate_router_decay_start"):
@@ -84,7 +90,7 @@ def test_gate_router_decay_at_step_t_is_one_minus_t_over_steps_from_its_switch_o
 
 
 def test_gate_router_decay_before_its_switch_on_step_changes_nothing_in_a_real_run(tmp_path):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     def curve(start: int) -> list:
         spec = RunSpec(model=preset("tiny", ["seq_len=32"]), recipe=Recipe(),
@@ -165,7 +171,7 @@ def test_qb_topk_threshold_is_each_shards_n_star_th_margin_averaged_over_shards(
     router = Router(8, E, K, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
                     qb_estimator="topk", qb_hist_bins=10, qb_shards=S)
     assert router.qb_shards == S
-    from marin.moe import MoE  # noqa: PLC0415
+    from marin_ablate.marin.moe import MoE  # noqa: PLC0415
     cfg = _tiny(qb_estimator="topk")
     assert MoE(cfg, Recipe()).router.qb_shards == cfg.ep_shards  # a virtual-EP model: its shards
     assert not torch.allclose(qb_threshold_topk(m, qb_n_star(T, K, E), 1), want)
@@ -227,7 +233,7 @@ def test_pooled_wave_is_dropless_with_room_and_trains_through_the_local_dispatch
 
 
 def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
-    from ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
+    from marin_ablate.ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
 
     # experiments/grug/moe_hero_ep/launch_scaling_ladder.py docstring: racks, batch, steps, tokens
     table = {"d768": (1, 1024, 11420, 48e9), "d1024": (2, 2048, 15276, 128e9),

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from marin.config import ModelConfig, Recipe
-from marin.model import MarinModel
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.model import MarinModel
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -116,7 +116,7 @@ def test_all_targets_ignored_gives_zero_loss_with_a_graph():
 def test_memory_switches_reject_bad_levels():
     with pytest.raises(ValueError, match="activation_checkpoint.*none, block"):
         MarinModel(CFG, Recipe(), activation_checkpoint="full")
-    from marin.config import TrainConfig
+    from marin_ablate.marin.config import TrainConfig
     with pytest.raises(ValueError, match="activation_checkpoint"):
         TrainConfig(activation_checkpoint="layer")
     with pytest.raises(ValueError, match="loss_chunk_tokens"):
@@ -128,7 +128,7 @@ def test_memory_switches_reject_bad_levels():
 
 def _small_hero(**train):
     """The hero's layout rules at a width and world a CPU test affords: 8 GPUs, EP 4, 2 sequences each."""
-    from marin.config import RunSpec, TrainConfig
+    from marin_ablate.marin.config import RunSpec, TrainConfig
 
     model = ModelConfig(d_model=64, n_layers=2, n_heads=4, head_dim=16, seq_len=64, window=32, n_experts=8,
                         top_k=2, ep_shards=4)
@@ -137,7 +137,7 @@ def _small_hero(**train):
 
 
 def test_dry_run_at_a_reduced_layout_fits_with_checkpointing_and_names_the_line_without_it():
-    from planning.dryrun import GiB, dry_run
+    from marin_ablate.planning.dryrun import GiB, dry_run
 
     on = dry_run(_small_hero(), 8, 4, capacity_gib=1.0, reserve_gib=0.5, levels=("hyperball", "adamw"))
     assert on["ranks"] == [0, 3, 4, 7] and on["experts_per_rank"] == 2 and on["sequences_per_rank"] == 2
@@ -166,8 +166,8 @@ def test_dry_run_at_a_reduced_layout_fits_with_checkpointing_and_names_the_line_
 def test_hero_sbatch_sets_nccl_binding_segment_preflight_and_no_local_python():
     import sys
 
-    from ablations.studies import HeroPlan
-    from planning.hero import NCCL_ENV, render_sbatch
+    from marin_ablate.ablations.studies import HeroPlan
+    from marin_ablate.planning.hero import NCCL_ENV, render_sbatch
 
     script = render_sbatch(HeroPlan())
     for k, v in NCCL_ENV.items():
@@ -182,7 +182,7 @@ def test_hero_sbatch_sets_nccl_binding_segment_preflight_and_no_local_python():
                 "${MARIN_PYTHON:-python} -u -m submitit.core._submit"):
         assert arg in train_srun[0], arg
     # the pre-flight runs before the training srun and ends the job when it fails
-    pre = script.index("-m planning.hero check-racks --nodes-per-ep-group 16")
+    pre = script.index("-m marin_ablate.planning.hero check-racks --nodes-per-ep-group 16")
     assert pre < script.index("submitit.core._submit") and "|| exit 1" in script[pre:pre + 200]
     assert sys.executable not in script
 
@@ -190,10 +190,10 @@ def test_hero_sbatch_sets_nccl_binding_segment_preflight_and_no_local_python():
 def test_run_hero_submits_the_shape_plan_prints():
     from types import SimpleNamespace
 
-    from ablations import get_study
-    from planning.hero import NCCL_ENV
-    from sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
-    from sweeps.sweep import study_resources
+    from marin_ablate.ablations import get_study
+    from marin_ablate.planning.hero import NCCL_ENV
+    from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
+    from marin_ablate.sweeps.sweep import study_resources
 
     study = get_study("hero")
     res = slurm_resources(SimpleNamespace(meta={"rung": "hero_535b"}), SlurmOptions(), study_resources(study))
@@ -209,7 +209,7 @@ def _node(host: str, domain: str | None) -> tuple[str, str | None]:
 
 
 def test_rack_check_fails_on_ep_groups_that_straddle_racks():
-    from planning.hero import check_ep_racks
+    from marin_ablate.planning.hero import check_ep_racks
 
     # 2 racks of 18 trays, 32 nodes in job order: EP groups of 16 nodes
     ok = [_node(f"a{i}", "uuidA/1") for i in range(16)] + [_node(f"b{i}", "uuidB/1") for i in range(16)]
@@ -245,7 +245,7 @@ def _report(uuid: str, clique: int = 32766, imex: bool = True, gpus: int = 4) ->
 
 
 def test_fabric_report_parses_the_domain_and_rejects_an_unready_fabric():
-    from planning.hero import parse_fabric
+    from marin_ablate.planning.hero import parse_fabric
 
     u = "5f1e4bd7-3f1a-4c7e-9a0b-1c2d3e4f5a6b"
     assert parse_fabric(_report(u)) == {"domain": f"{u}/32766", "imex": True}
@@ -256,7 +256,7 @@ def test_fabric_report_parses_the_domain_and_rejects_an_unready_fabric():
 
 
 def test_check_racks_command_reads_the_preflight_folder_and_exits_1_on_a_straddle(tmp_path, capsys):
-    from planning.hero import main
+    from marin_ablate.planning.hero import main
 
     nodes = [f"n{i:03d}" for i in range(8)]
     (tmp_path / "nodes").write_text("\n".join(nodes) + "\n")
@@ -271,8 +271,8 @@ def test_check_racks_command_reads_the_preflight_folder_and_exits_1_on_a_straddl
 
 
 def test_checkpoint_bytes_count_every_parameter_and_optimizer_buffer_of_the_built_model():
-    from marin.config import RunSpec
-    from planning.hero import checkpoint_plan, params_by_role
+    from marin_ablate.marin.config import RunSpec
+    from marin_ablate.planning.hero import checkpoint_plan, params_by_role
 
     spec = RunSpec(model=CFG, recipe=Recipe())
     model = MarinModel(CFG, Recipe())
@@ -290,8 +290,8 @@ def test_checkpoint_bytes_count_every_parameter_and_optimizer_buffer_of_the_buil
 
 
 def test_hero_checkpoint_needs_about_15_gb_per_s_inside_the_preemption_window():
-    from ablations import get_study
-    from planning.hero import HeroSlurm, checkpoint_plan
+    from marin_ablate.ablations import get_study
+    from marin_ablate.planning.hero import HeroSlurm, checkpoint_plan
 
     study = get_study("hero")
     cp = checkpoint_plan(study.runs()[0][0], study.hero.gpus, HeroSlurm().preemption_window_s)
@@ -311,8 +311,8 @@ def prepared_corpus(tmp_path_factory):
     import gzip
     import json
 
-    from marin import data
-    from marin.data import prepare as prep
+    from marin_ablate.marin import data
+    from marin_ablate.marin.data import prepare as prep
 
     root = tmp_path_factory.mktemp("hero_data")
     rows = []
@@ -333,7 +333,7 @@ def prepared_corpus(tmp_path_factory):
 
 
 def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
-    from ablations import get_study
+    from marin_ablate.ablations import get_study
     from marin_ablate.common import epochs_checked
 
     study = get_study("hero")
@@ -346,9 +346,9 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
     the hero's racks), narrowed to 16 experts: each rank reads its own slice of the prepared corpus, evaluates
     one sequence of the hero's one-per-GPU eval batch, and holds 8 experts; losses are finite; the state dict
     is complete."""
-    from ablations import get_study
-    from planning.dryrun import format_loop, loop_dry_run
-    from sweeps.sweep import apply_spec_overrides
+    from marin_ablate.ablations import get_study
+    from marin_ablate.planning.dryrun import format_loop, loop_dry_run
+    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     corpus, paloma = prepared_corpus
     spec = apply_spec_overrides(get_study("hero").runs()[0][0],
@@ -369,8 +369,8 @@ def test_a_one_gpu_rung_dry_runs_as_one_process_with_virtual_ep_and_writes_its_f
     """d512 on one GPU (`--slurm.gpus_per_run 1`, `plan --dry_run --dry_run.gpus 1`) trains with 8 virtual EP shards and
     no process group: the loop (a) and the state count run that single-process trainer (every expert local,
     no all-to-all), not an 8-rank group."""
-    from ablations import get_study
-    from planning.dryrun import current_sharding, format_loop, loop_dry_run, rank_state
+    from marin_ablate.ablations import get_study
+    from marin_ablate.planning.dryrun import current_sharding, format_loop, loop_dry_run, rank_state
 
     spec = get_study("marin535").runs()[0][0]
     assert spec.model.ep_shards == 8
@@ -395,7 +395,7 @@ def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from planning.dryrun import FakeCollectives
+    from marin_ablate.planning.dryrun import FakeCollectives
 
     dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
     try:
@@ -414,8 +414,8 @@ def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
 
 
 def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
-    from marin.config import RunSpec, TrainConfig
-    from planning.memory import _FlexFootprint, activation_peak
+    from marin_ablate.marin.config import RunSpec, TrainConfig
+    from marin_ablate.planning.memory import _FlexFootprint, activation_peak
 
     q = torch.randn(2, 8, 64, 16, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 2, 64, 16, dtype=torch.bfloat16, requires_grad=True)  # GQA: k, v at their own heads

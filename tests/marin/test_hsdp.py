@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, read_results, run_ranks, write_result
 
-from marin.config import ModelConfig, Recipe
-from marin.hparams import OptimHparams
-from marin.switches import RECIPE_LEVELS
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.hparams import OptimHparams
+from marin_ablate.marin.switches import RECIPE_LEVELS
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +53,8 @@ def _batch(step: int) -> torch.Tensor:
 
 
 def _ref_model():
-    from marin.model import MarinModel
-    from marin.parallel import init_weights
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.parallel import init_weights
 
     m = MarinModel(_cfg(), RECIPE)
     init_weights(m, SEED)
@@ -73,7 +73,7 @@ def _full(model, groups) -> dict[str, torch.Tensor]:
     """Every parameter's global value: FSDP2 shards gathered, EP expert slices concatenated."""
     from torch.distributed.tensor import DTensor
 
-    from marin.ep import expert_param_names
+    from marin_ablate.marin.ep import expert_param_names
 
     experts = set(expert_param_names(model))
     out = {}
@@ -129,10 +129,10 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 
 def _work(rank: int, tmp: str) -> dict:
     out: dict = {}
-    from marin import update_rules as moptim
-    from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
-    from marin.parallel import build_sharded_model, clip_grad_norm_
-    from marin.update_rules import build_optimizer
+    from marin_ablate.marin import update_rules as moptim
+    from marin_ablate.marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
+    from marin_ablate.marin.parallel import build_sharded_model, clip_grad_norm_
+    from marin_ablate.marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)
@@ -252,8 +252,8 @@ def test_each_matrix_is_orthogonalized_once_per_rack(hsdp):
 
 
 def test_checkpoint_resumes_exactly_and_loads_in_one_process(hsdp):
-    from marin.ep import load_checkpoint
-    from marin.update_rules import build_optimizer
+    from marin_ablate.marin.ep import load_checkpoint
+    from marin_ablate.marin.update_rules import build_optimizer
 
     tmp, outs = hsdp
     for o in outs:

@@ -35,9 +35,9 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 def _work(rank: int) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from marin.ep import build_ep_groups, expert_param_names
-    from marin.parallel import build_sharded_model, clip_grad_norm_
-    from marin.update_rules import build_optimizer
+    from marin_ablate.marin.ep import build_ep_groups, expert_param_names
+    from marin_ablate.marin.parallel import build_sharded_model, clip_grad_norm_
+    from marin_ablate.marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)

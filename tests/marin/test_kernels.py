@@ -17,12 +17,12 @@ import torch
 
 triton = pytest.importorskip("triton", reason="triton is an optional extra (pip install -e '.[triton]')")
 
-from marin.kernels import get_kernels, xsa_gate_torch  # noqa: E402
-from marin.kernels.moe import gmm_dw, gmm_fwd, grouped_mm_triton, permute_triton, unpermute_triton  # noqa: E402
-from marin.kernels.reference import sconv_reference, xsa_reference  # noqa: E402
-from marin.kernels.sconv import sconv_bwd, sconv_fwd, sconv_triton  # noqa: E402
-from marin.kernels.torch_ops import grouped_mm_torch, permute_torch, sort_by_expert, unpermute_torch  # noqa: E402
-from marin.kernels.xsa import xsa_gate_triton, xsa_triton  # noqa: E402
+from marin_ablate.marin.kernels import get_kernels, xsa_gate_torch  # noqa: E402
+from marin_ablate.marin.kernels.moe import gmm_dw, gmm_fwd, grouped_mm_triton, permute_triton, unpermute_triton  # noqa: E402
+from marin_ablate.marin.kernels.reference import sconv_reference, xsa_reference  # noqa: E402
+from marin_ablate.marin.kernels.sconv import sconv_bwd, sconv_fwd, sconv_triton  # noqa: E402
+from marin_ablate.marin.kernels.torch_ops import grouped_mm_torch, permute_torch, sort_by_expert, unpermute_torch  # noqa: E402
+from marin_ablate.marin.kernels.xsa import xsa_gate_triton, xsa_triton  # noqa: E402
 
 
 def _grads(out, inputs, g):
@@ -40,14 +40,14 @@ def _close(a, b, tol=1e-5):
 
 def test_torch_backend_never_imports_triton(monkeypatch):
     # A None entry in sys.modules makes `import triton` raise; the torch set's modules are re-imported.
-    import marin.kernels as pkg
+    import marin_ablate.marin.kernels as pkg
 
     monkeypatch.setitem(sys.modules, "triton", None)
-    for name in [m for m in sys.modules if m.startswith("marin.kernels.")]:
+    for name in [m for m in sys.modules if m.startswith("marin_ablate.marin.kernels.")]:
         monkeypatch.delitem(sys.modules, name)
         monkeypatch.setattr(pkg, name.rsplit(".", 1)[1], getattr(pkg, name.rsplit(".", 1)[1]), raising=False)
     s = get_kernels("torch")
-    assert s.backend == "torch" and s.sconv.__module__ == "marin.kernels.reference"
+    assert s.backend == "torch" and s.sconv.__module__ == "marin_ablate.marin.kernels.reference"
 
 
 def test_get_kernels_returns_references_for_torch_and_kernels_for_triton():
@@ -294,8 +294,8 @@ def test_model_with_triton_kernels_matches_torch_kernels_loss_and_gradients():
     # The kernels on the tensors the model really hands them (strided k/v views, the fused gate).
     from dataclasses import replace
 
-    from marin.config import Recipe, preset
-    from marin.model import MarinModel
+    from marin_ablate.marin.config import Recipe, preset
+    from marin_ablate.marin.model import MarinModel
 
     cfg = preset("tiny")
     tokens = torch.randint(0, cfg.vocab_size, (1, 32))
@@ -325,8 +325,8 @@ def test_model_with_triton_kernels_matches_torch_kernels_loss_and_gradients():
 def test_every_kernel_compiles_for_sm90_without_spills_and_gmm_uses_wgmma():
     # A subprocess: TRITON_INTERPRET=1 (conftest) patches triton.language in this process.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "marin.kernels.sm90", "--json"], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "marin_ablate.marin.kernels.sm90", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     builds = json.loads(out.stdout.strip().splitlines()[-1])
     names = {b["name"] for b in builds}

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton is an optional extra (pip install -e '.[triton]')")
 
-from marin.kernels import get_kernels  # noqa: E402
-from marin.kernels.torch_ops import sort_by_expert  # noqa: E402
+from marin_ablate.marin.kernels import get_kernels  # noqa: E402
+from marin_ablate.marin.kernels.torch_ops import sort_by_expert  # noqa: E402
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.

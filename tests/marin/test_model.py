@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe
-from marin.kernels.reference import sconv_reference, xsa_reference
-from marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
+from marin_ablate.marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe
+from marin_ablate.marin.kernels.reference import sconv_reference, xsa_reference
+from marin_ablate.marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
 
 # Small enough for 64 combos on one CPU thread; T = B·S divisible by ep_shards (4).
 CFG = ModelConfig(seq_len=16, window=6, n_layers=2, global_every=2)

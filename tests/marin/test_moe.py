@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from ranks import free_port
 
-from marin.config import ModelConfig, Recipe
-from marin.moe import (
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.moe import (
     MoE,
     Router,
     combine_weights,

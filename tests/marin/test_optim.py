@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, preset
-from marin.hparams import LRHeuristic
-from marin.update_rules import (
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.hparams import LRHeuristic
+from marin_ablate.marin.update_rules import (
     NS_COEFFS,
     NS_SCHEDULES,
     OptimHparams,
@@ -62,7 +62,7 @@ def _hp(level: str, lr: float = 0.05, adam_lr: float = 0.01) -> OptimHparams:
 def test_hyperball_keeps_every_muonh_and_adamh_matrix_norm_over_100_steps(expert_sphere):
     from dataclasses import replace  # noqa: PLC0415
 
-    from marin.update_rules import sphere_norms  # noqa: PLC0415
+    from marin_ablate.marin.update_rules import sphere_norms  # noqa: PLC0415
 
     torch.manual_seed(0)
     model = _Toy()
@@ -87,7 +87,7 @@ def test_adamh_level_keeps_matrix_norms_and_adam_group_moves():
     model = _Toy()
     opt = build_optimizer(model, _hp("adamh"))
     assert {k for n, k in group_assignment(opt).items() if n in ("wq", "experts", "lm_head")} == {"adamh"}
-    from marin.update_rules import sphere_norms  # noqa: PLC0415
+    from marin_ablate.marin.update_rules import sphere_norms  # noqa: PLC0415
 
     init = sphere_norms(model.experts, "expert")  # the default: one sphere for the bank
     emb0 = model.embed.detach().clone()
@@ -231,8 +231,8 @@ def _design_kind(name: str) -> str:
 
 
 def test_tiny_model_parameters_land_in_the_design_groups_and_stay_on_the_sphere():
-    from marin.model import MarinModel
-    from marin.update_rules import sphere_norms  # noqa: PLC0415
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.update_rules import sphere_norms  # noqa: PLC0415
 
     torch.manual_seed(0)
     cfg = preset("tiny", ["gated_norm=on", "seq_len=32"])

@@ -1,4 +1,4 @@
-"""marin.rendezvous: ranks and the master from SLURM's environment, and a rendezvous that fails
+"""marin_ablate.marin.rendezvous: ranks and the master from SLURM's environment, and a rendezvous that fails
 fast with one line instead of hanging (docs/architecture.md, "Multi-node SLURM")."""
 
 import subprocess
@@ -8,7 +8,7 @@ import time
 import pytest
 from ranks import free_port
 
-from marin.rendezvous import RendezvousError, first_host, from_env, interface_to, slurm_port
+from marin_ablate.marin.rendezvous import RendezvousError, first_host, from_env, interface_to, slurm_port
 
 
 @pytest.mark.parametrize("nodelist,first", [("gpu[003-005,9],cpu1", "gpu003"), ("marin-n1,vm", "marin-n1"),
@@ -35,19 +35,19 @@ def test_loopback_master_uses_the_loopback_interface():
 def test_a_rank_that_cannot_reach_the_rendezvous_fails_in_one_line_naming_address_and_port():
     # rank 1 of 2, nobody listens on the port: it must give up at its deadline, not hang
     port = free_port()
-    code = ("import sys; from marin.rendezvous import Rendezvous, init_process_group\n"
+    code = ("import sys; from marin_ablate.marin.rendezvous import Rendezvous, init_process_group\n"
             f"init_process_group('gloo', Rendezvous(1, 2, 1, '127.0.0.1', {port}, 'slurm'), timeout_s=3)")
     t0 = time.time()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     took = time.time() - t0
     assert p.returncode != 0 and took < 60, (took, p.stderr[-500:])
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("marin.rendezvous.RendezvousError: rank 1 of 2 could not meet the others")
+    assert last.startswith("marin_ablate.marin.rendezvous.RendezvousError: rank 1 of 2 could not meet the others")
     assert f"127.0.0.1:{port}" in last and "within 3s" in last
 
 
 def test_bad_timeout_is_refused_naming_the_variable(monkeypatch):
-    from marin.rendezvous import rendezvous_timeout_s
+    from marin_ablate.marin.rendezvous import rendezvous_timeout_s
 
     monkeypatch.setenv("MARIN_RENDEZVOUS_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="MARIN_RENDEZVOUS_TIMEOUT_S='soon'; allowed values: seconds > 0"):
@@ -57,7 +57,7 @@ def test_bad_timeout_is_refused_naming_the_variable(monkeypatch):
 
 
 def test_gloo_takes_nccl_socket_interfaces_when_they_name_interfaces_exactly():
-    from marin.rendezvous import gloo_interface
+    from marin_ablate.marin.rendezvous import gloo_interface
 
     assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "lo"}) == "lo"
     assert gloo_interface("127.0.0.1", {"NCCL_SOCKET_IFNAME": "=ib0,ib1"}) == "ib0,ib1"  # "=": exact names
@@ -73,7 +73,7 @@ def test_init_process_group_sets_gloo_interface_for_a_non_gloo_backend_too(monke
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
-    from marin.rendezvous import Rendezvous, init_process_group
+    from marin_ablate.marin.rendezvous import Rendezvous, init_process_group
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from marin.config import ModelConfig
-from marin.model import apply_rope, rope_tables
+from marin_ablate.marin.config import ModelConfig
+from marin_ablate.marin.model import apply_rope, rope_tables
 
 
 def _marin_fused(x_BHSh: torch.Tensor, theta: float, rotary_dim: int) -> torch.Tensor:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pkgcopy import package_tree
 
-from ablations.studies import get_study
-from marin.config import SPEC_VERSION, RunSpec, non_default, to_dict
-from marin.switches import RECIPE_FACTOR_SPECS
+from marin_ablate.ablations.studies import get_study
+from marin_ablate.marin.config import SPEC_VERSION, RunSpec, non_default, to_dict
+from marin_ablate.marin.switches import RECIPE_FACTOR_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("spec_identity.json")
@@ -43,9 +43,9 @@ def test_every_default_and_identity_level_is_pinned_for_the_spec_version():
 
 _IDS = """
 import dataclasses, json, sys
-from ablations.studies import get_study
-import marin.switches
-assert marin.switches.__file__.startswith(sys.argv[2]), marin.switches.__file__  # the copy, not the checkout
+from marin_ablate.ablations.studies import get_study
+import marin_ablate.marin.switches as switches
+assert switches.__file__.startswith(sys.argv[2]), switches.__file__  # the copy, not the checkout
 runs = [s for s, _ in get_study("smoke").runs()]
 extra = json.loads(sys.argv[1])
 print(json.dumps({"plain": [s.run_id for s in runs],
@@ -55,9 +55,8 @@ print(json.dumps({"plain": [s.run_id for s in runs],
 
 def _ids_with_row(tmp_path: Path, row: str, extra: dict) -> dict:
     """Run ids of the smoke study planned by a copy of the package whose factor table has one more row."""
-    for pkg in ("marin", "ablations"):
-        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    table = tmp_path / "marin" / "switches.py"
+    package_tree(tmp_path)
+    table = tmp_path / "marin_ablate" / "marin" / "switches.py"
     src = table.read_text()
     anchor = "RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = ("
     assert anchor in src
@@ -98,7 +97,7 @@ def test_adding_a_defaulted_field_keeps_existing_run_ids():
 
 
 def test_a_spec_version_bump_re_identifies_every_run(monkeypatch):
-    import marin.config as config
+    import marin_ablate.marin.config as config
 
     spec = get_study("smoke").runs()[5][0]
     before = spec.run_id

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, run_ranks
 
-from marin.config import ModelConfig, Recipe
-from marin.hparams import OptimHparams
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.hparams import OptimHparams
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -48,8 +48,8 @@ def _hp(level: str, sphere: str) -> OptimHparams:
 
 
 def _ref_model():
-    from marin.model import MarinModel
-    from marin.parallel import init_weights
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.parallel import init_weights
 
     m = MarinModel(_cfg(), RECIPE)
     init_weights(m, SEED)
@@ -60,7 +60,7 @@ def _full(model, groups) -> dict[str, torch.Tensor]:
     """Every parameter's global value: FSDP2 shards gathered, EP expert slices concatenated."""
     from torch.distributed.tensor import DTensor
 
-    from marin.ep import expert_param_names
+    from marin_ablate.marin.ep import expert_param_names
 
     experts = set(expert_param_names(model))
     out = {}
@@ -100,9 +100,9 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     torch.set_num_threads(1)
     out: dict = {}
     try:
-        from marin.ep import build_ep_groups, expert_param_names
-        from marin.parallel import build_sharded_model, clip_grad_norm_
-        from marin.update_rules import build_optimizer
+        from marin_ablate.marin.ep import build_ep_groups, expert_param_names
+        from marin_ablate.marin.parallel import build_sharded_model, clip_grad_norm_
+        from marin_ablate.marin.update_rules import build_optimizer
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
         groups = build_ep_groups(2)
@@ -170,8 +170,8 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
         # 4. asynchronous checkpoint mid-run: training goes on during the write; resume equals it
         from pathlib import Path
 
-        from marin.ep import load_checkpoint
-        from marin.parallel import AsyncCheckpointer, checkpoint_bytes_per_rank
+        from marin_ablate.marin.ep import load_checkpoint
+        from marin_ablate.marin.parallel import AsyncCheckpointer, checkpoint_bytes_per_rank
 
         def train_step(m, opt, i):
             b = torch.randint(0, 64, (world * 2, 17), generator=torch.Generator().manual_seed(100 + i))
@@ -210,7 +210,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
 
         # 5. mixed precision: bf16 compute (gathered in bf16, autocast), fp32 master shards and fp32
         # gradients (reduced in fp32), against the fp32 one-process forward/backward of the same weights
-        from marin.parallel import ShardingConfig
+        from marin_ablate.marin.parallel import ShardingConfig
 
         mp_m = build_sharded_model(_cfg(), RECIPE, groups, SEED, cfg=ShardingConfig(mixed_precision=True)).train()
         ref_m = _ref_model().train()

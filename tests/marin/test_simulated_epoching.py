@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marin import data
-from marin.config import DataConfig, RunSpec, TrainConfig, preset
-from marin.data.corpus import hash_hex
-from marin.data.shards import PreparedCorpus, ShardedBatches, simulated_length
+from marin_ablate.marin import data
+from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+from marin_ablate.marin.data.corpus import hash_hex
+from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches, simulated_length
 
 SEQ, G, SEED, STEPS = 32, 8, 3, 10
 MIX = ((0.0, {"prose": 3.0, "code": 1.0}), (0.6, {"docs": 1.0, "scripture": 1.0, "code": 2.0}))
@@ -87,8 +87,8 @@ def test_bad_simulated_epoching_targets_are_refused_with_the_field_and_the_allow
 
 
 def test_the_hero_ladder_rungs_simulate_the_heros_budget_and_nothing_else_does():
-    from ablations.ladders import CPU_RUNGS, GPU_RUNGS, HERO_RUNGS
-    from ablations.studies import get_study
+    from marin_ablate.ablations.ladders import CPU_RUNGS, GPU_RUNGS, HERO_RUNGS
+    from marin_ablate.ablations.studies import get_study
 
     # Marin: every rung below the d6144 hero (<= 1e23 FLOPs) cuts to the hero mixture's 15T + 3.75T
     specs = [s for s, _ in get_study("marin535", rungs=tuple(HERO_RUNGS)).runs()]
@@ -99,7 +99,7 @@ def test_the_hero_ladder_rungs_simulate_the_heros_budget_and_nothing_else_does()
 
 
 def test_a_real_run_resumed_across_a_wrap_of_the_cut_equals_the_uninterrupted_run(tmp_path, corpus):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     # no mixture: the corpus is one component of n = tokens // 64 sequences, cut to
     # int(n · 3,072 / 13.2M) = 40 (the rule by hand below); steps 0-5 read sequences 0..35 and step 6
@@ -123,7 +123,7 @@ def test_a_real_run_resumed_across_a_wrap_of_the_cut_equals_the_uninterrupted_ru
 
 
 def test_plan_counts_a_simulated_runs_epochs_as_its_targets_over_the_corpus(corpus):
-    from ablations.epochs import check_epochs, epoch_rows
+    from marin_ablate.ablations.epochs import check_epochs, epoch_rows
 
     where = str(data.prepared_train(DataConfig()))
     plain, cut = epoch_rows([("r", "cuda", 10 ** 6, 256, where), ("r", "cuda", 10 ** 6, 256, where, 10 ** 9)])

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from train_signalled import signal_after
 
-from marin.config import (
+from marin_ablate import options
+from marin_ablate.marin.config import (
     BASELINE_LEVELS,
     FACTORS,
     RECIPE_LEVELS,
@@ -27,8 +28,7 @@ from marin.config import (
     TrainConfig,
     preset,
 )
-from marin.train import context_plan, is_spike, train
-from marin_ablate import options
+from marin_ablate.marin.train import context_plan, is_spike, train
 from marin_ablate.train import TrainOptions, spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]

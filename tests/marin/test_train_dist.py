@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, run_ranks
 
-from marin.config import Recipe, RunSpec, TrainConfig, preset
-from marin.train import train
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.train import train
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -281,9 +281,9 @@ def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatc
 
 
 def test_mixed_precision_is_a_train_config_level_on_for_gpu_rungs_and_the_hero():
-    from ablations.ladders import GPU_RUNGS
-    from ablations.studies import get_study
-    from marin.train.distributed import sharding_config
+    from marin_ablate.ablations.ladders import GPU_RUNGS
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.marin.train.distributed import sharding_config
 
     assert sharding_config(TrainConfig(precision="bf16", mixed_precision="bf16")).mixed_precision
     assert not sharding_config(TrainConfig()).mixed_precision  # CPU runs: fp32 everywhere

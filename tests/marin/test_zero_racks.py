@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, read_results, run_ranks, write_result
 
-from marin.config import ModelConfig, Recipe
-from marin.hparams import OptimHparams
-from marin.switches import RECIPE_LEVELS
+from marin_ablate.marin.config import ModelConfig, Recipe
+from marin_ablate.marin.hparams import OptimHparams
+from marin_ablate.marin.switches import RECIPE_LEVELS
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def _batch(step: int) -> torch.Tensor:
 def _full(model, groups) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
-    from marin.ep import expert_param_names
+    from marin_ablate.marin.ep import expert_param_names
 
     experts = set(expert_param_names(model))
     out = {}
@@ -68,10 +68,10 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 def _work(rank: int, tmp: str) -> dict:
     from pathlib import Path
 
-    from marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
-    from marin.model import MarinModel
-    from marin.parallel import build_sharded_model, clip_grad_norm_, init_weights
-    from marin.update_rules import build_optimizer
+    from marin_ablate.marin.ep import build_ep_groups, load_checkpoint, save_checkpoint
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.parallel import build_sharded_model, clip_grad_norm_, init_weights
+    from marin_ablate.marin.update_rules import build_optimizer
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     groups = build_ep_groups(EP, replicas=REPLICAS)
@@ -112,7 +112,7 @@ def _work(rank: int, tmp: str) -> dict:
         out[f"moved_{key}"] = max(float((p.detach() - init[n]).abs().max()) for n, p in refp.items())
         out[f"norms_{key}"] = norms
         if key == "hyperball":
-            from marin.ep import moe_layers
+            from marin_ablate.marin.ep import moe_layers
 
             _, moe = next(iter(moe_layers(model)))
             up = moe.w_up_EWH

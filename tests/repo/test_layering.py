@@ -13,7 +13,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-UPPER_LAYERS = ("marin_ablate", "ablations", "sweeps", "planning", "analysis")
+PACKAGE = "marin_ablate"  # the one import name; each layer folder installs as its subpackage
+LAYERS = ("marin", "ablations", "sweeps", "planning", "analysis")
+UPPER_LAYERS = ("cli", "ablations", "sweeps", "planning", "analysis")
+
+
+def layer(module: str) -> str | None:
+    """The layer a module belongs to ('cli' for marin_ablate's own modules), None outside the project."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "cli"
+
+
+def module_name(path: Path) -> str:
+    """The installed module name of a file of the repository: marin/config.py -> marin_ablate.marin.config."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    name = ".".join(parts).removesuffix(".__init__")
+    return name if parts[0] == PACKAGE else f"{PACKAGE}.{name}"
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -34,9 +51,19 @@ def upper_layer_imports(package: str) -> list[str]:
     bad = []
     for path in sorted((ROOT / package).rglob("*.py")):
         for line, mod in imported_modules(path):
-            if mod.split(".")[0] in UPPER_LAYERS:
+            if layer(mod) in UPPER_LAYERS:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
     return bad
+
+
+def test_every_project_import_goes_through_the_one_package_name():
+    """The old top-level names (marin, ablations, sweeps, planning, analysis) are not importable once installed:
+    an import of one anywhere in the tree would load a second copy of a module from the checkout."""
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    bad = [f"{name}:{line} imports {mod}" for name in files for line, mod in imported_modules(ROOT / name)
+           if mod.split(".")[0] in LAYERS]
+    assert bad == []
 
 
 def test_marin_imports_nothing_of_the_cli_ablations_sweeps_planning_or_analysis():
@@ -45,10 +72,11 @@ def test_marin_imports_nothing_of_the_cli_ablations_sweeps_planning_or_analysis(
 
 def test_the_layer_check_sees_function_level_and_importlib_imports(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import os\n\ndef f():\n    from ablations.ladders import RUNGS\n    import marin_ablate.main\n"
-                 "    importlib.import_module('analysis.report.writer')\n")
-    assert [m for _, m in imported_modules(f)] == ["os", "ablations.ladders", "marin_ablate.main",
-                                                   "analysis.report.writer"]
+    f.write_text("import os\n\ndef f():\n    from marin_ablate.ablations.ladders import RUNGS\n"
+                 "    import marin_ablate.main\n"
+                 "    importlib.import_module('marin_ablate.analysis.report.writer')\n")
+    assert [m for _, m in imported_modules(f)] == ["os", "marin_ablate.ablations.ladders", "marin_ablate.main",
+                                                   "marin_ablate.analysis.report.writer"]
 
 
 @pytest.mark.parametrize("package", ["ablations", "analysis"])
@@ -97,11 +125,11 @@ def test_the_reference_check_sees_each_kind_of_outside_reference(tmp_path):
 # Imported for real, in a fresh interpreter: the modules that must never pull in torch, transitively
 # (function-level imports do not run here; the ast test above covers ablations/ and analysis/ sources).
 def _modules(pkg: str) -> list[str]:
-    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                  for p in (ROOT / pkg).rglob("*.py") if p.stem != "__main__")
+    return sorted(module_name(p) for p in (ROOT / pkg).rglob("*.py") if p.stem != "__main__")
 
 
-TORCH_FREE = ("marin.config", "marin.optimizers", "marin.switches", "marin.plugins", "marin.ep_layout",
+TORCH_FREE = ("marin_ablate.marin.config", "marin_ablate.marin.optimizers", "marin_ablate.marin.switches",
+              "marin_ablate.marin.plugins", "marin_ablate.marin.ep_layout",
               *_modules("ablations"), *_modules("analysis"),
               *(m for m in _modules("marin_ablate") if m != "marin_ablate.train"))
 
@@ -113,4 +141,5 @@ def test_importing_the_torch_free_modules_loads_no_torch():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "", f"importing {r.stdout.strip()} loads torch"
-    assert len(TORCH_FREE) > 25 and "analysis.report.writer" in TORCH_FREE and "ablations" in TORCH_FREE
+    assert len(TORCH_FREE) > 25 and "marin_ablate.analysis.report.writer" in TORCH_FREE
+    assert "marin_ablate.ablations" in TORCH_FREE

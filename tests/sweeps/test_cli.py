@@ -8,7 +8,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from ablations.studies import STUDIES, get_study
+from marin_ablate.ablations.studies import STUDIES, get_study
 from marin_ablate.main import main
 
 ROOT = Path(__file__).resolve().parents[2]

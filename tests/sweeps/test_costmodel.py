@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from planning import costmodel as cm
-from sweeps.progress import plan_estimate
-from sweeps.sweep import planned_runs
+from marin_ablate.planning import costmodel as cm
+from marin_ablate.sweeps.progress import plan_estimate
+from marin_ablate.sweeps.sweep import planned_runs
 
 
 def test_a_damaged_cache_line_is_skipped_and_named_by_file_line_and_field(tmp_path, capsys):
@@ -54,9 +54,9 @@ def test_plan_with_a_damaged_cache_states_a_sane_interval(tmp_path, monkeypatch,
 
 
 def _study():
-    from ablations.designs import full_factorial
-    from ablations.ladders import Rung
-    from ablations.studies import Study
+    from marin_ablate.ablations.designs import full_factorial
+    from marin_ablate.ablations.ladders import Rung
+    from marin_ablate.ablations.studies import Study
 
     rung = Rung("tiny", "tiny", fixed_steps=3, batch_size=2, est_tokens_per_s=1000.0,
                 train_overrides={"eval_batches": 1, "eval_every": 3, "log_every": 1})
@@ -105,8 +105,8 @@ def test_the_load_scales_the_estimate_and_is_said():
 def test_a_real_run_records_the_cpu_time_and_wall_its_slowdown_is_read_from(tmp_path):
     """The fields `run_slowdown` reads are written by a real run (one thread: CPU time <= wall), and a
     model fitted on such rows predicts the same run at a load k as k times its idle estimate."""
-    from marin.config import RunSpec, TrainConfig, preset
-    from marin.train import train
+    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["seq_len=64"]),
                    train=TrainConfig(steps=4, batch_size=2, eval_every=0, eval_batches=1, checkpoint_every=0,

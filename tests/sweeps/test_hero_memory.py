@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from ablations.studies import get_study
-from marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
+from marin_ablate.ablations.studies import get_study
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
 
 GiB = 2**30
 
@@ -34,8 +34,8 @@ def test_flex_without_compile_on_cuda_is_refused_naming_attention_and_compile():
 
 
 def test_hero_and_every_gpu_rung_run_the_fused_path_and_the_hero_with_compile_off_is_refused():
-    from ablations.ladders import GPU_RUNGS
-    from ablations.studies import get_study
+    from marin_ablate.ablations.ladders import GPU_RUNGS
+    from marin_ablate.ablations.studies import get_study
 
     _, spec = _hero()
     assert (spec.model.attention, spec.model.kernels, spec.train.compile) == ("flex", "triton", True)
@@ -47,7 +47,7 @@ def test_hero_and_every_gpu_rung_run_the_fused_path_and_the_hero_with_compile_of
 
 
 def test_the_flex_stand_in_is_only_used_for_a_compiled_configuration_and_the_table_names_it():
-    from planning.memory import substitutions, uses_flex_footprint
+    from marin_ablate.planning.memory import substitutions, uses_flex_footprint
 
     _, spec = _hero()
     subs = substitutions(spec)
@@ -72,7 +72,7 @@ def test_activation_peak_is_the_maximum_over_time_not_the_snapshot_at_the_total_
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from planning.memory import ActivationTracker
+    from marin_ablate.planning.memory import ActivationTracker
 
     # a 3 MiB temporary freed before the 4 MiB weight's gradient arrives: the total peaks in the
     # backward's aftermath, when activations + temporaries are small; the maximum over time sees 3 MiB
@@ -95,7 +95,7 @@ def test_activation_peak_is_the_maximum_over_time_not_the_snapshot_at_the_total_
 
 @pytest.mark.slow
 def test_depth_fit_separates_local_and_global_blocks_and_predicts_a_deeper_model():
-    from planning.memory import activation_peak, fit_activations
+    from marin_ablate.planning.memory import activation_peak, fit_activations
 
     spec = _small(L=6, global_every=3)  # layers 2 and 5 global: 4 local + 2 global
     # each layer stores only its own KV heads, so a global block keeps less than a local one (under
@@ -110,7 +110,7 @@ def test_depth_fit_separates_local_and_global_blocks_and_predicts_a_deeper_model
 
 
 def test_depth_fit_refuses_peaks_that_are_not_linear_in_depth():
-    from planning.memory import fit_activations
+    from marin_ablate.planning.memory import fit_activations
 
     spec = _small(L=8, global_every=1)
     bent = lambda s, n, seqs, g: 1000 + 100 * n + (60 if n == 3 else 0)  # a kink at 3 layers
@@ -123,8 +123,8 @@ def test_depth_fit_refuses_peaks_that_are_not_linear_in_depth():
 @pytest.mark.slow
 @pytest.mark.parametrize("d,L", [(32, 2), (64, 3), (96, 4)])
 def test_estimate_is_within_10_percent_of_a_real_cpu_step_measured_by_the_allocator(d, L):
-    from planning.dryrun import Sharding, dry_run
-    from planning.memory import measured_step_peak
+    from marin_ablate.planning.dryrun import Sharding, dry_run
+    from marin_ablate.planning.memory import measured_step_peak
 
     torch.set_num_threads(1)
     spec = _small(d=d, L=L)
@@ -140,8 +140,8 @@ def test_estimate_is_within_10_percent_of_a_real_cpu_step_measured_by_the_alloca
 def test_estimate_is_within_10_percent_of_the_allocator_in_the_heros_regime(d, L):
     """The hero's activation regime: blocks recomputed in the backward and the loss in chunks (fp32 on
     CPU; flex and bf16 are the GPU's: planning/rehearsal.py and the one-rack run check those)."""
-    from planning.dryrun import Sharding, dry_run
-    from planning.memory import measured_step_peak
+    from marin_ablate.planning.dryrun import Sharding, dry_run
+    from marin_ablate.planning.memory import measured_step_peak
 
     torch.set_num_threads(1)
     spec = _small(d=d, L=L, activation_checkpoint="block", loss_chunk_tokens=256)
@@ -155,7 +155,7 @@ def test_estimate_is_within_10_percent_of_the_allocator_in_the_heros_regime(d, L
 
 @pytest.mark.slow
 def test_uniform_pattern_hero_is_estimated_within_10_percent_of_the_tracker_at_4_layers():
-    from planning.memory import activation_peak, fit_activations
+    from marin_ablate.planning.memory import activation_peak, fit_activations
 
     _, spec = _hero()
     uniform = dataclasses.replace(spec, model=dataclasses.replace(spec.model, global_every=1, n_layers=4))
@@ -167,7 +167,7 @@ def test_uniform_pattern_hero_is_estimated_within_10_percent_of_the_tracker_at_4
 
 @pytest.mark.slow
 def test_gpu_lines_are_their_own_and_nothing_is_on_the_host():
-    from planning.dryrun import GpuAllowances, Sharding, dry_run
+    from marin_ablate.planning.dryrun import GpuAllowances, Sharding, dry_run
 
     spec = _small(d=32, L=2)
     one = Sharding("one process", lambda m, g: m, ns_whole_group=False)
@@ -181,9 +181,9 @@ def test_gpu_lines_are_their_own_and_nothing_is_on_the_host():
 
 
 def test_host_update_is_refused_naming_the_field_before_any_work():
-    from marin.train.distributed import check_dist_layout, sharding_config
-    from marin.train.stages import context_plan
-    from planning.timemodel import time_model
+    from marin_ablate.marin.train.distributed import check_dist_layout, sharding_config
+    from marin_ablate.marin.train.stages import context_plan
+    from marin_ablate.planning.timemodel import time_model
 
     st, spec = _hero()
     assert spec.train.offload == "none"
@@ -198,8 +198,8 @@ def test_host_update_is_refused_naming_the_field_before_any_work():
 
 
 def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_every(tmp_path):
-    from marin.config import preset
-    from marin.train import train
+    from marin_ablate.marin.config import preset
+    from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["seq_len=32"]), recipe=Recipe(),
                    train=TrainConfig(steps=4, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
@@ -218,7 +218,7 @@ def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_eve
 def test_hero_time_models_point_estimate_is_within_25_percent_of_marins_78_6_days():
     # Assumptions() are the model's defaults, fixed in planning/timemodel.py before this comparison:
     # moving them (or the model) so the point leaves Marin's measured 78.6 days by > 25% fails here
-    from planning.timemodel import MARIN_MEASURED, Assumptions, format_time_model, time_model
+    from marin_ablate.planning.timemodel import MARIN_MEASURED, Assumptions, format_time_model, time_model
 
     st, spec = _hero()
     tm = time_model(spec, st.hero, Assumptions(), job_limit_s=st.hero.job_time_min * 60)
@@ -243,8 +243,8 @@ def test_the_hero_plan_prints_no_second_duration():
 
 
 def test_sbatch_time_the_rungs_timeout_and_the_checkpoint_cadence_agree():
-    from planning.hero import HeroSlurm, hero_resources, render_sbatch
-    from planning.timemodel import time_model
+    from marin_ablate.planning.hero import HeroSlurm, hero_resources, render_sbatch
+    from marin_ablate.planning.timemodel import time_model
 
     for name in ("hero", "hero_rack", "hero_node", "hero_gpu"):
         st = get_study(name)
@@ -257,7 +257,7 @@ def test_sbatch_time_the_rungs_timeout_and_the_checkpoint_cadence_agree():
 
 
 def test_hero_runs_rack_local_and_the_plan_refuses_another_layout_naming_both_fields():
-    from ablations.studies import HeroPlan
+    from marin_ablate.ablations.studies import HeroPlan
 
     st, spec = _hero()
     assert spec.train.replica_groups == st.hero.ep_groups == 11
@@ -270,8 +270,8 @@ def test_hero_runs_rack_local_and_the_plan_refuses_another_layout_naming_both_fi
 
 @pytest.mark.slow
 def test_under_hsdp_the_expert_zero_collectives_and_the_gradient_reduction_cross_racks_not_the_gathers():
-    from marin.flops import params_routed, params_total
-    from planning.timemodel import time_model
+    from marin_ablate.marin.flops import params_routed, params_total
+    from marin_ablate.planning.timemodel import time_model
 
     st, spec = _hero()
     hsdp = time_model(spec, st.hero)
@@ -302,8 +302,8 @@ def test_hero_expert_slice_shards_3072_rows_over_11_racks_unpadded_and_the_flat_
     """The hero's rank 0 and rank 703 (first and last rack): each expert stack of the 6-expert slice
     holds 280 of its 3072 rows (10 racks; the last 272, and the dry run counts the largest shard); FSDP
     over all 704 ranks (`replica_groups=1`, where FSDP2 would refuse 3072 rows over 11) builds too."""
-    from marin.flops import params_routed
-    from planning.dryrun import current_sharding, rank_state
+    from marin_ablate.marin.flops import params_routed
+    from marin_ablate.planning.dryrun import current_sharding, rank_state
 
     _, spec = _hero()
     layers = spec.model.n_layers
@@ -318,7 +318,7 @@ def test_hero_expert_slice_shards_3072_rows_over_11_racks_unpadded_and_the_flat_
 
 
 def test_checkpoint_cadence_fits_the_job_limit_only_with_the_hourly_temporary_checkpoint():
-    from planning.timemodel import checkpoint_cadence
+    from marin_ablate.planning.timemodel import checkpoint_cadence
 
     _, spec = _hero()
     t = spec.train
@@ -337,8 +337,8 @@ def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
     """8 ranks, EP 4: as 2 racks (HSDP) a rank holds 1/4 of the non-expert parameters (sharded in its rack)
     and half its EP slice (one rank per slice in a rack: ZeRO across the racks); as one flat group 1/8
     and half its slice."""
-    from marin.flops import params_routed, params_total
-    from planning.dryrun import current_sharding, rank_state
+    from marin_ablate.marin.flops import params_routed, params_total
+    from marin_ablate.planning.dryrun import current_sharding, rank_state
 
     model = ModelConfig(d_model=64, n_layers=2, n_heads=4, head_dim=16, seq_len=64, window=32, n_experts=8,
                         top_k=2, ep_shards=4)
@@ -357,7 +357,7 @@ def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
 @pytest.mark.parametrize("name", ["hero", "hero_rack", "hero_node", "hero_gpu"])
 def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(name):
     # the dry run's memory table (part b) on the study's own layout; nothing may sit in host memory
-    from planning.dryrun import dry_run
+    from marin_ablate.planning.dryrun import dry_run
 
     st = get_study(name)
     spec = st.runs()[0][0]

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.factors import RECIPE_FACTORS, Factor
-from ablations.ladders import Rung
-from ablations.studies import Study
-from analysis.calibration.simulate import SimTruth, simulate_table
-from analysis.pipeline import analyze_table
-from sweeps.executors import ExecOptions
-from sweeps.tuning import ProfileOptions, lr_plan, profile_loop, profile_study
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.factors import RECIPE_FACTORS, Factor
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
+from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.sweeps.executors import ExecOptions
+from marin_ablate.sweeps.tuning import ProfileOptions, lr_plan, profile_loop, profile_study
 
 
 def tiny_study(factors=("optimizer",), steps: int = 2) -> Study:
@@ -117,8 +117,8 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
 
 
 def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three_seeds():
-    from ablations.studies import get_study
-    from sweeps.reference import reference_key, reference_specs
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.sweeps.reference import reference_key, reference_specs
 
     study = get_study("smoke")
     specs = reference_specs(study)

@@ -8,15 +8,15 @@ import re
 
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
-from marin.train.step_progress import StepProgress, format_line
 from marin_ablate import status as status_commands
-from sweeps.executors import ExecOptions
-from sweeps.progress import Progress, last_train_record, run_live, study_eta
-from sweeps.runs import RunLock, write_run_files
-from sweeps.sweep import planned_runs, run_study
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
+from marin_ablate.marin.train.step_progress import StepProgress, format_line
+from marin_ablate.sweeps.executors import ExecOptions
+from marin_ablate.sweeps.progress import Progress, last_train_record, run_live, study_eta
+from marin_ablate.sweeps.runs import RunLock, write_run_files
+from marin_ablate.sweeps.sweep import planned_runs, run_study
 
 
 def tiny_study(name: str = "tiny_watch", steps: int = 3) -> Study:
@@ -64,7 +64,7 @@ def test_step_line_on_a_terminal_is_a_tqdm_bar_with_the_numbers():
 
 
 def _model(**kw):
-    from planning.costmodel import CostModel, prior_from
+    from marin_ablate.planning.costmodel import CostModel, prior_from
 
     return CostModel(*prior_from([90.0, 390.0], [100.0, 400.0], 10.0), **kw)  # 10 s + 1 s/FLOP
 
@@ -81,7 +81,7 @@ def test_eta_without_measured_runs_is_the_plan_with_a_wide_interval_and_credits_
 def test_eta_moves_towards_finished_runs_and_leaves_out_cold_starts():
     """Runs 1.5x slower than the plan: one finished run moves the ETA towards 1.5x, twenty bring it
     there with a narrow interval; a worker's first run (one-time start-up costs) is not data."""
-    from planning.costmodel import mark_cold
+    from marin_ablate.planning.costmodel import mark_cold
 
     pending = [{"state": "pending", "flops": 390.0}] * 4
     first = study_eta([{"state": "completed", "flops": 90.0, "wall_s": 150.0}, *pending], _model(), 1)
@@ -123,7 +123,7 @@ def test_run_progress_shows_eta_and_each_running_runs_step_and_loss(tmp_path):
     runs = planned_runs(tiny_study(), tmp_path)
     out = io.StringIO()
     try:
-        from planning.costmodel import spec_flops
+        from marin_ablate.planning.costmodel import spec_flops
 
         pending = next(r for r in runs if r.run_id != run.run_id)  # the running run has no step left
         p = Progress(len(runs), "tiny_watch", stream=out, tty=False, runs=runs, slots=1,
@@ -227,11 +227,11 @@ def test_progress_and_plan_count_the_steps_a_run_trains_not_the_rungs(tmp_path):
     p = Progress(2, "tiny_x2", stream=io.StringIO(), tty=False, runs=planned_runs(study, tmp_path))
     counts, rows = p.snapshot()
     assert counts["pending"] == 2 and [r["work"] for r in rows] == [2, 2]
-    from planning.costmodel import spec_flops
+    from marin_ablate.planning.costmodel import spec_flops
 
     x1 = [2 * spec_flops(r.spec) for r in planned_runs(tiny_study(steps=3), tmp_path / "x1")]
     assert [r["flops"] for r in rows] == pytest.approx(x1)  # the ETA counts the doubled steps
-    from ablations.studies import get_study
+    from marin_ablate.ablations.studies import get_study
 
     cal = get_study("calibration", seeds=[0]).describe()
     for r in cal["rungs"]:  # 8 of the 16 arms train twice the steps

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ablations.studies import get_study
-from planning.dryrun import in_fresh_process
-from planning.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
-from sweeps.sweep import apply_spec_overrides
+from marin_ablate.ablations.studies import get_study
+from marin_ablate.planning.dryrun import in_fresh_process
+from marin_ablate.planning.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
+from marin_ablate.sweeps.sweep import apply_spec_overrides
 
 
 def _meta_group(world: int = 4):

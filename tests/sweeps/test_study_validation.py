@@ -3,14 +3,15 @@ validator), before a run directory, a study folder or a tuning storage is writte
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 
 import pytest
 
-from marin.config import DataConfig, RunSpec, TrainConfig, preset
-from marin.train.loop import _device, check_spec
 from marin_ablate.main import main
+from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+from marin_ablate.marin.train.loop import _device, check_spec
 
 
 def _one_line(capsys) -> str:
@@ -65,7 +66,7 @@ def test_tune_storage_without_a_driver_is_one_line_and_leaves_no_study_folder(tm
 
 
 def test_train_on_the_embedded_corpus_evaluates_an_eval_dir_domain_it_lacks(tmp_path):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     ev = tmp_path / "eval"
     (ev / "legal" / "val").mkdir(parents=True)
@@ -93,8 +94,8 @@ def test_wandb_online_without_a_key_is_one_line_before_the_run_folder_exists(tmp
 @pytest.mark.parametrize("make, says", [
     (lambda: preset("tiny", ["capacity_fixed=1e308"]), r"ModelConfig.capacity_fixed=1e\+308 is out of range; allowed "
                                                        r"values: a number in \(0, 1024\]"),
-    (lambda: __import__("ablations.factors").factors.Factor("w", field="model.window", levels={"a": 32, "b": 64},
-                                                             truth=0.5),
+    (lambda: importlib.import_module("marin_ablate.ablations.factors").Factor(
+        "w", field="model.window", levels={"a": 32, "b": 64}, truth=0.5),
      r"Factor 'w': truth=0.5; allowed values: a mapping of M_flop, R -> a multiplier > 0"),
 ])
 def test_settings_that_overflowed_or_crashed_are_one_line_errors(make, says):
@@ -103,7 +104,7 @@ def test_settings_that_overflowed_or_crashed_are_one_line_errors(make, says):
 
 
 def test_a_model_too_large_for_memory_is_named_as_a_setting(tmp_path):
-    from marin.train import train
+    from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["d_model=1000000000"]), train=TrainConfig(steps=1, threads=1))
     with pytest.raises(ValueError, match=r"the model \(ModelConfig.d_model=1000000000, .*\) does not fit in the memory "
@@ -116,7 +117,8 @@ def test_a_model_too_large_for_memory_is_named_as_a_setting(tmp_path):
 def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, capsys, monkeypatch):
     import shlex
 
-    (tmp_path / "mystudy.py").write_text("from ablations.studies import smoke\n\nstudy = smoke(rungs=('cpu_s32',))\n")
+    (tmp_path / "mystudy.py").write_text("from marin_ablate.ablations.studies import smoke\n\n"
+                                         "study = smoke(rungs=('cpu_s32',))\n")
     monkeypatch.chdir(tmp_path)
     # every run fails at once in setup (its first tensor cannot be allocated)
     # (the design's runs: the LR profile before them would stop the study first, naming its folder)
@@ -130,7 +132,7 @@ def test_the_status_hint_after_a_failed_study_named_by_path_works(tmp_path, caps
 
 
 def test_every_gpu_rung_puts_one_ep_shard_on_each_gpu_and_a_rung_that_cannot_tile_is_refused():
-    from ablations.ladders import GPU_RUNGS, _gpu
+    from marin_ablate.ablations.ladders import GPU_RUNGS, _gpu
 
     assert {n: (r.gpus, r.model().ep_shards) for n, r in GPU_RUNGS.items()} == {
         "d512": (8, 8), "d768": (8, 8), "d1024": (16, 16), "d1536": (32, 32), "d2048": (64, 64)}
@@ -141,9 +143,9 @@ def test_every_gpu_rung_puts_one_ep_shard_on_each_gpu_and_a_rung_that_cannot_til
 
 
 def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anything_is_written(tmp_path, capsys):
-    from ablations import get_study
-    from sweeps.executors import ExecOptions, SlurmOptions
-    from sweeps.sweep import check_layouts, planned_runs, study_resources
+    from marin_ablate.ablations import get_study
+    from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions
+    from marin_ablate.sweeps.sweep import check_layouts, planned_runs, study_resources
 
     study = get_study("marin535")
     runs = planned_runs(study, tmp_path)

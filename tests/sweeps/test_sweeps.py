@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from ablations.designs import full_factorial
-from ablations.ladders import Rung
-from ablations.studies import Study
-from marin.config import DataConfig
-from sweeps.executors import ExecOptions, SlurmOptions, validate
-from sweeps.progress import Progress, format_counts
-from sweeps.runs import (
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import Rung
+from marin_ablate.ablations.studies import Study
+from marin_ablate.marin.config import DataConfig
+from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions, validate
+from marin_ablate.sweeps.progress import Progress, format_counts
+from marin_ablate.sweeps.runs import (
     RunLock,
     RunTask,
     atomic_write_json,
@@ -27,9 +27,9 @@ from sweeps.runs import (
     read_json,
     write_run_files,
 )
-from sweeps.state import probe, select
-from sweeps.sweep import planned_runs, run_study
-from sweeps.tuning import fit_profile, lr_grid
+from marin_ablate.sweeps.state import probe, select
+from marin_ablate.sweeps.sweep import planned_runs, run_study
+from marin_ablate.sweeps.tuning import fit_profile, lr_grid
 
 
 def tiny_study(factors=("xsa",), steps: int = 3, name: str = "tiny", data: DataConfig = DataConfig()) -> Study:
@@ -123,7 +123,8 @@ def test_run_lock_keeps_a_second_process_out(tmp_path):
     assert lock.acquire()
     assert not RunLock(run.dir).acquire() and probe(run.dir).state == "running"  # a second claim here
     assert RunLock(run.dir).held_elsewhere()  # probing does not drop the held lock
-    probe_src = ("import sys; from sweeps.runs import RunLock; from sweeps.state import probe; "
+    probe_src = ("import sys; from marin_ablate.sweeps.runs import RunLock; "
+                 "from marin_ablate.sweeps.state import probe; "
                  f"print(RunLock({str(run.dir)!r}).acquire(), probe({str(run.dir)!r}).state)")
     out = subprocess.run([sys.executable, "-c", probe_src], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "running"]
@@ -203,7 +204,7 @@ def test_lr_profile_finds_an_interior_optimum_and_flags_the_edge():
 
 
 def test_tune_records_trials_in_a_journal_and_a_rerun_reuses_them(tmp_path):
-    from sweeps.tuning import TuneOptions, tune_study, tuned_multipliers
+    from marin_ablate.sweeps.tuning import TuneOptions, tune_study, tuned_multipliers
 
     study = tiny_study(steps=2)
     opts = ExecOptions(executor="debug")
