@@ -193,7 +193,7 @@ class AnalyzeOptions(FitOptions):
 
 
 def _import(args: AnalyzeOptions) -> int:
-    """`analyze --import.table FILE`: the table into a study folder (what `marin-ablate import` did)."""
+    """`analyze --import.table FILE`: the table into a study folder."""
     import json
 
     from marin_ablate.analysis.io.importer import import_file

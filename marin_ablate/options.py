@@ -304,6 +304,19 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     return _build(cls, ns, "", given, items)
 
 
+def known_flags(cls: type) -> set[str]:
+    """Every flag the parser of `cls` accepts: options, section switches and section fields (the spec overrides
+    `--model.F=V` ... are checked by `spec_overrides`)."""
+    _, dests = parser_for(cls)
+    out = {"-h", "--help"}
+    for dest, (path, f) in dests.items():
+        if dest.startswith("S:"):
+            out.add(f"--{_dashed(path)}")
+        elif not option_meta(f).get("positional"):
+            out.add(_flag(f.name, dest[: len(dest) - len(f.name)]))
+    return out
+
+
 def flags_of(obj: Any, cls: type | None = None, prefix: str = "") -> list[str]:
     """The command-line tokens that give `obj`'s non-default options (its spec items included)."""
     cls = cls or type(obj)
@@ -334,4 +347,5 @@ def flags_of(obj: Any, cls: type | None = None, prefix: str = "") -> list[str]:
     return out
 
 
-__all__ = ["RENAMED", "allowed_text", "flags_of", "parse", "parser_for", "refuse_renamed", "spec_overrides"]
+__all__ = ["RENAMED", "allowed_text", "flags_of", "known_flags", "parse", "parser_for", "refuse_renamed",
+           "spec_overrides"]
