@@ -63,7 +63,7 @@ def refuse_renamed(argv: Sequence[str], command: str) -> None:
         if isinstance(new, dict):
             new = new.get(command, new.get("*"))
         if new is not None:
-            raise ValueError(f"{flag} was renamed; use {new} (README 'Command line')")
+            raise ValueError(f"{flag} was renamed; use {new} (docs/cli.md)")
 
 
 def _dashed(prefix: str) -> str:
@@ -293,7 +293,7 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
         head = tok.split("=", 1)[0]
         sec = head[2:].split(".", 1)[0] if head.startswith("--") else ""
         if "_" in sec and _dashed(sec) in sections:  # a section is spelled with dashes, its fields as named
-            raise ValueError(f"{head} was renamed; use --{_dashed(sec)}{head[2 + len(sec):]} (README 'Command line')")
+            raise ValueError(f"{head} was renamed; use --{_dashed(sec)}{head[2 + len(sec):]} (docs/cli.md)")
         if head.startswith("--") and "." in head and sec not in sections:
             allowed = [*(f"--{s}.F=V" for s in (option_meta(sf)["spec"] if sf is not None else ())),
                        *(f"--{s}.FIELD" for s in sections)]
