@@ -92,6 +92,11 @@ class PinnedLaw:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PinnedLaw":
+        if isinstance(d, dict) and "cov" in d and not d.get("valley"):
+            raise ValueError(f"pinned reference law: no `valley` (written by the former straight-ellipse rule); "
+                             f"allowed: a {LAW_FILE} with its accepted (L∞, α) pairs: run `marin-ablate run` on the "
+                             "study again (it refits the cached ladder, its runs reused), or analyze with "
+                             "--no-pinned-law")
         try:
             cov = np.asarray(d["cov"], float).reshape(2, 2)
             valley = tuple((float(a), float(b)) for a, b in d.get("valley", ()))
@@ -140,7 +145,7 @@ PROFILE_XTOL = 1e-4
 VALLEY_POINTS = 9
 
 
-def _profile(C, L, seeds, free, key: str, created: str, level: float) -> PinnedLaw:
+def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var: float | None = None) -> PinnedLaw:
     """The ladder's profile likelihood over L∞ in [0, smallest loss): at each L∞, α, A and the seed
     shifts refitted. A pair (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df (the
     F(1, df) test, RSS_min the free fit's where it converges, df the ladder's residual df) and α stays
@@ -148,7 +153,8 @@ def _profile(C, L, seeds, free, key: str, created: str, level: float) -> PinnedL
     bisection between the grid's neighbours; the law is the accepted pair of least RSS (the free fit
     where it lies in range), with α's conditional covariance; the valley is VALLEY_POINTS accepted pairs
     from end to end. It follows the likelihood's curved valley, so every pair on it fits the ladder;
-    a straight ellipse's ends need not. No accepted pair: ValueError."""
+    a straight ellipse's ends need not. No accepted pair: ValueError. `noise_var`: a run's noise variance
+    stated rather than measured (`predicted_reference`: RSS_min/df replaced by it, α's variance noise_var·(JᵀJ)⁻¹)."""
     from scipy import optimize, stats
 
     from marin_ablate.analysis.fit.joint import fit_joint
@@ -179,11 +185,16 @@ def _profile(C, L, seeds, free, key: str, created: str, level: float) -> PinnedL
     if dof <= 0:
         raise ValueError(f"{span}: {len(L)} runs leave no residual df; allowed: more rungs or seeds")
     q = float(stats.t.ppf(0.5 + level / 2, dof))
-    allow = q * q * rss0 / dof
+    allow = q * q * (rss0 / dof if noise_var is None else noise_var)
+
+    def var_alpha(f) -> float:
+        i = f.names.index("alpha")
+        if noise_var is not None:
+            return noise_var * float(np.linalg.pinv(f.jac.T @ f.jac)[i, i])
+        return float(_larger_cov(f, [i])[0, 0])
 
     def se_alpha(f) -> float:
-        i = f.names.index("alpha")
-        return float(np.sqrt(max(f.cov[i, i], np.nan_to_num(f.cov_model[i, i]), 0.0)))
+        return float(np.sqrt(max(var_alpha(f), 0.0)))
 
     def accepted(v: float) -> bool:
         f = at(v)
@@ -226,11 +237,26 @@ def _profile(C, L, seeds, free, key: str, created: str, level: float) -> PinnedL
     pts = sorted({*np.linspace(lo_v, hi_v, VALLEY_POINTS).tolist(), best})
     pts = [v for v in pts if accepted(v)]
     law = at(best)
-    i = law.names.index("alpha")
     cov = np.zeros((2, 2))
-    cov[1, 1] = _larger_cov(law, [i])[0, 0]
+    cov[1, 1] = var_alpha(law)
     return PinnedLaw(float(best), law.alpha, cov, law.A, float(C.min()), float(C.max()), len(L), dof, key, created,
                      valley=tuple((float(v), at(v).alpha) for v in pts))
+
+
+def predicted_reference(C, law: tuple[float, float, float], noise_var: float, *, seeds=None,
+                        level: float = 0.95) -> PinnedLaw:
+    """The law `fit_reference` would pin on a ladder at computes C (seeds: each run's) drawn from the law
+    (L∞, A, α) with noise of variance `noise_var` per run, before it is run (the precision planner,
+    analysis/calibration/precision.py): the same profile on the noise-free losses, with the noise stated."""
+    from marin_ablate.analysis.fit.joint import fit_joint
+
+    C = np.asarray(C, float)
+    linf, A, alpha = law
+    L = linf + A * C ** (-alpha)
+    several = seeds is not None and len(set(np.asarray(seeds).tolist())) > 1
+    seeds = np.asarray(seeds) if several else None
+    free = fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=seeds)
+    return _profile(C, L, seeds, free, "", "", level, noise_var=noise_var)
 
 
 def read_pinned(study_dir: str | Path) -> PinnedLaw | None:

@@ -249,6 +249,10 @@ def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
     (tmp_path / "reference_law.json").write_text("{\"linf\": 2.0}")
     with pytest.raises(ValueError, match="pinned reference law: field 'cov' missing or malformed"):
         read_pinned(tmp_path)
+    # the former straight-ellipse rule wrote no valley: refused, naming how to refit it
+    (tmp_path / "reference_law.json").write_text(json.dumps({**law.to_dict(), "valley": []}))
+    with pytest.raises(ValueError, match="no `valley` \\(written by the former straight-ellipse rule\\); allowed: "):
+        read_pinned(tmp_path)
 
 
 @pytest.mark.parametrize("source", ["profile", "tuned", "heuristic"])
