@@ -246,7 +246,7 @@ def _verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
 
 
-#: How each family of Findings verdicts is controlled (docs/method.md, "Which family the verdicts control"):
+#: How each family of Findings verdicts is controlled (docs/method.md, "Verdict families"):
 #: Holm's step-down at family-wise error 1 − level, within each family on its own.
 FAMILY_METHOD = "holm"
 #: The family of record (the question the study asks: what each component does to quality per FLOP), and

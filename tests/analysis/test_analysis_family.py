@@ -1,5 +1,5 @@
 """The Findings verdicts fall in families, each under Holm's step-down method on its own (analysis/report/findings.py,
-docs/method.md "Which family the verdicts control"): quality (the family of record), throughput and wall-clock,
+docs/method.md "Verdict families"): quality (the family of record), throughput and wall-clock,
 scale trends. A verdict the unadjusted interval alone would make is withheld when Holm does not reject it within its
 family, the report says which family each verdict belongs to, a lone factor's TOTAL is counted once, and under a
 null truth at most 5% of simulated studies show any false verdict in a family."""
