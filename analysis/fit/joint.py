@@ -182,9 +182,10 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
               clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
               pin_valley: tuple = (), envelope: bool = False) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
-    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's, analysis/fit/reflaw.py): added
-    to every parameter's covariance by the delta method, so the pins' uncertainty reaches each effect.
-    pin_valley: the (L∞, α) pairs a ladder that fixes only the slope accepts (`valley_term`).
+    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's α across its valley,
+    analysis/fit/reflaw.py): added to every parameter's covariance (`pin_term`), so the pins' uncertainty
+    reaches each effect.
+    pin_valley: the (L∞, α) pairs the ladder's profile likelihood accepts (`valley_term`).
     envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
     covariance to span the fits at each L∞ the data accept (`_curvature_term`).
     warm_only: start from `start` alone (a profile's refits move the optimum only a little).
@@ -353,7 +354,8 @@ def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarra
 
 
 def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-    """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
+    """The pinned (L∞, α)'s covariance in every parameter (a reference ladder's: α's variance across its valley,
+    analysis/fit/reflaw.py; along the valley is `valley_term`'s): refit with the pins at both ends of each
     principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
     parameters' shift at the end that moves the effects more (and the same over (linf, ln a, alpha)). Where
     the fit is linear in the pins this is the delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster

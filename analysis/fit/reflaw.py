@@ -4,15 +4,16 @@ A design's rungs span too little compute (8x on CPU) to fix the law's curvature:
 study then fit laws whose local slopes, and so every multiplier, differ by large factors. Marin pins
 its law (L∞, α) from a separate compute-optimal baseline sweep over a wide span; so does this
 harness: `sweeps/reference.py` runs the baseline arm on `Study.reference_rungs` once per machine and
-configuration, this module fits L = L∞ + A·C^(−α) on it with the covariance of (L∞, α), and the
-study's analysis pins both, refits A and every effect on its own runs, and adds the pinned
-parameters' covariance to every effect by the delta method (analysis/fit/joint.py `fit_joint(pin_cov=)`).
+configuration, this module fits L = L∞ + A·C^(−α) on it, and the study's analysis pins (L∞, α), refits
+A and every effect on its own runs, and carries the pins' uncertainty into every effect.
 
-A ladder whose loss does not bend (every CPU ladder: 64x of compute is a near-straight line in ln C)
-fixes the law's local slope but not its curvature: every L∞ in a wide range fits, each with its own α,
-and they agree on dL/dln C over the ladder's span to a few percent. Such a ladder pins the law along
-that profile (`PinnedLaw.valley`: the accepted (L∞, α) pairs): the study fits at its best pair and
-every multiplier's interval reaches its value at both ends of the valley (analysis/fit/joint.py `valley_term`).
+One mechanism for every ladder: the profile likelihood over L∞ (α, A refitted at each value), whose
+accepted pairs (`PinnedLaw.valley`) follow the likelihood's curved valley. A ladder that sees its loss
+bend accepts a short arc; one whose loss does not bend (every CPU ladder: 64x of compute is a
+near-straight line in ln C) fixes the local slope but not the curvature and accepts every L∞ down to 0,
+each with its own α, all agreeing on dL/dln C over the ladder's span. Either way the study fits at the
+best pair and every multiplier's interval reaches its value at both ends of the valley
+(analysis/fit/joint.py `valley_term`), plus α's spread across it (`pin_term`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class PinnedLaw:
 
     linf: float
     alpha: float
-    cov: np.ndarray  # 2x2 over (linf, alpha): the larger of HC3 and s²(JᵀJ)⁻¹ (by trace)
+    cov: np.ndarray  # 2x2 over (linf, alpha): α's variance at the pinned L∞ (the spread across the valley)
     A: float
     c_lo: float  # compute span of the ladder (FLOPs)
     c_hi: float
@@ -42,8 +43,9 @@ class PinnedLaw:
     key: str = ""  # what determines it: a hash of the ladder's run ids
     created: str = ""  # UTC date the ladder's fit was written
     source: str = ""  # the cached file it was copied from
-    # The (L∞, α) pairs of the ladder's profile that its data accept, by L∞, where the ladder fixes the
-    # slope but not the curvature; empty where it identifies both (then `cov` is the whole spread).
+    # The (L∞, α(L∞)) pairs of the ladder's profile likelihood that its data accept, by L∞: the spread along
+    # the valley. A law built in code with none carries `cov` alone; a file without one is the former
+    # straight-ellipse rule's (refused by `from_dict`).
     valley: tuple[tuple[float, float], ...] = ()
 
     @property
@@ -59,7 +61,8 @@ class PinnedLaw:
         return float(np.sqrt(max(self.cov[i, i], 0.0)))
 
     def ci(self, name: str, level: float = 0.95) -> tuple[float, float]:
-        """The parameter's interval: t on the ladder's df, spanning the valley where there is one."""
+        """The parameter's interval: the valley's span (L∞: its profile-likelihood interval), widened by t on the
+        ladder's df times the spread across it (α)."""
         from scipy import stats
 
         q = float(stats.t.ppf(0.5 + level / 2, max(self.dof, 1)))
