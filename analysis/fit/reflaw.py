@@ -77,12 +77,12 @@ class PinnedLaw:
     def describe(self) -> str:
         """One line: what the ladder pinned and over what span (the run, the analysis and the report say it)."""
         span = f"{self.n} baseline runs over {self.c_lo:.3g}..{self.c_hi:.3g} FLOPs"
-        (l0, a0), (l1, a1) = (self.valley or ((self.linf, self.alpha),))[0], (self.valley or ((0.0, 0.0),))[-1]
-        if l0 > 0.0 or not self.valley:  # the profile closes above L∞ = 0: the ladder bounds the curvature
+        if not self.valley or self.valley[0][0] > 0.0:  # the profile closes above L∞ = 0: the curvature is bounded
             lo, hi = self.ci("linf"), self.ci("alpha")
             return (f"L∞ = {self.linf:.4g} [{lo[0]:.4g}, {lo[1]:.4g}], α = {self.alpha:.4g} [{hi[0]:.4g}, {hi[1]:.4g}] "
                     f"(the L∞ its profile likelihood accepts, α refitted along it: {span}); every multiplier's "
                     "interval reaches its value at both ends")
+        (l0, a0), (l1, a1) = self.valley[0], self.valley[-1]
         return (f"its local slope, not its curvature ({span} do not fix how the loss bends): every L∞ from {l0:.4g} "
                 f"to {l1:.4g} fits, with α from {a0:.4g} to {a1:.4g}; fitted at L∞ = {self.linf:.4g}, "
                 f"α = {self.alpha:.4g}; every multiplier's interval reaches its value at both ends")
