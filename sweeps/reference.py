@@ -77,6 +77,8 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
     key = reference_key(specs)
     cdir = cache_root() / key
     cached = read_json(cdir / LAW_FILE)
+    if cached is not None and not cached.get("valley"):  # the former straight-ellipse fit: refit on its runs
+        cached = None
     if cached is None:
         runs = plan_runs(specs, cdir)
         run_planned(runs, cdir, opts, resources=study_resources(study), label=f"{study.name} reference law",
