@@ -190,6 +190,16 @@ def test_fast_ladder_batches_are_marins_128_128_256_512_1024():
         {"d512": 128, "d768": 128, "d1024": 256, "d1536": 512, "d2048": 1024}
 
 
+def test_fast_ladder_trains_marins_2385_6930_9270_steps_at_60_tokens_per_active_parameter():
+    # Marin experiments/grug/fast_track/README.md results (MoE, 60 TPP): steps 2,385 / 6,930 / 9,270 and
+    # tokens 1.25B / 3.63B / 9.72B at batch 128 / 128 / 256 of 4,096 tokens (launch.py MOE_TPP,
+    # `_h100_ladder_rung` baseline_batch; steps = round(60 x active / tokens per step))
+    for name, steps, tokens_b in (("d512", 2385, 1.25), ("d768", 6930, 3.63), ("d1024", 9270, 9.72)):
+        r = GPU_RUNGS[name]
+        assert r.steps() == steps and r.tokens() == steps * r.batch_size * 4096, name
+        assert round(r.tokens() / 1e9, 2) == tokens_b, name
+
+
 def test_hero_and_ladder_split_kv_heads_four_to_one_local_and_eight_to_one_global():
     for name, (kv, kvg) in {"d768": (1, 1), "d1024": (2, 1), "d2048": (4, 2), "hero_535b": (12, 6)}.items():
         cfg = preset(name)
