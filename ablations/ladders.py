@@ -286,6 +286,26 @@ HERO_RUNGS: dict[str, Rung] = {
     **{f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()},
 }
 
+@dataclass(frozen=True)
+class PublishedLaw:
+    """A ladder's law L = L∞ + A·C^(−α) as its authors state it (C = training FLOPs): a study that pins it
+    reads every multiplier through its L∞ and α, as the authors read theirs (`sweeps.reference.pin_published`)."""
+
+    linf: float
+    alpha: float
+    A: float
+    c_lo: float  # the compute span it was fitted on
+    c_hi: float
+    n: int  # runs it was fitted on
+    source: str
+
+
+#: Marin's fast ladder (experiments/grug/fast_track/README.md "Scaling law": the four MoE rungs d512..d1280,
+#: Paloma macro loss, L∞ pinned at 1.2): the law its hold-one-feature-out Sc/Sw numbers are read through
+FAST_LADDER_LAW = PublishedLaw(1.2, 0.0842, 58.67, 3.5e17, 4.3e19, 4,
+                               "Marin's fast ladder, L = 1.2 + 58.67·C^(−0.0842) (experiments/grug/fast_track/"
+                               "README.md, MoE rows, Paloma macro loss)")
+
 #: The ladder families: a study's rungs come from one (analysis/calibration/precision.py proposes its other rungs).
 LADDERS: dict[str, dict[str, Rung]] = {"cpu": CPU_RUNGS, "gpu": GPU_RUNGS, "hero": HERO_RUNGS}
 RUNGS: dict[str, Rung] = {name: r for family in LADDERS.values() for name, r in family.items()}

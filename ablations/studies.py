@@ -14,6 +14,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
 - hero_gpu, hero_node, hero_rack  GB200: the smoke runs before the full job, 200 steps at the hero's
               per-GPU shape on 1 GPU, one 4-GPU tray and one rack (fewer layers: docs/hero.md).
+- holdout     GPU: Marin's hold-one-feature-out (the recipe, then each feature removed alone) at d512/d768,
+              read through Marin's fast-ladder law (ablations/holdout.py, docs/holdout.md).
 
 No torch import.
 """
@@ -21,6 +23,7 @@ No torch import.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -32,6 +35,7 @@ from marin_ablate.ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa
 from marin_ablate.ablations.ladders import (
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
+    PublishedLaw,
     Rung,
     flops_per_token,
     ladder,
@@ -72,6 +76,7 @@ class Study:
     # reference law's L∞ and α (docs/method.md §4.1, *Pinned reference law*); () fits it on the design.
     reference_rungs: tuple[str, ...] = ()
     reference_seeds: tuple[int, ...] = (0,)  # the ladder's seeds (each its own init and data order)
+    published_law: PublishedLaw | None = None  # a stated law whose L∞ and α the analysis pins instead
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factors", resolve_factors(self.factors))
@@ -267,6 +272,7 @@ class Study:
             "executor": dict(self.executor),
             "cost": cost,
             "companions": list(self.companions),
+            **({"published_law": to_dict(self.published_law)} if self.published_law is not None else {}),
         }
         if self.hero is not None:
             out["hero"] = self.hero.describe(self._grid[(self.rungs[0].name, self.seeds[0], 0)])
@@ -532,6 +538,7 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
+    "holdout": lambda **kw: importlib.import_module("marin_ablate.ablations.holdout").holdout(**kw),  # builds on Study
     # the smoke runs before the full job, first to last (README "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)

@@ -103,9 +103,11 @@ def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
                          f"this machine's {ram / 2**30:.1f} GiB; allowed values here: an integer in 0..{most}")
 
 
-def _ofat_or_none(args, table: pd.DataFrame):
+def _ofat_or_none(args, table: pd.DataFrame, study_dir: Path | None = None):
     """The one-factor-at-a-time analysis when the runs (or --design ofat) call for it, else None
-    (the factorial analysis), with the reason for a pooled design noted on the console."""
+    (the factorial analysis), with the reason for a pooled design noted on the console. Without --pin-*
+    values the study folder's pinned law gives L∞ and α (a baseline ladder's, or a published one: the
+    `holdout` study reads every arm through Marin's fast-ladder law, as Marin reads its own)."""
     from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
 
     kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
@@ -122,8 +124,14 @@ def _ofat_or_none(args, table: pd.DataFrame):
     if getattr(args, "target", None) is not None:
         raise ValueError("--target: a one-factor-at-a-time study is reported per rung, not extrapolated; "
                          "allowed values: omit --target, or --design factorial")
-    return analyze_ofat(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A,
-                        star=star or find_star(table))
+    pins, law = dict(pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A), _pinned(args, study_dir)
+    if law is not None and args.pin_A is None:
+        pins.update(pin_linf=law.linf, pin_alpha=law.alpha)
+    a = analyze_ofat(table, **pins, star=star or find_star(table))
+    if law is not None and args.pin_A is None:
+        a.notes.insert(0, f"L∞ = {law.linf:.4g} and α = {law.alpha:.4g} pinned from the study folder's law: "
+                          f"{law.source or 'reference_law.json'} (--no-pinned-law fits them on the baseline's runs)")
+    return a
 
 
 def _pinned(args, study_dir: Path | None):
@@ -228,7 +236,7 @@ def cmd_analyze(argv: list[str]) -> int:
     out = Path(args.report_dir) if args.report_dir else study_dir / "report"
     if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --report-dir when given
         print(f"wrote {write_table(table, (out if args.report_dir else study_dir) / 'results.parquet')}")
-    ofat = _ofat_or_none(args, table)
+    ofat = _ofat_or_none(args, table, study_dir)
     if ofat is not None:
         return _report_ofat(ofat, table, study_dir, out)
     a = _analyze(args, table, args.target, study_dir)

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
@@ -104,6 +106,18 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
         atomic_write_json(cdir / LAW_FILE, law.to_dict())
     else:
         law = PinnedLaw.from_dict(cached)
+    sdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sdir / LAW_FILE, law.to_dict())
+    return law
+
+
+def pin_published(study: Any, sdir: Path) -> PinnedLaw:
+    """Copy a study's published law (`Study.published_law`, e.g. Marin's fast-ladder law) to
+    `sdir/reference_law.json` as a pinned law with no covariance of its own: its authors state none, and
+    reading every arm through their L∞ and α is what makes the multipliers theirs to compare."""
+    p = study.published_law
+    law = PinnedLaw(p.linf, p.alpha, np.zeros((2, 2)), p.A, p.c_lo, p.c_hi, p.n, max(p.n - 2, 0), key="published",
+                    created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), source=p.source)
     sdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sdir / LAW_FILE, law.to_dict())
     return law
