@@ -40,7 +40,8 @@ HOLDOUTS: tuple[HoldOut, ...] = (
             "384 experts top-8 at width d with half the expert hidden, no latent projections"),
     # Marin's drop_muonh routes the MuonH groups to AdamH at the same heuristic rates: not LR-coupled
     # here either (every arm at the heuristic), so no per-level profile runs before the design
-    HoldOut("no_muonh", Factor("optimizer", field="recipe.optimizer", levels={"adamh": "adamh", "hyperball": "hyperball"}),
+    HoldOut("no_muonh",
+            Factor("optimizer", field="recipe.optimizer", levels={"adamh": "adamh", "hyperball": "hyperball"}),
             "drop_muonh", "AdamH on every hyperball matrix at MuonH's rate (route_muonh_to_adamh)"),
     HoldOut("no_attn_gate", Factor("attn_gate", field="model.attn_gate", levels={"off": False, "on": True}),
             "drop_attn_gate", "no headwise attention gate"),
