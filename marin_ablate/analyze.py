@@ -12,7 +12,7 @@ from typing import ClassVar
 import pandas as pd
 
 from marin_ablate import options
-from marin_ablate.analysis.io.importer import COLUMNS
+from marin_ablate.analysis.io.importer import COLUMNS, LAYOUTS
 from marin_ablate.analysis.ofat import DESIGNS
 from marin_ablate.marin import plugins
 from marin_ablate.marin.fields import SEED, option
@@ -161,6 +161,10 @@ class ImportSection:
 
     table: str | None = option(None, metavar="FILE", help="a .csv or .json table, one row per run (required)")
     study: str | None = option(None, help="study name (none: FILE's name without its suffix)")
+    layout: str = option("runs", choices=tuple(LAYOUTS),
+                         help="runs: one row per run in the import schema; marin_holdout: Marin's hold-one-feature-"
+                              "out table (ablation, rung, loss[, tokens_per_s]) as the holdout study's arms, its "
+                              "fast-ladder law pinned (docs/holdout.md)")
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def _import(args: AnalyzeOptions) -> int:
     if args.study is not None:
         raise ValueError(f"STUDY {args.study!r} with --import.table: the import writes a study folder (--study-dir); "
                          f"allowed: `analyze --import.table {args.imports.table}`, then `analyze DIR`")
-    out = import_file(args.imports.table, args.study_dir, args.imports.study)
+    out = import_file(args.imports.table, args.study_dir, args.imports.study, args.imports.layout)
     for note in json.loads((out / "import.json").read_text()).get("notes", []):
         print(f"note: {note}")
     n = sum(1 for _ in (out / "runs").iterdir())

@@ -17,9 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
+from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference, published
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
 from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
@@ -113,11 +111,8 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
 
 def pin_published(study: Any, sdir: Path) -> PinnedLaw:
     """Copy a study's published law (`Study.published_law`, e.g. Marin's fast-ladder law) to
-    `sdir/reference_law.json` as a pinned law with no covariance of its own: its authors state none, and
-    reading every arm through their L∞ and α is what makes the multipliers theirs to compare."""
-    p = study.published_law
-    law = PinnedLaw(p.linf, p.alpha, np.zeros((2, 2)), p.A, p.c_lo, p.c_hi, p.n, max(p.n - 2, 0), key="published",
-                    created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), source=p.source)
+    `sdir/reference_law.json` (analysis/fit/reflaw.py `published`)."""
+    law = published(study.published_law, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     sdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sdir / LAW_FILE, law.to_dict())
     return law
