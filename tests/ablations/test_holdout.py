@@ -36,7 +36,8 @@ def test_holdout_arms_are_the_recipe_then_each_feature_removed_alone_at_marins_l
                        "no_latent": {"recipe.latent_moe": "full_width"},  # Marin's drop_latent
                        "no_muonh": {"recipe.optimizer": "adamh"},  # Marin's drop_muonh: AdamH on the hyperball
                        "no_attn_gate": {"model.attn_gate": False}, "no_gated_norm": {"model.gated_norm": "off"},
-                       "full_rope_local": {"model.rope_fraction": 1.0}, "no_qk_norm": {"recipe.qk_norm": "learned_gain"},
+                       "full_rope_local": {"model.rope_fraction": 1.0},
+                       "no_qk_norm": {"recipe.qk_norm": "learned_gain"},
                        "no_qb": {"recipe.router_balance": "switch_aux"}, "no_ragged": {"recipe.ep_transport": "fixed"}}
     # Marin's fast-track rungs: batch 128, 2,385 / 6,930 steps; every arm at the heuristic LRs (not LR-coupled)
     assert [(r.name, r.batch_size, r.steps()) for r in s.rungs] == [("d512", 128, 2385), ("d768", 128, 6930)]
