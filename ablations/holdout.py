@@ -18,7 +18,7 @@ from typing import Sequence
 from marin_ablate.ablations.designs import arms
 from marin_ablate.ablations.factors import Factor, recipe_factor
 from marin_ablate.ablations.ladders import FAST_LADDER_LAW, ladder, ladder_family
-from marin_ablate.ablations.studies import _CPU_EXECUTOR, _GPU_DATA, H100, Study, _gpu_executor
+from marin_ablate.ablations.studies import CPU_EXECUTOR, GPU_DATA, H100, Study, gpu_executor
 from marin_ablate.marin.config import DataConfig, Recipe
 
 
@@ -85,7 +85,7 @@ def holdout(rungs: Sequence[str] = ("d512", "d768"), seeds: Sequence[int] = (0,)
     design = arms(names, rows, labels=("recipe", *(h.arm for h in HOLDOUTS)))
     rs = ladder(tuple(rungs))
     cpu = ladder_family([r.name for r in rs]) is ladder_family(["cpu_s"])
-    data, executor, hardware = (DataConfig(), _CPU_EXECUTOR, None) if cpu else (_GPU_DATA, _gpu_executor(), H100)
+    data, executor, hardware = (DataConfig(), CPU_EXECUTOR, None) if cpu else (GPU_DATA, gpu_executor(), H100)
     return Study("holdout", "Marin's hold-one-feature-out: the recipe, then each feature removed alone "
                  f"({n + 1} arms), read through Marin's fast-ladder law", tuple(h.factor for h in HOLDOUTS), design,
                  rs, tuple(seeds), data, Recipe(), executor, hardware, True, ("marin535",),
