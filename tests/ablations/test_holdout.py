@@ -105,6 +105,7 @@ def test_plan_holdout_prints_its_arms_and_their_gpu_cost(tmp_path, capsys):
     assert main(["plan", "holdout", *data]) == 0
     text = capsys.readouterr().out
     assert "arms (11): recipe, no_xsa, no_sconv, no_latent, no_muonh, no_attn_gate" in text
+    assert "reference law: L∞ = 1.2 and α = 0.0842 pinned from Marin's fast ladder" in text
     assert main(["plan", "holdout", "--json", *data]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["n_runs"], r["gpus"]) for r in d["rungs"]] == [("d512", 11, 8), ("d768", 11, 8)]
