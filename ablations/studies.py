@@ -539,7 +539,7 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
     "noise": noise,
     "hero": hero,
     "holdout": lambda **kw: importlib.import_module("marin_ablate.ablations.holdout").holdout(**kw),  # builds on Study
-    # the smoke runs before the full job, first to last (README "Before a hero run"), each 200 steps
+    # the smoke runs before the full job, first to last (docs/gpu.md, "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)
     "hero_gpu": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_gpu", "ep_size": 1,

@@ -4,7 +4,7 @@ Everything else follows from `RECIPE_FACTOR_SPECS`: `marin.config.Recipe` (its f
 validation), `RECIPE_LEVELS`, `BASELINE_LEVELS`, `FACTORS`, `MODEL_FACTORS`, `QUALITY_FACTORS`, the
 registered `ablations.factors.RECIPE_FACTORS` and, through each run's metadata, the ±1 coding the
 analysis reads. Adding a recipe factor is one row here plus the visible branch in the model
-(README "Adding a factor"). Pure Python; never imports torch.
+(docs/extending.md, "Adding a factor"). Pure Python; never imports torch.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
             plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
-                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, "
+                     f".parquet or .csv, a .csv in the import schema (docs/importing.md), or a name under "
+                     f"${STUDY_ROOTS_ENV}, "
                      f"studies/, runs/, results/ (tried {', '.join(map(str, cands))})")
 
 
@@ -184,7 +185,7 @@ class AnalyzeOptions(FitOptions):
     epilog: ClassVar[str] = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
                              "analyze --import.table FILE` writes it), its results.parquet, a results .csv in the "
                              "same schema, or a study name. Results from elsewhere: `--import.table FILE` first "
-                             "(README). The table's columns: "
+                             "(docs/importing.md). The table's columns: "
                              + "; ".join(f"{c}{' (required)' if req else ''}: {what}"
                                          for c, (req, what) in COLUMNS.items())
                              + "; every other column is a factor, its values the arm's levels.")
@@ -205,7 +206,7 @@ class AnalyzeOptions(FitOptions):
 
 
 def _import(args: AnalyzeOptions) -> int:
-    """`analyze --import.table FILE`: the table into a study folder (what `marin-ablate import` did)."""
+    """`analyze --import.table FILE`: the table into a study folder."""
     import json
 
     from marin_ablate.analysis.io.importer import import_file

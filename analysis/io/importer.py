@@ -1,5 +1,5 @@
-"""`marin-ablate analyze --import.table FILE`: results from elsewhere (a CSV or JSON table) -> a study folder (README
-"Importing results from elsewhere", docs/method.md §4.8).
+"""`marin-ablate analyze --import.table FILE`: results from elsewhere (a CSV or JSON table) -> a study folder
+(docs/importing.md "Importing results from elsewhere", docs/method.md §4.8).
 
 Every row is validated before anything is written; an error is one line naming the row (1 = the first
 data row), the column and the allowed values. The study folder is the run-directory format `collect`
