@@ -232,6 +232,9 @@ def cmd_plan(argv: list[str]) -> int:
         print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
               + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
               + (f"; {row['state']}" if row.get("state") else ""))
+    if d.get("published_law"):
+        law = d["published_law"]
+        print(f"reference law: L∞ = {law['linf']:g} and α = {law['alpha']:g} pinned from {law['source']}")
     ex = d["execution"]
     print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
                                               else "runs at once as the scheduler allows"))

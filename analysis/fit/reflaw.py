@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,14 @@ class PinnedLaw:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"pinned reference law: field {e} missing or malformed; allowed: the file "
                              f"`marin-ablate run` writes ({LAW_FILE})") from None
+
+
+def published(p: Any, created: str = "") -> PinnedLaw:
+    """A published law (`ablations.ladders.PublishedLaw`: L∞, α, A, its span and runs, its source) as a pinned
+    law with no covariance of its own (its authors state none): reading every arm through their L∞ and α is
+    what makes a multiplier theirs to compare."""
+    return PinnedLaw(float(p.linf), float(p.alpha), np.zeros((2, 2)), float(p.A), float(p.c_lo), float(p.c_hi),
+                     int(p.n), max(int(p.n) - 2, 0), key="published", created=created, source=str(p.source))
 
 
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
