@@ -115,9 +115,10 @@ class PinnedLaw:
 def published(p: Any, created: str = "") -> PinnedLaw:
     """A published law (`ablations.ladders.PublishedLaw`: L∞, α, A, its span and runs, its source) as a pinned
     law with no covariance of its own (its authors state none): reading every arm through their L∞ and α is
-    what makes a multiplier theirs to compare."""
+    what makes a multiplier theirs to compare. Its valley is that one pair."""
     return PinnedLaw(float(p.linf), float(p.alpha), np.zeros((2, 2)), float(p.A), float(p.c_lo), float(p.c_hi),
-                     int(p.n), max(int(p.n) - 2, 0), key="published", created=created, source=str(p.source))
+                     int(p.n), max(int(p.n) - 2, 0), key="published", created=created, source=str(p.source),
+                     valley=((float(p.linf), float(p.alpha)),))
 
 
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
