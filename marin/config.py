@@ -410,6 +410,10 @@ class TrainConfig:
 
 
 TOKENIZERS = ("byte", "bpe")
+#: The train stream's order (marin/data/shards.py, marin/data/index.py): "documents" orders every document by
+#: sha256(seed:epoch:uid) when a rank opens the corpus (~150 bytes per document per rank); "indexed" reads the
+#: index `data prepare` wrote and permutes fixed windows per (seed, epoch): flat in the corpus size (the hero)
+SHUFFLES = ("documents", "indexed")
 
 
 @dataclass(frozen=True)
@@ -435,10 +439,12 @@ class DataConfig:
     # corpus) is cut to its first int(n · run tokens / this) sequences and read round and round, so it
     # repeats as often as in a run of this many tokens (Marin's hero ladder: 18.75T); 0: off
     simulated_epoching_target: int = 0
+    shuffle: str = "documents"  # SHUFFLES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
+        check_level("DataConfig", "shuffle", self.shuffle, SHUFFLES)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 "
                                                          "(256 bytes plus at least one merge)"),

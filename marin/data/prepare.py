@@ -496,7 +496,11 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
     metas = [_shard_paths(out, i)["meta.json"] for i in range(n_shards)]
     if not all(m.is_file() for m in metas):
         return None
-    return _write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
+    manifest = _write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
+    from marin_ablate.marin.data.index import build_index
+
+    build_index(out, log=log)  # the loader index DataConfig.shuffle="indexed" reads (marin/data/index.py)
+    return manifest
 
 
 def _read_job(path: Path) -> dict | None:
