@@ -41,7 +41,7 @@ from marin_ablate.ablations.ladders import (
     ladder,
     params_active,
 )
-from marin_ablate.marin.config import FACTORS, DataConfig, Recipe, RunSpec, preset, to_dict
+from marin_ablate.marin.config import FACTORS, ContextStage, DataConfig, Recipe, RunSpec, preset, to_dict
 from marin_ablate.marin.schema import FactorCoding, RunMeta
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +441,12 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
+#: The hero's context extension (docs/fidelity.md "context extension"): 4k -> 16k -> 65k as Marin's write-up of
+#: the run, at 90% and 95% of the steps as Marin's extension plan (no change to the LR schedule), tokens per
+#: step held (11,264 -> 2,816 -> 704 sequences), the q multiplier by Marin's rule 1.3·(1 + 0.2·ln(L/4096))
+HERO_CONTEXT_STAGES = (ContextStage(0.90, 16_384), ContextStage(0.95, 65_536))
+
+
 #: The step at which Marin's hero switched its gate/router weight decay on (docs/fidelity.md "gate/router decay")
 HERO_GATE_ROUTER_DECAY_START = 58_014
 
@@ -491,7 +497,8 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  # nothing on the host, the optimizer steps on the GPU
                                  "replica_groups": ep_groups,
                                  # Marin's hero switched the gate/router decay on mid-run (the ladder: step 0)
-                                 "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START})
+                                 "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START,
+                                 "context_stages": HERO_CONTEXT_STAGES, "context_q_rule": "marin"})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     shape = f"{ep_groups} x EP{ep_size}" + (f", {model.n_layers} layers" if n_layers else "")
@@ -500,7 +507,9 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                  DataConfig(corpus=corpus, tokenizer="bpe", bpe_vocab=model.vocab_size,
                             # Marin's phased mixture on the embedded domains; a cluster corpus names its own
                             mixture=HERO_MIXTURE if corpus == "embedded" else (),
-                            mixture_block=HERO_MIXTURE_BLOCK if corpus == "embedded" else 0), Recipe(),
+                            mixture_block=HERO_MIXTURE_BLOCK if corpus == "embedded" else 0,
+                            # a web-scale corpus: each rank reads the pre-built loader index (marin/data/index.py)
+                            shuffle="indexed"), Recipe(),
                  {"executor": "slurm", "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}, None,
                  False, (), plan)
 

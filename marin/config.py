@@ -299,6 +299,12 @@ MIXED_PRECISIONS = ("none", "bf16")
 OFFLOADS = ("none", "cpu")
 
 
+#: Context extension's query multiplier at a stage of length L (base length L0): q × (1 + c·ln(L/L0)), c by rule:
+#: "yarn" 0.1 (YaRN's attention scale, Peng et al. 2023, arXiv 2309.00071 eq. 20); "marin" 0.2 (the rule
+#: Marin's extension runs used: 1.3·(1 + 0.2·ln 4) = 1.66 at 4k -> 16k; docs/fidelity.md "context extension")
+CONTEXT_Q_RULES = {"yarn": 0.1, "marin": 0.2}
+
+
 @dataclass(frozen=True)
 class ContextStage:
     """From `start_frac` of training on, train at `seq_len` (tokens per step held constant)."""
@@ -354,6 +360,7 @@ class TrainConfig:
     spike_window: int = 50  # a spike: loss > spike_factor * running median of the last spike_window
     spike_factor: float = 1.5
     context_stages: tuple[ContextStage, ...] = ()
+    context_q_rule: str = "yarn"  # CONTEXT_Q_RULES: the q multiplier's growth with the stage's length
     precision: str = "fp32"
     mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
     # Rack-local sharding (HSDP): the world as this many replicas ("racks") of world/replica_groups
@@ -389,6 +396,7 @@ class TrainConfig:
               f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
               f"precision={self.precision!r}; allowed values with it: 'none'")
         check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
+        check_level(o, "context_q_rule", self.context_q_rule, tuple(CONTEXT_Q_RULES))
         check_level(o, "offload", self.offload, OFFLOADS)
         check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
               "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")

@@ -100,12 +100,16 @@ def cmd_run(argv: list[str]) -> int:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from marin_ablate.sweeps.tuning import read_profile
 
-    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile)
+    from marin_ablate.sweeps.tuning import profile_skipped
+
+    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not profile_skipped(study)
             and not read_profile(args.out, study.name)):
         raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
                          "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
     mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,
                          profile=not args.no_profile, overrides=args.overrides)
+    if prov.get("lr_profile_skipped"):
+        print(f"{study.name}: no LR profile: {prov['lr_profile_skipped']}", flush=True)
     if prov["lr_source"] == "profile":
         print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
     from marin_ablate.analysis.fit.reflaw import LAW_FILE

@@ -161,3 +161,23 @@ def test_a_cached_law_of_the_former_ellipse_rule_is_refitted_from_its_finished_r
     assert isinstance(law, PinnedLaw) and len(law.valley) >= 3 and law.created != "then"
     assert read_json(cdir / LAW_FILE)["valley"] == [list(v) for v in law.valley]
     assert read_json(tmp_path / "study" / LAW_FILE)["valley"] == [list(v) for v in law.valley]
+
+
+
+def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_and_says_why(tmp_path):
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.sweeps.tuning import PROFILE_MAX_RUN_FLOPS, lr_plan, profile_cost, profile_skipped
+
+    hero = get_study("hero")
+    assert hero.lr_coupled  # it would profile: the gate, not the study, stops it
+    why = profile_skipped(hero)
+    assert "hero_535b" in why and f"{PROFILE_MAX_RUN_FLOPS:.0e}" in why and "heuristic" in why
+    assert profile_cost(hero) is None
+    mult, prov = lr_plan(hero, tmp_path, None)
+    assert mult is None and prov == {"lr_source": "heuristic", "lr_profile_skipped": why}
+    assert not (tmp_path / "hero").exists()  # nothing ran or was written
+    from marin_ablate.plan import _before_design
+
+    assert sum(r["runs"] for r in _before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
+    for name in ("smoke", "marin535"):  # studies whose profile rung is under the threshold still profile
+        assert profile_skipped(get_study(name)) is None and profile_cost(get_study(name))["runs"] > 0
