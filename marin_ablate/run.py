@@ -98,9 +98,7 @@ def cmd_run(argv: list[str]) -> int:
     check_layouts(planned, opts, study_resources(study))
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
-    from marin_ablate.sweeps.tuning import read_profile
-
-    from marin_ablate.sweeps.tuning import profile_skipped
+    from marin_ablate.sweeps.tuning import profile_skipped, read_profile
 
     if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not profile_skipped(study)
             and not read_profile(args.out, study.name)):

@@ -282,12 +282,12 @@ def format_time_model(tm: dict) -> str:
                   f"{s['steps']:,} steps of {s['step_point_s']:.1f} s ({s['step_s'][0]:.1f}-{s['step_s'][1]:.1f}), "
                   f"MFU {s['mfu_point']:.1%}, q multiplier x{s['q_scale']:.3f}" for s in tm["stages"]]
     if "restart" in tm:
-        rs = tm["restart"]
+        rs, gbps = tm["restart"], a["storage_gbps"][1]
         lines.append(f"  restarts: {rs['count']} requeues of the job chain, each {rs['seconds'][1] / 60:.0f} min "
                      f"({rs['seconds'][0] / 60:.0f}-{rs['seconds'][2] / 60:.0f}: startup, the checkpoint's "
-                     f"{rs['state_bytes'] / 1e12:.1f} TB read in {rs['load_s']:.0f} s at {a['storage_gbps'][1]:.0f} GB/s, "
+                     f"{rs['state_bytes'] / 1e12:.1f} TB read in {rs['load_s']:.0f} s at {gbps:.0f} GB/s, "
                      f"compile {a['compile_s'][1]:.0f} s; no random init), {rs['days']:.1f} days in all; a save "
-                     f"is assumed to write in {rs['save_s']:.0f} s at {a['storage_gbps'][1]:.0f} GB/s (async: staged "
+                     f"is assumed to write in {rs['save_s']:.0f} s at {gbps:.0f} GB/s (async: staged "
                      "to host memory first)")
     e = a["efficiency"]
     lines.append(f"  efficiency {e[1]:.0%} ({e[0]:.0%}-{e[2]:.0%}) of {a['peak_flops'] / 1e15:.1f} PFLOP/s is Marin's, "
