@@ -21,6 +21,11 @@ holds one rank's items; metadata is not committed). `Discipline` watches every o
 - an op whose meta kernel refuses its operands (a dtype mismatch of bf16 compute against fp32 state, a
   shape that does not match) fails naming the op and the caller. bf16 autocast itself is a region
   marker only (`AutocastStandIn`): the step's bf16 comes from FSDP2's mixed precision.
+Every collective is also recorded in order as (op, group, shapes, dtypes), and the rehearsed ranks are
+compared (`compare_ranks`): where they share a group their sequences must be equal, and every rank issues
+the same sequence of collectives on its own groups of each size (SPMD); the first differing call fails,
+named, as it would hang both ranks on NCCL until the watchdog. Host reads are counted per step and bounded
+by HOST_READS_PER_STEP (each one stalls the step until the GPU drains). Each context stage trains a step.
 Kernels that cannot run on CPU keep device, dtype and shape through a stand-in and are listed: the
 Triton kernels (torch's ops), compiled flex attention (sdpa), torch.compile (eager), ragged EP's split
 read (even splits, `marin.ep_exchange.read_splits`). Width is narrowed (`planning.dryrun.narrowed`); the
@@ -50,8 +55,36 @@ _COPIES = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default, _ate
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
 
 
+#: Host reads of device values allowed per step (each waits for the GPU to drain): dist_forward_backward's
+#: logged statistics and loss/grad-norm reads (~10), the router statistic, ragged EP's split read per MoE
+#: layer pass; above it the rehearsal fails naming the call sites (docs/hero.md "The rehearsal").
+HOST_READS_PER_STEP = 24
+
+
 class RehearsalError(RuntimeError):
     """The step would fail on a GPU: one line naming the call and its caller."""
+
+
+#: Rooted collectives: which of their tensors is this rank's own part (c10d::gather_(outputs, inputs, group,
+#: root, ...): the root alone passes the gathered list; scatter_ mirrors it), compared across ranks with the root
+_ROOTED = {"c10d::gather_": slice(-1, None), "c10d::scatter_": slice(0, 1)}
+
+
+def _group_ranks(args, kwargs) -> tuple[int, ...]:
+    """The ranks of the process group a collective's arguments name (a c10d ProcessGroup object, or a
+    functional collective's group name); () when none is found."""
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
+            except RuntimeError:  # a ReduceOp, not a group
+                continue
+        if isinstance(a, str):
+            try:
+                return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(a)))
+            except (ValueError, RuntimeError, KeyError):
+                continue
+    return ()
 
 
 def _caller() -> str:
@@ -80,6 +113,8 @@ class Discipline(TorchDispatchMode):
         self.host_reads: Counter[str] = Counter()
         self.transfers: Counter[str] = Counter()  # accelerator -> host copies that are not reads (offload)
         self.collectives: Counter[str] = Counter()
+        # every collective in order: (op, group ranks, shapes, dtypes, caller) -- compared across ranks
+        self.calls: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -92,6 +127,10 @@ class Discipline(TorchDispatchMode):
                                      "process group serves only the accelerator, as NCCL serves only cuda "
                                      "(No backend type associated with device type cpu)")
             self.collectives[f"{func.name()} ({'host' if host else 'accelerator'})"] += 1
+            own = _ROOTED.get(func.name(), slice(None))  # a rooted op: the root alone holds the peers' buffers
+            name = func.name() + (f" (root {args[3]})" if func.name() in _ROOTED else "")
+            self.calls.append((name, _group_ranks(args, kwargs), tuple(tuple(t.shape) for t in tensors[own]),
+                               tuple(str(t.dtype).removeprefix("torch.") for t in tensors[own]), _caller()))
             return func(*args, **kwargs)
         if func is _aten._local_scalar_dense.default and tensors[0].device == ACCEL:
             self.host_reads[_caller()] += 1
@@ -289,6 +328,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from marin_ablate.marin.kernels import torch_ops
     from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout
     from marin_ablate.marin.train.loop import Trainer
+    from marin_ablate.marin.train.stages import apply_q_scale
     from marin_ablate.planning.dryrun import forget_meshes, start_rank
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal")
@@ -325,7 +365,10 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
             trainer = Trainer(spec, run_dir, stages, ACCEL, d, time.perf_counter())
             trainer.main = True
             where = {n: p.device.type for n, p in list(trainer.model.named_parameters())[:1]}
-            _, loss, _, gnorm, _, _ = trainer.train_step(stages[0])
+            for stage in stages:  # one step at each context stage's shape and q multiplier
+                trainer.st.step = stage.start_step
+                apply_q_scale(trainer.model, stage.q_scale)
+                trainer.train_step(stage)
             ckpt = _save_checkpoint(trainer, groups, run_dir / "checkpoints" / "rehearsal")
         local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
     finally:
@@ -340,12 +383,57 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     return {"rank": rank, "backend": backend, "experts_per_rank": local[0] if local else 0,
             "param_device": next(iter(where.values()), ""), "checkpoint": ckpt,
             "host_reads": dict(mode.host_reads), "transfers": dict(mode.transfers),
-            "collectives": dict(mode.collectives), "seconds": time.perf_counter() - t0}
+            "collectives": dict(mode.collectives), "calls": mode.calls, "steps": len(stages),
+            "stages": [(s.seq_len, s.batch_size) for s in stages], "seconds": time.perf_counter() - t0}
 
 
-def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False, **narrow) -> dict:
-    """Part (c): the first and last rank (each in a fresh process) through `rehearse_rank`; `ok` false
-    with `error` naming the call that fails (a GPU would fail there too)."""
+def _call(c: tuple, shared: bool) -> str:
+    op, ranks, shapes, dtypes, caller = c
+    group = f"{'the shared' if shared else 'its'} group of {len(ranks)} rank(s)"
+    return f"{op} on {group}, {', '.join(f'{d}{list(s)}' for s, d in zip(shapes, dtypes, strict=True))} from {caller}"
+
+
+def compare_ranks(rows: list[dict]) -> str | None:
+    """None when the rehearsed ranks' collective sequences agree, else one line naming the first call that
+    differs (module docstring): first on the groups two ranks share (a mismatch there hangs both), then on
+    each rank's own groups, compared by group size (the same program on every rank)."""
+    for a, b in zip(rows, rows[1:]):
+        ra, rb = a["rank"], b["rank"]
+        sa = [c for c in a["calls"] if rb in c[1]]
+        sb = [c for c in b["calls"] if ra in c[1]]
+        for label, xa, xb, key in (("a group they share", sa, sb, lambda c: c[:4]),
+                                   ("groups of the same size", a["calls"], b["calls"],
+                                    lambda c: (c[0], len(c[1]), c[2], c[3]))):
+            for k in range(max(len(xa), len(xb))):
+                ca = xa[k] if k < len(xa) else None
+                cb = xb[k] if k < len(xb) else None
+                if ca is None or cb is None or key(ca) != key(cb):
+                    shared = label.startswith("a group")
+                    da = _call(ca, shared) if ca else "nothing (its sequence ended)"
+                    db = _call(cb, shared) if cb else "nothing (its sequence ended)"
+                    return (f"ranks {ra} and {rb} diverge at collective #{k + 1} on {label}: rank {ra} issues {da}; "
+                            f"rank {rb} issues {db}. On NCCL both would wait until the watchdog's timeout")
+    return None
+
+
+def host_read_budget(rows: list[dict], budget: int = HOST_READS_PER_STEP) -> str | None:
+    """None when every rehearsed rank reads at most `budget` device values per step, else one line with the
+    count and the call sites."""
+    for r in rows:
+        per_step = sum(r["host_reads"].values()) / max(1, r["steps"])
+        if per_step > budget:
+            sites = ", ".join(f"{s} (x{n})" for s, n in sorted(r["host_reads"].items(), key=lambda x: -x[1])[:5])
+            return (f"rank {r['rank']}: {per_step:.1f} host reads of device values per step, above "
+                    f"HOST_READS_PER_STEP={budget} (each waits for the GPU to drain): {sites}")
+    return None
+
+
+def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False,
+             rank_fn=None, **narrow) -> dict:
+    """Part (c): the first and last rank (each in a fresh process) through `rank_fn` (default
+    `rehearse_rank`), their collective sequences compared and their host reads bounded; `ok` false
+    with `error` naming the call that fails (a GPU would fail or hang there too)."""
+    rank_fn = rank_fn or rehearse_rank
     from marin_ablate.planning.dryrun import in_fresh_process
 
     t0 = time.perf_counter()
@@ -354,10 +442,12 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
     rows, error = [], None
     try:
         for r in ranks:
-            rows.append(in_fresh_process(rehearse_rank, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
+            rows.append(in_fresh_process(rank_fn, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
                                           host_backend))
     except RehearsalError as e:
         error = str(e)
+    if error is None:
+        error = compare_ranks(rows) or host_read_budget(rows)
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "ok": error is None, "error": error,
             "stand_ins": subs, "offload": spec.train.offload, "precision": small.train.precision,
             "mixed_precision": small.train.mixed_precision, "d_model": small.model.d_model,
@@ -374,10 +464,13 @@ def format_rehearsal(rep: dict) -> str:
     out = [head] + [f"  stand-in: {s}" for s in rep["stand_ins"]]
     for r in rep["rows"]:
         out.append(f"  rank {r['rank']:>5}: {r['experts_per_rank']} experts, parameters on {r['param_device']}, "
-                   f"{sum(r['collectives'].values())} collectives, {r['seconds']:.1f} s")
+                   f"{r['steps']} step(s) (seq_len, sequences: {', '.join(map(str, r['stages']))}), "
+                   f"{sum(r['collectives'].values())} collectives, "
+                   f"{sum(r['host_reads'].values()) / max(1, r['steps']):.1f} host reads per step "
+                   f"(budget {HOST_READS_PER_STEP}), {r['seconds']:.1f} s")
         out += [f"    host read stood in: {site} (x{n})" for site, n in sorted(r["host_reads"].items())]
         out.append(f"    checkpoint: {r['checkpoint']}")
-    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save" if rep["ok"]
-               else f"  FAIL: {rep['error']}")
+    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save; the ranks' collective "
+               "sequences agree" if rep["ok"] else f"  FAIL: {rep['error']}")
     out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)
