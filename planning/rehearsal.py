@@ -397,7 +397,7 @@ def compare_ranks(rows: list[dict]) -> str | None:
     """None when the rehearsed ranks' collective sequences agree, else one line naming the first call that
     differs (module docstring): first on the groups two ranks share (a mismatch there hangs both), then on
     each rank's own groups, compared by group size (the same program on every rank)."""
-    for a, b in zip(rows, rows[1:]):
+    for a, b in zip(rows, rows[1:], strict=False):
         ra, rb = a["rank"], b["rank"]
         sa = [c for c in a["calls"] if rb in c[1]]
         sb = [c for c in b["calls"] if ra in c[1]]

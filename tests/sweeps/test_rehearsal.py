@@ -119,8 +119,9 @@ def test_the_rehearsal_fails_naming_the_first_collective_only_one_rank_issues(tm
     spec, world, ep = _hero_node()
     rep = rehearse(spec, world, ep, tmp_path, rank_fn=_rank_where_only_rank_0_reduces_once_more)
     assert not rep["ok"]
-    assert re.search(r"ranks 0 and 3 diverge at collective #1 on a group they share: rank 0 issues c10d::allreduce_ on "
-                     r"the shared group of 4 rank\(s\), float32\[1\] from .*test_rehearsal.py", rep["error"]), rep["error"]
+    assert re.search(r"ranks 0 and 3 diverge at collective #1 on a group they share: rank 0 issues "
+                     r"c10d::allreduce_ on the shared group of 4 rank\(s\), float32\[1\] from .*test_rehearsal.py",
+                     rep["error"]), rep["error"]
     assert "watchdog" in rep["error"]
 
 
