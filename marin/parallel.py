@@ -312,12 +312,14 @@ def apply_fsdp(model: nn.Module, groups: EPGroups, cfg: ShardingConfig = Shardin
 
 
 def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: torch.device | str = "cpu",
-                        cfg: ShardingConfig = ShardingConfig(), transport: str | None = None,
+                        cfg: ShardingConfig = ShardingConfig(), transport: str | None = None, init: bool = True,
                         **model_kw) -> nn.Module:
     """The hero's construction: MarinModel on the meta device (no weight is allocated), EP slice of the
     experts, FSDP2 of everything, then only this rank's shards allocated on `device` and initialised
-    by `init_weights` (the same global weights as `init_weights` of a one-process model, same seed).
-    `model_kw` go to MarinModel (activation_checkpoint, loss_chunk_tokens)."""
+    by `init_weights` (the same global weights as `init_weights` of a one-process model, same seed);
+    `init=False` leaves the shards allocated but undrawn, for a checkpoint load to fill (a requeued rank
+    never draws its 8.15B-element expert slice only to overwrite it). `model_kw` go to MarinModel
+    (activation_checkpoint, loss_chunk_tokens)."""
     from marin_ablate.marin.model import MarinModel
 
     with torch.device("meta"):
@@ -325,7 +327,8 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
     shard_experts(model, groups, transport)
     apply_fsdp(model, groups, cfg)
     model.to_empty(device=device)
-    init_weights(model, seed, groups)
+    if init:
+        init_weights(model, seed, groups)
     return model
 
 

@@ -363,6 +363,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
         # backward in this thread: the modes are thread-local (a device thread would not see them)
         with mode, torch.autograd.set_multithreading_enabled(False):
             trainer = Trainer(spec, run_dir, stages, ACCEL, d, time.perf_counter())
+            trainer.init_model()  # a fresh start (`Trainer.start` without its directory bookkeeping)
             trainer.main = True
             where = {n: p.device.type for n, p in list(trainer.model.named_parameters())[:1]}
             for stage in stages:  # one step at each context stage's shape and q multiplier

@@ -224,3 +224,27 @@ def test_metrics_also_reach_tensorboard_and_offline_wandb_when_asked(tmp_path, m
     assert len(tb) == 4 and tb.keys() == jsonl.keys() and all(math.isclose(tb[s], jsonl[s], rel_tol=1e-6) for s in tb)
     offline = list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{spec.run_id}/*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_a_requeued_run_loads_its_checkpoint_without_drawing_random_weights(tmp_path, monkeypatch):
+    """A resumed run builds on meta, materialises, and loads: the random initialiser (marin.parallel's
+    blocked_trunc_normal_, which init_weights draws every matrix with) is never called for it, and it
+    ends where an uninterrupted run ends; a fresh start draws every matrix."""
+    from marin_ablate.marin import parallel
+
+    spec = RunSpec(model=TINY, train=_fast(6, checkpoint_every=3))
+    ref = train(spec, tmp_path / "ref")
+    assert train(spec, tmp_path / "cut", stop_after=3)["status"] == "interrupted"
+    drawn: list[str] = []
+    real = parallel.blocked_trunc_normal_
+
+    def counting(p, name, *a, **kw):
+        drawn.append(name)
+        return real(p, name, *a, **kw)
+
+    monkeypatch.setattr(parallel, "blocked_trunc_normal_", counting)
+    resumed = train(spec, tmp_path / "cut")
+    assert resumed["status"] == "completed" and drawn == []
+    assert resumed["loss_curve"] == ref["loss_curve"] and resumed["eval_macro_loss"] == ref["eval_macro_loss"]
+    train(spec, tmp_path / "fresh")  # the control: a fresh start draws its matrices through the same function
+    assert len(drawn) > 0 and "lm_head.weight" in drawn
