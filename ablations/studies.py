@@ -12,8 +12,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
 - hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
-- hero_gpu, hero_node, hero_rack  GB200: the smoke runs before the full job, 200 steps at the hero's
-              per-GPU shape on 1 GPU, one 4-GPU tray and one rack (fewer layers: docs/hero.md).
+- hero_gpu, hero_node, hero_rack, hero_2rack  GB200: the smoke runs before the full job, 200 steps at the
+              hero's per-GPU shape on 1 GPU, one 4-GPU tray, one rack and two racks (fewer layers: docs/hero.md).
 - holdout     GPU: Marin's hold-one-feature-out (the recipe, then each feature removed alone) at d512/d768,
               read through Marin's fast-ladder law (ablations/holdout.py, docs/holdout.md).
 
@@ -518,7 +518,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
 HERO_SEQS_PER_GPU = 16
 #: Smoke-run depths (docs/hero.md "Smoke runs"): one rack cannot hold the hero's 48 layers' training
 #: state (12 bytes per parameter over 64 GPUs: 93 GiB of expert state per rank before activations)
-HERO_SMOKE_LAYERS = {"hero_rack": 16, "hero_node": 4, "hero_gpu": 2}
+HERO_SMOKE_LAYERS = {"hero_2rack": 16, "hero_rack": 16, "hero_node": 4, "hero_gpu": 2}
 
 
 def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64"), ratio: int = 4,
@@ -557,6 +557,11 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
                                       "n_layers": HERO_SMOKE_LAYERS["hero_node"], **kw}),
     "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack",
                                       "n_layers": HERO_SMOKE_LAYERS["hero_rack"], **kw}),
+    # two racks (128 GPUs, HSDP over 2 replicas): the cross-rack code before the full job -- the expert
+    # slice ZeRO-sharded across racks, Newton-Schulz's cross-rack owner gather/scatter, the world-wide clip
+    # all-reduce and the replica all-reduce, none of which a one-rack smoke run has
+    "hero_2rack": lambda **kw: hero(**{"ep_groups": 2, "steps": 200, "name": "hero_2rack",
+                                       "n_layers": HERO_SMOKE_LAYERS["hero_2rack"], **kw}),
 }
 
 

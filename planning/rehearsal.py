@@ -297,12 +297,12 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     """This rank's DCP save as far as a fake group lets it go: the state dict, the save planner's local
     and (one-rank) global plan, and FileSystemWriter's write of this rank's items; what ran, in words."""
     from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     from marin_ablate.marin.ep import ep_state_dict
+    from marin_ablate.marin.parallel import save_planner
 
     sd = ep_state_dict(trainer.model, groups, trainer.opt)
-    planner = DefaultSavePlanner()
+    planner = save_planner()  # the trainer's: plan caching on
     planner.set_up_planner(sd, None, is_coordinator=True)
     writer = FileSystemWriter(str(path), thread_count=1, single_file_per_rank=True)
     writer.set_up_storage_writer(True)
