@@ -229,6 +229,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "HERO_EPOCHING_TARGET = 18_005_144_633_344"),)),
     M("simulated epoching", "the loader state forgets the cut (resume unchecked)",
       (("marin/data/shards.py", '"simulated_target", "simulated_lengths")', ")"),)),
+    M("context extension", "YaRN's 0.1 in place of Marin's 0.2",
+      (("marin/config.py", 'CONTEXT_Q_RULES = {"yarn": 0.1, "marin": 0.2}',
+        'CONTEXT_Q_RULES = {"yarn": 0.1, "marin": 0.1}'),)),
+    M("context extension", "the hero at 4k throughout",
+      (("ablations/studies.py", '"context_stages": HERO_CONTEXT_STAGES, "context_q_rule": "marin"})',
+        '"context_q_rule": "marin"})'),)),
 )
 
 

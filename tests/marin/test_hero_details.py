@@ -257,3 +257,22 @@ def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
         # the same widths as the fast ladder, about 13x the tokens per parameter
         fast = GPU_RUNGS[d]
         assert cfg.d_model == fast.model().d_model and r.tokens_per_active_param / fast.tokens_per_active_param > 13
+
+
+def test_the_hero_extends_its_context_4k_16k_65k_holding_tokens_per_step_with_marins_q_rule():
+    """Marin's hero: 4,096 -> 16,384 -> 65,536 tokens (its write-up), the extension at 90% and 95% of the
+    steps (Marin's extension plan), tokens per step held, q multiplied by 1.3·(1 + 0.2·ln(L/4096))."""
+    import math
+
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.marin.train import context_plan
+
+    (spec, _), = get_study("hero").runs()
+    stages = context_plan(spec)
+    assert [(s.start_step, s.seq_len, s.batch_size) for s in stages] == [
+        (0, 4096, 11_264), (351_226, 16_384, 2_816), (370_738, 65_536, 704)]
+    assert {s.seq_len * s.batch_size for s in stages} == {46_137_344}
+    total_q = [spec.model.qk_mult * s.q_scale for s in stages]
+    assert total_q == pytest.approx([1.3, 1.3 * (1 + 0.2 * math.log(4)), 1.3 * (1 + 0.2 * math.log(16))], abs=1e-12)
+    assert total_q[1] == pytest.approx(1.6604, abs=1e-4)  # Marin's 4k -> 16k extension arm's qk_mult
+    assert spec.data.shuffle == "indexed"
