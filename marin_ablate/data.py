@@ -58,7 +58,7 @@ ACTIONS = {"prepare": PrepareOptions, "verify": VerifyOptions, "index": IndexOpt
 def cmd_data(argv: list[str]) -> int:
     if not argv or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
-            print("usage: marin-ablate data {prepare,verify} ...\n\n" + "\n".join(
+            print(f"usage: marin-ablate data {{{','.join(ACTIONS)}}} ...\n\n" + "\n".join(
                 f"  {k:<8} {v.__doc__.splitlines()[0]}" for k, v in ACTIONS.items()))
             return 0
         raise ValueError(f"ACTION {argv[0] if argv else ''!r} is not known; allowed values: {', '.join(ACTIONS)}")

@@ -286,7 +286,7 @@ def format_time_model(tm: dict) -> str:
         lines.append(f"  restarts: {rs['count']} requeues of the job chain, each {rs['seconds'][1] / 60:.0f} min "
                      f"({rs['seconds'][0] / 60:.0f}-{rs['seconds'][2] / 60:.0f}: startup, the checkpoint's "
                      f"{rs['state_bytes'] / 1e12:.1f} TB read in {rs['load_s']:.0f} s at {gbps:.0f} GB/s, "
-                     f"compile {a['compile_s'][1]:.0f} s; no random init), {rs['days']:.1f} days in all; a save "
+                     f"compile {a['compile_s'][1]:.0f} s; no random init), {rs['days'] * 24:.0f} h in all; a save "
                      f"is assumed to write in {rs['save_s']:.0f} s at {gbps:.0f} GB/s (async: staged "
                      "to host memory first)")
     e = a["efficiency"]
