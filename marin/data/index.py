@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_ablate.marin.data.mixture import _splitmix64
+from marin_ablate.marin.data.mixture import splitmix64
 from marin_ablate.marin.data.prepare import read_manifest
 from marin_ablate.marin.schema import atomic_write_json, read_json_text
 
@@ -71,7 +71,7 @@ def feistel(i_N: np.ndarray, n: int, keys: list[np.uint64]) -> np.ndarray:
     def once(v: np.ndarray) -> np.ndarray:
         left, right = v >> shift, v & mask
         for k in keys:
-            left, right = right, left ^ (_splitmix64(right ^ k) & mask)
+            left, right = right, left ^ (splitmix64(right ^ k) & mask)
         return (left << shift) | right
 
     out = once(x)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_ablate.marin.data.prepare import FORMAT, _npy_bytes, _shard_paths, _write_manifest, token_dtype
+from marin_ablate.marin.data.prepare import FORMAT, npy_bytes, shard_paths, token_dtype, write_manifest
 from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json
 
 
@@ -29,14 +29,14 @@ def write_synthetic_corpus(out: str | Path, n_docs: int, *, seed: int = 0, max_l
         offsets = np.zeros(k + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = rng.integers(0, vocab, size=int(offsets[-1]), dtype=np.int64).astype(dtype).tobytes()
-        p = _shard_paths(out, i)
+        p = shard_paths(out, i)
         atomic_write_bytes(p["tokens.bin"], data)
-        off_bytes = _npy_bytes(offsets)
+        off_bytes = npy_bytes(offsets)
         atomic_write_bytes(p["offsets.npy"], off_bytes)
         names = list(domains) or [""]
         dom = (np.arange(lo, lo + k) % len(names)).astype(np.int32)
         if domains:
-            atomic_write_bytes(p["domain.npy"], _npy_bytes(dom))
+            atomic_write_bytes(p["domain.npy"], npy_bytes(dom))
         count = np.bincount(dom, minlength=len(names))
         tok = np.bincount(dom, weights=lengths, minlength=len(names)).astype(np.int64)
         meta = {"index": i, "rows": [lo, lo + k], "tokens": int(offsets[-1]), "documents": k, "skipped_empty": 0,
@@ -50,7 +50,7 @@ def write_synthetic_corpus(out: str | Path, n_docs: int, *, seed: int = 0, max_l
            "tokenizer": {"kind": "byte" if vocab == 256 else "synthetic", "vocab_size": vocab},
            "text_column": "text", "domain_column": "domain" if domains else None, "folder_domains": False,
            "id_column": None, "docs_per_shard": docs_per_shard, "rows": n_docs}
-    manifest = _write_manifest(out, job, metas)
+    manifest = write_manifest(out, job, metas)
     if index:
         from marin_ablate.marin.data.index import build_index
 
