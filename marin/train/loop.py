@@ -169,7 +169,6 @@ class Trainer:
         # global weights either way (layout-independent init). Built on meta and materialised, not drawn:
         # `start` loads a checkpoint into it, or draws the initial weights (`init_model`) when none loads
         self.model = model = _allocated(lambda: build_train_model(spec, device, pd.groups, init=False), spec, device)
-        self.initialised = False
         if pd.groups is not None:
             log.info("distributed:%s rank %d; FSDP2 sharded, mixed precision %s", pd.describe(), pd.rank,
                      t.mixed_precision)
@@ -241,7 +240,6 @@ class Trainer:
         """Draw the initial weights (a fresh start; never on a resume whose checkpoint loads)."""
         init_train_model(self.spec, self.model, self.pd.groups)
         check_sphere_norms(self.model.named_parameters(), self.model.param_roles(), self.hp)
-        self.initialised = True
 
     def start(self, resume: bool) -> None:
         """Resume from the newest usable checkpoint into the undrawn model, or draw it and start afresh
@@ -250,10 +248,8 @@ class Trainer:
         ckdir = self.run_dir / "checkpoints"
         found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world,
                              self.skipped, init=self.init_model) if resume else None
-        if found is None:
+        if found is None:  # a fresh start, or no checkpoint loads: the initial weights are drawn now
             self.init_model()
-        else:
-            self.initialised = True
         if found is not None:
             ck, meta = found
             self.st = LoopState(**meta["loop"])
