@@ -248,7 +248,8 @@ def cmd_plan(argv: list[str]) -> int:
                                if not k.startswith(("est_", "max_par"))))
     for row in d["before_design"]:
         cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
-        print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
+        at = f": {row['runs']} runs at {row['rungs']}" if row["runs"] else ""
+        print(f"before the design: {row['what']}{at}{cs}"
               + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
               + (f"; {row['state']}" if row.get("state") else ""))
     if d.get("published_law"):
