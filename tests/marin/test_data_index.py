@@ -134,3 +134,20 @@ def test_plan_refuses_a_corpus_whose_per_rank_document_index_would_not_fit(tmp_p
     assert f"{10**10 * DOC_INDEX_BYTES / 1e9:,.1f} GB" in msg and f"{HOST_LOADER_BUDGET_BYTES / 1e9:,.1f} GB" in msg
     with pytest.raises(ValueError, match="another manifest"):  # indexed: the index must be this manifest's
         check_epochs(epoch_rows([("hero", "cuda", 10**6, 256, str(root), 0, "indexed")]), allow_repeat=True)
+
+
+def test_an_indexed_run_resumed_mid_stream_equals_the_uninterrupted_run(tmp_path):
+    """The real loop on the embedded corpus read through its loader index (written on first use): a run
+    stopped at step 3 and resumed reads where it stopped and ends where the uninterrupted run ends."""
+    from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.train import train
+
+    spec = RunSpec(model=preset("tiny", ["seq_len=64"]), data=DataConfig(shuffle="indexed"),
+                   train=TrainConfig(steps=6, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
+                                     checkpoint_every=3, threads=1))
+    ref = train(spec, tmp_path / "ref")
+    assert train(spec, tmp_path / "cut", stop_after=3)["status"] == "interrupted"
+    resumed = train(spec, tmp_path / "cut")
+    assert resumed["status"] == "completed" and resumed["loss_curve"] == ref["loss_curve"]
+    documents = train(RunSpec(model=spec.model, train=spec.train), tmp_path / "documents")
+    assert documents["loss_curve"] != ref["loss_curve"]  # another order of the same corpus
