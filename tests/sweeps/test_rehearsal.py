@@ -143,3 +143,20 @@ def test_hero_node_ranks_issue_one_collective_sequence_over_every_context_stage(
     op, group, shapes, dtypes, caller = b["calls"][5]  # rank 3 with a rank-dependent shape at its 6th collective
     b["calls"][5] = (op, group, (shapes[0] + (1,), *shapes[1:]), dtypes, caller)
     assert "diverge at collective #6" in compare_ranks(rep["rows"])
+
+
+@pytest.mark.slow
+def test_hero_2rack_rehearses_the_cross_rack_collectives_and_its_ranks_agree(tmp_path):
+    """Two racks: the expert slice gathered/reduce-scattered across racks (groups of 2), Newton-Schulz's
+    cross-rack owners, the world-wide clip all-reduce (128 ranks) -- and ranks 0 and 127 issue one sequence."""
+    from marin_ablate.planning.rehearsal import rehearse
+
+    study = get_study("hero_2rack")
+    spec = study.runs()[0][0]
+    rep = rehearse(spec, study.hero.gpus, spec.model.ep_shards, tmp_path)
+    assert rep["ok"], rep["error"]
+    calls = rep["rows"][0]["calls"]
+    sizes = {(op, len(group)) for op, group, *_ in calls}
+    assert ("c10d::_allgather_base_", 2) in sizes and ("c10d::_reduce_scatter_base_", 2) in sizes  # across racks
+    assert any(op.startswith("c10d::gather_") and n == 2 for op, n in sizes)  # Newton-Schulz owner, across racks
+    assert ("c10d::allreduce_", 128) in sizes  # the world-wide clip norm
