@@ -163,7 +163,6 @@ def test_a_cached_law_of_the_former_ellipse_rule_is_refitted_from_its_finished_r
     assert read_json(tmp_path / "study" / LAW_FILE)["valley"] == [list(v) for v in law.valley]
 
 
-
 def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_and_says_why(tmp_path):
     from marin_ablate.ablations.studies import get_study
     from marin_ablate.sweeps.tuning import PROFILE_MAX_RUN_FLOPS, lr_plan, profile_cost, profile_skipped
