@@ -13,7 +13,8 @@ factors' true quality multipliers (Shapley, ln scale) change with scale in four 
 Every study goes through `analyze_table` and the backtest (analysis/fit/backtest.py). Per shape and k, over
 the k-rung fits' predictions at rung k + 1: how often the predicted interval covers the truth there, how often
 the backtest flags the prediction (not covered against the measured value), how often it flags the ones that
-miss the truth and the ones that cover it, and how often the predicted and measured verdicts agree.
+miss the truth and the ones that cover it, and how often the predicted and measured verdicts agree; with the
+report's interval (the union of the power and curved law forms' intervals) and with the power-law fit's own.
 """
 
 from __future__ import annotations
@@ -53,11 +54,18 @@ def planted_truth(rng: np.random.Generator, noise: float):
 
 def score_truth(rows: pd.DataFrame, truth) -> pd.DataFrame:
     """The backtest's next-rung predictions (target = k + 1, components only) with the truth at the target's
-    compute: truth, covers_truth (pred_lo ≤ truth ≤ pred_hi), flagged (the backtest's `covered` is False)."""
+    compute: truth, covers_truth (pred_lo ≤ truth ≤ pred_hi), flagged (the backtest's `covered` is False), and
+    the same two with the power-law fit's own interval (`_power`), before the union with the curved form's."""
+    from marin_ablate.analysis.fit.backtest import score
+
     r = rows[(rows["target"] == rows["k"] + 1) & (rows["component"] != "TOTAL")].copy()
     r["truth"] = [truth.shapley(c)[f] for c, f in zip(r["compute"], r["component"], strict=True)]
     r["covers_truth"] = (r["pred_lo"] <= r["truth"]) & (r["truth"] <= r["pred_hi"])
     r["flagged"] = r["covered"].map(lambda v: None if v is None else not v)
+    r["covers_truth_power"] = (r["pred_lo_power"] <= r["truth"]) & (r["truth"] <= r["pred_hi_power"])
+    pw = score(r.drop(columns=["pred_lo", "pred_hi"]).rename(columns={"pred_lo_power": "pred_lo",
+                                                                       "pred_hi_power": "pred_hi"}))
+    r["flagged_power"] = pw["covered"].map(lambda v: None if v is None else not v).to_numpy()
     return r
 
 
@@ -68,13 +76,20 @@ def tally(scored: pd.DataFrame) -> pd.DataFrame:
     d = scored[scored["flagged"].notna()]
     for (shape, k), g in d.groupby(["component", "k"], sort=False):
         miss, hit = g[~g["covers_truth"]], g[g["covers_truth"]]
+        pmiss = g[~g["covers_truth_power"]]
         out.append({"shape": shape, "fit": f"{k} rungs -> rung {k + 1}", "n": len(g),
                     "covers truth": g["covers_truth"].mean(), "flagged": g["flagged"].astype(bool).mean(),
                     "flagged | misses truth": miss["flagged"].astype(bool).mean() if len(miss) else np.nan,
                     "n misses": len(miss),
                     "flagged | covers truth": hit["flagged"].astype(bool).mean() if len(hit) else np.nan,
                     "verdicts agree": g["agree"].astype(float).mean(),
-                    "median |error vs truth|": float(np.median(np.abs(g["pred"] - g["truth"])))})
+                    "median |error vs truth|": float(np.median(np.abs(g["pred"] - g["truth"]))),
+                    "median half-width": float(np.median((g["pred_hi"] - g["pred_lo"]) / 2)),
+                    "power: covers truth": g["covers_truth_power"].mean(),
+                    "power: flagged | misses truth": (pmiss["flagged_power"].astype(bool).mean() if len(pmiss)
+                                                      else np.nan),
+                    "power: n misses": len(pmiss),
+                    "power: median half-width": float(np.median((g["pred_hi_power"] - g["pred_lo_power"]) / 2))})
     order = {s: i for i, s in enumerate(SHAPES)}
     return pd.DataFrame(out).sort_values(["shape", "fit"], key=lambda c: c.map(order) if c.name == "shape" else c,
                                          ignore_index=True)
@@ -108,13 +123,24 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 — a crash is a result: counted and named, the rest still runs
             crashed.append(f"study {i}: {type(e).__name__}: {e}")
     tab = tally(pd.concat(parts, ignore_index=True))
-    print("| shape | fit | n | covers truth [exact 95%] | backtest flags | flags when it misses the truth (n) | "
-          "flags when it covers | verdicts agree | median abs. ln error vs truth |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in tab.itertuples(index=False):
-        lo, hi = clopper_pearson(int(round(r[3] * r[2])), r[2])
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} [{lo:.3f}, {hi:.3f}] | {r[4]:.3f} | {r[5]:.3f} ({r[6]}) | "
-              f"{r[7]:.3f} | {r[8]:.3f} | {r[9]:.3f} |")
+    print("The report's interval (the power and curved law forms' union):")
+    print("| shape | fit | n | covers truth [exact 95%] | median half-width | backtest flags | flags when it misses "
+          "the truth (n) | flags when it covers | verdicts agree | median abs. ln error vs truth |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in tab.to_dict("records"):
+        lo, hi = clopper_pearson(int(round(r["covers truth"] * r["n"])), r["n"])
+        print(f"| {r['shape']} | {r['fit']} | {r['n']} | {r['covers truth']:.3f} [{lo:.3f}, {hi:.3f}] | "
+              f"{r['median half-width']:.3f} | {r['flagged']:.3f} | {r['flagged | misses truth']:.3f} "
+              f"({r['n misses']}) | {r['flagged | covers truth']:.3f} | {r['verdicts agree']:.3f} | "
+              f"{r['median |error vs truth|']:.3f} |")
+    print("\nThe power-law fit's own interval (before the union with the curved form's):")
+    print("| shape | fit | n | covers truth [exact 95%] | median half-width | flags when it misses the truth (n) |")
+    print("|---|---|---|---|---|---|")
+    for r in tab.to_dict("records"):
+        lo, hi = clopper_pearson(int(round(r["power: covers truth"] * r["n"])), r["n"])
+        print(f"| {r['shape']} | {r['fit']} | {r['n']} | {r['power: covers truth']:.3f} [{lo:.3f}, {hi:.3f}] | "
+              f"{r['power: median half-width']:.3f} | {r['power: flagged | misses truth']:.3f} "
+              f"({r['power: n misses']}) |")
     if crashed:
         print(f"analysis raised in {len(crashed)} studies: {'; '.join(crashed)[:500]}")
     print(f"{args.studies} studies, noise sd {args.noise} nats, {time.time() - t0:.0f} s")

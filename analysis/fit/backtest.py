@@ -3,7 +3,8 @@
 For a ladder of n ≥ 3 rungs (compute order), each k from `min_rungs` to n − 1 refits the whole analysis
 (`analysis/pipeline.py::analyze_table`) on the runs of rungs 1..k alone and extrapolates, through the
 fitted factor × log C terms, every component's quality multiplier (Shapley) and the TOTAL to the compute
-of each later rung j > k, with the interval the report gives an extrapolation. Each prediction is scored
+of each later rung j > k, with the interval the report gives an extrapolation (and, beside it, the power-law
+fit's own interval, before the union with the curved law form's). Each prediction is scored
 against the value measured at rung j, with its own interval: the paired per-rung estimate (each arm
 against the same rung's arm that differs in that component alone, through the law's local inverse:
 `checks.paired_per_rung`), or, where a fraction holds no such pair, rung j's runs analysed alone (main
@@ -211,6 +212,20 @@ def measured_at(raw: pd.DataFrame, full, rung: str, fit_kw: dict) -> pd.DataFram
     return out
 
 
+def power_interval(a, compute: float) -> pd.DataFrame:
+    """The power-law fit's own interval of each component's Shapley value (TOTAL too) at `compute`: what the
+    pipeline's extrapolation holds before it takes the union with the curved law form's interval
+    (`analyze_table`, docs/method.md §4.4). Index component; columns shapley_lo, shapley_hi."""
+    from marin_ablate.analysis.fit.attribution import component_table
+
+    name = law().name
+    fit = a.reduced.get(name, a.fits.get(name))
+    if fit is None:
+        return pd.DataFrame(columns=["shapley_lo", "shapley_hi"])
+    t = component_table(fit, float(np.log(compute / a.c_ref)), a.level)
+    return t.set_index("component")[["shapley_lo", "shapley_hi"]]
+
+
 def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -> Backtest:
     """Refit on rungs 1..k for k = min_rungs..n−1 and score each later rung's predictions (module docstring).
     `full`: the analysis of the whole table (its rungs, law and paired estimates); `fit_kw`: the options it
@@ -249,13 +264,17 @@ def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -
                              f"({'; '.join(n for n in a.notes if 'law' in n) or 'see the analysis notes'})")
                 break
             m = measured[rungs[j]].set_index("component")
+            pw = power_interval(a, computes[j])
             block = []
             for comp in m.index:
                 x = e.loc[comp] if comp in e.index else None
                 pr = (x["shapley"], x["shapley_lo"], x["shapley_hi"]) if x is not None else (np.nan,) * 3
+                pp = tuple(pw.loc[comp]) if comp in pw.index and x is not None and math.isfinite(pr[0]) \
+                    else (np.nan,) * 2
                 block.append({"k": k, "fit_rungs": ",".join(rungs[:k]), "target": j + 1, "target_rung": rungs[j],
                               "compute": computes[j], "component": comp,
                               "pred": pr[0], "pred_lo": pr[1], "pred_hi": pr[2],
+                              "pred_lo_power": pp[0], "pred_hi_power": pp[1],
                               "meas": m.loc[comp, "meas"], "meas_lo": m.loc[comp, "meas_lo"],
                               "meas_hi": m.loc[comp, "meas_hi"], "meas_source": m.loc[comp, "source"]})
             b = score(pd.DataFrame(block))
@@ -267,7 +286,7 @@ def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -
                           "tau": kendall_tau(comp_only["pred"].to_numpy(float), comp_only["meas"].to_numpy(float))})
     rows_df = pd.concat(rows, ignore_index=True) if rows else score(pd.DataFrame(
         columns=["k", "fit_rungs", "target", "target_rung", "compute", "component", "pred", "pred_lo", "pred_hi",
-                 "meas", "meas_lo", "meas_hi", "meas_source"], dtype=float))
+                 "pred_lo_power", "pred_hi_power", "meas", "meas_lo", "meas_hi", "meas_source"], dtype=float))
     unscored = rows_df[rows_df["covered"].isna()] if len(rows_df) else rows_df
     for x in unscored.itertuples():
         why = ("not measured there" if not math.isfinite(x.meas) else

@@ -151,7 +151,8 @@ def test_the_benchmark_tallies_truth_coverage_and_flags_as_counted_by_hand():
     c = [1e16, 1e18, 1e18, 1e18, 1e18]
     rows = score(_rows(k=[1, 2, 2, 2, 3], target=[2, 3, 4, 3, 4], component=["lin", "lin", "lin", "flip", "flip"],
                        compute=c, pred=[0.1, 0.2, 0.2, 0.15, 0.1], pred_lo=[0.0, 0.1, 0.1, 0.05, 0.0],
-                       pred_hi=[0.2, 0.3, 0.3, 0.25, 0.2], meas=[0.1, 0.2, 0.2, -0.2, 0.1],
+                       pred_hi=[0.2, 0.3, 0.3, 0.25, 0.2], pred_lo_power=[0.05, 0.15, 0.1, 0.1, 0.05],
+                       pred_hi_power=[0.15, 0.25, 0.3, 0.2, 0.15], meas=[0.1, 0.2, 0.2, -0.2, 0.1],
                        meas_lo=[0.0, 0.1, 0.1, -0.3, 0.0], meas_hi=[0.2, 0.3, 0.3, -0.1, 0.2]))
     s = bench.score_truth(rows, truth)
     assert list(s.index) == [0, 1, 3, 4]  # target k + 1 only
@@ -160,10 +161,18 @@ def test_the_benchmark_tallies_truth_coverage_and_flags_as_counted_by_hand():
                                             truth.shapley(1e18)["flip"], truth.shapley(1e18)["flip"]])
     assert list(s["covers_truth"]) == [True, True, False, False]
     assert list(s["flagged"]) == [False, False, True, False]
+    # the power-law interval: lin at 1e16 [0.05, 0.15] misses 0.0079; the flip row at k=2 is flagged again
+    # (e = 0.35 > √(0.1² + 0.1²)), the lin row at k=1 is not (e = 0 against the measured 0.1)
+    assert list(s["covers_truth_power"]) == [False, True, False, False]
+    assert list(s["flagged_power"]) == [False, False, True, False]
     t = bench.tally(s).set_index(["shape", "fit"])
     assert t.loc[("flip", "2 rungs -> rung 3"), "flagged | misses truth"] == 1.0
     assert t.loc[("flip", "3 rungs -> rung 4"), "flagged | misses truth"] == 0.0
     assert t.loc[("lin", "2 rungs -> rung 3"), "covers truth"] == 1.0
+    assert t.loc[("lin", "1 rungs -> rung 2"), "power: covers truth"] == 0.0
+    assert t.loc[("lin", "1 rungs -> rung 2"), "power: flagged | misses truth"] == 0.0
+    assert t.loc[("flip", "2 rungs -> rung 3"), "median half-width"] == pytest.approx(0.1)
+    assert t.loc[("flip", "2 rungs -> rung 3"), "power: median half-width"] == pytest.approx(0.05)
     assert t["n"].sum() == 4
 
 
