@@ -91,25 +91,28 @@ class Backtest:
     notes: list[str] = field(default_factory=list)
 
     def by_component(self) -> pd.DataFrame:
-        """Per component (TOTAL last): scored predictions, covered, decisions agreed, the median ratio error
-        exp|e|, and at the next rung (j = k + 1) of the widest fit its prediction, measurement and score."""
+        """Per component (TOTAL last): scored predictions, how many were covered, decisions agreed, and the
+        median ratio error exp|e|."""
         r = self.rows[self.rows["covered"].notna()]
         out = []
         for comp in dict.fromkeys(self.rows["component"]):
             g = r[r["component"] == comp]
-            nxt = g[(g["k"] == g["k"].max()) & (g["target"] == g["k"] + 1)] if len(g) else g
-            row = {"component": comp, "scored": len(g), "covered": int(g["covered"].sum()),
-                   "agreed": int(g["agree"].fillna(False).sum()),
-                   "median ratio error": float(np.exp(np.median(np.abs(g["error"])))) if len(g) else np.nan}
-            if len(nxt):
-                x = nxt.iloc[0]
-                row.update({"next rung": f"k={int(x['k'])} → {x['target_rung']}",
-                            "predicted": _mult(x["pred"], x["pred_lo"], x["pred_hi"]),
-                            "measured": _mult(x["meas"], x["meas_lo"], x["meas_hi"]),
-                            "next covered": "yes" if x["covered"] else "NO",
-                            "decisions": f"{x['pred_verdict']} / {x['meas_verdict']}"})
-            out.append(row)
+            out.append({"component": comp, "scored": len(g), "covered": int(g["covered"].sum()),
+                        "agreed": int(g["agree"].fillna(False).sum()),
+                        "median ratio error": float(np.exp(np.median(np.abs(g["error"])))) if len(g) else np.nan})
         return pd.DataFrame(out)
+
+    def predictions(self) -> pd.DataFrame:
+        """Every prediction beside its measurement, as multipliers: fit, rung, component, predicted [interval],
+        measured [interval] (its source), ratio error exp(e), covered, the two verdicts."""
+        return pd.DataFrame([{"fitted on": f"{x.k} rungs", "rung": x.target_rung, "component": x.component,
+                              "predicted": _mult(x.pred, x.pred_lo, x.pred_hi),
+                              "measured": _mult(x.meas, x.meas_lo, x.meas_hi) + (f" ({x.meas_source})"
+                                                                                 if x.meas_source else ""),
+                              "ratio": f"{_exp(x.error):.3f}" if math.isfinite(x.error) else "—",
+                              "covered": "—" if x.covered is None else "yes" if x.covered else "NO",
+                              "verdicts": f"{x.pred_verdict or '—'} / {x.meas_verdict or '—'}"}
+                             for x in self.rows.itertuples()])
 
     def summary(self) -> str:
         """One line: the widest fit's record at the next rung, the record over every (fit, later rung)

@@ -9,16 +9,17 @@ from marin_ablate.analysis.fit.backtest import Backtest
 
 
 def backtest_console(bt: Backtest) -> list[str]:
-    """Per component (scored, covered, decisions agreed, median ratio error, the next rung's prediction and
-    measurement), per (fit, later rung), the notes, then the one-line summary."""
+    """Every prediction beside its measurement, then per component (scored, covered, decisions agreed, median
+    ratio error), per (fit, later rung) with Kendall's τ, the notes, and the one-line summary."""
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 60):
-        comp = bt.by_component().to_string(index=False)
+        preds = bt.predictions().to_string(index=False)
+        comp = bt.by_component().to_string(index=False, float_format="{:.3f}".format)
         pairs = bt.pairs.rename(columns={"k": "fitted rungs", "target": "rung #", "target_rung": "rung",
                                          "tau": "Kendall tau"}).to_string(index=False, float_format="{:.2f}".format)
     return [f"backtest over {len(bt.rungs)} rungs ({', '.join(bt.rungs)}): quality M_flop, {bt.level:.0%} intervals; "
-            "covered = the prediction and the measurement agree within their combined interval "
-            "(docs/method.md §4.10)", "", "per component:", comp, "", "per fit and later rung:", pairs, "",
-            *[f"note: {n}" for n in bt.notes], f"backtest: {bt.summary()}"]
+            "ratio = predicted / measured; covered = the two agree within their combined interval "
+            "(docs/method.md §4.10)", "", "per prediction:", preds, "", "per component:", comp, "",
+            "per fit and later rung:", pairs, "", *[f"note: {n}" for n in bt.notes], f"backtest: {bt.summary()}"]
 
 
 def backtest_lines(bt: Backtest | str | None) -> list[str]:

@@ -184,9 +184,13 @@ def test_analyze_backtest_prints_per_component_coverage_and_decisions_and_writes
     assert main(["analyze", str(sd), "--backtest", "--pin-linf", str(truth.linf), "--pin-alpha",
                  str(truth.alpha)]) == 0
     out = capsys.readouterr().out
+    preds = out[out.index("per prediction:"):out.index("per component:")]
+    for col in ("fitted on", "rung", "component", "predicted", "measured", "ratio", "covered", "verdicts"):
+        assert col in preds
+    assert re.search(r"^\s*3 rungs\s+r4\s+flip\s+\S+ \[\S+, \S+\]\s+\S+ \[\S+, \S+\] \(paired\)\s+\S+\s+NO\s+gain / ",
+                     preds, re.M)  # the sign change: predicted a gain, not covered
     comp = out[out.index("per component:"):out.index("per fit and later rung:")]
-    for col in ("component", "scored", "covered", "agreed", "median ratio error", "predicted", "measured",
-                "decisions"):
+    for col in ("component", "scored", "covered", "agreed", "median ratio error"):
         assert col in comp
     assert re.search(r"^\s*flip\s+3\s+\d\s+\d", comp, re.M)  # three scored predictions of flip (k=2: 2, k=3: 1)
     assert re.search(r"^backtest: fitted on 3 rungs, the model's predictions at rung 4 \(r4\) covered \d of 4 values "
@@ -223,3 +227,20 @@ def test_the_report_carries_the_backtest_line_under_findings_from_three_rungs(tm
         findings = md[md.index("## Findings"):md.index("## Warnings")]
         assert ("How far these extrapolations travel (backtest" in findings) is want
         assert ("fitted on 3 rungs, the model's predictions at rung 4 (r4) covered" in findings) is want
+
+
+def test_the_muonh_backtest_in_docs_importing_is_what_the_commands_print(tmp_path, capsys):
+    """docs/importing.md's CSV, run through its two commands: every output line the page shows is printed."""
+    from marin_ablate.main import main
+
+    page = (Path(__file__).parents[2] / "docs" / "importing.md").read_text()
+    sec = page[page.index("### Backtesting a published ladder"):]
+    csv = sec[sec.index("cat > muonh.csv <<'CSV'\n") + len("cat > muonh.csv <<'CSV'\n"):sec.index("\nCSV\n")]
+    shown = sec[sec.index("```text\n") + len("```text\n"):sec.index("\n```", sec.index("```text\n"))]
+    (tmp_path / "muonh.csv").write_text(csv + "\n")
+    assert main(["analyze", "--import.table", str(tmp_path / "muonh.csv"), "--study-dir", str(tmp_path / "muonh")]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "muonh"), "--pin-linf", "1.6", "--pin-alpha", "0.0941", "--backtest"]) == 0
+    out = [ln.rstrip() for ln in capsys.readouterr().out.splitlines()]
+    for ln in shown.splitlines():
+        assert ln.rstrip() in out, ln
