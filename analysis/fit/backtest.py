@@ -114,18 +114,27 @@ class Backtest:
                               "verdicts": f"{x.pred_verdict or '—'} / {x.meas_verdict or '—'}"}
                              for x in self.rows.itertuples()])
 
+    def _widest(self) -> pd.DataFrame:
+        """The scored predictions of the widest fit at the nearest rung it was scored on (normally k + 1)."""
+        r = self.rows[self.rows["covered"].notna()]
+        if not len(r):
+            return r
+        k = int(r["k"].max())
+        j = int(r[r["k"] == k]["target"].min())
+        return r[(r["k"] == k) & (r["target"] == j)]
+
     def summary(self) -> str:
         """One line: the widest fit's record at the next rung, the record over every (fit, later rung)
         pair, and, when few pairs were scored, that this is weak evidence."""
         r = self.rows[self.rows["covered"].notna()]
-        if not len(r):
-            return f"backtest over {len(self.rungs)} rungs: nothing scored ({'; '.join(self.notes) or 'no fit'})"
-        k = int(r["k"].max())
-        nx = r[(r["k"] == k) & (r["target"] == k + 1)]
-        tau = self.pairs[(self.pairs["k"] == k) & (self.pairs["target"] == k + 1)]["tau"]
+        nx = self._widest()
+        if not len(nx):
+            return f"over {len(self.rungs)} rungs nothing was scored ({'; '.join(self.notes) or 'no fit'})"
+        k, j = int(nx["k"].iloc[0]), int(nx["target"].iloc[0])
+        tau = self.pairs[(self.pairs["k"] == k) & (self.pairs["target"] == j)]["tau"]
         tau_s = f", Kendall's τ of the ranking {tau.iloc[0]:.2f}" if len(tau) and math.isfinite(tau.iloc[0]) else ""
         miss = nx[~nx["covered"].astype(bool)]
-        line = (f"fitted on {k} rungs, the model's predictions at rung {k + 1} ({nx['target_rung'].iloc[0]}) "
+        line = (f"fitted on {k} rungs, the model's predictions at rung {j} ({nx['target_rung'].iloc[0]}) "
                 f"covered {int(nx['covered'].sum())} of {len(nx)} values ({_what(nx)}) and agreed on "
                 f"{int(nx['agree'].fillna(False).sum())} of {len(nx)} decisions{tau_s}")
         if len(miss):
@@ -142,12 +151,8 @@ class Backtest:
 
     def failed(self) -> bool:
         """Some prediction of the widest fit at the next rung was not covered."""
-        r = self.rows[self.rows["covered"].notna()]
-        if not len(r):
-            return False
-        k = int(r["k"].max())
-        nx = r[(r["k"] == k) & (r["target"] == k + 1)]
-        return bool((~nx["covered"].astype(bool)).any())
+        nx = self._widest()
+        return bool(len(nx)) and bool((~nx["covered"].astype(bool)).any())
 
 
 def _exp(v: float) -> float:
