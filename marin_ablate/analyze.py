@@ -279,6 +279,8 @@ def cmd_analyze(argv: list[str]) -> int:
         print(f"note: {n}")
     for w in a.warnings:
         print(f"warning: {w}")
+    if bt is not None:
+        print(f"backtest: {bt if isinstance(bt, str) else bt.summary()}")
     print(f"wrote {md} and {html}")
     return 0
 
