@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from marin_ablate.analysis.fit.checks import WIDE_RATIO
 from marin_ablate.analysis.responses import law, law_column
 
 #: The fewest rungs a backtest fit may use: one rung has no factor × log C term, so nothing to extrapolate.
@@ -134,9 +135,12 @@ class Backtest:
         tau = self.pairs[(self.pairs["k"] == k) & (self.pairs["target"] == j)]["tau"]
         tau_s = f", Kendall's τ of the ranking {tau.iloc[0]:.2f}" if len(tau) and math.isfinite(tau.iloc[0]) else ""
         miss = nx[~nx["covered"].astype(bool)]
+        wide = nx[nx["covered"].astype(bool) & (np.exp(nx["pred_hi"] - nx["pred_lo"]) > WIDE_RATIO)]
         line = (f"fitted on {k} rungs, the model's predictions at rung {j} ({nx['target_rung'].iloc[0]}) "
-                f"covered {int(nx['covered'].sum())} of {len(nx)} values ({_what(nx)}) and agreed on "
-                f"{int(nx['agree'].fillna(False).sum())} of {len(nx)} decisions{tau_s}")
+                f"covered {int(nx['covered'].sum())} of {len(nx)} values ({_what(nx)}"
+                + (f"; {' and '.join(wide['component'])} only by an interval spanning over {WIDE_RATIO:g}x"
+                   if len(wide) else "")
+                + f") and agreed on {int(nx['agree'].fillna(False).sum())} of {len(nx)} decisions{tau_s}")
         if len(miss):
             line += "; missed: " + ", ".join(f"{x.component} (predicted {_exp(x.pred):.3g}x, measured "
                                              f"{_exp(x.meas):.3g}x)" for x in miss.itertuples())
@@ -145,8 +149,8 @@ class Backtest:
             line += (f"; over all {n_pairs} (fit, later rung) pairs: covered {int(r['covered'].sum())} of {len(r)}, "
                      f"agreed on {int(r['agree'].fillna(False).sum())} of {len(r)}")
         if n_pairs < WEAK_PAIRS:
-            line += (f" — {len(self.rungs)} rungs give {n_pairs} such pair(s) sharing the same runs: weak evidence, "
-                     "a miss says more than a hit")
+            line += (f" — {len(self.rungs)} rungs give {n_pairs} such pair{'s' if n_pairs > 1 else ''} sharing "
+                     "runs: weak evidence, a miss says more than a hit")
         return line
 
     def failed(self) -> bool:

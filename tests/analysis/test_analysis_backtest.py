@@ -244,3 +244,25 @@ def test_the_muonh_backtest_in_docs_importing_is_what_the_commands_print(tmp_pat
     out = [ln.rstrip() for ln in capsys.readouterr().out.splitlines()]
     for ln in shown.splitlines():
         assert ln.rstrip() in out, ln
+
+
+def test_the_summary_counts_the_widest_fits_next_rung_names_misses_and_intervals_that_say_nothing():
+    from marin_ablate.analysis.fit.backtest import Backtest
+
+    rows = score(_rows(k=[2, 2, 2, 2, 1], target=[3, 3, 3, 4, 2], target_rung=["c", "c", "c", "d", "b"],
+                       component=["x", "y", "TOTAL", "x", "x"], pred=[0.2, 0.0, 0.3, 0.2, 0.1],
+                       pred_lo=[0.15, -2.0, 0.1, 0.0, 0.0], pred_hi=[0.25, 2.0, 0.5, 0.4, 0.2],
+                       meas=[-0.2, 0.5, 0.3, 0.2, 0.1], meas_lo=[-0.25, 0.4, 0.2, 0.1, 0.0],
+                       meas_hi=[-0.15, 0.6, 0.4, 0.3, 0.2]))
+    pairs = pd.DataFrame({"k": [1, 2, 2], "target": [2, 3, 4], "target_rung": ["b", "c", "d"], "scored": [1, 3, 1],
+                          "covered": [1, 2, 1], "agreed": [1, 1, 1], "tau": [np.nan, np.nan, np.nan]})
+    bt = Backtest(rows=rows, pairs=pairs, rungs=["a", "b", "c", "d"], level=0.95)
+    assert bt.summary() == (
+        "fitted on 2 rungs, the model's predictions at rung 3 (c) covered 2 of 3 values (2 components and TOTAL; "
+        "y only by an interval spanning over 10x) and agreed on 1 of 3 decisions; missed: x (predicted 1.22x, "
+        "measured 0.819x); over all 3 (fit, later rung) pairs: covered 4 of 5, agreed on 2 of 5 — 4 rungs give 3 "
+        "such pairs sharing runs: weak evidence, a miss says more than a hit")
+    assert bt.failed()
+    comp = bt.by_component().set_index("component")
+    assert comp.loc["x", ["scored", "covered", "agreed"]].tolist() == [3, 2, 1]  # a lower end at 0 is no gain
+    assert comp.loc["x", "median ratio error"] == pytest.approx(np.exp(0.0))
