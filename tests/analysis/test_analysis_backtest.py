@@ -202,10 +202,11 @@ def test_analyze_backtest_prints_per_component_coverage_and_decisions_and_writes
 
 @pytest.mark.parametrize("argv,flag", [(["--backtest.min_rungs", "3"], "--backtest"),
                                        (["--backtest.min_rungs", "1"], "--backtest.min_rungs"),
-                                       (["--target", "1e20"], "--target")])
+                                       (["--target", "1e20"], "--target"),
+                                       (["--design", "ofat"], "--backtest needs the factorial model")])
 def test_analyze_backtest_refuses_what_it_cannot_score_naming_the_flag(tmp_path, capsys, argv, flag):
     """Three rungs with min_rungs 3 leave no later rung; min_rungs below 2 leaves no scale term; a --target is
-    not a later rung of the study."""
+    not a later rung of the study; a one-factor-at-a-time reading is never extrapolated."""
     from marin_ablate.main import main
 
     truth, df = _flip_study()
