@@ -35,7 +35,6 @@ from marin_ablate.analysis.responses import law, law_column
 MIN_RUNGS = 2
 #: Below this many scored (fit, later rung) pairs the summary calls the backtest weak evidence.
 WEAK_PAIRS = 4
-VERDICTS = ("gain", "loss", "no effect")
 #: analyze_table options a backtest passes through unchanged (the rest it sets itself).
 FIT_OPTIONS = ("pin_linf", "pin_alpha", "hc", "mixed", "interactions", "third_levels", "level", "law_forms",
                "pinned_law")
@@ -187,12 +186,13 @@ def rung_labels(raw: pd.DataFrame, full) -> pd.Series:
 def measured_at(raw: pd.DataFrame, full, rung: str, fit_kw: dict) -> pd.DataFrame:
     """What rung `rung` measured per component and TOTAL (ln scale): the full analysis's paired estimate
     where same-rung pairs ran, else rung `rung`'s runs analysed alone (main effects; L∞ and α pinned at the
-    full ladder's law, or its pinned law). Columns component, meas, meas_lo, meas_hi, source. TOTAL only with
-    two or more factors (with one it is that factor's value again)."""
+    full ladder's law, or its pinned law). Columns component, meas, meas_lo, meas_hi, source, why (what left a
+    value unmeasured). TOTAL only with two or more factors (with one it is that factor's value again)."""
     from marin_ablate.analysis.pipeline import analyze_table
 
     comps = [*full.factors, "TOTAL"] if len(full.factors) > 1 else list(full.factors)
-    out = pd.DataFrame({"component": comps, "meas": np.nan, "meas_lo": np.nan, "meas_hi": np.nan, "source": ""})
+    out = pd.DataFrame({"component": comps, "meas": np.nan, "meas_lo": np.nan, "meas_hi": np.nan, "source": "",
+                        "why": "no same-rung pair, and no quality fit to analyse the rung alone with"})
     p = full.paired if full.paired is not None and len(full.paired) else None
     if p is not None:
         g = p[(p["rung"].astype(str) == rung) & (p["pairs"] > 0)].set_index("component")
@@ -211,16 +211,22 @@ def measured_at(raw: pd.DataFrame, full, rung: str, fit_kw: dict) -> pd.DataFram
         try:
             ra = analyze_table(sub, n_boot=0, boot_method="none", replicates=False, responses=(law().name,),
                                interactions=False, law_forms=("power",), factors=None, **kw)
-        except ValueError:
+        except ValueError as e:
+            out.loc[need, "why"] = f"no same-rung pair, and its runs alone cannot be analysed ({e})"
             return out
         c = ra.components
         c = c[c["response"] == law_column()].set_index("component") if len(c) else c
         for i in np.flatnonzero(need.to_numpy()):
             comp = comps[i]
-            if comp in c.index and bool(c.loc[comp, "shapley_estimable"]):
+            if comp == "TOTAL" and set(ra.factors) != set(full.factors):  # the TOTAL of fewer factors is another
+                out.loc[i, "why"] = (f"no all-on/all-off pair, and its runs vary only {', '.join(ra.factors)}: "
+                                     "their TOTAL is not the study's")
+            elif comp in c.index and bool(c.loc[comp, "shapley_estimable"]):
                 x = c.loc[comp]
                 out.loc[i, ["meas", "meas_lo", "meas_hi"]] = [x["shapley"], x["shapley_lo"], x["shapley_hi"]]
                 out.loc[i, "source"] = "rung alone"
+            else:
+                out.loc[i, "why"] = "no same-rung pair, and not estimable from its runs alone (not varied there?)"
     return out
 
 
@@ -288,7 +294,8 @@ def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -
                               "pred": pr[0], "pred_lo": pr[1], "pred_hi": pr[2],
                               "pred_lo_power": pp[0], "pred_hi_power": pp[1],
                               "meas": m.loc[comp, "meas"], "meas_lo": m.loc[comp, "meas_lo"],
-                              "meas_hi": m.loc[comp, "meas_hi"], "meas_source": m.loc[comp, "source"]})
+                              "meas_hi": m.loc[comp, "meas_hi"], "meas_source": m.loc[comp, "source"],
+                              "meas_why": "" if m.loc[comp, "source"] else m.loc[comp, "why"]})
             b = score(pd.DataFrame(block))
             rows.append(b)
             s = b[b["covered"].notna()]
@@ -298,10 +305,11 @@ def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -
                           "tau": kendall_tau(comp_only["pred"].to_numpy(float), comp_only["meas"].to_numpy(float))})
     rows_df = pd.concat(rows, ignore_index=True) if rows else score(pd.DataFrame(
         columns=["k", "fit_rungs", "target", "target_rung", "compute", "component", "pred", "pred_lo", "pred_hi",
-                 "pred_lo_power", "pred_hi_power", "meas", "meas_lo", "meas_hi", "meas_source"], dtype=float))
+                 "pred_lo_power", "pred_hi_power", "meas", "meas_lo", "meas_hi", "meas_source", "meas_why"],
+        dtype=float))
     unscored = rows_df[rows_df["covered"].isna()] if len(rows_df) else rows_df
     for x in unscored.itertuples():
-        why = ("not measured there" if not math.isfinite(x.meas) else
+        why = (f"not measured there: {x.meas_why}" if not math.isfinite(x.meas) else
                "no predicted value" if not math.isfinite(x.pred) else "no interval")
         notes.append(f"k={x.k} → {x.target_rung}: {x.component} not scored ({why})")
     return Backtest(rows=rows_df, pairs=pd.DataFrame(pairs, columns=["k", "target", "target_rung", "scored",

@@ -267,3 +267,20 @@ def test_the_summary_counts_the_widest_fits_next_rung_names_misses_and_intervals
     comp = bt.by_component().set_index("component")
     assert comp.loc["x", ["scored", "covered", "agreed"]].tolist() == [3, 2, 1]  # a lower end at 0 is no gain
     assert comp.loc["x", "median ratio error"] == pytest.approx(np.exp(0.0))
+
+
+def test_a_factor_not_varied_at_a_later_rung_is_not_scored_there_and_the_notes_say_why():
+    truth, df = _flip_study()
+    df = df[~((df["rung"] == "r4") & (df["c"] == "on"))]  # c only at its low level on r4
+    law = dict(pin_linf=truth.linf, pin_alpha=truth.alpha)
+    bt = backtest(df, analyze_table(df, n_boot=0, **law), **law)
+    at4 = bt.rows[bt.rows["target_rung"] == "r4"].set_index(["k", "component"])
+    assert at4.loc[(3, "c"), "covered"] is None and not np.isfinite(at4.loc[(3, "c"), "meas"])
+    assert at4.loc[(3, "flip"), "meas_source"] == "paired"  # its pairs among the arms at c's low level
+    assert at4.loc[(3, "TOTAL"), "covered"] is None  # no all-on arm; the rung's own fit has no c to add
+    notes = "\n".join(bt.notes)
+    assert "k=3 → r4: c not scored (not measured there: no same-rung pair, and not estimable from its runs alone" \
+        in notes
+    assert "k=3 → r4: TOTAL not scored (not measured there: no all-on/all-off pair, and its runs vary only flip, b: " \
+           "their TOTAL is not the study's)" in notes
+    assert bt.pairs.set_index(["k", "target"]).loc[(3, 4), "scored"] == 2
