@@ -309,6 +309,8 @@ def _report_backtest(args, a, table: pd.DataFrame, study_dir: Path):
         return _backtest_of(args, a, table, study_dir, 2)
     except ValueError as e:
         return f"not run ({e})"
+    except Exception as e:  # noqa: BLE001 — a diagnostic beside the report: its failure is printed there, not fatal
+        return f"not run ({type(e).__name__}: {e}; `marin-ablate analyze STUDY --backtest` shows the traceback)"
 
 
 def _backtest(args: AnalyzeOptions) -> int:
