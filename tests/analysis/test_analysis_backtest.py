@@ -306,3 +306,18 @@ def test_on_a_resolution_iv_fraction_a_linear_truth_is_predicted_and_measured_ru
     want = np.array([t.shapley(c)[f] for c, f in zip(r["compute"], r["component"], strict=True)])
     np.testing.assert_allclose(r["meas"], want, atol=2e-3)
     np.testing.assert_allclose(r["pred"], want, atol=2e-3)
+
+
+def test_a_backtest_that_fails_is_named_in_the_reports_line_and_the_report_is_still_written(tmp_path, monkeypatch):
+    import marin_ablate.analysis.fit.backtest as bt_mod
+    from marin_ablate.main import main
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bt_mod, "backtest", boom)
+    truth, df = _flip_study()
+    sd = write_study(df, tmp_path / "s")
+    assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
+    md = (sd / "report" / "report.md").read_text()
+    assert "How far these extrapolations travel: the backtest of this ladder was not run (RuntimeError: boom;" in md
