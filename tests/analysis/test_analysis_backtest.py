@@ -235,7 +235,7 @@ def test_the_muonh_backtest_in_docs_importing_is_what_the_commands_print(tmp_pat
     from marin_ablate.main import main
 
     page = (Path(__file__).parents[2] / "docs" / "importing.md").read_text()
-    sec = page[page.index("### Backtesting a published ladder"):]
+    sec = page[page.index("## Backtesting a published ladder"):]
     csv = sec[sec.index("cat > muonh.csv <<'CSV'\n") + len("cat > muonh.csv <<'CSV'\n"):sec.index("\nCSV\n")]
     shown = sec[sec.index("```text\n") + len("```text\n"):sec.index("\n```", sec.index("```text\n"))]
     (tmp_path / "muonh.csv").write_text(csv + "\n")
