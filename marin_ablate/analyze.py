@@ -334,7 +334,7 @@ def _backtest(args: AnalyzeOptions) -> int:
         raise ValueError("--target with --backtest: the backtest predicts the study's own later rungs; allowed "
                          "values: omit --target")
     study_dir, table = resolve_study(args.study)
-    if _ofat_or_none(args, table) is not None:
+    if _ofat_or_none(args, table, study_dir) is not None:
         raise ValueError("--backtest needs the factorial model (a one-factor-at-a-time study is not extrapolated); "
                          "allowed values: a factorial study, or --design factorial")
     a = _analyze(args, table, None, study_dir, n_boot=0)
