@@ -1,6 +1,7 @@
 """`marin-ablate analyze` and its modes: `--import.table FILE` (runs from elsewhere into a study folder,
-analysis/io/importer.py) and `--forecast` (an immutable pre-registered forecast). No torch anywhere on
-this path."""
+analysis/io/importer.py), `--forecast` (an immutable pre-registered forecast) and `--backtest` (the scale
+extrapolation refitted on the first rungs and scored on the later ones, analysis/fit/backtest.py). No torch
+anywhere on this path."""
 
 from __future__ import annotations
 
@@ -144,15 +145,26 @@ def _pinned(args, study_dir: Path | None):
     return read_pinned(study_dir)
 
 
-def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
+def _fit_kw(args, study_dir: Path | None) -> dict:
+    """The fit options the report, the forecast and the backtest's refits share."""
+    return dict(pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pinned_law=_pinned(args, study_dir), hc=args.hc,
+                mixed=args.mixed, interactions=not args.no_interactions, third_levels=args.third_levels)
+
+
+def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None, n_boot: int | None = None):
     from marin_ablate.analysis.pipeline import analyze_table
 
-    _check_boot_memory(args.n_boot, table)
-    return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
-                         pinned_law=_pinned(args, study_dir),
-                         boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
-                         target_compute=target, third_levels=args.third_levels, seed=args.seed,
-                         force_extrapolation=args.force_extrapolation)
+    n_boot = args.n_boot if n_boot is None else n_boot
+    _check_boot_memory(n_boot, table)
+    return analyze_table(table, n_boot=n_boot, **_fit_kw(args, study_dir), boot_method=args.boot,
+                         target_compute=target, seed=args.seed, force_extrapolation=args.force_extrapolation)
+
+
+def _backtest_of(args, a, table: pd.DataFrame, study_dir: Path | None, min_rungs: int):
+    """The backtest of a factorial study's own ladder (analysis/fit/backtest.py)."""
+    from marin_ablate.analysis.fit.backtest import backtest
+
+    return backtest(table, a, min_rungs=min_rungs, **_fit_kw(args, study_dir))
 
 
 @dataclass(frozen=True)
@@ -178,8 +190,19 @@ class ForecastSection:
 
 
 @dataclass(frozen=True)
+class BacktestSection:
+    """Instead of the report: refit the analysis on the first k rungs of the study's ladder (k from
+    --backtest.min_rungs to one below the top) and score its predictions of every later rung (each component's
+    quality multiplier, TOTAL, verdicts) against what that rung measured (docs/method.md §4.10); prints a table
+    per component and a one-line summary, and writes backtest.csv into the report directory."""
+
+    min_rungs: int = option(2, lo=2, help="the fewest rungs a backtest fit uses (2: the fewest with a scale term)")
+
+
+@dataclass(frozen=True)
 class AnalyzeOptions(FitOptions):
-    """Results table, multipliers, attribution, report and plots; or a mode: --import.table FILE, --forecast."""
+    """Results table, multipliers, attribution, report and plots; or a mode: --import.table FILE, --forecast,
+    --backtest."""
 
     command: ClassVar[str] = "analyze"
     epilog: ClassVar[str] = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
@@ -203,6 +226,7 @@ class AnalyzeOptions(FitOptions):
     imports: ImportSection | None = option(None, section=ImportSection, name="import", mode=True,
                                            help=ImportSection.__doc__)
     forecast: ForecastSection | None = option(None, section=ForecastSection, mode=True, help=ForecastSection.__doc__)
+    backtest: BacktestSection | None = option(None, section=BacktestSection, mode=True, help=BacktestSection.__doc__)
 
 
 def _import(args: AnalyzeOptions) -> int:
@@ -237,6 +261,8 @@ def cmd_analyze(argv: list[str]) -> int:
                          "--import.table FILE")
     if args.forecast is not None:
         return _forecast(args)
+    if args.backtest is not None:
+        return _backtest(args)
     study_dir, table = resolve_study(args.study)
     out = Path(args.report_dir) if args.report_dir else study_dir / "report"
     if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --report-dir when given
@@ -246,12 +272,13 @@ def cmd_analyze(argv: list[str]) -> int:
         return _report_ofat(ofat, table, study_dir, out)
     a = _analyze(args, table, args.target, study_dir)
     fc = [judge(f, table, a.factors) for f in read_forecasts(study_dir)]
+    bt = _report_backtest(args, a, table, study_dir)
     title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
              else study_dir.name)
     import sys
 
     md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures,
-                            command="marin-ablate " + " ".join(sys.argv[1:]))
+                            command="marin-ablate " + " ".join(sys.argv[1:]), backtest=bt)
     tab = attribution_table(a)
     aliased = "aliased" in tab and (tab["aliased"] != "").any()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
@@ -264,6 +291,8 @@ def cmd_analyze(argv: list[str]) -> int:
         print(f"note: {n}")
     for w in a.warnings:
         print(f"warning: {w}")
+    if bt is not None:
+        print(f"backtest: {bt if isinstance(bt, str) else bt.summary()}")
     print(f"wrote {md} and {html}")
     return 0
 
@@ -280,6 +309,41 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     atomic_write_bytes(csv, a.table.to_csv(index=False).encode())
     print("\n".join(lines[2:]))
     print(f"wrote {md} and {csv}")
+    return 0
+
+
+def _report_backtest(args, a, table: pd.DataFrame, study_dir: Path):
+    """The report's backtest line's source: None below three rungs (nothing to backtest), the reason as
+    text where the refits cannot run."""
+    if len(a.rungs) < 3:
+        return None
+    try:
+        return _backtest_of(args, a, table, study_dir, 2)
+    except ValueError as e:
+        return f"not run ({e})"
+    except Exception as e:  # noqa: BLE001 — a diagnostic beside the report: its failure is printed there, not fatal
+        return f"not run ({type(e).__name__}: {e}; `marin-ablate analyze STUDY --backtest` shows the traceback)"
+
+
+def _backtest(args: AnalyzeOptions) -> int:
+    """`analyze STUDY --backtest`: the scale extrapolation's record on the study's own ladder."""
+    from marin_ablate.analysis.report.backtest import backtest_console
+    from marin_ablate.marin.schema import atomic_write_bytes
+
+    if args.target is not None:
+        raise ValueError("--target with --backtest: the backtest predicts the study's own later rungs; allowed "
+                         "values: omit --target")
+    study_dir, table = resolve_study(args.study)
+    if _ofat_or_none(args, table, study_dir) is not None:
+        raise ValueError("--backtest needs the factorial model (a one-factor-at-a-time study is not extrapolated); "
+                         "allowed values: a factorial study, or --design factorial")
+    a = _analyze(args, table, None, study_dir, n_boot=0)
+    bt = _backtest_of(args, a, table, study_dir, args.backtest.min_rungs)
+    print("\n".join(backtest_console(bt)))
+    out = Path(args.report_dir) if args.report_dir else study_dir / "report"
+    csv = out / "backtest.csv"
+    atomic_write_bytes(csv, bt.rows.to_csv(index=False).encode())
+    print(f"wrote {csv}")
     return 0
 
 

@@ -3,6 +3,9 @@
 Truth (±1 coding, z = ln(C/c_ref)): ln M(x, z) = b0 + b_z z + Σβ_i x_i + Σβ_ij x_i x_j + Σγ_i x_i z, with
 b0 and b_z chosen so that the all-baseline arm has ln M ≡ 0 (it *is* the reference law). A run's loss
 is L = L∞ + A·(M·C)^(−α) + seed shift + noise, C its own FLOPs (sconv-like factors add FLOPs/token).
+Effects that are not linear in z (`SimTruth.steps`, a `ScaleStep` per factor) add s_i(z)·(x_i + 1)/2: a
+smooth step of the component's Shapley value from one level at small compute to another at large
+compute, saturating when both share a sign, sign-changing when they do not (docs/method.md §4.10).
 Used by the tests (coverage, Shapley algebra) and by benchmarks/analysis.py; handy for planning.
 """
 
@@ -18,6 +21,26 @@ import numpy as np
 import pandas as pd
 
 from marin_ablate.marin.schema import FactorCoding, RunMeta
+
+
+@dataclass(frozen=True)
+class ScaleStep:
+    """A component's ln M that moves from `small` (far below `mid_compute`) to `large` (far above) along a
+    logistic in ln C of `width` e-folds: s(z) = large + (small − large)·σ(−(ln C − ln mid)/width)."""
+
+    small: float
+    large: float
+    mid_compute: float
+    width: float = 1.0
+
+    def __post_init__(self):
+        if not (self.mid_compute > 0 and self.width > 0):
+            raise ValueError(f"ScaleStep: mid_compute {self.mid_compute} and width {self.width}; allowed values: "
+                             "both > 0")
+
+    def value(self, C) -> np.ndarray:
+        u = (np.log(np.asarray(C, float)) - np.log(self.mid_compute)) / self.width
+        return self.large + (self.small - self.large) / (1 + np.exp(u))
 
 
 @dataclass
@@ -49,6 +72,9 @@ class SimTruth:
     # GPU-style ladders: each rung draws its own init and data order, so every arm of one (seed, rung)
     # shares a loss shift with sd rung_sd, which moves the rung's whole cloud of points off the law.
     rung_sd: float = 0.0
+    # Effects whose ln M is not linear in ln C (saturating, sign-changing): factor -> its step, added to
+    # its main and scale terms; the all-off arm keeps ln M ≡ 0.
+    steps: dict[str, ScaleStep] = field(default_factory=dict)
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -60,9 +86,10 @@ class SimTruth:
     def __post_init__(self):
         if len(set(self.factors)) != len(self.factors) or not all(isinstance(f, str) and f for f in self.factors):
             raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
-        unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors] if f not in self.factors]
+        unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors, *self.steps]
+                   if f not in self.factors]
         if unknown:
-            raise ValueError(f"levels/planted/stream_factors: {unknown} name no factor; "
+            raise ValueError(f"levels/planted/stream_factors/steps: {unknown} name no factor; "
                              f"allowed values: {', '.join(self.factors)}")
 
     def level_names(self, f: str) -> tuple[str, str]:
@@ -91,6 +118,8 @@ class SimTruth:
             out += self._b(f) * X_nk[:, i] + self.scale.get(f, 0.0) * X_nk[:, i] * z_n
             for j in range(i + 1, k):
                 out += self._bij(f, self.factors[j]) * X_nk[:, i] * X_nk[:, j]
+            if f in self.steps:
+                out += 0.5 * self.steps[f].value(self.c_ref * np.exp(z_n)) * (X_nk[:, i] + 1)
         return out
 
     def z(self, C) -> np.ndarray:
@@ -99,7 +128,8 @@ class SimTruth:
     def shapley(self, C: float) -> dict[str, float]:
         """True Shapley value (ln scale) of each component at compute C: 2β_i + 2γ_i z."""
         z = float(self.z(C))
-        return {f: 2 * self._b(f) + 2 * self.scale.get(f, 0.0) * z for f in self.factors}
+        return {f: 2 * self._b(f) + 2 * self.scale.get(f, 0.0) * z
+                + (float(self.steps[f].value(C)) if f in self.steps else 0.0) for f in self.factors}
 
     def loo(self, C: float) -> dict[str, float]:
         s = self.shapley(C)

@@ -17,6 +17,7 @@ from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
 from marin_ablate.analysis.fit.regimes import regime_frames
 from marin_ablate.analysis.io.results import factor_coding
 from marin_ablate.analysis.pipeline import StudyAnalysis
+from marin_ablate.analysis.report.backtest import backtest_lines
 from marin_ablate.analysis.report.findings import (
     RECORD_FAMILY,
     SCALE_FAMILY,
@@ -422,7 +423,8 @@ def _figure(k: str, p: Path | None, out_dir: Path) -> list[str]:
 
 
 def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path | None], out_dir: Path,
-                    forecasts: list[dict] | None = None, title: str = "study", command: str | None = None) -> str:
+                    forecasts: list[dict] | None = None, title: str = "study", command: str | None = None,
+                    backtest=None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
     L += ["## Findings", "",
@@ -436,7 +438,8 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
           "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
           "qualifiers: what each verdict rests on (details under Warnings).", "",
-          *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + _coding_line(a, raw)
+          *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
+        + _coding_line(a, raw)
     L += paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
@@ -569,8 +572,10 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
 
 
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
-                 title: str = "study", figures: bool = True, command: str | None = None) -> tuple[Path, Path]:
-    """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png."""
+                 title: str = "study", figures: bool = True, command: str | None = None,
+                 backtest=None) -> tuple[Path, Path]:
+    """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png. `backtest`: the ladder's
+    backtest (analysis/fit/backtest.py), or why it did not run, for the line under Findings."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}
@@ -582,7 +587,7 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
         with warnings.catch_warnings():  # a figure's exp of a vast interval: drawn clipped, never printed raw
             warnings.simplefilter("ignore", RuntimeWarning)
             figs = all_figures(a, raw, out_dir / "figures")
-    md = render_markdown(a, raw, figs, out_dir, forecasts, title, command)
+    md = render_markdown(a, raw, figs, out_dir, forecasts, title, command, backtest)
     atomic_write_text(out_dir / "report.md", md)
     html = render_html(md, title)
     atomic_write_text(out_dir / "report.html", html)
