@@ -358,8 +358,10 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
     rep = loop_dry_run(spec, 4, 2, tmp_path, seq_len=64)
     assert rep["ranks"] == [0, 1, 2, 3]
     for r in rep["rows"]:
-        assert r["dp_ep"] == divmod(r["rank"], 2) and r["experts_per_rank"] == 8 and r["steps"] == 2
-        assert r["data"] == {"rank_slices": True, "train_rows": 2, "eval_rows": 4}
+        # the hero's two context stages (16k from 90%, 65k from 95%) each train a step: 3 steps, tokens per step held
+        assert r["dp_ep"] == divmod(r["rank"], 2) and r["experts_per_rank"] == 8 and r["steps"] == 3
+        assert {k: r["data"][k] for k in ("rank_slices", "train_rows")} == {"rank_slices": True, "train_rows": 4}
+        assert [st[:3] for st in r["data"]["stages"]] == [(0, 16, 4), (1, 32, 2), (2, 64, 1)]
         assert np_finite(r["loss"]) and np_finite(r["eval_macro_loss"]) and r["all_to_alls"] > 0
         assert r["checkpoint_tensors"] > 0
     assert "rank     3 (dp, ep) = (1, 1): 8 experts" in format_loop(rep)
