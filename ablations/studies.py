@@ -521,9 +521,32 @@ def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "c
                  _CPU_EXECUTOR, None, True, ())
 
 
+class StudyTable(dict):
+    """The registered studies: a name is added once. A plugin (or a study file) that assigns a name already
+    taken, `STUDIES["smoke"] = ...`, is refused: replacing a built-in study silently would run other runs
+    under its name."""
+
+    def __setitem__(self, name: str, study: Callable[..., Study] | Study) -> None:
+        if name in self:
+            raise ValueError(f"study {name!r} is registered already; allowed values: a new name (registered: "
+                             f"{', '.join(self)})")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"study name {name!r}; allowed values: a Python identifier (letters, digits, _)")
+        super().__setitem__(name, study)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def setdefault(self, name: str, study: Any = None) -> Any:
+        if name not in self:
+            self[name] = study
+        return self[name]
+
+
 #: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
 #: them) or a Study object; `get_study(name, rungs=, seeds=)` builds one.
-STUDIES: dict[str, Callable[..., Study] | Study] = {
+STUDIES: StudyTable = StudyTable({
     "smoke": smoke,
     "noise_cpu": noise_cpu,
     "calibration": calibration,
@@ -541,7 +564,7 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
                                       "n_layers": HERO_SMOKE_LAYERS["hero_node"], **kw}),
     "hero_rack": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_rack",
                                       "n_layers": HERO_SMOKE_LAYERS["hero_rack"], **kw}),
-}
+})
 
 
 STUDY_FORMS = "a Study, or a function returning one (a builder)"

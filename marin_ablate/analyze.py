@@ -35,7 +35,8 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
         if c.is_file():
             return c.parent, complete_table(load_table(c), c)
         if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
-            plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
+            for note in plugins.record_notes(c):  # a record, compared: nothing in a study folder is imported
+                print(f"note: {note}")
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
                      f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, "
@@ -190,6 +191,10 @@ class AnalyzeOptions(FitOptions):
     imports: ImportSection | None = option(None, section=ImportSection, name="import", mode=True,
                                            help=ImportSection.__doc__)
     forecast: ForecastSection | None = option(None, section=ForecastSection, mode=True, help=ForecastSection.__doc__)
+    plugin: tuple[str, ...] = option((), metavar="FILE.py|MODULE",
+                                     help="import this study file or module first: the responses it registers are "
+                                          "fitted (repeatable; a study folder's plugins.json is a record only, never "
+                                          "imported)")
 
 
 def _import(args: AnalyzeOptions) -> int:
@@ -217,6 +222,7 @@ def cmd_analyze(argv: list[str]) -> int:
     from marin_ablate.analysis.report.writer import attribution_table, write_report
 
     args = options.parse(AnalyzeOptions, argv)
+    plugins.load_named(args.plugin)  # named by the user, before STUDY is read
     if args.imports is not None:
         return _import(args)
     if args.study is None:
