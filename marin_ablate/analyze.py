@@ -211,8 +211,9 @@ def _import(args: AnalyzeOptions) -> int:
     out = import_file(args.imports.table, args.study_dir, args.imports.study)
     for note in json.loads((out / "import.json").read_text()).get("notes", []):
         print(f"note: {note}")
-    n = sum(1 for _ in (out / "runs").iterdir())
-    print(f"imported {n} runs into {out}; next: marin-ablate analyze {out}")
+    rows = json.loads((out / "import.json").read_text())["rows"]
+    n = sum(1 for p in (out / "runs").iterdir() if p.is_dir())
+    print(f"imported {rows} rows as {n} runs into {out}; next: marin-ablate analyze {out}")
     return 0
 
 

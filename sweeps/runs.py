@@ -29,6 +29,8 @@ from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_jso
     RunSummary,
     atomic_write_json,
     atomic_write_text,
+    check_name,
+    foreign,
     read_json,
     spec_json,
     write_meta,
@@ -43,7 +45,8 @@ from marin_ablate.sweeps.state import claim
 
 
 def study_dir(out: str | Path, study: str) -> Path:
-    return Path(out) / study
+    """OUT/STUDY; a study name that is not one safe path component (marin.schema.check_name) is refused."""
+    return Path(out) / check_name(study, "study name")
 
 
 def run_dir(study_dir_: str | Path, run_id: str) -> Path:
@@ -64,20 +67,26 @@ class PlannedRun:
 
 
 def plan_runs(runs: Iterable[tuple[RunSpec, Mapping]], study_dir_: str | Path) -> list[PlannedRun]:
-    """Pair each (spec, meta) with its run directory; run ids must be distinct."""
+    """Pair each (spec, meta) with its run directory; run ids must be distinct. meta.json names the run id
+    too (marin.schema.foreign: every file of a run folder names its run)."""
     out, seen = [], {}
     for spec, meta in runs:
-        rid = spec.run_id
+        rid = check_name(spec.run_id, "run id")
         if rid in seen:
             raise ValueError(f"runs: two runs share run_id {rid} ({seen[rid]} and {dict(meta)}); "
                              "their specs are identical")
         seen[rid] = dict(meta)
-        out.append(PlannedRun(spec, dict(meta), run_dir(study_dir_, rid)))
+        out.append(PlannedRun(spec, {**dict(meta), "run_id": rid}, run_dir(study_dir_, rid)))
     return out
 
 
 def write_run_files(run: PlannedRun) -> None:
-    """spec.json and meta.json, atomically; an existing directory must hold the same run."""
+    """spec.json and meta.json, atomically; an existing directory must hold the same run, inside its study
+    (a symbolic link to another study's folder is refused: writing through it would change that study)."""
+    if run.dir.is_symlink() or run.dir.exists():
+        why = foreign(run.dir, run.dir.parent)
+        if why is not None:
+            raise ValueError(why)
     run.dir.mkdir(parents=True, exist_ok=True)
     old = read_json(run.dir / "spec.json")
     if old is not None and RunSpec.from_dict(old).run_id != run.run_id:

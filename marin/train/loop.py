@@ -184,7 +184,7 @@ class Trainer:
         self.params_active = int(mflops.params_active(spec.model, spec.recipe))
         self.peak = peak_flops(device, t.precision)
         self.st = LoopState()
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", spec.run_id)
         self.sinks: Sinks | None = None
         self.resumed = False
         self.resumed_from: str | None = None  # the checkpoint this session started from (summary.json)

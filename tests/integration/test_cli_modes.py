@@ -73,7 +73,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
     src.write_text("\n".join(rows) + "\n")
     sd = tmp_path / "study"
     assert cli_main(["analyze", "--import.table", str(src), "--study-dir", str(sd), "--import.study", "ladder"]) == 0
-    assert f"imported 24 runs into {sd}; next: marin-ablate analyze {sd}" in capsys.readouterr().out
+    assert f"imported 24 rows as 24 runs into {sd}; next: marin-ablate analyze {sd}" in capsys.readouterr().out
     assert cli_main(["analyze", str(sd), "--forecast", "--target", "1e20", "--forecast.note", "n",
                      "--design", "factorial", "--n-boot", "10"]) == 0
     assert "arm recipe at 1e+20 FLOPs -> loss" in capsys.readouterr().out
