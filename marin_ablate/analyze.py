@@ -127,13 +127,19 @@ def _ofat_or_none(args, table: pd.DataFrame):
                         star=star or find_star(table))
 
 
-def _pinned(args, study_dir: Path | None):
+def _pinned(args, study_dir: Path | None, study: str | None = None):
     """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
     from marin_ablate.analysis.fit.reflaw import read_pinned
 
     if study_dir is None or args.no_pinned_law or args.pin_linf is not None or args.pin_alpha is not None:
         return None
-    return read_pinned(study_dir)
+    return read_pinned(study_dir, study)
+
+
+def _study_name(table: pd.DataFrame) -> str | None:
+    """The study the table's runs name (their meta.json), None when they name none."""
+    names = table["study"].dropna().astype(str).unique() if "study" in table else []
+    return str(names[0]) if len(names) == 1 else None
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
@@ -141,7 +147,7 @@ def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | 
 
     _check_boot_memory(args.n_boot, table)
     return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
-                         pinned_law=_pinned(args, study_dir),
+                         pinned_law=_pinned(args, study_dir, _study_name(table)),
                          boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
                          target_compute=target, third_levels=args.third_levels, seed=args.seed,
                          force_extrapolation=args.force_extrapolation)

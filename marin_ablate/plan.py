@@ -266,12 +266,13 @@ def _cached_law(study: Any):
     """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
     if not getattr(study, "reference_rungs", ()):
         return None
-    from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin_ablate.analysis.fit.reflaw import LAW_FILE, check_pinned
     from marin_ablate.marin.schema import read_json
     from marin_ablate.sweeps.reference import cache_root, reference_key, reference_specs
 
-    got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
-    return PinnedLaw.from_dict(got) if got else None
+    key = reference_key(reference_specs(study))
+    got = read_json(cache_root() / key / LAW_FILE, strict=True)
+    return check_pinned(got, str(cache_root() / key / LAW_FILE), key=key) if got else None
 
 
 def _before_design(study: Any, out: str) -> list[dict]:
