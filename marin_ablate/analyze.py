@@ -270,6 +270,7 @@ def cmd_analyze(argv: list[str]) -> int:
 
 def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     from marin_ablate.analysis.ofat import report_lines
+    from marin_ablate.analysis.report.spreadsheet import spreadsheet_csv
     from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_text
 
     title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
@@ -277,7 +278,7 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     lines = report_lines(a, title)
     md, csv = out / "report.md", out / "ofat.csv"
     atomic_write_text(md, "\n".join(lines) + "\n")
-    atomic_write_bytes(csv, a.table.to_csv(index=False).encode())
+    atomic_write_bytes(csv, spreadsheet_csv(a.table))  # a rung or arm named "=1+1" is text there, never a formula
     print("\n".join(lines[2:]))
     print(f"wrote {md} and {csv}")
     return 0

@@ -65,6 +65,13 @@ class Inventory:
         out += [f"left out: {r}: {e}" for r, e in self.excluded]
         return out
 
+    def why_none(self, limit: int = 20) -> str:
+        """When no run is usable: the counts and each run's reason (the first `limit`), one line each, to
+        follow an error (a refusal that names no run leaves the user to open every folder)."""
+        lines = self.lines()
+        more = len(lines) - 1 - limit
+        return "\n  ".join(["", *lines[:1 + limit]] + ([f"... and {more} more"] if more > 0 else []))
+
 
 def _copy_of(run_dir: Path) -> str | None:
     """The run id a plain copy of another run folder of this study names (every file the same id, that
