@@ -33,7 +33,7 @@ from marin_ablate.marin.train.distributed import ParallelDims, build_train_model
 from marin_ablate.marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin_ablate.marin.train.machine import code_version, hardware_name, peak_flops
 from marin_ablate.marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
-from marin_ablate.marin.train.source import build_data_source, global_tokens, validate_data
+from marin_ablate.marin.train.source import build_data_source, check_vocab, global_tokens, validate_data
 from marin_ablate.marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
 from marin_ablate.marin.train.step import evaluate, optimizer_step
 from marin_ablate.marin.train.step_progress import StepProgress
@@ -117,6 +117,7 @@ def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
     t = spec.train.effective()
     validate_data(spec.data)
+    check_vocab(spec)
     return t, _device(t, here), context_plan(spec)
 
 
