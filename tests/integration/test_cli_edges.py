@@ -134,3 +134,41 @@ def test_a_damaged_journal_line_is_refused_by_run_tune_naming_it(tmp_path, capsy
     assert (f"Optuna journal {path} line 2 (byte {first}) is not an Optuna journal record (a JSON object with an "
             "integer op_code)") in err, err
     assert sorted(p.name for p in path.parent.iterdir()) == ["optuna.journal"]  # no run written
+
+
+@pytest.mark.parametrize("override, line", [
+    ("--model.vocab_size=1", "ModelConfig.vocab_size=1 is smaller than the tokenizer's vocabulary (256, "
+                             "DataConfig.tokenizer='byte'); allowed values: >= 256"),
+    ("--data.eval_domains=nonesuch", "DataConfig.eval_domains: ['nonesuch'] are not domains of the embedded corpus; "
+                                     "allowed values: prose, scripture, docs, code"),
+])
+def test_run_and_train_refuse_a_spec_train_cannot_run_before_anything_is_written(tmp_path, capsys, override, line):
+    assert main(["run", "smoke", "--out", str(tmp_path / "out"), "--no-profile", override]) == 2
+    assert line in _err(capsys)
+    assert main(["train", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), override]) == 2
+    assert line in _err(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_the_command_imports_is_an_interrupt_not_a_traceback(tmp_path):
+    """SIGINT once `analyze` has started importing pandas (seconds on a loaded machine): exit 130, one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "marin_ablate", "analyze", "nowhere"],
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    seen = []
+    for ln in p.stderr:  # importtime prints each module as its import completes
+        seen.append(ln)
+        if "| numpy" in ln.replace(" ", "") or ln.rstrip().endswith("numpy"):  # pandas is importing numpy
+            p.send_signal(signal.SIGINT)
+            break
+    rest = p.stderr.read()
+    p.wait(timeout=300)
+    err = [x for x in rest.splitlines() if not x.startswith("import time:")]
+    assert "Traceback" not in rest, rest[-3000:]
+    assert err == ["marin-ablate analyze: interrupted (SIGINT)"] and p.returncode == 130, (err, p.returncode)
