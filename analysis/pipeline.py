@@ -139,6 +139,21 @@ def check_extrapolation(target: float, top: float, force: bool) -> None:
                          f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
 
 
+#: Seeds the joint law fit may carry: it fits one loss shift per seed, so each of its steps costs rows × seeds²
+#: (a table of 1,000 seeds in 20,000 rows ran past 27 min and 1.2 GB without finishing; 256 seeds cost seconds
+#: per fit).
+SEED_BLOCKS_MAX = 256
+
+
+def _check_seed_blocks(ok: pd.DataFrame) -> None:
+    """Refuse, before any fit, a table whose joint fit would carry more than SEED_BLOCKS_MAX seed shifts."""
+    n = int(ok["seed"].nunique()) if "seed" in ok else 1
+    if n > SEED_BLOCKS_MAX:
+        raise ValueError(f"the completed runs hold {n:,} seeds: the joint law fit carries one loss shift per seed, "
+                         f"and its cost grows with their square; allowed values: at most {SEED_BLOCKS_MAX} seeds "
+                         "(split the table by seed, or average each arm, rung and seed group into one row first)")
+
+
 def _check_rung_computes(rungs: pd.DataFrame) -> None:
     """Rungs are scales: two rung labels at one compute (within 1e-6) leave the law and the scale terms no
     span between them; refused naming them, before any fit."""
@@ -421,6 +436,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if not scale:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
+    _check_seed_blocks(ok)
     if pinned_law is not None:
         pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
         notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {pinned_law.created}): "
