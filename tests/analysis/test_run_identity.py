@@ -159,3 +159,7 @@ def test_status_counts_a_summary_of_another_type_or_run_as_not_finished_and_name
     assert (f"damaged {a.name}" in out and "field 'eval_macro_loss' is 'abc'; allowed values: a number or null"
             in out), out
     assert f"damaged {b.name}" in out and f"names run {a.name!r}, not {b.name!r}" in out, out
+    assert "`run` refuses this folder until that file is moved back or removed" in out
+    assert main(["run", "smoke", "--out", str(tmp_path), "--rungs", "cpu_s32", "--seeds", "0", "--no-pin",
+                 "--no-profile", "--executor", "debug"]) == 2
+    assert f"runs/{b.name}/summary.json names run {a.name!r}, not {b.name!r}" in capsys.readouterr().err

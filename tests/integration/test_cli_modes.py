@@ -88,7 +88,8 @@ def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
     assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "tiny: LR profile at rung tiny, seed 0, log2 multipliers [-2.0, 0.0, 2.0]" in out
-    assert "use `marin-ablate run tiny --tuned`" in out
+    # the study as given (a path:attribute, not its name `tiny`) and its --out: the command that finds the file
+    assert f"use `marin-ablate run {study} --out {tmp_path} --tuned`" in out
     assert (tmp_path / "tiny" / "tune" / "optuna.journal").stat().st_size > 0
     assert set(tuned_multipliers(tmp_path, "tiny")) == {"all_off", "all_on"}
 
