@@ -530,9 +530,9 @@ class StudyTable(dict):
         if name in self:
             raise ValueError(f"study {name!r} is registered already; allowed values: a new name (registered: "
                              f"{', '.join(self)})")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"study name {name!r}; allowed values: a Python identifier (letters, digits, _)")
-        super().__setitem__(name, study)
+        from marin_ablate.marin.schema import check_name
+
+        super().__setitem__(check_name(name, "study name"), study)  # `run NAME` names a folder OUT/NAME too
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         for k, v in dict(*args, **kwargs).items():
