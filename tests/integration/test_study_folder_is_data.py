@@ -210,3 +210,15 @@ def test_a_run_refuses_to_extend_a_damaged_plugins_json_before_writing_runs(tmp_
                  "--no-profile", "--executor", "debug"]) == 2
     err = capsys.readouterr().err
     assert f"{sd / 'plugins.json'}: unreadable" in err and "delete the file" in err
+
+
+def test_status_never_imports_a_module_named_by_the_folders_plugins_json(tmp_path, capsys):
+    from marin_ablate.main import main
+
+    sd = tmp_path / "smoke"
+    sd.mkdir()
+    marker = tmp_path / "ran.txt"
+    evil = _plant(sd, marker)
+    (sd / "plugins.json").write_text(json.dumps({"imports": [str(evil)], "rows": [["optimizer", "x", str(evil)]]}))
+    assert main(["status", "smoke", "--out", str(tmp_path), "--rungs", "cpu_s32", "--seeds", "0"]) == 0
+    assert not marker.exists() and "smoke: 0/16 done" in capsys.readouterr().out
