@@ -119,7 +119,8 @@ MODEL_RANGES: dict[str, tuple] = {
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of one model. MoE numbers (n_experts, top_k) are the recipe's latent geometry;
-    the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d."""
+    the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d
+    (`full_width` keeps them and divides the expert hidden instead: `moe_geometry`)."""
 
     d_model: int = 64
     n_layers: int = 2
@@ -246,10 +247,18 @@ class ModelConfig:
         return self.d_model // self.latent_ratio
 
     def moe_geometry(self, recipe: Recipe) -> "MoEGeometry":
-        """Experts, top-k and expert width for the recipe's latent_moe level (docs/method.md §2.1)."""
+        """Experts, top-k and expert width for the recipe's latent_moe level (docs/method.md §2.1):
+        `latent` E experts top-K at width d/α behind the latent projections; `standard` E/α top-K/α at
+        width d (the same routed parameters and FLOPs); `full_width` E top-K at width d with hidden m/α
+        (Marin's drop_latent, fast_track/launch.py `_ablate_model`: the same per-expert parameters)."""
+        a = self.latent_ratio
         if recipe.latent_moe == "latent":
             return MoEGeometry(self.n_experts, self.top_k, self.latent_dim, self.expert_hidden, True)
-        a = self.latent_ratio
+        if recipe.latent_moe == "full_width":
+            if self.expert_hidden % a:
+                raise ValueError(f"ModelConfig.expert_hidden={self.expert_hidden} is not divisible by latent_ratio={a}"
+                                 " (latent_moe=full_width halves the expert hidden); allowed values: multiples of it")
+            return MoEGeometry(self.n_experts, self.top_k, self.d_model, self.expert_hidden // a, False)
         return MoEGeometry(self.n_experts // a, self.top_k // a, self.d_model, self.expert_hidden, False)
 
     def capacity_factor(self, recipe: Recipe) -> float | None:
@@ -288,6 +297,12 @@ MIXED_PRECISIONS = ("none", "bf16")
 #: "cpu" (a host-side optimizer step) is refused for sharded runs by marin.train.distributed.check_no_host_update,
 #: naming this field: the hero shards its expert state across racks instead (docs/hero.md "Memory")
 OFFLOADS = ("none", "cpu")
+
+
+#: Context extension's query multiplier at a stage of length L (base length L0): q × (1 + c·ln(L/L0)), c by rule:
+#: "yarn" 0.1 (YaRN's attention scale, Peng et al. 2023, arXiv 2309.00071 eq. 20); "marin" 0.2 (the rule
+#: Marin's extension runs used: 1.3·(1 + 0.2·ln 4) = 1.66 at 4k -> 16k; docs/fidelity.md "context extension")
+CONTEXT_Q_RULES = {"yarn": 0.1, "marin": 0.2}
 
 
 @dataclass(frozen=True)
@@ -345,6 +360,7 @@ class TrainConfig:
     spike_window: int = 50  # a spike: loss > spike_factor * running median of the last spike_window
     spike_factor: float = 1.5
     context_stages: tuple[ContextStage, ...] = ()
+    context_q_rule: str = "yarn"  # CONTEXT_Q_RULES: the q multiplier's growth with the stage's length
     precision: str = "fp32"
     mixed_precision: str = "none"  # MIXED_PRECISIONS ("bf16" at the GPU rungs and the hero)
     # Rack-local sharding (HSDP): the world as this many replicas ("racks") of world/replica_groups
@@ -380,6 +396,7 @@ class TrainConfig:
               f"{self.mixed_precision!r} computes in bf16 and needs precision='bf16' (autocast), got "
               f"precision={self.precision!r}; allowed values with it: 'none'")
         check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
+        check_level(o, "context_q_rule", self.context_q_rule, tuple(CONTEXT_Q_RULES))
         check_level(o, "offload", self.offload, OFFLOADS)
         check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
               "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")
@@ -401,6 +418,10 @@ class TrainConfig:
 
 
 TOKENIZERS = ("byte", "bpe")
+#: The train stream's order (marin/data/shards.py, marin/data/index.py): "documents" orders every document by
+#: sha256(seed:epoch:uid) when a rank opens the corpus (~150 bytes per document per rank); "indexed" reads the
+#: index `data prepare` wrote and permutes fixed windows per (seed, epoch): flat in the corpus size (the hero)
+SHUFFLES = ("documents", "indexed")
 
 
 @dataclass(frozen=True)
@@ -426,10 +447,12 @@ class DataConfig:
     # corpus) is cut to its first int(n · run tokens / this) sequences and read round and round, so it
     # repeats as often as in a run of this many tokens (Marin's hero ladder: 18.75T); 0: off
     simulated_epoching_target: int = 0
+    shuffle: str = "documents"  # SHUFFLES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
+        check_level("DataConfig", "shuffle", self.shuffle, SHUFFLES)
         check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20,
                                                          "an integer in 257..1048576 "
                                                          "(256 bytes plus at least one merge)"),

@@ -156,7 +156,7 @@ class ForwardContext:
     mask_global: Tensor | BlockMask
     cos_SR: Tensor
     sin_SR: Tensor
-    q_scale: float  # context-extension multiplier on q (1 + 0.1·ln(L/L0); 1.0 at the base length)
+    q_scale: float  # context-extension multiplier on q (1 + c·ln(L/L0), TrainConfig.context_q_rule; 1.0 at L0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ class MarinModel(nn.Module):
             self.final_gated_norm = GatedNorm(cfg.d_model, cfg.gated_norm_width)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.rot_dims = int(cfg.head_dim * cfg.rope_fraction)
-        # Context extension (docs/method.md §2.1): the trainer sets 1 + 0.1·ln(L_new/L_0) at each stage.
+        # Context extension (docs/method.md §2.1): the trainer sets 1 + c·ln(L_new/L_0) at each stage.
         self.q_scale = 1.0
         self.reset_parameters()
 

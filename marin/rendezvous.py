@@ -30,6 +30,15 @@ from datetime import timedelta
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN
 DEFAULT_TIMEOUT_S = 300.0
+#: A large start (LARGE_WORLD ranks or more; the hero: 704 on 176 nodes) gets explicit timeouts (docs/hero.md
+#: "Timeouts"): the TCP store waits LARGE_STORE_TIMEOUT_S for every rank (srun starts 176 nodes' tasks over
+#: minutes: imports and the venv over a shared filesystem) and the same deadline bounds each sub-group's first
+#: NCCL setup, whose unique id goes through the store; LARGE_PG_TIMEOUT_S bounds every collective (NCCL's
+#: watchdog): the first step sets up ~10 communicators per rank lazily and a resume reads a 4.3 TB checkpoint
+#: between two collectives, yet a rank-divergent collective still fails the job in 30 minutes, not hours.
+LARGE_WORLD = 64
+LARGE_STORE_TIMEOUT_S = 900.0
+LARGE_PG_TIMEOUT_S = 1800.0
 
 
 class RendezvousError(RuntimeError):
@@ -142,10 +151,12 @@ def gloo_interface(addr: str, env: Mapping[str, str] | None = None) -> str | Non
     return interface_to(addr)
 
 
-def rendezvous_timeout_s() -> float:
+def rendezvous_timeout_s(world: int = 1) -> float:
+    """The TCP store's deadline: MARIN_RENDEZVOUS_TIMEOUT_S, else DEFAULT_TIMEOUT_S (LARGE_STORE_TIMEOUT_S
+    from LARGE_WORLD ranks on)."""
     v = os.environ.get("MARIN_RENDEZVOUS_TIMEOUT_S", "")
     try:
-        t = float(v) if v else DEFAULT_TIMEOUT_S
+        t = float(v) if v else LARGE_STORE_TIMEOUT_S if world >= LARGE_WORLD else DEFAULT_TIMEOUT_S
     except ValueError:
         t = -1.0
     if not t > 0:
@@ -153,14 +164,28 @@ def rendezvous_timeout_s() -> float:
     return t
 
 
+def pg_timeout_s(world: int) -> float | None:
+    """Every collective's deadline: MARIN_PG_TIMEOUT_S, else LARGE_PG_TIMEOUT_S from LARGE_WORLD ranks on,
+    else None (torch's own: 10 min for NCCL, 30 min for gloo)."""
+    v = os.environ.get("MARIN_PG_TIMEOUT_S", "")
+    try:
+        t = float(v) if v else LARGE_PG_TIMEOUT_S if world >= LARGE_WORLD else None
+    except ValueError:
+        t = -1.0
+    if t is not None and not t > 0:
+        raise ValueError(f"MARIN_PG_TIMEOUT_S={v!r}; allowed values: seconds > 0")
+    return t
+
+
 def init_process_group(backend: str, rdv: Rendezvous | None = None, timeout_s: float | None = None) -> Rendezvous:
     """torch.distributed.init_process_group at `rdv` (default `from_env()`): every rank meets the
-    TCP store of rank 0 within `timeout_s` (default MARIN_RENDEZVOUS_TIMEOUT_S) or raises
-    RendezvousError naming the address and port; collectives keep torch's own timeout."""
+    TCP store of rank 0 within `timeout_s` (default `rendezvous_timeout_s`) or raises
+    RendezvousError naming the address and port; every collective's deadline is `pg_timeout_s`."""
     import torch.distributed as dist
 
     rdv = rdv or from_env()
-    t = rendezvous_timeout_s() if timeout_s is None else timeout_s
+    t = rendezvous_timeout_s(rdv.world_size) if timeout_s is None else timeout_s
+    pg_t = pg_timeout_s(rdv.world_size)
     rdv.export()
     if "GLOO_SOCKET_IFNAME" not in os.environ:  # every backend: a CUDA run's checkpoint group is gloo too
         ifname = gloo_interface(rdv.addr)
@@ -171,7 +196,8 @@ def init_process_group(backend: str, rdv: Rendezvous | None = None, timeout_s: f
         store = dist.TCPStore(rdv.addr, rdv.port, rdv.world_size, is_master=rdv.rank == 0,
                               timeout=timedelta(seconds=t), wait_for_workers=True)
         # the store's deadline also bounds the process group's own address exchange through it
-        dist.init_process_group(backend, store=store, rank=rdv.rank, world_size=rdv.world_size)
+        dist.init_process_group(backend, store=store, rank=rdv.rank, world_size=rdv.world_size,
+                                **({"timeout": timedelta(seconds=pg_t)} if pg_t else {}))
     except (RuntimeError, OSError) as e:  # DistNetworkError/DistStoreError are RuntimeErrors
         msg = " ".join(str(e).split())[:300]
         raise RendezvousError(f"rank {rdv.rank} of {rdv.world_size} could not meet the others at the rendezvous "

@@ -164,10 +164,25 @@ def _on_fake_group(p: Tensor) -> bool:
     return hasattr(p, "device_mesh") and dist.is_initialized() and dist.get_backend() == "fake"
 
 
+def check_sphere_norms(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str, str], hp: OptimHparams) -> None:
+    """ValueError naming a parameter whose hyperball sphere would have radius 0 (its drawn init is zero)."""
+    kinds = optimizer_level(hp.level).group_kinds()
+    for name, p in named_params:
+        k = KINDS[kinds[roles[name]]] if roles.get(name) in kinds else None
+        if k is not None and k.on_sphere and not p.is_meta and not _on_fake_group(p) \
+                and float(p.detach().float().norm()) == 0.0:
+            raise ValueError(f"parameter {name!r} (role {roles[name]!r}) has zero Frobenius norm: it cannot live "
+                             "on a hyperball; give it a nonzero init or another role")
+
+
 def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str, str],
-                 hp: OptimHparams) -> list[dict]:
+                 hp: OptimHparams, drawn: bool = True) -> list[dict]:
     """One group per (kind, role) so the assignment can be read off `group["role"]`/`["names"]`.
-    A role in the level's `annealed_decay` takes `hp.gate_router_weight_decay`, annealed by `set_lr`."""
+    A role in the level's `annealed_decay` takes `hp.gate_router_weight_decay`, annealed by `set_lr`.
+    `drawn=False`: the weights are not drawn yet (a model a checkpoint will fill): no radius check here."""
+    named_params = list(named_params)
+    if drawn:
+        check_sphere_norms(named_params, roles, hp)
     level = optimizer_level(hp.level)
     kinds = level.group_kinds()
     buckets: dict[tuple[str, str], dict] = {}
@@ -182,10 +197,6 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
                              f"allowed values: {', '.join(ROLES)}")
         kind = kinds[role]
         k = KINDS[kind]
-        if k.on_sphere and not p.is_meta and not _on_fake_group(p) \
-                and float(p.detach().float().norm()) == 0.0:
-            raise ValueError(f"parameter {name!r} (role {role!r}) has zero Frobenius norm: it cannot live "
-                             "on a hyperball; give it a nonzero init or another role")
         key = (kind, role)
         if key not in buckets:
             lr = hp.adam_lr if k.lr == "adam" else hp.lr
@@ -428,10 +439,10 @@ def muon_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
     w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
 
 
-def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None) -> MarinOptimizer:
+def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None, drawn: bool = True) -> MarinOptimizer:
     """Group `model`'s parameters by `model.param_roles()` for `hp.level`; `expert_group` is the EP
-    group of an EP model (its expert stacks are slices of each layer's bank)."""
-    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp), expert_group)
+    group of an EP model (its expert stacks are slices of each layer's bank); `drawn` as `param_groups`."""
+    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp, drawn), expert_group)
 
 
 def group_assignment(opt: torch.optim.Optimizer) -> dict[str, str]:

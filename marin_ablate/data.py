@@ -1,11 +1,13 @@
 """`marin-ablate data prepare SOURCE --tokenizer SPEC --corpus-dir DIR`: tokenize a corpus once into token
 shards with a manifest (marin/data/prepare.py); a study then trains on it with `--data.corpus=DIR`.
 Interrupted, the same command resumes: finished shards are kept.
-`marin-ablate data verify DIR` checks every shard against the manifest's sha256."""
+`marin-ablate data verify DIR` checks every shard against the manifest's sha256; `marin-ablate data index DIR`
+writes the loader index (marin/data/index.py) of a corpus prepared before `data prepare` wrote one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from marin_ablate import options
@@ -42,13 +44,21 @@ class VerifyOptions:
     corpus: str = option(positional=True, metavar="DIR", help="a prepared corpus directory")
 
 
-ACTIONS = {"prepare": PrepareOptions, "verify": VerifyOptions}
+@dataclass(frozen=True)
+class IndexOptions:
+    """Write the loader index of a prepared corpus (DataConfig.shuffle='indexed' reads it)."""
+
+    command: ClassVar[str] = "data"
+    corpus: str = option(positional=True, metavar="DIR", help="a prepared corpus directory")
+
+
+ACTIONS = {"prepare": PrepareOptions, "verify": VerifyOptions, "index": IndexOptions}
 
 
 def cmd_data(argv: list[str]) -> int:
     if not argv or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
-            print("usage: marin-ablate data {prepare,verify} ...\n\n" + "\n".join(
+            print(f"usage: marin-ablate data {{{','.join(ACTIONS)}}} ...\n\n" + "\n".join(
                 f"  {k:<8} {v.__doc__.splitlines()[0]}" for k, v in ACTIONS.items()))
             return 0
         raise ValueError(f"ACTION {argv[0] if argv else ''!r} is not known; allowed values: {', '.join(ACTIONS)}")
@@ -59,6 +69,15 @@ def cmd_data(argv: list[str]) -> int:
 
         m = verify_corpus(args.corpus, full=True)
         print(f"{args.corpus}: {len(m['shards'])} shards, {m['tokens']:,} tokens match manifest.json (sha256)")
+        return 0
+    if action == "index":
+        from marin_ablate.marin.data.index import build_index
+        from marin_ablate.marin.data.prepare import out_lock
+
+        with out_lock(Path(args.corpus).expanduser()):
+            meta = build_index(args.corpus)
+        print(f"{args.corpus}: loader index of {meta['documents']:,} documents, {meta['tokens']:,} tokens, "
+              f"{len(meta['domains'])} domain(s)")
         return 0
     from marin_ablate.marin.data.prepare import PrepareConfig, prepare
 

@@ -101,10 +101,29 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
         loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
     if not args.json:
         print(format_loop(loop) + "\n", flush=True)
-    rep = dry_run(spec, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib)
-    print(json.dumps({"rehearsal": reh, "loop": loop, **rep}, indent=1, default=str) if args.json
-          else format_report(rep))
-    return 0 if rep["ok"] and reh["ok"] else 1
+    from marin_ablate.marin.train.stages import stage_specs
+
+    # (b) at every context stage's shape (its seq_len and sequences per rank): the memory of each
+    reps = []
+    for stage, at, _ in stage_specs(spec):
+        rep = dry_run(at, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib)
+        rep["stage"] = {"from_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size}
+        reps.append(rep)
+        if not args.json:
+            if len(reps) > 1 or len(context_stages(spec)) > 1:
+                print(f"context stage from step {stage.start_step:,}: seq_len {stage.seq_len:,}, "
+                      f"{stage.batch_size:,} sequences per step", flush=True)
+            print(format_report(rep) + "\n", flush=True)
+    if args.json:
+        print(json.dumps({"rehearsal": reh, "loop": loop, **reps[0], "stages": reps}, indent=1, default=str))
+    ok = all(r["ok"] for r in reps)
+    return 0 if ok and reh["ok"] else 1
+
+
+def context_stages(spec: Any) -> list:
+    from marin_ablate.marin.train.stages import context_plan
+
+    return context_plan(spec)
 
 
 def cmd_preset(args: PlanOptions) -> int:
@@ -229,9 +248,13 @@ def cmd_plan(argv: list[str]) -> int:
                                if not k.startswith(("est_", "max_par"))))
     for row in d["before_design"]:
         cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
-        print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
+        at = f": {row['runs']} runs at {row['rungs']}" if row["runs"] else ""
+        print(f"before the design: {row['what']}{at}{cs}"
               + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
               + (f"; {row['state']}" if row.get("state") else ""))
+    if d.get("published_law"):
+        law = d["published_law"]
+        print(f"reference law: L∞ = {law['linf']:g} and α = {law['alpha']:g} pinned from {law['source']}")
     ex = d["execution"]
     print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
                                               else "runs at once as the scheduler allows"))
@@ -272,15 +295,21 @@ def _cached_law(study: Any):
 
     key = reference_key(reference_specs(study))
     got = read_json(cache_root() / key / LAW_FILE, strict=True)
-    return check_pinned(got, str(cache_root() / key / LAW_FILE), key=key) if got else None
+    if not got or not got.get("valley"):  # none, or a former fit: `run` refits it
+        return None
+    return check_pinned(got, str(cache_root() / key / LAW_FILE), key=key)
 
 
 def _before_design(study: Any, out: str) -> list[dict]:
     """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
     LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
-    from marin_ablate.sweeps.tuning import profile_cost, read_profile
+    from marin_ablate.sweeps.tuning import profile_cost, profile_skipped, read_profile
 
     rows = []
+    skipped = profile_skipped(study)
+    if skipped:
+        rows.append({"what": f"no LR profile: {skipped}", "runs": 0, "rungs": "", "core_seconds": 0, "max_runs": 0,
+                     "state": "", "n_runs": 0})
     pc = profile_cost(study)
     if pc is not None:
         done = read_profile(out, study.name)

@@ -35,8 +35,8 @@ class RunOptions(StudyOptions):
     tuned: bool = option(False, help="use the per-arm LR multipliers `run --tune` wrote")
     no_profile: bool = option(False, help="skip the LR profile of each LR-coupled factor's levels (every arm at the "
                                           "heuristic LR)")
-    no_pin: bool = option(False, help="skip the baseline ladder that pins the reference law (fit it on the "
-                                      "design's rungs)")
+    no_pin: bool = option(False, help="pin no reference law: neither the baseline ladder nor the study's "
+                                      "published law (the analysis fits it on the design's rungs)")
     no_analyze: bool = option(False, help="do not run the analysis afterwards")
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
@@ -98,20 +98,27 @@ def cmd_run(argv: list[str]) -> int:
     check_layouts(planned, opts, study_resources(study))
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
-    from marin_ablate.sweeps.tuning import read_profile
+    from marin_ablate.sweeps.tuning import profile_skipped, read_profile
 
-    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile)
+    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not profile_skipped(study)
             and not read_profile(args.out, study.name)):
         raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
                          "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
     mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,
                          profile=not args.no_profile, overrides=args.overrides)
+    if prov.get("lr_profile_skipped"):
+        print(f"{study.name}: no LR profile: {prov['lr_profile_skipped']}", flush=True)
     if prov["lr_source"] == "profile":
         print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
     from marin_ablate.analysis.fit.reflaw import LAW_FILE
     from marin_ablate.sweeps.runs import study_dir as _sdir
 
-    if study.reference_rungs and not args.no_pin and opts.wait:
+    if getattr(study, "published_law", None) is not None and not args.no_pin:
+        from marin_ablate.sweeps.reference import pin_published
+
+        law = pin_published(study, _sdir(args.out, study.name))
+        print(f"{study.name}: L∞ and α pinned to a published law: {law.source}", flush=True)
+    elif study.reference_rungs and not args.no_pin and opts.wait:
         from marin_ablate.sweeps.reference import pin_reference_law
 
         law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)

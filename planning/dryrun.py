@@ -403,8 +403,17 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
     """The spec at a width a CPU affords, keeping what the layout depends on: experts, top-k, the EP
     size, the recipe, the optimizer, checkpointing, the chunked loss; `steps` steps, an eval at the end,
     no checkpoint written (DCP save does not run on the fake group: the state dict is checked instead).
-    CPU runs sdpa in fp32 (flex has no CPU backward); an embedded corpus is byte-tokenized."""
-    from marin_ablate.marin.config import DataConfig
+    CPU runs sdpa in fp32 (flex has no CPU backward); an embedded corpus is byte-tokenized.
+    Context stages are kept, one step each: n stages run at seq_len / 2^n, ..., seq_len / 2, seq_len
+    (tokens per step held, so each rank still has a whole sequence at the longest), stage i from step i,
+    the q multiplier by the spec's own rule at these ratios (`narrowed_stages`)."""
+    from marin_ablate.marin.config import ContextStage, DataConfig
+
+    n = len(spec.train.context_stages)
+    if n:  # every stage trains a step: the loader, the q multiplier and the step at each stage's shape
+        seqs_per_rank, steps = max(seqs_per_rank, 2 ** n), max(steps, n + 1)
+        stages = tuple(ContextStage(i / steps, seq_len // 2 ** (n - i)) for i in range(1, n + 1))
+        seq_len //= 2 ** n
 
     m = dataclasses.replace(spec.model, d_model=d_model, n_layers=n_layers, n_heads=4, head_dim=16, n_kv_heads=2,
                             n_kv_heads_global=1, seq_len=seq_len, window=seq_len // 2,
@@ -412,7 +421,8 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
                             gated_norm_rank=min(spec.model.gated_norm_rank, 16), attention="sdpa", kernels="torch")
     t = dataclasses.replace(spec.train, steps=steps, batch_size=seqs_per_rank * world, eval_every=steps,
                             eval_batches=1, eval_batch_size=world, checkpoint_every=0, log_every=1, device="cpu",
-                            precision="fp32", mixed_precision="none", compile=False, context_stages=(), threads=None,
+                            precision="fp32", mixed_precision="none", compile=False,
+                            context_stages=stages if n else (), threads=None,
                             loss_chunk_tokens=min(spec.train.loss_chunk_tokens, seqs_per_rank * seq_len // 2)
                             if spec.train.loss_chunk_tokens else 0)
     data = spec.data
@@ -489,7 +499,10 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
             seq = stages[0].seq_len
             data = {"rank_slices": trainer.data.rank_rows,
                     "train_rows": int(trainer.data.train[seq].batch(0)[0].shape[0]),
-                    "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0])}
+                    "eval_rows": int(next(iter(trainer.eval_sets[seq].values()))[0][0].shape[0]),
+                    # each context stage trained a step at its own shape (narrowed): (from step, seq_len, rows)
+                    "stages": [(s.start_step, s.seq_len, int(trainer.data.train[s.seq_len].batch(s.start_step)[0]
+                                                             .shape[0]), round(s.q_scale, 4)) for s in stages]}
     finally:
         if not one:
             dist.destroy_process_group()
@@ -523,7 +536,7 @@ def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) ->
     ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
     rows = [in_fresh_process(loop_rank, small, world, ep_size, r, Path(work_dir) / f"rank{r}") for r in ranks]
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "d_model": small.model.d_model,
-            "n_layers": small.model.n_layers, "seq_len": small.model.seq_len,
+            "n_layers": small.model.n_layers, "seq_len": small.model.seq_len, "steps": small.train.steps,
             "sequences_per_rank": small.train.batch_size // world, "seconds": time.perf_counter() - t0}
 
 
@@ -532,11 +545,15 @@ def format_loop(rep: dict) -> str:
               if rep["world"] == 1 else
               f"world {rep['world']} = {rep['world'] // rep['ep_size']} x EP {rep['ep_size']} (fake process group)")
     out = [f"dry run (a): the training loop at {layout}, d_model {rep['d_model']}, {rep['n_layers']} layers, "
-           f"seq_len {rep['seq_len']}, {rep['sequences_per_rank']} sequences per rank, 2 steps + eval, CPU sdpa fp32"]
+           f"seq_len {rep['seq_len']}, {rep['sequences_per_rank']} sequences per rank, {rep.get('steps', 2)} steps + "
+           "eval, CPU sdpa fp32"]
     for r in rep["rows"]:
         out.append(f"  rank {r['rank']:>5} (dp, ep) = {r['dp_ep']}: {r['experts_per_rank']} experts, "
                    f"{r['steps']} steps, loss {r['loss']:.4f}, eval {r['eval_macro_loss']:.4f}, "
                    f"{r['all_to_alls']} all-to-alls ({r['split_rows']} rows), checkpoint state dict "
                    f"{r['checkpoint_tensors']} tensors")
+        if len(r["data"].get("stages", ())) > 1:
+            out.append("    context stages (from step, seq_len, rows per rank, q multiplier): "
+                       + ", ".join(f"({a}, {b}, {c}, {q})" for a, b, c, q in r["data"]["stages"]))
     out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)

@@ -21,6 +21,11 @@ holds one rank's items; metadata is not committed). `Discipline` watches every o
 - an op whose meta kernel refuses its operands (a dtype mismatch of bf16 compute against fp32 state, a
   shape that does not match) fails naming the op and the caller. bf16 autocast itself is a region
   marker only (`AutocastStandIn`): the step's bf16 comes from FSDP2's mixed precision.
+Every collective is also recorded in order as (op, group, shapes, dtypes), and the rehearsed ranks are
+compared (`compare_ranks`): where they share a group their sequences must be equal, and every rank issues
+the same sequence of collectives on its own groups of each size (SPMD); the first differing call fails,
+named, as it would hang both ranks on NCCL until the watchdog. Host reads are counted per step and bounded
+by `host_reads_allowed` (each one stalls the step until the GPU drains). Each context stage trains a step.
 Kernels that cannot run on CPU keep device, dtype and shape through a stand-in and are listed: the
 Triton kernels (torch's ops), compiled flex attention (sdpa), torch.compile (eager), ragged EP's split
 read (even splits, `marin.ep_exchange.read_splits`). Width is narrowed (`planning.dryrun.narrowed`); the
@@ -50,8 +55,42 @@ _COPIES = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default, _ate
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
 
 
+#: Host reads of device values allowed per step (each waits for the GPU to drain): HOST_READS_FIXED for the
+#: step's own (dist_forward_backward's logged statistics, loss and grad norm: 8 measured) and HOST_READS_PER_LAYER
+#: for each MoE layer (the router's token count in the QB update, and ragged EP's split read in the forward and
+#: the recomputed forward: 3 measured); above it the rehearsal fails naming the call sites (docs/hero.md).
+HOST_READS_FIXED, HOST_READS_PER_LAYER = 12, 4
+
+
+def host_reads_allowed(n_layers: int) -> int:
+    """The host-read budget of one step of an `n_layers` model (the hero: 12 + 4 x 48 = 204)."""
+    return HOST_READS_FIXED + HOST_READS_PER_LAYER * n_layers
+
+
 class RehearsalError(RuntimeError):
     """The step would fail on a GPU: one line naming the call and its caller."""
+
+
+#: Rooted collectives: which of their tensors is this rank's own part (c10d::gather_(outputs, inputs, group,
+#: root, ...): the root alone passes the gathered list; scatter_ mirrors it), compared across ranks with the root
+_ROOTED = {"c10d::gather_": slice(-1, None), "c10d::scatter_": slice(0, 1)}
+
+
+def _group_ranks(args, kwargs) -> tuple[int, ...]:
+    """The ranks of the process group a collective's arguments name (a c10d ProcessGroup object, or a
+    functional collective's group name); () when none is found."""
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
+            except RuntimeError:  # a ReduceOp, not a group
+                continue
+        if isinstance(a, str):
+            try:
+                return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(a)))
+            except (ValueError, RuntimeError, KeyError):
+                continue
+    return ()
 
 
 def _caller() -> str:
@@ -80,6 +119,8 @@ class Discipline(TorchDispatchMode):
         self.host_reads: Counter[str] = Counter()
         self.transfers: Counter[str] = Counter()  # accelerator -> host copies that are not reads (offload)
         self.collectives: Counter[str] = Counter()
+        # every collective in order: (op, group ranks, shapes, dtypes, caller) -- compared across ranks
+        self.calls: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -92,6 +133,10 @@ class Discipline(TorchDispatchMode):
                                      "process group serves only the accelerator, as NCCL serves only cuda "
                                      "(No backend type associated with device type cpu)")
             self.collectives[f"{func.name()} ({'host' if host else 'accelerator'})"] += 1
+            own = _ROOTED.get(func.name(), slice(None))  # a rooted op: the root alone holds the peers' buffers
+            name = func.name() + (f" (root {args[3]})" if func.name() in _ROOTED else "")
+            self.calls.append((name, _group_ranks(args, kwargs), tuple(tuple(t.shape) for t in tensors[own]),
+                               tuple(str(t.dtype).removeprefix("torch.") for t in tensors[own]), _caller()))
             return func(*args, **kwargs)
         if func is _aten._local_scalar_dense.default and tensors[0].device == ACCEL:
             self.host_reads[_caller()] += 1
@@ -246,6 +291,9 @@ def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[s
     return dataclasses.replace(small, train=t), subs
 
 
+_SPLIT_READ = "marin/ep_exchange.py in read_splits (stood in: even splits)"
+
+
 def _even_splits(splits_2CS: torch.Tensor, rows: int) -> list:
     """ragged EP's host read stood in: every chunk sends (and receives) `rows` split evenly over the
     ranks, what a balanced router sends under capacity (the shapes downstream follow from these)."""
@@ -258,12 +306,12 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     """This rank's DCP save as far as a fake group lets it go: the state dict, the save planner's local
     and (one-rank) global plan, and FileSystemWriter's write of this rank's items; what ran, in words."""
     from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     from marin_ablate.marin.ep import ep_state_dict
+    from marin_ablate.marin.parallel import save_planner
 
     sd = ep_state_dict(trainer.model, groups, trainer.opt)
-    planner = DefaultSavePlanner()
+    planner = save_planner()  # the trainer's: plan caching on
     planner.set_up_planner(sd, None, is_coordinator=True)
     writer = FileSystemWriter(str(path), thread_count=1, single_file_per_rank=True)
     writer.set_up_storage_writer(True)
@@ -289,6 +337,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from marin_ablate.marin.kernels import torch_ops
     from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout
     from marin_ablate.marin.train.loop import Trainer
+    from marin_ablate.marin.train.stages import apply_q_scale
     from marin_ablate.planning.dryrun import forget_meshes, start_rank
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal")
@@ -304,7 +353,12 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     _fully_shard._get_device_from_mesh = lambda mesh: ACCEL if mesh.device_type == ACCEL.type else saved[0](mesh)
     _fsdp_param_group.FSDPParamGroup._validate_no_meta_params = lambda self: None
     torch.meta = _device_handle()  # the device handle FSDP2 asks for streams and events (torch.cuda on a GPU)
-    ep_exchange.read_splits = _even_splits
+    # ragged EP's split read stood in, and counted as the host read it is on a GPU
+    def read_splits(splits, rows):
+        mode.host_reads[_SPLIT_READ] += 1
+        return _even_splits(splits, rows)
+
+    ep_exchange.read_splits = read_splits
     # the accelerator is a Hopper/Blackwell GPU (sm90+): torch._grouped_mm in bf16 with aligned rows
     saved_gmm = torch_ops.native_grouped_mm_ok
     torch_ops.native_grouped_mm_ok = lambda x, w: (saved_gmm(x, w) if x.device != ACCEL else
@@ -323,9 +377,13 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
         # backward in this thread: the modes are thread-local (a device thread would not see them)
         with mode, torch.autograd.set_multithreading_enabled(False):
             trainer = Trainer(spec, run_dir, stages, ACCEL, d, time.perf_counter())
+            trainer.init_model()  # a fresh start (`Trainer.start` without its directory bookkeeping)
             trainer.main = True
             where = {n: p.device.type for n, p in list(trainer.model.named_parameters())[:1]}
-            _, loss, _, gnorm, _, _ = trainer.train_step(stages[0])
+            for stage in stages:  # one step at each context stage's shape and q multiplier
+                trainer.st.step = stage.start_step
+                apply_q_scale(trainer.model, stage.q_scale)
+                trainer.train_step(stage)
             ckpt = _save_checkpoint(trainer, groups, run_dir / "checkpoints" / "rehearsal")
         local = [m.w_up_EWH.shape[0] for _, m in ep.moe_layers(trainer.model)]
     finally:
@@ -340,12 +398,59 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     return {"rank": rank, "backend": backend, "experts_per_rank": local[0] if local else 0,
             "param_device": next(iter(where.values()), ""), "checkpoint": ckpt,
             "host_reads": dict(mode.host_reads), "transfers": dict(mode.transfers),
-            "collectives": dict(mode.collectives), "seconds": time.perf_counter() - t0}
+            "collectives": dict(mode.collectives), "calls": mode.calls, "steps": len(stages),
+            "stages": [(s.seq_len, s.batch_size) for s in stages], "seconds": time.perf_counter() - t0}
 
 
-def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False, **narrow) -> dict:
-    """Part (c): the first and last rank (each in a fresh process) through `rehearse_rank`; `ok` false
-    with `error` naming the call that fails (a GPU would fail there too)."""
+def _call(c: tuple, shared: bool) -> str:
+    op, ranks, shapes, dtypes, caller = c
+    group = f"{'the shared' if shared else 'its'} group of {len(ranks)} rank(s)"
+    return f"{op} on {group}, {', '.join(f'{d}{list(s)}' for s, d in zip(shapes, dtypes, strict=True))} from {caller}"
+
+
+def compare_ranks(rows: list[dict]) -> str | None:
+    """None when the rehearsed ranks' collective sequences agree, else one line naming the first call that
+    differs (module docstring): first on the groups two ranks share (a mismatch there hangs both), then on
+    each rank's own groups, compared by group size (the same program on every rank)."""
+    for a, b in zip(rows, rows[1:], strict=False):
+        ra, rb = a["rank"], b["rank"]
+        sa = [c for c in a["calls"] if rb in c[1]]
+        sb = [c for c in b["calls"] if ra in c[1]]
+        for label, xa, xb, key in (("a group they share", sa, sb, lambda c: c[:4]),
+                                   ("groups of the same size", a["calls"], b["calls"],
+                                    lambda c: (c[0], len(c[1]), c[2], c[3]))):
+            for k in range(max(len(xa), len(xb))):
+                ca = xa[k] if k < len(xa) else None
+                cb = xb[k] if k < len(xb) else None
+                if ca is None or cb is None or key(ca) != key(cb):
+                    shared = label.startswith("a group")
+                    da = _call(ca, shared) if ca else "nothing (its sequence ended)"
+                    db = _call(cb, shared) if cb else "nothing (its sequence ended)"
+                    return (f"ranks {ra} and {rb} diverge at collective #{k + 1} on {label}: rank {ra} issues {da}; "
+                            f"rank {rb} issues {db}. On NCCL both would wait until the watchdog's timeout")
+    return None
+
+
+def host_read_budget(rows: list[dict], n_layers: int) -> str | None:
+    """None when every rehearsed rank reads at most `host_reads_allowed(n_layers)` device values per step,
+    else one line with the count and the call sites."""
+    budget = host_reads_allowed(n_layers)
+    for r in rows:
+        per_step = sum(r["host_reads"].values()) / max(1, r["steps"])
+        if per_step > budget:
+            sites = ", ".join(f"{s} (x{n})" for s, n in sorted(r["host_reads"].items(), key=lambda x: -x[1])[:5])
+            return (f"rank {r['rank']}: {per_step:.1f} host reads of device values per step, above the budget "
+                    f"{budget} = HOST_READS_FIXED {HOST_READS_FIXED} + HOST_READS_PER_LAYER {HOST_READS_PER_LAYER} "
+                    f"x {n_layers} layers (each waits for the GPU to drain): {sites}")
+    return None
+
+
+def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False,
+             rank_fn=None, **narrow) -> dict:
+    """Part (c): the first and last rank (each in a fresh process) through `rank_fn` (default
+    `rehearse_rank`), their collective sequences compared and their host reads bounded; `ok` false
+    with `error` naming the call that fails (a GPU would fail or hang there too)."""
+    rank_fn = rank_fn or rehearse_rank
     from marin_ablate.planning.dryrun import in_fresh_process
 
     t0 = time.perf_counter()
@@ -354,10 +459,12 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
     rows, error = [], None
     try:
         for r in ranks:
-            rows.append(in_fresh_process(rehearse_rank, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
+            rows.append(in_fresh_process(rank_fn, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
                                           host_backend))
     except RehearsalError as e:
         error = str(e)
+    if error is None:
+        error = compare_ranks(rows) or host_read_budget(rows, small.model.n_layers)
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "ok": error is None, "error": error,
             "stand_ins": subs, "offload": spec.train.offload, "precision": small.train.precision,
             "mixed_precision": small.train.mixed_precision, "d_model": small.model.d_model,
@@ -374,10 +481,13 @@ def format_rehearsal(rep: dict) -> str:
     out = [head] + [f"  stand-in: {s}" for s in rep["stand_ins"]]
     for r in rep["rows"]:
         out.append(f"  rank {r['rank']:>5}: {r['experts_per_rank']} experts, parameters on {r['param_device']}, "
-                   f"{sum(r['collectives'].values())} collectives, {r['seconds']:.1f} s")
+                   f"{r['steps']} step(s) (seq_len, sequences: {', '.join(map(str, r['stages']))}), "
+                   f"{sum(r['collectives'].values())} collectives, "
+                   f"{sum(r['host_reads'].values()) / max(1, r['steps']):.1f} host reads per step "
+                   f"(budget {host_reads_allowed(rep['n_layers'])}), {r['seconds']:.1f} s")
         out += [f"    host read stood in: {site} (x{n})" for site, n in sorted(r["host_reads"].items())]
         out.append(f"    checkpoint: {r['checkpoint']}")
-    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save" if rep["ok"]
-               else f"  FAIL: {rep['error']}")
+    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save; the ranks' collective "
+               "sequences agree" if rep["ok"] else f"  FAIL: {rep['error']}")
     out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)

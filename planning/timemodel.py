@@ -12,6 +12,7 @@ Assumptions are fields of `Assumptions`; every number printed follows from them 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from marin_ablate.marin.config import RunSpec
@@ -44,6 +45,14 @@ class Assumptions:
     net_fraction: tuple[float, float, float] = (0.6, 0.75, 0.9)
     exposed: tuple[float, float, float] = (1.0, 0.5, 0.0)
     fsdp_exposed: tuple[float, float, float] = (0.3, 0.15, 0.0)
+    # A requeued job's restart (none of it measured here; (slow, point, fast)): the allocation, launch and
+    # process-group setup of 704 ranks, the checkpoint read at `storage_gbps` aggregate (DCP load into the
+    # meta-built, materialised model: no random init, marin/train/checkpoint.py), and torch.compile of the
+    # blocks (one graph per layer kind). Saves are DCP async: the step loop waits only for the staging to
+    # host memory; the write itself at `storage_gbps` must fit the preemption window (planning/hero.py).
+    startup_s: tuple[float, float, float] = (300.0, 120.0, 60.0)
+    storage_gbps: tuple[float, float, float] = (15.0, 30.0, 60.0)
+    compile_s: tuple[float, float, float] = (900.0, 300.0, 120.0)
 
 
 #: The layout Marin measured: 11 racks as 11 replicas, 11,264 sequences of 4,096 tokens per step.
@@ -155,8 +164,39 @@ def collectives(spec: RunSpec, plan, opt: dict) -> list[dict]:
 
 def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str = "hyperball",
                job_limit_s: float | None = None) -> dict:
-    """FLOPs, bytes per link and the step time (a point estimate and its interval) for `spec` laid
-    out as `plan` (a HeroPlan) with the spec's own `TrainConfig.replica_groups`."""
+    """FLOPs, bytes per link and the step time (a point estimate and its interval) of every context stage
+    of `spec` (its own shape and steps; the top-level figures are the first stage's) laid out as `plan`
+    (a HeroPlan) with the spec's own `TrainConfig.replica_groups`; the duration sums the stages and the
+    restarts of a chain of jobs of `job_limit_s` (each: startup, checkpoint load, compile)."""
+    from marin_ablate.marin.train.stages import stage_specs
+    from marin_ablate.planning.hero import checkpoint_plan
+
+    parts = [(st, n, _stage_time(at, plan, a, level)) for st, at, n in stage_specs(spec)]
+    out = dict(parts[0][2])
+    steps_s = [sum(n * tm["steps_s3"][i] for _, n, tm in parts) for i in range(3)]  # (slow, point, fast)
+    ck = checkpoint_plan(spec, plan.gpus, 300)["levels"]
+    state = ck.get(level, next(iter(ck.values())))["total_bytes"]
+    restart_s = [a.startup_s[i] + state / (a.storage_gbps[i] * GB) + a.compile_s[i] for i in range(3)]
+    # each job of the chain trains job_limit - restart seconds (the last one fewer): restarts = jobs - 1
+    restarts = [max(0, math.ceil(s / max(job_limit_s - r, 1.0)) - 1) if job_limit_s else 0
+                for s, r in zip(steps_s, restart_s, strict=True)]
+    total = [s + k * r for s, k, r in zip(steps_s, restarts, restart_s, strict=True)]
+    t = spec.train.effective()
+    out.update({"stages": [{"from_step": st.start_step, "seq_len": st.seq_len, "batch_size": st.batch_size,
+                            "steps": n, "q_scale": st.q_scale, "step_point_s": tm["step_point_s"],
+                            "step_s": tm["step_s"], "mfu_point": tm["mfu_point"]} for st, n, tm in parts],
+                "restart": {"seconds": (restart_s[2], restart_s[1], restart_s[0]), "count": restarts[1],
+                            "state_bytes": state, "load_s": state / (a.storage_gbps[1] * GB),
+                            "save_s": state / (a.storage_gbps[1] * GB), "days": restarts[1] * restart_s[1] / 86400},
+                "days_point": total[1] / 86400, "days": (total[2] / 86400, total[0] / 86400),
+                "steps_days_point": steps_s[1] / 86400, "steps": t.steps})
+    out.pop("steps_s3")
+    out["checkpoint"] = checkpoint_cadence(t, out["step_s"], job_limit_s)
+    return out
+
+
+def _stage_time(spec: RunSpec, plan, a: Assumptions, level: str) -> dict:
+    """`time_model`'s figures for one stage's shape (spec.model.seq_len, batch_size), per step."""
     from marin_ablate.marin.ep_layout import check_replicas
     from marin_ablate.marin.flops import flops_per_token, params_total
     from marin_ablate.marin.train.distributed import check_no_host_update
@@ -185,19 +225,19 @@ def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str =
         steps.append(compute + sum(c["bytes"] * exposure[c["kind"]] / bw[c["link"]] for c in colls))
     hi, point, lo = steps
     step_s = (lo, hi)
+    n_steps = t.steps
     out = {"tokens_per_step": tokens_step, "tokens_per_rank": tokens_rank, "replica_groups": t.replica_groups,
            "shard_group": S, "shard_group_racks": max(1, S // G), "racks": R,
            "model_flops_per_rank": model_flops_rank, "ns_flops_per_rank": ns_rank,
            "ns_flops_if_every_rank": opt["ns_flops"]["matrix"] + opt["ns_flops"]["expert"] / G,
            "collectives": colls, "bytes_inside_rack": inside, "bytes_across_racks": across,
            "params_total": n_all,
-           "step_point_s": point, "step_s": step_s,
-           "days_point": point * t.steps / 86400, "days": tuple(s * t.steps / 86400 for s in step_s),
+           "step_point_s": point, "step_s": step_s, "steps_s3": steps,
+           "days_point": point * n_steps / 86400, "days": tuple(s * n_steps / 86400 for s in step_s),
            "tokens_per_s_per_rack": tuple(tokens_step / R / s for s in (hi, lo)),
            "mfu": tuple(model_flops_rank / s / a.peak_flops for s in (hi, lo)),
            "mfu_point": model_flops_rank / point / a.peak_flops,
            "assumptions": asdict(a)}
-    out["checkpoint"] = checkpoint_cadence(t, step_s, job_limit_s)
     return out
 
 
@@ -236,6 +276,19 @@ def format_time_model(tm: dict) -> str:
                  f"{tm['step_point_s']:.1f} s ({lo:.1f}-{hi:.1f}), MFU {tm['mfu_point']:.1%} "
                  f"({tm['mfu'][0]:.1%}-{tm['mfu'][1]:.1%}), {tm['tokens_per_s_per_rack'][0] / 1e3:.0f}k-"
                  f"{tm['tokens_per_s_per_rack'][1] / 1e3:.0f}k tok/s per rack")
+    if len(tm.get("stages", ())) > 1:
+        lines.append("  context stages (each at its own shape: attention FLOPs grow with the length):")
+        lines += [f"    from step {s['from_step']:,}: seq_len {s['seq_len']:,}, {s['batch_size']:,} sequences, "
+                  f"{s['steps']:,} steps of {s['step_point_s']:.1f} s ({s['step_s'][0]:.1f}-{s['step_s'][1]:.1f}), "
+                  f"MFU {s['mfu_point']:.1%}, q multiplier x{s['q_scale']:.3f}" for s in tm["stages"]]
+    if "restart" in tm:
+        rs, gbps = tm["restart"], a["storage_gbps"][1]
+        lines.append(f"  restarts: {rs['count']} requeues of the job chain, each {rs['seconds'][1] / 60:.0f} min "
+                     f"({rs['seconds'][0] / 60:.0f}-{rs['seconds'][2] / 60:.0f}: startup, the checkpoint's "
+                     f"{rs['state_bytes'] / 1e12:.1f} TB read in {rs['load_s']:.0f} s at {gbps:.0f} GB/s, "
+                     f"compile {a['compile_s'][1]:.0f} s; no random init), {rs['days'] * 24:.0f} h in all; a save "
+                     f"is assumed to write in {rs['save_s']:.0f} s at {gbps:.0f} GB/s (async: staged "
+                     "to host memory first)")
     e = a["efficiency"]
     lines.append(f"  efficiency {e[1]:.0%} ({e[0]:.0%}-{e[2]:.0%}) of {a['peak_flops'] / 1e15:.1f} PFLOP/s is Marin's, "
                  "not measured here: this code's only GPU number is an eager d1024 forward + backward at ~10% MFU "

@@ -574,11 +574,35 @@ def read_profile(out: str | Path, study_name: str) -> dict | None:
     return read_json(profile_dir(out, study_name) / PROFILE_FILE)
 
 
+#: The LR profile never runs at full scale: a study whose profile rung trains more than this many FLOPs per run
+#: takes Marin's fitted heuristic LRs (marin.hparams, the August refit its hero used) and says so. 1e21 is about
+#: the d2048 fast-ladder rung (~5e20); the hero ladder's hero_d2048 (~7e21) and the hero (~2.6e24) are above it.
+PROFILE_MAX_RUN_FLOPS = 1e21
+
+
+def profile_skipped(study: Any) -> str | None:
+    """Why the LR profile of `study` is not run (its rung costs more than PROFILE_MAX_RUN_FLOPS per run),
+    else None; the study then trains at the heuristic's LRs."""
+    if not profile_groups(study):
+        return None
+    from marin_ablate.ablations.ladders import flops_per_token
+    from marin_ablate.marin.config import Recipe
+
+    name = profile_rung(study)
+    r = next(x for x in study.rungs if x.name == name)
+    flops = flops_per_token(r.model(), Recipe()) * r.tokens()
+    if flops <= PROFILE_MAX_RUN_FLOPS:
+        return None
+    return (f"its profile rung {name} trains {flops:.2e} FLOPs per run, above PROFILE_MAX_RUN_FLOPS="
+            f"{PROFILE_MAX_RUN_FLOPS:.0e}: every arm at Marin's fitted heuristic LRs (marin.hparams)")
+
+
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
             overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict[str, float] | None, dict]:
     """({arm: LR multiplier} or None, provenance for each run's meta.json): `run --tune`'s multipliers
     (tuned), the profile of each LR-coupled factor's levels (run now when `opts` is given, else read
-    from its file), or the heuristic (no LR-coupled factor, or profile=False)."""
+    from its file), or the heuristic (no LR-coupled factor, profile=False, or a profile rung above
+    PROFILE_MAX_RUN_FLOPS: the provenance then says why, `lr_profile_skipped`)."""
     from datetime import datetime, timezone
 
     if tuned:
@@ -586,6 +610,9 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         return mult, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
+    skipped = profile_skipped(study) if profile else None
+    if skipped:
+        return None, {"lr_source": "heuristic", "lr_profile_skipped": skipped}
     if profile and profile_groups(study):  # the levels of its LR-coupled factors: what `profile_study` runs
         if opts is not None:
             res = profile_study(study, out, opts, overrides=overrides, progress=progress)
@@ -599,9 +626,10 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
 
 
 def profile_cost(study: Any, popts: ProfileOptions = ProfileOptions()) -> dict | None:
-    """The profile's runs and core-seconds before the design (`plan`), None without an LR-coupled factor."""
+    """The profile's runs and core-seconds before the design (`plan`), None without an LR-coupled factor or
+    when the profile rung is above PROFILE_MAX_RUN_FLOPS (`profile_skipped`)."""
     groups = profile_groups(study)
-    if not groups:
+    if not groups or profile_skipped(study):
         return None
     rung = profile_rung(study)
     c = grid_cost(study, len(groups) * popts.points, rung)

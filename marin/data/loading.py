@@ -380,6 +380,13 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     out = raw.derived_dir / "prepared" / key
     if (out / "manifest.json").is_file():
         read_manifest(out)
+        from marin_ablate.marin.data.index import build_index, has_index
+        from marin_ablate.marin.data.prepare import out_lock
+
+        if not has_index(out):  # prepared before the loader index existed: write it once, under the lock
+            with out_lock(out):
+                if not has_index(out):
+                    build_index(out, log=log)
         return out
     src = raw.derived_dir / "prepared" / f"source-{key}"
     for domain, (ids, texts) in sorted(raw.train.items()):

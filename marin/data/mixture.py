@@ -43,7 +43,7 @@ def webster(n: int, w_D: np.ndarray) -> np.ndarray:
     return s_D
 
 
-def _splitmix64(x_N: np.ndarray) -> np.ndarray:
+def splitmix64(x_N: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser (Steele et al. 2014) on uint64: a fixed, numpy-version-independent mix."""
     with np.errstate(over="ignore"):
         z = x_N + np.uint64(0x9E3779B97F4A7C15)
@@ -55,7 +55,7 @@ def _splitmix64(x_N: np.ndarray) -> np.ndarray:
 def slot_order(seed: int, step: int, n: int) -> np.ndarray:
     """The order of a step's n slots: argsort of SplitMix64(sha256(seed:step) + j)."""
     base = int(hashlib.sha256(f"mixture:{seed}:{step}".encode()).hexdigest()[:16], 16)
-    keys = _splitmix64((np.arange(n, dtype=np.uint64) + np.uint64(base)) & np.uint64(_MASK64))
+    keys = splitmix64((np.arange(n, dtype=np.uint64) + np.uint64(base)) & np.uint64(_MASK64))
     return np.argsort(keys, kind="stable")
 
 

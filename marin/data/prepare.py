@@ -261,12 +261,12 @@ def _encoder(tok: dict, out: Path):
     return lambda texts: [np.asarray(e.ids, np.int64) for e in t.encode_batch(list(texts))]
 
 
-def _shard_paths(out: Path, i: int) -> dict[str, Path]:
+def shard_paths(out: Path, i: int) -> dict[str, Path]:
     base = out / "shards" / f"{i:05d}"
     return {k: Path(f"{base}.{k}") for k in ("tokens.bin", "offsets.npy", "domain.npy", "meta.json")}
 
 
-def _npy_bytes(a: np.ndarray) -> bytes:
+def npy_bytes(a: np.ndarray) -> bytes:
     import io
 
     buf = io.BytesIO()
@@ -324,12 +324,12 @@ def prepare_shard(i: int) -> dict:
     lengths = np.array([len(a) for a in arrays], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
-    p = _shard_paths(out, i)
+    p = shard_paths(out, i)
     atomic_write_bytes(p["tokens.bin"], data)
-    offsets_bytes = _npy_bytes(offsets)
+    offsets_bytes = npy_bytes(offsets)
     atomic_write_bytes(p["offsets.npy"], offsets_bytes)
     if dcol:
-        atomic_write_bytes(p["domain.npy"], _npy_bytes(np.array(doc_domain, np.int32)))
+        atomic_write_bytes(p["domain.npy"], npy_bytes(np.array(doc_domain, np.int32)))
     meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
             "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
             "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
@@ -459,7 +459,7 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
     else:
         atomic_write_json(job_path, job)
     n_shards = max(1, -(-len(ds) // cfg.docs_per_shard))
-    remaining = [i for i in range(n_shards) if not _shard_paths(out, i)["meta.json"].is_file()]
+    remaining = [i for i in range(n_shards) if not shard_paths(out, i)["meta.json"].is_file()]
     todo = remaining if shard_limit is None else remaining[:shard_limit]
     if log:
         log(f"{cfg.source}: {len(ds)} rows in {n_shards} shards, {n_shards - len(remaining)} done before, "
@@ -493,10 +493,14 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
                 finally:
                     if threading.current_thread() is threading.main_thread():
                         signal.signal(signal.SIGTERM, prev)
-    metas = [_shard_paths(out, i)["meta.json"] for i in range(n_shards)]
+    metas = [shard_paths(out, i)["meta.json"] for i in range(n_shards)]
     if not all(m.is_file() for m in metas):
         return None
-    return _write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
+    manifest = write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
+    from marin_ablate.marin.data.index import build_index
+
+    build_index(out, log=log)  # the loader index DataConfig.shuffle="indexed" reads (marin/data/index.py)
+    return manifest
 
 
 def _read_job(path: Path) -> dict | None:
@@ -511,7 +515,7 @@ def _read_job(path: Path) -> dict | None:
     return job
 
 
-def _write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
+def write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
     domains: dict[str, dict[str, int]] = {}
     for m in metas:
         for name, c in m["per_domain"].items():
@@ -520,7 +524,7 @@ def _write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
                 d[k] += c[k]
     shards = []
     for m in metas:
-        p = _shard_paths(out, m["index"])
+        p = shard_paths(out, m["index"])
         shards.append({"tokens_path": str(p["tokens.bin"].relative_to(out)),
                        "offsets_path": str(p["offsets.npy"].relative_to(out)),
                        "domain_path": str(p["domain.npy"].relative_to(out)) if job["domain_column"] else None,

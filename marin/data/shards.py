@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
+from marin_ablate.marin.data.index import IndexedCorpus, IndexedStream
 from marin_ablate.marin.data.mixture import MixturePlan
 from marin_ablate.marin.data.prepare import read_manifest
 from marin_ablate.marin.schema import sha256_file
@@ -110,6 +111,16 @@ def _stamp(f: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def verify_once(path: Path, manifest: dict, fingerprint: str) -> None:
+    """`verify_corpus` once per process and state of the shards: whole when at most FULL_VERIFY_BYTES."""
+    total = sum(sh["tokens"] for sh in manifest["shards"]) * np.dtype(manifest["dtype"]).itemsize
+    stamp = tuple(_stamp(path / sh[k]) for sh in manifest["shards"] for k in ("tokens_path", "offsets_path"))
+    key = (str(path.resolve()), fingerprint, stamp)
+    if key not in _VERIFIED:
+        verify_corpus(path, full=total <= FULL_VERIFY_BYTES)
+        _VERIFIED[key] = True
+
+
 class PreparedCorpus:
     """A prepared corpus directory, memory-mapped, verified against its manifest when opened
     (whole when at most FULL_VERIFY_BYTES; larger ones by size, with `data verify` for the hashes)."""
@@ -119,13 +130,7 @@ class PreparedCorpus:
         self.manifest = read_manifest(self.path)
         self.fingerprint = hashlib.sha256((self.path / "manifest.json").read_bytes()).hexdigest()[:16]
         dtype = np.dtype(self.manifest["dtype"])
-        total = sum(sh["tokens"] for sh in self.manifest["shards"]) * dtype.itemsize
-        stamp = tuple(_stamp(self.path / sh[k])
-                      for sh in self.manifest["shards"] for k in ("tokens_path", "offsets_path"))
-        key = (str(self.path.resolve()), self.fingerprint, stamp)
-        if key not in _VERIFIED:
-            verify_corpus(self.path, full=total <= FULL_VERIFY_BYTES)
-            _VERIFIED[key] = True
+        verify_once(self.path, self.manifest, self.fingerprint)
         self._tokens, lengths, shard_of, local = [], [], [], []
         for s, sh in enumerate(self.manifest["shards"]):
             offsets = np.asarray(load_npy(self.path / sh["offsets_path"]), np.int64)
@@ -255,10 +260,13 @@ def simulated_length(n_sequences: int, experiment_tokens: int, target_tokens: in
     return int(n_sequences * (experiment_tokens / target_tokens))
 
 
-def _read_rows(stream: DocStream, idx_R: np.ndarray, S: int, length: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _read_rows(stream: DocStream | IndexedStream, idx_R: np.ndarray, S: int,
+               length: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Windows of the component's sequences `idx_R` (increasing), each mod `length` when the component
-    is cut (simulated epoching): one read per run of consecutive sequences."""
+    is cut (simulated epoching): one read per run of consecutive sequences (an indexed stream: per row)."""
     idx_R = idx_R % length if length else idx_R
+    if isinstance(stream, IndexedStream):
+        return stream.rows(idx_R, S)
     tokens_RW, docs_RW = np.empty((len(idx_R), S + 1), np.int64), np.empty((len(idx_R), S + 1), np.int64)
     cuts = [0, *(np.flatnonzero(np.diff(idx_R) != 1) + 1).tolist(), len(idx_R)]
     for a, b in zip(cuts[:-1], cuts[1:], strict=False):
@@ -274,10 +282,12 @@ class ShardedBatches:
     a step is (global_batch / world) sequences. With `mixture` (DataConfig.mixture phases) and the
     run's `total_steps`, a step's sequences come from per-domain streams (marin/data/mixture.py)."""
 
-    def __init__(self, corpus: PreparedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
+    def __init__(self, corpus: PreparedCorpus | IndexedCorpus | str | Path, seq_len: int, global_batch: int, seed: int,
                  rank: int | None = None, world: int | None = None, mixture: tuple = (),
                  total_steps: int | None = None, mixture_block: int = 0, simulated_target: int = 0):
-        self.corpus = corpus if isinstance(corpus, PreparedCorpus) else PreparedCorpus(corpus)
+        self.corpus = corpus if isinstance(corpus, (PreparedCorpus, IndexedCorpus)) else PreparedCorpus(corpus)
+        # DataConfig.shuffle: "indexed" reads the corpus's pre-built index (marin/data/index.py)
+        self.indexed = isinstance(self.corpus, IndexedCorpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
         for name, v in (("seq_len", seq_len), ("global_batch", global_batch), ("world", self.world)):
@@ -297,18 +307,20 @@ class ShardedBatches:
                              f"fewer than one batch needs: global_batch {global_batch} x seq_len {seq_len} + 1 = "
                              f"{need}")
         self.step = 0
-        self._all = DocStream(self.corpus, self.seed)
+        self._all = IndexedStream(self.corpus, self.seed) if self.indexed else DocStream(self.corpus, self.seed)
         self.mixture, self.total_steps = tuple(mixture), total_steps
         self.plan: MixturePlan | None = None
         if self.mixture:
             if total_steps is None:
                 raise ValueError("ShardedBatches: a mixture needs the run's total_steps "
                                  "(its phases are fractions of them)")
-            names, dom_N = self.corpus.doc_domains()
+            names = self.domain_names()
             self.plan = MixturePlan(self.mixture, names, total_steps, self.global_batch, self.seed,
                                     where=f"DataConfig.corpus ({self.corpus.path})", block=mixture_block)
             used = self.plan.w_PD.max(axis=0) > 0
-            self.domain_streams = [DocStream(self.corpus, self.seed, np.flatnonzero(dom_N == d)) if used[d] else None
+            dom_N = None if self.indexed else self.corpus.doc_domains()[1]
+            self.domain_streams = [None if not used[d] else IndexedStream(self.corpus, self.seed, d) if self.indexed
+                                   else DocStream(self.corpus, self.seed, np.flatnonzero(dom_N == d))
                                    for d in range(len(names))]
             for d, st in enumerate(self.domain_streams):
                 if st is not None and st.n_tokens == 0:
@@ -328,7 +340,7 @@ class ShardedBatches:
                                  f"{run_tokens} tokens ({total_steps} steps x {self.tokens_per_step}); "
                                  f"allowed values: 0 (off) or at least the run's tokens")
             comps = ([(f"domain {n!r}", st)
-                      for n, st in zip(self.corpus.doc_domains()[0], self.domain_streams, strict=True)]
+                      for n, st in zip(self.domain_names(), self.domain_streams, strict=True)]
                      if self.plan is not None else [("the corpus", self._all)])
             lengths = [None if st is None else simulated_length(st.n_tokens // self.seq_len, run_tokens,
                                                                   self.simulated_target) for _, st in comps]
@@ -343,6 +355,10 @@ class ShardedBatches:
             else:
                 self.domain_lengths = lengths
 
+    def domain_names(self) -> list[str]:
+        """The corpus's domains in the order mixture slots index them (`PreparedCorpus.doc_domains`)."""
+        return list(self.corpus.domains) if self.indexed else self.corpus.doc_domains()[0]
+
     @property
     def tokens_per_step(self) -> int:
         """Tokens one step consumes over all ranks."""
@@ -353,10 +369,16 @@ class ShardedBatches:
 
     def order(self, epoch: int) -> np.ndarray:
         """The document order of `epoch` of the corpus stream (a permutation of 0..n_docs-1)."""
-        return self._all.epoch(epoch)[0]
+        return self._documents().epoch(epoch)[0]
+
+    def _documents(self) -> DocStream:
+        if self.indexed:
+            raise ValueError("an indexed loader (DataConfig.shuffle='indexed') has no per-epoch document order; "
+                             "its sequences are Feistel-permuted windows (marin/data/index.py)")
+        return self._all
 
     def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._all.epoch(e)
+        return self._documents().epoch(e)
 
     def sequence_indices(self, step: int) -> np.ndarray:
         """Global indices of the sequences this rank reads at `step` (corpus stream; no mixture)."""
@@ -364,7 +386,7 @@ class ShardedBatches:
 
     def stream(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, docs) of corpus-stream positions [lo, hi) (`DocStream.read`)."""
-        return self._all.read(lo, hi)
+        return self._documents().read(lo, hi)
 
     def row_domains(self, step: int) -> np.ndarray:
         """This rank's rows' domain at `step` (index into `corpus.doc_domains()[0]`); mixture only."""
@@ -379,7 +401,7 @@ class ShardedBatches:
             raise ValueError(f"step={step} must be >= 0")
         B, S = self.batch_size, self.seq_len
         if self.plan is None:
-            if self.length is None:
+            if self.length is None and not self.indexed:
                 lo = int(self.sequence_indices(step)[0]) * S
                 return _windows(*self.stream(lo, lo + B * S + 1), B, S)
             return _read_rows(self._all, self.sequence_indices(step), S, self.length)
@@ -409,6 +431,8 @@ class ShardedBatches:
         """What a checkpoint stores: the next step and what makes the stream this stream."""
         out = {"step": self.step, "seed": self.seed, "seq_len": self.seq_len, "global_batch": self.global_batch,
                "corpus": self.corpus.fingerprint}
+        if self.indexed:  # absent for the documents shuffle: its checkpoints keep their state
+            out["shuffle"] = "indexed"
         if self.plan is not None:  # absent without one: checkpoints of single-stream runs keep their state
             out["mixture"] = [[p.start_frac, [list(w) for w in p.weights]] for p in self.mixture]
             out["total_steps"] = self.total_steps
@@ -420,7 +444,7 @@ class ShardedBatches:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        keys = ("seed", "seq_len", "global_batch", "corpus", "mixture", "total_steps", "phase_steps",
+        keys = ("seed", "seq_len", "global_batch", "corpus", "shuffle", "mixture", "total_steps", "phase_steps",
                 "simulated_target", "simulated_lengths")
         for k in keys:
             if state.get(k) != mine.get(k):

@@ -33,7 +33,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -524,21 +524,26 @@ class _Fresh:
     one, so that a load is all-or-nothing (DCP writes into the live tensors, and initialises the
     optimizer's state with a zero-gradient step, before a later file can fail)."""
 
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor] | None  # None: the model is not drawn yet (`init` redraws it)
     opt: dict
     rng: dict
+    init: Callable[[], None] | None = None
 
     @classmethod
-    def take(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> _Fresh:
+    def take(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+             init: Callable[[], None] | None = None) -> _Fresh:
         own = dict(model.named_parameters()) | dict(model.named_buffers())
-        tensors = {n: _local(t).detach().to("cpu", copy=True) for n, t in own.items()}
-        return cls(tensors, copy.deepcopy(opt.state_dict()), rng_state(device))
+        tensors = None if init else {n: _local(t).detach().to("cpu", copy=True) for n, t in own.items()}
+        return cls(tensors, copy.deepcopy(opt.state_dict()), rng_state(device), init)
 
     def put_back(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> None:
         own = dict(model.named_parameters()) | dict(model.named_buffers())
         with torch.no_grad():
-            for n, t in own.items():
-                _local(t).copy_(self.tensors[n])
+            if self.init is not None:  # a half-loaded model: drawn afresh, as a fresh start would be
+                self.init()
+            else:
+                for n, t in own.items():
+                    _local(t).copy_(self.tensors[n])
         for p in model.parameters():
             p.grad = None
         opt.state.clear()
@@ -547,16 +552,19 @@ class _Fresh:
 
 
 def restore(ckdir: Path, run_id: str, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
-            groups=None, rank: int = 0, world: int = 1, skipped: list[str] | None = None) -> tuple[Path, dict] | None:
+            groups=None, rank: int = 0, world: int = 1, skipped: list[str] | None = None,
+            init: Callable[[], None] | None = None) -> tuple[Path, dict] | None:
     """Load the newest checkpoint that verifies and loads on every rank; None when there is none.
     All-or-nothing: after a failed load the model, optimizer and RNG are put back as they were, so
     the next candidate (or a fresh start) begins from clean state. Rank 0 chooses the candidates (one
-    decision for every rank); the reason each checkpoint was skipped is added to `skipped`."""
+    decision for every rank); the reason each checkpoint was skipped is added to `skipped`. With `init`
+    the model arrives undrawn (built on meta and materialised: a requeue draws no random weights only
+    to overwrite them) and a failed load redraws it with `init` instead of copying a snapshot back."""
     skipped = [] if skipped is None else skipped
     box = [candidates(ckdir, run_id, skipped) if rank == 0 else None]
     if world > 1:
         dist.broadcast_object_list(box, src=0)
-    fresh = _Fresh.take(model, opt, device) if box[0] else None
+    fresh = _Fresh.take(model, opt, device, init) if box[0] else None
     for ck, meta in box[0]:
         err = None
         try:

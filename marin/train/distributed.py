@@ -183,12 +183,13 @@ def check_no_host_update(t: TrainConfig) -> None:
                          "values: 'none'")
 
 
-def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) -> torch.nn.Module:
+def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, init: bool = True) -> torch.nn.Module:
     """The model `train()` trains, initialised: one process (groups=None) or this rank's shards of a
     distributed run (marin.parallel.build_sharded_model with `sharding_config`). Both draw the weights
     with the layout-independent marin.parallel.init_weights from seed + the TrainConfig seed stream,
     so every layout of a run starts from the same global weights. Built on the meta device first:
-    no rank ever allocates more than it keeps."""
+    no rank ever allocates more than it keeps. `init=False`: materialised, not drawn (`init_train_model`
+    draws them; a resumed run loads its checkpoint instead)."""
     from marin_ablate.marin.model import MarinModel
     from marin_ablate.marin.parallel import build_sharded_model, init_weights
 
@@ -196,12 +197,22 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) ->
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        return build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), **kw)
+        return build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
+                                   **kw)
     with torch.device("meta"):
         model = MarinModel(spec.model, spec.recipe, **kw)
     model.to_empty(device=device)
-    init_weights(model, seed)
+    if init:
+        init_weights(model, seed)
     return model
+
+
+def init_train_model(spec: RunSpec, model: torch.nn.Module, groups=None) -> None:
+    """Draw the initial weights of a model `build_train_model(..., init=False)` built: what a fresh start
+    does, and what a resume does only when no checkpoint loads."""
+    from marin_ablate.marin.parallel import init_weights
+
+    init_weights(model, spec.seed + spec.train.effective().seed_offset(), groups)
 
 
 def check_launch(spec: RunSpec, stages: list[Stage]) -> int:

@@ -29,7 +29,13 @@ import torch.distributed as dist
 from marin_ablate.marin import schema
 from marin_ablate.marin.config import RunSpec, TrainConfig
 from marin_ablate.marin.train import checkpoint as ckpt
-from marin_ablate.marin.train.distributed import ParallelDims, build_train_model, check_launch, parallel_dims
+from marin_ablate.marin.train.distributed import (
+    ParallelDims,
+    build_train_model,
+    check_launch,
+    init_train_model,
+    parallel_dims,
+)
 from marin_ablate.marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin_ablate.marin.train.machine import code_version, hardware_name, peak_flops
 from marin_ablate.marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
@@ -37,7 +43,14 @@ from marin_ablate.marin.train.source import build_data_source, check_vocab, glob
 from marin_ablate.marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
 from marin_ablate.marin.train.step import evaluate, optimizer_step
 from marin_ablate.marin.train.step_progress import StepProgress
-from marin_ablate.marin.update_rules import build_optimizer, decay_fraction, lr_multiplier, resolve_hparams, set_lr
+from marin_ablate.marin.update_rules import (
+    build_optimizer,
+    check_sphere_norms,
+    decay_fraction,
+    lr_multiplier,
+    resolve_hparams,
+    set_lr,
+)
 
 log = logging.getLogger("marin_ablate.marin.train")
 
@@ -154,8 +167,9 @@ class Trainer:
 
         torch.manual_seed(spec.seed + self.t.seed_offset())
         # one process: the whole model; distributed: this rank's shards only (FSDP2 + EP), the same
-        # global weights either way (layout-independent init)
-        self.model = model = _allocated(lambda: build_train_model(spec, device, pd.groups), spec, device)
+        # global weights either way (layout-independent init). Built on meta and materialised, not drawn:
+        # `start` loads a checkpoint into it, or draws the initial weights (`init_model`) when none loads
+        self.model = model = _allocated(lambda: build_train_model(spec, device, pd.groups, init=False), spec, device)
         if pd.groups is not None:
             log.info("distributed:%s rank %d; FSDP2 sharded, mixed precision %s", pd.describe(), pd.rank,
                      t.mixed_precision)
@@ -167,7 +181,7 @@ class Trainer:
         self.saved_step: int | None = None  # the step of the newest checkpoint written or loaded
         self.hp = resolve_hparams(spec)
         # EP: an expert bank's sphere spans the EP group's slices of it
-        self.opt = build_optimizer(model, self.hp, expert_group=pd.expert_group)
+        self.opt = build_optimizer(model, self.hp, expert_group=pd.expert_group, drawn=False)
         if t.compile:  # per block, as torchtitan does: one graph per layer kind, whatever the depth
             for block in model.blocks:
                 block.compile()
@@ -223,12 +237,20 @@ class Trainer:
         self.start(resume)
         self.sinks = Sinks(tuple(log_to) if self.main else (), self.run_dir, self.spec)
 
+    def init_model(self) -> None:
+        """Draw the initial weights (a fresh start; never on a resume whose checkpoint loads)."""
+        init_train_model(self.spec, self.model, self.pd.groups)
+        check_sphere_norms(self.model.named_parameters(), self.model.param_roles(), self.hp)
+
     def start(self, resume: bool) -> None:
-        """Resume from the newest usable checkpoint, or start afresh (metrics.jsonl emptied)."""
+        """Resume from the newest usable checkpoint into the undrawn model, or draw it and start afresh
+        (metrics.jsonl emptied)."""
         groups, rank, world = self._rank_world()
         ckdir = self.run_dir / "checkpoints"
         found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world,
-                             self.skipped) if resume else None
+                             self.skipped, init=self.init_model) if resume else None
+        if found is None:  # a fresh start, or no checkpoint loads: the initial weights are drawn now
+            self.init_model()
         if found is not None:
             ck, meta = found
             self.st = LoopState(**meta["loop"])

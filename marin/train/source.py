@@ -130,6 +130,12 @@ class DataSource:
             raise ValueError(f"checkpoint loader step {loader.step} differs from its loop step {step}")
 
 
+def _indexed(root: str, make, verify) -> Any:
+    c = make(root)
+    verify(c.path, c.manifest, c.fingerprint)
+    return c
+
+
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
     from marin_ablate.marin.data.eval import eval_domains
     from marin_ablate.marin.data.loading import load_eval_corpus
@@ -147,7 +153,8 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     """The data of `spec` for this rank: stages are marin.train.stages.Stage (seq_len, batch_size)."""
     from marin_ablate.marin import data as mdata
     from marin_ablate.marin.data.eval import tokenizer_of
-    from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches
+    from marin_ablate.marin.data.index import IndexedCorpus
+    from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches, verify_once
 
     data = spec.data
     validate_data(data)
@@ -155,8 +162,11 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     # with an eval_dir the eval domains are that folder's: the training corpus is read without them
     train_data = dataclasses.replace(data, eval_domains=()) if data.eval_dir else data
     root = str(Path(data.corpus if prepared else mdata.prepared_train(train_data)).expanduser().resolve())
-    corpus = _cached(("prepared", root, (Path(root) / "manifest.json").stat().st_mtime_ns),
-                     lambda: PreparedCorpus(root))
+    stamp = (Path(root) / "manifest.json").stat().st_mtime_ns
+    if data.shuffle == "indexed":  # the pre-built index: nothing per document in this rank's memory
+        corpus = _cached(("indexed", root, stamp), lambda: _indexed(root, IndexedCorpus, verify_once))
+    else:
+        corpus = _cached(("prepared", root, stamp), lambda: PreparedCorpus(root))
     steps = spec.train.effective().steps  # a mixture's phases are fractions of the steps trained
     train = {s.seq_len: ShardedBatches(corpus, s.seq_len, s.batch_size, seed, rank=rank, world=world,
                                        mixture=data.mixture, total_steps=steps, mixture_block=data.mixture_block,

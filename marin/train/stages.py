@@ -1,5 +1,6 @@
 """Context-length stages: Marin's long-context extension keeps tokens per step fixed and scales the
-attention logits by YaRN's mscale 1 + 0.1 ln(L / L0) (Peng et al. 2023, arXiv 2309.00071, eq. 20);
+attention logits by 1 + c·ln(L / L0), c by `TrainConfig.context_q_rule` (0.1: YaRN's mscale, Peng et
+al. 2023, arXiv 2309.00071, eq. 20; 0.2: Marin's, docs/fidelity.md "context extension");
 and the loss-spike rule the loop logs."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.config import CONTEXT_Q_RULES, RunSpec
 
 SPIKE_MIN_HISTORY = 10  # no spike verdict before this many losses are in the window
 
@@ -21,13 +22,14 @@ class Stage:
     start_step: int
     seq_len: int
     batch_size: int
-    q_scale: float  # 1 + 0.1 ln(L / L0) (YaRN mscale)
+    q_scale: float  # 1 + c ln(L / L0), c = CONTEXT_Q_RULES[TrainConfig.context_q_rule]
 
 
 def context_plan(spec: RunSpec) -> list[Stage]:
     """Stage 0 is (model.seq_len, batch_size); each ContextStage starts at round(start_frac*steps)
     and divides the batch so that tokens per step stay batch_size * model.seq_len."""
     t, l0 = spec.train.effective(), spec.model.seq_len
+    c = CONTEXT_Q_RULES[t.context_q_rule]
     tokens = t.batch_size * l0
     stages = [Stage(0, l0, t.batch_size, 1.0)]
     for cs in t.context_stages:
@@ -37,14 +39,14 @@ def context_plan(spec: RunSpec) -> list[Stage]:
         start = int(round(cs.start_frac * t.steps))
         if start <= stages[-1].start_step:
             stages[-1] = replace(stages[-1], seq_len=cs.seq_len, batch_size=tokens // cs.seq_len,
-                                 q_scale=1.0 + 0.1 * math.log(cs.seq_len / l0))
+                                 q_scale=1.0 + c * math.log(cs.seq_len / l0))
             continue
-        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + 0.1 * math.log(cs.seq_len / l0)))
+        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + c * math.log(cs.seq_len / l0)))
     return stages
 
 
 def apply_q_scale(model: Any, q_scale: float) -> None:
-    """Context extension: the model reads `q_scale` (1 + 0.1 ln(L/L0)) in every attention layer."""
+    """Context extension: the model reads `q_scale` (1 + c ln(L/L0)) in every attention layer."""
     if hasattr(model, "set_q_scale"):
         model.set_q_scale(q_scale)
     elif hasattr(model, "q_scale"):
@@ -62,3 +64,13 @@ def is_spike(loss: float, history: "deque[float] | list[float]", factor: float, 
     """A spike: loss > factor x median of the previous `window` losses (TrainConfig.spike_*), judged
     once min(SPIKE_MIN_HISTORY, window) losses are known."""
     return len(history) >= min(SPIKE_MIN_HISTORY, window) and loss > factor * statistics.median(history)
+
+
+def stage_specs(spec: RunSpec) -> list[tuple[Stage, RunSpec, int]]:
+    """Each context stage as a spec of its own shape (model.seq_len, batch_size; no further stages) and its
+    number of steps: what the memory dry run and the time model evaluate stage by stage."""
+    stages, steps = context_plan(spec), spec.train.effective().steps
+    ends = [s.start_step for s in stages[1:]] + [steps]
+    return [(s, replace(spec, model=replace(spec.model, seq_len=s.seq_len),
+                        train=replace(spec.train, batch_size=s.batch_size, context_stages=())), end - s.start_step)
+            for s, end in zip(stages, ends, strict=True)]

@@ -39,7 +39,7 @@ def test_an_admissible_law_reads_back_as_written(tmp_path):
     ({"alpha": float("inf")}, "alpha", "a finite number in (0, 3]"),
     ({"A": -1.0}, "A", "a finite number > 0"),
     ({"c_hi": 1e10}, "c_hi", "a finite number > c_lo"),
-    ({"dof": 7}, "n", "an integer > dof"),
+    ({"dof": 8}, "n", "an integer >= dof, >= 1"),
     ({"cov": [[-0.04, 0.0], [0.0, 0.001]]}, "cov", "a symmetric positive semi-definite 2x2 matrix"),
     ({"cov": [[0.04, 0.1], [0.1, 0.001]]}, "cov", "positive semi-definite"),  # diagonal >= 0, determinant < 0
     ({"cov": [[0.04, 0.005], [0.0, 0.001]]}, "cov", "symmetric"),

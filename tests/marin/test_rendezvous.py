@@ -92,3 +92,24 @@ def test_init_process_group_sets_gloo_interface_for_a_non_gloo_backend_too(monke
     finally:
         dist.destroy_process_group()
         monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+
+
+def test_a_704_rank_start_gets_explicit_store_and_collective_timeouts(monkeypatch):
+    from marin_ablate.marin.rendezvous import (
+        DEFAULT_TIMEOUT_S,
+        LARGE_PG_TIMEOUT_S,
+        LARGE_STORE_TIMEOUT_S,
+        pg_timeout_s,
+        rendezvous_timeout_s,
+    )
+
+    monkeypatch.delenv("MARIN_RENDEZVOUS_TIMEOUT_S", raising=False)
+    monkeypatch.delenv("MARIN_PG_TIMEOUT_S", raising=False)
+    assert (rendezvous_timeout_s(704), pg_timeout_s(704)) == (LARGE_STORE_TIMEOUT_S, LARGE_PG_TIMEOUT_S)
+    assert (rendezvous_timeout_s(8), pg_timeout_s(8)) == (DEFAULT_TIMEOUT_S, None)  # torch's own watchdog
+    assert LARGE_STORE_TIMEOUT_S > DEFAULT_TIMEOUT_S and LARGE_PG_TIMEOUT_S > 600  # above NCCL's 10 min default
+    monkeypatch.setenv("MARIN_PG_TIMEOUT_S", "120")
+    assert pg_timeout_s(704) == 120.0
+    monkeypatch.setenv("MARIN_PG_TIMEOUT_S", "0")
+    with pytest.raises(ValueError, match="MARIN_PG_TIMEOUT_S='0'"):
+        pg_timeout_s(704)

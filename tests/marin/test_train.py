@@ -224,3 +224,51 @@ def test_metrics_also_reach_tensorboard_and_offline_wandb_when_asked(tmp_path, m
     assert len(tb) == 4 and tb.keys() == jsonl.keys() and all(math.isclose(tb[s], jsonl[s], rel_tol=1e-6) for s in tb)
     offline = list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{spec.run_id}/*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_a_requeued_run_loads_its_checkpoint_without_drawing_random_weights(tmp_path, monkeypatch):
+    """A resumed run builds on meta, materialises, and loads: the random initialiser (marin.parallel's
+    blocked_trunc_normal_, which init_weights draws every matrix with) is never called for it, and it
+    ends where an uninterrupted run ends; a fresh start draws every matrix."""
+    from marin_ablate.marin import parallel
+
+    spec = RunSpec(model=TINY, train=_fast(6, checkpoint_every=3))
+    ref = train(spec, tmp_path / "ref")
+    assert train(spec, tmp_path / "cut", stop_after=3)["status"] == "interrupted"
+    drawn: list[str] = []
+    real = parallel.blocked_trunc_normal_
+
+    def counting(p, name, *a, **kw):
+        drawn.append(name)
+        return real(p, name, *a, **kw)
+
+    monkeypatch.setattr(parallel, "blocked_trunc_normal_", counting)
+    resumed = train(spec, tmp_path / "cut")
+    assert resumed["status"] == "completed" and drawn == []
+    assert resumed["loss_curve"] == ref["loss_curve"] and resumed["eval_macro_loss"] == ref["eval_macro_loss"]
+    train(spec, tmp_path / "fresh")  # the control: a fresh start draws its matrices through the same function
+    assert len(drawn) > 0 and "lm_head.weight" in drawn
+
+
+def test_checkpoint_saves_plan_once_with_dcp_plan_caching(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.parallel import AsyncCheckpointer, save_planner
+
+    for k in [k for k in vars(SavePlanner) if k.startswith("_cached")]:
+        monkeypatch.setattr(SavePlanner, k, {})
+    sd = {"w": torch.arange(6.0).reshape(2, 3)}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "a"), planner=save_planner(), no_dist=True)
+    cached = SavePlanner._cached_global_plan["DefaultSavePlanner"]  # the global plan, kept for the next save
+    dcp.save(sd, checkpoint_id=str(tmp_path / "b"), planner=save_planner(), no_dist=True)
+    assert SavePlanner._cached_global_plan["DefaultSavePlanner"] == cached
+    out = {"w": torch.zeros(2, 3)}
+    dcp.load(out, checkpoint_id=str(tmp_path / "b"), no_dist=True)
+    assert torch.equal(out["w"], sd["w"])
+    seen = {}
+    monkeypatch.setattr(dcp, "async_save", lambda state, **kw: seen.update(kw))
+    AsyncCheckpointer(None).save(MarinModel(TINY, Recipe()), tmp_path / "c")
+    assert seen["planner"]._enable_plan_caching  # the trainer's saves plan through the caching planner

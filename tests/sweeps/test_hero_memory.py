@@ -7,6 +7,7 @@ smoke runs' dry runs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -236,6 +237,26 @@ def test_hero_time_models_point_estimate_is_within_25_percent_of_marins_78_6_day
     assert sum(time_model(rack.runs()[0][0], rack.hero)["bytes_across_racks"].values()) == 0
 
 
+def test_the_time_model_prices_every_context_stage_at_its_shape_and_each_restart_of_the_job_chain():
+    from marin_ablate.planning.hero import HeroSlurm
+    from marin_ablate.planning.timemodel import Assumptions, time_model
+
+    st, spec = _hero()
+    limit_s = HeroSlurm().time_min(st.hero) * 60
+    tm = time_model(spec, st.hero, job_limit_s=limit_s)
+    stages = tm["stages"]
+    assert [(s["seq_len"], s["batch_size"]) for s in stages] == [(4096, 11_264), (16_384, 2_816), (65_536, 704)]
+    assert sum(s["steps"] for s in stages) == spec.train.steps == 390_251
+    assert stages[0]["step_point_s"] < stages[1]["step_point_s"] < stages[2]["step_point_s"]  # attention grows
+    rs, a = tm["restart"], Assumptions()
+    one = a.startup_s[1] + rs["state_bytes"] / (a.storage_gbps[1] * 1e9) + a.compile_s[1]
+    assert rs["seconds"][1] == pytest.approx(one) and rs["load_s"] == rs["save_s"] > 0
+    steps_s = sum(s["steps"] * s["step_point_s"] for s in stages)
+    assert rs["count"] == math.ceil(steps_s / (limit_s - one)) - 1 > 500
+    assert tm["days_point"] * 86400 == pytest.approx(steps_s + rs["count"] * one)
+    assert time_model(spec, st.hero)["restart"]["count"] == 0  # no job limit, no chain
+
+
 def test_the_hero_plan_prints_no_second_duration():
     d = get_study("hero").describe()
     assert not {"expected_days", "expected_seconds", "gpu_hours", "assumed_mfu"} & set(d["hero"])
@@ -246,7 +267,7 @@ def test_sbatch_time_the_rungs_timeout_and_the_checkpoint_cadence_agree():
     from marin_ablate.planning.hero import HeroSlurm, hero_resources, render_sbatch
     from marin_ablate.planning.timemodel import time_model
 
-    for name in ("hero", "hero_rack", "hero_node", "hero_gpu"):
+    for name in ("hero", "hero_2rack", "hero_rack", "hero_node", "hero_gpu"):
         st = get_study(name)
         limit = st.hero.job_time_min
         assert st.describe()["rungs"][0]["timeout_min"] == limit == HeroSlurm().time_min(st.hero)
@@ -354,7 +375,7 @@ def test_dry_run_state_is_measured_on_the_configured_rack_local_layout():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["hero", "hero_rack", "hero_node", "hero_gpu"])
+@pytest.mark.parametrize("name", ["hero", "hero_2rack", "hero_rack", "hero_node", "hero_gpu"])
 def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(name):
     # the dry run's memory table (part b) on the study's own layout; nothing may sit in host memory
     from marin_ablate.planning.dryrun import dry_run
@@ -368,4 +389,20 @@ def test_hero_and_its_smoke_runs_fit_165_gib_per_rank_with_nothing_on_the_host(n
     for level, t in rep["tables"].items():
         assert t["ok"] and t["total"] <= 165 * GiB and t["host"] == 0, (name, level, t["total"] / GiB)
         # only the hero has racks to shard its expert slice across; its gathered layer is a line of its own
-        assert any("ExpertShard" in r["line"] for r in t["rows"]) == (name == "hero")
+        assert any("ExpertShard" in r["line"] for r in t["rows"]) == (name in ("hero", "hero_2rack"))
+
+
+@pytest.mark.slow
+def test_the_hero_fits_at_every_context_stage():
+    """4k x 16, 16k x 4 and 65k x 1 sequences per GPU: the memory table at each stage's own shape."""
+    from marin_ablate.marin.train.stages import stage_specs
+    from marin_ablate.planning.dryrun import dry_run
+
+    st = get_study("hero")
+    shapes = []
+    for stage, at, _ in stage_specs(st.runs()[0][0]):
+        rep = dry_run(at, st.hero.gpus, at.model.ep_shards, capacity_gib=173.0)
+        shapes.append((stage.seq_len, rep["sequences_per_rank"]))
+        for level, t in rep["tables"].items():
+            assert t["ok"] and t["total"] <= 165 * GiB, (stage.seq_len, level, t["total"] / GiB)
+    assert shapes == [(4096, 16), (16_384, 4), (65_536, 1)]

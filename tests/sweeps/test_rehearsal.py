@@ -91,3 +91,72 @@ def test_hero_rack_without_offload_takes_a_whole_step_on_the_accelerator(tmp_pat
     saved = re.search(r"(\d+) items of this rank planned, (\d+) written to 1 file", r["checkpoint"])
     assert saved and int(saved[1]) == int(saved[2]) > 0, r["checkpoint"]
     assert any("dist_forward_backward" in k for k in r["host_reads"])
+
+
+def _rank_where_only_rank_0_reduces_once_more(spec, world, ep, rank, run_dir, host_backend):
+    """A planted bug: rank 0 issues an all-reduce its peers never issue (on NCCL: every rank hangs)."""
+    from marin_ablate.marin.train import loop
+
+    step = loop.Trainer.train_step
+
+    def planted(self, stage):
+        if self.pd.rank == 0:
+            dist.all_reduce(torch.zeros(1, device="meta"))
+        return step(self, stage)
+
+    loop.Trainer.train_step = planted
+    return rehearse_rank(spec, world, ep, rank, run_dir, host_backend)
+
+
+def _hero_node():
+    study = get_study("hero_node")
+    return study.runs()[0][0], study.hero.gpus, study.runs()[0][0].model.ep_shards
+
+
+def test_the_rehearsal_fails_naming_the_first_collective_only_one_rank_issues(tmp_path):
+    from marin_ablate.planning.rehearsal import rehearse
+
+    spec, world, ep = _hero_node()
+    rep = rehearse(spec, world, ep, tmp_path, rank_fn=_rank_where_only_rank_0_reduces_once_more)
+    assert not rep["ok"]
+    assert re.search(r"ranks 0 and 3 diverge at collective #1 on a group they share: rank 0 issues "
+                     r"c10d::allreduce_ on the shared group of 4 rank\(s\), float32\[1\] from .*test_rehearsal.py",
+                     rep["error"]), rep["error"]
+    assert "watchdog" in rep["error"]
+
+
+def test_hero_node_ranks_issue_one_collective_sequence_over_every_context_stage(tmp_path):
+    from marin_ablate.planning.rehearsal import compare_ranks, host_read_budget, host_reads_allowed, rehearse
+
+    spec, world, ep = _hero_node()
+    rep = rehearse(spec, world, ep, tmp_path)
+    assert rep["ok"], rep["error"]
+    a, b = rep["rows"]
+    assert a["steps"] == 3 and [s for s, _ in a["stages"]] == [32, 64, 128]  # 4k -> 16k -> 65k, narrowed
+    assert len(a["calls"]) == len(b["calls"]) > 0 and compare_ranks(rep["rows"]) is None
+    per_step = sum(a["host_reads"].values()) / a["steps"]
+    assert 0 < per_step <= host_reads_allowed(rep["n_layers"])
+    assert host_read_budget(rep["rows"], rep["n_layers"]) is None
+    assert any("read_splits" in site for site in a["host_reads"])  # ragged's split read counts, stood in
+    a["host_reads"]["planted.py:1 in step"] = 100 * a["steps"]  # 100 host reads planted in every step
+    assert "host reads of device values per step, above the budget" in host_read_budget(rep["rows"], rep["n_layers"])
+    op, group, shapes, dtypes, caller = b["calls"][5]  # rank 3 with a rank-dependent shape at its 6th collective
+    b["calls"][5] = (op, group, (shapes[0] + (1,), *shapes[1:]), dtypes, caller)
+    assert "diverge at collective #6" in compare_ranks(rep["rows"])
+
+
+@pytest.mark.slow
+def test_hero_2rack_rehearses_the_cross_rack_collectives_and_its_ranks_agree(tmp_path):
+    """Two racks: the expert slice gathered/reduce-scattered across racks (groups of 2), Newton-Schulz's
+    cross-rack owners, the world-wide clip all-reduce (128 ranks) -- and ranks 0 and 127 issue one sequence."""
+    from marin_ablate.planning.rehearsal import rehearse
+
+    study = get_study("hero_2rack")
+    spec = study.runs()[0][0]
+    rep = rehearse(spec, study.hero.gpus, spec.model.ep_shards, tmp_path)
+    assert rep["ok"], rep["error"]
+    calls = rep["rows"][0]["calls"]
+    sizes = {(op, len(group)) for op, group, *_ in calls}
+    assert ("c10d::_allgather_base_", 2) in sizes and ("c10d::_reduce_scatter_base_", 2) in sizes  # across racks
+    assert any(op.startswith("c10d::gather_") and n == 2 for op, n in sizes)  # Newton-Schulz owner, across racks
+    assert ("c10d::allreduce_", 128) in sizes  # the world-wide clip norm
