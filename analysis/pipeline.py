@@ -139,19 +139,22 @@ def check_extrapolation(target: float, top: float, force: bool) -> None:
                          f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
 
 
-#: Seeds the joint law fit may carry: it fits one loss shift per seed, so each of its steps costs rows × seeds²
-#: (a table of 1,000 seeds in 20,000 rows ran past 27 min and 1.2 GB without finishing; 256 seeds cost seconds
-#: per fit).
-SEED_BLOCKS_MAX = 256
+#: The joint law fit carries one loss shift per seed, so each of its steps costs about rows × seeds² (and the
+#: profile intervals and the bootstrap take hundreds of steps): measured, 8,192 rows of 32 seeds (8.4e6) take
+#: 43 CPU s with the bootstrap; 20,000 rows of 1,000 seeds (2e10) ran past 27 min, and of 250 seeds (1.25e9)
+#: past 30 min. Beyond this bound a table is refused before any fit.
+JOINT_COST_MAX = 5e7
 
 
 def _check_seed_blocks(ok: pd.DataFrame) -> None:
-    """Refuse, before any fit, a table whose joint fit would carry more than SEED_BLOCKS_MAX seed shifts."""
-    n = int(ok["seed"].nunique()) if "seed" in ok else 1
-    if n > SEED_BLOCKS_MAX:
-        raise ValueError(f"the completed runs hold {n:,} seeds: the joint law fit carries one loss shift per seed, "
-                         f"and its cost grows with their square; allowed values: at most {SEED_BLOCKS_MAX} seeds "
-                         "(split the table by seed, or average each arm, rung and seed group into one row first)")
+    """Refuse, before any fit, a table whose joint fit would cost more than JOINT_COST_MAX (rows × seeds²)."""
+    n, rows = (int(ok["seed"].nunique()) if "seed" in ok else 1), len(ok)
+    if n > 1 and rows * n * n > JOINT_COST_MAX:
+        most = int((JOINT_COST_MAX / rows) ** 0.5)
+        raise ValueError(f"{rows:,} completed runs of {n:,} seeds: the joint law fit carries one loss shift per seed "
+                         f"and costs about rows × seeds² = {rows * n * n:.2g} per step, beyond {JOINT_COST_MAX:.0e} "
+                         f"(hours); allowed values: at most {most} seeds for {rows:,} runs (split the table by seed, "
+                         "or average each arm, rung and seed group into one row first)")
 
 
 def _check_rung_computes(rungs: pd.DataFrame) -> None:
