@@ -536,9 +536,32 @@ def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "c
                  CPU_EXECUTOR, None, True, ())
 
 
+class StudyTable(dict):
+    """The registered studies: a name is added once. A plugin (or a study file) that assigns a name already
+    taken, `STUDIES["smoke"] = ...`, is refused: replacing a built-in study silently would run other runs
+    under its name."""
+
+    def __setitem__(self, name: str, study: Callable[..., Study] | Study) -> None:
+        if name in self:
+            raise ValueError(f"study {name!r} is registered already; allowed values: a new name (registered: "
+                             f"{', '.join(self)})")
+        from marin_ablate.marin.schema import check_name
+
+        super().__setitem__(check_name(name, "study name"), study)  # `run NAME` names a folder OUT/NAME too
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def setdefault(self, name: str, study: Any = None) -> Any:
+        if name not in self:
+            self[name] = study
+        return self[name]
+
+
 #: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
 #: them) or a Study object; `get_study(name, rungs=, seeds=)` builds one.
-STUDIES: dict[str, Callable[..., Study] | Study] = {
+STUDIES: StudyTable = StudyTable({
     "smoke": smoke,
     "noise_cpu": noise_cpu,
     "calibration": calibration,
@@ -562,7 +585,7 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
     # all-reduce and the replica all-reduce, none of which a one-rack smoke run has
     "hero_2rack": lambda **kw: hero(**{"ep_groups": 2, "steps": 200, "name": "hero_2rack",
                                        "n_layers": HERO_SMOKE_LAYERS["hero_2rack"], **kw}),
-}
+})
 
 
 STUDY_FORMS = "a Study, or a function returning one (a builder)"

@@ -285,7 +285,10 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     hw = ok["hardware"].astype(str).to_numpy() if "hardware" in ok else np.full(len(ok), "?")
     base_name = star.labels[star.baseline]
     if not is_base.any():
-        raise ValueError(f"the baseline arm {base_name!r} has no completed run: nothing to compare with")
+        from marin_ablate.analysis.io.results import inventory
+
+        why = inventory(df.loc[df["arm"].astype(str) == base_name] if "arm" in df else df).why_none()
+        raise ValueError(f"the baseline arm {base_name!r} has no completed run: nothing to compare with{why}")
 
     # Quality: the baseline's law, and the residual variance pooled from its residuals about the law
     # and the replicate scatter inside each other (arm, rung) cell.

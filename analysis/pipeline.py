@@ -139,6 +139,40 @@ def check_extrapolation(target: float, top: float, force: bool) -> None:
                          f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
 
 
+#: The joint law fit carries one loss shift per seed, so each of its steps costs about rows × seeds² (and the
+#: profile intervals and the bootstrap take hundreds of steps): measured, 8,192 rows of 32 seeds (8.4e6) take
+#: 43 CPU s with the bootstrap; 20,000 rows of 1,000 seeds (2e10) ran past 27 min, and of 250 seeds (1.25e9)
+#: past 30 min. Beyond this bound a table is refused before any fit.
+JOINT_COST_MAX = 5e7
+
+
+def _check_seed_blocks(ok: pd.DataFrame) -> None:
+    """Refuse, before any fit, a table whose joint fit would cost more than JOINT_COST_MAX (rows × seeds²)."""
+    n, rows = (int(ok["seed"].nunique()) if "seed" in ok else 1), len(ok)
+    if n > 1 and rows * n * n > JOINT_COST_MAX:
+        most = int((JOINT_COST_MAX / rows) ** 0.5)
+        raise ValueError(f"{rows:,} completed runs of {n:,} seeds: the joint law fit carries one loss shift per seed "
+                         f"and costs about rows × seeds² = {rows * n * n:.2g} per step, beyond {JOINT_COST_MAX:.0e} "
+                         f"(hours); allowed values: at most {most} seeds for {rows:,} runs (split the table by seed, "
+                         "or average each arm, rung and seed group into one row first)")
+
+
+def _check_rung_computes(rungs: pd.DataFrame) -> None:
+    """Rungs are scales: two rung labels at one compute (within 1e-6) leave the law and the scale terms no
+    span between them; refused naming them, before any fit."""
+    key = np.round(np.log(rungs["compute"].to_numpy(float)), 6)
+    same = {}
+    for name, k in zip(rungs["rung"], key, strict=True):
+        same.setdefault(k, []).append(str(name))
+    clash = [v for v in same.values() if len(v) > 1]
+    if clash:
+        groups = "; ".join(f"rungs {', '.join(v)} are all at {float(np.exp(k)):.4g} FLOPs"
+                           for k, v in same.items() if len(v) > 1)
+        raise ValueError(f"{groups}: a rung is a scale, and rungs at one compute give the law and the scale terms "
+                         "no span; allowed values: one rung label per compute (relabel the runs, or give each rung "
+                         "its own training FLOPs)")
+
+
 def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
     if "rung" in df and df["rung"].notna().all():
         return df["rung"].astype(str)
@@ -343,6 +377,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
     from marin_ablate.analysis.fit.replicates import (
         BETWEEN_SEEDS_MIN,
+        REPLICATE_SEEDS_MAX,
         between_seed_interval,
         between_seed_law,
         coverage_summary,
@@ -371,12 +406,12 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if factors is None:
         factors = factor_columns(ok)
     if not factors:
-        raise ValueError("no factor varies among the completed runs: nothing to attribute")
+        raise ValueError("no factor varies among the completed runs: nothing to attribute" + inv.why_none())
     X, keep, n3 = code_table(ok, factors, third_levels)
     notes += n3
     ok, X = ok[keep].copy(), X[keep]
     if not len(ok):
-        raise ValueError("no completed run at the two levels of the study's factors")
+        raise ValueError("no completed run at the two levels of the study's factors" + inv.why_none())
     varying = [i for i in range(len(factors)) if len(np.unique(X[:, i])) > 1]
     if len(varying) < len(factors):
         notes.append("left out (one level only among the runs kept): "
@@ -394,6 +429,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     rungs = pd.DataFrame({"rung": rung_names, "compute": [float(np.exp(np.log(C[ok["rung"].to_numpy() == r]).mean()))
                                                           for r in rung_names]})
     rungs["z"] = np.log(rungs["compute"] / c_ref)
+    _check_rung_computes(rungs)
     # Scale terms use the rung's compute, not the run's own: a level that only changes the FLOPs
     # counted (2x, same losses) then gets M_flop = 1/2 exactly, the law carrying the run's own C.
     z = rungs.set_index("rung")["z"].reindex(ok["rung"]).to_numpy(float)
@@ -403,6 +439,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     if not scale:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
+    _check_seed_blocks(ok)
     if pinned_law is not None:
         pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
         notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {pinned_law.created}): "
@@ -493,12 +530,15 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                                  interactions=interactions, third_levels=third_levels, level=level,
                                  responses=responses, law_forms=law_forms, replicates=False)
 
-        per_seed = per_seed_analyses(df, one)
+        limit = None if truths else REPLICATE_SEEDS_MAX  # planted truths: every seed counts in the coverage
+        per_seed = per_seed_analyses(df, one, limit)
         if sum(not isinstance(x, str) for x in per_seed.values()) >= BETWEEN_SEEDS_MIN:
             if len(components):
                 components = between_seed_interval(components, per_seed, level)
             wl = between_seed_law(law, per_seed, level) if law is not None else []
-            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref"
+            alone = (f"{n_seeds} seeds, each also analysed alone" if len(per_seed) == n_seeds else
+                     f"{n_seeds} seeds, the first {len(per_seed)} also analysed alone (more cost an analysis each)")
+            notes.append(f"{alone}: every Shapley interval at C_ref"
                          + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
                          "as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
                          "values keep the model interval)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import fields, replace
 from typing import Any, Mapping, Sequence
 
@@ -226,11 +227,18 @@ def allowed_text(f: dataclasses.Field) -> str:
     return f"None or {text}" if nullable and text else text
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a tab is text; a newline, CR or NUL never is in an option
+
+
 def check_value(f: dataclasses.Field, value: Any, name: str) -> None:
     """ValueError naming `name` (the field or its flag), the value and the allowed values."""
     md, kind = option_meta(f), base_type(f)
     if value is None and f.default is None:
         return
+    for text in (value if isinstance(value, tuple) else (value,)):
+        if isinstance(text, str) and _CONTROL.search(text):  # a newline in an sbatch field ends its line there
+            raise ValueError(f"{name}={value!r} holds a control character ({_CONTROL.search(text).group()!r}); allowed "
+                             "values: one line of printable text")
     ok = True
     if md.get("choices") is not None:
         ok = value in md["choices"]

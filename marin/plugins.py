@@ -1,18 +1,22 @@
 """Plugins: the registry rows (optimizers, responses, executors, studies) added outside this repository
 reach every process that reads the registries (docs/architecture.md §4).
 
-A row gets to a process in one of two ways:
+A row gets to a process in one of two ways, both named by the user, never by a folder's contents:
 
   * by entry point: an installed distribution names a module (or a function, called once) in the
     `marin_ablate.plugins` group; `load_entry_points()` imports every one, as submitit finds its
-    executors (submitit/core/plugins.py). The CLI, the driver and each worker call it.
-  * by a recorded import: every `register_*` call notes the module whose top-level code made it (a
-    study file named by path, `FILE.py:NAME`, is noted by its path). The driver writes those sources
-    into each run's task and the study folder (`plugins.json`); a `local` or `slurm` worker, and a
-    later `analyze` or `status` process, imports them (`ensure`) before it builds a run from plain data.
+    executors (submitit/core/plugins.py). The CLI, the driver and each worker call it; one that fails
+    is named (`failures()`), and the others still load.
+  * by the command line: a study file named by path (`FILE.py:NAME`) or module, or `analyze --plugin`.
+    Every `register_*` call notes the module whose top-level code made it; the driver passes those
+    sources to its own `local` or `slurm` workers in each run's task (`ensure`), so a worker imports
+    what the user's command imported.
 
-A row registered inside a function (not at a module's top level) has no source to import: it lives
-in the registering process only, and `unreachable()` names it. Pure standard library, no torch.
+A study folder is data: its `plugins.json` records which rows came from which source (`write_record`),
+and a later `analyze` or `status` compares it with what this process has registered (`record_notes`),
+naming a mismatch; nothing recorded there is imported. A row registered inside a function (not at a
+module's top level) has no source to import: it lives in the registering process only, and
+`unreachable()` names it. Pure standard library, no torch.
 """
 
 from __future__ import annotations
@@ -20,20 +24,19 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Iterable
 
 ENTRY_POINT_GROUP = "marin_ablate.plugins"
-PLUGINS_FILE = "plugins.json"  # in a study folder: the sources its rows came from
+PLUGINS_FILE = "plugins.json"  # in a study folder: a record of the sources its rows came from (never imported)
 PACKAGE = "marin_ablate"  # built-in rows register at their own import: a module of the package is no plugin source
 
 #: (registry, row name) -> the module name or study file path whose import registers it (None: a function did)
 REGISTERED: dict[tuple[str, str], str | None] = {}
 _FILES: dict[str, str] = {}  # module name -> path, of the study files loaded by `load_file`
 _LOADED_EPS: set[str] = set()
+_FAILED_EPS: dict[str, str] = {}  # entry point "name=value" -> why it did not load
 
 
 def load_file(path: str | Path) -> Any:
@@ -87,7 +90,10 @@ def unreachable(registry: str, names: Iterable[str]) -> list[str]:
 
 def load_entry_points() -> list[str]:
     """Import every `marin_ablate.plugins` entry point not imported yet (a callable one is called once);
-    returns the names of the ones loaded now."""
+    returns the names of the ones loaded now. One that raises is recorded (`failures()`), not raised: a
+    broken installed package must not stop every command, only the runs that need its rows."""
+    from importlib.metadata import entry_points  # here: 0.2 s of imports the CLI's start need not wait for
+
     new = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         key = f"{ep.name}={ep.value}"
@@ -98,11 +104,19 @@ def load_entry_points() -> list[str]:
             obj = ep.load()
             if callable(obj):
                 obj()
-        except Exception as e:
-            raise ImportError(f"plugin entry point {ep.name!r} ({ep.value}, group {ENTRY_POINT_GROUP}) failed: "
-                              f"{type(e).__name__}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - any failure of foreign code is reported, by name
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            where = f"{ep.value}, distribution {dist}" if dist else ep.value
+            _FAILED_EPS[key] = (f"plugin entry point {ep.name!r} ({where}, group {ENTRY_POINT_GROUP}) failed to load: "
+                                f"{type(e).__name__}: {e}")
+            continue
         new.append(ep.name)
     return new
+
+
+def failures() -> list[str]:
+    """One line per entry point that failed to load in this process (its rows are missing here)."""
+    return list(_FAILED_EPS.values())
 
 
 def import_source(src: str) -> Any:
@@ -112,9 +126,20 @@ def import_source(src: str) -> Any:
     return importlib.import_module(src)
 
 
+def load_named(srcs: Iterable[str], flag: str = "--plugin") -> None:
+    """The sources the user named on the command line (`flag`): study files by path, or module names.
+    ValueError naming the flag and the source when one cannot be imported."""
+    for src in srcs:
+        try:
+            import_source(str(Path(src).expanduser().resolve()) if src.endswith(".py") else src)
+        except Exception as e:  # noqa: BLE001 - a user's module failing is a bad argument
+            raise ValueError(f"{flag} {src!r} cannot be imported: {type(e).__name__}: {e}; allowed values: a "
+                             "path/to/file.py or an importable module name") from None
+
+
 def ensure(srcs: Iterable[str] = ()) -> None:
-    """Entry points, then the recorded sources not imported in this process yet (a worker calls this
-    before it builds a run)."""
+    """Entry points, then the sources the driver was given, not imported in this process yet (a worker
+    calls this before it builds a run; the sources come from the driver's task, never from a folder)."""
     load_entry_points()
     loaded = set(_FILES.values())
     for src in srcs:
@@ -123,20 +148,86 @@ def ensure(srcs: Iterable[str] = ()) -> None:
         try:
             import_source(src)
         except Exception as e:
-            raise ImportError(f"plugin source {src!r} (recorded where its rows were registered) cannot be "
-                              f"imported here: {type(e).__name__}: {e}") from e
+            raise ImportError(f"plugin source {src!r} (the driver imported it) cannot be imported here: "
+                              f"{type(e).__name__}: {e}") from e
 
 
-def write_sources(folder: str | Path) -> None:
-    """`plugins.json` in a study folder: the sources of this process's rows (read back by `read_sources`)."""
+# ---------------------------------------------------------------------------------------------
+# plugins.json: a record, compared, never imported
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows() -> list[list[str]]:
+    """[registry, name, source] of this process's rows registered by a source outside the package."""
+    return [[reg, name, src] for (reg, name), src in REGISTERED.items()
+            if src and src.split(".")[0] != PACKAGE]
+
+
+def write_record(folder: str | Path) -> None:
+    """`plugins.json` in a study folder: which rows came from which source, the old record's kept (a
+    later run of the study adds, never forgets). A damaged record is refused (`read_record`)."""
     from marin_ablate.marin.schema import atomic_write_json
 
-    old = read_sources(folder)
-    srcs = old + [s for s in sources() if s not in old]  # a later run of the study adds, never forgets
-    if srcs != old:
-        atomic_write_json(Path(folder) / PLUGINS_FILE, {"imports": srcs})
+    old = read_record(folder) or {"imports": [], "rows": []}
+    srcs = old["imports"] + [s for s in sources() if s not in old["imports"]]
+    rows = old["rows"] + [r for r in _rows() if r not in old["rows"]]
+    if (srcs, rows) != (old["imports"], old["rows"]):
+        atomic_write_json(Path(folder) / PLUGINS_FILE, {"imports": srcs, "rows": rows})
 
 
-def read_sources(folder: str | Path) -> list[str]:
+_RECORD_SHAPE = ('{"imports": [source, ...], "rows": [[registry, name, source], ...]} (what `marin-ablate run` '
+                 'writes; delete the file and the next run writes it again)')
+
+
+def read_record(folder: str | Path) -> dict | None:
+    """The study folder's `plugins.json` ({"imports": [...], "rows": [[registry, name, source]]}), None when
+    absent; ValueError naming the file and what is wrong when it is not that shape. Reading it imports nothing."""
+    from marin_ablate.marin.schema import read_json_text
+
     p = Path(folder) / PLUGINS_FILE
-    return list(json.loads(p.read_text())["imports"]) if p.is_file() else []
+    if not p.is_file():
+        return None
+    try:
+        d = read_json_text(p)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p}: unreadable ({e}); allowed values: {_RECORD_SHAPE}") from None
+    imports = d.get("imports") if isinstance(d, dict) else None
+    rows = d.get("rows", []) if isinstance(d, dict) else None
+    if not (isinstance(imports, list) and all(isinstance(s, str) for s in imports)):
+        raise ValueError(f"{p}: field 'imports' is {imports!r}; allowed values: {_RECORD_SHAPE}")
+    if not (isinstance(rows, list) and all(isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) for x in r)
+                                           for r in rows)):
+        raise ValueError(f"{p}: field 'rows' is {rows!r}; allowed values: {_RECORD_SHAPE}")
+    return {"imports": list(imports), "rows": [list(r) for r in rows]}
+
+
+def record_notes(folder: str | Path) -> list[str]:
+    """What `folder/plugins.json` records that this process lacks or has from another source, one line
+    each, with the command-line flag that would import it; a damaged record is one line too. Nothing
+    recorded is imported: a study folder received from someone is data."""
+    try:
+        rec = read_record(folder)
+    except ValueError as e:
+        return [f"{e} (a record only: nothing is imported from it)"]
+    if rec is None:
+        return []
+    out, missing = [], {}
+    for reg, name, src in rec["rows"]:
+        here = REGISTERED.get((reg, name), _ABSENT)
+        if here is _ABSENT:
+            missing.setdefault(src, []).append(f"{reg} {name!r}")
+        elif here != src:
+            out.append(f"{Path(folder) / PLUGINS_FILE} records {reg} {name!r} from {src}, but this process has it "
+                       f"from {here or 'a function'}; the results are read with this process's row")
+    for src, rows in missing.items():
+        out.append(f"{Path(folder) / PLUGINS_FILE} records {', '.join(rows)} from {src}, not imported (code in or "
+                   f"named by a study folder never runs); to use it: --plugin {src}")
+    with_rows = {src for _, _, src in rec["rows"]}
+    for src in rec["imports"]:  # a source with no row recorded (an older record, or a line someone added)
+        if src not in with_rows and src not in sources():
+            out.append(f"{Path(folder) / PLUGINS_FILE} records the source {src}, not imported (code in or named by "
+                       f"a study folder never runs); to use it: --plugin {src}")
+    return out
+
+
+_ABSENT = object()

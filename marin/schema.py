@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -126,13 +127,91 @@ def read_json(path: str | Path, *, strict: bool = False) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Run identity: a run id is one safe path component, and every file of a run folder names it
+# ---------------------------------------------------------------------------------------------
+
+#: A run id or a study name: one path component every filesystem and shell takes as it is (no `.`, `..`,
+#: separator, control character, leading dot or dash).
+SAFE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SAFE_NAME_TEXT = ("1 to 128 letters, digits, '.', '_', '-', the first a letter or digit (one path component: no "
+                  "'.', '..', '/', control character)")
+
+
+def check_name(value: Any, what: str) -> str:
+    """`value` when it is a safe path component (SAFE_NAME_RE), else ValueError naming `what`."""
+    if not isinstance(value, str) or not SAFE_NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value!r}; allowed values: {SAFE_NAME_TEXT}")
+    return value
+
+
+def _first_line_json(path: Path) -> Any:
+    """The JSON value on the first line of a file (at most 1 MiB read), None when absent or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return loads_json(f.readline(1 << 20))
+    except (OSError, ValueError):
+        return None
+
+
+def _named_id(path: Path, first_line: bool = False) -> Any:
+    """The `run_id` a run file records (None: the file is absent, damaged or names none)."""
+    d = _first_line_json(path) if first_line else read_json(path)
+    return d.get("run_id") if isinstance(d, dict) else None
+
+
+def _run_files(d: Path) -> list[str]:
+    """The files of a run folder that name its run, those present."""
+    files = ["spec.json", "meta.json", "summary.json", "metrics.jsonl"]
+    files += [str(p.relative_to(d)) for p in sorted(d.glob("checkpoints/ckpt_*/meta.json"))]
+    return [f for f in files if (d / f).exists() or (d / f).is_symlink()]
+
+
+def named_ids(run_dir: str | Path) -> dict[str, Any]:
+    """{file: the run id it names} over the run folder's files that name one (metrics.jsonl: its first line)."""
+    d = Path(run_dir)
+    out = {}
+    for f in _run_files(d):
+        rid = _named_id(d / f, first_line=f == "metrics.jsonl")
+        if rid is not None:
+            out[f] = rid
+    return out
+
+
+def foreign(run_dir: str | Path, runs_root: str | Path) -> str | None:
+    """Why the folder `runs_root/NAME` is not run NAME of this study, in one line naming the file and both
+    ids; None when it is. It is not when it resolves outside `runs_root` (a symbolic link to another study's
+    run, or to another folder here), when one of its files resolves outside it, or when spec.json,
+    meta.json, summary.json, metrics.jsonl or a checkpoint's meta.json names another run id."""
+    d, root = Path(run_dir), Path(runs_root)
+    name, rel = d.name, f"runs/{d.name}"
+    real = d.resolve()
+    if real.parent != root.resolve() or real.name != name:
+        return (f"{rel} resolves to {real}, outside this study's runs/ (a symbolic link): another study's run is "
+                "not pooled; copy the run folder in, or remove the link")
+    for f in _run_files(d):
+        p = d / f
+        if p.is_symlink() or p.resolve().parent != (real / f).parent:
+            return (f"{rel}/{f} resolves to {p.resolve()}, outside {rel} (a symbolic link): a run folder holds its "
+                    "own files; copy the file in, or remove the link")
+    for f, other in named_ids(d).items():
+        if other != name:
+            return (f"{rel}/{f} names run {other!r}, not {name!r} (the folder's): a file of another run, left out; "
+                    "move it back to runs/" + (other if isinstance(other, str) and SAFE_NAME_RE.fullmatch(other)
+                                              else "ITS_RUN") + " or remove it")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
 # spec.json
 # ---------------------------------------------------------------------------------------------
 
 
 def spec_json(spec: Any) -> str:
-    """The one spec.json text of a RunSpec (or of its dict), used by sweeps and train alike."""
+    """The one spec.json text of a RunSpec (or of its dict), used by sweeps and train alike; a RunSpec's
+    names its run id too (`foreign` compares it with the folder's)."""
     d = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)
+    if hasattr(spec, "run_id"):
+        d["run_id"] = spec.run_id
     return json.dumps(d, indent=1, sort_keys=True)
 
 

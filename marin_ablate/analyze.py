@@ -36,7 +36,8 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
         if c.is_file():
             return c.parent, complete_table(load_table(c), c)
         if c.is_dir() and ((c / "runs").is_dir() or (c / "results.parquet").exists()):
-            plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
+            for note in plugins.record_notes(c):  # a record, compared: nothing in a study folder is imported
+                print(f"note: {note}")
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
                      f".parquet or .csv, a .csv in the import schema (docs/importing.md), or a name under "
@@ -136,19 +137,26 @@ def _ofat_or_none(args, table: pd.DataFrame, study_dir: Path | None = None):
     return a
 
 
-def _pinned(args, study_dir: Path | None):
+def _pinned(args, study_dir: Path | None, study: str | None = None):
     """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
     from marin_ablate.analysis.fit.reflaw import read_pinned
 
     if study_dir is None or args.no_pinned_law or args.pin_linf is not None or args.pin_alpha is not None:
         return None
-    return read_pinned(study_dir)
+    return read_pinned(study_dir, study)
 
 
-def _fit_kw(args, study_dir: Path | None) -> dict:
+def _study_name(table: pd.DataFrame) -> str | None:
+    """The study the table's runs name (their meta.json), None when they name none."""
+    names = table["study"].dropna().astype(str).unique() if "study" in table else []
+    return str(names[0]) if len(names) == 1 else None
+
+
+def _fit_kw(args, study_dir: Path | None, table: pd.DataFrame) -> dict:
     """The fit options the report, the forecast and the backtest's refits share."""
-    return dict(pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pinned_law=_pinned(args, study_dir), hc=args.hc,
-                mixed=args.mixed, interactions=not args.no_interactions, third_levels=args.third_levels)
+    return dict(pin_linf=args.pin_linf, pin_alpha=args.pin_alpha,
+                pinned_law=_pinned(args, study_dir, _study_name(table)), hc=args.hc, mixed=args.mixed,
+                interactions=not args.no_interactions, third_levels=args.third_levels)
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None, n_boot: int | None = None):
@@ -156,7 +164,7 @@ def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | 
 
     n_boot = args.n_boot if n_boot is None else n_boot
     _check_boot_memory(n_boot, table)
-    return analyze_table(table, n_boot=n_boot, **_fit_kw(args, study_dir), boot_method=args.boot,
+    return analyze_table(table, n_boot=n_boot, **_fit_kw(args, study_dir, table), boot_method=args.boot,
                          target_compute=target, seed=args.seed, force_extrapolation=args.force_extrapolation)
 
 
@@ -164,7 +172,7 @@ def _backtest_of(args, a, table: pd.DataFrame, study_dir: Path | None, min_rungs
     """The backtest of a factorial study's own ladder (analysis/fit/backtest.py)."""
     from marin_ablate.analysis.fit.backtest import backtest
 
-    return backtest(table, a, min_rungs=min_rungs, **_fit_kw(args, study_dir))
+    return backtest(table, a, min_rungs=min_rungs, **_fit_kw(args, study_dir, table))
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,10 @@ class AnalyzeOptions(FitOptions):
                                            help=ImportSection.__doc__)
     forecast: ForecastSection | None = option(None, section=ForecastSection, mode=True, help=ForecastSection.__doc__)
     backtest: BacktestSection | None = option(None, section=BacktestSection, mode=True, help=BacktestSection.__doc__)
+    plugin: tuple[str, ...] = option((), metavar="FILE.py|MODULE",
+                                     help="import this study file or module first: the responses it registers are "
+                                          "fitted (repeatable; a study folder's plugins.json is a record only, never "
+                                          "imported)")
 
 
 def _import(args: AnalyzeOptions) -> int:
@@ -243,8 +255,9 @@ def _import(args: AnalyzeOptions) -> int:
     out = import_file(args.imports.table, args.study_dir, args.imports.study, args.imports.layout)
     for note in json.loads((out / "import.json").read_text()).get("notes", []):
         print(f"note: {note}")
-    n = sum(1 for _ in (out / "runs").iterdir())
-    print(f"imported {n} runs into {out}; next: marin-ablate analyze {out}")
+    rows = json.loads((out / "import.json").read_text())["rows"]
+    n = sum(1 for p in (out / "runs").iterdir() if p.is_dir())
+    print(f"imported {rows} rows as {n} runs into {out}; next: marin-ablate analyze {out}")
     return 0
 
 
@@ -254,6 +267,7 @@ def cmd_analyze(argv: list[str]) -> int:
     from marin_ablate.analysis.report.writer import attribution_table, write_report
 
     args = options.parse(AnalyzeOptions, argv)
+    plugins.load_named(args.plugin)  # named by the user, before STUDY is read
     if args.imports is not None:
         return _import(args)
     if args.study is None:
@@ -299,6 +313,7 @@ def cmd_analyze(argv: list[str]) -> int:
 
 def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     from marin_ablate.analysis.ofat import report_lines
+    from marin_ablate.analysis.report.spreadsheet import spreadsheet_csv
     from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_text
 
     title = (str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any()
@@ -306,7 +321,7 @@ def _report_ofat(a, table: pd.DataFrame, study_dir: Path, out: Path) -> int:
     lines = report_lines(a, title)
     md, csv = out / "report.md", out / "ofat.csv"
     atomic_write_text(md, "\n".join(lines) + "\n")
-    atomic_write_bytes(csv, a.table.to_csv(index=False).encode())
+    atomic_write_bytes(csv, spreadsheet_csv(a.table))  # a rung or arm named "=1+1" is text there, never a formula
     print("\n".join(lines[2:]))
     print(f"wrote {md} and {csv}")
     return 0

@@ -70,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         print(msg)
         return 0
     name = argv[0]
-    plugins.load_entry_points()  # installed plugins' rows, before any option is checked against a registry
-    module = importlib.import_module(COMMANDS[name][0])
-    try:
+    try:  # Ctrl-C while the command's modules import (pandas, torch: seconds) is an interrupt too, not a traceback
+        plugins.load_entry_points()  # installed plugins' rows, before any option is checked against a registry
+        for line in plugins.failures():  # a broken installed plugin is named; commands that do not need it go on
+            print(f"marin-ablate: warning: {line}; its rows are missing (fix or uninstall that package)",
+                  file=sys.stderr)
+        module = importlib.import_module(COMMANDS[name][0])
         return int(getattr(module, f"cmd_{name}")(argv[1:]) or 0)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"marin-ablate {name}: error: {e}", file=sys.stderr)

@@ -170,8 +170,26 @@ def _add(parser: argparse.ArgumentParser, cls: type, prefix: str, dests: dict) -
         elif t == "tuple":  # append needs a list default: None stands for "not given"
             kw.update(action="append", default=None, metavar=md.get("metavar") or "VALUE")
         else:
-            kw.update(type={"int": int, "float": float}.get(t, str), metavar=md.get("metavar") or t.upper())
+            kw.update(type=_typed(t, f), metavar=md.get("metavar") or t.upper())
         parser.add_argument(extra, dest=dest, **kw)
+
+
+def _typed(kind: str, f: dataclasses.Field) -> Any:
+    """argparse's `type` for a field: a value that does not parse names the allowed values (argparse's own
+    "invalid int value: '1e20'" does not)."""
+    cast = {"int": int, "float": float}.get(kind)
+    if cast is None:
+        return str
+
+    def parse(text: str) -> Any:
+        try:
+            return cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind == 'int' else 'a number'}; "
+                                             f"allowed values: {allowed_text(f) or kind}") from None
+
+    parse.__name__ = kind  # argparse names the type in its messages
+    return parse
 
 
 def _build(cls: type, ns: dict, prefix: str, given: set[str], spec_items: list[str]) -> Any:
@@ -299,9 +317,29 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
                        *(f"--{s}.FIELD" for s in sections)]
             raise ValueError(f"{head}: this command has no section {head[2:].split('.', 1)[0]!r}; allowed sections: "
                              f"{', '.join(allowed) or '(none)'}")
-    ns = vars(p.parse_args(argv))
+    ns = vars(p.parse_args(_join_negative_values(p, argv)))
     given = {k for k, v in ns.items() if v is not _NOT_GIVEN and v is not None and not k.startswith("S:")}
     return _build(cls, ns, "", given, items)
+
+
+#: What argparse takes for an option, not a value, though it is a number: `-inf`, `-nan`, `-1e5` (its own
+#: rule reads only `-5` and `-.5` as negative numbers).
+_NEGATIVE_NUMBER = re.compile(r"-(inf(inity)?|nan|(\d+\.?\d*|\.\d+)(e[-+]?\d+)?)", re.I)
+
+
+def _join_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--flag -inf` as `--flag=-inf`: a negative number after an option that takes a value is its value (then
+    refused or accepted by the field's range), not an unknown option."""
+    takes = {s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings}
+    out: list[str] = []
+    for i, tok in enumerate(argv):
+        if tok == "--":  # what follows is positional
+            return out + argv[i:]
+        if out and out[-1] in takes and _NEGATIVE_NUMBER.fullmatch(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
 
 
 def known_flags(cls: type) -> set[str]:

@@ -289,12 +289,15 @@ def _cached_law(study: Any):
     """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
     if not getattr(study, "reference_rungs", ()):
         return None
-    from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin_ablate.analysis.fit.reflaw import LAW_FILE, check_pinned
     from marin_ablate.marin.schema import read_json
     from marin_ablate.sweeps.reference import cache_root, reference_key, reference_specs
 
-    got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
-    return PinnedLaw.from_dict(got) if got and got.get("valley") else None  # a former fit: `run` refits it
+    key = reference_key(reference_specs(study))
+    got = read_json(cache_root() / key / LAW_FILE, strict=True)
+    if not got or not got.get("valley"):  # none, or a former fit: `run` refits it
+        return None
+    return check_pinned(got, str(cache_root() / key / LAW_FILE), key=key)
 
 
 def _before_design(study: Any, out: str) -> list[dict]:

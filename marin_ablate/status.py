@@ -85,8 +85,13 @@ def cmd_status(argv: list[str]) -> int:
         print(f"failed {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}): {r['error']}")
     if len(failed) > args.limit and not args.all:
         print(f"... {len(failed) - args.limit} more failed runs (--all lists every run)")
-    for r in st["runs"]:  # counted with the unfinished runs (`run` trains them again), named here
+    from marin_ablate.marin.schema import foreign
+
+    for r in st["runs"]:  # counted with the unfinished runs, named here
         if r["damaged"]:
+            other = foreign(sdir / r["run_id"], sdir)  # a file of another run: `run` refuses the folder as it is
+            then = ("`run` refuses this folder until that file is moved back or removed" if other
+                    else "the next `run` trains it again")
             print(f"damaged {r['run_id']} ({r['rung']} {r['arm']} seed {r['seed']}, {r['state']}): {r['damaged']}; "
-                  "the next `run` trains it again")
+                  f"{then}")
     return 0

@@ -17,7 +17,9 @@ class TuneSection:
     """Instead of the design: the per-arm learning-rate profile at the smallest rung (the multipliers
     `run --tuned` uses)."""
 
-    points: int = option(5, lo=3, help="LR points per arm (log-spaced; a quadratic needs three)")
+    # hi: sweeps.tuning.POINTS_MAX (not imported here: it pulls Optuna into `run --help`)
+    points: int = option(5, lo=3, hi=64, help="LR points per arm (log-spaced; a quadratic needs three; each is one run "
+                                              "per arm)")
     span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
     storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
                                  "OUT/STUDY/tune/optuna.journal) or an RDB URL")
@@ -54,6 +56,17 @@ def cmd_tune(args: Any) -> int:
             print(f"edge: {r['arm']}: {r['note']}")
     for arm, xs in res.missing.items():
         print(f"missing: {arm}: log2 multipliers {xs} have no finished run")
-    print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; "
-          f"use `marin-ablate run {study.name} --tuned`")
+    print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; use `{_tuned_hint(args)}`")
     return 0 if not res.missing else 1
+
+
+def _tuned_hint(args: Any) -> str:
+    """The `run` command that uses these multipliers: the study as given (a registered name, or the
+    path:attribute it was loaded from), with the same --out, --rungs, --seeds and overrides, and --tuned."""
+    import shlex
+    from dataclasses import replace
+
+    from marin_ablate.options import flags_of
+
+    run = replace(args, tune=None, tuned=True, execution=type(args.execution)(), log=type(args.log)())
+    return shlex.join(["marin-ablate", "run", *flags_of(run)])

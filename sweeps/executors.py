@@ -192,7 +192,10 @@ class RunJob(submitit.helpers.Checkpointable):
         self.threads = threads
 
     def __call__(self, task: RunTask) -> dict:
-        plugins.ensure(task.plugins)  # the rows its spec names, before every rank builds it
+        try:
+            plugins.ensure(task.plugins)  # the rows its spec names, before every rank builds it
+        except ImportError:
+            pass  # rank 0's `execute` records it as the run's error (a job that died would leave no reason)
         _set_threads(self.threads)
         rank = _distributed_setup()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # where each rank ran (host names differ per node)

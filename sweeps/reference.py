@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference, published
+from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, check_pinned, fit_reference, published
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
 from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
@@ -76,7 +76,7 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
     specs = reference_specs(study, overrides)
     key = reference_key(specs)
     cdir = cache_root() / key
-    cached = read_json(cdir / LAW_FILE)
+    cached = read_json(cdir / LAW_FILE, strict=True)  # damaged: refused naming it (DamagedFile), not refitted
     if cached is not None and not cached.get("valley"):  # the former straight-ellipse fit: refit on its runs
         cached = None
     if cached is None:
@@ -104,10 +104,10 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
             return f"{e} (runs in {cdir / 'runs'}); the analysis fits the law on the design's rungs"
         law = PinnedLaw(**{**law.__dict__, "source": str(cdir / LAW_FILE)})
         atomic_write_json(cdir / LAW_FILE, law.to_dict())
-    else:
-        law = PinnedLaw.from_dict(cached)
+    else:  # a cached file is read like input: a tampered or foreign one is refused, never copied into the study
+        law = check_pinned(cached, str(cdir / LAW_FILE), key=key)
     sdir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(sdir / LAW_FILE, law.to_dict())
+    atomic_write_json(sdir / LAW_FILE, {**law.to_dict(), "study": study.name})  # `analyze` checks whose it is
     return law
 
 
@@ -116,5 +116,5 @@ def pin_published(study: Any, sdir: Path) -> PinnedLaw:
     `sdir/reference_law.json` (analysis/fit/reflaw.py `published`)."""
     law = published(study.published_law, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     sdir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(sdir / LAW_FILE, law.to_dict())
+    atomic_write_json(sdir / LAW_FILE, {**law.to_dict(), "study": study.name})  # `analyze` checks whose it is
     return law

@@ -29,6 +29,8 @@ from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_jso
     RunSummary,
     atomic_write_json,
     atomic_write_text,
+    check_name,
+    foreign,
     read_json,
     spec_json,
     write_meta,
@@ -43,7 +45,8 @@ from marin_ablate.sweeps.state import claim
 
 
 def study_dir(out: str | Path, study: str) -> Path:
-    return Path(out) / study
+    """OUT/STUDY; a study name that is not one safe path component (marin.schema.check_name) is refused."""
+    return Path(out) / check_name(study, "study name")
 
 
 def run_dir(study_dir_: str | Path, run_id: str) -> Path:
@@ -64,20 +67,26 @@ class PlannedRun:
 
 
 def plan_runs(runs: Iterable[tuple[RunSpec, Mapping]], study_dir_: str | Path) -> list[PlannedRun]:
-    """Pair each (spec, meta) with its run directory; run ids must be distinct."""
+    """Pair each (spec, meta) with its run directory; run ids must be distinct. meta.json names the run id
+    too (marin.schema.foreign: every file of a run folder names its run)."""
     out, seen = [], {}
     for spec, meta in runs:
-        rid = spec.run_id
+        rid = check_name(spec.run_id, "run id")
         if rid in seen:
             raise ValueError(f"runs: two runs share run_id {rid} ({seen[rid]} and {dict(meta)}); "
                              "their specs are identical")
         seen[rid] = dict(meta)
-        out.append(PlannedRun(spec, dict(meta), run_dir(study_dir_, rid)))
+        out.append(PlannedRun(spec, {**dict(meta), "run_id": rid}, run_dir(study_dir_, rid)))
     return out
 
 
 def write_run_files(run: PlannedRun) -> None:
-    """spec.json and meta.json, atomically; an existing directory must hold the same run."""
+    """spec.json and meta.json, atomically; an existing directory must hold the same run, inside its study
+    (a symbolic link to another study's folder is refused: writing through it would change that study)."""
+    if run.dir.is_symlink() or run.dir.exists():
+        why = foreign(run.dir, run.dir.parent)
+        if why is not None:
+            raise ValueError(why)
     run.dir.mkdir(parents=True, exist_ok=True)
     old = read_json(run.dir / "spec.json")
     if old is not None and RunSpec.from_dict(old).run_id != run.run_id:
@@ -90,11 +99,12 @@ def write_run_files(run: PlannedRun) -> None:
 
 
 def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
-    """Every run's files (`write_run_files`), then the study folder's `plugins.json`: the sources of this
-    process's registry rows, which `analyze` and `status` in a later process import too (marin.plugins)."""
+    """Every run's files (`write_run_files`), then the study folder's `plugins.json`: a record of the sources of
+    this process's registry rows, which a later `analyze` compares with its own (marin.plugins; never imported)."""
+    plugins.read_record(study_dir_)  # a damaged record is refused before any run folder is written
     for r in runs:
         write_run_files(r)
-    plugins.write_sources(study_dir_)
+    plugins.write_record(study_dir_)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,13 +120,16 @@ def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def failure_summary(spec: RunSpec, error: str, wall_s: float | None = None, failed_step: int | None = None) -> dict:
-    """A summary.json for a run that raised (or whose job died): every RunSummary key, status failed."""
-    return RunSummary(run_id=spec.run_id, status="failed", error=error, failed_step=failed_step, wall_s=wall_s,
+def failure_summary(spec: RunSpec | str, error: str, wall_s: float | None = None,
+                    failed_step: int | None = None) -> dict:
+    """A summary.json for a run that raised (or whose job died): every RunSummary key, status failed.
+    `spec`: the run's spec, or its run id where the spec cannot be built (a plugin missing in a worker)."""
+    run_id = spec if isinstance(spec, str) else spec.run_id
+    return RunSummary(run_id=run_id, status="failed", error=error, failed_step=failed_step, wall_s=wall_s,
                       hardware=socket.gethostname()).to_dict()
 
 
-def record_failure(run: "PlannedRun | tuple[RunSpec, Path]", error: str, wall_s: float | None = None,
+def record_failure(run: "PlannedRun | tuple[RunSpec | str, Path]", error: str, wall_s: float | None = None,
                    details: str | None = None) -> dict:
     """Write a failed summary.json (atomically) and the full traceback beside it in error.txt."""
     spec, d = (run.spec, run.dir) if isinstance(run, PlannedRun) else run
@@ -182,6 +195,24 @@ class RunTask:
         return self.spec.run_id
 
 
+def _unbuildable(task: RunTask, d: Path, e: Exception) -> dict:
+    """A run whose spec this worker cannot build (a plugin that does not import here): recorded as failed
+    with the reason, under its lock, so `status` and `run` name it. Its folder is named by its run id."""
+    err = f"{type(e).__name__}: {e}"
+    err += "".join(f"; {line}" for line in plugins.failures() if line not in err)
+    d.mkdir(parents=True, exist_ok=True)
+    lock, ended = claim(d, task.retry_failed)
+    if lock is None:
+        return {"run_id": d.name, "outcome": "skipped", "status": ended, "error": None}
+    try:
+        if ended == "failed":
+            clear_failure(d)
+        record_failure((d.name, d), f"cannot build the run in this worker: {err}", 0.0, traceback.format_exc())
+    finally:
+        lock.release()
+    return {"run_id": d.name, "outcome": "failed", "status": "failed", "error": err}
+
+
 def execute(task: RunTask, *, train_fn: Any = None) -> dict:
     """Run one task to its end, idempotently. Returns {"run_id", "outcome", "status", "error"}:
     outcome is "skipped" (completed, failed without retry, or locked by another worker), "ran"
@@ -192,8 +223,11 @@ def execute(task: RunTask, *, train_fn: Any = None) -> dict:
 
     Under submitit a SIGUSR2 makes train checkpoint and hand the signal back to submitit, whose
     handler requeues the job and exits (SystemExit passes through here, the lock is released)."""
-    spec = task.spec
     d = Path(task.dir)
+    try:
+        spec = task.spec
+    except Exception as e:  # noqa: BLE001 - a plugin that fails here only: the run's error, never a silent pending
+        return _unbuildable(task, d, e)
     d.mkdir(parents=True, exist_ok=True)
     if read_json(d / "meta.json") is None:  # a worker on a fresh checkout of the directory
         write_run_files(PlannedRun(spec, task.meta, d))

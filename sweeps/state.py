@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from marin_ablate.marin.runlock import RunLock
-from marin_ablate.marin.schema import DamagedFile, read_json
+from marin_ablate.marin.schema import DamagedFile, foreign, read_json, read_summary
 from marin_ablate.sweeps.executor_api import EXECUTORS
 
 if TYPE_CHECKING:
@@ -46,9 +46,28 @@ class RunStatus:
         return self.summary.get("error") if self.state == "failed" else None
 
 
+def verdict(run_dir: str | Path) -> tuple[dict, str | None]:
+    """(summary.json, why it does not count): a summary counts when it reads as a RunSummary (every field of
+    its type: a loss "abc" does not) and is this run's own (its run_id is the folder's, the file not a link
+    to elsewhere). One that does not is ({}, the reason naming the file); an absent one ({}, None)."""
+    d = Path(run_dir)
+    path = d / "summary.json"
+    try:
+        s = read_json(path, strict=True) or {}
+        if s:
+            read_summary(d, strict=True)
+    except DamagedFile as e:
+        return {}, str(e)
+    if path.is_symlink():
+        return {}, f"{path} is a symbolic link (to {path.resolve()}); a run's verdict is its own file"
+    if s and s.get("run_id") not in (None, "", d.name):
+        return {}, f"{path} names run {s.get('run_id')!r}, not {d.name!r} (the folder's): another run's verdict"
+    return s, None
+
+
 def summary_state(run_dir: str | Path) -> str | None:
-    """'completed' or 'failed' when summary.json records an end, else None."""
-    s = read_json(Path(run_dir) / "summary.json") or {}
+    """'completed' or 'failed' when summary.json records this run's end (`verdict`), else None."""
+    s, _ = verdict(run_dir)
     return s["status"] if s.get("status") in ("completed", "failed") else None
 
 
@@ -83,10 +102,9 @@ def probe(run_dir: str | Path, queued: set[tuple[str, str]] | None = None) -> Ru
     """The state of one run directory; `queued` holds the (executor, job id) pairs still waiting
     (None: no executor asked)."""
     d = Path(run_dir)
-    try:
-        summary, damaged = read_json(d / "summary.json", strict=True) or {}, None
-    except DamagedFile as e:
-        summary, damaged = {}, str(e)
+    summary, damaged = verdict(d)
+    if damaged is None and d.is_symlink():
+        damaged = foreign(d, d.parent)
     job = read_json(d / "job.json") or {}
     if summary.get("status") in ("completed", "failed"):
         return RunStatus(d, summary["status"], summary, job)

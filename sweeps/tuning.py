@@ -29,6 +29,10 @@ PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
 
 
+#: LR points per arm at most: each is one run per arm (a profile needs 3 to 9; 64 is already a sweep).
+POINTS_MAX = 64
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     points: int = 5
@@ -38,8 +42,9 @@ class TuneOptions:
     seed: int | None = None  # None: the study's first seed
 
     def __post_init__(self) -> None:
-        if not isinstance(self.points, int) or self.points < 3:
-            raise ValueError(f"points={self.points!r} must be an integer >= 3 (a quadratic needs three)")
+        if not isinstance(self.points, int) or not 3 <= self.points <= POINTS_MAX:
+            raise ValueError(f"points={self.points!r} is out of range; allowed values: an integer in 3..{POINTS_MAX} "
+                             "(a quadratic needs three; each point is one run per arm)")
         if not (math.isfinite(self.span) and self.span > 1.0):
             raise ValueError(f"span={self.span!r} must be > 1 (multipliers 1/span .. span)")
 
@@ -124,6 +129,34 @@ def _fs_type(path: Path) -> str:
     return fstype
 
 
+def check_journal(path: Path) -> None:
+    """An Optuna journal read like input before Optuna replays it: every line a JSON object with an integer
+    `op_code`, ended by a newline. A torn line (a writer killed mid-append: Optuna then appends the next
+    operation onto it and fails with an AttributeError) or a damaged one is refused naming the file, the
+    line and its byte offset."""
+    from marin_ablate.marin.schema import loads_json
+
+    if not path.is_file():
+        return
+    raw, offset = path.read_bytes(), 0
+    for n, line in enumerate(raw.split(b"\n"), start=1):
+        end = offset + len(line)
+        if end == len(raw) and not line:
+            return  # the file ends with its last newline
+        torn = end == len(raw)  # the last line has no newline: its write did not finish
+        try:
+            rec = loads_json(line) if line.strip() else None
+        except ValueError:
+            rec = None
+        if torn or not (isinstance(rec, dict) and isinstance(rec.get("op_code"), int)):
+            what = ("is torn (no newline at its end: a writer was killed mid-append)" if torn
+                    else "is not an Optuna journal record (a JSON object with an integer op_code)")
+            raise ValueError(f"Optuna journal {path} line {n} (byte {offset}) {what}; allowed values: a journal of "
+                             f"complete records: cut the file there (`truncate -s {offset} {path}`) and run again "
+                             "(the trials before it are kept)")
+        offset = end + 1
+
+
 def make_storage(storage: str | None, default_journal: Path) -> Any:
     """A journal file (default, or any path) or an RDB URL; `sqlite:///` on a network FS is refused."""
     import optuna
@@ -132,6 +165,7 @@ def make_storage(storage: str | None, default_journal: Path) -> Any:
 
     if storage is None or "://" not in storage:
         path = Path(storage) if storage else default_journal
+        check_journal(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     if storage.startswith("sqlite"):

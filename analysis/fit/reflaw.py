@@ -18,7 +18,6 @@ best pair and every multiplier's interval reaches its value at both ends of the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,13 +271,69 @@ def predicted_reference(C, law: tuple[float, float, float], noise_var: float, *,
     return _profile(C, L, seeds, free, "", "", level, noise_var=noise_var)
 
 
-def read_pinned(study_dir: str | Path) -> PinnedLaw | None:
-    """The pinned law a study folder holds (`run` copies it there), else None."""
+#: The most α a pinned law may have: language-model losses fall as C^(−0.05..0.5); beyond 3 a law is not a
+#: loss curve but a tampered or foreign file.
+ALPHA_MAX = 3.0
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def check_pinned(d, where: str, *, key: str | None = None, study: str | None = None) -> PinnedLaw:
+    """A pinned law read from a file (`where` names it), checked like input: every number finite, L∞ >= 0,
+    0 < α <= ALPHA_MAX, A > 0, 0 < c_lo < c_hi, n >= dof >= 0, a symmetric positive semi-definite 2x2
+    covariance, the valley's pairs admissible, and (when given) the ladder `key` and the `study` it was
+    copied for. ValueError naming the file, the field and the allowed values."""
+    def bad(field: str, allowed: str) -> ValueError:
+        v = d.get(field) if isinstance(d, dict) else None
+        return ValueError(f"{where}: field {field!r} is {v!r}; allowed values: {allowed} (delete the file: the next "
+                          "`marin-ablate run` refits it from the baseline ladder's runs)")
+
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: a JSON object was expected, got {type(d).__name__}")
+    rules = {"linf": (lambda v: v >= 0, "a finite number >= 0 (a loss)"),
+             "alpha": (lambda v: 0 < v <= ALPHA_MAX, f"a finite number in (0, {ALPHA_MAX:g}]"),
+             "A": (lambda v: v > 0, "a finite number > 0"), "c_lo": (lambda v: v > 0, "a finite number > 0 (FLOPs)"),
+             "c_hi": (lambda v: v > d.get("c_lo", 0), "a finite number > c_lo (FLOPs)"),
+             "dof": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
+             "n": (lambda v: v >= max(d.get("dof", 0), 1) and float(v).is_integer(), "an integer >= dof, >= 1")}
+    for field, (ok, allowed) in rules.items():
+        if not (_finite(d.get(field)) and ok(d[field])):
+            raise bad(field, allowed)
+    cov = d.get("cov")
+    shape_ok = (isinstance(cov, list) and len(cov) == 2 and all(isinstance(r, list) and len(r) == 2 for r in cov)
+                and all(_finite(x) for r in cov for x in r))
+    c = np.asarray(cov, float) if shape_ok else None
+    if c is None or not np.allclose(c, c.T, rtol=1e-9, atol=0) or min(np.diag(c)) < 0 \
+            or np.linalg.eigvalsh(c).min() < -1e-12 * max(float(np.abs(c).max()), 1e-300):
+        raise bad("cov", "a symmetric positive semi-definite 2x2 matrix of finite numbers (the covariance of L∞, α)")
+    valley = d.get("valley", [])
+    if not (isinstance(valley, list) and all(isinstance(v, list) and len(v) == 2 and all(map(_finite, v))
+                                             and v[0] >= 0 and 0 < v[1] <= ALPHA_MAX for v in valley)):
+        raise bad("valley", f"a list of [L∞ >= 0, α in (0, {ALPHA_MAX:g}]] pairs")
+    for field in ("key", "created", "source", "study"):
+        if not isinstance(d.get(field, ""), str):
+            raise bad(field, "a string")
+    if key is not None and d.get("key") != key:
+        raise ValueError(f"{where}: its ladder key is {d.get('key')!r}, not {key!r} (this study's baseline ladder): "
+                         "the law of another ladder; delete the file and run again")
+    if study is not None and d.get("study") not in (None, study):
+        raise ValueError(f"{where}: pinned for study {d.get('study')!r}, not {study!r} (this folder's): another "
+                         "study's law; delete the file and run again, or analyze with --no-pinned-law")
+    return PinnedLaw.from_dict(d)
+
+
+def read_pinned(study_dir: str | Path, study: str | None = None) -> PinnedLaw | None:
+    """The pinned law a study folder holds (`run` copies it there, naming the study), checked
+    (`check_pinned`, against `study` when given), else None."""
+    from marin_ablate.marin.schema import read_json_text
+
     p = Path(study_dir) / LAW_FILE
     if not p.exists():
         return None
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        d = read_json_text(p)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{str(p)!r} is damaged ({e}); delete it and run the study again to rewrite it") from None
-    return PinnedLaw.from_dict(d)
+    return check_pinned(d, str(p), study=study)

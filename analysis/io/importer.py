@@ -13,7 +13,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from typing import Callable
 import pandas as pd
 
 from marin_ablate.marin.schema import (
+    SAFE_NAME_RE,
+    SAFE_NAME_TEXT,
     FactorCoding,
     RunMeta,
     RunSummary,
@@ -45,13 +46,13 @@ COLUMNS: dict[str, tuple[bool, str]] = {
     "seed": (False, "replicate seed (an integer >= 0; default 0)"),
     "source": (False, "where the row comes from (text, kept in meta.json)"),
     "hardware": (False, "hardware (text; default 'imported'); throughput is compared on the same one"),
-    "run_id": (False, "run id (letters, digits, . _ -; default generated from study, rung, arm, seed)"),
+    "run_id": (False, "run id (1 to 128 letters, digits, . _ -, the first a letter or digit; default generated "
+                      "from study, rung, arm, seed)"),
     "status": (False, "completed or failed (default completed)"),
     "error": (False, "a failed row's error (text)"),
     "changes": (False, "instead of factor columns: ';'-separated factor=level changes from the baseline arm"),
 }
 STATUSES = ("completed", "failed")
-ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 #: Bounds of an import: the file read, and the run folders it writes (one per row, ~16 KB each).
 MAX_FILE_BYTES = 64 << 20
 MAX_ROWS = 10_000
@@ -212,8 +213,8 @@ def validate(raw: list[dict]) -> Imported:
         out["seed"] = 0 if _blank(r.get("seed")) else int(_number(r["seed"], i, "seed", integer=True))
         for c, default in (("source", None), ("hardware", "imported"), ("run_id", None)):
             out[c] = default if _blank(r.get(c)) else str(r[c]).strip()
-        if out["run_id"] is not None and not ID_RE.match(out["run_id"]):
-            raise _err(i, "run_id", f"{out['run_id']!r}; allowed values: letters, digits, '.', '_', '-'")
+        if out["run_id"] is not None and not SAFE_NAME_RE.fullmatch(out["run_id"]):
+            raise _err(i, "run_id", f"{_show(out['run_id'])}; allowed values: {SAFE_NAME_TEXT}")
         levels = _changes(r.get("changes"), i) if use_changes else {}
         for f in factors:
             if _blank(r.get(f)):
@@ -364,22 +365,31 @@ def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     specs = _recipe()[0]
+    ids = [_run_id(r, study) for r in imp.rows]
+    first: dict[str, int] = {}
+    for i, rid in enumerate(ids, start=1):  # a given id may equal a generated one: one folder per row, always
+        if first.setdefault(rid, i) != i:
+            raise _err(i, "run_id", f"run id {rid!r} is row {first[rid]}'s too; allowed values: one id per row")
     try:
         fields = {f: f"recipe.{f}" if f in specs else f"imported.{f}" for f in imp.factors}
-        for r in imp.rows:
-            rid, v = _run_id(r, study), _values(r)
+        for r, rid in zip(imp.rows, ids, strict=True):
+            v = _values(r)
             d = tmp / "runs" / rid
             d.mkdir(parents=True)
             factors = tuple(FactorCoding(f, r["levels"][f], fields[f], *imp.coding[f]) for f in imp.factors)
             extra = {"source": r["source"]} if r["source"] else {}
-            write_meta(d, RunMeta(study, r["rung"], r["arm"], r["seed"], None, factors, {**extra, "imported": True}))
-            atomic_write_json(d / "spec.json", {"seed": r["seed"], "imported_from": source_file.name})
+            write_meta(d, RunMeta(study, r["rung"], r["arm"], r["seed"], None, factors,
+                                  {**extra, "imported": True, "run_id": rid}))
+            atomic_write_json(d / "spec.json", {"seed": r["seed"], "imported_from": source_file.name, "run_id": rid})
             write_summary(d, RunSummary(run_id=rid, status=r["status"], error=r["error"], code_version="imported",
                                         **v))
         atomic_write_json(tmp / "import.json", {"file": str(source_file), "sha256": sha256_file(source_file),
                                                 "rows": len(imp.rows), "factors": imp.factors,
                                                 "coding": {f: list(v) for f, v in imp.coding.items()},
                                                 "notes": imp.notes})
+        written = sorted(p.name for p in (tmp / "runs").iterdir())
+        if written != sorted(ids):  # rows in = runs written, or nothing is
+            raise ValueError(f"FILE's {len(ids)} rows wrote {len(written)} run folders; nothing was imported")
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -23,7 +23,16 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from marin_ablate.marin.schema import DamagedFile, atomic_write_bytes, random_stream, read_json, read_meta, read_summary
+from marin_ablate.marin.schema import (
+    DamagedFile,
+    atomic_write_bytes,
+    foreign,
+    named_ids,
+    random_stream,
+    read_json,
+    read_meta,
+    read_summary,
+)
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "params_total", "params_active", "flops_per_token", "tokens", "train_flops", "eval_macro_loss",
@@ -32,7 +41,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 ID_COLUMNS: tuple[str, ...] = ("run_id", "study", "rung", "arm", "seed", "design_row")
 STATUSES: tuple[str, ...] = ("completed", "failed", "missing")  # and, for a folder left out: "unreadable",
-# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor)
+# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor), "foreign"
+# (a file names another run, or the folder resolves outside the study: marin.schema.foreign)
+LEFT_OUT: tuple[str, ...] = ("duplicate", "unreadable", "contradictory", "foreign")
 
 
 @dataclass
@@ -54,10 +65,30 @@ class Inventory:
         out += [f"left out: {r}: {e}" for r, e in self.excluded]
         return out
 
+    def why_none(self, limit: int = 20) -> str:
+        """When no run is usable: the counts and each run's reason (the first `limit`), one line each, to
+        follow an error (a refusal that names no run leaves the user to open every folder)."""
+        lines = self.lines()
+        more = len(lines) - 1 - limit
+        return "\n  ".join(["", *lines[:1 + limit]] + ([f"... and {more} more"] if more > 0 else []))
+
+
+def _copy_of(run_dir: Path) -> str | None:
+    """The run id a plain copy of another run folder of this study names (every file the same id, that
+    run's folder beside it: `_dedupe` counts it once), else None."""
+    ids = set(named_ids(run_dir).values())
+    rid = next(iter(ids)) if len(ids) == 1 else None
+    ok = isinstance(rid, str) and not run_dir.is_symlink() and (run_dir.parent / rid).is_dir()
+    return rid if ok and foreign(run_dir.parent / rid, run_dir.parent) is None else None
+
 
 def _row_or_reason(run_dir: Path) -> dict:
+    why = foreign(run_dir, run_dir.parent)
+    copy = _copy_of(run_dir) if why is not None else None
+    if why is not None and copy is None:
+        return {"run_id": run_dir.name, "status": "foreign", "error": why}
     try:
-        return _row(run_dir)
+        return {**_row(run_dir), **({"run_id": copy} if copy else {})}
     except DamagedFile as e:
         return {"run_id": run_dir.name, "status": "unreadable", "error": str(e)}
     except Contradiction as e:
@@ -129,7 +160,7 @@ def _row(run_dir: Path) -> dict:
         raise Contradiction(why + "; left out (which file is right is unknown)")
     summ = read_summary(run_dir, strict=True)
     row: dict = {
-        "run_id": summ.run_id if summ is not None and summ.run_id else run_dir.name,
+        "run_id": run_dir.name,  # every file names it (`foreign` checked them)
         "study": meta and meta.study, "rung": meta and meta.rung, "arm": meta and meta.arm,
         "seed": meta.seed if meta is not None and meta.seed is not None else spec.get("seed"),
         "design_row": meta and meta.design_row,
@@ -209,7 +240,7 @@ def inventory(df: pd.DataFrame) -> Inventory:
     """Counts and ids of missing and failed runs."""
     st = df["status"].fillna("missing")
     excluded = [(str(r), str(e))
-                for r, e in df.loc[st.isin(["duplicate", "unreadable", "contradictory"]), ["run_id", "error"]]
+                for r, e in df.loc[st.isin(LEFT_OUT), ["run_id", "error"]]
                 .itertuples(index=False)]
     done = df[st == "completed"]
     for col in ("eval_macro_loss", "train_flops"):  # a completed run the fit cannot use is named, not dropped silently

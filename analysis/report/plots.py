@@ -32,10 +32,19 @@ def _unit(column: str) -> str:
 
 
 def _save(fig, path: Path) -> Path:
-    """PNG of the figure's tight bounding box: titles, labels and legends are never cut off."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.15, facecolor="white")
-    plt.close(fig)
+    """PNG of the figure's tight bounding box: titles, labels and legends are never cut off. Rendered in
+    memory, then written atomically: a full disk names the file (marin.schema.atomic_write_bytes), and a
+    reader never sees half a figure."""
+    import io
+
+    from marin_ablate.marin.schema import atomic_write_bytes
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15, facecolor="white")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

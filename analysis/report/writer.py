@@ -191,7 +191,8 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
         row = {"component": f}
         for r in RESPONSES.values():
             resp, label = r.column, r.symbol
-            c = comp[(comp["response"] == resp) & (comp["component"] == f)]
+            # no fit estimable (e.g. a loss of 1e308 overflows every law): no component rows, each cell n/a
+            c = comp[(comp["response"] == resp) & (comp["component"] == f)] if "response" in comp else comp
             if not len(c):
                 row[label] = "n/a"
                 continue

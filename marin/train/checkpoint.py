@@ -445,6 +445,31 @@ def verify(ck: Path, meta: dict) -> None:
             raise CheckpointError(f"{ck.name}: {rel} does not match its recorded sha256")
     if not any(rel.startswith("dcp/") for rel in meta["files"]):
         raise CheckpointError(f"{ck.name}: records no model state")
+    _check_storage(ck, meta)
+
+
+def _check_storage(ck: Path, meta: dict) -> None:
+    """DCP's .metadata says which file (and byte range) holds each tensor: every one must be a file of this
+    checkpoint that meta.json records (and `verify` hashed), inside its range; a .metadata pointing a tensor
+    at another file (another run's weights, re-hashed into meta.json) is refused, naming the path."""
+    if "dcp/.metadata" not in meta["files"]:
+        return
+    try:
+        with open(ck / "dcp" / ".metadata", "rb") as f:
+            md = _MetadataUnpickler(f).load()
+    except Exception as e:  # noqa: BLE001 - any unpickling failure: the checkpoint is not used
+        raise CheckpointError(f"{ck.name}: dcp/.metadata is unreadable ({e})") from None
+    recorded = {rel[len("dcp/"):]: want.get("bytes") for rel, want in meta["files"].items() if rel.startswith("dcp/")}
+    for info in (getattr(md, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        size = recorded.get(rel) if isinstance(rel, str) else None
+        if size is None or Path(rel).name != rel:
+            raise CheckpointError(f"{ck.name}: dcp/.metadata points a tensor at {rel!r}, not a file of this "
+                                  "checkpoint: never loaded")
+        off, n = getattr(info, "offset", 0), getattr(info, "length", 0)
+        if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n and off + n <= size):
+            raise CheckpointError(f"{ck.name}: dcp/.metadata reads bytes {off}..{off + n} of {rel!r}, which holds "
+                                  f"{size}: never loaded")
 
 
 def load_into(ck: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,

@@ -39,7 +39,7 @@ from marin_ablate.marin.train.distributed import (
 from marin_ablate.marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin_ablate.marin.train.machine import code_version, hardware_name, peak_flops
 from marin_ablate.marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
-from marin_ablate.marin.train.source import build_data_source, global_tokens, validate_data
+from marin_ablate.marin.train.source import build_data_source, check_vocab, global_tokens, validate_data
 from marin_ablate.marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
 from marin_ablate.marin.train.step import evaluate, optimizer_step
 from marin_ablate.marin.train.step_progress import StepProgress
@@ -130,6 +130,7 @@ def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.
         raise ValueError(f"spec must be a RunSpec, got {type(spec).__name__}")
     t = spec.train.effective()
     validate_data(spec.data)
+    check_vocab(spec)
     return t, _device(t, here), context_plan(spec)
 
 
@@ -198,7 +199,7 @@ class Trainer:
         self.params_active = int(mflops.params_active(spec.model, spec.recipe))
         self.peak = peak_flops(device, t.precision)
         self.st = LoopState()
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", spec.run_id)
         self.sinks: Sinks | None = None
         self.resumed = False
         self.resumed_from: str | None = None  # the checkpoint this session started from (summary.json)

@@ -59,15 +59,19 @@ def is_eval(rec: dict) -> bool:
 
 
 class MetricsLog:
-    """metrics.jsonl of one run: append a line, rebuild on resume, read back tolerant of damage."""
+    """metrics.jsonl of one run: append a line, rebuild on resume, read back tolerant of damage. Every line
+    names the run (`run_id`): a file copied from another run is told apart (marin.schema.foreign)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, run_id: str | None = None):
         self.path = path
+        self.run_id = run_id
 
     def reset(self) -> None:
         atomic_write_text(self.path, "")
 
     def append(self, rec: dict) -> None:
+        if self.run_id is not None:
+            rec = {"run_id": self.run_id, **rec}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
 

@@ -60,11 +60,37 @@ def validate_data(data: DataConfig) -> None:
         if bad:
             raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of DataConfig.eval_dir="
                              f"{data.eval_dir!r}; allowed values: {', '.join(found)}")
+    if data.corpus == "embedded" and not data.eval_dir and data.eval_domains:  # its domains are known statically
+        from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
+
+        bad = [d for d in data.eval_domains if d not in EMBEDDED_SOURCES]
+        if bad:
+            raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of the embedded corpus; allowed values: "
+                             f"{', '.join(EMBEDDED_SOURCES)}")
     check_mixture_domains(data)
     if is_prepared(data.corpus) and not data.eval_dir:
         raise ValueError(f"DataConfig.eval_dir is empty but DataConfig.corpus={data.corpus!r} is a prepared corpus, "
                          "which has no held-out split; allowed values: a Paloma-layout directory "
                          "(DOMAIN/val/*.jsonl[.gz])")
+
+
+#: Every tokenizer here is byte-level: 256 byte symbols at least (a BPE adds its merges).
+BYTE_SYMBOLS = 256
+
+
+def check_vocab(spec: RunSpec) -> None:
+    """ModelConfig.vocab_size holds the tokenizer's vocabulary, checked before any work: a prepared corpus's
+    from its manifest, any other against the 256 byte symbols every tokenizer has (`build_data_source` checks
+    a trained BPE's exact size once it exists)."""
+    vocab, where = BYTE_SYMBOLS, f"DataConfig.tokenizer={spec.data.tokenizer!r}"
+    if is_prepared(spec.data.corpus):
+        from marin_ablate.marin.data.prepare import read_manifest
+
+        vocab = int(read_manifest(spec.data.corpus)["tokenizer"].get("vocab_size") or BYTE_SYMBOLS)
+        where = f"the tokenizer of DataConfig.corpus={spec.data.corpus!r}"
+    if spec.model.vocab_size < vocab:
+        raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({vocab}, {where}); allowed values: >= {vocab}")
 
 
 @dataclass

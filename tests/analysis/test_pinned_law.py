@@ -247,7 +247,7 @@ def test_the_pinned_law_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
     back = read_pinned(tmp_path)
     assert back.linf == 2.0 and np.array_equal(back.cov, law.cov) and back.source == "src" and back.valley == law.valley
     (tmp_path / "reference_law.json").write_text("{\"linf\": 2.0}")
-    with pytest.raises(ValueError, match="pinned reference law: field 'cov' missing or malformed"):
+    with pytest.raises(ValueError, match="reference_law.json: field 'alpha' is None; allowed values: a finite number"):
         read_pinned(tmp_path)
     # the former straight-ellipse rule wrote no valley: refused, naming how to refit it
     (tmp_path / "reference_law.json").write_text(json.dumps({**law.to_dict(), "valley": []}))

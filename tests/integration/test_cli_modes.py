@@ -73,7 +73,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
     src.write_text("\n".join(rows) + "\n")
     sd = tmp_path / "study"
     assert cli_main(["analyze", "--import.table", str(src), "--study-dir", str(sd), "--import.study", "ladder"]) == 0
-    assert f"imported 24 runs into {sd}; next: marin-ablate analyze {sd}" in capsys.readouterr().out
+    assert f"imported 24 rows as 24 runs into {sd}; next: marin-ablate analyze {sd}" in capsys.readouterr().out
     assert cli_main(["analyze", str(sd), "--forecast", "--target", "1e20", "--forecast.note", "n",
                      "--design", "factorial", "--n-boot", "10"]) == 0
     assert "arm recipe at 1e+20 FLOPs -> loss" in capsys.readouterr().out
@@ -88,7 +88,8 @@ def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
     assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "tiny: LR profile at rung tiny, seed 0, log2 multipliers [-2.0, 0.0, 2.0]" in out
-    assert "use `marin-ablate run tiny --tuned`" in out
+    # the study as given (a path:attribute, not its name `tiny`) and its --out: the command that finds the file
+    assert f"use `marin-ablate run {study} --out {tmp_path} --tuned`" in out
     assert (tmp_path / "tiny" / "tune" / "optuna.journal").stat().st_size > 0
     assert set(tuned_multipliers(tmp_path, "tiny")) == {"all_off", "all_on"}
 

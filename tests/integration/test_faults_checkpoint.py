@@ -187,7 +187,35 @@ def test_crafted_metadata_in_a_real_checkpoint_never_runs_and_the_run_falls_back
     out = train(spec, run)
     assert not marker.exists()
     assert out["resumed_from"] == "ckpt_000000002"
-    assert "ckpt_000000004 does not load" in out["checkpoints_skipped"][0]
+    assert out["checkpoints_skipped"][0].startswith("ckpt_000000004: dcp/.metadata is unreadable (checkpoint metadata "
+                                                    "refers to torch.distributed.checkpoint.filesystem.os.system")
+    assert out["eval_macro_loss"] == pytest.approx(fresh6["eval_macro_loss"], rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("target", ["other_run", "absolute", "out_of_range"])
+def test_a_rehashed_metadata_pointing_tensors_at_another_file_is_never_loaded(tmp_path, fresh6, target):
+    """DCP's .metadata names the file and byte range of every tensor: one rewritten to read another run's
+    weights (its digest re-recorded in meta.json, so it verifies) is refused naming the path, and the run
+    resumes from its older checkpoint to the uninterrupted result."""
+    import dataclasses
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    spec = _spec(6, checkpoint_every=2)
+    assert train(spec, run, stop_after=4)["status"] == "interrupted"
+    assert train(_spec(6, checkpoint_every=2, seed_stream=1), other, stop_after=4)["status"] == "interrupted"
+    ck = run / "checkpoints" / "ckpt_000000004"
+    md = pickle.loads((ck / "dcp" / ".metadata").read_bytes())
+    theirs = sorted((other / "checkpoints" / "ckpt_000000004" / "dcp").glob("*.distcp"))[0]
+    path = {"other_run": os.path.relpath(theirs, ck / "dcp"), "absolute": str(theirs)}.get(target)
+    md.storage_data = {k: dataclasses.replace(v, relative_path=path or v.relative_path,
+                                              offset=v.offset + (10**9 if path is None else 0))
+                       for k, v in md.storage_data.items()}
+    _rewrite(ck, "dcp/.metadata", pickle.dumps(md))
+    out = train(spec, run)
+    assert out["resumed_from"] == "ckpt_000000002"
+    why = out["checkpoints_skipped"][0]
+    assert why.startswith("ckpt_000000004: dcp/.metadata ") and "never loaded" in why, why
+    assert (path or "of ") in why
     assert out["eval_macro_loss"] == pytest.approx(fresh6["eval_macro_loss"], rel=0, abs=1e-12)
 
 

@@ -30,7 +30,7 @@ def _one_line(capsys) -> str:
     (["run", "smoke", "--slurm.mem_gb", "nan"], "mem_gb", "None or a finite number > 0"),
     (["run", "smoke", "--executor", "slurm", "--slurm.signal_delay_s", "-1"], "signal_delay_s", "an integer >= 1"),
     (["run", "smoke", "--tune.span", "inf"], "--tune.span", "a finite number > 1"),
-    (["run", "smoke", "--tune.points", "2"], "--tune.points", "an integer >= 3"),
+    (["run", "smoke", "--tune.points", "2"], "--tune.points", "an integer in 3..64"),
     (["plan", "smoke", "--dry-run", "--dry-run.capacity_gib", "inf"], "--dry-run.capacity_gib", "a finite number > 0"),
     (["status", "smoke", "--limit", "-2"], "--limit", "an integer >= 0"),
     (["train", "--preset", "tiny", "--run-dir", "nowhere", "--stop-after", "0"], "--stop-after", "an integer >= 1"),

@@ -56,3 +56,46 @@ def test_disk_full_at_train_start_names_the_path(small_disk, capsys):
     out = small_disk / "run"
     assert main(["train", "--preset", "tiny", "--train.steps=1", "--run-dir", str(out)]) == 2
     assert f"disk full (no space left on device) while writing {out / '.lock'}" in _one_line(capsys)
+
+
+def _fill(d) -> None:
+    with open(d / "filler", "wb", buffering=0) as f:  # the disk to its last byte (unbuffered: close cannot fail)
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_disk_full_while_writing_a_figure_names_the_figure(small_disk):
+    import errno
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from marin_ablate.analysis.report.plots import _save
+
+    fig, ax = plt.subplots()
+    ax.plot(range(1000), [x * x for x in range(1000)])
+    _fill(small_disk)
+    with pytest.raises(OSError) as e:
+        _save(fig, small_disk / "figures" / "law.png")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(small_disk / "figures" / "law.png")
+    assert not list((small_disk / "figures").glob("*.png")) and not list((small_disk / "figures").glob(".*tmp"))
+
+
+def test_disk_full_while_writing_the_report_is_one_line_naming_a_file_under_it(tmp_path, small_disk, capsys):
+    import itertools
+
+    import pandas as pd
+
+    rows = [{"arm": f"a{x}{s}", "rung": r, "xsa": ("none", "xsa")[x], "sconv": ("none", "short_conv")[s], "flops": c,
+             "loss": 3.0 + 100 * c ** -0.2 - 0.02 * x - 0.01 * s}
+            for r, c in (("s1", 1e15), ("s2", 4e15), ("s3", 1.6e16)) for x, s in itertools.product((0, 1), (0, 1))]
+    pd.DataFrame(rows).to_csv(tmp_path / "g.csv", index=False)
+    _fill(small_disk)
+    assert main(["analyze", str(tmp_path / "g.csv"), "--n-boot", "0", "--report-dir", str(small_disk / "rep")]) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"marin-ablate analyze: error: {small_disk / 'rep'}/") and "disk full" in err, err

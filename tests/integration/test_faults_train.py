@@ -92,7 +92,9 @@ def test_crafted_pickle_checkpoints_never_run_and_the_run_resumes_from_its_own(t
     assert not [m for m in markers if m.exists()]  # no payload ran
     log = (run / "train.log").read_text()
     assert "ckpt_000000099.pt is not a checkpoint directory" in log
-    assert "ckpt_000000098 does not load" in log and "from ckpt_000000002 at step 2" in log
+    # refused as it is verified (its .metadata names no tensor file it records), before any load is tried
+    assert "ckpt_000000098: dcp/.metadata is unreadable (checkpoint metadata refers to" in log
+    assert "from ckpt_000000002 at step 2" in log
     assert _losses(run) == _losses(ref6)
 
 
@@ -280,8 +282,8 @@ def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_record
     from marin_ablate.analysis.report.provenance import provenance
     from marin_ablate.marin.train.machine import code_version
 
-    run = tmp_path / "study" / "runs" / "r"
     spec = _spec(4)
+    run = tmp_path / "study" / "runs" / spec.run_id  # a study's folder is named by its run id (marin.schema.foreign)
     assert train(spec, run, stop_after=2)["status"] == "interrupted"
     copy = package_tree(tmp_path / "src")
     with open(copy / "marin_ablate" / "marin" / "train" / "machine.py", "a") as f:

@@ -1,7 +1,8 @@
 """Registry rows added outside the repository reach every process (marin/plugins.py): a study file
 named by path registers a Lion-like optimizer and a custom response, and its runs execute in `local`
-worker processes (and SLURM array tasks) that receive only plain data; a fresh `analyze` process fits
-the response. An installed distribution's `marin_ablate.plugins` entry point reaches a fresh process too."""
+worker processes (and SLURM array tasks) that receive only plain data; a fresh `analyze` process given the
+file (`--plugin`) fits the response. An installed distribution's `marin_ablate.plugins` entry point reaches a
+fresh process too."""
 
 from __future__ import annotations
 
@@ -101,8 +102,9 @@ def _study_to_report(tmp_path: Path, executor: dict) -> tuple[Path, str]:
     assert [s["status"] for s in summaries] == ["completed"] * 6, [s.get("error") for s in summaries]
     specs = [json.loads(p.read_text()) for p in sorted(sd.glob("runs/*/spec.json"))]
     assert sorted(s["recipe"].get("optimizer", "") for s in specs).count("lionx") == 3
-    assert json.loads((sd / "plugins.json").read_text()) == {"imports": [str(f.resolve())]}
-    r = _cli("analyze", str(sd), "--n-boot", "0", "--no-figures")
+    rec = json.loads((sd / "plugins.json").read_text())  # a record; a later analyze imports what its command names
+    assert rec["imports"] == [str(f.resolve())] and ["response", "tokens", str(f.resolve())] in rec["rows"]
+    r = _cli("analyze", str(sd), "--n-boot", "0", "--no-figures", "--plugin", str(f))
     assert r.returncode == 0, r.stderr[-3000:]
     return sd, (sd / "report" / "report.md").read_text()
 

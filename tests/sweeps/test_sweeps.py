@@ -63,8 +63,9 @@ def test_run_files_are_written_once_and_refuse_another_run(tmp_path):
     runs = planned_runs(tiny_study(), tmp_path)
     write_run_files(runs[0])
     spec = json.loads((runs[0].dir / "spec.json").read_text())
-    assert spec == runs[0].spec.to_dict()
+    assert spec == {**runs[0].spec.to_dict(), "run_id": runs[0].run_id}  # every run file names its run
     assert read_json(runs[0].dir / "meta.json") == runs[0].meta == {
+        "run_id": runs[0].run_id,
         "study": "tiny", "rung": "tiny", "arm": runs[0].meta["arm"], "seed": 0, "design_row": 0,
         "factors": {"xsa": "none"}, "coding": {"xsa": {"field": "recipe.xsa", "low": "none", "high": "xsa", "code": -1,
                                       "values": {"none": "none", "xsa": "xsa"}}}}
