@@ -23,9 +23,8 @@ from marin_ablate.marin.dispatch import ExpertWeights, LocalDispatcher, plan_dro
 from marin_ablate.marin.ep import init_ep
 from marin_ablate.marin.ep_layout import check_ep_layout
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 # (transport, cf, dropless, routing): "random" top-k, or "hot" (most tokens pick experts 0 and 1, so
@@ -319,6 +318,7 @@ def _rows(results, name):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless",
                                   "dispatch_pooled_wave"])
@@ -336,6 +336,7 @@ def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs,
         assert sum(row["dropped"] for row in rows) == rows[0]["total_dropped"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("case,reads", [("dispatch_fixed", 0), ("dispatch_pooled_wave", 0), ("dispatch_ragged", 1),
                                         ("dispatch_ragged_dropless", 1)])
@@ -345,6 +346,7 @@ def test_ep_exchange_host_reads_static_transports_none_ragged_one_per_dispatch(e
         assert len(row["host_reads"]) == reads, row["host_reads"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("transport", ["fixed", "ragged", "pooled_wave"])
 def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, transport):
@@ -355,6 +357,7 @@ def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, t
     assert rows[0]["total_dropped"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("transport", ["fixed", "ragged"])
 def test_ep_marin_model_with_fsdp2_equals_single_process(ep_runs, world, transport):
@@ -364,6 +367,7 @@ def test_ep_marin_model_with_fsdp2_equals_single_process(ep_runs, world, transpo
     assert sum(row["dropped"] for row in rows) > 0
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_by_2_ranks_loads_in_1_and_in_4(ep_runs):
     from marin_ablate.marin.ep import load_checkpoint
     from marin_ablate.marin.moe import MoE

@@ -23,9 +23,8 @@ from ranks import free_port, run_ranks
 from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin_ablate.marin.train import train
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 WORLD = 2
@@ -78,6 +77,7 @@ def runs(tmp_path_factory):
     return tmp, ref, ranks
 
 
+@pytest.mark.slow
 def test_two_rank_ep_run_equals_single_process_virtual_ep(runs):
     tmp, ref, ranks = runs
     single, full = _lines(tmp / "single"), _lines(tmp / "full")
@@ -99,6 +99,7 @@ def test_two_rank_ep_run_equals_single_process_virtual_ep(runs):
         assert not r["initialized_after"]  # train() tears down the process group it started
 
 
+@pytest.mark.slow
 def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     tmp, _, ranks = runs
     for r in ranks:
@@ -117,6 +118,7 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     assert abs(ranks[0]["resumed"]["eval_macro_loss"] - ranks[0]["full"]["eval_macro_loss"]) < 1e-6
 
 
+@pytest.mark.slow
 def test_one_process_resumes_the_two_rank_checkpoint(runs):
     # DCP reshards: the step-3 checkpoint of the 2-rank run continues in one process (virtual EP)
     tmp, ref, _ = runs
@@ -136,6 +138,7 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
+@pytest.mark.slow
 def test_background_checkpoint_holds_the_state_of_its_step(runs):
     # The full run's step-2 checkpoint was staged, then written by a thread while steps 2 and 3 trained
     # (committed at step 4's): one process resuming it reproduces the rest of the 2-rank run.
@@ -153,6 +156,7 @@ def test_background_checkpoint_holds_the_state_of_its_step(runs):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
+@pytest.mark.slow
 def test_two_rank_run_with_block_recompute_equals_the_run_without(runs):
     # Activation checkpointing under FSDP2: each recomputed block gathers its shards again in the
     # backward; losses, gradient norms and the routing (drops; QB biases drive the next steps' routing)
@@ -198,6 +202,7 @@ def _one_run(tmp: Path, spec: RunSpec, name: str, world: int) -> list[dict]:
     return [out["summary"] for out in outs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("racks,layout", [
     (1, "world 4: dp 2 x ep 2"),
     pytest.param(2, "world 4: 2 racks x dp 1 x ep 2", marks=pytest.mark.slow),  # HSDP: replicated racks
@@ -263,6 +268,7 @@ COMPILED = RunSpec(model=SPEC.model, recipe=SPEC.recipe,
                                      checkpoint_every=0, threads=1, precision="bf16", compile=True))
 
 
+@pytest.mark.slow
 def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatch):
     # The GPU rungs train EP with TrainConfig.compile: blocks holding all-to-alls compile (the exchange
     # sizes are read on the host, so the graph breaks there) and train as eager blocks do. aot_eager
