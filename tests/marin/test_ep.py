@@ -2,8 +2,8 @@
 drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (docs/method.md §2.1,
 docs/architecture.md §5).
 
-Two process launches serve every test (mp.spawn is the slow part): 2 ranks (EP 2) and 4 ranks
-(EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;
+Two process launches serve every test, forked (a spawned rank imports torch again): 2 ranks (EP 2) and 4
+ranks (EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;
 the tests below assert on them.
 """
 
@@ -15,8 +15,7 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ranks import count_host_reads, free_port
+from ranks import count_host_reads, free_port, run_ranks
 
 from marin_ablate.marin.config import ModelConfig, Recipe
 from marin_ablate.marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
@@ -32,6 +31,7 @@ from marin_ablate.marin.ep_layout import check_ep_layout
 TRANSPORT_CASES = (("fixed", 0.6, False, "random"), ("ragged", 0.6, False, "random"), ("ragged", 0.6, True, "random"),
                    ("pooled_wave", 1.0, False, "hot"))
 TOL = 1e-9  # float64 for the dispatcher checks
+TIMEOUT_S = 600  # seconds a launch may take before its ranks are killed
 
 
 
@@ -303,10 +303,9 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ep_runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("ep"))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = {}
     for world in (2, 4):
-        mp.spawn(_worker, args=(world, free_port(), tmp), nprocs=world, join=True)
+        run_ranks(_worker, (world, free_port(), tmp), world, TIMEOUT_S)
         results[world] = [json.load(open(os.path.join(tmp, f"w{world}_r{r}.json"))) for r in range(world)]
     return tmp, results
 
