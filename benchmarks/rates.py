@@ -237,7 +237,7 @@ def realized_halfwidths(k: int, n_rungs: int, seeds: int, n: int = 100, noise: f
 class Rate:
     name: str
     one: Callable[[int], list[dict]]  # study i -> its `scored` rows (or {"quantity", "covers"} rows)
-    studies: int  # how many the former test simulated (the benchmark's default)
+    studies: int  # how many the benchmark simulates by default (the former test's count, or more)
     test: str  # the small seeded test that stays in the suite
     bar: str  # what the former test asserted on the rate
 
