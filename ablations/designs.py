@@ -155,9 +155,15 @@ class Design:
     kind: str = "fraction"
     label_resolution: int | None = None
     source: str = ""  # how it was built (for the plan): "pydoe.fracfact('a b c d e abcde')" etc.
+    labels: tuple[str, ...] = ()  # "arms" designs: each row's arm name (default: its sign string)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factors", tuple(self.factors))
+        object.__setattr__(self, "labels", tuple(self.labels))
+        if self.labels and (len(self.labels) != len(self.matrix) or len(set(self.labels)) != len(self.labels)
+                            or not all(isinstance(x, str) and x.isidentifier() for x in self.labels)):
+            raise ValueError(f"Design.labels={self.labels}: allowed values: one distinct identifier per row "
+                             f"({len(self.matrix)} rows)")
         object.__setattr__(self, "matrix", tuple(tuple(int(v) for v in r) for r in self.matrix))
         object.__setattr__(self, "generators", tuple(self.generators))
         if self.kind not in KINDS:
@@ -171,6 +177,8 @@ class Design:
             raise ValueError(f"Design.matrix must be a non-empty list of rows of {n} codes")
         if any(v not in (-1, 1) for r in self.matrix for v in r):
             raise ValueError("Design.matrix entries must be -1 or +1")
+        if self.labels and self.kind != "arms":
+            raise ValueError(f"Design.labels name the rows of an 'arms' design; this one is {self.kind!r}")
         if self.kind == "arms":
             if self.generators or self.label_resolution is not None:
                 raise ValueError("an 'arms' design has no generators or resolution")
@@ -311,6 +319,8 @@ class Design:
             "n_runs": self.n_runs,
             "source": self.source,
         }
+        if self.labels:
+            out["labels"] = list(self.labels)
         if self.kind == "arms":
             out.update(resolution=None, generators=[], defining_relation=None, alias_table=None,
                        all_2fi_estimable=False, main_effects_clear=False)
@@ -499,8 +509,8 @@ def _fewest_runs(n: int, resolution: int) -> int:
     return 2**n
 
 
-def arms(factors: Iterable, rows: Sequence[Sequence[int]] | Sequence[str]) -> Design:
-    """An explicit list of arms: rows of ±1 codes, or 'all_on' / 'all_off'."""
+def arms(factors: Iterable, rows: Sequence[Sequence[int]] | Sequence[str], labels: Sequence[str] = ()) -> Design:
+    """An explicit list of arms: rows of ±1 codes, or 'all_on' / 'all_off'; `labels` names them."""
     names = _names(factors)
     mat = []
     for r in rows:
@@ -514,11 +524,13 @@ def arms(factors: Iterable, rows: Sequence[Sequence[int]] | Sequence[str]) -> De
             mat.append(list(r))
     if len({tuple(r) for r in mat}) != len(mat):
         raise ValueError("arms repeat a row")
-    return Design(names, mat, (), "arms", None, "explicit arms")
+    return Design(names, mat, (), "arms", None, "explicit arms", tuple(labels))
 
 
 def arm_name(design: Design, row: int) -> str:
-    """'all_on' / 'all_off' or the sign string over the design letters, e.g. '+-++-+'."""
+    """The row's label, else 'all_on' / 'all_off' or the sign string over the design letters, e.g. '+-++-+'."""
+    if design.labels:
+        return design.labels[row]
     r = design.matrix[row]
     if all(v == 1 for v in r):
         return "all_on"

@@ -56,7 +56,7 @@ def check_epochs(rows: list[dict], allow_repeat: bool = False) -> None:
         if r["corpus"] == "embedded":
             raise ValueError(f"rung {r['rung']} trains {r['tokens_needed']:,} tokens on cuda but data.corpus="
                              "'embedded' is the small CPU test corpus; prepare a real corpus with `marin-ablate data "
-                             f"prepare SOURCE --tokenizer PATH --out DIR` and pass {CORPUS_SETTING}")
+                             f"prepare SOURCE --tokenizer PATH --corpus-dir DIR` and pass {CORPUS_SETTING}")
         if r["corpus_tokens"] is None:
             raise ValueError(f"rung {r['rung']}: data.corpus={r['corpus']!r} is not a prepared corpus, so its size "
                              "is unknown; prepare it with `marin-ablate data prepare` and pass " + CORPUS_SETTING)

@@ -244,7 +244,8 @@ GPU_RUNGS: dict[str, Rung] = {
 #: widths 12x overtrained, 791 tokens per active parameter (18T at the d6144 hero), batch 1,024
 #: sequences per GB200 rack (64 GPUs, 65,536 tokens per EP shard), the 128k Marin tokenizer, eval
 #: every 5%, steps rounded to the nearest (11,420 / 15,276 / 15,128 / 20,072 as its table). EP spans
-#: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count.
+#: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count; its d512
+#: rung runs on one 8-GPU H100 node (`HERO_H100_GPUS`, 3,930 steps).
 HERO_LADDER_RACKS: dict[str, int] = {"d768": 1, "d1024": 2, "d1536": 6, "d2048": 11}
 HERO_LADDER_TPP = 791.0
 #: Marin's hero and its ladder train on a phased mixture whose cooldown starts at 80% of the steps
@@ -266,16 +267,44 @@ HERO_MIXTURE: tuple[MixturePhase, ...] = check_mixture((
 HERO_EPOCHING_TARGET = 18_750_000_000_000
 
 
-def _hero_rung(d: str, racks: int) -> Rung:
-    r = _gpu(f"hero_{d}", 1024 * racks, 64 * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
+def _hero_rung(d: str, racks: int, gpus_per_rack: int = 64) -> Rung:
+    r = _gpu(f"hero_{d}", 1024 * racks, gpus_per_rack * racks, preset=d, tokens_per_active_param=HERO_LADDER_TPP,
              nearest_step=True, evals_per_run=20, tokens_per_ep_shard=None, mixture=HERO_MIXTURE,
              mixture_block=HERO_MIXTURE_BLOCK, simulated_epoching_target=HERO_EPOCHING_TARGET,
-             model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256, "ep_shards": 64})
+             model_overrides={"attention": "flex", "kernels": "triton", "vocab_size": 128_256,
+                              "ep_shards": gpus_per_rack})
     # rack-local sharding (HSDP) as the hero's: one copy of the model per rack, replicated across racks
     return replace(r, train_overrides={**dict(r.train_overrides), "replica_groups": racks})
 
 
-HERO_RUNGS: dict[str, Rung] = {f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()}
+#: Marin's H100 rung of the same ladder (launch_h100_scaling_ladder.py, d512: one node of 8 H100s, EP 8,
+#: 1,024 sequences per step, 3,930 steps, 16B tokens): every EP shard holds 128 sequences (524,288 tokens),
+#: 8x the GB200 rungs' 65,536, as Marin runs it
+HERO_H100_GPUS = 8
+HERO_RUNGS: dict[str, Rung] = {
+    "hero_d512": _hero_rung("d512", 1, gpus_per_rack=HERO_H100_GPUS),
+    **{f"hero_{d}": _hero_rung(d, racks) for d, racks in HERO_LADDER_RACKS.items()},
+}
+
+@dataclass(frozen=True)
+class PublishedLaw:
+    """A ladder's law L = L∞ + A·C^(−α) as its authors state it (C = training FLOPs): a study that pins it
+    reads every multiplier through its L∞ and α, as the authors read theirs (`sweeps.reference.pin_published`)."""
+
+    linf: float
+    alpha: float
+    A: float
+    c_lo: float  # the compute span it was fitted on
+    c_hi: float
+    n: int  # runs it was fitted on
+    source: str
+
+
+#: Marin's fast ladder (experiments/grug/fast_track/README.md "Scaling law": the four MoE rungs d512..d1280,
+#: Paloma macro loss, L∞ pinned at 1.2): the law its hold-one-feature-out Sc/Sw numbers are read through
+FAST_LADDER_LAW = PublishedLaw(1.2, 0.0842, 58.67, 3.5e17, 4.3e19, 4,
+                               "Marin's fast ladder, L = 1.2 + 58.67·C^(−0.0842) (experiments/grug/fast_track/"
+                               "README.md, MoE rows, Paloma macro loss)")
 
 #: The ladder families: a study's rungs come from one (analysis/calibration/precision.py proposes its other rungs).
 LADDERS: dict[str, dict[str, Rung]] = {"cpu": CPU_RUNGS, "gpu": GPU_RUNGS, "hero": HERO_RUNGS}

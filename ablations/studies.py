@@ -14,6 +14,8 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 - hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
 - hero_gpu, hero_node, hero_rack  GB200: the smoke runs before the full job, 200 steps at the hero's
               per-GPU shape on 1 GPU, one 4-GPU tray and one rack (fewer layers: docs/hero.md).
+- holdout     GPU: Marin's hold-one-feature-out (the recipe, then each feature removed alone) at d512/d768,
+              read through Marin's fast-ladder law (ablations/holdout.py, docs/holdout.md).
 
 No torch import.
 """
@@ -21,6 +23,7 @@ No torch import.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -32,6 +35,7 @@ from marin_ablate.ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa
 from marin_ablate.ablations.ladders import (
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
+    PublishedLaw,
     Rung,
     flops_per_token,
     ladder,
@@ -72,6 +76,7 @@ class Study:
     # reference law's L∞ and α (docs/method.md §4.1, *Pinned reference law*); () fits it on the design.
     reference_rungs: tuple[str, ...] = ()
     reference_seeds: tuple[int, ...] = (0,)  # the ladder's seeds (each its own init and data order)
+    published_law: PublishedLaw | None = None  # a stated law whose L∞ and α the analysis pins instead
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factors", resolve_factors(self.factors))
@@ -267,6 +272,7 @@ class Study:
             "executor": dict(self.executor),
             "cost": cost,
             "companions": list(self.companions),
+            **({"published_law": to_dict(self.published_law)} if self.published_law is not None else {}),
         }
         if self.hero is not None:
             out["hero"] = self.hero.describe(self._grid[(self.rungs[0].name, self.seeds[0], 0)])
@@ -282,7 +288,7 @@ class Study:
 SEVEN = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer")
 SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer")
 
-_CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
+CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
                  "timeout_min": 10}
 #: The baseline arm's ladder that pins the CPU studies' reference law: 64x in compute (the design's
 #: rungs span 8x, too little for the law's curvature; docs/method.md §4.1).
@@ -290,7 +296,7 @@ CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", 
 #: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] on 4 residual df (its valley, §4.1,
 #: then spans L∞ 0..2.54); three give the slope 16 df.
 CPU_REFERENCE_SEEDS = (0, 1, 2)
-_GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
+GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
 def _level_values(f: Factor) -> dict | None:
@@ -337,7 +343,7 @@ def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s
     return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, LRs "
                  "profiled per optimizer, a 64x baseline ladder for the reference law, ~9 min on 2 cores",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
-                 _CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,
+                 CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,
                  reference_seeds=CPU_REFERENCE_SEEDS)
 
 
@@ -347,7 +353,7 @@ def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("c
     names = list(SEVEN)
     return Study("noise_cpu", "CPU seed panel: all-on vs all-off, 5 seeds at cpu_s", tuple(names),
                  arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
-                 _CPU_EXECUTOR, None, True, ("smoke",))
+                 CPU_EXECUTOR, None, True, ("smoke",))
 
 
 def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128"),
@@ -381,10 +387,10 @@ def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = 
     design = fraction(names, generators=[gen])
     return Study("calibration", "Calibration: placebo, waste (2x FLOPs counted) and extra-compute (2x tokens) "
                  "planted beside two real factors on the CPU token ladder", factors, design, ladder(rungs),
-                 tuple(seeds), DataConfig(), Recipe(), _CPU_EXECUTOR, None, True, ())
+                 tuple(seeds), DataConfig(), Recipe(), CPU_EXECUTOR, None, True, ())
 
 
-def _gpu_executor(**extra: Any) -> dict:
+def gpu_executor(**extra: Any) -> dict:
     # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
     ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
           "slurm_array_parallelism": 32}
@@ -403,7 +409,7 @@ def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[i
     design = fraction(names, generators=["F=ABCDE"], resolution=6)
     rs = tuple(rungs) + (("d1536",) if include_d1536 and "d1536" not in rungs else ())
     return Study("marin535", "Six quality factors of the Marin 535B recipe, 2^(6-1) resolution VI (F=ABCDE)",
-                 tuple(names), design, ladder(rs), tuple(seeds), _GPU_DATA, Recipe(), _gpu_executor(), H100, True,
+                 tuple(names), design, ladder(rs), tuple(seeds), GPU_DATA, Recipe(), gpu_executor(), H100, True,
                  ("marin535_ep", "noise"))
 
 
@@ -418,8 +424,8 @@ def marin535_ep(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequenc
     transports side by side)."""
     design = full_factorial(["ep_transport"])
     return Study("marin535_ep", "EP transport (ragged vs fixed): drops, quality and throughput, 2 arms",
-                 ("ep_transport",), design, ladder(rungs), tuple(seeds), _GPU_DATA, Recipe(),
-                 _gpu_executor(), H100, True, ("marin535",))
+                 ("ep_transport",), design, ladder(rungs), tuple(seeds), GPU_DATA, Recipe(),
+                 gpu_executor(), H100, True, ("marin535",))
 
 
 def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512",)) -> Study:
@@ -427,8 +433,8 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
     run before the factorial to size its replication (docs/method.md §4.5)."""
     names = list(SIX_QUALITY)
     return Study("noise", "Seed panel: all-on vs all-off over the six quality factors, 5 seeds at d512",
-                 tuple(names), arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), _GPU_DATA,
-                 Recipe(), _gpu_executor(), H100, True, ("marin535",))
+                 tuple(names), arms(names, ["all_on", "all_off"]), ladder(rungs), tuple(seeds), GPU_DATA,
+                 Recipe(), gpu_executor(), H100, True, ("marin535",))
 
 
 #: The hero's loss chunk: 8,192 tokens x 128,256 vocab fp32 logits = 4.2 GB (and as much for their gradient)
@@ -518,7 +524,7 @@ def overtrain(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "c
     names = [*factors, "token_ratio"]
     return Study("overtrain", f"{' x '.join(factors)} crossed with tokens per parameter x1 / x{ratio}",
                  (*factors, tokens), full_factorial(names), ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
-                 _CPU_EXECUTOR, None, True, ())
+                 CPU_EXECUTOR, None, True, ())
 
 
 #: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
@@ -532,7 +538,8 @@ STUDIES: dict[str, Callable[..., Study] | Study] = {
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
-    # the smoke runs before the full job, first to last (README "Before a hero run"), each 200 steps
+    "holdout": lambda **kw: importlib.import_module("marin_ablate.ablations.holdout").holdout(**kw),  # builds on Study
+    # the smoke runs before the full job, first to last (docs/gpu.md, "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)
     "hero_gpu": lambda **kw: hero(**{"ep_groups": 1, "steps": 200, "name": "hero_gpu", "ep_size": 1,

@@ -152,6 +152,9 @@ class OfatAnalysis:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cannot_tell: tuple[str, ...] = CANNOT_TELL
+    # the baseline holds every factor at its coded high level and each arm lowers one: a hold-one-out
+    # (Marin's hold-one-feature-out), whose report reads each change as the worth of the feature removed
+    held_out: bool = False
 
 
 PARAMS = ("linf", "A", "alpha")
@@ -369,8 +372,11 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
         notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung "
                      "and hardware")
     table = pd.DataFrame(rows)
+    coding = factor_coding(df) if "coding" in df else {}
+    held_out = bool(rows) and all(coding.get(f, (None, None))[1] == b for f, b in zip(star.factors, star.baseline,
+                                                                                      strict=True))
     return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline, strict=True)), law, table, dof, dof_R,
-                        notes, warns)
+                        notes, warns, held_out=held_out)
 
 
 def _fmt(est: float, lo: float, hi: float) -> str:
@@ -395,6 +401,8 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
         out.append(f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
                    f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
                    f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |")
+    if a.held_out:
+        out += held_out_lines(a)
     out += ["", f"95% t intervals: quality on {a.dof} residual df, throughput on {a.dof_R}. M = C_eq/C, C_eq the "
             "compute at which the baseline's law, recentred on the same rung's baseline runs, reaches the arm's mean "
             "loss (paired by rung); R = model FLOP/s over the baseline's "
@@ -402,4 +410,21 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
     out += [f"- {t}" for t in a.cannot_tell]
     if a.notes or a.warnings:
         out += ["", "## Notes", ""] + [f"- warning: {w}" for w in a.warnings] + [f"- {n}" for n in a.notes]
+    return out
+
+
+def held_out_lines(a: OfatAnalysis) -> list[str]:
+    """A hold-one-out read as Marin reads its hold-one-feature-out (marin-community/marin#9288): each feature's
+    worth Sc = 1/M, the compute the arm without it needs to reach the baseline's loss over the baseline's own
+    (> 1: worth keeping), and Sw = 1/W on wall-clock; beside them Marin's own formula, losses only,
+    ((L − L∞)/(L_b − L∞))^(1/α), which equals 1/M where the arm trains the baseline's compute."""
+    out = ["", "## Each feature's worth (hold-one-out: Sc = 1/M, Sw = 1/W)", "",
+           "| feature removed | rung | Sc (quality) | Sw (wall-clock) | Sc, losses only |", "|---|---|---|---|---|"]
+    for r in a.table.to_dict("records"):
+        inv = {k: (1 / r[k], 1 / r[f"{k}_hi"], 1 / r[f"{k}_lo"]) for k in ("M", "W")}
+        loss_only = np.nan
+        if a.law is not None and np.isfinite(r.get("baseline_loss", np.nan)):
+            loss_only = ((r["loss"] - a.law.linf) / (r["baseline_loss"] - a.law.linf)) ** (1 / a.law.alpha)
+        out.append(f"| {r['factor']} ({r['baseline_level']} -> {r['level']}) | {r['rung']} | {_fmt(*inv['M'])} | "
+                   f"{_fmt(*inv['W'])} | {'not estimable' if not np.isfinite(loss_only) else f'{loss_only:.3f}'} |")
     return out

@@ -189,7 +189,7 @@ class _Prepared:
     joint: dict[str, JointFit] = field(default_factory=dict)
     law: LawFit | None = None
     pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/fit/reflaw.py)
-    pin_valley: tuple = ()  # its accepted (L∞, α) pairs, where its ladder fixes only the slope
+    pin_valley: tuple = ()  # its accepted (L∞, α) pairs: the ladder's profile valley
 
 
 def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:

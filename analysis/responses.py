@@ -40,6 +40,9 @@ class Response:
     figure: bool = True  # draw its per-rung forest plot
     total_check: bool = True  # compare its model TOTAL with the all-on vs all-off runs ("law", "ols")
     unit: str = "baseline"  # what a multiplier of 2 doubles, in figure labels ("× compute")
+    # The family its Findings verdicts are controlled in (analysis/report/findings.py `verdict_family`): responses
+    # that share one are one family; empty: a family of its own, named after the response.
+    verdicts: str = ""
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -53,11 +56,12 @@ class Response:
 
 RESPONSES: dict[str, Response] = {r.name: r for r in (
     Response("quality", "ln_M", "quality M_flop", "M_flop", "quality multiplier M_flop (compute-equivalent)",
-             family="law", truth_key="M_flop", unit="compute"),
+             family="law", truth_key="M_flop", unit="compute", verdicts="quality"),
     Response("throughput", "ln_R", "throughput R", "R", "throughput ratio R", source="model_flops_per_s",
-             transform="ln_ratio", truth_key="R", unit="baseline FLOP/s"),
+             transform="ln_ratio", truth_key="R", unit="baseline FLOP/s", verdicts="speed"),
     Response("wall", "ln_W", "wall-clock M_flop·R", "M_flop·R", "wall-clock multiplier M_flop·R", family="sum",
-             parts=("quality", "throughput"), figure=False, total_check=False, unit="baseline wall-clock speed"),
+             parts=("quality", "throughput"), figure=False, total_check=False, unit="baseline wall-clock speed",
+             verdicts="speed"),
 )}
 
 

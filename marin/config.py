@@ -119,7 +119,8 @@ MODEL_RANGES: dict[str, tuple] = {
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of one model. MoE numbers (n_experts, top_k) are the recipe's latent geometry;
-    the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d."""
+    the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d
+    (`full_width` keeps them and divides the expert hidden instead: `moe_geometry`)."""
 
     d_model: int = 64
     n_layers: int = 2
@@ -246,10 +247,18 @@ class ModelConfig:
         return self.d_model // self.latent_ratio
 
     def moe_geometry(self, recipe: Recipe) -> "MoEGeometry":
-        """Experts, top-k and expert width for the recipe's latent_moe level (docs/method.md §2.1)."""
+        """Experts, top-k and expert width for the recipe's latent_moe level (docs/method.md §2.1):
+        `latent` E experts top-K at width d/α behind the latent projections; `standard` E/α top-K/α at
+        width d (the same routed parameters and FLOPs); `full_width` E top-K at width d with hidden m/α
+        (Marin's drop_latent, fast_track/launch.py `_ablate_model`: the same per-expert parameters)."""
+        a = self.latent_ratio
         if recipe.latent_moe == "latent":
             return MoEGeometry(self.n_experts, self.top_k, self.latent_dim, self.expert_hidden, True)
-        a = self.latent_ratio
+        if recipe.latent_moe == "full_width":
+            if self.expert_hidden % a:
+                raise ValueError(f"ModelConfig.expert_hidden={self.expert_hidden} is not divisible by latent_ratio={a}"
+                                 " (latent_moe=full_width halves the expert hidden); allowed values: multiples of it")
+            return MoEGeometry(self.n_experts, self.top_k, self.d_model, self.expert_hidden // a, False)
         return MoEGeometry(self.n_experts // a, self.top_k // a, self.d_model, self.expert_hidden, False)
 
     def capacity_factor(self, recipe: Recipe) -> float | None:

@@ -6,8 +6,8 @@ resolved peak lr it takes, whether it decays weights and whether it lives on a h
 names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
 (`marin.update_rules`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`planning/dryrun.py`)
 and the hero's checkpoint plan (`planning/hero.py`) all read these tables. Adding an optimizer is one
-`marin.switches.register_optimizer(...)` call (README "Adding an optimizer"): it adds the level to the
-recipe's optimizer factor too, which reads this table. Pure Python; never imports torch: a
+`marin.switches.register_optimizer(...)` call (docs/extending.md, "Adding an optimizer or an executor"): it adds
+the level to the recipe's optimizer factor too, which reads this table. Pure Python; never imports torch: a
 kind's `update` is the import path ("module:function") of its torch step, resolved by `marin.update_rules`.
 Table of levels: docs/method.md §2.1.
 """

@@ -4,7 +4,7 @@ Everything else follows from `RECIPE_FACTOR_SPECS`: `marin.config.Recipe` (its f
 validation), `RECIPE_LEVELS`, `BASELINE_LEVELS`, `FACTORS`, `MODEL_FACTORS`, `QUALITY_FACTORS`, the
 registered `ablations.factors.RECIPE_FACTORS` and, through each run's metadata, the ±1 coding the
 analysis reads. Adding a recipe factor is one row here plus the visible branch in the model
-(README "Adding a factor"). Pure Python; never imports torch.
+(docs/extending.md, "Adding a factor"). Pure Python; never imports torch.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = (
                doc="short causal depthwise conv (kernel 4) at k, attn-out and mlp-out vs none"),
     FactorSpec("qk_norm", "fixed_1.3", "learned_gain", ("none",),
                doc="parameter-free q/k RMSNorm then q*1.3; baseline RMSNorm with a learned gain; extra: no norm"),
-    FactorSpec("latent_moe", "latent", "standard",
-               doc="latent MoE: 2E experts top-2K at width d/alpha; baseline E experts top-K at width d"),
+    FactorSpec("latent_moe", "latent", "standard", ("full_width",),
+               doc="latent MoE: 2E experts top-2K at width d/alpha; baseline E experts top-K at width d; extra "
+                   "full_width: 2E experts top-2K at width d, hidden m/alpha (Marin's drop_latent ablation)"),
     FactorSpec("router_balance", "quantile", "switch_aux", ("aux_free",),
                doc="quantile balancing bias (no aux loss); baseline Switch aux loss; extra DeepSeek aux-free bias"),
     FactorSpec("ep_transport", "ragged", "fixed", ("dropless", "pooled_wave"), quality=False,

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pandas as pd
 
 from marin_ablate import options
-from marin_ablate.analysis.io.importer import COLUMNS
+from marin_ablate.analysis.io.importer import COLUMNS, LAYOUTS
 from marin_ablate.analysis.ofat import DESIGNS
 from marin_ablate.marin import plugins
 from marin_ablate.marin.fields import SEED, option
@@ -38,7 +38,8 @@ def resolve_study(study: str) -> tuple[Path, pd.DataFrame]:
             plugins.ensure(plugins.read_sources(c))  # the responses its study file registered
             return c, load_table(c)
     raise ValueError(f"STUDY {study!r} not found; allowed values: a study directory (with runs/), a results "
-                     f".parquet or .csv, a .csv in the import schema (README), or a name under ${STUDY_ROOTS_ENV}, "
+                     f".parquet or .csv, a .csv in the import schema (docs/importing.md), or a name under "
+                     f"${STUDY_ROOTS_ENV}, "
                      f"studies/, runs/, results/ (tried {', '.join(map(str, cands))})")
 
 
@@ -103,9 +104,11 @@ def _check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
                          f"this machine's {ram / 2**30:.1f} GiB; allowed values here: an integer in 0..{most}")
 
 
-def _ofat_or_none(args, table: pd.DataFrame):
+def _ofat_or_none(args, table: pd.DataFrame, study_dir: Path | None = None):
     """The one-factor-at-a-time analysis when the runs (or --design ofat) call for it, else None
-    (the factorial analysis), with the reason for a pooled design noted on the console."""
+    (the factorial analysis), with the reason for a pooled design noted on the console. Without --pin-*
+    values the study folder's pinned law gives L∞ and α (a baseline ladder's, or a published one: the
+    `holdout` study reads every arm through Marin's fast-ladder law, as Marin reads its own)."""
     from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
 
     kind, star, note = design_kind(table) if args.design == "auto" else (args.design, None, "")
@@ -122,8 +125,14 @@ def _ofat_or_none(args, table: pd.DataFrame):
     if getattr(args, "target", None) is not None:
         raise ValueError("--target: a one-factor-at-a-time study is reported per rung, not extrapolated; "
                          "allowed values: omit --target, or --design factorial")
-    return analyze_ofat(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A,
-                        star=star or find_star(table))
+    pins, law = dict(pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, pin_A=args.pin_A), _pinned(args, study_dir)
+    if law is not None and args.pin_A is None:
+        pins.update(pin_linf=law.linf, pin_alpha=law.alpha)
+    a = analyze_ofat(table, **pins, star=star or find_star(table))
+    if law is not None and args.pin_A is None:
+        a.notes.insert(0, f"L∞ = {law.linf:.4g} and α = {law.alpha:.4g} pinned from the study folder's law: "
+                          f"{law.source or 'reference_law.json'} (--no-pinned-law fits them on the baseline's runs)")
+    return a
 
 
 def _pinned(args, study_dir: Path | None):
@@ -153,6 +162,10 @@ class ImportSection:
 
     table: str | None = option(None, metavar="FILE", help="a .csv or .json table, one row per run (required)")
     study: str | None = option(None, help="study name (none: FILE's name without its suffix)")
+    layout: str = option("runs", choices=tuple(LAYOUTS),
+                         help="runs: one row per run in the import schema; marin_holdout: Marin's hold-one-feature-"
+                              "out table (ablation, rung, loss[, tokens_per_s]) as the holdout study's arms, its "
+                              "fast-ladder law pinned (docs/holdout.md)")
 
 
 @dataclass(frozen=True)
@@ -172,7 +185,7 @@ class AnalyzeOptions(FitOptions):
     epilog: ClassVar[str] = ("STUDY is read as: a study directory with runs/ (as `marin-ablate run` or `marin-ablate "
                              "analyze --import.table FILE` writes it), its results.parquet, a results .csv in the "
                              "same schema, or a study name. Results from elsewhere: `--import.table FILE` first "
-                             "(README). The table's columns: "
+                             "(docs/importing.md). The table's columns: "
                              + "; ".join(f"{c}{' (required)' if req else ''}: {what}"
                                          for c, (req, what) in COLUMNS.items())
                              + "; every other column is a factor, its values the arm's levels.")
@@ -193,7 +206,7 @@ class AnalyzeOptions(FitOptions):
 
 
 def _import(args: AnalyzeOptions) -> int:
-    """`analyze --import.table FILE`: the table into a study folder (what `marin-ablate import` did)."""
+    """`analyze --import.table FILE`: the table into a study folder."""
     import json
 
     from marin_ablate.analysis.io.importer import import_file
@@ -203,7 +216,7 @@ def _import(args: AnalyzeOptions) -> int:
     if args.study is not None:
         raise ValueError(f"STUDY {args.study!r} with --import.table: the import writes a study folder (--study-dir); "
                          f"allowed: `analyze --import.table {args.imports.table}`, then `analyze DIR`")
-    out = import_file(args.imports.table, args.study_dir, args.imports.study)
+    out = import_file(args.imports.table, args.study_dir, args.imports.study, args.imports.layout)
     for note in json.loads((out / "import.json").read_text()).get("notes", []):
         print(f"note: {note}")
     n = sum(1 for _ in (out / "runs").iterdir())
@@ -228,7 +241,7 @@ def cmd_analyze(argv: list[str]) -> int:
     out = Path(args.report_dir) if args.report_dir else study_dir / "report"
     if (study_dir / "runs").is_dir():  # collected afresh: keep the table, under --report-dir when given
         print(f"wrote {write_table(table, (out if args.report_dir else study_dir) / 'results.parquet')}")
-    ofat = _ofat_or_none(args, table)
+    ofat = _ofat_or_none(args, table, study_dir)
     if ofat is not None:
         return _report_ofat(ofat, table, study_dir, out)
     a = _analyze(args, table, args.target, study_dir)

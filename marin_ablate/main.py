@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] in MOVED:
         print(f"marin-ablate: {argv[0]!r} is now a mode of another command; use {MOVED[argv[0]]} "
-              "(README 'Command line')", file=sys.stderr)
+              "(docs/cli.md)", file=sys.stderr)
         return 2
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))

@@ -63,7 +63,7 @@ def refuse_renamed(argv: Sequence[str], command: str) -> None:
         if isinstance(new, dict):
             new = new.get(command, new.get("*"))
         if new is not None:
-            raise ValueError(f"{flag} was renamed; use {new} (README 'Command line')")
+            raise ValueError(f"{flag} was renamed; use {new} (docs/cli.md)")
 
 
 def _dashed(prefix: str) -> str:
@@ -293,7 +293,7 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
         head = tok.split("=", 1)[0]
         sec = head[2:].split(".", 1)[0] if head.startswith("--") else ""
         if "_" in sec and _dashed(sec) in sections:  # a section is spelled with dashes, its fields as named
-            raise ValueError(f"{head} was renamed; use --{_dashed(sec)}{head[2 + len(sec):]} (README 'Command line')")
+            raise ValueError(f"{head} was renamed; use --{_dashed(sec)}{head[2 + len(sec):]} (docs/cli.md)")
         if head.startswith("--") and "." in head and sec not in sections:
             allowed = [*(f"--{s}.F=V" for s in (option_meta(sf)["spec"] if sf is not None else ())),
                        *(f"--{s}.FIELD" for s in sections)]
@@ -302,6 +302,19 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     ns = vars(p.parse_args(argv))
     given = {k for k, v in ns.items() if v is not _NOT_GIVEN and v is not None and not k.startswith("S:")}
     return _build(cls, ns, "", given, items)
+
+
+def known_flags(cls: type) -> set[str]:
+    """Every flag the parser of `cls` accepts: options, section switches and section fields (the spec overrides
+    `--model.F=V` ... are checked by `spec_overrides`)."""
+    _, dests = parser_for(cls)
+    out = {"-h", "--help"}
+    for dest, (path, f) in dests.items():
+        if dest.startswith("S:"):
+            out.add(f"--{_dashed(path)}")
+        elif not option_meta(f).get("positional"):
+            out.add(_flag(f.name, dest[: len(dest) - len(f.name)]))
+    return out
 
 
 def flags_of(obj: Any, cls: type | None = None, prefix: str = "") -> list[str]:
@@ -334,4 +347,5 @@ def flags_of(obj: Any, cls: type | None = None, prefix: str = "") -> list[str]:
     return out
 
 
-__all__ = ["RENAMED", "allowed_text", "flags_of", "parse", "parser_for", "refuse_renamed", "spec_overrides"]
+__all__ = ["RENAMED", "allowed_text", "flags_of", "known_flags", "parse", "parser_for", "refuse_renamed",
+           "spec_overrides"]

@@ -232,6 +232,9 @@ def cmd_plan(argv: list[str]) -> int:
         print(f"before the design: {row['what']}: {row['runs']} runs at {row['rungs']}{cs}"
               + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs") else "")
               + (f"; {row['state']}" if row.get("state") else ""))
+    if d.get("published_law"):
+        law = d["published_law"]
+        print(f"reference law: L∞ = {law['linf']:g} and α = {law['alpha']:g} pinned from {law['source']}")
     ex = d["execution"]
     print(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
                                               else "runs at once as the scheduler allows"))
@@ -271,7 +274,7 @@ def _cached_law(study: Any):
     from marin_ablate.sweeps.reference import cache_root, reference_key, reference_specs
 
     got = read_json(cache_root() / reference_key(reference_specs(study)) / LAW_FILE)
-    return PinnedLaw.from_dict(got) if got else None
+    return PinnedLaw.from_dict(got) if got and got.get("valley") else None  # a former fit: `run` refits it
 
 
 def _before_design(study: Any, out: str) -> list[dict]:

@@ -35,8 +35,8 @@ class RunOptions(StudyOptions):
     tuned: bool = option(False, help="use the per-arm LR multipliers `run --tune` wrote")
     no_profile: bool = option(False, help="skip the LR profile of each LR-coupled factor's levels (every arm at the "
                                           "heuristic LR)")
-    no_pin: bool = option(False, help="skip the baseline ladder that pins the reference law (fit it on the "
-                                      "design's rungs)")
+    no_pin: bool = option(False, help="pin no reference law: neither the baseline ladder nor the study's "
+                                      "published law (the analysis fits it on the design's rungs)")
     no_analyze: bool = option(False, help="do not run the analysis afterwards")
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
@@ -111,7 +111,12 @@ def cmd_run(argv: list[str]) -> int:
     from marin_ablate.analysis.fit.reflaw import LAW_FILE
     from marin_ablate.sweeps.runs import study_dir as _sdir
 
-    if study.reference_rungs and not args.no_pin and opts.wait:
+    if getattr(study, "published_law", None) is not None and not args.no_pin:
+        from marin_ablate.sweeps.reference import pin_published
+
+        law = pin_published(study, _sdir(args.out, study.name))
+        print(f"{study.name}: L∞ and α pinned to a published law: {law.source}", flush=True)
+    elif study.reference_rungs and not args.no_pin and opts.wait:
         from marin_ablate.sweeps.reference import pin_reference_law
 
         law = pin_reference_law(study, _sdir(args.out, study.name), opts, args.overrides)

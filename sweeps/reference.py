@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference
+from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, fit_reference, published
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
 from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
@@ -77,6 +77,8 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
     key = reference_key(specs)
     cdir = cache_root() / key
     cached = read_json(cdir / LAW_FILE)
+    if cached is not None and not cached.get("valley"):  # the former straight-ellipse fit: refit on its runs
+        cached = None
     if cached is None:
         runs = plan_runs(specs, cdir)
         run_planned(runs, cdir, opts, resources=study_resources(study), label=f"{study.name} reference law",
@@ -104,6 +106,15 @@ def pin_reference_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequ
         atomic_write_json(cdir / LAW_FILE, law.to_dict())
     else:
         law = PinnedLaw.from_dict(cached)
+    sdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sdir / LAW_FILE, law.to_dict())
+    return law
+
+
+def pin_published(study: Any, sdir: Path) -> PinnedLaw:
+    """Copy a study's published law (`Study.published_law`, e.g. Marin's fast-ladder law) to
+    `sdir/reference_law.json` (analysis/fit/reflaw.py `published`)."""
+    law = published(study.published_law, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     sdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sdir / LAW_FILE, law.to_dict())
     return law

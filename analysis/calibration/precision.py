@@ -140,18 +140,6 @@ def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
     return hc3, model, {"dof": jf.dof, "cluster_df": int(dfb), "clusters": len(labels), "cluster_var": sig2b}
 
 
-def ladder_pin_cov(computes, law, noise: Noise) -> np.ndarray:
-    """The 2x2 covariance of (L∞, α) a baseline ladder at `computes` would fit (analysis/fit/reflaw.py):
-    (σ² + σ²_rung)·(JᵀJ)⁻¹ of the law at the truth, each ladder run its own (seed × rung) cluster."""
-    C = np.asarray(computes, float)
-    linf, A, alpha = law
-    c0 = float(np.exp(np.mean(np.log(C))))
-    f = A * C ** (-alpha)
-    J = np.stack([np.ones_like(C), f, -f * np.log(C / c0)], 1)  # over (linf, ln a, alpha)
-    cov = (noise.sd**2 + noise.rung_sd**2) * np.linalg.pinv(J.T @ J)
-    return cov[np.ix_([0, 2], [0, 2])]
-
-
 def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[float, ...] = (1.0, 10.0),
             log_m=None, law: tuple[float, float, float] | None = None,
             pin_cov: np.ndarray | None = None, pin_valley: tuple = ()) -> tuple[pd.DataFrame, dict]:
@@ -403,14 +391,19 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
         return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
                 f"reference law pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}): "
                 f"{pinned.describe()}", pinned.valley)
+    from marin_ablate.analysis.fit.reflaw import predicted_reference
+
     n_seeds = len(getattr(study, "reference_seeds", (0,)))
-    comps = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))] * n_seeds
+    one = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))]
     lay, _ = study_layout(study)
     law = noise.law or _law(noise, float(np.exp(np.mean(np.log(lay.computes)))))
-    return (ladder_pin_cov(comps, law, noise), None,
+    # each ladder run is its own (seed × rung) cluster: its noise is the run's and the rung's shift
+    pred = predicted_reference(one * n_seeds, law, noise.sd**2 + noise.rung_sd**2,
+                               seeds=np.repeat(np.arange(n_seeds), len(one)))
+    return (pred.cov_propagated, None,
             f"L∞ and α pinned from the {len(rungs)}-rung × {n_seeds}-seed baseline ladder `run` measures first "
-            f"({rungs[0]}..{rungs[-1]}; "
-            "not run on this machine yet: its covariance predicted at this noise)", ())
+            f"({rungs[0]}..{rungs[-1]}; not run on this machine yet: the (L∞, α) its profile would accept "
+            f"predicted at this noise: L∞ from {pred.valley[0][0]:.3g} to {pred.valley[-1][0]:.3g})", pred.valley)
 
 
 def format_precision(study, noise: Noise, *, target: float | None = None, level: float = 0.95, pinned=None) -> str:
@@ -418,7 +411,8 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
     lay, _ = study_layout(study)
     pin_cov, pin_law, pin_line, valley = study_pin(study, noise, pinned)
     t, info = predict(lay, noise, level=level, log_m=assumed_effects, pin_cov=pin_cov,
-                      law=pin_law if noise.law is None else None, pin_valley=valley if noise.law is None else ())
+                      law=pin_law if noise.law is None else None,
+                      pin_valley=valley if noise.law is None or pin_law is None else ())
     linf, A, alpha = info["law"]
     c_ref = info["c_ref"]
     lines = [f"\nprecision: expected {level:.0%} half-width of ln M per component (the median over studies of the "
@@ -478,7 +472,7 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
     lay, _ = study_layout(study)
     pin_cov, pin_law, pin_line, valley = study_pin(study, noise, pinned)
     t, info = predict(lay, noise, log_m=assumed_effects, pin_cov=pin_cov, law=pin_law if noise.law is None else None,
-                      pin_valley=valley if noise.law is None else ())
+                      pin_valley=valley if noise.law is None or pin_law is None else ())
     out = {"noise": {"sd": noise.sd, "rung_sd": noise.rung_sd, "source": noise.source},
            "assumed_effect": DEFAULT_EFFECT, **{k: v for k, v in info.items() if k != "law"}, "pinned_law": pin_line,
            "law": dict(zip(("linf", "A", "alpha"), info["law"], strict=True)),

@@ -20,8 +20,8 @@ def bootstrap(ok, X, z, C, L, factors, fits, reduced, joint, masks, seeds, pins,
               interactions, scale, pin_cov=None, pin_valley=()):
     """{response (and "<response>/main" for a reduced model): (n_boot, terms) replicates of its
     coefficients}, and the (n_boot, 3) law replicates (linf, A, alpha) of the law response.
-    pin_cov: pinned (L∞, α) drawn per replicate from N(pins, pin_cov) (a reference ladder's law), about a
-    pair drawn uniformly from `pin_valley` where the ladder fixed only the slope."""
+    pin_cov: pinned (L∞, α) drawn per replicate from N(pair, pin_cov) (a reference ladder's law), about a
+    pair drawn uniformly from its valley `pin_valley` (about the pins where it has none)."""
     n = len(L)
     out: dict[str, np.ndarray] = {}
     blaw = np.full((n_boot, 3), np.nan)

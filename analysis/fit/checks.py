@@ -97,11 +97,10 @@ def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[fl
                                       jf.linf, jf.alpha)
     cov, cov_model = jf.law_block()
     v_law = max(float(g_law @ cov @ g_law), float(np.nan_to_num(g_law @ cov_model @ g_law)), 0.0)
-    for linf, _, alpha in jf.valley_laws:  # a pinned valley's ends, each at 1.96 standard errors
-        if Lo > linf and Lf > linf:
-            end = paired_ln_m(Lo, float(np.mean(np.log(Cv[i_on]))), Lf, float(np.mean(np.log(Cv[i_off]))),
-                              linf, alpha)[0]
-            v_law += (end - est) ** 2 / 1.959963984540054**2
+    ends = [paired_ln_m(Lo, float(np.mean(np.log(Cv[i_on]))), Lf, float(np.mean(np.log(Cv[i_off]))), linf, alpha)[0]
+            for linf, _, alpha in jf.valley_laws if Lo > linf and Lf > linf]
+    if ends:  # a pinned valley's ends: the interval reaches the farther one (joint.valley_term, for one contrast)
+        v_law += max((e - est) ** 2 for e in ends) / 1.959963984540054**2
     return (est, float(np.sqrt(s**2 * (g_means[0] ** 2 / len(i_on) + g_means[1] ** 2 / len(i_off)) + v_law)))
 
 

@@ -182,9 +182,10 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
               clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
               pin_valley: tuple = (), envelope: bool = False) -> JointFit:
     """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
-    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's, analysis/fit/reflaw.py): added
-    to every parameter's covariance by the delta method, so the pins' uncertainty reaches each effect.
-    pin_valley: the (L∞, α) pairs a ladder that fixes only the slope accepts (`valley_term`).
+    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's α across its valley,
+    analysis/fit/reflaw.py): added to every parameter's covariance (`pin_term`), so the pins' uncertainty
+    reaches each effect.
+    pin_valley: the (L∞, α) pairs the ladder's profile likelihood accepts (`valley_term`).
     envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
     covariance to span the fits at each L∞ the data accept (`_curvature_term`).
     warm_only: start from `start` alone (a profile's refits move the optimum only a little).
@@ -353,7 +354,8 @@ def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarra
 
 
 def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-    """The pinned (L∞, α)'s uncertainty in every parameter: refit with the pins at both ends of each
+    """The pinned (L∞, α)'s covariance in every parameter (a reference ladder's: α's variance across its valley,
+    analysis/fit/reflaw.py; along the valley is `valley_term`'s): refit with the pins at both ends of each
     principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
     parameters' shift at the end that moves the effects more (and the same over (linf, ln a, alpha)). Where
     the fit is linear in the pins this is the delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster
@@ -393,24 +395,33 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
 
 
 def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> tuple[np.ndarray, tuple]:
-    """A ladder that fixes the law's slope but not its curvature accepts a valley of (L∞, α) pairs
-    (analysis/fit/reflaw.py); each one is a law the study could rest on. Refit with the pins at the
-    valley's two ends and return (Σ d dᵀ / z², d the parameters' shift there; the end laws (L∞, A, α)),
-    so each contrast's 95% interval reaches its value at either end, as `_curvature_term` does for
-    the study's own profile."""
+    """The pinned law's valley (analysis/fit/reflaw.py: the (L∞, α) pairs the reference ladder's profile
+    likelihood accepts) in every parameter: refit with the pins at its two ends, d_lo and d_hi the
+    parameters' shifts there, and return (V, the end laws (L∞, A, α)). With s = (d_hi − d_lo)/2,
+    m = (d_hi + d_lo)/2 and r = ‖m‖/‖s‖ over the effects, V = ((1 + r)·s sᵀ + (1 + 1/r)·m mᵀ) / z²:
+    for every contrast c, z²·cᵀVc >= (|c·s| + |c·m|)² (Cauchy–Schwarz), so its 95% interval reaches its
+    value at either end; where the ends lie symmetrically about the fit (a narrow, nearly straight valley)
+    V is s sᵀ/z², the delta method, and where the fit sits at one end, d dᵀ/z² of the other."""
     C, L, E, seeds = jf.data
     ends = [valley[0]] if len(valley) == 1 else [valley[0], valley[-1]]
-    out, laws = np.zeros((len(jf.names), len(jf.names))), []
+    ds, laws = [], []
     for linf, alpha in ends:
         try:
             f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, pin_linf=float(linf),
                           pin_alpha=float(alpha), start=jf, clusters=jf.clusters)
         except ValueError:  # this end's law does not fall over the study's rungs: the other end stands
             continue
-        d = f.params - jf.params
-        out += np.outer(d, d) / (z * z)
+        ds.append(f.params - jf.params)
         laws.append((f.linf, f.A, f.alpha))
-    return out, tuple(laws)
+    if len(ds) < 2:
+        out = sum((np.outer(d, d) for d in ds), np.zeros((len(jf.names), len(jf.names))))
+        return out / (z * z), tuple(laws)
+    s, m = (ds[1] - ds[0]) / 2, (ds[1] + ds[0]) / 2
+    eff = np.array([k.startswith("theta") for k in jf.names])
+    eff = eff if eff.any() else np.ones_like(eff)
+    ns, nm = float(np.linalg.norm(s[eff])), float(np.linalg.norm(m[eff]))
+    r = nm / ns if nm > 0.0 and ns > 0.0 else 1.0  # any r > 0 keeps the bound; 1 is Σ_e d_e d_eᵀ
+    return ((1 + r) * np.outer(s, s) + (1 + 1 / r) * np.outer(m, m)) / (z * z), tuple(laws)
 
 
 def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:

@@ -4,15 +4,16 @@ A design's rungs span too little compute (8x on CPU) to fix the law's curvature:
 study then fit laws whose local slopes, and so every multiplier, differ by large factors. Marin pins
 its law (L∞, α) from a separate compute-optimal baseline sweep over a wide span; so does this
 harness: `sweeps/reference.py` runs the baseline arm on `Study.reference_rungs` once per machine and
-configuration, this module fits L = L∞ + A·C^(−α) on it with the covariance of (L∞, α), and the
-study's analysis pins both, refits A and every effect on its own runs, and adds the pinned
-parameters' covariance to every effect by the delta method (analysis/fit/joint.py `fit_joint(pin_cov=)`).
+configuration, this module fits L = L∞ + A·C^(−α) on it, and the study's analysis pins (L∞, α), refits
+A and every effect on its own runs, and carries the pins' uncertainty into every effect.
 
-A ladder whose loss does not bend (every CPU ladder: 64x of compute is a near-straight line in ln C)
-fixes the law's local slope but not its curvature: every L∞ in a wide range fits, each with its own α,
-and they agree on dL/dln C over the ladder's span to a few percent. Such a ladder pins the law along
-that profile (`PinnedLaw.valley`: the accepted (L∞, α) pairs): the study fits at its best pair and
-every multiplier's interval reaches its value at both ends of the valley (analysis/fit/joint.py `valley_term`).
+One mechanism for every ladder: the profile likelihood over L∞ (α, A refitted at each value), whose
+accepted pairs (`PinnedLaw.valley`) follow the likelihood's curved valley. A ladder that sees its loss
+bend accepts a short arc; one whose loss does not bend (every CPU ladder: 64x of compute is a
+near-straight line in ln C) fixes the local slope but not the curvature and accepts every L∞ down to 0,
+each with its own α, all agreeing on dL/dln C over the ladder's span. Either way the study fits at the
+best pair and every multiplier's interval reaches its value at both ends of the valley
+(analysis/fit/joint.py `valley_term`), plus α's spread across it (`pin_term`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +35,7 @@ class PinnedLaw:
 
     linf: float
     alpha: float
-    cov: np.ndarray  # 2x2 over (linf, alpha): the larger of HC3 and s²(JᵀJ)⁻¹ (by trace)
+    cov: np.ndarray  # 2x2 over (linf, alpha): α's variance at the pinned L∞ (the spread across the valley)
     A: float
     c_lo: float  # compute span of the ladder (FLOPs)
     c_hi: float
@@ -42,8 +44,9 @@ class PinnedLaw:
     key: str = ""  # what determines it: a hash of the ladder's run ids
     created: str = ""  # UTC date the ladder's fit was written
     source: str = ""  # the cached file it was copied from
-    # The (L∞, α) pairs of the ladder's profile that its data accept, by L∞, where the ladder fixes the
-    # slope but not the curvature; empty where it identifies both (then `cov` is the whole spread).
+    # The (L∞, α(L∞)) pairs of the ladder's profile likelihood that its data accept, by L∞: the spread along
+    # the valley. A law built in code with none carries `cov` alone; a file without one is the former
+    # straight-ellipse rule's (refused by `from_dict`).
     valley: tuple[tuple[float, float], ...] = ()
 
     @property
@@ -59,7 +62,8 @@ class PinnedLaw:
         return float(np.sqrt(max(self.cov[i, i], 0.0)))
 
     def ci(self, name: str, level: float = 0.95) -> tuple[float, float]:
-        """The parameter's interval: t on the ladder's df, spanning the valley where there is one."""
+        """The parameter's interval: the valley's span (L∞: its profile-likelihood interval), widened by t on the
+        ladder's df times the spread across it (α)."""
         from scipy import stats
 
         q = float(stats.t.ppf(0.5 + level / 2, max(self.dof, 1)))
@@ -74,10 +78,11 @@ class PinnedLaw:
     def describe(self) -> str:
         """One line: what the ladder pinned and over what span (the run, the analysis and the report say it)."""
         span = f"{self.n} baseline runs over {self.c_lo:.3g}..{self.c_hi:.3g} FLOPs"
-        lo, hi = self.ci("linf"), self.ci("alpha")
-        if not self.valley:
+        if not self.valley or self.valley[0][0] > 0.0:  # the profile closes above L∞ = 0: the curvature is bounded
+            lo, hi = self.ci("linf"), self.ci("alpha")
             return (f"L∞ = {self.linf:.4g} [{lo[0]:.4g}, {lo[1]:.4g}], α = {self.alpha:.4g} [{hi[0]:.4g}, {hi[1]:.4g}] "
-                    f"({span})")
+                    f"(the L∞ its profile likelihood accepts, α refitted along it: {span}); every multiplier's "
+                    "interval reaches its value at both ends")
         (l0, a0), (l1, a1) = self.valley[0], self.valley[-1]
         return (f"its local slope, not its curvature ({span} do not fix how the loss bends): every L∞ from {l0:.4g} "
                 f"to {l1:.4g} fits, with α from {a0:.4g} to {a1:.4g}; fitted at L∞ = {self.linf:.4g}, "
@@ -91,6 +96,11 @@ class PinnedLaw:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PinnedLaw":
+        if isinstance(d, dict) and "cov" in d and not d.get("valley"):
+            raise ValueError(f"pinned reference law: no `valley` (written by the former straight-ellipse rule); "
+                             f"allowed: a {LAW_FILE} with its accepted (L∞, α) pairs: run `marin-ablate run` on the "
+                             "study again (it refits the cached ladder, its runs reused), or analyze with "
+                             "--no-pinned-law")
         try:
             cov = np.asarray(d["cov"], float).reshape(2, 2)
             valley = tuple((float(a), float(b)) for a, b in d.get("valley", ()))
@@ -102,11 +112,21 @@ class PinnedLaw:
                              f"`marin-ablate run` writes ({LAW_FILE})") from None
 
 
+def published(p: Any, created: str = "") -> PinnedLaw:
+    """A published law (`ablations.ladders.PublishedLaw`: L∞, α, A, its span and runs, its source) as a pinned
+    law with no covariance of its own (its authors state none): reading every arm through their L∞ and α is
+    what makes a multiplier theirs to compare. Its valley is that one pair."""
+    return PinnedLaw(float(p.linf), float(p.alpha), np.zeros((2, 2)), float(p.A), float(p.c_lo), float(p.c_hi),
+                     int(p.n), max(int(p.n) - 2, 0), key="published", created=created, source=str(p.source),
+                     valley=((float(p.linf), float(p.alpha)),))
+
+
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
-    """L = L∞ + A·C^(−α) on the baseline ladder's runs, with (L∞, α) pinned by their covariance where
-    the ladder identifies both, else along the profile its data accept (`_valley`); ValueError when
-    neither pins a falling law (too narrow a span, too few runs, or α's interval reaching 0). `seeds`:
-    the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
+    """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`):
+    the (L∞, α(L∞)) pairs whose fit the data accept, at whatever width the ladder leaves them — a short
+    arc where it identifies the law, the whole range [0, smallest loss) where it fixes only the slope.
+    ValueError when no L∞ there fits a falling law (too narrow a span, too few runs, or α's interval
+    reaching 0). `seeds`: the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
     from marin_ablate.analysis.fit.joint import fit_joint
 
     C, L = np.asarray(C, float), np.asarray(L, float)
@@ -119,16 +139,7 @@ def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: 
         jf = fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=seeds)
     except ValueError:  # the free fit's α runs to <= 0: only the profile can say what the ladder accepts
         jf = None
-    bad = [] if jf is None else [k for k in ("linf", "alpha") if k in jf.not_identified]
-    if jf is not None and not bad and 0.0 <= jf.linf < float(L.min()):
-        ii = [jf.names.index("linf"), jf.names.index("alpha")]
-        law = PinnedLaw(jf.linf, jf.alpha, _larger_cov(jf, ii), jf.A, float(C.min()), float(C.max()), len(L), jf.dof,
-                        key, created)
-        a_lo, _ = law.ci("alpha", level)
-        l_lo, l_hi = law.ci("linf", level)
-        if a_lo > 0 and l_lo >= 0 and l_hi < float(L.min()):
-            return law
-    return _valley(C, L, seeds, jf, key, created, level)
+    return _profile(C, L, seeds, jf, key, created, level)
 
 
 def _larger_cov(jf, ii: list[int]) -> np.ndarray:
@@ -138,49 +149,127 @@ def _larger_cov(jf, ii: list[int]) -> np.ndarray:
     return cov_h if np.trace(cov_h) >= np.trace(cov_m) else cov_m
 
 
-def _valley(C, L, seeds, free, key: str, created: str, level: float) -> PinnedLaw:
-    """The ladder's profile over L∞ in [0, smallest loss) (analysis/fit/joint.py ENVELOPE_GRID): the pairs
-    (L∞, α(L∞)) whose RSS the profile test accepts (t² on the residual df of the free fit) and whose α
-    stays above 0 at `level`. The law is the best accepted pair, with α's conditional covariance;
-    no accepted pair: ValueError."""
-    from scipy import stats
+#: L∞ values the ladder's profile starts from, as fractions of [0, smallest loss); its ends are then
+#: located between neighbours by bisection to PROFILE_XTOL of the smallest loss.
+PROFILE_GRID = tuple(np.round(np.linspace(0.0, 0.95, 20), 4)) + (0.975, 0.99, 0.995)
+PROFILE_XTOL = 1e-4
+#: Accepted pairs the valley keeps (evenly spaced in L∞, both ends and the best included): what the
+#: bootstrap draws from and the report's describe() spans.
+VALLEY_POINTS = 9
 
-    from marin_ablate.analysis.fit.joint import ENVELOPE_GRID, fit_joint
 
-    fits = []
-    for frac in ENVELOPE_GRID:
-        try:
-            fits.append(fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=seeds, pin_linf=frac * float(L.min())))
-        except ValueError:  # α <= 0 at this L∞
-            continue
-    rss = lambda f: float(f.resid @ f.resid)  # noqa: E731
+def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var: float | None = None) -> PinnedLaw:
+    """The ladder's profile likelihood over L∞ in [0, smallest loss): at each L∞, α, A and the seed
+    shifts refitted. A pair (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df (the
+    F(1, df) test, RSS_min the free fit's where it converges, df the ladder's residual df) and α stays
+    above 0 at `level` (its conditional interval). The accepted L∞ form one interval, located by
+    bisection between the grid's neighbours; the law is the accepted pair of least RSS (the free fit
+    where it lies in range), with α's conditional covariance; the valley is VALLEY_POINTS accepted pairs
+    from end to end. It follows the likelihood's curved valley, so every pair on it fits the ladder;
+    a straight ellipse's ends need not. No accepted pair: ValueError. `noise_var`: a run's noise variance
+    stated rather than measured (`predicted_reference`: RSS_min/df replaced by it, α's variance noise_var·(JᵀJ)⁻¹)."""
+    from scipy import optimize, stats
+
+    from marin_ablate.analysis.fit.joint import fit_joint
+
+    top = float(L.min())
     span = f"reference ladder over {C.min():.3g}..{C.max():.3g} FLOPs"
-    if not fits:
+    cache: dict[float, object] = {}
+
+    def at(v: float):
+        if v not in cache:
+            try:
+                cache[v] = fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=seeds, pin_linf=float(v))
+            except ValueError:  # α <= 0 at this L∞
+                cache[v] = None
+        return cache[v]
+
+    rss = lambda f: float(f.resid @ f.resid)  # noqa: E731
+    grid = [frac * top for frac in PROFILE_GRID]
+    inside = free is not None and 0.0 <= free.linf < top and free.alpha > 0
+    if inside:
+        grid = sorted({*grid, free.linf})
+    fits = {v: at(v) for v in grid}
+    if not any(f is not None for f in fits.values()):
         raise ValueError(f"{span}: the law does not fall with compute at any L∞ in [0, smallest loss "
-                         f"{float(L.min()):.4g}); allowed: a ladder whose loss falls (a wider compute span)")
-    rss0, dof = (rss(free), free.dof) if free is not None else (min(map(rss, fits)), fits[0].dof - 1)
+                         f"{top:.4g}); allowed: a ladder whose loss falls (a wider compute span)")
+    some = next(f for f in fits.values() if f is not None)
+    rss0, dof = (rss(free), free.dof) if free is not None else (min(rss(f) for f in fits.values() if f), some.dof - 1)
     if dof <= 0:
         raise ValueError(f"{span}: {len(L)} runs leave no residual df; allowed: more rungs or seeds")
     q = float(stats.t.ppf(0.5 + level / 2, dof))
-    ok = []
-    for f in fits:
+    allow = q * q * (rss0 / dof if noise_var is None else noise_var)
+
+    def var_alpha(f) -> float:
         i = f.names.index("alpha")
-        se = float(np.sqrt(max(f.cov[i, i], np.nan_to_num(f.cov_model[i, i]), 0.0)))
-        if rss(f) - rss0 <= q * q * rss0 / dof and f.alpha - q * se > 0:
-            ok.append(f)
+        if noise_var is not None:
+            return noise_var * float(np.linalg.pinv(f.jac.T @ f.jac)[i, i])
+        return float(_larger_cov(f, [i])[0, 0])
+
+    def se_alpha(f) -> float:
+        return float(np.sqrt(max(var_alpha(f), 0.0)))
+
+    def accepted(v: float) -> bool:
+        f = at(v)
+        return f is not None and rss(f) - rss0 <= allow and f.alpha - q * se_alpha(f) > 0
+
+    ok = [v for v in grid if accepted(v)]
     if not ok:
-        lo = fits[0]
+        lo = fits[grid[0]] or some
         i = lo.names.index("alpha")
         raise ValueError(f"{span}: α = {lo.alpha:.4g} [{lo.alpha - q * np.sqrt(lo.cov_model[i, i]):.4g}, "
-                         f"{lo.alpha + q * np.sqrt(lo.cov_model[i, i]):.4g}] at L∞ = 0 on {len(L)} runs, and no L∞ in "
-                         f"[0, smallest loss {float(L.min()):.4g}) both fits and leaves α > 0: the interval leaves "
+                         f"{lo.alpha + q * np.sqrt(lo.cov_model[i, i]):.4g}] at L∞ = {lo.linf:.4g} on {len(L)} runs, "
+                         f"and no L∞ in [0, smallest loss {top:.4g}) both fits and leaves α > 0: the interval leaves "
                          "α > 0 unsupported, so it cannot pin the law; allowed: more seeds or a wider span")
-    best = min(ok, key=rss)
-    i = best.names.index("alpha")
+    if inside and accepted(free.linf):
+        best = free.linf
+    else:  # the least RSS in range: between the best grid point's neighbours
+        b = min(ok, key=lambda v: rss(at(v)))
+        j = grid.index(b)
+        lo_v, hi_v = grid[max(j - 1, 0)], grid[min(j + 1, len(grid) - 1)]
+        r = optimize.minimize_scalar(lambda v: rss(at(v)) if at(v) is not None else np.inf, bounds=(lo_v, hi_v),
+                                     method="bounded", options={"xatol": PROFILE_XTOL * top})
+        best = float(r.x) if accepted(float(r.x)) and rss(at(float(r.x))) < rss(at(b)) else b
+    # the accepted interval around the best pair; each end between its last accepted and first rejected point
+    j = grid.index(min(ok, key=lambda v: abs(v - best)))
+    ends = []
+    for step, stop in ((-1, -1), (1, len(grid))):
+        k = j
+        while k + step != stop and accepted(grid[k + step]):
+            k += step
+        v_in = grid[k]
+        if k + step == stop:
+            ends.append(v_in)
+            continue
+        v_out = grid[k + step]
+        while abs(v_out - v_in) > PROFILE_XTOL * top:
+            mid = 0.5 * (v_in + v_out)
+            v_in, v_out = (mid, v_out) if accepted(mid) else (v_in, mid)
+        ends.append(v_in)
+    lo_v, hi_v = min(ends[0], best), max(ends[1], best)
+    pts = sorted({*np.linspace(lo_v, hi_v, VALLEY_POINTS).tolist(), best})
+    pts = [v for v in pts if accepted(v)]
+    law = at(best)
     cov = np.zeros((2, 2))
-    cov[1, 1] = _larger_cov(best, [i])[0, 0]
-    return PinnedLaw(best.linf, best.alpha, cov, best.A, float(C.min()), float(C.max()), len(L), dof, key, created,
-                     valley=tuple((f.linf, f.alpha) for f in ok))
+    cov[1, 1] = var_alpha(law)
+    return PinnedLaw(float(best), law.alpha, cov, law.A, float(C.min()), float(C.max()), len(L), dof, key, created,
+                     valley=tuple((float(v), at(v).alpha) for v in pts))
+
+
+def predicted_reference(C, law: tuple[float, float, float], noise_var: float, *, seeds=None,
+                        level: float = 0.95) -> PinnedLaw:
+    """The law `fit_reference` would pin on a ladder at computes C (seeds: each run's) drawn from the law
+    (L∞, A, α) with noise of variance `noise_var` per run, before it is run (the precision planner,
+    analysis/calibration/precision.py): the same profile on the noise-free losses, with the noise stated."""
+    from marin_ablate.analysis.fit.joint import fit_joint
+
+    C = np.asarray(C, float)
+    linf, A, alpha = law
+    L = linf + A * C ** (-alpha)
+    several = seeds is not None and len(set(np.asarray(seeds).tolist())) > 1
+    seeds = np.asarray(seeds) if several else None
+    free = fit_joint(C, L, np.zeros((len(L), 0)), [], seeds=seeds)
+    return _profile(C, L, seeds, free, "", "", level, noise_var=noise_var)
 
 
 def read_pinned(study_dir: str | Path) -> PinnedLaw | None:

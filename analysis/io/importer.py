@@ -1,5 +1,5 @@
-"""`marin-ablate analyze --import.table FILE`: results from elsewhere (a CSV or JSON table) -> a study folder (README
-"Importing results from elsewhere", docs/method.md §4.8).
+"""`marin-ablate analyze --import.table FILE`: results from elsewhere (a CSV or JSON table) -> a study folder
+(docs/importing.md "Importing results from elsewhere", docs/method.md §4.8).
 
 Every row is validated before anything is written; an error is one line naming the row (1 = the first
 data row), the column and the allowed values. The study folder is the run-directory format `collect`
@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -388,10 +389,100 @@ def write_study_dir(imp: Imported, out: Path, study: str, source_file: Path) -> 
     return out
 
 
-def import_file(path: str | Path, out: str | Path | None = None, study: str | None = None) -> Path:
-    """Validate FILE, then write its study folder (default: FILE without its suffix)."""
+@dataclass(frozen=True)
+class Layout:
+    """How a table from elsewhere maps onto the import schema (`COLUMNS`): `convert` rewrites its raw rows
+    into schema rows, `coding` fixes each factor's (low, high) where the file's counts would not, and
+    `law` is a published law (ablations.ladders.PublishedLaw) the study folder pins (reference_law.json)."""
+
+    name: str
+    doc: str
+    convert: Callable[[list[dict]], list[dict]]
+    coding: Callable[[], dict[str, tuple[str, str]]] | None = None
+    law: Callable[[], object] | None = None
+
+
+#: Marin's hold-one-feature-out table (marin-community/marin#9288, experiments/grug/fast_track/launch.py
+#: `ABLATIONS`): its columns, and what each becomes
+MARIN_HOLDOUT_COLUMNS = {
+    "ablation": "Marin's ablation name (none, drop_xsa, drop_sconv, drop_latent, drop_muonh, drop_attn_gate, "
+                "drop_gated_norm, full_rope_local): the arm of the holdout study",
+    "rung": "the fast-track rung (d512, d768, ...): a GPU rung of this harness",
+    "loss": "Paloma macro loss", "tokens_per_s": "optional throughput", "seed": "optional", "source": "optional",
+    "flops": "optional; none: this harness's analytic FLOPs of the same arm and rung (data-matched tokens)",
+}
+
+
+def _marin_holdout(raw: list[dict]) -> list[dict]:
+    """Marin's rows as holdout-study arms: the arm's levels from `ablations.holdout.HOLDOUTS`, the rung's
+    tokens, and (unless given) the arm's analytic FLOPs at that rung."""
+    from marin_ablate.ablations.holdout import HOLDOUTS, holdout, marin_arm
+    from marin_ablate.ablations.ladders import GPU_RUNGS, flops_per_token
+
+    out = []
+    for i, r in enumerate(raw, start=1):
+        bad = [c for c in r if c not in MARIN_HOLDOUT_COLUMNS]
+        if bad:
+            raise _err(i, bad[0], f"not a column of Marin's hold-one-out table; allowed values: "
+                                  f"{', '.join(MARIN_HOLDOUT_COLUMNS)}")
+        for c in ("ablation", "rung"):
+            if _blank(r.get(c)):
+                raise _err(i, c, f"empty; allowed values: {MARIN_HOLDOUT_COLUMNS[c]}")
+        try:
+            arm = marin_arm(str(r["ablation"]).strip())
+        except ValueError as e:
+            raise _err(i, "ablation", str(e)) from None
+        rung = str(r["rung"]).strip()
+        if rung not in GPU_RUNGS:
+            raise _err(i, "rung", f"{rung!r}; allowed values: {', '.join(GPU_RUNGS)}")
+        levels = {h.factor.name: h.factor.low if h.arm == arm else h.factor.high for h in HOLDOUTS}
+        row = {k: r[k] for k in ("loss", "tokens_per_s", "seed") if k in r}
+        spec = holdout(rungs=(rung,)).spec(rung, levels, 0)
+        tokens = GPU_RUNGS[rung].tokens()
+        flops = r.get("flops") if not _blank(r.get("flops")) else flops_per_token(spec.model, spec.recipe) * tokens
+        out.append({**row, "arm": arm, "rung": rung, "flops": flops, "tokens": tokens, "hardware": "H100 (Marin)",
+                    "source": r.get("source") or "marin-community/marin#9288", **levels})
+    return out
+
+
+def _holdout_coding() -> dict[str, tuple[str, str]]:
+    from marin_ablate.ablations.holdout import HOLDOUTS
+
+    return {h.factor.name: (h.factor.low, h.factor.high) for h in HOLDOUTS}
+
+
+def _fast_ladder_law():
+    from marin_ablate.ablations.ladders import FAST_LADDER_LAW
+
+    return FAST_LADDER_LAW
+
+
+LAYOUTS: dict[str, Layout] = {la.name: la for la in (
+    Layout("runs", "one row per run in the import schema (COLUMNS)", lambda rows: rows),
+    Layout("marin_holdout", "Marin's hold-one-feature-out table: ablation, rung, loss[, tokens_per_s] "
+           "(MARIN_HOLDOUT_COLUMNS), as the holdout study's arms, read through Marin's fast-ladder law",
+           _marin_holdout, _holdout_coding, _fast_ladder_law),
+)}
+
+
+def import_file(path: str | Path, out: str | Path | None = None, study: str | None = None,
+                layout: str = "runs") -> Path:
+    """Validate FILE (its rows rewritten by `LAYOUTS[layout]` first), then write its study folder (default:
+    FILE without its suffix), with the layout's published law pinned there."""
     path = Path(path)
+    if layout not in LAYOUTS:
+        raise ValueError(f"--import.layout {layout!r}; allowed values: {', '.join(LAYOUTS)}")
     if not path.is_file():
         raise ValueError(f"FILE {str(path)!r} not found; allowed values: a .csv or .json file")
-    imp = validate(read_rows(path))
-    return write_study_dir(imp, Path(out) if out else path.with_suffix(""), study or path.stem, path)
+    la = LAYOUTS[layout]
+    imp = validate(la.convert(read_rows(path)))
+    if la.coding is not None:  # the layout knows each factor's levels; the file's counts do not decide them
+        fixed = la.coding()
+        imp.coding.update({f: c for f, c in fixed.items() if f in imp.coding})
+        imp.notes = [n for n in imp.notes if n.split(":")[0] not in fixed]
+    target = write_study_dir(imp, Path(out) if out else path.with_suffix(""), study or path.stem, path)
+    if la.law is not None:
+        from marin_ablate.analysis.fit.reflaw import LAW_FILE, published
+
+        atomic_write_json(target / LAW_FILE, published(la.law()).to_dict())
+    return target

@@ -246,9 +246,12 @@ def _verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
 
 
-#: The family the Findings verdicts control (docs/method.md, "Which family the verdicts control"): Holm's
-#: step-down over every gain/loss and scale-trend verdict of one report, family-wise error at 1 − level.
+#: How each family of Findings verdicts is controlled (docs/method.md, "Verdict families"):
+#: Holm's step-down at family-wise error 1 − level, within each family on its own.
 FAMILY_METHOD = "holm"
+#: The family of record (the question the study asks: what each component does to quality per FLOP), and
+#: the family of the scale-trend verdicts; a response's cells fall in the family it names (analysis/responses.py).
+RECORD_FAMILY, SCALE_FAMILY = "quality", "scale"
 
 
 def _dof(a, resp: str) -> int:
@@ -268,9 +271,33 @@ def _p_value(est: float, lo: float, hi: float, dof: float, level: float) -> floa
     return float(2 * _st.t.sf(abs(est) / se, dof)) if se > 0 else 1.0
 
 
+def family_of(key: tuple) -> str:
+    """The family a verdict key belongs to: (response column | "observed", ...) -> its response's
+    `verdicts` (or its own name); ("scale", f) -> SCALE_FAMILY."""
+    if key[0] == "scale":
+        return SCALE_FAMILY
+    r = by_column(key[1] if key[0] == "observed" else key[0])
+    return (r.verdicts or r.name) if r is not None else str(key[0])
+
+
+def family_label(a, fam: str) -> str:
+    """A family as the report names it: its responses' labels, or "scale trends"."""
+    if fam == SCALE_FAMILY:
+        return "scale trend"
+    return " and ".join(r.label for r in RESPONSES.values() if (r.verdicts or r.name) == fam) or fam
+
+
+def _key(a, key: tuple) -> tuple:
+    """A lone factor's TOTAL is that factor's own contrast: one hypothesis, counted once in its family."""
+    if len(a.factors) == 1 and key[-1] == "TOTAL" and key[0] != "observed":
+        return (*key[:-1], a.factors[0])
+    return key
+
+
 def verdict_family(a) -> dict:
-    """{key: (rejected, Holm-adjusted p)} over the report's verdict family, plus "n": its size. Built once
-    per analysis by evaluating every Findings cell with the unadjusted verdict (statsmodels.stats.multitest)."""
+    """{key: (rejected, Holm-adjusted p, family)} over every Findings verdict, plus "n": {family: its size},
+    each family adjusted on its own (statsmodels.stats.multitest). Built once per analysis by evaluating every
+    Findings cell with the unadjusted verdict."""
     fam = getattr(a, "_family", None)
     if fam is not None:
         return fam
@@ -285,20 +312,23 @@ def verdict_family(a) -> dict:
         cells = dict(a._family_pending)
     finally:
         del a._family_pending
-    fam = {"n": len(cells)}
-    if cells:
-        keys = list(cells)
+    groups: dict[str, list] = {}
+    for k in cells:
+        groups.setdefault(family_of(k), []).append(k)
+    fam = {"n": {g: len(keys) for g, keys in groups.items()}}
+    for g, keys in groups.items():
         rej, p_adj, _, _ = multipletests([cells[k] for k in keys], alpha=1 - a.level, method=FAMILY_METHOD)
-        fam.update({k: (bool(r), float(p)) for k, r, p in zip(keys, rej, p_adj, strict=True)})
+        fam.update({k: (bool(r), float(p), g) for k, r, p in zip(keys, rej, p_adj, strict=True)})
     a._family = fam
     return fam
 
 
 def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
-    """The verdict of one Findings cell, controlled as a family: gain / loss when Holm over the report's
-    verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted interval
-    alone would have excluded it)."""
+    """The verdict of one Findings cell, controlled within its family: gain / loss when Holm over that
+    family's verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted
+    interval alone would have excluded it)."""
     raw = _verdict(lo, hi)
+    key = _key(a, key)
     pending = getattr(a, "_family_pending", None)
     if pending is not None:
         pending.append((key, _p_value(est, lo, hi, dof, a.level)))
@@ -306,8 +336,9 @@ def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
     fam = verdict_family(a)
     if key not in fam or raw == "consistent with no effect" or fam[key][0]:
         return raw
-    return (f"consistent with no effect (Holm over {fam['n']} verdicts: adjusted p {fam[key][1]:.2g}; the "
-            "unadjusted interval excludes 1)")
+    g = fam[key][2]
+    return (f"consistent with no effect (Holm over {fam['n'][g]} {family_label(a, g)} verdicts: adjusted p "
+            f"{fam[key][1]:.2g}; the unadjusted interval excludes 1)")
 
 
 def on_cpu(a) -> bool:

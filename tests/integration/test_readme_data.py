@@ -1,4 +1,4 @@
-"""README "Running on real data": its code block runs verbatim offline in a fresh folder (a corpus
+"""docs/data.md "Running on real data": its code block runs verbatim offline in a fresh folder (a corpus
 of local text files, a BPE tokenizer trained on it, a verified corpus, a short training run)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _real_data_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "data.md").read_text()
     section = text.split("## Running on real data", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     assert len(blocks) == 1, "the section has one bash block: the steps this test runs"

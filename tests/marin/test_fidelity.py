@@ -113,8 +113,13 @@ def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name
         assert resolved(r.model(), Recipe(), rung_of_preset(name))["tokens_per_ep_shard"] == 65_536, name
-    # the hero ladder: 1,024 sequences of 4,096 per rack over its 64 GPUs, whatever the rack count
+    # the hero ladder: 1,024 sequences of 4,096 per rack over its 64 GPUs, whatever the rack count; its
+    # H100 d512 rung holds them on one node of 8 (524,288 tokens per shard, as Marin's H100 ladder)
+    h100 = HERO_RUNGS["hero_d512"]
+    assert (h100.gpus, h100.model().ep_shards, h100.describe()["tokens_per_ep_shard"]) == (8, 8, 524_288)
     for name, r in HERO_RUNGS.items():
+        if r is h100:
+            continue
         racks = r.gpus // 64
         assert r.batch_size == 1024 * racks and r.model().ep_shards == 64, name
         assert r.describe()["tokens_per_ep_shard"] == 1024 * racks * 4096 // (64 * racks) == 65_536, name

@@ -190,6 +190,16 @@ def test_fast_ladder_batches_are_marins_128_128_256_512_1024():
         {"d512": 128, "d768": 128, "d1024": 256, "d1536": 512, "d2048": 1024}
 
 
+def test_fast_ladder_trains_marins_2385_6930_9270_steps_at_60_tokens_per_active_parameter():
+    # Marin experiments/grug/fast_track/README.md results (MoE, 60 TPP): steps 2,385 / 6,930 / 9,270 and
+    # tokens 1.25B / 3.63B / 9.72B at batch 128 / 128 / 256 of 4,096 tokens (launch.py MOE_TPP,
+    # `_h100_ladder_rung` baseline_batch; steps = round(60 x active / tokens per step))
+    for name, steps, tokens_b in (("d512", 2385, 1.25), ("d768", 6930, 3.63), ("d1024", 9270, 9.72)):
+        r = GPU_RUNGS[name]
+        assert r.steps() == steps and r.tokens() == steps * r.batch_size * 4096, name
+        assert round(r.tokens() / 1e9, 2) == tokens_b, name
+
+
 def test_hero_and_ladder_split_kv_heads_four_to_one_local_and_eight_to_one_global():
     for name, (kv, kvg) in {"d768": (1, 1), "d1024": (2, 1), "d2048": (4, 2), "hero_535b": (12, 6)}.items():
         cfg = preset(name)
@@ -251,3 +261,75 @@ def test_z_loss_is_1e_4_times_the_mean_squared_logsumexp_of_the_fp32_logits_on_e
     torch.testing.assert_close(out.loss.double(), ce + z + out.aux_loss.double(), rtol=1e-5, atol=0)
     # every preset trains at that weight (the forward above pins what the weight does)
     assert {preset(p).z_loss_weight for p in ("tiny", "cpu_s", "d768", "d2048", "hero_535b")} == {1e-4}
+
+
+#: Marin hero/model.py GrugModelConfig: sliding_window 2048, global_every 4; the global layers are every
+#: 4th (1-based) and the last, so a depth that is no multiple of 4 still ends on a global layer
+WINDOW, EVERY = 2048, 4
+
+
+def _gpu_and_hero_models():
+    from marin_ablate.ablations.ladders import HERO_RUNGS  # noqa: PLC0415
+
+    rungs = {**GPU_RUNGS, **HERO_RUNGS}
+    return {**{n: r.model() for n, r in rungs.items()}, "hero_535b": hero_535b()}
+
+
+def test_every_gpu_rung_and_the_hero_attend_locally_within_the_last_2048_tokens():
+    models = _gpu_and_hero_models()
+    assert {n: m.window for n, m in models.items()} == {n: WINDOW for n in models}
+    # the mask the forward builds from it: query i sees keys i-2047 .. i (self included), no more
+    S = WINDOW + 52
+    local, glob = attention_masks(None, 1, S, models["d512"].window, "cpu")
+    i = S - 1
+    assert torch.nonzero(local[0, 0, i]).flatten().tolist() == list(range(i - WINDOW + 1, i + 1))
+    assert int(glob[0, 0, i].sum()) == S
+
+
+def test_global_layers_are_every_fourth_and_the_last_on_every_gpu_rung_and_the_hero():
+    for name, cfg in _gpu_and_hero_models().items():
+        n = cfg.n_layers
+        want = [i for i in range(n) if (i + 1) % EVERY == 0 or i == n - 1]
+        assert [i for i in range(n) if cfg.is_global(i)] == want, name
+    # d512's six layers: layer 4 (1-based) and the last; the built blocks follow it
+    cfg = preset("d512")
+    small = ModelConfig(d_model=64, n_layers=cfg.n_layers, n_heads=4, head_dim=16, seq_len=32, window=8,
+                        global_every=cfg.global_every)
+    assert [b.attn.is_global for b in MarinModel(small, Recipe()).blocks] == [False, False, False, True, False, True]
+
+
+def test_next_steps_qb_bias_is_minus_beta_centred_to_zero_mean_per_layer():
+    # Marin hero train.py `_apply_qb_betas`: new_bias = -beta; new_bias - mean(new_bias) over the experts
+    from marin_ablate.marin.moe import Router  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    E, K, T = 8, 2, 64
+    r = Router(16, E, K, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
+               qb_estimator="topk", qb_hist_bins=10_000).train()
+    torch.nn.init.normal_(r.weight)
+    x = torch.randn(T, 16)
+    r(x)
+    logits = (x @ r.weight.T).detach().double()
+    top = logits.topk(K + 1, dim=-1).values  # bias 0 at the first step: selection on the raw logits
+    margins = logits - top[:, K:K + 1]
+    n_star = max(1, T * K // E)
+    beta = margins.topk(n_star, dim=0).values[-1]  # each expert's n*-th largest margin
+    r.update_bias()
+    want = -beta + beta.mean()
+    assert abs(float(beta.mean())) > 1e-2  # so the centring moves the bias by a visible shift
+    torch.testing.assert_close(r.bias_E.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_adamh_steps_at_muonhs_learning_rate_and_adam_at_its_own():
+    # Marin hero/optimizer.py GrugMoeMuonHConfig.build: "adamh": adamh_transform_at(learning_rate) -- the
+    # MuonH rate, 13/3 of the Adam rate below its 0.05 cap -- and "adam": adam_transform_at(adam_lr)
+    spec = RunSpec(model=CFG, recipe=Recipe(), train=TrainConfig(steps=100, batch_size=4))
+    hp = resolve_hparams(spec)
+    assert hp.lr == pytest.approx(min(0.05, 13 / 3 * hp.adam_lr), rel=1e-12) and hp.lr > 2 * hp.adam_lr
+    for level, adamh_roles in (("hyperball", {"lm_head"}), ("adamh", {"lm_head", "matrix", "expert"})):
+        s = RunSpec(model=CFG, recipe=Recipe(optimizer=level), train=spec.train)
+        opt = build_optimizer(MarinModel(s.model, s.recipe), resolve_hparams(s))
+        by_role = {g["role"]: (g["kind"], g["lr"]) for g in opt.param_groups}
+        assert {r for r, (k, _) in by_role.items() if k == "adamh"} == adamh_roles, level
+        for role, (kind, lr) in by_role.items():
+            assert lr == (hp.adam_lr if kind == "adam" else hp.lr), (level, role, kind)

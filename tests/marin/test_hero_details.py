@@ -89,19 +89,23 @@ def test_gate_router_decay_at_step_t_is_one_minus_t_over_steps_from_its_switch_o
         TrainConfig(gate_router_decay_start=-1)
 
 
-def test_gate_router_decay_before_its_switch_on_step_changes_nothing_in_a_real_run(tmp_path):
+def test_a_real_runs_loss_first_moves_the_step_after_the_decay_switches_on(tmp_path):
+    """The trainer's call site (marin/train/loop.py) decays at 0-based step t by 1 - t/T from the switch-on
+    step s: the update of step s is the first decayed one, so losses 0..s equal the undecayed run's and
+    loss s+1 differs. A call site one step early decays update s-1 (loss s moves); one step late leaves
+    loss s+1 equal."""
     from marin_ablate.marin.train import train
 
-    def curve(start: int) -> list:
+    def curve(start: int) -> list[float]:
         spec = RunSpec(model=preset("tiny", ["seq_len=32"]), recipe=Recipe(),
-                       train=TrainConfig(steps=3, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
+                       train=TrainConfig(steps=6, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
                                          checkpoint_every=0, threads=1, gate_router_decay_start=start,
-                                         gate_router_weight_decay=50.0))  # large: visible within 3 steps
-        return train(spec, tmp_path / f"s{start}", resume=False)["loss_curve"]
+                                         gate_router_weight_decay=50.0))  # large: visible within one step
+        return [loss for _, loss in train(spec, tmp_path / f"s{start}", resume=False)["loss_curve"]]
 
-    late = curve(2)  # on for the last step only: the first two losses are the undecayed run's
-    never, always = curve(3), curve(0)
-    assert late[:2] == never[:2] and late != always and never != always
+    late, never = curve(3), curve(6)  # switched on at step 3 of 6; never switched on
+    assert len(late) == len(never) == 6
+    assert late[:4] == never[:4] and late[4] != never[4] and late[5] != never[5]
 
 
 # ---- global layers store the local KV-head count --------------------------------------------------
@@ -235,15 +239,19 @@ def test_pooled_wave_is_dropless_with_room_and_trains_through_the_local_dispatch
 def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
     from marin_ablate.ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
 
-    # experiments/grug/moe_hero_ep/launch_scaling_ladder.py docstring: racks, batch, steps, tokens
-    table = {"d768": (1, 1024, 11420, 48e9), "d1024": (2, 2048, 15276, 128e9),
-             "d1536": (6, 6144, 15128, 381e9), "d2048": (11, 11264, 20072, 926e9)}
-    for d, (racks, batch, steps, tokens) in table.items():
+    # experiments/grug/moe_hero_ep/launch_scaling_ladder.py docstring (GB200 racks of 64 GPUs) and
+    # launch_h100_scaling_ladder.py docstring (d512: one node of 8 H100s): GPUs, batch, steps, tokens
+    table = {"d512": (8, 1024, 3930, 16), "d768": (64, 1024, 11420, 48), "d1024": (128, 2048, 15276, 128),
+             "d1536": (384, 6144, 15128, 381), "d2048": (704, 11264, 20072, 926)}  # tokens in billions
+    assert set(HERO_RUNGS) == {f"hero_{d}" for d in table}
+    for d, (gpus, batch, steps, tokens) in table.items():
         r = HERO_RUNGS[f"hero_{d}"]
-        assert (r.gpus, r.batch_size, r.steps()) == (64 * racks, batch, steps)
-        assert r.tokens() == pytest.approx(tokens, rel=0.005)
+        assert (r.gpus, r.batch_size, r.steps()) == (gpus, batch, steps)
+        assert r.tokens() == steps * batch * 4096 and round(r.tokens() / 1e9) == tokens
         cfg = r.model()
-        assert (cfg.vocab_size, cfg.ep_shards, r.tokens_per_step // (racks * cfg.ep_shards)) == (128_256, 64, 65_536)
+        racks = batch // 1024  # 1,024 sequences per EP group, one group per rack (per H100 node at d512)
+        assert (cfg.vocab_size, cfg.ep_shards) == (128_256, gpus // racks)
+        assert r.tokens_per_step // (racks * cfg.ep_shards) == 1024 * 4096 // cfg.ep_shards
         assert r.train_config().eval_every == round(steps / 20)
         assert r.train_config().replica_groups == racks  # rack-local (HSDP), as the hero
         # the same widths as the fast ladder, about 13x the tokens per parameter

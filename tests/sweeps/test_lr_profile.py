@@ -130,3 +130,35 @@ def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three
     assert reference_key(specs) == reference_key(reference_specs(get_study("smoke", seeds=[1])))
     with pytest.raises(ValueError, match="make the baseline ladder's rungs .* the same run; allowed: .* or --no-pin"):
         reference_specs(study, ["train.steps=6"])
+
+
+def test_a_cached_law_of_the_former_ellipse_rule_is_refitted_from_its_finished_runs(tmp_path, monkeypatch):
+    """A reference_law.json without a valley (the straight-ellipse rule's) in the cache is not reused: `run` refits
+    it from the ladder's runs, which are done and not run again, and writes the profile's valley."""
+    import json
+
+    import numpy as np
+
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin_ablate.sweeps.executors import ExecOptions
+    from marin_ablate.sweeps.reference import cache_root, pin_reference_law, reference_key, reference_specs
+    from marin_ablate.sweeps.runs import plan_runs, read_json, write_run_files
+
+    monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
+    study = get_study("smoke")
+    specs = reference_specs(study)
+    cdir = cache_root() / reference_key(specs)
+    rng = np.random.default_rng(0)
+    for r in plan_runs(specs, cdir):  # finished runs of a planted law: L = 2 + 400·C^−0.2
+        write_run_files(r)
+        C = 1e9 * r.spec.train.steps
+        loss = 2.0 + 400 * C**-0.2 + 0.01 * rng.standard_normal()
+        summary = {"status": "completed", "train_flops": C, "eval_macro_loss": loss}
+        (r.dir / "summary.json").write_text(json.dumps(summary))
+    old = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1.6e10, 1e12, 21, 17, "k", "then")
+    (cdir / LAW_FILE).write_text(json.dumps(old.to_dict()))
+    law = pin_reference_law(study, tmp_path / "study", ExecOptions(), progress=False)
+    assert isinstance(law, PinnedLaw) and len(law.valley) >= 3 and law.created != "then"
+    assert read_json(cdir / LAW_FILE)["valley"] == [list(v) for v in law.valley]
+    assert read_json(tmp_path / "study" / LAW_FILE)["valley"] == [list(v) for v in law.valley]
