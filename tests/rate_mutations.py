@@ -27,6 +27,9 @@ PLACEBO = "test_analysis_calibration.py::test_placebo_replicates_cover_and_their
 SHIFTS = "test_analysis_findings.py::test_law_intervals_with_rung_shifts_cover_at_a_calibrated_width"
 PROF = "test_analysis_scaling.py::test_law_profile_intervals_of_seeded_ladders_cover_at_a_calibrated_width"
 NULL = "test_analysis_family.py::test_seeded_null_studies_show_no_false_verdict_where_unadjusted_intervals_would"
+PINNED = ("test_pinned_law.py::"
+          "test_the_pinned_linf_interval_of_eight_seeded_ladders_covers_the_planted_one_at_a_calibrated_width")
+REFLAW = ("analysis/fit/reflaw.py", "    allow = q * q * (rss0 / dof if noise_var is None else noise_var)\n")
 PREC = ("test_analysis_precision.py::"
         "test_predicted_halfwidth_is_within_10pct_of_the_median_realized_one_over_ten_seeded_studies")
 
@@ -51,6 +54,8 @@ MUTATIONS: tuple[tuple[Mutation, tuple[str, ...]], ...] = (
     (M("null_family", "the verdict family's level x10",
        (("analysis/report/findings.py", "alpha=1 - a.level, method=FAMILY_METHOD",
          "alpha=10 * (1 - a.level), method=FAMILY_METHOD"),)), (NULL,)),
+    (M("pinned_law", "the profile's allowance x1/4", ((REFLAW[0], REFLAW[1], REFLAW[1][:-1] + " / 4\n"),)), (PINNED,)),
+    (M("pinned_law", "the profile's allowance x4", ((REFLAW[0], REFLAW[1], REFLAW[1][:-1] + " * 4\n"),)), (PINNED,)),
     (M("precision", "the planner's noise variance x1.5",
        (("analysis/calibration/precision.py", "    s2, r2 = noise.sd**2, noise.rung_sd**2",
          "    s2, r2 = 1.5 * noise.sd**2, noise.rung_sd**2"),)), (PREC,)),
