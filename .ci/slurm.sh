@@ -20,7 +20,7 @@
 # State (configs, spool, MariaDB datadir, logs, PIDs) lives under MARIN_SLURM_DIR
 # (default /tmp/marin-slurm). A second cluster runs beside the first with its own MARIN_SLURM_DIR,
 # MARIN_SLURM_PORT (slurmctld; slurmd and slurmdbd take the next two) and MARIN_SLURM_DB_PORT;
-# munged is shared. MARIN_SLURM_MAX_ARRAY_SIZE sets MaxArraySize (default 8). A fresh `start` wipes it; FirstJobId is taken from the clock so job
+# munged is shared. MARIN_SLURM_MAX_ARRAY_SIZE sets MaxArraySize (default 4: a 6-run test study goes in as two arrays). A fresh `start` wipes it; FirstJobId is taken from the clock so job
 # ids do not restart at 1 and stale submitit folders cannot alias new jobs.
 set -euo pipefail
 
@@ -127,7 +127,7 @@ InactiveLimit=0
 KillWait=10
 MinJobAge=600
 # small, so tests/integration/test_slurm.py can submit a study larger than one array (SLURM's default is 1001)
-MaxArraySize=${MARIN_SLURM_MAX_ARRAY_SIZE:-8}
+MaxArraySize=${MARIN_SLURM_MAX_ARRAY_SIZE:-4}
 FirstJobId=$(( $(date +%s) % 50000000 + 1000 ))
 JobRequeue=1
 AccountingStorageType=accounting_storage/slurmdbd

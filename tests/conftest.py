@@ -8,8 +8,14 @@ the package is imported as installed, under its one name (`marin_ablate`, `pip i
 references such as "test_faults:sweep_study" import the same from any folder."""
 
 import os
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# One torch thread per test process, and (inherited through the environment) per rank, CLI run and SLURM
+# job it starts: on the 2-core CI machine two threads per process oversubscribe the cores as soon as a
+# second process runs (a CPU-rung step 7.9x slower measured; docs/testing.md). Set before torch is imported;
+# a test about threads sets its own.
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,6 +26,15 @@ import pytest  # noqa: E402
 def _own_run_time_cache(tmp_path_factory, monkeypatch):
     """Run times recorded by a test's studies (planning/costmodel.py) go to its own cache, not the user's."""
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path_factory.mktemp("marin-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """A test that sets torch's thread count (train's `TrainConfig.threads`) leaves 1 for the next one."""
+    yield
+    torch = sys.modules.get("torch")  # never imported here for a test that does not use it
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

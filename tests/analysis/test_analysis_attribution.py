@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from benchmod import bench
 
 from marin_ablate.analysis.calibration.simulate import SimTruth, design_rows, random_truth, simulate_table
 from marin_ablate.analysis.fit.attribution import all_arms, component_contrasts, fit_effects
@@ -70,25 +71,14 @@ def test_simulated_truth_closed_forms_agree_with_enumeration():
     np.testing.assert_allclose(f_S[0], 0.0, atol=1e-12)  # the all-off arm is the reference law
 
 
-@pytest.mark.slow
-def test_component_ci_covers_truth_in_200_simulated_studies():
-    """95% CIs (joint law fit, HC3|model SEs) of Shapley, LOO and AOI cover the true effects >= 90% of the time."""
-    factors = ["xsa", "sconv", "latent_moe"]
-    rungs = {f"r{i}": 1e8 * 4**i for i in range(4)}
-    hits = {"shapley": [], "loo": [], "aoi": []}
-    for s in range(200):
-        rng = np.random.default_rng(10_000 + s)
-        truth = random_truth(factors, rng)
-        df = simulate_table(truth, rungs=rungs, seeds=2, rng=rng)
-        a = analyze_table(df, n_boot=0, boot_method="none", responses=("quality",), law_forms=("power",))
-        c = a.components[a.components["response"] == "ln_M"].set_index("component")
-        for kind, true in (("shapley", truth.shapley(a.c_ref)), ("loo", truth.loo(a.c_ref)),
-                           ("aoi", truth.aoi(a.c_ref))):
-            for f, v in true.items():
-                hits[kind].append(c.loc[f, f"{kind}_lo"] <= v <= c.loc[f, f"{kind}_hi"])
-    cov = {k: float(np.mean(v)) for k, v in hits.items()}
-    print("coverage", cov)
-    assert all(v >= 0.90 for v in cov.values()), cov
+def test_component_intervals_of_three_seeded_studies_cover_at_a_calibrated_width():
+    """Three seeded studies of benchmarks/rates.py `attribution` (its coverage over 200: benchmarks/RESULTS.md):
+    every Shapley, LOO and AOI ln M interval (joint law fit, the larger of HC3 and the model SE) covers its truth,
+    and the errors in units of their own standard errors have a root mean square in [0.6, 1.4]: 0.95 here, 1.89
+    and 0.47 with the contrast variance x1/4 and x4 (tests/rate_mutations.py)."""
+    rates = bench("rates")
+    misses, rms = rates.calibration([r for i in range(3) for r in rates.attribution(i)])
+    assert misses == 0 and 0.6 <= rms <= 1.4, (misses, rms)
 
 
 def test_throughput_ratio_effects_recover_simulated_truth():

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 def _coverage_module():
@@ -22,6 +21,7 @@ def _coverage_module():
     return mod
 
 
+@pytest.mark.slow
 def test_intervals_cover_or_are_flagged_across_all_scenarios():
     cov = _coverage_module()
     agg: dict[str, list] = {}

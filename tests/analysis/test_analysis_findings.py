@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from benchmod import bench
 
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.fit.joint import between_clusters
@@ -81,20 +82,16 @@ def test_negative_linf_is_not_identified_never_printed_as_an_estimate():
     assert "linf" in a.law.not_identified and "outside its range" in a.law.why
 
 
-@pytest.mark.slow
-def test_law_intervals_cover_with_rung_shifts():
-    """20 studies, 2 seeds × 4 rungs, rung shifts 4x the run noise: L∞ and α cover the truth or are
-    not identified in ≥ 17 of 20 each (the within-cluster interval: L∞ 14, α 13 of 20)."""
-    ok = {"linf": 0, "alpha": 0}
-    for i in range(20):
-        rng = np.random.default_rng(100 + i)
-        t = _truth(rung_sd=0.012)
-        df = simulate_table(t, rungs={f"r{j}": 1e8 * 4**j for j in range(4)}, seeds=2, rng=rng)
-        a = _analyze(df, responses=("quality",))
-        for k, v in (("linf", t.linf), ("alpha", t.alpha)):
-            lo, hi = a.law.ci(k)
-            ok[k] += bool(not np.isfinite(lo) or lo <= v <= hi)
-    assert ok["linf"] >= 17 and ok["alpha"] >= 17, ok
+@pytest.mark.slow  # six studies: ~1 s of one core each
+def test_law_intervals_with_rung_shifts_cover_at_a_calibrated_width():
+    """Six seeded studies of benchmarks/rates.py `law_shifts` (2 seeds x 4 rungs, rung shifts 4x the run noise;
+    its rate over 20 studies: benchmarks/RESULTS.md): L∞ and α miss their truth at most twice in 12 (not
+    identified counts as covering), with a root mean square error in [1.0, 2.0] of their own standard errors:
+    1.28 here; 3.08 with the within-cluster interval alone (the rung shifts unmeasured), 2.80 and 0.86 with
+    the profile threshold x1/4 and x4 (tests/rate_mutations.py)."""
+    rates = bench("rates")
+    misses, rms = rates.calibration([r for i in range(6) for r in rates.law_shifts(i)])
+    assert misses <= 2 and 1.0 <= rms <= 2.0, (misses, rms)
 
 
 def _six_runs(seed: int = 0) -> pd.DataFrame:

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from benchmod import bench
 
 from marin_ablate.analysis.calibration.simulate import SimTruth, design_rows, simulate_table
 from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
@@ -152,22 +153,14 @@ def test_cli_analyze_reports_ofat_and_what_it_cannot_tell(tmp_path, capsys):
     assert "--pin-A" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_intervals_cover_the_true_single_change_multiplier():
-    """40 simulated 4-rung, 2-seed OFAT studies, law fitted on the baseline: 480 intervals near 95%."""
-    t = _truth()
-    hit = n = 0
-    for s in range(40):
-        df = simulate_table(t, rungs=RUNGS4, seeds=2, design=STAR, rng=np.random.default_rng(100 + s))
-        a = analyze_ofat(df)
-        for i, f in enumerate(F):
-            x = -np.ones((1, 3))
-            x[0, i] = 1
-            for r in RUNGS4:
-                row = _row(a, f, r)
-                true = float(np.exp(t.log_m(x, t.z([row["compute"]]))[0]))
-                hit, n = hit + (row["M_lo"] <= true <= row["M_hi"]), n + 1
-    assert 0.90 <= hit / n <= 0.99, hit / n
+def test_single_change_intervals_of_seeded_studies_cover_at_a_calibrated_width():
+    """Four seeded studies of benchmarks/rates.py `ofat` (4 rungs, 2 seeds, law fitted on the baseline; its
+    coverage over 40 studies: benchmarks/RESULTS.md): at most 2 of the 48 M intervals miss the true
+    single-change multiplier, and the errors have a root mean square in [0.7, 1.4] of their own standard errors:
+    0.99 here; 1.98 and 0.49 with the standard error x1/2 and x2 (tests/rate_mutations.py)."""
+    rates = bench("rates")
+    misses, rms = rates.calibration([r for i in range(4) for r in rates.ofat(i)])
+    assert misses <= 2 and 0.7 <= rms <= 1.4, (misses, rms)
 
 
 def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance():

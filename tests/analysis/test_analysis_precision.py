@@ -6,49 +6,30 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from benchmod import bench
 
 from marin_ablate.analysis.calibration.precision import Layout, Noise, noise_from, predict
 from marin_ablate.analysis.calibration.simulate import design_rows, random_truth, simulate_table, write_study
-from marin_ablate.analysis.fit.attribution import code_table, component_table
+from marin_ablate.analysis.fit.attribution import component_table
 from marin_ablate.analysis.fit.joint import quality_fit
 from marin_ablate.analysis.pipeline import analyze_table
 
 
-def _realized(k: int, n_rungs: int, seeds: int, n: int = 100, noise: float = 0.005):
-    """Median realized 95% half-width of each Shapley ln M (C_ref and 10x) over `n` studies of one
-    truth that differ only in their noise, and the planner's prediction for that truth."""
-    factors = [f"f{i}" for i in range(k)]
-    D = design_rows(k)
-    rng = np.random.default_rng(7)
-    truth = random_truth(factors, rng)
-    truth.flops_extra, truth.noise_sd, truth.seed_sd = {}, 0.0, 0.0
-    df = simulate_table(truth, rungs={f"r{j}": 1e8 * 2**j for j in range(n_rungs)}, seeds=seeds, rng=rng, design=D)
-    X, _, _ = code_table(df, factors)
-    C, L0 = df["train_flops"].to_numpy(float), df["eval_macro_loss"].to_numpy(float)
-    z = np.log(C / np.exp(np.mean(np.log(C))))
-    s = df["seed"].to_numpy()
-    clusters = (df["seed"].astype(str) + "|" + df["rung"].astype(str)).to_numpy()
-    kw = dict(scale=True, seeds=s if seeds > 1 else None, clusters=clusters)
-    hw, hw10 = [], []
-    for _ in range(n):  # the simulator's noise model: a shift per seed plus independent run noise
-        L = L0 + rng.normal(0, 0.005, seeds)[s] + rng.normal(0, noise, len(L0))
-        fq, _ = quality_fit(X, z, C, L, factors, interactions=True, **kw)  # what analyze_table fits for ln M
-        t, t10 = component_table(fq, 0.0), component_table(fq, np.log(10.0))
-        hw.append(((t["shapley_hi"] - t["shapley_lo"]) / 2).to_numpy())
-        hw10.append(((t10["shapley_hi"] - t10["shapley_lo"]) / 2).to_numpy())
-    lay = Layout(D, tuple(factors), tuple(6e16 * 2**j for j in range(n_rungs)), seeds)
-    pred, info = predict(lay, Noise(noise), law=(truth.linf, truth.A, truth.alpha),
-                         log_m=lambda X_, C_: truth.log_m(X_, truth.z(C_)))
-    return pred, np.median(hw, axis=0), np.median(hw10, axis=0), (df, L0, truth)
+def _realized(k: int, n_rungs: int, seeds: int, n: int = 10):
+    """The planner's prediction for one truth and the median realized 95% half-width of each Shapley ln M (C_ref
+    and 10x) over `n` studies that differ only in their noise (benchmarks/rates.py `realized_halfwidths`)."""
+    pred, hw, hw10, study = bench("rates").realized_halfwidths(k, n_rungs, seeds, n=n)
+    return pred, np.median(hw, axis=0), np.median(hw10, axis=0), study
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("k,n_rungs,seeds", [(6, 4, 1), (5, 3, 2)], ids=["smoke-like 2^6 x 4 rungs x 1 seed",
                                                                       "GPU-style 2^5 x 3 rungs x 2 seeds"])
-def test_predicted_halfwidth_is_within_15pct_of_the_median_realized_one(k, n_rungs, seeds):
+def test_predicted_halfwidth_is_within_10pct_of_the_median_realized_one_over_ten_seeded_studies(k, n_rungs, seeds):
+    """Within 5% here; with the planner's noise variance x1.5 or x0.67 the prediction is 17-25% off
+    (tests/rate_mutations.py). benchmarks/rates.py `precision` compares over 100 studies (benchmarks/RESULTS.md)."""
     pred, med, med10, _ = _realized(k, n_rungs, seeds)
-    np.testing.assert_allclose(pred["hw_1x"].to_numpy(), med, rtol=0.15)
-    np.testing.assert_allclose(pred["hw_10x"].to_numpy(), med10, rtol=0.15)
+    np.testing.assert_allclose(pred["hw_1x"].to_numpy(), med, rtol=0.10)
+    np.testing.assert_allclose(pred["hw_10x"].to_numpy(), med10, rtol=0.10)
 
 
 def test_the_realized_width_is_the_one_analyze_table_reports():

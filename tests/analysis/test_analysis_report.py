@@ -95,6 +95,7 @@ def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
     assert (~c["loo_estimable"]).any() and c.loc[~c["loo_estimable"], "loo"].isna().all()
 
 
+@pytest.mark.slow  # a full analysis with its bootstrap and every figure
 def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys):
     sd, _ = _study(tmp_path, fail=1)
     from marin_ablate.main import main
@@ -327,6 +328,7 @@ def test_a_response_that_cannot_be_fitted_is_refused_naming_the_field():
         analyze_table(pd.DataFrame({"status": [], "train_flops": [], "eval_macro_loss": []}), responses=("bpb",))
 
 
+@pytest.mark.slow  # a full analysis with every figure
 def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, capsys, recwarn):
     """C_ref defined, loss units, per-decade stated as a rate beyond a 0.6-decade ladder, the local slope
     that carries the multipliers where the law is not identified, and no raw RuntimeWarning escapes."""
@@ -378,6 +380,7 @@ def test_a_numerical_warning_while_fitting_is_a_report_warning_not_console_outpu
     assert any(w.startswith("numerical: overflow encountered in exp while fitting") for w in a.warnings)
 
 
+@pytest.mark.slow  # two full analyses of a study
 def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale(tmp_path, capsys):
     """Without STUDY/drops_at_scale.json the section names the command that measures it; with it (as
     benchmarks/ep_drops.py --json writes it) the rates at 65,536 tokens per shard are printed."""

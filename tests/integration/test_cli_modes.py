@@ -81,6 +81,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
     assert json.loads(fc.read_text())["content"]["note"] == "n"
 
 
+@pytest.mark.slow  # real tuning runs of every arm
 def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
     from marin_ablate.sweeps.tuning import tuned_multipliers
 

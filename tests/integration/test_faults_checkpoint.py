@@ -291,7 +291,6 @@ def test_retention_keeps_the_newest_checkpoints_that_verify_and_a_completed_run_
     spec = _spec(8, checkpoint_every=2)
     assert train(spec, run, stop_after=4)["status"] == "interrupted"
     assert _names(run) == ["ckpt_000000002", "ckpt_000000004"]
-    import shutil
 
     bad = run / "checkpoints" / "ckpt_000000099"  # a damaged checkpoint with a higher step
     shutil.copytree(run / "checkpoints" / "ckpt_000000004", bad)
@@ -408,103 +407,127 @@ def test_disk_full_on_a_real_small_filesystem_names_the_path_and_the_bytes_neede
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]  # no temporary left behind
 
 
-def _fork_instrumented(spec: RunSpec, run: Path, w: int) -> int:
-    """Fork a real training process that writes b"b" to `w` when a checkpoint write begins and b"e"
-    when it is committed (instrumentation only: the real writer runs)."""
-    import os
+#: The file-system operations a checkpoint write is made of (Python audit events): each changes what a killed
+#: process leaves on disk. A write-mode `open` creates or truncates a file; the rest create, rename or delete.
+FS_EVENTS = ("open", "os.mkdir", "os.rename", "os.replace", "os.remove", "os.unlink", "os.rmdir", "shutil.rmtree",
+             "os.truncate")
+
+
+def _operation(event: str, args: tuple) -> str | None:
+    """A checkpoint write's file operation as a name that is the same in every write: the event and the file's
+    base name, step digits and random temporary suffixes masked (None: not a change to the disk)."""
+    import re
+
+    if event not in FS_EVENTS:
+        return None
+    if event == "open":
+        mode, flags = args[1], args[2]
+        if not (any(c in mode for c in "wax+") if mode else flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)):
+            return None
+    name = Path(str(args[0])).name if not isinstance(args[0], int) else "<fd>"
+    name = re.sub(r"\.tmp\d+$", ".tmp*", re.sub(r"\.[a-z0-9_]{8}\.tmp$", ".*.tmp", re.sub(r"\d{9}", "#", name)))
+    return f"{event} {name}"
+
+
+def _fork_killed_at(spec: RunSpec, run: Path, target: tuple[str, int] | None, w: int) -> int:
+    """Fork a real training process that SIGKILLs itself just before the `target` operation of a checkpoint
+    write, (name, n): the n-th operation of that name within one write (("commit", 0): right after a write's
+    commit; None: kill nothing and report each operation of the first write that prunes an older checkpoint).
+    It writes every operation of its writes to `w`, one line each, so the parent sees where it died."""
+    import signal
+    import sys
 
     pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            from marin_ablate.marin.train import checkpoint as ck
+    if pid != 0:
+        return pid
+    code = 1
+    try:
+        from marin_ablate.marin.train import checkpoint as ck
 
-            begin, commit = ck.begin_save, ck.commit
+        inside, seen = [False], {}
 
-            def begin_save(*a, **k):
-                os.write(w, b"b")
+        def at(op: str) -> None:
+            n = seen.get(op, 0)
+            seen[op] = n + 1
+            os.write(w, f"{op}|{n}\n".encode())
+            if (op, n) == target:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def hook(event: str, args: tuple) -> None:
+            op = _operation(event, args) if inside[0] else None
+            if op is not None:
+                at(op)
+
+        sys.addaudithook(hook)  # for good: this process only trains, then exits
+        begin, commit = ck.begin_save, ck.commit
+
+        def begin_save(*a, **k):
+            seen.clear()
+            os.write(w, b"begin\n")
+            inside[0] = True
+            try:
                 return begin(*a, **k)
+            finally:
+                inside[0] = False
 
-            def commit_(p):
+        def commit_(p):
+            inside[0] = True
+            try:
                 out = commit(p)
-                os.write(w, b"e")
-                return out
+            finally:
+                inside[0] = False
+            pruned = any(op.startswith("shutil.rmtree ckpt_") for op in seen)
+            at("commit")
+            if target is None and pruned:
+                os._exit(0)
+            return out
 
-            ck.begin_save, ck.commit = begin_save, commit_
-            code = 0 if train(spec, run)["status"] == "completed" else 3
-        finally:
-            os._exit(code)
-    return pid
+        ck.begin_save, ck.commit = begin_save, commit_
+        code = 0 if train(spec, run)["status"] == "completed" else 3
+    finally:
+        os._exit(code)
+
+
+def _session(spec: RunSpec, run: Path, target: tuple[str, int] | None) -> tuple[int, list[str]]:
+    """One forked training session to its end or its kill: (wait status, the lines it reported)."""
+    r, w = os.pipe()
+    pid = _fork_killed_at(spec, run, target, w)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return status, out.decode().splitlines()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~4-6 min on 2 shared cores: 50 forked sessions, each a setup and a write or two
-def test_fifty_kills_inside_checkpoint_writes_then_resume_matches_an_uninterrupted_run(tmp_path):
-    """SIGKILL lands at a random point of a checkpoint write (after its start is signalled, within
-    the write's measured duration), 50 times; every session resumes, and the final result, the
-    metrics file and the checkpoint folder are those of an uninterrupted run."""
-    import os
-    import random
-    import select
+@pytest.mark.timeout(900)  # ~22 forked sessions of a tiny model, each a setup, a step or two and a write
+def test_a_kill_before_each_file_operation_of_a_checkpoint_write_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """A checkpoint write that prunes is a fixed sequence of file operations (the temporary folder, the DCP
+    shards and metadata, the RNG file, meta.json, the rename that commits it, the old checkpoint's deletion file
+    by file). SIGKILL lands just before each of them in turn, and once right after the commit, each in a
+    session that resumes from the one before; the run then completes, and its result, metrics file and
+    checkpoint folder are those of an uninterrupted run."""
     import signal
-    import time
 
-    from marin_ablate.marin.train import checkpoint as ck
-
-    spec = _spec(4, checkpoint_every=1, eval_every=2)
-    ref = tmp_path / "ref"
-    begin, commit, spans = ck.begin_save, ck.commit, []
-
-    def timed_commit(p):
-        out = commit(p)
-        spans.append(time.monotonic() - t_begin[0])
-        return out
-
-    t_begin = [0.0]
-
-    def timed_begin(*a, **k):
-        t_begin[0] = time.monotonic()
-        return begin(*a, **k)
-
-    ck.begin_save, ck.commit = timed_begin, timed_commit
-    try:
-        want = train(spec, ref)
-    finally:
-        ck.begin_save, ck.commit = begin, commit
-    write_s = max(spans)
-    rng = random.Random(50)
-    run, kills, inside = tmp_path / "run", 0, 0
-    while kills < 50:
-        r, w = os.pipe()
-        pid = _fork_instrumented(spec, run, w)
-        os.close(w)
-        target, seen, events = rng.randint(1, 2), 0, b""
-        while seen < target:  # wait for the target-th checkpoint write of this session to begin
-            ready, _, _ = select.select([r], [], [], 120)
-            chunk = os.read(r, 64) if ready else b""
-            if not chunk:
-                break  # the child finished (or died) first
-            events += chunk
-            seen = events.count(b"b")
-        if seen >= target:
-            time.sleep(rng.uniform(0, write_s))
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            if os.WIFSIGNALED(status):
-                kills += 1
-                ready, _, _ = select.select([r], [], [], 0)
-                events += os.read(r, 64) if ready else b""
-                inside += events.endswith(b"b")  # begun, not committed: killed inside the write
-                os.close(r)
-                continue
-        else:
-            _, status = os.waitpid(pid, 0)
-        os.close(r)
-        assert os.waitstatus_to_exitcode(status) == 0
-        (run / "summary.json").unlink()  # finished before the kill: train it again from scratch
-        shutil.rmtree(run / "checkpoints")
-    print(f"{inside} of 50 kills landed inside a checkpoint write")
-    assert inside >= 25, f"only {inside} of 50 kills landed inside a checkpoint write"
+    spec = _spec(20, checkpoint_every=1, eval_every=4)
+    want = train(spec, tmp_path / "ref")
+    run = tmp_path / "run"
+    # the operations of the first write that prunes (step 3), after which this session stops as if killed
+    status, lines = _session(spec, run, None)
+    assert os.waitstatus_to_exitcode(status) == 0
+    last = len(lines) - 1 - lines[::-1].index("begin")
+    points = [tuple(x.rsplit("|", 1)) for x in lines[last + 1:]]
+    points = [(op, int(n)) for op, n in points]
+    ops = [op for op, _ in points]
+    assert "os.rename .ckpt_#.tmp" in ops and "shutil.rmtree ckpt_#" in ops and "os.remove meta.json" in ops, ops
+    assert ops[-1] == "commit" and len(points) >= 15, points
+    print(f"{len(points)} kill points:", ", ".join(f"{op}{f' #{n + 1}' if n else ''}" for op, n in points))
+    for op, n in points:
+        status, lines = _session(spec, run, (op, n))
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (op, n, status)
+        assert lines[-1] == f"{op}|{n}", (op, n, lines[-3:])  # it died there, not elsewhere
     got = train(spec, run)
     for key in ("final_train_loss", "eval_macro_loss", "eval_domain_loss", "loss_curve", "tokens", "step",
                 "spike_steps", "max_grad_norm"):
@@ -512,7 +535,7 @@ def test_fifty_kills_inside_checkpoint_writes_then_resume_matches_an_uninterrupt
             else got[key] == want[key], key
     strip = ("tokens_per_s", "model_flops_per_s", "mfu")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    ref_lines = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
+    ref_lines = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in x.items() if k not in strip} for x in lines] == \
         [{k: v for k, v in x.items() if k not in strip} for x in ref_lines]
-    assert _names(run) == _names(ref) and not [p for p in run.rglob("*") if ".tmp" in p.name]
+    assert _names(run) == _names(tmp_path / "ref") and not [p for p in run.rglob("*") if ".tmp" in p.name]

@@ -18,9 +18,8 @@ import pandas as pd
 import pytest
 from terminal import foreground
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +53,7 @@ def _last_logged_step(run_dir: Path) -> int:
     return max((r["step"] for r in rows if "loss" in r), default=-1)
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_each_running_run_at_its_current_step(tmp_path):
     # No periodic checkpoint can fall inside these runs (every 10,000 steps), so a checkpoint on disk
     # after Ctrl-C was written by the interrupt itself, at the step the run had reached.
@@ -95,6 +95,7 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_two_test_stages():
     assert block[1] in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_rerun_completes_without_redoing_finished_runs(tmp_path):
     study_dir = tmp_path / "smoke"
     proc = subprocess.Popen(_cli("run", "smoke", *SMALL, "--out", str(tmp_path), "--no-analyze"), cwd=tmp_path,

@@ -11,9 +11,8 @@ from marin_ablate.ablations.studies import Study
 from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
 from marin_ablate.sweeps.sweep import study_resources
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 def _study(**rung_kw) -> Study:
@@ -27,6 +26,7 @@ def _params(study: Study, opts: SlurmOptions = SlurmOptions()) -> dict:
     return sbatch_params(res, opts, 1, study.name)
 
 
+@pytest.mark.slow
 def test_cpu_rung_with_two_nodes_asks_slurm_for_two_nodes_of_its_ranks():
     p = _params(_study(nodes=2, tasks_per_node=2))
     assert p["nodes"] == 2 and p["ntasks_per_node"] == 2 and "gpus_per_node" not in p

@@ -164,6 +164,7 @@ def test_a_local_run_of_a_level_registered_in_a_function_is_refused_before_anyth
     assert not (tmp_path / "fn" / "runs").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the package and its plugins
 def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path):
     """A real distribution on the path (dist-info with entry_points.txt), found by importlib.metadata."""
     (tmp_path / "lionplug.py").write_text(textwrap.dedent('''

@@ -49,6 +49,7 @@ def _bash(script: str, cwd: Path, env: dict, timeout: int = 600) -> subprocess.C
     return r
 
 
+@pytest.mark.slow  # README's quick-start lines as subprocesses
 def test_quick_start_studies_and_plan_lines_run_verbatim(tmp_path):
     (block,) = _blocks("Quick start", "bash")
     lines = [ln for ln in block.splitlines()

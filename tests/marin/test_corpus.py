@@ -184,6 +184,7 @@ def _rank_reader(rank: int, port: int, path: str, n_steps: int, out: str) -> Non
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_two_gloo_ranks_read_disjoint_slices_that_cover_the_stream(prepared, tmp_path):
     corpus = PreparedCorpus(prepared[0])
     n_steps = corpus.n_tokens // (GLOBAL_B * SEQ)  # one epoch, whole steps

@@ -2,8 +2,8 @@
 drops equal the planner's, sharded checkpoints reshard, bad layouts fail early (docs/method.md §2.1,
 docs/architecture.md §5).
 
-Two process launches serve every test (mp.spawn is the slow part): 2 ranks (EP 2) and 4 ranks
-(EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;
+Two process launches serve every test, forked (a spawned rank imports torch again): 2 ranks (EP 2) and 4
+ranks (EP 4 for the dispatcher, EP 2 x DP 2 for the MoE block). Each rank records its checks in a JSON file;
 the tests below assert on them.
 """
 
@@ -15,17 +15,15 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ranks import count_host_reads, free_port
+from ranks import count_host_reads, free_port, run_ranks
 
 from marin_ablate.marin.config import ModelConfig, Recipe
 from marin_ablate.marin.dispatch import ExpertWeights, LocalDispatcher, plan_drops, pooled_wave_keep
 from marin_ablate.marin.ep import init_ep
 from marin_ablate.marin.ep_layout import check_ep_layout
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 # (transport, cf, dropless, routing): "random" top-k, or "hot" (most tokens pick experts 0 and 1, so
@@ -33,6 +31,7 @@ pytestmark = pytest.mark.slow
 TRANSPORT_CASES = (("fixed", 0.6, False, "random"), ("ragged", 0.6, False, "random"), ("ragged", 0.6, True, "random"),
                    ("pooled_wave", 1.0, False, "hot"))
 TOL = 1e-9  # float64 for the dispatcher checks
+TIMEOUT_S = 600  # seconds a launch may take before its ranks are killed
 
 
 
@@ -304,10 +303,9 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ep_runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("ep"))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = {}
     for world in (2, 4):
-        mp.spawn(_worker, args=(world, free_port(), tmp), nprocs=world, join=True)
+        run_ranks(_worker, (world, free_port(), tmp), world, TIMEOUT_S)
         results[world] = [json.load(open(os.path.join(tmp, f"w{world}_r{r}.json"))) for r in range(world)]
     return tmp, results
 
@@ -319,6 +317,7 @@ def _rows(results, name):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("case", ["dispatch_fixed", "dispatch_ragged", "dispatch_ragged_dropless",
                                   "dispatch_pooled_wave"])
@@ -336,6 +335,7 @@ def test_ep_dispatcher_equals_single_process_forward_backward_and_drops(ep_runs,
         assert sum(row["dropped"] for row in rows) == rows[0]["total_dropped"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("case,reads", [("dispatch_fixed", 0), ("dispatch_pooled_wave", 0), ("dispatch_ragged", 1),
                                         ("dispatch_ragged_dropless", 1)])
@@ -345,6 +345,7 @@ def test_ep_exchange_host_reads_static_transports_none_ragged_one_per_dispatch(e
         assert len(row["host_reads"]) == reads, row["host_reads"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("transport", ["fixed", "ragged", "pooled_wave"])
 def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, transport):
@@ -355,6 +356,7 @@ def test_ep_moe_block_with_data_parallel_equals_single_process(ep_runs, world, t
     assert rows[0]["total_dropped"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("transport", ["fixed", "ragged"])
 def test_ep_marin_model_with_fsdp2_equals_single_process(ep_runs, world, transport):
@@ -364,6 +366,7 @@ def test_ep_marin_model_with_fsdp2_equals_single_process(ep_runs, world, transpo
     assert sum(row["dropped"] for row in rows) > 0
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_by_2_ranks_loads_in_1_and_in_4(ep_runs):
     from marin_ablate.marin.ep import load_checkpoint
     from marin_ablate.marin.moe import MoE

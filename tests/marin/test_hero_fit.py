@@ -11,9 +11,8 @@ import torch
 from marin_ablate.marin.config import ModelConfig, Recipe
 from marin_ablate.marin.model import MarinModel
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 CFG = ModelConfig(seq_len=16, window=6, n_layers=2, global_every=2)
@@ -51,6 +50,7 @@ def _step(model: MarinModel, seed: int):
 TOPK = dataclasses.replace(CFG, qb_estimator="topk")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe,cfg", [(Recipe(), CFG), (Recipe(), TOPK), (Recipe(router_balance="aux_free"), CFG),
                                         (Recipe(router_balance="switch_aux"), CFG)],
                          ids=["qb_hist", "qb_topk", "aux_free", "switch_aux"])
@@ -69,6 +69,7 @@ def test_block_checkpointing_leaves_losses_grads_and_router_biases_unchanged(rec
         assert any(bool(b.abs().sum() > 0) for b in ba)
 
 
+@pytest.mark.slow
 def test_block_checkpointing_records_router_statistics_once_per_forward():
     _, ck = _twin(Recipe(), TOPK, activation_checkpoint="block")
     tok, docs, targets = _batch()
@@ -136,6 +137,7 @@ def _small_hero(**train):
     return RunSpec(model=model, recipe=Recipe(), train=t)
 
 
+@pytest.mark.slow
 def test_dry_run_at_a_reduced_layout_fits_with_checkpointing_and_names_the_line_without_it():
     from marin_ablate.planning.dryrun import GiB, dry_run
 
@@ -341,6 +343,7 @@ def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
         epochs_checked(study, study.describe()["rungs"], [], allow_repeat=True)
 
 
+@pytest.mark.slow
 def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_its_checkpoint(prepared_corpus, tmp_path):
     """The hero preset through the real Trainer at world 4 = 2 racks x EP 2 (fake process group, HSDP as
     the hero's racks), narrowed to 16 experts: each rank reads its own slice of the prepared corpus, evaluates
@@ -367,6 +370,7 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
     assert "rank     3 (dp, ep) = (1, 1): 8 experts" in format_loop(rep)
 
 
+@pytest.mark.slow
 def test_a_one_gpu_rung_dry_runs_as_one_process_with_virtual_ep_and_writes_its_final_checkpoint(tmp_path):
     """d512 on one GPU (`--slurm.gpus_per_run 1`, `plan --dry_run --dry_run.gpus 1`) trains with 8 virtual EP shards and
     no process group: the loop (a) and the state count run that single-process trainer (every expert local,
@@ -415,6 +419,7 @@ def test_fake_collectives_reject_split_sizes_that_do_not_match_the_tensors():
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_flex_stand_in_keeps_what_the_flex_kernel_saves_and_a_flex_model_is_measured_on_cpu():
     from marin_ablate.marin.config import RunSpec, TrainConfig
     from marin_ablate.planning.memory import _FlexFootprint, activation_peak

@@ -290,6 +290,7 @@ def test_moe_pipeline_triton_equals_torch_end_to_end():
     _close(out, ref, 1e-4)
 
 
+@pytest.mark.slow  # a model forward and backward in the Triton interpreter
 def test_model_with_triton_kernels_matches_torch_kernels_loss_and_gradients():
     # The kernels on the tensors the model really hands them (strided k/v views, the fused gate).
     from dataclasses import replace

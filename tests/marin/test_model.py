@@ -262,6 +262,7 @@ def test_ep_shards_that_do_not_divide_the_experts_at_both_latent_levels_fail_in_
         ModelConfig(ep_shards=16)
 
 
+@pytest.mark.slow  # the Triton interpreter runs at numpy speed
 def test_triton_kernels_model_matches_torch_reference_model():
     pytest.importorskip("triton")
     torch.manual_seed(0)

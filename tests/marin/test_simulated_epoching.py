@@ -98,6 +98,7 @@ def test_the_hero_ladder_rungs_simulate_the_heros_budget_and_nothing_else_does()
         assert all(s.data.simulated_epoching_target == 0 for s, _ in get_study(study).runs()), study
 
 
+@pytest.mark.slow  # three real runs
 def test_a_real_run_resumed_across_a_wrap_of_the_cut_equals_the_uninterrupted_run(tmp_path, corpus):
     from marin_ablate.marin.train import train
 

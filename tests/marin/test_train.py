@@ -202,6 +202,7 @@ def test_spike_rule_uses_the_running_median():
     assert is_spike(3.01, [2.0, 2.0, 100.0], 1.5, 3)  # the median ignores one earlier spike
 
 
+@pytest.mark.slow  # imports tensorboard and wandb and trains
 def test_metrics_also_reach_tensorboard_and_offline_wandb_when_asked(tmp_path, monkeypatch):
     """The optional sinks of: the same per-step records land in TensorBoard event files and in
     an offline W&B run (no network), beside metrics.jsonl."""

@@ -23,9 +23,8 @@ from ranks import free_port, run_ranks
 from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
 from marin_ablate.marin.train import train
 
-# Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
-# `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
-pytestmark = pytest.mark.slow
+# Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked
+# `slow` one by one: the development loop (`python -m pytest -m "not slow"`) keeps the fast checks of this file.
 
 
 WORLD = 2
@@ -35,7 +34,7 @@ SPEC = RunSpec(model=preset("tiny", ["seq_len=64", "ep_shards=2", "qb_estimator=
                train=TrainConfig(steps=5, batch_size=2, eval_every=0, eval_batches=1, log_every=1,
                                  checkpoint_every=2, threads=1))
 LOSS_TOL = 1e-5
-TIMEOUT_S = 150
+TIMEOUT_S = 600  # seconds a launch may take before its ranks are killed (a loaded machine)
 
 
 
@@ -44,9 +43,14 @@ def _lines(run_dir: Path) -> list[dict]:
     return [r for r in rows if "loss" in r]
 
 
+# the full run with activation checkpointing of every block (no checkpoints written: only its losses matter)
+RECOMPUTE = dataclasses.replace(SPEC, train=dataclasses.replace(SPEC.train, activation_checkpoint="block",
+                                                                checkpoint_every=0))
+
+
 def _worker(rank: int, ports: list[int], tmp: str) -> None:
     # torchrun's variables: train() initialises the process group itself (and destroys it), so each
-    # of the three runs below gets a fresh port.
+    # of the four runs below gets a fresh port: one launch of 2 ranks serves every test of this world size.
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     out: dict = {}
@@ -58,6 +62,8 @@ def _worker(rank: int, ports: list[int], tmp: str) -> None:
         os.environ["MASTER_PORT"] = str(ports[2])
         out["resumed"] = train(SPEC, Path(tmp) / "cut", keep_checkpoints="all")  # the tests below reuse them
         out["initialized_after"] = dist.is_initialized()
+        os.environ["MASTER_PORT"] = str(ports[3])
+        out["recompute"] = train(RECOMPUTE, Path(tmp) / "recompute", resume=False)
     except Exception:
         out["error"] = traceback.format_exc()
     with open(os.path.join(tmp, f"r{rank}.json"), "w") as f:
@@ -70,14 +76,15 @@ def runs(tmp_path_factory):
     t0 = time.perf_counter()
     ref = train(SPEC, tmp / "single", resume=False)
     t1 = time.perf_counter()
-    run_ranks(_worker, ([free_port() for _ in range(3)], str(tmp)), WORLD, TIMEOUT_S)
+    run_ranks(_worker, ([free_port() for _ in range(4)], str(tmp)), WORLD, TIMEOUT_S)
     ranks = [json.loads((tmp / f"r{r}.json").read_text()) for r in range(WORLD)]
     for r in ranks:
         assert "error" not in r, r["error"]
-    print(f"single {t1 - t0:.1f}s, 2 ranks x 3 runs {time.perf_counter() - t1:.1f}s")
+    print(f"single {t1 - t0:.1f}s, 2 ranks x 4 runs {time.perf_counter() - t1:.1f}s")
     return tmp, ref, ranks
 
 
+@pytest.mark.slow
 def test_two_rank_ep_run_equals_single_process_virtual_ep(runs):
     tmp, ref, ranks = runs
     single, full = _lines(tmp / "single"), _lines(tmp / "full")
@@ -99,6 +106,7 @@ def test_two_rank_ep_run_equals_single_process_virtual_ep(runs):
         assert not r["initialized_after"]  # train() tears down the process group it started
 
 
+@pytest.mark.slow
 def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     tmp, _, ranks = runs
     for r in ranks:
@@ -117,6 +125,7 @@ def test_two_rank_resume_from_sharded_checkpoint_continues_identically(runs):
     assert abs(ranks[0]["resumed"]["eval_macro_loss"] - ranks[0]["full"]["eval_macro_loss"]) < 1e-6
 
 
+@pytest.mark.slow
 def test_one_process_resumes_the_two_rank_checkpoint(runs):
     # DCP reshards: the step-3 checkpoint of the 2-rank run continues in one process (virtual EP)
     tmp, ref, _ = runs
@@ -136,6 +145,7 @@ def test_one_process_resumes_the_two_rank_checkpoint(runs):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
+@pytest.mark.slow
 def test_background_checkpoint_holds_the_state_of_its_step(runs):
     # The full run's step-2 checkpoint was staged, then written by a thread while steps 2 and 3 trained
     # (committed at step 4's): one process resuming it reproduces the rest of the 2-rank run.
@@ -153,15 +163,13 @@ def test_background_checkpoint_holds_the_state_of_its_step(runs):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL and a["drop_rate"] == b["drop_rate"], a["step"]
 
 
+@pytest.mark.slow
 def test_two_rank_run_with_block_recompute_equals_the_run_without(runs):
     # Activation checkpointing under FSDP2: each recomputed block gathers its shards again in the
     # backward; losses, gradient norms and the routing (drops; QB biases drive the next steps' routing)
     # are those of the run that keeps every activation.
-    tmp, _, _ = runs
-    spec = dataclasses.replace(SPEC, train=dataclasses.replace(SPEC.train, activation_checkpoint="block",
-                                                                checkpoint_every=0))
-    for summary in _one_run(tmp, spec, "recompute", WORLD):
-        assert summary["status"] == "completed"
+    tmp, _, ranks = runs
+    assert all(r["recompute"]["status"] == "completed" for r in ranks)
     full, rec = _lines(tmp / "full"), _lines(tmp / "recompute")
     assert [r["step"] for r in rec] == list(range(SPEC.train.steps))
     for a, b in zip(full, rec, strict=True):
@@ -175,44 +183,55 @@ DROPLESS = RunSpec(model=SPEC.model, recipe=Recipe(ep_transport="dropless"),
                                      checkpoint_every=0, threads=1))
 
 
-def _one_run_worker(rank: int, world: int, port: int, tmp: str, spec: RunSpec, name: str) -> None:
-    """One rank of one run of `spec` in tmp/name; its summary (or error) goes to tmp/name_r<rank>.json."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+def _runs_worker(rank: int, world: int, runs: list[tuple[RunSpec, str, int]], tmp: str) -> None:
+    """One rank of each (spec, name, port) run in turn, in tmp/name; its summaries (or the error) go to
+    tmp/<first name>_r<rank>.json."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     out: dict = {}
     try:
-        out["summary"] = train(spec, Path(tmp) / name, resume=False)
+        for spec, name, port in runs:
+            os.environ["MASTER_PORT"] = str(port)
+            out[name] = train(spec, Path(tmp) / name, resume=False)
     except Exception:
         out["error"] = traceback.format_exc()
-    with open(os.path.join(tmp, f"{name}_r{rank}.json"), "w") as f:
+    with open(os.path.join(tmp, f"{runs[0][1]}_r{rank}.json"), "w") as f:
         json.dump(out, f)
 
 
-def _one_run(tmp: Path, spec: RunSpec, name: str, world: int) -> list[dict]:
-    """Run `spec` on `world` forked ranks; every rank's summary, after checking none failed."""
-    run_ranks(_one_run_worker, (world, free_port(), str(tmp), spec, name), world, TIMEOUT_S)
-    outs = [json.loads((tmp / f"{name}_r{r}.json").read_text()) for r in range(world)]
+def _launch(tmp: Path, runs: list[tuple[RunSpec, str]], world: int) -> list[dict]:
+    """The (spec, name) runs in one launch of `world` forked ranks; every rank's {name: summary}, none failed."""
+    run_ranks(_runs_worker, (world, [(spec, name, free_port()) for spec, name in runs], str(tmp)), world, TIMEOUT_S)
+    outs = [json.loads((tmp / f"{runs[0][1]}_r{r}.json").read_text()) for r in range(world)]
     for out in outs:
         assert "error" not in out, out["error"]
-    return [out["summary"] for out in outs]
+    return outs
 
 
-@pytest.mark.parametrize("racks,layout", [
-    (1, "world 4: dp 2 x ep 2"),
-    pytest.param(2, "world 4: 2 racks x dp 1 x ep 2", marks=pytest.mark.slow),  # HSDP: replicated racks
-])
-def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(tmp_path, racks, layout):
+RACKS = {1: "world 4: dp 2 x ep 2", 2: "world 4: 2 racks x dp 1 x ep 2"}  # HSDP at 2: replicated racks
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    """One launch of 4 ranks trains DROPLESS in both rack layouts; the one-process reference runs once."""
+    tmp = tmp_path_factory.mktemp("four")
+    ref = train(DROPLESS, tmp / "single", resume=False)
+    runs = [(dataclasses.replace(DROPLESS, train=dataclasses.replace(DROPLESS.train, replica_groups=racks)),
+             f"racks{racks}") for racks in RACKS]
+    return tmp, ref, _launch(tmp, runs, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("racks", list(RACKS))
+def test_four_ranks_dp2_x_ep2_dropless_equal_single_process(four, racks):
     # Dropless: no capacity, so any dp x ep layout must reproduce the one-process run; this pins the
     # data-parallel half (rows per replica, expert gradients averaged over dp, the norm over both).
     # Two racks of one EP group each: everything replicated across racks, reduced across them.
-    world = 4
-    ref = train(DROPLESS, tmp_path / "single", resume=False)
-    spec = dataclasses.replace(DROPLESS, train=dataclasses.replace(DROPLESS.train, replica_groups=racks))
-    summaries = _one_run(tmp_path, spec, "dp2ep2", world)
+    tmp, ref, outs = four
+    summaries = [out[f"racks{racks}"] for out in outs]
     for summary in summaries:
-        assert layout in summary["hardware"]
-    single, dp = _lines(tmp_path / "single"), _lines(tmp_path / "dp2ep2")
+        assert RACKS[racks] in summary["hardware"]
+    single, dp = _lines(tmp / "single"), _lines(tmp / f"racks{racks}")
     assert [r["step"] for r in dp] == list(range(DROPLESS.train.steps))
     for a, b in zip(single, dp, strict=True):
         assert abs(a["loss"] - b["loss"]) < LOSS_TOL, (a["step"], a["loss"], b["loss"])
@@ -263,6 +282,7 @@ COMPILED = RunSpec(model=SPEC.model, recipe=SPEC.recipe,
                                      checkpoint_every=0, threads=1, precision="bf16", compile=True))
 
 
+@pytest.mark.slow
 def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatch):
     # The GPU rungs train EP with TrainConfig.compile: blocks holding all-to-alls compile (the exchange
     # sizes are read on the host, so the graph breaks there) and train as eager blocks do. aot_eager
@@ -271,8 +291,8 @@ def test_two_rank_ep_run_with_compiled_blocks_matches_eager(tmp_path, monkeypatc
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_(self, backend="aot_eager"))
     eager = train(dataclasses.replace(COMPILED, train=dataclasses.replace(COMPILED.train, compile=False)),
                   tmp_path / "eager", resume=False)
-    for summary in _one_run(tmp_path, COMPILED, "compiled", WORLD):
-        assert summary["status"] == "completed"
+    for out in _launch(tmp_path, [(COMPILED, "compiled")], WORLD):
+        assert out["compiled"]["status"] == "completed"
     ref, got = _lines(tmp_path / "eager"), _lines(tmp_path / "compiled")
     assert [r["step"] for r in got] == list(range(COMPILED.train.steps)) and eager["status"] == "completed"
     assert abs(got[0]["loss"] - ref[0]["loss"]) < 1e-3 * ref[0]["loss"]  # same weights: bf16 rounding only

@@ -134,6 +134,7 @@ TORCH_FREE = ("marin_ablate.marin.config", "marin_ablate.marin.optimizers", "mar
               *(m for m in _modules("marin_ablate") if m != "marin_ablate.train"))
 
 
+@pytest.mark.slow  # a fresh interpreter per module
 def test_importing_the_torch_free_modules_loads_no_torch():
     code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
             "    if 'torch' in sys.modules:\n        print(m)\n        break\n")

@@ -319,6 +319,7 @@ def test_under_hsdp_the_expert_zero_collectives_and_the_gradient_reduction_cross
         time_model(dataclasses.replace(spec, train=dataclasses.replace(spec.train, replica_groups=3)), st.hero)
 
 
+@pytest.mark.slow  # the full hero model on the meta device, sharded for 704 fake ranks, three times
 def test_hero_expert_slice_shards_3072_rows_over_11_racks_unpadded_and_the_flat_layout_builds():
     """The hero's rank 0 and rank 703 (first and last rack): each expert stack of the 6-expert slice
     holds 280 of its 3072 rows (10 racks; the last 272, and the dry run counts the largest shard); FSDP

@@ -94,6 +94,7 @@ def test_a_planted_lr_offset_flips_the_sign_untuned_and_the_profiled_design_reco
     assert optimizer_lnm(table(m_hb)) == pytest.approx(0.3, abs=0.05)  # profiled: the planted gain
 
 
+@pytest.mark.slow  # real training runs of a profile, twice
 def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
     study = tiny_study(("optimizer",), steps=2)
     opts = ExecOptions(executor="debug")

@@ -187,6 +187,7 @@ def test_status_shows_no_python_none_a_completed_runs_total_and_the_arm_codes_ke
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # real runs with wandb and tensorboard
 def test_a_studys_runs_reach_offline_wandb_and_tensorboard_grouped_and_tagged(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

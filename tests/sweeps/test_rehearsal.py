@@ -68,6 +68,7 @@ def _hero_rack(*overrides: str):
     return small, study.hero.gpus, spec.model.ep_shards
 
 
+@pytest.mark.slow  # builds the hero_rack rehearsal before refusing
 def test_hero_rack_with_a_host_update_is_refused_before_its_step_naming_the_field(tmp_path):
     """FSDP2's CPUOffloadPolicy kept the gradients on the host, so clip_grad_norm_ all-reduced a host
     scalar that NCCL (here, the accelerator-only group) refuses in the first step; a host update is now
@@ -78,6 +79,7 @@ def test_hero_rack_with_a_host_update_is_refused_before_its_step_naming_the_fiel
         in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)
 
 
+@pytest.mark.slow  # a whole hero_rack step at its per-GPU shape
 def test_hero_rack_without_offload_takes_a_whole_step_on_the_accelerator(tmp_path):
     small, world, ep = _hero_rack("train.offload=none")
     r = in_fresh_process(rehearse_rank, small, world, ep, 0, tmp_path)

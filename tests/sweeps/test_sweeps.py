@@ -157,6 +157,7 @@ def test_failed_run_keeps_its_error_and_is_retried_only_when_asked(tmp_path):
     assert execute(RunTask.of(run))["outcome"] == "skipped"
 
 
+@pytest.mark.slow  # an interrupted and a resumed real run
 def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, monkeypatch):
     from train_signalled import signal_after
 
@@ -204,6 +205,7 @@ def test_lr_profile_finds_an_interior_optimum_and_flags_the_edge():
     assert len(failed.x) == 4 and not failed.edge
 
 
+@pytest.mark.slow  # real tuning trials, twice
 def test_tune_records_trials_in_a_journal_and_a_rerun_reuses_them(tmp_path):
     from marin_ablate.sweeps.tuning import TuneOptions, tune_study, tuned_multipliers
 
