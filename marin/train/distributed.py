@@ -114,8 +114,13 @@ class ParallelDims:
         return f" [world {self.world}: {racks}dp {g.dp_size // g.replicas} x ep {g.ep_size}]"
 
     def forward_backward(self, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
-                         doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
-        """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
+                         doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, micro_batches: int = 1):
+        """(out, loss, ce, grad_norm) of this rank's rows of the global batch, in `micro_batches` micro-batches
+        (marin.train.accum) when more than one."""
+        if micro_batches > 1:
+            from marin_ablate.marin.train.accum import accumulate_step
+
+            return accumulate_step(model, tokens, targets, doc_ids, autocast, grad_clip, micro_batches, self)
         if self.groups is None:  # one process, unsharded (a world of one with meshes holds DTensors)
             return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
         return dist_forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip, self)
@@ -273,12 +278,17 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
         obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
     gnorm = float(clip_grad_norm_(model, grad_clip, d.rack_group))
-    st = out.stats
-    frac = n_loc / n_all_f
     dense_v = float(dense.detach()) if n_loc else 0.0
     ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
     z_v = float(z.detach()) if n_loc else 0.0
-    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, float(out.aux_loss.detach()) / d.world,
+    return world_step(d, out.stats, n_loc / n_all_f, dense_v, ce_v, z_v, float(out.aux_loss.detach()), gnorm, dev)
+
+
+def world_step(d: ParallelDims, st: dict, frac: float, dense_v: float, ce_v: float, z_v: float, aux_v: float,
+               gnorm: float, dev: torch.device):
+    """(out, loss, ce, grad_norm) of the global batch from this rank's values: `frac` of the global valid
+    targets, its token-mean CE + z-loss (`dense_v`), CE, z-loss, Switch aux loss and statistics `st`."""
+    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, aux_v / d.world,
                         st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
                         st.get("router_z", 0.0) / d.world], dtype=torch.float64, device=dev)
     dist.all_reduce(vec)
@@ -289,4 +299,3 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
                  max_load_ratio=float(mx))
     g_out = GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))
     return g_out, v[0] + v[3], v[1], gnorm
-
