@@ -122,8 +122,8 @@ def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any)
             check_dist_layout(r.spec, context_plan(r.spec), gpus)
         except ValueError as e:
             raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPUs: {e}; use --slurm.gpus_per_run a "
-                             f"multiple of its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own "
-                             "GPUs") from None
+                             f"divisor or a multiple of its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the "
+                             "rung's own GPUs") from None
 
 
 def study_resources(study: Any, sdir: Path | None = None) -> Any:

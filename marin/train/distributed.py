@@ -7,7 +7,10 @@ Token layout: the global batch is the single-process batch (B rows of L tokens) 
 holds the s-th contiguous 1/ep of the replica's row-major tokens: exactly shard s of `plan_drops`.
 With D = 1 (W = ep_shards) the real run drops what the single-process virtual-EP run drops on the
 same global batch; with D > 1 it drops what the single-process run drops on each replica's B/D rows
-on their own (per-shard token count T_s = B L / W sets the capacities).
+on their own (per-shard token count T_s = B L / W sets the capacities). A world of fewer ranks than
+ep_shards (`ep_group_size`: one EP group of W ranks, ep_shards / W virtual shards each) drops what the
+ep_shards-rank run drops: every rank plans the drops over all ep_shards shards (marin.ep_exchange).
+Gradient accumulation (TrainConfig.micro_batches, marin.train.accum) splits each rank's rows further.
 Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
 (n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
 the global token mean, as in one process; the Switch aux loss is the mean of the ranks' (a product of
@@ -149,11 +152,15 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
     """Before any collective: EP groups of ModelConfig.ep_shards ranks must tile the world and hold
     the experts evenly, and every stage's global batch must split into equal rows per rank."""
     check_no_host_update(spec.train)
-    ep = spec.model.ep_shards
+    n = spec.model.ep_shards
+    ep = ep_group_size(n, world)
+    if world < n and n % world:
+        raise ValueError(f"ModelConfig.ep_shards={n} with world_size={world}: a world smaller than the EP shards holds "
+                         f"whole shards on every rank; allowed world sizes: divisors of {n}, or multiples of {n}")
     try:
         check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
     except ValueError as e:
-        raise ValueError(f"ModelConfig.ep_shards={ep} (the EP group size) with world_size={world}: {e}") from None
+        raise ValueError(f"ModelConfig.ep_shards={n} (the EP group size) with world_size={world}: {e}") from None
     r = spec.train.effective().replica_groups
     if world % r != 0 or (world // r) % ep != 0:
         raise ValueError(f"TrainConfig.replica_groups={r} with world_size={world} and ModelConfig.ep_shards={ep}: "
@@ -164,10 +171,29 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
             raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
                              f"{s.seq_len}) does not split over world_size={world} ranks; allowed values: "
                              f"multiples of {world}")
+    check_micro_batches(spec, stages, world)
     eb = spec.train.eval_batch_size
     if eb is not None and eb % world != 0:
         raise ValueError(f"TrainConfig.eval_batch_size={eb} sequences do not split over world_size={world} ranks; "
                          f"allowed values: multiples of {world}")
+
+
+def ep_group_size(ep_shards: int, world: int) -> int:
+    """Ranks of one EP group: ModelConfig.ep_shards, or the whole world when it has fewer ranks than the run
+    has shards (each rank then holds ep_shards / world of them as virtual shards: marin.ep_exchange plans
+    their drops over all ep_shards, so the run drops what its ep_shards-rank layout drops)."""
+    return ep_shards if world >= ep_shards else world
+
+
+def check_micro_batches(spec: RunSpec, stages: list[Stage], world: int) -> None:
+    """TrainConfig.micro_batches splits every stage's rows of each rank into equal micro-batches."""
+    k = spec.train.micro_batches
+    for s in stages:
+        rows = s.batch_size // world
+        if rows % k:
+            raise ValueError(f"TrainConfig.micro_batches={k}: {rows} sequences per rank (batch {s.batch_size} at "
+                             f"seq_len {s.seq_len} over {world} rank(s)) do not split into {k} equal micro-batches; "
+                             f"allowed values: divisors of {rows}")
 
 
 def sharding_config(t: TrainConfig):
@@ -219,6 +245,8 @@ def check_launch(spec: RunSpec, stages: list[Stage]) -> int:
                          "has world_size=1; allowed values here: 1")
     if world > 1:
         check_dist_layout(spec, stages, world)
+    else:
+        check_micro_batches(spec, stages, 1)
     return world
 
 
@@ -237,7 +265,8 @@ def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.
     from marin_ablate.marin import ep
 
     owns = not dist.is_initialized()
-    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
+    world = dist.get_world_size() if dist.is_initialized() else ep.dist_env().world_size
+    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, ep_group_size(spec.model.ep_shards, world),
                         backend="gloo" if device.type == "cpu" else None,
                         replicas=spec.train.effective().replica_groups)
     if device.type == "cuda":

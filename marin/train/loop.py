@@ -457,7 +457,7 @@ class Trainer:
                    "checkpoints_skipped": list(self.skipped),
                    # the cost model reads threads x wall / CPU time as the load's slowdown (planning/costmodel.py)
                    "cpu_s": time.process_time() - self.cpu0, "session_wall_s": time.perf_counter() - self.t0,
-                   "threads": torch.get_num_threads(),
+                   "threads": torch.get_num_threads(), "micro_batches": self.t.micro_batches,
                    "code_versions": [v for v, _ in st.code_versions] or [code_version()]},
         )
 
@@ -550,10 +550,10 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     stop = StopFlag()
     trainer: Trainer | None = None
     try:
-        if t.threads is not None:
-            torch.set_num_threads(int(t.threads))
-        elif os.environ.get("SLURM_CPUS_PER_TASK"):
-            torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
+        # one thread unless told (TrainConfig.threads) or given a SLURM task's CPUs: torch's default takes every
+        # core, and workers sharing a machine then slow each other down (docs/architecture.md §5)
+        torch.set_num_threads(int(t.threads) if t.threads is not None else
+                              int(os.environ.get("SLURM_CPUS_PER_TASK") or 1))
         trainer = Trainer(spec, run_dir, stages, device, pd, t0, keep_checkpoints)
         trainer.begin(resume, log_to)
         stop.install()
