@@ -34,7 +34,8 @@ class DryRunOptions:
     tensors); (c) one step + checkpoint save with the accelerator and the host as different devices
     (planning/rehearsal.py); exit 1 naming the lines over budget or the call that fails."""
 
-    gpus: int | None = option(None, lo=1, help="world size (none: the study's)")
+    gpus: int | None = option(None, lo=1, help="GPUs per run (none: the study's); a GPU study's rungs on fewer GPUs "
+                                              "than their own take virtual EP shards and micro-batches that fit")
     ep: int | None = option(None, lo=1, help="EP group size (none: model.ep_shards)")
     capacity_gib: float = option(173.0, lo=0, lo_open=True, help="memory per GPU (GB200: 173 GiB)")
     reserve_gib: float = option(0.0, lo=0, help="kept free per GPU beyond the table's own lines (CUDA context, "
@@ -84,6 +85,10 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
         spec = apply_spec_overrides(spec, args.overrides)
     hero = getattr(study, "hero", None)
     dr = args.dry_run
+    if hero is None and spec.train.device.startswith("cuda"):
+        from marin_ablate.planning.layout_report import dry_run_rungs
+
+        return dry_run_rungs(study, args)
     if hero is not None and not dr.gpus:
         hero.check(spec)  # the layout the time model and the sbatch are planned for
     gpus = dr.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)

@@ -85,6 +85,7 @@ class ExecOptions:
     threads: int | None = None  # local: torch threads per worker (None: cpus // workers, at least 1)
     retry_failed: bool = False
     wait: bool = True
+    gpu_mem_gib: float = 79.1  # per GPU: the layout of a GPU rung on fewer GPUs than its own (planning/layout.py)
     poll_s: float = option(2.0, lo=0, lo_open=True)
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     options: Any = None  # the executor row's own `options` (its `--NAME.*` section); slurm's is `slurm` too

@@ -195,9 +195,39 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
+    if hero is None:
+        runs = with_layouts(runs, opts, study)
     rung_rows = study.describe()["rungs"]
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
                        rung_rows=rung_rows)
+
+
+def gpus_per_run(r: PlannedRun, opts: ExecOptions, own: int) -> int:
+    """The GPUs a GPU run gets: --slurm.gpus_per_run (else its rung's own) under slurm, one elsewhere."""
+    if opts.executor == "slurm":
+        return opts.slurm.gpus_per_run if opts.slurm.gpus_per_run is not None else own
+    return 1
+
+
+def with_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, study: Any) -> list[PlannedRun]:
+    """GPU runs on fewer GPUs than their rung's own count train in the layout planning.layout picks for
+    ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs)."""
+    from marin_ablate.planning.layout import cached_layout, with_layout
+
+    own = {r.name: int(r.gpus) for r in getattr(study, "rungs", ())}
+    out = []
+    for r in runs:
+        rung_gpus = own.get(r.meta.get("rung"), 0)
+        gpus = gpus_per_run(r, opts, rung_gpus)
+        if not r.spec.train.device.startswith("cuda") or not gpus or gpus >= rung_gpus:
+            out.append(r)
+            continue
+        try:
+            lay = cached_layout(r.spec, gpus, opts.gpu_mem_gib)
+        except ValueError as e:
+            raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPU(s): {e}") from None
+        out.append(PlannedRun(with_layout(r.spec, lay), r.meta, r.dir))
+    return out
 
 
 def check_reachable(runs: Sequence[PlannedRun], ex: Any) -> None:

@@ -1,0 +1,88 @@
+"""`plan STUDY --dry-run [--dry-run.gpus G]` for a GPU study: every rung at G GPUs per run (default: its own
+count), in the layout `planning.layout.choose_layout` picks (EP group, virtual shards, micro-batches), through
+the dry run's three parts (planning/dryrun.py, planning/rehearsal.py), then one line per rung: layout, memory
+predicted and measured against the capacity, and wall time per run at the study's assumed MFU."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Any
+
+
+def rung_specs(study: Any, overrides=()) -> dict[str, Any]:
+    """The first run of each rung (its arms share the layout's shapes), with the command line's overrides."""
+    from marin_ablate.sweeps.sweep import apply_spec_overrides
+
+    out: dict[str, Any] = {}
+    for spec, meta in study.runs():
+        rung = meta.get("rung")
+        if rung not in out:
+            out[rung] = apply_spec_overrides(spec, overrides) if overrides else spec
+    return out
+
+
+def dry_run_rungs(study: Any, args: Any) -> int:
+    from marin_ablate.planning.dryrun import dry_run, format_loop, format_report, loop_dry_run
+    from marin_ablate.planning.layout import accumulation_rows, choose_layout, wall_factor, with_layout
+    from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
+
+    dr = args.dry_run
+    hours = {r["name"]: r.get("gpu_hours_per_run") for r in study.describe().get("rungs", [])}
+    own = {r.name: r.gpus for r in study.rungs}
+    rows, reports, ok = [], {}, True
+    for rung, spec in rung_specs(study, args.overrides).items():
+        gpus = dr.gpus or own.get(rung) or 1
+        head = f"== rung {rung} on {gpus} GPU(s) of {dr.capacity_gib:g} GiB"
+        try:
+            lay = choose_layout(spec, gpus, dr.capacity_gib, dr.reserve_gib)
+        except ValueError as e:
+            ok = False
+            rows.append({"rung": rung, "gpus": gpus, "error": str(e)})
+            if not args.json:
+                print(f"{head}: DOES NOT FIT: {e}\n", flush=True)
+            continue
+        sk = with_layout(spec, lay)
+        ep = dr.ep or (lay["ep_group"] if gpus > 1 else spec.model.ep_shards)
+        if not args.json:
+            print(f"{head}: EP group {lay['ep_group']} x {lay['virtual_shards']} virtual shard(s) per GPU, "
+                  f"{lay['micro_batches']} micro-batch(es) of {lay['sequences_per_micro_batch']} sequences", flush=True)
+        with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+            reh = rehearse(sk, gpus, ep, work)
+            if not args.json:
+                print(format_rehearsal(reh) + "\n", flush=True)
+            loop = loop_dry_run(sk, gpus, ep, work)  # raises naming what breaks
+        if not args.json:
+            print(format_loop(loop) + "\n", flush=True)
+        rep = dry_run(sk, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib,
+                      extra=accumulation_rows(spec, lay["sequences_per_gpu"], lay["micro_batches"]))
+        if not args.json:
+            print(format_report(rep) + "\n", flush=True)
+        worst = max(t["total"] for t in rep["tables"].values()) / 2**30
+        h = hours.get(rung)
+        wall = h / gpus * wall_factor(spec, lay["micro_batches"]) if h else None
+        ok = ok and rep["ok"] and reh["ok"]
+        rows.append({"rung": rung, **lay, "measured_gib": worst, "fits": rep["ok"], "rehearsal_ok": reh["ok"],
+                     "wall_hours_per_run": wall})
+        reports[rung] = {"rehearsal": reh, "loop": loop, **rep}
+    if args.json:
+        print(json.dumps({"layouts": rows, "rungs": reports}, indent=1, default=str))
+    else:
+        print(format_layouts(rows, dr.capacity_gib))
+    return 0 if ok else 1
+
+
+def format_layouts(rows: list[dict], capacity_gib: float) -> str:
+    out = [f"per-rung layouts (GPU memory {capacity_gib:g} GiB; wall time at the study's assumed MFU, the routing "
+           "pass of accumulated steps included)",
+           f"  {'rung':6} {'GPUs':>4} {'EP x virtual':>12} {'micro-batches':>15} {'predicted':>10} {'dry run':>9} "
+           f"{'fits':>5} {'wall h/run':>10}"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"  {r['rung']:6} {r['gpus']:>4}  DOES NOT FIT: {r['error']}")
+            continue
+        wall = f"{r['wall_hours_per_run']:.1f}" if r.get("wall_hours_per_run") else "-"
+        out.append(f"  {r['rung']:6} {r['gpus']:>4} {r['ep_group']:>5} x {r['virtual_shards']:<4} "
+                   f"{r['micro_batches']:>5} x {r['sequences_per_micro_batch']:<7} {r['predicted_gib']:>8.1f}G "
+                   f"{r['measured_gib']:>7.1f}G {'yes' if r['fits'] and r['rehearsal_ok'] else 'NO':>5} {wall:>10}")
+    return "\n".join(out)
