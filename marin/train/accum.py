@@ -15,10 +15,11 @@ Three things tie a step's tokens together beyond a sum of per-token terms; each 
 - the balancing: the router records every micro-batch's margins (QB) or loads (aux-free) and the bias update
   runs once after the step, over all of them (Router.update_bias): a micro-batch never routes with a bias
   its own step moved.
-Precedent: torchtitan (torchtitan/train.py `forward_backward_step` over microbatches, loss rescaled by the
-global token count) and levanter (`microbatched` sums gradients over microbatches) normalise the loss over the
-step; both compute MoE balancing statistics per micro-batch, which this module does not (the step's statistics
-are the one-batch step's, so a run's results do not depend on how its batch was split).
+Precedent: torchtitan (torchtitan/train.py, a forward and backward per microbatch, the loss rescaled to the
+step) and levanter (levanter/grad_accum.py `microbatched`: gradients summed over microbatches) accumulate over
+the step but take MoE balancing statistics per micro-batch, which this module does not: the step's statistics
+are the one-batch step's (the global-batch balancing loss of Qiu et al., arXiv 2501.11873), so a run's results
+do not depend on how its batch was split.
 The routing pass costs one extra no-grad forward per step; it runs only when k > 1.
 """
 
