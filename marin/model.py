@@ -300,43 +300,24 @@ class Block(nn.Module):
         # the rows are in the residual sum; the block (an FSDP2 unit) returns no view of them
         return x_BSD + y, replace(moe, y_TD=None)
 
-    def forward(self, x_BSD, ctx, plan: bool = False):
-        """One block; `plan` (x_BSD and ctx: lists over a step's micro-batches): `plan_routes`."""
-        if plan:
-            return self.plan_routes(x_BSD, ctx)
+    def forward(self, x_BSD: Tensor, ctx: ForwardContext, stage: str = "full", pin: RoutePin | None = None):
+        """The block; a routing pass (`MarinModel.plan_routes`) calls its halves one at a time, through this
+        call so that FSDP2's hooks gather the block and a compiled block compiles them: stage "route" returns
+        (h_BSD, expert_idx_TK, logits_TE) of the attention half and the router, "mix" the MoE half of h_BSD
+        with `pin`'s routing."""
+        if stage == "route":
+            h = self.attend(x_BSD, ctx)
+            m = self.mlp_input(h)
+            r = self.moe.router(m.reshape(-1, m.shape[-1]))
+            return h, r.expert_idx_TK, r.logits_TE
+        if stage == "mix":
+            return self.mix(x_BSD, ctx, pin)[0]
         return self.mix(self.attend(x_BSD, ctx), ctx, ctx.routes[self.layer] if ctx.routes is not None else None)
-
-    @torch.compiler.disable  # a whole step's micro-batches in Python loops: never one graph
-    def plan_routes(self, xs_BSD: list[Tensor], ctxs: list[ForwardContext]) -> tuple[list[Tensor], LayerRoutes]:
-        """This layer for every micro-batch of a step (no grad): route all of them, plan the drops of the
-        step's tokens at once (the dispatcher's `plan`: what a one-batch step drops), then their MoE halves
-        with that routing pinned. Returns the next layer's inputs and this layer's routing."""
-        hs = [self.attend(x, c) for x, c in zip(xs_BSD, ctxs, strict=True)]
-        ms = [self.mlp_input(h) for h in hs]
-        outs = [self.moe.router(m.reshape(-1, m.shape[-1])) for m in ms]
-        g = self.moe.geometry
-        ids_TK = torch.cat([o.expert_idx_TK for o in outs])
-        T = ids_TK.shape[0]
-        # rows carry the experts' input: the latent projection's output, in the autocast dtype when on
-        dev = ms[0].device.type
-        item = (torch.get_autocast_dtype(dev).itemsize if g.latent and torch.is_autocast_enabled(dev)
-                else ms[0].element_size())
-        keep_TK, nbytes = self.moe.dispatcher.plan(ids_TK, g.n_experts, g.width * item)
-        load_E = expert_load(ids_TK, g.n_experts)
-        prob_sum_E = sum(torch.softmax(o.logits_TE, -1).sum(0) for o in outs)
-        z_sum = sum(torch.logsumexp(o.logits_TE, -1).pow(2).sum() for o in outs)
-        pins, start = [], 0
-        for o in outs:
-            n = o.expert_idx_TK.shape[0]
-            pins.append(RoutePin(o.expert_idx_TK, keep_TK[start:start + n], load_E, T))
-            start += n
-        nxt = [self.mix(h, c, pin)[0] for h, c, pin in zip(hs, ctxs, pins, strict=True)]
-        return nxt, LayerRoutes(tuple(pins), step_router_stats(load_E, prob_sum_E, z_sum, T), (~keep_TK).sum(), nbytes)
 
 
 @dataclass
 class LayerRoutes:
-    """One layer's routing of a whole step (`Block.plan_routes`): each micro-batch's pin, the step's router
+    """One layer's routing of a whole step (`MarinModel.plan_routes`): each micro-batch's pin, the step's router
     statistics (ROUTER_STATS), its dropped assignments and the bytes its dispatch moves across shards."""
 
     pins: tuple[RoutePin, ...]
@@ -460,13 +441,36 @@ class MarinModel(nn.Module):
 
     @torch.no_grad()
     def plan_routes(self, tokens: list[Tensor], doc_ids: list[Tensor | None]) -> StepRoutes:
-        """The routing of a step of micro-batches, layer by layer over all of them (`Block.plan_routes`)."""
+        """The routing of a step of micro-batches, layer by layer over all of them: route every micro-batch
+        (its attention half and router), plan the drops of the step's tokens at once (the dispatcher's
+        `plan`: what a one-batch step drops), then each micro-batch's MoE half with that routing pinned."""
         ctxs = [self.context(t, d) for t, d in zip(tokens, doc_ids, strict=True)]
         xs = [self.embed_tokens(t) for t in tokens]
         layers = []
         for block in self.blocks:
-            xs, lr = block(xs, ctxs, plan=True)
-            layers.append(lr)
+            g = block.moe.geometry
+            hs, ids, prob_sum_E, z_sum = [], [], 0.0, 0.0
+            for x, c in zip(xs, ctxs, strict=True):
+                h, idx_TK, logits_TE = block(x, c, stage="route")
+                hs.append(h)
+                ids.append(idx_TK)
+                prob_sum_E = prob_sum_E + torch.softmax(logits_TE, -1).sum(0)
+                z_sum = z_sum + torch.logsumexp(logits_TE, -1).pow(2).sum()
+            ids_TK = torch.cat(ids)
+            T = ids_TK.shape[0]
+            # rows carry the experts' input: the latent projection's output, in the autocast dtype when on
+            dev = hs[0].device.type
+            item = (torch.get_autocast_dtype(dev).itemsize if g.latent and torch.is_autocast_enabled(dev)
+                    else hs[0].element_size())
+            keep_TK, nbytes = block.moe.dispatcher.plan(ids_TK, g.n_experts, g.width * item)
+            load_E = expert_load(ids_TK, g.n_experts)
+            pins, start = [], 0
+            for idx_TK in ids:
+                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], load_E, T))
+                start += idx_TK.shape[0]
+            xs = [block(h, c, stage="mix", pin=pin) for h, c, pin in zip(hs, ctxs, pins, strict=True)]
+            layers.append(LayerRoutes(tuple(pins), step_router_stats(load_E, prob_sum_E, z_sum, T),
+                                      (~keep_TK).sum(), nbytes))
         stats_LR = torch.stack([lr.stats_R for lr in layers]).double()
         dropped = sum(lr.dropped.double() for lr in layers)
         moved = sum(lr.bytes_moved for lr in layers)
