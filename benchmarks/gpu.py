@@ -78,7 +78,9 @@ def main(argv=None) -> int:
             bench_full_model(dev)
         else:
             row("model", "full model", "skipped (time budget)", "")
-    if ARGS.quick or elapsed() < ARGS.budget_s - 30:
+    if ARGS.no_blocks:
+        pass
+    elif ARGS.quick or elapsed() < ARGS.budget_s - 30:
         bench_blocks(dev)
     else:
         row("blocks", "eager blocks", "skipped (time budget)", "")

@@ -14,7 +14,7 @@
 #   2 one_rank     (40) the distributed per-rank code (FSDP2 + EP, the world-reduced step, the owner-rank
 #                       optimizer) on a one-rank NCCL group, against the one-process step
 #   3 kernels     (100) ceilings, each Triton kernel against its reference, fast path vs eager parity, host syncs
-#                       (benchmarks/gpu.py --quick)
+#                       (benchmarks/gpu.py --quick --no-blocks)
 #   4 step_hero    (90) the hero's one-GPU slice (study hero_gpu; accumulated on an H100), as section 1
 #   5 blocks       (60) compiled recipe block vs compiled plain block (benchmarks/gpu.py, its block section)
 set -u
@@ -77,9 +77,9 @@ section() {  # section NAME CAP_SECONDS COMMAND...
 section step_d512 170 "$PY" benchmarks/gpu_step.py step --study marin535 --rung d512 --steps 2 $DRY --md "$OUTDIR/rows.md"
 section one_rank 40 "$PY" benchmarks/gpu_step.py one-rank $DRY --md "$OUTDIR/rows.md"
 if [ "$MODE" = cpu ]; then
-  section kernels 100 "$PY" benchmarks/gpu.py --device cpu --quick --tiny --no-write
+  section kernels 100 "$PY" benchmarks/gpu.py --device cpu --quick --tiny --no-write --no-blocks
 else
-  section kernels 100 "$PY" benchmarks/gpu.py --quick --no-write
+  section kernels 100 "$PY" benchmarks/gpu.py --quick --no-write --no-blocks
 fi
 section step_hero 90 "$PY" benchmarks/gpu_step.py step --study hero_gpu --steps 2 $DRY --md "$OUTDIR/rows.md"
 if [ "$MODE" = cpu ]; then

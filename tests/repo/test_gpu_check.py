@@ -14,6 +14,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 pytestmark = pytest.mark.slow  # five sections in fresh interpreters: minutes on 2 cores
 
 
+@pytest.mark.timeout(3600)  # ~15 minutes on 2 shared cores: the Triton interpreter and fake-tensor layouts
 def test_the_gpu_check_script_runs_every_section_on_cpu_and_writes_its_table(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "MARIN_CACHE_DIR": str(tmp_path / "cache"), "GPU_CHECK_CPU_FACTOR": "8",
            "PYTHON": sys.executable}
