@@ -2,21 +2,23 @@
 # The checks that need a GPU, for one lent H100 or H200: under 9 minutes, no package installs, no network,
 # most valuable first, each section capped by `timeout` so that one failure or hang does not eat the rest.
 # Writes a table for benchmarks/RESULTS.md to $OUT/gpu_check.md ($OUT: the lent machine's returned folder;
-# else ./gpu_check_out), each section's log beside it.
+# else ./gpu_check_out), each section's log beside it. The layouts' fake-tensor activation measurements are
+# CPU work: a MARIN_CACHE_DIR carried from a machine that ran them (planning/layout.py cached_activations)
+# saves them here.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU (python3 with torch, triton and this checkout)
 #   bash benchmarks/gpu_check.sh --cpu-dry  # the same sections on CPU at a CPU's width (tests/repo/test_gpu_check.py)
 #
 # Sections (cap in seconds on the GPU):
-#   1 step_d512   (170) a real training step of d512 on one GPU, in the layout planning/layout.py picks for this
+#   1 step_d512   (210) a real training step of d512 on one GPU, in the layout planning/layout.py picks for this
 #                       GPU's memory (8 virtual EP shards, accumulated micro-batches), peak memory vs the dry run's
 #                       prediction for that config (benchmarks/gpu_step.py)
-#   2 one_rank     (40) the distributed per-rank code (FSDP2 + EP, the world-reduced step, the owner-rank
+#   2 one_rank     (35) the distributed per-rank code (FSDP2 + EP, the world-reduced step, the owner-rank
 #                       optimizer) on a one-rank NCCL group, against the one-process step
-#   3 kernels     (100) ceilings, each Triton kernel against its reference, fast path vs eager parity, host syncs
+#   3 kernels      (80) ceilings, each Triton kernel against its reference, fast path vs eager parity, host syncs
 #                       (benchmarks/gpu.py --quick --no-blocks)
-#   4 step_hero    (90) the hero's one-GPU slice (study hero_gpu; accumulated on an H100), as section 1
-#   5 blocks       (60) compiled recipe block vs compiled plain block (benchmarks/gpu.py, its block section)
+#   4 step_hero   (110) the hero's one-GPU slice (study hero_gpu; accumulated on an H100), as section 1
+#   5 blocks       (40) compiled recipe block vs compiled plain block (benchmarks/gpu.py, its block section)
 set -u
 cd "$(dirname "$0")/.."
 MODE=gpu
@@ -74,18 +76,18 @@ section() {  # section NAME CAP_SECONDS COMMAND...
   echo "   $status in $(( $(date +%s) - start ))s ($log)"
 }
 
-section step_d512 170 "$PY" benchmarks/gpu_step.py step --study marin535 --rung d512 --steps 2 $DRY --md "$OUTDIR/rows.md"
-section one_rank 40 "$PY" benchmarks/gpu_step.py one-rank $DRY --md "$OUTDIR/rows.md"
+section step_d512 210 "$PY" benchmarks/gpu_step.py step --study marin535 --rung d512 --steps 2 $DRY --md "$OUTDIR/rows.md"
+section one_rank 35 "$PY" benchmarks/gpu_step.py one-rank $DRY --md "$OUTDIR/rows.md"
 if [ "$MODE" = cpu ]; then
-  section kernels 100 "$PY" benchmarks/gpu.py --device cpu --quick --tiny --no-write --no-blocks
+  section kernels 80 "$PY" benchmarks/gpu.py --device cpu --quick --tiny --no-write --no-blocks
 else
-  section kernels 100 "$PY" benchmarks/gpu.py --quick --no-write --no-blocks
+  section kernels 80 "$PY" benchmarks/gpu.py --quick --no-write --no-blocks
 fi
-section step_hero 90 "$PY" benchmarks/gpu_step.py step --study hero_gpu --steps 2 $DRY --md "$OUTDIR/rows.md"
+section step_hero 110 "$PY" benchmarks/gpu_step.py step --study hero_gpu --steps 2 $DRY --md "$OUTDIR/rows.md"
 if [ "$MODE" = cpu ]; then
-  section blocks 60 "$PY" benchmarks/gpu.py --device cpu --tiny --no-write --blocks-only
+  section blocks 40 "$PY" benchmarks/gpu.py --device cpu --tiny --no-write --blocks-only
 else
-  section blocks 60 "$PY" benchmarks/gpu.py --no-write --blocks-only
+  section blocks 40 "$PY" benchmarks/gpu.py --no-write --blocks-only
 fi
 
 {

@@ -71,7 +71,6 @@ def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: fl
     micro-batches whose per-GPU memory (every optimizer level of LEVELS) leaves `headroom` of the capacity
     free. Raises ValueError naming the numbers when one sequence per micro-batch does not fit."""
     from marin_ablate.planning.dryrun import GpuAllowances, current_sharding, memory_table, rank_state
-    from marin_ablate.planning.memory import fit_activations
 
     ep, virtual = ep_layout(spec, gpus)
     B = spec.train.batch_size
@@ -80,7 +79,7 @@ def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: fl
     rows = B // gpus
     sharding = current_sharding(spec)
     state = rank_state(spec, gpus, ep if gpus > 1 else spec.model.ep_shards, 0, sharding)
-    act1 = act1 or fit_activations(spec, 1)  # the peak at one sequence; linear in sequences
+    act1 = act1 or cached_activations(spec)  # the peak at one sequence; linear in sequences
     budget = (capacity_gib - reserve_gib) * (1 - headroom) * GiB
     gpu = GpuAllowances() if spec.train.device.startswith("cuda") else None
     tried = []
@@ -118,24 +117,45 @@ def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
     return hashlib.sha256(json.dumps([spec.identity_json(), gpus, capacity_gib]).encode()).hexdigest()[:16]
 
 
-def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
-    """`choose_layout`, kept under MARIN_CACHE_DIR (the fake-tensor measurement takes ~40 s a rung): `plan
-    --dry-run` and `run` choose the same micro-batches for the same spec, GPU count and capacity."""
+def _cache_dir():
     import os
     from pathlib import Path
 
-    root = Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
-    path = root / f"{layout_cache_key(spec, gpus, capacity_gib)}.json"
+    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
+
+
+def _cached(path, compute):
+    """compute()'s JSON, kept at `path` (written atomically)."""
+    import os
+
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
-    out = choose_layout(spec, gpus, capacity_gib)
-    root.mkdir(parents=True, exist_ok=True)
+    out = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(out))
     tmp.replace(path)
     return out
+
+
+def cached_activations(spec: RunSpec) -> dict:
+    """planning.memory.fit_activations at one sequence, kept under MARIN_CACHE_DIR: a CPU measurement of the
+    spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
+    import hashlib
+
+    from marin_ablate.planning.memory import fit_activations
+
+    key = hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
+    return _cached(_cache_dir() / f"act1-{key}.json", lambda: fit_activations(spec, 1))
+
+
+def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
+    """`choose_layout`, kept under MARIN_CACHE_DIR (the fake-tensor measurement takes ~40 s a rung): `plan
+    --dry-run` and `run` choose the same micro-batches for the same spec, GPU count and capacity."""
+    return _cached(_cache_dir() / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
+                   lambda: choose_layout(spec, gpus, capacity_gib))
 
 
 def with_layout(spec: RunSpec, layout: dict) -> RunSpec:
