@@ -35,12 +35,16 @@ def row(section: str, name: str, value, unit: str = "", note: str = "") -> None:
 
 
 def first_run(study_name: str, rung: str | None):
+    """A rung's all-on arm as its study trains it (the rung's model and train config; built without the study's
+    design, which needs pydoe), or a study's first run (the hero's smoke studies)."""
     from marin_ablate.ablations import get_study
+    from marin_ablate.ablations.ladders import get_rung
+    from marin_ablate.marin.config import Recipe, RunSpec
 
-    for spec, meta in get_study(study_name).runs():
-        if rung is None or meta.get("rung") == rung:
-            return spec
-    raise ValueError(f"study {study_name!r} has no rung {rung!r}")
+    if rung is not None:
+        r = get_rung(rung)
+        return RunSpec(model=r.model(), recipe=Recipe(), train=r.train_config())
+    return get_study(study_name).runs()[0][0]
 
 
 def batch(cfg, rows: int, dev, seed: int = 0):
