@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from marin_ablate.marin.update_rules import MarinOptimizer, _local, _shard_groups
+from marin_ablate.marin.update_rules import MarinOptimizer, local_part, shard_groups
 
 
 def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[Tensor]:
@@ -28,8 +28,8 @@ def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[
             st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
         by_mu.setdefault(g["momentum"], []).append(i)
     for mu, idx in by_mu.items():
-        bufs = [_local(opt.state[ortho[i][0]]["momentum_buffer"]) for i in idx]
-        grads = [_local(ortho[i][0].grad).float() for i in idx]
+        bufs = [local_part(opt.state[ortho[i][0]]["momentum_buffer"]) for i in idx]
+        grads = [local_part(ortho[i][0].grad).float() for i in idx]
         torch._foreach_mul_(bufs, mu)
         torch._foreach_add_(bufs, grads)
         for i, u in zip(idx, torch._foreach_add(grads, bufs, alpha=mu), strict=True):
@@ -48,8 +48,8 @@ def adam_directions(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> list[Tens
     b1, b2 = g["betas"]
     sts = [opt.state[p] for p in ps]
     torch._foreach_add_([st["step"] for st in sts], 1.0)
-    grads = [_local(p.grad).float() for p in ps]
-    ms, vs = [_local(st["exp_avg"]) for st in sts], [_local(st["exp_avg_sq"]) for st in sts]
+    grads = [local_part(p.grad).float() for p in ps]
+    ms, vs = [local_part(st["exp_avg"]) for st in sts], [local_part(st["exp_avg_sq"]) for st in sts]
     torch._foreach_lerp_(ms, grads, 1 - b1)
     torch._foreach_mul_(vs, b2)
     torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
@@ -73,7 +73,7 @@ def _norms(opt: MarinOptimizer, ps: list[Tensor], g: dict, xs: list[Tensor]) -> 
     norms = list(torch._foreach_norm(xs))
     sharded: dict[tuple, list[int]] = {}
     for i, p in enumerate(ps):
-        groups = _shard_groups(p)
+        groups = shard_groups(p)
         if g.get("bank_sphere", False) and opt.expert_group is not None:
             groups.append(opt.expert_group)
         if groups:
@@ -95,7 +95,7 @@ def project_all(opt: MarinOptimizer, ps: list[Tensor], g: dict, dirs: list[Tenso
     if not whole:
         return
     ps, dirs = [ps[i] for i in whole], [dirs[i] for i in whole]
-    ws = [_local(p).float() for p in ps]
+    ws = [local_part(p).float() for p in ps]
     for p, w in zip(ps, ws, strict=True):
         st = opt.state[p]
         if "radius" not in st:
@@ -109,7 +109,7 @@ def project_all(opt: MarinOptimizer, ps: list[Tensor], g: dict, dirs: list[Tenso
     xn = _norms(opt, ps, g, xs)
     torch._foreach_add_(xn, 1e-30)
     torch._foreach_mul_(xs, torch._foreach_div(rs, xn))
-    torch._foreach_copy_([_local(p) for p in ps], [x.to(p.dtype) for p, x in zip(ps, xs, strict=True)])
+    torch._foreach_copy_([local_part(p) for p in ps], [x.to(p.dtype) for p, x in zip(ps, xs, strict=True)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def adamh_updates(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> None:
 def adam_updates(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> None:
     """Adam, with decoupled weight decay when the group has one (AdamW)."""
     upd = adam_directions(opt, ps, g)
-    ws = [_local(p) for p in ps]
+    ws = [local_part(p) for p in ps]
     if g["weight_decay"]:
         torch._foreach_mul_(ws, 1 - g["lr"] * g["weight_decay"])
     torch._foreach_add_(ws, [u.to(p.dtype) for p, u in zip(ps, upd, strict=True)], alpha=-g["lr"])

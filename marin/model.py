@@ -349,11 +349,11 @@ def checkpointed_block(block: Block, x_BSD: Tensor, ctx: ForwardContext):
             return block(x, ctx)
         router = block.moe.router
         was = router.training
-        router.training = False
+        router.training, router.recomputing = False, True
         try:
             return block(x, ctx)
         finally:
-            router.training = was
+            router.training, router.recomputing = was, False
 
     return checkpoint(run, x_BSD, use_reentrant=False)
 
@@ -464,9 +464,10 @@ class MarinModel(nn.Module):
                     else hs[0].element_size())
             keep_TK, nbytes = block.moe.dispatcher.plan(ids_TK, g.n_experts, g.width * item)
             load_E = expert_load(ids_TK, g.n_experts)
+            step_load_E, step_T = block.moe.router.world_loads(load_E, T)  # the Switch statistic's: the world's
             pins, start = [], 0
             for idx_TK in ids:
-                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], load_E, T))
+                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], step_load_E, step_T))
                 start += idx_TK.shape[0]
             xs = [block(h, c, stage="mix", pin=pin) for h, c, pin in zip(hs, ctxs, pins, strict=True)]
             layers.append(LayerRoutes(tuple(pins), step_router_stats(load_E, prob_sum_E, z_sum, T),

@@ -186,6 +186,12 @@ class Router(nn.Module):
         self.qb_estimator, self.qb_hist_bins = qb_estimator, qb_hist_bins
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # W_r, Linear layout (E, D)
         self.register_buffer("bias_E", torch.zeros(n_experts))
+        # A distributed run's world (marin.train.distributed.build_train_model sets it): the Switch statistic's
+        # loads f are the world's (all-reduced), and a rank's share of P is scaled by its size, so that the
+        # world mean of the ranks' aux losses and gradients is the one-process statistic's.
+        self.stat_group, self.stat_world = None, 1
+        self._switch_loads: tuple[Tensor, int] | None = None  # this step's (world loads, tokens), for the recompute
+        self.recomputing = False  # marin.model.checkpointed_block's rerun: the loads of the forward it repeats
         self.reset_pending()
 
     def _apply(self, fn, recurse=True):
@@ -214,7 +220,12 @@ class Router(nn.Module):
         combine_TK = combine_weights(logits_TE, expert_idx_TK, self.combine_scale)
 
         if self.balance == "switch_aux" and pin is not None:
-            aux_loss = self.aux_weight * pinned_switch_balance(logits_TE, pin.load_E, pin.tokens)
+            aux_loss = self.aux_weight * self.stat_world * pinned_switch_balance(logits_TE, pin.load_E, pin.tokens)
+        elif self.balance == "switch_aux" and self.stat_group is not None:
+            if not (self.recomputing and self._switch_loads is not None):
+                self._switch_loads = self.world_loads(expert_load(expert_idx_TK, self.n_experts), x_TD.shape[0])
+            load_E, tokens = self._switch_loads
+            aux_loss = self.aux_weight * self.stat_world * pinned_switch_balance(logits_TE, load_E, tokens)
         elif self.balance == "switch_aux":
             aux_loss = self.aux_weight * switch_balance(logits_TE, expert_idx_TK)
         else:
@@ -234,6 +245,15 @@ class Router(nn.Module):
             stats_R = torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z,
                                    switch_balance(logits_TE.detach(), expert_idx_TK)])
         return RouterOutput(expert_idx_TK, combine_TK, logits_TE, aux_loss, stats_R)
+
+    def world_loads(self, load_E: Tensor, tokens: int) -> tuple[Tensor, int]:
+        """(loads, tokens) of the Switch statistic: this rank's, summed over the world in a distributed run
+        (every rank holds as many tokens)."""
+        if self.stat_group is None or self.balance != "switch_aux":
+            return load_E, tokens
+        load_E = load_E.clone()
+        dist.all_reduce(load_E, group=self.stat_group)
+        return load_E, tokens * self.stat_world
 
     def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor) -> None:
         if self.balance == "quantile" and self.top_k < self.n_experts:

@@ -165,7 +165,7 @@ def _is_dtensor(t: Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def _local(t: Tensor) -> Tensor:
+def local_part(t: Tensor) -> Tensor:
     """This rank's part of an FSDP2 DTensor (the tensor itself otherwise); in-place ops write through."""
     return t.to_local() if _is_dtensor(t) else t
 
@@ -174,7 +174,7 @@ def _sharded_dims(p: Tensor) -> set[int]:
     return {pl.dim for pl in p.placements if pl.is_shard()} if _is_dtensor(p) else set()
 
 
-def _shard_groups(p: Tensor) -> list:
+def shard_groups(p: Tensor) -> list:
     """The process groups of the mesh dims that shard p (none for a plain tensor)."""
     if not _is_dtensor(p):
         return []
@@ -394,7 +394,7 @@ class MarinOptimizer(torch.optim.Optimizer):
         """`_fro` of the whole parameter from this rank's part `x` of it: sums of squares all-reduced
         over the shards a sphere spans (the FSDP mesh dims that split it; the EP group for a bank)."""
         bank = g.get("bank_sphere", False)  # groups saved before the option existed: per matrix
-        groups = _shard_groups(p)
+        groups = shard_groups(p)
         if bank and self.expert_group is not None:
             groups.append(self.expert_group)
         if not groups:
@@ -425,8 +425,8 @@ class MarinOptimizer(torch.optim.Optimizer):
         st = self.state[p]
         if "momentum_buffer" not in st:
             st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-        buf = _local(st["momentum_buffer"])
-        grad = _local(p.grad).float()
+        buf = local_part(st["momentum_buffer"])
+        grad = local_part(p.grad).float()
         buf.mul_(g["momentum"]).add_(grad)
         return grad.add(buf, alpha=g["momentum"])
 
@@ -439,8 +439,8 @@ class MarinOptimizer(torch.optim.Optimizer):
         b1, b2 = g["betas"]
         st["step"] += 1
         t = st["step"]  # a CPU float64 scalar tensor: the bias corrections never read a value on the host
-        grad = _local(p.grad).float()
-        m, v = _local(st["exp_avg"]), _local(st["exp_avg_sq"])
+        grad = local_part(p.grad).float()
+        m, v = local_part(st["exp_avg"]), local_part(st["exp_avg_sq"])
         m.lerp_(grad, 1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         m_hat = m / (1 - b1**t)
@@ -451,13 +451,13 @@ class MarinOptimizer(torch.optim.Optimizer):
         """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix (per whole bank for a
         bank sphere); R fixed at its init. Norms span the whole parameter however it is sharded."""
         st = self.state[p]
-        w = _local(p).float()
+        w = local_part(p).float()
         if "radius" not in st:
             st["radius"] = self._fro(w, p, g).clone()
         r = st["radius"]
         d_unit = direction / (self._fro(direction, p, g) + 1e-12)
         x = w - g["lr"] * r * d_unit
-        _local(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
+        local_part(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
 
 
 
@@ -477,7 +477,7 @@ def adamh_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
 def adam_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
     """Adam, with decoupled weight decay when the group has one (AdamW)."""
     upd = opt._adam_direction(p, g)
-    w = _local(p)
+    w = local_part(p)
     if g["weight_decay"]:
         w.mul_(1 - g["lr"] * g["weight_decay"])
     w.add_(upd.to(p.dtype), alpha=-g["lr"])
@@ -486,7 +486,7 @@ def adam_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
 def muon_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
     o = opt._orthogonalize(p, opt._nesterov(p, g), g["ns_steps"]).float()
     scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))  # the global shape
-    w = _local(p)
+    w = local_part(p)
     if g["weight_decay"]:
         w.mul_(1 - g["lr"] * g["weight_decay"])
     w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)

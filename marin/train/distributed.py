@@ -13,9 +13,10 @@ ep_shards-rank run drops: every rank plans the drops over all ep_shards shards (
 Gradient accumulation (TrainConfig.micro_batches, marin.train.accum) splits each rank's rows further.
 Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
 (n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
-the global token mean, as in one process; the Switch aux loss is the mean of the ranks' (a product of
-batch means: not exactly the global one), QB-topk thresholds are averaged over ranks (QB-hist and
-aux-free are exact).
+the global token mean, as in one process; the Switch aux loss is the world's (its loads f all-reduced,
+each rank's share of P scaled by W: marin.moe.Router.stat_group), as in one process; QB-topk thresholds
+are each shard's averaged over shards (the same under any layout of the shards), QB-hist and aux-free
+statistics are pooled over ranks.
 Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
 allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
 TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack, or, one rank per
@@ -227,7 +228,13 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None) ->
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        return build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), **kw)
+        from marin_ablate.marin.moe import Router
+
+        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), **kw)
+        for mod in model.modules():  # the Switch statistic over the world's tokens (marin.moe.Router)
+            if isinstance(mod, Router):
+                mod.stat_group, mod.stat_world = dist.group.WORLD, dist.get_world_size()
+        return model
     with torch.device("meta"):
         model = MarinModel(spec.model, spec.recipe, **kw)
     model.to_empty(device=device)

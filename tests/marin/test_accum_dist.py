@@ -4,7 +4,8 @@ a run is the same experiment however many processes hold it and however each spl
 - 2 EP ranks with 2 micro-batches each train as the same 2 ranks with one batch each;
 - 1 process with 4 micro-batches (virtual EP over 4 shards) trains as 4 EP ranks with one batch each (a rung's
   one-GPU layout against its own);
-- 2 ranks holding 2 of the run's 4 EP shards each train as one process (the layout of fewer GPUs than shards).
+- 2 ranks holding 2 of the run's 4 EP shards each train as one process (the layout of fewer GPUs than shards);
+the last two for the recipe and for the Switch aux loss (its loads pooled over the world).
 Equal losses, drops and grad norms step by step, to fp32 rounding.
 """
 
@@ -74,17 +75,26 @@ def test_two_ep_ranks_with_two_micro_batches_equal_their_one_batch_step(tmp_path
     _same_run(tmp_path / "one_batch", tmp_path / "two_micro")
 
 
-def test_one_process_with_four_micro_batches_equals_four_ep_ranks(tmp_path):
-    one = train(_with(SPEC, micro_batches=4), tmp_path / "one", resume=False)
-    four = _ranks(tmp_path, SPEC, "four", 4)
+# The recipe (QB hist, ragged) and the baseline's balancing (the Switch aux loss: a product of batch means, so
+# the ranks must pool its loads; fixed cells)
+RECIPES = {"recipe": Recipe(), "switch_aux": Recipe(router_balance="switch_aux", ep_transport="fixed")}
+
+
+@pytest.mark.parametrize("arm", list(RECIPES))
+def test_one_process_with_four_micro_batches_equals_four_ep_ranks(tmp_path, arm):
+    spec = dataclasses.replace(SPEC, recipe=RECIPES[arm])
+    one = train(_with(spec, micro_batches=4), tmp_path / "one", resume=False)
+    four = _ranks(tmp_path, spec, "four", 4)
     assert "world 4: dp 1 x ep 4" in four[0]["hardware"] and one["micro_batches"] == 4
     _same_run(tmp_path / "four", tmp_path / "one")
     assert abs(one["eval_macro_loss"] - four[0]["eval_macro_loss"]) < LOSS_TOL
 
 
-def test_two_ranks_holding_two_virtual_shards_each_equal_one_process(tmp_path):
-    one = train(SPEC, tmp_path / "one", resume=False)
-    two = _ranks(tmp_path, SPEC, "two", 2)  # ep_shards=4 over 2 ranks: an EP group of 2, 2 shards per rank
+@pytest.mark.parametrize("arm", list(RECIPES))
+def test_two_ranks_holding_two_virtual_shards_each_equal_one_process(tmp_path, arm):
+    spec = dataclasses.replace(SPEC, recipe=RECIPES[arm])
+    one = train(spec, tmp_path / "one", resume=False)
+    two = _ranks(tmp_path, spec, "two", 2)  # ep_shards=4 over 2 ranks: an EP group of 2, 2 shards per rank
     assert "world 2: dp 1 x ep 2" in two[0]["hardware"]
     _same_run(tmp_path / "one", tmp_path / "two")
     assert abs(one["eval_macro_loss"] - two[0]["eval_macro_loss"]) < LOSS_TOL
