@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
@@ -35,7 +36,16 @@ from torch.utils.checkpoint import checkpoint
 
 from marin_ablate.marin.config import ACTIVATION_CHECKPOINTS, ModelConfig, Recipe
 from marin_ablate.marin.kernels import get_kernels
-from marin_ablate.marin.moe import ROUTER_STATS, MoE, RMSNorm, RoutePin, Router, expert_load, step_router_stats
+from marin_ablate.marin.moe import (
+    ROUTER_STATS,
+    MoE,
+    RMSNorm,
+    RoutePin,
+    Router,
+    expert_load,
+    select_experts,
+    step_router_stats,
+)
 
 # Order of ModelOutput.stats_t: router statistics averaged over layers, then the worst layer's load.
 MODEL_STATS = (*ROUTER_STATS, "max_load_ratio_worst", "dropped", "dispatch_bytes")
@@ -449,13 +459,21 @@ class MarinModel(nn.Module):
         layers = []
         for block in self.blocks:
             g = block.moe.geometry
-            hs, ids, prob_sum_E, z_sum = [], [], 0.0, 0.0
+            router = block.moe.router
+            qb_hist = router.balance == "quantile" and router.qb_estimator == "hist" and router.top_k < g.n_experts
+            hs, ids, prob_sum_E, z_sum, ext = [], [], 0.0, 0.0, None
             for x, c in zip(xs, ctxs, strict=True):
                 h, idx_TK, logits_TE = block(x, c, stage="route")
                 hs.append(h)
                 ids.append(idx_TK)
                 prob_sum_E = prob_sum_E + torch.softmax(logits_TE, -1).sum(0)
                 z_sum = z_sum + torch.logsumexp(logits_TE, -1).pow(2).sum()
+                if qb_hist:  # the range of the step's QB margins (Router._record bins each micro-batch's in it)
+                    m_TE = logits_TE - select_experts(logits_TE, router.bias_E, router.top_k)[1][:, None]
+                    e = torch.stack([-m_TE.min(), m_TE.max()])
+                    ext = e if ext is None else torch.maximum(ext, e)
+            if ext is not None and router.stat_group is not None:
+                dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=router.stat_group)
             ids_TK = torch.cat(ids)
             T = ids_TK.shape[0]
             # rows carry the experts' input: the latent projection's output, in the autocast dtype when on
@@ -467,7 +485,7 @@ class MarinModel(nn.Module):
             step_load_E, step_T = block.moe.router.world_loads(load_E, T)  # the Switch statistic's: the world's
             pins, start = [], 0
             for idx_TK in ids:
-                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], step_load_E, step_T))
+                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], step_load_E, step_T, ext))
                 start += idx_TK.shape[0]
             xs = [block(h, c, stage="mix", pin=pin) for h, c, pin in zip(hs, ctxs, pins, strict=True)]
             layers.append(LayerRoutes(tuple(pins), step_router_stats(load_E, prob_sum_E, z_sum, T),

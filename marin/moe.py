@@ -156,6 +156,9 @@ class RoutePin:
     keep_TK: Tensor
     load_E: Tensor
     tokens: int
+    # QB hist: (-min, max) of the step's margins (the world's): each micro-batch bins its margins into the
+    # step's histogram as it goes (float64 counts, exact), instead of keeping them for the update
+    margin_ext: Tensor | None = None
 
 
 @dataclass
@@ -204,6 +207,10 @@ class Router(nn.Module):
         """Routing statistics of the training forwards since the last bias update (not state)."""
         self._n_forwards = 0
         self._margins: list[Tensor] = []  # QB: detached margins_TE per forward (the step's, at the update)
+        # QB hist of an accumulated step: its histogram so far, tokens and range (RoutePin.margin_ext)
+        self._counts_EN: Tensor | None = None
+        self._hist_tokens = 0
+        self._hist_ext: Tensor | None = None
         self._load_E: Tensor | None = None  # aux_free: assignments per expert
 
     def forward(self, x_TD: Tensor, pin: RoutePin | None = None) -> RouterOutput:
@@ -236,7 +243,7 @@ class Router(nn.Module):
         # forward runs without grad and only the recompute records; the model's non-reentrant block
         # checkpoint (marin.model.checkpointed_block) puts the router in eval mode for its recompute.
         if self.training and torch.is_grad_enabled():
-            self._record(logits_TE.detach(), expert_idx_TK, alpha_T)
+            self._record(logits_TE.detach(), expert_idx_TK, alpha_T, pin)
 
         with torch.no_grad():
             load_E = expert_load(expert_idx_TK, self.n_experts)
@@ -255,13 +262,20 @@ class Router(nn.Module):
         dist.all_reduce(load_E, group=self.stat_group)
         return load_E, tokens * self.stat_world
 
-    def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor) -> None:
+    def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor, pin: RoutePin | None = None) -> None:
         if self.balance == "quantile" and self.top_k < self.n_experts:
             margins_TE = logits_TE - alpha_T[:, None]  # QB step 3: m_ie = s_ie − alpha_i
+            self._n_forwards += 1
+            if self.qb_estimator == "hist" and pin is not None and pin.margin_ext is not None:
+                ext = pin.margin_ext  # the step's range: binning now gives the step's counts
+                counts_EN = margin_histogram(margins_TE, -ext[0], ext[1], self.qb_hist_bins)
+                self._counts_EN = counts_EN if self._counts_EN is None else self._counts_EN + counts_EN
+                self._hist_tokens += margins_TE.shape[0]
+                self._hist_ext = ext
+                return
             # both estimators read the step's margins at the update: the micro-batches of an accumulated
             # step are one batch to them (the shards of the topk estimator span micro-batches)
             self._margins.append(margins_TE)
-            self._n_forwards += 1
         elif self.balance == "aux_free":
             load_E = expert_load(expert_idx_TK, self.n_experts)
             self._load_E = load_E if self._load_E is None else self._load_E + load_E
@@ -281,6 +295,15 @@ class Router(nn.Module):
             if distributed:
                 dist.all_reduce(stat, op=dist.ReduceOp.SUM, group=group)
             self.bias_E.copy_(qb_bias(stat[:-1] / stat[-1]))
+        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._counts_EN is not None:
+            lo, hi = -self._hist_ext[0], self._hist_ext[1]  # the world's already (the routing pass reduced it)
+            counts_EN = self._counts_EN
+            tokens = counts_EN.new_tensor([self._hist_tokens])
+            if distributed:
+                dist.all_reduce(counts_EN, op=dist.ReduceOp.SUM, group=group)
+                dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
+            n_star = float(tokens) * self.top_k / self.n_experts
+            self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))
         elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:
             margins_TE = torch.cat(self._margins)
             ext = torch.stack([-margins_TE.min(), margins_TE.max()])

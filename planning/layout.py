@@ -45,7 +45,8 @@ def accumulation_rows(spec: RunSpec, rows: int, k: int) -> tuple[dict, ...]:
     """What gradient accumulation keeps for the whole step beyond one micro-batch's forward + backward, per
     GPU of `rows` sequences in `k` micro-batches: the routing pass's residual streams of every micro-batch
     (input and attention output of the layer being routed), the step's routing pins (expert ids, kept flags)
-    and the QB margins of the step's other micro-batches (the bias update reads the step's at once)."""
+    and the QB statistics of the step: the hist estimator's histogram (each micro-batch bins its margins in the
+    step's range, marin.moe.RoutePin.margin_ext), the topk estimator's margins of the other micro-batches."""
     if k == 1:
         return ()
     m = spec.model
@@ -55,7 +56,10 @@ def accumulation_rows(spec: RunSpec, rows: int, k: int) -> tuple[dict, ...]:
             "bytes": 2 * tokens * m.d_model * 4},
            {"line": "accumulation: the step's routing pins (expert ids int64 + kept flags)",
             "bytes": tokens * g.top_k * 9 * m.n_layers}]
-    if spec.recipe.router_balance == "quantile":
+    if spec.recipe.router_balance == "quantile" and m.qb_estimator == "hist":  # binned as they come
+        out.append({"line": "accumulation: QB margin histograms of the step (float64 counts)",
+                    "bytes": g.n_experts * m.qb_hist_bins * 8 * m.n_layers})
+    elif spec.recipe.router_balance == "quantile":  # topk: the step's margins, read at the update
         out.append({"line": f"accumulation: QB margins of the step's other {k - 1} micro-batches (fp32)",
                     "bytes": (tokens - tokens // k) * g.n_experts * 4 * m.n_layers})
     return tuple(out)

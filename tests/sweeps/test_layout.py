@@ -63,6 +63,10 @@ def test_accumulation_keeps_the_step_s_residual_streams_pins_and_qb_margins():
     g = m.moe_geometry(SPEC.recipe)
     assert rows["residual streams of 4 micro-batches"] == 2 * tokens * m.d_model * 4
     assert rows["the step's routing pins"] == tokens * g.top_k * 9 * m.n_layers
+    # the hist estimator bins each micro-batch's margins as they come; topk keeps the step's margins
+    assert rows["QB margin histograms of the step"] == g.n_experts * m.qb_hist_bins * 8 * m.n_layers
+    topk = RunSpec(model=preset("tiny", ["seq_len=64", "qb_estimator=topk"]))
+    rows = {r["line"].split(":")[1].strip().split(" (")[0]: r["bytes"] for r in accumulation_rows(topk, 16, 4)}
     assert rows["QB margins of the step's other 3 micro-batches"] == (tokens - tokens // 4) * g.n_experts * 4 * 2
     assert wall_factor(SPEC, 1) == 1.0 and wall_factor(SPEC, 4) == pytest.approx(4 / 3)
 
