@@ -3,9 +3,11 @@ Newton–Schulz in marin/update_rules.py), on the CPU rungs. Prints a table.
 
 For each preset and each form, the real step of marin.train (forward with its losses, backward, the optimizer
 of the recipe's level, router-bias update) on the same synthetic batches from the same weights; the optimizer
-step (`opt.step()`, not the router-bias update) is timed on its own inside the step. Both forms alternate
-step by step, so a machine whose load drifts slows both alike; the ratios are within one run. `--threads` pins
-torch's threads (1: a study worker's).
+step (`opt.step()`, not the router-bias update) is timed on its own inside the step; "ops" counts the operators
+one optimizer step dispatches (the kernel launches a GPU would make); "|dW| 1st" is the largest weight difference
+of the two forms after their first step (later steps drift apart by routing choices that rounding flips). Both
+forms alternate step by step, so a machine whose load drifts slows both alike; the ratios are within one run.
+`--threads` pins torch's threads (1: a study worker's).
 
     OMP_NUM_THREADS=1 python benchmarks/optim_step.py                  # cpu_s, cpu_m, cpu_l; 20 steps
     python benchmarks/optim_step.py --presets cpu_s --steps 40 --recipe baseline
@@ -41,6 +43,10 @@ def bench(name: str, recipe: Recipe, batch: int, steps: int, warmup: int) -> dic
     for i in range(warmup + steps):
         tok = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
         docs = torch.cumsum((torch.rand(batch, cfg.seq_len, generator=g) < 4 / cfg.seq_len).long(), 1)
+        if i == 1:  # after one step from the same weights and batch: the forms' difference is fp32 rounding
+            (m0, _), (m1, _) = forms[False], forms[True]
+            drift = max(float((a - b).detach().abs().max()) for a, b in zip(m0.parameters(), m1.parameters(),
+                                                                            strict=True))
         for batched, (model, opt) in forms.items():
             t0 = time.perf_counter()
             forward_backward(model, tok, tok.roll(-1, 1), docs, contextlib.nullcontext, None)
@@ -53,14 +59,36 @@ def bench(name: str, recipe: Recipe, batch: int, steps: int, warmup: int) -> dic
             if i >= warmup:
                 times[batched][0].append(t3 - t0)
                 times[batched][1].append(t2 - t1)
-    (m0, _), (m1, _) = forms[False], forms[True]
-    drift = max(float((a - b).detach().abs().max()) for a, b in zip(m0.parameters(), m1.parameters(), strict=True))
+    ops = {b: op_counts(opt) for b, (_, opt) in forms.items()}
     med = {b: (statistics.median(s), statistics.median(o)) for b, (s, o) in times.items()}
     return {"preset": name, "step_ms_per_param": 1e3 * med[False][0], "opt_ms_per_param": 1e3 * med[False][1],
             "step_ms_batched": 1e3 * med[True][0], "opt_ms_batched": 1e3 * med[True][1],
             "opt_share_per_param": med[False][1] / med[False][0], "opt_share_batched": med[True][1] / med[True][0],
             "opt_speedup": med[False][1] / med[True][1], "step_speedup": med[False][0] / med[True][0],
-            "max_weight_diff": drift}
+            "max_weight_diff": drift, "ops_per_param": ops[False], "ops_batched": ops[True]}
+
+
+def op_counts(opt) -> int:
+    """Operators one optimizer step dispatches (CPU: the launches a GPU would make), from torch's profiler;
+    the gradients are the last step's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for g in opt.param_groups:  # a step needs gradients: zeros of each parameter's shape
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.key not in NOT_KERNELS)
+
+
+#: operators that launch nothing (views, metadata, host scalars)
+NOT_KERNELS = {"aten::view", "aten::reshape", "aten::as_strided", "aten::t", "aten::transpose", "aten::expand",
+               "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided", "aten::lift_fresh",
+               "aten::unsqueeze", "aten::squeeze", "aten::split", "aten::slice", "aten::select", "aten::_unsafe_view",
+               "aten::item",
+               "aten::_local_scalar_dense", "aten::numpy_T", "aten::permute", "aten::to", "aten::resolve_conj",
+               "aten::resolve_neg", "aten::result_type", "aten::narrow", "aten::chunk", "aten::unbind"}
 
 
 def main() -> None:
@@ -76,14 +104,15 @@ def main() -> None:
     recipe = Recipe() if a.recipe == "recipe" else Recipe.baseline()
     print(f"optimizer share of a training step, {a.recipe} ({recipe.optimizer}), batch {a.batch}, {a.steps} steps "
           f"(median), {a.threads} thread(s), torch {torch.__version__}")
-    print(f"{'preset':8} {'step ms':>9} {'opt ms':>8} {'share':>6} | {'step ms':>9} {'opt ms':>8} {'share':>6} | "
-          f"{'opt x':>6} {'step x':>7} {'max |dW|':>9}")
-    print(f"{'':8} {'per-parameter':>25} | {'batched':>25} |")
+    print(f"{'preset':8} {'step ms':>9} {'opt ms':>8} {'share':>6} {'ops':>6} | {'step ms':>9} {'opt ms':>8} "
+          f"{'share':>6} {'ops':>6} | {'opt x':>6} {'step x':>7} {'|dW| 1st':>9}")
+    print(f"{'':8} {'per-parameter':>32} | {'batched':>32} |")
     for name in a.presets.split(","):
         r = bench(name, recipe, a.batch, a.steps, a.warmup)
-        print(f"{name:8} {r['step_ms_per_param']:9.1f} {r['opt_ms_per_param']:8.1f} {r['opt_share_per_param']:6.1%} | "
-              f"{r['step_ms_batched']:9.1f} {r['opt_ms_batched']:8.1f} {r['opt_share_batched']:6.1%} | "
-              f"{r['opt_speedup']:6.2f} {r['step_speedup']:7.2f} {r['max_weight_diff']:9.1e}", flush=True)
+        print(f"{name:8} {r['step_ms_per_param']:9.1f} {r['opt_ms_per_param']:8.1f} {r['opt_share_per_param']:6.1%} "
+              f"{r['ops_per_param']:6d} | {r['step_ms_batched']:9.1f} {r['opt_ms_batched']:8.1f} "
+              f"{r['opt_share_batched']:6.1%} {r['ops_batched']:6d} | {r['opt_speedup']:6.2f} {r['step_speedup']:7.2f} "
+              f"{r['max_weight_diff']:9.1e}", flush=True)
 
 
 if __name__ == "__main__":
