@@ -211,23 +211,28 @@ def gpus_per_run(r: PlannedRun, opts: ExecOptions, own: int) -> int:
 
 def with_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, study: Any) -> list[PlannedRun]:
     """GPU runs on fewer GPUs than their rung's own count train in the layout planning.layout picks for
-    ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs)."""
+    ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs).
+    One layout per rung, the larger micro-batch count of its recipe and baseline arms' (the arms' memory
+    differs little; measuring each of 32 arms would take half an hour of CPU at submission)."""
+    from marin_ablate.marin.config import Recipe
     from marin_ablate.planning.layout import cached_layout, with_layout
 
     own = {r.name: int(r.gpus) for r in getattr(study, "rungs", ())}
-    out = []
+    by_rung: dict[Any, list[PlannedRun]] = {}
     for r in runs:
-        rung_gpus = own.get(r.meta.get("rung"), 0)
-        gpus = gpus_per_run(r, opts, rung_gpus)
-        if not r.spec.train.device.startswith("cuda") or not gpus or gpus >= rung_gpus:
-            out.append(r)
+        by_rung.setdefault(r.meta.get("rung"), []).append(r)
+    k_of: dict[Any, int] = {}
+    for rung, rs in by_rung.items():
+        gpus = gpus_per_run(rs[0], opts, own.get(rung, 0))
+        if not rs[0].spec.train.device.startswith("cuda") or not gpus or gpus >= own.get(rung, 0):
             continue
+        reps = [r for r in rs if r.spec.recipe in (Recipe(), Recipe.baseline())] or rs[:1]
         try:
-            lay = cached_layout(r.spec, gpus, opts.gpu_mem_gib)
+            k_of[rung] = max(cached_layout(r.spec, gpus, opts.gpu_mem_gib)["micro_batches"] for r in reps)
         except ValueError as e:
-            raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPU(s): {e}") from None
-        out.append(PlannedRun(with_layout(r.spec, lay), r.meta, r.dir))
-    return out
+            raise ValueError(f"rung {rung} on {gpus} GPU(s): {e}") from None
+    return [PlannedRun(with_layout(r.spec, {"micro_batches": k_of[r.meta.get("rung")]}), r.meta, r.dir)
+            if r.meta.get("rung") in k_of else r for r in runs]
 
 
 def check_reachable(runs: Sequence[PlannedRun], ex: Any) -> None:
