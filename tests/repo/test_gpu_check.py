@@ -27,6 +27,9 @@ def test_the_gpu_check_script_runs_every_section_on_cpu_and_writes_its_table(tmp
     assert all(ln.split("|")[3].strip() == "ok" for ln in rows), table
     assert "losses of 2 steps finite | yes" in table and "losses vs one process | equal" in table
     assert "micro-batches x sequences" in table  # the layout each step ran in
+    for log in sorted(tmp_path.glob("[0-9]-*.log")):  # a section that caught its own failure exits 0: read it
+        bad = [ln for ln in log.read_text().splitlines() if "SECTION FAILED" in ln or " FAIL " in ln]
+        assert not bad, f"{log.name}: {bad}"
 
 
 def test_the_gpu_check_script_stays_within_a_lent_device_s_budget():
