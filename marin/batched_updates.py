@@ -39,14 +39,8 @@ def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[
 
 def adam_directions(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> list[Tensor]:
     """`MarinOptimizer._adam_direction` of every parameter of a group: m_hat / (sqrt(v_hat) + eps)."""
-    for p in ps:
-        st = opt.state[p]
-        if "exp_avg" not in st:
-            st["step"] = torch.zeros((), dtype=torch.float64)
-            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+    sts = [opt._adam_state(p) for p in ps]
     b1, b2 = g["betas"]
-    sts = [opt.state[p] for p in ps]
     torch._foreach_add_([st["step"] for st in sts], 1.0)
     grads = [local_part(p.grad).float() for p in ps]
     ms, vs = [local_part(st["exp_avg"]) for st in sts], [local_part(st["exp_avg_sq"]) for st in sts]

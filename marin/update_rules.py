@@ -430,12 +430,17 @@ class MarinOptimizer(torch.optim.Optimizer):
         buf.mul_(g["momentum"]).add_(grad)
         return grad.add(buf, alpha=g["momentum"])
 
-    def _adam_direction(self, p: Tensor, g: dict) -> Tensor:
+    def _adam_state(self, p: Tensor) -> dict:
+        """p's Adam state (step, fp32 moments), created at its first step."""
         st = self.state[p]
         if "exp_avg" not in st:
             st["step"] = torch.zeros((), dtype=torch.float64)
             st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        return st
+
+    def _adam_direction(self, p: Tensor, g: dict) -> Tensor:
+        st = self._adam_state(p)
         b1, b2 = g["betas"]
         st["step"] += 1
         t = st["step"]  # a CPU float64 scalar tensor: the bias corrections never read a value on the host

@@ -77,7 +77,7 @@ class PlanOptions(StudyOptions):
 
 
 def cmd_dry_run(study: Any, args: PlanOptions) -> int:
-    from marin_ablate.planning.dryrun import dry_run, format_report
+    from marin_ablate.planning.dryrun import format_report
     from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     spec = study.runs()[0][0]
@@ -93,20 +93,9 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
         hero.check(spec)  # the layout the time model and the sbatch are planned for
     gpus = dr.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
     ep = dr.ep or spec.model.ep_shards
-    import tempfile
+    from marin_ablate.planning.layout_report import dry_run_parts
 
-    from marin_ablate.planning.dryrun import format_loop, loop_dry_run
-    from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
-
-    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
-        # (c) first: the step on an accelerator that is not the host fails where a GPU would
-        reh = rehearse(spec, gpus, ep, work)
-        if not args.json:
-            print(format_rehearsal(reh) + "\n", flush=True)
-        loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
-    if not args.json:
-        print(format_loop(loop) + "\n", flush=True)
-    rep = dry_run(spec, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib)
+    reh, loop, rep = dry_run_parts(spec, gpus, ep, dr, args.json)
     print(json.dumps({"rehearsal": reh, "loop": loop, **rep}, indent=1, default=str) if args.json
           else format_report(rep))
     return 0 if rep["ok"] and reh["ok"] else 1

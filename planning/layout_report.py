@@ -24,10 +24,27 @@ def rung_specs(study: Any, overrides=()) -> dict[str, Any]:
     return {r: apply_spec_overrides(s, overrides) if overrides else s for r, s in out.items()}
 
 
-def dry_run_rungs(study: Any, args: Any) -> int:
-    from marin_ablate.planning.dryrun import dry_run, format_loop, format_report, loop_dry_run
-    from marin_ablate.planning.layout import accumulation_rows, choose_layout, wall_factor, with_layout
+def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool, extra: tuple = ()) -> tuple[dict, dict, dict]:
+    """The dry run's three parts for one spec (`dr`: the --dry-run options), parts (c) and (a) printed as they
+    finish unless `quiet`: (c) first, since the step on an accelerator that is not the host fails where a GPU
+    would; (a) raises naming what breaks. Returns (rehearsal, loop, memory report)."""
+    from marin_ablate.planning.dryrun import dry_run, format_loop, loop_dry_run
     from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
+
+    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
+        reh = rehearse(spec, gpus, ep, work)
+        if not quiet:
+            print(format_rehearsal(reh) + "\n", flush=True)
+        loop = loop_dry_run(spec, gpus, ep, work)
+    if not quiet:
+        print(format_loop(loop) + "\n", flush=True)
+    rep = dry_run(spec, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib, extra=extra)
+    return reh, loop, rep
+
+
+def dry_run_rungs(study: Any, args: Any) -> int:
+    from marin_ablate.planning.dryrun import format_report
+    from marin_ablate.planning.layout import accumulation_rows, choose_layout, wall_factor, with_layout
 
     dr = args.dry_run
     hours = {r["name"]: r.get("gpu_hours_per_run") for r in study.describe().get("rungs", [])}
@@ -49,15 +66,8 @@ def dry_run_rungs(study: Any, args: Any) -> int:
         if not args.json:
             print(f"{head}: EP group {lay['ep_group']} x {lay['virtual_shards']} virtual shard(s) per GPU, "
                   f"{lay['micro_batches']} micro-batch(es) of {lay['sequences_per_micro_batch']} sequences", flush=True)
-        with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
-            reh = rehearse(sk, gpus, ep, work)
-            if not args.json:
-                print(format_rehearsal(reh) + "\n", flush=True)
-            loop = loop_dry_run(sk, gpus, ep, work)  # raises naming what breaks
-        if not args.json:
-            print(format_loop(loop) + "\n", flush=True)
-        rep = dry_run(sk, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib,
-                      extra=accumulation_rows(spec, lay["sequences_per_gpu"], lay["micro_batches"]))
+        reh, loop, rep = dry_run_parts(sk, gpus, ep, dr, args.json,
+                                       accumulation_rows(spec, lay["sequences_per_gpu"], lay["micro_batches"]))
         if not args.json:
             print(format_report(rep) + "\n", flush=True)
         worst = max(t["total"] for t in rep["tables"].values()) / 2**30
