@@ -357,8 +357,8 @@ class TrainConfig:
     # >0: also a temporary checkpoint whenever this many seconds of wall clock passed since the last one
     # (Marin's hourly one), so a job's time limit never falls between two checkpoint_every saves
     checkpoint_interval_s: float = 0.0
-    # torch threads of `train` (None: SLURM_CPUS_PER_TASK under SLURM, else 1: a CPU worker at 2 threads on a
-    # shared machine was measured 7.9x slower per step than at 1)
+    # torch threads of `train` (None: SLURM_CPUS_PER_TASK under SLURM, else OMP_NUM_THREADS, else 1: a CPU worker
+    # at 2 threads on a shared machine was measured 7.9x slower per step than at 1)
     threads: int | None = None
     # Gradient accumulation: each rank's rows of a step in this many equal micro-batches, one forward +
     # backward each, one update (marin/train/accum.py). How a batch is split is not what the run computes:

@@ -550,10 +550,12 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     stop = StopFlag()
     trainer: Trainer | None = None
     try:
-        # one thread unless told (TrainConfig.threads) or given a SLURM task's CPUs: torch's default takes every
-        # core, and workers sharing a machine then slow each other down (docs/architecture.md §5)
+        # one thread unless told (TrainConfig.threads, a SLURM task's CPUs, a local worker's OMP_NUM_THREADS):
+        # torch's default takes every core, and workers sharing a machine then slow each other down
+        # (docs/architecture.md §5)
+        env = os.environ
         torch.set_num_threads(int(t.threads) if t.threads is not None else
-                              int(os.environ.get("SLURM_CPUS_PER_TASK") or 1))
+                              int(env.get("SLURM_CPUS_PER_TASK") or env.get("OMP_NUM_THREADS") or 1))
         trainer = Trainer(spec, run_dir, stages, device, pd, t0, keep_checkpoints)
         trainer.begin(resume, log_to)
         stop.install()
