@@ -41,6 +41,8 @@ def test_train_on_a_prepared_corpus_runs_with_datasets_submitit_optuna_and_panda
                                                                                                 tmp_path):
     for name in ABSENT:  # `import name` raises ImportError while its sys.modules entry is None
         monkeypatch.setitem(sys.modules, name, None)
+    for var in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):  # nothing tells train how many threads
+        monkeypatch.delenv(var, raising=False)
     with pytest.raises(ImportError):
         import datasets  # noqa: F401
     from marin_ablate.train import cmd_train
