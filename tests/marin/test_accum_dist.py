@@ -30,6 +30,11 @@ SPEC = RunSpec(model=preset("tiny", ["seq_len=64", "ep_shards=4", "qb_estimator=
                                  checkpoint_every=0, threads=1))
 
 
+# The recipe (QB hist, ragged) and the baseline's balancing (the Switch aux loss: a product of batch means, so
+# the ranks must pool its loads; fixed cells)
+RECIPES = {"recipe": Recipe(), "switch_aux": Recipe(router_balance="switch_aux", ep_transport="fixed")}
+
+
 def _with(spec: RunSpec, **train) -> RunSpec:
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
 
@@ -66,18 +71,14 @@ def _same_run(a_dir: Path, b_dir: Path) -> None:
     assert sum(r["drop_rate"] for r in a) > 0  # the ragged transport drops here
 
 
-def test_two_ep_ranks_with_two_micro_batches_equal_their_one_batch_step(tmp_path):
-    two = dataclasses.replace(SPEC, model=dataclasses.replace(SPEC.model, ep_shards=2))
+@pytest.mark.parametrize("arm", ["recipe", "switch_aux"])
+def test_two_ep_ranks_with_two_micro_batches_equal_their_one_batch_step(tmp_path, arm):
+    two = dataclasses.replace(SPEC, model=dataclasses.replace(SPEC.model, ep_shards=2), recipe=RECIPES[arm])
     ref = _ranks(tmp_path, two, "one_batch", 2)
     got = _ranks(tmp_path, _with(two, micro_batches=2), "two_micro", 2)
     assert "world 2: dp 1 x ep 2" in got[0]["hardware"] and got[0]["micro_batches"] == 2
     assert got[0]["run_id"] == ref[0]["run_id"]
     _same_run(tmp_path / "one_batch", tmp_path / "two_micro")
-
-
-# The recipe (QB hist, ragged) and the baseline's balancing (the Switch aux loss: a product of batch means, so
-# the ranks must pool its loads; fixed cells)
-RECIPES = {"recipe": Recipe(), "switch_aux": Recipe(router_balance="switch_aux", ep_transport="fixed")}
 
 
 @pytest.mark.parametrize("arm", list(RECIPES))
