@@ -96,10 +96,10 @@ class Rung:
         if self.evals_per_run is not None and self.evals_per_run < 1:
             raise ValueError(f"Rung {self.name!r}: evals_per_run must be >= 1, got {self.evals_per_run}")
         m = self.model()  # validates preset and overrides now, naming the field
-        if self.gpus > 1 and self.gpus % m.ep_shards:
-            raise ValueError(f"Rung {self.name!r}: gpus={self.gpus} is not a whole number of EP groups of "
-                             f"ep_shards={m.ep_shards} ranks; allowed values: 1 (virtual EP in one process) or "
-                             f"multiples of {m.ep_shards}")
+        if self.gpus > 1 and self.gpus % m.ep_shards and m.ep_shards % self.gpus:
+            raise ValueError(f"Rung {self.name!r}: gpus={self.gpus} neither divides nor is a multiple of "
+                             f"ep_shards={m.ep_shards}; allowed values: divisors of {m.ep_shards} (each GPU holds "
+                             f"whole EP shards, 1: virtual EP in one process) or multiples of {m.ep_shards}")
 
     def model(self) -> ModelConfig:
         try:

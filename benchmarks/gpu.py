@@ -56,6 +56,10 @@ def main(argv=None) -> int:
     print(f"  {'section':10s} {'measurement':48s} {'value':>12s} {'unit':8s} {'vs':>10s} note")
 
     bench_ceilings(dev)
+    if ARGS.blocks_only:
+        bench_blocks(dev, compiled=dev.type == "cuda" or ARGS.compile_cpu)
+        print(f"\ntotal {elapsed():.0f}s")
+        return 0
     if common.TRITON_OK:
         bench_sconv(dev, 4)
         bench_xsa(dev)
@@ -74,7 +78,9 @@ def main(argv=None) -> int:
             bench_full_model(dev)
         else:
             row("model", "full model", "skipped (time budget)", "")
-    if ARGS.quick or elapsed() < ARGS.budget_s - 30:
+    if ARGS.no_blocks:
+        pass
+    elif ARGS.quick or elapsed() < ARGS.budget_s - 30:
         bench_blocks(dev)
     else:
         row("blocks", "eager blocks", "skipped (time budget)", "")

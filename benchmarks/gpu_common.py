@@ -27,6 +27,10 @@ def parse_args(argv=None):
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip remaining optional sections past this")
     p.add_argument("--compile-cpu", action="store_true", help="also run the torch.compile'd blocks on CPU (slow)")
+    p.add_argument("--no-blocks", action="store_true", help="leave the eager blocks out (a section of their own)")
+    p.add_argument("--blocks-only", action="store_true",
+                   help="the ceilings, then the compiled recipe block vs the compiled plain block (eager on CPU "
+                        "without --compile-cpu) only: benchmarks/gpu_check.sh's last section")
     args = p.parse_args(argv)
     if args.device not in (None, "cuda", "cpu"):
         p.error(f"--device={args.device!r}; allowed values: 'cuda', 'cpu'")

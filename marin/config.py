@@ -322,6 +322,7 @@ TRAIN_RANGES: dict[str, tuple] = {
     "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
     "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG, "gate_router_decay_start": NONNEG_INT,
+    "micro_batches": POS_INT,
 }
 
 
@@ -372,7 +373,14 @@ class TrainConfig:
     # >0: also a temporary checkpoint whenever this many seconds of wall clock passed since the last one
     # (Marin's hourly one), so a job's time limit never falls between two checkpoint_every saves
     checkpoint_interval_s: float = 0.0
+    # torch threads of `train` (None: SLURM_CPUS_PER_TASK under SLURM, else OMP_NUM_THREADS, else 1: a CPU worker
+    # at 2 threads on a shared machine was measured 7.9x slower per step than at 1)
     threads: int | None = None
+    # Gradient accumulation: each rank's rows of a step in this many equal micro-batches, one forward +
+    # backward each, one update (marin/train/accum.py). How a batch is split is not what the run computes:
+    # the step equals the one-batch step (losses, router statistics, drops, bias update), so it is not
+    # part of the run id (NOT_IDENTITY); summary.json records it.
+    micro_batches: int = 1
     # Planted factors of the calibration study (docs/calibration/): FLOPs counted per FLOP spent
     # (2 = "waste": same training, twice the compute counted), an extra seed stream mixed into the
     # model and data seeds (a placebo), and a multiplier on the rung's steps (more tokens, same ladder).
@@ -470,6 +478,10 @@ class DataConfig:
 #: 6: Newton–Schulz normalisation ε 1e-8 (Marin's hero path; was 1e-7).
 SPEC_VERSION = 6
 
+#: Fields that say how a run is laid out on its hardware, not what it computes: left out of the run id, so
+#: the same run resumes (and keeps its id) on another GPU count with another micro-batch split.
+NOT_IDENTITY: dict[str, tuple[str, ...]] = {"train": ("micro_batches",)}
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -511,6 +523,11 @@ class RunSpec:
         (a new switch at its default changes the id) and each other value away from its default."""
         ident = non_default(self)
         ident.pop("recipe", None)
+        for section, names in NOT_IDENTITY.items():
+            for name in names:
+                ident.get(section, {}).pop(name, None)
+            if section in ident and not ident[section]:
+                del ident[section]
         recipe = {k: v for k, v in to_dict(self.recipe).items() if v != IDENTITY_LEVELS[k]}
         if recipe:
             ident["recipe"] = recipe

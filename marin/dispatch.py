@@ -282,8 +282,15 @@ class DispatchStats:
 
 
 class Dispatcher(Protocol):
+    """`keep_TK` (a micro-batch of an accumulated step): the drops `plan` decided for the whole step, applied
+    instead of deciding them from this call's tokens."""
+
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
-                 dropless: bool) -> tuple[Tensor, DispatchStats]: ...
+                 dropless: bool, keep_TK: Tensor | None = None) -> tuple[Tensor, DispatchStats]: ...
+
+    def plan(self, expert_idx_TK: Tensor, n_experts: int, row_bytes: int) -> tuple[Tensor, Tensor | int]:
+        """(keep_TK, bytes moved) of this rank's tokens of a whole step, as a one-batch step drops them."""
+        ...
 
 
 def expert_offsets(expert_sorted_N: Tensor, n_experts: int) -> Tensor:
@@ -352,10 +359,24 @@ class LocalDispatcher:
         return (f"LocalDispatcher(transport={self.transport!r}, n_shards={self.n_shards}, "
                 f"capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks}, kernels={self.kernels.backend!r})")
 
+    def plan(self, expert_idx_TK: Tensor, n_experts: int, row_bytes: int) -> tuple[Tensor, Tensor | int]:
+        """(keep_TK, bytes crossing shards) of a whole step's tokens over this dispatcher's virtual shards."""
+        E = n_experts
+        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=self.n_shards, transport=self.transport,
+                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks, waves=self.waves,
+                             check_ids=False)
+        return keep_TK, transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=self.n_shards,
+                                        transport=self.transport, capacity_factor=self.capacity_factor,
+                                        row_bytes=row_bytes, waves=self.waves)
+
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
-                 dropless: bool) -> tuple[Tensor, DispatchStats]:
+                 dropless: bool, keep_TK: Tensor | None = None) -> tuple[Tensor, DispatchStats]:
         T, K = expert_idx_TK.shape
         E, S = experts.n_experts, self.n_shards
+        if keep_TK is not None:  # the step's drops, planned over every micro-batch's tokens
+            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
+            return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_TK).sum(), dropped_per_shard=None,
+                                       bytes_moved=0)
         transport = "dropless" if dropless else self.transport
         keep_TK = None if transport == "dropless" else plan_drops(
             expert_idx_TK, n_experts=E, n_shards=S, transport=transport, capacity_factor=self.capacity_factor,

@@ -191,9 +191,12 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
         for p in EXPERT_PARAM_NAMES:
             full = getattr(m, p)
             setattr(m, p, nn.Parameter(full.detach()[q * El:(q + 1) * El].clone(), requires_grad=full.requires_grad))
+        # the run's shards each rank holds: ModelConfig.ep_shards over a group of fewer ranks (the trainer's
+        # layouts: marin.train.distributed.ep_group_size); else each rank's tokens are one shard
+        virtual = old.n_shards // S if old.n_shards > S and old.n_shards % S == 0 else 1
         m.dispatcher = EPDispatcher(transport or old.transport, groups.ep_group, E, old.capacity_factor, old.n_chunks,
-                                    old.waves)
-        m.router.qb_shards = 1  # this rank's tokens are one shard; update_bias averages over ranks
+                                    old.waves, virtual)
+        m.router.qb_shards = virtual  # this rank's tokens are its shards; update_bias averages over ranks
     if not found:
         raise ValueError("shard_experts: the model has no MoE layer (a module with `dispatcher` and "
                          f"parameters {', '.join(EXPERT_PARAM_NAMES)})")

@@ -30,6 +30,7 @@ from marin_ablate.marin.dispatch import (
     cell_counts,
     expert_offsets,
     fixed_cell_capacity,
+    plan_drops,
     pooled_wave_capacities,
     pooled_wave_receiver_keep,
     pooled_wave_slots,
@@ -38,8 +39,10 @@ from marin_ablate.marin.dispatch import (
     ragged_chunk_layout,
     ranks_in_groups,
     swiglu_grouped,
+    transport_bytes,
 )
 from marin_ablate.marin.ep_layout import check_ep_layout
+from marin_ablate.marin.kernels.torch_ops import count_ids
 
 EP_TRANSPORTS = TRANSPORTS  # every transport the planner knows has a real-EP exchange
 
@@ -127,6 +130,10 @@ class EPDispatcher:
       split sizes of the accepted rows (pooled receiver capacity, clipped per chunk), rows regrouped
       expert-major for the grouped GEMM, mirrored return.
     dropless=True (eval): the ragged exchange with nothing clipped, whatever the transport.
+    Planned drops (`keep_TK`, a micro-batch of an accumulated step; or `virtual` > 1, a rank holding several
+    of the run's ModelConfig.ep_shards shards): `plan` gathers the group's expert ids and decides the drops
+    over every virtual shard with `plan_drops`, and the ragged exchange carries the kept rows unclipped,
+    whatever the transport (the same kept set, so the same math; the bytes of another exchange).
 
     Stats are this rank's: assigned = T_s*K, dropped (equals plan_drops on the gathered ids restricted to
     this shard; a device tensor for pooled_wave), dropped_per_shard (every shard's, ragged only: it is
@@ -135,7 +142,7 @@ class EPDispatcher:
     """
 
     def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2,
-                 waves: int = 3):
+                 waves: int = 3, virtual: int = 1):
         if transport not in EP_TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not known; "
                              f"allowed values: {', '.join(map(repr, EP_TRANSPORTS))}")
@@ -151,6 +158,7 @@ class EPDispatcher:
         self.transport, self.n_experts, self.capacity_factor, self.n_chunks = (transport, n_experts, capacity_factor,
                                                                               n_chunks)
         self.waves = waves
+        self.virtual = virtual  # the run's EP shards each rank holds (its tokens in that many contiguous shards)
         self.n_local = n_experts // self.S
         # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"
         # averages them), so the slices hold gradients of the mean of the per-rank losses.
@@ -163,8 +171,23 @@ class EPDispatcher:
                 f"n_experts={self.n_experts}, capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks}, "
                 f"waves={self.waves})")
 
+    def plan(self, expert_idx_TK: Tensor, n_experts: int, row_bytes: int) -> tuple[Tensor, Tensor | int]:
+        """(keep_TK, bytes crossing shards) of this rank's tokens of a step: the group's expert ids gathered
+        (rank order is shard order), `plan_drops` over its S x virtual shards, this rank's rows kept."""
+        T, K = expert_idx_TK.shape
+        ids = torch.empty(self.S * T * K, dtype=expert_idx_TK.dtype, device=expert_idx_TK.device)
+        _all_gather_flat(ids, expert_idx_TK.contiguous().view(-1), self.group)
+        ids_TK = ids.view(self.S * T, K)
+        shards = self.S * self.virtual
+        keep_TK = plan_drops(ids_TK, n_experts=n_experts, n_shards=shards, transport=self.transport,
+                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks, waves=self.waves,
+                             check_ids=False)
+        nbytes = transport_bytes(ids_TK, keep_TK, n_experts=n_experts, n_shards=shards, transport=self.transport,
+                                 capacity_factor=self.capacity_factor, row_bytes=row_bytes, waves=self.waves)
+        return keep_TK[self.rank * T:(self.rank + 1) * T], nbytes
+
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
-                 dropless: bool) -> tuple[Tensor, DispatchStats]:
+                 dropless: bool, keep_TK: Tensor | None = None) -> tuple[Tensor, DispatchStats]:
         if experts.n_experts != self.n_local:
             raise ValueError(f"experts hold {experts.n_experts} experts; this EP rank needs n_experts/ep = "
                              f"{self.n_experts}/{self.S} = {self.n_local} (shard the model with shard_experts)")
@@ -174,6 +197,12 @@ class EPDispatcher:
         if self.grad_scale != 1.0:
             experts = ExpertWeights(*(_GradScale.apply(w, self.grad_scale)
                                       for w in (experts.w_gate_EWH, experts.w_up_EWH, experts.w_down_EHW)))
+        if keep_TK is None and self.virtual > 1 and not dropless:
+            keep_TK, _ = self.plan(expert_idx_TK, self.n_experts, x_TW.shape[1] * x_TW.element_size())
+        if keep_TK is not None:  # planned drops: the kept rows through the unclipped ragged exchange
+            e_N, keep_N = expert_idx_TK.reshape(-1).long(), keep_TK.reshape(-1)
+            counts_E = count_ids(torch.where(keep_N, e_N, self.n_experts), self.n_experts + 1)[:self.n_experts]
+            return self._ragged(x_TW, expert_idx_TK, combine_TK, experts, counts_E, None, True, keep_N)
         if self.transport == "pooled_wave" and not dropless:
             return self._pooled_wave(x_TW, expert_idx_TK, combine_TK, experts)
         counts_1E, rank_N = cell_counts(expert_idx_TK, self.n_experts, 1)
@@ -250,7 +279,8 @@ class EPDispatcher:
         return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_N).sum(), dropped_per_shard=None, bytes_moved=nbytes)
 
     # -- ragged: counts first, then split sizes --------------------------------------------------
-    def _ragged(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, counts_E, rank_N, dropless: bool):
+    def _ragged(self, x_TW, idx_TK, combine_TK, experts: ExpertWeights, counts_E, rank_N, dropless: bool,
+                keep_N: Tensor | None = None):
         T, K = idx_TK.shape
         W, S, El, E, r = x_TW.shape[1], self.S, self.n_local, self.n_experts, self.rank
         counts_SE = torch.empty(S * E, dtype=torch.long, device=counts_E.device)
@@ -263,7 +293,8 @@ class EPDispatcher:
             _, chunk_cap = ragged_capacities(T, K, El, self.capacity_factor, self.n_chunks)
             accepted_SE = ragged_accepted(counts_SE, self.n_chunks, chunk_cap)
         e_N = idx_TK.reshape(-1).long()
-        keep_N = rank_N < accepted_SE[r, e_N]
+        if keep_N is None:
+            keep_N = rank_N < accepted_SE[r, e_N]
         # Send order: kept rows by (chunk, global expert) -- receiver-major inside a chunk, (t, k)
         # order inside a cell (stable) -- the dropped after; chunk c's rows are then one slice.
         chunk_N = (e_N % El) // Ec

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
@@ -35,7 +36,16 @@ from torch.utils.checkpoint import checkpoint
 
 from marin_ablate.marin.config import ACTIVATION_CHECKPOINTS, ModelConfig, Recipe
 from marin_ablate.marin.kernels import get_kernels
-from marin_ablate.marin.moe import ROUTER_STATS, MoE, RMSNorm, Router
+from marin_ablate.marin.moe import (
+    ROUTER_STATS,
+    MoE,
+    RMSNorm,
+    RoutePin,
+    Router,
+    expert_load,
+    select_experts,
+    step_router_stats,
+)
 
 # Order of ModelOutput.stats_t: router statistics averaged over layers, then the worst layer's load.
 MODEL_STATS = (*ROUTER_STATS, "max_load_ratio_worst", "dropped", "dispatch_bytes")
@@ -54,12 +64,17 @@ class ModelOutput:
     @cached_property
     def stats(self) -> dict[str, float]:
         """Router and dispatch statistics as floats (one device sync, on first access)."""
-        vals = dict(zip(MODEL_STATS, self.stats_t.tolist(), strict=True))
-        stats = {k: vals[k] for k in ROUTER_STATS}
-        stats["max_load_ratio"] = vals["max_load_ratio_worst"]
-        stats.update(assigned=float(self.assigned), dropped=vals["dropped"],
-                     drop_rate=vals["dropped"] / max(self.assigned, 1), dispatch_bytes=vals["dispatch_bytes"])
-        return stats
+        return model_stats(self.stats_t, self.assigned)
+
+
+def model_stats(stats_t: Tensor, assigned: int) -> dict[str, float]:
+    """MODEL_STATS of a forward (or of a step's routing, StepRoutes.stats_t) as the loop logs them."""
+    vals = dict(zip(MODEL_STATS, stats_t.tolist(), strict=True))
+    stats = {k: vals[k] for k in ROUTER_STATS}
+    stats["max_load_ratio"] = vals["max_load_ratio_worst"]
+    stats.update(assigned=float(assigned), dropped=vals["dropped"],
+                 drop_rate=vals["dropped"] / max(assigned, 1), dispatch_bytes=vals["dispatch_bytes"])
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +172,7 @@ class ForwardContext:
     cos_SR: Tensor
     sin_SR: Tensor
     q_scale: float  # context-extension multiplier on q (1 + c·ln(L/L0), TrainConfig.context_q_rule; 1.0 at L0)
+    routes: tuple[RoutePin, ...] | None = None  # per layer: a micro-batch's share of its step's routing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +279,7 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, recipe: Recipe, layer: int):
         super().__init__()
-        self.cfg, self.recipe = cfg, recipe
+        self.cfg, self.recipe, self.layer = cfg, recipe, layer
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, recipe, layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -274,21 +290,59 @@ class Block(nn.Module):
         if recipe.sconv == "short_conv" and "mlp_out" in cfg.sconv_sites:
             self.sconv_mlp_out = ShortConv(cfg.d_model, cfg.sconv_kernel, cfg.kernels)
 
-    def forward(self, x_BSD: Tensor, ctx: ForwardContext):
+    def attend(self, x_BSD: Tensor, ctx: ForwardContext) -> Tensor:
+        """The attention half: x + attention(norms(x))."""
         a = self.attn_norm(x_BSD)
         if self.cfg.gated_norm == "on":
             a = self.attn_gated_norm(a)
-        x_BSD = x_BSD + self.attn(a, ctx)
+        return x_BSD + self.attn(a, ctx)
 
+    def mlp_input(self, x_BSD: Tensor) -> Tensor:
         m = self.mlp_norm(x_BSD)
-        if self.cfg.gated_norm == "on":
-            m = self.mlp_gated_norm(m)
-        moe = self.moe(m)
+        return self.mlp_gated_norm(m) if self.cfg.gated_norm == "on" else m
+
+    def mix(self, x_BSD: Tensor, ctx: ForwardContext, pin: RoutePin | None = None):
+        """The MoE half: x + MoE(norms(x)) (SConv mlp_out before the residual add)."""
+        moe = self.moe(self.mlp_input(x_BSD), pin)
         y = moe.y_BSD
         if self.recipe.sconv == "short_conv" and "mlp_out" in self.cfg.sconv_sites:
             y = self.sconv_mlp_out(y, ctx.doc_ids_BS)  # SConv site mlp_out: before the residual add
         # the rows are in the residual sum; the block (an FSDP2 unit) returns no view of them
         return x_BSD + y, replace(moe, y_TD=None)
+
+    def forward(self, x_BSD: Tensor, ctx: ForwardContext, stage: str = "full", pin: RoutePin | None = None):
+        """The block; a routing pass (`MarinModel.plan_routes`) calls its halves one at a time, through this
+        call so that FSDP2's hooks gather the block and a compiled block compiles them: stage "route" returns
+        (h_BSD, expert_idx_TK, logits_TE) of the attention half and the router, "mix" the MoE half of h_BSD
+        with `pin`'s routing."""
+        if stage == "route":
+            h = self.attend(x_BSD, ctx)
+            m = self.mlp_input(h)
+            r = self.moe.router(m.reshape(-1, m.shape[-1]))
+            return h, r.expert_idx_TK, r.logits_TE
+        if stage == "mix":
+            return self.mix(x_BSD, ctx, pin)[0]
+        return self.mix(self.attend(x_BSD, ctx), ctx, ctx.routes[self.layer] if ctx.routes is not None else None)
+
+
+@dataclass
+class LayerRoutes:
+    """One layer's routing of a whole step (`MarinModel.plan_routes`): each micro-batch's pin, the step's router
+    statistics (ROUTER_STATS), its dropped assignments and the bytes its dispatch moves across shards."""
+
+    pins: tuple[RoutePin, ...]
+    stats_R: Tensor
+    dropped: Tensor
+    bytes_moved: Tensor | int
+
+
+@dataclass
+class StepRoutes:
+    """A step's routing (`MarinModel.forward(..., plan=True)`): `pins[j]` holds micro-batch j's RoutePin of
+    every layer (ForwardContext.routes), `stats_t` the step's MODEL_STATS."""
+
+    pins: list[tuple[RoutePin, ...]]
+    stats_t: Tensor
 
 
 def checkpointed_block(block: Block, x_BSD: Tensor, ctx: ForwardContext):
@@ -305,11 +359,11 @@ def checkpointed_block(block: Block, x_BSD: Tensor, ctx: ForwardContext):
             return block(x, ctx)
         router = block.moe.router
         was = router.training
-        router.training = False
+        router.training, router.recomputing = False, True
         try:
             return block(x, ctx)
         finally:
-            router.training = was
+            router.training, router.recomputing = was, False
 
     return checkpoint(run, x_BSD, use_reentrant=False)
 
@@ -379,8 +433,8 @@ class MarinModel(nn.Module):
                 mod.bias_E.zero_()
 
     # ---- forward ---------------------------------------------------------------------------------
-    def forward(self, tokens_BS: Tensor, doc_ids_BS: Tensor | None = None,
-                targets_BS: Tensor | None = None) -> ModelOutput:
+    def context(self, tokens_BS: Tensor, doc_ids_BS: Tensor | None,
+                routes: tuple[RoutePin, ...] | None = None) -> ForwardContext:
         cfg = self.cfg
         B, S = tokens_BS.shape
         dev = tokens_BS.device
@@ -389,11 +443,71 @@ class MarinModel(nn.Module):
             local_mask, global_mask = block_masks(doc_ids_BS, B, S, cfg.window, dev)
         else:  # dense (B, 1, S, S) boolean masks for SDPA
             local_mask, global_mask = attention_masks(doc_ids_BS, B, S, cfg.window, dev)
-        ctx = ForwardContext(doc_ids_BS, local_mask, global_mask, cos_SR, sin_SR, self.q_scale)
+        return ForwardContext(doc_ids_BS, local_mask, global_mask, cos_SR, sin_SR, self.q_scale, routes)
 
+    def embed_tokens(self, tokens_BS: Tensor) -> Tensor:
         x = self.embed_norm(self.embed(tokens_BS))
-        if cfg.gated_norm == "on":
-            x = self.embed_gated_norm(x)
+        return self.embed_gated_norm(x) if self.cfg.gated_norm == "on" else x
+
+    @torch.no_grad()
+    def plan_routes(self, tokens: list[Tensor], doc_ids: list[Tensor | None]) -> StepRoutes:
+        """The routing of a step of micro-batches, layer by layer over all of them: route every micro-batch
+        (its attention half and router), plan the drops of the step's tokens at once (the dispatcher's
+        `plan`: what a one-batch step drops), then each micro-batch's MoE half with that routing pinned."""
+        ctxs = [self.context(t, d) for t, d in zip(tokens, doc_ids, strict=True)]
+        xs = [self.embed_tokens(t) for t in tokens]
+        layers = []
+        for block in self.blocks:
+            g = block.moe.geometry
+            router = block.moe.router
+            qb_hist = router.balance == "quantile" and router.qb_estimator == "hist" and router.top_k < g.n_experts
+            hs, ids, prob_sum_E, z_sum, ext = [], [], 0.0, 0.0, None
+            for x, c in zip(xs, ctxs, strict=True):
+                h, idx_TK, logits_TE = block(x, c, stage="route")
+                hs.append(h)
+                ids.append(idx_TK)
+                prob_sum_E = prob_sum_E + torch.softmax(logits_TE, -1).sum(0)
+                z_sum = z_sum + torch.logsumexp(logits_TE, -1).pow(2).sum()
+                if qb_hist:  # the range of the step's QB margins (Router._record bins each micro-batch's in it)
+                    m_TE = logits_TE - select_experts(logits_TE, router.bias_E, router.top_k)[1][:, None]
+                    e = torch.stack([-m_TE.min(), m_TE.max()])
+                    ext = e if ext is None else torch.maximum(ext, e)
+            if ext is not None and router.stat_group is not None:
+                dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=router.stat_group)
+            ids_TK = torch.cat(ids)
+            T = ids_TK.shape[0]
+            # rows carry the experts' input: the latent projection's output, in the autocast dtype when on
+            dev = hs[0].device.type
+            item = (torch.get_autocast_dtype(dev).itemsize if g.latent and torch.is_autocast_enabled(dev)
+                    else hs[0].element_size())
+            keep_TK, nbytes = block.moe.dispatcher.plan(ids_TK, g.n_experts, g.width * item)
+            load_E = expert_load(ids_TK, g.n_experts)
+            step_load_E, step_T = block.moe.router.world_loads(load_E, T)  # the Switch statistic's: the world's
+            pins, start = [], 0
+            for idx_TK in ids:
+                pins.append(RoutePin(idx_TK, keep_TK[start:start + idx_TK.shape[0]], step_load_E, step_T, ext))
+                start += idx_TK.shape[0]
+            xs = [block(h, c, stage="mix", pin=pin) for h, c, pin in zip(hs, ctxs, pins, strict=True)]
+            layers.append(LayerRoutes(tuple(pins), step_router_stats(load_E, prob_sum_E, z_sum, T),
+                                      (~keep_TK).sum(), nbytes))
+        stats_LR = torch.stack([lr.stats_R for lr in layers]).double()
+        dropped = sum(lr.dropped.double() for lr in layers)
+        moved = sum(lr.bytes_moved for lr in layers)
+        stats_t = torch.cat([stats_LR.mean(0), stats_LR[:, 1].max().view(1),
+                             torch.stack([dropped, dropped.new_zeros(()) + moved])])
+        return StepRoutes([tuple(lr.pins[j] for lr in layers) for j in range(len(tokens))], stats_t)
+
+    def forward(self, tokens_BS, doc_ids_BS=None, targets_BS: Tensor | None = None,
+                routes: tuple[RoutePin, ...] | None = None, plan: bool = False):
+        """The model's outputs and losses (ModelOutput); `routes`: a micro-batch's pins (its step's routing);
+        `plan` (tokens and doc ids: lists over a step's micro-batches): the step's routing instead (StepRoutes),
+        through this call so that FSDP2's hooks gather what each unit holds."""
+        if plan:
+            return self.plan_routes(tokens_BS, doc_ids_BS)
+        cfg = self.cfg
+        B, S = tokens_BS.shape
+        ctx = self.context(tokens_BS, doc_ids_BS, routes)
+        x = self.embed_tokens(tokens_BS)
         aux_loss = x.new_zeros((), dtype=torch.float32)
         router_stats, assigned, dropped, moved = [], 0, x.new_zeros((), dtype=torch.float64), 0
         recompute = self.activation_checkpoint == "block" and self.training and torch.is_grad_enabled()

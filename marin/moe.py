@@ -78,6 +78,24 @@ def switch_balance(logits_TE: Tensor, expert_idx_TK: Tensor) -> Tensor:
     return E * (f_E * P_E).sum()
 
 
+def pinned_switch_balance(logits_TE: Tensor, load_E: Tensor, tokens: int) -> Tensor:
+    """A micro-batch's share of the step's Switch statistic E·Σ_e f_e·P_e: f_e from the step's loads
+    (`load_E` over its `tokens` tokens), P_e from this micro-batch's probabilities summed over its tokens and
+    divided by the step's; the shares of a step's micro-batches add up to its `switch_balance`, gradient included."""
+    E = logits_TE.shape[1]
+    f_E = load_E / load_E.sum()  # load_E sums to T·K
+    return E * (f_E * router_probs(logits_TE).sum(0)).sum() / tokens
+
+
+def step_router_stats(load_E: Tensor, prob_sum_E: Tensor, z_sum: Tensor, tokens: int) -> Tensor:
+    """ROUTER_STATS from sums over a step's tokens (its micro-batches'): loads, summed router
+    probabilities, summed lse² (what `Router.forward` computes from one batch)."""
+    mean = load_E.mean()
+    f_E = load_E / load_E.sum()
+    return torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z_sum / tokens,
+                        load_E.shape[0] * (f_E * prob_sum_E / tokens).sum()])
+
+
 def qb_n_star(n_tokens: int, top_k: int, n_experts: int) -> int:
     """n* = floor(T·K/E), the assignments each expert should receive (at least 1, at most T): the
     topk estimator's rank, rounded down like Marin's (levanter grug/grug_moe.py `qb_topk_physical_count`,
@@ -129,6 +147,21 @@ def qb_bias(beta_E: Tensor) -> Tensor:
 
 
 @dataclass
+class RoutePin:
+    """The routing of one micro-batch at one layer, decided once for the whole step (marin/train/accum.py):
+    its expert ids, which assignments survive the transport (planned over the step's tokens on every shard),
+    and the step's per-expert loads over its `tokens` tokens (the Switch statistic's f)."""
+
+    expert_idx_TK: Tensor
+    keep_TK: Tensor
+    load_E: Tensor
+    tokens: int
+    # QB hist: (-min, max) of the step's margins (the world's): each micro-batch bins its margins into the
+    # step's histogram as it goes (float64 counts, exact), instead of keeping them for the update
+    margin_ext: Tensor | None = None
+
+
+@dataclass
 class RouterOutput:
     expert_idx_TK: Tensor  # long
     combine_TK: Tensor  # fp32, rows sum to combine_scale
@@ -156,6 +189,12 @@ class Router(nn.Module):
         self.qb_estimator, self.qb_hist_bins = qb_estimator, qb_hist_bins
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))  # W_r, Linear layout (E, D)
         self.register_buffer("bias_E", torch.zeros(n_experts))
+        # A distributed run's world (marin.train.distributed.build_train_model sets it): the Switch statistic's
+        # loads f are the world's (all-reduced), and a rank's share of P is scaled by its size, so that the
+        # world mean of the ranks' aux losses and gradients is the one-process statistic's.
+        self.stat_group, self.stat_world = None, 1
+        self._switch_loads: tuple[Tensor, int] | None = None  # this step's (world loads, tokens), for the recompute
+        self.recomputing = False  # marin.model.checkpointed_block's rerun: the loads of the forward it repeats
         self.reset_pending()
 
     def _apply(self, fn, recurse=True):
@@ -166,21 +205,35 @@ class Router(nn.Module):
 
     def reset_pending(self) -> None:
         """Routing statistics of the training forwards since the last bias update (not state)."""
-        self._beta_sum_E: Tensor | None = None  # topk estimator: Σ over forwards of beta_E
         self._n_forwards = 0
-        self._margins: list[Tensor] = []  # hist estimator: detached margins_TE per forward
+        self._margins: list[Tensor] = []  # QB: detached margins_TE per forward (the step's, at the update)
+        # QB hist of an accumulated step: its histogram so far, tokens and range (RoutePin.margin_ext)
+        self._counts_EN: Tensor | None = None
+        self._hist_tokens = 0
+        self._hist_ext: Tensor | None = None
         self._load_E: Tensor | None = None  # aux_free: assignments per expert
 
-    def forward(self, x_TD: Tensor) -> RouterOutput:
+    def forward(self, x_TD: Tensor, pin: RoutePin | None = None) -> RouterOutput:
+        """`pin` (a micro-batch of an accumulated step): the step's routing replaces this forward's own
+        selection and its loads enter the Switch aux loss, so the micro-batches' losses add up to the step's."""
         with torch.autocast(device_type=x_TD.device.type, enabled=False):
             if self.precision == "bf16":
                 logits_TE = F.linear(x_TD.bfloat16(), self.weight.bfloat16()).float()
             else:
                 logits_TE = F.linear(x_TD.float(), self.weight.float())
         expert_idx_TK, alpha_T = select_experts(logits_TE.detach(), self.bias_E, self.top_k)
+        if pin is not None:
+            expert_idx_TK = pin.expert_idx_TK
         combine_TK = combine_weights(logits_TE, expert_idx_TK, self.combine_scale)
 
-        if self.balance == "switch_aux":
+        if self.balance == "switch_aux" and pin is not None:
+            aux_loss = self.aux_weight * self.stat_world * pinned_switch_balance(logits_TE, pin.load_E, pin.tokens)
+        elif self.balance == "switch_aux" and self.stat_group is not None:
+            if not (self.recomputing and self._switch_loads is not None):
+                self._switch_loads = self.world_loads(expert_load(expert_idx_TK, self.n_experts), x_TD.shape[0])
+            load_E, tokens = self._switch_loads
+            aux_loss = self.aux_weight * self.stat_world * pinned_switch_balance(logits_TE, load_E, tokens)
+        elif self.balance == "switch_aux":
             aux_loss = self.aux_weight * switch_balance(logits_TE, expert_idx_TK)
         else:
             aux_loss = logits_TE.new_zeros(())
@@ -190,7 +243,7 @@ class Router(nn.Module):
         # forward runs without grad and only the recompute records; the model's non-reentrant block
         # checkpoint (marin.model.checkpointed_block) puts the router in eval mode for its recompute.
         if self.training and torch.is_grad_enabled():
-            self._record(logits_TE.detach(), expert_idx_TK, alpha_T)
+            self._record(logits_TE.detach(), expert_idx_TK, alpha_T, pin)
 
         with torch.no_grad():
             load_E = expert_load(expert_idx_TK, self.n_experts)
@@ -200,17 +253,29 @@ class Router(nn.Module):
                                    switch_balance(logits_TE.detach(), expert_idx_TK)])
         return RouterOutput(expert_idx_TK, combine_TK, logits_TE, aux_loss, stats_R)
 
-    def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor) -> None:
+    def world_loads(self, load_E: Tensor, tokens: int) -> tuple[Tensor, int]:
+        """(loads, tokens) of the Switch statistic: this rank's, summed over the world in a distributed run
+        (every rank holds as many tokens)."""
+        if self.stat_group is None or self.balance != "switch_aux":
+            return load_E, tokens
+        load_E = load_E.clone()
+        dist.all_reduce(load_E, group=self.stat_group)
+        return load_E, tokens * self.stat_world
+
+    def _record(self, logits_TE: Tensor, expert_idx_TK: Tensor, alpha_T: Tensor, pin: RoutePin | None = None) -> None:
         if self.balance == "quantile" and self.top_k < self.n_experts:
             margins_TE = logits_TE - alpha_T[:, None]  # QB step 3: m_ie = s_ie − alpha_i
-            if self.qb_estimator == "topk":
-                S = self.qb_shards if margins_TE.shape[0] % self.qb_shards == 0 else 1
-                n_star = qb_n_star(margins_TE.shape[0] // S, self.top_k, self.n_experts)
-                beta_E = qb_threshold_topk(margins_TE, n_star, S)
-                self._beta_sum_E = beta_E if self._beta_sum_E is None else self._beta_sum_E + beta_E
-                self._n_forwards += 1
-            else:
-                self._margins.append(margins_TE)
+            self._n_forwards += 1
+            if self.qb_estimator == "hist" and pin is not None and pin.margin_ext is not None:
+                ext = pin.margin_ext  # the step's range: binning now gives the step's counts
+                counts_EN = margin_histogram(margins_TE, -ext[0], ext[1], self.qb_hist_bins)
+                self._counts_EN = counts_EN if self._counts_EN is None else self._counts_EN + counts_EN
+                self._hist_tokens += margins_TE.shape[0]
+                self._hist_ext = ext
+                return
+            # both estimators read the step's margins at the update: the micro-batches of an accumulated
+            # step are one batch to them (the shards of the topk estimator span micro-batches)
+            self._margins.append(margins_TE)
         elif self.balance == "aux_free":
             load_E = expert_load(expert_idx_TK, self.n_experts)
             self._load_E = load_E if self._load_E is None else self._load_E + load_E
@@ -221,11 +286,24 @@ class Router(nn.Module):
         With a process group: topk thresholds are averaged over processes, histograms all-reduced,
         aux-free loads summed."""
         distributed = group is not None and dist.is_available() and dist.is_initialized()
-        if self.balance == "quantile" and self.qb_estimator == "topk" and self._beta_sum_E is not None:
-            stat = torch.cat([self._beta_sum_E, self._beta_sum_E.new_tensor([self._n_forwards])])
+        if self.balance == "quantile" and self.qb_estimator == "topk" and self._margins:
+            margins_TE = torch.cat(self._margins)
+            S = self.qb_shards if margins_TE.shape[0] % self.qb_shards == 0 else 1
+            n_star = qb_n_star(margins_TE.shape[0] // S, self.top_k, self.n_experts)
+            beta_E = qb_threshold_topk(margins_TE, n_star, S)
+            stat = torch.cat([beta_E, beta_E.new_tensor([1.0])])
             if distributed:
                 dist.all_reduce(stat, op=dist.ReduceOp.SUM, group=group)
             self.bias_E.copy_(qb_bias(stat[:-1] / stat[-1]))
+        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._counts_EN is not None:
+            lo, hi = -self._hist_ext[0], self._hist_ext[1]  # the world's already (the routing pass reduced it)
+            counts_EN = self._counts_EN
+            tokens = counts_EN.new_tensor([self._hist_tokens])
+            if distributed:
+                dist.all_reduce(counts_EN, op=dist.ReduceOp.SUM, group=group)
+                dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
+            n_star = float(tokens) * self.top_k / self.n_experts
+            self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))
         elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:
             margins_TE = torch.cat(self._margins)
             ext = torch.stack([-margins_TE.min(), margins_TE.max()])
@@ -335,10 +413,10 @@ class MoE(nn.Module):
     def experts(self) -> ExpertWeights:
         return ExpertWeights(self.w_gate_EWH, self.w_up_EWH, self.w_down_EHW)
 
-    def forward(self, x_BSD: Tensor) -> MoEOutput:
+    def forward(self, x_BSD: Tensor, pin: RoutePin | None = None) -> MoEOutput:
         B, S, D = x_BSD.shape
         x_TD = x_BSD.reshape(B * S, D)
-        r = self.router(x_TD)
+        r = self.router(x_TD, pin)
 
         if self.recipe.latent_moe == "latent":
             u_TW = self.latent_norm(self.latent_down(x_TD))
@@ -349,7 +427,7 @@ class MoE(nn.Module):
         # capacity | "fixed" per-(sender, expert) cells, set in the dispatcher) drops over cfg.ep_shards shards.
         dropless = not self.training or self.recipe.ep_transport == "dropless"
         routed_TW, dstats = self.dispatcher(u_TW, r.expert_idx_TK, r.combine_TK.to(u_TW.dtype), self.experts(),
-                                            dropless=dropless)
+                                            dropless=dropless, keep_TK=None if dropless or pin is None else pin.keep_TK)
 
         if self.recipe.latent_moe == "latent":
             routed_TD = self.latent_up(routed_TW)  # combined in latent space, one projection up

@@ -32,7 +32,8 @@ NS_COEFFS = NS_SCHEDULES["quintic"]  # the schedule MuonH and Muon use
 @dataclass(frozen=True)
 class GroupKind:
     """One update rule. `update` is "module:function" (or the function) of signature
-    `(opt: marin.update_rules.MarinOptimizer, p: Tensor, group: dict) -> None`, stepping one parameter."""
+    `(opt: marin.update_rules.MarinOptimizer, p: Tensor, group: dict) -> None`, stepping one parameter;
+    `batched` (optional) the same step of a list of a group's parameters at once, `(opt, params, group)`."""
 
     name: str
     state_buffers: int  # fp32 buffers per parameter element (momentum: 1; Adam moments: 2)
@@ -41,6 +42,7 @@ class GroupKind:
     decays: bool  # decoupled weight decay (TrainConfig.weight_decay) outside NO_DECAY_ROLES
     on_sphere: bool  # projected back onto its init Frobenius norm (needs a nonzero init)
     update: Any  # str "module:function" or a callable
+    batched: Any = None  # str "module:function" or a callable; None: `update` per parameter
 
     def __post_init__(self) -> None:
         if self.lr not in LR_GROUPS:
@@ -99,12 +101,13 @@ class OptimizerLevel:
 
 
 _MARIN = "marin_ablate.marin.update_rules:"
+_BATCHED = "marin_ablate.marin.batched_updates:"
 GATE_ROUTER = ("gate", "router")  # Hyperball's Adam group decays these (OptimizerLevel.annealed_decay)
 KINDS: dict[str, GroupKind] = {k.name: k for k in (
-    GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update"),
-    GroupKind("adamh", 2, False, "matrix", False, True, _MARIN + "adamh_update"),
-    GroupKind("adam", 2, False, "adam", False, False, _MARIN + "adam_update"),
-    GroupKind("adamw", 2, False, "adam", True, False, _MARIN + "adam_update"),
+    GroupKind("muonh", 1, True, "matrix", False, True, _MARIN + "muonh_update", _BATCHED + "muonh_updates"),
+    GroupKind("adamh", 2, False, "matrix", False, True, _MARIN + "adamh_update", _BATCHED + "adamh_updates"),
+    GroupKind("adam", 2, False, "adam", False, False, _MARIN + "adam_update", _BATCHED + "adam_updates"),
+    GroupKind("adamw", 2, False, "adam", True, False, _MARIN + "adam_update", _BATCHED + "adam_updates"),
     GroupKind("muon", 1, True, "matrix", True, False, _MARIN + "muon_update"),
 )}
 
@@ -139,11 +142,13 @@ def state_bytes_by_role(level: str) -> dict[str, int]:
     return {r: KINDS[k].state_bytes for r, k in group_kinds(level).items()}
 
 
-def resolve_update(kind: GroupKind) -> Callable:
-    """The torch step of a kind (imported on first use)."""
-    if callable(kind.update):
-        return kind.update
+def resolve_update(kind: GroupKind, batched: bool = False) -> Callable | None:
+    """The torch step of a kind (imported on first use); `batched`: its step of a parameter list (None when it
+    has none)."""
+    ref = kind.batched if batched else kind.update
+    if ref is None or callable(ref):
+        return ref
     import importlib
 
-    mod, _, fn = str(kind.update).partition(":")
+    mod, _, fn = str(ref).partition(":")
     return getattr(importlib.import_module(mod), fn)

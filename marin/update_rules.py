@@ -118,13 +118,54 @@ def newton_schulz(u_XMN: Tensor, steps: int = 5, eps: float = NS_EPS,
     return x.to(u_XMN.dtype)
 
 
+#: Elements of one stack of same-shape matrices (64 MiB in fp32): bigger groups run as several stacks, and a
+#: parameter bigger than this is a stack of its own, so the working set stays that of one parameter or one stack.
+NS_STACK_ELEMS = 1 << 24
+
+
+def batched_newton_schulz(dirs: list[Tensor], steps: list[int]) -> list[Tensor]:
+    """`newton_schulz` of each tensor's trailing matrices, the same-shape ones (a tall matrix as its
+    transpose) stacked into one batched-matmul chain per shape, at most NS_STACK_ELEMS elements a stack
+    (batched Muon: one `bmm` chain per shape group instead of one per matrix)."""
+    out: list[Tensor | None] = [None] * len(dirs)
+    groups: dict[tuple, list[int]] = {}
+    for i, d in enumerate(dirs):
+        if d.numel() == 0 or d.ndim < 2:
+            out[i] = newton_schulz(d, steps[i]) if d.numel() else d
+            continue
+        m, n = d.shape[-2:]
+        groups.setdefault((min(m, n), max(m, n), steps[i], d.dtype, d.device), []).append(i)
+    for (_, _, ns, _, _), idx in groups.items():
+        stacks: list[list[int]] = [[]]
+        size = 0
+        for i in idx:
+            if stacks[-1] and size + dirs[i].numel() > NS_STACK_ELEMS:
+                stacks.append([])
+                size = 0
+            stacks[-1].append(i)
+            size += dirs[i].numel()
+        for stack in stacks:
+            # a tall matrix joins its wide peers transposed: newton_schulz(X^T) = newton_schulz(X)^T
+            mats = [_wide(dirs[i]).reshape(-1, *_wide(dirs[i]).shape[-2:]) for i in stack]
+            o = newton_schulz(torch.cat(mats) if len(mats) > 1 else mats[0], ns)
+            for i, part in zip(stack, o.split([m.shape[0] for m in mats]), strict=True):
+                d = dirs[i]
+                part = part.view(_wide(d).shape)
+                out[i] = part.mT if d.shape[-2] > d.shape[-1] else part
+    return out  # type: ignore[return-value]
+
+
+def _wide(x: Tensor) -> Tensor:
+    return x.mT if x.shape[-2] > x.shape[-1] else x
+
+
 def _is_dtensor(t: Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
 
 
-def _local(t: Tensor) -> Tensor:
+def local_part(t: Tensor) -> Tensor:
     """This rank's part of an FSDP2 DTensor (the tensor itself otherwise); in-place ops write through."""
     return t.to_local() if _is_dtensor(t) else t
 
@@ -133,7 +174,7 @@ def _sharded_dims(p: Tensor) -> set[int]:
     return {pl.dim for pl in p.placements if pl.is_shard()} if _is_dtensor(p) else set()
 
 
-def _shard_groups(p: Tensor) -> list:
+def shard_groups(p: Tensor) -> list:
     """The process groups of the mesh dims that shard p (none for a plain tensor)."""
     if not _is_dtensor(p):
         return []
@@ -253,17 +294,21 @@ def _pad_to(x: Tensor, dim: int, size: int) -> Tensor:
     return torch.cat([x, x.new_zeros(pad)], dim)
 
 
-def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: list[int]) -> list[Tensor]:
+def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: list[int],
+                              batched: bool = True) -> list[Tensor]:
     """`newton_schulz` of each direction, `dirs[i]` being this rank's part of parameter `params[i]`'s.
     Whole local matrices are orthogonalized here; a matrix FSDP splits is gathered to its owner
     (`ns_owners`), orthogonalized there only, and its parts scattered back: no rank runs every matrix
     and no gather leaves the shard group (the rack under HSDP). Gathers, the owners' iterations and
-    scatters run as three phases, so the owners compute at the same time."""
+    scatters run as three phases, so the owners compute at the same time. `batched`: the whole matrices here and
+    the owned ones each as same-shape stacks (`batched_newton_schulz`), else one at a time (the reference)."""
     out: list[Tensor | None] = [None] * len(params)
     owners = ns_owners(params)
-    for i, d in enumerate(dirs):
-        if i not in owners:
-            out[i] = newton_schulz(d, steps[i]) if d.numel() else d
+    whole = [i for i in range(len(dirs)) if i not in owners]
+    orth = batched_newton_schulz([dirs[i] for i in whole], [steps[i] for i in whole]) if batched else \
+        [newton_schulz(dirs[i], steps[i]) if dirs[i].numel() else dirs[i] for i in whole]
+    for i, o in zip(whole, orth, strict=True):
+        out[i] = o
     jobs = []  # (index, group, dim, chunk, owner, gather buffers on the owner)
     works = []
     for i in sorted(owners):
@@ -276,12 +321,17 @@ def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: l
         jobs.append((i, grp, dim, chunk, owner, bufs))
     for w in works:
         w.wait()
+    mine = [j for j, job in enumerate(jobs) if job[5] is not None]  # the matrices this rank owns, whole
+    fulls = [torch.cat(jobs[j][5], jobs[j][2]).narrow(jobs[j][2], 0, params[jobs[j][0]].shape[jobs[j][2]])
+             for j in mine]
+    ns = [steps[jobs[j][0]] for j in mine]
+    owned = dict(zip(mine, batched_newton_schulz(fulls, ns) if batched else
+                     [newton_schulz(f, n) for f, n in zip(fulls, ns, strict=True)], strict=True))
     scattered, works = [], []
-    for i, grp, dim, chunk, owner, bufs in jobs:
+    for j, (i, grp, dim, chunk, owner, bufs) in enumerate(jobs):
         pieces = None
         if bufs is not None:
-            full = torch.cat(bufs, dim).narrow(dim, 0, params[i].shape[dim])
-            o = _pad_to(newton_schulz(full, steps[i]), dim, chunk * grp.size())
+            o = _pad_to(owned[j], dim, chunk * grp.size())
             pieces = [t.contiguous() for t in o.split(chunk, dim)]
         shape = list(dirs[i].shape)
         shape[dim] = chunk
@@ -303,13 +353,16 @@ def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: l
 class MarinOptimizer(torch.optim.Optimizer):
     """All groups of one run in one optimizer; `state_dict()` round-trips exactly (resume)."""
 
-    def __init__(self, groups: list[dict], expert_group=None):
+    def __init__(self, groups: list[dict], expert_group=None, batched: bool = True):
         super().__init__(groups, defaults=dict(lr=1e-3, peak_lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
                                                weight_decay=0.0, momentum=0.95, ns_steps=5, kind="adam",
                                                role="", names=[], bank_sphere=False, peak_weight_decay=0.0,
                                                anneal_weight_decay=False))
         # EP runs: the process group splitting each expert bank (a bank sphere spans it); not state
         self.expert_group = expert_group
+        # the kinds' batched steps (marin.batched_updates, batched Newton–Schulz); False: one parameter at a
+        # time, the reference the batched step is tested against
+        self.batched = batched
         self._ready: dict[int, tuple[Tensor, Tensor]] = {}  # within step(): (direction, Newton–Schulz) by id
 
     @torch.no_grad()
@@ -323,16 +376,27 @@ class MarinOptimizer(torch.optim.Optimizer):
             ortho += [(p, g) for p in g["params"] if p.grad is not None and KINDS[g["kind"]].orthogonalizes]
         # every matrix orthogonalized once, by one owner rank of the shards that split it (a transient
         # of the owned whole matrices, ~1/n of them per rank), before the kinds' updates read the results
-        dirs = [self._nesterov(p, g) for p, g in ortho]
-        outs = distributed_newton_schulz([p for p, _ in ortho], dirs, [g["ns_steps"] for _, g in ortho])
+        if self.batched:
+            from marin_ablate.marin.batched_updates import nesterov_all
+
+            dirs = nesterov_all(self, ortho)
+        else:
+            dirs = [self._nesterov(p, g) for p, g in ortho]
+        outs = distributed_newton_schulz([p for p, _ in ortho], dirs, [g["ns_steps"] for _, g in ortho],
+                                         batched=self.batched)
         self._ready = {id(p): (d, o) for (p, _), d, o in zip(ortho, dirs, outs, strict=True)}
         for g in self.param_groups:
-            # one parameter at a time: a group stacked into one tensor is a transient the size of
-            # the group (hundreds of GiB at the hero)
-            update = resolve_update(KINDS[g["kind"]])
-            for p in g["params"]:
-                if p.grad is not None:
-                    update(self, p, g)
+            # never a group stacked into one tensor (a transient the size of the group: hundreds of GiB at
+            # the hero): a batched kind steps lists of the parameters' own tensors
+            kind = KINDS[g["kind"]]
+            ps = [p for p in g["params"] if p.grad is not None]
+            many = resolve_update(kind, batched=True) if self.batched else None
+            if many is not None and ps:
+                many(self, ps, g)
+                continue
+            update = resolve_update(kind)
+            for p in ps:
+                update(self, p, g)
         self._ready = {}
         return loss
 
@@ -341,7 +405,7 @@ class MarinOptimizer(torch.optim.Optimizer):
         """`_fro` of the whole parameter from this rank's part `x` of it: sums of squares all-reduced
         over the shards a sphere spans (the FSDP mesh dims that split it; the EP group for a bank)."""
         bank = g.get("bank_sphere", False)  # groups saved before the option existed: per matrix
-        groups = _shard_groups(p)
+        groups = shard_groups(p)
         if bank and self.expert_group is not None:
             groups.append(self.expert_group)
         if not groups:
@@ -372,22 +436,27 @@ class MarinOptimizer(torch.optim.Optimizer):
         st = self.state[p]
         if "momentum_buffer" not in st:
             st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-        buf = _local(st["momentum_buffer"])
-        grad = _local(p.grad).float()
+        buf = local_part(st["momentum_buffer"])
+        grad = local_part(p.grad).float()
         buf.mul_(g["momentum"]).add_(grad)
         return grad.add(buf, alpha=g["momentum"])
 
-    def _adam_direction(self, p: Tensor, g: dict) -> Tensor:
+    def _adam_state(self, p: Tensor) -> dict:
+        """p's Adam state (step, fp32 moments), created at its first step."""
         st = self.state[p]
         if "exp_avg" not in st:
             st["step"] = torch.zeros((), dtype=torch.float64)
             st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        return st
+
+    def _adam_direction(self, p: Tensor, g: dict) -> Tensor:
+        st = self._adam_state(p)
         b1, b2 = g["betas"]
         st["step"] += 1
         t = st["step"]  # a CPU float64 scalar tensor: the bias corrections never read a value on the host
-        grad = _local(p.grad).float()
-        m, v = _local(st["exp_avg"]), _local(st["exp_avg_sq"])
+        grad = local_part(p.grad).float()
+        m, v = local_part(st["exp_avg"]), local_part(st["exp_avg_sq"])
         m.lerp_(grad, 1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         m_hat = m / (1 - b1**t)
@@ -398,13 +467,13 @@ class MarinOptimizer(torch.optim.Optimizer):
         """W <- R * normalize(W - eta * R * D / ||D||_F), per trailing matrix (per whole bank for a
         bank sphere); R fixed at its init. Norms span the whole parameter however it is sharded."""
         st = self.state[p]
-        w = _local(p).float()
+        w = local_part(p).float()
         if "radius" not in st:
             st["radius"] = self._fro(w, p, g).clone()
         r = st["radius"]
         d_unit = direction / (self._fro(direction, p, g) + 1e-12)
         x = w - g["lr"] * r * d_unit
-        _local(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
+        local_part(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
 
 
 
@@ -424,7 +493,7 @@ def adamh_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
 def adam_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
     """Adam, with decoupled weight decay when the group has one (AdamW)."""
     upd = opt._adam_direction(p, g)
-    w = _local(p)
+    w = local_part(p)
     if g["weight_decay"]:
         w.mul_(1 - g["lr"] * g["weight_decay"])
     w.add_(upd.to(p.dtype), alpha=-g["lr"])
@@ -433,16 +502,18 @@ def adam_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
 def muon_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
     o = opt._orthogonalize(p, opt._nesterov(p, g), g["ns_steps"]).float()
     scale = MUON_RMS_MATCH * math.sqrt(max(p.shape[-2], p.shape[-1]))  # the global shape
-    w = _local(p)
+    w = local_part(p)
     if g["weight_decay"]:
         w.mul_(1 - g["lr"] * g["weight_decay"])
     w.add_(o.to(p.dtype), alpha=-g["lr"] * scale)
 
 
-def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None, drawn: bool = True) -> MarinOptimizer:
+def build_optimizer(model: torch.nn.Module, hp: OptimHparams, expert_group=None, drawn: bool = True,
+                    batched: bool = True) -> MarinOptimizer:
     """Group `model`'s parameters by `model.param_roles()` for `hp.level`; `expert_group` is the EP
-    group of an EP model (its expert stacks are slices of each layer's bank); `drawn` as `param_groups`."""
-    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp, drawn), expert_group)
+    group of an EP model (its expert stacks are slices of each layer's bank); `drawn` as `param_groups`;
+    `batched=False`: the per-parameter step (the reference)."""
+    return MarinOptimizer(param_groups(model.named_parameters(), model.param_roles(), hp, drawn), expert_group, batched)
 
 
 def group_assignment(opt: torch.optim.Optimizer) -> dict[str, str]:

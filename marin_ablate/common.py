@@ -81,6 +81,9 @@ class ExecConfig:
     threads: int | None = option(None, lo=1, help="local/debug: torch threads per worker (none: cpus // workers)")
     retry_failed: bool = option(False, help="run failed runs again (their old summary is kept aside)")
     no_wait: bool = option(False, help="submit and return (slurm)")
+    gpu_mem_gib: float = option(79.1, lo=0, lo_open=True,
+                                help="GiB per GPU: a GPU rung on fewer GPUs than its own (--slurm.gpus_per_run, or one "
+                                     "GPU per run locally) takes the micro-batches that fit it (default: an H100)")
     backends: tuple = option((), sections=lambda: executor_sections(),
                              help="the {name} executor row's options; any of them implies --executor {name}")
 
@@ -166,6 +169,7 @@ def exec_options(cfg: ExecConfig, study: Any):
         backend = slurm if executor == "slurm" else backend
     workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
     return ExecOptions(executor=executor, workers=workers, threads=cfg.threads, retry_failed=cfg.retry_failed,
+                       gpu_mem_gib=cfg.gpu_mem_gib,
                        wait=not cfg.no_wait, slurm=slurm, options=backend)
 
 

@@ -34,7 +34,8 @@ class DryRunOptions:
     tensors); (c) one step + checkpoint save with the accelerator and the host as different devices
     (planning/rehearsal.py); exit 1 naming the lines over budget or the call that fails."""
 
-    gpus: int | None = option(None, lo=1, help="world size (none: the study's)")
+    gpus: int | None = option(None, lo=1, help="GPUs per run (none: the study's); a GPU study's rungs on fewer GPUs "
+                                              "than their own take virtual EP shards and micro-batches that fit")
     ep: int | None = option(None, lo=1, help="EP group size (none: model.ep_shards)")
     capacity_gib: float = option(173.0, lo=0, lo_open=True, help="memory per GPU (GB200: 173 GiB)")
     reserve_gib: float = option(0.0, lo=0, help="kept free per GPU beyond the table's own lines (CUDA context, "
@@ -76,7 +77,6 @@ class PlanOptions(StudyOptions):
 
 
 def cmd_dry_run(study: Any, args: PlanOptions) -> int:
-    from marin_ablate.planning.dryrun import dry_run, format_report
     from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     spec = study.runs()[0][0]
@@ -84,46 +84,20 @@ def cmd_dry_run(study: Any, args: PlanOptions) -> int:
         spec = apply_spec_overrides(spec, args.overrides)
     hero = getattr(study, "hero", None)
     dr = args.dry_run
+    if hero is None and spec.train.device.startswith("cuda"):
+        from marin_ablate.planning.layout_report import dry_run_rungs
+
+        return dry_run_rungs(study, args)
     if hero is not None and not dr.gpus:
         hero.check(spec)  # the layout the time model and the sbatch are planned for
     gpus = dr.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
     ep = dr.ep or spec.model.ep_shards
-    import tempfile
+    from marin_ablate.planning.layout_report import dry_run_parts, format_stages
 
-    from marin_ablate.planning.dryrun import format_loop, loop_dry_run
-    from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
-
-    with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
-        # (c) first: the step on an accelerator that is not the host fails where a GPU would
-        reh = rehearse(spec, gpus, ep, work)
-        if not args.json:
-            print(format_rehearsal(reh) + "\n", flush=True)
-        loop = loop_dry_run(spec, gpus, ep, work)  # raises naming what breaks
-    if not args.json:
-        print(format_loop(loop) + "\n", flush=True)
-    from marin_ablate.marin.train.stages import stage_specs
-
-    # (b) at every context stage's shape (its seq_len and sequences per rank): the memory of each
-    reps = []
-    for stage, at, _ in stage_specs(spec):
-        rep = dry_run(at, gpus, ep, capacity_gib=dr.capacity_gib, reserve_gib=dr.reserve_gib)
-        rep["stage"] = {"from_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size}
-        reps.append(rep)
-        if not args.json:
-            if len(reps) > 1 or len(context_stages(spec)) > 1:
-                print(f"context stage from step {stage.start_step:,}: seq_len {stage.seq_len:,}, "
-                      f"{stage.batch_size:,} sequences per step", flush=True)
-            print(format_report(rep) + "\n", flush=True)
-    if args.json:
-        print(json.dumps({"rehearsal": reh, "loop": loop, **reps[0], "stages": reps}, indent=1, default=str))
-    ok = all(r["ok"] for r in reps)
-    return 0 if ok and reh["ok"] else 1
-
-
-def context_stages(spec: Any) -> list:
-    from marin_ablate.marin.train.stages import context_plan
-
-    return context_plan(spec)
+    reh, loop, reps = dry_run_parts(spec, gpus, ep, dr, args.json)
+    print(json.dumps({"rehearsal": reh, "loop": loop, **reps[0], "stages": reps}, indent=1, default=str)
+          if args.json else format_stages(reps))
+    return 0 if reh["ok"] and all(r["ok"] for r in reps) else 1
 
 
 def cmd_preset(args: PlanOptions) -> int:

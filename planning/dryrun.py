@@ -172,9 +172,9 @@ class GpuAllowances:
 
 
 def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sharding, level: str,
-                 gpu: GpuAllowances | None = None) -> list[dict]:
-    """Per-rank memory lines (bytes) for optimizer `level` from the measured state and activations; `gpu`
-    adds the lines a GPU rank holds beyond tensors."""
+                 gpu: GpuAllowances | None = None, extra: tuple[dict, ...] = ()) -> list[dict]:
+    """Per-rank memory lines (bytes) for optimizer `level` from the measured state and activations; `extra`
+    lines (gradient accumulation's, planning/layout.py); `gpu` adds the lines a GPU rank holds beyond tensors."""
     kinds = group_kinds(level)
     by_role = state["by_role"]
     n = sum(by_role.values())
@@ -203,6 +203,7 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
         gb = sharding.gathered_bytes or 4
         rows.append({"line": "transient: one layer's expert slice gathered across racks + its gradient (ExpertShard)",
                      "bytes": (3 * gb + 3 * 4) * state["zero_gathered"]})
+    rows += [dict(r) for r in extra]
     if gpu is not None:
         m, ep = spec.model, state.get("ep_size", 1)
         g = m.moe_geometry(spec.recipe)
@@ -225,7 +226,8 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
 
 def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, reserve_gib: float = 0.0,
             levels: tuple[str, ...] = ("hyperball", "adamw"), sharding: Sharding | None = None,
-            seqs_per_rank: int | None = None, gpu: GpuAllowances | None = None, headroom: float = 0.10) -> dict:
+            seqs_per_rank: int | None = None, gpu: GpuAllowances | None = None, headroom: float = 0.10,
+            extra: tuple[dict, ...] = ()) -> dict:
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
     A GPU run gets the `gpu` allowance lines (default GpuAllowances()); `headroom` is the free fraction
     of the capacity the report asks for."""
@@ -239,7 +241,7 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
                          f"allowed values: multiples of {world}")
     if gpu is None and spec.train.device.startswith("cuda"):
         gpu = GpuAllowances()
-    seqs = seqs_per_rank or spec.train.batch_size // world
+    seqs = seqs_per_rank or spec.train.batch_size // world // spec.train.micro_batches  # one forward's sequences
     ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})
     states = [rank_state(spec, world, ep_size, r, sharding) for r in ranks]
     if len({tuple(sorted(s["by_role"].items())) for s in states}) != 1:
@@ -255,7 +257,7 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     tables = {}
     for level in levels:
         def table() -> dict:
-            rows = memory_table(spec, state, world, act, sharding, level, gpu)
+            rows = memory_table(spec, state, world, act, sharding, level, gpu, extra)
             total = sum(r["bytes"] for r in rows)
             over = [r["line"] for r in rows if r["bytes"] > budget]
             return {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / (capacity_gib * GiB),
@@ -383,16 +385,20 @@ def forget_meshes() -> None:
     ep.forget_expert_meshes()
 
 
-def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str):
+def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str, world: int | None = None):
     """What a rank played in this process starts from: no process group yet, the spec at `ep_size` EP
-    shards, its run folder with a checkpoints/ folder, and its context stages (spec, run_dir, stages)."""
+    shards (kept at its own ModelConfig.ep_shards when `ep_size` is a `world` smaller than them: each rank
+    then holds ep_shards / world virtual shards), its run folder with a checkpoints/ folder, and its context
+    stages (spec, run_dir, stages)."""
     from pathlib import Path
 
     from marin_ablate.marin.train.stages import context_plan
 
     if dist.is_initialized():
         raise RuntimeError(f"{what} needs a process without a process group")
-    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
+    n = spec.model.ep_shards
+    if not (world is not None and ep_size == world < n and n % world == 0):
+        spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, ep_shards=ep_size))
     run_dir = Path(run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     return spec, run_dir, context_plan(spec)
@@ -424,7 +430,9 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
                             precision="fp32", mixed_precision="none", compile=False,
                             context_stages=stages if n else (), threads=None,
                             loss_chunk_tokens=min(spec.train.loss_chunk_tokens, seqs_per_rank * seq_len // 2)
-                            if spec.train.loss_chunk_tokens else 0)
+                            if spec.train.loss_chunk_tokens else 0,
+                            # an accumulated run rehearses its routing pass: two micro-batches
+                            micro_batches=2 if spec.train.micro_batches > 1 and seqs_per_rank % 2 == 0 else 1)
     data = spec.data
     if data.corpus == "embedded":
         data = DataConfig(corpus="embedded", tokenizer="byte", data_seed=data.data_seed)
@@ -445,7 +453,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     from marin_ablate.marin.train.loop import StopFlag, Trainer
     from marin_ablate.marin.train.metrics import Sinks
 
-    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run")
+    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run", world)
     one = world == 1
     if not one:
         check_dist_layout(spec, stages, world)

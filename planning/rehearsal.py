@@ -340,7 +340,7 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     from marin_ablate.marin.train.stages import apply_q_scale
     from marin_ablate.planning.dryrun import forget_meshes, start_rank
 
-    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal")
+    spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal", world)
     one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group
     backend = "none (one process)" if one else "meta:fake,cpu:fake" if host_backend else "meta:fake"
     if not one:

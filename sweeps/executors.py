@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import submitit
-
 from marin_ablate.marin import plugins
 from marin_ablate.marin.config import POS_INT, check_ranges, optional
 from marin_ablate.marin.fields import check_fields, option
@@ -87,6 +85,7 @@ class ExecOptions:
     threads: int | None = None  # local: torch threads per worker (None: cpus // workers, at least 1)
     retry_failed: bool = False
     wait: bool = True
+    gpu_mem_gib: float = 79.1  # per GPU: the layout of a GPU rung on fewer GPUs than its own (planning/layout.py)
     poll_s: float = option(2.0, lo=0, lo_open=True)
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     options: Any = None  # the executor row's own `options` (its `--NAME.*` section); slurm's is `slurm` too
@@ -142,6 +141,8 @@ def validate_slurm(s: SlurmOptions) -> None:
 
 
 def _job_id() -> str | None:
+    import submitit
+
     try:
         env = submitit.JobEnvironment()
         return env.job_id
@@ -183,7 +184,18 @@ def _mark_job(task: RunTask, job_id: str | None) -> None:
     atomic_write_json(d / "job.json", rec)
 
 
-class RunJob(submitit.helpers.Checkpointable):
+class Requeueable:
+    """submitit's `helpers.Checkpointable` without importing submitit where a job is not submitted (`train` and
+    `plan` run on machines without it): submitit's USR2 handler calls `checkpoint` on any callable that has one,
+    which resubmits this call unchanged."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+class RunJob(Requeueable):
     """One array task = one run. Checkpointable: submitit's USR2 handler calls `checkpoint(task)`
     (inherited: a DelayedSubmission of this object with the same task) and requeues the job;
     train has already written its checkpoint by then, so the requeued task resumes from it."""
@@ -215,7 +227,7 @@ class RunJob(submitit.helpers.Checkpointable):
         return execute(task)
 
 
-class Worker(submitit.helpers.Checkpointable):
+class Worker(Requeueable):
     """A local worker: executes the tasks in order, claiming each through its run lock; stops
     after a run was interrupted by a signal (the run stays resumable)."""
 
@@ -283,6 +295,8 @@ def _submit_debug(runs: Sequence[PlannedRun], sub: Submission, opts: ExecOptions
 def _submit_local(tasks: list[RunTask], sub: Submission, opts: ExecOptions) -> None:
     cpus = os.cpu_count() or 1
     threads = opts.threads or max(1, cpus // opts.workers)
+    import submitit
+
     ex = submitit.LocalExecutor(folder=sub.folder)
     # a worker runs many runs: no wall-clock limit of its own (runs have their own budget)
     ex.update_parameters(timeout_min=7 * 24 * 60)
@@ -313,6 +327,8 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
     for i, r in enumerate(runs):
         res = slurm_resources(r, opts.slurm, resources)
         groups.setdefault(tuple(sorted(res.items())), []).append(i)
+    import submitit
+
     max_size = slurm_max_array_size()
     for key, idx in groups.items():
         res = dict(key)

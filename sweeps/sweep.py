@@ -122,8 +122,8 @@ def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any)
             check_dist_layout(r.spec, context_plan(r.spec), gpus)
         except ValueError as e:
             raise ValueError(f"run {r.run_id} ({_where(r)}) on {gpus} GPUs: {e}; use --slurm.gpus_per_run a "
-                             f"multiple of its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the rung's own "
-                             "GPUs") from None
+                             f"divisor or a multiple of its ModelConfig.ep_shards={r.spec.model.ep_shards}, or the "
+                             "rung's own GPUs") from None
 
 
 def study_resources(study: Any, sdir: Path | None = None) -> Any:
@@ -195,9 +195,44 @@ def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers:
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
+    if hero is None:
+        runs = with_layouts(runs, opts, study)
     rung_rows = study.describe()["rungs"]
     return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
                        rung_rows=rung_rows)
+
+
+def gpus_per_run(r: PlannedRun, opts: ExecOptions, own: int) -> int:
+    """The GPUs a GPU run gets: --slurm.gpus_per_run (else its rung's own) under slurm, one elsewhere."""
+    if opts.executor == "slurm":
+        return opts.slurm.gpus_per_run if opts.slurm.gpus_per_run is not None else own
+    return 1
+
+
+def with_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, study: Any) -> list[PlannedRun]:
+    """GPU runs on fewer GPUs than their rung's own count train in the layout planning.layout picks for
+    ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs).
+    One layout per rung, the larger micro-batch count of its recipe and baseline arms' (the arms' memory
+    differs little; measuring each of 32 arms would take half an hour of CPU at submission)."""
+    from marin_ablate.marin.config import Recipe
+    from marin_ablate.planning.layout import cached_layout, with_layout
+
+    own = {r.name: int(r.gpus) for r in getattr(study, "rungs", ())}
+    by_rung: dict[Any, list[PlannedRun]] = {}
+    for r in runs:
+        by_rung.setdefault(r.meta.get("rung"), []).append(r)
+    k_of: dict[Any, int] = {}
+    for rung, rs in by_rung.items():
+        gpus = gpus_per_run(rs[0], opts, own.get(rung, 0))
+        if not rs[0].spec.train.device.startswith("cuda") or not gpus or gpus >= own.get(rung, 0):
+            continue
+        reps = [r for r in rs if r.spec.recipe in (Recipe(), Recipe.baseline())] or rs[:1]
+        try:
+            k_of[rung] = max(cached_layout(r.spec, gpus, opts.gpu_mem_gib)["micro_batches"] for r in reps)
+        except ValueError as e:
+            raise ValueError(f"rung {rung} on {gpus} GPU(s): {e}") from None
+    return [PlannedRun(with_layout(r.spec, {"micro_batches": k_of[r.meta.get("rung")]}), r.meta, r.dir)
+            if r.meta.get("rung") in k_of else r for r in runs]
 
 
 def check_reachable(runs: Sequence[PlannedRun], ex: Any) -> None:

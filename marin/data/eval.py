@@ -17,14 +17,61 @@ from pathlib import Path
 from marin_ablate.marin.data.corpus import data_cache_dir
 from marin_ablate.marin.data.prepare import (
     PrepareConfig,
+    check_json_file,
     load_source,
     read_manifest,
+    read_text_file,
     sha256_file,
     source_files,
 )
 from marin_ablate.marin.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 SPLIT_DIRS = {"val": ("val", "validation", "valid"), "test": ("test",)}
+
+
+def _has_datasets() -> bool:
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_column(files: list[Path], text_column: str) -> list | None:
+    """`text_column` of every row of JSON lines / JSON array / text / Parquet files, in file and row order (a
+    text file is one row), as `load_source` reads them, without the datasets library: training on a prepared
+    corpus needs torch and numpy only (Parquet: pyarrow). None when a file is of another kind."""
+    import gzip
+    import json
+
+    out: list = []
+    for f in files:
+        name = f.name.lower()
+        if name.endswith((".txt", ".md", ".rst")):
+            out.append(read_text_file(f))
+        elif name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
+            if f.stat().st_size == 0:
+                raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
+            check_json_file(f, text_column)  # UTF-8, and text values: the checks `load_source` makes
+            with (gzip.open(f, "rt", encoding="utf-8") if name.endswith(".gz") else open(f, encoding="utf-8")) as fh:
+                text = fh.read()
+            if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
+                rows = json.loads(text)
+            else:
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            for n, row in enumerate(rows, start=1):
+                if not isinstance(row, dict) or text_column not in row:
+                    cols = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                    raise ValueError(f"text_column={text_column!r} is not a column of {f} (row {n}); allowed values: "
+                                     f"{cols}")
+                out.append(row[text_column])
+        elif name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            out += pq.read_table(f, columns=[text_column]).column(text_column).to_pylist()
+        else:
+            return None
+    return out
 
 
 def tokenizer_of(prepared: str | Path) -> Tokenizer:
@@ -76,8 +123,12 @@ def eval_texts(eval_dir: str | Path, split: str = "val", text_column: str = "tex
         cfg = PrepareConfig(source=str(folder), tokenizer="byte", out=str(data_cache_dir() / "eval"),
                             text_column=text_column)
         files = source_files(cfg.source) or []  # a clear error for a folder without data files
-        ds = load_source(cfg)
-        texts = [t for t in ("" if t is None else str(t) for t in ds[text_column]) if t.strip()]
+        # the datasets library where installed (its reader's checks name each bad file: tests/integration/
+        # test_faults_data.py); without it (a GPU box) JSON, text and Parquet are read here
+        column = None if _has_datasets() else read_column(files, text_column)
+        if column is None:
+            column = load_source(cfg)[text_column]
+        texts = [t for t in ("" if t is None else str(t) for t in column) if t.strip()]
         out[name] = ([str(i) for i in range(len(texts))], texts,
                      [{"path": str(f.relative_to(root)), "bytes": f.stat().st_size} for f in files])
     return out

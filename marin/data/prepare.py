@@ -124,7 +124,7 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
         if f.stat().st_size == 0:
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
         if kind == "json":  # Arrow's JSON reader keeps invalid UTF-8 (failing later, naming no file) and
-            _check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
+            check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
     try:
         ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
@@ -148,7 +148,7 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
     return ds
 
 
-def _check_json_file(f: Path, text_column: str) -> None:
+def check_json_file(f: Path, text_column: str) -> None:
     """ValueError naming `f` when it is not UTF-8 (read in 1 MiB chunks), or when a row of its first MiB
     holds a `text_column` that is not a string (Arrow keeps one type per file: the first rows tell)."""
     import codecs

@@ -7,12 +7,16 @@ Token layout: the global batch is the single-process batch (B rows of L tokens) 
 holds the s-th contiguous 1/ep of the replica's row-major tokens: exactly shard s of `plan_drops`.
 With D = 1 (W = ep_shards) the real run drops what the single-process virtual-EP run drops on the
 same global batch; with D > 1 it drops what the single-process run drops on each replica's B/D rows
-on their own (per-shard token count T_s = B L / W sets the capacities).
+on their own (per-shard token count T_s = B L / W sets the capacities). A world of fewer ranks than
+ep_shards (`ep_group_size`: one EP group of W ranks, ep_shards / W virtual shards each) drops what the
+ep_shards-rank run drops: every rank plans the drops over all ep_shards shards (marin.ep_exchange).
+Gradient accumulation (TrainConfig.micro_batches, marin.train.accum) splits each rank's rows further.
 Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
 (n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
-the global token mean, as in one process; the Switch aux loss is the mean of the ranks' (a product of
-batch means: not exactly the global one), QB-topk thresholds are averaged over ranks (QB-hist and
-aux-free are exact).
+the global token mean, as in one process; the Switch aux loss is the world's (its loads f all-reduced,
+each rank's share of P scaled by W: marin.moe.Router.stat_group), as in one process; QB-topk thresholds
+are each shard's averaged over shards (the same under any layout of the shards), QB-hist and aux-free
+statistics are pooled over ranks.
 Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
 allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
 TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack, or, one rank per
@@ -114,8 +118,13 @@ class ParallelDims:
         return f" [world {self.world}: {racks}dp {g.dp_size // g.replicas} x ep {g.ep_size}]"
 
     def forward_backward(self, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
-                         doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None):
-        """(out, loss, ce, grad_norm) of this rank's rows of the global batch."""
+                         doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, micro_batches: int = 1):
+        """(out, loss, ce, grad_norm) of this rank's rows of the global batch, in `micro_batches` micro-batches
+        (marin.train.accum) when more than one."""
+        if micro_batches > 1:
+            from marin_ablate.marin.train.accum import accumulate_step
+
+            return accumulate_step(model, tokens, targets, doc_ids, autocast, grad_clip, micro_batches, self)
         if self.groups is None:  # one process, unsharded (a world of one with meshes holds DTensors)
             return forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip)
         return dist_forward_backward(model, tokens, targets, doc_ids, autocast, grad_clip, self)
@@ -144,11 +153,15 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
     """Before any collective: EP groups of ModelConfig.ep_shards ranks must tile the world and hold
     the experts evenly, and every stage's global batch must split into equal rows per rank."""
     check_no_host_update(spec.train)
-    ep = spec.model.ep_shards
+    n = spec.model.ep_shards
+    ep = ep_group_size(n, world)
+    if world < n and n % world:
+        raise ValueError(f"ModelConfig.ep_shards={n} with world_size={world}: a world smaller than the EP shards holds "
+                         f"whole shards on every rank; allowed world sizes: divisors of {n}, or multiples of {n}")
     try:
         check_ep_layout(spec.model.moe_geometry(spec.recipe).n_experts, ep, world)
     except ValueError as e:
-        raise ValueError(f"ModelConfig.ep_shards={ep} (the EP group size) with world_size={world}: {e}") from None
+        raise ValueError(f"ModelConfig.ep_shards={n} (the EP group size) with world_size={world}: {e}") from None
     r = spec.train.effective().replica_groups
     if world % r != 0 or (world // r) % ep != 0:
         raise ValueError(f"TrainConfig.replica_groups={r} with world_size={world} and ModelConfig.ep_shards={ep}: "
@@ -159,10 +172,29 @@ def check_dist_layout(spec: RunSpec, stages: list[Stage], world: int) -> None:
             raise ValueError(f"TrainConfig.batch_size: the global batch of {s.batch_size} sequences (seq_len "
                              f"{s.seq_len}) does not split over world_size={world} ranks; allowed values: "
                              f"multiples of {world}")
+    check_micro_batches(spec, stages, world)
     eb = spec.train.eval_batch_size
     if eb is not None and eb % world != 0:
         raise ValueError(f"TrainConfig.eval_batch_size={eb} sequences do not split over world_size={world} ranks; "
                          f"allowed values: multiples of {world}")
+
+
+def ep_group_size(ep_shards: int, world: int) -> int:
+    """Ranks of one EP group: ModelConfig.ep_shards, or the whole world when it has fewer ranks than the run
+    has shards (each rank then holds ep_shards / world of them as virtual shards: marin.ep_exchange plans
+    their drops over all ep_shards, so the run drops what its ep_shards-rank layout drops)."""
+    return ep_shards if world >= ep_shards else world
+
+
+def check_micro_batches(spec: RunSpec, stages: list[Stage], world: int) -> None:
+    """TrainConfig.micro_batches splits every stage's rows of each rank into equal micro-batches."""
+    k = spec.train.micro_batches
+    for s in stages:
+        rows = s.batch_size // world
+        if rows % k:
+            raise ValueError(f"TrainConfig.micro_batches={k}: {rows} sequences per rank (batch {s.batch_size} at "
+                             f"seq_len {s.seq_len} over {world} rank(s)) do not split into {k} equal micro-batches; "
+                             f"allowed values: divisors of {rows}")
 
 
 def sharding_config(t: TrainConfig):
@@ -197,8 +229,14 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, in
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        return build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
-                                   **kw)
+        from marin_ablate.marin.moe import Router
+
+        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
+                                    **kw)
+        for mod in model.modules():  # the Switch statistic over the world's tokens (marin.moe.Router)
+            if isinstance(mod, Router):
+                mod.stat_group, mod.stat_world = dist.group.WORLD, dist.get_world_size()
+        return model
     with torch.device("meta"):
         model = MarinModel(spec.model, spec.recipe, **kw)
     model.to_empty(device=device)
@@ -225,6 +263,8 @@ def check_launch(spec: RunSpec, stages: list[Stage]) -> int:
                          "has world_size=1; allowed values here: 1")
     if world > 1:
         check_dist_layout(spec, stages, world)
+    else:
+        check_micro_batches(spec, stages, 1)
     return world
 
 
@@ -243,7 +283,8 @@ def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.
     from marin_ablate.marin import ep
 
     owns = not dist.is_initialized()
-    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, spec.model.ep_shards,
+    world = dist.get_world_size() if dist.is_initialized() else ep.dist_env().world_size
+    groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, ep_group_size(spec.model.ep_shards, world),
                         backend="gloo" if device.type == "cpu" else None,
                         replicas=spec.train.effective().replica_groups)
     if device.type == "cuda":
@@ -284,12 +325,17 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
         obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
     gnorm = float(clip_grad_norm_(model, grad_clip, d.rack_group))
-    st = out.stats
-    frac = n_loc / n_all_f
     dense_v = float(dense.detach()) if n_loc else 0.0
     ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
     z_v = float(z.detach()) if n_loc else 0.0
-    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, float(out.aux_loss.detach()) / d.world,
+    return world_step(d, out.stats, n_loc / n_all_f, dense_v, ce_v, z_v, float(out.aux_loss.detach()), gnorm, dev)
+
+
+def world_step(d: ParallelDims, st: dict, frac: float, dense_v: float, ce_v: float, z_v: float, aux_v: float,
+               gnorm: float, dev: torch.device):
+    """(out, loss, ce, grad_norm) of the global batch from this rank's values: `frac` of the global valid
+    targets, its token-mean CE + z-loss (`dense_v`), CE, z-loss, Switch aux loss and statistics `st`."""
+    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, aux_v / d.world,
                         st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
                         st.get("router_z", 0.0) / d.world], dtype=torch.float64, device=dev)
     dist.all_reduce(vec)
@@ -300,4 +346,3 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
                  max_load_ratio=float(mx))
     g_out = GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))
     return g_out, v[0] + v[3], v[1], gnorm
-

@@ -335,7 +335,7 @@ class Trainer:
             tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
         tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
         out, loss_v, ce_v, gnorm = pd.forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
-                                                       self.t.grad_clip)
+                                                       self.t.grad_clip, self.t.micro_batches)
         if math.isfinite(loss_v) and math.isfinite(gnorm):
             optimizer_step(self.model, self.opt, pd.world_group)
             if device.type == "cuda":
@@ -480,7 +480,7 @@ class Trainer:
                    "checkpoints_skipped": list(self.skipped),
                    # the cost model reads threads x wall / CPU time as the load's slowdown (planning/costmodel.py)
                    "cpu_s": time.process_time() - self.cpu0, "session_wall_s": time.perf_counter() - self.t0,
-                   "threads": torch.get_num_threads(),
+                   "threads": torch.get_num_threads(), "micro_batches": self.t.micro_batches,
                    "code_versions": [v for v, _ in st.code_versions] or [code_version()]},
         )
 
@@ -573,10 +573,12 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     stop = StopFlag()
     trainer: Trainer | None = None
     try:
-        if t.threads is not None:
-            torch.set_num_threads(int(t.threads))
-        elif os.environ.get("SLURM_CPUS_PER_TASK"):
-            torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
+        # one thread unless told (TrainConfig.threads, a SLURM task's CPUs, a local worker's OMP_NUM_THREADS):
+        # torch's default takes every core, and workers sharing a machine then slow each other down
+        # (docs/architecture.md §5)
+        env = os.environ
+        torch.set_num_threads(int(t.threads) if t.threads is not None else
+                              int(env.get("SLURM_CPUS_PER_TASK") or env.get("OMP_NUM_THREADS") or 1))
         trainer = Trainer(spec, run_dir, stages, device, pd, t0, keep_checkpoints)
         trainer.begin(resume, log_to)
         stop.install()

@@ -1,6 +1,7 @@
 """Sharded training state on real gloo ranks (FSDP2 for every parameter, experts over EP x FSDP-on-dp):
 the meta-device build holds the one-process init's weights, and Hyperball / Muon / AdamW steps on the
-shards equal the unsharded step to fp32 tolerance, for injected gradients and for a real forward/backward.
+shards (batched: marin/batched_updates.py, owner-rank Newton–Schulz in same-shape stacks) equal the unsharded
+per-parameter step to fp32 tolerance, for injected gradients and for a real forward/backward.
 
 One launch per world size (2 ranks: dp 1 x ep 2; 4 ranks: dp 2 x ep 2); every rank records its
 measured differences in a JSON file and the tests assert on them.
@@ -128,7 +129,8 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
         for level, sphere in LEVELS:
             key = f"{level}_{sphere}"
             ref_m = _ref_model()
-            ref_opt = build_optimizer(ref_m, _hp(level, sphere))
+            # the reference: one process, one parameter at a time (the sharded step is batched)
+            ref_opt = build_optimizer(ref_m, _hp(level, sphere), batched=False)
             sh_opt = build_optimizer(model, _hp(level, sphere), expert_group=groups.ep_group)
             with torch.no_grad():  # restart the sharded model from the init
                 for n, p in params.items():
@@ -153,7 +155,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
             p.grad = None
         tok = torch.randint(0, 64, (world * 2, 17), generator=torch.Generator().manual_seed(5))
         ref_m = _ref_model().train()
-        ref_opt = build_optimizer(ref_m, _hp("hyperball", "bank"))
+        ref_opt = build_optimizer(ref_m, _hp("hyperball", "bank"), batched=False)
         ref_m(tok[:, :-1], None, tok[:, 1:]).loss.backward()
         ref_norm = float(torch.nn.utils.clip_grad_norm_(list(ref_m.parameters()), CLIP))
         ref_opt.step()

@@ -136,10 +136,11 @@ def test_every_gpu_rung_puts_one_ep_shard_on_each_gpu_and_a_rung_that_cannot_til
 
     assert {n: (r.gpus, r.model().ep_shards) for n, r in GPU_RUNGS.items()} == {
         "d512": (8, 8), "d768": (8, 8), "d1024": (16, 16), "d1536": (32, 32), "d2048": (64, 64)}
-    with pytest.raises(ValueError, match=r"Rung 'd1024': gpus=8 is not a whole number of EP groups of "
-                                         r"ep_shards=16 ranks; allowed values: 1 \(virtual EP in one process\) "
-                                         r"or multiples of 16"):
-        _gpu("d1024", 256, 8)
+    assert _gpu("d1024", 256, 8).gpus == 8  # 2 of the 16 EP shards on each GPU
+    with pytest.raises(ValueError, match=r"Rung 'd1024': gpus=12 neither divides nor is a multiple of "
+                                         r"ep_shards=16; allowed values: divisors of 16 \(each GPU holds whole EP "
+                                         r"shards, 1: virtual EP in one process\) or multiples of 16"):
+        _gpu("d1024", 256, 12)
 
 
 def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anything_is_written(tmp_path, capsys):
@@ -150,8 +151,10 @@ def test_gpus_per_run_that_cannot_hold_a_rung_s_ep_groups_is_refused_before_anyt
     study = get_study("marin535")
     runs = planned_runs(study, tmp_path)
     check_layouts(runs, ExecOptions(executor="slurm"), study_resources(study))  # the rungs' own GPUs tile
-    with pytest.raises(ValueError, match=r"run \w+ \(rung d1024, arm [^)]+\) on 8 GPUs: ModelConfig.ep_shards=16 "
-                                         r"\(the EP group size\) with world_size=8: .*; use --slurm.gpus_per_run a "
-                                         r"multiple of its ModelConfig.ep_shards=16"):
-        check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=8)), study_resources(study))
+    # 8 GPUs hold d1024's 16 EP shards two each
+    check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=8)), study_resources(study))
+    with pytest.raises(ValueError, match=r"run \w+ \(rung d512, arm [^)]+\) on 12 GPUs: ModelConfig.ep_shards=8 "
+                                         r"\(the EP group size\) with world_size=12: .*; use --slurm.gpus_per_run a "
+                                         r"divisor or a multiple of its ModelConfig.ep_shards=8"):
+        check_layouts(runs, ExecOptions(executor="slurm", slurm=SlurmOptions(gpus_per_run=12)), study_resources(study))
     assert not any(tmp_path.iterdir())

@@ -1,0 +1,176 @@
+"""A rung on fewer GPUs than its own count: the EP group, virtual shards and micro-batches that fit
+(docs/architecture.md §5 "Gradient accumulation").
+
+A GPU rung holds ModelConfig.ep_shards EP shards of 65,536 tokens; on G GPUs (G divides the shards, or is a
+multiple of them) each GPU holds max(1, shards / G) of them as virtual shards in one EP group of min(G, shards)
+ranks, and its B / G sequences of a step in k micro-batches (TrainConfig.micro_batches). The drops, the
+routing statistics and the update are those of the rung's own layout (marin/train/accum.py), so only the
+memory and the time change. `choose_layout` picks the fewest micro-batches whose memory fits, from the dry
+run's model (planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at
+one sequence and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at
+d512), plus what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from marin_ablate.marin.config import RunSpec
+
+GiB = 2**30
+#: Memory per GPU of the lent accelerators (what torch reports as total, in GiB): the layout default.
+GPU_MEMORY_GIB = {"h100": 79.1, "h200": 139.8, "gb200": 173.0}
+LEVELS = ("hyperball", "adamw")  # a study's arms use both; the layout must fit the larger
+#: Memory-table lines that are no tensor of torch's allocator (planning/dryrun.py GpuAllowances)
+NOT_TENSORS = ("NCCL", "CUDA context", "allocator fragmentation")
+
+
+def ep_layout(spec: RunSpec, gpus: int) -> tuple[int, int]:
+    """(EP group size, virtual shards per GPU) of `spec` on `gpus` GPUs (1: one process, every shard virtual)."""
+    from marin_ablate.marin.train.distributed import ep_group_size
+
+    n = spec.model.ep_shards
+    if gpus == 1:
+        return 1, n
+    if gpus % n and n % gpus:
+        raise ValueError(f"{gpus} GPUs per run for ModelConfig.ep_shards={n}: each GPU holds whole EP shards; "
+                         f"allowed values: divisors of {n} or multiples of {n}")
+    ep = ep_group_size(n, gpus)
+    return ep, n // ep if ep < n else 1
+
+
+def accumulation_rows(spec: RunSpec, rows: int, k: int) -> tuple[dict, ...]:
+    """What gradient accumulation keeps for the whole step beyond one micro-batch's forward + backward, per
+    GPU of `rows` sequences in `k` micro-batches: the routing pass's residual streams of every micro-batch
+    (input and attention output of the layer being routed), the step's routing pins (expert ids, kept flags)
+    and the QB statistics of the step: the hist estimator's histogram (each micro-batch bins its margins in the
+    step's range, marin.moe.RoutePin.margin_ext), the topk estimator's margins of the other micro-batches."""
+    if k == 1:
+        return ()
+    m = spec.model
+    g = m.moe_geometry(spec.recipe)
+    tokens = rows * m.seq_len
+    out = [{"line": f"accumulation: residual streams of {k} micro-batches (routing pass, fp32)",
+            "bytes": 2 * tokens * m.d_model * 4},
+           {"line": "accumulation: the step's routing pins (expert ids int64 + kept flags)",
+            "bytes": tokens * g.top_k * 9 * m.n_layers}]
+    if spec.recipe.router_balance == "quantile" and m.qb_estimator == "hist":  # binned as they come
+        out.append({"line": "accumulation: QB margin histograms of the step (float64 counts)",
+                    "bytes": g.n_experts * m.qb_hist_bins * 8 * m.n_layers})
+    elif spec.recipe.router_balance == "quantile":  # topk: the step's margins, read at the update
+        out.append({"line": f"accumulation: QB margins of the step's other {k - 1} micro-batches (fp32)",
+                    "bytes": (tokens - tokens // k) * g.n_experts * 4 * m.n_layers})
+    return tuple(out)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: float = 0.0, headroom: float = 0.05,
+                  act1: dict | None = None) -> dict:
+    """The layout of `spec` on `gpus` GPUs of `capacity_gib`: EP group, virtual shards, and the fewest
+    micro-batches whose per-GPU memory (every optimizer level of LEVELS) leaves `headroom` of the capacity
+    free. Raises ValueError naming the numbers when one sequence per micro-batch does not fit."""
+    from marin_ablate.planning.dryrun import GpuAllowances, current_sharding, memory_table, rank_state
+
+    ep, virtual = ep_layout(spec, gpus)
+    B = spec.train.batch_size
+    if B % gpus:
+        raise ValueError(f"TrainConfig.batch_size={B} does not split over {gpus} GPUs; allowed values: divisors of {B}")
+    rows = B // gpus
+    sharding = current_sharding(spec)
+    state = rank_state(spec, gpus, ep if gpus > 1 else spec.model.ep_shards, 0, sharding)
+    act1 = act1 or cached_activations(spec)  # the peak at one sequence; linear in sequences
+    budget = (capacity_gib - reserve_gib) * (1 - headroom) * GiB
+    gpu = GpuAllowances() if spec.train.device.startswith("cuda") else None
+    tried = []
+    for m in sorted(divisors(rows), reverse=True):  # the largest micro-batch first: the fewest passes
+        k = rows // m
+        sk = dataclasses.replace(spec, train=dataclasses.replace(spec.train, micro_batches=k))
+        act = {**act1, "recompute": spec.train.activation_checkpoint == "block",
+               **{f: act1[f] * m for f in ("base", "per_local", "per_global", "peak")}}
+        st = {**state, "ep_size": 1 if gpus == 1 else ep, "tokens_per_rank": m * spec.model.seq_len}
+        tables = {lv: memory_table(sk, st, gpus, act, sharding, lv, gpu, accumulation_rows(spec, rows, k))
+                  for lv in LEVELS}
+        totals = {lv: sum(r["bytes"] for r in t) for lv, t in tables.items()}
+        worst_level = max(totals, key=totals.get)
+        worst = totals[worst_level]
+        tried.append((m, worst))
+        if worst <= budget:
+            # what torch's allocator sees (max_memory_allocated): the lines that are tensors
+            tensors = sum(r["bytes"] for r in tables[worst_level] if not r["line"].startswith(NOT_TENSORS))
+            return {"gpus": gpus, "ep_group": ep, "virtual_shards": virtual, "micro_batches": k,
+                    "sequences_per_micro_batch": m, "sequences_per_gpu": rows, "predicted_gib": worst / GiB,
+                    "predicted_tensor_gib": tensors / GiB, "level": worst_level,
+                    "capacity_gib": capacity_gib, "headroom": headroom,
+                    "activation_gib_per_sequence": act1["peak"] / GiB}
+    m, worst = tried[-1]
+    need = math.ceil(gpus * worst / budget)
+    raise ValueError(f"{spec.model.d_model}-wide model, batch {B} on {gpus} GPU(s) of {capacity_gib:g} GiB: even "
+                     f"{m} sequence per micro-batch ({rows} micro-batches) needs {worst / GiB:.1f} GiB per GPU, over "
+                     f"{budget / GiB:.1f} GiB ({1 - headroom:.0%} of the capacity less {reserve_gib:g} GiB reserve); "
+                     f"allowed: more GPUs per run (about {need} or more), or GPUs with more memory")
+
+
+def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([spec.identity_json(), gpus, capacity_gib]).encode()).hexdigest()[:16]
+
+
+def _cache_dir():
+    import os
+    from pathlib import Path
+
+    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
+
+
+def _cached(path, compute):
+    """compute()'s JSON, kept at `path` (written atomically)."""
+    import os
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    out = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)
+    return out
+
+
+def cached_activations(spec: RunSpec) -> dict:
+    """planning.memory.fit_activations at one sequence, kept under MARIN_CACHE_DIR: a CPU measurement of the
+    spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
+    import hashlib
+
+    from marin_ablate.planning.memory import fit_activations
+
+    key = hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
+    return _cached(_cache_dir() / f"act1-{key}.json", lambda: fit_activations(spec, 1))
+
+
+def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
+    """`choose_layout`, kept under MARIN_CACHE_DIR (the fake-tensor measurement takes ~40 s a rung): `plan
+    --dry-run` and `run` choose the same micro-batches for the same spec, GPU count and capacity."""
+    return _cached(_cache_dir() / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
+                   lambda: choose_layout(spec, gpus, capacity_gib))
+
+
+def with_layout(spec: RunSpec, layout: dict) -> RunSpec:
+    """The spec trained in `layout`: its micro-batches set (not in the run id: the same run)."""
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, micro_batches=layout["micro_batches"]))
+
+
+def wall_factor(spec: RunSpec, micro_batches: int) -> float:
+    """Compute of an accumulated step over a one-batch step: the routing pass is one more no-grad forward
+    (a step is 3 forward-equivalents, 4 with block recompute)."""
+    if micro_batches == 1:
+        return 1.0
+    units = 4.0 if spec.train.activation_checkpoint == "block" else 3.0
+    return (units + 1.0) / units
