@@ -187,14 +187,15 @@ def ep_group_size(ep_shards: int, world: int) -> int:
 
 
 def check_micro_batches(spec: RunSpec, stages: list[Stage], world: int) -> None:
-    """TrainConfig.micro_batches splits every stage's rows of each rank into equal micro-batches."""
-    k = spec.train.micro_batches
+    """TrainConfig.micro_batches splits every stage's rows of each rank into equal micro-batches (a longer
+    context stage into fewer: `Stage.micro_batches`)."""
     for s in stages:
-        rows = s.batch_size // world
+        rows, k = s.batch_size // world, s.micro_batches
         if rows % k:
-            raise ValueError(f"TrainConfig.micro_batches={k}: {rows} sequences per rank (batch {s.batch_size} at "
-                             f"seq_len {s.seq_len} over {world} rank(s)) do not split into {k} equal micro-batches; "
-                             f"allowed values: divisors of {rows}")
+            at = "" if k == spec.train.micro_batches else f" ({k} at this context stage)"
+            raise ValueError(f"TrainConfig.micro_batches={spec.train.micro_batches}{at}: {rows} sequences per rank "
+                             f"(batch {s.batch_size} at seq_len {s.seq_len} over {world} rank(s)) do not split into "
+                             f"{k} equal micro-batches; allowed values: divisors of {rows}")
 
 
 def sharding_config(t: TrainConfig):

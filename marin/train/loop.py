@@ -335,7 +335,7 @@ class Trainer:
             tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
         tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
         out, loss_v, ce_v, gnorm = pd.forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
-                                                       self.t.grad_clip, self.t.micro_batches)
+                                                       self.t.grad_clip, stage.micro_batches)
         if math.isfinite(loss_v) and math.isfinite(gnorm):
             optimizer_step(self.model, self.opt, pd.world_group)
             if device.type == "cuda":

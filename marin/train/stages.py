@@ -23,15 +23,24 @@ class Stage:
     seq_len: int
     batch_size: int
     q_scale: float  # 1 + c ln(L / L0), c = CONTEXT_Q_RULES[TrainConfig.context_q_rule]
+    micro_batches: int = 1  # TrainConfig.micro_batches at stage 0; later, as many as hold its tokens per micro-batch
 
 
 def context_plan(spec: RunSpec) -> list[Stage]:
     """Stage 0 is (model.seq_len, batch_size); each ContextStage starts at round(start_frac*steps)
-    and divides the batch so that tokens per step stay batch_size * model.seq_len."""
+    and divides the batch so that tokens per step stay batch_size * model.seq_len. A longer stage has fewer
+    sequences, so it splits them into fewer micro-batches: ceil(micro_batches * its batch / stage 0's), no
+    micro-batch holding more tokens than stage 0's (TrainConfig.micro_batches=16 of a 16-sequence step at 4k
+    is 4 of 4 at 16k and 1 of 1 at 65k)."""
     t, l0 = spec.train.effective(), spec.model.seq_len
     c = CONTEXT_Q_RULES[t.context_q_rule]
     tokens = t.batch_size * l0
-    stages = [Stage(0, l0, t.batch_size, 1.0)]
+
+    def micro(seq_len: int) -> int:
+        return -(-k * (tokens // seq_len) // t.batch_size)
+
+    k = t.micro_batches
+    stages = [Stage(0, l0, t.batch_size, 1.0, k)]
     for cs in t.context_stages:
         if cs.seq_len < 1 or tokens % cs.seq_len != 0:
             raise ValueError(f"TrainConfig.context_stages: seq_len={cs.seq_len} must divide the tokens per step "
@@ -39,9 +48,10 @@ def context_plan(spec: RunSpec) -> list[Stage]:
         start = int(round(cs.start_frac * t.steps))
         if start <= stages[-1].start_step:
             stages[-1] = replace(stages[-1], seq_len=cs.seq_len, batch_size=tokens // cs.seq_len,
-                                 q_scale=1.0 + c * math.log(cs.seq_len / l0))
+                                 q_scale=1.0 + c * math.log(cs.seq_len / l0), micro_batches=micro(cs.seq_len))
             continue
-        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + c * math.log(cs.seq_len / l0)))
+        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + c * math.log(cs.seq_len / l0),
+                            micro(cs.seq_len)))
     return stages
 
 
@@ -72,5 +82,6 @@ def stage_specs(spec: RunSpec) -> list[tuple[Stage, RunSpec, int]]:
     stages, steps = context_plan(spec), spec.train.effective().steps
     ends = [s.start_step for s in stages[1:]] + [steps]
     return [(s, replace(spec, model=replace(spec.model, seq_len=s.seq_len),
-                        train=replace(spec.train, batch_size=s.batch_size, context_stages=())), end - s.start_step)
+                        train=replace(spec.train, batch_size=s.batch_size, micro_batches=s.micro_batches,
+                                      context_stages=())), end - s.start_step)
             for s, end in zip(stages, ends, strict=True)]

@@ -120,3 +120,31 @@ def test_micro_batches_that_do_not_split_a_rank_s_rows_are_refused_before_anythi
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match=r"TrainConfig.micro_batches"):
         TrainConfig(micro_batches=0)
+
+
+def test_a_longer_context_stage_takes_fewer_micro_batches_of_the_same_tokens_and_trains_the_unsplit_run(tmp_path):
+    from marin_ablate.marin.config import ContextStage
+    from marin_ablate.marin.train.stages import context_plan
+
+    staged = dataclasses.replace(SPEC, train=dataclasses.replace(SPEC.train, context_stages=(ContextStage(0.5, 128),)))
+    split = dataclasses.replace(staged, train=dataclasses.replace(staged.train, micro_batches=4))
+    assert [(s.seq_len, s.batch_size, s.micro_batches) for s in context_plan(split)] == [(64, 4, 4), (128, 2, 2)]
+    ref = train(staged, tmp_path / "one", resume=False)
+    got = train(split, tmp_path / "two", resume=False)
+    assert got["status"] == ref["status"] == "completed"
+    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "two"), strict=True):
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
+
+
+def test_the_hero_on_one_gpu_splits_16_micro_batches_at_4k_into_4_at_16k_and_1_at_65k():
+    from marin_ablate.ablations import get_study
+    from marin_ablate.marin.train.distributed import check_micro_batches
+    from marin_ablate.marin.train.stages import context_plan, stage_specs
+    from marin_ablate.sweeps.sweep import apply_spec_overrides
+
+    spec = apply_spec_overrides(get_study("hero_gpu").runs()[0][0], ["train.micro_batches=16"])
+    stages = context_plan(spec)
+    assert [(s.seq_len, s.batch_size, s.micro_batches) for s in stages] == [(4096, 16, 16), (16384, 4, 4),
+                                                                           (65536, 1, 1)]
+    check_micro_batches(spec, stages, 1)
+    assert [at.train.micro_batches for _, at, _ in stage_specs(spec)] == [16, 4, 1]
