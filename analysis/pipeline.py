@@ -72,6 +72,7 @@ class StudyAnalysis:
     replicates: pd.DataFrame | None = None
     coverage: pd.DataFrame | None = None
     pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/fit/reflaw.py)
+    lr_profile: dict | None = None  # the study's lr_profile.json (sweeps/tuning.py), for the headline (findings.py)
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)

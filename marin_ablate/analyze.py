@@ -139,12 +139,24 @@ def _pinned(args, study_dir: Path | None):
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
     from marin_ablate.analysis.pipeline import analyze_table
 
+    from marin_ablate.analysis.io.results import read_lr_profile
+
     _check_boot_memory(args.n_boot, table)
-    return analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
-                         pinned_law=_pinned(args, study_dir),
-                         boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
-                         target_compute=target, third_levels=args.third_levels, seed=args.seed,
-                         force_extrapolation=args.force_extrapolation)
+    a = analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,
+                      pinned_law=_pinned(args, study_dir),
+                      boot_method=args.boot, hc=args.hc, mixed=args.mixed, interactions=not args.no_interactions,
+                      target_compute=target, third_levels=args.third_levels, seed=args.seed,
+                      force_extrapolation=args.force_extrapolation)
+    a.lr_profile = read_lr_profile(study_dir) if study_dir is not None else None
+    return a
+
+
+def analysis_of(study: str | Path, argv: list[str] | tuple[str, ...] = ()):
+    """(StudyAnalysis, results table) of a study folder as `marin-ablate analyze STUDY [argv]` computes it (the
+    pinned law and LR profile of the folder included), without writing the report (benchmarks/seed_replication.py)."""
+    args = options.parse(AnalyzeOptions, [str(study), *argv])
+    study_dir, table = resolve_study(args.study)
+    return _analyze(args, table, args.target, study_dir), table
 
 
 @dataclass(frozen=True)
@@ -248,6 +260,9 @@ def cmd_analyze(argv: list[str]) -> int:
     if aliased:
         print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
               "need them separately and are not estimable; the alias groups are in the report")
+    from marin_ablate.analysis.report.findings import rests_on
+
+    print(rests_on(a))
     for n in a.notes:
         print(f"note: {n}")
     for w in a.warnings:

@@ -463,3 +463,43 @@ def qualifiers(a, f: str) -> str:
             if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
     q += boot
     return "; ".join(q) or "—"
+
+
+def rests_on(a) -> str:
+    """The report's one-line headline of what the answer rests on: how many seeds and what the intervals are
+    built on, how the LRs were set and how uncertain the profiled optima are (docs/method.md §4.4, §4.6)."""
+    from marin_ablate.analysis.fit.lr_profile import interval_text
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
+
+    t = a.table
+    seeds = sorted(int(s) for s in t["seed"].dropna().unique()) if "seed" in t else []
+    comp = a.components
+    k = int(comp["between_seeds"].max()) if len(comp) and "between_seeds" in comp else 0
+    if len(seeds) >= BETWEEN_SEEDS_MIN and k >= BETWEEN_SEEDS_MIN:
+        what = (f"{len(seeds)} seeds ({', '.join(map(str, seeds))}), each analysed alone too: every interval at C_ref "
+                f"is at least the between-seed t interval of its per-seed estimates ({k - 1} df), so it carries the "
+                "component x seed variation")
+    else:
+        what = (f"{len(seeds) or 1} seed(s): the intervals rest on the run residuals and omit component x seed "
+                f"variation (its init, data order and LR profile; {BETWEEN_SEEDS_MIN}+ seeds measure it)")
+    src = set(t["lr_source"].dropna()) if "lr_source" in t else set()
+    prof = a.lr_profile or {}
+    if "profile" in src and "seeds" in prof:
+        per = {str(s): m for s, m in (prof.get("multipliers") or {}).items()}
+        levels = []
+        for g, est in (prof.get("pooled") or {}).items():
+            f, _, lv = g.partition("=")
+            each = [per[s][f][lv] for s in map(str, prof["seeds"]) if lv in per.get(s, {}).get(f, {})]
+            levels.append(f"{g} {', '.join(f'{m:.2g}' for m in each)}x the heuristic"
+                          + (f" (pooled {interval_text(est)})" if len(each) > 1 else ""))
+        lr = (f"LRs profiled at each seed at {prof.get('rung', '?')}, each seed's design at its own optimum: "
+              + "; ".join(levels))
+    elif "profile" in src:
+        lr = "LRs profiled per level at one seed and carried to every seed: the profile's noise is in no interval"
+    elif "tuned" in src:
+        lr = "LRs tuned per arm (`run --tune`, one seed): the tuning's noise is in no interval"
+    elif src:
+        lr = "LRs at Marin's heuristic, not tuned per arm"
+    else:
+        lr = "how the LRs were set is not recorded"
+    return f"What this rests on: {what}. {lr}."
