@@ -7,7 +7,7 @@ rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
 - smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs x 3 seeds, an LR profile
               per seed and a pinned-law baseline ladder first.
-- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
+- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (a seed panel for the precision planner).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.

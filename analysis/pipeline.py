@@ -73,6 +73,7 @@ class StudyAnalysis:
     coverage: pd.DataFrame | None = None
     pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/fit/reflaw.py)
     lr_profile: dict | None = None  # the study's lr_profile.json (sweeps/tuning.py), for the headline (findings.py)
+    per_seed: dict = field(default_factory=dict)  # {seed: that seed's runs analysed alone} with 3+ seeds (§4.4)
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -507,7 +508,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
                       boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
-                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law)
+                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law,
+                      per_seed={k: v for k, v in per_seed.items() if not isinstance(v, str)})
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)

@@ -137,9 +137,8 @@ def _pinned(args, study_dir: Path | None):
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None):
-    from marin_ablate.analysis.pipeline import analyze_table
-
     from marin_ablate.analysis.io.results import read_lr_profile
+    from marin_ablate.analysis.pipeline import analyze_table
 
     _check_boot_memory(args.n_boot, table)
     a = analyze_table(table, pin_linf=args.pin_linf, pin_alpha=args.pin_alpha, n_boot=args.n_boot,

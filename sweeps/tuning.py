@@ -206,9 +206,10 @@ def smallest_rung(study: Any) -> str:
 
 def profile_rung(study: Any) -> str:
     """The rung the default LR profile runs at: the one nearest the ladder's geometric-mean compute (the
-    C_ref where the report reads its headline), the larger of two equally near. Measured on the smoke
-    ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up by the heuristic, over-set
-    its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the LR fair where it is read."""
+    C_ref where the report reads its headline), the larger of two equally near (cpu_s64 on the smoke ladder).
+    Measured on the four-rung smoke ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up
+    by the heuristic, over-set its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the
+    LR fair where it is read."""
     from marin_ablate.ablations.ladders import params_active
     from marin_ablate.marin.config import Recipe
 

@@ -199,8 +199,23 @@ def recommended_total(a, resp: str) -> tuple[float, float, float, str]:
     if total_disagrees(a, resp):
         o, olo, ohi, _ = observed_total(a, resp)
         if not interval_fails(o, olo, ohi):
+            olo, ohi, _ = observed_between(a, resp, o, olo, ohi)
             return (o, olo, ohi, "observed")
     return (est, lo, hi, "model")
+
+
+def observed_between(a, resp: str, o: float, lo: float, hi: float) -> tuple[float, float, int | None]:
+    """The observed TOTAL's interval widened, as every model interval at C_ref is (docs/method.md §4.4), to at
+    least the between-seed t interval of the seeds' own observed TOTALs (three or more): (lo, hi, the K − 1
+    df its verdict is read on when the between-seed interval is the wider, else None)."""
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, _t_half
+
+    v = [x[0] for x in (observed_total(s, resp) for s in (getattr(a, "per_seed", None) or {}).values())
+         if math.isfinite(x[0])]
+    if len(v) < BETWEEN_SEEDS_MIN:
+        return lo, hi, None
+    half = _t_half(v, a.level)
+    return min(lo, o - half), max(hi, o + half), (len(v) - 1 if o - half < lo else None)
 
 
 def refuse_single_rung(a) -> list[str]:
@@ -343,9 +358,10 @@ def _finding(a, resp: str, f: str) -> str:
     if test and f == "TOTAL":
         o, olo, ohi, src = recommended_total(a, resp)
         if src == "observed":
+            df_between = observed_between(a, resp, *observed_total(a, resp)[:3])[2] if not is_sum(resp) else None
             v = ("not informative on CPU" if resp != law_column() and on_cpu(a)
                  else _decide(a, ("observed", resp), o, olo, ohi,
-                              _dof(a, law_column() if is_sum(resp) else resp)))
+                              df_between or _dof(a, law_column() if is_sum(resp) else resp)))
             where = "the failing part observed" if is_sum(resp) else observed_total(a, resp)[3]
             return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
                     f"model's {_exp(est):.3f} is unreliable ({test})")
