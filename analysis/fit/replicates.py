@@ -80,7 +80,7 @@ def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any]) 
     return out
 
 
-def _t_half(values: list[float], level: float) -> float:
+def t_half(values: list[float], level: float) -> float:
     """Half-width of the between-seed t interval of the mean, statsmodels' DescrStatsW.tconfint_mean."""
     from statsmodels.stats.weightstats import DescrStatsW
 
@@ -101,7 +101,7 @@ def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list
         v = [float(getattr(x, k)) for x in laws if k not in x.pinned]
         if k not in law.profile or len(v) < BETWEEN_SEEDS_MIN:
             continue
-        half, est = _t_half(v, level), float(getattr(law, k))
+        half, est = t_half(v, level), float(getattr(law, k))
         lo, hi = law.profile[k]
         new = (max(min(lo, est - half), PROFILE_BOUNDS[k][0]), max(hi, est + half))
         if new != (lo, hi):
@@ -131,7 +131,7 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue
         se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
-        half = _t_half(v, level)
+        half = t_half(v, level)
         out.at[i, "shapley_se_between"] = se
         if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
             out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p

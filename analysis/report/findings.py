@@ -208,13 +208,13 @@ def observed_between(a, resp: str, o: float, lo: float, hi: float) -> tuple[floa
     """The observed TOTAL's interval widened, as every model interval at C_ref is (docs/method.md §4.4), to at
     least the between-seed t interval of the seeds' own observed TOTALs (three or more): (lo, hi, the K − 1
     df its verdict is read on when the between-seed interval is the wider, else None)."""
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, _t_half
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
 
     v = [x[0] for x in (observed_total(s, resp) for s in (getattr(a, "per_seed", None) or {}).values())
          if math.isfinite(x[0])]
     if len(v) < BETWEEN_SEEDS_MIN:
         return lo, hi, None
-    half = _t_half(v, a.level)
+    half = t_half(v, a.level)
     return min(lo, o - half), max(hi, o + half), (len(v) - 1 if o - half < lo else None)
 
 
