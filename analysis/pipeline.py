@@ -347,6 +347,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         BETWEEN_SEEDS_MIN,
         between_seed_interval,
         between_seed_law,
+        between_seed_per_rung,
         coverage_summary,
         per_seed_analyses,
         planted_truths,
@@ -499,11 +500,12 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         if sum(not isinstance(x, str) for x in per_seed.values()) >= BETWEEN_SEEDS_MIN:
             if len(components):
                 components = between_seed_interval(components, per_seed, level)
+            per_rung = between_seed_per_rung(per_rung, per_seed, level)
             wl = between_seed_law(law, per_seed, level) if law is not None else []
-            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref"
+            notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref and per rung"
                          + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
-                         "as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
-                         "values keep the model interval)")
+                         "as the between-seed t interval of the per-seed estimates (extrapolated values and the "
+                         "scale trend keep the model interval)")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,

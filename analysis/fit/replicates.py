@@ -140,6 +140,30 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
     return out
 
 
+def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95) -> pd.DataFrame:
+    """Widens each per-rung value's interval (component or TOTAL, response, rung) to at least
+    est ± t(K−1)·sd/√K over the K ≥ BETWEEN_SEEDS_MIN seeds whose own analysis estimates it: the
+    component x seed term reaches the smallest and largest rung Findings show as it reaches C_ref."""
+    out = per_rung.copy()
+    if not len(out):
+        return out
+    key = ["response", "component", "rung"]
+    est: dict = {}
+    for a in per_seed.values():
+        if isinstance(a, str) or not len(a.per_rung):
+            continue
+        for k, v in zip(a.per_rung[key].itertuples(index=False, name=None), a.per_rung["effect"], strict=True):
+            if math.isfinite(v):
+                est.setdefault(k, []).append(float(v))
+    for i, k in zip(out.index, out[key].itertuples(index=False, name=None), strict=True):
+        v, e = est.get(k, []), out.at[i, "effect"]
+        if len(v) < BETWEEN_SEEDS_MIN or not math.isfinite(e):
+            continue
+        half = t_half(v, level)
+        out.at[i, "lo"], out.at[i, "hi"] = min(out.at[i, "lo"], e - half), max(out.at[i, "hi"], e + half)
+    return out
+
+
 def replicate_checks(per_seed: dict[int, Any], truths: dict[str, dict[str, float]]) -> pd.DataFrame:
     """`truth_check` of every seed analysed alone. A replicate the analysis refused is kept, every
     number not estimable, with the reason."""

@@ -65,10 +65,15 @@ def test_the_between_seed_interval_is_the_t_interval_of_the_per_seed_estimates_a
     t = truth(seed_effect_sd=SEED_SD)
     df = simulate_table(t, rungs=RUNGS, seeds=3, rng=np.random.default_rng(11))
     pins = dict(pin_linf=t.linf, pin_alpha=t.alpha)
-    a = analyze_table(df, **pins, **KW).components.set_index("component")
-    per = [analyze_table(df[df["seed"] == s], replicates=False, **pins, **KW).components.set_index("component")
-           ["shapley"]["optimizer"] for s in range(3)]
+    full = analyze_table(df, **pins, **KW)
+    a = full.components.set_index("component")
+    seeds = [analyze_table(df[df["seed"] == s], replicates=False, **pins, **KW) for s in range(3)]
+    per = [x.components.set_index("component")["shapley"]["optimizer"] for x in seeds]
     half = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / math.sqrt(3)
+    # the top rung's value too, over the seeds' own top-rung values
+    top = [x.per_rung.set_index(["component", "rung"]).loc[("optimizer", "cpu_s128"), "effect"] for x in seeds]
+    r = full.per_rung.set_index(["component", "rung"]).loc[("optimizer", "cpu_s128")]
+    assert r["hi"] - r["effect"] == pytest.approx(stats.t.ppf(0.975, 2) * np.std(top, ddof=1) / math.sqrt(3), rel=1e-9)
     opt = a.loc["optimizer"]
     assert opt["shapley_lo"] == pytest.approx(opt["shapley"] - half, abs=1e-9)
     assert opt["shapley_hi"] == pytest.approx(opt["shapley"] + half, abs=1e-9)
