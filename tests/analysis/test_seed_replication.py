@@ -204,3 +204,24 @@ def test_an_answer_replicates_only_with_95_percent_within_and_no_flip():
     assert not ok and "1 gain/loss flip(s)" in why
     with pytest.raises(ValueError, match=r"verdict values \['win'\]; allowed values: gain, loss, none"):
         pairs(_sets([("a", "x", 0.1, 0.1, "win")]))
+
+
+def test_an_observed_total_that_leads_findings_is_widened_by_the_seeds_own_observed_totals():
+    """A lone-arm throughput effect (the all-on arm alone 0.5x as fast, ±4% from seed to seed) fails the TOTAL
+    two-ways check, so Findings lead with the observed all-on vs all-off contrast; at three seeds its interval
+    is at least the between-seed t interval of each seed's own observed TOTAL."""
+    from marin_ablate.analysis.report.findings import observed_total, recommended_total
+
+    t = truth(throughput_allon=math.log(0.5))
+    df = simulate_table(t, rungs=RUNGS, seeds=3, rng=np.random.default_rng(4))
+    on = df["arm"] == "+" * len(FACTORS)
+    for k, shift in enumerate((0.04, 0.0, -0.04)):  # the lone-arm effect itself moves with the seed
+        df.loc[on & (df["seed"] == k), "model_flops_per_s"] *= math.exp(shift)
+    a = analyze_table(df, pin_linf=t.linf, pin_alpha=t.alpha, **{**KW, "responses": ("throughput",)})
+    o, lo, hi, src = recommended_total(a, "ln_R")
+    assert src == "observed"
+    _, olo, ohi, _ = observed_total(a, "ln_R")
+    per = [observed_total(s, "ln_R")[0] for s in a.per_seed.values()]
+    half = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / math.sqrt(3)
+    assert (lo, hi) == (pytest.approx(min(olo, o - half)), pytest.approx(max(ohi, o + half)))
+    assert len(per) == 3 and hi - lo > ohi - olo  # the seeds scatter more than one pooled contrast says
