@@ -504,8 +504,8 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
             wl = between_seed_law(law, per_seed, level) if law is not None else []
             notes.append(f"{n_seeds} seeds, each also analysed alone: every Shapley interval at C_ref and per rung"
                          + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
-                         "as the between-seed t interval of the per-seed estimates (extrapolated values and the "
-                         "scale trend keep the model interval)")
+                         "as the between-seed t interval of the per-seed estimates, and so is each scale trend in "
+                         "Findings (extrapolated values keep the model interval)")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,

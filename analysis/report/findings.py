@@ -408,12 +408,13 @@ def scale_cells(a, f: str) -> dict[str, str]:
     if not (math.isfinite(s) and math.isfinite(lo)):
         out["scale verdict"] = "trend not estimable"
         return out
+    lo, hi, df_between = _slope_between(a, f, s, lo, hi)
     out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
     c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
     dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
-    d = _decide(a, ("scale", f), s, lo, hi, fit.contrast_df(dc))
+    d = _decide(a, ("scale", f), s, lo, hi, df_between or fit.contrast_df(dc))
     if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
             tv, "rising with scale")
@@ -423,6 +424,25 @@ def scale_cells(a, f: str) -> dict[str, str]:
     else:
         out["scale verdict"] = "no detectable trend" + d.removeprefix("consistent with no effect")
     return out
+
+
+def _slope_between(a, f: str, s: float, lo: float, hi: float) -> tuple[float, float, int | None]:
+    """A component's slope per decade widened, as its values at C_ref and per rung are (docs/method.md §4.4), to
+    at least the between-seed t interval of the seeds' own slopes (three or more): (lo, hi, the K − 1 df its
+    verdict is read on when the between-seed interval is the wider, else None)."""
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
+
+    v = []
+    for b in (getattr(a, "per_seed", None) or {}).values():
+        fb = b.reduced.get(law().name, b.fits.get(law().name))
+        if fb is not None and (f == "TOTAL" or f in fb.factors):
+            x = scale_trend(fb, None if f == "TOTAL" else fb.factors.index(f), a.level)[0]
+            if math.isfinite(x):
+                v.append(x)
+    if len(v) < BETWEEN_SEEDS_MIN:
+        return lo, hi, None
+    half = t_half(v, a.level)
+    return min(lo, s - half), max(hi, s + half), (len(v) - 1 if s - half < lo else None)
 
 
 #: Factors whose change moves the best learning rate: a field of the train section or one naming the
@@ -506,7 +526,7 @@ def rests_on(a) -> str:
         for g, est in (prof.get("pooled") or {}).items():
             f, _, lv = g.partition("=")
             each = [per[s][f][lv] for s in map(str, prof["seeds"]) if lv in per.get(s, {}).get(f, {})]
-            levels.append(f"{g} {', '.join(f'{m:.2g}' for m in each)}x the heuristic"
+            levels.append(f"{g} {', '.join(f'{m:.3g}' for m in each)}x the heuristic"
                           + (f" (pooled {interval_text(est)})" if len(each) > 1 else ""))
         lr = (f"LRs profiled at each seed at {prof.get('rung', '?')}, each seed's design at its own optimum: "
               + "; ".join(levels))

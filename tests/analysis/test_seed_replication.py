@@ -15,7 +15,7 @@ from marin_ablate.analysis.calibration.replication import findings_rows, pairs, 
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.fit.lr_profile import interval_text, optimum_interval
 from marin_ablate.analysis.pipeline import analyze_table
-from marin_ablate.analysis.report.findings import rests_on
+from marin_ablate.analysis.report.findings import rests_on, scale_cells, scale_trend
 
 RUNGS = {f"cpu_s{n}": n * 1024.0 for n in (32, 64, 128)}  # the smoke ladder's three rungs
 FACTORS = ["sconv", "optimizer", "xsa"]
@@ -74,6 +74,7 @@ def test_the_between_seed_interval_is_the_t_interval_of_the_per_seed_estimates_a
     top = [x.per_rung.set_index(["component", "rung"]).loc[("optimizer", "cpu_s128"), "effect"] for x in seeds]
     r = full.per_rung.set_index(["component", "rung"]).loc[("optimizer", "cpu_s128")]
     assert r["hi"] - r["effect"] == pytest.approx(stats.t.ppf(0.975, 2) * np.std(top, ddof=1) / math.sqrt(3), rel=1e-9)
+
     opt = a.loc["optimizer"]
     assert opt["shapley_lo"] == pytest.approx(opt["shapley"] - half, abs=1e-9)
     assert opt["shapley_hi"] == pytest.approx(opt["shapley"] + half, abs=1e-9)
@@ -157,7 +158,7 @@ def test_the_headline_names_the_seeds_the_error_term_and_each_profiled_optimum_w
     assert sconv["lo"] > 0 and "Holm" in sconv["cell"] and sconv["verdict"] == "none"
     line = rests_on(a)
     assert line.startswith("What this rests on: 3 seeds (0, 1, 2)") and "(2 df)" in line
-    assert "optimizer=hyperball 2.6, 1.3, 2.3x the heuristic (pooled 2x [1.4, 2.8])" in line
+    assert "optimizer=hyperball 2.64, 1.3, 2.34x the heuristic (pooled 2x [1.4, 2.8])" in line
     one = analyze_table(df[df["seed"] == 0], pin_linf=t.linf, pin_alpha=t.alpha, **KW)
     assert "1 seed(s): the intervals rest on the run residuals and omit component x seed variation" in rests_on(one)
     assert "LRs profiled per level at one seed" in rests_on(one)  # no per-seed profile record
@@ -225,3 +226,27 @@ def test_an_observed_total_that_leads_findings_is_widened_by_the_seeds_own_obser
     half = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / math.sqrt(3)
     assert (lo, hi) == (pytest.approx(min(olo, o - half)), pytest.approx(max(ohi, o + half)))
     assert len(per) == 3 and hi - lo > ohi - olo  # the seeds scatter more than one pooled contrast says
+
+
+def test_a_scale_trend_that_moves_with_the_seed_is_widened_to_the_seeds_own_slopes():
+    """The optimizer's slope per decade planted at 2·(0.10 − 0.15), 2·0.10, 2·(0.10 + 0.15) ln per e-fold at
+    seeds 0, 1, 2: the slope Findings print is at least the between-seed t interval of the three seeds' own."""
+    parts = []
+    for k, g in enumerate((-0.15, 0.0, 0.15)):
+        d = simulate_table(truth(scale={"optimizer": 0.10 + g}), rungs=RUNGS, seeds=1, rng=np.random.default_rng(k),
+                           study=f"seed{k}")
+        parts.append(d.assign(seed=k, random_stream=f"seed {k}"))
+    df = pd.concat(parts, ignore_index=True)
+    pins = dict(pin_linf=2.0, pin_alpha=0.15)
+    full = analyze_table(df, **pins, **KW)
+
+    def slope(x):
+        fit = x.reduced.get("quality", x.fits["quality"])
+        return scale_trend(fit, fit.factors.index("optimizer"), 0.95)
+
+    s0, lo0, hi0 = slope(full)
+    per = [slope(analyze_table(df[df["seed"] == k], replicates=False, **pins, **KW))[0] for k in range(3)]
+    h = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / math.sqrt(3)
+    assert s0 - h < lo0  # the seeds' scatter is wider than the pooled fit says
+    want = f"×{math.exp(s0):.3f} [{math.exp(s0 - h):.3f}, {math.exp(max(hi0, s0 + h)):.3f}]"
+    assert scale_cells(full, "optimizer")["per decade of compute"].startswith(want)
