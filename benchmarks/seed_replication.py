@@ -152,6 +152,9 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(tab.to_dict(), indent=1))
         return 0
+    from marin_ablate.sweeps.sweep import resolve_study
+
+    name = resolve_study(args.study).name  # the study folder's name (a path:attribute study names its own)
     out = Path(args.out)
     rows, cost = [], []
     for k in range(args.sets):
@@ -161,7 +164,7 @@ def main() -> int:
             c = run_set(args.study, seeds, d, args.rungs, extra)
             cost.append({"set": f"set{k}", "seeds": seeds, **c})
             print(f"set{k} seeds {seeds}: rc {c['rc']}, {c['wall_s']:.0f} s wall, {c['cpu_s']:.0f} s CPU", flush=True)
-        rows += analyse_set(d / args.study, f"set{k}")
+        rows += analyse_set(d / name, f"set{k}")
     res = print_tables(pd.DataFrame(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"cost": cost, **res, "sets": rows}, indent=1, default=str))
