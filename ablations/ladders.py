@@ -207,7 +207,12 @@ CPU_RUNGS: dict[str, Rung] = {
     # A token ladder at width 64 for the smoke study: compute grows 8x by training longer. On two
     # cores a width ladder cannot give the baseline enough tokens per parameter for its loss to fall
     # with compute (measured: all-off at cpu_s/m/l, 96 steps each: 3.13, 3.31, 3.30).
-    **{f"cpu_s{n}": Rung(f"cpu_s{n}", "cpu_s", fixed_steps=n, batch_size=8, est_tokens_per_s=15_000, overhead_s=2.0)
+    # Runs of 1-30 s: no periodic checkpoint (a CPU run keeps none when it completes, and Ctrl-C still writes
+    # one where it stops) and no eval of the untrained model (the analysis reads the final eval): measured
+    # (cProfile, loaded machine), the two took 2.7 of a cpu_s32 run's 12.2 s (benchmarks/RESULTS.md, "The main
+    # job's cost").
+    **{f"cpu_s{n}": Rung(f"cpu_s{n}", "cpu_s", fixed_steps=n, batch_size=8, est_tokens_per_s=15_000, overhead_s=1.0,
+                         train_overrides={"checkpoint_every": 0, "eval_at_start": False})
        for n in (16, 32, 64, 128, 256, 512, 1024)},
 }
 

@@ -5,9 +5,9 @@ meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor 
 `marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
 rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
 
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 4 CPU rungs, an LR profile and a
-              pinned-law baseline ladder first, ~11-12 min on 2 cores idle (estimated).
-- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (the seed noise the smoke analysis needs).
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs x 3 seeds, an LR profile
+              per seed and a pinned-law baseline ladder first.
+- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (a seed panel for the precision planner).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
 - marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
 - noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
@@ -179,31 +179,49 @@ class Study:
                                     _level_values(f)) for f in self.factors)
         return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
 
-    def runs(self, lr_multipliers: Mapping[str, float] | None = None,
+    def runs(self, lr_multipliers: Mapping[Any, Any] | None = None,
              rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
         """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
 
         meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding.
-        `lr_multipliers` {arm name: multiplier} scales that arm's heuristic LRs (per-arm tuning);
-        `rungs` restricts to some rungs (e.g. the smallest, for tuning).
+        `lr_multipliers` scales an arm's heuristic LRs: {arm name: multiplier} at every seed, or
+        {seed: {arm name: multiplier}} (an LR profile per seed, docs/method.md §4.6); `rungs` restricts to
+        some rungs (e.g. the smallest, for tuning).
         """
         names = self.arm_names
-        mult = dict(lr_multipliers or {})
-        bad = [a for a in mult if a not in names]
-        if bad:
-            raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(names)}")
+        per_seed = self.seed_multipliers(lr_multipliers)
         chosen = self.rungs if rungs is None else tuple(self._rung(r) for r in rungs)
         out: list[tuple[RunSpec, dict]] = []
         for r in chosen:
             for seed in self.seeds:
                 for row, arm in enumerate(names):
-                    m = mult.get(arm, 1.0)
+                    m = per_seed[seed].get(arm, 1.0)
                     spec = self._grid[(r.name, seed, row)] if m == 1.0 else self.spec(r, self.levels(row), seed, m)
                     out.append((spec, self.meta(r.name, arm, seed, row, self.levels(row))))
         ids = [s.run_id for s, _ in out]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
         return out
+
+    def seed_multipliers(self, lr_multipliers: Mapping[Any, Any] | None) -> dict[int, dict[str, float]]:
+        """{seed: {arm: LR multiplier}} from `runs`' `lr_multipliers`: {arm: m} applies to every seed; a
+        mapping keyed by seed gives each seed its own (each seed is a full replication, its LR profile
+        included). An unknown arm, or a seed the study runs without an entry, is refused."""
+        mult = dict(lr_multipliers or {})
+        if mult and all(isinstance(k, int) and not isinstance(k, bool) for k in mult):
+            missing = [s for s in self.seeds if s not in mult]
+            if missing:
+                raise ValueError(f"lr_multipliers give no seed {', '.join(map(str, missing))}; allowed values: a "
+                                 f"mapping with every seed of study {self.name!r} ({', '.join(map(str, self.seeds))}) "
+                                 "or one arm -> multiplier mapping for all seeds")
+            per_seed = {s: dict(mult[s]) for s in self.seeds}
+        else:
+            per_seed = {s: mult for s in self.seeds}
+        names = self.arm_names
+        bad = sorted({a for m in per_seed.values() for a in m if a not in names}, key=str)
+        if bad:
+            raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(names)}")
+        return per_seed
 
     @functools.cached_property
     def _grid(self) -> dict[tuple[str, int, int], RunSpec]:
@@ -296,6 +314,8 @@ CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", 
 #: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] on 4 residual df (its valley, §4.1,
 #: then spans L∞ 0..2.54); three give the slope 16 df.
 CPU_REFERENCE_SEEDS = (0, 1, 2)
+#: The main job's seeds: each a full replication (its own init, data order and LR profile; docs/method.md §4.4)
+SMOKE_SEEDS = (0, 1, 2)
 GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
@@ -308,40 +328,42 @@ def _level_values(f: Factor) -> dict | None:
         return None
 
 
-def smoke(seeds: Sequence[int] = (0,), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256")) -> Study:
-    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, on a four-rung token ladder.
+def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128")) -> Study:
+    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, on a three-rung token ladder,
+    three seeds, each a full replication of the experiment (its own initialisation, data order and LR
+    profile), so every component's interval rests on its component x seed scatter (docs/method.md §4.4).
 
     Design: 16 arms, generators chosen by pydoe.fracfact_by_res(7, 4) and verified (resolution IV:
     main effects clear of 2FIs; 2FIs aliased in threes). The all-on and all-off arms are in the
     fraction. ep_transport stays a factor: virtual-EP drops (fixed cf 1.33 vs ragged cf 1.15 over 4
     shards) change the trained model even on CPU.
 
-    Rungs: the cpu_s model (d64, 2 layers) trained for 32, 64, 128 and 256 steps of 1024 tokens, so
-    compute grows 8x and the reference law has one residual degree of freedom. A width ladder does
+    Rungs: the cpu_s model (d64, 2 layers) trained for 32, 64 and 128 steps of 1024 tokens (4x in
+    compute; the law's curvature comes from the pinned reference ladder, §4.1). A width ladder does
     not work at this budget: the all-off arm's loss did not fall with width (3.13, 3.31, 3.30 at
     cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
     assignments to fixed-capacity drops in so short a run.
 
-    Before the design, `run` profiles the optimizer's two levels at cpu_s128, the ladder's middle (5 LRs
-    each, up to 2 x 2 more when an optimum is on the grid's edge; docs/method.md §4.6: profiled at cpu_s32,
-    Hyperball's 17.7x over-set its LR at cpu_s256) and, once per machine, runs the all-off arm on
+    Seeds: one seed cannot separate a component's effect from its component x seed variation, and an LR
+    profiled at one seed is noise the design then inherits as if it were known (the optimizer's effect
+    moved by 0.78 in ln M between two single-seed runs whose intervals were +-0.11). Three seeds are the
+    fewest whose between-seed t interval (2 df) says anything; the top rung cpu_s256 (53% of the steps)
+    is what they cost.
+
+    Before the design, `run` profiles the optimizer's two levels at cpu_s64, the ladder's middle, at
+    every seed (5 LRs each, up to 2 x 2 more when an optimum is on the grid's edge; the design at seed s
+    uses seed s's optimum, docs/method.md §4.6) and, once per machine, runs the all-off arm on
     CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) x CPU_REFERENCE_SEEDS to pin the reference law (§4.1).
 
-    Budget (2 cores, one thread per run, 2 runs at a time): with GatedNorm on every arm, about 23k
-    tok/s all-off and 14k all-on (benchmarks/train_step.py, cpu_s) and ~2 s of per-run overhead,
-        per arm ~ (32+64+128+256) x 1024 tokens / ~17k tok/s + 4 x 2 s = 37 core-s
-        x 16 arms = ~600 core-s / 2 cores = ~5 min (+ corpus build and analysis); the profile 10-14 runs
-        x ~10 core-s (~1 min), the ladder once 3 seeds x (~2000 steps x 1024 tokens / 23k tok/s + 7 x 2 s)
-        = ~315 core-s (~2.5-3 min). Measured (2026-12-02, a fresh clone, 2 idle cores, install included):
-        8:42 wall, the profile 1:00, the ladder 2:54 and the design 3:34 of it; with the ladder cached,
-        --seeds 1 took 4:46. On these rungs the ladder's loss hardly bends (free fit L∞ -2.27 at 3 seeds):
-        it pins the law along its valley (every L∞ in 0..2.19 fits with nearly one local slope).
-    A second seed doubles the design's time (use `noise_cpu` for seed noise instead).
+    Budget (2 cores, one thread per run, 2 runs at a time), in core-seconds at ~17k tok/s and ~2 s of
+    per-run overhead: the design 3 seeds x 16 arms x (32+64+128) steps x 1024 tokens = 11.0M tokens
+    ~650 + 144 runs x 2 s = ~940; the profile 3 x 10-14 runs at 64 steps ~190; the ladder once ~315.
+    Measured figures are in the README and benchmarks/RESULTS.md ("The main job's cost").
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 4-rung CPU token ladder, LRs "
-                 "profiled per optimizer, a 64x baseline ladder for the reference law, ~9 min on 2 cores",
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 3-rung CPU token ladder x 3 "
+                 "seeds, LRs profiled per optimizer level and seed, a 64x baseline ladder for the reference law",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,
                  reference_seeds=CPU_REFERENCE_SEEDS)

@@ -72,6 +72,8 @@ class StudyAnalysis:
     replicates: pd.DataFrame | None = None
     coverage: pd.DataFrame | None = None
     pinned_law: PinnedLaw | None = None  # L∞ and α pinned from a reference ladder (analysis/fit/reflaw.py)
+    lr_profile: dict | None = None  # the study's lr_profile.json (sweeps/tuning.py), for the headline (findings.py)
+    per_seed: dict = field(default_factory=dict)  # {seed: that seed's runs analysed alone} with 3+ seeds (§4.4)
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -380,6 +382,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         REPLICATE_SEEDS_MAX,
         between_seed_interval,
         between_seed_law,
+        between_seed_per_rung,
         coverage_summary,
         per_seed_analyses,
         planted_truths,
@@ -535,18 +538,20 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
         if sum(not isinstance(x, str) for x in per_seed.values()) >= BETWEEN_SEEDS_MIN:
             if len(components):
                 components = between_seed_interval(components, per_seed, level)
+            per_rung = between_seed_per_rung(per_rung, per_seed, level)
             wl = between_seed_law(law, per_seed, level) if law is not None else []
             alone = (f"{n_seeds} seeds, each also analysed alone" if len(per_seed) == n_seeds else
                      f"{n_seeds} seeds, the first {len(per_seed)} also analysed alone (more cost an analysis each)")
-            notes.append(f"{alone}: every Shapley interval at C_ref"
+            notes.append(f"{alone}: every Shapley interval at C_ref and per rung"
                          + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
-                         "as the between-seed t interval of the per-seed estimates (per-rung and extrapolated "
-                         "values keep the model interval)")
+                         "as the between-seed t interval of the per-seed estimates, and so is each scale trend in "
+                         "Findings (extrapolated values keep the model interval)")
     anova = {n: anova_table(f) for n, f in fits.items()}
     a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
                       components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
                       boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
-                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law)
+                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law,
+                      per_seed={k: v for k, v in per_seed.items() if not isinstance(v, str)})
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, third_levels)
     a.checks = total_checks(a, X)

@@ -355,6 +355,7 @@ class TrainConfig:
     eval_batch_size: int | None = None  # global eval sequences per batch; None -> the stage's batch_size
     grad_clip: float | None = None
     eval_every: int = 50
+    eval_at_start: bool = True  # evaluate the untrained model first (where learning curves start)
     eval_batches: int = 4
     log_every: int = 10
     checkpoint_every: int = 50

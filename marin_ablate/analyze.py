@@ -160,12 +160,15 @@ def _fit_kw(args, study_dir: Path | None, table: pd.DataFrame) -> dict:
 
 
 def _analyze(args, table: pd.DataFrame, target: float | None, study_dir: Path | None = None, n_boot: int | None = None):
+    from marin_ablate.analysis.io.results import read_lr_profile
     from marin_ablate.analysis.pipeline import analyze_table
 
     n_boot = args.n_boot if n_boot is None else n_boot
     _check_boot_memory(n_boot, table)
-    return analyze_table(table, n_boot=n_boot, **_fit_kw(args, study_dir, table), boot_method=args.boot,
-                         target_compute=target, seed=args.seed, force_extrapolation=args.force_extrapolation)
+    a = analyze_table(table, n_boot=n_boot, **_fit_kw(args, study_dir, table), boot_method=args.boot,
+                      target_compute=target, seed=args.seed, force_extrapolation=args.force_extrapolation)
+    a.lr_profile = read_lr_profile(study_dir) if study_dir is not None else None
+    return a
 
 
 def _backtest_of(args, a, table: pd.DataFrame, study_dir: Path | None, min_rungs: int):
@@ -173,6 +176,14 @@ def _backtest_of(args, a, table: pd.DataFrame, study_dir: Path | None, min_rungs
     from marin_ablate.analysis.fit.backtest import backtest
 
     return backtest(table, a, min_rungs=min_rungs, **_fit_kw(args, study_dir, table))
+
+
+def analysis_of(study: str | Path, argv: list[str] | tuple[str, ...] = ()):
+    """(StudyAnalysis, results table) of a study folder as `marin-ablate analyze STUDY [argv]` computes it (the
+    pinned law and LR profile of the folder included), without writing the report (benchmarks/seed_replication.py)."""
+    args = options.parse(AnalyzeOptions, [str(study), *argv])
+    study_dir, table = resolve_study(args.study)
+    return _analyze(args, table, args.target, study_dir), table
 
 
 @dataclass(frozen=True)
@@ -301,6 +312,9 @@ def cmd_analyze(argv: list[str]) -> int:
     if aliased:
         print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
               "need them separately and are not estimable; the alias groups are in the report")
+    from marin_ablate.analysis.report.findings import rests_on
+
+    print(rests_on(a))
     for n in a.notes:
         print(f"note: {n}")
     for w in a.warnings:

@@ -287,7 +287,8 @@ def _before_design(study: Any, out: str) -> list[dict]:
     pc = profile_cost(study)
     if pc is not None:
         done = read_profile(out, study.name)
-        rows.append({"what": f"LR profile ({', '.join(pc['groups'])}, 5 log-spaced LRs each)", "runs": pc["runs"],
+        rows.append({"what": f"LR profile ({', '.join(pc['groups'])}, 5 log-spaced LRs each, at each of "
+                             f"{len(pc['seeds'])} seed(s))", "runs": pc["runs"],
                      "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
                      "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
     if getattr(study, "reference_rungs", ()):

@@ -240,9 +240,10 @@ def smallest_rung(study: Any) -> str:
 
 def profile_rung(study: Any) -> str:
     """The rung the default LR profile runs at: the one nearest the ladder's geometric-mean compute (the
-    C_ref where the report reads its headline), the larger of two equally near. Measured on the smoke
-    ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up by the heuristic, over-set
-    its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the LR fair where it is read."""
+    C_ref where the report reads its headline), the larger of two equally near (cpu_s64 on the smoke ladder).
+    Measured on the four-rung smoke ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up
+    by the heuristic, over-set its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the
+    LR fair where it is read."""
     from marin_ablate.ablations.ladders import params_active
     from marin_ablate.marin.config import Recipe
 
@@ -434,15 +435,17 @@ class ProfileOptions:
 
 @dataclass
 class LRProfile:
-    """Per level of each LR-coupled factor: its fitted LR multiplier (interior optimum), and where it came from."""
+    """Per seed and per level of each LR-coupled factor: its fitted LR multiplier (interior optimum); the
+    optimum pooled over the seeds with its interval; where it came from."""
 
     study: str
     rung: str
-    seed: int
-    multipliers: dict[str, dict[str, float]]  # factor -> level -> multiplier
-    profiles: dict[str, Profile]  # "factor=level" -> its profile
+    seeds: tuple[int, ...]
+    multipliers: dict[int, dict[str, dict[str, float]]]  # seed -> factor -> level -> multiplier
+    profiles: dict[str, Profile]  # "factor=level at seed s" -> its profile
     grids: dict[str, list[float]]
     created: str  # UTC date the multipliers were first fitted
+    pooled: dict[str, dict] = field(default_factory=dict)  # "factor=level" -> analysis.fit.lr_profile.optimum_interval
     path: Path | None = None
     extensions: int = 0
     report: RunReport | None = None
@@ -453,11 +456,17 @@ class LRProfile:
                 "lr_profile_date": self.created}
 
     def to_dict(self) -> dict:
-        return {"study": self.study, "rung": self.rung, "seed": self.seed, "created": self.created,
-                "multipliers": self.multipliers, "extensions": self.extensions,
+        return {"study": self.study, "rung": self.rung, "seeds": list(self.seeds), "created": self.created,
+                "multipliers": {str(s): m for s, m in self.multipliers.items()}, "extensions": self.extensions,
+                "pooled": self.pooled,
                 "profiles": {g: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef, "x_opt": p.x_opt,
                                  "edge": p.edge, "note": p.reason, "grid_log2": self.grids[g]}
                              for g, p in self.profiles.items()}}
+
+
+def seed_key(group: str, seed: int) -> str:
+    """The key of one level's profile at one seed ("optimizer=hyperball at seed 1")."""
+    return f"{group} at seed {seed}"
 
 
 def profile_dir(out: str | Path, study_name: str) -> Path:
@@ -532,11 +541,17 @@ def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, 
 
 def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: ProfileOptions = ProfileOptions(),
                   overrides: Sequence[str] = (), progress: bool = True) -> LRProfile:
-    """The LR profile a study runs before its design: real runs in `<study>/profile/` (resumable, done
-    ones skipped), an interior optimum per level of each LR-coupled factor (an edge extends the grid,
-    at most `max_extensions` times, then ValueError naming the level and its grid), recorded in
-    `<study>/profile/lr_profile.json` with the date the multipliers were fitted."""
+    """The LR profile a study runs before its design, at every seed of the study (each seed is a full
+    replication: its design uses its own profile's optimum, so the profile's noise is in the component x
+    seed scatter the intervals rest on, docs/method.md §4.4, §4.6): real runs in `<study>/profile/`
+    (resumable, done ones skipped), an interior optimum per level of each LR-coupled factor and seed (an
+    edge extends the grid, at most `max_extensions` times, then ValueError naming the level, seed and
+    grid), and per level the optimum pooled over the seeds with its interval
+    (analysis/fit/lr_profile.py), recorded in `<study>/profile/lr_profile.json` with the date the
+    multipliers were fitted."""
     from datetime import datetime, timezone
+
+    from marin_ablate.analysis.fit.lr_profile import optimum_interval
 
     groups = profile_groups(study)
     if not groups:
@@ -544,29 +559,44 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     pdir = profile_dir(out, study.name)
     storage = open_storage(opts, pdir)
     rung = profile_rung(study)
-    seed = study.seeds[0]
+    seeds = tuple(study.seeds)
+    keys = {seed_key(g, s): (g, s) for s in seeds for g in groups}
     report: list[RunReport] = []
 
     def run_points(grids: dict[str, list[float]]) -> dict[str, list[tuple[float, float]]]:
-        points = profile_points(study, groups, grids, rung, seed, overrides)
-        got, rep = _run_grid(study, f"{study.name}/profile/{rung}/seed{seed}", points, pdir, opts, storage,
+        points = {k: profile_points(study, {keys[k][0]: groups[keys[k][0]]}, {keys[k][0]: grids[k]}, rung,
+                                    keys[k][1], overrides)[keys[k][0]] for k in grids}
+        got, rep = _run_grid(study, f"{study.name}/profile/{rung}", points, pdir, opts, storage,
                              label=f"{study.name} LR profile", progress=progress)
         report.append(rep)
         return got
 
-    profiles, grids, n_ext = profile_loop(list(groups), popts, run_points, f"{study.name}", pdir)
-    mult: dict[str, dict[str, float]] = {}
-    for g, p in profiles.items():
+    profiles, grids, n_ext = profile_loop(list(keys), popts, run_points, f"{study.name}", pdir)
+    mult: dict[int, dict[str, dict[str, float]]] = {s: {} for s in seeds}
+    for k, p in profiles.items():
+        g, s = keys[k]
         f, lv = g.split("=", 1)
-        mult.setdefault(f, {})[lv] = float(p.multiplier)
+        mult[s].setdefault(f, {})[lv] = float(p.multiplier)
+    # the points each seed's own quadratic used, pooled: the optimum as a measured quantity
+    pooled = {g: optimum_interval({s: list(zip(profiles[seed_key(g, s)].x, profiles[seed_key(g, s)].loss,
+                                                   strict=True)) for s in seeds}) for g in groups}
     path = pdir / PROFILE_FILE
     old = read_json(path) or {}
-    same = old.get("multipliers") == mult
+    same = old.get("multipliers") == {str(s): m for s, m in mult.items()}
     created = old.get("created") if same and old.get("created") else datetime.now(timezone.utc).strftime(
         "%Y-%m-%d %H:%M UTC")
-    res = LRProfile(study.name, rung, seed, mult, profiles, grids, created, path, n_ext, report[-1])
+    res = LRProfile(study.name, rung, seeds, mult, profiles, grids, created, pooled, path, n_ext, report[-1])
     atomic_write_json(path, res.to_dict())
     return res
+
+
+def profile_multipliers(got: dict, seeds: Sequence[int]) -> dict[int, dict[str, dict[str, float]]] | None:
+    """{seed: {factor: {level: multiplier}}} of an lr_profile.json for `seeds`; None when it lacks one of them.
+    A file written before profiles were per seed (one {factor: {level: m}}) is refused: None."""
+    if "seeds" not in got:
+        return None
+    per = {int(s): m for s, m in (got.get("multipliers") or {}).items()}
+    return {s: per[s] for s in seeds} if all(s in per for s in seeds) else None
 
 
 def read_profile(out: str | Path, study_name: str) -> dict | None:
@@ -598,11 +628,12 @@ def profile_skipped(study: Any) -> str | None:
 
 
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
-            overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict[str, float] | None, dict]:
-    """({arm: LR multiplier} or None, provenance for each run's meta.json): `run --tune`'s multipliers
-    (tuned), the profile of each LR-coupled factor's levels (run now when `opts` is given, else read
-    from its file), or the heuristic (no LR-coupled factor, profile=False, or a profile rung above
-    PROFILE_MAX_RUN_FLOPS: the provenance then says why, `lr_profile_skipped`)."""
+            overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict | None, dict]:
+    """(LR multipliers for `Study.runs` or None, provenance for each run's meta.json): `run --tune`'s
+    {arm: multiplier} (tuned), the profile of each LR-coupled factor's levels at each seed as
+    {seed: {arm: multiplier}} (run now when `opts` is given, else read from its file; a file without
+    every seed of the study counts as none), or the heuristic (no LR-coupled factor, profile=False, or a
+    profile rung above PROFILE_MAX_RUN_FLOPS: the provenance then says why, `lr_profile_skipped`)."""
     from datetime import datetime, timezone
 
     if tuned:
@@ -616,23 +647,27 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     if profile and profile_groups(study):  # the levels of its LR-coupled factors: what `profile_study` runs
         if opts is not None:
             res = profile_study(study, out, opts, overrides=overrides, progress=progress)
-            return study.arm_multipliers(res.multipliers), res.provenance()
+            return {s: study.arm_multipliers(m) for s, m in res.multipliers.items()}, res.provenance()
         got = read_profile(out, study.name)
-        if got is not None:
-            return study.arm_multipliers(got["multipliers"]), {
+        per = profile_multipliers(got, study.seeds) if got is not None else None
+        if per is not None:
+            return {s: study.arm_multipliers(m) for s, m in per.items()}, {
                 "lr_source": "profile", "lr_profile": str(profile_dir(out, study.name) / PROFILE_FILE),
                 "lr_profile_date": got.get("created")}
     return None, {"lr_source": "heuristic"}
 
 
 def profile_cost(study: Any, popts: ProfileOptions = ProfileOptions()) -> dict | None:
-    """The profile's runs and core-seconds before the design (`plan`), None without an LR-coupled factor or
-    when the profile rung is above PROFILE_MAX_RUN_FLOPS (`profile_skipped`)."""
+    """The profile's runs and core-seconds before the design (`plan`): every level's grid at every seed;
+    None without an LR-coupled factor or when the profile rung is above PROFILE_MAX_RUN_FLOPS
+    (`profile_skipped`)."""
     groups = profile_groups(study)
     if not groups or profile_skipped(study):
         return None
     rung = profile_rung(study)
-    c = grid_cost(study, len(groups) * popts.points, rung)
-    c["max_runs"] = popts.max_runs(len(groups))
+    n = len(groups) * len(study.seeds)
+    c = grid_cost(study, n * popts.points, rung)
+    c["max_runs"] = popts.max_runs(n)
     c["groups"] = list(groups)
+    c["seeds"] = list(study.seeds)
     return c

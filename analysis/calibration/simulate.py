@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +75,9 @@ class SimTruth:
     # Effects whose ln M is not linear in ln C (saturating, sign-changing): factor -> its step, added to
     # its main and scale terms; the all-off arm keeps ln M ≡ 0.
     steps: dict[str, ScaleStep] = field(default_factory=dict)
+    # Component x seed variation: at each seed a component's Shapley value (2β_i) moves by N(0, sd_i²), as a
+    # per-seed LR profile and the seed's own init and data order move it; the truth is the mean over seeds.
+    seed_effect_sd: dict[str, float] = field(default_factory=dict)
 
     def law_loss(self, C_eff) -> np.ndarray:
         C_eff = np.asarray(C_eff, float)
@@ -86,10 +89,10 @@ class SimTruth:
     def __post_init__(self):
         if len(set(self.factors)) != len(self.factors) or not all(isinstance(f, str) and f for f in self.factors):
             raise ValueError(f"factors: {self.factors!r}; allowed values: distinct non-empty names")
-        unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors, *self.steps]
+        unknown = [f for f in [*self.levels, *self.planted, *self.stream_factors, *self.steps, *self.seed_effect_sd]
                    if f not in self.factors]
         if unknown:
-            raise ValueError(f"levels/planted/stream_factors/steps: {unknown} name no factor; "
+            raise ValueError(f"levels/planted/stream_factors/steps/seed_effect_sd: {unknown} name no factor; "
                              f"allowed values: {', '.join(self.factors)}")
 
     def level_names(self, f: str) -> tuple[str, str]:
@@ -204,6 +207,10 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
         if D.ndim != 2 or D.shape[1] != k or not np.all(np.abs(D) == 1):
             raise ValueError(f"design must be a ±1 matrix with {k} columns (one per truth factor), got shape {D.shape}")
     seed_shift = {s: rng.normal(0, truth.seed_sd) for s in range(seeds)}
+    # each seed's own main effects (drawn only when planted, so other studies keep their random sequence)
+    at_seed = {s: truth if not truth.seed_effect_sd else
+               replace(truth, main={f: truth._b(f) + rng.normal(0, truth.seed_effect_sd.get(f, 0.0)) / 2
+                                    for f in truth.factors}) for s in range(seeds)}
     stream_shift: dict[tuple, float] = {}
     rows = []
     for rung, tokens in rungs.items():
@@ -213,7 +220,7 @@ def simulate_table(truth: SimTruth, *, rungs: dict[str, float], seeds: int = 2, 
                 fpt = truth.flops_per_token * np.prod([1 + truth.flops_extra.get(f, 0.0) * (x[i] > 0)
                                                        for i, f in enumerate(truth.factors)])
                 C = fpt * tokens
-                lnm = float(truth.log_m(x[None], truth.z(C)[None])[0])
+                lnm = float(at_seed[s].log_m(x[None], truth.z(C)[None])[0])
                 sd = truth.noise_sd * np.exp(truth.noise_hetero * float(np.mean(x)))
                 L = float(truth.law_loss(np.exp(lnm) * C)) + seed_shift[s] + rng.normal(0, sd)
                 stream = f"seed {s}" + "".join(f" {f}={lv[f]}" for f in truth.stream_factors)

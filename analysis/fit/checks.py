@@ -20,6 +20,7 @@ from marin_ablate.analysis.fit.attribution import (
     component_contrasts,
     design_matrix,
 )
+from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 from marin_ablate.analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
@@ -246,6 +247,15 @@ def unmeasured_shift(a) -> str:
             "add a seed, a rung, or pin L∞ or α")
 
 
+def seed_warning(n_seeds: int) -> str:
+    """What fewer than BETWEEN_SEEDS_MIN seeds cost every interval (docs/method.md §4.4, *Seeds as replicates*)."""
+    what = ("one seed: no replicate runs, so seed noise and lack of fit cannot be separated from effects"
+            if n_seeds < 2 else "two seeds: the component x seed term has 1 df, too few for a t interval")
+    return (f"{what}; every interval rests on the run residuals and omits how a component's effect moves with the "
+            "seed (its init, data order and LR profile), which on the smoke study moved the optimizer by 0.78 in "
+            f"ln M against intervals of ±0.11: run {BETWEEN_SEEDS_MIN} or more seeds")
+
+
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
     w = []
@@ -271,8 +281,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
         w.append(f"{nr} rung(s): the law's form cannot be checked (a broken power law and a power law agree on "
                  f"{nr} points); per-rung and extrapolated multipliers assume the power law")
     ns = t["seed"].nunique() if "seed" in t else 1
-    if ns < 2:
-        w.append("one seed: no replicate runs, so seed noise and lack of fit cannot be separated from effects")
+    if ns < BETWEEN_SEEDS_MIN:
+        w.append(seed_warning(ns))
     if a.target_compute is not None:
         ratio = a.target_compute / a.top_compute()
         w.append(f"extrapolation: the target is {ratio:.3g}x the top rung's compute"

@@ -88,7 +88,7 @@ def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any],
     return out
 
 
-def _t_half(values: list[float], level: float) -> float:
+def t_half(values: list[float], level: float) -> float:
     """Half-width of the between-seed t interval of the mean, statsmodels' DescrStatsW.tconfint_mean."""
     from statsmodels.stats.weightstats import DescrStatsW
 
@@ -109,7 +109,7 @@ def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list
         v = [float(getattr(x, k)) for x in laws if k not in x.pinned]
         if k not in law.profile or len(v) < BETWEEN_SEEDS_MIN:
             continue
-        half, est = _t_half(v, level), float(getattr(law, k))
+        half, est = t_half(v, level), float(getattr(law, k))
         lo, hi = law.profile[k]
         new = (max(min(lo, est - half), PROFILE_BOUNDS[k][0]), max(hi, est + half))
         if new != (lo, hi):
@@ -139,12 +139,36 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue
         se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
-        half = _t_half(v, level)
+        half = t_half(v, level)
         out.at[i, "shapley_se_between"] = se
         if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
             out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p
         out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
         out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
+    return out
+
+
+def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95) -> pd.DataFrame:
+    """Widens each per-rung value's interval (component or TOTAL, response, rung) to at least
+    est ± t(K−1)·sd/√K over the K ≥ BETWEEN_SEEDS_MIN seeds whose own analysis estimates it: the
+    component x seed term reaches the smallest and largest rung Findings show as it reaches C_ref."""
+    out = per_rung.copy()
+    if not len(out):
+        return out
+    key = ["response", "component", "rung"]
+    est: dict = {}
+    for a in per_seed.values():
+        if isinstance(a, str) or not len(a.per_rung):
+            continue
+        for k, v in zip(a.per_rung[key].itertuples(index=False, name=None), a.per_rung["effect"], strict=True):
+            if math.isfinite(v):
+                est.setdefault(k, []).append(float(v))
+    for i, k in zip(out.index, out[key].itertuples(index=False, name=None), strict=True):
+        v, e = est.get(k, []), out.at[i, "effect"]
+        if len(v) < BETWEEN_SEEDS_MIN or not math.isfinite(e):
+            continue
+        half = t_half(v, level)
+        out.at[i, "lo"], out.at[i, "hi"] = min(out.at[i, "lo"], e - half), max(out.at[i, "hi"], e + half)
     return out
 
 

@@ -323,3 +323,10 @@ def factor_columns(df: pd.DataFrame) -> list[str]:
     """The study's factors (recorded by its runs) whose level varies among the completed runs."""
     ok = df[df["status"] == "completed"] if "status" in df else df
     return [f for f in factor_coding(df) if f in ok.columns and ok[f].dropna().nunique() > 1]
+
+
+def read_lr_profile(study_dir: str | Path) -> dict | None:
+    """The study folder's LR profile record (`<study>/profile/lr_profile.json`, sweeps/tuning.py), else None;
+    a damaged file counts as none (the report then says only how the runs' LRs were set)."""
+    got = read_json(Path(study_dir) / "profile" / "lr_profile.json")
+    return got if isinstance(got, dict) else None

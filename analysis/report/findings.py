@@ -199,8 +199,23 @@ def recommended_total(a, resp: str) -> tuple[float, float, float, str]:
     if total_disagrees(a, resp):
         o, olo, ohi, _ = observed_total(a, resp)
         if not interval_fails(o, olo, ohi):
+            olo, ohi, _ = observed_between(a, resp, o, olo, ohi)
             return (o, olo, ohi, "observed")
     return (est, lo, hi, "model")
+
+
+def observed_between(a, resp: str, o: float, lo: float, hi: float) -> tuple[float, float, int | None]:
+    """The observed TOTAL's interval widened, as every model interval at C_ref is (docs/method.md §4.4), to at
+    least the between-seed t interval of the seeds' own observed TOTALs (three or more): (lo, hi, the K − 1
+    df its verdict is read on when the between-seed interval is the wider, else None)."""
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
+
+    v = [x[0] for x in (observed_total(s, resp) for s in (getattr(a, "per_seed", None) or {}).values())
+         if math.isfinite(x[0])]
+    if len(v) < BETWEEN_SEEDS_MIN:
+        return lo, hi, None
+    half = t_half(v, a.level)
+    return min(lo, o - half), max(hi, o + half), (len(v) - 1 if o - half < lo else None)
 
 
 def refuse_single_rung(a) -> list[str]:
@@ -374,9 +389,10 @@ def _finding(a, resp: str, f: str) -> str:
     if test and f == "TOTAL":
         o, olo, ohi, src = recommended_total(a, resp)
         if src == "observed":
+            df_between = observed_between(a, resp, *observed_total(a, resp)[:3])[2] if not is_sum(resp) else None
             v = ("not informative on CPU" if resp != law_column() and on_cpu(a)
                  else _decide(a, ("observed", resp), o, olo, ohi,
-                              _dof(a, law_column() if is_sum(resp) else resp)))
+                              df_between or _dof(a, law_column() if is_sum(resp) else resp)))
             where = "the failing part observed" if is_sum(resp) else observed_total(a, resp)[3]
             return (f"observed all-on vs all-off {_mult(o, olo, ohi)} ({where}): {v}; the "
                     f"model's {_exp(est):.3f} is unreliable ({test})")
@@ -423,12 +439,13 @@ def scale_cells(a, f: str) -> dict[str, str]:
     if not (math.isfinite(s) and math.isfinite(lo)):
         out["scale verdict"] = "trend not estimable"
         return out
+    lo, hi, df_between = _slope_between(a, f, s, lo, hi)
     out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
     c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
     dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
-    d = _decide(a, ("scale", f), s, lo, hi, fit.contrast_df(dc))
+    d = _decide(a, ("scale", f), s, lo, hi, df_between or fit.contrast_df(dc))
     if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
             tv, "rising with scale")
@@ -438,6 +455,25 @@ def scale_cells(a, f: str) -> dict[str, str]:
     else:
         out["scale verdict"] = "no detectable trend" + d.removeprefix("consistent with no effect")
     return out
+
+
+def _slope_between(a, f: str, s: float, lo: float, hi: float) -> tuple[float, float, int | None]:
+    """A component's slope per decade widened, as its values at C_ref and per rung are (docs/method.md §4.4), to
+    at least the between-seed t interval of the seeds' own slopes (three or more): (lo, hi, the K − 1 df its
+    verdict is read on when the between-seed interval is the wider, else None)."""
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
+
+    v = []
+    for b in (getattr(a, "per_seed", None) or {}).values():
+        fb = b.reduced.get(law().name, b.fits.get(law().name))
+        if fb is not None and (f == "TOTAL" or f in fb.factors):
+            x = scale_trend(fb, None if f == "TOTAL" else fb.factors.index(f), a.level)[0]
+            if math.isfinite(x):
+                v.append(x)
+    if len(v) < BETWEEN_SEEDS_MIN:
+        return lo, hi, None
+    half = t_half(v, a.level)
+    return min(lo, s - half), max(hi, s + half), (len(v) - 1 if s - half < lo else None)
 
 
 #: Factors whose change moves the best learning rate: a field of the train section or one naming the
@@ -494,3 +530,43 @@ def qualifiers(a, f: str) -> str:
             if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
     q += boot
     return "; ".join(q) or "—"
+
+
+def rests_on(a) -> str:
+    """The report's one-line headline of what the answer rests on: how many seeds and what the intervals are
+    built on, how the LRs were set and how uncertain the profiled optima are (docs/method.md §4.4, §4.6)."""
+    from marin_ablate.analysis.fit.lr_profile import interval_text
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
+
+    t = a.table
+    seeds = sorted(int(s) for s in t["seed"].dropna().unique()) if "seed" in t else []
+    comp = a.components
+    k = int(comp["between_seeds"].max()) if len(comp) and "between_seeds" in comp else 0
+    if len(seeds) >= BETWEEN_SEEDS_MIN and k >= BETWEEN_SEEDS_MIN:
+        what = (f"{len(seeds)} seeds ({', '.join(map(str, seeds))}), each analysed alone too: every interval at C_ref "
+                f"is at least the between-seed t interval of its per-seed estimates ({k - 1} df), so it carries the "
+                "component x seed variation")
+    else:
+        what = (f"{len(seeds) or 1} seed(s): the intervals rest on the run residuals and omit component x seed "
+                f"variation (its init, data order and LR profile; {BETWEEN_SEEDS_MIN}+ seeds measure it)")
+    src = set(t["lr_source"].dropna()) if "lr_source" in t else set()
+    prof = a.lr_profile or {}
+    if "profile" in src and "seeds" in prof:
+        per = {str(s): m for s, m in (prof.get("multipliers") or {}).items()}
+        levels = []
+        for g, est in (prof.get("pooled") or {}).items():
+            f, _, lv = g.partition("=")
+            each = [per[s][f][lv] for s in map(str, prof["seeds"]) if lv in per.get(s, {}).get(f, {})]
+            levels.append(f"{g} {', '.join(f'{m:.3g}' for m in each)}x the heuristic"
+                          + (f" (pooled {interval_text(est)})" if len(each) > 1 else ""))
+        lr = (f"LRs profiled at each seed at {prof.get('rung', '?')}, each seed's design at its own optimum: "
+              + "; ".join(levels))
+    elif "profile" in src:
+        lr = "LRs profiled per level at one seed and carried to every seed: the profile's noise is in no interval"
+    elif "tuned" in src:
+        lr = "LRs tuned per arm (`run --tune`, one seed): the tuning's noise is in no interval"
+    elif src:
+        lr = "LRs at Marin's heuristic, not tuned per arm"
+    else:
+        lr = "how the LRs were set is not recorded"
+    return f"What this rests on: {what}. {lr}."

@@ -47,8 +47,8 @@ def lr_provenance(a: StudyAnalysis) -> list[str]:
                         if isinstance(f, str)})
         scale = pd.to_numeric(g.get("lr_scale", pd.Series(1.0, index=g.index)), errors="coerce")
         what = {"heuristic": "Marin's heuristic LR (no per-arm profile)",
-                "profile": "profiled per level of each LR-coupled factor at the ladder's middle rung, carried "
-                           "up the ladder by the heuristic",
+                "profile": "profiled per level of each LR-coupled factor (and per seed, where the profile "
+                           "record holds seeds) at the ladder's middle rung, carried up the ladder by the heuristic",
                 "tuned": "`marin-ablate run --tune` multipliers per arm, carried up the ladder by the heuristic",
                 }.get(src, src)
         out.append(f"- learning rates ({len(g)} runs): {what}" + (f" from {', '.join(files)}" if files else "")

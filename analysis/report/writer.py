@@ -26,6 +26,7 @@ from marin_ablate.analysis.report.findings import (
     finding,
     qualified_text,
     qualifiers,
+    rests_on,
     scale_cells,
     verdict_family,
 )
@@ -428,7 +429,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                     backtest=None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
-    L += ["## Findings", "",
+    L += ["## Findings", "", f"**{rests_on(a)}**", "",
           f"C_ref = {a.c_ref:.3g} FLOPs is the reference compute: the geometric mean of the runs' training compute "
           "(the ladder's centre in ln C, where the factor × log C terms vanish; ◆ in the forest figure). Losses are "
           "held-out cross-entropy in nats per token (eval_macro_loss: the mean over the evaluation domains).", "",

@@ -355,7 +355,7 @@ class Trainer:
         self.model.train()
         if self.main:
             self.progress = StepProgress(t.steps, start_step=st.step)
-        if not self.resumed and t.eval_every:  # the untrained model's eval: where learning curves start
+        if not self.resumed and t.eval_every and t.eval_at_start:  # the untrained model: where learning curves start
             self.emit({"step": 0, **self.eval_now(self.stages[0].seq_len)})
         steps_this_session = 0
         interval_tokens, interval_s = 0, 0.0

@@ -142,10 +142,10 @@ def test_a_contrast_carrying_the_rung_shift_variance_takes_satterthwaites_df():
 def test_between_seed_half_width_is_statsmodels_t_interval_of_the_mean():
     from scipy import stats
 
-    from marin_ablate.analysis.fit.replicates import _t_half
+    from marin_ablate.analysis.fit.replicates import t_half
 
     v = [0.11, 0.07, 0.15, 0.09]
-    assert _t_half(v, 0.95) == pytest.approx(stats.t.ppf(0.975, 3) * np.std(v, ddof=1) / 2, rel=1e-12)
+    assert t_half(v, 0.95) == pytest.approx(stats.t.ppf(0.975, 3) * np.std(v, ddof=1) / 2, rel=1e-12)
 
 
 def test_pure_error_lack_of_fit_is_statsmodels_anova_of_the_model_against_the_cell_means():

@@ -22,7 +22,7 @@ EFFECT = {"xsa": 0.03, "sconv": 0.02}  # ln quality gain of each recipe level (+
 
 def _study(tmp: Path) -> Path:
     """The smoke study's own spec.json and meta.json for two rungs, with a summary from a known law."""
-    study = get_study("smoke", rungs=RUNGS)
+    study = get_study("smoke", rungs=RUNGS, seeds=[0])
     root = tmp / "smoke"
     for spec, meta in study.runs():
         d = root / "runs" / spec.run_id

@@ -24,7 +24,8 @@ from terminal import foreground
 
 ROOT = Path(__file__).resolve().parents[2]
 # the design alone: its LR profile and pinned law have their own tests (tests/sweeps/test_lr_profile.py)
-SMALL = ["--rungs", "cpu_s", "--train.steps=6", "--train.checkpoint_every=2", "--no-profile", "--no-pin"]
+SMALL = ["--rungs", "cpu_s", "--seeds", "0", "--train.steps=6", "--train.checkpoint_every=2", "--no-profile",
+         "--no-pin"]
 
 
 def _cli(*args: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -101,11 +102,13 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
     popts = ProfileOptions(points=3, span=2.0, max_extensions=4)
     res = profile_study(study, tmp_path, opts, popts, progress=False)
     # 2-step runs want far more than the heuristic LR: the grid is extended (measured: 3 times), never cut at its edge
-    assert res.extensions >= 1 and res.multipliers["optimizer"]["hyperball"] > res.multipliers["optimizer"]["adamw"]
-    assert set(res.multipliers) == {"optimizer"} and set(res.multipliers["optimizer"]) == {"adamw", "hyperball"}
+    m0 = res.multipliers[0]
+    assert res.extensions >= 1 and m0["optimizer"]["hyperball"] > m0["optimizer"]["adamw"]
+    assert set(res.multipliers) == {0} and set(m0) == {"optimizer"} and set(m0["optimizer"]) == {"adamw", "hyperball"}
     assert not any(p.edge for p in res.profiles.values())
+    assert set(res.pooled) == {"optimizer=adamw", "optimizer=hyperball"}
     got = json.loads((tmp_path / "tiny" / "profile" / "lr_profile.json").read_text())
-    assert got["multipliers"] == res.multipliers and got["created"] == res.created
+    assert got["multipliers"] == {"0": m0} and got["created"] == res.created and got["seeds"] == [0]
     n_runs = sum(len(g) for g in res.grids.values())
     assert len(list((tmp_path / "tiny" / "profile" / "runs").iterdir())) == n_runs
     again = profile_study(study, tmp_path, opts, popts, progress=False)
@@ -114,7 +117,22 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
     assert prov == {"lr_source": "profile", "lr_profile": str(tmp_path / "tiny" / "profile" / "lr_profile.json"),
                     "lr_profile_date": res.created}
     hb = [a for a in study.arm_names if a != "all_off"][0]
-    assert mult == {"all_off": res.multipliers["optimizer"]["adamw"], hb: res.multipliers["optimizer"]["hyperball"]}
+    assert mult == {0: {"all_off": m0["optimizer"]["adamw"], hb: m0["optimizer"]["hyperball"]}}
+    # a study at a seed the file lacks has no profile to read (status then plans the heuristic's runs)
+    assert lr_plan(replace(study, seeds=(0, 1)), tmp_path, None)[1] == {"lr_source": "heuristic"}
+
+
+def test_each_seed_runs_its_own_profiled_multipliers():
+    study = replace(tiny_study(("optimizer",)), seeds=(0, 1))
+    lr = {(m["seed"], m["arm"]): s.train.lr_scale for s, m in study.runs({0: {"all_off": 0.5}, 1: {"all_off": 2.0}})}
+    hb = [a for a in study.arm_names if a != "all_off"][0]
+    assert lr == {(0, "all_off"): 0.5, (1, "all_off"): 2.0, (0, hb): 1.0, (1, hb): 1.0}
+    same = {(m["seed"], m["arm"]): s.train.lr_scale for s, m in study.runs({"all_off": 0.5})}
+    assert same[(0, "all_off")] == same[(1, "all_off")] == 0.5
+    with pytest.raises(ValueError, match=r"lr_multipliers give no seed 1; allowed values: a mapping with every seed"):
+        study.runs({0: {"all_off": 0.5}})
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]"):
+        study.runs({0: {"nope": 0.5}, 1: {}})
 
 
 def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three_seeds():

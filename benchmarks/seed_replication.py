@@ -1,0 +1,175 @@
+"""Does the main job's answer survive a change of seed? The README's first command at K disjoint seed sets.
+
+Usage:
+  OMP_NUM_THREADS=1 python benchmarks/seed_replication.py [--sets 4] [--seeds-per-set 3] [--out runs/seed_replication]
+      [--study smoke] [--rungs cpu_s32,cpu_s64,cpu_s128] [-- EXTRA RUN FLAGS]
+  OMP_NUM_THREADS=1 python benchmarks/seed_replication.py --planted 40 [--planted-seeds 3]
+
+Each set k runs `marin-ablate run STUDY --seeds <its seeds> --out OUT/set<k>` (its own LR profile per seed;
+the reference ladder is cached once per machine, so every set shares it), then analyses the folder as
+`marin-ablate analyze` does. It prints, per component and the TOTAL, each set's quality multiplier at C_ref
+with its 95% interval and verdict, every pair of sets' |Δ ln M| against the combined half-width
+√(h_a² + h_b²), and any gain/loss flip or intervals on opposite sides of 1 (analysis/calibration/replication.py);
+the last line says whether the answer replicates (≥ 95% of pairs within, no flip, no opposite sides).
+Seeds are disjoint: set k holds seeds first + k·m .. first + k·m + m − 1. Finished runs are reused, so an
+interrupted benchmark resumes; `--analyze-only` re-reads the sets' folders. Extra flags after `--` go to
+every `run` (e.g. `-- --train.steps=8` for a quick check of the script; the numbers then mean nothing).
+
+`--planted N`: no training. N simulated studies of the smoke design (16 arms, 3 rungs) with a planted
+component x seed variation (heterogeneous: the optimizer's per-seed sd 0.33 in ln M, sconv's 0.10, the
+others 0.05, what the single-seed runs showed), each analysed three ways: one seed (the old default),
+all seeds with the run-residual interval only, and all seeds with the between-seed interval (the
+default); prints each way's coverage of the mean effect per component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+#: Per-seed sd of each component's ln M in --planted mode: the single-seed smoke runs' optimizer and sconv
+SEED_EFFECT_SD = {"optimizer": 0.33, "sconv": 0.10}
+OTHER_SD = 0.05
+
+
+def set_seeds(k: int, m: int, first: int) -> list[int]:
+    return list(range(first + k * m, first + (k + 1) * m))
+
+
+def run_set(study: str, seeds: list[int], out: Path, rungs: str | None, extra: list[str]) -> dict:
+    """`marin-ablate run` of one seed set; its wall and CPU seconds (children included)."""
+    cmd = [sys.executable, "-m", "marin_ablate", "run", study, "--seeds", ",".join(map(str, seeds)),
+           "--out", str(out), "--no-analyze", *(["--rungs", rungs] if rungs else []), *extra]
+    t0, c0 = time.time(), os.times()
+    rc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
+    c1 = os.times()
+    return {"rc": rc, "wall_s": time.time() - t0,
+            "cpu_s": (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)}
+
+
+def analyse_set(study_dir: Path, name: str) -> list[dict]:
+    from marin_ablate.analysis.calibration.replication import findings_rows
+    from marin_ablate.analyze import analysis_of
+
+    a, _ = analysis_of(study_dir, ["--no-figures"])
+    return findings_rows(a, name)
+
+
+def print_tables(sets: pd.DataFrame) -> dict:
+    from marin_ablate.analysis.calibration.replication import pairs, replicates, summary
+
+    def mult(r) -> str:
+        if not np.isfinite(r["est"]):
+            return "not estimable"
+        iv = f" [{np.exp(r['lo']):.3f}, {np.exp(r['hi']):.3f}]" if np.isfinite(r["lo"]) else ""
+        return f"{np.exp(r['est']):.3f}{iv} {r['verdict']}"
+
+    wide = sets.assign(cell=sets.apply(mult, axis=1)).pivot(index="component", columns="set", values="cell")
+    wide = wide.reindex(list(dict.fromkeys(sets["component"])))
+    seeds = dict(zip(sets["set"], sets["seeds"], strict=False))
+    wide.columns = [f"{c} (seeds {seeds[c]})" for c in wide.columns]
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 40):
+        print("\nquality M_flop at C_ref, 95% interval, verdict, per seed set:")
+        print(wide.to_string())
+        p = pairs(sets)
+        print("\nevery pair: |Δ ln M| / combined half-width (> 1: outside), flips, opposite sides:")
+        print(p.assign(ratio=p["ratio"].round(2), diff=p["diff"].round(3),
+                       combined_half_width=p["combined_half_width"].round(3)).to_string(index=False))
+        s = summary(p)
+        print("\nper component:")
+        print(s.to_string(index=False))
+    ok, why = replicates(p)
+    print(f"\n{'REPLICATES' if ok else 'DOES NOT REPLICATE'}: {why}")
+    return {"replicates": ok, "why": why, "summary": s.to_dict("records"), "pairs": p.to_dict("records")}
+
+
+def planted(n: int, n_seeds: int, seed: int) -> pd.DataFrame:
+    """Coverage of the mean effect per component over n simulated smoke studies with planted component x
+    seed variation, three ways (module docstring)."""
+    from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table, study_design
+    from marin_ablate.analysis.pipeline import analyze_table
+
+    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
+    design = study_design("smoke", factors)
+    sd = {f: SEED_EFFECT_SD.get(f, OTHER_SD) for f in factors}
+    rungs = {f"cpu_s{k}": k * 1024.0 for k in (32, 64, 128)}
+    rng = np.random.default_rng(seed)
+    ways = {"one seed": {}, f"{n_seeds} seeds, residual interval": {}, f"{n_seeds} seeds, between-seed": {}}
+    kw = dict(n_boot=0, boot_method="none", law_forms=("power",), responses=("quality",))
+    t0 = time.time()
+    for i in range(n):
+        truth = SimTruth(factors, main={f: float(rng.normal(0, 0.08)) for f in factors}, linf=2.0, A=60.0,
+                         alpha=0.15, c_ref=3e12, noise_sd=0.004, seed_sd=0.01, flops_per_token=6 * 2.4e5,
+                         seed_effect_sd=sd)
+        df = simulate_table(truth, rungs=rungs, seeds=n_seeds, design=design, rng=rng)
+        pins = dict(pin_linf=truth.linf, pin_alpha=truth.alpha)  # as the smoke study pins its law from a ladder
+        for (name, cov), (sub, rep) in zip(ways.items(), ((df[df["seed"] == 0], False), (df, False), (df, True)),
+                                           strict=True):
+            a = analyze_table(sub, replicates=rep, **pins, **kw)
+            tr = truth.shapley(a.c_ref)
+            tr["TOTAL"] = sum(tr.values())
+            for r in a.components.itertuples():
+                cov.setdefault(r.component, []).append(bool(r.shapley_lo <= tr[r.component] <= r.shapley_hi))
+        print(f"  study {i + 1}/{n} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    tab = pd.DataFrame({w: {c: float(np.mean(v)) for c, v in cov.items()} for w, cov in ways.items()})
+    tab.insert(0, "planted sd", [sd.get(c, np.sqrt(sum(x * x for x in sd.values()))) for c in tab.index])
+    return tab
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", type=int, default=4)
+    ap.add_argument("--seeds-per-set", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--study", default="smoke")
+    ap.add_argument("--rungs", default=None, help="comma-separated rungs (default: the study's)")
+    ap.add_argument("--out", default="runs/seed_replication")
+    ap.add_argument("--analyze-only", action="store_true", help="analyse the sets' folders, run nothing")
+    ap.add_argument("--planted", type=int, default=0, metavar="N", help="simulated studies instead of training")
+    ap.add_argument("--planted-seeds", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the tables here")
+    args, extra = ap.parse_known_args()
+    extra = [x for x in extra if x != "--"]
+    if args.sets < 2 and not args.planted:
+        ap.error(f"--sets {args.sets}: allowed values: 2 or more (pairs of seed sets are compared)")
+    if args.seeds_per_set < 1 or args.planted_seeds < 3:
+        ap.error("--seeds-per-set: allowed values >= 1; --planted-seeds: allowed values >= 3")
+    if args.planted:
+        tab = planted(args.planted, args.planted_seeds, seed=0)
+        print(f"\ncoverage of the mean effect over {args.planted} simulated smoke studies "
+              "(planted component x seed sd in ln M):")
+        print(tab.round(3).to_string())
+        if args.json:
+            Path(args.json).write_text(json.dumps(tab.to_dict(), indent=1))
+        return 0
+    from marin_ablate.sweeps.sweep import resolve_study
+
+    name = resolve_study(args.study).name  # the study folder's name (a path:attribute study names its own)
+    out = Path(args.out)
+    rows, cost = [], []
+    for k in range(args.sets):
+        seeds = set_seeds(k, args.seeds_per_set, args.first_seed)
+        d = out / f"set{k}"
+        if not args.analyze_only:
+            c = run_set(args.study, seeds, d, args.rungs, extra)
+            cost.append({"set": f"set{k}", "seeds": seeds, **c})
+            print(f"set{k} seeds {seeds}: rc {c['rc']}, {c['wall_s']:.0f} s wall, {c['cpu_s']:.0f} s CPU", flush=True)
+        rows += analyse_set(d / name, f"set{k}")
+    res = print_tables(pd.DataFrame(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cost": cost, **res, "sets": rows}, indent=1, default=str))
+    return 0 if res["replicates"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
