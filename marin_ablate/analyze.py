@@ -275,7 +275,7 @@ def _import(args: AnalyzeOptions) -> int:
 def cmd_analyze(argv: list[str]) -> int:
     from marin_ablate.analysis.calibration.forecast import judge, read_forecasts
     from marin_ablate.analysis.io.results import write_table
-    from marin_ablate.analysis.report.writer import attribution_table, write_report
+    from marin_ablate.analysis.report.writer import attribution_table, informative, write_report
 
     args = options.parse(AnalyzeOptions, argv)
     plugins.load_named(args.plugin)  # named by the user, before STUDY is read
@@ -304,14 +304,15 @@ def cmd_analyze(argv: list[str]) -> int:
 
     md, html = write_report(a, table, out, forecasts=fc, title=title, figures=not args.no_figures,
                             command="marin-ablate " + " ".join(sys.argv[1:]), backtest=bt)
-    tab = attribution_table(a)
+    tab, absent = informative(attribution_table(a))
     aliased = "aliased" in tab and (tab["aliased"] != "").any()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         # The alias chains are long at resolution IV: the report lists them; the console names them.
         print(tab.drop(columns=["aliased"], errors="ignore").to_string(index=False))
-    if aliased:
-        print("note: some two-factor interactions are aliased in this design, so leave-one-out and add-one-in "
-              "need them separately and are not estimable; the alias groups are in the report")
+    if absent:
+        print(f"note: {absent}")
+    elif aliased:
+        print("note: some two-factor interactions are aliased in this design; the alias groups are in the report")
     from marin_ablate.analysis.report.findings import rests_on
 
     print(rests_on(a))

@@ -213,6 +213,24 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
     return pd.DataFrame(rows)
 
 
+#: Attribution columns a design can leave not estimable for every component
+CONTRAST_COLUMNS = ("M_flop LOO", "M_flop AOI")
+
+
+def informative(tab: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """`tab` without the leave-one-out / add-one-in columns that no component of this design can estimate,
+    and the one sentence that says why they are absent (None when every column stays)."""
+    comp = tab[tab["component"] != "TOTAL"] if "component" in tab else tab
+    gone = [c for c in CONTRAST_COLUMNS if c in tab and len(comp) and comp[c].eq("not estimable").all()]
+    if not gone:
+        return tab, None
+    why = ("they need two-factor interactions this design aliases with others (the alias groups are in the "
+           "Appendix)" if "aliased" in tab and (tab["aliased"] != "").any()
+           else "this design's runs do not reach the arms they compare")
+    return tab.drop(columns=gone), (f"{' and '.join(c.removeprefix('M_flop ') for c in gone)} are left out: not "
+                                   f"estimable for any component, as {why}; Shapley is.")
+
+
 def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:
     d = a.per_rung
     if not len(d):
@@ -249,19 +267,29 @@ def paired_section(a: StudyAnalysis) -> list[str]:
         return []
     model = (a.per_rung[a.per_rung["response"] == law_column()].set_index(["component", "rung"])
              if len(a.per_rung) else None)
+    # only the components and rungs that hold a same-rung pair: the others would be a table of "no pair"
+    has = p[p["pairs"] > 0]
+    rungs, comps = set(has["rung"]), list(dict.fromkeys(has["component"]))
     rows = []
-    for comp, g in p.groupby("component", sort=False):
+    for comp in comps:
         row = {"component": comp}
-        for r in g.itertuples():
+        for r in p[(p["component"] == comp) & p["rung"].isin(rungs)].itertuples():
             m = model.loc[(comp, r.rung)] if model is not None and (comp, r.rung) in model.index else None
             ms = (qualified_text(m["effect"], m["lo"], m["hi"]) if m is not None and bool(m.get("estimable", True))
                   and bool(m.get("varied", True)) else "—")
             row[f"{r.rung}"] = (f"paired {qualified_text(r.paired, r.paired_lo, r.paired_hi)} · model {ms}" if r.pairs
                                 else f"no same-rung pair · model {ms}")
         rows.append(row)
+    left = [c for c in dict.fromkeys(p["component"]) if c not in comps]
+    out_rungs = [r for r in dict.fromkeys(p["rung"]) if r not in rungs]
+    absent = ([f"{', '.join(left)}: no two arms of a rung differ in {'it' if len(left) == 1 else 'any one of them'} "
+               "alone"] if left else []) + ([f"rung{'s' * (len(out_rungs) > 1)} {', '.join(out_rungs)}: no such "
+                                              "pair"] if out_rungs else [])
     return ["Per rung, quality M_flop paired (each arm against the same rung's arm that differs from it in this "
             "component alone, through the law's local inverse — the per-rung convention of published ladders; "
-            "mean over such pairs) beside the scale model's smoothed value.", "", md_table(pd.DataFrame(rows)), ""]
+            "mean over such pairs) beside the scale model's smoothed value."
+            + (f" Left out ({'; '.join(absent)}): their per-rung values are the scale model's, in the per-rung "
+               "table below." if absent else ""), "", md_table(pd.DataFrame(rows)), ""]
 
 
 def verdict(est, lo, hi) -> str:
@@ -526,8 +554,9 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                   f"[{lo:.3g}, {hi:.3g}]"
                   + (" — the power law is consistent with the ladder." if lo <= 0 <= hi
                      else " — the ladder bends."), ""]
+    tab, absent = informative(attribution_table(a))
     L += [f"## Attribution at the reference compute C_ref = {a.c_ref:.3g} FLOPs", "", DEFINITIONS, "",
-          md_table(attribution_table(a))]
+          md_table(tab)] + ([absent, ""] if absent else [])
     L += ["## Per rung (quality multiplier, Shapley, 95% CI, from the fitted scale model)", "",
           "Each column evaluates the fitted model (factor × log C terms) at that rung's compute; it is not a "
           "separate fit of that rung's runs.", "", md_table(_per_rung_table(a))]
@@ -536,7 +565,8 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
               f"({a.target_compute / a.top_compute():.3g}x the top rung)", "",
               "Multipliers carried by the fitted factor × log C terms. The interval is the union of the power-law and "
               "curved-law fits' intervals (the spread between law forms is part of it) where the curved form is "
-              "identified; otherwise it assumes the power law.", "", md_table(attribution_table(a, a.extrapolation))]
+              "identified; otherwise it assumes the power law.", "",
+              md_table(informative(attribution_table(a, a.extrapolation))[0])]
     L += ["## Forecasts (pre-registered)", ""]
     if forecasts:
         L += [md_table(pd.DataFrame(forecasts)[["created_utc", "arm", "compute", "predicted", "lo", "hi", "outcome",
