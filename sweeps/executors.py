@@ -272,10 +272,18 @@ class Submission:
     runs: list[PlannedRun] = field(default_factory=list)
     folder: Path | None = None
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    released: list[str] = field(default_factory=list)  # ids of the finished jobs `release` dropped
 
     @property
     def job_ids(self) -> list[str]:
-        return [j.job_id for j in self.jobs]
+        return [*self.released, *(j.job_id for j in self.jobs)]
+
+    def release(self) -> None:
+        """Drop the job objects once every job has finished, keeping their ids: a submitit LocalJob still alive
+        when the interpreter exits reads its folder through half-torn-down modules in `__del__` and prints an
+        "Exception ignored" traceback per job."""
+        self.released += [str(j.job_id) for j in self.jobs]
+        self.jobs.clear()
 
 
 def _folder(study_dir: Path, executor: str) -> Path:

@@ -295,6 +295,7 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
         sub = ex.submit(todo, sdir, opts, resources, (lambda: prog.update(state.count_dirs(dirs))) if prog else None)
         if todo and opts.wait and ex.waits:
             counts = wait(sub, runs, poll_s=opts.poll_s, progress=prog)
+            sub.release()
         else:
             counts = state.count_dirs(dirs)
             if prog:
