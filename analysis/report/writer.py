@@ -15,6 +15,7 @@ import pandas as pd
 
 from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
 from marin_ablate.analysis.fit.regimes import regime_frames
+from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 from marin_ablate.analysis.io.results import factor_coding
 from marin_ablate.analysis.pipeline import StudyAnalysis
 from marin_ablate.analysis.report.backtest import backtest_lines
@@ -210,7 +211,10 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
                     row["M_flop LOO"] = row["M_flop AOI"] = ""
                 row["aliased"] = "yes (see Appendix)" if (c.get("aliased_with", "") or "") else ""
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    # intervals that carry the seeds' scatter: a bootstrap over runs does not see it (the appendix keeps it)
+    out.attrs["seed_widened"] = bool((comp.get("between_seeds", pd.Series(dtype=float)) >= BETWEEN_SEEDS_MIN).any())
+    return out
 
 
 #: Attribution columns a design can leave not estimable for every component
@@ -222,13 +226,18 @@ def informative(tab: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     and the one sentence that says why they are absent (None when every column stays)."""
     comp = tab[tab["component"] != "TOTAL"] if "component" in tab else tab
     gone = [c for c in CONTRAST_COLUMNS if c in tab and len(comp) and comp[c].eq("not estimable").all()]
-    if not gone:
-        return tab, None
-    why = ("they need two-factor interactions this design aliases with others (the alias groups are in the "
-           "Appendix)" if "aliased" in tab and (tab["aliased"] != "").any()
-           else "this design's runs do not reach the arms they compare")
-    return tab.drop(columns=gone), (f"{' and '.join(c.removeprefix('M_flop ') for c in gone)} are left out: not "
-                                   f"estimable for any component, as {why}; Shapley is.")
+    said = []
+    if gone:
+        why = ("they need two-factor interactions this design aliases with others (the alias groups are in the "
+               "Appendix)" if "aliased" in tab and (tab["aliased"] != "").any()
+               else "this design's runs do not reach the arms they compare")
+        said.append(f"{' and '.join(c.removeprefix('M_flop ') for c in gone)} are left out: not estimable for any "
+                    f"component, as {why}; Shapley is.")
+    if tab.attrs.get("seed_widened") and "M_flop boot CI" in tab:
+        gone.append("M_flop boot CI")
+        said.append("The bootstrap interval is left out here: it resamples runs, so it cannot see how an effect "
+                    "moves from seed to seed, which these intervals carry (the Appendix keeps it).")
+    return (tab.drop(columns=gone), " ".join(said)) if said else (tab, None)
 
 
 def _per_rung_table(a: StudyAnalysis) -> pd.DataFrame:

@@ -50,3 +50,17 @@ def test_a_full_factorial_pairs_every_component_at_every_rung():
     assert "Left out" not in lines[0] and "no same-rung pair" not in lines[2]
     assert all(f"| {c} " in lines[2] for c in ["xsa", "sconv", "optimizer"])
     assert all(r in lines[2] for r in RUNGS)
+
+
+def test_intervals_widened_by_three_seeds_drop_the_run_bootstrap_column_and_say_why():
+    rng = np.random.default_rng(5)
+    factors = ["xsa", "sconv", "optimizer"]
+    t = simulate_table(random_truth(factors, rng), rungs=RUNGS, seeds=3, rng=rng)
+    a = analyze_table(t, n_boot=50, boot_method="wild")
+    full = attribution_table(a)
+    assert full.attrs["seed_widened"] and "M_flop boot CI" in full
+    tab, why = informative(full)
+    assert "M_flop boot CI" not in tab and "M_flop LOO" in tab
+    assert why.startswith("The bootstrap interval is left out here: it resamples runs")
+    one = informative(attribution_table(_analysis(factors)))[0]  # one seed: nothing to carry, the column stays
+    assert "M_flop boot CI" in one
