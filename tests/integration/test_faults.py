@@ -159,6 +159,7 @@ def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writ
     assert "left out" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
     study = sweep_study()  # the study the CLI below runs
     run = planned_runs(study, tmp_path)[0]

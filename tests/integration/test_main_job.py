@@ -125,6 +125,7 @@ def test_ctrl_c_then_rerun_completes_without_redoing_finished_runs(tmp_path):
     assert (study_dir / "report" / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_a_finished_local_submission_leaves_no_job_for_the_interpreter_exit_to_trip_on(tmp_path):
     """submitit's LocalJob reads its folder in `__del__`; one still referenced when the interpreter exits does that
     through half-torn-down modules and prints an "Exception ignored" traceback per job (six at the end of README's

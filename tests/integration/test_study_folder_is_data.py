@@ -57,6 +57,7 @@ def _plant(folder: Path, marker: Path) -> Path:
     return evil
 
 
+@pytest.mark.slow
 def test_analyze_never_imports_a_module_named_by_the_folders_plugins_json(tmp_path):
     sd = _imported_study(tmp_path, tmp_path / "study")
     marker = tmp_path / "ran.txt"
@@ -70,6 +71,7 @@ def test_analyze_never_imports_a_module_named_by_the_folders_plugins_json(tmp_pa
     assert (sd / "report" / "report.md").is_file()
 
 
+@pytest.mark.slow
 def test_analyze_by_name_never_imports_a_module_named_by_a_relative_path(tmp_path):
     sd = _imported_study(tmp_path, tmp_path / "runs" / "smoke")
     marker = tmp_path / "ran.txt"
@@ -175,6 +177,7 @@ def test_a_broken_installed_plugin_is_named_and_the_command_goes_on(tmp_path):
             "its rows are missing") in r.stderr
 
 
+@pytest.mark.slow
 def test_a_plugin_cannot_replace_a_registered_study(tmp_path):
     env = _dist(tmp_path, "takeover", "takeover", '''
         from marin_ablate.ablations.studies import STUDIES

@@ -323,6 +323,7 @@ def test_model_with_triton_kernels_matches_torch_kernels_loss_and_gradients():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_without_spills_and_gmm_uses_wgmma():
     # A subprocess: TRITON_INTERPRET=1 (conftest) patches triton.language in this process.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -36,6 +36,7 @@ def test_fewer_gpus_than_ep_shards_hold_virtual_shards_in_one_ep_group():
         ep_layout(d1024, 12)
 
 
+@pytest.mark.slow
 def test_the_layout_takes_the_fewest_micro_batches_that_fit(act1):
     roomy = choose_layout(SPEC, 1, 1000.0, act1=act1)
     assert roomy["micro_batches"] == 1 and roomy["sequences_per_micro_batch"] == 16
@@ -48,6 +49,7 @@ def test_the_layout_takes_the_fewest_micro_batches_that_fit(act1):
     assert bigger["micro_batches"] <= lay["micro_batches"]  # more memory never needs more micro-batches
 
 
+@pytest.mark.slow
 def test_a_layout_that_cannot_fit_is_refused_naming_the_numbers(act1):
     with pytest.raises(ValueError, match=r"64-wide model, batch 16 on 1 GPU\(s\) of 0.001 GiB: even 1 sequence "
                                          r"per micro-batch \(16 micro-batches\) needs [0-9.]+ GiB per GPU, over "

@@ -115,6 +115,7 @@ def _hero_node():
     return study.runs()[0][0], study.hero.gpus, study.runs()[0][0].model.ep_shards
 
 
+@pytest.mark.slow
 def test_the_rehearsal_fails_naming_the_first_collective_only_one_rank_issues(tmp_path):
     from marin_ablate.planning.rehearsal import rehearse
 
@@ -127,6 +128,7 @@ def test_the_rehearsal_fails_naming_the_first_collective_only_one_rank_issues(tm
     assert "watchdog" in rep["error"]
 
 
+@pytest.mark.slow
 def test_hero_node_ranks_issue_one_collective_sequence_over_every_context_stage(tmp_path):
     from marin_ablate.planning.rehearsal import compare_ranks, host_read_budget, host_reads_allowed, rehearse
 
