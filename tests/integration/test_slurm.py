@@ -162,7 +162,8 @@ def test_preempted_runs_requeue_resume_and_match_uninterrupted_runs(tmp_path):
 def test_smoke_through_slurm_gives_the_same_table_as_the_local_executor(tmp_path):
     """: `run smoke --executor slurm` reproduces the local study (CPU runs are deterministic,
     so "within noise" is exact here), on the smoke study's smallest rung with a few steps."""
-    small = ["smoke", "--rungs", "cpu_s", "--train.steps=4", "--no-analyze", "--no-profile", "--no-pin"]
+    small = ["smoke", "--rungs", "cpu_s", "--seeds", "0", "--train.steps=4", "--no-analyze", "--no-profile",
+             "--no-pin"]
     assert cli_main(["run", *small, "--out", str(tmp_path / "local"), "--executor", "debug", "--threads", "1"]) == 0
     assert cli_main(["run", *small, "--out", str(tmp_path / "slurm"), "--executor", "slurm",
                      "--slurm.cpus_per_task", "1", "--slurm.mem_gb", "1"]) == 0

@@ -102,7 +102,7 @@ def test_a_study_runs_with_marins_marin_and_wandbs_sweeps_first_on_the_path(tmp_
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout.count(COLLIDERS) == 2, probe.stdout + probe.stderr
     cmd = [shutil.which("marin-ablate") or "marin-ablate", "run", "smoke", "--no-analyze", "--no-profile",
-           "--no-pin", "--rungs", "cpu_s32", "--train.steps=2", "--out", str(tmp_path / "runs")]
+           "--no-pin", "--rungs", "cpu_s32", "--seeds", "0", "--train.steps=2", "--out", str(tmp_path / "runs")]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     summaries = list((tmp_path / "runs" / "smoke" / "runs").glob("*/summary.json"))
