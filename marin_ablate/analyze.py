@@ -275,7 +275,8 @@ def _import(args: AnalyzeOptions) -> int:
 def cmd_analyze(argv: list[str]) -> int:
     from marin_ablate.analysis.calibration.forecast import judge, read_forecasts
     from marin_ablate.analysis.io.results import write_table
-    from marin_ablate.analysis.report.writer import attribution_table, informative, write_report
+    from marin_ablate.analysis.report.tables import attribution_table, informative
+    from marin_ablate.analysis.report.writer import write_report
 
     args = options.parse(AnalyzeOptions, argv)
     plugins.load_named(args.plugin)  # named by the user, before STUDY is read

@@ -22,7 +22,8 @@ from marin_ablate.analysis.report.findings import (
     scale_cells,
     varied_rungs,
 )
-from marin_ablate.analysis.report.writer import _per_rung_table, findings_table
+from marin_ablate.analysis.report.tables import per_rung_table
+from marin_ablate.analysis.report.writer import findings_table
 
 RUNGS3 = {f"r{j}": 1e8 * 4**j for j in range(3)}
 
@@ -156,7 +157,7 @@ def test_factor_not_varied_at_a_rung_is_not_varied_here():
     assert varied_rungs(a.table, a.factors) == {"qk_norm": ["r0", "r1"], "sconv": ["r0", "r1", "r2", "r3"]}
     pr = a.per_rung[(a.per_rung["response"] == "ln_M") & (a.per_rung["component"] == "qk_norm")].set_index("rung")
     assert not pr.loc["r2", "varied"] and np.isnan(pr.loc["r3", "effect"]) and np.isfinite(pr.loc["r0", "effect"])
-    tab = _per_rung_table(a).set_index("component")
+    tab = per_rung_table(a).set_index("component")
     assert [c for c in tab.columns if tab.loc["qk_norm", c] == "not varied here"] == [c for c in tab.columns
                                                                                     if c.startswith(("r2", "r3"))]
     assert scale_cells(a, "qk_norm")["largest rung"] == "r3: not varied here"

@@ -8,7 +8,7 @@ import numpy as np
 
 from marin_ablate.analysis.calibration.simulate import random_truth, simulate_table, study_design
 from marin_ablate.analysis.pipeline import analyze_table
-from marin_ablate.analysis.report.writer import attribution_table, informative, paired_section
+from marin_ablate.analysis.report.tables import attribution_table, informative, paired_section
 
 SEVEN = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
 RUNGS = {"r0": 1e8, "r1": 2e8, "r2": 4e8}
