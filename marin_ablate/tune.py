@@ -1,5 +1,5 @@
 """`marin-ablate run STUDY --tune [--tune.points 5] [--tune.span 4] [--tune.storage PATH|URL]`: the per-arm
-LR profile at one rung (sweeps/tuning.py), written as the multipliers that `run --tuned` uses. A mode of
+LR profile at one rung (sweeps/tune_arms.py), written as the multipliers that `run --tuned` uses. A mode of
 `run` (marin_ablate/run.py `RunOptions.tune`): the study, execution and log options are run's.
 """
 
@@ -34,7 +34,8 @@ _DESIGN_ONLY = ("tuned", "no_profile", "no_pin", "no_analyze", "allow_repeat")
 
 def cmd_tune(args: Any) -> int:
     """`run STUDY --tune`: `args` is run's RunOptions with its `tune` section given."""
-    from marin_ablate.sweeps.tuning import TuneOptions, tune_dir, tune_study
+    from marin_ablate.sweeps.tune_arms import tune_dir, tune_study
+    from marin_ablate.sweeps.tuning import TuneOptions
 
     extra = [f"--{n.replace('_', '-')}" for n in _DESIGN_ONLY if getattr(args, n)]
     if extra:

@@ -1,10 +1,8 @@
-"""Per-arm learning-rate tuning (docs/method.md §4.6): each arm gets its own LR at the smallest rung.
-
-For every arm, a few log-spaced multipliers of the heuristic LR (both the matrix and the Adam
-group's rate scale together) are run at the smallest rung; the eval loss is profiled by a
-quadratic in log2(multiplier); the fitted optimum is reported, flagged when it lies on (or past)
-the grid's edge or the profile is not convex. The multiplier is carried up the ladder by the
-heuristic (`Study.runs(lr_multipliers=...)`, `marin-ablate run --tuned`).
+"""Learning rates as measured quantities (docs/method.md §4.6): the LR grid runs and their quadratic profile in
+log2(multiplier of the heuristic LR; the matrix and the Adam group's rates scale together), the optimum flagged
+when it lies on (or past) the grid's edge or the profile is not convex; the LR profile every study that varies an
+LR-coupled factor runs before its design, per level and per seed (`profile_study`); and `lr_plan`, which gives each
+run its LR and provenance. `run --tune`'s per-arm grid is sweeps/tune_arms.py.
 
 Optuna ask-and-tell records the trials: one Optuna study per arm, the grid points enqueued, so a
 re-run of `run --tune` reuses finished trials. Storage: a journal file (`JournalFileBackend`, safe on
@@ -20,10 +18,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs, run_planned, study_resources
+from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
@@ -197,47 +194,6 @@ def open_storage(opts: ExecOptions, folder: Path, storage: str | None = None) ->
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# Tuning a study
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TuneResult:
-    study: str
-    rung: str
-    seed: int
-    grid: list[float]
-    profiles: dict[str, Profile]
-    heuristic_lr: dict[str, float | None]
-    multipliers: dict[str, float]
-    report: RunReport | None = None
-    missing: dict[str, list[float]] = field(default_factory=dict)
-
-    def rows(self) -> list[dict]:
-        out = []
-        for arm, p in self.profiles.items():
-            lr0 = self.heuristic_lr.get(arm)
-            out.append({"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
-                        "multiplier": p.multiplier, "lr": lr0 * p.multiplier if lr0 else None,
-                        "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason})
-        return out
-
-    def to_dict(self) -> dict:
-        return {"study": self.study, "rung": self.rung, "seed": self.seed, "grid_log2": self.grid,
-                "multipliers": self.multipliers, "rows": self.rows(),
-                "profiles": {a: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef}
-                             for a, p in self.profiles.items()},
-                "missing": self.missing}
-
-
-def smallest_rung(study: Any) -> str:
-    from marin_ablate.ablations.ladders import params_active
-    from marin_ablate.marin.config import Recipe
-
-    return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
-
-
 def profile_rung(study: Any) -> str:
     """The rung the default LR profile runs at: the one nearest the ladder's geometric-mean compute (the
     C_ref where the report reads its headline), the larger of two equally near (cpu_s64 on the smoke ladder).
@@ -252,34 +208,7 @@ def profile_rung(study: Any) -> str:
     return min(c, key=lambda n: (round(abs(c[n] - mid), 9), -c[n]))
 
 
-def tune_dir(out: str | Path, study_name: str) -> Path:
-    return study_dir(out, study_name) / "tune"
-
-
-def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
-    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
-    path = tune_dir(out, study_name) / "lr_multipliers.json"
-    if not path.exists():
-        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
-    got = read_json(path)
-    try:
-        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
-    except (TypeError, ValueError):
-        return _damaged(path)
-    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
-    if bad:
-        k, v = next(iter(bad.items()))
-        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
-                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
-    return mult
-
-
-def _damaged(path: Path) -> dict:
-    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
-                     "run `marin-ablate run STUDY --tune` again to rewrite it")
-
-
-def _run_grid(study: Any, key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
+def run_grid(study: Any, key: str, points: dict[str, list[tuple[float, Any, dict]]], tdir: Path, opts: ExecOptions,
               storage: Any, *, label: str, progress: bool) -> tuple[dict[str, list[tuple[float, float]]], RunReport]:
     """Run every (log2 multiplier, spec, meta) of every group of `study`'s runs (its rungs give their job
     shape and the progress line's prior); Optuna ask-and-tell records them, one Optuna study per group
@@ -355,53 +284,6 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
         r = RUNGS[rung]
     est = r.est_wall_s()
     return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
-
-
-def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
-               overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
-    """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
-    tdir = tune_dir(out, study.name)
-    rung = tune.rung or smallest_rung(study)
-    seed = tune.seed if tune.seed is not None else study.seeds[0]
-    if seed not in study.seeds:
-        raise ValueError(f"seed={seed} is not a seed of study {study.name!r}; allowed values: {list(study.seeds)}")
-    grid = lr_grid(tune.points, tune.span)
-
-    # the runs: every arm at every grid multiplier
-    points: dict[str, list[tuple[float, Any, dict]]] = {}
-    heuristic: dict[str, float | None] = {}
-    for x in grid:
-        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
-            if meta["seed"] != seed:
-                continue
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
-            points.setdefault(meta["arm"], []).append((x, spec, dict(meta, tune=True)))
-            if abs(x) < 1e-12:
-                heuristic[meta["arm"]] = resolve_hparams(spec).lr
-    # what `train` refuses is refused before the study folder or the storage is made
-    check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
-    storage = open_storage(opts, tdir, tune.storage)
-    cost = grid_cost(study, sum(map(len, points.values())), rung)
-    if progress:
-        print(f"{study.name} tune: {len(points)} arms x {len(grid)} LR points = {cost['runs']} runs at {rung}"
-              + (f", ~{cost['core_seconds']:.0f} core-s" if cost["core_seconds"] else ""), flush=True)
-    got, report = _run_grid(study, f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
-                            label=f"{study.name} tune", progress=progress)
-    profiles, missing, mult = {}, {}, {}
-    for arm, pts in got.items():
-        done = [x for x, _ in pts]
-        missing[arm] = [g for g in grid if not any(abs(g - d) < 1e-9 for d in done)]
-        if any(math.isfinite(y) for _, y in pts):
-            p = fit_profile([x for x, _ in pts], [y for _, y in pts], grid)
-            profiles[arm] = p
-            mult[arm] = p.multiplier
-    res = TuneResult(study.name, rung, seed, grid, profiles, heuristic, mult, report,
-                     {a: m for a, m in missing.items() if m})
-    atomic_write_json(tdir / "profile.json", res.to_dict())
-    if mult:
-        atomic_write_json(tdir / "lr_multipliers.json", mult)
-    return res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,7 +448,7 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     def run_points(grids: dict[str, list[float]]) -> dict[str, list[tuple[float, float]]]:
         points = {k: profile_points(study, {keys[k][0]: groups[keys[k][0]]}, {keys[k][0]: grids[k]}, rung,
                                     keys[k][1], overrides)[keys[k][0]] for k in grids}
-        got, rep = _run_grid(study, f"{study.name}/profile/{rung}", points, pdir, opts, storage,
+        got, rep = run_grid(study, f"{study.name}/profile/{rung}", points, pdir, opts, storage,
                              label=f"{study.name} LR profile", progress=progress)
         report.append(rep)
         return got
@@ -637,6 +519,8 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     from datetime import datetime, timezone
 
     if tuned:
+        from marin_ablate.sweeps.tune_arms import tune_dir, tuned_multipliers
+
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

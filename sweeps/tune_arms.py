@@ -1,0 +1,137 @@
+"""`run --tune`: each arm its own LR at one rung (docs/method.md §4.6), written as the multipliers `run --tuned`
+carries up the ladder with the heuristic. For every arm a few log-spaced multipliers of the heuristic LR run at the
+smallest rung (sweeps/tuning.py `run_grid`, Optuna ask-and-tell), the eval loss is profiled by a quadratic in
+log2(multiplier) and the optimum reported, flagged on the grid's edge or where the profile is not convex."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from marin_ablate.marin.hparams import resolve_hparams
+from marin_ablate.sweeps.executors import ExecOptions
+from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
+from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs
+from marin_ablate.sweeps.tuning import (
+    Profile,
+    TuneOptions,
+    fit_profile,
+    grid_cost,
+    lr_grid,
+    open_storage,
+    run_grid,
+)
+
+
+@dataclass
+class TuneResult:
+    study: str
+    rung: str
+    seed: int
+    grid: list[float]
+    profiles: dict[str, Profile]
+    heuristic_lr: dict[str, float | None]
+    multipliers: dict[str, float]
+    report: RunReport | None = None
+    missing: dict[str, list[float]] = field(default_factory=dict)
+
+    def rows(self) -> list[dict]:
+        out = []
+        for arm, p in self.profiles.items():
+            lr0 = self.heuristic_lr.get(arm)
+            out.append({"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
+                        "multiplier": p.multiplier, "lr": lr0 * p.multiplier if lr0 else None,
+                        "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason})
+        return out
+
+    def to_dict(self) -> dict:
+        return {"study": self.study, "rung": self.rung, "seed": self.seed, "grid_log2": self.grid,
+                "multipliers": self.multipliers, "rows": self.rows(),
+                "profiles": {a: {"x": list(p.x), "loss": list(p.loss), "coef": p.coef}
+                             for a, p in self.profiles.items()},
+                "missing": self.missing}
+
+
+def smallest_rung(study: Any) -> str:
+    from marin_ablate.ablations.ladders import params_active
+    from marin_ablate.marin.config import Recipe
+
+    return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
+
+
+def tune_dir(out: str | Path, study_name: str) -> Path:
+    return study_dir(out, study_name) / "tune"
+
+
+def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
+    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
+    path = tune_dir(out, study_name) / "lr_multipliers.json"
+    if not path.exists():
+        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
+    got = read_json(path)
+    try:
+        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
+    except (TypeError, ValueError):
+        return _damaged(path)
+    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
+                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
+    return mult
+
+
+def _damaged(path: Path) -> dict:
+    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
+                     "run `marin-ablate run STUDY --tune` again to rewrite it")
+
+
+def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
+               overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
+    """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
+    tdir = tune_dir(out, study.name)
+    rung = tune.rung or smallest_rung(study)
+    seed = tune.seed if tune.seed is not None else study.seeds[0]
+    if seed not in study.seeds:
+        raise ValueError(f"seed={seed} is not a seed of study {study.name!r}; allowed values: {list(study.seeds)}")
+    grid = lr_grid(tune.points, tune.span)
+
+    # the runs: every arm at every grid multiplier
+    points: dict[str, list[tuple[float, Any, dict]]] = {}
+    heuristic: dict[str, float | None] = {}
+    for x in grid:
+        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
+            if meta["seed"] != seed:
+                continue
+            if overrides:
+                spec = apply_spec_overrides(spec, overrides)
+            points.setdefault(meta["arm"], []).append((x, spec, dict(meta, tune=True)))
+            if abs(x) < 1e-12:
+                heuristic[meta["arm"]] = resolve_hparams(spec).lr
+    # what `train` refuses is refused before the study folder or the storage is made
+    check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
+    storage = open_storage(opts, tdir, tune.storage)
+    cost = grid_cost(study, sum(map(len, points.values())), rung)
+    if progress:
+        print(f"{study.name} tune: {len(points)} arms x {len(grid)} LR points = {cost['runs']} runs at {rung}"
+              + (f", ~{cost['core_seconds']:.0f} core-s" if cost["core_seconds"] else ""), flush=True)
+    got, report = run_grid(study, f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
+                            label=f"{study.name} tune", progress=progress)
+    profiles, missing, mult = {}, {}, {}
+    for arm, pts in got.items():
+        done = [x for x, _ in pts]
+        missing[arm] = [g for g in grid if not any(abs(g - d) < 1e-9 for d in done)]
+        if any(math.isfinite(y) for _, y in pts):
+            p = fit_profile([x for x, _ in pts], [y for _, y in pts], grid)
+            profiles[arm] = p
+            mult[arm] = p.multiplier
+    res = TuneResult(study.name, rung, seed, grid, profiles, heuristic, mult, report,
+                     {a: m for a, m in missing.items() if m})
+    atomic_write_json(tdir / "profile.json", res.to_dict())
+    if mult:
+        atomic_write_json(tdir / "lr_multipliers.json", mult)
+    return res
