@@ -11,7 +11,6 @@ torchtitan/train.py): setup once, then `train_step` per step with logging, eval 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from marin_ablate.marin.train.distributed import (
 from marin_ablate.marin.train.files import disk_full_error, is_disk_full, remove_stale_temps
 from marin_ablate.marin.train.machine import code_version, hardware_name, peak_flops
 from marin_ablate.marin.train.metrics import MetricsLog, Sinks, check_log_to, is_eval
+from marin_ablate.marin.train.run_dir import claim_dir, summary_json
 from marin_ablate.marin.train.source import build_data_source, check_vocab, global_tokens, validate_data
 from marin_ablate.marin.train.stages import Stage, apply_q_scale, context_plan, is_spike, stage_at
 from marin_ablate.marin.train.step import evaluate, optimizer_step
@@ -446,7 +446,7 @@ class Trainer:
         if self.main:
             path = self.run_dir / "summary.json"
             try:
-                summary = _as_json(schema.write_summary(self.run_dir, self.summary(status, error, failed_step)))
+                summary = summary_json(schema.write_summary(self.run_dir, self.summary(status, error, failed_step)))
             except OSError as e:
                 if is_disk_full(e):
                     raise disk_full_error(path, e) from e
@@ -485,31 +485,6 @@ class Trainer:
         )
 
 
-def _as_json(s: schema.RunSummary) -> dict:
-    """The summary as summary.json holds it (lists, not tuples): what train() returns."""
-    return json.loads(json.dumps(s.to_dict()))
-
-
-def _other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str] | None:
-    """(run id, the file that says so) when `run_dir` holds a run other than `run_id`: its spec.json,
-    summary.json or (`checkpoints`: before they would be deleted) a checkpoint's meta.json."""
-    try:
-        old = schema.read_json(run_dir / "spec.json")
-        held = RunSpec.from_dict(old).run_id if old is not None else None
-    except (ValueError, TypeError, KeyError):  # a spec this version cannot read: its run id is unknown
-        held = None
-    if held is not None and held != run_id:
-        return held, "spec.json"
-    done = schema.read_json(run_dir / "summary.json")
-    if done is not None and isinstance(done.get("run_id"), str) and done["run_id"] != run_id:
-        return done["run_id"], "summary.json"
-    for ck in ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else ():
-        meta = schema.read_json(ck / ckpt.META)
-        if meta is not None and isinstance(meta.get("run_id"), str) and meta["run_id"] != run_id:
-            return meta["run_id"], f"checkpoints/{ck.name}/{ckpt.META}"
-    return None
-
-
 def check_train(spec: RunSpec, stop_after: int | None = None, log_to: tuple[str, ...] = (),
                 keep_checkpoints: str = "final") -> tuple[TrainConfig, torch.device, list[Stage], int]:
     """Everything `train` refuses before it touches the run directory: the spec (`check_spec`), `stop_after`,
@@ -525,29 +500,6 @@ def check_train(spec: RunSpec, stop_after: int | None = None, log_to: tuple[str,
     return t, device, stages, check_launch(spec, stages)
 
 
-def _claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
-    """The run directory, made and checked before anything in it changes: the summary of this run when it
-    is done already (`resume`), else None. A directory holding another run is refused (`_other_run`); a
-    fresh start (not `resume`) removes the old verdict, so a killed run does not leave it behind."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    ckpt.check_no_symlinks(run_dir)
-    summary_path = run_dir / "summary.json"
-    if resume:
-        done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
-        if done is not None and done.run_id == spec.run_id:
-            return _as_json(done)
-    other = _other_run(run_dir, spec.run_id, checkpoints=not resume)
-    if other is not None:  # never resumed into, never deleted: another spec's results stay as they are
-        held, where = other
-        raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
-                         "use another --run-dir, or move that directory aside first (--no-resume never deletes "
-                         "another run)")
-    if not resume and summary_path.exists():
-        summary_path.unlink()
-    return None
-
-
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
           log_to: tuple[str, ...] = (), keep_checkpoints: str = "final") -> dict:
     """Train `spec` into `run_dir`; returns the summary (also summary.json), or
@@ -557,7 +509,7 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
     t0 = time.perf_counter()
     t, device, stages, world = check_train(spec, stop_after, log_to, keep_checkpoints)
     run_dir = Path(run_dir)
-    done = _claim_dir(run_dir, spec, resume)
+    done = claim_dir(run_dir, spec, resume)
     if done is not None:
         return done
     pd, device = parallel_dims(spec, world, device)
