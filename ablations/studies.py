@@ -1,9 +1,4 @@
-"""Studies: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5).
-
-`Study.runs()` is what sweeps executes: a list of (RunSpec, meta) where meta is the run directory's
-meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor coding). `Study.describe()` is what
-`marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
-rung and seed, and cost. Registered studies (`STUDIES`, `get_study(name)`):
+"""The registered studies (`STUDIES`, `get_study(name)`; a study is ablations/study.py's `Study`, docs/method.md §4–5):
 
 - smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs x 3 seeds, an LR profile
               per seed and a pinned-law baseline ladder first.
@@ -22,280 +17,22 @@ No torch import.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import json
-import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
-from marin_ablate.ablations.designs import Design, arm_name, arms, fraction, full_factorial
-from marin_ablate.ablations.factors import Factor, apply_levels, check_levels, resolve_factors
+from marin_ablate.ablations.designs import arms, fraction, full_factorial
+from marin_ablate.ablations.factors import Factor
 from marin_ablate.ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
 from marin_ablate.ablations.ladders import (
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
-    PublishedLaw,
     Rung,
-    flops_per_token,
     ladder,
     params_active,
 )
-from marin_ablate.marin.config import FACTORS, ContextStage, DataConfig, Recipe, RunSpec, preset, to_dict
-from marin_ablate.marin.schema import FactorCoding, RunMeta
-
-# ---------------------------------------------------------------------------------------------
-# Study
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Study:
-    """A design over factors x rungs x seeds.
-
-    Levels of recipe switches that are not factors come from `base_recipe`. Every arm at a given
-    (rung, seed) shares the data config, data seed, steps and batch (paired comparisons, docs/architecture.md §3);
-    with `vary_data_seed` the data order changes with the seed replicate (data_seed + seed), so the
-    seed panel measures init and data-order noise together.
-    """
-
-    name: str
-    description: str
-    factors: tuple[Factor, ...]
-    design: Design
-    rungs: tuple[Rung, ...]
-    seeds: tuple[int, ...] = (0,)
-    data: DataConfig = field(default_factory=DataConfig)
-    base_recipe: Recipe = field(default_factory=Recipe)
-    executor: Any = ()  # Mapping of executor defaults for sweeps (stored as sorted pairs)
-    hardware: Hardware | None = None  # None: CPU study (costed by wall-time assumptions)
-    vary_data_seed: bool = True
-    companions: tuple[str, ...] = ()
-    hero: HeroPlan | None = None
-    # Rungs of the baseline arm's own ladder, over a wider compute span than the design's, that pin the
-    # reference law's L∞ and α (docs/method.md §4.1, *Pinned reference law*); () fits it on the design.
-    reference_rungs: tuple[str, ...] = ()
-    reference_seeds: tuple[int, ...] = (0,)  # the ladder's seeds (each its own init and data order)
-    published_law: PublishedLaw | None = None  # a stated law whose L∞ and α the analysis pins instead
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "factors", resolve_factors(self.factors))
-        object.__setattr__(self, "reference_rungs", tuple(self.reference_rungs))
-        object.__setattr__(self, "reference_seeds", tuple(self.reference_seeds))
-        if self.reference_rungs:
-            ladder(self.reference_rungs)  # an unknown rung name is refused here, with the known ones
-        object.__setattr__(self, "rungs", ladder(self.rungs))
-        object.__setattr__(self, "seeds", tuple(self.seeds))
-        object.__setattr__(self, "companions", tuple(self.companions))
-        ex = self.executor
-        object.__setattr__(self, "executor", tuple(sorted(dict(ex).items())) if isinstance(ex, Mapping) else tuple(ex))
-        names = tuple(f.name for f in self.factors)
-        if self.design.factors != names:
-            raise ValueError(f"Study {self.name!r}: design factors {self.design.factors} differ from the "
-                             f"study's {names}")
-        if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
-                or not all(isinstance(s, int) and s >= 0 for s in self.seeds)):
-            raise ValueError(f"Study {self.name!r}: seeds={self.seeds} must be distinct non-negative integers")
-
-    def restrict(self, rungs: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> "Study":
-        """This study on some of its rungs and seeds (in the order given); one it lacks is refused."""
-        changes: dict[str, Any] = {}
-        if rungs is not None:
-            changes["rungs"] = tuple(self._rung(r) for r in rungs)
-        if seeds is not None:
-            bad = [s for s in seeds if s not in self.seeds]
-            if bad:
-                raise ValueError(f"Study {self.name!r} has no seed {', '.join(map(str, bad))}; allowed values: "
-                                 f"{', '.join(map(str, self.seeds))}")
-            changes["seeds"] = tuple(seeds)
-        return replace(self, **changes) if changes else self
-
-    # ---- arms ----------------------------------------------------------------------------------
-    @property
-    def arm_names(self) -> list[str]:
-        return [arm_name(self.design, i) for i in range(self.design.n_runs)]
-
-    @property
-    def lr_coupled(self) -> tuple[Factor, ...]:
-        """The factors whose levels want their own LR (`Factor.lr_coupled`): profiled before the design."""
-        return tuple(f for f in self.factors if f.lr_coupled)
-
-    def baseline_levels(self, **changes: str) -> dict[str, str]:
-        """Every factor at its low (baseline) level, except the ones named in `changes`."""
-        out = {f.name: f.low for f in self.factors}
-        out.update(check_levels(self.factors, changes))
-        return out
-
-    def arm_multipliers(self, per_level: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-        """{arm: LR multiplier} from profiled {factor: {level: multiplier}}: an arm's multiplier is the
-        product over the LR-coupled factors of its level's (docs/method.md §4.6); unprofiled levels: 1."""
-        out = {}
-        for row, arm in enumerate(self.arm_names):
-            lv = self.levels(row)
-            out[arm] = math.prod(float(per_level.get(f, {}).get(lv[f], 1.0)) for f in lv)
-        return out
-
-    def levels(self, row: int) -> dict[str, str]:
-        """{factor: level name} of design row `row` (+1 = high = recipe level)."""
-        if not 0 <= row < self.design.n_runs:
-            raise ValueError(f"design_row={row}; allowed values: 0..{self.design.n_runs - 1}")
-        return {f.name: f.level(c) for f, c in zip(self.factors, self.design.matrix[row], strict=True)}
-
-    def _rung(self, rung: str | Rung) -> Rung:
-        name = rung.name if isinstance(rung, Rung) else rung
-        for r in self.rungs:
-            if r.name == name:
-                return r
-        raise ValueError(f"Study {self.name!r} has no rung {name!r}; "
-                         f"allowed values: {', '.join(r.name for r in self.rungs)}")
-
-    def spec(self, rung: str | Rung, levels: Mapping[str, str], seed: int, lr_multiplier: float = 1.0) -> RunSpec:
-        """The RunSpec of one arm (any level combination, not only design rows) at a rung and seed."""
-        r = self._rung(rung)
-        check_levels(self.factors, levels)
-        missing = [f.name for f in self.factors if f.name not in levels]
-        if missing:
-            raise ValueError(f"levels miss factor(s) {missing}; every factor of study {self.name!r} needs a level")
-        model = r.model()
-        data = self.data
-        if data.tokenizer == "bpe":
-            data = replace(data, bpe_vocab=model.vocab_size)
-        if self.vary_data_seed:
-            data = replace(data, data_seed=self.data.data_seed + seed)
-        if r.mixture and not data.mixture and data.corpus == "embedded":
-            # the rung's own schedule (Marin's hero ladder) names the embedded domains; a study's
-            # own mixture (`--data.mixture=...`) or another corpus keeps the study's data
-            data = replace(data, mixture=r.mixture, mixture_block=r.mixture_block)
-        if r.simulated_epoching_target and not data.simulated_epoching_target:
-            data = replace(data, simulated_epoching_target=r.simulated_epoching_target)  # Marin's hero ladder
-        train = r.train_config(self.base_recipe, lr_multiplier)
-        s = apply_levels(self.factors, levels, model=model, recipe=self.base_recipe, train=train, data=data)
-        return RunSpec(model=s["model"], recipe=s["recipe"], train=s["train"], data=s["data"], seed=seed)
-
-    def meta(self, rung: str, arm: str, seed: int, row: int | None, levels: Mapping[str, str]) -> dict:
-        """meta.json of a run (`marin.schema.RunMeta`): its cell of the study and its coding, i.e. for
-        every factor the level, the definition (field, low −1, high +1) and the ±1 code."""
-        coding = tuple(FactorCoding(f.name, levels[f.name], f.field, f.low, f.high, f.truth_dict, f.regime,
-                                    _level_values(f)) for f in self.factors)
-        return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
-
-    def runs(self, lr_multipliers: Mapping[Any, Any] | None = None,
-             rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
-        """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
-
-        meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding.
-        `lr_multipliers` scales an arm's heuristic LRs: {arm name: multiplier} at every seed, or
-        {seed: {arm name: multiplier}} (an LR profile per seed, docs/method.md §4.6); `rungs` restricts to
-        some rungs (e.g. the smallest, for tuning).
-        """
-        names = self.arm_names
-        per_seed = self.seed_multipliers(lr_multipliers)
-        chosen = self.rungs if rungs is None else tuple(self._rung(r) for r in rungs)
-        out: list[tuple[RunSpec, dict]] = []
-        for r in chosen:
-            for seed in self.seeds:
-                for row, arm in enumerate(names):
-                    m = per_seed[seed].get(arm, 1.0)
-                    spec = self._grid[(r.name, seed, row)] if m == 1.0 else self.spec(r, self.levels(row), seed, m)
-                    out.append((spec, self.meta(r.name, arm, seed, row, self.levels(row))))
-        ids = [s.run_id for s, _ in out]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
-        return out
-
-    def seed_multipliers(self, lr_multipliers: Mapping[Any, Any] | None) -> dict[int, dict[str, float]]:
-        """{seed: {arm: LR multiplier}} from `runs`' `lr_multipliers`: {arm: m} applies to every seed; a
-        mapping keyed by seed gives each seed its own (each seed is a full replication, its LR profile
-        included). An unknown arm, or a seed the study runs without an entry, is refused."""
-        mult = dict(lr_multipliers or {})
-        if mult and all(isinstance(k, int) and not isinstance(k, bool) for k in mult):
-            missing = [s for s in self.seeds if s not in mult]
-            if missing:
-                raise ValueError(f"lr_multipliers give no seed {', '.join(map(str, missing))}; allowed values: a "
-                                 f"mapping with every seed of study {self.name!r} ({', '.join(map(str, self.seeds))}) "
-                                 "or one arm -> multiplier mapping for all seeds")
-            per_seed = {s: dict(mult[s]) for s in self.seeds}
-        else:
-            per_seed = {s: mult for s in self.seeds}
-        names = self.arm_names
-        bad = sorted({a for m in per_seed.values() for a in m if a not in names}, key=str)
-        if bad:
-            raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(names)}")
-        return per_seed
-
-    @functools.cached_property
-    def _grid(self) -> dict[tuple[str, int, int], RunSpec]:
-        """(rung, seed, design row) -> spec at the heuristic LRs: built once per study (plan, run and
-        describe read it; each spec computes its run id once)."""
-        return {(r.name, seed, row): self.spec(r, self.levels(row), seed)
-                for r in self.rungs for seed in self.seeds for row in range(self.design.n_runs)}
-
-    # ---- plan ----------------------------------------------------------------------------------
-    def describe(self, alias_order: int = 3) -> dict:
-        """Everything `plan --json` prints: design and alias structure, runs per rung/seed, cost."""
-        d = self.design.describe(alias_order)
-        n_rows, n_seeds = self.design.n_runs, len(self.seeds)
-        par = int(dict(self.executor).get("max_parallel", 1))
-        rung_rows, total_flops, total_wall, total_gpuh = [], 0.0, 0.0, 0.0
-        specs = {(r.name, row): self._grid[(r.name, self.seeds[0], row)] for r in self.rungs for row in range(n_rows)}
-        for r in self.rungs:
-            info = r.describe(self.base_recipe)
-            # the steps each arm trains (TrainConfig.effective(): token_multiplier scales the rung's)
-            work = [s.train.token_multiplier for (rn, _), s in specs.items() if rn == r.name]
-            flops = n_seeds * sum(flops_per_token(s.model, s.recipe) * r.tokens() * s.train.token_multiplier
-                                  for (rn, _), s in specs.items() if rn == r.name)
-            info.update(n_runs=n_rows * n_seeds, train_flops=flops)
-            if self.hardware is not None:
-                gh = self.hardware.gpu_hours(flops)
-                per_run_h = gh / (n_rows * n_seeds)
-                wall_h = per_run_h / max(1, r.gpus)
-                # a SLURM time limit with 50% headroom, at least 30 min
-                info.update(gpu_hours=gh, gpu_hours_per_run=per_run_h, wall_hours_per_run=wall_h,
-                            timeout_min=max(30, math.ceil(1.5 * wall_h * 60)))
-                total_gpuh += gh
-            if r.est_wall_s() is not None:
-                info.update(core_seconds=r.est_wall_s() * sum(work) * n_seeds,
-                            timeout_min=max(2, math.ceil(3 * r.est_wall_s() * max(work) / 60)))
-                total_wall += r.est_wall_s() * sum(work) * n_seeds
-            if self.hero is not None:  # one job of the hero's requeued chain: sbatch --time (planning/hero.py)
-                info.update(timeout_min=self.hero.job_time_min)
-            total_flops += flops
-            rung_rows.append(info)
-        cost: dict[str, Any] = {"train_flops": total_flops}
-        if self.hardware is not None:
-            cost.update(hardware=self.hardware.name, assumed_mfu=self.hardware.mfu, gpu_hours=total_gpuh)
-        if total_wall:
-            cost.update(est_core_seconds=total_wall, max_parallel=par, est_wall_s=total_wall / par)
-        fixed = {k: getattr(self.base_recipe, k) for k in FACTORS
-                 if not any(f.field == f"recipe.{k}" for f in self.factors)}
-        out = {
-            "name": self.name,
-            "description": self.description,
-            "factors": [f.to_dict() for f in self.factors],
-            "fixed_recipe": fixed,
-            "design": d,
-            "kind": d["kind"],
-            "resolution": d["resolution"],
-            "defining_relation": d["defining_relation"],
-            "alias_table": d["alias_table"],
-            "all_2fi_estimable": d["all_2fi_estimable"],
-            "arms": self.arm_names,
-            "n_runs_per_rung_seed": n_rows,
-            "seeds": list(self.seeds),
-            "rungs": rung_rows,
-            "n_runs": n_rows * n_seeds * len(self.rungs),
-            "n_runs_by_rung": {r.name: n_rows * n_seeds for r in self.rungs},
-            "data": to_dict(self.data),
-            "vary_data_seed": self.vary_data_seed,
-            "executor": dict(self.executor),
-            "cost": cost,
-            "companions": list(self.companions),
-            **({"published_law": to_dict(self.published_law)} if self.published_law is not None else {}),
-        }
-        if self.hero is not None:
-            out["hero"] = self.hero.describe(self._grid[(self.rungs[0].name, self.seeds[0], 0)])
-        return out
-
+from marin_ablate.ablations.study import Study
+from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
 
 # ---------------------------------------------------------------------------------------------
 # The registered studies
@@ -317,15 +54,6 @@ CPU_REFERENCE_SEEDS = (0, 1, 2)
 #: The main job's seeds: each a full replication (its own init, data order and LR profile; docs/method.md §4.4)
 SMOKE_SEEDS = (0, 1, 2)
 GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
-
-
-def _level_values(f: Factor) -> dict | None:
-    """{level name: config value} as meta.json records it (None where a value is not JSON): the analysis
-    checks each run's level against the value its spec.json holds."""
-    try:
-        return json.loads(json.dumps(dict(f.levels)))
-    except (TypeError, ValueError):
-        return None
 
 
 def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128")) -> Study:

@@ -33,7 +33,7 @@ def cache_root() -> Path:
 
 def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
     """(spec, meta) of the baseline arm at each of `study.reference_rungs` and `reference_seeds`, heuristic LR."""
-    from marin_ablate.ablations.studies import Study
+    from marin_ablate.ablations.study import Study
 
     lv = study.baseline_levels()
     seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))

@@ -12,7 +12,8 @@ import pytest
 from marin_ablate.ablations.designs import Design, arms, fraction, full_factorial
 from marin_ablate.ablations.factors import RECIPE_FACTORS, Factor, get_factor, recipe_factor
 from marin_ablate.ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
-from marin_ablate.ablations.studies import HeroPlan, Study, get_study
+from marin_ablate.ablations.studies import HeroPlan, get_study
+from marin_ablate.ablations.study import Study
 from marin_ablate.marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
 from marin_ablate.marin.flops import flops_per_token
 from marin_ablate.marin.hparams import HEURISTICS, resolve_hparams

@@ -7,7 +7,7 @@ import pytest
 
 from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
-from marin_ablate.ablations.studies import Study
+from marin_ablate.ablations.study import Study
 from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params, slurm_resources
 from marin_ablate.sweeps.sweep import study_resources
 

@@ -474,7 +474,7 @@ def real_data_study():
     """A tiny study: xsa x 3 short rungs, on whatever data `--data.*` names."""
     from marin_ablate.ablations.designs import full_factorial
     from marin_ablate.ablations.ladders import Rung
-    from marin_ablate.ablations.studies import Study
+    from marin_ablate.ablations.study import Study
 
     rungs = tuple(Rung(f"tiny{n}", "tiny", model_overrides={"seq_len": TRAIN_SEQ}, fixed_steps=n, batch_size=2,
                        train_overrides={"eval_batches": 1, "checkpoint_every": n, "log_every": 1}) for n in (2, 4, 8))

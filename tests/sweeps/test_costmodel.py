@@ -56,7 +56,7 @@ def test_plan_with_a_damaged_cache_states_a_sane_interval(tmp_path, monkeypatch,
 def _study():
     from marin_ablate.ablations.designs import full_factorial
     from marin_ablate.ablations.ladders import Rung
-    from marin_ablate.ablations.studies import Study
+    from marin_ablate.ablations.study import Study
 
     rung = Rung("tiny", "tiny", fixed_steps=3, batch_size=2, est_tokens_per_s=1000.0,
                 train_overrides={"eval_batches": 1, "eval_every": 3, "log_every": 1})

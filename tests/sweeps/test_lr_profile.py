@@ -11,7 +11,7 @@ import pytest
 from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.factors import RECIPE_FACTORS, Factor
 from marin_ablate.ablations.ladders import Rung
-from marin_ablate.ablations.studies import Study
+from marin_ablate.ablations.study import Study
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.pipeline import analyze_table
 from marin_ablate.sweeps.executors import ExecOptions

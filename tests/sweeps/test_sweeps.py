@@ -13,7 +13,7 @@ import pytest
 
 from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
-from marin_ablate.ablations.studies import Study
+from marin_ablate.ablations.study import Study
 from marin_ablate.marin.config import DataConfig
 from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions, validate
 from marin_ablate.sweeps.progress import Progress, format_counts
