@@ -68,7 +68,10 @@ def note(registry: str, name: str) -> None:
     while frame is not None:
         if frame.f_code.co_name == "<module>":
             mod = frame.f_globals.get("__name__", "")
-            source = _FILES.get(mod, mod if mod != "__main__" else None)
+            # only a module an import can re-run counts: not __main__, nor code exec'd under a name that
+            # sys.modules lacks (pytest-xdist's workers run the test loop as "__channelexec__")
+            importable = mod != "__main__" and mod in sys.modules
+            source = _FILES.get(mod, mod if importable else None)
             break
         frame = frame.f_back
     REGISTERED[(registry, name)] = source

@@ -56,3 +56,14 @@ def _seed_everything():
     except ImportError:
         pass
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, README's test command) the tests that share the one SLURM
+    cluster run on one worker, one after another: the killed-node test takes a node down, and the array tests
+    count what the queue holds. They go first: the longest unit of work starts while the other worker takes
+    the rest, so neither waits on the other at the end."""
+    slurm = [item for item in items if item.get_closest_marker("slurm") is not None]
+    for item in slurm:
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+    items[:] = slurm + [item for item in items if item.get_closest_marker("slurm") is None]

@@ -46,9 +46,10 @@ def test_overtrain_study_reports_each_components_multiplier_at_both_token_ratios
     from marin_ablate.analysis.report.writer import write_report
     from marin_ablate.sweeps.runs import RunTask, execute, plan_runs, write_run_files
 
-    study = get_study("overtrain", rungs=("cpu_s32", "cpu_s64"), ratio=2)
+    # the study's two smallest rungs (its default is cpu_s32/cpu_s64): 576 steps in all, not 1,152
+    study = get_study("overtrain", rungs=("cpu_s16", "cpu_s32"), ratio=2)
     steps = {(m["rung"], m["factors"]["token_ratio"]): s.train.effective().steps for s, m in study.runs()}
-    assert steps == {("cpu_s32", "x1"): 32, ("cpu_s32", "x2"): 64, ("cpu_s64", "x1"): 64, ("cpu_s64", "x2"): 128}
+    assert steps == {("cpu_s16", "x1"): 16, ("cpu_s16", "x2"): 32, ("cpu_s32", "x1"): 32, ("cpu_s32", "x2"): 64}
     sd = tmp_path / "overtrain"
     for run in plan_runs(study.runs(), sd):
         write_run_files(run)

@@ -148,6 +148,16 @@ def test_registration_notes_the_module_whose_import_makes_it(registries, tmp_pat
     sys.modules.pop(next(m for m, p in plugins._FILES.items() if p == str(f.resolve())))
 
 
+def test_registration_from_code_exec_d_under_a_name_no_import_finds_is_unreachable(registries):
+    # a test runner's loop (pytest-xdist's "__channelexec__") or exec() at top level: no import re-runs it
+    code = ("from marin_ablate.marin.switches import register_optimizer\n"
+            "from marin_ablate.marin.optimizers import OptimizerLevel\n"
+            "register_optimizer(OptimizerLevel('adamw5', {}, 'adamw', 'adamw'))\n")
+    exec(compile(code, "<remote>", "exec"), {"__name__": "not_an_importable_module"})
+    assert plugins.REGISTERED[("optimizer", "adamw5")] is None
+    assert plugins.unreachable("optimizer", ["adamw5"]) == ["adamw5"]
+
+
 def test_a_local_run_of_a_level_registered_in_a_function_is_refused_before_anything_is_written(registries, tmp_path):
     from marin_ablate.ablations import Factor, Study, full_factorial
     from marin_ablate.ablations.ladders import Rung

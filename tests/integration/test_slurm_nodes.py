@@ -131,6 +131,16 @@ def _one_run_study(steps: int, name: str) -> Study:
                  rungs=s.rungs, seeds=s.seeds, base_recipe=s.base_recipe, executor=dict(s.executor))
 
 
+@pytest.fixture(scope="module")
+def resume_reference(tmp_path_factory) -> Path:
+    """The one-run study of the requeue and killed-node tests done in one go by one process: what each
+    interrupted run must end equal to (one reference for both: the same study, run ids and steps)."""
+    out = tmp_path_factory.mktemp("reference")
+    rep = run_study(_one_run_study(steps=16, name="resume2"), out, ExecOptions(executor="debug"), progress=False)
+    assert rep.counts["completed"] == 1, rep
+    return out / "resume2" / "runs"
+
+
 def _steps(run_dir: Path) -> int:
     return max([r["step"] for r in _lines(run_dir)] or [-1])
 
@@ -152,13 +162,13 @@ def _start_mid_run(study: Study, tmp_path: Path, after_step: int, limit_s: float
     return rep, run, job
 
 
-def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path, monkeypatch):
+def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path, monkeypatch,
+                                                                                       resume_reference):
     """`scontrol requeue` (preemption in REQUEUE mode) SIGTERMs the ranks on both nodes: they stop at
     one step, write the distributed checkpoint (shards from ranks on both hosts), SLURM starts the
     job again and it resumes to the result of one uninterrupted process."""
     monkeypatch.setenv("MARIN_KEEP_CHECKPOINTS", "final")  # a completed CPU run keeps none by default
-    study = _one_run_study(steps=16, name="requeue2")
-    run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
+    study = _one_run_study(steps=16, name="resume2")
     rep, run, job = _start_mid_run(study, tmp_path, after_step=5)  # past the checkpoint at step 4
     subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
     counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
@@ -171,7 +181,7 @@ def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_r
     ck = sorted((run.dir / "checkpoints").glob("ckpt_*"))[-1]
     assert len(hosts) == NODES and (ck / "meta.json").exists()
     assert sorted(p.name for p in (ck / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
-    _assert_equal_runs(run.dir, tmp_path / "ref" / "requeue2" / "runs" / run.run_id)
+    _assert_equal_runs(run.dir, resume_reference / run.run_id)
 
 
 def _ci(*args: str) -> None:
@@ -179,14 +189,14 @@ def _ci(*args: str) -> None:
                    timeout=180)
 
 
-def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_nothing_is_lost(tmp_path):
+def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_nothing_is_lost(tmp_path,
+                                                                                                resume_reference):
     """Node marin-n1 dies mid-run (every process of its namespace, slurmd and the job's steps, is
     frozen then SIGKILLed, as a host losing power): the ranks on the other node lose their peers,
     SLURM marks the node down after SlurmdTimeout and requeues the job (JobRequeue=1, NODE_FAIL);
     once the node is back the job runs again and resumes from the last verified checkpoint to the
     uninterrupted result."""
-    study = _one_run_study(steps=16, name="nodefail2")
-    run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
+    study = _one_run_study(steps=16, name="resume2")
     rep, run, job = _start_mid_run(study, tmp_path, after_step=9)
     # a checkpoint written in the background is committed when the next one starts (step 12 commits
     # step 8's): kill once ckpt_000000008 is committed, so the run has one to fall back on past step 4
@@ -207,7 +217,7 @@ def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_
     log = (run.dir / "train.log").read_text()
     assert counts["completed"] == 1, (counts, log[-2000:])
     assert "resumed" in log and f"from {committed}" in log, (committed, log[-2000:])
-    _assert_equal_runs(run.dir, tmp_path / "ref" / "nodefail2" / "runs" / run.run_id)
+    _assert_equal_runs(run.dir, resume_reference / run.run_id)
 
 
 @pytest.mark.parametrize("nodes_per_ep_group,ok", [(2, False), (1, True)])

@@ -53,7 +53,9 @@ def test_every_factor_combination_takes_three_finite_steps(tmp_path):
     assert len(combos) == 2 ** 7
     for i, levels in enumerate(combos):
         recipe = Recipe(**dict(zip(FACTORS, levels, strict=True)))
-        summary = train(RunSpec(model=TINY, recipe=recipe, train=_fast(3)), tmp_path / f"r{i}", resume=False)
+        # no final checkpoint: a study's CPU run keeps none either (sweeps/tracking.py default_retention)
+        summary = train(RunSpec(model=TINY, recipe=recipe, train=_fast(3)), tmp_path / f"r{i}", resume=False,
+                        keep_checkpoints="none")
         lines, _ = _metrics(tmp_path / f"r{i}")
         assert summary["status"] == "completed", (recipe, summary["error"])
         assert [r["step"] for r in lines] == [0, 1, 2], recipe

@@ -1,5 +1,7 @@
 """benchmarks/gpu_check.sh, the script a lent GPU runs, cannot rot: its --cpu-dry mode runs every section's
-code on CPU at a CPU's width (Triton under its interpreter) and writes the table for benchmarks/RESULTS.md."""
+code on CPU at a CPU's width (Triton under its interpreter) and writes the table for benchmarks/RESULTS.md.
+Its kernels and blocks sections are benchmarks/gpu.py's own CPU dry run, so that script is checked here too:
+a GPU session has 15 minutes, and neither may meet its first bug there."""
 
 import os
 import subprocess
@@ -30,6 +32,14 @@ def test_the_gpu_check_script_runs_every_section_on_cpu_and_writes_its_table(tmp
     for log in sorted(tmp_path.glob("[0-9]-*.log")):  # a section that caught its own failure exits 0: read it
         bad = [ln for ln in log.read_text().splitlines() if "SECTION FAILED" in ln or " FAIL " in ln]
         assert not bad, f"{log.name}: {bad}"
+    # sections 3 and 5 are benchmarks/gpu.py's whole CPU dry run (--quick --tiny), split at its blocks: every
+    # one of its sections ran, the Triton ones under the interpreter, and the blocks eager with both bodies
+    gpu_py = (tmp_path / "3-kernels.log").read_text() + (tmp_path / "5-blocks.log").read_text()
+    assert "FAILED" not in gpu_py
+    for section in ("== ceilings", "== sconv", "== xsa", "== moe_permute", "== grouped_gemm", "== model_parity",
+                    "== syncs", "== blocks"):
+        assert section in gpu_py, f"{section} did not run"
+    assert "recipe eager attention=sdpa kernels=triton" in gpu_py and "plain eager" in gpu_py
 
 
 def test_the_gpu_check_script_stays_within_a_lent_device_s_budget():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -175,9 +177,21 @@ def test_interrupted_run_stays_partial_and_the_next_run_resumes_it(tmp_path, mon
 
 @pytest.mark.slow
 def test_local_executor_runs_each_run_once_and_a_rerun_submits_nothing(tmp_path):
+    # in a fresh interpreter: submitit's LocalJob reads its folder in `__del__`, and a job still referenced at
+    # exit does that through half-torn-down modules, one "Exception ignored" traceback per job (six ended
+    # README's first command); a finished submission releases its jobs and keeps their ids
+    code = (f"from test_sweeps import tiny_study\n"
+            f"from marin_ablate.sweeps.executors import ExecOptions\n"
+            f"from marin_ablate.sweeps.sweep import run_study\n"
+            f"rep = run_study(tiny_study(), {str(tmp_path)!r}, ExecOptions(executor='local', workers=2, poll_s=0.5),\n"
+            f"                progress=False)\n"
+            f"assert rep.submitted == 2 and rep.counts['completed'] == 2, rep\n"
+            f"assert len(rep.job_ids) == 2 and rep.submission.jobs == [], rep\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
     study = tiny_study()
-    rep = run_study(study, tmp_path, ExecOptions(executor="local", workers=2, poll_s=0.5), progress=False)
-    assert rep.submitted == 2 and rep.counts["completed"] == 2, rep
     for run in planned_runs(study, tmp_path):
         s = read_json(run.dir / "summary.json")
         assert s["status"] == "completed" and s["step"] == 3 and s["run_id"] == run.run_id
