@@ -151,24 +151,35 @@ def test_run_and_train_refuse_a_spec_train_cannot_run_before_anything_is_written
 
 
 def test_ctrl_c_while_the_command_imports_is_an_interrupt_not_a_traceback(tmp_path):
-    """SIGINT once `analyze` has started importing pandas (seconds on a loaded machine): exit 130, one line."""
+    """SIGINT while `analyze` is importing pandas (seconds on a loaded machine): exit 130, one line. A
+    sitecustomize holds the child inside that import until the signal comes, so the signal cannot arrive
+    after the imports (a pipe read late under load once let the command finish first)."""
     import os
     import signal
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "marin_ablate", "analyze", "nowhere"],
-                         stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    seen = []
-    for ln in p.stderr:  # importtime prints each module as its import completes
-        seen.append(ln)
-        if "| numpy" in ln.replace(" ", "") or ln.rstrip().endswith("numpy"):  # pandas is importing numpy
-            p.send_signal(signal.SIGINT)
-            break
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "class _HoldPandas:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pandas':\n"
+        "            sys.stderr.write('importing pandas\\n'); sys.stderr.flush()\n"
+        "            time.sleep(120)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _HoldPandas())\n")
+    path = [str(hook), str(root), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    p = subprocess.Popen([sys.executable, "-m", "marin_ablate", "analyze", "nowhere"], stderr=subprocess.PIPE,
+                         text=True, env=env, cwd=tmp_path)
+    first = p.stderr.readline()
+    assert first == "importing pandas\n", first + p.stderr.read()[-3000:]
+    p.send_signal(signal.SIGINT)
     rest = p.stderr.read()
     p.wait(timeout=300)
-    err = [x for x in rest.splitlines() if not x.startswith("import time:")]
     assert "Traceback" not in rest, rest[-3000:]
-    assert err == ["marin-ablate analyze: interrupted (SIGINT)"] and p.returncode == 130, (err, p.returncode)
+    assert rest.splitlines() == ["marin-ablate analyze: interrupted (SIGINT)"] and p.returncode == 130, (rest,
+                                                                                                     p.returncode)
