@@ -151,13 +151,16 @@ def test_run_and_train_refuse_a_spec_train_cannot_run_before_anything_is_written
 
 
 def test_ctrl_c_while_the_command_imports_is_an_interrupt_not_a_traceback(tmp_path):
-    """SIGINT while `analyze` is importing pandas (seconds on a loaded machine): exit 130, one line. A
-    sitecustomize holds the child inside that import until the signal comes, so the signal cannot arrive
-    after the imports (a pipe read late under load once let the command finish first)."""
+    """SIGINT while `analyze` is importing pandas (seconds on a loaded machine): exit 130, one line. The child
+    starts as a terminal's foreground job (SIGINT at its default: a CI shell's background job inherits it
+    ignored) and a sitecustomize holds it inside that import until the signal comes, so the signal cannot
+    arrive after the imports, however late this process reads the child's output."""
     import os
     import signal
     import subprocess
     import sys
+
+    from terminal import foreground
 
     root = Path(__file__).resolve().parents[2]
     hook = tmp_path / "hook"
@@ -174,7 +177,7 @@ def test_ctrl_c_while_the_command_imports_is_an_interrupt_not_a_traceback(tmp_pa
     path = [str(hook), str(root), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     p = subprocess.Popen([sys.executable, "-m", "marin_ablate", "analyze", "nowhere"], stderr=subprocess.PIPE,
-                         text=True, env=env, cwd=tmp_path)
+                         text=True, env=env, cwd=tmp_path, preexec_fn=foreground)
     first = p.stderr.readline()
     assert first == "importing pandas\n", first + p.stderr.read()[-3000:]
     p.send_signal(signal.SIGINT)
