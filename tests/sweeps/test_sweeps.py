@@ -187,7 +187,8 @@ def test_local_executor_runs_each_run_once_and_a_rerun_submits_nothing(tmp_path)
             f"                progress=False)\n"
             f"assert rep.submitted == 2 and rep.counts['completed'] == 2, rep\n"
             f"assert len(rep.job_ids) == 2 and rep.submission.jobs == [], rep\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    path = [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}  # no empty entry: it would mean cwd
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
