@@ -58,12 +58,45 @@ def _seed_everything():
     yield
 
 
+#: The files of the tests that share the one SLURM cluster (`slurm` marker): the killed-node test takes a node
+#: down, and the array tests count what the queue holds, so one xdist worker runs them one after another.
+SLURM_FILES = ("test_slurm.py", "test_slurm_nodes.py")
+
+
+def _on_the_cluster(nodeid: str) -> bool:
+    return nodeid.split("::")[0].rsplit("/", 1)[-1] in SLURM_FILES
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, README's test command) the tests that share the one SLURM
-    cluster run on one worker, one after another: the killed-node test takes a node down, and the array tests
-    count what the queue holds. They go first: the longest unit of work starts while the other worker takes
-    the rest, so neither waits on the other at the end."""
-    slurm = [item for item in items if item.get_closest_marker("slurm") is not None]
-    for item in slurm:
-        item.add_marker(pytest.mark.xdist_group("slurm"))
-    items[:] = slurm + [item for item in items if item.get_closest_marker("slurm") is None]
+    """The SLURM tests go first: the longest unit of work starts while the other workers take the rest, so
+    none waits on it at the end. A `slurm` marker outside SLURM_FILES, or a test there without it, fails: the
+    scheduler below sees node ids only, and a SLURM test it put on another worker would share the cluster."""
+    for item in items:
+        if (item.get_closest_marker("slurm") is not None) != _on_the_cluster(item.nodeid):
+            item.stash[_STRAY] = (f"the `slurm` marker and the SLURM files ({', '.join(SLURM_FILES)}) disagree on "
+                                  f"{item.nodeid}; allowed: every test of those files marked `slurm`, no other")
+    items[:] = [i for i in items if _on_the_cluster(i.nodeid)] + [i for i in items if not _on_the_cluster(i.nodeid)]
+
+
+_STRAY = pytest.StashKey[str]()
+
+
+def pytest_runtest_setup(item):
+    if _STRAY in item.stash:
+        pytest.fail(item.stash[_STRAY], pytrace=False)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (README's slow stage): each test its own unit of work, except the SLURM tests, one
+    unit on one worker. Ours, not xdist's: xdist 3.8 groups by rewriting node ids, which pytest 9.2 ignores
+    (every test ran ungrouped; docs/testing.md, "Parallel runs")."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if _on_the_cluster(nodeid) else nodeid
+
+    return SlurmOnOneWorker(config, log)

@@ -191,10 +191,12 @@ def test_notebook_executes_headless_on_a_relative_path_from_where_it_was_launche
     rng = np.random.default_rng(1)
     launch = tmp_path / "launch"
     write_study(simulate_table(random_truth(FACTORS3, rng), rungs=RUNGS, seeds=2, rng=rng), launch / "study")
+    (tmp_path / "tmp").mkdir()
     r = _run_notebook(["nbconvert", "--to", "notebook", "--execute", str(NOTEBOOK),
                        "--output-dir", str(tmp_path / "nbc")],
-                      launch, MARIN_RESULTS="study")
+                      launch, MARIN_RESULTS="study", TMPDIR=str(tmp_path / "tmp"))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not list((tmp_path / "tmp").glob("attribution-*"))  # the figures live in the notebook, not in /tmp
     outs = _outputs(tmp_path / "nbc" / "attribution.ipynb")
     assert any("48 runs" in o.get("text", "") and str(launch / "study") in o.get("text", "") for o in outs)
     assert not any("SIMULATED" in o.get("text", "") for o in outs)

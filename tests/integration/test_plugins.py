@@ -1,8 +1,8 @@
-"""Registry rows added outside the repository reach every process (marin/plugins.py): a study file
-named by path registers a Lion-like optimizer and a custom response, and its runs execute in `local`
-worker processes (and SLURM array tasks) that receive only plain data; a fresh `analyze` process given the
-file (`--plugin`) fits the response. An installed distribution's `marin_ablate.plugins` entry point reaches a
-fresh process too."""
+"""Registry rows added outside the repository reach every process (marin/plugins.py): a study file named by path
+registers a Lion-like optimizer and a custom response, and its runs execute in `local` worker processes (and
+SLURM array tasks: tests/integration/test_slurm.py) that receive only plain data; a fresh `analyze` process
+given the file (`--plugin`) fits the response. An installed distribution's `marin_ablate.plugins` entry point
+reaches a fresh process too."""
 
 from __future__ import annotations
 
@@ -117,21 +117,6 @@ def test_a_study_file_optimizer_and_response_reach_local_workers_and_a_fresh_ana
     assert 1 <= len(pids) <= 2 and len(list(sd.glob("submitit/local-*"))) == 1
     assert "# Attribution report: lionx" in md and "| opt |" in md
     assert "| tokens/s T |" in md  # the study file's response in Findings, fitted by a process that never ran the study
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_a_study_file_optimizer_and_response_reach_slurm_array_tasks(tmp_path):
-    from test_slurm import SLURM_PROBLEM, SLURM_REQUIRED
-
-    if SLURM_PROBLEM is not None:
-        if SLURM_REQUIRED:
-            pytest.fail(f"SLURM tests are required here (CI / MARIN_REQUIRE_SLURM) but: {SLURM_PROBLEM}")
-        pytest.skip(f"no SLURM cluster: {SLURM_PROBLEM}")
-    sd, md = _study_to_report(tmp_path, {"executor": "slurm", "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 20})
-    jobs = [json.loads(p.read_text()) for p in sorted(sd.glob("runs/*/job.json"))]
-    assert {j["executor"] for j in jobs} == {"slurm"} and all(j.get("job_id") for j in jobs)
-    assert "# Attribution report: lionx" in md and "| tokens/s T |" in md
 
 
 def test_registration_notes_the_module_whose_import_makes_it(registries, tmp_path):

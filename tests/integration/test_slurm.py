@@ -125,8 +125,9 @@ def test_preempted_runs_requeue_resume_and_match_uninterrupted_runs(tmp_path):
     """Arm 0 gets USR2 (what SLURM sends before the time limit): train checkpoints, submitit's
     handler requeues. Arm 1 is requeued by SLURM (`scontrol requeue`, as preemption in REQUEUE
     mode): SIGTERM, train checkpoints, SLURM starts it again. Both resume and end bit-identical
-    to the same runs done in one go."""
-    study = tiny_study(factors=("xsa",), steps=120, checkpoint_every=10, name="tiny_preempt")
+    to the same runs done in one go. 60 steps: the signals land near step 15, and under a loaded machine's
+    latency well before the end."""
+    study = tiny_study(factors=("xsa",), steps=60, checkpoint_every=10, name="tiny_preempt")
     ref = run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
     assert ref.counts["completed"] == 2
 
@@ -155,15 +156,33 @@ def test_preempted_runs_requeue_resume_and_match_uninterrupted_runs(tmp_path):
         assert "REQUEUED" in _sacct_states(job.job_id)
         got = read_json(run.dir / "summary.json")
         want = read_json(tmp_path / "ref" / "tiny_preempt" / "runs" / run.run_id / "summary.json")
-        assert got["step"] == want["step"] == 120
+        assert got["step"] == want["step"] == 60
         assert got["eval_macro_loss"] == want["eval_macro_loss"] and got["loss_curve"] == want["loss_curve"]
 
 
+def smoke_four_arms(rungs=("cpu_s",), seeds=(0,)) -> Study:
+    """The smoke study on 4 of its 16 arms: all-off, all-on and one more row with its mirror image (the
+    resolution IV fraction holds each row's mirror), so every factor runs at both levels in a SLURM task."""
+    from dataclasses import replace
+
+    from marin_ablate.ablations.designs import arms
+    from marin_ablate.ablations.studies import smoke
+
+    study = smoke(seeds=seeds, rungs=rungs)
+    rows = [tuple(r) for r in study.design.matrix]
+    off = tuple(-1 for _ in study.design.factors)
+    other = next(r for r in rows if r != off and tuple(-c for c in r) != off)
+    picked = [off, tuple(-c for c in off), other, tuple(-c for c in other)]
+    assert all(r in rows for r in picked), picked
+    return replace(study, design=arms(study.design.factors, picked))
+
+
 def test_smoke_through_slurm_gives_the_same_table_as_the_local_executor(tmp_path):
-    """: `run smoke --executor slurm` reproduces the local study (CPU runs are deterministic,
-    so "within noise" is exact here), on the smoke study's smallest rung with a few steps."""
-    small = ["smoke", "--rungs", "cpu_s", "--seeds", "0", "--train.steps=4", "--no-analyze", "--no-profile",
-             "--no-pin"]
+    """`run STUDY --executor slurm` with `--slurm.*` flags reproduces the local study (CPU runs are
+    deterministic, so "within noise" is exact here): the smoke study's smallest rung, a few steps, 4 of its
+    arms (each arm's task goes through SLURM the same way; the array code has its own tests above)."""
+    small = [f"{__name__}:smoke_four_arms", "--rungs", "cpu_s", "--seeds", "0", "--train.steps=4", "--no-analyze",
+             "--no-profile", "--no-pin"]
     assert cli_main(["run", *small, "--out", str(tmp_path / "local"), "--executor", "debug", "--threads", "1"]) == 0
     assert cli_main(["run", *small, "--out", str(tmp_path / "slurm"), "--executor", "slurm",
                      "--slurm.cpus_per_task", "1", "--slurm.mem_gb", "1"]) == 0
@@ -172,5 +191,17 @@ def test_smoke_through_slurm_gives_the_same_table_as_the_local_executor(tmp_path
     cols = ["run_id", "arm", "eval_macro_loss", "final_train_loss", "drop_rate", "status"]
     local = collect(tmp_path / "local" / "smoke")[cols].sort_values("run_id").reset_index(drop=True)
     slurm = collect(tmp_path / "slurm" / "smoke")[cols].sort_values("run_id").reset_index(drop=True)
-    assert len(local) == 16 and (slurm["status"] == "completed").all()
+    assert len(local) == 4 and (slurm["status"] == "completed").all()
+    assert {"all_on", "all_off"} <= set(local["arm"]), local["arm"]
     pd.testing.assert_frame_equal(local, slurm, rtol=1e-6, atol=1e-7)
+
+
+def test_a_study_file_optimizer_and_response_reach_slurm_array_tasks(tmp_path):
+    """tests/integration/test_plugins.py's study file (a Lion-like optimizer and a response registered at its top
+    level) run through SLURM: the array tasks get plain data only, and a fresh `analyze` fits the response."""
+    from test_plugins import _study_to_report
+
+    sd, md = _study_to_report(tmp_path, {"executor": "slurm", "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 20})
+    jobs = [json.loads(p.read_text()) for p in sorted(sd.glob("runs/*/job.json"))]
+    assert {j["executor"] for j in jobs} == {"slurm"} and all(j.get("job_id") for j in jobs)
+    assert "# Attribution report: lionx" in md and "| tokens/s T |" in md
