@@ -5,7 +5,8 @@ summary.json. The run directory is described in docs/architecture.md §3.
 Preemption: SIGTERM, SIGUSR2 (and SIGINT, when nobody else handles it) only set a flag; the loop
 writes a checkpoint at the next step boundary and returns {"status": "interrupted"}. TERM and USR2
 are then handed back to the handler installed before ours, if any (submitit's USR2 requeues the job;
-a local worker's TERM stops it). The loop's shape follows torchtitan's Trainer (pytorch/torchtitan,
+a local worker's TERM stops it); a handler that raises leaves the run interrupted and resumable, a warning
+in train.log, never a failed run. The loop's shape follows torchtitan's Trainer (pytorch/torchtitan,
 torchtitan/train.py): setup once, then `train_step` per step with logging, eval and checkpoint hooks.
 """
 
@@ -500,6 +501,16 @@ def check_train(spec: RunSpec, stop_after: int | None = None, log_to: tuple[str,
     return t, device, stages, check_launch(spec, stages)
 
 
+def _note_failed_hand_back(run_dir: Path | None, signum: int, err: Exception) -> None:
+    line = (f"the handler {signal.Signals(signum).name} was handed back to raised {type(err).__name__}: {err}; "
+            "the run stays as it stopped (a checkpoint on disk, resumable)")
+    log.warning(line)
+    if run_dir is not None:  # train's own log handler is closed by now
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(run_dir / "train.log", "a") as f:
+            f.write(f"{stamp} WARNING {line}\n")
+
+
 def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after: int | None = None,
           log_to: tuple[str, ...] = (), keep_checkpoints: str = "final") -> dict:
     """Train `spec` into `run_dir`; returns the summary (also summary.json), or
@@ -551,4 +562,10 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             # A caller installed a handler before us (submitit's USR2 requeues the job; a local
             # worker's TERM stops it taking the next run): hand the signal back. Our checkpoint is
             # on disk, or the run completed because the signal came during its last step.
-            os.kill(os.getpid(), stop.signum)
+            try:
+                os.kill(os.getpid(), stop.signum)  # the handler runs inside this call (CPython checks at once)
+            except Exception as e:  # noqa: BLE001 - SystemExit (submitit's exit after a requeue) passes
+                # A handler that fails leaves the run as train left it: interrupted with its checkpoint (or
+                # completed), never failed. Seen: submitit's `scontrol requeue` killed by the SIGTERM of the
+                # very requeue it asked for, on a loaded node; SLURM starts the job again and it resumes.
+                _note_failed_hand_back(run_dir if main else None, stop.signum, e)

@@ -126,16 +126,20 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
                                          checkpoint_every=steps, log_every=steps))
 
     train(spec(1), tmp_path / "warm")  # the first run in a process pays one-time costs (imports, the embedded corpus)
-    dirs = []
-    for steps in (2, 4, 6, 8):
-        assert train(spec(steps), tmp_path / str(steps))["status"] == "completed"
-        dirs.append(tmp_path / str(steps))
-    obs = [(r["flops"], r["wall_s"]) for r in finished(dirs)]
+
+    def quietest(steps: int) -> dict:
+        # the faster of two runs: a busy neighbour (another test worker) only ever adds time, and one such spike
+        # in a half-second run made the 2-step run slower than the 8-step one (a negative slope, a 0 s prediction)
+        for k in (0, 1):
+            assert train(spec(steps), tmp_path / f"{steps}-{k}")["status"] == "completed"
+        return min(finished([tmp_path / f"{steps}-{k}" for k in (0, 1)]), key=lambda r: r["wall_s"])
+
+    obs = [(r["flops"], r["wall_s"]) for r in map(quietest, (2, 4, 6, 8))]
     assert len(obs) == 4 and obs[0][0] == pytest.approx(spec_flops(spec(2)), rel=0.05)  # summary's FLOPs = the plan's
     a_true = min(w for _, w in obs)
     model = CostModel(a0=a_true, b0=(1 / 3) * (obs[-1][1] - obs[0][1]) / (obs[-1][0] - obs[0][0]), obs=obs)
     pred = model.predict([spec_flops(spec(16))])
-    actual = train(spec(16), tmp_path / "16")["wall_s"]
+    actual = quietest(16)["wall_s"]
     print(f"cost model: predicted {pred.seconds:.2f} s (90%: {pred.lo:.2f}-{pred.hi:.2f}), measured {actual:.2f} s")
     assert pred.seconds == pytest.approx(actual, rel=0.5), (pred, actual, obs)
     assert pred.lo / 1.5 <= actual <= pred.hi * 1.5, (pred, actual)

@@ -131,6 +131,16 @@ def _one_run_study(steps: int, name: str) -> Study:
                  rungs=s.rungs, seeds=s.seeds, base_recipe=s.base_recipe, executor=dict(s.executor))
 
 
+@pytest.fixture(scope="module")
+def resume_reference(tmp_path_factory) -> Path:
+    """The one-run study of the requeue and killed-node tests done in one go by one process: what each
+    interrupted run must end equal to (one reference for both: the same study, run ids and steps)."""
+    out = tmp_path_factory.mktemp("reference")
+    rep = run_study(_one_run_study(steps=16, name="resume2"), out, ExecOptions(executor="debug"), progress=False)
+    assert rep.counts["completed"] == 1, rep
+    return out / "resume2" / "runs"
+
+
 def _steps(run_dir: Path) -> int:
     return max([r["step"] for r in _lines(run_dir)] or [-1])
 
@@ -139,6 +149,39 @@ def _sacct_states(job_id: str) -> list[str]:
     r = subprocess.run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "State"], capture_output=True,
                        text=True, timeout=60)
     return [s.split()[0] for s in r.stdout.split("\n") if s.strip()]
+
+
+def _start_mid_run(study: Study, tmp_path: Path, after_step: int, limit_s: float = 240):
+    """Submit the one-run study (no wait) and return (run, job) once it has trained past `after_step`."""
+    rep = run_study(study, tmp_path / "slurm", ExecOptions(executor="slurm", wait=False, poll_s=1.0), progress=False)
+    (run,), (job,) = rep.submission.runs, rep.submission.jobs
+    t0 = time.time()
+    while _steps(run.dir) < after_step:
+        assert time.time() - t0 < limit_s, f"the run did not reach step {after_step}"
+        time.sleep(0.2)
+    return rep, run, job
+
+
+def test_requeued_two_node_run_resumes_from_its_sharded_checkpoint_to_the_same_result(tmp_path, monkeypatch,
+                                                                                       resume_reference):
+    """`scontrol requeue` (preemption in REQUEUE mode) SIGTERMs the ranks on both nodes: they stop at
+    one step, write the distributed checkpoint (shards from ranks on both hosts), SLURM starts the
+    job again and it resumes to the result of one uninterrupted process."""
+    monkeypatch.setenv("MARIN_KEEP_CHECKPOINTS", "final")  # a completed CPU run keeps none by default
+    study = _one_run_study(steps=16, name="resume2")
+    rep, run, job = _start_mid_run(study, tmp_path, after_step=5)  # past the checkpoint at step 4
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+    counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
+    assert counts["completed"] == 1, counts
+    log = (run.dir / "train.log").read_text()
+    assert log.count("interrupted at step") == 1 and "signal 15" in log and log.count("resumed") == 1, log[-2000:]
+    assert "REQUEUED" in _sacct_states(job.job_id)
+    # the distributed checkpoint holds one shard per rank, written from both hosts
+    hosts = {read_json(run.dir / "ranks" / f"{r}.json")["host"] for r in range(4)}
+    ck = sorted((run.dir / "checkpoints").glob("ckpt_*"))[-1]
+    assert len(hosts) == NODES and (ck / "meta.json").exists()
+    assert sorted(p.name for p in (ck / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+    _assert_equal_runs(run.dir, resume_reference / run.run_id)
 
 
 def _wait_until(what: str, ok, limit_s: float) -> None:
@@ -153,56 +196,35 @@ def _ci(*args: str) -> None:
                    timeout=180)
 
 
-def test_a_two_node_run_requeued_then_losing_a_node_resumes_each_time_to_the_uninterrupted_result(tmp_path,
-                                                                                                  monkeypatch):
-    """One 2-node run (EP 2 x DP 2) interrupted twice, each time resumed from its own checkpoint:
-    1. `scontrol requeue` (preemption in REQUEUE mode) SIGTERMs the ranks on both nodes: they stop at one
-       step and write the distributed checkpoint (one shard per rank, from both hosts); SLURM starts the job
-       again and it resumes from that step.
-    2. Node marin-n1 then dies (every process of its namespace, slurmd and the job's steps, frozen then
-       SIGKILLed, as a host losing power): the ranks on the other node lose their peers, SLURM marks the node
-       down after SlurmdTimeout and requeues the job (JobRequeue=1, NODE_FAIL); once the node is back the
-       job resumes from its last committed checkpoint.
-    It ends equal to the same run done in one go by one process."""
-    monkeypatch.setenv("MARIN_KEEP_CHECKPOINTS", "final")  # a completed CPU run keeps none by default
-    study = _one_run_study(steps=20, name="resume2")
-    ref = run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)
-    assert ref.counts["completed"] == 1, ref
-    rep = run_study(study, tmp_path / "slurm", ExecOptions(executor="slurm", wait=False, poll_s=1.0), progress=False)
-    (run,), (job,) = rep.submission.runs, rep.submission.jobs
-    log = run.dir / "train.log"
-    text = lambda: log.read_text() if log.exists() else ""  # noqa: E731
-
-    # 1. requeue past the periodic checkpoint at step 4
-    _wait_until("the run did not reach step 5", lambda: _steps(run.dir) >= 5, 240)
-    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
-    _wait_until("the requeued run did not resume", lambda: "resumed" in text(), 240)
-    stopped = int(text().split("interrupted at step ")[1].split()[0])
-    ck = run.dir / "checkpoints" / f"ckpt_{stopped:09d}"
-    assert "signal 15" in text() and f"from {ck.name}" in text(), text()[-2000:]
-    assert sorted(p.name for p in (ck / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
-    assert "REQUEUED" in _sacct_states(job.job_id)
-
-    # 2. a checkpoint written in the background is committed when the next one starts (step 12 commits step
-    # 8's): kill once ckpt_000000008 is committed, so the run falls back on a checkpoint written after the resume
-    _wait_until("ckpt_000000008 was never committed", (run.dir / "checkpoints" / "ckpt_000000008").is_dir, 240)
+def test_a_killed_node_is_survived_the_run_resumes_from_its_last_checkpoint_and_nothing_is_lost(tmp_path,
+                                                                                                resume_reference):
+    """Node marin-n1 dies mid-run (every process of its namespace, slurmd and the job's steps, is
+    frozen then SIGKILLed, as a host losing power): the ranks on the other node lose their peers,
+    SLURM marks the node down after SlurmdTimeout and requeues the job (JobRequeue=1, NODE_FAIL);
+    once the node is back the job runs again and resumes from the last verified checkpoint to the
+    uninterrupted result."""
+    study = _one_run_study(steps=16, name="resume2")
+    rep, run, job = _start_mid_run(study, tmp_path, after_step=9)
+    # a checkpoint written in the background is committed when the next one starts (step 12 commits
+    # step 8's): kill once ckpt_000000008 is committed, so the run has one to fall back on past step 4
+    t0 = time.time()
+    while not (run.dir / "checkpoints" / "ckpt_000000008").is_dir():
+        assert time.time() - t0 < 240, "ckpt_000000008 was never committed"
+        time.sleep(0.2)
     _ci("kill-node", "1")
     committed = max(p.name for p in (run.dir / "checkpoints").glob("ckpt_*") if p.is_dir())
+    t0 = time.time()
     try:
-        _wait_until("SLURM did not notice the dead node", lambda: "NODE_FAIL" in _sacct_states(job.job_id), 150)
+        while "NODE_FAIL" not in _sacct_states(job.job_id):
+            assert time.time() - t0 < 150, f"SLURM did not notice the dead node: {_sacct_states(job.job_id)}"
+            time.sleep(1)
     finally:
         _ci("start-node", "1")
     counts = wait(rep.submission, rep.submission.runs, poll_s=1.0, timeout_s=400)
-    assert counts["completed"] == 1, (counts, text()[-2000:])
-    resumes = [ln for ln in text().splitlines() if " resumed " in ln]
-    assert text().count("interrupted at step") == 1 and len(resumes) == 2, text()[-2000:]
-    assert f"from {committed} " in resumes[1], (committed, resumes)
-    # the last checkpoint holds one shard per rank, written from both hosts
-    hosts = {read_json(run.dir / "ranks" / f"{r}.json")["host"] for r in range(4)}
-    final = sorted((run.dir / "checkpoints").glob("ckpt_*"))[-1]
-    assert len(hosts) == NODES and (final / "meta.json").exists()
-    assert sorted(p.name for p in (final / "dcp").glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
-    _assert_equal_runs(run.dir, tmp_path / "ref" / "resume2" / "runs" / run.run_id)
+    log = (run.dir / "train.log").read_text()
+    assert counts["completed"] == 1, (counts, log[-2000:])
+    assert "resumed" in log and f"from {committed}" in log, (committed, log[-2000:])
+    _assert_equal_runs(run.dir, resume_reference / run.run_id)
 
 
 @pytest.mark.parametrize("nodes_per_ep_group,ok", [(2, False), (1, True)])

@@ -141,6 +141,26 @@ def test_sigusr2_checkpoints_then_hands_the_signal_to_the_previous_handler(tmp_p
     assert train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")["step"] == 6
 
 
+def test_a_previous_handler_that_raises_leaves_the_run_interrupted_and_resumable_not_failed(tmp_path, monkeypatch):
+    # submitit's USR2 handler runs `scontrol requeue`; on a loaded node the requeue's own SIGTERM can kill that
+    # command first, and submitit raises CalledProcessError out of the handler train hands the signal to
+    def requeue_killed(signum, frame):  # noqa: ARG001
+        raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "42_0"])
+
+    old = signal.signal(signal.SIGUSR2, requeue_killed)
+    try:
+        with monkeypatch.context() as mp:
+            signal_after(mp, 2, signal.SIGUSR2)
+            out = train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    assert out["status"] == "interrupted" and out["step"] == 3
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert "WARNING the handler SIGUSR2 was handed back to raised CalledProcessError" in (
+        tmp_path / "run" / "train.log").read_text()
+    assert train(RunSpec(model=TINY, train=_fast(6)), tmp_path / "run")["step"] == 6
+
+
 def test_sigterm_during_the_last_step_completes_the_run_and_still_reaches_the_previous_handler(tmp_path, monkeypatch):
     # A local worker stops taking runs on TERM; a TERM that lands in a run's last step must not be
     # swallowed by train's own handler just because the run then completed.
