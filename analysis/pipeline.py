@@ -9,7 +9,7 @@ what a reader must know before trusting a number (analysis/fit/checks.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ from marin_ablate.analysis.fit.bootstrap import bootstrap
 from marin_ablate.analysis.fit.joint import JointFit, quality_fit
 from marin_ablate.analysis.fit.law_intervals import law_of
 from marin_ablate.analysis.fit.reflaw import PinnedLaw
+from marin_ablate.analysis.fit.replicates import Stein
 from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
 from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
 from marin_ablate.analysis.responses import RESPONSES, Response, ordered
@@ -226,6 +227,7 @@ class _Prepared:
     law: LawFit | None = None
     pin_cov: np.ndarray | None = None  # the pinned law's (L∞, α) covariance (analysis/fit/reflaw.py)
     pin_valley: tuple = ()  # its accepted (L∞, α) pairs: the ladder's profile valley
+    c_ref: float = math.nan  # the geometric mean of the runs' compute: where z = 0
 
 
 def _fit_law(p: _Prepared, r: Response, law_forms: tuple[str, ...]) -> None:
@@ -362,43 +364,77 @@ def analyze_table(df: pd.DataFrame, **kw) -> StudyAnalysis:
     return a
 
 
-def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_linf: float | None = None,
-                  pin_alpha: float | None = None, n_boot: int = 200, boot_method: str = "wild", hc: str = "HC3",
-                  mixed: bool = False, interactions: bool = True, target_compute: float | None = None,
-                  third_levels: str = "drop", level: float = 0.95, seed: int = 0,
-                  responses: tuple[str, ...] | None = None, force_extrapolation: bool = False,
-                  law_forms: tuple[str, ...] = ("power", "curved"), replicates: bool = True,
-                  pinned_law: PinnedLaw | None = None) -> StudyAnalysis:
-    """The attribution on a results table; see the module docstrings for the math. `responses`:
+@dataclass(frozen=True)
+class _Options:
+    """The options of one analysis (`analyze_table`'s keywords), handed from stage to stage."""
+
+    factors: list[str] | None = None
+    pin_linf: float | None = None
+    pin_alpha: float | None = None
+    n_boot: int = 200
+    boot_method: str = "wild"
+    hc: str = "HC3"
+    mixed: bool = False
+    interactions: bool = True
+    target_compute: float | None = None
+    third_levels: str = "drop"
+    level: float = 0.95
+    seed: int = 0
+    responses: tuple[str, ...] | None = None
+    force_extrapolation: bool = False
+    law_forms: tuple[str, ...] = ("power", "curved")
+    replicates: bool = True
+    pinned_law: PinnedLaw | None = None
+    stein: Stein | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "responses", tuple(RESPONSES) if self.responses is None else tuple(self.responses))
+        bad = [r for r in self.responses if r not in RESPONSES]
+        if bad:
+            raise ValueError(f"responses {bad}; allowed values: {', '.join(RESPONSES)}")
+        if self.boot_method not in BOOT_METHODS:
+            raise ValueError(f"boot_method {self.boot_method!r}; allowed values: {', '.join(BOOT_METHODS)}")
+        if self.target_compute is not None and not self.target_compute > 0:
+            raise ValueError(f"target_compute must be > 0 FLOPs, got {self.target_compute}")
+        if self.pinned_law is not None:  # the ladder's pins override pin_linf / pin_alpha
+            object.__setattr__(self, "pin_linf", self.pinned_law.linf)
+            object.__setattr__(self, "pin_alpha", self.pinned_law.alpha)
+
+
+def _analyze_table(df: pd.DataFrame, **kw) -> StudyAnalysis:
+    """The attribution on a results table, in stages: the coded runs (`_prepare`), each response's fit
+    (`_fit_responses`), the bootstrap, the contrasts at C_ref, per rung and at the target (`_contrasts`), the
+    per-seed replication that widens them (`_replicate`), then the checks and warnings (`_check`). `responses`:
     names from analysis/responses.py (default every registered one).
 
     With planted factors (a truth in their coding) the result also checks them against the truth;
     `replicates` then analyses each seed alone as well, for the coverage over replicates.
     `pinned_law`: L∞ and α from a reference ladder (analysis/fit/reflaw.py), pinned with their covariance
-    (it overrides pin_linf / pin_alpha)."""
-    from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
-    from marin_ablate.analysis.fit.replicates import (
-        BETWEEN_SEEDS_MIN,
-        REPLICATE_SEEDS_MAX,
-        between_seed_interval,
-        between_seed_law,
-        between_seed_per_rung,
-        coverage_summary,
-        per_seed_analyses,
-        planted_truths,
-        replicate_checks,
-        truth_check,
-    )
-    from marin_ablate.analysis.report.findings import mark_not_varied, refuse_single_rung
+    (it overrides pin_linf / pin_alpha). `stein`: the pilot of a `run --until` study (analysis/fit/replicates.py)."""
+    o = _Options(**kw)
+    prep, inv = _prepare(df, o)
+    fits, reduced = _fit_responses(prep, o)
+    boot_theta, boot_law = {}, None
+    if o.n_boot > 0 and o.boot_method != "none" and fits:
+        boot_theta, boot_law = bootstrap(prep.ok, prep.X, prep.z, prep.C, prep.L, prep.factors, prep.fits,
+                                         prep.reduced, prep.joint, prep.masks, prep.seeds, prep.pins, o.n_boot,
+                                         o.boot_method, np.random.default_rng(o.seed), o.interactions, prep.scale,
+                                         pin_cov=prep.pin_cov, pin_valley=prep.pin_valley)
+    components, per_rung, extrap = _contrasts(prep, o, fits, reduced, boot_theta)
+    per_seed, components, per_rung, extrap = _replicate(df, prep, o, components, per_rung, extrap)
+    a = StudyAnalysis(table=prep.ok, inventory=inv, factors=list(prep.factors), law=prep.law, c_ref=prep.c_ref,
+                      rungs=prep.rungs, fits=fits, components=components, per_rung=per_rung, extrapolation=extrap,
+                      anova={n: anova_table(f) for n, f in fits.items()}, boot_theta=boot_theta, boot_law=boot_law,
+                      notes=prep.notes, target_compute=o.target_compute, reduced=reduced, joint=prep.joint,
+                      level=o.level, pinned_law=o.pinned_law,
+                      per_seed={k: v for k, v in per_seed.items() if not isinstance(v, str)})
+    _check(a, df, prep.X, o, per_seed)
+    return a
 
-    responses = tuple(RESPONSES) if responses is None else tuple(responses)
-    bad = [r for r in responses if r not in RESPONSES]
-    if bad:
-        raise ValueError(f"responses {bad}; allowed values: {', '.join(RESPONSES)}")
-    if boot_method not in BOOT_METHODS:
-        raise ValueError(f"boot_method {boot_method!r}; allowed values: {', '.join(BOOT_METHODS)}")
-    if target_compute is not None and not target_compute > 0:
-        raise ValueError(f"target_compute must be > 0 FLOPs, got {target_compute}")
+
+def _prepare(df: pd.DataFrame, o: _Options) -> tuple[_Prepared, Inventory]:
+    """The completed runs at two levels of each factor, coded ±1, with their rungs, compute, z = ln(C/C_ref) of
+    their rung, seeds and (random stream × rung) clusters; refusals before any fit."""
     for col in ("status", "train_flops", "eval_macro_loss"):
         if col not in df.columns:
             raise ValueError(f"results table lacks column {col!r}")
@@ -406,11 +442,10 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     notes = [ln for ln in inv.lines()]
     ok = df[(df["status"] == "completed") & np.isfinite(df["train_flops"].astype(float))
             & (df["train_flops"].astype(float) > 0) & np.isfinite(df["eval_macro_loss"].astype(float))].copy()
-    if factors is None:
-        factors = factor_columns(ok)
+    factors = factor_columns(ok) if o.factors is None else o.factors
     if not factors:
         raise ValueError("no factor varies among the completed runs: nothing to attribute" + inv.why_none())
-    X, keep, n3 = code_table(ok, factors, third_levels)
+    X, keep, n3 = code_table(ok, factors, o.third_levels)
     notes += n3
     ok, X = ok[keep].copy(), X[keep]
     if not len(ok):
@@ -424,147 +459,180 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
             raise ValueError("no factor varies at two levels among the runs kept: nothing to attribute")
     for i, f in enumerate(factors):
         ok[f"x_{f}"] = X[:, i]
-    C = ok["train_flops"].to_numpy(float)
-    L = ok["eval_macro_loss"].to_numpy(float)
+    C, L = ok["train_flops"].to_numpy(float), ok["eval_macro_loss"].to_numpy(float)
     ok["rung"] = _rungs(ok, C).to_numpy()
     c_ref = float(np.exp(np.mean(np.log(C))))
-    rung_names = list(dict.fromkeys(ok["rung"]))
-    rungs = pd.DataFrame({"rung": rung_names, "compute": [float(np.exp(np.log(C[ok["rung"].to_numpy() == r]).mean()))
-                                                          for r in rung_names]})
-    rungs["z"] = np.log(rungs["compute"] / c_ref)
-    _check_rung_computes(rungs)
+    rungs = _rung_table(ok, C, c_ref)
     # Scale terms use the rung's compute, not the run's own: a level that only changes the FLOPs
     # counted (2x, same losses) then gets M_flop = 1/2 exactly, the law carrying the run's own C.
-    z = rungs.set_index("rung")["z"].reindex(ok["rung"]).to_numpy(float)
-    ok["z"] = z
-    rungs = rungs.sort_values("compute").reset_index(drop=True)
-    scale = len(rungs) >= 2
-    if not scale:
+    ok["z"] = z = rungs.set_index("rung")["z"].reindex(ok["rung"]).to_numpy(float)
+    if len(rungs) < 2:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
     _check_seed_blocks(ok)
-    if pinned_law is not None:
-        pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
-        notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {pinned_law.created}): "
-                     f"{pinned_law.describe()}; A refitted on this study's runs; the pins' spread is in every "
+    if o.pinned_law is not None:
+        notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {o.pinned_law.created}): "
+                     f"{o.pinned_law.describe()}; A refitted on this study's runs; the pins' spread is in every "
                      "multiplier's interval (delta method and bootstrap draws)")
-    pins = (pin_linf, pin_alpha)
-    rng = np.random.default_rng(seed)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)
     stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()
               else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))
-    clusters = (stream + "|" + ok["rung"].astype(str)).to_numpy()
+    pl = o.pinned_law
+    prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=len(rungs) >= 2, seeds=seeds,
+                     pins=(o.pin_linf, o.pin_alpha), interactions=o.interactions, hc=o.hc, mixed=o.mixed,
+                     level=o.level, notes=notes, clusters=(stream + "|" + ok["rung"].astype(str)).to_numpy(),
+                     pin_cov=None if pl is None else pl.cov_propagated, pin_valley=() if pl is None else pl.valley,
+                     c_ref=c_ref)
+    return prep, inv
 
-    prep = _Prepared(ok=ok, X=X, z=z, C=C, L=L, factors=factors, rungs=rungs, scale=scale, seeds=seeds, pins=pins,
-                     interactions=interactions, hc=hc, mixed=mixed, level=level, notes=notes, clusters=clusters,
-                     pin_cov=None if pinned_law is None else pinned_law.cov_propagated,
-                     pin_valley=() if pinned_law is None else pinned_law.valley)
-    for r in _needed(responses):  # one branch per family (analysis/responses.py)
+
+def _rung_table(ok: pd.DataFrame, C: np.ndarray, c_ref: float) -> pd.DataFrame:
+    """rung, compute (the geometric mean of its runs'), z = ln(compute / C_ref); in order of compute."""
+    names = list(dict.fromkeys(ok["rung"]))
+    lab = ok["rung"].to_numpy()
+    rungs = pd.DataFrame({"rung": names, "compute": [float(np.exp(np.log(C[lab == r]).mean())) for r in names]})
+    rungs["z"] = np.log(rungs["compute"] / c_ref)
+    _check_rung_computes(rungs)
+    return rungs.sort_values("compute").reset_index(drop=True)
+
+
+def _fit_responses(prep: _Prepared, o: _Options) -> tuple[dict[str, EffectsFit], dict[str, EffectsFit]]:
+    """Each response asked for (and the parts its sums need), one branch per family (analysis/responses.py);
+    (fits, main-effects refits) of the responses shown. A part fitted only for a sum stays in prep."""
+    for r in _needed(o.responses):
         if r.family == "law":
-            _fit_law(prep, r, law_forms)
+            _fit_law(prep, r, o.law_forms)
         elif r.family == "ols":
             _fit_ols(prep, r)
         else:
             _fit_sum(prep, r)
-    joint, masks, law = prep.joint, prep.masks, prep.law
-    # Shown: the responses asked for; a part fitted only for a sum stays in prep (bootstrap, extrapolation).
-    fits = {n: f for n, f in prep.fits.items() if n in responses}
-    reduced = {n: f for n, f in prep.reduced.items() if n in responses}
+    return ({n: f for n, f in prep.fits.items() if n in o.responses},
+            {n: f for n, f in prep.reduced.items() if n in o.responses})
 
-    boot_theta: dict[str, np.ndarray] = {}
-    boot_law = None
-    if n_boot > 0 and boot_method != "none" and fits:
 
-        boot_theta, boot_law = bootstrap(ok, X, z, C, L, factors, prep.fits, prep.reduced, joint, masks, seeds, pins,
-                                         n_boot, boot_method, rng, interactions, scale, pin_cov=prep.pin_cov,
-                                         pin_valley=prep.pin_valley)
+def _contrasts(prep: _Prepared, o: _Options, fits: dict, reduced: dict, boot_theta: dict):
+    """(components at C_ref, per rung, at the target compute or None): each component's Shapley value,
+    leave-one-out and add-one-in with their intervals (analysis/fit/attribution.py)."""
+    from marin_ablate.analysis.report.findings import mark_not_varied
 
-    def comp_at(n: str, zz: float, fset=None, rset=None) -> pd.DataFrame:
-        fset, rset = fset or fits, rset if rset is not None else reduced
-        if n in rset:
-            return component_table(rset[n], zz, level, boot_theta.get(f"{n}/main"), fset[n], boot_theta.get(n))
-        return component_table(fset[n], zz, level, boot_theta.get(n))
+    def comp_at(n: str, zz: float) -> pd.DataFrame:
+        if n in reduced:
+            return component_table(reduced[n], zz, o.level, boot_theta.get(f"{n}/main"), fits[n], boot_theta.get(n))
+        return component_table(fits[n], zz, o.level, boot_theta.get(n))
 
     comp = [comp_at(n, 0.0) for n in fits]
     components = pd.concat(comp, ignore_index=True) if comp else pd.DataFrame()
-    per_rung = _per_rung({n: reduced.get(n, f) for n, f in fits.items()}, rungs, level,
+    per_rung = _per_rung({n: reduced.get(n, f) for n, f in fits.items()}, prep.rungs, o.level,
                          {n: boot_theta.get(f"{n}/main" if n in reduced else n) for n in fits})
-    per_rung = mark_not_varied(per_rung, ok, factors)  # a factor's value only where its levels both ran
+    per_rung = mark_not_varied(per_rung, prep.ok, prep.factors)  # a factor's value only where its levels both ran
     extrap = None
-    if target_compute is not None and fits:
-        check_extrapolation(target_compute, float(rungs["compute"].max()), force_extrapolation)
-        zt = float(np.log(target_compute / c_ref))
+    if o.target_compute is not None and fits:
+        check_extrapolation(o.target_compute, float(prep.rungs["compute"].max()), o.force_extrapolation)
+        zt = float(np.log(o.target_compute / prep.c_ref))
         extrap = pd.concat([comp_at(n, zt) for n in fits], ignore_index=True)
-        extrap.insert(2, "target_compute", target_compute)
-        extrap["law_form_spread"] = np.nan
-        lawr = next((RESPONSES[n] for n in fits if RESPONSES[n].family == "law"), None)
-        if "curved" in joint and lawr is not None:
-            fq2, _ = quality_fit(X, z, C, L, factors, interactions=interactions, scale=scale, seeds=seeds, pins=pins,
-                                 form="curved", start=joint["curved"])
-            alt = {lawr.name: fq2}  # and every sum with the law among its parts, the curved law in its place
-            for r in (RESPONSES[n] for n in fits if lawr.name in RESPONSES[n].parts):
-                alt[r.name] = _sum_fit(r, [fq2 if q == lawr.name else prep.fits[q] for q in r.parts], masks[r.name],
-                                       X, z)
-            for n, f2 in alt.items():
-                e2 = component_table(f2, zt, level)
-                m = (extrap["response"] == f2.response).to_numpy()
-                for kind in ("shapley", "loo", "aoi"):
-                    e1 = extrap.loc[m, kind].to_numpy()
-                    ee = e2[kind].to_numpy()
-                    if n in reduced and kind == "shapley":
-                        continue  # the reduced model has no curved twin; its spread stays unassessed
-                    extrap.loc[m, f"{kind}_lo"] = np.fmin(extrap.loc[m, f"{kind}_lo"].to_numpy(),
-                                                          e2[f"{kind}_lo"].to_numpy())
-                    extrap.loc[m, f"{kind}_hi"] = np.fmax(extrap.loc[m, f"{kind}_hi"].to_numpy(),
-                                                          e2[f"{kind}_hi"].to_numpy())
-                    if kind == "shapley":
-                        extrap.loc[m, "law_form_spread"] = np.abs(e1 - ee)
-        if not scale:
-            notes.append("extrapolation without scale terms: the multipliers are carried unchanged to the target")
-    # Seeds as replicates (analysis/fit/replicates.py): each seed alone, for the between-seed interval and
-    # the coverage of planted truths.
-    truths = planted_truths(df)
-    n_seeds = ok["seed"].nunique() if "seed" in ok else 1
-    per_seed: dict = {}
-    if replicates and n_seeds >= 2 and (truths or n_seeds >= BETWEEN_SEEDS_MIN):
-        def one(sub: pd.DataFrame) -> StudyAnalysis:
-            return analyze_table(sub, pin_linf=pin_linf, pin_alpha=pin_alpha, n_boot=0, boot_method="none", hc=hc,
-                                 pinned_law=pinned_law,
-                                 interactions=interactions, third_levels=third_levels, level=level,
-                                 responses=responses, law_forms=law_forms, replicates=False)
+        extrap.insert(2, "target_compute", o.target_compute)
+        _law_form_spread(prep, o, fits, reduced, extrap, zt)
+        if not prep.scale:
+            prep.notes.append("extrapolation without scale terms: the multipliers are carried unchanged to the target")
+    return components, per_rung, extrap
 
-        limit = None if truths else REPLICATE_SEEDS_MAX  # planted truths: every seed counts in the coverage
-        per_seed = per_seed_analyses(df, one, limit)
-        if sum(not isinstance(x, str) for x in per_seed.values()) >= BETWEEN_SEEDS_MIN:
-            if len(components):
-                components = between_seed_interval(components, per_seed, level)
-            per_rung = between_seed_per_rung(per_rung, per_seed, level)
-            wl = between_seed_law(law, per_seed, level) if law is not None else []
-            alone = (f"{n_seeds} seeds, each also analysed alone" if len(per_seed) == n_seeds else
-                     f"{n_seeds} seeds, the first {len(per_seed)} also analysed alone (more cost an analysis each)")
-            notes.append(f"{alone}: every Shapley interval at C_ref and per rung"
-                         + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as wide "
-                         "as the between-seed t interval of the per-seed estimates, and so is each scale trend in "
-                         "Findings (extrapolated values keep the model interval)")
-    anova = {n: anova_table(f) for n, f in fits.items()}
-    a = StudyAnalysis(table=ok, inventory=inv, factors=list(factors), law=law, c_ref=c_ref, rungs=rungs, fits=fits,
-                      components=components, per_rung=per_rung, extrapolation=extrap, anova=anova,
-                      boot_theta=boot_theta, boot_law=boot_law, notes=notes, target_compute=target_compute,
-                      reduced=reduced, joint=joint, level=level, pinned_law=pinned_law,
-                      per_seed={k: v for k, v in per_seed.items() if not isinstance(v, str)})
+
+def _law_form_spread(prep: _Prepared, o: _Options, fits: dict, reduced: dict, extrap: pd.DataFrame,
+                     zt: float) -> None:
+    """Widens each extrapolated interval to the union of the power-law and curved-law intervals and records
+    the difference of the two Shapley estimates (law_form_spread), where the curved form is identified."""
+    extrap["law_form_spread"] = np.nan
+    lawr = next((RESPONSES[n] for n in fits if RESPONSES[n].family == "law"), None)
+    if "curved" not in prep.joint or lawr is None:
+        return
+    p = prep
+    fq2, _ = quality_fit(p.X, p.z, p.C, p.L, p.factors, interactions=o.interactions, scale=p.scale, seeds=p.seeds,
+                         pins=p.pins, form="curved", start=p.joint["curved"])
+    alt = {lawr.name: fq2}  # and every sum with the law among its parts, the curved law in its place
+    for r in (RESPONSES[n] for n in fits if lawr.name in RESPONSES[n].parts):
+        alt[r.name] = _sum_fit(r, [fq2 if q == lawr.name else p.fits[q] for q in r.parts], p.masks[r.name], p.X, p.z)
+    for n, f2 in alt.items():
+        e2 = component_table(f2, zt, o.level)
+        m = (extrap["response"] == f2.response).to_numpy()
+        for kind in ("shapley", "loo", "aoi"):
+            if n in reduced and kind == "shapley":
+                continue  # the reduced model has no curved twin; its spread stays unassessed
+            for end, pick in (("lo", np.fmin), ("hi", np.fmax)):
+                extrap.loc[m, f"{kind}_{end}"] = pick(extrap.loc[m, f"{kind}_{end}"].to_numpy(),
+                                                      e2[f"{kind}_{end}"].to_numpy())
+            if kind == "shapley":
+                extrap.loc[m, "law_form_spread"] = np.abs(extrap.loc[m, kind].to_numpy() - e2[kind].to_numpy())
+
+
+def _replicate(df: pd.DataFrame, prep: _Prepared, o: _Options, components, per_rung, extrap):
+    """Seeds as replicates (analysis/fit/replicates.py): each seed analysed alone, and every interval at C_ref,
+    per rung, extrapolated and the law's widened to at least the between-seed t interval of the per-seed values
+    (Stein's interval for the values a `run --until` study named). (per_seed, components, per_rung, extrap)."""
+    from marin_ablate.analysis.fit.replicates import (
+        BETWEEN_SEEDS_MIN,
+        REPLICATE_SEEDS_MAX,
+        between_seed_interval,
+        between_seed_law,
+        between_seed_per_rung,
+        per_seed_analyses,
+        planted_truths,
+    )
+
+    ok = prep.ok
+    n_seeds = ok["seed"].nunique() if "seed" in ok else 1
+    if not o.replicates or n_seeds < BETWEEN_SEEDS_MIN:
+        return {}, components, per_rung, extrap
+    one = replace(o, n_boot=0, boot_method="none", replicates=False, stein=None, seed=0, mixed=False,
+                  force_extrapolation=True)  # each seed's extrapolation to the same target
+
+    truths = planted_truths(df)
+    limit = None if truths else REPLICATE_SEEDS_MAX  # planted truths: every seed counts in the coverage
+    per_seed = per_seed_analyses(df, lambda sub: analyze_table(sub, **vars(one)), limit,
+                                 first=o.stein.pilot if o.stein else ())
+    if sum(not isinstance(x, str) for x in per_seed.values()) < BETWEEN_SEEDS_MIN:
+        return per_seed, components, per_rung, extrap
+    stein = replace(o.stein, n_seeds=int(n_seeds)) if o.stein is not None else None
+    if len(components):
+        components = between_seed_interval(components, per_seed, o.level, stein=stein)
+    if extrap is not None and len(extrap):
+        extrap = between_seed_interval(extrap, per_seed, o.level, table_of=lambda a: a.extrapolation)
+    per_rung = between_seed_per_rung(per_rung, per_seed, o.level)
+    wl = between_seed_law(prep.law, per_seed, o.level) if prep.law is not None else []
+    alone = (f"{n_seeds} seeds, each also analysed alone" if len(per_seed) == n_seeds else
+             f"{n_seeds} seeds, {len(per_seed)} of them also analysed alone (more cost an analysis each)")
+    prep.notes.append(f"{alone}: every Shapley interval at C_ref, per rung" + (", extrapolated" if extrap is not None
+                      else "") + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as "
+                      "wide as the between-seed t interval of the per-seed estimates, and so is each scale trend in "
+                      "Findings" + (f"; Stein's two-stage interval (pilot seeds {', '.join(map(str, stein.pilot))})"
+                                    " for the values `run --until` named" if stein else ""))
+    return per_seed, components, per_rung, extrap
+
+
+def _check(a: StudyAnalysis, df: pd.DataFrame, X: np.ndarray, o: _Options, per_seed: dict) -> None:
+    """Lost runs, the TOTAL two ways, paired per-rung contrasts, warnings; planted truths against the intervals."""
+    from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
+    from marin_ablate.analysis.fit.replicates import (
+        coverage_summary,
+        planted_truths,
+        replicate_checks,
+        truth_check,
+    )
+    from marin_ablate.analysis.report.findings import refuse_single_rung
+
     a.notes += refuse_single_rung(a)
-    a.lost = lost_runs(df, a, third_levels)
+    a.lost = lost_runs(df, a, o.third_levels)
     a.checks = total_checks(a, X)
-    a.paired = paired_per_rung(a) if law is not None else None
+    a.paired = paired_per_rung(a) if a.law is not None else None
     a.warnings = warnings_for(a, df)
-    if truths:
-        a.planted = truth_check(components, truths)
-        if len(per_seed) >= 2:
-            a.replicates = replicate_checks(per_seed, truths)
-            a.coverage = coverage_summary(a.replicates, level)
-        a.warnings += [f"planted factor {r.factor}: its {r.response} interval misses the planted truth "
-                       f"({math.exp(r.truth):.3g}x)" for r in a.planted.itertuples() if r.estimable and not r.covers]
-    return a
+    truths = planted_truths(df)
+    if not truths:
+        return
+    a.planted = truth_check(a.components, truths)
+    if len(per_seed) >= 2:
+        a.replicates = replicate_checks(per_seed, truths)
+        a.coverage = coverage_summary(a.replicates, o.level)
+    a.warnings += [f"planted factor {r.factor}: its {r.response} interval misses the planted truth "
+                   f"({math.exp(r.truth):.3g}x)" for r in a.planted.itertuples() if r.estimable and not r.covers]
 
 
 def _per_rung(fits, rungs, level, boot_theta) -> pd.DataFrame:

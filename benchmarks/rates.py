@@ -233,7 +233,7 @@ def realized_halfwidths(k: int, n_rungs: int, seeds: int, n: int = 100, noise: f
         hw10.append(((t10["shapley_hi"] - t10["shapley_lo"]) / 2).to_numpy())
     lay = Layout(D, tuple(factors), tuple(6e16 * 2**j for j in range(n_rungs)), seeds)
     pred, _ = predict(lay, Noise(noise), law=(truth.linf, truth.A, truth.alpha),
-                      log_m=lambda X_, C_: truth.log_m(X_, truth.z(C_)))
+                      log_m=lambda X_, C_: truth.log_m(X_, truth.z(C_)), between=False)  # the model interval
     return pred, np.array(hw), np.array(hw10), (df, L0, truth)
 
 

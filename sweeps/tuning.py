@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW, local_window
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
 from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
@@ -72,18 +73,14 @@ class Profile:
 def fit_profile(x: Sequence[float], loss: Sequence[float], grid: Sequence[float] | None = None,
                 window: int | None = None) -> Profile:
     """Quadratic profile in log LR; flags an optimum on the edge of `grid` (default: of x).
-    `window`: fit only the `window` finished points nearest the best one (an extended grid's far
-    side, where the loss climbs steeply, would bend a single quadratic away from the optimum)."""
+    `window`: fit only the `window` finished points centred on the best one (analysis/fit/lr_profile.py
+    `local_window`: the far side of an asymmetric curve would bend a single quadratic away from the optimum)."""
+    if window is not None:
+        x, loss = local_window(x, loss, window)
     xs = np.asarray(x, float)
     ys = np.asarray(loss, float)
     ok = np.isfinite(ys)
     xs, ys = xs[ok], ys[ok]
-    if window is not None and len(xs) > window:
-        order = np.argsort(xs)
-        xs, ys = xs[order], ys[order]
-        i = int(np.argmin(ys))
-        lo_i = min(max(i - window // 2, 0), len(xs) - window)
-        xs, ys = xs[lo_i:lo_i + window], ys[lo_i:lo_i + window]
     if len(xs) == 0:
         raise ValueError("fit_profile: no finished points (every LR failed or is missing)")
     lo, hi = (min(grid), max(grid)) if grid is not None else (float(xs.min()), float(xs.max()))
@@ -391,10 +388,10 @@ def _extended(grid: list[float], p: Profile, n: int) -> list[float]:
 
 def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, study_name: str,
                  where: Path | str = "") -> tuple[dict[str, Profile], dict[str, list[float]], int]:
-    """Run each group's grid (`run_points(grids)` -> {group: [(x, loss)]}), fit it (a quadratic on the
-    `points` nearest the best), and extend the grid of every group whose optimum is on an edge, at most
-    `max_extensions` times; then ValueError naming the group and its grid. Returns (profiles, grids,
-    extensions)."""
+    """Run each group's grid (`run_points(grids)` -> {group: [(x, loss)]}), fit it (a quadratic on the best
+    point and its two neighbours, analysis/fit/lr_profile.py PROFILE_WINDOW), and extend the grid of every
+    group whose optimum is on an edge, at most `max_extensions` times; then ValueError naming the group and
+    its grid. Returns (profiles, grids, extensions)."""
     grids = {g: lr_grid(popts.points, popts.span) for g in groups}
     n_ext = 0
     while True:
@@ -407,7 +404,7 @@ def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, 
             if bad:
                 raise ValueError(f"LR profile of {g}: log2 multipliers {bad} have no finished run (see "
                                  f"{where}); run again to resume, or --no-profile to use the heuristic")
-            profiles[g] = fit_profile([x for x, _ in fin], [y for _, y in fin], grids[g], window=popts.points)
+            profiles[g] = fit_profile([x for x, _ in fin], [y for _, y in fin], grids[g], window=PROFILE_WINDOW)
         edge = [g for g in groups if profiles[g].edge]
         if not edge:
             return profiles, grids, n_ext

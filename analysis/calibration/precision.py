@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,10 +49,27 @@ class Noise:
     rung_sd: float = 0.0
     source: str = f"default: {DEFAULT_SD} nats per run, no (seed × rung) shift (assumed; measure it with a noise study)"
     law: tuple[float, float, float] | None = None
+    # The component x seed sd in ln M of each component ("TOTAL" too): how much its effect moves from seed to seed
+    # beyond what the run noise explains (docs/method.md §4.4); a component it does not name moves by `seed_sd_other`.
+    seed_sd: tuple[tuple[str, float], ...] = ()
+    seed_sd_other: float = 0.0
 
     def __post_init__(self):
         if not (self.sd > 0 and math.isfinite(self.sd)) or not (self.rung_sd >= 0 and math.isfinite(self.rung_sd)):
             raise ValueError(f"noise sd={self.sd}, rung_sd={self.rung_sd}; allowed values: sd > 0, rung_sd >= 0 (nats)")
+        object.__setattr__(self, "seed_sd", tuple(sorted(dict(self.seed_sd).items())))
+        bad = {k: v for k, v in (*self.seed_sd, ("(other)", self.seed_sd_other)) if not (v >= 0 and math.isfinite(v))}
+        if bad:
+            raise ValueError(f"component x seed sd {bad}; allowed values: finite, >= 0 (ln M)")
+
+    def component_seed_sd(self, component: str, components: Sequence[str]) -> float:
+        """The component x seed sd of a component; the TOTAL's, unless given, adds the components' in quadrature."""
+        d = dict(self.seed_sd)
+        if component in d:
+            return d[component]
+        if component == "TOTAL":
+            return math.sqrt(sum(self.component_seed_sd(c, components) ** 2 for c in components))
+        return self.seed_sd_other
 
 
 @dataclass(frozen=True)
@@ -142,12 +160,15 @@ def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
 
 def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[float, ...] = (1.0, 10.0),
             log_m=None, law: tuple[float, float, float] | None = None,
-            pin_cov: np.ndarray | None = None, pin_valley: tuple = ()) -> tuple[pd.DataFrame, dict]:
+            pin_cov: np.ndarray | None = None, pin_valley: tuple = (),
+            between: bool = True) -> tuple[pd.DataFrame, dict]:
     """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref.
     `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
     the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
     pinned at the truth with this covariance (a reference ladder's, as `run` pins them), and `pin_valley` its
-    accepted (L∞, α) pairs where the ladder fixes only the slope. Returns (table, info)."""
+    accepted (L∞, α) pairs where the ladder fixes only the slope. `between` (with two or more seeds): at least
+    the median between-seed t interval (analysis/fit/replicates.py), whose sd is one seed's model standard
+    error and the component x seed sd (`Noise.seed_sd`) in quadrature, at every ratio. Returns (table, info)."""
     from marin_ablate.analysis.fit.attribution import component_table
     from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 
@@ -171,25 +192,33 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
         hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
     fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
-    between = None
-    if lay.seeds >= BETWEEN_SEEDS_MIN:  # each seed alone: its scatter's median t interval (analysis/fit/replicates.py)
-        one = predict(replace(lay, seeds=1), noise, level=level, ratios=(1.0,), log_m=log_m, law=law,
-                      pin_cov=pin_cov, pin_valley=pin_valley)[0]
-        k = lay.seeds
-        between = (one["hw_1x"].to_numpy()
-                   * float(stats.t.ppf(0.5 + level / 2, k - 1) / stats.t.ppf(0.5 + level / 2, one.attrs["dof"]))
-                   / math.sqrt(k) * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
+    one = None
+    if between and lay.seeds >= BETWEEN_SEEDS_MIN:  # one seed's model interval, for the between-seed sd
+        one = predict(replace(lay, seeds=1), noise, level=level, ratios=ratios, log_m=log_m, law=law,
+                      pin_cov=pin_cov, pin_valley=pin_valley, between=False)[0]
     out = None
     for ratio in ratios:
         t = component_table(fit, math.log(ratio), level)
         hw = np.where(t["shapley_estimable"], (t["shapley_hi"] - t["shapley_lo"]) / 2, np.nan)
-        if ratio == 1.0 and between is not None:
-            hw = np.fmax(hw, between)
+        if one is not None:
+            hw = np.fmax(hw, _between_half(one[f"hw_{ratio:g}x"].to_numpy(), one.attrs["dof"], list(t["component"]),
+                                           noise, lay.seeds, level))
         col = pd.DataFrame({"component": t["component"], f"hw_{ratio:g}x": hw})
         out = col if out is None else out.merge(col, on="component")
     out.attrs["dof"] = jf.dof
     info.update(c_ref=c_ref, law=law, runs=lay.n_runs, main_effects_only=not any(t_.kind == "2fi" for t_ in fq.terms))
     return out, info
+
+
+def _between_half(one_hw: np.ndarray, one_dof: int, components: list[str], noise: Noise, k: int,
+                  level: float) -> np.ndarray:
+    """The median between-seed t half-width over k seeds: t(k−1)·s/√k, s² = one seed's model variance + the
+    component x seed variance, at the median of the sample sd's χ²(k−1) scale."""
+    q = float(stats.t.ppf(0.5 + level / 2, max(one_dof, 1)))
+    sd = np.sqrt((one_hw / q) ** 2 + np.array([noise.component_seed_sd(c, [x for x in components if x != "TOTAL"])
+                                                ** 2 for c in components]))
+    return (float(stats.t.ppf(0.5 + level / 2, k - 1)) * sd / math.sqrt(k)
+            * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
-"""The LR profile's optimum as a measured quantity: a quadratic in log2 LR over every seed's points,
-its vertex and the vertex's Fieller interval (docs/method.md §4.6).
+"""The LR profile's optimum as a measured quantity: a quadratic in log2 LR over every seed's points near its
+best one, its vertex and the vertex's Fieller interval, and what a choice inside that interval costs
+(docs/method.md §4.6).
 
-Each seed's profile is a few eval losses at log2 multipliers x of the heuristic LR. Pooled over seeds,
+Each seed's profile is a few eval losses at log2 multipliers x of the heuristic LR; only the best point and its
+two neighbours (`PROFILE_WINDOW`) describe the optimum: the curves are asymmetric (Hyperball's climbs a nat at
+1/4x and stays within 0.03 nats from 2x to 16x), so a quadratic through the far points bends its vertex towards
+them (measured: curvature 0.115 nats per log2² through five points against 0.02 locally). Pooled over seeds,
 loss = c_s + b1·x + b2·x² (one intercept per seed: a seed's whole curve sits higher or lower, its shape
 is shared), the optimum is x* = −b1/(2·b2). Its interval is Fieller's (Fieller 1954): the x at which
 the fitted slope b1 + 2·b2·x is not distinguishable from 0 by a t test on the fit's residual df — exact
@@ -18,18 +22,33 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+#: Points of a seed's profile the quadratic uses: the best one and its neighbours on each side (an exact
+#: parabola through three points: its vertex lies within half a grid step of the best point).
+PROFILE_WINDOW = 3
+
+
+def local_window(x: Sequence[float], loss: Sequence[float], window: int = PROFILE_WINDOW) -> tuple[list, list]:
+    """The `window` finished points (in order of x) centred on the best one, shifted inward at the grid's ends."""
+    pts = sorted((float(a), float(b)) for a, b in zip(x, loss, strict=True) if math.isfinite(float(b)))
+    if len(pts) <= window:
+        return [p[0] for p in pts], [p[1] for p in pts]
+    i = min(range(len(pts)), key=lambda k: pts[k][1])
+    lo = min(max(i - window // 2, 0), len(pts) - window)
+    return [p[0] for p in pts[lo:lo + window]], [p[1] for p in pts[lo:lo + window]]
+
 
 def optimum_interval(points: Mapping[int, Sequence[tuple[float, float]]], level: float = 0.95) -> dict:
     """{seed: [(log2 multiplier, eval loss)]} -> the pooled vertex and its Fieller interval (log2 scale).
 
-    Returns x_opt, lo, hi (±inf for an unbounded side), df, n_points, n_seeds, and `note` ('' for an
-    interior, bounded optimum). Non-finite losses (failed runs) are left out."""
+    Returns x_opt, lo, hi (±inf for an unbounded side), df, n_points, n_seeds, curvature (b2, nats per log2²),
+    resid_sd (the fit's residual sd, nats) and `note` ('' for an interior, bounded optimum). Non-finite losses
+    (failed runs) are left out."""
     import statsmodels.api as sm
 
     rows = [(s, float(x), float(y)) for s, pts in points.items() for x, y in pts if math.isfinite(float(y))]
     seeds = sorted({s for s, _, _ in rows})
     out = {"x_opt": math.nan, "lo": math.nan, "hi": math.nan, "df": 0, "n_points": len(rows), "n_seeds": len(seeds),
-           "note": ""}
+           "curvature": math.nan, "resid_sd": math.nan, "note": ""}
     if not seeds:
         out["note"] = "no finished point"
         return out
@@ -43,6 +62,7 @@ def optimum_interval(points: Mapping[int, Sequence[tuple[float, float]]], level:
         return out
     res = sm.OLS(y, D).fit()
     b1, b2 = float(res.params[-2]), float(res.params[-1])
+    out["curvature"], out["resid_sd"] = b2, float(np.sqrt(res.scale))
     V = np.asarray(res.cov_params())[-2:, -2:]
     if b2 <= 0:
         out["note"] = "profile not convex (the pooled curvature is not positive): no optimum"
@@ -72,3 +92,15 @@ def interval_text(est: Mapping, digits: int = 2) -> str:
         return "0" if v == -math.inf else "inf" if v == math.inf else f"{2.0 ** v:.{digits}g}"
 
     return f"{2.0 ** est['x_opt']:.{digits}g}x [{m(est['lo'])}, {m(est['hi'])}]"
+
+
+def choice_cost(est: Mapping, slope: float) -> float:
+    """What an LR choice anywhere inside the pooled optimum's interval can cost, in ln M (the second-order bound):
+    b2·δ² nats, δ the interval's farther end from the vertex in log2, over the law's local slope −dL/d ln C at
+    C_ref (nats per ln C). inf when the interval is unbounded; NaN without an optimum or a slope."""
+    x, lo, hi, b2 = (float(est.get(k, math.nan)) for k in ("x_opt", "lo", "hi", "curvature"))
+    if not (math.isfinite(x) and math.isfinite(b2) and b2 > 0 and slope > 0):
+        return math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return math.inf
+    return b2 * max(x - lo, hi - x) ** 2 / slope

@@ -16,10 +16,12 @@ scatter against the standard error they report. One interval covering once is on
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from marin_ablate.analysis.io.results import codings
 from marin_ablate.analysis.responses import RESPONSES
@@ -65,8 +67,9 @@ def truth_check(components: pd.DataFrame, truths: dict[str, dict[str, float]]) -
                                        "covers", "error"])
 
 
-#: Seeds needed before the between-seed interval is used (two give a t interval on one df).
-BETWEEN_SEEDS_MIN = 3
+#: Seeds needed before each component's own between-seed interval is used. Two give a t interval on one df
+#: (t = 12.7): wide, but exact under normal seed effects, so two seeds are never silently one (docs/method.md §4.4).
+BETWEEN_SEEDS_MIN = 2
 
 
 #: Seeds analysed alone for the between-seed interval when no truth is planted: beyond it the first ones
@@ -75,16 +78,34 @@ BETWEEN_SEEDS_MIN = 3
 REPLICATE_SEEDS_MAX = 32
 
 
+@dataclass(frozen=True)
+class Stein:
+    """Stein's two-stage rule as a study ran it (`run --until`, docs/method.md §4.8): the `pilot` seeds' scatter
+    fixed how many seeds the study runs, so a named value's interval at C_ref is est ± t(n0 − 1)·s0/√N, s0 the
+    sd of its n0 pilot estimates and N the seeds in the table: exact whatever N the pilot chose (Stein 1945).
+    `components` () names every component and the TOTAL."""
+
+    pilot: tuple[int, ...]
+    components: tuple[str, ...] = ()
+    n_seeds: int = 0  # N, the seeds in the analysed table (set by the pipeline)
+
+    def names(self, component: str) -> bool:
+        return not self.components or component in self.components
+
+
 def per_seed_analyses(df: pd.DataFrame, analyze: Callable[[pd.DataFrame], Any],
-                      limit: int | None = None) -> dict[int, Any]:
+                      limit: int | None = None, first: Sequence[int] = ()) -> dict[int, Any]:
     """{seed: that seed's runs analysed alone (a StudyAnalysis)}, or the reason the analysis refused them;
-    the first `limit` seeds only when given."""
+    the seeds in `first` (a Stein pilot) and then the first `limit` seeds when a limit is given."""
+    seeds = [int(s) for s in sorted(df["seed"].dropna().unique())]
+    chosen = [s for s in first if s in seeds]
+    chosen += [s for s in seeds if s not in chosen][:None if limit is None else max(limit - len(chosen), 0)]
     out: dict[int, Any] = {}
-    for seed in sorted(df["seed"].dropna().unique())[:limit]:
+    for seed in sorted(chosen):
         try:
-            out[int(seed)] = analyze(df[df["seed"] == seed])
+            out[seed] = analyze(df[df["seed"] == seed])
         except ValueError as e:
-            out[int(seed)] = str(e)
+            out[seed] = str(e)
     return out
 
 
@@ -94,6 +115,12 @@ def t_half(values: list[float], level: float) -> float:
 
     lo, hi = DescrStatsW(np.asarray(values, float)).tconfint_mean(alpha=1 - level)
     return float(hi - lo) / 2
+
+
+def stein_half(pilot: Sequence[float], n_seeds: int, level: float) -> float:
+    """Stein's half-width t(n0 − 1)·s0/√N: s0 the sd of the n0 pilot estimates, N the seeds the study ran."""
+    n0 = len(pilot)
+    return float(stats.t.ppf(0.5 + level / 2, n0 - 1)) * float(np.std(pilot, ddof=1)) / math.sqrt(n_seeds)
 
 
 def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
@@ -118,31 +145,52 @@ def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list
     return widened
 
 
-def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any],
-                          level: float = 0.95) -> pd.DataFrame:
-    """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
-    estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it); adds shapley_se_between and between_seeds."""
-    out = components.copy()
-    out["shapley_se_between"], out["between_seeds"] = np.nan, 0
-    est = []  # per seed: {(response, component): its estimable Shapley value (the first row of that key)}
-    for c in (a.components for a in per_seed.values() if not isinstance(a, str)):
+def seed_estimates(per_seed: dict[int, Any], table_of: Callable[[Any], pd.DataFrame | None]
+                   ) -> dict[int, dict[tuple[str, str], float]]:
+    """{seed: {(response, component): its estimable Shapley value}} of each seed's own `table_of(analysis)`
+    (the components at C_ref, or the extrapolation); the first row of a key counts."""
+    out = {}
+    for seed, a in per_seed.items():
+        c = None if isinstance(a, str) else table_of(a)
         e: dict = {}
-        if len(c):
+        if c is not None and len(c):
             for key, v in zip(zip(c["response"], c["component"], strict=True),
                               c["shapley"].where(c["shapley_estimable"]), strict=True):
                 if key not in e and not math.isnan(v):
                     e[key] = float(v)
-        est.append(e)
+        out[seed] = e
+    return out
+
+
+def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95,
+                          table_of: Callable[[Any], pd.DataFrame | None] = lambda a: a.components,
+                          stein: Stein | None = None) -> pd.DataFrame:
+    """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
+    estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it), or to Stein's half-width for a value a
+    `run --until` study named (its pilot's scatter, t on n0 − 1 df); adds shapley_se_between (the seeds'
+    standard error), between_seeds, shapley_model_lo/hi (the interval before widening) and shapley_df (the df
+    its verdict's p is read on when the seeds' interval is the wider).
+    `table_of` picks the table of each seed's analysis that matches `components` (C_ref or an extrapolation)."""
+    out = components.copy()
+    out["shapley_se_between"], out["between_seeds"] = np.nan, 0
+    out["shapley_model_lo"], out["shapley_model_hi"] = out["shapley_lo"], out["shapley_hi"]  # before widening
+    est = seed_estimates(per_seed, table_of)
     for i, r in out.iterrows():
-        v = [e[(r["response"], r["component"])] for e in est if (r["response"], r["component"]) in e]
+        key = (r["response"], r["component"])
+        v = [e[key] for e in est.values() if key in e]
         out.at[i, "between_seeds"] = len(v)
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue
-        se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
-        half = t_half(v, level)
+        pilot = [est[s][key] for s in stein.pilot if key in est.get(s, {})] if stein else []
+        if stein is not None and stein.names(r["component"]) and len(pilot) == len(stein.pilot) >= 2:
+            half, df = stein_half(pilot, stein.n_seeds, level), len(pilot) - 1
+            se = half / float(stats.t.ppf(0.5 + level / 2, df))
+        else:
+            half, df = t_half(v, level), len(v) - 1
+            se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
         out.at[i, "shapley_se_between"] = se
         if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
-            out.at[i, "shapley_df"] = len(v) - 1  # the wider interval's t is on K − 1 df: so is its verdict's p
+            out.at[i, "shapley_df"] = df  # the wider interval's t: so is its verdict's p
         out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
         out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
     return out

@@ -15,6 +15,7 @@ lives in `analysis`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,3 +331,19 @@ def read_lr_profile(study_dir: str | Path) -> dict | None:
     a damaged file counts as none (the report then says only how the runs' LRs were set)."""
     got = read_json(Path(study_dir) / "profile" / "lr_profile.json")
     return got if isinstance(got, dict) else None
+
+
+def profile_seconds(study_dir: str | Path) -> dict[int, float]:
+    """{seed: the summed `wall_s` of its LR-profile runs} under `<study>/profile/runs/` (what a seed's profile
+    costs, for the report's "What it would take"); {} without a profile. Unreadable runs are skipped."""
+    out: dict[int, float] = {}
+    for d in sorted((Path(study_dir) / "profile" / "runs").glob("*")):
+        try:
+            meta, summ = read_meta(d), read_summary(d)
+        except (DamagedFile, ValueError, OSError):
+            continue
+        w = getattr(summ, "wall_s", None) if summ is not None else None
+        if meta is None or meta.seed is None or w is None or not math.isfinite(float(w)):
+            continue
+        out[int(meta.seed)] = out.get(int(meta.seed), 0.0) + float(w)
+    return out

@@ -50,7 +50,7 @@ DEFINITIONS = (
     "exp(2β_i + 2γ_i·ln(C/C_ref)): the all-off → all-on change of that factor averaged over the others. "
     "LOO = leave-one-out from all-on, AOI = add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij "
     "(the interaction signal). CI: the larger of HC3 and model-based, law fitted jointly (its uncertainty "
-    "included), and with three or more seeds at least the between-seed t interval; boot: wild bootstrap refitting "
+    "included), and with two or more seeds at least the between-seed t interval; boot: wild bootstrap refitting "
     "law and model."
 )
 
@@ -153,6 +153,57 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
               f"`python benchmarks/ep_drops.py --only rungs --json STUDY_DIR/{AT_SCALE_FILE}`; the report then "
               "prints those rates here.", ""]
     return L
+
+
+def take_rows(a: StudyAnalysis, study_dir: Path | None = None) -> list[dict]:
+    """The report's "What it would take" (analysis/calibration/stopping.py): per quality value at C_ref
+    consistent with no effect or wider than ×/÷ 1.5, the seeds its measured seed scatter says would bring it to a
+    stated half-width, the added minutes on this machine and the `run --until` line."""
+    import os
+
+    from marin_ablate.analysis.calibration.stopping import core_seconds_per_seed, what_it_would_take
+    from marin_ablate.analysis.io.results import profile_seconds
+    from marin_ablate.analysis.report.findings import recommended_total
+    from marin_ablate.analysis.responses import law_column
+
+    comp, col = a.components, law_column()
+    if not len(comp) or "between_seeds" not in comp:
+        return []
+    rows = []
+    for r in comp[comp["response"] == col].itertuples():
+        est, lo, hi = float(r.shapley), float(r.shapley_lo), float(r.shapley_hi)
+        if r.component == "TOTAL":
+            est, lo, hi, _ = recommended_total(a, col)
+        k = int(r.between_seeds)
+        rows.append({"component": r.component, "est": est, "lo": lo, "hi": hi,
+                     "verdict": finding(a, col, r.component).partition(": ")[2],
+                     "seed_sd": float(r.shapley_se_between) * math.sqrt(k) if k >= 2 else math.nan,
+                     "model_half": (float(r.shapley_model_hi) - float(r.shapley_model_lo)) / 2 if k >= 2 else
+                     (hi - lo) / 2})
+    t = a.table
+    k = int(t["seed"].nunique()) if "seed" in t else 1
+    study = str(t["study"].dropna().iloc[0]) if "study" in t and t["study"].notna().any() else "STUDY"
+    per_seed_s = core_seconds_per_seed(t, profile_seconds(study_dir) if study_dir is not None else None)
+    return what_it_would_take(rows, k, study, per_seed_s, os.cpu_count() or 1, a.level)
+
+
+def take_section(a: StudyAnalysis, study_dir: Path | None = None) -> list[str]:
+    rows = take_rows(a, study_dir)
+    if not rows:
+        return []
+    tab = pd.DataFrame({"value": [r["component"] for r in rows],
+                        "now": [mult_text(r["est"], r["lo"], r["hi"]) for r in rows],
+                        "to ±": [f"{r['target']:.3g} (×/÷ {math.exp(r['target']):.3g})" for r in rows],
+                        "seeds in all": [str(r["seeds"]) if r["seeds"] else "—" for r in rows],
+                        "added minutes here": [f"{r['minutes']:.0f}" if math.isfinite(r["minutes"]) else "—"
+                                               for r in rows],
+                        "how": [f"`{r['how']}`" if r["how"].startswith("marin-ablate") else r["how"] for r in rows]})
+    return ["## What it would take", "",
+            "Each value consistent with no effect (to half its estimate, at least ×/÷ 1.05) or wider than ×/÷ 1.5 "
+            "(to ×/÷ 1.5): the seeds in all its measured seed scatter says would bring its 95% interval to that "
+            "half-width (Stein's rule on this study's seeds as the pilot, docs/method.md §4.11), what the added "
+            "seeds cost on this machine's cores (each seed's runs and LR profile as this study measured them), and "
+            "the line that runs them and stops there.", "", md_table(tab), ""]
 
 
 def family_statement(a: StudyAnalysis) -> str:
@@ -348,6 +399,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
           "qualifiers: what each verdict rests on (details under Warnings).", "",
           *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
         + _coding_line(a, raw)
+    L += take_section(a, out_dir.parent if out_dir is not None else None)
     L += paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)

@@ -218,11 +218,23 @@ def test_between_seed_interval_widens_a_contrast_carrying_seed_noise():
         assert lo <= getattr(a.law, k) - h + 1e-12 or lo == pytest.approx(bound, abs=1e-12)
 
 
-def test_two_seeds_keep_the_model_interval():
+def test_two_seeds_widen_every_interval_to_their_one_df_between_seed_t_interval():
+    """Two seeds are not silently one: each value's interval is at least est ± t(1)·sd/√2 of its two per-seed
+    estimates (exact under normal seed effects, t = 12.7), and the verdict's p is read on 1 df."""
     df = _stream_noise_study(seeds=2, sd=0.03)
     a = analyze_table(df, n_boot=0, boot_method="none")
-    off = analyze_table(df, n_boot=0, boot_method="none", replicates=False)
-    assert np.allclose(a.components["shapley_lo"], off.components["shapley_lo"], equal_nan=True)
+    off = analyze_table(df, n_boot=0, boot_method="none", replicates=False).components.set_index(
+        ["response", "component"])
+    alone = [analyze_table(df[df["seed"] == s], n_boot=0, boot_method="none", replicates=False).components
+             .set_index(["response", "component"]) for s in range(2)]
+    for key, r in a.components.set_index(["response", "component"]).iterrows():
+        v = [x.loc[key, "shapley"] for x in alone]
+        half = stats.t.ppf(0.975, 1) * np.std(v, ddof=1) / np.sqrt(2)
+        assert r["between_seeds"] == 2
+        assert r["shapley_lo"] == pytest.approx(min(off.loc[key, "shapley_lo"], r["shapley"] - half), abs=1e-12)
+        assert r["shapley_hi"] == pytest.approx(max(off.loc[key, "shapley_hi"], r["shapley"] + half), abs=1e-12)
+        if r["shapley"] - half < off.loc[key, "shapley_lo"]:
+            assert r["shapley_df"] == 1
     assert len(a.replicates)  # the planted check still runs per seed
 
 

@@ -199,3 +199,43 @@ def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_an
     assert sum(r["runs"] for r in _before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
     for name in ("smoke", "marin535"):  # studies whose profile rung is under the threshold still profile
         assert profile_skipped(get_study(name)) is None and profile_cost(get_study(name))["runs"] > 0
+
+
+def _hyperball_like(x: float, opt: float = 2.3) -> float:
+    """Flat near its optimum (0.02 nats per log2²), a nat higher at 1/4x: the asymmetric shape Hyperball's
+    profiles have on the CPU rungs."""
+    return 3.0 + 0.02 * (x - opt) ** 2 + 0.25 * max(0.0, -x) ** 2
+
+
+def test_the_profile_vertex_is_the_best_point_and_its_neighbours_not_a_far_steep_point():
+    from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW
+    from marin_ablate.sweeps.tuning import fit_profile
+
+    grid = [-2.0, -1.0, 0.0, 1.0, 2.0]  # the default grid, 1/4x .. 4x
+    loss = [_hyperball_like(x, opt=1.3) for x in grid]
+    p = fit_profile(grid, loss, grid, window=PROFILE_WINDOW)
+    assert p.x == (0.0, 1.0, 2.0) and not p.edge
+    assert p.x_opt == pytest.approx(1.3, abs=1e-9)  # the local curve is exactly quadratic: its vertex is found
+    assert p.coef[0] == pytest.approx(0.02, abs=1e-9)
+    five = fit_profile(grid, loss, grid, window=5)  # every point, 1/4x included: bent and dragged away
+    assert five.coef[0] > 0.05 and abs(five.x_opt - 1.3) > 0.3
+
+
+def test_the_pooled_local_fit_describes_its_points_and_bounds_what_the_choice_costs():
+    from marin_ablate.analysis.fit.lr_profile import choice_cost, local_window, optimum_interval
+
+    grid = [-2.0, -1.0, 0.0, 1.0, 2.0]
+    rng = np.random.default_rng(0)
+    seeds = {s: [(x, _hyperball_like(x, opt=1.2 + 0.1 * s) + 0.3 * s + rng.normal(0, 0.002)) for x in grid]
+             for s in range(4)}
+    local = {s: list(zip(*local_window(*zip(*pts)), strict=True)) for s, pts in seeds.items()}
+    est = optimum_interval(local)
+    every = optimum_interval(seeds)  # every point of every seed: the 1/4x point bends the shared quadratic
+    assert est["resid_sd"] < 0.02 < every["resid_sd"]
+    assert est["curvature"] == pytest.approx(0.02, abs=0.01) and every["curvature"] > 0.05
+    assert est["lo"] < 1.35 < est["hi"]  # the seeds' mean optimum
+    slope = 0.2  # nats per ln C at C_ref
+    d = max(est["x_opt"] - est["lo"], est["hi"] - est["x_opt"])
+    assert choice_cost(est, slope) == pytest.approx(est["curvature"] * d * d / slope)
+    assert choice_cost({**est, "hi": float("inf")}, slope) == float("inf")
+    assert np.isnan(choice_cost({**est, "x_opt": float("nan")}, slope))
