@@ -532,10 +532,19 @@ def qualifiers(a, f: str) -> str:
     return "; ".join(q) or "—"
 
 
+def _law_slope(a) -> float:
+    """−dL/d ln C of the reference law at C_ref (nats per ln C): what converts a loss cost into ln M; NaN without
+    a law whose local slope is known."""
+    law = a.law
+    if law is None or not all(math.isfinite(float(v)) for v in (law.alpha, law.A, law.linf)):
+        return math.nan
+    return float(law.alpha * (law.predict(a.c_ref) - law.linf))
+
+
 def rests_on(a) -> str:
     """The report's one-line headline of what the answer rests on: how many seeds and what the intervals are
     built on, how the LRs were set and how uncertain the profiled optima are (docs/method.md §4.4, §4.6)."""
-    from marin_ablate.analysis.fit.lr_profile import interval_text
+    from marin_ablate.analysis.fit.lr_profile import choice_cost, interval_text
     from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 
     t = a.table
@@ -557,8 +566,10 @@ def rests_on(a) -> str:
         for g, est in (prof.get("pooled") or {}).items():
             f, _, lv = g.partition("=")
             each = [per[s][f][lv] for s in map(str, prof["seeds"]) if lv in per.get(s, {}).get(f, {})]
+            cost = choice_cost(est, _law_slope(a))
             levels.append(f"{g} {', '.join(f'{m:.3g}' for m in each)}x the heuristic"
-                          + (f" (pooled {interval_text(est)})" if len(each) > 1 else ""))
+                          + (f" (pooled {interval_text(est)}" + (f"; a choice inside it costs at most {cost:.2g} "
+                             "in ln M" if math.isfinite(cost) else "") + ")" if len(each) > 1 else ""))
         lr = (f"LRs profiled at each seed at {prof.get('rung', '?')}, each seed's design at its own optimum: "
               + "; ".join(levels))
     elif "profile" in src:

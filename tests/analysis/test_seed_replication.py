@@ -146,7 +146,7 @@ def test_the_headline_names_the_seeds_the_error_term_and_each_profiled_optimum_w
     a.lr_profile = {"seeds": [0, 1, 2], "rung": "cpu_s64",
                     "multipliers": {"0": {"optimizer": {"hyperball": 2.64}}, "1": {"optimizer": {"hyperball": 1.3}},
                                     "2": {"optimizer": {"hyperball": 2.34}}},
-                    "pooled": {"optimizer=hyperball": {"x_opt": 1.0, "lo": 0.5, "hi": 1.5}}}
+                    "pooled": {"optimizer=hyperball": {"x_opt": 1.0, "lo": 0.5, "hi": 1.5, "curvature": 0.02}}}
     rows = findings_rows(a, "set0")  # what the benchmark compares between seed sets: Findings' own cells
     assert [r["component"] for r in rows] == [*FACTORS, "TOTAL"] and {r["seeds"] for r in rows} == {"0,1,2"}
     for r in rows:
@@ -158,7 +158,10 @@ def test_the_headline_names_the_seeds_the_error_term_and_each_profiled_optimum_w
     assert sconv["lo"] > 0 and "Holm" in sconv["cell"] and sconv["verdict"] == "none"
     line = rests_on(a)
     assert line.startswith("What this rests on: 3 seeds (0, 1, 2)") and "(2 df)" in line
-    assert "optimizer=hyperball 2.64, 1.3, 2.34x the heuristic (pooled 2x [1.4, 2.8])" in line
+    slope = a.law.alpha * (a.law.predict(a.c_ref) - a.law.linf)  # −dL/d ln C at C_ref
+    cost = 0.02 * 0.5**2 / slope  # curvature × (the interval's farther end from the vertex)², in ln M
+    assert (f"optimizer=hyperball 2.64, 1.3, 2.34x the heuristic (pooled 2x [1.4, 2.8]; a choice inside it costs at "
+            f"most {cost:.2g} in ln M)") in line
     one = analyze_table(df[df["seed"] == 0], pin_linf=t.linf, pin_alpha=t.alpha, **KW)
     assert "1 seed(s): the intervals rest on the run residuals and omit component x seed variation" in rests_on(one)
     assert "LRs profiled per level at one seed" in rests_on(one)  # no per-seed profile record
