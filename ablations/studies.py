@@ -1,6 +1,6 @@
 """The registered studies (`STUDIES`, `get_study(name)`; a study is ablations/study.py's `Study`, docs/method.md §4–5):
 
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 3 CPU rungs x 3 seeds, an LR profile
+- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 2 CPU rungs x 8 seeds, an LR profile
               per seed and a pinned-law baseline ladder first.
 - noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (a seed panel for the precision planner).
 - marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
@@ -51,46 +51,43 @@ CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", 
 #: Three seeds: one seed's ladder, measured, left α = 0.237 [−0.084, 0.559] on 4 residual df (its valley, §4.1,
 #: then spans L∞ 0..2.54); three give the slope 16 df.
 CPU_REFERENCE_SEEDS = (0, 1, 2)
-#: The main job's seeds: each a full replication (its own init, data order and LR profile; docs/method.md §4.4)
-SMOKE_SEEDS = (0, 1, 2)
+#: The main job's seeds: each a full replication (its own init, data order and LR profile; docs/method.md §4.4);
+#: eight, because the error term of every effect is its component x seed term (docs/method.md §4.11)
+SMOKE_SEEDS = tuple(range(8))
 GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
-def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128")) -> Study:
-    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, on a three-rung token ladder,
-    three seeds, each a full replication of the experiment (its own initialisation, data order and LR
-    profile), so every component's interval rests on its component x seed scatter (docs/method.md §4.4).
+def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32", "cpu_s64")) -> Study:
+    """The README's CPU study: all seven factors, 2^(7-3) resolution IV, on a two-rung token ladder, eight
+    seeds, each a full replication of the experiment (its own initialisation, data order and LR profile), so
+    every component's interval rests on its component x seed scatter (docs/method.md §4.4).
 
     Design: 16 arms, generators chosen by pydoe.fracfact_by_res(7, 4) and verified (resolution IV:
     main effects clear of 2FIs; 2FIs aliased in threes). The all-on and all-off arms are in the
     fraction. ep_transport stays a factor: virtual-EP drops (fixed cf 1.33 vs ragged cf 1.15 over 4
     shards) change the trained model even on CPU.
 
-    Rungs: the cpu_s model (d64, 2 layers) trained for 32, 64 and 128 steps of 1024 tokens (4x in
-    compute; the law's curvature comes from the pinned reference ladder, §4.1). A width ladder does
-    not work at this budget: the all-off arm's loss did not fall with width (3.13, 3.31, 3.30 at
-    cpu_s/m/l, 96 steps each), because the bigger baseline models lose 40-55% of their routed
-    assignments to fixed-capacity drops in so short a run.
+    Rungs: the cpu_s model (d64, 2 layers) trained for 32 and 64 steps of 1024 tokens (2x in compute: a scale
+    trend; the law's curvature comes from the pinned reference ladder, §4.1). A width ladder does not work at
+    this budget: the all-off arm's loss did not fall with width (3.13, 3.31, 3.30 at cpu_s/m/l, 96 steps each),
+    because the bigger baseline models lose 40-55% of their routed assignments to fixed-capacity drops in so
+    short a run.
 
-    Seeds: one seed cannot separate a component's effect from its component x seed variation, and an LR
-    profiled at one seed is noise the design then inherits as if it were known (the optimizer's effect
-    moved by 0.78 in ln M between two single-seed runs whose intervals were +-0.11). Three seeds are the
-    fewest whose between-seed t interval (2 df) says anything; the top rung cpu_s256 (53% of the steps)
-    is what they cost.
+    Seeds, not rungs: an effect's error term is its component x seed term, replicated once per seed (a seed's
+    init, data order and LR profile move the optimizer's effect by 0.33 in ln M, sconv's by 0.15), so a third
+    rung buys no precision while a seed does. At the budget of three seeds on three rungs, six seeds on two take
+    the optimizer's 95% half-width from 0.67 to 0.33 and the power of sconv's verdict at a true 1.5x from 0.14
+    to 0.90; eight make the optimizer's half-width at most ln 1.5 in 97% of studies (benchmarks/design_power.py,
+    docs/method.md §4.11). `run smoke --until.halfwidth H` adds seeds until an asked precision.
 
-    Before the design, `run` profiles the optimizer's two levels at cpu_s64, the ladder's middle, at
-    every seed (5 LRs each, up to 2 x 2 more when an optimum is on the grid's edge; the design at seed s
-    uses seed s's optimum, docs/method.md §4.6) and, once per machine, runs the all-off arm on
-    CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) x CPU_REFERENCE_SEEDS to pin the reference law (§4.1).
-
-    Budget (2 cores, one thread per run, 2 runs at a time), in core-seconds at ~17k tok/s and ~2 s of
-    per-run overhead: the design 3 seeds x 16 arms x (32+64+128) steps x 1024 tokens = 11.0M tokens
-    ~650 + 144 runs x 2 s = ~940; the profile 3 x 10-14 runs at 64 steps ~190; the ladder once ~315.
-    Measured figures are in the README and benchmarks/RESULTS.md ("The main job's cost").
+    Before the design, `run` profiles the optimizer's two levels at cpu_s64 at every seed (5 LRs each, up to
+    2 x 2 more when an optimum is on the grid's edge; the design at seed s uses seed s's optimum, docs/method.md
+    §4.6) and, once per machine, runs the all-off arm on CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) x
+    CPU_REFERENCE_SEEDS to pin the reference law (§4.1). `plan smoke` prints the cost on this machine.
     """
     names = list(SEVEN)
     design = fraction(names, resolution=4)
-    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 3-rung CPU token ladder x 3 "
+    return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 2-rung CPU token ladder x 8 "
                  "seeds, LRs profiled per optimizer level and seed, a 64x baseline ladder for the reference law",
                  tuple(names), design, ladder(rungs), tuple(seeds), DataConfig(), Recipe(),
                  CPU_EXECUTOR, None, True, ("noise_cpu",), reference_rungs=CPU_REFERENCE_RUNGS,

@@ -66,7 +66,7 @@ def analyse_set(study_dir: Path, name: str) -> list[dict]:
 
 
 def print_tables(sets: pd.DataFrame) -> dict:
-    from marin_ablate.analysis.calibration.replication import pairs, replicates, summary
+    from marin_ablate.analysis.calibration.replication import pairs, replicates, summary, variance_test, verdict_counts
 
     def mult(r) -> str:
         if not np.isfinite(r["est"]):
@@ -88,41 +88,133 @@ def print_tables(sets: pd.DataFrame) -> dict:
         s = summary(p)
         print("\nper component:")
         print(s.to_string(index=False))
-    ok, why = replicates(p)
+    v = variance_test(sets)
+    print("\nvariance test of the set means against the spread their intervals imply (Cochran's Q per component):")
+    print(pd.DataFrame(v["per_component"]).T.round(3).to_string())
+    print(f"  {v['why']}")
+    counts = verdict_counts(sets)
+    print("components (and TOTAL) carrying a gain or loss verdict, per set: "
+          + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    ok, why = replicates(p, v)
     print(f"\n{'REPLICATES' if ok else 'DOES NOT REPLICATE'}: {why}")
-    return {"replicates": ok, "why": why, "summary": s.to_dict("records"), "pairs": p.to_dict("records")}
+    return {"replicates": ok, "why": why, "summary": s.to_dict("records"), "pairs": p.to_dict("records"),
+            "variance": {k: val for k, val in v.items() if k != "per_component"}, "verdicts": counts}
 
 
-def planted(n: int, n_seeds: int, seed: int) -> pd.DataFrame:
-    """Coverage of the mean effect per component over n simulated smoke studies with planted component x
-    seed variation, three ways (module docstring)."""
-    from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table, study_design
+FACTORS = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
+KW = dict(n_boot=0, boot_method="none", law_forms=("power",), responses=("quality",))
+
+
+def _truth(rng, main_sd: float = 0.08, zero: tuple[str, ...] = ()):
+    from marin_ablate.analysis.calibration.simulate import SimTruth
+
+    sd = {f: SEED_EFFECT_SD.get(f, OTHER_SD) for f in FACTORS}
+    main = {f: 0.0 if f in zero else float(rng.normal(0, main_sd)) for f in FACTORS}
+    scale = {f: float(rng.normal(0, 0.03)) for f in FACTORS}  # each component's own trend with compute
+    return SimTruth(FACTORS, main=main, scale=scale, linf=2.0, A=60.0, alpha=0.15, c_ref=3e12, noise_sd=0.004,
+                    seed_sd=0.01, flops_per_token=6 * 2.4e5, seed_effect_sd=sd), sd
+
+
+def _rungs(names: list[str]) -> dict[str, float]:
+    return {r: float(r.removeprefix("cpu_s")) * 1024.0 for r in names}
+
+
+def _covers(t, a, target: float) -> dict[str, bool]:
+    """Per value (component or TOTAL) and place (C_ref, each rung, the 10x target): does its interval hold the
+    mean effect over seeds?"""
+    out = {}
+    for where, comp, c in [("C_ref", a.components, a.c_ref), ("@10x", a.extrapolation, target)]:
+        tr = t.shapley(c)
+        tr["TOTAL"] = sum(tr.values())
+        for r in comp.itertuples():
+            out[(r.component, where)] = bool(r.shapley_lo <= tr[r.component] <= r.shapley_hi)
+    for r in a.per_rung.itertuples():
+        tr = t.shapley(r.compute)
+        tr["TOTAL"] = sum(tr.values())
+        out[(r.component, f"rung {r.rung}")] = bool(r.lo <= tr[r.component] <= r.hi)
+    return out
+
+
+def planted(n: int, n_seeds: int, seed: int, rungs: list[str]) -> pd.DataFrame:
+    """Coverage of the mean effect per component over n simulated smoke studies of the default design (16 arms,
+    `rungs`, n_seeds seeds, the law pinned as the smoke study pins it) with planted component x seed variation
+    (module docstring): at C_ref with one seed (the old default) and with every seed, per rung, and at 10x the
+    top rung."""
+    from marin_ablate.analysis.calibration.simulate import simulate_table, study_design
     from marin_ablate.analysis.pipeline import analyze_table
 
-    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
-    design = study_design("smoke", factors)
-    sd = {f: SEED_EFFECT_SD.get(f, OTHER_SD) for f in factors}
-    rungs = {f"cpu_s{k}": k * 1024.0 for k in (32, 64, 128)}
+    design = study_design("smoke", FACTORS)
     rng = np.random.default_rng(seed)
-    ways = {"one seed": {}, f"{n_seeds} seeds, residual interval": {}, f"{n_seeds} seeds, between-seed": {}}
-    kw = dict(n_boot=0, boot_method="none", law_forms=("power",), responses=("quality",))
+    hits: dict = {}
     t0 = time.time()
     for i in range(n):
-        truth = SimTruth(factors, main={f: float(rng.normal(0, 0.08)) for f in factors}, linf=2.0, A=60.0,
-                         alpha=0.15, c_ref=3e12, noise_sd=0.004, seed_sd=0.01, flops_per_token=6 * 2.4e5,
-                         seed_effect_sd=sd)
-        df = simulate_table(truth, rungs=rungs, seeds=n_seeds, design=design, rng=rng)
-        pins = dict(pin_linf=truth.linf, pin_alpha=truth.alpha)  # as the smoke study pins its law from a ladder
-        for (name, cov), (sub, rep) in zip(ways.items(), ((df[df["seed"] == 0], False), (df, False), (df, True)),
-                                           strict=True):
-            a = analyze_table(sub, replicates=rep, **pins, **kw)
-            tr = truth.shapley(a.c_ref)
-            tr["TOTAL"] = sum(tr.values())
-            for r in a.components.itertuples():
-                cov.setdefault(r.component, []).append(bool(r.shapley_lo <= tr[r.component] <= r.shapley_hi))
+        t, sd = _truth(rng)
+        df = simulate_table(t, rungs=_rungs(rungs), seeds=n_seeds, design=design, rng=rng)
+        pins = dict(pin_linf=t.linf, pin_alpha=t.alpha)  # as the smoke study pins its law from a ladder
+        target = 10 * float(df["train_flops"].max())
+        a = analyze_table(df, target_compute=target, force_extrapolation=True, **pins, **KW)
+        one = analyze_table(df[df["seed"] == 0], replicates=False, **pins, **KW)
+        tr = t.shapley(one.c_ref)
+        tr["TOTAL"] = sum(tr.values())
+        for r in one.components.itertuples():
+            hits.setdefault((r.component, "C_ref, one seed"), []).append(bool(r.shapley_lo <= tr[r.component]
+                                                                             <= r.shapley_hi))
+        for k, v in _covers(t, a, target).items():
+            hits.setdefault(k, []).append(v)
         print(f"  study {i + 1}/{n} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-    tab = pd.DataFrame({w: {c: float(np.mean(v)) for c, v in cov.items()} for w, cov in ways.items()})
+    tab = pd.Series({k: float(np.mean(v)) for k, v in hits.items()}).unstack()
+    tab = tab.reindex(index=[*FACTORS, "TOTAL"])
     tab.insert(0, "planted sd", [sd.get(c, np.sqrt(sum(x * x for x in sd.values()))) for c in tab.index])
+    return tab
+
+
+def stopping(n: int, n0: int, n_max: int, target: float, seed: int, rungs: list[str]) -> pd.DataFrame:
+    """Coverage at C_ref of studies stopped three ways, each over the same simulated seeds (the first N of n_max):
+    Stein's two-stage rule as `run --until` runs it (pilot n0, every component and the TOTAL named), a naive
+    width rule (add a seed until each value's own interval is no wider than `target`) and a significance rule (add
+    a seed until each value's interval excludes 1). Components planted with no effect (xsa, qk_norm) show what
+    stopping on significance does. Also the mean seeds each rule ran."""
+    from marin_ablate.analysis.calibration.simulate import simulate_table, study_design
+    from marin_ablate.analysis.calibration.stopping import Until, stein_plan
+    from marin_ablate.analysis.fit.replicates import Stein
+    from marin_ablate.analysis.pipeline import analyze_table
+
+    design = study_design("smoke", FACTORS)
+    rng = np.random.default_rng(seed)
+    hits: dict = {}
+    used: dict = {}
+    t0 = time.time()
+    for i in range(n):
+        t, _ = _truth(rng, zero=("xsa", "qk_norm"))
+        df = simulate_table(t, rungs=_rungs(rungs), seeds=n_max, design=design, rng=rng)
+        pins = dict(pin_linf=t.linf, pin_alpha=t.alpha)
+        first = {}  # per value: (estimate, lo, hi, seeds) at the first N each naive rule stops, else at n_max
+        tr = None
+        for k in range(n0, n_max + 1):
+            a = analyze_table(df[df["seed"] < k], **pins, **KW)
+            tr = t.shapley(a.c_ref)
+            tr["TOTAL"] = sum(tr.values())
+            c = a.components.set_index("component")
+            if k == n0:
+                est = {x: [v.components.set_index("component").loc[x, "shapley"] for v in a.per_seed.values()]
+                       for x in c.index}
+                model = {x: (c.loc[x, "shapley_model_hi"] - c.loc[x, "shapley_model_lo"]) / 2 for x in c.index}
+                plan = stein_plan(tuple(range(n0)), est, model, Until(target, max_seeds=n_max))
+            for x, r in c.iterrows():
+                for rule, stop in (("width", (r.shapley_hi - r.shapley_lo) / 2 <= target),
+                                   ("significance", r.shapley_lo > 0 or r.shapley_hi < 0)):
+                    if (rule, x) not in first and (stop or k == n_max):
+                        first[(rule, x)] = (r.shapley_lo, r.shapley_hi, k)
+        s = analyze_table(df[df["seed"] < plan.seeds], stein=Stein(tuple(range(n0))), **pins, **KW)
+        for x, r in s.components.set_index("component").iterrows():
+            first[("stein", x)] = (r.shapley_lo, r.shapley_hi, plan.seeds)
+        for (rule, x), (lo, hi, k) in first.items():
+            hits.setdefault((x, rule), []).append(bool(lo <= tr[x] <= hi))
+            used.setdefault(rule, []).append(k)
+        print(f"  study {i + 1}/{n} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    tab = pd.Series({k: float(np.mean(v)) for k, v in hits.items()}).unstack()[["stein", "width", "significance"]]
+    tab = tab.reindex(index=[*FACTORS, "TOTAL"])
+    tab.loc["mean seeds run"] = [float(np.mean(used[r])) for r in tab.columns]
     return tab
 
 
@@ -136,18 +228,31 @@ def main() -> int:
     ap.add_argument("--out", default="runs/seed_replication")
     ap.add_argument("--analyze-only", action="store_true", help="analyse the sets' folders, run nothing")
     ap.add_argument("--planted", type=int, default=0, metavar="N", help="simulated studies instead of training")
-    ap.add_argument("--planted-seeds", type=int, default=3)
+    ap.add_argument("--planted-seeds", type=int, default=8)
+    ap.add_argument("--planted-rungs", default="cpu_s32,cpu_s64")
+    ap.add_argument("--stopping", type=int, default=0, metavar="N",
+                    help="simulated studies stopped three ways (Stein's --until, naive width, significance)")
+    ap.add_argument("--pilot", type=int, default=4, help="--stopping: the pilot's seeds")
+    ap.add_argument("--max-seeds", type=int, default=24, help="--stopping: seeds at most")
+    ap.add_argument("--target", type=float, default=0.2, help="--stopping: the half-width asked for (ln M)")
     ap.add_argument("--json", default=None, help="write the tables here")
     args, extra = ap.parse_known_args()
     extra = [x for x in extra if x != "--"]
     if args.sets < 2 and not args.planted:
         ap.error(f"--sets {args.sets}: allowed values: 2 or more (pairs of seed sets are compared)")
-    if args.seeds_per_set < 1 or args.planted_seeds < 3:
-        ap.error("--seeds-per-set: allowed values >= 1; --planted-seeds: allowed values >= 3")
-    if args.planted:
-        tab = planted(args.planted, args.planted_seeds, seed=0)
-        print(f"\ncoverage of the mean effect over {args.planted} simulated smoke studies "
-              "(planted component x seed sd in ln M):")
+    if args.seeds_per_set < 1 or args.planted_seeds < 2:
+        ap.error("--seeds-per-set: allowed values >= 1; --planted-seeds: allowed values >= 2")
+    if args.planted or args.stopping:
+        rungs = args.planted_rungs.split(",")
+        if args.planted:
+            tab = planted(args.planted, args.planted_seeds, 0, rungs)
+            what = (f"coverage of the mean effect over {args.planted} simulated smoke studies ({args.planted_seeds} "
+                    f"seeds x {', '.join(rungs)}; planted component x seed sd in ln M)")
+        else:
+            tab = stopping(args.stopping, args.pilot, args.max_seeds, args.target, 0, rungs)
+            what = (f"coverage at C_ref over {args.stopping} simulated smoke studies stopped three ways (pilot "
+                    f"{args.pilot} seeds, at most {args.max_seeds}, target half-width {args.target})")
+        print(f"\n{what}:")
         print(tab.round(3).to_string())
         if args.json:
             Path(args.json).write_text(json.dumps(tab.to_dict(), indent=1))

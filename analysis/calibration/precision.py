@@ -31,8 +31,13 @@ from scipy import stats
 #: fitted law (docs/calibration/: α 0.2253, L∞ 1.736 and 1.22 nats of reducible loss at its C_ref).
 DEFAULT_SD = 0.01
 DEFAULT_LAW = {"linf": 1.736, "alpha": 0.2253, "reducible_at_cref": 1.22}
-#: Options the target search tries: seeds per arm, and fractions of the study's design.
-MAX_SEEDS = 8
+#: The component x seed sd in ln M the smoke study measured (per-seed estimates of 12 seeds, benchmarks/RESULTS.md
+#: "Seed replication"): the planner's prior where no noise source measures its own (docs/method.md §4.11).
+MEASURED_SEED_SD = (("optimizer", 0.33), ("sconv", 0.15))
+MEASURED_SEED_SD_OTHER = 0.05
+#: Options the target search tries: seeds per arm (seeds are what narrow a component x seed term), and fractions
+#: of the study's design.
+MAX_SEEDS = 32
 #: The planner's assumed effect: every component's ln M = this (a ~10% multiplier, the size of the
 #: recipe's components), all in the same direction; a shift shared by a (seed × rung) cluster moves
 #: the law's local slope and with it every multiplier in proportion to its size.
@@ -226,6 +231,36 @@ def _between_half(one_hw: np.ndarray, one_dof: int, components: list[str], noise
 # ---------------------------------------------------------------------------------------------
 
 
+def default_noise() -> Noise:
+    """The stated default: DEFAULT_SD nats per run, no (seed × rung) shift, the smoke study's measured component x
+    seed sd (MEASURED_SEED_SD)."""
+    sd = ", ".join(f"{c} {v:g}" for c, v in MEASURED_SEED_SD)
+    return Noise(DEFAULT_SD, seed_sd=MEASURED_SEED_SD, seed_sd_other=MEASURED_SEED_SD_OTHER,
+                 source=f"default: {DEFAULT_SD} nats per run, no (seed × rung) shift (assumed; measure it with a noise "
+                        f"study); component x seed sd in ln M as the smoke study measured it: {sd}, the others "
+                        f"{MEASURED_SEED_SD_OTHER:g}")
+
+
+def seed_sd_of(a) -> dict[str, float]:
+    """{component or TOTAL: its component x seed sd in ln M} of an analysed study with two or more seeds: the
+    per-seed estimates' sd with one seed's model variance (the mean of theirs) taken out; {} with one seed."""
+    if not getattr(a, "per_seed", None) or not len(a.components) or "between_seeds" not in a.components:
+        return {}
+    from marin_ablate.analysis.responses import law_column
+
+    c = a.components[a.components["response"] == law_column()]
+    out = {}
+    for r in c.itertuples():
+        if r.between_seeds < 2 or not math.isfinite(r.shapley_se_between):
+            continue
+        se1 = [float(x.components.set_index(["response", "component"]).loc[(law_column(), r.component), "shapley_se"])
+               for x in a.per_seed.values() if (law_column(), r.component) in
+               set(zip(x.components["response"], x.components["component"], strict=True))]
+        s2 = r.shapley_se_between**2 * r.between_seeds - (float(np.nanmean(se1)) ** 2 if se1 else 0.0)
+        out[str(r.component)] = math.sqrt(max(s2, 0.0))
+    return out
+
+
 def noise_from(path: str | Path) -> Noise:
     """The noise of a finished study folder (or results file): a seed panel (one rung, or at most two
     arms) gives the seed-to-seed sd per rung; an analysed factorial gives its fit's residuals."""
@@ -275,8 +310,8 @@ def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     from marin_ablate.analysis.pipeline import analyze_table
     from marin_ablate.analysis.responses import law
 
-    a = analyze_table(ok, n_boot=0, boot_method="none", responses=(law().name,), law_forms=("power",),
-                      replicates=False)
+    a = analyze_table(ok, n_boot=0, boot_method="none", responses=(law().name,), law_forms=("power",))
+    seeds = seed_sd_of(a)
     jf = a.joint.get("power")
     if jf is None or jf.dof <= 0:
         raise ValueError(f"--noise {path}: its quality fit has no residual df ({'; '.join(a.notes[-2:])})")
@@ -293,7 +328,12 @@ def _residual_noise(ok: pd.DataFrame, path) -> Noise:
               else "no cluster df to measure a (seed × rung) shift")
            + (f"; its law L∞ {law[0]:.4g}, A {law[1]:.4g}, α {law[2]:.4g}" if law
               else "; its law not used (α ≤ 0)"))
-    return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=law)
+    if seeds:
+        src += (f"; component x seed sd over its {int(ok['seed'].nunique())} seeds: "
+                + ", ".join(f"{c} {v:.3g}" for c, v in seeds.items()))
+    other = float(np.median([v for c, v in seeds.items() if c != "TOTAL"])) if seeds else 0.0
+    return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=law, seed_sd=tuple(seeds.items()),
+                 seed_sd_other=other)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +535,7 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
 
     if target is not None and not (target > 0 and math.isfinite(target)):
         raise ValueError(f"--target-halfwidth {target}; allowed values: a positive ln-scale half-width, e.g. 0.05")
-    noise = noise_from(noise_path) if noise_path else Noise(DEFAULT_SD)
+    noise = noise_from(noise_path) if noise_path else default_noise()
     if not as_json:
         return format_precision(study, noise, target=target, pinned=pinned)
     lay, _ = study_layout(study)
@@ -511,3 +551,31 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
         out["target_halfwidth"] = target
         out["options"] = options(study, noise, target).to_dict("records")
     return json.dumps(out, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=None) -> pd.DataFrame:
+    """What `run STUDY --until.halfwidth H` expects to run (docs/method.md §4.11): per named value its expected
+    seed sd (one seed's model standard error and the component x seed sd in quadrature), the seeds Stein's rule
+    asks for at that sd from the study's seeds as the pilot, and the cost of the seeds in all (the plan's own
+    per-run numbers; the LR profile's runs not included)."""
+    from marin_ablate.analysis.calibration.stopping import seeds_for
+
+    lay, rows = study_layout(study)
+    k = lay.seeds
+    pin_cov, pin_law, _, valley = study_pin(study, noise, pinned)  # the law as `run` pins it (format_precision)
+    kw = dict(level=level, ratios=(1.0,), log_m=assumed_effects, between=False, pin_cov=pin_cov,
+              law=pin_law if noise.law is None else None, pin_valley=valley if noise.law is None or pin_law is None
+              else ())
+    one, _ = predict(replace(lay, seeds=1), noise, **kw)
+    pilot, _ = predict(lay, noise, **kw)
+    q1 = float(stats.t.ppf(0.5 + level / 2, max(int(one.attrs["dof"]), 1)))
+    factors = [c for c in one["component"] if c != "TOTAL"]
+    per_seed = len(lay.design) * sum(r["cost"] for r in rows)
+    out = []
+    for r, m in zip(one.itertuples(), pilot["hw_1x"], strict=True):
+        if until.components and r.component not in until.components:
+            continue
+        sd = math.sqrt((r.hw_1x / q1) ** 2 + noise.component_seed_sd(r.component, factors) ** 2)
+        n = max(min(seeds_for(sd, float(m), k, until.halfwidth, level), until.max_seeds), k)
+        out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n})
+    return pd.DataFrame(out)

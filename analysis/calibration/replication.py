@@ -1,12 +1,15 @@
 """Does the main job's answer survive a change of seed? The arithmetic of benchmarks/seed_replication.py.
 
-The same study is run at K disjoint seed sets. Each set's Findings give, per component and the TOTAL, an
-estimate of ln M with its 95% interval and a verdict (gain / loss / none). Two sets agree on a component
-when their estimates differ by no more than the combined half-width √(h_i² + h_j²) (h the ln-scale
-half-width: the half-width of the difference of two independent estimates), their verdicts are not
-"gain" at one and "loss" at the other, and their intervals do not lie wholly on opposite sides of 1.
-The study's answer replicates (docs/method.md §4.4) when at least `WITHIN_MIN` of all pairs agree in the
-first sense and no pair flips or lies on opposite sides. No torch import.
+The same study is run at J disjoint seed sets. Each set's Findings give, per component and the TOTAL, an
+estimate of ln M with its 95% interval and a verdict (gain / loss / none). The answer replicates
+(docs/method.md §4.11) when no component is a gain at one set and a loss at another, and the set means scatter
+as much as their intervals say they should: the variance test (`variance_test`) compares, per component,
+Cochran's Q = Σ_j (m_j − m̄)²/se_j² (se_j the set's half-width over its t quantile, m̄ the inverse-variance mean)
+summed over components with its distribution when every interval is right, drawn by Monte Carlo from the pivot
+(z_j normal, se_j² a χ²(df_j)/df_j draw: Q then depends on the df alone). Both tails fail it: intervals too
+narrow give a large Q, too wide a small one. Pairs of sets within their combined half-width √(h_i² + h_j²) are
+counted too (a description: under correct intervals a pair falls outside only when |z| > 2.8·√2, so that count
+cannot find an interval too wide). No torch import.
 """
 
 from __future__ import annotations
@@ -16,12 +19,56 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 #: The fraction of (component, set pair) differences that must lie within their combined half-widths.
 WITHIN_MIN = 0.95
 #: Columns of a per-set table: one row per (set, component), ln-scale estimate and interval.
 SET_COLUMNS = ("set", "seeds", "component", "est", "lo", "hi", "verdict")
 VERDICTS = ("gain", "loss", "none")
+#: The variance test's two-sided level, and its Monte Carlo draws.
+VARIANCE_ALPHA, VARIANCE_DRAWS = 0.05, 20_000
+
+
+def variance_test(sets: pd.DataFrame, level: float = 0.95, draws: int = VARIANCE_DRAWS, seed: int = 0) -> dict:
+    """Do the set means scatter as their intervals say? Per component Cochran's Q over its sets, summed over
+    components, against the sum's distribution under correct intervals (module docstring). `df` per row (the
+    t quantile's df; default the set's seeds − 1). Returns Q, its expected value, the two-sided p, the side
+    ("too narrow" / "too wide" / ""), per-component Q and df, and passes (p ≥ VARIANCE_ALPHA)."""
+    rng = np.random.default_rng(seed)
+    q_obs, null, per = 0.0, np.zeros(draws), {}
+    for comp, g in sets.groupby("component", sort=False):
+        g = g[np.isfinite(g[["est", "lo", "hi"]].to_numpy(float)).all(axis=1) & (g["hi"] > g["lo"])]
+        if len(g) < 2:
+            continue
+        df = (g["df"].to_numpy(float) if "df" in g else
+              np.array([max(len(str(s).split(",")) - 1, 1) for s in g["seeds"]], float))
+        se = (g["hi"].to_numpy(float) - g["lo"].to_numpy(float)) / 2 / stats.t.ppf(0.5 + level / 2, df)
+        m = g["est"].to_numpy(float)
+        w = 1 / se**2
+        q = float(np.sum(w * (m - np.sum(w * m) / np.sum(w)) ** 2))
+        z = rng.standard_normal((draws, len(g)))
+        u = rng.chisquare(df, (draws, len(g))) / df
+        wz = 1 / u
+        null += np.sum(wz * (z - (np.sum(wz * z, 1) / np.sum(wz, 1))[:, None]) ** 2, 1)
+        q_obs += q
+        per[str(comp)] = {"Q": q, "sets": len(g)}
+    if not per:
+        return {"Q": math.nan, "expected": math.nan, "p": math.nan, "side": "", "per_component": per,
+                "passes": False, "why": "no component with two finite intervals"}
+    lo_p, hi_p = float(np.mean(null <= q_obs)), float(np.mean(null >= q_obs))
+    p = min(1.0, 2 * min(lo_p, hi_p))
+    side = "" if p >= VARIANCE_ALPHA else ("too wide" if lo_p < hi_p else "too narrow")
+    exp = float(np.mean(null))
+    why = (f"set means scatter Q = {q_obs:.3g} against {exp:.3g} expected under correct intervals over "
+           f"{len(per)} component(s), two-sided p = {p:.2g}" + (f": intervals {side}" if side else ""))
+    return {"Q": q_obs, "expected": exp, "p": p, "side": side, "per_component": per, "passes": p >= VARIANCE_ALPHA,
+            "why": why}
+
+
+def verdict_counts(sets: pd.DataFrame) -> dict[str, int]:
+    """{set: how many of its components (and TOTAL) carry a gain or loss verdict}."""
+    return {str(k): int((g["verdict"] != "none").sum()) for k, g in sets.groupby("set", sort=False)}
 
 
 def pairs(sets: pd.DataFrame) -> pd.DataFrame:
@@ -66,16 +113,19 @@ def summary(p: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def replicates(p: pd.DataFrame, within_min: float = WITHIN_MIN) -> tuple[bool, str]:
-    """(True, why) when the answer survives the change of seed: at least `within_min` of all pairs within
-    their combined half-widths, no gain/loss flip, no intervals wholly on opposite sides of 1."""
+def replicates(p: pd.DataFrame, variance: dict | None = None) -> tuple[bool, str]:
+    """(True, why) when the answer survives the change of seed: no gain/loss flip, no intervals wholly on opposite
+    sides of 1, and (given) the variance test passes; the pairs within their combined half-widths are reported."""
     if not len(p):
         return False, "no pair of seed sets to compare"
     s = summary(p).iloc[-1]
-    why = (f"{s['within']} of {s['pairs']} pairs ({s['within_frac']:.0%}) within their combined 95% half-widths "
-           f"(needed {within_min:.0%}); {s['flips']} gain/loss flip(s); {s['opposite']} pair(s) with intervals on "
-           "opposite sides of 1")
-    return bool(s["within_frac"] >= within_min and s["flips"] == 0 and s["opposite"] == 0), why
+    why = (f"{s['flips']} gain/loss flip(s); {s['opposite']} pair(s) with intervals on opposite sides of 1; "
+           f"{s['within']} of {s['pairs']} pairs ({s['within_frac']:.0%}) within their combined 95% half-widths")
+    ok = bool(s["flips"] == 0 and s["opposite"] == 0)
+    if variance is not None:
+        why += f"; variance test: {variance['why']}"
+        ok = ok and bool(variance["passes"])
+    return ok, why
 
 
 def findings_rows(a, set_name: str, response: str = "ln_M") -> list[dict]:
@@ -88,14 +138,14 @@ def findings_rows(a, set_name: str, response: str = "ln_M") -> list[dict]:
     seeds = ",".join(str(int(s)) for s in sorted(a.table["seed"].dropna().unique())) if "seed" in a.table else ""
     rows = []
     for f in [*a.factors, "TOTAL"]:
+        c = comp[(comp["response"] == response) & (comp["component"] == f)]
+        est, lo, hi = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi")) if len(c)
+                       else (math.nan,) * 3)
+        df = float(c.iloc[0]["shapley_df"]) if len(c) and "shapley_df" in c else math.nan
         if f == "TOTAL":
             est, lo, hi, _ = recommended_total(a, response)
-        else:
-            c = comp[(comp["response"] == response) & (comp["component"] == f)]
-            est, lo, hi = ((float(c.iloc[0][k]) for k in ("shapley", "shapley_lo", "shapley_hi")) if len(c)
-                           else (math.nan,) * 3)
         cell = finding(a, response, f)
         verdict = next((v for v in ("gain", "loss") if f": {v}" in cell and not cell.endswith("CPU")), "none")
         rows.append({"set": set_name, "seeds": seeds, "component": f, "est": est, "lo": lo, "hi": hi,
-                     "verdict": verdict, "cell": cell})
+                     "verdict": verdict, "cell": cell, "df": df})
     return rows

@@ -187,3 +187,34 @@ def test_the_report_says_what_it_would_take_for_each_value_that_needs_it(tmp_pat
     assert lines[0] == "## What it would take"
     assert any("`marin-ablate run sim --until.halfwidth" in ln for ln in lines)
     assert isinstance(pd.DataFrame(list(rows.values())), pd.DataFrame)
+
+
+# ---- the planner: each component's seed sd, and what `--until` expects to run -----------------------------------
+
+
+def test_the_planner_widens_each_component_by_its_own_seed_sd():
+    from marin_ablate.analysis.calibration.precision import Layout, Noise, predict
+    from marin_ablate.analysis.calibration.simulate import design_rows
+
+    lay = Layout(design_rows(3), ("a", "b", "c"), (1e12, 2e12), 6)
+    flat, _ = predict(lay, Noise(0.01), ratios=(1.0,))
+    seedy, _ = predict(lay, Noise(0.01, seed_sd=(("b", 0.3),), seed_sd_other=0.0), ratios=(1.0,))
+    one, _ = predict(Layout(lay.design, lay.factors, lay.computes, 1), Noise(0.01), ratios=(1.0,), between=False)
+    f, s, o = (t.set_index("component")["hw_1x"] for t in (flat, seedy, one))
+    q1 = stats.t.ppf(0.975, one.attrs["dof"])
+    want = (stats.t.ppf(0.975, 5) * math.sqrt((o["b"] / q1) ** 2 + 0.3**2) / math.sqrt(6)
+            * math.sqrt(stats.chi2.median(5) / 5))
+    assert s["b"] == pytest.approx(max(want, f["b"]), rel=1e-9) and s["b"] > 3 * f["b"]
+    assert s["a"] == pytest.approx(f["a"]) and s["TOTAL"] > f["TOTAL"]  # the TOTAL carries b's in quadrature
+
+
+def test_plan_until_expects_more_seeds_for_the_component_that_moves_most_with_the_seed():
+    from marin_ablate.ablations.studies import smoke
+    from marin_ablate.analysis.calibration.precision import default_noise, until_expectation
+
+    t = until_expectation(smoke(), default_noise(), Until(0.2)).set_index("component")
+    assert t.loc["optimizer", "seeds"] > t.loc["sconv", "seeds"] >= t.loc["xsa", "seeds"] == 8  # the pilot's 8
+    assert t.loc["TOTAL", "seeds"] >= t.loc["optimizer", "seeds"]
+    assert t.loc["optimizer", "seed_sd"] == pytest.approx(0.33, abs=0.02)
+    named = until_expectation(smoke(), default_noise(), Until(0.2, components=("sconv",)))
+    assert list(named["component"]) == ["sconv"]

@@ -191,7 +191,7 @@ def test_pairs_compare_each_difference_with_the_combined_half_width():
     assert not ok and "0 of 1 pairs" in why and "1 gain/loss flip(s)" in why
 
 
-def test_an_answer_replicates_only_with_95_percent_within_and_no_flip():
+def test_an_answer_replicates_only_without_a_flip_and_with_a_variance_test_that_passes():
     good = _sets([("a", "x", 0.30, 0.2, "gain"), ("b", "x", 0.10, 0.2, "none"), ("c", "x", 0.25, 0.1, "gain"),
                   ("a", "TOTAL", 0.5, 0.3, "gain"), ("b", "TOTAL", 0.6, 0.3, "gain"), ("c", "TOTAL", 0.2, 0.3, "none")])
     p = pairs(good)
@@ -199,15 +199,43 @@ def test_an_answer_replicates_only_with_95_percent_within_and_no_flip():
     s = summary(p).set_index("component")
     assert s.loc["all", "pairs"] == 6 and s.loc["x", "max_ratio"] == pytest.approx(0.2 / math.hypot(0.2, 0.2))
     assert replicates(p)[0]
-    # one pair outside of 6: 83% < 95%
-    assert not replicates(pairs(good.assign(est=np.where((good["set"] == "c") & (good["component"] == "x"), 0.9,
-                                                         good["est"]))))[0]
+    assert not replicates(p, {"passes": False, "why": "intervals too wide"})[0]
     # within its half-widths but a gain at one set and a loss at another
     flip = _sets([("a", "x", 0.05, 0.3, "gain"), ("b", "x", -0.05, 0.3, "loss")])
     ok, why = replicates(pairs(flip))
     assert not ok and "1 gain/loss flip(s)" in why
     with pytest.raises(ValueError, match=r"verdict values \['win'\]; allowed values: gain, loss, none"):
         pairs(_sets([("a", "x", 0.1, 0.1, "win")]))
+
+
+def _planted_sets(width: float, rng, n_sets: int = 4, k: int = 8) -> pd.DataFrame:
+    """Per-set tables of 8 components whose set means scatter as N(mu, sd²/k) and whose reported half-widths are
+    `width` times the right t(k−1)·s/√k (s a χ²(k−1) draw of the seed sd)."""
+    sd = {"optimizer": 0.33, "sconv": 0.15, "TOTAL": 0.38, **{f"c{i}": 0.05 for i in range(5)}}
+    rows = []
+    for j in range(n_sets):
+        for c, v in sd.items():
+            m = rng.normal(0.1, v / math.sqrt(k))
+            h = width * stats.t.ppf(0.975, k - 1) * v * math.sqrt(rng.chisquare(k - 1) / (k - 1)) / math.sqrt(k)
+            rows.append({"set": f"s{j}", "seeds": ",".join(map(str, range(j * k, (j + 1) * k))), "component": c,
+                         "est": m, "lo": m - h, "hi": m + h, "verdict": "none"})
+    return pd.DataFrame(rows)
+
+
+def test_the_variance_test_passes_right_intervals_and_fails_three_times_too_wide_or_too_narrow():
+    from marin_ablate.analysis.calibration.replication import variance_test
+
+    rng = np.random.default_rng(1)
+    passed = [variance_test(_planted_sets(1.0, rng), draws=4000, seed=i)["passes"] for i in range(20)]
+    assert sum(passed) >= 17  # a 5% test: about 19 of 20
+    wide = variance_test(_planted_sets(3.0, rng), draws=4000)
+    narrow = variance_test(_planted_sets(1 / 3, rng), draws=4000)
+    assert not wide["passes"] and wide["side"] == "too wide" and wide["Q"] < wide["expected"] / 4
+    assert not narrow["passes"] and narrow["side"] == "too narrow" and narrow["Q"] > 4 * narrow["expected"]
+    # the arithmetic: one component, two sets, equal se: Q = (m1 − m2)²/(2·se²)
+    two = _sets([("a", "x", 0.0, 0.2, "none"), ("b", "x", 0.3, 0.2, "none")]).assign(df=7.0)
+    se = 0.2 / stats.t.ppf(0.975, 7)
+    assert variance_test(two, draws=100)["Q"] == pytest.approx(0.3**2 / (2 * se**2))
 
 
 def test_an_observed_total_that_leads_findings_is_widened_by_the_seeds_own_observed_totals():

@@ -57,7 +57,7 @@ def test_quick_start_studies_and_plan_lines_run_verbatim(tmp_path):
     assert len(lines) == 3, "Quick start shows studies, plan --preset and plan smoke"
     r = _bash("\n".join(lines), tmp_path, _env(tmp_path))
     assert re.search(r"^smoke +CPU smoke: 7 recipe factors", r.stdout, re.M)
-    assert "study smoke" in r.stdout and "runs: 144 (cpu_s32: 48, cpu_s64: 48, cpu_s128: 48)" in r.stdout
+    assert "study smoke" in r.stdout and "runs: 256 (cpu_s32: 128, cpu_s64: 128)" in r.stdout
     assert "execution: local, 2 run(s) at once" in r.stdout and re.search(r"time: [\d.]+ min \(90%", r.stdout)
     assert not (tmp_path / "runs").exists()  # plan writes nothing
 

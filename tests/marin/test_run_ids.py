@@ -123,6 +123,6 @@ def test_planning_computes_each_run_id_once(monkeypatch, capsys):
     assert main(["plan", "smoke"]) == 0  # describe, the run list and the epoch check share one spec each
     n = len(calls)
     smoke = get_study("smoke")
-    # the design's 144 runs and, priced before it, the reference ladder's (the baseline arm on its rungs x seeds)
+    # the design's 256 runs and, priced before it, the reference ladder's (the baseline arm on its rungs x seeds)
     ladder = len(smoke.reference_rungs) * len(smoke.reference_seeds)
-    assert n == len(smoke.runs()) + ladder == 144 + 21
+    assert n == len(smoke.runs()) + ladder == 256 + 21

@@ -228,7 +228,8 @@ def test_the_pooled_local_fit_describes_its_points_and_bounds_what_the_choice_co
     rng = np.random.default_rng(0)
     seeds = {s: [(x, _hyperball_like(x, opt=1.2 + 0.1 * s) + 0.3 * s + rng.normal(0, 0.002)) for x in grid]
              for s in range(4)}
-    local = {s: list(zip(*local_window(*zip(*pts)), strict=True)) for s, pts in seeds.items()}
+    local = {s: list(zip(*local_window([x for x, _ in pts], [y for _, y in pts]), strict=True))
+             for s, pts in seeds.items()}
     est = optimum_interval(local)
     every = optimum_interval(seeds)  # every point of every seed: the 1/4x point bends the shared quadratic
     assert est["resid_sd"] < 0.02 < every["resid_sd"]
