@@ -34,7 +34,7 @@ SEEDS_CAP = 256
 class Until:
     """`run STUDY --until.halfwidth H`: add seed blocks until each named value's 95% interval at C_ref has
     half-width at most H in ln M, or a budget is spent (`max_seeds` in all, `minutes` of this machine's wall
-    clock for the added seeds). `components` () names every component and the TOTAL."""
+    clock for the whole invocation, the pilot's included). `components` () names every component and the TOTAL."""
 
     halfwidth: float
     components: tuple[str, ...] = ()
