@@ -26,6 +26,19 @@ from marin_ablate.ablations.ladders import (
 from marin_ablate.marin.config import FACTORS, DataConfig, Recipe, RunSpec, to_dict
 from marin_ablate.marin.schema import FactorCoding, RunMeta
 
+#: The CPU studies' executor: two local runs at once on a 2-core machine, one thread each.
+CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
+                 "timeout_min": 10}
+
+
+def gpu_executor(**extra: Any) -> dict:
+    """The GPU studies' executor: a SLURM array, 16 CPUs and 120 GB per GPU (`extra` overrides)."""
+    # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
+    ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
+          "slurm_array_parallelism": 32}
+    ex.update(extra)
+    return ex
+
 
 def _level_values(f: Factor) -> dict | None:
     """{level name: config value} as meta.json records it (None where a value is not JSON): the analysis

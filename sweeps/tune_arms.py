@@ -14,7 +14,7 @@ import numpy as np
 
 from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.sweeps.executors import ExecOptions
-from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
+from marin_ablate.sweeps.runs import atomic_write_json, plan_runs
 from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs
 from marin_ablate.sweeps.tuning import (
     Profile,
@@ -24,6 +24,7 @@ from marin_ablate.sweeps.tuning import (
     lr_grid,
     open_storage,
     run_grid,
+    tune_dir,
 )
 
 
@@ -61,33 +62,6 @@ def smallest_rung(study: Any) -> str:
     from marin_ablate.marin.config import Recipe
 
     return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
-
-
-def tune_dir(out: str | Path, study_name: str) -> Path:
-    return study_dir(out, study_name) / "tune"
-
-
-def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
-    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
-    path = tune_dir(out, study_name) / "lr_multipliers.json"
-    if not path.exists():
-        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
-    got = read_json(path)
-    try:
-        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
-    except (TypeError, ValueError):
-        return _damaged(path)
-    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
-    if bad:
-        k, v = next(iter(bad.items()))
-        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
-                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
-    return mult
-
-
-def _damaged(path: Path) -> dict:
-    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
-                     "run `marin-ablate run STUDY --tune` again to rewrite it")
 
 
 def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),

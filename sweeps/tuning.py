@@ -509,6 +509,33 @@ def profile_skipped(study: Any) -> str | None:
             f"{PROFILE_MAX_RUN_FLOPS:.0e}: every arm at Marin's fitted heuristic LRs (marin.hparams)")
 
 
+def tune_dir(out: str | Path, study_name: str) -> Path:
+    return study_dir(out, study_name) / "tune"
+
+
+def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
+    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
+    path = tune_dir(out, study_name) / "lr_multipliers.json"
+    if not path.exists():
+        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
+    got = read_json(path)
+    try:
+        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
+    except (TypeError, ValueError):
+        return _damaged(path)
+    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
+                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
+    return mult
+
+
+def _damaged(path: Path) -> dict:
+    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
+                     "run `marin-ablate run STUDY --tune` again to rewrite it")
+
+
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
             overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict | None, dict]:
     """(LR multipliers for `Study.runs` or None, provenance for each run's meta.json): `run --tune`'s
@@ -519,8 +546,6 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     from datetime import datetime, timezone
 
     if tuned:
-        from marin_ablate.sweeps.tune_arms import tune_dir, tuned_multipliers
-
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -83,7 +83,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
 
 @pytest.mark.slow  # real tuning runs of every arm
 def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
-    from marin_ablate.sweeps.tune_arms import tuned_multipliers
+    from marin_ablate.sweeps.tuning import tuned_multipliers
 
     study = "tests/sweeps/test_sweeps.py:tiny_study"
     assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0

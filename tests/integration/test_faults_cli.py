@@ -51,7 +51,7 @@ def test_infinite_lr_scale_is_refused_naming_the_field(tmp_path, capsys):
 
 
 def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, capsys):
-    from marin_ablate.sweeps.tune_arms import tune_dir
+    from marin_ablate.sweeps.tuning import tune_dir
 
     path = tune_dir(tmp_path, "smoke") / "lr_multipliers.json"
     path.parent.mkdir(parents=True)

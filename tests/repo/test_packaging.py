@@ -12,11 +12,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
+from checkout import copy_checkout
+from test_contracts import package_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("marin", "ablations", "sweeps", "planning", "analysis")
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+LAYERS = tuple(sorted(p.name for p in (ROOT / "marin_ablate").iterdir() if p.is_symlink()))
 
 # Real distributions whose top-level names are the project's old ones, installed with --no-deps into a folder
 # by .ci/run (`pip install --no-deps --target DIR sweeps marin-core`); required under CI, skipped elsewhere.
@@ -24,30 +24,10 @@ COLLIDERS = os.environ.get("MARIN_COLLIDERS", "")
 COLLIDERS_REQUIRED = os.environ.get("CI", "").lower() == "true"
 
 
-def _package_folders() -> set[str]:
-    out = {"marin_ablate"}
-    for layer in LAYERS:
-        out |= {"marin_ablate." + ".".join(p.parent.relative_to(ROOT).parts)
-                for p in (ROOT / layer).rglob("__init__.py")}
-    return out
-
-
-def test_the_packages_list_names_every_package_folder_under_the_one_name():
-    tool = PYPROJECT["tool"]["setuptools"]
-    assert set(tool["packages"]) == _package_folders()
-    assert tool["package-dir"] == {"marin_ablate": "marin_ablate", **{f"marin_ablate.{x}": x for x in LAYERS}}
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """A wheel built from the tracked files (a copy, so the build leaves nothing in the checkout)."""
-    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, src / rel)
+    src, out = copy_checkout(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(src)], check=True, capture_output=True, timeout=300)
     (whl,) = out.glob("marin_ablate-*.whl")
@@ -63,7 +43,15 @@ def test_the_wheel_adds_exactly_one_top_level_import_name(wheel):
         assert wheel.read(top_level).decode().split() == ["marin_ablate"]
 
 
-def test_the_wheel_ships_the_layers_the_licence_the_type_marker_and_the_corpus_text(wheel):
+def test_the_wheel_ships_every_module_of_the_checkout_at_its_import_path(wheel):
+    """The layers reach the wheel through their links in marin_ablate/: no list of packages to keep."""
+    shipped = {n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in wheel.namelist()
+               if n.endswith(".py")}
+    assert shipped == package_modules()
+    assert {"marin_ablate.marin.model", "marin_ablate.analysis.fit.joint", "marin_ablate.main"} <= shipped
+
+
+def test_the_wheel_ships_the_licence_the_type_marker_the_corpus_text_and_the_notebook(wheel):
     names = set(wheel.namelist())
     for path in ("marin_ablate/main.py", "marin_ablate/marin/model.py", "marin_ablate/ablations/studies.py",
                  "marin_ablate/sweeps/sweep.py", "marin_ablate/planning/hero.py", "marin_ablate/analysis/pipeline.py",
