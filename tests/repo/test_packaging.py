@@ -96,3 +96,34 @@ def test_a_study_runs_with_marins_marin_and_wandbs_sweeps_first_on_the_path(tmp_
     summaries = list((tmp_path / "runs" / "smoke" / "runs").glob("*/summary.json"))
     assert len(summaries) == 16
     assert "wandb" not in r.stderr.lower()
+
+
+# One name from each layer and the command line: where `from MODULE import NAME` sends an editor.
+DEFINITIONS = {"marin": ("config", "ModelConfig"), "ablations": ("study", "Study"), "sweeps": ("sweep", "run_planned"),
+               "planning": ("slurm", "sbatch_params"), "analysis": ("io.results", "load_table"), "": ("main", "main")}
+
+
+def test_go_to_definition_finds_the_real_file_in_each_layer_of_the_development_install(tmp_path):
+    """jedi, from a file outside the checkout, in this interpreter's environment (the README's `pip install -e .`):
+    the definition's file is at its import path under marin_ablate/, which is the layer folder's file."""
+    import json
+    import re
+    import sysconfig
+
+    import jedi
+
+    installed = list(Path(sysconfig.get_paths()["purelib"]).glob("marin_ablate-*.dist-info/direct_url.json"))
+    url = json.loads(installed[0].read_text()) if len(installed) == 1 else {}
+    assert url.get("dir_info", {}).get("editable") and url.get("url") == ROOT.as_uri(), \
+        f"not a development install of this checkout ({url}): pip install -e . (README)"
+    assert set(DEFINITIONS) == {*LAYERS, ""}
+    lines = [f"from marin_ablate.{f'{layer}.' if layer else ''}{mod} import {name}"
+             for layer, (mod, name) in DEFINITIONS.items()]
+    script = jedi.Script("\n".join(lines), path=tmp_path / "x.py",
+                         project=jedi.Project(tmp_path, environment_path=sys.prefix))
+    for i, (line, (layer, (mod, name))) in enumerate(zip(lines, DEFINITIONS.items(), strict=True), 1):
+        (found,) = script.goto(i, len(line) - 1, follow_imports=True)
+        rel = Path(layer, *mod.split(".")).with_suffix(".py")
+        real = ROOT / (layer and rel or Path("marin_ablate", rel))  # a layer's own folder; the CLI's is marin_ablate/
+        assert found.module_path == ROOT / "marin_ablate" / rel and found.module_path.resolve() == real, line
+        assert re.match(rf"(def|class) {name}\b", real.read_text().splitlines()[found.line - 1]), line
