@@ -15,7 +15,7 @@ import numpy as np
 from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs
-from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs
+from marin_ablate.sweeps.sweep import RunReport, at_lrs, check_specs, planned_runs
 from marin_ablate.sweeps.tuning import (
     Profile,
     TuneOptions,
@@ -77,15 +77,13 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
     # the runs: every arm at every grid multiplier
     points: dict[str, list[tuple[float, Any, dict]]] = {}
     heuristic: dict[str, float | None] = {}
+    base = planned_runs(study, out, rungs=[rung], overrides=overrides, sdir=tdir)
+    base = [r for r in base if r.meta["seed"] == seed]
     for x in grid:
-        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
-            if meta["seed"] != seed:
-                continue
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
-            points.setdefault(meta["arm"], []).append((x, spec, dict(meta, tune=True)))
+        for r in at_lrs(base, tdir, {seed: {a: 2.0 ** x for a in study.arm_names}}, overrides=overrides):
+            points.setdefault(r.meta["arm"], []).append((x, r.spec, dict(r.meta, tune=True)))
             if abs(x) < 1e-12:
-                heuristic[meta["arm"]] = resolve_hparams(spec).lr
+                heuristic[r.meta["arm"]] = resolve_hparams(r.spec).lr
     # what `train` refuses is refused before the study folder or the storage is made
     check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
     storage = open_storage(opts, tdir, tune.storage)

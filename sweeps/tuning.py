@@ -538,18 +538,18 @@ def _damaged(path: Path) -> dict:
 
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
             overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict | None, dict]:
-    """(LR multipliers for `Study.runs` or None, provenance for each run's meta.json): `run --tune`'s
-    {arm: multiplier} (tuned), the profile of each LR-coupled factor's levels at each seed as
-    {seed: {arm: multiplier}} (run now when `opts` is given, else read from its file; a file without
-    every seed of the study counts as none), or the heuristic (no LR-coupled factor, profile=False, or a
-    profile rung above PROFILE_MAX_RUN_FLOPS: the provenance then says why, `lr_profile_skipped`)."""
+    """(LR multipliers {seed: {arm: multiplier}} or None, provenance for each run's meta.json): `run --tune`'s per-arm
+    multipliers at every seed (tuned), the profile of each LR-coupled factor's levels at each seed (run now when
+    `opts` is given, else read from its file; a file without every seed of the study counts as none), or the
+    heuristic (no LR-coupled factor, profile=False, or a profile rung above PROFILE_MAX_RUN_FLOPS: the provenance
+    then says why, `lr_profile_skipped`)."""
     from datetime import datetime, timezone
 
     if tuned:
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        return mult, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
+        return {s: mult for s in study.seeds}, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
     skipped = profile_skipped(study) if profile else None
     if skipped:
         return None, {"lr_source": "heuristic", "lr_profile_skipped": skipped}
