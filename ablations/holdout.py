@@ -17,9 +17,9 @@ from typing import Sequence
 
 from marin_ablate.ablations.designs import arms
 from marin_ablate.ablations.factors import Factor, recipe_factor
-from marin_ablate.ablations.ladders import FAST_LADDER_LAW, ladder, ladder_family
-from marin_ablate.ablations.studies import CPU_EXECUTOR, GPU_DATA, H100, gpu_executor
-from marin_ablate.ablations.study import Study
+from marin_ablate.ablations.gb200 import H100
+from marin_ablate.ablations.ladders import FAST_LADDER_LAW, GPU_DATA, ladder, ladder_family
+from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import DataConfig, Recipe
 
 

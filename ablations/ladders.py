@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from marin_ablate.marin.config import (
     LR_HEURISTICS,
+    DataConfig,
     MixturePhase,
     ModelConfig,
     Recipe,
@@ -251,6 +252,8 @@ GPU_RUNGS: dict[str, Rung] = {
 #: every 5%, steps rounded to the nearest (11,420 / 15,276 / 15,128 / 20,072 as its table). EP spans
 #: one rack (64 shards), replicated across racks, so ep_shards is 64 whatever the rack count; its d512
 #: rung runs on one 8-GPU H100 node (`HERO_H100_GPUS`, 3,930 steps).
+GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
+
 HERO_LADDER_RACKS: dict[str, int] = {"d768": 1, "d1024": 2, "d1536": 6, "d2048": 11}
 HERO_LADDER_TPP = 791.0
 #: Marin's hero and its ladder train on a phased mixture whose cooldown starts at 80% of the steps

@@ -17,21 +17,22 @@ No torch import.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from marin_ablate.ablations.designs import arms, fraction, full_factorial
 from marin_ablate.ablations.factors import Factor
 from marin_ablate.ablations.gb200 import GB200, H100, Hardware, HeroPlan  # noqa: F401  (re-exported)
+from marin_ablate.ablations.holdout import holdout
 from marin_ablate.ablations.ladders import (
+    GPU_DATA,
     HERO_MIXTURE,
     HERO_MIXTURE_BLOCK,
     Rung,
     ladder,
     params_active,
 )
-from marin_ablate.ablations.study import Study
+from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
 
 # ---------------------------------------------------------------------------------------------
@@ -43,8 +44,6 @@ from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
 SEVEN = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer")
 SIX_QUALITY = ("xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer")
 
-CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
-                 "timeout_min": 10}
 #: The baseline arm's ladder that pins the CPU studies' reference law: 64x in compute (the design's
 #: rungs span 8x, too little for the law's curvature; docs/method.md §4.1).
 CPU_REFERENCE_RUNGS = ("cpu_s16", "cpu_s32", "cpu_s64", "cpu_s128", "cpu_s256", "cpu_s512", "cpu_s1024")
@@ -54,7 +53,6 @@ CPU_REFERENCE_SEEDS = (0, 1, 2)
 #: The main job's seeds: each a full replication (its own init, data order and LR profile; docs/method.md §4.4);
 #: eight, because the error term of every effect is its component x seed term (docs/method.md §4.11)
 SMOKE_SEEDS = tuple(range(8))
-GPU_DATA = DataConfig(tokenizer="bpe", bpe_vocab=16_384)  # the GPU rungs' 16k vocab (docs/method.md §2.2)
 
 
 def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32", "cpu_s64")) -> Study:
@@ -135,14 +133,6 @@ def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = 
     return Study("calibration", "Calibration: placebo, waste (2x FLOPs counted) and extra-compute (2x tokens) "
                  "planted beside two real factors on the CPU token ladder", factors, design, ladder(rungs),
                  tuple(seeds), DataConfig(), Recipe(), CPU_EXECUTOR, None, True, ())
-
-
-def gpu_executor(**extra: Any) -> dict:
-    # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
-    ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
-          "slurm_array_parallelism": 32}
-    ex.update(extra)
-    return ex
 
 
 def marin535(rungs: Sequence[str] = ("d512", "d768", "d1024"), seeds: Sequence[int] = (0,),
@@ -317,7 +307,7 @@ STUDIES: StudyTable = StudyTable({
     "marin535_ep": marin535_ep,
     "noise": noise,
     "hero": hero,
-    "holdout": lambda **kw: importlib.import_module("marin_ablate.ablations.holdout").holdout(**kw),  # builds on Study
+    "holdout": holdout,
     # the smoke runs before the full job, first to last (docs/gpu.md, "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)

@@ -26,6 +26,19 @@ from marin_ablate.ablations.ladders import (
 from marin_ablate.marin.config import FACTORS, DataConfig, Recipe, RunSpec, to_dict
 from marin_ablate.marin.schema import FactorCoding, RunMeta
 
+#: The CPU studies' executor: two local runs at once on a 2-core machine, one thread each.
+CPU_EXECUTOR = {"executor": "local", "max_parallel": 2, "cpus_per_task": 1, "threads": 1, "mem_gb": 3,
+                 "timeout_min": 10}
+
+
+def gpu_executor(**extra: Any) -> dict:
+    """The GPU studies' executor: a SLURM array, 16 CPUs and 120 GB per GPU (`extra` overrides)."""
+    # per-rung time limits are in describe()["rungs"][i]["timeout_min"]
+    ex = {"executor": "slurm", "max_parallel": 32, "cpus_per_gpu": 16, "mem_gb_per_gpu": 120,
+          "slurm_array_parallelism": 32}
+    ex.update(extra)
+    return ex
+
 
 def _level_values(f: Factor) -> dict | None:
     """{level name: config value} as meta.json records it (None where a value is not JSON): the analysis
@@ -166,49 +179,21 @@ class Study:
                                     _level_values(f)) for f in self.factors)
         return RunMeta(self.name, rung, arm, seed, row, coding).to_dict()
 
-    def runs(self, lr_multipliers: Mapping[Any, Any] | None = None,
-             rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
-        """Every run: [(RunSpec, meta)] ordered by rung, seed, design row.
+    def runs(self, rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
+        """Every run at the heuristic LRs: [(RunSpec, meta)] ordered by rung, seed, design row.
 
-        meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding.
-        `lr_multipliers` scales an arm's heuristic LRs: {arm name: multiplier} at every seed, or
-        {seed: {arm name: multiplier}} (an LR profile per seed, docs/method.md §4.6); `rungs` restricts to
-        some rungs (e.g. the smallest, for tuning).
+        meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding. `rungs`
+        restricts to some rungs (e.g. the smallest, for tuning). An arm's LR multiplier at a seed (the LR profile,
+        `run --tuned`) is `TrainConfig.lr_scale`, set by the sweep on the planned runs (sweeps/sweep.py `at_lrs`).
         """
         names = self.arm_names
-        per_seed = self.seed_multipliers(lr_multipliers)
         chosen = self.rungs if rungs is None else tuple(self._rung(r) for r in rungs)
-        out: list[tuple[RunSpec, dict]] = []
-        for r in chosen:
-            for seed in self.seeds:
-                for row, arm in enumerate(names):
-                    m = per_seed[seed].get(arm, 1.0)
-                    spec = self._grid[(r.name, seed, row)] if m == 1.0 else self.spec(r, self.levels(row), seed, m)
-                    out.append((spec, self.meta(r.name, arm, seed, row, self.levels(row))))
+        out = [(self._grid[(r.name, seed, row)], self.meta(r.name, arm, seed, row, self.levels(row)))
+               for r in chosen for seed in self.seeds for row, arm in enumerate(names)]
         ids = [s.run_id for s, _ in out]
         if len(set(ids)) != len(ids):
             raise ValueError(f"Study {self.name!r}: two runs have the same spec (factor levels that change nothing?)")
         return out
-
-    def seed_multipliers(self, lr_multipliers: Mapping[Any, Any] | None) -> dict[int, dict[str, float]]:
-        """{seed: {arm: LR multiplier}} from `runs`' `lr_multipliers`: {arm: m} applies to every seed; a
-        mapping keyed by seed gives each seed its own (each seed is a full replication, its LR profile
-        included). An unknown arm, or a seed the study runs without an entry, is refused."""
-        mult = dict(lr_multipliers or {})
-        if mult and all(isinstance(k, int) and not isinstance(k, bool) for k in mult):
-            missing = [s for s in self.seeds if s not in mult]
-            if missing:
-                raise ValueError(f"lr_multipliers give no seed {', '.join(map(str, missing))}; allowed values: a "
-                                 f"mapping with every seed of study {self.name!r} ({', '.join(map(str, self.seeds))}) "
-                                 "or one arm -> multiplier mapping for all seeds")
-            per_seed = {s: dict(mult[s]) for s in self.seeds}
-        else:
-            per_seed = {s: mult for s in self.seeds}
-        names = self.arm_names
-        bad = sorted({a for m in per_seed.values() for a in m if a not in names}, key=str)
-        if bad:
-            raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(names)}")
-        return per_seed
 
     @functools.cached_property
     def _grid(self) -> dict[tuple[str, int, int], RunSpec]:

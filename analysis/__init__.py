@@ -5,5 +5,6 @@ Never imports torch, and of the model library only its torch-free record modules
 By job: `io` (run folders -> table, tables from elsewhere), `responses` (what is attributed: one table),
 `fit` (the joint law + quality effects, attribution, regimes, replicates, bootstrap, checks), `ofat`
 (one-factor-at-a-time studies), `calibration` (precision planning, simulation, forecasts), `report` (writer,
-findings, plots, provenance) and `pipeline` (the whole analysis). The commands are marin_ablate/analyze.py.
+findings, plots, provenance), `pipeline` (the whole analysis of a table) and `study_folder` (a study folder
+analysed: `analyze_study`, what the commands, the notebook and the benchmarks call).
 """

@@ -4,7 +4,7 @@ peak memory is the command's own.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/big_table.py [--rows 20000] [--rungs 5] [--n-boot 200]
        [--tree LABEL=PYTHONPATH ...] [--timeout 1800]
-`--tree` adds a package tree to compare (e.g. main's, laid out by tests/pkgcopy.py `package_tree`); the
+`--tree` adds a package tree to compare (e.g. a `git worktree` of main: its root is the PYTHONPATH entry); the
 installed package is always measured as "now". Prints one row per tree: exit code, wall and CPU seconds
 (the child's user + system), peak RSS, the load average before and after (the machine may be shared: CPU
 seconds stay comparable where wall seconds do not), and the command's last stderr line.

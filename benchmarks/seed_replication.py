@@ -59,9 +59,9 @@ def run_set(study: str, seeds: list[int], out: Path, rungs: str | None, extra: l
 
 def analyse_set(study_dir: Path, name: str) -> list[dict]:
     from marin_ablate.analysis.calibration.replication import findings_rows
-    from marin_ablate.analyze import analysis_of
+    from marin_ablate.analysis.study_folder import AnalysisOptions, analysis_of
 
-    a, _ = analysis_of(study_dir, ["--no-figures"])
+    a, _ = analysis_of(study_dir, AnalysisOptions(no_figures=True))
     return findings_rows(a, name)
 
 

@@ -1,8 +1,8 @@
 """The optimizer kinds' steps over a whole parameter group at once (GroupKind.batched): `torch._foreach_*` for
-the momenta, the Adam moments and the hyperball projection, so a step launches one kernel per operation and
-group instead of one per parameter (PyTorch's own `foreach` Adam, torch/optim/adam.py `_multi_tensor_adam`).
-Each is the per-parameter update of marin.update_rules (`muonh_update`, `adamh_update`, `adam_update`) to fp32
-rounding; tests/marin/test_batched_optim.py holds them to it.
+the Adam moments and the hyperball projection (the momenta: marin.update_rules `nesterov_all`), so a step launches
+one kernel per operation and group instead of one per parameter (PyTorch's own `foreach` Adam, torch/optim/adam.py
+`_multi_tensor_adam`). Each is the per-parameter update of marin.update_rules (`muonh_update`, `adamh_update`,
+`adam_update`) to fp32 rounding; tests/marin/test_batched_optim.py holds them to it.
 
 Norms: a sphere whose norm is one number per parameter (a matrix, a vector, an expert bank's "bank" sphere)
 is normed for the whole group by `torch._foreach_norm`, sums of squares all-reduced over each set of shard
@@ -16,25 +16,6 @@ import torch
 from torch import Tensor
 
 from marin_ablate.marin.update_rules import MarinOptimizer, local_part, shard_groups
-
-
-def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[Tensor]:
-    """`MarinOptimizer._nesterov` of every (parameter, group): B <- mu B + G, U = G + mu B."""
-    out: list[Tensor | None] = [None] * len(ortho)
-    by_mu: dict[float, list[int]] = {}
-    for i, (p, g) in enumerate(ortho):
-        st = opt.state[p]
-        if "momentum_buffer" not in st:
-            st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-        by_mu.setdefault(g["momentum"], []).append(i)
-    for mu, idx in by_mu.items():
-        bufs = [local_part(opt.state[ortho[i][0]]["momentum_buffer"]) for i in idx]
-        grads = [local_part(ortho[i][0].grad).float() for i in idx]
-        torch._foreach_mul_(bufs, mu)
-        torch._foreach_add_(bufs, grads)
-        for i, u in zip(idx, torch._foreach_add(grads, bufs, alpha=mu), strict=True):
-            out[i] = u
-    return out  # type: ignore[return-value]
 
 
 def adam_directions(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> list[Tensor]:

@@ -377,8 +377,6 @@ class MarinOptimizer(torch.optim.Optimizer):
         # every matrix orthogonalized once, by one owner rank of the shards that split it (a transient
         # of the owned whole matrices, ~1/n of them per rank), before the kinds' updates read the results
         if self.batched:
-            from marin_ablate.marin.batched_updates import nesterov_all
-
             dirs = nesterov_all(self, ortho)
         else:
             dirs = [self._nesterov(p, g) for p, g in ortho]
@@ -475,6 +473,25 @@ class MarinOptimizer(torch.optim.Optimizer):
         x = w - g["lr"] * r * d_unit
         local_part(p).copy_((x * (r / (self._fro(x, p, g) + 1e-30))).to(p.dtype))
 
+
+def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[Tensor]:
+    """`MarinOptimizer._nesterov` of every (parameter, group), `torch._foreach_*` per momentum (the batched step):
+    B <- mu B + G, U = G + mu B."""
+    out: list[Tensor | None] = [None] * len(ortho)
+    by_mu: dict[float, list[int]] = {}
+    for i, (p, g) in enumerate(ortho):
+        st = opt.state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+        by_mu.setdefault(g["momentum"], []).append(i)
+    for mu, idx in by_mu.items():
+        bufs = [local_part(opt.state[ortho[i][0]]["momentum_buffer"]) for i in idx]
+        grads = [local_part(ortho[i][0].grad).float() for i in idx]
+        torch._foreach_mul_(bufs, mu)
+        torch._foreach_add_(bufs, grads)
+        for i, u in zip(idx, torch._foreach_add(grads, bufs, alpha=mu), strict=True):
+            out[i] = u
+    return out  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------

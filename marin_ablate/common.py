@@ -191,22 +191,16 @@ def set_log_to(args: LogOptions) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def epochs_checked(study: Any, rung_rows: list[dict] | None = None, overrides: Sequence[str] = (),
+def epochs_checked(study: Any, runs: Sequence[tuple[Any, dict]], rung_rows: list[dict] | None = None,
                    allow_repeat: bool = False) -> list[dict]:
     """Per rung: tokens needed, tokens in the corpus, epochs; ValueError when a GPU rung's data
     would be the embedded corpus or would repeat without --allow-repeat (ablations/epochs.py).
-    `rung_rows`: the study's `describe()["rungs"]`, when the caller has them already."""
+    `runs`: the study's planned (spec, meta), overrides applied; `rung_rows`: its `describe()["rungs"]`."""
     from marin_ablate.ablations.epochs import check_epochs, study_epoch_rows
-    from marin_ablate.sweeps.sweep import apply_spec_overrides
-
-    if rung_rows is None:
-        rung_rows = study.describe()["rungs"]
-    runs = study.runs()
-    if overrides:
-        runs = [(apply_spec_overrides(sp, overrides), m) for sp, m in runs]
-    rows = study_epoch_rows(rung_rows, runs)
-    check_epochs(rows, allow_repeat)
     from marin_ablate.marin.data.mixture import check_mixture_domains
+
+    rows = study_epoch_rows(rung_rows if rung_rows is not None else study.describe()["rungs"], runs)
+    check_epochs(rows, allow_repeat)
     for data in {sp.data for sp, _ in runs}:  # a mixture names the corpus's domains (before any run)
         check_mixture_domains(data)
     return rows

@@ -156,7 +156,7 @@ def cmd_plan(argv: list[str]) -> int:
     d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots, opts.threads)
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
-    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
+    d["epochs"] = epochs_checked(study, runs, d["rungs"], args.allow_repeat)
     check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)

@@ -43,22 +43,15 @@ class RunOptions(StudyOptions):
     tune: TuneSection | None = option(None, section=TuneSection, mode=True, help=TuneSection.__doc__)
 
 
-def analyze_study(study_dir: Path) -> int | None:
-    """Run `marin-ablate analyze` on the study directory through its Python entry point; None when
-    the analysis package does not provide it (a note is printed)."""
+def analyze_folder(study_dir: Path) -> None:
+    """The study's analysis (analysis/study_folder.py `analyze_study`, `analyze`'s defaults), printed; a study
+    the analysis cannot read yet (e.g. too few rungs for the reference law) is a note: its runs are fine."""
+    from marin_ablate.analysis.study_folder import analyze_study
+
     try:
-        from marin_ablate import analyze as ac
-    except ImportError as e:
-        print(f"note: analysis skipped ({e})")
-        return None
-    if not hasattr(ac, "cmd_analyze"):
-        print("note: analysis skipped (marin_ablate.analyze has no cmd_analyze)")
-        return None
-    try:
-        return int(ac.cmd_analyze([str(study_dir)]) or 0)
-    except ValueError as e:  # e.g. too few rungs for the reference law: the runs themselves are fine
+        print("\n".join(analyze_study(study_dir).lines))
+    except ValueError as e:
         print(f"note: analysis of {study_dir} stopped: {e}")
-        return None
 
 
 def _status_hint(args: RunOptions) -> str:
@@ -77,7 +70,7 @@ def _status_hint(args: RunOptions) -> str:
 
 def cmd_run(argv: list[str]) -> int:
     from marin_ablate.sweeps.executors import get_executor
-    from marin_ablate.sweeps.sweep import run_study
+    from marin_ablate.sweeps.sweep import plan_study, run_plan
     from marin_ablate.sweeps.tracking import log_locations, parse_log_to
     from marin_ablate.sweeps.tuning import lr_plan
 
@@ -89,13 +82,9 @@ def cmd_run(argv: list[str]) -> int:
     study = study_from_args(args)
     opts = exec_options(args.execution, study)
     set_log_to(args.log)
-    epochs_checked(study, overrides=args.overrides, allow_repeat=args.allow_repeat)
-    from marin_ablate.sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
-
-    # what `train` refuses, before the LR profile or the reference ladder writes anything
-    planned = planned_runs(study, args.out, overrides=args.overrides)
-    check_specs(planned, opts.executor)
-    check_layouts(planned, opts, study_resources(study))
+    plan = plan_study(study, args.out, opts, overrides=args.overrides)  # the design, planned once
+    epochs_checked(study, [(r.spec, r.meta) for r in plan.runs], allow_repeat=args.allow_repeat)
+    plan = plan.check()  # and checked once, before the LR profile or the reference ladder writes anything
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from marin_ablate.sweeps.tuning import profile_skipped, read_profile
@@ -126,7 +115,7 @@ def cmd_run(argv: list[str]) -> int:
               f"{study.name}: reference law pinned: {law.describe()} ({law.source})", flush=True)
     elif args.no_pin:
         (_sdir(args.out, study.name) / LAW_FILE).unlink(missing_ok=True)  # the analysis then fits the law itself
-    rep = run_study(study, args.out, opts, lr_multipliers=mult, overrides=args.overrides, provenance=prov)
+    rep = run_plan(plan.at_lrs(mult, prov))
     skipped = ", ".join(f"{v} {k}" for k, v in rep.skipped.items()) or "none"
     if rep.submitted == 0:
         print(f"{study.name}: nothing to submit ({rep.n_runs} runs; skipped: {skipped})")
@@ -149,7 +138,7 @@ def cmd_run(argv: list[str]) -> int:
     for line in log_locations(rep.study_dir, parse_log_to(args.log.log_to)):
         print(line)
     if opts.wait and not args.no_analyze and c["completed"]:
-        analyze_study(rep.study_dir)
+        analyze_folder(rep.study_dir)
     if not opts.wait:
         return 0
     return 0 if all_done(c) else 1

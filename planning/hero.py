@@ -111,7 +111,7 @@ def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/he
     """The sbatch script `run hero --executor slurm` submits (the same `sbatch_params` path)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from marin_ablate.sweeps.executors import SlurmOptions, sbatch_params
+    from marin_ablate.planning.slurm import SlurmOptions, sbatch_params
 
     res = hero_resources(plan, hs, folder)
     params = sbatch_params(res, SlurmOptions(), 1, hs.job_name)

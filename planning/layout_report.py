@@ -14,14 +14,13 @@ def rung_specs(study: Any, overrides=()) -> dict[str, Any]:
     """One run of each rung, with the command line's overrides: the recipe's arm (all switches on) where the
     design has it, else the rung's first run (`run` lays out every arm on its own: planning.layout)."""
     from marin_ablate.marin.config import Recipe
-    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     out: dict[str, Any] = {}
     for spec, meta in study.runs():
         rung = meta.get("rung")
         if rung not in out or (spec.recipe == Recipe() and out[rung].recipe != Recipe()):
             out[rung] = spec
-    return {r: apply_spec_overrides(s, overrides) if overrides else s for r, s in out.items()}
+    return {r: s.with_overrides(list(overrides)) if overrides else s for r, s in out.items()}
 
 
 def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool,

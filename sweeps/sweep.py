@@ -1,7 +1,7 @@
 """Run a study: plan its runs, write their directories, submit what is not done, wait, report.
 
 `run_study(study, out, opts)` is the Python API behind `marin-ablate run`; `study_status` behind
-`marin-ablate status`. A study is anything with `name`, `runs(lr_multipliers=, rungs=)` returning
+`marin-ablate status`. A study is anything with `name`, `runs(rungs=)` returning
 [(RunSpec, meta)], as `ablations.studies.Study` (docs/architecture.md §4).
 """
 
@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -62,16 +62,47 @@ def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
     return spec.with_overrides(list(overrides))
 
 
-def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
+def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Mapping[str, float]] | None = None,
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = (),
                  sdir: Path | None = None, provenance: Mapping[str, Any] | None = None) -> list[PlannedRun]:
-    """`provenance`: how the runs' LRs were set (sweeps/tuning.py `lr_plan`), recorded in each meta.json."""
-    runs = study.runs(lr_multipliers=lr_multipliers, rungs=rungs)
-    if provenance:
-        runs = [(s, {**m, **provenance, "lr_multiplier": float(s.train.lr_scale)}) for s, m in runs]
+    """The study's runs with the command line's overrides, at the LR multipliers `lr_plan` chose
+    ({seed: {arm: multiplier}}; `provenance`, how they were set, is recorded in each meta.json)."""
+    runs = study.runs(rungs=rungs)
     if overrides:
         runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
-    return plan_runs(runs, sdir or study_dir(out, study.name))
+    sdir = sdir or study_dir(out, study.name)
+    return at_lrs(plan_runs(runs, sdir), sdir, lr_multipliers, provenance, overrides)
+
+
+def at_lrs(runs: Sequence[PlannedRun], sdir: Path, lr_multipliers: Mapping[int, Mapping[str, float]] | None,
+           provenance: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> list[PlannedRun]:
+    """Planned runs at the heuristic LRs -> the same runs at their arm's multiplier at their seed
+    ({seed: {arm: multiplier}}, the one shape of docs/method.md §4.6): only `TrainConfig.lr_scale` changes (and
+    with it the run id), so what was checked of them holds. A `--train.lr_scale=V` override keeps V. Every seed of
+    the runs needs its mapping, and every arm it names must be one of theirs."""
+    if not lr_multipliers and not provenance:
+        return list(runs)
+    seeds = list(dict.fromkeys(r.meta.get("seed") for r in runs))  # in the design's order
+    arms = list(dict.fromkeys(r.meta.get("arm") for r in runs))
+    mult = {s: dict(m) for s, m in (lr_multipliers or {}).items()
+            if isinstance(s, int) and not isinstance(s, bool) and isinstance(m, Mapping)}
+    if lr_multipliers and [s for s in seeds if s not in mult]:
+        missing = ", ".join(str(s) for s in seeds if s not in mult)
+        raise ValueError(f"lr_multipliers give no seed {missing}; allowed values: {{seed: {{arm: multiplier}}}} with "
+                         f"every seed of the study ({', '.join(map(str, seeds))})")
+    bad = sorted({str(a) for m in mult.values() for a in m if a not in arms})
+    if bad:
+        raise ValueError(f"lr_multipliers name unknown arm(s) {bad}; allowed values: {', '.join(map(str, arms))}")
+    keep = any(o.split("=", 1)[0].strip() == "train.lr_scale" for o in overrides)
+    out = []
+    for r in runs:
+        spec = r.spec
+        if mult and not keep:
+            m = float(mult[r.meta["seed"]].get(r.meta["arm"], 1.0))
+            spec = replace(spec, train=replace(spec.train, lr_scale=m))
+        meta = {**r.meta, **provenance, "lr_multiplier": float(spec.train.lr_scale)} if provenance else r.meta
+        out.append((spec, meta))
+    return plan_runs(out, sdir)
 
 
 def _spec_key(r: PlannedRun) -> str:
@@ -184,22 +215,58 @@ class RunReport:
     submission: Submission | None = field(default=None, repr=False)
 
 
-def run_study(study: Any, out: str | Path, opts: ExecOptions, *, lr_multipliers: Mapping[str, float] | None = None,
-              rungs: Sequence[str] | None = None, overrides: Sequence[str] = (), progress: bool = True,
-              provenance: Mapping[str, Any] | None = None) -> RunReport:
-    """Plan, validate (before anything is written or submitted), write run dirs, submit the runs
-    that are not done, and (opts.wait) wait for them with a progress line."""
+@dataclass
+class StudyPlan:
+    """A study's design, planned once (`plan_study`): its runs at the heuristic LRs with the overrides and layouts
+    applied. `check` makes every check `preflight` makes, once, before the LR profile or the reference ladder
+    writes anything; `at_lrs` gives the same runs at the LRs the profile chose; `run_plan` writes and submits them."""
+
+    study: Any
+    sdir: Path
+    runs: list[PlannedRun]
+    opts: ExecOptions
+    resources: Any
+    overrides: tuple[str, ...] = ()
+    checked: bool = False
+
+    def check(self) -> StudyPlan:
+        if not self.checked:
+            preflight(self.runs, self.sdir, self.opts, self.resources)
+        return replace(self, checked=True)
+
+    def at_lrs(self, lr_multipliers: Mapping[int, Mapping[str, float]] | None,
+               provenance: Mapping[str, Any] | None = None) -> StudyPlan:
+        return replace(self, runs=at_lrs(self.runs, self.sdir, lr_multipliers, provenance, self.overrides))
+
+
+def plan_study(study: Any, out: str | Path, opts: ExecOptions, *, rungs: Sequence[str] | None = None,
+               overrides: Sequence[str] = ()) -> StudyPlan:
+    """The study's design planned (nothing checked or written yet: `StudyPlan.check`)."""
     sdir = study_dir(out, study.name)
-    runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides, sdir=sdir,
-                        provenance=provenance)
+    runs = planned_runs(study, out, rungs=rungs, overrides=overrides, sdir=sdir)
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
     if hero is None:
         runs = with_layouts(runs, opts, study)
-    rung_rows = study.describe()["rungs"]
-    return run_planned(runs, sdir, opts, resources=study_resources(study, sdir), label=study.name, progress=progress,
-                       rung_rows=rung_rows)
+    return StudyPlan(study, sdir, runs, opts, study_resources(study, sdir), tuple(overrides))
+
+
+def run_plan(plan: StudyPlan, *, progress: bool = True) -> RunReport:
+    """A plan's runs checked (unless `check` was), written, the unfinished ones submitted, waited for."""
+    plan = plan.check()
+    return run_planned(plan.runs, plan.sdir, plan.opts, resources=plan.resources, label=plan.study.name,
+                       progress=progress, rung_rows=plan.study.describe()["rungs"], checked=True)
+
+
+def run_study(study: Any, out: str | Path, opts: ExecOptions, *,
+              lr_multipliers: Mapping[int, Mapping[str, float]] | None = None, rungs: Sequence[str] | None = None,
+              overrides: Sequence[str] = (), progress: bool = True,
+              provenance: Mapping[str, Any] | None = None) -> RunReport:
+    """Plan and check (before anything is written or submitted), write run dirs, submit the runs that are not
+    done, and (opts.wait) wait for them with a progress line."""
+    plan = plan_study(study, out, opts, rungs=rungs, overrides=overrides).check()
+    return run_plan(plan.at_lrs(lr_multipliers, provenance), progress=progress)
 
 
 def gpus_per_run(r: PlannedRun, opts: ExecOptions, own: int) -> int:
@@ -270,14 +337,15 @@ def preflight(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, resourc
 
 
 def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, resources: Any = None,
-                label: str = "", progress: bool = True, rung_rows: Sequence[dict] | None = None) -> RunReport:
+                label: str = "", progress: bool = True, rung_rows: Sequence[dict] | None = None,
+                checked: bool = False) -> RunReport:
     """Validate (`preflight`: nothing is written before), write run dirs, submit what is not done, wait
     (opts.wait). `rung_rows`: the study's `describe()["rungs"]`, whose assumed throughput is the progress
-    line's ETA prior (`sweeps.progress.rung_prior`).
+    line's ETA prior (`sweeps.progress.rung_prior`); `checked`: `StudyPlan.check` made the checks already.
 
     SIGTERM to this process (a job's time limit, `kill`) is treated as Ctrl-C: local workers get
     SIGTERM in turn (each run checkpoints at its next step) and the driver exits non-zero."""
-    ex = preflight(runs, sdir, opts, resources)
+    ex = get_executor(opts.executor) if checked else preflight(runs, sdir, opts, resources)
     started = time.time()
     write_runs(runs, sdir)
     todo, skipped = state.select(runs, opts.retry_failed)

@@ -14,8 +14,8 @@ import numpy as np
 
 from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.sweeps.executors import ExecOptions
-from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, check_specs
+from marin_ablate.sweeps.runs import atomic_write_json, plan_runs
+from marin_ablate.sweeps.sweep import RunReport, at_lrs, check_specs, planned_runs
 from marin_ablate.sweeps.tuning import (
     Profile,
     TuneOptions,
@@ -24,6 +24,7 @@ from marin_ablate.sweeps.tuning import (
     lr_grid,
     open_storage,
     run_grid,
+    tune_dir,
 )
 
 
@@ -63,33 +64,6 @@ def smallest_rung(study: Any) -> str:
     return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
 
 
-def tune_dir(out: str | Path, study_name: str) -> Path:
-    return study_dir(out, study_name) / "tune"
-
-
-def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
-    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
-    path = tune_dir(out, study_name) / "lr_multipliers.json"
-    if not path.exists():
-        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
-    got = read_json(path)
-    try:
-        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
-    except (TypeError, ValueError):
-        return _damaged(path)
-    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
-    if bad:
-        k, v = next(iter(bad.items()))
-        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
-                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
-    return mult
-
-
-def _damaged(path: Path) -> dict:
-    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
-                     "run `marin-ablate run STUDY --tune` again to rewrite it")
-
-
 def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions = TuneOptions(),
                overrides: Sequence[str] = (), progress: bool = True) -> TuneResult:
     """Run the LR grid of every arm at the smallest rung, tell Optuna, fit the profiles."""
@@ -103,15 +77,13 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
     # the runs: every arm at every grid multiplier
     points: dict[str, list[tuple[float, Any, dict]]] = {}
     heuristic: dict[str, float | None] = {}
+    base = planned_runs(study, out, rungs=[rung], overrides=overrides, sdir=tdir)
+    base = [r for r in base if r.meta["seed"] == seed]
     for x in grid:
-        for spec, meta in study.runs(lr_multipliers={a: 2.0 ** x for a in study.arm_names}, rungs=[rung]):
-            if meta["seed"] != seed:
-                continue
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
-            points.setdefault(meta["arm"], []).append((x, spec, dict(meta, tune=True)))
+        for r in at_lrs(base, tdir, {seed: {a: 2.0 ** x for a in study.arm_names}}, overrides=overrides):
+            points.setdefault(r.meta["arm"], []).append((x, r.spec, dict(r.meta, tune=True)))
             if abs(x) < 1e-12:
-                heuristic[meta["arm"]] = resolve_hparams(spec).lr
+                heuristic[r.meta["arm"]] = resolve_hparams(r.spec).lr
     # what `train` refuses is refused before the study folder or the storage is made
     check_specs(plan_runs([(sp, m) for pts in points.values() for _, sp, m in pts], tdir), opts.executor)
     storage = open_storage(opts, tdir, tune.storage)

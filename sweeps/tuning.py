@@ -506,22 +506,47 @@ def profile_skipped(study: Any) -> str | None:
             f"{PROFILE_MAX_RUN_FLOPS:.0e}: every arm at Marin's fitted heuristic LRs (marin.hparams)")
 
 
+def tune_dir(out: str | Path, study_name: str) -> Path:
+    return study_dir(out, study_name) / "tune"
+
+
+def tuned_multipliers(out: str | Path, study_name: str) -> dict[str, float]:
+    """The per-arm LR multipliers `run --tune` wrote (ValueError when it has not run)."""
+    path = tune_dir(out, study_name) / "lr_multipliers.json"
+    if not path.exists():
+        raise ValueError(f"--tuned: {str(path)!r} does not exist; run `marin-ablate run {study_name} --tune` first")
+    got = read_json(path)
+    try:
+        mult = {str(k): float(v) for k, v in (got or {}).items()} if got else _damaged(path)
+    except (TypeError, ValueError):
+        return _damaged(path)
+    bad = {k: v for k, v in mult.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ValueError(f"--tuned: {str(path)!r} gives arm {k!r} the multiplier {v}; allowed values: a finite "
+                         "number > 0 (run `marin-ablate run STUDY --tune` again to rewrite it)")
+    return mult
+
+
+def _damaged(path: Path) -> dict:
+    raise ValueError(f"--tuned: {str(path)!r} is damaged (not a JSON object of arm -> multiplier); "
+                     "run `marin-ablate run STUDY --tune` again to rewrite it")
+
+
 def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: bool = False, profile: bool = True,
             overrides: Sequence[str] = (), progress: bool = True) -> tuple[dict | None, dict]:
-    """(LR multipliers for `Study.runs` or None, provenance for each run's meta.json): `run --tune`'s
-    {arm: multiplier} (tuned), the profile of each LR-coupled factor's levels at each seed as
-    {seed: {arm: multiplier}} (run now when `opts` is given, else read from its file; a file without
-    every seed of the study counts as none), or the heuristic (no LR-coupled factor, profile=False, or a
-    profile rung above PROFILE_MAX_RUN_FLOPS: the provenance then says why, `lr_profile_skipped`)."""
+    """(LR multipliers {seed: {arm: multiplier}} or None, provenance for each run's meta.json): `run --tune`'s per-arm
+    multipliers at every seed (tuned), the profile of each LR-coupled factor's levels at each seed (run now when
+    `opts` is given, else read from its file; a file without every seed of the study counts as none), or the
+    heuristic (no LR-coupled factor, profile=False, or a profile rung above PROFILE_MAX_RUN_FLOPS: the provenance
+    then says why, `lr_profile_skipped`)."""
     from datetime import datetime, timezone
 
     if tuned:
-        from marin_ablate.sweeps.tune_arms import tune_dir, tuned_multipliers
-
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"
         date = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        return mult, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
+        return {s: mult for s in study.seeds}, {"lr_source": "tuned", "lr_profile": str(path), "lr_profile_date": date}
     skipped = profile_skipped(study) if profile else None
     if skipped:
         return None, {"lr_source": "heuristic", "lr_profile_skipped": skipped}

@@ -4,7 +4,7 @@ Tests live in one folder per package (tests/marin, tests/sweeps, tests/analysis,
 tests/integration (end-to-end: CLI, SLURM, multi-node, faults) and tests/repo (docs, layering, the
 fidelity table). The folders are not packages, so a test file's basename must be unique across them;
 the package is imported as installed, under its one name (`marin_ablate`, `pip install -e .`), and pyproject's
-`pythonpath` puts this folder and each test folder on the path, so helpers (`ranks`, `pkgcopy`) and study
+`pythonpath` puts this folder and each test folder on the path, so helpers (`ranks`, `checkout`) and study
 references such as "test_faults:sweep_study" import the same from any folder."""
 
 import os

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkgcopy import package_tree
+from checkout import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "fidelity.md"
@@ -269,27 +268,16 @@ def apply(tree: Path, m: Mutation) -> None:
         p.write_text(text.replace(old, new))
 
 
-def copy_tree(dst: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for rel in files:
-        src = ROOT / rel
-        if src.is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / rel)
-
-
 def run(m: Mutation, tests: list[str], timeout: int) -> tuple[str, float]:
     """'caught by TEST' (the first named test that fails on the mutated tree), 'SURVIVED' when all pass."""
     with tempfile.TemporaryDirectory(prefix="fidelity-mutation-") as tmp:
         tree = Path(tmp)
-        copy_tree(tree)
+        copy_checkout(tree)
         apply(tree, m)
-        installed = package_tree(tree / "_installed", root=tree)  # the mutated tree, under its one import name
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                *[f"{find_test_file(t.split('::')[0], tree)}::{t.split('::')[1]}" for t in tests]]
-        env = {"PYTHONPATH": str(installed), "PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+        env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                "TRITON_INTERPRET": "1", "HF_DATASETS_OFFLINE": "1", "HOME": tmp}
         try:
             r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)

@@ -33,7 +33,8 @@ predicting the first token of an unrelated document from the previous one is noi
 split across two sequences gets an id in each.
 
 Modules: `corpus` (the embedded corpus builder), `tokenizer` (the one tokenizer loader),
-`loading` (corpora as held-out/train documents), `prepare` (token shards, torch-free), `shards`
+`loading` (corpora as held-out/train documents), `prepare` (token shards, torch-free), `manifest` (a
+prepared corpus's manifest and integer arrays read back, torch-free), `shards`
 (the train loader), `eval` (the one eval-folder reader), `packing` (eval batches). Attributes load
 lazily, so `marin.data.prepare` and its worker processes never import torch.
 """
@@ -49,7 +50,8 @@ _EXPORTS = {
     "packing": ("bytes_per_token", "describe", "eval_batches"),
     "tokenizer": ("BPE_SAMPLE_BYTES_PER_DOMAIN", "BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer",
                   "train_bpe"),
-    "prepare": ("PrepareConfig", "read_manifest"),
+    "prepare": ("PrepareConfig",),
+    "manifest": ("read_manifest",),
     "shards": ("PreparedCorpus", "ShardedBatches", "verify_corpus"),
     "eval": ("eval_domains", "eval_texts", "tokenizer_of"),
 }

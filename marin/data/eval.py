@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from marin_ablate.marin.data.corpus import data_cache_dir
+from marin_ablate.marin.data.manifest import read_manifest
 from marin_ablate.marin.data.prepare import (
     PrepareConfig,
     check_json_file,
     load_source,
-    read_manifest,
     read_text_file,
     sha256_file,
     source_files,

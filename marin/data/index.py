@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_ablate.marin.data.manifest import load_npy, read_manifest
 from marin_ablate.marin.data.mixture import splitmix64
-from marin_ablate.marin.data.prepare import read_manifest
 from marin_ablate.marin.schema import atomic_write_json, read_json_text
 
 INDEX_FORMAT = "marin-index-v1"
@@ -94,8 +94,6 @@ def _domain_names(manifest: dict) -> list[str]:
 def build_index(root: str | Path, log=None) -> dict:
     """Write `root/index/` for the prepared corpus at `root` (module docstring); returns index.json.
     Memory while building: ~32 bytes per document, once (a rank reading it holds none of it)."""
-    from marin_ablate.marin.data.shards import load_npy
-
     root = Path(root).expanduser()
     manifest = read_manifest(root)
     names = _domain_names(manifest)

@@ -370,7 +370,8 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     token shards with its tokenizer, on first use (cached beside the corpus, under the preparation
     lock), so every run reads its train stream through the one loader (marin.data.shards). The
     shuffle keys on DOMAIN/ID, so the stream depends only on (corpus, tokenizer, data_seed)."""
-    from marin_ablate.marin.data.prepare import PrepareConfig, prepare, read_manifest
+    from marin_ablate.marin.data.manifest import read_manifest
+    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
     from marin_ablate.marin.schema import atomic_write_bytes
 
     _check_data(data)

@@ -37,10 +37,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from marin_ablate.marin.data.manifest import FORMAT
 from marin_ablate.marin.data.tokenizer import tokenizer_info
 from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
-FORMAT = "marin-tokens-v1"
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
           ".arrow": "arrow", ".txt": "text", ".md": "text", ".rst": "text"}
 _ENCODE_BATCH = 1000  # texts per encode_batch call: bounds memory per worker
@@ -540,24 +540,3 @@ def write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
     return manifest
 
 
-_MANIFEST_KEYS = ("tokenizer", "dtype", "tokens", "documents", "shards")
-
-
-def read_manifest(path: str | Path) -> dict:
-    """The manifest of a prepared corpus directory (torch-free: plan-time epoch accounting uses it)."""
-    p = Path(path).expanduser()
-    m = p / "manifest.json" if p.is_dir() else p
-    if not m.is_file():
-        raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
-                         "run `marin-ablate data prepare SOURCE --tokenizer PATH --corpus-dir DIR` first")
-    try:
-        manifest = read_json_text(m)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{m}: not a readable JSON file ({e}); prepare the corpus again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{m}: format {got!r} is not {FORMAT!r}; prepare the corpus again")
-    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
-    if missing:
-        raise ValueError(f"{m}: fields {', '.join(missing)} missing; prepare the corpus again")
-    return manifest

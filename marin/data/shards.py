@@ -34,25 +34,12 @@ import torch
 
 from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
 from marin_ablate.marin.data.index import IndexedCorpus, IndexedStream
+from marin_ablate.marin.data.manifest import load_npy, read_manifest
 from marin_ablate.marin.data.mixture import MixturePlan
-from marin_ablate.marin.data.prepare import read_manifest
 from marin_ablate.marin.schema import sha256_file
 
 FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when opened; larger: `data verify`
 _VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process
-
-
-def load_npy(path: Path) -> np.ndarray:
-    """An integer .npy the harness wrote (offsets, domains): anything else, an object array above all (its
-    load would unpickle), is refused naming the file."""
-    try:
-        a = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise ValueError(f"{path}: not an integer .npy array ({e}); prepare the corpus again") from None
-    if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu" or a.ndim != 1:
-        raise ValueError(f"{path}: holds a {getattr(a, 'dtype', type(a).__name__)} array of shape "
-                         f"{getattr(a, 'shape', '?')}; allowed values: a 1-d integer array; prepare the corpus again")
-    return a
 
 
 def pack_stream(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_ablate.marin.data.prepare import FORMAT, npy_bytes, shard_paths, token_dtype, write_manifest
+from marin_ablate.marin.data.manifest import FORMAT
+from marin_ablate.marin.data.prepare import npy_bytes, shard_paths, token_dtype, write_manifest
 from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json
 
 

@@ -45,7 +45,7 @@ def accumulate_step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch
     """The step of this rank's rows in `k` micro-batches -> (out, loss, ce, grad_norm), as
     `ParallelDims.forward_backward` returns them for one batch (`pd`: the run's ParallelDims)."""
     from marin_ablate.marin.model import model_stats
-    from marin_ablate.marin.train.distributed import GlobalOut, world_step
+    from marin_ablate.marin.train.world import GlobalOut, world_step
 
     toks, tgts, docs = split_rows(tokens, k), split_rows(targets, k), split_rows(doc_ids, k)
     with autocast():

@@ -40,6 +40,7 @@ from marin_ablate.marin.data import IGNORE_INDEX
 from marin_ablate.marin.ep_layout import check_ep_layout
 from marin_ablate.marin.train.stages import Stage
 from marin_ablate.marin.train.step import forward_backward
+from marin_ablate.marin.train.world import world_step
 
 
 @dataclass
@@ -293,15 +294,6 @@ def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.
     return ParallelDims(dist.get_world_size(), dist.get_rank(), groups, owns), device
 
 
-@dataclass
-class GlobalOut:
-    """What the loop logs from a distributed step: world-reduced (ModelOutput's logged fields)."""
-
-    stats: dict[str, float]
-    aux_loss: torch.Tensor
-    z_loss: torch.Tensor
-
-
 def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
                           doc_ids: torch.Tensor, autocast: Callable, grad_clip: float | None, d: ParallelDims):
     """forward_backward on this rank's rows -> (out, loss, ce, grad_norm) of the global batch.
@@ -330,20 +322,3 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
     z_v = float(z.detach()) if n_loc else 0.0
     return world_step(d, out.stats, n_loc / n_all_f, dense_v, ce_v, z_v, float(out.aux_loss.detach()), gnorm, dev)
-
-
-def world_step(d: ParallelDims, st: dict, frac: float, dense_v: float, ce_v: float, z_v: float, aux_v: float,
-               gnorm: float, dev: torch.device):
-    """(out, loss, ce, grad_norm) of the global batch from this rank's values: `frac` of the global valid
-    targets, its token-mean CE + z-loss (`dense_v`), CE, z-loss, Switch aux loss and statistics `st`."""
-    vec = torch.tensor([dense_v * frac, ce_v * frac, z_v * frac, aux_v / d.world,
-                        st.get("dropped", 0.0), st.get("assigned", 0.0), st.get("load_cv", 0.0) / d.world,
-                        st.get("router_z", 0.0) / d.world], dtype=torch.float64, device=dev)
-    dist.all_reduce(vec)
-    mx = torch.tensor([st.get("max_load_ratio", 0.0)], dtype=torch.float64, device=dev)
-    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-    v = vec.tolist()
-    stats = dict(st, dropped=v[4], assigned=v[5], drop_rate=v[4] / max(v[5], 1.0), load_cv=v[6], router_z=v[7],
-                 max_load_ratio=float(mx))
-    g_out = GlobalOut(stats, torch.tensor(v[3]), torch.tensor(v[2]))
-    return g_out, v[0] + v[3], v[1], gnorm

@@ -84,7 +84,7 @@ def check_vocab(spec: RunSpec) -> None:
     a trained BPE's exact size once it exists)."""
     vocab, where = BYTE_SYMBOLS, f"DataConfig.tokenizer={spec.data.tokenizer!r}"
     if is_prepared(spec.data.corpus):
-        from marin_ablate.marin.data.prepare import read_manifest
+        from marin_ablate.marin.data.manifest import read_manifest
 
         vocab = int(read_manifest(spec.data.corpus)["tokenizer"].get("vocab_size") or BYTE_SYMBOLS)
         where = f"the tokenizer of DataConfig.corpus={spec.data.corpus!r}"

@@ -182,14 +182,18 @@ def test_smoke_runs_are_valid_distinct_runspecs_sharing_data_across_arms():
     assert study.describe()["cost"]["est_wall_s"] <= 600
 
 
-def test_lr_multiplier_scales_only_the_named_arm():
+def test_lr_multiplier_scales_only_the_named_arm(tmp_path):
+    from marin_ablate.sweeps.sweep import planned_runs
+
     study = get_study("smoke")
     base = {m["arm"]: resolve_hparams(s).lr for s, m in study.runs(rungs=["cpu_s32"])}
-    tuned = {m["arm"]: resolve_hparams(s).lr for s, m in study.runs(lr_multipliers={"all_off": 0.5}, rungs=["cpu_s32"])}
+    half = {s: {"all_off": 0.5} for s in study.seeds}
+    tuned = {r.meta["arm"]: resolve_hparams(r.spec).lr
+             for r in planned_runs(study, tmp_path, lr_multipliers=half, rungs=["cpu_s32"])}
     assert tuned["all_off"] == pytest.approx(0.5 * base["all_off"])
     assert all(tuned[a] == base[a] for a in base if a != "all_off")
     with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]; allowed values: all_off"):
-        study.runs(lr_multipliers={"nope": 2.0})
+        planned_runs(study, tmp_path, lr_multipliers={s: {"nope": 2.0} for s in study.seeds})
 
 
 def test_noise_panel_is_all_on_and_all_off_over_five_seeds():

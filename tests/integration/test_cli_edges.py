@@ -122,7 +122,7 @@ def test_a_sound_journal_passes_and_a_torn_last_line_is_refused_naming_file_line
 
 
 def test_a_damaged_journal_line_is_refused_by_run_tune_naming_it(tmp_path, capsys):
-    from marin_ablate.sweeps.tune_arms import tune_dir
+    from marin_ablate.sweeps.tuning import tune_dir
 
     path = tune_dir(tmp_path, "smoke") / "optuna.journal"
     path.parent.mkdir(parents=True)

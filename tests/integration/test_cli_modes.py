@@ -83,7 +83,7 @@ def test_analyze_import_then_forecast_on_a_tiny_study_folder(tmp_path, capsys):
 
 @pytest.mark.slow  # real tuning runs of every arm
 def test_run_tune_profiles_every_arm_as_tune_did(tmp_path, capsys):
-    from marin_ablate.sweeps.tune_arms import tuned_multipliers
+    from marin_ablate.sweeps.tuning import tuned_multipliers
 
     study = "tests/sweeps/test_sweeps.py:tiny_study"
     assert cli_main(["run", study, "--tune", "--tune.points", "3", "--executor", "debug", "--out", str(tmp_path)]) == 0
@@ -156,3 +156,34 @@ def test_help_lists_each_moved_command_with_its_new_form(capsys):
     out = capsys.readouterr().out
     assert all(k in out and v in out for k, v in MOVED.items())
     assert not any(f"\n  {k} " in out.split("modes of a command now")[0] for k in MOVED)  # no longer a command
+
+
+def test_run_plans_and_checks_its_design_once_then_runs_it_at_the_tuned_lrs(tmp_path, monkeypatch, capsys):
+    """`run --tuned`: the design enumerated once (`Study.runs`) and checked once (`check_specs`, in `preflight`),
+    before anything is written; the LR multipliers then change only the planned runs' LR scale (`at_lrs`)."""
+    from marin_ablate.ablations.study import Study
+    from marin_ablate.sweeps import sweep
+    from marin_ablate.sweeps.tuning import tune_dir
+
+    calls: dict = {"runs": 0, "checks": []}
+    real_runs, real_check = Study.runs, sweep.check_specs
+
+    def runs(self, *a, **kw):
+        calls["runs"] += 1
+        return real_runs(self, *a, **kw)
+
+    def check_specs(planned, *a, **kw):
+        calls["checks"].append(len(planned))
+        return real_check(planned, *a, **kw)
+
+    monkeypatch.setattr(Study, "runs", runs)
+    monkeypatch.setattr(sweep, "check_specs", check_specs)
+    (tune_dir(tmp_path, "tiny")).mkdir(parents=True)
+    (tune_dir(tmp_path, "tiny") / "lr_multipliers.json").write_text('{"all_off": 0.5, "all_on": 2.0}')
+    argv = ["run", "tests/sweeps/test_lr_profile.py:tiny_study", "--tuned", "--executor", "debug", "--out",
+            str(tmp_path), "--no-analyze"]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    assert calls == {"runs": 1, "checks": [2]}  # 3 and [2, 2] before
+    lr = {json.loads((d / "meta.json").read_text())["arm"]: json.loads((d / "spec.json").read_text())
+          for d in (tmp_path / "tiny" / "runs").iterdir()}
+    assert {a: s["train"]["lr_scale"] for a, s in lr.items()} == {"all_off": 0.5, "all_on": 2.0}

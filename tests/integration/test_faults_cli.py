@@ -51,7 +51,7 @@ def test_infinite_lr_scale_is_refused_naming_the_field(tmp_path, capsys):
 
 
 def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, capsys):
-    from marin_ablate.sweeps.tune_arms import tune_dir
+    from marin_ablate.sweeps.tuning import tune_dir
 
     path = tune_dir(tmp_path, "smoke") / "lr_multipliers.json"
     path.parent.mkdir(parents=True)
@@ -65,16 +65,16 @@ def test_infinity_in_lr_multipliers_json_is_refused_naming_the_file(tmp_path, ca
 def test_a_bootstrap_beyond_the_machines_memory_is_refused_before_any_draw(monkeypatch):
     import os
 
-    from marin_ablate.analyze import _boot_bytes, _check_boot_memory
+    from marin_ablate.analysis.study_folder import boot_bytes, check_boot_memory
 
     table = pd.DataFrame({"xsa": [0, 1], "sconv": [0, 1]})
-    _check_boot_memory(200, table)  # the default fits anywhere
+    check_boot_memory(200, table)  # the default fits anywhere
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    n = ram // _boot_bytes(1, 2) + 1  # one replicate more than the whole memory holds
+    n = ram // boot_bytes(1, 2) + 1  # one replicate more than the whole memory holds
     with pytest.raises(ValueError,
                        match=rf"--n-boot {n} needs about .* GiB .*allowed values here: an integer in 0\.\.\d+"):
-        _check_boot_memory(n, table)
-    assert _boot_bytes(10**9, 7) > 22 * 2**30  # the 22.8 GB an unbounded run grew to before it was killed
+        check_boot_memory(n, table)
+    assert boot_bytes(10**9, 7) > 22 * 2**30  # the 22.8 GB an unbounded run grew to before it was killed
 
 
 @pytest.mark.parametrize("sink", ["tensorboard", "wandb"])

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pkgcopy import package_tree
+from checkout import copy_checkout
 from terminal import foreground
 
 from marin_ablate.marin.config import RunSpec, TrainConfig, preset
@@ -285,8 +285,8 @@ def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_record
     spec = _spec(4)
     run = tmp_path / "study" / "runs" / spec.run_id  # a study's folder is named by its run id (marin.schema.foreign)
     assert train(spec, run, stop_after=2)["status"] == "interrupted"
-    copy = package_tree(tmp_path / "src")
-    with open(copy / "marin_ablate" / "marin" / "train" / "machine.py", "a") as f:
+    copy = copy_checkout(tmp_path / "src")
+    with open(copy / "marin" / "train" / "machine.py", "a") as f:
         f.write("# a later commit\n")
     script = ("import sys, json; from marin_ablate.marin.config import RunSpec; "
               "from marin_ablate.marin.train import train; "

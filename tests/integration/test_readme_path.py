@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pkgcopy import package_tree
+from checkout import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,8 +76,8 @@ def test_adding_a_factor_runs_verbatim_from_a_file_anywhere(tmp_path):
         assert summary["status"] == "completed" and summary["step"] == 4
         assert not list(run.glob("checkpoints/ckpt_*"))  # a completed CPU run keeps no checkpoint
     # registered by name: the block pasted at the end of ablations/studies.py, then the STUDIES line
-    pkg = package_tree(tmp_path / "pkg")
-    studies = pkg / "marin_ablate" / "ablations" / "studies.py"
+    pkg = copy_checkout(tmp_path / "pkg")
+    studies = pkg / "ablations" / "studies.py"
     studies.write_text(studies.read_text() + "\n\n" + study_py + "\n" + register_py)
     env = {**_env(tmp_path), "PYTHONPATH": str(pkg)}
     r = subprocess.run([sys.executable, "-c", "import sys; from marin_ablate.main import main; "

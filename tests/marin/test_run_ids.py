@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pkgcopy import package_tree
+from checkout import copy_checkout
 
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.marin.config import SPEC_VERSION, RunSpec, non_default, to_dict
@@ -55,8 +55,8 @@ print(json.dumps({"plain": [s.run_id for s in runs],
 
 def _ids_with_row(tmp_path: Path, row: str, extra: dict) -> dict:
     """Run ids of the smoke study planned by a copy of the package whose factor table has one more row."""
-    package_tree(tmp_path)
-    table = tmp_path / "marin_ablate" / "marin" / "switches.py"
+    copy_checkout(tmp_path)
+    table = tmp_path / "marin" / "switches.py"
     src = table.read_text()
     anchor = "RECIPE_FACTOR_SPECS: tuple[FactorSpec, ...] = ("
     assert anchor in src

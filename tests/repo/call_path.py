@@ -19,8 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("marin", "marin_ablate", "ablations", "sweeps", "planning", "analysis")
+PACKAGE = "marin_ablate"
 FIRST_STEP = "Trainer.train_step"
 
 
@@ -35,22 +34,16 @@ class Call:
     function: str
 
 
-def _module_of(filename: str, cache: dict[str, str | None]) -> str | None:
-    if filename not in cache:
-        try:
-            rel = Path(filename).resolve().relative_to(ROOT)
-        except ValueError:
-            rel = None
-        cache[filename] = (".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-                           if rel is not None and rel.parts[0] in PACKAGES and rel.suffix == ".py" else None)
-    return cache[filename]
+def _module_of(frame) -> str | None:
+    """The project module a frame runs in (its installed name), None outside the package."""
+    name = frame.f_globals.get("__name__") or ""
+    return name if name == PACKAGE or name.startswith(PACKAGE + ".") else None
 
 
 def trace(argv: list[str], first_step: str = FIRST_STEP) -> tuple[list[Call], list[Call]]:
     """(spine, walk) of `marin-ablate ARGV` up to the first call of `first_step` (a qualified name)."""
     from marin_ablate.main import main
 
-    modules: dict[str, str | None] = {}
     seq = 0
     born: dict[int, int] = {}  # id(frame) -> seq of its latest call: a live frame's id is never reused
     events: list[tuple[int, int, str, str]] = []  # (seq, id of the reader's caller frame, module, qualname)
@@ -60,7 +53,7 @@ def trace(argv: list[str], first_step: str = FIRST_STEP) -> tuple[list[Call], li
         """The nearest project function frame above `frame`, looking through comprehensions and foreign code."""
         f = frame.f_back
         while f is not None:
-            if _module_of(f.f_code.co_filename, modules) and not f.f_code.co_name.startswith("<"):
+            if _module_of(f) and not f.f_code.co_name.startswith("<"):
                 return f
             if f.f_code.co_name == "<module>":
                 return None  # run by an import, not by a call
@@ -72,7 +65,7 @@ def trace(argv: list[str], first_step: str = FIRST_STEP) -> tuple[list[Call], li
         if event != "call":
             return
         code = frame.f_code
-        module = _module_of(code.co_filename, modules)
+        module = _module_of(frame)
         if module is None or code.co_name.startswith("<"):
             return
         seq += 1
@@ -94,7 +87,7 @@ def trace(argv: list[str], first_step: str = FIRST_STEP) -> tuple[list[Call], li
         raise RuntimeError(f"`marin-ablate {' '.join(argv)}` never called {first_step}")
     stack, f = [], reached[0]
     while f is not None:
-        if _module_of(f.f_code.co_filename, modules) and not f.f_code.co_name.startswith("<"):
+        if _module_of(f) and not f.f_code.co_name.startswith("<"):
             stack.append(f)
         f = f.f_back
     stack.reverse()

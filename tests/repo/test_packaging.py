@@ -12,11 +12,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
+from checkout import copy_checkout
+from test_contracts import package_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("marin", "ablations", "sweeps", "planning", "analysis")
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+LAYERS = tuple(sorted(p.name for p in (ROOT / "marin_ablate").iterdir() if p.is_symlink()))
 
 # Real distributions whose top-level names are the project's old ones, installed with --no-deps into a folder
 # by .ci/run (`pip install --no-deps --target DIR sweeps marin-core`); required under CI, skipped elsewhere.
@@ -24,30 +24,10 @@ COLLIDERS = os.environ.get("MARIN_COLLIDERS", "")
 COLLIDERS_REQUIRED = os.environ.get("CI", "").lower() == "true"
 
 
-def _package_folders() -> set[str]:
-    out = {"marin_ablate"}
-    for layer in LAYERS:
-        out |= {"marin_ablate." + ".".join(p.parent.relative_to(ROOT).parts)
-                for p in (ROOT / layer).rglob("__init__.py")}
-    return out
-
-
-def test_the_packages_list_names_every_package_folder_under_the_one_name():
-    tool = PYPROJECT["tool"]["setuptools"]
-    assert set(tool["packages"]) == _package_folders()
-    assert tool["package-dir"] == {"marin_ablate": "marin_ablate", **{f"marin_ablate.{x}": x for x in LAYERS}}
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """A wheel built from the tracked files (a copy, so the build leaves nothing in the checkout)."""
-    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, src / rel)
+    src, out = copy_checkout(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(src)], check=True, capture_output=True, timeout=300)
     (whl,) = out.glob("marin_ablate-*.whl")
@@ -63,7 +43,15 @@ def test_the_wheel_adds_exactly_one_top_level_import_name(wheel):
         assert wheel.read(top_level).decode().split() == ["marin_ablate"]
 
 
-def test_the_wheel_ships_the_layers_the_licence_the_type_marker_and_the_corpus_text(wheel):
+def test_the_wheel_ships_every_module_of_the_checkout_at_its_import_path(wheel):
+    """The layers reach the wheel through their links in marin_ablate/: no list of packages to keep."""
+    shipped = {n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in wheel.namelist()
+               if n.endswith(".py")}
+    assert shipped == package_modules()
+    assert {"marin_ablate.marin.model", "marin_ablate.analysis.fit.joint", "marin_ablate.main"} <= shipped
+
+
+def test_the_wheel_ships_the_licence_the_type_marker_the_corpus_text_and_the_notebook(wheel):
     names = set(wheel.namelist())
     for path in ("marin_ablate/main.py", "marin_ablate/marin/model.py", "marin_ablate/ablations/studies.py",
                  "marin_ablate/sweeps/sweep.py", "marin_ablate/planning/hero.py", "marin_ablate/analysis/pipeline.py",
@@ -108,3 +96,34 @@ def test_a_study_runs_with_marins_marin_and_wandbs_sweeps_first_on_the_path(tmp_
     summaries = list((tmp_path / "runs" / "smoke" / "runs").glob("*/summary.json"))
     assert len(summaries) == 16
     assert "wandb" not in r.stderr.lower()
+
+
+# One name from each layer and the command line: where `from MODULE import NAME` sends an editor.
+DEFINITIONS = {"marin": ("config", "ModelConfig"), "ablations": ("study", "Study"), "sweeps": ("sweep", "run_planned"),
+               "planning": ("slurm", "sbatch_params"), "analysis": ("io.results", "load_table"), "": ("main", "main")}
+
+
+def test_go_to_definition_finds_the_real_file_in_each_layer_of_the_development_install(tmp_path):
+    """jedi, from a file outside the checkout, in this interpreter's environment (the README's `pip install -e .`):
+    the definition's file is at its import path under marin_ablate/, which is the layer folder's file."""
+    import json
+    import re
+    import sysconfig
+
+    import jedi
+
+    installed = list(Path(sysconfig.get_paths()["purelib"]).glob("marin_ablate-*.dist-info/direct_url.json"))
+    url = json.loads(installed[0].read_text()) if len(installed) == 1 else {}
+    assert url.get("dir_info", {}).get("editable") and url.get("url") == ROOT.as_uri(), \
+        f"not a development install of this checkout ({url}): pip install -e . (README)"
+    assert set(DEFINITIONS) == {*LAYERS, ""}
+    lines = [f"from marin_ablate.{f'{layer}.' if layer else ''}{mod} import {name}"
+             for layer, (mod, name) in DEFINITIONS.items()]
+    script = jedi.Script("\n".join(lines), path=tmp_path / "x.py",
+                         project=jedi.Project(tmp_path, environment_path=sys.prefix))
+    for i, (line, (layer, (mod, name))) in enumerate(zip(lines, DEFINITIONS.items(), strict=True), 1):
+        (found,) = script.goto(i, len(line) - 1, follow_imports=True)
+        rel = Path(layer, *mod.split(".")).with_suffix(".py")
+        real = ROOT / (layer and rel or Path("marin_ablate", rel))  # a layer's own folder; the CLI's is marin_ablate/
+        assert found.module_path == ROOT / "marin_ablate" / rel and found.module_path.resolve() == real, line
+        assert re.match(rf"(def|class) {name}\b", real.read_text().splitlines()[found.line - 1]), line

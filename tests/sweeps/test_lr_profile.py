@@ -122,17 +122,26 @@ def test_a_real_profile_records_its_runs_and_provenance_and_resumes(tmp_path):
     assert lr_plan(replace(study, seeds=(0, 1)), tmp_path, None)[1] == {"lr_source": "heuristic"}
 
 
-def test_each_seed_runs_its_own_profiled_multipliers():
+def test_each_seed_runs_its_own_profiled_multipliers(tmp_path):
+    from marin_ablate.sweeps.sweep import planned_runs
+
     study = replace(tiny_study(("optimizer",)), seeds=(0, 1))
-    lr = {(m["seed"], m["arm"]): s.train.lr_scale for s, m in study.runs({0: {"all_off": 0.5}, 1: {"all_off": 2.0}})}
+
+    def lrs(mult, **kw):
+        return {(r.meta["seed"], r.meta["arm"]): r.spec.train.lr_scale
+                for r in planned_runs(study, tmp_path, lr_multipliers=mult, **kw)}
+
     hb = [a for a in study.arm_names if a != "all_off"][0]
-    assert lr == {(0, "all_off"): 0.5, (1, "all_off"): 2.0, (0, hb): 1.0, (1, hb): 1.0}
-    same = {(m["seed"], m["arm"]): s.train.lr_scale for s, m in study.runs({"all_off": 0.5})}
-    assert same[(0, "all_off")] == same[(1, "all_off")] == 0.5
-    with pytest.raises(ValueError, match=r"lr_multipliers give no seed 1; allowed values: a mapping with every seed"):
-        study.runs({0: {"all_off": 0.5}})
+    assert lrs({0: {"all_off": 0.5}, 1: {"all_off": 2.0}}) == {(0, "all_off"): 0.5, (1, "all_off"): 2.0,
+                                                                (0, hb): 1.0, (1, hb): 1.0}
+    # an override of the LR scale is the user's: it keeps its value at every arm
+    assert set(lrs({0: {"all_off": 0.5}, 1: {}}, overrides=["train.lr_scale=3"]).values()) == {3.0}
+    with pytest.raises(ValueError, match=r"lr_multipliers give no seed 1; allowed values: \{seed: \{arm: "):
+        lrs({0: {"all_off": 0.5}})
+    with pytest.raises(ValueError, match=r"lr_multipliers give no seed 0, 1; allowed values"):
+        lrs({"all_off": 0.5})  # one shape: {seed: {arm: multiplier}}, never {arm: multiplier}
     with pytest.raises(ValueError, match=r"unknown arm\(s\) \['nope'\]"):
-        study.runs({0: {"nope": 0.5}, 1: {}})
+        lrs({0: {"nope": 0.5}, 1: {}})
 
 
 def test_the_smoke_reference_ladder_is_the_baseline_arm_on_seven_rungs_and_three_seeds():

@@ -222,8 +222,8 @@ def test_lr_profile_finds_an_interior_optimum_and_flags_the_edge():
 
 @pytest.mark.slow  # real tuning trials, twice
 def test_tune_records_trials_in_a_journal_and_a_rerun_reuses_them(tmp_path):
-    from marin_ablate.sweeps.tune_arms import tune_study, tuned_multipliers
-    from marin_ablate.sweeps.tuning import TuneOptions
+    from marin_ablate.sweeps.tune_arms import tune_study
+    from marin_ablate.sweeps.tuning import TuneOptions, tuned_multipliers
 
     study = tiny_study(steps=2)
     opts = ExecOptions(executor="debug")

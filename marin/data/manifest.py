@@ -1,0 +1,48 @@
+"""A prepared corpus's files as `marin-ablate data prepare` writes them, read back with their checks: the manifest
+(`read_manifest`) and the integer arrays beside the token shards (`load_npy`). Torch-free: plan-time epoch accounting
+(ablations/epochs.py) and the loader index (marin/data/index.py) read them without the loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from marin_ablate.marin.schema import read_json_text
+
+FORMAT = "marin-tokens-v1"
+
+MANIFEST_KEYS = ("tokenizer", "dtype", "tokens", "documents", "shards")
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of a prepared corpus directory (torch-free: plan-time epoch accounting uses it)."""
+    p = Path(path).expanduser()
+    m = p / "manifest.json" if p.is_dir() else p
+    if not m.is_file():
+        raise ValueError(f"data.corpus={str(path)!r} is not a prepared corpus (no manifest.json); "
+                         "run `marin-ablate data prepare SOURCE --tokenizer PATH --corpus-dir DIR` first")
+    try:
+        manifest = read_json_text(m)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{m}: not a readable JSON file ({e}); prepare the corpus again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{m}: format {got!r} is not {FORMAT!r}; prepare the corpus again")
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise ValueError(f"{m}: fields {', '.join(missing)} missing; prepare the corpus again")
+    return manifest
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """An integer .npy the harness wrote (offsets, domains): anything else, an object array above all (its
+    load would unpickle), is refused naming the file."""
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not an integer .npy array ({e}); prepare the corpus again") from None
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu" or a.ndim != 1:
+        raise ValueError(f"{path}: holds a {getattr(a, 'dtype', type(a).__name__)} array of shape "
+                         f"{getattr(a, 'shape', '?')}; allowed values: a 1-d integer array; prepare the corpus again")
+    return a
