@@ -170,10 +170,16 @@ def _title(table: pd.DataFrame, folder: Path) -> str:
 
 
 def fit_kw(opts: AnalysisOptions, folder: Path | None, table: pd.DataFrame) -> dict:
-    """The fit options the report, the forecast and the backtest's refits share."""
+    """The fit options the report, the forecast and the backtest's refits share; a `run --until` study's pilot
+    (until.json: its named values' intervals are Stein's, docs/method.md §4.11)."""
+    from marin_ablate.analysis.fit.replicates import Stein
+    from marin_ablate.analysis.fit.stopping import read_plan
+
+    plan = read_plan(folder) if folder is not None else None
     return dict(pin_linf=opts.pin_linf, pin_alpha=opts.pin_alpha,
                 pinned_law=_pinned(opts, folder, _study_name(table)), hc=opts.hc, mixed=opts.mixed,
-                interactions=not opts.no_interactions, third_levels=opts.third_levels)
+                interactions=not opts.no_interactions, third_levels=opts.third_levels,
+                stein=Stein(plan.pilot, plan.components) if plan is not None else None)
 
 
 def fit_study(opts: AnalysisOptions, table: pd.DataFrame, folder: Path | None = None, *, target: float | None = None,

@@ -175,8 +175,8 @@ def stopping(n: int, n0: int, n_max: int, target: float, seed: int, rungs: list[
     a seed until each value's interval excludes 1). Components planted with no effect (xsa, qk_norm) show what
     stopping on significance does. Also the mean seeds each rule ran."""
     from marin_ablate.analysis.calibration.simulate import simulate_table, study_design
-    from marin_ablate.analysis.calibration.stopping import Until, stein_plan
     from marin_ablate.analysis.fit.replicates import Stein
+    from marin_ablate.analysis.fit.stopping import Until, stein_plan
     from marin_ablate.analysis.pipeline import analyze_table
 
     design = study_design("smoke", FACTORS)

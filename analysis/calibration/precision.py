@@ -558,7 +558,7 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
     seed sd (one seed's model standard error and the component x seed sd in quadrature), the seeds Stein's rule
     asks for at that sd from the study's seeds as the pilot, and the cost of the seeds in all (the plan's own
     per-run numbers; the LR profile's runs not included)."""
-    from marin_ablate.analysis.calibration.stopping import seeds_for
+    from marin_ablate.analysis.fit.stopping import seeds_for
 
     lay, rows = study_layout(study)
     k = lay.seeds

@@ -37,7 +37,7 @@ MIN_RUNGS = 2
 WEAK_PAIRS = 4
 #: analyze_table options a backtest passes through unchanged (the rest it sets itself).
 FIT_OPTIONS = ("pin_linf", "pin_alpha", "hc", "mixed", "interactions", "third_levels", "level", "law_forms",
-               "pinned_law")
+               "pinned_law", "stein")
 
 
 def verdict(lo: float, hi: float) -> str:

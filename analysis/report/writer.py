@@ -156,12 +156,12 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
 
 
 def take_rows(a: StudyAnalysis, study_dir: Path | None = None) -> list[dict]:
-    """The report's "What it would take" (analysis/calibration/stopping.py): per quality value at C_ref
+    """The report's "What it would take" (analysis/fit/stopping.py): per quality value at C_ref
     consistent with no effect or wider than ×/÷ 1.5, the seeds its measured seed scatter says would bring it to a
     stated half-width, the added minutes on this machine and the `run --until` line."""
     import os
 
-    from marin_ablate.analysis.calibration.stopping import core_seconds_per_seed, what_it_would_take
+    from marin_ablate.analysis.fit.stopping import core_seconds_per_seed, what_it_would_take
     from marin_ablate.analysis.io.results import profile_seconds
     from marin_ablate.analysis.report.findings import recommended_total
     from marin_ablate.analysis.responses import law_column

@@ -11,7 +11,8 @@ import pytest
 from scipy import stats
 
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
-from marin_ablate.analysis.calibration.stopping import (
+from marin_ablate.analysis.fit.replicates import Stein
+from marin_ablate.analysis.fit.stopping import (
     SteinPlan,
     Until,
     read_plan,
@@ -20,7 +21,6 @@ from marin_ablate.analysis.calibration.stopping import (
     target_half,
     what_it_would_take,
 )
-from marin_ablate.analysis.fit.replicates import Stein
 from marin_ablate.analysis.pipeline import analyze_table
 
 RUNGS = {"cpu_s32": 32 * 1024.0, "cpu_s64": 64 * 1024.0}
