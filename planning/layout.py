@@ -162,15 +162,19 @@ def _cached(path, compute):
     return out
 
 
+def activation_key(spec: RunSpec) -> str:
+    """What `cached_activations` keys its measurement by: the spec's identity (micro-batches aside)."""
+    import hashlib
+
+    return hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
+
+
 def cached_activations(spec: RunSpec) -> dict:
     """planning.memory.fit_activations at one sequence, kept under MARIN_CACHE_DIR: a CPU measurement of the
     spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
-    import hashlib
-
     from marin_ablate.planning.memory import fit_activations
 
-    key = hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
-    return _cached(_cache_dir() / f"act1-{key}.json", lambda: fit_activations(spec, 1))
+    return _cached(_cache_dir() / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
 
 
 def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
