@@ -178,10 +178,12 @@ def noise(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("d512"
 HERO_LOSS_CHUNK = 8_192
 
 
-#: The hero's context extension (docs/fidelity.md "context extension"): 4k -> 16k -> 65k as Marin's write-up of
-#: the run, at 90% and 95% of the steps as Marin's extension plan (no change to the LR schedule), tokens per
-#: step held (11,264 -> 2,816 -> 704 sequences), the q multiplier by Marin's rule 1.3·(1 + 0.2·ln(L/4096))
-HERO_CONTEXT_STAGES = (ContextStage(0.90, 16_384), ContextStage(0.95, 65_536))
+#: The hero's context extension as Marin's newest hero record has it (docs/fidelity.md "context extension"):
+#: 4k -> 16k at the handoff near step 216,000 of 390,251 (55%), 65k from 95% of the steps, no change to the LR
+#: schedule, tokens per step held (11,264 -> 2,816 -> 704 sequences), the q multiplier 1.3·(1 + 0.1·ln(L/4096))
+#: (`context_q_rule="yarn"`: 1.48 at 16k, 1.66 at 65k)
+HERO_CONTEXT_16K_STEP = 216_000
+HERO_CONTEXT_STAGES = (ContextStage(HERO_CONTEXT_16K_STEP / 390_251, 16_384), ContextStage(0.95, 65_536))
 
 
 #: The step at which Marin's hero switched its gate/router weight decay on (docs/fidelity.md "gate/router decay")
@@ -235,7 +237,7 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
                                  "replica_groups": ep_groups,
                                  # Marin's hero switched the gate/router decay on mid-run (the ladder: step 0)
                                  "gate_router_decay_start": HERO_GATE_ROUTER_DECAY_START,
-                                 "context_stages": HERO_CONTEXT_STAGES, "context_q_rule": "marin"})
+                                 "context_stages": HERO_CONTEXT_STAGES, "context_q_rule": "yarn"})
     names = list(SEVEN)
     what = "full recipe, 18T tokens" if steps == 390_251 else f"full recipe, {steps:,} steps"
     shape = f"{ep_groups} x EP{ep_size}" + (f", {model.n_layers} layers" if n_layers else "")

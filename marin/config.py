@@ -300,9 +300,10 @@ OFFLOADS = ("none", "cpu")
 
 
 #: Context extension's query multiplier at a stage of length L (base length L0): q × (1 + c·ln(L/L0)), c by rule:
-#: "yarn" 0.1 (YaRN's attention scale, Peng et al. 2023, arXiv 2309.00071 eq. 20); "marin" 0.2 (the rule
-#: Marin's extension runs used: 1.3·(1 + 0.2·ln 4) = 1.66 at 4k -> 16k; docs/fidelity.md "context extension")
-CONTEXT_Q_RULES = {"yarn": 0.1, "marin": 0.2}
+#: "yarn" 0.1 (YaRN's attention scale, Peng et al. 2023, arXiv 2309.00071 eq. 20; the rule of Marin's newest hero
+#: record: 1.3·(1 + 0.1·ln 4) = 1.48 at 4k -> 16k); "yarn_x2" 0.2 (twice it, the other arm of Marin's 4k -> 16k
+#: extension sweep: 1.66 at 16k; docs/fidelity.md "context extension")
+CONTEXT_Q_RULES = {"yarn": 0.1, "yarn_x2": 0.2}
 
 
 @dataclass(frozen=True)

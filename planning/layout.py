@@ -5,10 +5,11 @@ A GPU rung holds ModelConfig.ep_shards EP shards of 65,536 tokens; on G GPUs (G 
 multiple of them) each GPU holds max(1, shards / G) of them as virtual shards in one EP group of min(G, shards)
 ranks, and its B / G sequences of a step in k micro-batches (TrainConfig.micro_batches). The drops, the
 routing statistics and the update are those of the rung's own layout (marin/train/accum.py), so only the
-memory and the time change. `choose_layout` picks the fewest micro-batches whose memory fits, from the dry
-run's model (planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at
-one sequence and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at
-d512), plus what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used.
+memory and the time change. `choose_layout` picks the fewest micro-batches whose memory leaves HEADROOM
+(10%) of the GPU free (or, stated, the most it can down to MIN_HEADROOM), from the dry run's model
+(planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at one sequence
+and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at d512), plus
+what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ GiB = 2**30
 #: Memory per GPU of the lent accelerators (what torch reports as total, in GiB): the layout default.
 GPU_MEMORY_GIB = {"h100": 79.1, "h200": 139.8, "gb200": 173.0}
 LEVELS = ("hyperball", "adamw")  # a study's arms use both; the layout must fit the larger
+#: The free fraction of the GPU a layout keeps (the dry run's wanted headroom, planning/dryrun.py): room for what
+#: the model cannot see (compiled graphs' buffers, NCCL, fragmentation over a long run). Below it, down to
+#: MIN_HEADROOM, only when no micro-batching reaches it, and the layout then says why (`headroom_note`).
+HEADROOM, MIN_HEADROOM = 0.10, 0.05
 #: Memory-table lines that are no tensor of torch's allocator (planning/dryrun.py GpuAllowances)
 NOT_TENSORS = ("NCCL", "CUDA context", "allocator fragmentation")
 
@@ -69,11 +74,13 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: float = 0.0, headroom: float = 0.05,
-                  act1: dict | None = None) -> dict:
+def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: float = 0.0,
+                  headroom: float = HEADROOM, act1: dict | None = None, min_headroom: float = MIN_HEADROOM) -> dict:
     """The layout of `spec` on `gpus` GPUs of `capacity_gib`: EP group, virtual shards, and the fewest
     micro-batches whose per-GPU memory (every optimizer level of LEVELS) leaves `headroom` of the capacity
-    free. Raises ValueError naming the numbers when one sequence per micro-batch does not fit."""
+    free; when even one sequence per micro-batch does not, the one that leaves the most, if that is at least
+    `min_headroom`, with `headroom_note` saying why (what more micro-batches cannot shrink). Raises ValueError
+    naming the numbers when nothing leaves `min_headroom`."""
     from marin_ablate.planning.dryrun import GpuAllowances, current_sharding, memory_table, rank_state
 
     ep, virtual = ep_layout(spec, gpus)
@@ -84,7 +91,8 @@ def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: fl
     sharding = current_sharding(spec)
     state = rank_state(spec, gpus, ep if gpus > 1 else spec.model.ep_shards, 0, sharding)
     act1 = act1 or cached_activations(spec)  # the peak at one sequence; linear in sequences
-    budget = (capacity_gib - reserve_gib) * (1 - headroom) * GiB
+    head = min(headroom, min_headroom)
+    budget, floor = ((capacity_gib - reserve_gib) * (1 - h) * GiB for h in (headroom, head))
     gpu = GpuAllowances() if spec.train.device.startswith("cuda") else None
     tried = []
     for m in sorted(divisors(rows), reverse=True):  # the largest micro-batch first: the fewest passes
@@ -93,32 +101,42 @@ def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: fl
         act = {**act1, "recompute": spec.train.activation_checkpoint == "block",
                **{f: act1[f] * m for f in ("base", "per_local", "per_global", "peak")}}
         st = {**state, "ep_size": 1 if gpus == 1 else ep, "tokens_per_rank": m * spec.model.seq_len}
-        tables = {lv: memory_table(sk, st, gpus, act, sharding, lv, gpu, accumulation_rows(spec, rows, k))
-                  for lv in LEVELS}
+        accum = accumulation_rows(spec, rows, k)
+        tables = {lv: memory_table(sk, st, gpus, act, sharding, lv, gpu, accum) for lv in LEVELS}
         totals = {lv: sum(r["bytes"] for r in t) for lv, t in tables.items()}
         worst_level = max(totals, key=totals.get)
-        worst = totals[worst_level]
-        tried.append((m, worst))
-        if worst <= budget:
-            # what torch's allocator sees (max_memory_allocated): the lines that are tensors
-            tensors = sum(r["bytes"] for r in tables[worst_level] if not r["line"].startswith(NOT_TENSORS))
-            return {"gpus": gpus, "ep_group": ep, "virtual_shards": virtual, "micro_batches": k,
-                    "sequences_per_micro_batch": m, "sequences_per_gpu": rows, "predicted_gib": worst / GiB,
-                    "predicted_tensor_gib": tensors / GiB, "level": worst_level,
-                    "capacity_gib": capacity_gib, "headroom": headroom,
-                    "activation_gib_per_sequence": act1["peak"] / GiB}
-    m, worst = tried[-1]
-    need = math.ceil(gpus * worst / budget)
-    raise ValueError(f"{spec.model.d_model}-wide model, batch {B} on {gpus} GPU(s) of {capacity_gib:g} GiB: even "
-                     f"{m} sequence per micro-batch ({rows} micro-batches) needs {worst / GiB:.1f} GiB per GPU, over "
-                     f"{budget / GiB:.1f} GiB ({1 - headroom:.0%} of the capacity less {reserve_gib:g} GiB reserve); "
-                     f"allowed: more GPUs per run (about {need} or more), or GPUs with more memory")
+        tried.append((m, k, totals[worst_level], worst_level, tables[worst_level], accum))
+        if totals[worst_level] <= budget:
+            break
+    m, k, worst, level, table, accum = tried[-1]
+    note = None
+    if worst > budget and worst <= floor:
+        fixed = sum(r["bytes"] for r in accum)
+        free = 1 - (worst / GiB + reserve_gib) / capacity_gib
+        note = (f"{free:.1%} of the GPU free, under the wanted {headroom:.0%}: even one sequence per micro-batch "
+                f"needs {worst / GiB:.1f} GiB; more micro-batches cannot shrink the training state or what "
+                f"accumulation keeps for the step ({fixed / GiB:.1f} GiB, the routing pass's residual streams above "
+                f"all); a second GPU per run, or one with more memory, keeps {headroom:.0%}")
+    elif worst > budget:
+        need = math.ceil(gpus * worst / budget)
+        raise ValueError(f"{spec.model.d_model}-wide model, batch {B} on {gpus} GPU(s) of {capacity_gib:g} GiB: even "
+                         f"{m} sequence per micro-batch ({rows} micro-batches) needs {worst / GiB:.1f} GiB per GPU, "
+                         f"over {floor / GiB:.1f} GiB ({1 - head:.0%} of the capacity less {reserve_gib:g} GiB "
+                         f"reserve); allowed: more GPUs per run (about {need} or more), or GPUs with more memory")
+    # what torch's allocator sees (max_memory_allocated): the lines that are tensors
+    tensors = sum(r["bytes"] for r in table if not r["line"].startswith(NOT_TENSORS))
+    return {"gpus": gpus, "ep_group": ep, "virtual_shards": virtual, "micro_batches": k,
+            "sequences_per_micro_batch": m, "sequences_per_gpu": rows, "predicted_gib": worst / GiB,
+            "predicted_tensor_gib": tensors / GiB, "level": level, "capacity_gib": capacity_gib,
+            "headroom": headroom, "free": 1 - (worst / GiB + reserve_gib) / capacity_gib, "headroom_note": note,
+            "activation_gib_per_sequence": act1["peak"] / GiB}
 
 
 def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
     import hashlib
 
-    return hashlib.sha256(json.dumps([spec.identity_json(), gpus, capacity_gib]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([spec.identity_json(), gpus, capacity_gib, HEADROOM, MIN_HEADROOM]).encode()
+                          ).hexdigest()[:16]
 
 
 def _cache_dir():
@@ -144,15 +162,19 @@ def _cached(path, compute):
     return out
 
 
+def activation_key(spec: RunSpec) -> str:
+    """What `cached_activations` keys its measurement by: the spec's identity (micro-batches aside)."""
+    import hashlib
+
+    return hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
+
+
 def cached_activations(spec: RunSpec) -> dict:
     """planning.memory.fit_activations at one sequence, kept under MARIN_CACHE_DIR: a CPU measurement of the
     spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
-    import hashlib
-
     from marin_ablate.planning.memory import fit_activations
 
-    key = hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
-    return _cached(_cache_dir() / f"act1-{key}.json", lambda: fit_activations(spec, 1))
+    return _cached(_cache_dir() / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
 
 
 def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:

@@ -85,6 +85,8 @@ def dry_run_rungs(study: Any, args: Any) -> int:
         if not args.json:
             print(f"{head}: EP group {lay['ep_group']} x {lay['virtual_shards']} virtual shard(s) per GPU, "
                   f"{lay['micro_batches']} micro-batch(es) of {lay['sequences_per_micro_batch']} sequences", flush=True)
+            if lay.get("headroom_note"):
+                print(f"  headroom: {lay['headroom_note']}", flush=True)
         reh, loop, reps = dry_run_parts(sk, gpus, ep, dr, args.json,
                                         accumulation_rows(spec, lay["sequences_per_gpu"], lay["micro_batches"]))
         if not args.json:
@@ -117,4 +119,5 @@ def format_layouts(rows: list[dict], capacity_gib: float) -> str:
         out.append(f"  {r['rung']:6} {r['gpus']:>4} {r['ep_group']:>5} x {r['virtual_shards']:<4} "
                    f"{r['micro_batches']:>5} x {r['sequences_per_micro_batch']:<7} {r['predicted_gib']:>8.1f}G "
                    f"{r['measured_gib']:>7.1f}G {'yes' if r['fits'] and r['rehearsal_ok'] else 'NO':>5} {wall:>10}")
+    out += [f"  {r['rung']}: {r['headroom_note']}" for r in rows if r.get("headroom_note")]
     return "\n".join(out)

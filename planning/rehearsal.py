@@ -21,10 +21,11 @@ holds one rank's items; metadata is not committed). `Discipline` watches every o
 - an op whose meta kernel refuses its operands (a dtype mismatch of bf16 compute against fp32 state, a
   shape that does not match) fails naming the op and the caller. bf16 autocast itself is a region
   marker only (`AutocastStandIn`): the step's bf16 comes from FSDP2's mixed precision.
-Every collective is also recorded in order as (op, group, shapes, dtypes), and the rehearsed ranks are
-compared (`compare_ranks`): where they share a group their sequences must be equal, and every rank issues
-the same sequence of collectives on its own groups of each size (SPMD); the first differing call fails,
-named, as it would hang both ranks on NCCL until the watchdog. Host reads are counted per step and bounded
+Every collective is also recorded in order as (op, group, shapes, dtypes), and the rehearsed ranks (the first
+and last of every EP group, `rehearsal_ranks`) are compared pair by pair (`compare_ranks`): where two share a
+group their sequences must be equal, and every rank issues the first rank's sequence of collectives on its own
+groups of each size (SPMD); the first differing call fails, named, as it would hang both ranks on NCCL until
+the watchdog. Host reads are counted per step and bounded
 by `host_reads_allowed` (each one stalls the step until the GPU drains). Each context stage trains a step.
 Kernels that cannot run on CPU keep device, dtype and shape through a stand-in and are listed: the
 Triton kernels (torch's ops), compiled flex attention (sdpa), torch.compile (eager), ragged EP's split
@@ -408,26 +409,41 @@ def _call(c: tuple, shared: bool) -> str:
     return f"{op} on {group}, {', '.join(f'{d}{list(s)}' for s, d in zip(shapes, dtypes, strict=True))} from {caller}"
 
 
+def _first_difference(ra: int, rb: int, label: str, xa: list, xb: list, key) -> str | None:
+    """One line naming the first call where the sequences `xa` (rank ra's) and `xb` (rank rb's) differ, else None."""
+    for k in range(max(len(xa), len(xb))):
+        ca = xa[k] if k < len(xa) else None
+        cb = xb[k] if k < len(xb) else None
+        if ca is None or cb is None or key(ca) != key(cb):
+            shared = label.startswith("a group")
+            da = _call(ca, shared) if ca else "nothing (its sequence ended)"
+            db = _call(cb, shared) if cb else "nothing (its sequence ended)"
+            return (f"ranks {ra} and {rb} diverge at collective #{k + 1} on {label}: rank {ra} issues {da}; "
+                    f"rank {rb} issues {db}. On NCCL both would wait until the watchdog's timeout")
+    return None
+
+
 def compare_ranks(rows: list[dict]) -> str | None:
     """None when the rehearsed ranks' collective sequences agree, else one line naming the first call that
-    differs (module docstring): first on the groups two ranks share (a mismatch there hangs both), then on
-    each rank's own groups, compared by group size (the same program on every rank)."""
-    for a, b in zip(rows, rows[1:], strict=False):
-        ra, rb = a["rank"], b["rank"]
-        sa = [c for c in a["calls"] if rb in c[1]]
-        sb = [c for c in b["calls"] if ra in c[1]]
-        for label, xa, xb, key in (("a group they share", sa, sb, lambda c: c[:4]),
-                                   ("groups of the same size", a["calls"], b["calls"],
-                                    lambda c: (c[0], len(c[1]), c[2], c[3]))):
-            for k in range(max(len(xa), len(xb))):
-                ca = xa[k] if k < len(xa) else None
-                cb = xb[k] if k < len(xb) else None
-                if ca is None or cb is None or key(ca) != key(cb):
-                    shared = label.startswith("a group")
-                    da = _call(ca, shared) if ca else "nothing (its sequence ended)"
-                    db = _call(cb, shared) if cb else "nothing (its sequence ended)"
-                    return (f"ranks {ra} and {rb} diverge at collective #{k + 1} on {label}: rank {ra} issues {da}; "
-                            f"rank {rb} issues {db}. On NCCL both would wait until the watchdog's timeout")
+    differs (module docstring): first, for every pair of rehearsed ranks, on the groups the two share (a
+    mismatch there hangs both), then each rank against the first on its own groups, compared by group size
+    (the same program on every rank)."""
+    members = {}  # group ranks -> the same as a set, built once (the world's tuple is long)
+    def on(row: dict, peer: int) -> list:
+        return [c for c in row["calls"] if peer in members.setdefault(c[1], frozenset(c[1]))]
+
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            got = _first_difference(a["rank"], b["rank"], "a group they share", on(a, b["rank"]), on(b, a["rank"]),
+                                    lambda c: c[:4])
+            if got:
+                return got
+    first = rows[0] if rows else None
+    for b in rows[1:]:
+        got = _first_difference(first["rank"], b["rank"], "groups of the same size", first["calls"], b["calls"],
+                                lambda c: (c[0], len(c[1]), c[2], c[3]))
+        if got:
+            return got
     return None
 
 
@@ -445,24 +461,55 @@ def host_read_budget(rows: list[dict], n_layers: int) -> str | None:
     return None
 
 
-def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False,
-             rank_fn=None, **narrow) -> dict:
-    """Part (c): the first and last rank (each in a fresh process) through `rank_fn` (default
-    `rehearse_rank`), their collective sequences compared and their host reads bounded; `ok` false
-    with `error` naming the call that fails (a GPU would fail or hang there too)."""
-    rank_fn = rank_fn or rehearse_rank
-    from marin_ablate.planning.dryrun import in_fresh_process
+#: Above this many edge ranks (first and last of every EP group) the rehearsal plays the edges of each rack and
+#: of the first and last EP group in each rack instead (`rehearsal_ranks`); the hero plays 22 (11 racks of EP64).
+MAX_REHEARSED_RANKS = 64
 
+
+def rehearsal_ranks(world: int, ep_size: int, racks: int = 1) -> list[int]:
+    """The ranks part (c) plays: the first and last rank of each EP group (so of each rack: a rack is a whole
+    number of EP groups), which includes the loop's 0, ep-1, ep and world-1; above MAX_REHEARSED_RANKS, the edges
+    of each rack and of the first and last EP group in each rack. A divergence planted on a rank it does not
+    play is not seen: a rank inside an EP group runs the same program as its edges unless the code branches on
+    the rank itself."""
+    if world <= 1:
+        return [0]
+    groups = [(g, g + ep_size - 1) for g in range(0, world, ep_size)]
+    if 2 * len(groups) > MAX_REHEARSED_RANKS:
+        per = world // max(1, racks)
+        groups = [e for k in range(0, world, per) for e in ((k, k + ep_size - 1), (k + per - ep_size, k + per - 1))]
+    return sorted({r for g in groups for r in g})
+
+
+def _rank_in_fresh_process(args: tuple) -> dict:
+    fn, *rest = args
+    return fn(*rest)
+
+
+def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bool = False,
+             rank_fn=None, workers: int | None = None, **narrow) -> dict:
+    """Part (c): the ranks of `rehearsal_ranks` (each in a fresh process, `workers` at a time; default the
+    cores, at most 4) through `rank_fn` (default `rehearse_rank`), their collective sequences compared pair by
+    pair and their host reads bounded; `ok` false with `error` naming the call that fails (a GPU would fail or
+    hang there too)."""
+    import multiprocessing as mp
+    import os
+
+    rank_fn = rank_fn or rehearse_rank
     t0 = time.perf_counter()
     small, subs = rehearsal_spec(spec, world, **narrow)
-    ranks = sorted({0, world - 1})
+    ranks = rehearsal_ranks(world, ep_size, spec.train.effective().replica_groups)
     rows, error = [], None
-    try:
-        for r in ranks:
-            rows.append(in_fresh_process(rank_fn, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}",
-                                          host_backend))
-    except RehearsalError as e:
-        error = str(e)
+    jobs = [(rank_fn, small, world, ep_size, r, Path(work_dir) / f"rehearse{r}", host_backend) for r in ranks]
+    n = max(1, min(workers or min(4, os.cpu_count() or 1), len(jobs)))
+    # one process per rank (maxtasksperchild=1): nothing torch keeps across process groups leaks between ranks
+    with mp.get_context("spawn").Pool(n, maxtasksperchild=1) as pool:
+        pending = [pool.apply_async(_rank_in_fresh_process, (j,)) for j in jobs]
+        for p in pending:
+            try:
+                rows.append(p.get())
+            except RehearsalError as e:
+                error = error or str(e)
     if error is None:
         error = compare_ranks(rows) or host_read_budget(rows, small.model.n_layers)
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "rows": rows, "ok": error is None, "error": error,
@@ -485,9 +532,12 @@ def format_rehearsal(rep: dict) -> str:
                    f"{sum(r['collectives'].values())} collectives, "
                    f"{sum(r['host_reads'].values()) / max(1, r['steps']):.1f} host reads per step "
                    f"(budget {host_reads_allowed(rep['n_layers'])}), {r['seconds']:.1f} s")
-        out += [f"    host read stood in: {site} (x{n})" for site, n in sorted(r["host_reads"].items())]
-        out.append(f"    checkpoint: {r['checkpoint']}")
-    out.append("  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save; the ranks' collective "
-               "sequences agree" if rep["ok"] else f"  FAIL: {rep['error']}")
+        first = rep["rows"][0]
+        if r is first or r["host_reads"] != first["host_reads"]:  # the same call sites on every rank: listed once
+            out += [f"    host read stood in: {site} (x{n})" for site, n in sorted(r["host_reads"].items())]
+        if r is first or r["checkpoint"] != first["checkpoint"]:
+            out.append(f"    checkpoint: {r['checkpoint']}")
+    out.append(f"  PASS: forward, backward, clip_grad_norm_, optimizer step, checkpoint save; the collective sequences "
+               f"of the {len(rep['rows'])} rank(s) agree, pair by pair" if rep["ok"] else f"  FAIL: {rep['error']}")
     out.append(f"  took {rep['seconds']:.1f} s")
     return "\n".join(out)

@@ -487,23 +487,54 @@ def read_profile(out: str | Path, study_name: str) -> dict | None:
 #: takes Marin's fitted heuristic LRs (marin.hparams, the August refit its hero used) and says so. 1e21 is about
 #: the d2048 fast-ladder rung (~5e20); the hero ladder's hero_d2048 (~7e21) and the hero (~2.6e24) are above it.
 PROFILE_MAX_RUN_FLOPS = 1e21
+#: ... nor at cluster scale: the profile's worst case (every grid extension run, `ProfileOptions.max_runs`) may
+#: spend at most this many GPU-hours at the study's assumed MFU. marin535's profile (d768, 18 runs x 8 GPUs) is
+#: ~54 and noise's ~39 H100-hours; hero_rack's would be ~294 and hero_2rack's ~588 GB200-hours (128 GPUs a run).
+PROFILE_MAX_GPU_HOURS = 100.0
 
 
-def profile_skipped(study: Any) -> str | None:
-    """Why the LR profile of `study` is not run (its rung costs more than PROFILE_MAX_RUN_FLOPS per run),
-    else None; the study then trains at the heuristic's LRs."""
-    if not profile_groups(study):
+def _profile_gpu_hours(study: Any, rung: Any, flops: float, n_runs: int) -> float:
+    """GPU-hours of `n_runs` profile runs of `flops` each at the study's hardware assumption (the hero's GB200,
+    a GPU study's own, H100 for a GPU rung of a study that names none); 0 for a CPU rung."""
+    from marin_ablate.ablations.gb200 import H100
+
+    hw = study.hardware or getattr(getattr(study, "hero", None), "hardware", None) or (H100 if rung.gpus else None)
+    return 0.0 if hw is None or not rung.gpus else n_runs * hw.gpu_hours(flops)
+
+
+def profile_skipped(study: Any, popts: ProfileOptions = ProfileOptions()) -> str | None:
+    """Why the LR profile of `study` is not run, else None; the study then trains every arm at the heuristic's
+    LRs. The one place that decides (docs/method.md §4.6), each reason that holds named: no LR-coupled factor
+    varies across the design's arms (a single-run study, e.g. the hero and its smoke runs: no levels to make
+    fair), the profile rung above PROFILE_MAX_RUN_FLOPS per run, or the profile's worst case above
+    PROFILE_MAX_GPU_HOURS."""
+    groups = profile_groups(study)
+    if not groups:
         return None
     from marin_ablate.ablations.ladders import flops_per_token
     from marin_ablate.marin.config import Recipe
 
+    why = []
+    rows = range(study.design.n_runs)
+    fixed = {f.name: sorted({study.levels(i)[f.name] for i in rows}) for f in study.lr_coupled}
+    if all(len(v) == 1 for v in fixed.values()):
+        held = ", ".join(f"{f}={v[0]}" for f, v in fixed.items())
+        why.append(f"no LR-coupled factor varies across its {study.design.n_runs} arm(s) ({held} in every arm): "
+                   "no levels to make fair")
     name = profile_rung(study)
     r = next(x for x in study.rungs if x.name == name)
     flops = flops_per_token(r.model(), Recipe()) * r.tokens()
-    if flops <= PROFILE_MAX_RUN_FLOPS:
+    if flops > PROFILE_MAX_RUN_FLOPS:
+        why.append(f"its profile rung {name} trains {flops:.2e} FLOPs per run, above PROFILE_MAX_RUN_FLOPS="
+                   f"{PROFILE_MAX_RUN_FLOPS:.0e}")
+    n = popts.max_runs(len(groups) * len(study.seeds))
+    gpuh = _profile_gpu_hours(study, r, flops, n)
+    if gpuh > PROFILE_MAX_GPU_HOURS:
+        why.append(f"its profile (up to {n} runs of {r.gpus} GPUs at {name}) would take {gpuh:,.0f} GPU-hours, above "
+                   f"PROFILE_MAX_GPU_HOURS={PROFILE_MAX_GPU_HOURS:g}")
+    if not why:
         return None
-    return (f"its profile rung {name} trains {flops:.2e} FLOPs per run, above PROFILE_MAX_RUN_FLOPS="
-            f"{PROFILE_MAX_RUN_FLOPS:.0e}: every arm at Marin's fitted heuristic LRs (marin.hparams)")
+    return "; ".join(why) + ": every arm at Marin's fitted heuristic LRs (marin.hparams)"
 
 
 def tune_dir(out: str | Path, study_name: str) -> Path:
@@ -538,8 +569,8 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     """(LR multipliers {seed: {arm: multiplier}} or None, provenance for each run's meta.json): `run --tune`'s per-arm
     multipliers at every seed (tuned), the profile of each LR-coupled factor's levels at each seed (run now when
     `opts` is given, else read from its file; a file without every seed of the study counts as none), or the
-    heuristic (no LR-coupled factor, profile=False, or a profile rung above PROFILE_MAX_RUN_FLOPS: the provenance
-    then says why, `lr_profile_skipped`)."""
+    heuristic (no LR-coupled factor, profile=False, or a profile `profile_skipped` refuses: the provenance then says
+    why, `lr_profile_skipped`)."""
     from datetime import datetime, timezone
 
     if tuned:
@@ -565,8 +596,7 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
 
 def profile_cost(study: Any, popts: ProfileOptions = ProfileOptions()) -> dict | None:
     """The profile's runs and core-seconds before the design (`plan`): every level's grid at every seed;
-    None without an LR-coupled factor or when the profile rung is above PROFILE_MAX_RUN_FLOPS
-    (`profile_skipped`)."""
+    None without an LR-coupled factor or when `profile_skipped` refuses it."""
     groups = profile_groups(study)
     if not groups or profile_skipped(study):
         return None

@@ -20,16 +20,17 @@ storage order (the precomputed deterministic shuffle), concatenated. A component
 stream, or one domain's slice of it -- holds n = (tokens - 1) // S windows of S+1 tokens
 (`stream[j*S : j*S + S + 1]`, the last < S tokens unread); its sequence g of the run is, with
 (e, i) = divmod(g, n), window `feistel(i; seed, epoch e, component)`: every epoch reads every window
-once, in an order of its own. A rank memory-maps the three arrays and touches only the pages of its
-rows (two binary searches in `cum` and a slice of `src` per row), so its memory and start-up time
-are flat in the corpus size (`benchmarks/bench_loader_scale.py`; docs/architecture.md §3).
+once, in an order of its own. A rank reads the arrays and the shards by position (`PreadArray`: pread,
+no memory map, no readahead) and only what its rows need (two binary searches in `cum`, a slice of `src`
+and one read per document piece per row), so its memory, file-backed pages included, and its start-up
+time are flat in the corpus size (`benchmarks/bench_loader_scale.py`; docs/architecture.md §3).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -178,17 +179,99 @@ def has_index(root: str | Path) -> bool:
     return True
 
 
-def _random_access(a: np.memmap) -> np.memmap:
-    """No readahead on this map: a rank's rows touch scattered pages, and the kernel's default readahead
-    would bring ~32 pages in for each (RSS and I/O that grow with the documents per row)."""
-    mm = getattr(a, "_mmap", None)
-    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)
-    return a
+def _no_readahead(fd: int) -> None:
+    """A rank's rows touch scattered pages: the kernel's default readahead would read ~32 pages for each (page
+    cache charged to the rank's cgroup that grows with the documents per row)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
+class PreadArray:
+    """A 1-d array on disk (a .npy file, or raw `dtype` values from `offset`) read by position with pread: nothing
+    is mapped. A memory map's page faults bring whole page-cache folios into the rank (on kernels that map large
+    folios at once: most of each 60 MB shard for ~880 scattered pieces, measured), so its file-backed RSS grew
+    with the corpus; a pread copies out the bytes asked for and maps nothing. `a[i]`, `a[i:j]` and `len(a)` as an
+    array's; `searchsorted` reads O(log n) values."""
+
+    BLOCK = 512  # values read at once at the end of a search (4 KiB of int64)
+
+    def __init__(self, path: str | Path, dtype: np.dtype | None = None, offset: int = 0, n: int | None = None):
+        self.path = Path(path)
+        if dtype is None:  # a .npy file: its header says dtype, shape and where the values start
+            with open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+                offset = f.tell()
+            if len(shape) != 1 or fortran or dtype.hasobject:
+                raise ValueError(f"{self.path}: a {dtype} array of shape {shape}; allowed values: a 1-d numeric array; "
+                                 "write the index again with `marin-ablate data index`")
+            n = shape[0]
+        self.dtype, self.offset = np.dtype(dtype), int(offset)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        if n is None:
+            n = (os.fstat(self.fd).st_size - self.offset) // self.dtype.itemsize
+        self.n = int(n)
+        _no_readahead(self.fd)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Values [lo, hi) (clipped to the array), a fresh array."""
+        lo, hi = max(0, int(lo)), min(self.n, int(hi))
+        if hi <= lo:
+            return np.zeros(0, self.dtype)
+        size = self.dtype.itemsize
+        want = (hi - lo) * size
+        buf = os.pread(self.fd, want, self.offset + lo * size)
+        if len(buf) != want:
+            raise ValueError(f"{self.path}: {len(buf)} bytes at value {lo}, expected {want} (the file is shorter than "
+                             "its header says); write it again with `marin-ablate data index`")
+        return np.frombuffer(buf, self.dtype).copy()
+
+    def __getitem__(self, key: int | slice) -> np.ndarray | np.generic:
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(self.n)
+            return self.read(lo, hi)[::step] if step != 1 else self.read(lo, hi)
+        i = int(key) + (self.n if int(key) < 0 else 0)
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {key} is out of bounds for {self.path} of {self.n} values")
+        return self.read(i, i + 1)[0]
+
+    def searchsorted(self, v: int, side: str = "left") -> int:
+        """np.searchsorted of this (sorted) array for `v`: a binary search reading one value per halving, then
+        one block."""
+        lo, hi = 0, self.n
+        while hi - lo > self.BLOCK:
+            mid = (lo + hi) // 2
+            x = self.read(mid, mid + 1)[0]
+            if x < v or (side == "right" and x == v):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo + int(np.searchsorted(self.read(lo, hi), v, side=side))
+
+    def close(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:  # a copy in another process opens its own descriptor
+        return {k: v for k, v in self.__dict__.items() if k != "fd"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        _no_readahead(self.fd)
 
 
 class IndexedCorpus:
-    """A prepared corpus opened through its index: memory maps, nothing per document in memory."""
+    """A prepared corpus opened through its index: read by position (`PreadArray`: nothing mapped), nothing per
+    document in memory."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
@@ -196,8 +279,8 @@ class IndexedCorpus:
         self.fingerprint = manifest_fingerprint(self.path)
         self.meta = read_index(self.path)
         d = self.path / INDEX_DIR
-        self.cum = _random_access(np.load(d / "cum.npy", mmap_mode="r"))
-        self.src = _random_access(np.load(d / "src.npy", mmap_mode="r"))
+        self.cum = PreadArray(d / "cum.npy")
+        self.src = PreadArray(d / "src.npy")
         self.shard_starts = np.asarray(np.load(d / "shards.npy", allow_pickle=False), np.int64)
         self.dtype = np.dtype(self.manifest["dtype"])
         self.n_docs, self.n_tokens = int(self.meta["documents"]), int(self.meta["tokens"])
@@ -206,37 +289,36 @@ class IndexedCorpus:
                              f"{self.n_docs}; write it again with `marin-ablate data index {self.path}`")
         self.domains: list[str] = list(self.meta["domains"])
         self.domain_first_doc: list[int] = list(self.meta["domain_first_doc"])
-        self._maps: dict[int, np.ndarray] = {}
+        self._shards: dict[int, PreadArray] = {}
 
     @property
     def vocab_size(self) -> int:
         return int(self.manifest["tokenizer"]["vocab_size"])
 
-    def _shard(self, s: int) -> np.ndarray:
-        if s not in self._maps:
-            if len(self._maps) >= OPEN_SHARDS:
-                self._maps.pop(next(iter(self._maps)))
+    def _shard(self, s: int) -> PreadArray:
+        if s not in self._shards:
+            if len(self._shards) >= OPEN_SHARDS:
+                self._shards.pop(next(iter(self._shards))).close()
             sh = self.manifest["shards"][s]
-            self._maps[s] = (_random_access(np.memmap(self.path / sh["tokens_path"], dtype=self.dtype, mode="r"))
-                             .view(np.ndarray) if sh["tokens"] else np.zeros(0, self.dtype))
-        return self._maps[s]
+            self._shards[s] = PreadArray(self.path / sh["tokens_path"], self.dtype, n=sh["tokens"])
+        return self._shards[s]
 
     def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, docs) of base-stream positions [lo, hi): the token ids and each one's document
-        (its position in the base order), gathered from the shards."""
-        k0 = int(np.searchsorted(self.cum, lo, side="right")) - 1
-        k1 = int(np.searchsorted(self.cum, hi - 1, side="right")) - 1
+        (its position in the base order), one read per document piece from its shard."""
+        k0 = self.cum.searchsorted(lo, side="right") - 1
+        k1 = self.cum.searchsorted(hi - 1, side="right") - 1
         cum_K = np.asarray(self.cum[k0:k1 + 2], np.int64)
         src_K = np.asarray(self.src[k0:k1 + 1], np.int64)
-        pos = np.arange(lo, hi, dtype=np.int64)
-        k_T = np.searchsorted(cum_K, pos, side="right") - 1
-        g_T = src_K[k_T] + (pos - cum_K[k_T])  # offset into the concatenated shards
-        s_T = np.searchsorted(self.shard_starts, g_T, side="right") - 1
+        a_K, b_K = np.maximum(cum_K[:-1], lo), np.minimum(cum_K[1:], hi)  # each piece's stream positions
+        g_K = src_K + (a_K - cum_K[:-1])  # where it starts in the concatenated shards (a document is in one)
+        s_K = np.searchsorted(self.shard_starts, g_K, side="right") - 1
         tokens = np.empty(hi - lo, np.int64)
-        for s in np.unique(s_T).tolist():
-            m = s_T == s
-            tokens[m] = self._shard(s)[g_T[m] - self.shard_starts[s]]
-        return tokens, k_T + k0
+        for a, b, g, s in zip(a_K.tolist(), b_K.tolist(), g_K.tolist(), s_K.tolist(), strict=True):
+            if b > a:
+                at = g - int(self.shard_starts[s])
+                tokens[a - lo:b - lo] = self._shard(s).read(at, at + b - a)
+        return tokens, np.repeat(np.arange(k0, k1 + 1, dtype=np.int64), np.maximum(b_K - a_K, 0))
 
 
 class IndexedStream:

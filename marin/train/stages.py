@@ -1,6 +1,6 @@
 """Context-length stages: Marin's long-context extension keeps tokens per step fixed and scales the
 attention logits by 1 + c·ln(L / L0), c by `TrainConfig.context_q_rule` (0.1: YaRN's mscale, Peng et
-al. 2023, arXiv 2309.00071, eq. 20; 0.2: Marin's, docs/fidelity.md "context extension");
+al. 2023, arXiv 2309.00071, eq. 20, the hero's; 0.2: twice it, docs/fidelity.md "context extension");
 and the loss-spike rule the loop logs."""
 
 from __future__ import annotations

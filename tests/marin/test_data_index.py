@@ -104,6 +104,37 @@ def test_a_rank_index_memory_does_not_grow_with_the_corpus(tmp_path):
     assert grow_documents > 10 << 20, grow_documents  # the comparison is real: ~100 bytes per document
 
 
+def test_a_rank_maps_no_corpus_file_and_its_reads_bring_in_about_a_page_per_document_piece(tmp_path):
+    """File-backed pages: the indexed loader reads the index and the shards by position, so no corpus file is
+    mapped into the rank (a map's faults brought whole page-cache folios in: its file-backed RSS grew with the
+    corpus, benchmarks/RESULTS.md "Loader at web scale, file-backed pages"), and, from a cold page cache, what its
+    reads bring in (its cgroup's charge) is at most 2 pages per document piece plus the binary searches' pages."""
+    import math
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmod import bench
+
+    b = bench("bench_loader_scale")
+    root = tmp_path / "c"
+    n = 200_000
+    write_synthetic_corpus(root, n, max_len=100, seed=2, docs_per_shard=50_000)
+    b._drop_cache(root)
+    evicted = b.cached_bytes(root) == 0  # a tmpfs keeps its pages: the charge bound is then not measurable
+    sb = ShardedBatches(IndexedCorpus(root), 512, 64 * 8, seed=0, rank=3, world=64)
+    pieces = 0
+    for step in range(4):
+        _, _, docs = sb.batch(step)
+        pieces += int((docs.max(dim=1).values + 1).sum())
+    maps = open("/proc/self/maps").read()
+    assert str(root) not in maps, [x for x in maps.splitlines() if str(root) in x][:3]
+    if evicted:
+        rows = 4 * 8
+        search_pages = rows * 2 * (math.ceil(math.log2(n / 512)) + 2)
+        assert b.cached_bytes(root) <= (2 * pieces + search_pages + 4) * 4096, (b.cached_bytes(root), pieces)
+
+
 def test_a_missing_or_stale_index_names_the_command_that_writes_it(tmp_path):
     root = tmp_path / "c"
     write_synthetic_corpus(root, 100, index=False)

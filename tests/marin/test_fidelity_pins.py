@@ -5,6 +5,7 @@ changed constant or a reordered step fails it (`tests/fidelity_mutations.py` sho
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -167,6 +168,27 @@ def test_transport_capacities_are_marins_1p33_fixed_1p15_ragged_and_1p15_pooled_
             (1.33, 1.15, 1.15, 3)
 
 
+def test_ragged_receivers_split_their_local_experts_into_marins_two_chunks_each_clipped_on_its_own():
+    """Marin's ragged flavor: each receiver's local experts in 2 chunks, each chunk its own receive buffer of half
+    the pooled capacity (no carry-over), on every preset; the model's dispatcher drops as 2 chunks do."""
+    from marin_ablate.marin.dispatch import plan_drops, ragged_capacities, ragged_chunk_layout  # noqa: PLC0415
+
+    for cfg in (ModelConfig(), preset("d768"), hero_535b()):
+        assert cfg.ragged_chunks == 2
+    hero = hero_535b()
+    assert ragged_chunk_layout(hero.n_experts // hero.ep_shards, hero.ragged_chunks) == (2, 3)  # 6 experts per rank
+    pooled, per_chunk = ragged_capacities(65_536, 8, 6, 1.15, hero.ragged_chunks)
+    assert (pooled, per_chunk) == (math.ceil(1.15 * 65_536 * 8), math.ceil(math.ceil(1.15 * 65_536 * 8) / 2))
+    # 4 experts on 2 receivers, top-1, cf 1: each receiver pools 4 rows, 2 per chunk (one expert each). Sender 0
+    # sends experts 0, 0, 0, 1; sender 1 sends 0, 1, 1, 1: receiver 0's chunk of expert 0 takes 2 of its 4 rows
+    # although its other chunk (expert 1) has room for 2 of the 4 it is sent (pooled, 4 of expert 0 would fit)
+    idx = torch.tensor([[0], [0], [0], [1], [0], [1], [1], [1]])
+    moe = MoE(replace(CFG, n_experts=4, top_k=1, ep_shards=2, capacity_ragged=1.0, latent_ratio=1), Recipe())
+    keep = plan_drops(idx, n_experts=4, n_shards=2, transport="ragged", capacity_factor=1.0,
+                      n_chunks=moe.dispatcher.n_chunks)
+    assert keep.flatten().tolist() == [True, True, False, True, False, True, False, False]
+
+
 def test_muonh_step_moves_eta_times_the_radius_along_the_orthogonalized_direction_then_projects_back():
     torch.manual_seed(0)
     spec = RunSpec(model=CFG, recipe=Recipe(), train=TrainConfig(steps=10, lr=0.05, adam_lr=1e-3))
@@ -240,6 +262,15 @@ def test_newton_schulz_is_marins_quintic_schedule_after_frobenius_normalisation_
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     torch.testing.assert_close(newton_schulz(u).double(), x, rtol=1e-4, atol=1e-5)
+    # the trainer runs that schedule's 5 iterations: the MuonH groups of the default run, and the hero's
+    from marin_ablate.ablations.studies import get_study  # noqa: PLC0415
+
+    (hero, _), = get_study("hero").runs()
+    assert resolve_hparams(hero).ns_steps == 5
+    opt = build_optimizer(MarinModel(CFG, Recipe()), resolve_hparams(RunSpec(model=CFG, recipe=Recipe(),
+                                                                          train=TrainConfig(steps=10))))
+    muonh = [g for g in opt.param_groups if g.get("kind") == "muonh"]
+    assert muonh and {g["ns_steps"] for g in muonh} == {5}
 
 
 def test_z_loss_is_1e_4_times_the_mean_squared_logsumexp_of_the_fp32_logits_on_every_preset():
@@ -318,6 +349,21 @@ def test_next_steps_qb_bias_is_minus_beta_centred_to_zero_mean_per_layer():
     want = -beta + beta.mean()
     assert abs(float(beta.mean())) > 1e-2  # so the centring moves the bias by a visible shift
     torch.testing.assert_close(r.bias_E.double(), want, rtol=1e-5, atol=1e-6)
+    # replaced, not accumulated: a bias shifted by a constant selects the same experts and moves every margin by
+    # that constant, so the next (centred) bias is the same whatever constant the previous one carried
+    for est in ("topk", "hist"):
+        after = []
+        for shift in (0.0, 5.0):
+            q = Router(16, E, K, balance="quantile", combine_scale=2.5, aux_weight=0.0, aux_free_rate=0.0,
+                       qb_estimator=est, qb_hist_bins=10_000).train()
+            with torch.no_grad():
+                q.weight.copy_(r.weight)
+                q.bias_E.copy_(want.float() + shift)
+            q(torch.randn(T, 16, generator=torch.Generator().manual_seed(1)))
+            q.update_bias()
+            after.append(q.bias_E.double().clone())
+        torch.testing.assert_close(after[1], after[0], rtol=0, atol=1e-5), est
+        assert abs(float(after[0].mean())) < 1e-6 and float((after[0] - want).abs().max()) > 1e-3, est
 
 
 def test_adamh_steps_at_muonhs_learning_rate_and_adam_at_its_own():

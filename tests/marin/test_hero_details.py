@@ -259,9 +259,27 @@ def test_hero_ladder_is_marins_rung_table_at_791_tokens_per_active_parameter():
         assert cfg.d_model == fast.model().d_model and r.tokens_per_active_param / fast.tokens_per_active_param > 13
 
 
+def test_the_context_q_multiplier_scales_the_logits_of_every_attention_layer_local_and_global():
+    """A context stage's q multiplier 1 + c·ln(L/L0) reaches every attention layer, the local (RoPE, window) and
+    the global (NoPE) ones alike: each layer's pre-mask logits at multiplier s are s times those at 1."""
+    torch.manual_seed(0)
+    cfg = _tiny(n_layers=4, global_every=2, seq_len=16, window=8)
+    m = MarinModel(cfg, Recipe()).eval()
+    x = torch.randn(2, 16, cfg.d_model)
+    tok = torch.zeros(2, 16, dtype=torch.long)
+    kinds = [b.attn.is_global for b in m.blocks]
+    assert kinds == [False, True, False, True]
+    base = [b.attn.attention_logits(x, m.context(tok, None)) for b in m.blocks]
+    s = 1.0 + 0.1 * math.log(4)  # 4k -> 16k by the hero's rule
+    m.q_scale = s
+    with torch.no_grad():
+        for b, want in zip(m.blocks, base, strict=True):
+            torch.testing.assert_close(b.attn.attention_logits(x, m.context(tok, None)), s * want, rtol=1e-5, atol=1e-6)
+
+
 def test_the_hero_extends_its_context_4k_16k_65k_holding_tokens_per_step_with_marins_q_rule():
-    """Marin's hero: 4,096 -> 16,384 -> 65,536 tokens (its write-up), the extension at 90% and 95% of the
-    steps (Marin's extension plan), tokens per step held, q multiplied by 1.3·(1 + 0.2·ln(L/4096))."""
+    """Marin's newest hero record: 4,096 -> 16,384 at the handoff near step 216,000 (55% of 390,251 steps) ->
+    65,536 from 95% of the steps, tokens per step held, q multiplied by 1.3·(1 + 0.1·ln(L/4096)): 1.48 at 16k."""
     import math
 
     from marin_ablate.ablations.studies import get_study
@@ -270,9 +288,10 @@ def test_the_hero_extends_its_context_4k_16k_65k_holding_tokens_per_step_with_ma
     (spec, _), = get_study("hero").runs()
     stages = context_plan(spec)
     assert [(s.start_step, s.seq_len, s.batch_size) for s in stages] == [
-        (0, 4096, 11_264), (351_226, 16_384, 2_816), (370_738, 65_536, 704)]
+        (0, 4096, 11_264), (216_000, 16_384, 2_816), (370_738, 65_536, 704)]
     assert {s.seq_len * s.batch_size for s in stages} == {46_137_344}
     total_q = [spec.model.qk_mult * s.q_scale for s in stages]
-    assert total_q == pytest.approx([1.3, 1.3 * (1 + 0.2 * math.log(4)), 1.3 * (1 + 0.2 * math.log(16))], abs=1e-12)
-    assert total_q[1] == pytest.approx(1.6604, abs=1e-4)  # Marin's 4k -> 16k extension arm's qk_mult
+    assert total_q == pytest.approx([1.3, 1.3 * (1 + 0.1 * math.log(4)), 1.3 * (1 + 0.1 * math.log(16))], abs=1e-12)
+    assert total_q[1] == pytest.approx(1.4802, abs=1e-4)  # Marin's hero rule at 16k (the "yarn (0.1)" arm's qk_mult)
+    assert spec.train.context_q_rule == "yarn"
     assert spec.data.shuffle == "indexed"

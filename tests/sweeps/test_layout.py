@@ -43,10 +43,28 @@ def test_the_layout_takes_the_fewest_micro_batches_that_fit(act1):
     # 90% of what the whole batch at once needs: the batch must be split
     lay = choose_layout(SPEC, 1, roomy["predicted_gib"] * 0.9 / 0.95, act1=act1)
     assert lay["micro_batches"] > 1 and lay["sequences_per_micro_batch"] * lay["micro_batches"] == 16
-    assert lay["predicted_gib"] <= lay["capacity_gib"] * 0.95
+    assert lay["predicted_gib"] <= lay["capacity_gib"] * 0.90 and lay["headroom_note"] is None  # 10% free
     assert lay["predicted_gib"] < roomy["predicted_gib"]  # fewer sequences at once hold less
     bigger = choose_layout(SPEC, 1, lay["capacity_gib"] * 1.5, act1=act1)
     assert bigger["micro_batches"] <= lay["micro_batches"]  # more memory never needs more micro-batches
+
+
+@pytest.mark.slow
+def test_a_layout_keeps_a_tenth_of_the_gpu_free_or_says_why_not(act1):
+    """10% free by default (HEADROOM); where one sequence per micro-batch leaves less, the layout takes that, down
+    to 5% (MIN_HEADROOM), and says what more micro-batches cannot shrink; below 5% it is refused."""
+    one = choose_layout(SPEC, 1, 1000.0, headroom=1 - 1e-12, min_headroom=0.0, act1=act1)  # one sequence at a time
+    assert one["micro_batches"] == 16
+    p1 = one["predicted_gib"]
+    roomy = choose_layout(SPEC, 1, p1 / 0.85, act1=act1)
+    assert roomy["free"] >= 0.10 and roomy["headroom_note"] is None
+    tight = choose_layout(SPEC, 1, p1 / 0.93, act1=act1)
+    assert tight["micro_batches"] == 16 and tight["free"] == pytest.approx(0.07, abs=1e-9)
+    assert tight["headroom_note"].startswith(f"7.0% of the GPU free, under the wanted 10%: even one sequence per "
+                                             f"micro-batch needs {p1:.1f} GiB; more micro-batches cannot shrink")
+    with pytest.raises(ValueError, match=r"even 1 sequence per micro-batch \(16 micro-batches\) needs [0-9.]+ GiB per "
+                                         r"GPU, over [0-9.]+ GiB \(95% of the capacity"):
+        choose_layout(SPEC, 1, p1 / 0.97, act1=act1)
 
 
 @pytest.mark.slow

@@ -249,3 +249,44 @@ def test_the_pooled_local_fit_describes_its_points_and_bounds_what_the_choice_co
     assert choice_cost(est, slope) == pytest.approx(est["curvature"] * d * d / slope)
     assert choice_cost({**est, "hi": float("inf")}, slope) == float("inf")
     assert np.isnan(choice_cost({**est, "x_opt": float("nan")}, slope))
+
+
+@pytest.mark.parametrize("name", ["hero_gpu", "hero_node", "hero_rack", "hero_2rack"])
+def test_the_hero_smoke_runs_profile_no_lr_and_plan_says_why(tmp_path, name):
+    """docs/gpu.md step 3 runs them without --no-profile: one arm each, so no profile (hero_2rack's would have
+    been 10-18 runs of 128 GPUs), and the two cluster-sized ones are over the GPU-hour budget too."""
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.plan import _before_design
+    from marin_ablate.sweeps.tuning import PROFILE_MAX_GPU_HOURS, lr_plan, profile_cost, profile_skipped
+
+    study = get_study(name)
+    why = profile_skipped(study)
+    assert why.startswith("no LR-coupled factor varies across its 1 arm(s) (optimizer=hyperball in every arm)")
+    assert ("PROFILE_MAX_GPU_HOURS" in why) == (name in ("hero_rack", "hero_2rack")), why
+    assert profile_cost(study) is None
+    assert sum(r["runs"] for r in _before_design(study, str(tmp_path))) == 0
+    assert "no LR profile" in _before_design(study, str(tmp_path))[0]["what"]
+    mult, prov = lr_plan(study, tmp_path, ExecOptions(executor="debug"))  # what `run` calls, an executor given
+    assert mult is None and prov == {"lr_source": "heuristic", "lr_profile_skipped": why}
+    assert not any(tmp_path.iterdir())  # nothing submitted or written
+    assert PROFILE_MAX_GPU_HOURS == 100.0
+
+
+def test_a_multi_arm_gpu_study_profiles_within_the_gpu_hour_budget_and_not_above_it():
+    """marin535 profiles at d768 (18 runs x 8 GPUs, ~54 H100-hours at its worst); restricted to d1024 its worst
+    case is 18 runs x 16 GPUs, 334 H100-hours at the assumed 20% MFU: over the budget, the heuristic."""
+    from marin_ablate.ablations.gb200 import H100
+    from marin_ablate.ablations.ladders import flops_per_token
+    from marin_ablate.ablations.studies import marin535
+    from marin_ablate.marin.config import Recipe
+    from marin_ablate.sweeps.tuning import PROFILE_MAX_GPU_HOURS, profile_rung, profile_skipped
+
+    for rungs, skipped in ((("d512", "d768", "d1024"), False), (("d1024",), True)):
+        study = marin535(rungs=rungs)
+        r = next(x for x in study.rungs if x.name == profile_rung(study))
+        worst = 18 * H100.gpu_hours(flops_per_token(r.model(), Recipe()) * r.tokens())
+        assert (worst > PROFILE_MAX_GPU_HOURS) == skipped
+        why = profile_skipped(study)
+        assert (why is not None) == skipped
+        if skipped:
+            assert why.startswith(f"its profile (up to 18 runs of 16 GPUs at d1024) would take {worst:,.0f} GPU-hours")

@@ -95,14 +95,64 @@ def test_hero_rack_without_offload_takes_a_whole_step_on_the_accelerator(tmp_pat
     assert any("dist_forward_backward" in k for k in r["host_reads"])
 
 
-def _rank_where_only_rank_0_reduces_once_more(spec, world, ep, rank, run_dir, host_backend):
-    """A planted bug: rank 0 issues an all-reduce its peers never issue (on NCCL: every rank hangs)."""
+def test_the_rehearsal_plays_the_first_and_last_rank_of_every_ep_group_the_loops_ranks_included():
+    from marin_ablate.planning.rehearsal import MAX_REHEARSED_RANKS, rehearsal_ranks
+
+    hero = rehearsal_ranks(704, 64, 11)  # 11 racks of EP64
+    assert hero == sorted({r for k in range(11) for r in (64 * k, 64 * k + 63)}) and len(hero) == 22
+    assert {0, 63, 64, 703} <= set(hero)  # the loop's ranks (dry run part a)
+    assert rehearsal_ranks(128, 64, 2) == [0, 63, 64, 127]  # hero_2rack
+    assert rehearsal_ranks(4, 4) == [0, 3] and rehearsal_ranks(1, 8) == [0] and rehearsal_ranks(8, 8) == [0, 7]
+    # EP8 over 11 racks of 64 is 176 EP groups: the edges of each rack and of its first and last EP group
+    many = rehearsal_ranks(704, 8, 11)
+    assert len(many) == 44 <= MAX_REHEARSED_RANKS
+    assert many[:4] == [0, 7, 56, 63] and many[-4:] == [640, 647, 696, 703]
+
+
+def _program(rank: int, world: int = 8, ep: int = 4) -> list[tuple]:
+    """The collectives one step issues on a world of 2 racks x EP 4 (as Discipline records them): the EP
+    all-to-all, the cross-rack reduce-scatter of the expert slice (ranks r and r + 4) and the world clip."""
+    e0 = rank - rank % ep
+    return [("c10d::alltoall_base_", tuple(range(e0, e0 + ep)), ((64, 16), (64, 16)), ("bfloat16",) * 2, "moe.py:1"),
+            ("c10d::_reduce_scatter_base_", (rank % ep, rank % ep + ep), ((8, 16), (16, 16)), ("float32",) * 2,
+             "ep.py:2"),
+            ("c10d::allreduce_", tuple(range(world)), ((),), ("float32",), "loop.py:3")]
+
+
+def test_a_divergence_on_an_interior_rank_or_an_ep_group_edge_fails_naming_both_calls():
+    """Every pair of played ranks is compared on the groups they share: a call planted on rank 4 (the first of the
+    second rack, inside the world) on the cross-rack group it shares with rank 0 only, or on rank 3 (the last of
+    the first EP group) on its EP group, is named with both ranks' calls."""
+    from marin_ablate.planning.rehearsal import compare_ranks
+
+    ranks = [0, 3, 4, 7]
+    assert compare_ranks([{"rank": r, "calls": _program(r)} for r in ranks]) is None
+    rows = [{"rank": r, "calls": _program(r)} for r in ranks]
+    rows[2]["calls"].insert(1, ("c10d::allreduce_", (0, 4), ((2,),), ("float32",), "planted.py:7 in step"))
+    err = compare_ranks(rows)
+    assert err.startswith("ranks 0 and 4 diverge at collective #1 on a group they share: rank 0 issues "
+                          "c10d::_reduce_scatter_base_ on the shared group of 2 rank(s), float32[8, 16], "
+                          "float32[16, 16] from ep.py:2; rank 4 issues c10d::allreduce_ on the shared group of 2 "
+                          "rank(s), float32[2] from planted.py:7 in step"), err
+    rows = [{"rank": r, "calls": _program(r)} for r in ranks]
+    op, group, shapes, dtypes, _ = rows[1]["calls"][0]
+    rows[1]["calls"][0] = (op, group, ((65, 16), (64, 16)), dtypes, "planted.py:9 in dispatch")
+    err = compare_ranks(rows)
+    assert err.startswith("ranks 0 and 3 diverge at collective #1 on a group they share: rank 0 issues "
+                          "c10d::alltoall_base_ on the shared group of 4 rank(s), bfloat16[64, 16], bfloat16[64, 16] "
+                          "from moe.py:1; rank 3 issues c10d::alltoall_base_ on the shared group of 4 rank(s), "
+                          "bfloat16[65, 16], bfloat16[64, 16] from planted.py:9 in dispatch"), err
+
+
+def _rank_where_rank_4_reduces_once_more(spec, world, ep, rank, run_dir, host_backend):
+    """A planted bug: rank 4 (the first of the second rack) issues an all-reduce its peers never issue (on NCCL:
+    every rank hangs); a rehearsal of the world's first and last rank alone passes it."""
     from marin_ablate.marin.train import loop
 
     step = loop.Trainer.train_step
 
     def planted(self, stage):
-        if self.pd.rank == 0:
+        if self.pd.rank == 4:
             dist.all_reduce(torch.zeros(1, device="meta"))
         return step(self, stage)
 
@@ -116,15 +166,20 @@ def _hero_node():
 
 
 @pytest.mark.slow
-def test_the_rehearsal_fails_naming_the_first_collective_only_one_rank_issues(tmp_path):
+def test_the_rehearsal_fails_naming_the_first_collective_only_an_interior_rank_issues(tmp_path):
+    """Two racks of EP 4 (world 8): ranks 0, 3, 4 and 7 play a step each; rank 4's planted all-reduce on the world
+    group fails the rehearsal, naming rank 0's call and rank 4's."""
+    from marin_ablate.ablations.studies import hero
     from marin_ablate.planning.rehearsal import rehearse
 
-    spec, world, ep = _hero_node()
-    rep = rehearse(spec, world, ep, tmp_path, rank_fn=_rank_where_only_rank_0_reduces_once_more)
-    assert not rep["ok"]
-    assert re.search(r"ranks 0 and 3 diverge at collective #1 on a group they share: rank 0 issues "
-                     r"c10d::allreduce_ on the shared group of 4 rank\(s\), float32\[1\] from .*test_rehearsal.py",
-                     rep["error"]), rep["error"]
+    study = hero(ep_groups=2, ep_size=4, n_layers=2, steps=200, name="hero_2x4")
+    spec = study.runs()[0][0]
+    rep = rehearse(spec, study.hero.gpus, spec.model.ep_shards, tmp_path, rank_fn=_rank_where_rank_4_reduces_once_more)
+    assert rep["ranks"] == [0, 3, 4, 7] and not rep["ok"]
+    assert re.search(r"ranks 0 and 4 diverge at collective #1 on a group they share: rank 0 issues c10d::\S+ on the "
+                     r"shared group of \d+ rank\(s\), .* from marin/\S+ in \w+; rank 4 issues c10d::allreduce_ on "
+                     r"the shared group of 8 rank\(s\), float32\[1\] from .*test_rehearsal.py", rep["error"]), \
+        rep["error"]
     assert "watchdog" in rep["error"]
 
 
