@@ -150,6 +150,7 @@ def cmd_plan(argv: list[str]) -> int:
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too (before costing them)
     slots = get_executor(opts.executor).slots(opts)
     d["execution"] = {"executor": opts.executor, "workers": slots}
     # the prior: the rungs as the study defines them
@@ -157,7 +158,6 @@ def cmd_plan(argv: list[str]) -> int:
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
-    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)
     if "hero" in d:
