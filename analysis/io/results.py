@@ -32,6 +32,7 @@ from marin_ablate.marin.schema import (
     read_json,
     read_meta,
     read_summary,
+    summary_contradiction,
 )
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -41,7 +42,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 ID_COLUMNS: tuple[str, ...] = ("run_id", "study", "rung", "arm", "seed", "design_row")
 STATUSES: tuple[str, ...] = ("completed", "failed", "missing")  # and, for a folder left out: "unreadable",
-# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor), "foreign"
+# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor, or summary.json's
+# steps, tokens or FLOPs are not what spec.json trains), "foreign"
 # (a file names another run, or the folder resolves outside the study: marin.schema.foreign)
 LEFT_OUT: tuple[str, ...] = ("duplicate", "unreadable", "contradictory", "foreign")
 
@@ -114,7 +116,8 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
 
 
 class Contradiction(ValueError):
-    """A run folder whose meta.json and spec.json disagree on a factor: the run is left out, by name."""
+    """A run folder whose meta.json and spec.json disagree on a factor, or whose summary.json is not what its spec.json
+    trains (marin.schema.summary_contradiction): the run is left out, by name."""
 
 
 _MISSING = object()
@@ -159,6 +162,9 @@ def _row(run_dir: Path) -> dict:
     if why:
         raise Contradiction(why + "; left out (which file is right is unknown)")
     summ = read_summary(run_dir, strict=True)
+    why = summary_contradiction(spec, summ.to_dict(), f"runs/{run_dir.name}") if summ is not None else None
+    if why:
+        raise Contradiction(why)
     row: dict = {
         "run_id": run_dir.name,  # every file names it (`foreign` checked them)
         "study": meta and meta.study, "rung": meta and meta.rung, "arm": meta and meta.arm,

@@ -1,5 +1,5 @@
 """Every setting the command line reaches, spelled badly: one line naming the field and the allowed values, exit 2,
-never a traceback (docs/faults.md "Exit codes"). The spec fields (`--model.F=V`, `--train.F=V`, `--data.F=V`,
+never a traceback (docs/faults.md). The spec fields (`--model.F=V`, `--train.F=V`, `--data.F=V`,
 `--recipe.F=V`) are walked from marin.config's dataclasses, so a new field is walked the day it is added; the
 command lines go through the real entry point in a fresh interpreter (tests/cli_walk.py)."""
 
