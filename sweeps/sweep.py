@@ -50,7 +50,7 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
         module = plugins.load_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
     except FileNotFoundError:
         raise ValueError(f"study {name!r}: no file {where!r}; allowed values: {STUDY_NAME_FORMS}") from None
-    except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
+    except plugins.FOREIGN_FAILURES as e:  # any failure (or exit) importing a user's module is a bad study name
         raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
     if not hasattr(module, attr):
         raise ValueError(f"study {name!r}: {where} has no attribute {attr!r}")
