@@ -90,12 +90,14 @@ def cmd_run(argv: list[str]) -> int:
     opts = exec_options(args.execution, study)
     set_log_to(args.log)
     epochs_checked(study, overrides=args.overrides, allow_repeat=args.allow_repeat)
-    from marin_ablate.sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+    from marin_ablate.sweeps.sweep import analysis_refusal, check_layouts, check_specs, planned_runs, study_resources
 
     # what `train` refuses, before the LR profile or the reference ladder writes anything
     planned = planned_runs(study, args.out, overrides=args.overrides)
     check_specs(planned, opts.executor)
     check_layouts(planned, opts, study_resources(study))
+    if analysis_refusal(planned):  # thousands of runs `analyze` would refuse: before anything is written
+        raise ValueError(analysis_refusal(planned))
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from marin_ablate.sweeps.tuning import profile_skipped, read_profile

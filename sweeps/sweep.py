@@ -102,6 +102,26 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
             raise ValueError(f"run {r.run_id} ({_where(r)}): {e}") from None
 
 
+def analysis_refusal(runs: Sequence[PlannedRun]) -> str | None:
+    """Why `analyze` would refuse these runs' table before any fit, in one line, else None: its joint law fit
+    carries one loss shift per seed, so it costs about rows x seeds^2 per step and refuses a table beyond
+    analysis.pipeline.JOINT_COST_MAX. `run` refuses such a study before anything is written, `plan` says so."""
+    n, rows = len({r.spec.seed for r in runs}), len(runs)
+    if n < 2:
+        return None
+    from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+
+    if rows * n * n <= JOINT_COST_MAX:
+        return None
+    per_seed = rows / n  # the runs of one seed: the study's arms x rungs
+    most = int((JOINT_COST_MAX / per_seed) ** (1 / 3))
+    while per_seed * (most + 1) ** 3 <= JOINT_COST_MAX:  # the float cube root may fall one short
+        most += 1
+    return (f"{rows:,} runs of {n:,} seeds: `analyze` refuses their table (its joint law fit carries one loss shift "
+            f"per seed and costs about rows x seeds^2 = {rows * n * n:.2g} per step, beyond {JOINT_COST_MAX:.0e}); "
+            f"allowed values: --seeds with at most {most} seeds ({per_seed:,.0f} runs each)")
+
+
 def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any) -> None:
     """Every multi-GPU run's world (`--slurm.gpus_per_run` or its rung's GPUs) tiles its EP groups and splits its
     batches (marin.train.distributed.check_dist_layout), before anything is written or submitted: a run

@@ -143,3 +143,27 @@ def test_run_and_plan_refuse_micro_batches_that_do_not_split_the_batch_before_wr
     assert len(err) == 1 and "TrainConfig.micro_batches=3: 8 sequences per rank" in err[0] and \
         "allowed values: divisors of 8" in err[0], err
     assert not (tmp_path / "out").exists()  # nothing planned into a folder, nothing launched
+
+
+def test_run_refuses_and_plan_names_a_seed_list_whose_table_analyze_would_refuse(tmp_path, capsys):
+    """`analyze` refuses a table whose joint fit costs more than rows x seeds^2 = JOINT_COST_MAX; run says so before
+    anything is written (the 2-arm seed panel at 300 seeds: 600 x 300^2 = 5.4e7), plan names it; 292 seeds pass
+    (2 x 292^3 <= 5e7 < 2 x 293^3)."""
+    from marin_ablate.ablations.studies import get_study
+    from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+    from marin_ablate.main import main
+    from marin_ablate.sweeps.sweep import analysis_refusal, planned_runs
+
+    assert JOINT_COST_MAX == 5e7  # the numbers below
+    many = ["noise_cpu", "--seeds", ",".join(map(str, range(300))), "--out", str(tmp_path / "out")]
+    assert main(["run", *many, "--executor", "debug"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert err == ["marin-ablate run: error: 600 runs of 300 seeds: `analyze` refuses their table (its joint law fit "
+                   "carries one loss shift per seed and costs about rows x seeds^2 = 5.4e+07 per step, beyond 5e+07); "
+                   "allowed values: --seeds with at most 292 seeds (2 runs each)"], err
+    assert not (tmp_path / "out").exists()
+    assert main(["plan", *many]) == 0
+    assert "refused by `run`: 600 runs of 300 seeds" in capsys.readouterr().out
+    for n, refused in ((292, False), (293, True)):
+        runs = planned_runs(get_study("noise_cpu", seeds=list(range(n))), tmp_path / "out")
+        assert (analysis_refusal(runs) is not None) is refused, n
