@@ -445,9 +445,9 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
     _check_seed_blocks(ok)
     if pinned_law is not None:
         pin_linf, pin_alpha = pinned_law.linf, pinned_law.alpha
-        notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {pinned_law.created}): "
-                     f"{pinned_law.describe()}; A refitted on this study's runs; the pins' spread is in every "
-                     "multiplier's interval (delta method and bootstrap draws)")
+        notes.append(f"reference law pinned from {pinned_law.origin}: {pinned_law.describe()}; A refitted on this "
+                     "study's runs; the pins' spread is in every multiplier's interval (delta method and bootstrap "
+                     "draws)")
     pins = (pin_linf, pin_alpha)
     rng = np.random.default_rng(seed)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)

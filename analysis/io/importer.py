@@ -452,6 +452,11 @@ def _marin_holdout(raw: list[dict]) -> list[dict]:
         flops = r.get("flops") if not _blank(r.get("flops")) else flops_per_token(spec.model, spec.recipe) * tokens
         out.append({**row, "arm": arm, "rung": rung, "flops": flops, "tokens": tokens, "hardware": "H100 (Marin)",
                     "source": r.get("source") or "marin-community/marin#9288", **levels})
+    bare = sorted({r["rung"] for r in out} - {r["rung"] for r in out if r["arm"] == "recipe"})
+    if bare:  # each hold-one-out is read against the recipe at its rung: without it nothing is estimable there
+        raise ValueError(f"rung(s) {', '.join(bare)}: no row of ablation 'none' (the recipe arm, which every "
+                         "hold-one-out at its rung is read against); allowed values: a table with the recipe's row "
+                         "at each rung it holds")
     return out
 
 
