@@ -159,6 +159,22 @@ def _check_seed_blocks(ok: pd.DataFrame) -> None:
                          "or average each arm, rung and seed group into one row first)")
 
 
+def _check_pinned_linf(ok: pd.DataFrame, linf: float | None, pinned_law: PinnedLaw | None) -> None:
+    """A pinned L∞ at or above every kept run's loss puts the law L∞ + A·C^(−α) (A > 0) above all of them: nothing
+    to fit, and every multiplier's interval ran to 1e308. Refused before any fit, naming the largest loss and its
+    run (an L∞ above some runs only is a strained fit the law's residuals show)."""
+    if linf is None or not len(ok):
+        return
+    loss = ok["eval_macro_loss"].to_numpy(float)
+    i = int(np.argmax(loss))
+    if linf >= loss[i]:
+        what = (f"pin_linf={linf:g} (--pin-linf)" if pinned_law is None
+                else f"the pinned law's L∞ = {linf:g} ({pinned_law.origin})")
+        run = f", run {ok['run_id'].iloc[i]}" if "run_id" in ok else ""
+        raise ValueError(f"{what} is not below any loss of the runs kept (the largest {loss[i]:.6g}{run}): the law "
+                         f"L∞ + A·C^(−α) lies above every run; allowed values: 0 <= L∞ < {loss[i]:.6g}")
+
+
 def _check_rung_computes(rungs: pd.DataFrame) -> None:
     """Rungs are scales: two rung labels at one compute (within 1e-6) leave the law and the scale terms no
     span between them; refused naming them, before any fit."""
@@ -449,6 +465,7 @@ def _analyze_table(df: pd.DataFrame, *, factors: list[str] | None = None, pin_li
                      "study's runs; the pins' spread is in every multiplier's interval (delta method and bootstrap "
                      "draws)")
     pins = (pin_linf, pin_alpha)
+    _check_pinned_linf(ok, pin_linf, pinned_law)
     rng = np.random.default_rng(seed)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)
     stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()

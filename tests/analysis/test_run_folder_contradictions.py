@@ -164,3 +164,61 @@ def test_a_summary_of_an_unknown_status_is_named_damaged_not_pending(tmp_path, c
            "failed" in line, line
     row = collect(root, write=False).set_index("run_id").loc[d.name]
     assert row["status"] == "unreadable" and "status 'finished' is not a known level" in row["error"]
+
+
+def test_a_loss_of_1e308_is_left_out_naming_the_run_file_or_row(tmp_path):
+    """A finite loss no model has (nats per token beyond LOSS_MAX) is damage, named where it sits: a run folder's
+    summary.json, a results file's row, an imported table's row (refused); the fit never sees it."""
+    import pandas as pd
+
+    from marin_ablate.analysis.io.importer import complete_table, import_file
+
+    root = _study(tmp_path)
+    d = sorted((root / "runs").iterdir())[5]
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**s, "eval_macro_loss": 1e308}))
+    t = collect(root, write=False).set_index("run_id")
+    assert t.loc[d.name, "status"] == "unreadable"
+    assert t.loc[d.name, "error"] == (f"cannot read runs/{d.name}/summary.json: eval_macro_loss=1e+308 is out of "
+                                      "range; allowed values: a finite number in [0, 1e+06] nats per token")
+    table = tmp_path / "results.csv"
+    pd.DataFrame([{"rung": "r", "arm": "a", "eval_macro_loss": 3.0, "train_flops": 1e15},
+                  {"rung": "r", "arm": "b", "eval_macro_loss": 1e308, "train_flops": 1e15}]).to_csv(table, index=False)
+    got = complete_table(pd.read_csv(table), table)
+    assert list(got["status"]) == ["completed", "unreadable"] and got["error"].iloc[1].startswith(
+        "results.csv: row 2: eval_macro_loss=1e+308 is out of range")
+    imported = tmp_path / "imp.csv"
+    pd.DataFrame([{"arm": "a", "rung": "r", "loss": 3.0, "flops": 1e15},
+                  {"arm": "b", "rung": "r", "loss": 1e308, "flops": 1e15}]).to_csv(
+        imported, index=False)
+    with pytest.raises(ValueError, match=r"^row 2, column 'loss': .*1e\+308.* is out of range; allowed values: a "
+                                         r"finite number > 0 and <= 1e\+06$"):
+        import_file(imported, tmp_path / "imp_out")
+    assert not (tmp_path / "imp_out").exists()
+
+
+def test_a_pinned_linf_above_every_kept_runs_loss_is_refused_naming_the_largest(tmp_path):
+    from marin_ablate.analysis.pipeline import analyze_table
+
+    t = collect(_study(tmp_path), write=False)
+    top = t.loc[t["eval_macro_loss"].idxmax()]
+    for pin in (50.0, float(top["eval_macro_loss"])):
+        with pytest.raises(ValueError) as e:
+            analyze_table(t, pin_linf=pin, n_boot=0)
+        assert str(e.value) == (f"pin_linf={pin:g} (--pin-linf) is not below any loss of the runs kept (the largest "
+                                f"{top['eval_macro_loss']:.6g}, run {top['run_id']}): the law L∞ + A·C^(−α) lies "
+                                f"above every run; allowed values: 0 <= L∞ < {top['eval_macro_loss']:.6g}")
+
+
+@pytest.mark.slow
+def test_analyze_with_one_loss_of_1e308_names_the_run_and_estimates_the_multipliers(tmp_path):
+    root = _study(tmp_path)
+    d = sorted((root / "runs").iterdir())[5]
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**s, "eval_macro_loss": 1e308}))
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert f"- left out: {d.name}: cannot read runs/{d.name}/summary.json: eval_macro_loss=1e+308" in md
+    assert "SVD did not converge" not in md
+    xsa = next(x for x in md.splitlines() if x.startswith("| xsa | "))
+    assert xsa.split("|")[2].strip()[:1].isdigit(), xsa  # a multiplier, not n/a
