@@ -150,15 +150,15 @@ def cmd_plan(argv: list[str]) -> int:
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
+    prior = rung_prior(d["rungs"])  # the time prior: the rungs as the study defines them
+    if args.overrides:
+        _rungs_as_overridden(d, runs, study)
+    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
     check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too (before costing them)
     d["analysis_refusal"] = analysis_refusal(planned)  # what `run` refuses as a table `analyze` would refuse
     slots = get_executor(opts.executor).slots(opts)
     d["execution"] = {"executor": opts.executor, "workers": slots}
-    # the prior: the rungs as the study defines them
-    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots, opts.threads)
-    if args.overrides:
-        _rungs_as_overridden(d, runs, study)
-    d["epochs"] = epochs_checked(study, d["rungs"], args.overrides, args.allow_repeat)
+    d["time"] = _time_estimate(planned, prior, slots, opts.threads)
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)
     if "hero" in d:

@@ -27,6 +27,7 @@ import torch
 
 from marin_ablate.marin.config import DataConfig, RunSpec
 from marin_ablate.marin.data.mixture import check_mixture_domains
+from marin_ablate.marin.data.prepare import setting_path
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
 
@@ -46,12 +47,8 @@ def is_prepared(corpus: str) -> bool:
 def validate_data(data: DataConfig) -> None:
     """Paths of the data config exist (before any work); errors name the field."""
     for name in ("corpus", "eval_dir"):  # a path the system refuses (too long, no permission) is a setting
-        value = getattr(data, name)
-        try:
-            _ = value in ("", "embedded", "paloma") or Path(value).expanduser().exists()
-        except OSError as e:
-            raise ValueError(f"DataConfig.{name}={value[:100]!r}{'...' if len(value) > 100 else ''}: cannot be used "
-                             f"as a path ({e.strerror}); allowed values: an existing directory or file") from None
+        if getattr(data, name) not in ("", "embedded", "paloma"):
+            setting_path(getattr(data, name), f"DataConfig.{name}")
     if data.corpus not in ("embedded", "paloma") and not Path(data.corpus).expanduser().exists():
         raise ValueError(f"DataConfig.corpus={data.corpus!r}: no such file or directory; allowed values: "
                          "'embedded', 'paloma', a prepared corpus directory (marin-ablate data prepare), or an "
