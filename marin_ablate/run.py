@@ -96,8 +96,9 @@ def cmd_run(argv: list[str]) -> int:
     planned = planned_runs(study, args.out, overrides=args.overrides)
     check_specs(planned, opts.executor)
     check_layouts(planned, opts, study_resources(study))
-    if analysis_refusal(planned):  # thousands of runs `analyze` would refuse: before anything is written
-        raise ValueError(analysis_refusal(planned))
+    refused = analysis_refusal(planned)  # thousands of runs `analyze` would refuse: before anything is written
+    if refused:
+        raise ValueError(refused)
     if args.tuned:
         lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
     from marin_ablate.sweeps.tuning import profile_skipped, read_profile
