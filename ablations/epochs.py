@@ -12,10 +12,9 @@ nothing per document, but needs that index. Torch-free: the plan command runs it
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable
 
-from marin_ablate.marin.data.manifest import read_manifest
+from marin_ablate.marin.data.manifest import read_manifest, setting_path
 
 #: Host memory one rank holds per document under DataConfig.shuffle="documents" (four int64 arrays, the uid
 #: string, its sha256 key and the argsort; measured: 1.3 s / 337 MB at 10^6 documents, 20.2 s / 1,670 MB at
@@ -32,7 +31,7 @@ def corpus_tokens(corpus: str) -> tuple[int | None, dict | None]:
     """(tokens, manifest) of a prepared corpus directory; (None, None) for anything without a
     manifest.json (the embedded corpus, a raw local directory, Paloma): their size in tokens is not
     known at plan time. A manifest that is unreadable or of another format is a ValueError."""
-    if corpus == "embedded" or not (Path(corpus).expanduser() / "manifest.json").is_file():
+    if corpus == "embedded" or not (setting_path(corpus, "DataConfig.corpus") / "manifest.json").is_file():
         return None, None
     manifest = read_manifest(corpus)
     return int(manifest["tokens"]), manifest

@@ -160,6 +160,22 @@ def _check_seed_blocks(ok: pd.DataFrame) -> None:
                          "or average each arm, rung and seed group into one row first)")
 
 
+def _check_pinned_linf(ok: pd.DataFrame, linf: float | None, pinned_law: PinnedLaw | None) -> None:
+    """A pinned L∞ at or above every kept run's loss puts the law L∞ + A·C^(−α) (A > 0) above all of them: nothing
+    to fit, and every multiplier's interval ran to 1e308. Refused before any fit, naming the largest loss and its
+    run (an L∞ above some runs only is a strained fit the law's residuals show)."""
+    if linf is None or not len(ok):
+        return
+    loss = ok["eval_macro_loss"].to_numpy(float)
+    i = int(np.argmax(loss))
+    if linf >= loss[i]:
+        what = (f"pin_linf={linf:g} (--pin-linf)" if pinned_law is None
+                else f"the pinned law's L∞ = {linf:g} ({pinned_law.origin})")
+        run = f", run {ok['run_id'].iloc[i]}" if "run_id" in ok else ""
+        raise ValueError(f"{what} is not below any loss of the runs kept (the largest {loss[i]:.6g}{run}): the law "
+                         f"L∞ + A·C^(−α) lies above every run; allowed values: 0 <= L∞ < {loss[i]:.6g}")
+
+
 def _check_rung_computes(rungs: pd.DataFrame) -> None:
     """Rungs are scales: two rung labels at one compute (within 1e-6) leave the law and the scale terms no
     span between them; refused naming them, before any fit."""
@@ -471,9 +487,10 @@ def _prepare(df: pd.DataFrame, o: _Options) -> tuple[_Prepared, Inventory]:
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
     _check_seed_blocks(ok)
     if o.pinned_law is not None:
-        notes.append(f"reference law pinned from the baseline arm's own ladder (fitted {o.pinned_law.created}): "
-                     f"{o.pinned_law.describe()}; A refitted on this study's runs; the pins' spread is in every "
-                     "multiplier's interval (delta method and bootstrap draws)")
+        notes.append(f"reference law pinned from {o.pinned_law.origin}: {o.pinned_law.describe()}; A refitted on this "
+                     "study's runs; the pins' spread is in every multiplier's interval (delta method and bootstrap "
+                     "draws)")
+    _check_pinned_linf(ok, o.pin_linf, o.pinned_law)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)
     stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()
               else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 from marin_ablate.marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
     CAPACITY,
@@ -28,6 +28,7 @@ from marin_ablate.marin.fields import (  # noqa: F401  (re-exported: the rules a
     check,
     check_level,
     check_ranges,
+    int_in,
     is_int,
     is_num,
     non_default,
@@ -103,15 +104,22 @@ KV_LAYOUTS = ("stored", "per_layer")
 ROUTER_PRECISIONS = ("fp32", "bf16")
 
 
+#: A model's sizes (widths, heads, experts, vocabulary, sequence length): 2**30 is far past any model (the hero's
+#: largest is its 128,256-token vocabulary), and its products stay finite floats in the FLOP and memory accounting
+SIZE_MAX = 2**30
 # Numeric ranges of ModelConfig (structural constraints between fields are checked in __post_init__).
 MODEL_RANGES: dict[str, tuple] = {
-    **{k: POS_INT for k in ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "n_kv_heads_global",
-                            "vocab_size", "seq_len", "window", "global_every", "n_experts", "top_k", "expert_hidden",
-                            "shared_hidden", "latent_ratio", "qb_hist_bins", "ep_shards", "ragged_chunks",
-                            "sconv_kernel")},
-    "n_shared_experts": NONNEG_INT, "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS,
+    **{k: int_in(1, SIZE_MAX) for k in (
+        "d_model", "n_heads", "head_dim", "n_kv_heads", "n_kv_heads_global", "vocab_size", "seq_len", "window",
+        "global_every", "n_experts", "top_k", "expert_hidden", "shared_hidden", "latent_ratio", "ep_shards",
+        "ragged_chunks", "sconv_kernel", "gated_norm_rank", "pooled_waves")},
+    # the FLOP and parameter counts visit every layer (the hero has 48)
+    "n_layers": int_in(1, 10_000, "the accounting visits every layer"),
+    "qb_hist_bins": int_in(2, SIZE_MAX), "n_shared_experts": int_in(0, SIZE_MAX),
+    "rope_theta": POS, "norm_eps": POS, "qk_mult": POS, "combine_scale": POS, "init_trunc": POS,
+    "rope_fraction": (lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "router_aux_weight": NONNEG, "aux_free_rate": NONNEG, "capacity_fixed": CAPACITY,
-    "capacity_ragged": CAPACITY, "capacity_pooled_wave": CAPACITY, "pooled_waves": POS_INT, "init_scale": POS,
+    "capacity_ragged": CAPACITY, "capacity_pooled_wave": CAPACITY, "init_scale": POS,
     "z_loss_weight": NONNEG,
 }
 
@@ -121,6 +129,8 @@ class ModelConfig:
     """Architecture of one model. MoE numbers (n_experts, top_k) are the recipe's latent geometry;
     the `standard` latent_moe level divides both by `latent_ratio` and runs experts at width d
     (`full_width` keeps them and divides the expert hidden instead: `moe_geometry`)."""
+
+    RANGES: ClassVar[dict[str, tuple]] = MODEL_RANGES  # the range rule of each numeric field
 
     d_model: int = 64
     n_layers: int = 2
@@ -187,7 +197,8 @@ class ModelConfig:
               "multiples of n_heads")
         for kv in ("n_kv_heads", "n_kv_heads_global"):
             check(self.n_heads % getattr(self, kv) == 0, o, kv,
-                  f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}")
+                  f"n_heads={self.n_heads} is not divisible by {kv}={getattr(self, kv)}; allowed values: divisors "
+                  "of n_heads")
         check(self.top_k <= self.n_experts, o, "top_k",
               f"top_k={self.top_k} exceeds n_experts={self.n_experts}; allowed values: 1..{self.n_experts}")
         check(self.d_model % self.latent_ratio == 0, o, "latent_ratio",
@@ -196,27 +207,20 @@ class ModelConfig:
         for name in ("n_experts", "top_k"):
             check(getattr(self, name) % self.latent_ratio == 0, o, name,
                   f"{name}={getattr(self, name)} is not divisible by latent_ratio={self.latent_ratio} "
-                  "(the standard level uses n_experts/alpha experts, top_k/alpha)")
+                  "(the standard level uses n_experts/alpha experts, top_k/alpha); allowed values: multiples of "
+                  "latent_ratio")
         check((self.n_experts // self.latent_ratio) % self.ep_shards == 0, o, "ep_shards",
               f"ep_shards={self.ep_shards} must divide the expert count at every latent_moe level "
               f"({self.n_experts} and {self.n_experts // self.latent_ratio}); allowed values: their common divisors")
-        check(self.n_shared_experts >= 0, o, "n_shared_experts", "must be >= 0")
         check(self.window <= self.seq_len, o, "window",
               f"window={self.window} exceeds seq_len={self.seq_len}; allowed values: 1..{self.seq_len}")
-        check(0.0 < self.rope_fraction <= 1.0, o, "rope_fraction", "must lie in (0, 1]")
         check(int(self.head_dim * self.rope_fraction) % 2 == 0, o, "rope_fraction",
-              "rotated dims (head_dim*rope_fraction) must be even")
-        check(self.capacity_fixed > 0 and self.capacity_ragged > 0, o, "capacity_fixed",
-              "capacity factors must be positive")
+              f"the rotated dims int(head_dim*rope_fraction)={int(self.head_dim * self.rope_fraction)} are odd; "
+              "allowed values: a fraction that rotates an even number of the head's dims")
         check_level(o, "qb_estimator", self.qb_estimator, QB_ESTIMATORS)
         check_level(o, "kv_layout", self.kv_layout, KV_LAYOUTS)
         check_level(o, "router_precision", self.router_precision, ROUTER_PRECISIONS)
         check_level(o, "gated_norm", self.gated_norm, GATED_NORM_LEVELS)
-        check(isinstance(self.gated_norm_rank, int) and self.gated_norm_rank >= 1, o, "gated_norm_rank",
-              f"must be a positive integer, got {self.gated_norm_rank!r}")
-        check(self.qb_hist_bins >= 2, o, "qb_hist_bins", f"must be >= 2, got {self.qb_hist_bins}")
-        check(self.init_trunc > 0, o, "init_trunc", f"must be > 0, got {self.init_trunc}")
-        check(self.norm_eps > 0, o, "norm_eps", f"must be > 0, got {self.norm_eps}")
         check_level(o, "kernels", self.kernels, KERNEL_BACKENDS)
         check_level(o, "attention", self.attention, ATTENTION_BACKENDS)
         for s in self.sconv_sites:
@@ -306,6 +310,11 @@ OFFLOADS = ("none", "cpu")
 CONTEXT_Q_RULES = {"yarn": 0.1, "yarn_x2": 0.2}
 
 
+#: How a context stage is written: in a study file, and on the command line (`--train.context_stages=...`)
+CONTEXT_STAGE_FORMS = ("ContextStage(start_frac, seq_len) in a study file, or FRAC:SEQ_LEN[,FRAC:SEQ_LEN...] on the "
+                       "command line (--train.context_stages=0.5:16384,0.95:65536; empty: none)")
+
+
 @dataclass(frozen=True)
 class ContextStage:
     """From `start_frac` of training on, train at `seq_len` (tokens per step held constant)."""
@@ -313,14 +322,62 @@ class ContextStage:
     start_frac: float
     seq_len: int
 
+    def __post_init__(self) -> None:
+        check(is_num(self.start_frac) and 0 <= self.start_frac < 1, "TrainConfig", "context_stages",
+              f"stage start_frac={self.start_frac!r} is out of range; allowed values: a number in [0, 1)")
+        check(is_int(self.seq_len) and self.seq_len >= 1, "TrainConfig", "context_stages",
+              f"stage seq_len={self.seq_len!r} is out of range; allowed values: an integer >= 1")
 
+
+def _context_stage(s: object, i: int) -> ContextStage:
+    """One stage from a ContextStage, a (start_frac, seq_len) pair, a {start_frac, seq_len} mapping (spec.json) or
+    the command line's "FRAC:SEQ_LEN"."""
+    if isinstance(s, ContextStage):
+        return s
+    if isinstance(s, str):
+        frac, sep, length = s.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            return ContextStage(float(frac), int(length))
+        except ValueError as e:
+            if str(e).startswith("TrainConfig."):
+                raise
+            raise ValueError(f"TrainConfig.context_stages: stage {i} {s!r} does not parse; allowed values: "
+                             f"{CONTEXT_STAGE_FORMS}") from None
+    if isinstance(s, Mapping) and set(s) == {"start_frac", "seq_len"}:
+        return ContextStage(s["start_frac"], s["seq_len"])
+    if isinstance(s, (tuple, list)) and len(s) == 2:
+        return ContextStage(*s)
+    raise ValueError(f"TrainConfig.context_stages: stage {i} is {s!r}; allowed values: {CONTEXT_STAGE_FORMS}")
+
+
+def check_context_stages(stages: object) -> tuple[ContextStage, ...]:
+    """TrainConfig.context_stages normalised (marin.phases.check_mixture's way): a tuple of ContextStage from any
+    form `_context_stage` reads (a whole command-line value "0.5:16384,0.95:65536" too), start fractions strictly
+    increasing in [0, 1)."""
+    if isinstance(stages, str):
+        stages = tuple(x for x in stages.split(",") if x.strip())
+    if not isinstance(stages, (tuple, list)):
+        raise ValueError(f"TrainConfig.context_stages is {stages!r}; allowed values: {CONTEXT_STAGE_FORMS}")
+    out = tuple(_context_stage(s, i) for i, s in enumerate(stages))
+    fr = [s.start_frac for s in out]
+    check(all(a < b for a, b in zip(fr, fr[1:], strict=False)), "TrainConfig", "context_stages",
+          f"stage start fractions {fr}; allowed values: strictly increasing numbers in [0, 1)")
+    return out
+
+
+#: Steps of a run, token_multiplier's included: 2**40 is millions of times the hero's 390,251
+STEPS_MAX = 2**40
 TRAIN_RANGES: dict[str, tuple] = {
-    "steps": POS_INT, "batch_size": POS_INT, "lr": optional(POS), "adam_lr": optional(POS),
+    "steps": int_in(1, STEPS_MAX), "batch_size": int_in(1, SIZE_MAX), "lr": optional(POS), "adam_lr": optional(POS),
+    "adam_eps": optional(POS), "checkpoint_interval_s": NONNEG,
     "warmup_frac": FRAC, "final_lr_frac": FRAC, "weight_decay": NONNEG, "beta1": optional(MOMENTUM),
     "beta2": optional(MOMENTUM), "muon_momentum": MOMENTUM, "ns_steps": POS_INT, "grad_clip": optional(POS),
     "eval_every": NONNEG_INT, "eval_batches": POS_INT, "log_every": POS_INT, "checkpoint_every": NONNEG_INT,
     "spike_window": POS_INT, "spike_factor": (lambda v: is_num(v) and v > 1, "a finite number > 1"),
-    "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED, "token_multiplier": POS_INT,
+    "threads": optional(POS_INT), "flops_multiplier": POS, "seed_stream": SEED,
+    "token_multiplier": int_in(1, 2**20),
     "loss_chunk_tokens": NONNEG_INT, "eval_batch_size": optional(POS_INT), "lr_scale": POS,
     "replica_groups": POS_INT, "gate_router_weight_decay": NONNEG, "gate_router_decay_start": NONNEG_INT,
     "micro_batches": POS_INT,
@@ -329,6 +386,8 @@ TRAIN_RANGES: dict[str, tuple] = {
 
 @dataclass(frozen=True)
 class TrainConfig:
+    RANGES: ClassVar[dict[str, tuple]] = TRAIN_RANGES  # the range rule of each numeric field
+
     steps: int = 200
     batch_size: int = 16  # sequences per step at the model's seq_len
     lr: float | None = None  # peak MuonH/AdamH lr (or AdamW lr); None -> marin.hparams.resolve_hparams
@@ -393,11 +452,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         o = "TrainConfig"
         check_ranges(o, self, TRAIN_RANGES)
-        for st in self.context_stages:
-            check(is_int(st.seq_len) and st.seq_len >= 1, o, "context_stages",
-                  f"stage seq_len={st.seq_len!r} is out of range; allowed values: an integer >= 1")
-        check(self.steps >= 1, o, "steps", f"must be >= 1, got {self.steps}")
-        check(self.batch_size >= 1, o, "batch_size", f"must be >= 1, got {self.batch_size}")
+        object.__setattr__(self, "context_stages", check_context_stages(self.context_stages))
+        check(self.steps * self.token_multiplier <= STEPS_MAX, o, "token_multiplier",
+              f"token_multiplier={self.token_multiplier} makes steps={self.steps} a run of "
+              f"{self.steps * self.token_multiplier:,} steps; allowed values: at most {STEPS_MAX:,} steps in all")
         check_level(o, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_level(o, "lr_heuristic", self.lr_heuristic, LR_HEURISTICS)
         check_level(o, "precision", self.precision, PRECISIONS)
@@ -408,12 +466,7 @@ class TrainConfig:
         check_level(o, "expert_sphere", self.expert_sphere, EXPERT_SPHERES)
         check_level(o, "context_q_rule", self.context_q_rule, tuple(CONTEXT_Q_RULES))
         check_level(o, "offload", self.offload, OFFLOADS)
-        check(isinstance(self.checkpoint_interval_s, (int, float)) and self.checkpoint_interval_s >= 0, o,
-              "checkpoint_interval_s", f"must be a number of seconds >= 0 (0: off), got {self.checkpoint_interval_s!r}")
         check_level(o, "activation_checkpoint", self.activation_checkpoint, ACTIVATION_CHECKPOINTS)
-        fr = [s.start_frac for s in self.context_stages]
-        check(fr == sorted(fr) and all(0 <= f < 1 for f in fr), o, "context_stages",
-              "stage start fractions must be increasing and lie in [0, 1)")
 
     def effective(self) -> "TrainConfig":
         """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
@@ -434,8 +487,16 @@ TOKENIZERS = ("byte", "bpe")
 SHUFFLES = ("documents", "indexed")
 
 
+DATA_RANGES: dict[str, tuple] = {
+    "bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20, "an integer in 257..1048576 (256 bytes plus at least "
+                                                               "one merge)"),
+    "data_seed": SEED, "mixture_block": NONNEG_INT, "simulated_epoching_target": NONNEG_INT}
+
+
 @dataclass(frozen=True)
 class DataConfig:
+    RANGES: ClassVar[dict[str, tuple]] = DATA_RANGES  # the range rule of each numeric field
+
     # "embedded", "paloma" when present locally, a local directory/file of text, or a prepared corpus
     # directory (`marin-ablate data prepare`: has manifest.json; its own tokenizer, `tokenizer` unused)
     corpus: str = "embedded"
@@ -463,11 +524,7 @@ class DataConfig:
         object.__setattr__(self, "mixture", check_mixture(self.mixture))
         check_level("DataConfig", "tokenizer", self.tokenizer, TOKENIZERS)
         check_level("DataConfig", "shuffle", self.shuffle, SHUFFLES)
-        check_ranges("DataConfig", self, {"bpe_vocab": (lambda v: is_int(v) and 257 <= v <= 1 << 20,
-                                                         "an integer in 257..1048576 "
-                                                         "(256 bytes plus at least one merge)"),
-                                           "data_seed": SEED, "mixture_block": NONNEG_INT,
-                                           "simulated_epoching_target": NONNEG_INT})
+        check_ranges("DataConfig", self, DATA_RANGES)
 
 
 #: Version of what a run computes from its spec. The run id (`RunSpec.identity_json`) hashes it, each
@@ -543,7 +600,7 @@ class RunSpec:
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunSpec":
         train = dict(d.get("train", {}))
-        train["context_stages"] = tuple(ContextStage(**s) for s in train.get("context_stages", ()))
+        train["context_stages"] = check_context_stages(train.get("context_stages", ()))
         model = dict(d.get("model", {}))
         if "sconv_sites" in model:
             model["sconv_sites"] = tuple(model["sconv_sites"])

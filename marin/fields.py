@@ -39,8 +39,18 @@ def is_num(v: Any) -> bool:
 
 # Range rules: (predicate, allowed-range text). A field's rule is checked in every __post_init__ below,
 # so `train`, `run`, `run --tune` and `plan` reject the same values with the same message.
-POS_INT = (lambda v: is_int(v) and v >= 1, "an integer >= 1")
-NONNEG_INT = (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 turns it off)")
+#: The largest integer a setting holds: what torch and numpy index with (int64); past it a count becomes a float
+#: overflow or a loop without end somewhere downstream, never a result
+INT_MAX = 2**63 - 1
+POS_INT = (lambda v: is_int(v) and 1 <= v <= INT_MAX, "an integer >= 1 (below 2**63)")
+NONNEG_INT = (lambda v: is_int(v) and 0 <= v <= INT_MAX, "an integer >= 0 (0 turns it off; below 2**63)")
+
+
+def int_in(lo: int, hi: int, why: str = "") -> tuple:
+    """The range rule of an integer in lo..hi (`why`: what the bound is, in a few words)."""
+    return (lambda v: is_int(v) and lo <= v <= hi, f"an integer in {lo}..{hi:,}" + (f" ({why})" if why else ""))
+
+
 POS = (lambda v: is_num(v) and v > 0, "a finite number > 0")
 NONNEG = (lambda v: is_num(v) and v >= 0, "a finite number >= 0")
 # an MoE capacity factor: slots per expert over the even share; past the largest expert count any
@@ -85,12 +95,15 @@ def apply_overrides(cfg: Any, overrides: Mapping[str, str] | list[str]) -> Any:
             raise ValueError(f"{type(cfg).__name__} has no field {k!r}; allowed values: {', '.join(sorted(names))}")
         cur = getattr(cfg, k)
         where = f"{type(cfg).__name__}.{k}"
-        changes[k] = _parse_like(cur, v, where, str(names[k].type)) if isinstance(v, str) else v
+        rule = getattr(cfg, "RANGES", {}).get(k)
+        changes[k] = (_parse_like(cur, v, where, str(names[k].type), rule[1] if rule else "") if isinstance(v, str)
+                      else v)
     return replace(cfg, **changes)
 
 
-def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
-    """Parse `v` like the field's current value; an unset optional field parses by its annotation."""
+def _parse_like(cur: Any, v: str, where: str, annotation: str = "", allowed: str = "") -> Any:
+    """Parse `v` like the field's current value; an unset optional field parses by its annotation. A value that
+    does not parse names `allowed` (the field's range text), else its type's."""
     if cur is None:
         if v.lower() in ("none", "null"):
             return None
@@ -110,7 +123,9 @@ def _parse_like(cur: Any, v: str, where: str, annotation: str = "") -> Any:
             return tuple(x for x in v.split(",") if x)
         return v
     except ValueError:
-        raise ValueError(f"{where}: cannot parse {v!r} as {type(cur).__name__}") from None
+        kind = type(cur).__name__
+        allowed = allowed or {"int": "an integer", "float": "a finite number", "bool": "true or false"}.get(kind, kind)
+        raise ValueError(f"{where}: cannot parse {v!r} as {kind}; allowed values: {allowed}") from None
 
 
 #: The sections of a run's spec that `--section.field=value` reaches (marin.config.RunSpec).
@@ -142,24 +157,47 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def non_default(obj: Any) -> dict:
-    """The fields of a dataclass that differ from their defaults (nested dataclasses recursively)."""
-    out = {}
-    for f in fields(obj):
-        v = getattr(obj, f.name)
+_DEFAULTS: dict[tuple[type, str], tuple[Any, Any]] = {}  # (class, field) -> (default, its to_dict), built once
+
+
+def _default(cls: type, f: dataclasses.Field) -> tuple[Any, Any]:
+    """A field's default and its plain dict, made once per class and field: a run id hashes every field's distance
+    from its default, and building a default config (with its checks) per run made planning 48,000 runs take 45 s."""
+    key = (cls, f.name)
+    if key not in _DEFAULTS:
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
+            default = dataclasses.MISSING
+        _DEFAULTS[key] = (default, to_dict(default) if default is not dataclasses.MISSING else None)
+    return _DEFAULTS[key]
+
+
+_SCALARS = (str, int, float, bool, type(None))  # their plain dict is themselves
+
+
+def non_default(obj: Any) -> dict:
+    """The fields of a dataclass that differ from their defaults (nested dataclasses recursively)."""
+    out = {}
+    cls = type(obj)
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        default, default_dict = _default(cls, f)
+        if isinstance(v, _SCALARS) and default is not dataclasses.MISSING:
+            if v != default_dict:
+                out[f.name] = v
+            continue
+        if default is dataclasses.MISSING:
             out[f.name] = to_dict(v)
             continue
         if dataclasses.is_dataclass(v) and isinstance(v, type(default)):
             sub = non_default(v)
             if sub:
                 out[f.name] = sub
-        elif to_dict(v) != to_dict(default):
-            out[f.name] = to_dict(v)
+        elif (d := to_dict(v)) != default_dict:
+            out[f.name] = d
     return out
 
 

@@ -32,8 +32,8 @@ def _mixture_phase(p: Any, i: int) -> MixturePhase:
         except ValueError:
             p = (None, None)
         if p[1] is None:
-            raise ValueError(f"DataConfig.mixture: {where} {text!r} must look like FRAC:DOMAIN=WEIGHT+DOMAIN=WEIGHT "
-                             "(e.g. 0:prose=1+code=1)")
+            raise ValueError(f"DataConfig.mixture: {where} {text!r} does not parse; allowed values: "
+                             "FRAC:DOMAIN=WEIGHT+DOMAIN=WEIGHT[,FRAC:...] (e.g. 0:prose=1+code=1,0.8:code=1)")
     if isinstance(p, MixturePhase):
         frac, weights = p.start_frac, dict(p.weights)
     elif isinstance(p, Mapping):

@@ -39,6 +39,11 @@ _LOADED_EPS: set[str] = set()
 _FAILED_EPS: dict[str, str] = {}  # entry point "name=value" -> why it did not load
 
 
+#: What foreign code (a study file, a plugin, an entry point) may raise that is its failure, not the user's stop: an
+#: exit() at its top level (SystemExit, any code) is a failed import, reported; Ctrl-C (KeyboardInterrupt) stops
+FOREIGN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
 def load_file(path: str | Path) -> Any:
     """A study file imported from where it is, under a module name derived from its path (once per process)."""
     path = Path(path).expanduser().resolve()
@@ -107,7 +112,7 @@ def load_entry_points() -> list[str]:
             obj = ep.load()
             if callable(obj):
                 obj()
-        except Exception as e:  # noqa: BLE001 - any failure of foreign code is reported, by name
+        except FOREIGN_FAILURES as e:  # any failure of foreign code is reported, by name
             dist = getattr(getattr(ep, "dist", None), "name", None)
             where = f"{ep.value}, distribution {dist}" if dist else ep.value
             _FAILED_EPS[key] = (f"plugin entry point {ep.name!r} ({where}, group {ENTRY_POINT_GROUP}) failed to load: "
@@ -135,7 +140,7 @@ def load_named(srcs: Iterable[str], flag: str = "--plugin") -> None:
     for src in srcs:
         try:
             import_source(str(Path(src).expanduser().resolve()) if src.endswith(".py") else src)
-        except Exception as e:  # noqa: BLE001 - a user's module failing is a bad argument
+        except FOREIGN_FAILURES as e:  # a user's module failing (or exiting) is a bad argument
             raise ValueError(f"{flag} {src!r} cannot be imported: {type(e).__name__}: {e}; allowed values: a "
                              "path/to/file.py or an importable module name") from None
 
@@ -150,7 +155,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
             continue
         try:
             import_source(src)
-        except Exception as e:
+        except FOREIGN_FAILURES as e:
             raise ImportError(f"plugin source {src!r} (the driver imported it) cannot be imported here: "
                               f"{type(e).__name__}: {e}") from e
 

@@ -65,10 +65,12 @@ def cmd_data(argv: list[str]) -> int:
     action = argv[0]
     args = options.parse(ACTIONS[action], argv[1:], prog=f"marin-ablate data {action}")
     if action == "verify":
+        from marin_ablate.marin.data.index import verify_index
         from marin_ablate.marin.data.shards import verify_corpus
 
-        m = verify_corpus(args.corpus, full=True)
-        print(f"{args.corpus}: {len(m['shards'])} shards, {m['tokens']:,} tokens match manifest.json (sha256)")
+        m, idx = verify_corpus(args.corpus, full=True), verify_index(args.corpus)
+        print(f"{args.corpus}: {len(m['shards'])} shards, {m['tokens']:,} tokens match manifest.json (sha256)"
+              + (f"; the loader index of {idx['documents']:,} documents matches index.json (sha256)" if idx else ""))
         return 0
     if action == "index":
         from marin_ablate.marin.data.index import build_index

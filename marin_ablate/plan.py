@@ -143,21 +143,22 @@ def cmd_plan(argv: list[str]) -> int:
         return 0
     from marin_ablate.sweeps.executors import get_executor
     from marin_ablate.sweeps.progress import rung_prior
-    from marin_ablate.sweeps.sweep import check_layouts, check_specs, planned_runs, study_resources
+    from marin_ablate.sweeps.sweep import analysis_refusal, check_layouts, check_specs, planned_runs, study_resources
 
     d = study.describe()
     opts = exec_options(args.execution, study)
     planned = planned_runs(study, args.out, overrides=args.overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
     run_rows = [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]
-    slots = get_executor(opts.executor).slots(opts)
-    d["execution"] = {"executor": opts.executor, "workers": slots}
-    # the prior: the rungs as the study defines them
-    d["time"] = _time_estimate(planned, rung_prior(d["rungs"]), slots, opts.threads)
+    prior = rung_prior(d["rungs"])  # the time prior: the rungs as the study defines them
     if args.overrides:
         _rungs_as_overridden(d, runs, study)
     d["epochs"] = epochs_checked(study, runs, d["rungs"], args.allow_repeat)
-    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too
+    check_specs(planned, opts.executor)  # what `train` and `run` refuse, plan refuses too (before costing them)
+    d["analysis_refusal"] = analysis_refusal(planned)  # what `run` refuses as a table `analyze` would refuse
+    slots = get_executor(opts.executor).slots(opts)
+    d["execution"] = {"executor": opts.executor, "workers": slots}
+    d["time"] = _time_estimate(planned, prior, slots, opts.threads)
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = _before_design(study, args.out)
     if "hero" in d:
@@ -217,6 +218,8 @@ def cmd_plan(argv: list[str]) -> int:
     if "train_flops" in cols:
         print("(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)")
     print(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
+    if d["analysis_refusal"]:
+        print(f"refused by `run`: {d['analysis_refusal']}")
     # the assumed seconds (est_*) stay in --json; the time line below is the measured model's
     print("cost: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["cost"].items()
                                if not k.startswith(("est_", "max_par"))))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from marin_ablate.marin.runlock import RunLock
-from marin_ablate.marin.schema import DamagedFile, foreign, read_json, read_summary
+from marin_ablate.marin.schema import DamagedFile, foreign, read_json, read_summary, summary_contradiction
 from marin_ablate.sweeps.executor_api import EXECUTORS
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ class RunStatus:
 def verdict(run_dir: str | Path) -> tuple[dict, str | None]:
     """(summary.json, why it does not count): a summary counts when it reads as a RunSummary (every field of
     its type: a loss "abc" does not) and is this run's own (its run_id is the folder's, the file not a link
-    to elsewhere). One that does not is ({}, the reason naming the file); an absent one ({}, None)."""
+    to elsewhere), and it is what the spec.json beside it trains (marin.schema.summary_contradiction: steps, tokens,
+    FLOPs). One that does not is ({}, the reason naming the file); an absent one ({}, None)."""
     d = Path(run_dir)
     path = d / "summary.json"
     try:
@@ -62,6 +63,9 @@ def verdict(run_dir: str | Path) -> tuple[dict, str | None]:
         return {}, f"{path} is a symbolic link (to {path.resolve()}); a run's verdict is its own file"
     if s and s.get("run_id") not in (None, "", d.name):
         return {}, f"{path} names run {s.get('run_id')!r}, not {d.name!r} (the folder's): another run's verdict"
+    why = summary_contradiction(read_json(d / "spec.json") or {}, s, f"runs/{d.name}") if s else None
+    if why:
+        return {}, why
     return s, None
 
 

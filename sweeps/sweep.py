@@ -50,7 +50,7 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
         module = plugins.load_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
     except FileNotFoundError:
         raise ValueError(f"study {name!r}: no file {where!r}; allowed values: {STUDY_NAME_FORMS}") from None
-    except Exception as e:  # noqa: BLE001 - any failure importing a user's module is a bad study name
+    except plugins.FOREIGN_FAILURES as e:  # any failure (or exit) importing a user's module is a bad study name
         raise ValueError(f"study {name!r}: cannot import ({type(e).__name__}: {e})") from None
     if not hasattr(module, attr):
         raise ValueError(f"study {name!r}: {where} has no attribute {attr!r}")
@@ -131,6 +131,26 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
             check_spec(r.spec, here=here)
         except ValueError as e:
             raise ValueError(f"run {r.run_id} ({_where(r)}): {e}") from None
+
+
+def analysis_refusal(runs: Sequence[PlannedRun]) -> str | None:
+    """Why `analyze` would refuse these runs' table before any fit, in one line, else None: its joint law fit
+    carries one loss shift per seed, so it costs about rows x seeds^2 per step and refuses a table beyond
+    analysis.pipeline.JOINT_COST_MAX. `run` refuses such a study before anything is written, `plan` says so."""
+    n, rows = len({r.spec.seed for r in runs}), len(runs)
+    if n < 2:
+        return None
+    from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+
+    if rows * n * n <= JOINT_COST_MAX:
+        return None
+    per_seed = rows / n  # the runs of one seed: the study's arms x rungs
+    most = int((JOINT_COST_MAX / per_seed) ** (1 / 3))
+    while per_seed * (most + 1) ** 3 <= JOINT_COST_MAX:  # the float cube root may fall one short
+        most += 1
+    return (f"{rows:,} runs of {n:,} seeds: `analyze` refuses their table (its joint law fit carries one loss shift "
+            f"per seed and costs about rows x seeds^2 = {rows * n * n:.2g} per step, beyond {JOINT_COST_MAX:.0e}); "
+            f"allowed values: --seeds with at most {most} seeds ({per_seed:,.0f} runs each)")
 
 
 def check_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, resources: Any) -> None:
@@ -232,6 +252,9 @@ class StudyPlan:
     def check(self) -> StudyPlan:
         if not self.checked:
             preflight(self.runs, self.sdir, self.opts, self.resources)
+            refused = analysis_refusal(self.runs)  # thousands of seeds `analyze` would refuse: before any write
+            if refused:
+                raise ValueError(refused)
         return replace(self, checked=True)
 
     def at_lrs(self, lr_multipliers: Mapping[int, Mapping[str, float]] | None,

@@ -125,10 +125,14 @@ def _fs_type(path: Path) -> str:
 
 def check_journal(path: Path) -> None:
     """An Optuna journal read like input before Optuna replays it: every line a JSON object with an integer
-    `op_code`, ended by a newline. A torn line (a writer killed mid-append: Optuna then appends the next
-    operation onto it and fails with an AttributeError) or a damaged one is refused naming the file, the
-    line and its byte offset."""
+    `op_code` Optuna knows, ended by a newline. A torn line (a writer killed mid-append: Optuna then appends the
+    next operation onto it and fails with an AttributeError), a damaged one or an unknown operation (Optuna's replay
+    asserts "Should not reach.") is refused naming the file, the line and its byte offset."""
+    from optuna.storages.journal._storage import JournalOperation  # the operations its replay handles
+
     from marin_ablate.marin.schema import loads_json
+
+    known = sorted(int(op) for op in JournalOperation)
 
     if not path.is_file():
         return
@@ -142,13 +146,22 @@ def check_journal(path: Path) -> None:
             rec = loads_json(line) if line.strip() else None
         except ValueError:
             rec = None
-        if torn or not (isinstance(rec, dict) and isinstance(rec.get("op_code"), int)):
+        op = rec.get("op_code") if isinstance(rec, dict) else None
+        if torn or not (isinstance(op, int) and not isinstance(op, bool) and op in known):
             what = ("is torn (no newline at its end: a writer was killed mid-append)" if torn
+                    else f"has op_code {op!r}, not an operation of Optuna {optuna_version()} ({known[0]}..{known[-1]})"
+                    if isinstance(op, int) and not isinstance(op, bool)
                     else "is not an Optuna journal record (a JSON object with an integer op_code)")
             raise ValueError(f"Optuna journal {path} line {n} (byte {offset}) {what}; allowed values: a journal of "
                              f"complete records: cut the file there (`truncate -s {offset} {path}`) and run again "
                              "(the trials before it are kept)")
         offset = end + 1
+
+
+def optuna_version() -> str:
+    import optuna
+
+    return optuna.__version__
 
 
 def make_storage(storage: str | None, default_journal: Path) -> Any:
@@ -161,7 +174,12 @@ def make_storage(storage: str | None, default_journal: Path) -> Any:
         path = Path(storage) if storage else default_journal
         check_journal(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
+        try:
+            return JournalStorage(JournalFileBackend(str(path)))
+        except Exception as e:  # noqa: BLE001 - a record of a known operation with fields Optuna cannot replay
+            why = f"{type(e).__name__}: {e}".splitlines()[0]
+            raise ValueError(f"Optuna journal {path} cannot be replayed ({why}); allowed values: a journal Optuna "
+                             f"{optuna_version()} wrote: move it aside and run again (its trials run again)") from None
     if storage.startswith("sqlite"):
         db = Path(storage.split(":///", 1)[-1])
         fs = _fs_type(db.parent if db.parent.exists() else Path.cwd())

@@ -74,9 +74,25 @@ class PinnedLaw:
         """dL/dln C of the pinned law at compute c (negative): what every multiplier rests on."""
         return -self.alpha * self.A * c ** (-self.alpha)
 
+    @property
+    def is_published(self) -> bool:
+        """Pinned from a published law (`published`), not fitted on a baseline ladder here."""
+        return self.key == PUBLISHED_KEY
+
+    @property
+    def origin(self) -> str:
+        """Where the pins come from, in the words the notes use: a published law and its source, or the baseline
+        arm's own ladder and the date of its fit."""
+        if self.is_published:
+            return f"a published law ({self.source})"
+        return f"the baseline arm's own ladder (fitted {self.created})"
+
     def describe(self) -> str:
         """One line: what the ladder pinned and over what span (the run, the analysis and the report say it)."""
         span = f"{self.n} baseline runs over {self.c_lo:.3g}..{self.c_hi:.3g} FLOPs"
+        if self.is_published:  # its authors' numbers: no profile of ours, no interval of theirs
+            return (f"L∞ = {self.linf:.4g}, α = {self.alpha:.4g} as published ({span}, no interval stated); every "
+                    "multiplier reads through these two values")
         if not self.valley or self.valley[0][0] > 0.0:  # the profile closes above L∞ = 0: the curvature is bounded
             lo, hi = self.ci("linf"), self.ci("alpha")
             return (f"L∞ = {self.linf:.4g} [{lo[0]:.4g}, {lo[1]:.4g}], α = {self.alpha:.4g} [{hi[0]:.4g}, {hi[1]:.4g}] "
@@ -111,12 +127,16 @@ class PinnedLaw:
                              f"`marin-ablate run` writes ({LAW_FILE})") from None
 
 
+#: The key of a pinned law copied from a published one (`published`); a ladder's key is a hash of its run ids
+PUBLISHED_KEY = "published"
+
+
 def published(p: Any, created: str = "") -> PinnedLaw:
     """A published law (`ablations.ladders.PublishedLaw`: L∞, α, A, its span and runs, its source) as a pinned
     law with no covariance of its own (its authors state none): reading every arm through their L∞ and α is
     what makes a multiplier theirs to compare. Its valley is that one pair."""
     return PinnedLaw(float(p.linf), float(p.alpha), np.zeros((2, 2)), float(p.A), float(p.c_lo), float(p.c_hi),
-                     int(p.n), max(int(p.n) - 2, 0), key="published", created=created, source=str(p.source),
+                     int(p.n), max(int(p.n) - 2, 0), key=PUBLISHED_KEY, created=created, source=str(p.source),
                      valley=((float(p.linf), float(p.alpha)),))
 
 

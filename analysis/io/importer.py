@@ -21,6 +21,7 @@ from typing import Callable
 
 import pandas as pd
 
+from marin_ablate.analysis.io.results import LOSS_MAX, mark_damaged_losses
 from marin_ablate.marin.schema import (
     SAFE_NAME_RE,
     SAFE_NAME_TEXT,
@@ -126,8 +127,8 @@ def _blank(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
 
 
-def _number(v, row: int, col: str, *, integer: bool = False) -> float:
-    allowed = "an integer >= 0" if integer else "a finite number > 0"
+def _number(v, row: int, col: str, *, integer: bool = False, hi: float | None = None) -> float:
+    allowed = "an integer >= 0" if integer else "a finite number > 0" + (f" and <= {hi:g}" if hi is not None else "")
     if isinstance(v, bool):
         raise _err(row, col, f"{_show(v)} is not a number; allowed values: {allowed}")
     try:
@@ -137,7 +138,7 @@ def _number(v, row: int, col: str, *, integer: bool = False) -> float:
     if integer:
         if not (math.isfinite(x) and x >= 0 and x == int(x)):
             raise _err(row, col, f"{_show(v)} is out of range; allowed values: {allowed}")
-    elif not (math.isfinite(x) and x > 0):
+    elif not (math.isfinite(x) and x > 0 and (hi is None or x <= hi)):
         raise _err(row, col, f"{_show(v)} is out of range; allowed values: {allowed}")
     return x
 
@@ -199,7 +200,7 @@ def validate(raw: list[dict]) -> Imported:
         elif _blank(r.get("loss")):
             raise _err(i, "loss", "empty; allowed values: a finite number > 0 (empty only with status failed)")
         else:
-            out["loss"] = _number(r["loss"], i, "loss")
+            out["loss"] = _number(r["loss"], i, "loss", hi=LOSS_MAX)  # nats per token: beyond it, damage
         for c in ("params", "tokens", "tokens_per_s", "flops"):
             out[c] = None if _blank(r.get(c)) else _number(r[c], i, c)
         if out["flops"] is None:
@@ -348,6 +349,7 @@ def complete_table(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         df["status"] = "completed"
     if "error" not in df.columns:
         df["error"] = None
+    df = mark_damaged_losses(df, path.name)
     if "run_id" not in df.columns:
         key = [df[c].astype(str) if c in df.columns else pd.Series("", index=df.index) for c in ("rung", "arm", "seed")]
         df["run_id"] = [hashlib.sha256(f"{path.stem}|{i}|{r}|{a}|{s}".encode()).hexdigest()[:16]
@@ -452,6 +454,11 @@ def _marin_holdout(raw: list[dict]) -> list[dict]:
         flops = r.get("flops") if not _blank(r.get("flops")) else flops_per_token(spec.model, spec.recipe) * tokens
         out.append({**row, "arm": arm, "rung": rung, "flops": flops, "tokens": tokens, "hardware": "H100 (Marin)",
                     "source": r.get("source") or "marin-community/marin#9288", **levels})
+    bare = sorted({r["rung"] for r in out} - {r["rung"] for r in out if r["arm"] == "recipe"})
+    if bare:  # each hold-one-out is read against the recipe at its rung: without it nothing is estimable there
+        raise ValueError(f"rung(s) {', '.join(bare)}: no row of ablation 'none' (the recipe arm, which every "
+                         "hold-one-out at its rung is read against); allowed values: a table with the recipe's row "
+                         "at each rung it holds")
     return out
 
 

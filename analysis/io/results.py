@@ -33,6 +33,7 @@ from marin_ablate.marin.schema import (
     read_json,
     read_meta,
     read_summary,
+    summary_contradiction,
 )
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -42,7 +43,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 ID_COLUMNS: tuple[str, ...] = ("run_id", "study", "rung", "arm", "seed", "design_row")
 STATUSES: tuple[str, ...] = ("completed", "failed", "missing")  # and, for a folder left out: "unreadable",
-# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor), "foreign"
+# "duplicate" (a copy of another run), "contradictory" (meta.json and spec.json disagree on a factor, or summary.json's
+# steps, tokens or FLOPs are not what spec.json trains), "foreign"
 # (a file names another run, or the folder resolves outside the study: marin.schema.foreign)
 LEFT_OUT: tuple[str, ...] = ("duplicate", "unreadable", "contradictory", "foreign")
 
@@ -114,8 +116,38 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
                 rows[i]["error"] = f"runs/{dirs[i].name} holds the same run as runs/{dirs[keep].name}; counted once"
 
 
+#: A language model's evaluation loss in nats per token beyond which a number is damage, not a measurement: a
+#: uniform guess over any vocabulary this harness takes (at most 2**30 tokens) scores under 21 nats, and a loss
+#: like 1e308 overflows every square of the law's fit ("SVD did not converge" for every multiplier)
+LOSS_MAX = 1e6
+LOSS_ALLOWED = f"a finite number in [0, {LOSS_MAX:g}] nats per token"
+
+
+def loss_fault(v: object) -> str | None:
+    """Why a completed run's finite eval_macro_loss is no measurement (below 0 or above LOSS_MAX), else None (a
+    non-finite loss is named by `inventory`)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and not 0 <= v <= LOSS_MAX:
+        return f"eval_macro_loss={v!r} is out of range; allowed values: {LOSS_ALLOWED}"
+    return None
+
+
+def mark_damaged_losses(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    """A table's completed rows whose loss is no measurement (`loss_fault`) become status "unreadable", each
+    error naming `where` and the row, so the fit leaves them out by name."""
+    if "eval_macro_loss" not in df.columns or "status" not in df.columns:
+        return df
+    for i, (st, v) in enumerate(zip(df["status"], pd.to_numeric(df["eval_macro_loss"], errors="coerce"),
+                                    strict=True)):
+        why = loss_fault(float(v)) if st == "completed" else None
+        if why:
+            df.iloc[i, df.columns.get_loc("status")] = "unreadable"
+            df.iloc[i, df.columns.get_loc("error")] = f"{where}: row {i + 1}: {why}"
+    return df
+
+
 class Contradiction(ValueError):
-    """A run folder whose meta.json and spec.json disagree on a factor: the run is left out, by name."""
+    """A run folder whose meta.json and spec.json disagree on a factor, or whose summary.json is not what its spec.json
+    trains (marin.schema.summary_contradiction): the run is left out, by name."""
 
 
 _MISSING = object()
@@ -160,6 +192,11 @@ def _row(run_dir: Path) -> dict:
     if why:
         raise Contradiction(why + "; left out (which file is right is unknown)")
     summ = read_summary(run_dir, strict=True)
+    if summ is not None and summ.status == "completed" and loss_fault(summ.eval_macro_loss):
+        raise DamagedFile(f"cannot read runs/{run_dir.name}/summary.json: {loss_fault(summ.eval_macro_loss)}")
+    why = summary_contradiction(spec, summ.to_dict(), f"runs/{run_dir.name}") if summ is not None else None
+    if why:
+        raise Contradiction(why)
     row: dict = {
         "run_id": run_dir.name,  # every file names it (`foreign` checked them)
         "study": meta and meta.study, "rung": meta and meta.rung, "arm": meta and meta.arm,

@@ -62,5 +62,5 @@ def pinned_law_provenance(a: StudyAnalysis) -> list[str]:
     if p is None:
         return []
     source = p.source.replace(str(Path.home()), "~", 1)  # the report is shared: no home directory in it
-    return [f"- reference law pinned from the baseline ladder (`{source}`, {p.created}): {p.describe()}; "
-            "A refitted on this study's runs"]
+    where = f"a published law (`{source}`)" if p.is_published else f"the baseline ladder (`{source}`, {p.created})"
+    return [f"- reference law pinned from {where}: {p.describe()}; A refitted on this study's runs"]

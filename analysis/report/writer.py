@@ -467,8 +467,9 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                  "own init and data order shift all its arms together (docs/method.md §4.4)."
                  if law.between_df and law.between_df > 0 else "")
               + (f" Not identified: {law.why}." if law.why else "")
-              + (f" L∞ and α are pinned from the baseline ladder, their columns its interval: "
-                 f"{pinned_law.describe()} (docs/method.md §4.1)." if pinned_law is not None else "")
+              + (f" L∞ and α are pinned from {'a published law' if pinned_law.is_published else 'the baseline ladder'}"
+                 f", their columns its interval: {pinned_law.describe()} (docs/method.md §4.1)."
+                 if pinned_law is not None else "")
               + " L, L∞ and A are in nats per token.", ""]
         slope = local_slope(a)
         if law.not_identified and slope is not None:

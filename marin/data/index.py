@@ -8,7 +8,8 @@ instead a pre-built index, as levanter's loader reads a pre-built cache ledger a
 sequences with a Feistel network (levanter `data/permutation.py`, `EraShufflingDataset`):
 
     index/index.json    written last, atomically: format, the manifest's fingerprint, documents, tokens,
-                        domain names and each domain's first document in the base order
+                        domain names, each domain's first document in the base order, and the size and
+                        sha256 of each array below (checked when a rank opens the index: `check_index`)
     index/cum.npy       int64, n_docs + 1: token offset of each document in the base stream
     index/src.npy       int64, n_docs: where that document's tokens start in the shards, as an offset
                         into the shards concatenated in manifest order
@@ -24,14 +25,22 @@ once, in an order of its own. A rank reads the arrays and the shards by position
 no memory map, no readahead) and only what its rows need (two binary searches in `cum`, a slice of `src`
 and one read per document piece per row), so its memory, file-backed pages included, and its start-up
 time are flat in the corpus size (`benchmarks/bench_loader_scale.py`; docs/architecture.md §3).
+
+The index is read like input (docs/faults.md): opening it checks index.json's fields, each array's
+dtype, shape and size, and, for an index up to FULL_VERIFY_BYTES, each array's sha256 and invariants (`cum`
+non-decreasing from 0 to the tokens, `src` within the shards, `shards` the manifest's); `data verify` checks
+them at any size. The arrays are written to temporaries and renamed only once all three are on disk, index.json
+last; a full disk names the file it was writing.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +48,13 @@ from marin_ablate.marin.data.manifest import load_npy, read_manifest
 from marin_ablate.marin.data.mixture import splitmix64
 from marin_ablate.marin.schema import atomic_write_json, read_json_text
 
-INDEX_FORMAT = "marin-index-v1"
+INDEX_FORMAT = "marin-index-v2"  # v2: index.json records each array's size and sha256 (v1 did not: written again)
 INDEX_DIR = "index"
+#: The arrays of an index, in the order they are written; index.json records {"bytes", "sha256"} of each
+ARRAYS = ("cum.npy", "src.npy", "shards.npy")
+#: Indexes up to this size (the three arrays) are hashed and their invariants checked whole when opened;
+#: larger ones by size and end points (`marin-ablate data verify` checks everything): marin.data.shards' rule
+FULL_VERIFY_BYTES = 2 << 30
 FEISTEL_ROUNDS = 4
 #: shard token files kept memory-mapped at once by one rank (a web-scale corpus has ~10^5 shards: more
 #: maps than the kernel's default vm.max_map_count would allow)
@@ -130,44 +144,244 @@ def build_index(root: str | Path, log=None) -> dict:
     del by_dom, dom_N
     out = root / INDEX_DIR
     out.mkdir(exist_ok=True)
-    cum = np.zeros(n + 1, np.int64)
-    np.cumsum(len_N[order], out=cum[1:])
-    tokens = int(cum[-1])
-    del len_N
-    _save_npy(out / "cum.npy", cum)
-    del cum
-    _save_npy(out / "src.npy", src_N[order])
-    _save_npy(out / "shards.npy", shard_starts)
-    meta = {"format": INDEX_FORMAT, "manifest": manifest_fingerprint(root), "documents": n, "tokens": tokens,
-            "domains": names, "domain_first_doc": first_D.tolist(), "feistel_rounds": FEISTEL_ROUNDS}
-    atomic_write_json(out / "index.json", meta)  # last: the index is complete
+    (out / "index.json").unlink(missing_ok=True)  # the index is incomplete from here until it is written again
+    files, written = {}, []
+    try:
+        cum = np.zeros(n + 1, np.int64)
+        np.cumsum(len_N[order], out=cum[1:])
+        tokens = int(cum[-1])
+        del len_N
+        files["cum.npy"] = _save_npy(out / "cum.npy", cum, written)
+        del cum
+        files["src.npy"] = _save_npy(out / "src.npy", src_N[order], written)
+        files["shards.npy"] = _save_npy(out / "shards.npy", shard_starts, written)
+        for tmp in written:  # all three are on disk: only now do they replace an older index's
+            tmp.replace(out / tmp.name[1:-len(".tmp")])
+        written.clear()
+        meta = {"format": INDEX_FORMAT, "manifest": manifest_fingerprint(root), "documents": n, "tokens": tokens,
+                "domains": names, "domain_first_doc": first_D.tolist(), "feistel_rounds": FEISTEL_ROUNDS,
+                "files": files}
+        atomic_write_json(out / "index.json", meta)  # last: the index is complete
+    except BaseException as e:
+        for tmp in written:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = e.filename or (str(out / written[-1].name[1:-len(".tmp")]) if written else str(out))
+            raise OSError(errno.ENOSPC, f"disk full (no space left on device) while writing the loader index; free "
+                                        f"space there and run `marin-ablate data index {root}` again", where) from e
+        raise
     if log:
         log(f"{root}: loader index of {n:,} documents written to {out}")
     return meta
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
+class _Hashing:
+    """A file object that hashes what it writes (np.save into it streams the array in chunks)."""
+
+    def __init__(self, f: Any):
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def write(self, b: Any) -> int:
+        self.h.update(b)
+        self.n += len(memoryview(b).cast("B"))
+        return self.f.write(b)
+
+
+def _save_npy(path: Path, arr: np.ndarray, written: list[Path]) -> dict:
+    """`arr` into the temporary `.NAME.tmp` beside `path` (appended to `written` first, so that a failure removes
+    it); returns its {"bytes", "sha256"}. A full disk names `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:  # streamed to disk: a 10^10-document array never exists twice in memory
-        np.save(f, arr, allow_pickle=False)
-    tmp.replace(path)
+    written.append(tmp)
+    try:
+        with open(tmp, "wb") as f:  # streamed to disk: a 10^10-document array never exists twice in memory
+            h = _Hashing(f)
+            np.save(h, arr, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+    return {"bytes": h.n, "sha256": h.h.hexdigest()}
 
 
-def read_index(root: str | Path) -> dict:
-    """index.json of a prepared corpus; ValueError naming the command that writes it when it is missing
-    or was written for another manifest."""
+def read_index(root: str | Path, *, check: bool = True) -> dict:
+    """index.json of a prepared corpus, and (`check`) its arrays checked (`check_index`); ValueError naming the file
+    and the command that writes the index again when it is missing, damaged or written for another manifest."""
     root = Path(root).expanduser()
     p = root / INDEX_DIR / "index.json"
+    again = f"write it again with `marin-ablate data index {root}`"
     if not p.is_file():
         raise ValueError(f"data.corpus={str(root)!r} has no loader index ({p} missing), which "
                          "DataConfig.shuffle='indexed' reads; write it with `marin-ablate data index "
                          f"{root}` (data prepare writes it), or use DataConfig.shuffle='documents'")
-    meta = read_json_text(p)
+    try:
+        meta = read_json_text(p)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p}: cannot read ({e}); {again}") from None
     if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
-        raise ValueError(f"{p}: not a {INDEX_FORMAT} index; write it again with `marin-ablate data index {root}`")
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{p}: not a {INDEX_FORMAT} index (format {found!r}); {again}")
     if meta.get("manifest") != manifest_fingerprint(root):
-        raise ValueError(f"{p}: written for another manifest.json (the corpus was prepared again); write it again "
-                         f"with `marin-ablate data index {root}`")
+        raise ValueError(f"{p}: written for another manifest.json (the corpus was prepared again); {again}")
+    why = _bad_fields(meta)
+    if why:
+        raise ValueError(f"{p}: {why}; {again}")
+    if check:
+        check_index(root, meta)
+    return meta
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _bad_fields(meta: dict) -> str | None:
+    """What in index.json is not of its type (documents, tokens, domains, domain_first_doc, files), else None."""
+    n = meta.get("documents")
+    if not _count(n) or not _count(meta.get("tokens")):
+        return (f"documents={n!r}, tokens={meta.get('tokens')!r}; allowed values: integers >= 0")
+    names, first = meta.get("domains"), meta.get("domain_first_doc")
+    if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
+        return f"domains={names!r}; allowed values: a non-empty list of domain names"
+    if (not isinstance(first, list) or len(first) != len(names) + 1 or not all(map(_count, first))
+            or first[0] != 0 or first[-1] != n or any(a > b for a, b in zip(first, first[1:], strict=False))):
+        return (f"domain_first_doc={first!r}; allowed values: {len(names) + 1} non-decreasing integers from 0 to "
+                f"documents={n}")
+    files = meta.get("files")
+    if not isinstance(files, dict) or set(files) != set(ARRAYS) or not all(
+            isinstance(f, dict) and _count(f.get("bytes")) and isinstance(f.get("sha256"), str)
+            for f in files.values()):
+        return f"files={files!r}; allowed values: {{bytes, sha256}} of each of {', '.join(ARRAYS)}"
+    return None
+
+
+_CHECKED: dict[tuple, bool] = {}  # (index folder, index.json and array stamps, full) -> checked in this process
+
+
+def check_index(root: str | Path, meta: dict, full: bool | None = None) -> None:
+    """The arrays of the index `meta` (read_index's) checked before a rank reads them, once per process and state
+    of the files: each array present, a 1-d int64 .npy of its length and recorded size; with `full` (default: the
+    arrays together at most FULL_VERIFY_BYTES) also its recorded sha256, `cum` non-decreasing from 0 to the tokens,
+    `src` within the shards; at any size the end points (`cum`'s first and last, `shards` = the manifest's shard
+    offsets). ValueError naming the file."""
+    root = Path(root).expanduser()
+    d = root / INDEX_DIR
+    files = meta["files"]
+    stamps = []
+    for name in ("index.json", *ARRAYS):
+        try:
+            st = (d / name).stat()
+        except FileNotFoundError:
+            raise ValueError(f"{d / name}: missing from the loader index; write it again with "
+                             f"`marin-ablate data index {root}`") from None
+        stamps.append((st.st_size, st.st_mtime_ns, st.st_ino))
+    if full is None:
+        full = sum(files[a]["bytes"] for a in ARRAYS) <= FULL_VERIFY_BYTES
+    key = (str(d.resolve()), tuple(stamps), full)
+    if key in _CHECKED:
+        return
+    n, tokens = int(meta["documents"]), int(meta["tokens"])
+    manifest = read_manifest(root)
+    shard_tokens = np.array([0, *(int(sh["tokens"]) for sh in manifest["shards"])], np.int64)
+    want_len = {"cum.npy": n + 1, "src.npy": n, "shards.npy": len(shard_tokens)}
+    arrays = {}
+    for name in ARRAYS:
+        p, rec = d / name, files[name]
+        fault, a = _array_fault(p, rec, want_len[name], full)
+        if fault is None:
+            arrays[name] = a
+            fault = _invariant_fault(name, a, tokens, np.cumsum(shard_tokens), arrays, full)
+        if fault is not None:
+            raise ValueError(f"{p}: {fault}; the index was changed after it was written: write it again with "
+                             f"`marin-ablate data index {root}`")
+    for a in arrays.values():  # what the check read leaves the page cache: the rank's charge stays flat
+        _drop_cached(a.fd)
+        a.close()
+    _CHECKED[key] = True
+
+
+def _array_fault(p: Path, rec: dict, length: int, full: bool) -> tuple[str | None, PreadArray | None]:
+    """(what is wrong with one array file, else None; the array, read by position)."""
+    size = p.stat().st_size
+    if size != rec["bytes"]:
+        return f"{size} bytes, index.json says {rec['bytes']}", None
+    try:
+        a = PreadArray(p)
+    except (ValueError, OSError, EOFError) as e:  # truncated, garbage, or an object array (it would unpickle)
+        return f"not a .npy array of integers ({e})", None
+    if a.dtype != np.int64 or len(a) != length or a.offset + len(a) * a.dtype.itemsize != size:
+        a.close()
+        return (f"a {a.dtype} array of {len(a)} entries in {size} bytes; allowed values: a 1-d int64 array of "
+                f"{length} entries"), None
+    if full and _sha256_read(p) != rec["sha256"]:
+        a.close()
+        return "content differs from index.json (sha256)", None
+    return None, a
+
+
+#: Entries per slice of the invariant checks: a rank's memory while opening stays flat in the corpus size
+_CHECK_CHUNK = 2048
+
+
+def _invariant_fault(name: str, a: np.ndarray, tokens: int, shard_starts: np.ndarray, arrays: dict,
+                     full: bool) -> str | None:
+    """What breaks the index's invariants in array `name` (`arrays`: the ones checked before it), else None;
+    read in slices of _CHECK_CHUNK entries."""
+    if name == "cum.npy":
+        if int(a[0]) != 0 or int(a[-1]) != tokens:
+            return f"token offsets run from {int(a[0])} to {int(a[-1])}; allowed values: from 0 to tokens={tokens}"
+        for lo in range(0, len(a) - 1, _CHECK_CHUNK) if full else ():
+            step = np.diff(a[lo:lo + _CHECK_CHUNK + 1])
+            if int(step.min()) < 0:
+                i = lo + int(np.argmin(step))
+                return (f"token offsets decrease at document {i} ({int(a[i])} -> {int(a[i + 1])}); allowed values: "
+                        "non-decreasing offsets")
+    elif name == "src.npy":
+        cum, top = arrays["cum.npy"], int(shard_starts[-1])
+        for lo in range(0, len(a), _CHECK_CHUNK) if full else ():
+            src = a[lo:lo + _CHECK_CHUNK]
+            bad = np.flatnonzero((src < 0) | (src + np.diff(cum[lo:lo + len(src) + 1]) > top))
+            if len(bad):
+                i = lo + int(bad[0])
+                return (f"document {i} starts at shard offset {int(a[i])}; allowed values: offsets in 0..{top} with "
+                        "the whole document inside the shards")
+    elif name == "shards.npy" and not np.array_equal(a[:], shard_starts):
+        return (f"shard offsets {a[:6].tolist()}... differ from manifest.json's "
+                f"{shard_starts[:6].tolist()}...")
+    return None
+
+
+def _drop_cached(fd: int) -> None:
+    """Drop a file's clean pages from the page cache (a check that read a whole index leaves no charge behind)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _sha256_read(p: Path) -> str:
+    """sha256 of a file in 4 MiB preads, nothing mapped, each range dropped from the page cache once hashed: the
+    rank's file-backed pages and its cgroup's page-cache charge stay flat at any size."""
+    h, step = hashlib.sha256(), 1 << 22
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        for lo in range(0, size, step):
+            h.update(os.pread(fd, min(step, size - lo), lo))
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, lo, step, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def verify_index(root: str | Path) -> dict | None:
+    """`marin-ablate data verify`'s check of the loader index at any size (every sha256 and invariant): its
+    index.json, or None when the corpus has none."""
+    root = Path(root).expanduser()
+    if not (root / INDEX_DIR).exists():
+        return None
+    meta = read_index(root, check=False)
+    check_index(root, meta, full=True)
     return meta
 
 

@@ -15,6 +15,19 @@ FORMAT = "marin-tokens-v1"
 MANIFEST_KEYS = ("tokenizer", "dtype", "tokens", "documents", "shards")
 
 
+def setting_path(value: str, field: str) -> Path:
+    """The path a data setting names (`field`: DataConfig.corpus, DataConfig.eval_dir), usable as one: a name the
+    system refuses to look up (too long, not permitted) is a ValueError naming the field, not an OSError."""
+    p = Path(value).expanduser()
+    try:
+        p.exists()
+    except OSError as e:
+        shown = f"{value[:100]!r}{'...' if len(value) > 100 else ''}"
+        raise ValueError(f"{field}={shown}: cannot be used as a path ({e.strerror}); allowed values: an existing "
+                         "directory or file") from None
+    return p
+
+
 def read_manifest(path: str | Path) -> dict:
     """The manifest of a prepared corpus directory (torch-free: plan-time epoch accounting uses it)."""
     p = Path(path).expanduser()

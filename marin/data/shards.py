@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
-from marin_ablate.marin.data.index import IndexedCorpus, IndexedStream
+from marin_ablate.marin.data.index import FULL_VERIFY_BYTES, IndexedCorpus, IndexedStream
 from marin_ablate.marin.data.manifest import load_npy, read_manifest
 from marin_ablate.marin.data.mixture import MixturePlan
 from marin_ablate.marin.schema import sha256_file
 
-FULL_VERIFY_BYTES = 2 << 30  # corpora up to this size are hashed whole when opened; larger: `data verify`
+# corpora (and loader indexes) up to FULL_VERIFY_BYTES are hashed whole when opened; larger: `data verify`
 _VERIFIED: dict[tuple, bool] = {}  # (path, sizes and mtimes) -> verified in this process
 
 

@@ -33,6 +33,7 @@ from marin_ablate.marin.train.distributed import (
     ParallelDims,
     build_train_model,
     check_launch,
+    check_micro_batches,
     init_train_model,
     parallel_dims,
 )
@@ -132,7 +133,9 @@ def check_spec(spec: RunSpec, *, here: bool = True) -> tuple[TrainConfig, torch.
     t = spec.train.effective()
     validate_data(spec.data)
     check_vocab(spec)
-    return t, _device(t, here), context_plan(spec)
+    stages = context_plan(spec)
+    check_micro_batches(spec, stages, 1)  # whole rows on one rank; a launch of more checks its own (check_launch)
+    return t, _device(t, here), stages
 
 
 def _allocated(build: Any, spec: RunSpec, device: torch.device) -> Any:

@@ -46,7 +46,8 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
     summary_path = run_dir / "summary.json"
     if resume:
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
-        if done is not None and done.run_id == spec.run_id:
+        if done is not None and done.run_id == spec.run_id and schema.summary_contradiction(
+                spec.to_dict(), done.to_dict(), str(run_dir)) is None:  # nor does one of another run's training
             return summary_json(done)
     other = other_run(run_dir, spec.run_id, checkpoints=not resume)
     if other is not None:  # never resumed into, never deleted: another spec's results stay as they are

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from marin_ablate.marin.config import DataConfig, RunSpec
+from marin_ablate.marin.data.manifest import setting_path
 from marin_ablate.marin.data.mixture import check_mixture_domains
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
@@ -45,6 +46,9 @@ def is_prepared(corpus: str) -> bool:
 
 def validate_data(data: DataConfig) -> None:
     """Paths of the data config exist (before any work); errors name the field."""
+    for name in ("corpus", "eval_dir"):  # a path the system refuses (too long, no permission) is a setting
+        if getattr(data, name) not in ("", "embedded", "paloma"):
+            setting_path(getattr(data, name), f"DataConfig.{name}")
     if data.corpus not in ("embedded", "paloma") and not Path(data.corpus).expanduser().exists():
         raise ValueError(f"DataConfig.corpus={data.corpus!r}: no such file or directory; allowed values: "
                          "'embedded', 'paloma', a prepared corpus directory (marin-ablate data prepare), or an "

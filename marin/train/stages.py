@@ -46,6 +46,12 @@ def context_plan(spec: RunSpec) -> list[Stage]:
             raise ValueError(f"TrainConfig.context_stages: seq_len={cs.seq_len} must divide the tokens per step "
                              f"batch_size*seq_len={tokens}; allowed values: divisors of {tokens}")
         start = int(round(cs.start_frac * t.steps))
+        if start >= t.steps or (len(stages) > 1 and start <= stages[-1].start_step):
+            at = "after the last step" if start >= t.steps else f"where the stage before it starts ({start})"
+            raise ValueError(f"TrainConfig.context_stages: the stage at start_frac={cs.start_frac} (seq_len "
+                             f"{cs.seq_len}) starts at step round({cs.start_frac} x {t.steps}) = {start}, {at}, so "
+                             f"a stage never trains; allowed values: start fractions whose steps round(start_frac x "
+                             f"{t.steps}) increase and stay below {t.steps}")
         if start <= stages[-1].start_step:
             stages[-1] = replace(stages[-1], seq_len=cs.seq_len, batch_size=tokens // cs.seq_len,
                                  q_scale=1.0 + c * math.log(cs.seq_len / l0), micro_batches=micro(cs.seq_len))

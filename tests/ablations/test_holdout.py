@@ -167,6 +167,20 @@ def test_a_marin_table_with_an_unknown_ablation_or_column_is_refused_before_anyt
         assert not (tmp_path / "out").exists()
 
 
+def test_a_marin_table_without_the_recipe_row_at_a_rung_is_refused_naming_the_rung(tmp_path, capsys):
+    from marin_ablate.main import main
+
+    rows = [("none", "d512", 3.156), ("drop_xsa", "d512", 3.17), ("drop_xsa", "d768", 2.884),
+            ("drop_muonh", "d768", 2.94)]
+    src = tmp_path / "marin.csv"
+    pd.DataFrame(rows, columns=["ablation", "rung", "loss"]).to_csv(src, index=False)
+    assert main(["analyze", "--import.table", str(src), "--import.layout", "marin_holdout",
+                 "--study-dir", str(tmp_path / "marin")]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "rung(s) d768: no row of ablation 'none' (the recipe arm" in err[0], err
+    assert not (tmp_path / "marin").exists()
+
+
 @pytest.mark.slow
 def test_a_cpu_rehearsal_of_holdout_runs_end_to_end_to_a_report_with_the_ofat_table(tmp_path, monkeypatch, capsys):
     from marin_ablate.main import main

@@ -276,3 +276,21 @@ def test_the_report_says_untuned_only_when_a_run_ran_the_heuristic_lr(tmp_path, 
         row = next(ln for ln in find.splitlines() if ln.startswith("| optimizer "))
         assert ("LRs profiled per level" if source == "profile" else "LRs tuned per arm") in row
         assert "from `runs/smoke/profile/lr_profile.json` (2026-12-01 23:20 UTC); multipliers 0.7–4" in md
+
+
+def test_a_published_law_is_named_as_published_never_as_a_ladder_fitted_on_no_date():
+    """Marin's fast-ladder law (pinned by `--import.layout marin_holdout` or a study's published_law) says where it
+    comes from; the ladder's wording ('fitted )', 'its profile likelihood accepts') is a ladder's only."""
+    from types import SimpleNamespace
+
+    from marin_ablate.ablations.ladders import FAST_LADDER_LAW
+    from marin_ablate.analysis.fit.reflaw import PinnedLaw, published
+    from marin_ablate.analysis.report.provenance import pinned_law_provenance
+
+    law = PinnedLaw.from_dict(published(FAST_LADDER_LAW).to_dict())  # as the study folder holds it
+    assert law.is_published and law.origin == f"a published law ({FAST_LADDER_LAW.source})"
+    assert law.describe().startswith(f"L∞ = {FAST_LADDER_LAW.linf:.4g}, α = {FAST_LADDER_LAW.alpha:.4g} as published")
+    [line] = pinned_law_provenance(SimpleNamespace(pinned_law=law))
+    assert line.startswith("- reference law pinned from a published law (`Marin's fast ladder")
+    for text in (law.origin, law.describe(), line):
+        assert "fitted )" not in text and ", )" not in text and "profile likelihood" not in text, text

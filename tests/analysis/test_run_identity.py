@@ -15,7 +15,7 @@ import pytest
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.analysis.io.results import collect, inventory
 from marin_ablate.main import main
-from marin_ablate.marin.schema import check_name, foreign
+from marin_ablate.marin.schema import check_name, foreign, trained_totals
 from marin_ablate.marin.train.metrics import MetricsLog
 from marin_ablate.sweeps.runs import write_run_files, write_runs
 from marin_ablate.sweeps.sweep import planned_runs
@@ -77,9 +77,11 @@ def _study(tmp: Path, name: str = "smoke", rung: str = "cpu_s32") -> Path:
     root = tmp / name
     write_runs(runs, root)
     for i, r in enumerate(runs):
+        own = trained_totals(r.spec.to_dict())  # what this spec trains: its steps, tokens and FLOPs
         (r.dir / "summary.json").write_text(json.dumps({
-            "run_id": r.run_id, "status": "completed", "eval_macro_loss": 3.0 + 0.01 * i, "train_flops": 1e14,
-            "tokens": 1e7, "tokens_per_s": 1e4, "model_flops_per_s": 1e11, "hardware": "cpu"}))
+            "run_id": r.run_id, "status": "completed", "eval_macro_loss": 3.0 + 0.01 * i,
+            "train_flops": own["flops"][0], "tokens": own["tokens"], "step": own["step"], "tokens_per_s": 1e4,
+            "model_flops_per_s": 1e11, "hardware": "cpu"}))
     return root
 
 

@@ -136,6 +136,27 @@ def test_a_damaged_journal_line_is_refused_by_run_tune_naming_it(tmp_path, capsy
     assert sorted(p.name for p in path.parent.iterdir()) == ["optuna.journal"]  # no run written
 
 
+def test_a_journal_line_of_an_unknown_operation_is_refused_naming_it_not_an_assertion(tmp_path):
+    """Optuna's replay asserts "Should not reach." on an op_code it does not know; a known op_code whose fields it
+    cannot replay is a refusal naming the journal too."""
+    import optuna
+
+    from marin_ablate.sweeps.tuning import make_storage
+
+    path = tmp_path / "optuna.journal"
+    raw = _journal(path)
+    first = raw.index(b"\n") + 1
+    path.write_bytes(raw[:first] + b'{"op_code": 99, "worker_id": "w"}\n' + raw[first:])
+    with pytest.raises(ValueError) as e:
+        make_storage(None, path)
+    assert str(e.value).startswith(f"Optuna journal {path} line 2 (byte {first}) has op_code 99, not an operation of "
+                                   f"Optuna {optuna.__version__} (0..10); allowed values: a journal of complete "
+                                   "records: cut the file there"), str(e.value)
+    path.write_bytes(raw[:first] + b'{"op_code": 4, "worker_id": "w"}\n' + raw[first:])  # CREATE_TRIAL, no fields
+    with pytest.raises(ValueError, match=rf"^Optuna journal {path} cannot be replayed \(KeyError: "):
+        make_storage(None, path)
+
+
 @pytest.mark.parametrize("override, line", [
     ("--model.vocab_size=1", "ModelConfig.vocab_size=1 is smaller than the tokenizer's vocabulary (256, "
                              "DataConfig.tokenizer='byte'); allowed values: >= 256"),

@@ -324,3 +324,49 @@ def test_sigterm_to_a_two_worker_prepare_stops_it_without_worker_tracebacks(tmp_
     assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == "marin-ablate data: interrupted (SIGTERM)"
+
+
+# --------------------------------------------------------------------------------------------
+# The loader index (DataConfig.shuffle='indexed') is read like input
+# --------------------------------------------------------------------------------------------
+
+
+def _indexed_corpus(tmp_path: Path) -> tuple[Path, Path]:
+    """A prepared byte corpus with its loader index, and a Paloma-layout eval folder."""
+    from marin_ablate.marin.data.synthetic import write_synthetic_corpus
+
+    root, ev = tmp_path / "corpus", tmp_path / "eval"
+    write_synthetic_corpus(root, 3_000, max_len=200, seed=1)
+    (ev / "code" / "val").mkdir(parents=True)
+    (ev / "code" / "val" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(8)))
+    return root, ev
+
+
+def test_a_loader_index_with_negative_offsets_is_one_line_naming_the_file_before_training(tmp_path, capsys):
+    root, ev = _indexed_corpus(tmp_path)
+    src = np.load(root / "index" / "src.npy")
+    src[100] = -src[100] - 3  # a negative offset into the shards
+    np.save(root / "index" / "src.npy", src)
+    data = [f"--data.corpus={root}", f"--data.eval_dir={ev}", "--data.shuffle=indexed"]
+    assert main(["train", "--preset", "tiny", "--train.steps=2", *data, "--run-dir", str(tmp_path / "run")]) == 2
+    err = _one_error_line(capsys)
+    assert f"{root / 'index' / 'src.npy'}: content differs from index.json (sha256)" in err, err
+    assert f"marin-ablate data index {root}" in err
+    assert not (tmp_path / "run" / "summary.json").exists()  # no verdict: the fixed corpus trains the run
+    assert main(["plan", "smoke", "--rungs", "cpu_s32", "--seeds", "0", "--out", str(tmp_path / "out"), *data]) == 2
+    assert f"{root / 'index' / 'src.npy'}: content differs from index.json (sha256)" in _one_error_line(capsys)
+    assert main(["data", "index", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--preset", "tiny", "--train.steps=2", "--train.eval_every=0", *data,
+                 "--run-dir", str(tmp_path / "run")]) == 0
+
+
+def test_data_verify_checks_the_loader_index_whole(tmp_path, capsys):
+    root, _ = _indexed_corpus(tmp_path)
+    assert main(["data", "verify", str(root)]) == 0
+    assert "loader index" in capsys.readouterr().out
+    cum = np.load(root / "index" / "cum.npy")
+    cum[5] = 10**15
+    np.save(root / "index" / "cum.npy", cum)
+    assert main(["data", "verify", str(root)]) == 2
+    assert f"{root / 'index' / 'cum.npy'}: content differs from index.json (sha256)" in _one_error_line(capsys)

@@ -99,3 +99,24 @@ def test_disk_full_while_writing_the_report_is_one_line_naming_a_file_under_it(t
     assert main(["analyze", str(tmp_path / "g.csv"), "--n-boot", "0", "--report-dir", str(small_disk / "rep")]) == 2
     err = _one_line(capsys)
     assert err.startswith(f"marin-ablate analyze: error: {small_disk / 'rep'}/") and "disk full" in err, err
+
+
+def test_disk_full_while_writing_the_loader_index_names_the_file_and_leaves_no_partial_index(tmp_path, small_disk,
+                                                                                               capsys):
+    from marin_ablate.marin.data.synthetic import write_synthetic_corpus
+
+    root = tmp_path / "corpus"
+    write_synthetic_corpus(root, 20_000, max_len=4, index=False)  # 160 KB of index: cum.npy fits, src.npy does not
+    (small_disk / "index").mkdir()
+    (root / "index").symlink_to(small_disk / "index")
+    with open(small_disk / "filler", "wb") as f:
+        f.write(b"\0" * ((1 << 20) - 200_000))
+    assert main(["data", "index", str(root)]) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"marin-ablate data: error: {root / 'index'}/") and "disk full" in err, err
+    assert f"run `marin-ablate data index {root}` again" in err
+    assert sorted(p.name for p in (small_disk / "index").iterdir()) == []  # no temporary, no lone array
+    (small_disk / "filler").unlink()
+    assert main(["data", "index", str(root)]) == 0
+    assert sorted(p.name for p in (small_disk / "index").iterdir()) == ["cum.npy", "index.json", "shards.npy",
+                                                                         "src.npy"]

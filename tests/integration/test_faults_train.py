@@ -309,3 +309,31 @@ def test_a_resume_under_changed_code_is_warned_about_and_every_version_is_record
 
     line = provenance(A(), t, None)[1]
     assert "1 run(s) resumed under changed code" in line and f"{spec.run_id} ({old} → " in line
+
+
+def test_a_trained_summary_agrees_with_its_spec_and_a_longer_runs_borrowed_one_is_trained_again(tmp_path):
+    """What a run trains (steps, tokens, FLOPs at each context stage, token and FLOP multipliers) is what its own
+    summary says; another run's summary with its run_id edited is no verdict: `train` resumes the run and
+    writes its own (docs/faults.md)."""
+    from marin_ablate.marin.config import ContextStage, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.schema import summary_contradiction
+    from marin_ablate.marin.train import train
+
+    def spec(steps: int, **kw) -> RunSpec:
+        return RunSpec(model=preset("tiny"), train=TrainConfig(steps=steps, batch_size=4, eval_every=0, eval_batches=1,
+                                                               checkpoint_every=0, threads=1, **kw))
+
+    for name, s in {"staged": spec(4, context_stages=(ContextStage(0.5, 128),)),
+                    "multiplied": spec(2, token_multiplier=2, flops_multiplier=2.0)}.items():
+        done = train(s, tmp_path / name)
+        assert summary_contradiction(s.to_dict(), done, name) is None, name
+    short, long_ = spec(4), spec(8)
+    train(short, tmp_path / "short")
+    longer = train(long_, tmp_path / "long")
+    borrowed = {**longer, "run_id": short.run_id}
+    why = summary_contradiction(short.to_dict(), borrowed, "runs/short")
+    assert why.startswith("runs/short: summary.json has step=8 but spec.json trains 4 (4 steps of 4 x 64 tokens)")
+    (tmp_path / "short" / "summary.json").write_text(json.dumps(borrowed))
+    again = train(short, tmp_path / "short")
+    assert again["step"] == 4 and again["tokens"] == 4 * 4 * 64 and again["resumed_from"] is not None
+    assert json.loads((tmp_path / "short" / "summary.json").read_text())["step"] == 4

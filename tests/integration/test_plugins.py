@@ -188,3 +188,28 @@ def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path
     '''))
     r = _cli("plan", f"{tmp_path / 's.py'}:study", env=env, timeout=300)
     assert r.returncode == 0 and "adamw_ep" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_plugin_or_study_file_that_exits_is_refused_naming_it_not_a_silent_exit_0(tmp_path, capsys):
+    """`raise SystemExit(0)` at a plugin's top level is its failure to import, not the command's exit."""
+    from marin_ablate.main import main
+
+    (tmp_path / "quits.py").write_text("raise SystemExit(0)\n")
+    assert main(["analyze", str(tmp_path / "nowhere"), "--plugin", str(tmp_path / "quits.py")]) == 2
+    assert f"--plugin '{tmp_path / 'quits.py'}' cannot be imported: SystemExit: 0" in capsys.readouterr().err
+    assert main(["plan", f"{tmp_path / 'quits.py'}:study"]) == 2
+    assert "cannot import (SystemExit: 0)" in capsys.readouterr().err
+
+
+def test_an_entry_point_that_exits_is_reported_as_failed_and_the_command_goes_on(tmp_path, monkeypatch):
+    (tmp_path / "quitplug.py").write_text("raise SystemExit(3)\n")
+    di = tmp_path / "quitplug-0.1.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: quitplug\nVersion: 0.1\n")
+    (di / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINT_GROUP}]\nquits = quitplug\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_LOADED_EPS", set())
+    monkeypatch.setattr(plugins, "_FAILED_EPS", {})
+    assert "quits" not in plugins.load_entry_points()
+    [line] = [x for x in plugins.failures() if "'quits'" in x]
+    assert "distribution quitplug" in line and line.endswith("failed to load: SystemExit: 3")

@@ -3,6 +3,8 @@ geometry (global layers, KV heads, MoE geometry, capacities); run identity."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from marin_ablate.marin.config import (
@@ -28,7 +30,8 @@ from marin_ablate.marin.config import (
     (dict(qb_estimator="median"), r"qb_estimator.*allowed values: 'hist', 'topk'"),
     (dict(kernels="cuda"), r"kernels.*allowed values: 'torch', 'triton'"),
     (dict(sconv_sites=("q",)), r"sconv_sites.*allowed values: 'k', 'attn_out', 'mlp_out', 'v'"),
-    (dict(head_dim=16, rope_fraction=0.1875), r"rope_fraction.*must be even"),
+    (dict(head_dim=16, rope_fraction=0.1875), r"rope_fraction.*=3 are odd; allowed values: a fraction that rotates an "
+                                                r"even number"),
 ])
 def test_bad_model_config_raises_value_error_naming_the_field(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -90,3 +93,38 @@ def test_run_id_is_a_stable_hash_of_the_canonical_spec():
     assert again == spec and again.run_id == spec.run_id
     other = RunSpec(model=preset("cpu_s"), recipe=Recipe.baseline(), train=TrainConfig(steps=7), seed=4)
     assert other.run_id != spec.run_id
+
+
+def test_a_study_files_context_stage_with_a_string_fraction_is_refused_naming_the_field():
+    from marin_ablate.marin.config import ContextStage
+
+    with pytest.raises(ValueError, match=r"^TrainConfig\.context_stages: stage start_frac='0\.5' is out of range; "
+                                         r"allowed values: a number in \[0, 1\)$"):
+        ContextStage("0.5", 128)
+    with pytest.raises(ValueError, match=r"stage seq_len=128\.0 is out of range; allowed values: an integer >= 1"):
+        TrainConfig(context_stages=((0.5, 128.0),))
+
+
+def test_context_stages_read_the_command_line_form_and_spec_json_alike():
+    from marin_ablate.marin.config import ContextStage
+
+    t = apply_overrides(TrainConfig(), ["context_stages=0.5:16384,0.95:65536"])
+    assert t.context_stages == (ContextStage(0.5, 16384), ContextStage(0.95, 65536))
+    spec = RunSpec(train=t)
+    assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert apply_overrides(t, ["context_stages="]).context_stages == ()
+
+
+def test_a_context_stage_that_never_trains_is_refused_naming_its_step():
+    from marin_ablate.marin.config import ContextStage
+    from marin_ablate.marin.train.stages import context_plan
+
+    four = RunSpec(train=TrainConfig(steps=4, context_stages=(ContextStage(0.99, 128),)))
+    with pytest.raises(ValueError, match=r"start_frac=0\.99 \(seq_len 128\) starts at step round\(0\.99 x 4\) = 4, "
+                                         r"after the last step, so a stage never trains"):
+        context_plan(four)
+    same = RunSpec(train=TrainConfig(steps=4, context_stages=(ContextStage(0.5, 128), ContextStage(0.6, 256))))
+    with pytest.raises(ValueError, match=r"round\(0\.6 x 4\) = 2, where the stage before it starts \(2\)"):
+        context_plan(same)
+    assert [s.start_step for s in context_plan(RunSpec(train=TrainConfig(steps=4, context_stages=(
+        ContextStage(0.0, 128), ContextStage(0.5, 256)))))] == [0, 2]  # a stage from step 0 replaces stage 0

@@ -182,3 +182,94 @@ def test_an_indexed_run_resumed_mid_stream_equals_the_uninterrupted_run(tmp_path
     assert resumed["status"] == "completed" and resumed["loss_curve"] == ref["loss_curve"]
     documents = train(RunSpec(model=spec.model, train=spec.train), tmp_path / "documents")
     assert documents["loss_curve"] != ref["loss_curve"]  # another order of the same corpus
+
+
+def _damage(root, what: str) -> str:
+    """Damage one file of `root`'s loader index as a careless collaborator would; returns the file's name."""
+    d = root / "index"
+    if what == "negative src offset":
+        src = np.load(d / "src.npy")
+        src[7] = -3
+        np.save(d / "src.npy", src)
+        return "src.npy"
+    if what == "cum jump":
+        cum = np.load(d / "cum.npy")
+        cum[5] = 10**15
+        np.save(d / "cum.npy", cum)
+        return "cum.npy"
+    if what == "truncated cum":
+        raw = (d / "cum.npy").read_bytes()
+        (d / "cum.npy").write_bytes(raw[:len(raw) // 2])
+        return "cum.npy"
+    if what == "object src":
+        np.save(d / "src.npy", np.array([{"a": 1}] * 10, dtype=object), allow_pickle=True)
+        return "src.npy"
+    if what == "garbage index.json":
+        (d / "index.json").write_text("{garbage")
+        return "index.json"
+    if what == "missing shards":
+        (d / "shards.npy").unlink()
+        return "shards.npy"
+    raise AssertionError(what)
+
+
+DAMAGE = ("negative src offset", "cum jump", "truncated cum", "object src", "garbage index.json", "missing shards")
+
+
+@pytest.mark.parametrize("what", DAMAGE)
+def test_a_damaged_index_file_is_refused_when_opened_naming_the_file(tmp_path, what):
+    root = tmp_path / "c"
+    write_synthetic_corpus(root, 300, max_len=20)
+    name = _damage(root, what)
+    with pytest.raises(ValueError) as e:
+        IndexedCorpus(root)
+    msg = str(e.value)
+    assert msg.startswith(str(root / "index" / name)) and f"marin-ablate data index {root}" in msg, msg
+
+
+@pytest.mark.parametrize("what, why", [
+    ("negative src offset", "src.npy: document 7 starts at shard offset -3; allowed values: offsets in 0.."),
+    ("cum jump", "cum.npy: token offsets decrease at document 5 (1000000000000000 -> "),
+])
+def test_index_invariants_hold_even_when_index_json_was_rehashed_to_match(tmp_path, what, why):
+    from marin_ablate.marin.schema import sha256_file
+
+    root = tmp_path / "c"
+    write_synthetic_corpus(root, 300, max_len=20)
+    name = _damage(root, what)
+    meta = json.loads((root / "index" / "index.json").read_text())
+    p = root / "index" / name
+    meta["files"][name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    (root / "index" / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as e:
+        IndexedCorpus(root)
+    assert why in str(e.value), str(e.value)
+
+
+def test_index_json_records_each_arrays_size_and_sha256(tmp_path):
+    import hashlib
+
+    root = tmp_path / "c"
+    write_synthetic_corpus(root, 300, max_len=20)
+    files = json.loads((root / "index" / "index.json").read_text())["files"]
+    for name in ("cum.npy", "src.npy", "shards.npy"):
+        raw = (root / "index" / name).read_bytes()
+        assert files[name] == {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    assert sorted(p.name for p in (root / "index").iterdir()) == ["cum.npy", "index.json", "shards.npy", "src.npy"]
+
+
+def test_an_index_written_before_checksums_is_written_again_on_first_use(tmp_path):
+    """A v1 index (no checksums) is refused naming `data index`; the embedded corpus's cache rebuilds its own."""
+    from marin_ablate.marin.data.index import has_index
+
+    root = tmp_path / "c"
+    write_synthetic_corpus(root, 300, max_len=20)
+    meta = json.loads((root / "index" / "index.json").read_text())
+    meta["format"] = "marin-index-v1"
+    del meta["files"]
+    (root / "index" / "index.json").write_text(json.dumps(meta))
+    assert not has_index(root)
+    with pytest.raises(ValueError, match=r"not a marin-index-v2 index \(format 'marin-index-v1'\); write it again"):
+        IndexedCorpus(root)
+    build_index(root)
+    assert IndexedCorpus(root).n_docs == 300

@@ -52,7 +52,7 @@ def _domain_stream(corpus: PreparedCorpus, domain: str, seed: int) -> np.ndarray
     (((0, {"code": -1.0}),), r"weight of 'code' is -1.0; allowed values: a finite number >= 0"),
     (((0, {"code": 0.0, "docs": 0.0}),), r"sum to 0"),
     (((0, {}),), r"non-empty"),
-    ("0:code", r"must look like FRAC:DOMAIN=WEIGHT"),
+    ("0:code", r"does not parse; allowed values: FRAC:DOMAIN=WEIGHT"),
 ])
 def test_a_bad_mixture_is_one_line_naming_the_field_and_the_allowed_values(mixture, message):
     with pytest.raises(ValueError, match=r"^DataConfig\.mixture: .*" + message):
