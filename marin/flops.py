@@ -27,7 +27,12 @@ and against torch's FlopCounterMode):
 
 from __future__ import annotations
 
-from marin_ablate.marin.config import ModelConfig, Recipe, to_dict
+import functools
+import json
+from typing import Any, Mapping
+
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, to_dict
+from marin_ablate.marin.schema import is_number
 
 MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",
                 "gated_norm", "lm_head")
@@ -170,3 +175,55 @@ def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
         "forward_flops_breakdown": forward_flops_breakdown(cfg, recipe),
         "dispatch_bytes_per_token": dispatch_bytes_per_token(cfg, recipe),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run trains, and a summary.json that says otherwise
+# ---------------------------------------------------------------------------------------------
+
+#: Relative tolerance of a summary's FLOPs against its spec's: the trainer sums them step by step in floats
+FLOPS_RTOL = 1e-6
+
+
+def summary_contradiction(spec: Any, summary: Mapping, run: str) -> str | None:
+    """Where a completed summary.json contradicts the spec.json beside it (a RunSpec's dict), in one line naming
+    `run`, the field and both values: its `step`, `tokens` or `train_flops` are not what that spec trains (steps
+    x batch_size x seq_len tokens, each at its stage's analytic FLOPs per token x flops_multiplier: marin.flops).
+    A summary copied from another run with its run_id edited reads as this run's otherwise. None when they agree,
+    the run did not complete, or spec.json is no RunSpec this code reads (an imported run's holds no model)."""
+    if summary.get("status") != "completed" or not isinstance(spec, Mapping) or not {"model", "train"} <= set(spec):
+        return None
+    want = trained_totals(spec)
+    if want is None:
+        return None
+    for key in ("step", "tokens"):
+        got = summary.get(key)
+        if is_number(got) and got != want[key]:
+            return (f"{run}: summary.json has {key}={got!r} but spec.json trains {want[key]!r} ({want['what']}): a "
+                    "summary of another run; left out (run the study again to train it)")
+    got, (lo, hi) = summary.get("train_flops"), want["flops"]
+    if is_number(got) and not lo * (1 - FLOPS_RTOL) <= got <= hi * (1 + FLOPS_RTOL):
+        return (f"{run}: summary.json has train_flops={got:.6g} but spec.json trains "
+                + (f"{lo:.6g}" if lo == hi else f"{lo:.6g}..{hi:.6g}") + f" ({want['what']}): a summary of another "
+                "run; left out (run the study again to train it)")
+    return None
+
+
+def trained_totals(spec: Mapping) -> dict | None:
+    """{step, tokens, flops (lo, hi: equal without context stages), what} the spec.json dict `spec` trains to its end
+    (marin.train.loop's accounting), None when it is no RunSpec this code reads."""
+    return _trained(json.dumps({k: v for k, v in spec.items() if k != "run_id"}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _trained(spec_text: str) -> dict | None:
+    try:
+        spec = RunSpec.from_dict(json.loads(spec_text))
+    except (ValueError, TypeError, KeyError):
+        return None
+    t = spec.train.effective()
+    tokens = t.steps * t.batch_size * spec.model.seq_len  # every step holds this many (context stages divide the batch)
+    lengths = {spec.model.seq_len, *(cs.seq_len for cs in t.context_stages)}
+    fpt = [flops_per_token(spec.model, spec.recipe, n) * tokens * t.flops_multiplier for n in sorted(lengths)]
+    return {"step": t.steps, "tokens": tokens, "flops": (min(fpt), max(fpt)),
+            "what": f"{t.steps} steps of {t.batch_size} x {spec.model.seq_len} tokens"}

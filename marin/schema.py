@@ -14,7 +14,6 @@ analysis layer can read runs with it.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import json
 import math
@@ -242,13 +241,13 @@ def random_stream(spec: Mapping) -> str | None:
             f"{data.get('tokenizer')}")
 
 
-def _num(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _int(v: Any) -> bool:
     """An integer, or a float holding one (JSON writers may give 1.6e9 for 1600000000)."""
-    return _num(v) and (isinstance(v, int) or math.isfinite(v) and float(v).is_integer())
+    return is_number(v) and (isinstance(v, int) or math.isfinite(v) and float(v).is_integer())
 
 
 #: annotation text -> (check, allowed text): the types summary.json and meta.json fields are read as
@@ -257,12 +256,12 @@ _TYPES: dict[str, tuple] = {
     "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
     "int": (_int, "an integer"),
     "int | None": (lambda v: v is None or _int(v), "an integer or null"),
-    "float | None": (lambda v: v is None or _num(v), "a number or null"),
+    "float | None": (lambda v: v is None or is_number(v), "a number or null"),
     "Mapping[str, float] | None": (lambda v: v is None or (isinstance(v, dict) and all(
-        isinstance(k, str) and (x is None or _num(x)) for k, x in v.items())), "an object of numbers or null"),
+        isinstance(k, str) and (x is None or is_number(x)) for k, x in v.items())), "an object of numbers or null"),
     "tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(map(_int, v)), "a list of integers"),
     "tuple": (lambda v: isinstance(v, (list, tuple)) and all(
-        isinstance(x, (list, tuple)) and len(x) == 2 and all(map(_num, x)) for x in v),
+        isinstance(x, (list, tuple)) and len(x) == 2 and all(map(is_number, x)) for x in v),
         "a list of [step, value] pairs"),
 }
 
@@ -279,7 +278,7 @@ def _check_truth(name: str, t: Any) -> None:
     if t is None:
         return
     if not isinstance(t, dict) or not set(t) <= set(TRUTH_KEYS) or not all(
-            _num(v) and math.isfinite(v) and v > 0 for v in t.values()):
+            is_number(v) and math.isfinite(v) and v > 0 for v in t.values()):
         raise ValueError(f"coding.{name}.truth is {t!r}; allowed values: an object of {', '.join(TRUTH_KEYS)} "
                          "-> a finite number > 0 (a planted multiplier)")
 
@@ -474,57 +473,6 @@ def write_summary(run_dir: str | Path, summary: RunSummary | Mapping) -> RunSumm
     s = summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
     atomic_write_text(Path(run_dir) / "summary.json", json.dumps(s.to_dict(), indent=1) + "\n")
     return s
-
-
-#: Relative tolerance of a summary's FLOPs against its spec's: the trainer sums them step by step in floats
-FLOPS_RTOL = 1e-6
-
-
-def summary_contradiction(spec: Any, summary: Mapping, run: str) -> str | None:
-    """Where a completed summary.json contradicts the spec.json beside it (a RunSpec's dict), in one line naming
-    `run`, the field and both values: its `step`, `tokens` or `train_flops` are not what that spec trains (steps
-    x batch_size x seq_len tokens, each at its stage's analytic FLOPs per token x flops_multiplier: marin.flops).
-    A summary copied from another run with its run_id edited reads as this run's otherwise. None when they agree,
-    the run did not complete, or spec.json is no RunSpec this code reads (an imported run's holds no model)."""
-    if summary.get("status") != "completed" or not isinstance(spec, Mapping) or not {"model", "train"} <= set(spec):
-        return None
-    want = trained_totals(spec)
-    if want is None:
-        return None
-    for key in ("step", "tokens"):
-        got = summary.get(key)
-        if _num(got) and got != want[key]:
-            return (f"{run}: summary.json has {key}={got!r} but spec.json trains {want[key]!r} ({want['what']}): a "
-                    "summary of another run; left out (run the study again to train it)")
-    got, (lo, hi) = summary.get("train_flops"), want["flops"]
-    if _num(got) and not lo * (1 - FLOPS_RTOL) <= got <= hi * (1 + FLOPS_RTOL):
-        return (f"{run}: summary.json has train_flops={got:.6g} but spec.json trains "
-                + (f"{lo:.6g}" if lo == hi else f"{lo:.6g}..{hi:.6g}") + f" ({want['what']}): a summary of another "
-                "run; left out (run the study again to train it)")
-    return None
-
-
-def trained_totals(spec: Mapping) -> dict | None:
-    """{step, tokens, flops (lo, hi: equal without context stages), what} the spec.json dict `spec` trains to its end
-    (marin.train.loop's accounting), None when it is no RunSpec this code reads."""
-    return _trained(json.dumps({k: v for k, v in spec.items() if k != "run_id"}, sort_keys=True))
-
-
-@functools.lru_cache(maxsize=256)
-def _trained(spec_text: str) -> dict | None:
-    from marin_ablate.marin.config import RunSpec
-    from marin_ablate.marin.flops import flops_per_token
-
-    try:
-        spec = RunSpec.from_dict(json.loads(spec_text))
-    except (ValueError, TypeError, KeyError):
-        return None
-    t = spec.train.effective()
-    tokens = t.steps * t.batch_size * spec.model.seq_len  # every step holds this many (context stages divide the batch)
-    lengths = {spec.model.seq_len, *(cs.seq_len for cs in t.context_stages)}
-    fpt = [flops_per_token(spec.model, spec.recipe, n) * tokens * t.flops_multiplier for n in sorted(lengths)]
-    return {"step": t.steps, "tokens": tokens, "flops": (min(fpt), max(fpt)),
-            "what": f"{t.steps} steps of {t.batch_size} x {spec.model.seq_len} tokens"}
 
 
 def read_summary(run_dir: str | Path, *, strict: bool = False) -> RunSummary | None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from marin_ablate.marin.flops import summary_contradiction
 from marin_ablate.marin.runlock import RunLock
-from marin_ablate.marin.schema import DamagedFile, foreign, read_json, read_summary, summary_contradiction
+from marin_ablate.marin.schema import DamagedFile, foreign, read_json, read_summary
 from marin_ablate.sweeps.executor_api import EXECUTORS
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ class RunStatus:
 def verdict(run_dir: str | Path) -> tuple[dict, str | None]:
     """(summary.json, why it does not count): a summary counts when it reads as a RunSummary (every field of
     its type: a loss "abc" does not) and is this run's own (its run_id is the folder's, the file not a link
-    to elsewhere), and it is what the spec.json beside it trains (marin.schema.summary_contradiction: steps, tokens,
-    FLOPs). One that does not is ({}, the reason naming the file); an absent one ({}, None)."""
+    to elsewhere), and it is what the spec.json beside it trains (marin_ablate.marin.flops.summary_contradiction:
+    steps, tokens, FLOPs). One that does not is ({}, the reason naming the file); an absent one ({}, None)."""
     d = Path(run_dir)
     path = d / "summary.json"
     try:

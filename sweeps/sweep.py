@@ -251,10 +251,10 @@ class StudyPlan:
 
     def check(self) -> StudyPlan:
         if not self.checked:
-            preflight(self.runs, self.sdir, self.opts, self.resources)
             refused = analysis_refusal(self.runs)  # thousands of seeds `analyze` would refuse: before any write
             if refused:
                 raise ValueError(refused)
+            preflight(self.runs, self.sdir, self.opts, self.resources)
         return replace(self, checked=True)
 
     def at_lrs(self, lr_multipliers: Mapping[int, Mapping[str, float]] | None,

@@ -24,6 +24,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from marin_ablate.marin.flops import summary_contradiction
 from marin_ablate.marin.schema import (
     DamagedFile,
     atomic_write_bytes,
@@ -33,7 +34,6 @@ from marin_ablate.marin.schema import (
     read_json,
     read_meta,
     read_summary,
-    summary_contradiction,
 )
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -147,7 +147,7 @@ def mark_damaged_losses(df: pd.DataFrame, where: str) -> pd.DataFrame:
 
 class Contradiction(ValueError):
     """A run folder whose meta.json and spec.json disagree on a factor, or whose summary.json is not what its spec.json
-    trains (marin.schema.summary_contradiction): the run is left out, by name."""
+    trains (marin_ablate.marin.flops.summary_contradiction): the run is left out, by name."""
 
 
 _MISSING = object()

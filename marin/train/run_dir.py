@@ -8,6 +8,7 @@ from pathlib import Path
 
 from marin_ablate.marin import schema
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.flops import summary_contradiction
 from marin_ablate.marin.train import checkpoint as ckpt
 
 
@@ -46,7 +47,7 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
     summary_path = run_dir / "summary.json"
     if resume:
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
-        if done is not None and done.run_id == spec.run_id and schema.summary_contradiction(
+        if done is not None and done.run_id == spec.run_id and summary_contradiction(
                 spec.to_dict(), done.to_dict(), str(run_dir)) is None:  # nor does one of another run's training
             return summary_json(done)
     other = other_run(run_dir, spec.run_id, checkpoints=not resume)

@@ -13,7 +13,8 @@ import pytest
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.analysis.io.results import collect, inventory
 from marin_ablate.main import main
-from marin_ablate.marin.schema import spec_json, trained_totals
+from marin_ablate.marin.flops import trained_totals
+from marin_ablate.marin.schema import spec_json
 
 RUNGS = ("cpu_s32", "cpu_s64")
 EFFECT = {"xsa": 0.03, "sconv": 0.02}  # ln quality gain of each recipe level (+1)

@@ -15,7 +15,8 @@ import pytest
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.analysis.io.results import collect, inventory
 from marin_ablate.main import main
-from marin_ablate.marin.schema import check_name, foreign, trained_totals
+from marin_ablate.marin.flops import trained_totals
+from marin_ablate.marin.schema import check_name, foreign
 from marin_ablate.marin.train.metrics import MetricsLog
 from marin_ablate.sweeps.runs import write_run_files, write_runs
 from marin_ablate.sweeps.sweep import planned_runs

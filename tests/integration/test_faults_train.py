@@ -316,7 +316,7 @@ def test_a_trained_summary_agrees_with_its_spec_and_a_longer_runs_borrowed_one_i
     summary says; another run's summary with its run_id edited is no verdict: `train` resumes the run and
     writes its own (docs/faults.md)."""
     from marin_ablate.marin.config import ContextStage, RunSpec, TrainConfig, preset
-    from marin_ablate.marin.schema import summary_contradiction
+    from marin_ablate.marin.flops import summary_contradiction
     from marin_ablate.marin.train import train
 
     def spec(steps: int, **kw) -> RunSpec:
