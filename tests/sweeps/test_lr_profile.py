@@ -203,8 +203,8 @@ def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_an
     mult, prov = lr_plan(hero, tmp_path, None)
     assert mult is None and prov == {"lr_source": "heuristic", "lr_profile_skipped": why}
     assert not (tmp_path / "hero").exists()  # nothing ran or was written
-    from marin_ablate.plan import _before_design
+    from marin_ablate.sweeps.reference import before_design
 
-    assert sum(r["runs"] for r in _before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
+    assert sum(r["runs"] for r in before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
     for name in ("smoke", "marin535"):  # studies whose profile rung is under the threshold still profile
         assert profile_skipped(get_study(name)) is None and profile_cost(get_study(name))["runs"] > 0
