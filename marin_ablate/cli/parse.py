@@ -246,7 +246,8 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
             lines = [ln.strip().strip("│╭╮╰╯─").strip() for ln in err.getvalue().splitlines()]
             lines = [ln for ln in lines if ln and not set(ln) <= set("-─") and "--help" not in ln
                      and not ln.startswith("For full helptext")]
-            raise ValueError(f"{lines[0]}: {' '.join(lines[1:]) if len(lines) > 1 else ''}".rstrip(": ")) from None
+            head, rest = lines[0], " ".join(lines[1:])
+            raise ValueError(rest if rest.startswith(head) else f"{head}: {rest}".rstrip(": ")) from None
         raise
     return _build(cls, got, argv, items)
 

@@ -177,3 +177,14 @@ def test_ctrl_c_while_the_command_imports_is_an_interrupt_not_a_traceback(tmp_pa
     assert "Traceback" not in rest, rest[-3000:]
     assert rest.splitlines() == ["marin-ablate analyze: interrupted (SIGINT)"] and p.returncode == 130, (rest,
                                                                                                      p.returncode)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["plan", "smoke", "--bogus"], "marin-ablate plan: error: Unrecognized options: --bogus"),
+    (["plan", "smoke", "--out"], "marin-ablate plan: error: Missing argument: Missing value for argument '--out'."),
+])
+def test_an_option_the_parser_refuses_is_one_line_naming_it(tmp_path, capsys, monkeypatch, argv, line):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = _err(capsys).strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
