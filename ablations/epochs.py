@@ -12,7 +12,7 @@ nothing per document, but needs that index. Torch-free: the plan command runs it
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from marin_ablate.marin.data.manifest import read_manifest, setting_path
 
@@ -112,3 +112,16 @@ def study_epoch_rows(rung_rows: list[dict], runs: list[tuple[Any, dict]]) -> lis
             seen[rung] = (rung, spec.train.device, need, spec.model.vocab_size, spec.data.corpus,
                           spec.data.simulated_epoching_target, spec.data.shuffle)
     return epoch_rows(seen.values())
+
+
+def check_study_epochs(runs: Sequence[tuple[Any, dict]], rung_rows: list[dict],
+                       allow_repeat: bool = False) -> list[dict]:
+    """Per rung of a study's planned (spec, meta) (overrides applied): tokens needed, tokens in the corpus, epochs;
+    ValueError when a rung's data is not fit for it (`check_epochs`) or a mixture names a domain its corpus lacks."""
+    from marin_ablate.marin.data.mixture import check_mixture_domains
+
+    rows = study_epoch_rows(rung_rows, list(runs))
+    check_epochs(rows, allow_repeat)
+    for data in {sp.data for sp, _ in runs}:  # a mixture names the corpus's domains (before any run)
+        check_mixture_domains(data)
+    return rows

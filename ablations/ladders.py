@@ -341,3 +341,17 @@ def ladder(names: "list[str | Rung] | tuple[str | Rung, ...]") -> tuple[Rung, ..
     if len(set(names_)) != len(names_):
         raise ValueError(f"rung names repeat: {names_}")
     return out
+
+
+def rung_of_preset(preset_name: str) -> dict | None:
+    """The batch, EP shards, token budget and overrides of the ladder rung named like the preset, else None."""
+    rung = RUNGS.get(preset_name)
+    if rung is None or rung.preset != preset_name:
+        return None
+    # what the rung trains beyond the preset (the GPU rungs: flex attention, triton kernels, compile)
+    over = {**{f"model.{k}": v for k, v in dict(rung.model_overrides).items()},
+            **{f"train.{k}": v for k, v in dict(rung.train_overrides).items()}}
+    return {"ep_shards": rung.model().ep_shards, "batch_sequences": rung.batch_size,
+            "tokens_per_step": rung.tokens_per_step, "steps": rung.steps(), "tokens": rung.tokens(),
+            "replica_groups": rung.train_config().replica_groups,
+            "rung_overrides": " ".join(f"{k}={v}" for k, v in over.items()) or "(none)"}

@@ -135,6 +135,11 @@ class Study:
             out[arm] = math.prod(float(per_level.get(f, {}).get(lv[f], 1.0)) for f in lv)
         return out
 
+    def arm_key(self) -> str:
+        """What an arm code such as `+-+` says: one sign per factor, in the design's order."""
+        levels = ", ".join(f"{f.name} (+ {f.level(1)}, - {f.level(-1)})" for f in self.factors)
+        return f"arm codes: one sign per factor in this order: {levels}; all_on / all_off: every factor + / -"
+
     def levels(self, row: int) -> dict[str, str]:
         """{factor: level name} of design row `row` (+1 = high = recipe level)."""
         if not 0 <= row < self.design.n_runs:
@@ -267,3 +272,85 @@ class Study:
         if self.hero is not None:
             out["hero"] = self.hero.describe(self._grid[(self.rungs[0].name, self.seeds[0], 0)])
         return out
+
+
+def format_num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"{v:,}"
+    return str(v)
+
+
+def text_table(rows: Sequence[Mapping], cols: Sequence[str]) -> str:
+    """Aligned columns (None as "-"), the header first: the console tables of plan, status and run --tune."""
+    cells = [["-" if r.get(c) is None and c in r else format_num(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def plan_lines(d: Mapping, study: Study, run_rows: Sequence[Mapping] | None = None) -> list[str]:
+    """`plan STUDY`'s text: the design (`Study.describe()`: factors, alias table, arms, seeds, rungs, runs, cost) and
+    what the plan adds to it (the runs before the design, the execution, the time, each rung's data; `run_rows`:
+    one line per run)."""
+    des = d["design"]
+    out = [f"study {d['name']}: {d['description']}",
+           f"design: {des['kind']}, {des['n_runs']} arms over {len(d['factors'])} factors, "
+           f"resolution {des.get('resolution_roman') or des.get('resolution')}"]
+    if des.get("generators"):
+        out.append(f"generators: {', '.join(des['generators'])}")
+    if des.get("defining_relation"):
+        rel = list(des["defining_relation"])
+        out.append(f"defining relation: {' = '.join(rel if rel[0] == 'I' else ['I', *rel])}")
+    out.append("\nfactors (letter  name  recipe level / baseline level):")
+    out += [f"  {letter}  {f.get('name')}  {f.get('high', f.get('recipe', ''))} / {f.get('low', f.get('baseline', ''))}"
+            for letter, f in zip(des.get("letters", ""), d["factors"], strict=True)]
+    if d.get("fixed_recipe"):
+        out.append("fixed: " + ", ".join(f"{k}={v}" for k, v in d["fixed_recipe"].items()))
+    if d.get("alias_table"):
+        out.append(f"\nalias table (up to order {des.get('alias_max_order', 3)}):")
+        shown: set[frozenset] = set()
+        for eff, al in d["alias_table"].items():  # an alias group once (AB = CD = EF is one line, not three)
+            if not al or frozenset([eff, *al]) not in shown:
+                shown.add(frozenset([eff, *al]))
+                out.append(f"  {eff} = {' = '.join(al) if al else '(clear)'}")
+    out += [f"all two-factor interactions estimable: {d.get('all_2fi_estimable')}",
+            f"\narms ({len(d['arms'])}): {', '.join(d['arms'])}", study.arm_key(), f"seeds: {d['seeds']}\n\nrungs:"]
+    cols = [c for c in ("name", "d_model", "n_layers", "params_active", "params_total", "tokens", "steps", "batch_size",
+                        "n_runs", "train_flops", "gpus", "gpu_hours", "core_seconds", "timeout_min")
+            if any(c in r for r in d["rungs"])]
+    out.append(text_table(d["rungs"], cols))
+    if "train_flops" in cols:
+        out.append("(train_flops, gpu_hours, core_seconds: the rung's total over its n_runs runs)")
+    out.append(f"\nruns: {d['n_runs']} ({', '.join(f'{k}: {v}' for k, v in d['n_runs_by_rung'].items())})")
+    if d.get("analysis_refusal"):
+        out.append(f"refused by `run`: {d['analysis_refusal']}")
+    # the assumed seconds (est_*) stay in --json; plan's time line is the measured model's
+    out.append("cost: " + ", ".join(f"{k}={format_num(v)}" for k, v in d["cost"].items()
+                                    if not k.startswith(("est_", "max_par"))))
+    for row in d["before_design"]:
+        cs = f", ~{row['core_seconds']:.0f} core-s" if row.get("core_seconds") else ""
+        at = f": {row['runs']} runs at {row['rungs']}" if row["runs"] else ""
+        out.append(f"before the design: {row['what']}{at}{cs}"
+                   + (f" (up to {row['max_runs']} when an optimum is on the grid's edge)" if row.get("max_runs")
+                      else "") + (f"; {row['state']}" if row.get("state") else ""))
+    if d.get("published_law"):
+        law = d["published_law"]
+        out.append(f"reference law: L∞ = {law['linf']:g} and α = {law['alpha']:g} pinned from {law['source']}")
+    ex, t = d["execution"], d["time"]
+    out.append(f"execution: {ex['executor']}, " + (f"{ex['workers']} run(s) at once (--workers)" if ex["workers"]
+                                                   else "runs at once as the scheduler allows"))
+    if t:
+        out.append(f"time: {t['text']}" + (f"; {t['completed']} of {d['n_runs']} runs already done"
+                                           if t["completed"] else ""))
+    epochs = [{**r, "corpus_tokens": "unknown" if r["corpus_tokens"] is None else r["corpus_tokens"],
+               "epochs": "-" if r["epochs"] is None else round(r["epochs"], 3)} for r in d["epochs"]]
+    out += ["\ndata (tokens one run needs / tokens in data.corpus):",
+            text_table(epochs, ["rung", "device", "tokens_needed", "corpus_tokens", "epochs", "corpus"])]
+    if d.get("companions"):
+        out.append(f"companion studies: {', '.join(d['companions'])}")
+    if run_rows is not None:
+        out.append("\n" + text_table(run_rows, ["run_id", "rung", "arm", "seed", "design_row"]))
+    return out

@@ -12,8 +12,9 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, fields, replace
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Sequence
 
 from marin_ablate.marin.fields import (  # noqa: F401  (re-exported: the rules and overrides are part of the config API)
     CAPACITY,
@@ -672,3 +673,63 @@ def preset(name: str, overrides: Mapping[str, str] | list[str] | None = None) ->
         raise ValueError(f"unknown preset {name!r}; allowed values: {', '.join(PRESETS)}")
     cfg = PRESETS[name]()
     return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+_SPEC_RE = re.compile(r"^--(model|train|data|recipe)\.([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$", re.S)
+
+
+def spec_items(argv: Sequence[str], sections: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the rest of argv, `section.field=value` items) from the `--section.field=value` (or `--section.field value`)
+    tokens of a command line (what follows `--` is left alone); an unknown section or field is refused naming the
+    allowed ones."""
+    classes = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "recipe": Recipe}
+    argv, rest, items, i = list(argv), [], [], 0
+    while i < len(argv):
+        tok = argv[i]
+        m = _SPEC_RE.match(tok)
+        if tok == "--":
+            rest += argv[i:]
+            break
+        if m is None:
+            rest.append(tok)
+            i += 1
+            continue
+        section, name, value = m.groups()
+        if value is None:
+            if i + 1 >= len(argv):
+                raise ValueError(f"--{section}.{name} needs a value: --{section}.{name}=VALUE")
+            value, i = argv[i + 1], i + 1
+        if section not in sections:
+            raise ValueError(f"--{section}.{name}: this command takes no {section}. overrides; allowed sections: "
+                             f"{', '.join(f'--{s}.F=V' for s in sections) or '(none)'}")
+        names = [f.name for f in dataclasses.fields(classes[section])]
+        if name not in names:
+            raise ValueError(f"--{section}.{name}: {classes[section].__name__} has no field {name!r}; "
+                             f"allowed values: {', '.join(sorted(names))}")
+        items.append(f"{section}.{name}={value}")
+        i += 1
+    return rest, items
+
+
+def spec_of_preset(name: str, overrides: Sequence[str] = (), baseline: bool = False, seed: int = 0) -> RunSpec:
+    """`marin-ablate train`'s RunSpec: the preset, Recipe() (or its baseline), the `section.F=V` overrides."""
+    sets = split_overrides(list(overrides))
+    model = preset(name, sets["model"])
+    recipe = Recipe.baseline() if baseline else Recipe()
+    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
+    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"]))
+    data = apply_overrides(DataConfig(), sets["data"])
+    return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=seed)
+
+
+def _int_fields(cfg):
+    """apply_overrides parses a None-default field as float; `int | None` fields want ints (so that
+    `--train.threads=1` and threads=1 give the same run id)."""
+    fix = {}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, float) and str(f.type).replace(" ", "") in ("int|None", "Optional[int]"):
+            if not v.is_integer():
+                raise ValueError(f"{type(cfg).__name__}.{f.name}={v!r} must be an integer")
+            fix[f.name] = int(v)
+    return replace(cfg, **fix) if fix else cfg

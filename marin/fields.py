@@ -202,7 +202,7 @@ def non_default(obj: Any) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Options: a field's help, allowed values and range, on the field (the CLI walker, marin_ablate/options.py)
+# Options: a field's help, allowed values and range, on the field (the command line, marin_ablate/cli/parse.py)
 # ---------------------------------------------------------------------------------------------
 
 

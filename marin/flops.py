@@ -177,6 +177,64 @@ def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
     }
 
 
+def resolved(cfg: ModelConfig, recipe: Recipe, rung: dict | None = None) -> dict:
+    """The values a reader compares with Marin's code (docs/fidelity.md), resolved for this preset. `rung`
+    (ep_shards, batch_sequences, tokens_per_step, steps, tokens), when the preset is a ladder rung, is passed in by
+    the caller (ablations.ladders.rung_of_preset): marin/ knows no ladders."""
+    from marin_ablate.marin.optimizers import NS_COEFFS
+
+    out = {
+        "params_active_marin": params_active_marin(cfg, recipe),
+        "qb_estimator": cfg.qb_estimator, "qb_hist_bins": cfg.qb_hist_bins,
+        "gated_norm": cfg.gated_norm, "gated_norm_rank": cfg.gated_norm_width,
+        "norm_eps": cfg.norm_eps, "init_std": cfg.init_scale / cfg.d_model ** 0.5, "init_trunc_sigmas": cfg.init_trunc,
+        "ns_coefficients": [list(t) for t in NS_COEFFS],
+        "ep_shards": cfg.ep_shards, "batch_sequences": None, "tokens_per_ep_shard": None,
+    }
+    if rung is not None:
+        out.update(rung)
+        # per rank as training holds them: the step's tokens over EP shards x replica groups (racks)
+        out["tokens_per_ep_shard"] = rung["tokens_per_step"] // (rung["ep_shards"] * rung.get("replica_groups", 1))
+    return out
+
+
+def describe_preset(name: str, overrides: tuple[str, ...] = (), baseline: bool = False,
+                    rung: dict | None = None) -> dict:
+    """`plan --preset`'s record: the preset with its --model./--recipe. overrides, from Recipe() (or its baseline)."""
+    from marin_ablate.marin.config import apply_overrides, preset, split_overrides
+
+    sets = split_overrides(overrides, ("model", "recipe"))  # train./data. change neither count
+    cfg = preset(name, sets["model"])
+    recipe = Recipe.baseline() if baseline else Recipe()
+    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
+    return {"preset": name, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, rung)}
+
+
+def _si(n: float) -> str:
+    return next((f"{n / div:.3f}{unit}" for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+                 if abs(n) >= div), f"{n:g}")
+
+
+def preset_lines(info: dict, rung: dict | None = None) -> list[str]:
+    """`plan --preset`'s text of a `describe_preset` record."""
+    g, pm = info["moe_geometry"], info["resolved"]["params_active_marin"]
+    out = [
+        f"preset {info['preset']}", "recipe  " + "  ".join(f"{k}={v}" for k, v in info["recipe"].items()),
+        "model   " + "  ".join(f"{k}={v}" for k, v in info["model"].items()),
+        f"moe     {g['n_experts']} experts, top-{g['top_k']}, width {g['width']}, hidden {g['hidden']}"
+        f"{' (latent)' if g['latent'] else ''}",
+        f"params_total   {_si(info['params_total'])} ({info['params_total']:,})",
+        f"params_active  {_si(info['params_active'])} ({info['params_active']:,}, non-embedding)",
+        f"  params_active_marin {_si(pm)}: Marin's count, which its ladder sizes tokens by (attention, router, "
+        "routed and shared experts, latent; no norms, gates, SConv, GatedNorm: marin/flops.py)",
+        f"flops_per_token {_si(info['flops_per_token'])} (training, 3 x forward)",
+        *(f"  forward {k:<12} {_si(v)}" for k, v in info["forward_flops_breakdown"].items()),
+        f"dispatch_bytes_per_token {_si(info['dispatch_bytes_per_token'])}"]
+    if rung is not None and rung.get("rung_overrides") not in (None, "(none)"):
+        out.append(f"rung {info['preset']} trains with {rung['rung_overrides']} (the model line above is the preset's)")
+    return [*out, "resolved (docs/fidelity.md):", *(f"  {k:<22} {v}" for k, v in info["resolved"].items())]
+
+
 # ---------------------------------------------------------------------------------------------
 # What a run trains, and a summary.json that says otherwise
 # ---------------------------------------------------------------------------------------------

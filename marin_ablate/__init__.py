@@ -1,4 +1,5 @@
-"""The `marin-ablate` command line: `main` dispatches each command to its module here (docs/architecture.md).
+"""marin-ablate: attribute the efficiency gain of the Marin 535B-A23B MoE recipe to its components.
 
-Torch-free at import, so `--help`, `plan` and `analyze` start fast; a command that trains imports torch when it runs.
+One import name for the layers linked in here (marin, ablations, sweeps, planning, analysis) and the command line
+(`cli`); docs/architecture.md §1.
 """

@@ -1,5 +1,5 @@
 import sys
 
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 sys.exit(main())

@@ -323,3 +323,25 @@ def observations(cached: Sequence[dict], folder: Sequence[dict]) -> list[tuple[f
         key = rid if rid is not None else f"_{len(seen)}"
         seen.setdefault(key, r)
     return [(float(r["flops"]), float(r["wall_s"]), max(1.0, float(r.get("slowdown") or 1.0))) for r in seen.values()]
+
+
+def rungs_as_overridden(d: dict, runs: list, study: object) -> None:
+    """The rung table and FLOP cost of the specs the --SECTION.F=V overrides give (the runs `run` trains)."""
+    from marin_ablate.marin.flops import flops_per_token, params_active, params_total
+
+    total = 0.0
+    for row in d["rungs"]:
+        specs = [s for s, m in runs if m["rung"] == row["name"]]
+        if not specs:
+            continue
+        s = specs[0]
+        tr = s.train.effective()
+        row.update(d_model=s.model.d_model, n_layers=s.model.n_layers, n_heads=s.model.n_heads,
+                   seq_len=s.model.seq_len, vocab_size=s.model.vocab_size, steps=tr.steps, batch_size=tr.batch_size,
+                   tokens=tr.steps * tr.batch_size * s.model.seq_len,
+                   params_active=params_active(s.model, study.base_recipe),
+                   params_total=params_total(s.model, study.base_recipe),
+                   flops_per_token=flops_per_token(s.model, study.base_recipe),
+                   train_flops=sum(spec_flops(x) for x in specs))
+        total += row["train_flops"]
+    d["cost"]["train_flops"] = total

@@ -121,3 +121,20 @@ def format_layouts(rows: list[dict], capacity_gib: float) -> str:
                    f"{r['measured_gib']:>7.1f}G {'yes' if r['fits'] and r['rehearsal_ok'] else 'NO':>5} {wall:>10}")
     out += [f"  {r['rung']}: {r['headroom_note']}" for r in rows if r.get("headroom_note")]
     return "\n".join(out)
+
+
+def dry_run_study(study: Any, args: Any) -> int:
+    """`plan STUDY --dry-run` (`args`: the plan's options): a GPU study's rungs (`dry_run_rungs`), else the first run
+    through the dry run's three parts at the study's (or --dry-run.gpus) GPUs; exit 1 when a part fails."""
+    spec = study.runs()[0][0]
+    spec = spec.with_overrides(list(args.overrides)) if args.overrides else spec
+    hero, dr = getattr(study, "hero", None), args.dry_run
+    if hero is None and spec.train.device.startswith("cuda"):
+        return dry_run_rungs(study, args)
+    if hero is not None and not dr.gpus:
+        hero.check(spec)  # the layout the time model and the sbatch are planned for
+    gpus = dr.gpus or (hero.gpus if hero is not None else study.rungs[0].gpus or 1)
+    reh, loop, reps = dry_run_parts(spec, gpus, dr.ep or spec.model.ep_shards, dr, args.json)
+    print(json.dumps({"rehearsal": reh, "loop": loop, **reps[0], "stages": reps}, indent=1, default=str)
+          if args.json else format_stages(reps))
+    return 0 if reh["ok"] and all(r["ok"] for r in reps) else 1

@@ -311,3 +311,34 @@ def format_time_model(tm: dict) -> str:
                     + ("<" if c["fits"] else ">=") + f" the job limit {c['job_limit_s'] / 3600:.1f} h"
                     if c["job_limit_s"] else ""))
     return "\n".join(lines)
+
+
+def hero_plan(h: dict, plan: object, spec: RunSpec) -> None:
+    """`plan hero`: the study's hero record `h` (`HeroPlan.describe`) with its checkpoint plan, sbatch and time model
+    for the first run's `spec` (the command line's overrides applied), refused when a checkpoint gap outlasts a job."""
+    from marin_ablate.planning.hero import HeroSlurm, checkpoint_plan, render_sbatch
+
+    hs = HeroSlurm()
+    h["checkpoint"] = checkpoint_plan(spec, plan.gpus, hs.preemption_window_s)
+    h["sbatch_script"] = render_sbatch(plan, hs)
+    plan.check(spec)  # a --model.F=V override may change the layout the plan is for
+    tm = h["time_model"] = time_model(spec, plan, job_limit_s=hs.time_min(plan) * 60)
+    h["jobs_of_time_limit"] = math.ceil(tm["days_point"] * 1440 / hs.time_min(plan))
+    if not tm["checkpoint"]["fits"]:
+        raise ValueError(f"TrainConfig.checkpoint_interval_s={spec.train.checkpoint_interval_s}: the longest gap "
+                         f"between checkpoints ({tm['checkpoint']['max_gap_s'] / 3600:.1f} h) is not shorter than the "
+                         f"job's time limit ({hs.time_min(plan)} min); allowed values: 0 < seconds < "
+                         f"{hs.time_min(plan) * 60}")
+
+
+def hero_lines(h: dict) -> list[str]:
+    """`plan hero`'s text of the record `hero_plan` completed."""
+    from marin_ablate.ablations.study import format_num
+    from marin_ablate.planning.hero import format_checkpoint
+
+    return ["\nhero: " + ", ".join(f"{k}={format_num(v)}" for k, v in h.items()
+                                   if k not in ("checkpoint", "sbatch_script", "layout", "time_model")),
+            "layout: " + ", ".join(f"{k}={format_num(v)}" for k, v in h["layout"].items()),
+            format_checkpoint(h["checkpoint"]), format_time_model(h["time_model"]),
+            "\nsbatch (what `run hero --executor slurm` would submit; one task per GPU, requeued on USR2):\n",
+            h["sbatch_script"]]

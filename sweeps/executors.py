@@ -509,7 +509,7 @@ class SlurmExecutor:
 
     name, waits, shows_jobs, in_process = "slurm", True, True, False
     trains_here = False
-    options = SlurmOptions  # its `--slurm.FIELD` section on plan and run (marin_ablate/common.py ExecConfig)
+    options = SlurmOptions  # its `--slurm.FIELD` section on plan and run (marin_ablate/cli/common.py ExecConfig)
 
     def validate(self, opts: ExecOptions) -> None:
         validate_slurm(opts.slurm)

@@ -286,3 +286,14 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
+
+
+def time_estimate(planned: list, prior: tuple[float, float] | None, slots: int | None,
+                  threads: int | None = None) -> dict | None:
+    """Wall time of the runs not done yet: the cost model of `run` and `run --tune` (`progress.plan_estimate`)."""
+    e = plan_estimate([r.spec for r in planned], prior, slots, threads, [r.dir for r in planned])
+    if e is None:
+        return None
+    done = sum(1 for r in planned if ((read_json(r.dir / "summary.json") or {}).get("status") == "completed"))
+    return {"seconds": e.seconds, "lo_90": e.lo, "hi_90": e.hi, "n_measured": e.n_measured, "load": e.load_note,
+            "completed": done, "text": e.text()}

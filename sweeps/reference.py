@@ -118,3 +118,65 @@ def pin_published(study: Any, sdir: Path) -> PinnedLaw:
     sdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sdir / LAW_FILE, {**law.to_dict(), "study": study.name})  # `analyze` checks whose it is
     return law
+
+
+def cached_law(study: Any):
+    """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
+    if not getattr(study, "reference_rungs", ()):
+        return None
+    from marin_ablate.marin.schema import read_json
+
+    key = reference_key(reference_specs(study))
+    got = read_json(cache_root() / key / LAW_FILE, strict=True)
+    if not got or not got.get("valley"):  # none, or a former fit: `run` refits it
+        return None
+    return check_pinned(got, str(cache_root() / key / LAW_FILE), key=key)
+
+
+def before_design(study: Any, out: str) -> list[dict]:
+    """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
+    LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
+    from marin_ablate.sweeps.tuning import profile_cost, profile_skipped, read_profile
+
+    rows = []
+    skipped = profile_skipped(study)
+    if skipped:
+        rows.append({"what": f"no LR profile: {skipped}", "runs": 0, "rungs": "", "core_seconds": 0, "max_runs": 0,
+                     "state": "", "n_runs": 0})
+    pc = profile_cost(study)
+    if pc is not None:
+        done = read_profile(out, study.name)
+        rows.append({"what": f"LR profile ({', '.join(pc['groups'])}, 5 log-spaced LRs each, at each of "
+                             f"{len(pc['seeds'])} seed(s))", "runs": pc["runs"],
+                     "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
+                     "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
+    if getattr(study, "reference_rungs", ()):
+        from marin_ablate.ablations.ladders import ladder
+
+        key = reference_key(reference_specs(study))
+        cached = (cache_root() / key / "reference_law.json").exists()
+        rungs = ladder(study.reference_rungs)
+        n_seeds = len(getattr(study, "reference_seeds", (0,)))
+        est = [r.est_wall_s() for r in rungs]
+        rows.append({"what": f"baseline ladder pinning the reference law "
+                             f"({n_seeds} seed(s); once per machine and config)",
+                     "runs": len(rungs) * n_seeds, "rungs": f"{rungs[0].name}..{rungs[-1].name}",
+                     "core_seconds": n_seeds * sum(est) if all(e is not None for e in est) else None,
+                     "state": f"cached ({cache_root() / key})" if cached else ""})
+    return rows
+
+
+def pin_law(study: Any, sdir: Path, opts: ExecOptions, overrides: Sequence[str] = (), pin: bool = True) -> str | None:
+    """The reference law `run` pins before the design: the study's published law, else its baseline ladder's (run
+    now, when the executor waits), else none; `pin=False` removes a pinned law (the analysis then fits it on the
+    design's rungs). Returns what was done, for the console."""
+    if not pin:
+        (sdir / LAW_FILE).unlink(missing_ok=True)
+        return None
+    if getattr(study, "published_law", None) is not None:
+        return f"L∞ and α pinned to a published law: {pin_published(study, sdir).source}"
+    if study.reference_rungs and opts.wait:
+        law = pin_reference_law(study, sdir, opts, overrides)
+        return f"reference law not pinned: {law}" if isinstance(law, str) else \
+            f"reference law pinned: {law.describe()} ({law.source})"
+    return None

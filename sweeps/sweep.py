@@ -18,8 +18,9 @@ from typing import Any, Mapping, Sequence
 
 from marin_ablate.marin import plugins
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.fields import option
 from marin_ablate.sweeps import state
-from marin_ablate.sweeps.executors import ExecOptions, Submission, get_executor, validate, wait
+from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions, Submission, get_executor, validate, wait
 from marin_ablate.sweeps.progress import Progress, rung_prior
 from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 
@@ -219,6 +220,78 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# How a study's runs execute: the command line's options and the study's defaults
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """How the runs execute: the executor and its row's options (`--NAME.FIELD`: each executor row that
+    declares an `options` dataclass gets its section, `--slurm.time_min` the slurm row's)."""
+
+    executor: str | None = option(None, metavar="NAME",
+                                  help="a registered executor: local, debug, slurm (none: the study's, else local)")
+    workers: int | None = option(None, lo=1, help="local: parallel worker processes (none: the study's "
+                                                  "max_parallel, else 2)")
+    threads: int | None = option(None, lo=1, help="local/debug: torch threads per worker (none: cpus // workers)")
+    retry_failed: bool = option(False, help="run failed runs again (their old summary is kept aside)")
+    no_wait: bool = option(False, help="submit and return (slurm)")
+    gpu_mem_gib: float = option(79.1, lo=0, lo_open=True,
+                                help="GiB per GPU: a GPU rung on fewer GPUs than its own (--slurm.gpus_per_run, or one "
+                                     "GPU per run locally) takes the micro-batches that fit it (default: an H100)")
+    backends: tuple = option((), sections=lambda: executor_sections(),
+                             help="the {name} executor row's options; any of them implies --executor {name}")
+
+
+def executor_sections() -> dict[str, type]:
+    """{name: options dataclass} of the registered executors that declare one (plugins' included)."""
+    return {n: ex.options for n, ex in EXECUTORS.items() if getattr(ex, "options", None) is not None}
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """Where the runs' metrics go and which checkpoints a finished run keeps."""
+
+    log_to: str | None = option(None, metavar="SINKS", help="wandb,tensorboard: every run's metrics, grouped by "
+                                "study, tagged with arm, rung and levels")
+    keep_checkpoints: str | None = option(None, choices=("none", "final", "all"),
+                                          help="what a completed run keeps: none (the default on CPU), final (its "
+                                               "newest checkpoint; the default on GPU) or all; an unfinished run "
+                                               "always keeps what it resumes from")
+
+
+def exec_options(cfg: ExecConfig, study: Any, log: LogOptions | None = None):
+    """The ExecOptions of the command line's ExecConfig and the study's defaults: a `--NAME.*` section
+    implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
+    also as `ExecOptions.slurm`). `log`: the runs' metric sinks and checkpoint retention, set for the workers."""
+    if log is not None:
+        from marin_ablate.sweeps.tracking import set_log_to
+
+        set_log_to(log.log_to, log.keep_checkpoints)
+    ex = dict(getattr(study, "executor", ()) or ())
+    given = dict(cfg.backends)
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(f'--{n}.*' for n in given)}: the options of {len(given)} executors; "
+                         "allowed: one executor's section")
+    executor = cfg.executor or next(iter(given), None) or ex.get("executor") or "local"
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
+    for name in given:
+        if name != executor:
+            raise ValueError(f"--{name}.* options are the {name} executor's, given with --executor {executor}; "
+                             f"allowed: --executor {name}, or no --{name}.* option")
+    own = getattr(EXECUTORS[executor], "options", None)
+    backend = given.get(executor, own() if own is not None else None)
+    slurm = backend if executor == "slurm" else SlurmOptions()
+    if slurm.array_parallelism is None and ex.get("slurm_array_parallelism"):
+        slurm = replace(slurm, array_parallelism=ex["slurm_array_parallelism"])
+        backend = slurm if executor == "slurm" else backend
+    workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
+    return ExecOptions(executor=executor, workers=workers, threads=cfg.threads, retry_failed=cfg.retry_failed,
+                       gpu_mem_gib=cfg.gpu_mem_gib, wait=not cfg.no_wait, slurm=slurm, options=backend)
+
+
+# ---------------------------------------------------------------------------------------------
 # run / status
 # ---------------------------------------------------------------------------------------------
 
@@ -233,6 +306,18 @@ class RunReport:
     job_ids: list[str]
     counts: dict[str, int]
     submission: Submission | None = field(default=None, repr=False)
+
+    def lines(self, shows_jobs: bool = False) -> list[str]:
+        """What was submitted (with its job ids where the executor has them) and the runs' states, for the console."""
+        skipped = ", ".join(f"{v} {k}" for k, v in self.skipped.items()) or "none"
+        jobs = sorted({j.split("_")[0] for j in self.job_ids})
+        where = f" as job(s) {', '.join(jobs)}" if shows_jobs else ""
+        c = self.counts
+        return [f"{self.study}: nothing to submit ({self.n_runs} runs; skipped: {skipped})" if self.submitted == 0 else
+                f"{self.study}: {self.submitted} of {self.n_runs} runs submitted to {self.submission.executor}{where} "
+                f"(skipped: {skipped})",
+                f"{self.study}: " + ", ".join(f"{c[k]} {k}" for k in state.STATES if c.get(k)
+                                              or k in ("completed", "failed")) + f"; results in {self.study_dir}"]
 
 
 @dataclass
@@ -263,10 +348,16 @@ class StudyPlan:
 
 
 def plan_study(study: Any, out: str | Path, opts: ExecOptions, *, rungs: Sequence[str] | None = None,
-               overrides: Sequence[str] = ()) -> StudyPlan:
-    """The study's design planned (nothing checked or written yet: `StudyPlan.check`)."""
+               overrides: Sequence[str] = (), epochs: bool = False, allow_repeat: bool = False) -> StudyPlan:
+    """The study's design planned (nothing checked or written yet: `StudyPlan.check`); `epochs`: each rung's data
+    checked against its corpus first (ablations/epochs.py: refused when unfit, more than one epoch without
+    `allow_repeat`), as `run` does."""
     sdir = study_dir(out, study.name)
     runs = planned_runs(study, out, rungs=rungs, overrides=overrides, sdir=sdir)
+    if epochs:
+        from marin_ablate.ablations.epochs import check_study_epochs
+
+        check_study_epochs([(r.spec, r.meta) for r in runs], study.describe()["rungs"], allow_repeat)
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
         hero.check(r.spec)
@@ -410,14 +501,36 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     return RunReport(label or sdir.name, sdir, len(runs), len(todo), skipped, sub.job_ids, counts, sub)
 
 
-def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[str, float] | None = None,
+def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Mapping[str, float]] | None = None,
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = ()) -> dict:
-    """Counts by state, and one row per run: run_id, rung, arm, seed, state, error, job."""
+    """`marin-ablate status`: counts by state, one row per run (run_id, rung, arm, seed, state, error, job, its
+    progress: step of total, loss, elapsed), and the ETA of the runs left with its 90% interval."""
+    from marin_ablate.marin.schema import read_json
+    from marin_ablate.planning.costmodel import slowdown_now
+    from marin_ablate.sweeps.progress import eta_model, run_flops, run_live, study_eta
+
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
     statuses = state.survey(r.dir for r in runs)
-    rows = [{"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
-             "state": st.state, "error": st.error, "damaged": st.damaged,
-             "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
-             "job_id": st.job.get("job_id")} for r, st in zip(runs, statuses, strict=True)]
-    return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs),
-            "counts": state.count(statuses), "runs": rows}
+    rows = []
+    for r, st in zip(runs, statuses, strict=True):
+        row = {"run_id": r.run_id, "rung": r.meta.get("rung"), "arm": r.meta.get("arm"), "seed": r.meta.get("seed"),
+               "state": st.state, "error": st.error, "damaged": st.damaged, "job_id": st.job.get("job_id"),
+               "eval_macro_loss": st.summary.get("eval_macro_loss") if st.state == "completed" else None,
+               "step": None, "total": None, "loss": None, "elapsed_s": None}
+        if st.state.split(",")[0] in ("running", "partial"):
+            row.update(run_live(r.dir))
+        elif st.state == "completed":
+            summ = read_json(r.dir / "summary.json") or {}
+            row.update(step=summ.get("step"), loss=summ.get("final_train_loss"), wall_s=summ.get("wall_s"),
+                       total=run_live(r.dir)["total"])
+        rows.append(row)
+    counts = state.count(statuses)
+    slots = max(1, counts.get("running", 0))
+    k, note = slowdown_now(slots)  # the load now: the running runs (ours) included
+    eta = study_eta([dict(r, state=r["state"].split(",")[0], flops=run_flops(x.dir)) for r, x in zip(rows, runs,
+                                                                                                       strict=True)],
+                    eta_model(rung_prior(study.describe()["rungs"]), slots), slots, k or 1.0, note)
+    left = counts["completed"] + counts["failed"] < len(runs)
+    return {"study": study.name, "study_dir": str(study_dir(out, study.name)), "n_runs": len(runs), "counts": counts,
+            "runs": rows, "eta": eta if left else None, "eta_s": (eta.seconds if eta else None) if left else 0.0,
+            "eta_90": [eta.lo, eta.hi] if eta and left else None}

@@ -150,3 +150,16 @@ def _wandb_teardown() -> None:
     import wandb
 
     wandb.teardown()
+
+
+def set_log_to(log_to: str | None, keep_checkpoints: str | None) -> None:
+    """The metric sinks and checkpoint retention of a study's runs, in the environment the workers inherit; a sink
+    whose package is missing is refused before any run is launched (it would fail every run)."""
+    if keep_checkpoints is not None:
+        os.environ[KEEP_ENV] = keep_checkpoints
+    if log_to is not None:
+        from marin_ablate.marin.train.metrics import check_log_to
+
+        names = parse_log_to(log_to)
+        check_log_to(names)
+        os.environ[LOG_TO_ENV] = ",".join(names)

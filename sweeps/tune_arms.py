@@ -49,6 +49,17 @@ class TuneResult:
                         "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason})
         return out
 
+    def lines(self) -> list[str]:
+        """`run --tune`'s account: the grid, per arm its profile's optimum, the edges and the missing points."""
+        from marin_ablate.ablations.study import text_table
+
+        rows = self.rows()
+        return [f"{self.study}: LR profile at rung {self.rung}, seed {self.seed}, log2 multipliers {self.grid}",
+                *([text_table(rows, ["arm", "points", "best_grid_multiplier", "multiplier", "lr", "loss_opt", "edge"])]
+                  if rows else []),
+                *(f"edge: {r['arm']}: {r['note']}" for r in rows if r["edge"]),
+                *(f"missing: {a}: log2 multipliers {xs} have no finished run" for a, xs in self.missing.items())]
+
     def to_dict(self) -> dict:
         return {"study": self.study, "rung": self.rung, "seed": self.seed, "grid_log2": self.grid,
                 "multipliers": self.multipliers, "rows": self.rows(),

@@ -1,8 +1,8 @@
 """Test helper: many command lines through the real entry point in one interpreter, as a user types them.
 
 `python tests/cli_walk.py < cases.json` reads a JSON list of argv lists, runs each through
-`marin_ablate.main.main(argv)` (what `python -m marin_ablate` and the `marin-ablate` script call) and prints one JSON
-object per case: {"argv", "rc", "err" (its stderr lines), "escaped" (an exception that left main: a traceback the
+`marin_ablate.cli.main.main(argv)` (what `python -m marin_ablate` and the `marin-ablate` script call) and prints one
+JSON object per case: {"argv", "rc", "err" (its stderr lines), "escaped" (an exception that left main: a traceback the
 user would see)}. One interpreter for all cases: the imports are paid once (tests/integration/test_faults_walk.py).
 The machine-load probe of the time estimate (planning/costmodel.py `slowdown_now`: ~1 s of spinning per `plan`)
 reads as "not measured": it prices runs and checks nothing.
@@ -30,7 +30,7 @@ def _hang(signum, frame):
 
 
 def run_one(argv: list[str]) -> dict:
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     escaped = None

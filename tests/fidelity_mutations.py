@@ -115,7 +115,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       (("ablations/ladders.py", "self.tokens_per_step // (cfg.ep_shards * self.train_config().replica_groups)",
         "self.tokens_per_step // cfg.ep_shards"),)),
     M("tokens per EP shard", "describe divides by EP shards alone (not x racks)",
-      (("marin_ablate/describe.py", 'rung["tokens_per_step"] // (rung["ep_shards"] * rung.get("replica_groups", 1))',
+      (("marin/flops.py", 'rung["tokens_per_step"] // (rung["ep_shards"] * rung.get("replica_groups", 1))',
         'rung["tokens_per_step"] // rung["ep_shards"]'),)),
     M("optimizer groups", "lm_head in MuonH",
       (("marin/optimizers.py", 'OptimizerLevel("hyperball", {"matrix": "muonh", "expert": "muonh", "lm_head": "adamh"}',

@@ -35,6 +35,6 @@ if __name__ == "__main__":
     at, name = int(sys.argv[1]), sys.argv[2]
     cls, fn = _wrap(at, getattr(signal, f"SIG{name.upper()}"))
     cls.train_step = fn
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     sys.exit(main(["train", *sys.argv[3:]]))

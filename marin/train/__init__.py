@@ -1,7 +1,7 @@
 """Training: the loop (`loop`), one step (`step`), distributed steps (`distributed`), checkpoints
 (`checkpoint`), metric sinks (`metrics`), context stages (`stages`), hardware peaks (`machine`),
 checkpoint files (`files`), the choice of data (`source`), per-step progress (`step_progress`); the `marin-ablate train`
-command is marin_ablate/train.py.
+command is marin_ablate/cli/train.py.
 docs/architecture.md maps them.
 """
 

@@ -99,7 +99,7 @@ def _prepared(tmp_path: Path) -> list[str]:
 
 
 def test_plan_holdout_prints_its_arms_and_their_gpu_cost(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     data = _prepared(tmp_path)
     assert main(["plan", "holdout", *data]) == 0
@@ -119,7 +119,7 @@ def _hand_ln_m(L, C, Lb, Cb):
 
 
 def test_marins_holdout_table_imports_as_the_holdout_arms_and_reads_through_its_law(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     # Marin's baselines 3.156 / 2.872 (its fast ladder README), the arms' losses made up here
     rows = [("none", "d512", 3.156), ("drop_xsa", "d512", 3.17), ("drop_muonh", "d512", 3.23),
@@ -168,7 +168,7 @@ def test_a_marin_table_with_an_unknown_ablation_or_column_is_refused_before_anyt
 
 
 def test_a_marin_table_without_the_recipe_row_at_a_rung_is_refused_naming_the_rung(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     rows = [("none", "d512", 3.156), ("drop_xsa", "d512", 3.17), ("drop_xsa", "d768", 2.884),
             ("drop_muonh", "d768", 2.94)]
@@ -183,7 +183,7 @@ def test_a_marin_table_without_the_recipe_row_at_a_rung_is_refused_naming_the_ru
 
 @pytest.mark.slow
 def test_a_cpu_rehearsal_of_holdout_runs_end_to_end_to_a_report_with_the_ofat_table(tmp_path, monkeypatch, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     monkeypatch.setenv("MARIN_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["run", "holdout", "--rungs", "cpu_s16", "--out", str(tmp_path / "out")]) == 0

@@ -85,7 +85,7 @@ def test_a_two_rung_fit_predicts_the_straight_line_of_its_hand_fitted_multiplier
     """Fitted on d512/d768 with L∞ and α pinned, the joint law's A is the baseline's least squares (the arm's two
     runs fit exactly), each rung's ln M is the law's inverse of the arm's loss, and the prediction at d1024 and
     d1280 is their line in ln C, by hand; the measured values are the authors' paired 1.186 and 1.144."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     src = tmp_path / "muonh.csv"
     _muonh_table().to_csv(src, index=False)
@@ -177,7 +177,7 @@ def test_the_benchmark_tallies_truth_coverage_and_flags_as_counted_by_hand():
 
 
 def test_analyze_backtest_prints_per_component_coverage_and_decisions_and_writes_its_table(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     truth, df = _flip_study(seed=1)
     sd = write_study(df, tmp_path / "flip")
@@ -207,7 +207,7 @@ def test_analyze_backtest_prints_per_component_coverage_and_decisions_and_writes
 def test_analyze_backtest_refuses_what_it_cannot_score_naming_the_flag(tmp_path, capsys, argv, flag):
     """Three rungs with min_rungs 3 leave no later rung; min_rungs below 2 leaves no scale term; a --target is
     not a later rung of the study; a one-factor-at-a-time reading is never extrapolated."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     truth, df = _flip_study()
     sd = write_study(df[df["rung"] != "r4"], tmp_path / "s3")
@@ -217,7 +217,7 @@ def test_analyze_backtest_refuses_what_it_cannot_score_naming_the_flag(tmp_path,
 
 
 def test_the_report_carries_the_backtest_line_under_findings_from_three_rungs(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     truth, df = _flip_study()
     pins = ["--pin-linf", str(truth.linf), "--pin-alpha", str(truth.alpha), "--n-boot", "0", "--no-figures"]
@@ -232,7 +232,7 @@ def test_the_report_carries_the_backtest_line_under_findings_from_three_rungs(tm
 
 def test_the_muonh_backtest_in_docs_importing_is_what_the_commands_print(tmp_path, capsys):
     """docs/importing.md's CSV, run through its two commands: every output line the page shows is printed."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     page = (Path(__file__).parents[2] / "docs" / "importing.md").read_text()
     sec = page[page.index("## Backtesting a published ladder"):]
@@ -310,7 +310,7 @@ def test_on_a_resolution_iv_fraction_a_linear_truth_is_predicted_and_measured_ru
 
 def test_a_backtest_that_fails_is_named_in_the_reports_line_and_the_report_is_still_written(tmp_path, monkeypatch):
     import marin_ablate.analysis.fit.backtest as bt_mod
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     def boom(*a, **k):
         raise RuntimeError("boom")

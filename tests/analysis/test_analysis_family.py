@@ -13,7 +13,7 @@ from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.pipeline import analyze_table
 from marin_ablate.analysis.report.findings import _p_value, verdict_family
 from marin_ablate.analysis.report.writer import family_statement, findings_table
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 F3 = ["xsa", "sconv", "qk_norm"]
 

@@ -11,7 +11,7 @@ import pytest
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.io.results import collect
 from marin_ablate.analysis.ofat import analyze_ofat
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 F = ["xsa", "sconv", "qk_norm"]
 LEVELS = {"xsa": ("none", "xsa"), "sconv": ("none", "short_conv"), "qk_norm": ("learned_gain", "fixed_1.3")}

@@ -138,7 +138,7 @@ def test_baseline_is_the_centre_not_the_first_arm():
 
 
 def test_cli_analyze_reports_ofat_and_what_it_cannot_tell(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     src = tmp_path / "ofat.csv"
     _ofat(RUNGS2, seeds=2).to_csv(src, index=False)
@@ -190,7 +190,7 @@ def test_pinned_law_interval_is_the_delta_method_on_the_pooled_residual_variance
 
 
 def test_a_single_change_with_a_published_law_is_read_as_ofat(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     df = _ofat(RUNGS2, design=STAR[:2])  # baseline and +xsa only: also a 2-arm factorial
     assert design_kind(df)[0] == "factorial"
@@ -224,7 +224,7 @@ def _marin_csv(path, rows, factor):
 def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_through_ofat(tmp_path, capsys, rows,
                                                                                           factor, want):
     """Each arm against its own rung's baseline through the pinned law: the authors' numbers to 3 digits."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     src = _marin_csv(tmp_path / "marin.csv", rows, factor)
     assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0
@@ -239,7 +239,7 @@ def test_marins_published_ladders_reproduce_the_authors_per_rung_multipliers_thr
 def test_marins_muonh_ladder_typed_with_an_optimizer_column_gives_the_authors_numbers_in_findings(tmp_path):
     """One import, one analyze (the factorial path, L∞ and α pinned to the authors' law): Findings carry the
     paired per-rung estimate 1.315 / 1.228 / 1.186 / 1.144 beside the model's smoothed one."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     src = _marin_csv(tmp_path / "muonh.csv", MARIN_MUONH, "optimizer")
     assert main(["analyze", "--import.table", str(src), "--study-dir", str(tmp_path / "study")]) == 0

@@ -104,7 +104,7 @@ def test_noise_rejects_a_panel_without_replicates(tmp_path):
 
 
 def test_plan_precision_cli_prints_widths_sources_and_the_cheapest_option(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", "smoke", "--precision", "--precision.target_halfwidth", "0.05"]) == 0
     out = capsys.readouterr().out
@@ -135,7 +135,7 @@ def test_options_never_reach_a_target_with_a_shift_the_clusters_cannot_measure()
 
 def test_plan_precision_reads_a_noise_study_folder(tmp_path, capsys):
     from marin_ablate.analysis.calibration.simulate import SimTruth
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "optimizer"]
     truth = SimTruth(factors, main={"xsa": 0.05}, noise_sd=0.004, seed_sd=0.01)

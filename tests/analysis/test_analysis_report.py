@@ -35,7 +35,7 @@ def test_analysis_imports_no_torch():
     code = ("import importlib, pkgutil, sys\nfrom marin_ablate import analysis\n"
             "for m in pkgutil.walk_packages(analysis.__path__, 'marin_ablate.analysis.'):\n"
             "    importlib.import_module(m.name)\n"
-            "import marin_ablate.analyze, marin_ablate.analysis.report.plots, marin_ablate.analysis.report.writer\n"
+            "import marin_ablate.cli.analyze, marin_ablate.analysis.report.plots, marin_ablate.analysis.report.writer\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "extra = sorted(k for k in sys.modules if k.startswith('marin_ablate.marin'))\n"
             "assert extra == ['marin_ablate.marin', 'marin_ablate.marin.fields', 'marin_ablate.marin.plugins',\n"
@@ -77,7 +77,7 @@ def test_collect_reports_missing_and_failed_runs(tmp_path):
 def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
     # Two whole arms lost (+ failures): one of the 2FIs is no longer estimable.
     sd, df = _study(tmp_path, fail=2, missing=3, drop_arms=("++-", "+-+"))
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     rc = main(["analyze", str(sd), "--n-boot", "20", "--no-figures", "--report-dir", str(tmp_path / "rep")])
     assert rc == 0
@@ -98,7 +98,7 @@ def test_unbalanced_failed_study_is_analysed_with_what_is_estimable(tmp_path):
 @pytest.mark.slow  # a full analysis with its bootstrap and every figure
 def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys):
     sd, _ = _study(tmp_path, fail=1)
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "20", "--target", "5e18"]) == 0
     out = capsys.readouterr().out
@@ -113,7 +113,7 @@ def test_report_writes_markdown_html_and_relative_figure_links(tmp_path, capsys)
 
 
 def test_analyze_refuses_unknown_study_with_exit_2(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["analyze", str(tmp_path / "nope")]) == 2
     assert "STUDY" in capsys.readouterr().err
@@ -156,7 +156,7 @@ def test_forecast_is_immutable_hashed_and_scored_beside_the_outcome(tmp_path):
 
 def test_forecast_command_writes_and_report_shows_it(tmp_path, capsys):
     sd, _ = _study(tmp_path)
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["analyze", str(sd), "--forecast", "--target", "4e18", "--n-boot", "20"]) == 0
     assert "forecast " in capsys.readouterr().out
@@ -284,7 +284,7 @@ def test_a_response_registered_in_one_place_runs_through_plan_run_analyze_report
     """A second metric column the trainer writes (macro bits per byte) becomes an analysis response
     by one row in analysis/responses.py: plan, run (real tiny training runs), analyze, report."""
     from marin_ablate.analysis.responses import RESPONSES, Response
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     bpb = Response("bpb", "ln_bpb", "macro bits/byte ratio", "bpb", "macro bits per byte ratio", source="macro_bpb")
     monkeypatch.setitem(RESPONSES, bpb.name, bpb)  # the one edit
@@ -338,7 +338,7 @@ def test_a_report_on_a_narrow_ladder_says_what_its_numbers_rest_on(tmp_path, cap
     df = simulate_table(random_truth(FACTORS3, rng), rungs={"r0": 1e8, "r1": 2e8, "r2": 4e8}, seeds=2, rng=rng,
                         loss_curves=True)
     sd = write_study(df, tmp_path / "study")
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "0"]) == 0
     captured = capsys.readouterr()
@@ -387,7 +387,7 @@ def test_the_report_puts_the_studys_drop_rates_beside_the_measured_ones_at_scale
     """Without STUDY/drops_at_scale.json the section names the command that measures it; with it (as
     benchmarks/ep_drops.py --json writes it) the rates at 65,536 tokens per shard are printed."""
     sd, _ = _study(tmp_path)
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["analyze", str(sd), "--n-boot", "0", "--no-figures"]) == 0
     md = (sd / "report" / "report.md").read_text()

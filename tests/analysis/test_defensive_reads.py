@@ -12,7 +12,7 @@ import pytest
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table, write_study
 from marin_ablate.analysis.io.importer import MAX_ROWS
 from marin_ablate.analysis.io.results import collect
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 from marin_ablate.marin.schema import JSON_MAX_INT_DIGITS, DamagedFile, loads_json, read_json
 
 HUGE = "7" * 5000

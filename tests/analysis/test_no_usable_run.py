@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 
 def _rows(failed_error: str) -> list[dict]:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, check_pinned, read_pinned
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 GOOD = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1e11, 1e13, 7, 4, "0123456789abcdef",
                  "2026-12-06 05:00 UTC", "cache", valley=((0.0, 0.1), (2.0, 0.2))).to_dict()

@@ -23,7 +23,7 @@ from marin_ablate.analysis.io.results import collect
 from marin_ablate.analysis.pipeline import analyze_table
 from marin_ablate.analysis.report.html import render_html
 from marin_ablate.analysis.report.writer import write_report
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 BROWSER_REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("MARIN_REQUIRE_BROWSER") == "1"
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)

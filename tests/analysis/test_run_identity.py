@@ -14,7 +14,7 @@ import pytest
 
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.analysis.io.results import collect, inventory
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 from marin_ablate.marin.flops import trained_totals
 from marin_ablate.marin.schema import check_name, foreign
 from marin_ablate.marin.train.metrics import MetricsLog

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from marin_ablate.analysis.report.spreadsheet import neutral, spreadsheet_csv
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 
 def test_text_a_spreadsheet_evaluates_is_prefixed_and_numbers_stay_numbers():

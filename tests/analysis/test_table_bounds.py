@@ -11,7 +11,7 @@ import pandas as pd
 
 from marin_ablate.analysis.fit.replicates import REPLICATE_SEEDS_MAX, per_seed_analyses
 from marin_ablate.analysis.pipeline import JOINT_COST_MAX
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 
 def test_a_table_whose_joint_fit_costs_beyond_the_bound_is_refused_before_any_fit(tmp_path, capsys):

@@ -8,10 +8,11 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from test_cli_options import help_text
 
-from marin_ablate import options
-from marin_ablate.main import MOVED
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli import parse as options
+from marin_ablate.cli.main import MOVED
+from marin_ablate.cli.main import main as cli_main
 from marin_ablate.marin.fields import option
 
 
@@ -28,18 +29,16 @@ def test_each_moved_command_is_refused_naming_its_new_form(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []  # refused before any work
 
 
-def test_plan_preset_prints_what_describe_printed(capsys):
-    from marin_ablate.common import rung_of_preset
-    from marin_ablate.describe import DescribeOptions, cmd_describe
+def test_plan_preset_prints_the_presets_record(capsys):
+    from marin_ablate.ablations.ladders import rung_of_preset
+    from marin_ablate.marin.flops import describe_preset
 
-    for argv, d in ((["--preset", "d512"], DescribeOptions(preset="d512")),
-                    (["--preset", "tiny", "--baseline", "--model.d_model=32", "--recipe.xsa=xsa", "--json"],
-                     DescribeOptions(preset="tiny", baseline=True, overrides=("model.d_model=32", "recipe.xsa=xsa"),
-                                     json=True))):
-        assert cmd_describe(d, rung_of_preset(d.preset)) == 0
-        want = capsys.readouterr().out
-        assert cli_main(["plan", *argv]) == 0
-        assert capsys.readouterr().out == want and "params_total" in want
+    assert cli_main(["plan", "--preset", "tiny", "--baseline", "--model.d_model=32", "--recipe.xsa=xsa", "--json"]) == 0
+    want = describe_preset("tiny", ("model.d_model=32", "recipe.xsa=xsa"), True, rung_of_preset("tiny"))
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want))
+    assert cli_main(["plan", "--preset", "d512"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("preset d512\n") and "params_total" in out and "tokens_per_ep_shard    65536" in out
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -131,11 +130,11 @@ def cloud():
 
 
 def test_a_plugin_executors_options_are_its_own_section_and_reach_it(cloud, tmp_path, capsys):
-    from marin_ablate.common import exec_options
-    from marin_ablate.run import RunOptions
+    from marin_ablate.cli.run import RunOptions
+    from marin_ablate.sweeps.sweep import exec_options
 
-    text = options.parser_for(RunOptions)[0].format_help()
-    assert "--fake-cloud.zone" in text and "--fake-cloud.spot_price" in text and "--slurm.partition" in text
+    text = help_text(RunOptions)
+    assert "--fake-cloud.zone" in text and "--fake-cloud.spot-price" in text and "--slurm.partition" in text
     args = options.parse(RunOptions, ["smoke", "--fake-cloud.spot_price", "0.5"])
     ex = exec_options(args.execution, None)
     assert ex.executor == "fake_cloud" and ex.options == CloudOptions(spot_price=0.5)  # the section implies --executor

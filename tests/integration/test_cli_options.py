@@ -1,16 +1,26 @@
-"""The command line as one typed config tree (marin_ablate/options.py): the flags the walker makes from
+"""The command line as one typed config tree (marin_ablate/cli/parse.py): the flags the walker makes from
 the option dataclasses, the sections and the modes they imply, the checks on the fields, the one
 override form, and the old spellings refused naming the new ones."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass, fields
 
 import pytest
 
-from marin_ablate import options
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli import parse as options
+from marin_ablate.cli.main import main as cli_main
 from marin_ablate.marin.fields import check_fields, option
+
+
+def help_text(cls: type) -> str:
+    """What `--help` prints for the options dataclass `cls`."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        options.parse(cls, ["--help"])
+    return out.getvalue()
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ class _Outer:
 
 
 def test_the_walker_makes_a_flag_per_field_with_its_default_in_help():
-    text = " ".join(options.parser_for(_Outer)[0].format_help().split())  # wrapped lines joined
+    text = " ".join(help_text(_Outer).split())  # wrapped lines joined
     for flag, default in (("--count", "default: 2"), ("--ratio", "default: none"), ("--verbose", "default: False"),
                           ("--lines", "default: empty"), ("--inner.size", "default: 3"),
                           ("--inner.label", "default: x")):
@@ -42,21 +52,23 @@ def test_the_walker_makes_a_flag_per_field_with_its_default_in_help():
 
 
 def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_and_run():
-    from marin_ablate.plan import PlanOptions
-    from marin_ablate.run import RunOptions
+    from marin_ablate.cli.plan import PlanOptions
+    from marin_ablate.cli.run import RunOptions
     from marin_ablate.sweeps.executors import get_executor
 
     row = get_executor("slurm").options
     names = [f.name for f in fields(row) if "option" in f.metadata]
     assert {"partition", "time_min", "mem_gb", "setup", "signal_delay_s"} <= set(names)
-    for cls in (PlanOptions, RunOptions):
-        text = options.parser_for(cls)[0].format_help()
-        assert all(f"--slurm.{n}" in text for n in names), cls
+    for cls in (PlanOptions, RunOptions):  # --help spells a field with dashes; as named parses too
+        text = help_text(cls)
+        assert all(f"--slurm.{n.replace('_', '-')}" in text for n in names), cls
+        got = options.parse(cls, ["smoke", "--slurm.time_min", "5", "--slurm.mem-gb", "2"]).execution.backends
+        assert got == (("slurm", row(time_min=5, mem_gb=2.0)),)
 
 
 def test_a_section_option_implies_its_mode():
-    from marin_ablate.common import exec_options
-    from marin_ablate.plan import DryRunOptions, PlanOptions, PrecisionOptions
+    from marin_ablate.cli.plan import DryRunOptions, PlanOptions, PrecisionOptions
+    from marin_ablate.sweeps.sweep import exec_options
 
     assert options.parse(_Outer, ["n"]).inner is None
     assert options.parse(_Outer, ["n", "--inner"]).inner == _Inner()
@@ -115,15 +127,16 @@ def test_every_renamed_flag_is_refused_naming_its_replacement(tmp_path, monkeypa
 
 def test_a_model_override_reaches_the_runspec_the_same_way_for_train_and_for_studies(tmp_path):
     from marin_ablate.ablations.studies import get_study
-    from marin_ablate.run import RunOptions
+    from marin_ablate.cli.run import RunOptions
+    from marin_ablate.cli.train import TrainOptions
+    from marin_ablate.marin.config import spec_of_preset
     from marin_ablate.sweeps.sweep import planned_runs
-    from marin_ablate.train import TrainOptions, spec_from_args
 
     tr = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.d_model=48",
                                       "--train.steps", "3"])
     st = options.parse(RunOptions, ["smoke", "--model.d_model=48", "--train.steps", "3"])
     assert tr.overrides == st.overrides == ("model.d_model=48", "train.steps=3")
-    spec = spec_from_args(tr)
+    spec = spec_of_preset(tr.preset, tr.overrides, tr.baseline, tr.seed)
     run = planned_runs(get_study("smoke"), tmp_path, overrides=st.overrides)[0].spec
     assert (spec.model.d_model, spec.train.steps) == (run.model.d_model, run.train.steps) == (48, 3)
     with pytest.raises(ValueError, match="ModelConfig has no field 'nope'; allowed values: .*d_model"):
@@ -131,7 +144,7 @@ def test_a_model_override_reaches_the_runspec_the_same_way_for_train_and_for_stu
 
 
 def test_flags_of_gives_the_command_line_that_parses_back_to_the_same_options():
-    from marin_ablate.status import StatusOptions
+    from marin_ablate.cli.status import StatusOptions
 
     st = StatusOptions(study="smoke", rungs="cpu_s32", out="elsewhere", overrides=("model.d_model=32",), tuned=True)
     assert options.parse(StatusOptions, options.flags_of(st)) == st

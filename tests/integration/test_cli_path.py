@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from marin_ablate.ablations.studies import STUDIES, get_study
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 
 STUDY_FILE = textwrap.dedent('''
     from marin_ablate.ablations import Factor, Study, full_factorial, get_rung
@@ -147,13 +147,14 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
 
 
 def test_train_takes_the_same_override_syntax():
-    from marin_ablate import options
-    from marin_ablate.train import TrainOptions, spec_from_args
+    from marin_ablate.cli import parse as options
+    from marin_ablate.cli.train import TrainOptions
+    from marin_ablate.marin.config import spec_of_preset
 
     args = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.seq_len=64",
                                         "--model.d_model=32", "--recipe.xsa=none", "--train.steps=3",
                                         "--data.data_seed=5"])
-    spec = spec_from_args(args)
+    spec = spec_of_preset(args.preset, args.overrides, args.baseline, args.seed)
     assert (spec.model.seq_len, spec.model.d_model, spec.recipe.xsa, spec.train.steps, spec.data.data_seed) == (
         64, 32, "none", 3, 5)
     with pytest.raises(ValueError, match="allowed sections: --model.F=V, --train.F=V, --data.F=V, --recipe.F=V"):

@@ -19,7 +19,7 @@ import pytest
 from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
 from marin_ablate.ablations.study import Study
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 from marin_ablate.marin.config import DataConfig, ModelConfig, RunSpec, TrainConfig
 from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions
 from marin_ablate.sweeps.runs import write_run_files

@@ -249,7 +249,7 @@ def _listing(run: Path) -> dict[str, bytes]:
 
 
 def test_no_resume_never_deletes_a_run_of_another_spec(tmp_path, capsys):
-    from marin_ablate.main import main as cli_main
+    from marin_ablate.cli.main import main as cli_main
 
     run = tmp_path / "run"
     assert train(_spec(2, checkpoint_every=1), run, stop_after=1)["status"] == "interrupted"

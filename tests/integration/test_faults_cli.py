@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 
 
 def _one_line(capsys) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 from marin_ablate.marin.data import prepare as prep
 from marin_ablate.marin.data import shards
 from marin_ablate.marin.data.loading import load_eval_corpus

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 
 
 def _sim_study(tmp_path: Path) -> Path:

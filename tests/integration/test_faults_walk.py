@@ -111,7 +111,7 @@ def test_every_spec_field_spelled_badly_is_one_line_exit_2_no_traceback(tmp_path
     ("0.5:96", "seq_len=96 must divide the tokens per step"),
 ])
 def test_context_stages_on_the_command_line_are_one_line_naming_the_form(tmp_path, capsys, value, why):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     for argv in (["plan", "smoke", "--rungs", "cpu_s32", "--seeds", "0", "--out", str(tmp_path / "out")],
                  ["train", "--preset", "cpu_s", "--train.steps=32", "--train.batch_size=8",
@@ -123,7 +123,7 @@ def test_context_stages_on_the_command_line_are_one_line_naming_the_form(tmp_pat
 
 
 def test_context_stages_in_the_command_line_form_plan_and_train(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["train", "--preset", "tiny", "--train.steps=4", "--train.eval_every=0",
                  "--train.context_stages=0.5:128", "--run-dir", str(tmp_path / "run")]) == 0
@@ -134,7 +134,7 @@ def test_context_stages_in_the_command_line_form_plan_and_train(tmp_path, capsys
 
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_run_and_plan_refuse_micro_batches_that_do_not_split_the_batch_before_writing(tmp_path, capsys, command):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     argv = [command, "smoke", "--rungs", "cpu_s32", "--seeds", "0", "--out", str(tmp_path / "out"),
             "--train.micro_batches=3"] + (["--executor", "debug"] if command == "run" else [])
@@ -151,7 +151,7 @@ def test_run_refuses_and_plan_names_a_seed_list_whose_table_analyze_would_refuse
     (2 x 292^3 <= 5e7 < 2 x 293^3)."""
     from marin_ablate.ablations.studies import get_study
     from marin_ablate.analysis.pipeline import JOINT_COST_MAX
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
     from marin_ablate.sweeps.sweep import analysis_refusal, planned_runs
 
     assert JOINT_COST_MAX == 5e7  # the numbers below

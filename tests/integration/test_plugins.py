@@ -192,7 +192,7 @@ def test_an_installed_entry_point_registers_its_rows_in_a_fresh_process(tmp_path
 
 def test_a_plugin_or_study_file_that_exits_is_refused_naming_it_not_a_silent_exit_0(tmp_path, capsys):
     """`raise SystemExit(0)` at a plugin's top level is its failure to import, not the command's exit."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     (tmp_path / "quits.py").write_text("raise SystemExit(0)\n")
     assert main(["analyze", str(tmp_path / "nowhere"), "--plugin", str(tmp_path / "quits.py")]) == 2

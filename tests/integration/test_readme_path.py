@@ -80,7 +80,7 @@ def test_adding_a_factor_runs_verbatim_from_a_file_anywhere(tmp_path):
     studies = pkg / "ablations" / "studies.py"
     studies.write_text(studies.read_text() + "\n\n" + study_py + "\n" + register_py)
     env = {**_env(tmp_path), "PYTHONPATH": str(pkg)}
-    r = subprocess.run([sys.executable, "-c", "import sys; from marin_ablate.main import main; "
+    r = subprocess.run([sys.executable, "-c", "import sys; from marin_ablate.cli.main import main; "
                         "sys.exit(main(['plan', 'my_study', '--rungs', 'cpu_s32']))"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

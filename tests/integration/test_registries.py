@@ -70,7 +70,7 @@ def lion_study() -> Study:
 
 
 def _through_analyze(study_ref: str, name: str, out: Path, capsys, *extra: str) -> str:
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", study_ref]) == 0
     assert main(["run", study_ref, "--out", str(out), "--no-analyze", *extra]) == 0
@@ -221,7 +221,7 @@ def inproc_study() -> Study:
 
 @pytest.mark.slow
 def test_a_registered_executor_runs_a_study_from_plan_to_report_and_never_submits_twice(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
     from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, register_executor, wait
     from marin_ablate.sweeps.state import count_dirs
     from marin_ablate.sweeps.sweep import run_study

@@ -20,7 +20,7 @@ import pytest
 from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
 from marin_ablate.ablations.study import Study
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 from marin_ablate.sweeps.executors import ExecOptions, wait
 from marin_ablate.sweeps.runs import read_json
 from marin_ablate.sweeps.sweep import planned_runs, run_study

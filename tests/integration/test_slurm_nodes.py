@@ -98,7 +98,7 @@ def _assert_equal_runs(got_dir: Path, want_dir: Path) -> None:
 
 def test_two_node_study_runs_across_hosts_equals_one_process_and_is_analysed(tmp_path, capsys):
     from marin_ablate.analysis.io.results import collect, inventory
-    from marin_ablate.main import main as cli_main
+    from marin_ablate.cli.main import main as cli_main
 
     study = two_node_study()
     ref = run_study(study, tmp_path / "ref", ExecOptions(executor="debug"), progress=False)

@@ -204,7 +204,7 @@ def test_a_damaged_plugins_json_is_one_line_naming_the_file(tmp_path, text, fiel
 
 
 def test_a_run_refuses_to_extend_a_damaged_plugins_json_before_writing_runs(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     sd = tmp_path / "smoke"
     sd.mkdir()
@@ -216,7 +216,7 @@ def test_a_run_refuses_to_extend_a_damaged_plugins_json_before_writing_runs(tmp_
 
 
 def test_status_never_imports_a_module_named_by_the_folders_plugins_json(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     sd = tmp_path / "smoke"
     sd.mkdir()

@@ -275,7 +275,7 @@ def test_paloma_layout_eval_corpus_gives_eval_batches_and_bytes_per_token(paloma
 
 
 def test_data_prepare_cli_writes_the_same_shards(source, tokenizer_json, prepared, tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     out = tmp_path / "cli"
     rc = main(["data", "prepare", str(source), "--tokenizer", str(tokenizer_json), "--corpus-dir", str(out),
@@ -297,7 +297,7 @@ def _fake_prepared(path: Path, tokens: int, vocab: int) -> Path:
 
 
 def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", "marin535"]) == 2
     err = capsys.readouterr().err
@@ -306,7 +306,7 @@ def test_plan_refuses_the_embedded_corpus_for_gpu_rungs_naming_the_setting(capsy
 
 def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
     from marin_ablate.ablations.studies import get_study
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     rungs = {r["name"]: r["tokens"] for r in get_study("marin535").describe()["rungs"]}
     big = _fake_prepared(tmp_path / "big", 2 * max(rungs.values()), 16384)
@@ -334,7 +334,7 @@ def test_plan_shows_tokens_corpus_size_and_epochs_per_rung(tmp_path, capsys):
 
 
 def test_plan_refuses_a_corpus_whose_manifest_is_unreadable_or_of_another_format(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -485,7 +485,7 @@ def real_data_study():
 
 @pytest.mark.slow
 def test_a_tiny_study_on_a_prepared_corpus_reports_per_domain_loss_and_bpb(prepared, paloma_dir, tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
     from marin_ablate.sweeps.executors import ExecOptions
     from marin_ablate.sweeps.sweep import run_study
 

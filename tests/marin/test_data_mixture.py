@@ -236,7 +236,7 @@ def test_hero_ladder_and_hero_study_switch_to_the_cooldown_mix_at_80_percent_of_
 
 
 def test_plan_refuses_a_mixture_naming_a_domain_the_corpus_lacks_before_any_run(capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", "smoke", "--data.mixture=0:prose=1+web=1,0.8:code=1"]) == 2
     err = capsys.readouterr().err

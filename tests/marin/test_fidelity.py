@@ -106,9 +106,8 @@ def test_qb_statistics_are_recorded_once_under_a_reentrant_activation_checkpoint
 
 
 def test_every_gpu_rung_holds_65536_tokens_per_ep_shard():
-    from marin_ablate.ablations.ladders import GPU_RUNGS, HERO_RUNGS  # noqa: PLC0415
-    from marin_ablate.common import rung_of_preset  # noqa: PLC0415
-    from marin_ablate.describe import resolved  # noqa: PLC0415
+    from marin_ablate.ablations.ladders import GPU_RUNGS, HERO_RUNGS, rung_of_preset  # noqa: PLC0415
+    from marin_ablate.marin.flops import resolved  # noqa: PLC0415
     for name, r in GPU_RUNGS.items():
         assert r.model().ep_shards == r.batch_size * 4096 // 65_536, name
         assert r.describe()["tokens_per_ep_shard"] == 65_536, name

@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from marin_ablate.main import main as cli_main
+from marin_ablate.cli.main import main as cli_main
 from marin_ablate.marin import flops
 from marin_ablate.marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe, preset
 from marin_ablate.marin.model import MarinModel
@@ -150,5 +150,5 @@ def test_plan_preset_rejects_unknown_levels_with_allowed_values(capsys):
 
 
 def test_accounting_and_describe_import_no_torch():
-    code = "import sys, marin.flops, marin_ablate.describe; sys.exit('torch' in sys.modules)"
+    code = "import sys, marin_ablate.marin.flops, marin_ablate.cli.plan; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -336,11 +336,11 @@ def prepared_corpus(tmp_path_factory):
 
 def test_hero_study_refuses_the_embedded_corpus_at_plan_time():
     from marin_ablate.ablations import get_study
-    from marin_ablate.common import epochs_checked
+    from marin_ablate.ablations.epochs import check_study_epochs
 
     study = get_study("hero")
     with pytest.raises(ValueError, match="data.corpus='embedded' is the small CPU test corpus"):
-        epochs_checked(study, study.describe()["rungs"], [], allow_repeat=True)
+        check_study_epochs(study.runs(), study.describe()["rungs"], allow_repeat=True)
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ def test_train_on_a_prepared_corpus_runs_with_datasets_submitit_optuna_and_panda
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ImportError):
         import datasets  # noqa: F401
-    from marin_ablate.train import cmd_train
+    from marin_ablate.cli.train import cmd_train
 
     rc = cmd_train(["--preset", "tiny", "--run-dir", str(tmp_path / "run"), f"--data.corpus={corpus / 'corpus'}",
                     f"--data.eval_dir={corpus / 'eval'}", "--train.steps=2", "--train.batch_size=2",

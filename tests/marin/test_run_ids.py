@@ -115,7 +115,7 @@ def test_the_recipe_enters_the_id_by_its_switches_away_from_their_identity_level
 
 
 def test_planning_computes_each_run_id_once(monkeypatch, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     calls = []
     ident = RunSpec.identity_json

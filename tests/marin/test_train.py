@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from train_signalled import signal_after
 
-from marin_ablate import options
+from marin_ablate.cli import parse as options
+from marin_ablate.cli.train import TrainOptions
 from marin_ablate.marin.config import (
     BASELINE_LEVELS,
     FACTORS,
@@ -27,9 +28,9 @@ from marin_ablate.marin.config import (
     RunSpec,
     TrainConfig,
     preset,
+    spec_of_preset,
 )
 from marin_ablate.marin.train import context_plan, is_spike, train
-from marin_ablate.train import TrainOptions, spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny", ["seq_len=64"])
@@ -95,7 +96,8 @@ def test_sigterm_at_step_k_then_resume_matches_an_uninterrupted_run(tmp_path):
     argv = ["--preset", "tiny", "--model.seq_len=64", "--train.steps", "24", "--train.batch_size=2",
             "--train.eval_every=8", "--train.eval_batches=1", "--train.checkpoint_every=10",
             "--train.log_every=1", "--train.threads=1"]
-    spec = spec_from_args(options.parse(TrainOptions, argv + ["--run-dir", "x"]))
+    args = options.parse(TrainOptions, argv + ["--run-dir", "x"])
+    spec = spec_of_preset(args.preset, args.overrides, args.baseline, args.seed)
     ref = train(spec, tmp_path / "ref")
 
     run = tmp_path / "cut"
@@ -191,7 +193,7 @@ def test_diverged_run_writes_a_failed_summary_with_step_and_reason(tmp_path):
 
 
 def test_bad_input_fails_before_any_work(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["train", "--preset", "nope", "--run-dir", str(tmp_path / "a")]) == 2
     assert "unknown preset 'nope'; allowed values: tiny" in capsys.readouterr().err

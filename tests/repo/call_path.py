@@ -42,7 +42,7 @@ def _module_of(frame) -> str | None:
 
 def trace(argv: list[str], first_step: str = FIRST_STEP) -> tuple[list[Call], list[Call]]:
     """(spine, walk) of `marin-ablate ARGV` up to the first call of `first_step` (a qualified name)."""
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     seq = 0
     born: dict[int, int] = {}  # id(frame) -> seq of its latest call: a live frame's id is never reused

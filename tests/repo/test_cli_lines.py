@@ -1,6 +1,6 @@
 """Every `marin-ablate ...` line a user can read -- README, docs/, and the messages the code prints -- uses
-only commands, flags, spec overrides and studies that exist: each line is parsed against the CLI's own
-options dataclasses (marin_ablate/options.py), never run."""
+only commands, flags, spec overrides and studies that exist: each line is checked against the CLI's own
+options dataclasses (the flags marin_ablate/cli/parse.py gives tyro), never run."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from marin_ablate import options
 from marin_ablate.ablations.studies import STUDIES
-from marin_ablate.main import COMMANDS, MOVED
+from marin_ablate.cli import parse as options
+from marin_ablate.cli.main import COMMANDS, MOVED
+from marin_ablate.marin.config import spec_items
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"marin-ablate +([a-z][a-z_-]*)([^`\n|;&#)]*)")
@@ -29,7 +30,7 @@ def _command_classes() -> dict[str, type]:
 
     out = {}
     for name, (module, _) in COMMANDS.items():
-        mod = importlib.import_module(module)
+        mod = importlib.import_module(f"marin_ablate.cli.{module}")
         if name == "data":
             out.update({f"data {a}": cls for a, cls in mod.ACTIONS.items()})
             continue
@@ -70,7 +71,21 @@ def _tokens(rest: str) -> list[str]:
         if t in STOP:
             break
         out.append(t.strip(".,:'\"[]()"))
-    return [t for t in out if t and t != "..."]
+    return [t for t in out if t and t not in ("...", "\\")]
+
+
+def known_flags(cls: type, prefix: str = "") -> set[str]:
+    """Every flag the parser of `cls` accepts (a section's fields as the docs spell them: --dry-run.capacity_gib)."""
+    out = {"-h", "--help"}
+    for _, pre, kind, extra in options.fields_of(cls, prefix):
+        if kind == "inline":
+            out |= known_flags(extra, pre)
+        elif kind in ("section", "sections"):
+            for n, sub in extra.items():
+                out |= {f"--{pre}{n}".replace("_", "-"), *known_flags(sub, f"{pre}{n}.")}
+        elif kind in ("value", "bool", "tuple"):
+            out.add(pre)
+    return out
 
 
 def problems(where: str, command: str, toks: list[str], classes: dict[str, type], defined=()) -> list[str]:
@@ -82,9 +97,8 @@ def problems(where: str, command: str, toks: list[str], classes: dict[str, type]
     if command not in classes:  # prose ("marin-ablate answers ..."), or `data` with its action as a placeholder
         return []
     cls, bad = classes[command], []
-    flags = options.known_flags(cls)
-    spec = options._spec_field(cls)  # noqa: SLF001 - the sections a command's spec overrides may use
-    sections = options.option_meta(spec)["spec"] if spec is not None else ()
+    flags = known_flags(cls)
+    sections = options.spec_sections(cls)
     for i, tok in enumerate(toks):
         if not tok.startswith("--"):
             if i == 0 and command in ("run", "plan", "status") and re.fullmatch(r"[a-z][a-z0-9_]*", tok):
@@ -96,7 +110,7 @@ def problems(where: str, command: str, toks: list[str], classes: dict[str, type]
             continue
         if re.fullmatch(r"--(model|train|data|recipe)\.[A-Za-z_]+", head) and "F" not in head.split(".")[1:]:
             try:
-                options.spec_overrides([f"{head}=0"], sections)
+                spec_items([f"{head}=0"], sections)
             except ValueError as e:
                 bad.append(f"{where}: {e}")
             continue
@@ -107,6 +121,13 @@ def problems(where: str, command: str, toks: list[str], classes: dict[str, type]
         if re.fullmatch(r"--[a-z-]+\.(FIELD|X|\*)", head) and f"--{head[2:].split('.')[0]}" in flags:
             continue  # a section's generic form
         bad.append(f"{where}: `marin-ablate {command}` has no flag {head}")
+    # a line without placeholders goes through the parser itself (prose may leave out what a command requires)
+    if not bad and not any(re.search(r"\b[A-Z]+\b|\.F\b|\*|\|", t) for t in toks):
+        try:
+            options.parse(cls, toks)
+        except ValueError as e:
+            if not str(e).startswith(("Required options", "Missing argument", "plan needs")):
+                bad.append(f"{where}: `marin-ablate {command} {shlex.join(toks)}`: {e}")
     return bad
 
 
@@ -134,6 +155,8 @@ def test_every_marin_ablate_line_in_the_readme_docs_and_messages_parses_against_
     ("marin-ablate tune smoke", "is refused"),
     ("marin-ablate run my_studdy", "no study 'my_studdy'"),
     ("marin-ablate analyze runs/smoke --dry-run", "has no flag --dry-run"),
+    ("marin-ablate analyze runs/smoke --n-boot many", "'many' is not an integer"),
+    ("marin-ablate plan smoke --dry-run --precision", "are two modes of plan"),
 ])
 def test_the_line_check_catches_each_kind_of_stale_line(line, says):
     m = LINE.search(line)

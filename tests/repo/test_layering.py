@@ -83,7 +83,7 @@ def _torch_free() -> list[str]:
 
     mods = package_modules()
     sources = CONTRACT_BY_ID["torch-free"]["source_modules"]
-    cli = [m for m in mods if m.split(".")[1:2] and m.split(".")[1] not in LAYERS + ("__main__", "train")]
+    cli = [m for m in mods if m.startswith(f"{PACKAGE}.cli") and m != f"{PACKAGE}.cli.train"]
     return sorted({m for m in mods for s in sources if m == s or m.startswith(s + ".")} | set(cli))
 
 
@@ -97,4 +97,4 @@ def test_importing_the_torch_free_modules_loads_no_torch():
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "", f"importing {r.stdout.strip()} loads torch"
     assert len(torch_free) > 25 and "marin_ablate.analysis.report.writer" in torch_free
-    assert "marin_ablate.ablations" in torch_free and "marin_ablate.main" in torch_free
+    assert "marin_ablate.ablations" in torch_free and "marin_ablate.cli.main" in torch_free

@@ -48,12 +48,12 @@ def test_the_wheel_ships_every_module_of_the_checkout_at_its_import_path(wheel):
     shipped = {n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in wheel.namelist()
                if n.endswith(".py")}
     assert shipped == package_modules()
-    assert {"marin_ablate.marin.model", "marin_ablate.analysis.fit.joint", "marin_ablate.main"} <= shipped
+    assert {"marin_ablate.marin.model", "marin_ablate.analysis.fit.joint", "marin_ablate.cli.main"} <= shipped
 
 
 def test_the_wheel_ships_the_licence_the_type_marker_the_corpus_text_and_the_notebook(wheel):
     names = set(wheel.namelist())
-    for path in ("marin_ablate/main.py", "marin_ablate/marin/model.py", "marin_ablate/ablations/studies.py",
+    for path in ("marin_ablate/cli/main.py", "marin_ablate/marin/model.py", "marin_ablate/ablations/studies.py",
                  "marin_ablate/sweeps/sweep.py", "marin_ablate/planning/hero.py", "marin_ablate/analysis/pipeline.py",
                  "marin_ablate/py.typed", "marin_ablate/marin/data/embedded/kjv.tsv.xz",
                  "marin_ablate/marin/data/embedded/NOTICE.md", "marin_ablate/analysis/notebooks/attribution.ipynb"):
@@ -100,7 +100,8 @@ def test_a_study_runs_with_marins_marin_and_wandbs_sweeps_first_on_the_path(tmp_
 
 # One name from each layer and the command line: where `from MODULE import NAME` sends an editor.
 DEFINITIONS = {"marin": ("config", "ModelConfig"), "ablations": ("study", "Study"), "sweeps": ("sweep", "run_planned"),
-               "planning": ("slurm", "sbatch_params"), "analysis": ("io.results", "load_table"), "": ("main", "main")}
+               "planning": ("slurm", "sbatch_params"), "analysis": ("io.results", "load_table"),
+               "": ("cli.main", "main")}
 
 
 def test_go_to_definition_finds_the_real_file_in_each_layer_of_the_development_install(tmp_path):

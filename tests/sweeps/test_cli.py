@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from marin_ablate.ablations.studies import STUDIES, get_study
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_studies_lists_every_registered_study_with_its_one_line_description(caps
 
 
 def test_listing_the_studies_loads_no_torch():
-    code = "import sys\nfrom marin_ablate.main import main\nmain(['studies'])\nprint('torch' in sys.modules)"
+    code = "import sys\nfrom marin_ablate.cli.main import main\nmain(['studies'])\nprint('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "False"

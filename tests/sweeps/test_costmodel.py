@@ -39,7 +39,7 @@ def test_a_damaged_cache_line_is_skipped_and_named_by_file_line_and_field(tmp_pa
 
 
 def test_plan_with_a_damaged_cache_states_a_sane_interval(tmp_path, monkeypatch, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -122,7 +122,7 @@ def test_a_real_run_records_the_cpu_time_and_wall_its_slowdown_is_read_from(tmp_
 
 
 def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums(tmp_path, capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", "smoke", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -132,7 +132,7 @@ def test_plan_prints_each_alias_group_once_the_arm_key_and_what_train_flops_sums
 
 
 def test_plan_preset_shows_the_rungs_overrides_and_what_params_active_marin_counts(capsys):
-    from marin_ablate.main import main
+    from marin_ablate.cli.main import main
 
     assert main(["plan", "--preset", "d512"]) == 0
     out = capsys.readouterr().out

@@ -203,9 +203,9 @@ def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_an
     mult, prov = lr_plan(hero, tmp_path, None)
     assert mult is None and prov == {"lr_source": "heuristic", "lr_profile_skipped": why}
     assert not (tmp_path / "hero").exists()  # nothing ran or was written
-    from marin_ablate.plan import _before_design
+    from marin_ablate.sweeps.reference import before_design
 
-    assert sum(r["runs"] for r in _before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
+    assert sum(r["runs"] for r in before_design(hero, str(tmp_path))) == 0  # `plan hero` lists no profile run
     for name in ("smoke", "marin535"):  # studies whose profile rung is under the threshold still profile
         assert profile_skipped(get_study(name)) is None and profile_cost(get_study(name))["runs"] > 0
 
@@ -256,7 +256,7 @@ def test_the_hero_smoke_runs_profile_no_lr_and_plan_says_why(tmp_path, name):
     """docs/gpu.md step 3 runs them without --no-profile: one arm each, so no profile (hero_2rack's would have
     been 10-18 runs of 128 GPUs), and the two cluster-sized ones are over the GPU-hour budget too."""
     from marin_ablate.ablations.studies import get_study
-    from marin_ablate.plan import _before_design
+    from marin_ablate.sweeps.reference import before_design as _before_design
     from marin_ablate.sweeps.tuning import PROFILE_MAX_GPU_HOURS, lr_plan, profile_cost, profile_skipped
 
     study = get_study(name)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from marin_ablate.main import main
+from marin_ablate.cli.main import main
 from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
 from marin_ablate.marin.train.loop import _device, check_spec
 

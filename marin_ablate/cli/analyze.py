@@ -6,12 +6,13 @@ No torch anywhere on this path."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import ClassVar
 
-from marin_ablate import options
 from marin_ablate.analysis.io.importer import COLUMNS, LAYOUTS
 from marin_ablate.analysis.study_folder import AnalysisOptions
+from marin_ablate.cli.parse import parse
 from marin_ablate.marin import plugins
 from marin_ablate.marin.fields import option
 
@@ -78,49 +79,32 @@ class AnalyzeOptions(AnalysisOptions):
                                           "imported)")
 
 
-def _import(args: AnalyzeOptions) -> int:
-    """`analyze --import.table FILE`: the table into a study folder."""
-    import json
-
-    from marin_ablate.analysis.io.importer import import_file
-
-    if args.imports.table is None:
-        raise ValueError("--import needs --import.table FILE (a .csv or .json table, one row per run)")
-    if args.study is not None:
-        raise ValueError(f"STUDY {args.study!r} with --import.table: the import writes a study folder (--study-dir); "
-                         f"allowed: `analyze --import.table {args.imports.table}`, then `analyze DIR`")
-    out = import_file(args.imports.table, args.study_dir, args.imports.study, args.imports.layout)
-    for note in json.loads((out / "import.json").read_text()).get("notes", []):
-        print(f"note: {note}")
-    rows = json.loads((out / "import.json").read_text())["rows"]
-    n = sum(1 for p in (out / "runs").iterdir() if p.is_dir())
-    print(f"imported {rows} rows as {n} runs into {out}; next: marin-ablate analyze {out}")
-    return 0
-
-
-def library_options(args: AnalyzeOptions) -> AnalysisOptions:
-    """The analysis options of a parsed command line (the library's fields of `AnalyzeOptions`)."""
-    import dataclasses
-
-    return AnalysisOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(AnalysisOptions)})
-
-
 def cmd_analyze(argv: list[str]) -> int:
+    args = parse(AnalyzeOptions, argv)  # an AnalysisOptions too: the library reads its fields
+    from marin_ablate.analysis.io.importer import import_file
     from marin_ablate.analysis.study_folder import analyze_study, backtest_study, forecast_study
 
-    args = options.parse(AnalyzeOptions, argv)
     plugins.load_named(args.plugin)  # named by the user, before STUDY is read
-    if args.imports is not None:
-        return _import(args)
+    if args.imports is not None:  # the table into a study folder
+        if args.imports.table is None:
+            raise ValueError("--import needs --import.table FILE (a .csv or .json table, one row per run)")
+        if args.study is not None:
+            raise ValueError(f"STUDY {args.study!r} with --import.table: the import writes a study folder (--study-"
+                             f"dir); allowed: `analyze --import.table {args.imports.table}`, then `analyze DIR`")
+        out = import_file(args.imports.table, args.study_dir, args.imports.study, args.imports.layout)
+        rec = json.loads((out / "import.json").read_text())
+        n = sum(1 for p in (out / "runs").iterdir() if p.is_dir())
+        print("\n".join([*(f"note: {note}" for note in rec.get("notes", [])),
+                         f"imported {rec['rows']} rows as {n} runs into {out}; next: marin-ablate analyze {out}"]))
+        return 0
     if args.study is None:
         raise ValueError("analyze needs a STUDY (a study directory, a results table or a study name), or "
                          "--import.table FILE")
-    opts = library_options(args)
     if args.forecast is not None:
-        res = forecast_study(args.study, opts, args.forecast.arm, args.forecast.note, args.study_dir)
+        res = forecast_study(args.study, args, args.forecast.arm, args.forecast.note, args.study_dir)
     elif args.backtest is not None:
-        res = backtest_study(args.study, opts, args.backtest.min_rungs)
+        res = backtest_study(args.study, args, args.backtest.min_rungs)
     else:
-        res = analyze_study(args.study, opts)
+        res = analyze_study(args.study, args)
     print("\n".join(res.lines))
     return 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from marin_ablate import options
+from marin_ablate.cli.parse import parse
 from marin_ablate.marin.fields import option
 
 
@@ -56,14 +56,14 @@ ACTIONS = {"prepare": PrepareOptions, "verify": VerifyOptions, "index": IndexOpt
 
 
 def cmd_data(argv: list[str]) -> int:
-    if not argv or argv[0] not in ACTIONS:
-        if argv and argv[0] in ("-h", "--help"):
-            print(f"usage: marin-ablate data {{{','.join(ACTIONS)}}} ...\n\n" + "\n".join(
-                f"  {k:<8} {v.__doc__.splitlines()[0]}" for k, v in ACTIONS.items()))
-            return 0
-        raise ValueError(f"ACTION {argv[0] if argv else ''!r} is not known; allowed values: {', '.join(ACTIONS)}")
-    action = argv[0]
-    args = options.parse(ACTIONS[action], argv[1:], prog=f"marin-ablate data {action}")
+    action = argv[0] if argv else ""
+    if action in ("-h", "--help"):
+        print(f"usage: marin-ablate data {{{','.join(ACTIONS)}}} ...\n\n"
+              + "\n".join(f"  {k:<8} {v.__doc__.splitlines()[0]}" for k, v in ACTIONS.items()))
+        return 0
+    if action not in ACTIONS:
+        raise ValueError(f"ACTION {action!r} is not known; allowed values: {', '.join(ACTIONS)}")
+    args = parse(ACTIONS[action], argv[1:], prog=f"marin-ablate data {action}")
     if action == "verify":
         from marin_ablate.marin.data.index import verify_index
         from marin_ablate.marin.data.shards import verify_corpus
@@ -71,8 +71,7 @@ def cmd_data(argv: list[str]) -> int:
         m, idx = verify_corpus(args.corpus, full=True), verify_index(args.corpus)
         print(f"{args.corpus}: {len(m['shards'])} shards, {m['tokens']:,} tokens match manifest.json (sha256)"
               + (f"; the loader index of {idx['documents']:,} documents matches index.json (sha256)" if idx else ""))
-        return 0
-    if action == "index":
+    elif action == "index":
         from marin_ablate.marin.data.index import build_index
         from marin_ablate.marin.data.prepare import out_lock
 
@@ -80,18 +79,16 @@ def cmd_data(argv: list[str]) -> int:
             meta = build_index(args.corpus)
         print(f"{args.corpus}: loader index of {meta['documents']:,} documents, {meta['tokens']:,} tokens, "
               f"{len(meta['domains'])} domain(s)")
-        return 0
-    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
+    else:
+        from marin_ablate.marin.data.prepare import PrepareConfig, prepare
 
-    cfg = PrepareConfig(source=args.source, tokenizer=args.tokenizer, out=args.corpus_dir,
-                        text_column=args.text_column, domain_column=args.domain_column,
-                        folder_domains=args.folder_domains, id_column=args.id_column, num_proc=args.num_proc,
-                        docs_per_shard=args.docs_per_shard, split=args.split)
-    m = prepare(cfg, log=lambda line: print(line, flush=True))
-    doms = ", ".join(f"{k or '(none)'} {v['tokens']:,}" for k, v in sorted(m["domains"].items()))
-    tok = m["tokenizer"]
-    print(f"{args.corpus_dir}: {m['tokens']:,} tokens, {m['documents']:,} documents ({m['skipped_empty']} empty "
-          f"skipped) in {len(m['shards'])} shards, {m['dtype']}, vocabulary {tok['vocab_size']:,}; per domain: {doms}")
-    print(f"train on it: marin-ablate run STUDY --data.corpus={args.corpus_dir} --data.eval_dir=EVAL_DIR "
-          "(a Paloma-layout directory)")
+        kw = {k: getattr(args, k) for k in ("source", "tokenizer", "text_column", "domain_column", "folder_domains",
+                                            "id_column", "num_proc", "docs_per_shard", "split")}
+        m = prepare(PrepareConfig(out=args.corpus_dir, **kw), log=lambda line: print(line, flush=True))
+        doms = ", ".join(f"{k or '(none)'} {v['tokens']:,}" for k, v in sorted(m["domains"].items()))
+        print(f"{args.corpus_dir}: {m['tokens']:,} tokens, {m['documents']:,} documents ({m['skipped_empty']} empty "
+              f"skipped) in {len(m['shards'])} shards, {m['dtype']}, vocabulary {m['tokenizer']['vocab_size']:,}; "
+              f"per domain: {doms}")
+        print(f"train on it: marin-ablate run STUDY --data.corpus={args.corpus_dir} --data.eval_dir=EVAL_DIR "
+              "(a Paloma-layout directory)")
     return 0

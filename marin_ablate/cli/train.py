@@ -10,19 +10,11 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
-from marin_ablate import options
-from marin_ablate.marin.config import (
-    DataConfig,
-    Recipe,
-    RunSpec,
-    TrainConfig,
-    apply_overrides,
-    preset,
-    split_overrides,
-)
+from marin_ablate.cli.parse import parse
+from marin_ablate.marin.config import spec_of_preset
 from marin_ablate.marin.fields import SEED, SPEC_SECTIONS, option
 from marin_ablate.marin.runlock import RunLock
 from marin_ablate.marin.train.metrics import LOG_TO
@@ -47,43 +39,17 @@ class TrainOptions:
                                         "none: a completed run keeps no checkpoint")
 
 
-def spec_from_args(args: TrainOptions) -> RunSpec:
-    """The RunSpec of train's options: the preset, Recipe() (or its baseline), the --SECTION.F=V overrides."""
-    sets = split_overrides(list(args.overrides))
-    model = preset(args.preset, sets["model"])
-    recipe = Recipe.baseline() if args.baseline else Recipe()
-    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
-    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"]))
-    data = apply_overrides(DataConfig(), sets["data"])
-    return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=args.seed)
-
-
-def _int_fields(cfg):
-    """apply_overrides parses a None-default field as float; `int | None` fields want ints (so that
-    `--train.threads=1` and threads=1 give the same run id)."""
-    fix = {}
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        if isinstance(v, float) and str(f.type).replace(" ", "") in ("int|None", "Optional[int]"):
-            if not v.is_integer():
-                raise ValueError(f"{type(cfg).__name__}.{f.name}={v!r} must be an integer")
-            fix[f.name] = int(v)
-    return replace(cfg, **fix) if fix else cfg
-
-
-
-
 def _is_rank0() -> bool:
     """Only one rank of a distributed launch holds the lock (they share the run directory)."""
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0) == 0
 
 
 def cmd_train(argv: list[str]) -> int:
+    args = parse(TrainOptions, argv)
     from marin_ablate.marin.train.loop import check_spec, train
     from marin_ablate.marin.train.metrics import check_log_to
 
-    args = options.parse(TrainOptions, argv)
-    spec = spec_from_args(args)
+    spec = spec_of_preset(args.preset, args.overrides, args.baseline, args.seed)
     log_to = tuple(x for x in args.log_to.split(",") if x)
     check_spec(spec)  # a setting train refuses, refused before the lock creates --run-dir
     check_log_to(log_to)
