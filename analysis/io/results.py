@@ -24,7 +24,6 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from marin_ablate.marin.flops import summary_contradiction
 from marin_ablate.marin.schema import (
     DamagedFile,
     atomic_write_bytes,
@@ -186,6 +185,8 @@ def contradiction(meta, spec: Mapping, run: str) -> str | None:
 
 
 def _row(run_dir: Path) -> dict:
+    from marin_ablate.marin.flops import summary_contradiction  # the FLOP accounting: imported only to read runs
+
     meta = read_meta(run_dir, strict=True)
     spec = read_json(run_dir / "spec.json", strict=True) or {}
     why = contradiction(meta, spec, f"runs/{run_dir.name}") if meta is not None else None

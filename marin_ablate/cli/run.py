@@ -13,6 +13,7 @@ from typing import ClassVar
 from marin_ablate.cli.common import StudyOptions, study_from_args
 from marin_ablate.cli.parse import flags_of, parse
 from marin_ablate.marin.fields import SEED, option
+from marin_ablate.sweeps.job import UntilOptions
 from marin_ablate.sweeps.sweep import ExecConfig, LogOptions, exec_options
 
 
@@ -48,6 +49,7 @@ class RunOptions(StudyOptions):
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
     tune: TuneSection | None = option(None, section=TuneSection, mode=True, help=TuneSection.__doc__)
+    until: UntilOptions | None = option(None, section=UntilOptions, help=UntilOptions.__doc__)
 
 
 def _hint(args: RunOptions, command: str = "status", **kw) -> str:
@@ -69,35 +71,26 @@ def cmd_run(argv: list[str]) -> int:
     if args.tune is not None:  # a mode: the LR profile instead of the design
         return cmd_tune(args)
     from marin_ablate.analysis.study_folder import analyze_study
-    from marin_ablate.sweeps import reference
     from marin_ablate.sweeps.executors import get_executor
+    from marin_ablate.sweeps.job import DesignOptions, run_design, run_until
     from marin_ablate.sweeps.state import all_done
-    from marin_ablate.sweeps.sweep import plan_study, run_plan
     from marin_ablate.sweeps.tracking import log_locations, parse_log_to
-    from marin_ablate.sweeps.tuning import lr_plan, profile_skipped, read_profile
 
     study = study_from_args(args)
     opts = exec_options(args.execution, study, args.log)
-    # the design planned and checked once, before the LR profile or the reference ladder writes anything
-    plan = plan_study(study, args.out, opts, overrides=args.overrides, epochs=True, allow_repeat=args.allow_repeat)
-    plan = plan.check()
-    if args.tuned:
-        lr_plan(study, args.out, None, tuned=True)  # a missing or damaged file: refused before any run
-    if (not opts.wait and study.lr_coupled and not (args.tuned or args.no_profile) and not profile_skipped(study)
-            and not read_profile(args.out, study.name)):
-        raise ValueError(f"--no-wait: the LR profile of {', '.join(f.name for f in study.lr_coupled)} must finish "
-                         "before the design is submitted; allowed: run once without --no-wait, or --no-profile")
-    mult, prov = lr_plan(study, args.out, opts if opts.wait else None, tuned=args.tuned,
-                         profile=not args.no_profile, overrides=args.overrides)
-    if prov.get("lr_profile_skipped"):
-        print(f"{study.name}: no LR profile: {prov['lr_profile_skipped']}", flush=True)
-    if prov["lr_source"] == "profile":
-        print(f"{study.name}: LRs profiled per level ({prov['lr_profile']}, {prov['lr_profile_date']})", flush=True)
-    law = reference.pin_law(study, plan.sdir, opts, args.overrides, pin=not args.no_pin)
-    if law:
-        print(f"{study.name}: {law}", flush=True)
-    rep = run_plan(plan.at_lrs(mult, prov))
-    print("\n".join(rep.lines(get_executor(opts.executor).shows_jobs)))
+    d = DesignOptions(tuple(args.overrides), args.tuned, args.no_profile, args.no_pin, args.allow_repeat)
+    reports: list = []
+
+    def run_block(s):
+        reports.append(run_design(s, args.out, opts, d, say=lambda line: print(line, flush=True)))
+
+    if args.until is not None:  # the study's seeds are the pilot, then blocks of added seeds (sweeps/job.py)
+        if not opts.wait:
+            raise ValueError("--until adds seeds from the pilot's finished runs; allowed: --until without --no-wait")
+        run_until(study, args.out, args.until.spec(), run_block, get_executor(opts.executor).slots(opts) or 1)
+    else:
+        run_block(study)
+    rep = reports[-1]
     c = rep.counts
     if c["failed"]:
         print(f"failed runs keep their error in summary.json; `{_hint(args)}` lists them; --retry-failed runs them "

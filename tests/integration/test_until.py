@@ -1,0 +1,65 @@
+"""`run STUDY --until.halfwidth H` (docs/method.md §4.11): the study's seeds are the pilot, Stein's rule fixes from
+their scatter how many seeds the study runs in all, the added seeds train, and the analysis reports Stein's interval for
+the named values; a folder planned for another target is refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from marin_ablate.analysis.study_folder import analysis_of
+from marin_ablate.cli.main import main
+
+STUDY = '''
+from marin_ablate.ablations.designs import full_factorial
+from marin_ablate.ablations.ladders import get_rung
+from marin_ablate.ablations.study import Study
+
+
+def study(seeds=(0, 1), rungs=("cpu_s16", "cpu_s32")):
+    return Study("tiny_until", "xsa x sconv on two tiny rungs", ("xsa", "sconv"), full_factorial(["xsa", "sconv"]),
+                 rungs=tuple(get_rung(r) for r in rungs), seeds=tuple(seeds))
+'''
+
+
+def _xsa(a) -> dict:
+    c = a.components
+    return c[(c["response"] == "ln_M") & (c["component"] == "xsa")].iloc[0].to_dict()
+
+
+@pytest.mark.slow
+def test_run_until_adds_the_seeds_steins_rule_asks_for_and_reports_steins_interval(tmp_path, capsys):
+    src = tmp_path / "tiny_until.py"
+    src.write_text(STUDY)
+    out, name = tmp_path / "out", f"{src}:study"
+    common = ["--executor", "debug", "--out", str(out)]
+    assert main(["run", name, "--no-analyze", *common]) == 0  # the pilot alone, as a plain run makes it
+    pilot, _ = analysis_of(out / "tiny_until")
+    s0 = float(np.std([_xsa(x)["shapley"] for x in pilot.per_seed.values()], ddof=1))
+    x = _xsa(pilot)
+    h = stats.t.ppf(0.975, 1) * s0 / math.sqrt(3.5)  # Stein's N = ceil(3.5) = 4: two seeds more
+    assert (x["shapley_model_hi"] - x["shapley_model_lo"]) / 2 * math.sqrt(2 / 4) <= h  # the model's part needs fewer
+    capsys.readouterr()
+    assert main(["run", name, "--until.halfwidth", f"{h:.17g}", "--until.components", "xsa", *common]) == 0
+    said = capsys.readouterr().out
+    plan = json.loads((out / "tiny_until" / "until.json").read_text())
+    assert plan["pilot"] == [0, 1] and plan["seeds"] == 4 and plan["needs"] == {"xsa": 4}
+    assert plan["pilot_sd"]["xsa"] == pytest.approx(s0, rel=1e-9)
+    assert "the pilot's 2 seeds ask for 4 in all (xsa 4)" in said
+    a, table = analysis_of(out / "tiny_until")
+    assert sorted(table["seed"].unique()) == [0, 1, 2, 3] and len(table) == 4 * 4 * 2  # 4 seeds x 4 arms x 2 rungs
+    x = _xsa(a)
+    half = stats.t.ppf(0.975, 1) * s0 / math.sqrt(4)  # Stein: the pilot's sd and t on its 1 df, over N = 4
+    assert half <= h
+    assert x["shapley_hi"] == pytest.approx(max(x["shapley_model_hi"], x["shapley"] + half), abs=1e-12)
+    assert x["shapley_lo"] == pytest.approx(min(x["shapley_model_lo"], x["shapley"] - half), abs=1e-12)
+    # the same plan resumes with nothing to run; another target is refused before anything runs
+    before = sorted(p.name for p in (out / "tiny_until" / "runs").iterdir())
+    assert main(["run", name, "--until.halfwidth", "0.5", *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "until.json was planned for pilot seeds [0, 1]" in err[0] and "delete the file" in err[0]
+    assert sorted(p.name for p in (out / "tiny_until" / "runs").iterdir()) == before
