@@ -70,6 +70,22 @@ class StudyResult:
     written: list[Path] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
+    @property
+    def damaged(self) -> str:
+        """One line naming the run folders left out because they contradict themselves or cannot be read
+        (analysis/io/results.py DAMAGED), '' when none: `analyze` ends with it, exit 2, once the report is written."""
+        from marin_ablate.analysis.io.results import DAMAGED
+
+        t = self.table
+        bad = t[t["status"].isin(DAMAGED)] if "status" in t else t.iloc[:0]
+        if not len(bad):
+            return ""
+        first = f"{bad['error'].iloc[0]}" if "error" in bad else str(bad["run_id"].iloc[0])
+        more = f" (and {len(bad) - 1} more: see the report's Runs)" if len(bad) > 1 else ""
+        md = next((p for p in self.written if p.name == "report.md"), None)
+        where = f"; the report is written without {'them' if len(bad) > 1 else 'it'}: {md}" if md else ""
+        return f"{len(bad)} run folder(s) left out as damaged: {first}{more}{where}"
+
 
 def resolve_study(study: str | Path, lines: list[str] | None = None) -> tuple[Path, pd.DataFrame]:
     """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/;

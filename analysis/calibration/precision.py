@@ -579,3 +579,18 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
         n = max(min(seeds_for(sd, float(m), k, until.halfwidth, level), until.max_seeds), k)
         out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n})
     return pd.DataFrame(out)
+
+
+def until_lines(study, until, pinned=None) -> list[str]:
+    """`plan STUDY --until.halfwidth H`: what `run` with the same flags expects to run (`until_expectation`), a line
+    per named value and the total, at the planner's default noise and component x seed sd (docs/method.md §4.11)."""
+    t = until_expectation(study, default_noise(), until, pinned=pinned)
+    unit, k, n = cost_unit(study), len(study.seeds), int(t["seeds"].max())
+    lines = [f"\n--until.halfwidth {until.halfwidth:g}: the study's {k} seeds are the pilot; Stein's rule then runs "
+             "the seeds each named value is expected to need at the planner's component x seed sd (the smoke "
+             "study's measured ones; the pilot measures its own):"]
+    lines += [f"  {r.component}: seed sd {r.seed_sd:.3g} in ln M, {r.seeds} seeds" for r in t.itertuples()]
+    total = float(t[unit].max())
+    lines.append(f"expected: {n} seeds in all ({n - k} added; capped at --until.max_seeds {until.max_seeds}), "
+                 f"{unit.replace('_', ' ')} {total:.4g} for the design (the LR profile's runs come on top)")
+    return lines

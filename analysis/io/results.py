@@ -46,6 +46,8 @@ STATUSES: tuple[str, ...] = ("completed", "failed", "missing")  # and, for a fol
 # steps, tokens or FLOPs are not what spec.json trains), "foreign"
 # (a file names another run, or the folder resolves outside the study: marin.schema.foreign)
 LEFT_OUT: tuple[str, ...] = ("duplicate", "unreadable", "contradictory", "foreign")
+#: The left-out folders that are damage, not a copy: `analyze` names the first and exits 2 after writing its report
+DAMAGED: tuple[str, ...] = ("unreadable", "contradictory", "foreign")
 
 
 @dataclass

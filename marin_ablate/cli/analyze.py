@@ -107,4 +107,6 @@ def cmd_analyze(argv: list[str]) -> int:
     else:
         res = analyze_study(args.study, args)
     print("\n".join(res.lines))
+    if res.damaged:  # written without them, and said last: a damaged folder is not a clean analysis
+        raise ValueError(res.damaged)
     return 0

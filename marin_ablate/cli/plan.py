@@ -15,6 +15,7 @@ from marin_ablate.cli.common import StudyOptions, study_from_args
 from marin_ablate.cli.parse import flags_of, parse
 from marin_ablate.marin.config import PRESETS
 from marin_ablate.marin.fields import option
+from marin_ablate.sweeps.job import UntilOptions
 from marin_ablate.sweeps.sweep import ExecConfig, exec_options
 
 
@@ -65,6 +66,7 @@ class PlanOptions(StudyOptions):
     dry_run: DryRunOptions | None = option(None, section=DryRunOptions, mode=True, help=DryRunOptions.__doc__)
     precision: PrecisionOptions | None = option(None, section=PrecisionOptions, mode=True,
                                                 help=PrecisionOptions.__doc__)
+    until: UntilOptions | None = option(None, section=UntilOptions, help="what `run --until.*` expects to run")
 
 
 def cmd_preset(args: PlanOptions) -> int:
@@ -124,6 +126,10 @@ def cmd_plan(argv: list[str]) -> int:
         print(json.dumps(dict(d, runs=run_rows) if args.runs else d, indent=1, default=str))
         return 0
     print("\n".join(plan_lines(d, study, run_rows if args.runs else None)))
+    if args.until is not None:
+        from marin_ablate.analysis.calibration.precision import until_lines
+
+        print("\n".join(until_lines(study, args.until.spec(), cached_law(study))))
     if "hero" in d:
         from marin_ablate.planning.timemodel import hero_lines
 

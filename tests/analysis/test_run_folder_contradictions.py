@@ -106,12 +106,16 @@ def test_a_factor_level_not_matching_its_recorded_value_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_flipped_run_is_left_out_and_the_report_is_written(tmp_path, capsys):
+def test_one_flipped_run_is_left_out_the_report_written_and_analyze_ends_naming_it_exit_2(tmp_path, capsys):
     root = _study(tmp_path)
     [rid] = _edit_meta(root, _flip_level, only=5)
     t = collect(root, write=False)
     assert inventory(t).excluded[0][0] == rid
-    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"marin-ablate analyze: error: 1 run folder(s) left out as damaged: "
+                                               f"runs/{rid}: meta.json has xsa=")
+    assert err[0].endswith(f"the report is written without it: {tmp_path / 'rep' / 'report.md'}")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert f"runs/{rid}: meta.json has xsa=" in md
     assert "- coding: xsa: +1 = xsa, −1 = none; sconv: +1 = short_conv, −1 = none" in md
@@ -146,10 +150,12 @@ def test_a_borrowed_summary_with_its_run_id_edited_is_left_out_naming_tokens_and
 
 
 @pytest.mark.slow
-def test_analyze_leaves_out_a_borrowed_summary_and_names_it_in_the_report(tmp_path):
+def test_analyze_leaves_out_a_borrowed_summary_names_it_in_the_report_and_ends_in_one_line_exit_2(tmp_path, capsys):
     root = _study(tmp_path)
     rid, _ = _borrow(root)
-    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"left out as damaged: runs/{rid}: summary.json has tokens=" in err[0], err
     md = (tmp_path / "rep" / "report.md").read_text()
     assert f"- left out: {rid}: runs/{rid}: summary.json has tokens=" in md
 
@@ -217,7 +223,7 @@ def test_analyze_with_one_loss_of_1e308_names_the_run_and_estimates_the_multipli
     d = sorted((root / "runs").iterdir())[5]
     s = json.loads((d / "summary.json").read_text())
     (d / "summary.json").write_text(json.dumps({**s, "eval_macro_loss": 1e308}))
-    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 0
+    assert main(["analyze", str(root), "--report-dir", str(tmp_path / "rep"), "--n-boot", "0"]) == 2  # named last
     md = (tmp_path / "rep" / "report.md").read_text()
     assert f"- left out: {d.name}: cannot read runs/{d.name}/summary.json: eval_macro_loss=1e+308" in md
     assert "SVD did not converge" not in md

@@ -153,10 +153,14 @@ def test_analyze_counts_a_copied_run_once_names_unreadable_and_nan_runs_and_writ
     a = analyze_table(t, n_boot=0)
     assert any(nan_dir.name in n and "nan" in n for n in a.notes)  # the report lists it with its reason
     out = tmp_path / "elsewhere"
-    assert cli_main(["analyze", str(study), "--report-dir", str(out), "--n-boot", "0", "--no-figures"]) == 0
+    assert cli_main(["analyze", str(study), "--report-dir", str(out), "--n-boot", "0", "--no-figures"]) == 2
     assert not (study / "results.parquet").exists() and not (study / "report").exists()
-    assert (out / "results.parquet").exists()
-    assert "left out" in capsys.readouterr().out
+    assert (out / "results.parquet").exists() and (out / "report.md").exists()
+    said = capsys.readouterr()
+    assert "left out" in said.out
+    assert said.err.strip().splitlines() == [f"marin-ablate analyze: error: 1 run folder(s) left out as damaged: "
+                                             f"{reasons[runs[2].name]}; the report is written without it: "
+                                             f"{out / 'report.md'}"]  # the copy and the NaN run are no damage
 
 
 @pytest.mark.slow

@@ -60,9 +60,12 @@ def test_tampered_meta_and_wrongly_typed_summary_fields_are_one_line_naming_the_
     assert "field 'step' is 'abc'; allowed values: an integer or null" in bad[runs[3].name]
     capsys.readouterr()
     assert cli_main(["analyze", str(study), "--n-boot", "0", "--no-figures",
-                     "--report-dir", str(tmp_path / "rep")]) == 0
+                     "--report-dir", str(tmp_path / "rep")]) == 2  # the report written, the damage named last
     out = capsys.readouterr()
-    assert "Traceback" not in out.err and "left out" in out.out
+    assert "Traceback" not in out.err and "left out" in out.out and (tmp_path / "rep" / "report.md").exists()
+    assert out.err.strip().splitlines() == [f"marin-ablate analyze: error: 4 run folder(s) left out as damaged: "
+                                            f"{bad[runs[0].name]} (and 3 more: see the report's Runs); the report is "
+                                            f"written without them: {tmp_path / 'rep' / 'report.md'}"]
 
 
 def test_a_wrongly_typed_summary_field_in_status_is_no_traceback(tmp_path, capsys):

@@ -63,3 +63,17 @@ def test_run_until_adds_the_seeds_steins_rule_asks_for_and_reports_steins_interv
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "until.json was planned for pilot seeds [0, 1]" in err[0] and "delete the file" in err[0]
     assert sorted(p.name for p in (out / "tiny_until" / "runs").iterdir()) == before
+
+
+def test_plan_says_how_many_seeds_run_until_expects_and_what_they_cost(capsys):
+    from marin_ablate.analysis.calibration.precision import default_noise, until_expectation
+    from marin_ablate.analysis.fit.stopping import Until
+    from marin_ablate.sweeps.sweep import resolve_study
+
+    assert main(["plan", "smoke", "--until.halfwidth", "0.2", "--until.components", "optimizer,TOTAL"]) == 0
+    out = capsys.readouterr().out
+    want = until_expectation(resolve_study("smoke"), default_noise(), Until(0.2, ("optimizer", "TOTAL")))
+    for r in want.itertuples():
+        assert f"  {r.component}: seed sd {r.seed_sd:.3g} in ln M, {r.seeds} seeds" in out
+    n = int(want["seeds"].max())
+    assert f"expected: {n} seeds in all ({n - 8} added; capped at --until.max_seeds 64)" in out and n > 8
