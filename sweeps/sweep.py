@@ -135,10 +135,15 @@ def check_specs(runs: Sequence[PlannedRun], executor: str) -> None:
 
 
 def analysis_refusal(runs: Sequence[PlannedRun]) -> str | None:
-    """Why `analyze` would refuse these runs' table before any fit, in one line, else None: its joint law fit
-    carries one loss shift per seed, so it costs about rows x seeds^2 per step and refuses a table beyond
-    analysis.pipeline.JOINT_COST_MAX. `run` refuses such a study before anything is written, `plan` says so."""
-    n, rows = len({r.spec.seed for r in runs}), len(runs)
+    """Why `analyze` would refuse these runs' table before any fit, in one line, else None (`refusal_of_counts`)."""
+    return refusal_of_counts(len(runs), len({r.spec.seed for r in runs}))
+
+
+def refusal_of_counts(rows: int, n: int) -> str | None:
+    """Why `analyze` would refuse a table of `rows` runs over `n` seeds before any fit, in one line, else None: its
+    joint law fit carries one loss shift per seed, so it costs about rows x seeds^2 per step and refuses a table
+    beyond analysis.pipeline.JOINT_COST_MAX. `run` refuses such a study before anything is planned or written,
+    `plan` says so."""
     if n < 2:
         return None
     from marin_ablate.analysis.pipeline import JOINT_COST_MAX
@@ -353,6 +358,10 @@ def plan_study(study: Any, out: str | Path, opts: ExecOptions, *, rungs: Sequenc
     checked against its corpus first (ablations/epochs.py: refused when unfit, more than one epoch without
     `allow_repeat`), as `run` does."""
     sdir = study_dir(out, study.name)
+    n_rungs = len(rungs) if rungs is not None else len(study.rungs)
+    refused = refusal_of_counts(study.design.n_runs * n_rungs * len(study.seeds), len(study.seeds))
+    if refused:  # before thousands of specs are built: `run` spent 45 s planning a table `analyze` refuses
+        raise ValueError(refused)
     runs = planned_runs(study, out, rungs=rungs, overrides=overrides, sdir=sdir)
     if epochs:
         from marin_ablate.ablations.epochs import check_study_epochs
