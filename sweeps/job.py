@@ -31,6 +31,39 @@ from marin_ablate.marin.fields import option
 from marin_ablate.sweeps.runs import atomic_write_json, study_dir
 
 
+def exec_options(cfg: Any, study: Any, log: Any = None) -> Any:
+    """The ExecOptions of the command line's ExecConfig (sweeps/sweep.py) and the study's defaults: a `--NAME.*` section
+    implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
+    also as `ExecOptions.slurm`). `log`: the runs' metric sinks and checkpoint retention, set for the workers."""
+    from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
+
+    if log is not None:
+        from marin_ablate.sweeps.tracking import set_log_to
+
+        set_log_to(log.log_to, log.keep_checkpoints)
+    ex = dict(getattr(study, "executor", ()) or ())
+    given = dict(cfg.backends)
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(f'--{n}.*' for n in given)}: the options of {len(given)} executors; "
+                         "allowed: one executor's section")
+    executor = cfg.executor or next(iter(given), None) or ex.get("executor") or "local"
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
+    for name in given:
+        if name != executor:
+            raise ValueError(f"--{name}.* options are the {name} executor's, given with --executor {executor}; "
+                             f"allowed: --executor {name}, or no --{name}.* option")
+    own = getattr(EXECUTORS[executor], "options", None)
+    backend = given.get(executor, own() if own is not None else None)
+    slurm = backend if executor == "slurm" else SlurmOptions()
+    if slurm.array_parallelism is None and ex.get("slurm_array_parallelism"):
+        slurm = replace(slurm, array_parallelism=ex["slurm_array_parallelism"])
+        backend = slurm if executor == "slurm" else backend
+    workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
+    return ExecOptions(executor=executor, workers=workers, threads=cfg.threads, retry_failed=cfg.retry_failed,
+                       gpu_mem_gib=cfg.gpu_mem_gib, wait=not cfg.no_wait, slurm=slurm, options=backend)
+
+
 @dataclass(frozen=True)
 class UntilOptions:
     """After the study's seeds (the pilot), add seed blocks until each named value's 95% interval at C_ref is no
@@ -123,11 +156,15 @@ def pilot_plan(sdir: Path, pilot: tuple[int, ...], until: Until, workers: int, l
     return replace(plan, extra={"seconds_per_seed": per_seed, "workers": workers})
 
 
-def run_until(study: Any, out: str | Path, until: Until, run_block: Callable[[Any], Any], workers: int,
-              say: Callable[[str], None] = print) -> SteinPlan:
-    """Run the pilot (`run_block(study)`: the profile, the design and what `run` does before them), plan N from
-    it (or read the folder's plan), then the added seeds in blocks of the pilot's size; returns the plan. A folder
-    planned for another pilot, target or set of named values is refused before anything runs."""
+def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOptions,
+              say: Callable[[str], None] = print) -> Any:
+    """Run the pilot (`run_design` at the study's seeds), plan N from it (or read the folder's plan), then the added
+    seeds in blocks of the pilot's size; returns the last block's run report. A folder planned for another pilot,
+    target or set of named values is refused before anything runs."""
+    from marin_ablate.sweeps.executors import get_executor
+
+    if not opts.wait:
+        raise ValueError("--until adds seeds from the pilot's finished runs; allowed: --until without --no-wait")
     sdir = study_dir(out, study.name)
     pilot = tuple(study.seeds)
     old = read_plan(sdir)
@@ -137,9 +174,9 @@ def run_until(study: Any, out: str | Path, until: Until, run_block: Callable[[An
                          f"{old.halfwidth:g}, until.components={list(old.components) or 'all'}; allowed values: the "
                          "same pilot and target (its plan resumes), or delete the file to plan the study again")
     started = time.time()
+    rep = run_design(study, out, opts, d, say)
     if old is None:
-        run_block(study)
-        plan = pilot_plan(sdir, pilot, until, workers)
+        plan = pilot_plan(sdir, pilot, until, get_executor(opts.executor).slots(opts) or 1)
         atomic_write_json(sdir / UNTIL_FILE, plan.to_dict())
     else:
         plan = old
@@ -153,5 +190,5 @@ def run_until(study: Any, out: str | Path, until: Until, run_block: Callable[[An
             say(f"{study.name}: --until.minutes {until.minutes:g} spent at {done} seeds of {plan.seeds}")
             break
         done = min(plan.seeds, done + len(pilot))
-        run_block(replace(study, seeds=pilot + tuple(extra[:done - len(pilot)])))
-    return plan
+        rep = run_design(replace(study, seeds=pilot + tuple(extra[:done - len(pilot)])), out, opts, d, say)
+    return rep

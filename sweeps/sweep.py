@@ -20,7 +20,7 @@ from marin_ablate.marin import plugins
 from marin_ablate.marin.config import RunSpec
 from marin_ablate.marin.fields import option
 from marin_ablate.sweeps import state
-from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions, Submission, get_executor, validate, wait
+from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, Submission, get_executor, validate, wait
 from marin_ablate.sweeps.progress import Progress, rung_prior
 from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 
@@ -263,37 +263,6 @@ class LogOptions:
                                           help="what a completed run keeps: none (the default on CPU), final (its "
                                                "newest checkpoint; the default on GPU) or all; an unfinished run "
                                                "always keeps what it resumes from")
-
-
-def exec_options(cfg: ExecConfig, study: Any, log: LogOptions | None = None):
-    """The ExecOptions of the command line's ExecConfig and the study's defaults: a `--NAME.*` section
-    implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
-    also as `ExecOptions.slurm`). `log`: the runs' metric sinks and checkpoint retention, set for the workers."""
-    if log is not None:
-        from marin_ablate.sweeps.tracking import set_log_to
-
-        set_log_to(log.log_to, log.keep_checkpoints)
-    ex = dict(getattr(study, "executor", ()) or ())
-    given = dict(cfg.backends)
-    if len(given) > 1:
-        raise ValueError(f"{' and '.join(f'--{n}.*' for n in given)}: the options of {len(given)} executors; "
-                         "allowed: one executor's section")
-    executor = cfg.executor or next(iter(given), None) or ex.get("executor") or "local"
-    if executor not in EXECUTORS:
-        raise ValueError(f"--executor={executor!r} is not known; allowed values: {', '.join(EXECUTORS)}")
-    for name in given:
-        if name != executor:
-            raise ValueError(f"--{name}.* options are the {name} executor's, given with --executor {executor}; "
-                             f"allowed: --executor {name}, or no --{name}.* option")
-    own = getattr(EXECUTORS[executor], "options", None)
-    backend = given.get(executor, own() if own is not None else None)
-    slurm = backend if executor == "slurm" else SlurmOptions()
-    if slurm.array_parallelism is None and ex.get("slurm_array_parallelism"):
-        slurm = replace(slurm, array_parallelism=ex["slurm_array_parallelism"])
-        backend = slurm if executor == "slurm" else backend
-    workers = cfg.workers if cfg.workers is not None else int(ex.get("max_parallel", 2))
-    return ExecOptions(executor=executor, workers=workers, threads=cfg.threads, retry_failed=cfg.retry_failed,
-                       gpu_mem_gib=cfg.gpu_mem_gib, wait=not cfg.no_wait, slurm=slurm, options=backend)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from typing import ClassVar
 from marin_ablate.cli.common import StudyOptions, study_from_args
 from marin_ablate.cli.parse import flags_of, parse
 from marin_ablate.marin.fields import SEED, option
-from marin_ablate.sweeps.job import UntilOptions
-from marin_ablate.sweeps.sweep import ExecConfig, LogOptions, exec_options
+from marin_ablate.sweeps.job import UntilOptions, exec_options
+from marin_ablate.sweeps.sweep import ExecConfig, LogOptions
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,6 @@ def cmd_run(argv: list[str]) -> int:
     if args.tune is not None:  # a mode: the LR profile instead of the design
         return cmd_tune(args)
     from marin_ablate.analysis.study_folder import analyze_study
-    from marin_ablate.sweeps.executors import get_executor
     from marin_ablate.sweeps.job import DesignOptions, run_design, run_until
     from marin_ablate.sweeps.state import all_done
     from marin_ablate.sweeps.tracking import log_locations, parse_log_to
@@ -79,18 +78,11 @@ def cmd_run(argv: list[str]) -> int:
     study = study_from_args(args)
     opts = exec_options(args.execution, study, args.log)
     d = DesignOptions(tuple(args.overrides), args.tuned, args.no_profile, args.no_pin, args.allow_repeat)
-    reports: list = []
-
-    def run_block(s):
-        reports.append(run_design(s, args.out, opts, d, say=lambda line: print(line, flush=True)))
-
+    say = lambda line: print(line, flush=True)  # noqa: E731
     if args.until is not None:  # the study's seeds are the pilot, then blocks of added seeds (sweeps/job.py)
-        if not opts.wait:
-            raise ValueError("--until adds seeds from the pilot's finished runs; allowed: --until without --no-wait")
-        run_until(study, args.out, args.until.spec(), run_block, get_executor(opts.executor).slots(opts) or 1)
+        rep = run_until(study, args.out, args.until.spec(), opts, d, say)
     else:
-        run_block(study)
-    rep = reports[-1]
+        rep = run_design(study, args.out, opts, d, say)
     c = rep.counts
     if c["failed"]:
         print(f"failed runs keep their error in summary.json; `{_hint(args)}` lists them; --retry-failed runs them "

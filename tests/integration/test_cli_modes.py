@@ -131,7 +131,7 @@ def cloud():
 
 def test_a_plugin_executors_options_are_its_own_section_and_reach_it(cloud, tmp_path, capsys):
     from marin_ablate.cli.run import RunOptions
-    from marin_ablate.sweeps.sweep import exec_options
+    from marin_ablate.sweeps.job import exec_options
 
     text = help_text(RunOptions)
     assert "--fake-cloud.zone" in text and "--fake-cloud.spot-price" in text and "--slurm.partition" in text

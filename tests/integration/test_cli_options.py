@@ -68,7 +68,7 @@ def test_every_slurm_option_of_the_executor_row_is_a_flag_of_plan_and_run():
 
 def test_a_section_option_implies_its_mode():
     from marin_ablate.cli.plan import DryRunOptions, PlanOptions, PrecisionOptions
-    from marin_ablate.sweeps.sweep import exec_options
+    from marin_ablate.sweeps.job import exec_options
 
     assert options.parse(_Outer, ["n"]).inner is None
     assert options.parse(_Outer, ["n", "--inner"]).inner == _Inner()
