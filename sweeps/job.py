@@ -165,6 +165,11 @@ def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOpt
 
     if not opts.wait:
         raise ValueError("--until adds seeds from the pilot's finished runs; allowed: --until without --no-wait")
+    names = [f.name for f in study.factors] + ["TOTAL"]
+    bad = [c for c in until.components if c not in names]
+    if bad:
+        raise ValueError(f"--until.components {','.join(bad)}: not a component of study {study.name!r}; allowed "
+                         f"values: {', '.join(names)}")
     sdir = study_dir(out, study.name)
     pilot = tuple(study.seeds)
     old = read_plan(sdir)

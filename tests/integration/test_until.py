@@ -65,6 +65,17 @@ def test_run_until_adds_the_seeds_steins_rule_asks_for_and_reports_steins_interv
     assert sorted(p.name for p in (out / "tiny_until" / "runs").iterdir()) == before
 
 
+def test_an_unknown_until_component_is_refused_before_anything_runs(tmp_path, capsys):
+    src = tmp_path / "tiny_until.py"
+    src.write_text(STUDY)
+    assert main(["run", f"{src}:study", "--until.components", "xsa,nope", "--executor", "debug",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["marin-ablate run: error: --until.components nope: not a component of study 'tiny_until'; "
+                   "allowed values: xsa, sconv, TOTAL"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_plan_says_how_many_seeds_run_until_expects_and_what_they_cost(capsys):
     from marin_ablate.analysis.calibration.precision import default_noise, until_expectation
     from marin_ablate.analysis.fit.stopping import Until
