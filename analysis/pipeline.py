@@ -30,9 +30,9 @@ from marin_ablate.analysis.fit.attribution import (
 from marin_ablate.analysis.fit.bootstrap import bootstrap
 from marin_ablate.analysis.fit.joint import JointFit, quality_fit
 from marin_ablate.analysis.fit.law_intervals import law_of
-from marin_ablate.analysis.fit.reflaw import PinnedLaw
 from marin_ablate.analysis.fit.replicates import Stein
 from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
+from marin_ablate.analysis.io.pinned_law import PinnedLaw
 from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
 from marin_ablate.analysis.responses import RESPONSES, Response, ordered
 

@@ -508,7 +508,7 @@ def import_file(path: str | Path, out: str | Path | None = None, study: str | No
         imp.notes = [n for n in imp.notes if n.split(":")[0] not in fixed]
     target = write_study_dir(imp, Path(out) if out else path.with_suffix(""), study or path.stem, path)
     if la.law is not None:
-        from marin_ablate.analysis.fit.reflaw import LAW_FILE, published
+        from marin_ablate.analysis.io.pinned_law import LAW_FILE, published
 
         atomic_write_json(target / LAW_FILE, published(la.law()).to_dict())
     return target
