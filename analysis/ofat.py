@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from marin_ablate.analysis.io.results import factor_coding, factor_columns
+from marin_ablate.analysis.io.results import factor_coding, factor_columns, inventory
 
 DESIGNS = ("auto", "factorial", "ofat")
 #: What a one-factor-at-a-time study cannot tell, printed with every OFAT report.
@@ -181,17 +181,24 @@ def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[Ofat
     if len(free) > nscales or (len(free) == 3 and nscales < 3):
         raise ValueError(f"the baseline ran at {nscales} scale(s), too few to fit {', '.join(free)} of its law; "
                          "pin them (--pin-linf, --pin-alpha, --pin-A: e.g. the published law)")
-    c0 = float(np.exp(np.mean(np.log(C))))
-    lc = np.log(C / c0)
     if not free:
         law = OfatLaw(pins["linf"], pins["A"], pins["alpha"], tuple(PARAMS), np.zeros((3, 3)))
         return law, L - law.linf - law.A * C ** (-law.alpha), 0
-    if free == ["A"]:  # linear in A: the exact least-squares solution
-        x = C ** (-pins["alpha"])
-        A = float(np.sum((L - pins["linf"]) * x) / np.sum(x * x))
-        start = np.array([np.log(A)])
-    else:
-        start = None
+    c0 = float(np.exp(np.mean(np.log(C))))
+    unpack, best = _solve_law(C, L, pins, free, c0)
+    linf, lna0, alpha = unpack(best.x)
+    A = float(np.exp(lna0 + alpha * np.log(c0)))
+    law = OfatLaw(float(linf), A, float(alpha), tuple(k for k in PARAMS if k in pins), _law_cov(best.jac, free, c0))
+    if "linf" in free and not 0 <= linf < float(np.min(L)):
+        law.identified, law.why = False, f"fitted L∞ {linf:.4g} lies outside [0, smallest baseline loss)"
+    if "alpha" in free and not alpha > 0:
+        law.identified, law.why = False, f"fitted α {alpha:.4g} is not positive: the loss does not fall with compute"
+    return law, L - (law.linf + law.A * C ** (-law.alpha)), len(free)
+
+
+def _solve_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float], free: list[str], c0: float):
+    """(unpack, the least squares) over the free ones of (L∞, ln A·c0^(−α), α); A alone starts at its exact value."""
+    lc = np.log(C / c0)
 
     def unpack(p):
         d = dict(zip(free, p, strict=True))
@@ -210,162 +217,91 @@ def _fit_law(C: np.ndarray, L: np.ndarray, pins: dict[str, float]) -> tuple[Ofat
         cols = {"linf": np.ones_like(lc), "A": e, "alpha": -lc * e}
         return np.stack([cols[k] for k in free], 1)
 
-    best = None
-    if start is not None:  # A alone: start at its exact solution
-        best = optimize.least_squares(resid, np.log(A) - pins["alpha"] * np.log(c0), jac=jac, method="lm",
-                                      xtol=1e-15, ftol=1e-15, gtol=1e-15)
-    else:
-        span = float(np.ptp(L)) or 0.1
-        for a0 in ((pins["alpha"],) if "alpha" in pins else (0.1, 0.3, 0.8)):
-            linf0 = pins.get("linf", float(np.min(L)) - 0.5 * span)
-            x0 = {"linf": linf0, "alpha": a0,
-                  "A": float(np.log(max(np.mean(L) - linf0, 1e-9)))}
-            try:
-                r = optimize.least_squares(resid, [x0[k] for k in free], jac=jac, method="lm", xtol=1e-15, ftol=1e-15,
-                                           gtol=1e-15, max_nfev=20000)
-            except ValueError:
-                continue
-            if np.all(np.isfinite(r.x)) and (best is None or r.cost < best.cost):
-                best = r
+    if free == ["A"]:  # linear in A: start at the exact least-squares solution
+        x = C ** (-pins["alpha"])
+        A = float(np.sum((L - pins["linf"]) * x) / np.sum(x * x))
+        return unpack, optimize.least_squares(resid, np.log(A) - pins["alpha"] * np.log(c0), jac=jac, method="lm",
+                                              xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    best, span = None, float(np.ptp(L)) or 0.1
+    for a0 in ((pins["alpha"],) if "alpha" in pins else (0.1, 0.3, 0.8)):
+        linf0 = pins.get("linf", float(np.min(L)) - 0.5 * span)
+        x0 = {"linf": linf0, "alpha": a0, "A": float(np.log(max(np.mean(L) - linf0, 1e-9)))}
+        try:
+            r = optimize.least_squares(resid, [x0[k] for k in free], jac=jac, method="lm", xtol=1e-15, ftol=1e-15,
+                                       gtol=1e-15, max_nfev=20000)
+        except ValueError:
+            continue
+        if np.all(np.isfinite(r.x)) and (best is None or r.cost < best.cost):
+            best = r
     if best is None:
         raise ValueError("the baseline's law did not fit; pin it (--pin-linf, --pin-alpha, --pin-A)")
-    linf, lna0, alpha = unpack(best.x)
-    A = float(np.exp(lna0 + alpha * np.log(c0)))
-    # Covariance over (linf, ln A, alpha) of the free parameters, up to the residual variance: the
-    # fitted coordinate ln a0 = ln A − α ln c0 is mapped back to ln A.
-    J = best.jac
-    Tm = np.zeros((len(free), 3))  # d(free coordinate) / d(linf, ln A, alpha)
-    for i, k in enumerate(free):
-        if k == "linf":
-            Tm[i, 0] = 1
-        elif k == "A":
-            Tm[i, 1], Tm[i, 2] = 1, -np.log(c0)
-        else:
-            Tm[i, 2] = 1
-    # J is w.r.t. the free coordinates; (JᵀJ)⁻¹ in those maps through the inverse transform.
+    return unpack, best
+
+
+def _law_cov(J: np.ndarray, free: list[str], c0: float) -> np.ndarray:
+    """(JᵀJ)⁻¹ of the fitted coordinates (ln a0 = ln A − α ln c0) mapped to (linf, ln A, alpha), up to s²."""
+    d = {"linf": (1.0, 0.0, 0.0), "A": (0.0, 1.0, -np.log(c0)), "alpha": (0.0, 0.0, 1.0)}
+    Tm = np.array([d[k] for k in free])  # d(free coordinate) / d(linf, ln A, alpha)
     cov_free = np.linalg.pinv(J.T @ J)
     sel = [PARAMS.index(k) for k in free]
     Tinv = np.linalg.pinv(Tm[:, sel])
     cov = np.zeros((3, 3))
     cov[np.ix_(sel, sel)] = Tinv @ cov_free @ Tinv.T
-    law = OfatLaw(float(linf), A, float(alpha), tuple(k for k in PARAMS if k in pins), cov)
-    if "linf" in free and not 0 <= linf < float(np.min(L)):
-        law.identified, law.why = False, f"fitted L∞ {linf:.4g} lies outside [0, smallest baseline loss)"
-    if "alpha" in free and not alpha > 0:
-        law.identified, law.why = False, f"fitted α {alpha:.4g} is not positive: the loss does not fall with compute"
-    return law, L - (law.linf + law.A * C ** (-law.alpha)), len(free)
+    return cov
+
+
+@dataclass
+class _OfatRuns:
+    """The runs an OFAT analysis reads (`_ofat_runs`) and the row indices of each changed arm × rung cell."""
+
+    ok: pd.DataFrame
+    C: np.ndarray
+    L: np.ndarray
+    levels: list[tuple]
+    is_base: np.ndarray
+    rung: np.ndarray
+    hw: np.ndarray
+    cells: dict[tuple, list[int]]
+
+
+@dataclass
+class _Throughput:
+    """ln model FLOP/s per run, the baseline's per (rung, hardware), and the pooled within-cell scatter."""
+
+    lm: np.ndarray
+    bref: dict[tuple, list[float]]
+    s2: float
+    dof: int
 
 
 def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: float | None = None,
                  pin_A: float | None = None, level: float = 0.95, star: Star | None = None) -> OfatAnalysis:
-    """Each change's multipliers per rung against the baseline arm (module docstring)."""
+    """Each change's multipliers per rung against the baseline arm (module docstring): the runs (`_ofat_runs`),
+    the baseline's law and the quality scatter (`_quality`), the throughput scatter (`_throughput`), then per
+    change × rung cell M (`_quality_cell`), R (`_throughput_cell`) and W = M·R with their t intervals."""
     pins = {k: float(v) for k, v in (("linf", pin_linf), ("A", pin_A), ("alpha", pin_alpha)) if v is not None}
-    if "alpha" in pins and not pins["alpha"] > 0:
-        raise ValueError(f"--pin-alpha {pins['alpha']}: allowed values: a number > 0")
-    if "A" in pins and not pins["A"] > 0:
-        raise ValueError(f"--pin-A {pins['A']}: allowed values: a number > 0")
+    for k, flag in (("alpha", "--pin-alpha"), ("A", "--pin-A")):
+        if k in pins and not pins[k] > 0:
+            raise ValueError(f"{flag} {pins[k]}: allowed values: a number > 0")
     star = star or find_star(df)
     if star is None:
         raise ValueError("not a one-factor-at-a-time design: no arm that other arms differ from by one change; "
                          "allowed values: --design factorial for this study")
-    ok = df[(df["status"] == "completed") if "status" in df else slice(None)].copy()
-    C = pd.to_numeric(ok["train_flops"], errors="coerce").to_numpy(float)
-    L = pd.to_numeric(ok["eval_macro_loss"], errors="coerce").to_numpy(float)
-    good = np.isfinite(C) & (C > 0) & np.isfinite(L)
-    ok, C, L = ok[good], C[good], L[good]
-    levels = _levels(ok, star.factors)
-    keep = np.array([lv == star.baseline or lv in star.changes for lv in levels])
     notes, warns = [], []
-    if star.left_out:
-        notes.append(f"left out (more than one change from the baseline): {', '.join(star.left_out)}")
-    ok, C, L = ok[keep], C[keep], L[keep]
-    levels = [lv for lv, k in zip(levels, keep, strict=True) if k]
-    is_base = np.array([lv == star.baseline for lv in levels])
-    rung = ok["rung"].astype(str).to_numpy() if "rung" in ok else np.round(np.log10(C), 1).astype(str)
-    hw = ok["hardware"].astype(str).to_numpy() if "hardware" in ok else np.full(len(ok), "?")
-    base_name = star.labels[star.baseline]
-    if not is_base.any():
-        from marin_ablate.analysis.io.results import inventory
-
-        why = inventory(df.loc[df["arm"].astype(str) == base_name] if "arm" in df else df).why_none()
-        raise ValueError(f"the baseline arm {base_name!r} has no completed run: nothing to compare with{why}")
-
-    # Quality: the baseline's law, and the residual variance pooled from its residuals about the law
-    # and the replicate scatter inside each other (arm, rung) cell.
-    law, why = None, ""
-    try:
-        o = np.lexsort((L[is_base], C[is_base]))  # a fixed order: the fit must not depend on the rows' order
-        law, res, p = _fit_law(C[is_base][o], L[is_base][o], pins)
-    except ValueError as e:
-        why = str(e)
-        res, p = np.array([]), 0
-    cells: dict[tuple, list[int]] = {}
-    for i, (lv, r) in enumerate(zip(levels, rung, strict=True)):
-        if lv != star.baseline:
-            cells.setdefault((lv, r), []).append(i)
-    ss = float(np.sum(res ** 2)) + sum(float(np.sum((L[ix] - L[ix].mean()) ** 2)) for ix in cells.values())
-    dof = max(len(res) - p, 0) + sum(len(ix) - 1 for ix in cells.values())
-    s2 = ss / dof if dof > 0 else float("nan")
-    if law is not None and not law.identified:
-        why, law = f"the baseline's law is not identified ({law.why}); pin it (--pin-linf, --pin-alpha, --pin-A)", None
-    if why:
-        notes.append(f"quality multipliers not estimable: {why}")
-    if dof == 0 and law is not None:
-        notes.append("no residual df (one run per cell and a law with as many free parameters as the baseline has "
-                     "runs): intervals not estimable; add a seed or pin the law")
-
-    # Throughput: ln of each run's model FLOP/s over the baseline's mean on the same rung and hardware.
-    mfs = pd.to_numeric(ok["model_flops_per_s"], errors="coerce").to_numpy(float) if "model_flops_per_s" in ok \
-        else np.full(len(ok), np.nan)
-    lm = np.where(mfs > 0, np.log(np.where(mfs > 0, mfs, 1.0)), np.nan)
-    bref: dict[tuple, list[float]] = {}
-    for i in np.flatnonzero(is_base & np.isfinite(lm)):
-        bref.setdefault((rung[i], hw[i]), []).append(lm[i])
-    groups: dict[tuple, list[float]] = {}
-    for i in np.flatnonzero(np.isfinite(lm)):
-        groups.setdefault((levels[i], rung[i], hw[i]), []).append(lm[i])
-    ssr = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in groups.values())
-    dof_R = sum(len(v) - 1 for v in groups.values())
-    s2r = ssr / dof_R if dof_R > 0 else float("nan")
-    if any("cpu" in h.lower() for h in hw):
-        warns.append("throughput measured on CPU: R and W are machine-load noise there, not informative")
-
+    runs = _ofat_runs(df, star, notes)
+    law, dof, s2 = _quality(runs, pins, notes)
+    thr = _throughput(runs, warns)
     q = float(stats.t.ppf(0.5 + level / 2, dof)) if dof > 0 else float("nan")
-    qr = float(stats.t.ppf(0.5 + level / 2, dof_R)) if dof_R > 0 else float("nan")
+    qr = float(stats.t.ppf(0.5 + level / 2, thr.dof)) if thr.dof > 0 else float("nan")
     base_at: dict[str, list[int]] = {}
-    for i in np.flatnonzero(is_base):
-        base_at.setdefault(rung[i], []).append(i)
+    for i in np.flatnonzero(runs.is_base):
+        base_at.setdefault(runs.rung[i], []).append(i)
     rows = []
     order = {lv: (star.factors.index(c[0]), c[2]) for lv, c in star.changes.items()}
-    for (lv, r), ix in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], float(np.mean(C[kv[1]])))):
-        f, b, x = star.changes[lv]
-        mu, lc, n = float(L[ix].mean()), float(np.mean(np.log(C[ix]))), len(ix)
-        row = {"change": f"{f}: {b} -> {x}", "factor": f, "baseline_level": b, "level": x, "arm": star.labels[lv],
-               "rung": r, "compute": float(np.exp(lc)), "n": n, "loss": mu}
-        lnm = se = np.nan
-        ib = base_at.get(r, [])
-        if law is not None and not ib:
-            notes.append(f"{row['change']} at {r}: no baseline run at this rung to pair with: no multiplier")
-        elif law is not None and min(mu, float(L[ib].mean())) > law.linf:
-            lnm, g_law, g_means = paired_ln_m(mu, lc, float(L[ib].mean()), float(np.mean(np.log(C[ib]))),
-                                              law.linf, law.alpha)
-            row["baseline_loss"] = float(L[ib].mean())
-            if dof > 0:
-                se = float(np.sqrt(s2 * (g_law @ law.cov @ g_law + g_means[0] ** 2 / n + g_means[1] ** 2 / len(ib))))
-        elif law is not None:
-            notes.append(f"{row['change']} at {r}: a mean loss at or below L∞ {law.linf:.4g}: no multiplier")
-        row.update(ln_M=lnm, ln_M_se=se)
-        # Throughput of the cell against the baseline's runs on the same rung and hardware.
-        d, var = [], []
-        for hh in sorted({hw[i] for i in ix}):
-            a = [lm[i] for i in ix if hw[i] == hh and np.isfinite(lm[i])]
-            bb = bref.get((r, hh))
-            if a and bb:
-                d.append(np.mean(a) - np.mean(bb))
-                var.append(s2r * (1 / len(a) + 1 / len(bb)))
-        lnr = float(np.mean(d)) if d else np.nan
-        ser = float(np.sqrt(np.sum(var)) / len(var)) if d and dof_R > 0 else np.nan
-        row.update(ln_R=lnr, ln_R_se=ser, ln_W=lnm + lnr, ln_W_se=float(np.hypot(se, ser)))
+    for (lv, r), ix in sorted(runs.cells.items(), key=lambda kv: (order[kv[0][0]], float(np.mean(runs.C[kv[1]])))):
+        row = _quality_cell(runs, star, law, (lv, r), ix, base_at.get(r, []), s2 if dof > 0 else None, notes)
+        lnr, ser = _throughput_cell(runs, thr, r, ix)
+        row.update(ln_R=lnr, ln_R_se=ser, ln_W=row["ln_M"] + lnr, ln_W_se=float(np.hypot(row["ln_M_se"], ser)))
         qw = max(q, qr) if np.isfinite(q) and np.isfinite(qr) else np.nan  # W: the smaller df's quantile
         for k, qq in (("M", q), ("R", qr), ("W", qw)):
             est, s_ = row[f"ln_{k}"], row[f"ln_{k}_se"]
@@ -374,12 +310,117 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     if any(not np.isfinite(rw["ln_R"]) for rw in rows):
         notes.append("no throughput ratio where a cell or the baseline lacks model FLOP/s on the same rung "
                      "and hardware")
-    table = pd.DataFrame(rows)
     coding = factor_coding(df) if "coding" in df else {}
     held_out = bool(rows) and all(coding.get(f, (None, None))[1] == b for f, b in zip(star.factors, star.baseline,
                                                                                       strict=True))
-    return OfatAnalysis(base_name, dict(zip(star.factors, star.baseline, strict=True)), law, table, dof, dof_R,
-                        notes, warns, held_out=held_out)
+    return OfatAnalysis(star.labels[star.baseline], dict(zip(star.factors, star.baseline, strict=True)), law,
+                        pd.DataFrame(rows), dof, thr.dof, notes, warns, held_out=held_out)
+
+
+def _ofat_runs(df: pd.DataFrame, star: Star, notes: list[str]) -> _OfatRuns:
+    """The completed, finite runs of the baseline and of arms one change from it; ValueError if the first has none."""
+    ok = df[(df["status"] == "completed") if "status" in df else slice(None)].copy()
+    C = pd.to_numeric(ok["train_flops"], errors="coerce").to_numpy(float)
+    L = pd.to_numeric(ok["eval_macro_loss"], errors="coerce").to_numpy(float)
+    good = np.isfinite(C) & (C > 0) & np.isfinite(L)
+    ok, C, L = ok[good], C[good], L[good]
+    levels = _levels(ok, star.factors)
+    keep = np.array([lv == star.baseline or lv in star.changes for lv in levels])
+    if star.left_out:
+        notes.append(f"left out (more than one change from the baseline): {', '.join(star.left_out)}")
+    ok, C, L = ok[keep], C[keep], L[keep]
+    levels = [lv for lv, k in zip(levels, keep, strict=True) if k]
+    is_base = np.array([lv == star.baseline for lv in levels])
+    rung = ok["rung"].astype(str).to_numpy() if "rung" in ok else np.round(np.log10(C), 1).astype(str)
+    hw = ok["hardware"].astype(str).to_numpy() if "hardware" in ok else np.full(len(ok), "?")
+    if not is_base.any():
+        base_name = star.labels[star.baseline]
+        why = inventory(df.loc[df["arm"].astype(str) == base_name] if "arm" in df else df).why_none()
+        raise ValueError(f"the baseline arm {base_name!r} has no completed run: nothing to compare with{why}")
+    cells: dict[tuple, list[int]] = {}
+    for i, (lv, r) in enumerate(zip(levels, rung, strict=True)):
+        if lv != star.baseline:
+            cells.setdefault((lv, r), []).append(i)
+    return _OfatRuns(ok, C, L, levels, is_base, rung, hw, cells)
+
+
+def _quality(runs: _OfatRuns, pins: dict[str, float], notes: list[str]) -> tuple[OfatLaw | None, int, float]:
+    """(the baseline's law or None, df, s²): s² pooled from its residuals and each changed cell's replicates."""
+    C, L, is_base = runs.C, runs.L, runs.is_base
+    law, why = None, ""
+    try:
+        o = np.lexsort((L[is_base], C[is_base]))  # a fixed order: the fit must not depend on the rows' order
+        law, res, p = _fit_law(C[is_base][o], L[is_base][o], pins)
+    except ValueError as e:
+        why = str(e)
+        res, p = np.array([]), 0
+    ss = float(np.sum(res ** 2)) + sum(float(np.sum((L[ix] - L[ix].mean()) ** 2)) for ix in runs.cells.values())
+    dof = max(len(res) - p, 0) + sum(len(ix) - 1 for ix in runs.cells.values())
+    s2 = ss / dof if dof > 0 else float("nan")
+    if law is not None and not law.identified:
+        why, law = f"the baseline's law is not identified ({law.why}); pin it (--pin-linf, --pin-alpha, --pin-A)", None
+    if why:
+        notes.append(f"quality multipliers not estimable: {why}")
+    if dof == 0 and law is not None:
+        notes.append("no residual df (one run per cell and a law with as many free parameters as the baseline has "
+                     "runs): intervals not estimable; add a seed or pin the law")
+    return law, dof, s2
+
+
+def _throughput(runs: _OfatRuns, warns: list[str]) -> _Throughput:
+    """ln model FLOP/s per run, the baseline's per (rung, hardware), the scatter pooled in (arm, rung, hardware)."""
+    ok, levels, rung, hw = runs.ok, runs.levels, runs.rung, runs.hw
+    mfs = pd.to_numeric(ok["model_flops_per_s"], errors="coerce").to_numpy(float) if "model_flops_per_s" in ok \
+        else np.full(len(ok), np.nan)
+    lm = np.where(mfs > 0, np.log(np.where(mfs > 0, mfs, 1.0)), np.nan)
+    bref: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(runs.is_base & np.isfinite(lm)):
+        bref.setdefault((rung[i], hw[i]), []).append(lm[i])
+    groups: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(np.isfinite(lm)):
+        groups.setdefault((levels[i], rung[i], hw[i]), []).append(lm[i])
+    ssr = sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in groups.values())
+    dof_R = sum(len(v) - 1 for v in groups.values())
+    if any("cpu" in h.lower() for h in hw):
+        warns.append("throughput measured on CPU: R and W are machine-load noise there, not informative")
+    return _Throughput(lm, bref, ssr / dof_R if dof_R > 0 else float("nan"), dof_R)
+
+
+def _quality_cell(runs: _OfatRuns, star: Star, law: OfatLaw | None, cell: tuple, ix: list[int], ib: list[int],
+                  s2: float | None, notes: list[str]) -> dict:
+    """A cell's row: mean loss, compute, ln M against its rung's baseline runs `ib` and its se (s2 None: no df)."""
+    (lv, r), L, C = cell, runs.L, runs.C
+    f, b, x = star.changes[lv]
+    mu, lc, n = float(L[ix].mean()), float(np.mean(np.log(C[ix]))), len(ix)
+    row = {"change": f"{f}: {b} -> {x}", "factor": f, "baseline_level": b, "level": x, "arm": star.labels[lv],
+           "rung": r, "compute": float(np.exp(lc)), "n": n, "loss": mu}
+    lnm = se = np.nan
+    if law is not None and not ib:
+        notes.append(f"{row['change']} at {r}: no baseline run at this rung to pair with: no multiplier")
+    elif law is not None and min(mu, float(L[ib].mean())) > law.linf:
+        lnm, g_law, g_means = paired_ln_m(mu, lc, float(L[ib].mean()), float(np.mean(np.log(C[ib]))),
+                                          law.linf, law.alpha)
+        row["baseline_loss"] = float(L[ib].mean())
+        if s2 is not None:
+            se = float(np.sqrt(s2 * (g_law @ law.cov @ g_law + g_means[0] ** 2 / n + g_means[1] ** 2 / len(ib))))
+    elif law is not None:
+        notes.append(f"{row['change']} at {r}: a mean loss at or below L∞ {law.linf:.4g}: no multiplier")
+    row.update(ln_M=lnm, ln_M_se=se)
+    return row
+
+
+def _throughput_cell(runs: _OfatRuns, thr: _Throughput, r: str, ix: list[int]) -> tuple[float, float]:
+    """(ln R, se) of a cell against the baseline's runs on its rung, per hardware both ran on, averaged."""
+    hw, lm = runs.hw, thr.lm
+    d, var = [], []
+    for hh in sorted({hw[i] for i in ix}):
+        a = [lm[i] for i in ix if hw[i] == hh and np.isfinite(lm[i])]
+        bb = thr.bref.get((r, hh))
+        if a and bb:
+            d.append(np.mean(a) - np.mean(bb))
+            var.append(thr.s2 * (1 / len(a) + 1 / len(bb)))
+    lnr = float(np.mean(d)) if d else np.nan
+    return lnr, float(np.sqrt(np.sum(var)) / len(var)) if d and thr.dof > 0 else np.nan
 
 
 def _fmt(est: float, lo: float, hi: float) -> str:

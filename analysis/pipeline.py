@@ -24,13 +24,15 @@ from marin_ablate.analysis.fit.attribution import (
     component_table,
     design_matrix,
     fit_effects,
+    mark_not_varied,
+    refuse_single_rung,
 )
 from marin_ablate.analysis.fit.bootstrap import bootstrap
 from marin_ablate.analysis.fit.joint import JointFit, quality_fit
 from marin_ablate.analysis.fit.law_intervals import law_of
-from marin_ablate.analysis.fit.reflaw import PinnedLaw
 from marin_ablate.analysis.fit.replicates import Stein
 from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
+from marin_ablate.analysis.io.pinned_law import PinnedLaw
 from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
 from marin_ablate.analysis.responses import RESPONSES, Response, ordered
 
@@ -530,8 +532,6 @@ def _fit_responses(prep: _Prepared, o: _Options) -> tuple[dict[str, EffectsFit],
 def _contrasts(prep: _Prepared, o: _Options, fits: dict, reduced: dict, boot_theta: dict):
     """(components at C_ref, per rung, at the target compute or None): each component's Shapley value,
     leave-one-out and add-one-in with their intervals (analysis/fit/attribution.py)."""
-    from marin_ablate.analysis.report.findings import mark_not_varied
-
     def comp_at(n: str, zz: float) -> pd.DataFrame:
         if n in reduced:
             return component_table(reduced[n], zz, o.level, boot_theta.get(f"{n}/main"), fits[n], boot_theta.get(n))
@@ -634,7 +634,6 @@ def _check(a: StudyAnalysis, df: pd.DataFrame, X: np.ndarray, o: _Options, per_s
         replicate_checks,
         truth_check,
     )
-    from marin_ablate.analysis.report.findings import refuse_single_rung
 
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, o.third_levels)

@@ -137,7 +137,7 @@ def check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
 
 def _pinned(opts: AnalysisOptions, folder: Path | None, study: str | None = None):
     """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
-    from marin_ablate.analysis.fit.reflaw import read_pinned
+    from marin_ablate.analysis.io.pinned_law import read_pinned
 
     if folder is None or opts.no_pinned_law or opts.pin_linf is not None or opts.pin_alpha is not None:
         return None

@@ -29,7 +29,8 @@ PROF = "test_analysis_scaling.py::test_law_profile_intervals_of_seeded_ladders_c
 NULL = "test_analysis_family.py::test_seeded_null_studies_show_no_false_verdict_where_unadjusted_intervals_would"
 PINNED = ("test_pinned_law.py::"
           "test_the_pinned_linf_interval_of_eight_seeded_ladders_covers_the_planted_one_at_a_calibrated_width")
-REFLAW = ("analysis/fit/reflaw.py", "    allow = q * q * (rss0 / dof if noise_var is None else noise_var)\n")
+REFLAW = ("analysis/fit/reflaw.py",
+          "        self.allow = self.q * self.q * (self.rss0 / self.dof if noise_var is None else noise_var)\n")
 PREC = ("test_analysis_precision.py::"
         "test_predicted_halfwidth_is_within_10pct_of_the_median_realized_one_over_ten_seeded_studies")
 

@@ -21,8 +21,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-#: The fraction of (component, set pair) differences that must lie within their combined half-widths.
-WITHIN_MIN = 0.95
 #: Columns of a per-set table: one row per (set, component), ln-scale estimate and interval.
 SET_COLUMNS = ("set", "seeds", "component", "est", "lo", "hi", "verdict")
 VERDICTS = ("gain", "loss", "none")

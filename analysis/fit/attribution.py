@@ -423,6 +423,46 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
     return pd.DataFrame(rows)
 
 
+def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
+    """{factor: the rungs at which its two levels both occur among the analysed runs}."""
+    out = {}
+    for f in factors:
+        g = table.groupby("rung")[f"x_{f}"].nunique()
+        out[f] = [str(r) for r, n in g.items() if n > 1]
+    return out
+
+
+def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
+    """Per-rung values of a factor at a rung where its levels never both ran are not data: the
+    scale model would carry them in from other rungs. Their effect and interval become NaN and
+    `varied` False (the report says "not varied here")."""
+    if not len(per_rung):
+        return per_rung
+    vr = varied_rungs(table, factors)
+    out = per_rung.copy()
+    out["varied"] = [c == "TOTAL" or str(r) in vr.get(c, [])
+                     for c, r in zip(out["component"], out["rung"], strict=True)]
+    out.loc[~out["varied"], ["effect", "lo", "hi"]] = np.nan
+    return out
+
+
+def refuse_single_rung(a) -> list[str]:
+    """Extrapolated values of a factor varied at one rung only are refused (NaN) — with one rung
+    there is no scale trend to carry; returns the lines saying so."""
+    e = a.extrapolation
+    if e is None:
+        return []
+    out = []
+    for f, vr in varied_rungs(a.table, a.factors).items():
+        if len(vr) == 1 and len(a.rungs) > 1:
+            m = (e["component"] == f).to_numpy()
+            cols = [c for c in e.columns if c.split("_")[0] in ("shapley", "loo", "aoi") and e[c].dtype.kind == "f"]
+            e.loc[m, cols] = np.nan
+            out.append(f"extrapolation of {f} refused: varied at rung {vr[0]} only, "
+                       "so there is no scale trend to carry")
+    return out
+
+
 def _component_alias_note(fit: EffectsFit, f: str) -> str:
     notes = []
     for j, t in enumerate(fit.terms):

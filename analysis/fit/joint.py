@@ -177,6 +177,48 @@ def _seed_blocks(seeds) -> np.ndarray:
     return B
 
 
+class _JointProblem:
+    """The joint law's least squares: the free parameters' layout (law, κ, θ, seed blocks), residuals, Jacobian."""
+
+    def __init__(self, C, L, E, seeds, form: str, pin_linf: float | None, pin_alpha: float | None):
+        self.c0 = float(np.exp(np.mean(np.log(C))))
+        self.x, self.L, self.E = np.log(C / self.c0), L, E
+        self.pinned = pinned = {k: v for k, v in (("linf", pin_linf), ("alpha", pin_alpha)) if v is not None}
+        self.B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
+        self.q, self.s = E.shape[1], self.B.shape[1]
+        names = [k for k in ("linf", "ln_a", "alpha") if k not in pinned] + (["kappa"] if form == "curved" else [])
+        self.names = names + [f"theta{j}" for j in range(self.q)] + [f"seed{j}" for j in range(self.s)]
+        self.idx = {k: i for i, k in enumerate(self.names)}
+
+    def unpack(self, p):
+        idx, q, s = self.idx, self.q, self.s
+        g = lambda k: self.pinned[k] if k in self.pinned else p[idx[k]]  # noqa: E731
+        th = p[idx["theta0"]: idx["theta0"] + q] if q else np.zeros(0)
+        de = p[len(self.names) - s:] if s else np.zeros(0)
+        return g("linf"), p[idx["ln_a"]], g("alpha"), (p[idx["kappa"]] if "kappa" in idx else 0.0), th, de
+
+    def resid(self, p):
+        linf, la, al, ka, th, de = self.unpack(p)
+        u = self.x + self.E @ th
+        return linf + np.exp(la - al * u - 0.5 * ka * u * u) + self.B @ de - self.L
+
+    def jac(self, p):
+        linf, la, al, ka, th, de = self.unpack(p)
+        idx, q, s = self.idx, self.q, self.s
+        u = self.x + self.E @ th
+        f = np.exp(la - al * u - 0.5 * ka * u * u)
+        J = np.zeros((len(self.L), len(self.names)))
+        cols = {"linf": np.ones_like(f), "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
+        for k, v in cols.items():
+            if k in idx:
+                J[:, idx[k]] = v
+        if q:
+            J[:, idx["theta0"]: idx["theta0"] + q] = (-f * (al + ka * u))[:, None] * self.E
+        if s:
+            J[:, len(self.names) - s:] = self.B
+        return J
+
+
 def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=None, pin_linf: float | None = None,
               pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
               clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
@@ -195,50 +237,30 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     if form not in FORMS:
         raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
     C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
-    c0 = float(np.exp(np.mean(np.log(C))))
-    x = np.log(C / c0)
-    B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
-    q, s = E.shape[1], B.shape[1]
-    pinned = {k: v for k, v in (("linf", pin_linf), ("alpha", pin_alpha)) if v is not None}
-    names = [k for k in ("linf", "ln_a", "alpha") if k not in pinned]
-    if form == "curved":
-        names.append("kappa")
-    names += [f"theta{j}" for j in range(q)] + [f"seed{j}" for j in range(s)]
-    idx = {k: i for i, k in enumerate(names)}
+    pb = _JointProblem(C, L, E, seeds, form, pin_linf, pin_alpha)
+    best = _solve(pb, _starts(pb, start, warm_only), fast_refit)
+    p = best.x
+    al = pb.unpack(p)[2]
+    if not al > 0:
+        raise ValueError(f"the fitted law does not fall with compute (alpha = {al:.3g})")
+    J, e = pb.jac(p), pb.resid(p)
+    cov, cov_model, dof, h, ni, bread = _sandwich(J, e, pb.names)
+    jf = JointFit(form=form, c0=pb.c0, names=pb.names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=len(L),
+                  resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pb.pinned, not_identified=ni,
+                  converged=bool(best.success), data=(C, L, E, seeds),
+                  clusters=None if clusters is None else np.asarray(clusters), jac=J)
+    if not warm_only:
+        _widen(jf, J, bread, pin_cov, pin_valley, envelope)
+    return jf
 
-    def unpack(p):
-        g = lambda k: pinned[k] if k in pinned else p[idx[k]]  # noqa: E731
-        th = p[idx["theta0"]: idx["theta0"] + q] if q else np.zeros(0)
-        de = p[len(names) - s:] if s else np.zeros(0)
-        return g("linf"), p[idx["ln_a"]], g("alpha"), (p[idx["kappa"]] if "kappa" in idx else 0.0), th, de
 
-    def resid(p):
-        linf, la, al, ka, th, de = unpack(p)
-        u = x + E @ th
-        return linf + np.exp(la - al * u - 0.5 * ka * u * u) + B @ de - L
-
-    def jac(p):
-        linf, la, al, ka, th, de = unpack(p)
-        u = x + E @ th
-        f = np.exp(la - al * u - 0.5 * ka * u * u)
-        J = np.zeros((len(L), len(names)))
-        cols = {"linf": np.ones_like(f), "ln_a": f, "alpha": -f * u, "kappa": -0.5 * f * u * u}
-        for k, v in cols.items():
-            if k in idx:
-                J[:, idx[k]] = v
-        if q:
-            J[:, idx["theta0"]: idx["theta0"] + q] = (-f * (al + ka * u))[:, None] * E
-        if s:
-            J[:, len(names) - s:] = B
-        return J
-
-    starts = []
-    if start is not None:
-        p0 = np.zeros(len(names))
-        for k in names:
-            if k in start.names:
-                p0[idx[k]] = start.params[start.names.index(k)]
-        starts.append(p0)
+def _starts(pb: _JointProblem, start: JointFit | None, warm_only: bool) -> list[np.ndarray]:
+    """Where the solver starts: `start`'s parameters (a warm refit), then a cold start per α guess, the law's
+    scale set through the mean loss (none when `warm_only` has a warm start)."""
+    names, idx, L = pb.names, pb.idx, pb.L
+    pin_linf, pin_alpha = pb.pinned.get("linf"), pb.pinned.get("alpha")
+    starts = [] if start is None else [np.array([start.params[start.names.index(k)] if k in start.names else 0.0
+                                                 for k in names])]
     span = max(float(np.ptp(L)), 1e-3)
     for al0 in (() if warm_only and starts else (pin_alpha,) if pin_alpha is not None else (0.1, 0.3, 0.8)):
         linf0 = pin_linf if pin_linf is not None else float(np.min(L)) - 0.5 * span
@@ -249,29 +271,33 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
         if "alpha" in idx:
             p0[idx["alpha"]] = al0
         starts.append(p0)
+    return starts
+
+
+def _solve(pb: _JointProblem, starts: list[np.ndarray], fast_refit: bool):
+    """The least cost over the starts (MINPACK's Levenberg–Marquardt, or analysis/fit/lsq.py's for `fast_refit`);
+    a start whose solver fails or leaves non-finite parameters is skipped."""
     best = None
     for p0 in starts:
         try:
             if fast_refit:
-                r = levenberg_marquardt(resid, jac, p0, xtol=1e-12, ftol=1e-12, max_iter=MAX_ITER)
+                r = levenberg_marquardt(pb.resid, pb.jac, p0, xtol=1e-12, ftol=1e-12, max_iter=MAX_ITER)
             else:
-                r = optimize.least_squares(resid, p0, jac=jac, method="lm", xtol=1e-12, ftol=1e-12,
+                r = optimize.least_squares(pb.resid, p0, jac=pb.jac, method="lm", xtol=1e-12, ftol=1e-12,
                                            max_nfev=2 * MAX_ITER)
         except (ValueError, FloatingPointError):
             continue
-        if not np.all(np.isfinite(r.x)):
-            continue
-        if best is None or r.cost < best.cost - 1e-15:
+        if np.all(np.isfinite(r.x)) and (best is None or r.cost < best.cost - 1e-15):
             best = r
     if best is None:
         raise ValueError("the joint law fit failed on every start")
-    p = best.x
-    linf, la, al, ka, th, de = unpack(p)
-    if not al > 0:
-        raise ValueError(f"the fitted law does not fall with compute (alpha = {al:.3g})")
-    J = jac(p)
-    e = resid(p)
-    n = len(L)
+    return best
+
+
+def _sandwich(J: np.ndarray, e: np.ndarray, names: list[str]) -> tuple:
+    """(HC3 covariance, s²(JᵀJ)⁻¹, residual df, leverages, the law parameters not identified, (JᵀJ)⁻¹) at the
+    optimum: a law parameter whose variance inflation reaches NOT_IDENTIFIED_VIF, or every one without df."""
+    n = len(e)
     JtJ = J.T @ J
     bread = np.linalg.pinv(JtJ)
     rank = int(np.linalg.matrix_rank(J, tol=1e-10 * max(np.linalg.norm(J), 1e-300)))
@@ -281,30 +307,31 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
     w = np.where(safe, e**2 / np.where(safe, 1 - h, 1) ** 2, 0.0)
     cov = bread @ ((J * w[:, None]).T @ J) @ bread
     s2 = float(e @ e) / dof if dof > 0 else np.nan
-    cov_model = s2 * bread
     vif = np.diag(bread) * np.diag(JtJ)
-    ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa") and not vif[idx[k]] < NOT_IDENTIFIED_VIF]
+    ni = [k for i, k in enumerate(names) if k in LAW_PARAMS and not vif[i] < NOT_IDENTIFIED_VIF]
     if dof <= 0:
-        ni = [k for k in names if k in ("linf", "ln_a", "alpha", "kappa")]
-    jf = JointFit(form=form, c0=c0, names=names, params=p, cov=cov, cov_model=cov_model, dof=dof, n=n,
-                  resid=-e, leverage=h, effect_cols=list(effect_cols), pinned=pinned, not_identified=ni,
-                  converged=bool(best.success), data=(C, L, E, seeds),
-                  clusters=None if clusters is None else np.asarray(clusters), jac=J)
-    if clusters is not None and not warm_only:
+        ni = [k for k in names if k in LAW_PARAMS]
+    return cov, s2 * bread, dof, h, ni, bread
+
+
+def _widen(jf: JointFit, J: np.ndarray, bread: np.ndarray, pin_cov, pin_valley: tuple, envelope: bool) -> None:
+    """The variance parts beyond the sandwich, added in place: the (seed × rung) shifts (`_cluster_term`), the
+    pins' spread and valley (`pin_term`, `valley_term`), and an unidentified curvature (`_curvature_term`)."""
+    if jf.clusters is not None:
         jf.cov_cluster = _cluster_term(jf, J, bread)
-        jf.cov_model = cov_model + jf.cov_cluster
+        jf.cov_model = jf.cov_model + jf.cov_cluster
         jf.between_df = int(between_clusters(jf)[1])
-    if pin_cov is not None and pinned and not warm_only:
+    if pin_cov is not None and jf.pinned:
         extra, jf.cov_pins = pin_term(jf, np.asarray(pin_cov, float))
         if len(pin_valley):
             jf.cov_valley, jf.valley_laws = valley_term(jf, pin_valley)
             extra = extra + jf.cov_valley
         jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
-    if envelope and not warm_only and form == "power" and "linf" in idx and dof > 0 \
-            and ({"alpha", "ln_a"} & set(ni) or not 0.0 <= jf.linf < float(np.min(L))):
+    L, ni = jf.data[1], set(jf.not_identified)
+    if envelope and jf.form == "power" and "linf" in jf.names and jf.dof > 0 \
+            and ({"alpha", "ln_a"} & ni or not 0.0 <= jf.linf < float(np.min(L))):
         extra = _curvature_term(jf)
         jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
-    return jf
 
 
 #: L∞ values `_curvature_term` tries, as fractions of [0, smallest loss).

@@ -1,1 +1,2 @@
-"""Reading runs: run folders to the results table (`results`) and tables from elsewhere (`importer`)."""
+"""Reading runs: run folders to the results table (`results`), tables from elsewhere (`importer`) and the pinned
+reference law's file (`pinned_law`)."""

@@ -159,74 +159,16 @@ def _changes(v, row: int) -> dict[str, str]:
 
 
 def validate(raw: list[dict]) -> Imported:
-    """Every row checked; the first bad cell raises one line naming its row and column."""
+    """Every row checked; the first bad cell raises one line naming its row and column: the columns (`_columns`),
+    each row's cells (`_row`) and arm in file order, then a `changes` table's baseline levels, ids and arms."""
     _, recipe_levels, baseline_levels = _recipe()
     if not raw:
         raise ValueError("FILE holds no rows; allowed values: a table with a header and at least one row")
-    cols = list(dict.fromkeys(c for r in raw for c in r))
-    for c in ("arm", "rung", "loss"):
-        if c not in cols:
-            raise _err(None, c, "missing; allowed values: a table with columns arm, rung, loss, "
-                                "and flops or params + tokens")
-    if "flops" not in cols and not {"params", "tokens"} <= set(cols):
-        col = ("flops" if "params" not in cols and "tokens" not in cols
-               else ("params" if "params" not in cols else "tokens"))
-        raise _err(None, col, "missing; allowed values: a flops column, or params and tokens columns (the compute)")
-    use_changes = "changes" in cols
-    factors = [c for c in cols if c not in COLUMNS]
-    from marin_ablate.ablations.factors import RESERVED_NAMES
-
-    for c in factors:  # a factor column named like a results column would overwrite it
-        if c in RESERVED_NAMES:
-            raise _err(None, c, "is a column of every run's results row, so no factor can take its name; allowed "
-                                f"values: a schema column ({', '.join(COLUMNS)}) or a factor named otherwise")
-    if use_changes and factors:
-        raise _err(None, "changes", f"given with factor columns {', '.join(factors)}; allowed values: one or the other")
+    use_changes, factors = _columns(raw)
     rows, seen, arm_levels = [], {}, {}
     for i, r in enumerate(raw, start=1):
-        out: dict = {}
-        for c in ("arm", "rung"):
-            if _blank(r.get(c)):
-                raise _err(i, c, "empty; allowed values: a non-empty name")
-            out[c] = str(r[c]).strip()
-        status = "completed" if _blank(r.get("status")) else str(r["status"]).strip()
-        if status not in STATUSES:
-            raise _err(i, "status", f"{status!r}; allowed values: {', '.join(STATUSES)}")
-        out["status"] = status
-        out["error"] = None if _blank(r.get("error")) else str(r["error"])
-        if status == "failed" and _blank(r.get("loss")):
-            out["loss"] = None
-            out["error"] = out["error"] or "failed (imported)"
-        elif _blank(r.get("loss")):
-            raise _err(i, "loss", "empty; allowed values: a finite number > 0 (empty only with status failed)")
-        else:
-            out["loss"] = _number(r["loss"], i, "loss", hi=LOSS_MAX)  # nats per token: beyond it, damage
-        for c in ("params", "tokens", "tokens_per_s", "flops"):
-            out[c] = None if _blank(r.get(c)) else _number(r[c], i, c)
-        if out["flops"] is None:
-            for c in ("params", "tokens"):
-                if out[c] is None:
-                    raise _err(i, c, "empty and no flops given; allowed values: a finite number > 0")
-            out["flops"] = 6.0 * out["params"] * out["tokens"]
-        if out["tokens_per_s"] is not None and out["tokens"] is None:
-            raise _err(i, "tokens_per_s", "given without the row's tokens (needed for FLOP/s); allowed values: "
-                                          "add a tokens column or leave tokens_per_s empty")
-        out["seed"] = 0 if _blank(r.get("seed")) else int(_number(r["seed"], i, "seed", integer=True))
-        for c, default in (("source", None), ("hardware", "imported"), ("run_id", None)):
-            out[c] = default if _blank(r.get(c)) else str(r[c]).strip()
-        if out["run_id"] is not None and not SAFE_NAME_RE.fullmatch(out["run_id"]):
-            raise _err(i, "run_id", f"{_show(out['run_id'])}; allowed values: {SAFE_NAME_TEXT}")
-        levels = _changes(r.get("changes"), i) if use_changes else {}
-        for f in factors:
-            if _blank(r.get(f)):
-                raise _err(i, f, "empty; allowed values: the arm's level of this factor")
-            levels[f] = str(r[f]).strip()
-        for f, lv in levels.items():
-            if f in recipe_levels and lv not in recipe_levels[f]:
-                raise _err(i, "changes" if use_changes else f,
-                           f"level {lv!r} of {f} is unknown; allowed values: {', '.join(recipe_levels[f])}")
-        out["levels"] = levels
-        key = (out["arm"], out["rung"], out["seed"])
+        out = _row(r, i, factors, use_changes, recipe_levels)
+        levels, key = out["levels"], (out["arm"], out["rung"], out["seed"])
         if key in seen:
             raise _err(i, "arm", f"arm {key[0]!r} at rung {key[1]!r}, seed {key[2]} repeats row {seen[key]}; "
                                  "allowed values: one row per arm, rung and seed")
@@ -252,16 +194,12 @@ def validate(raw: list[dict]) -> Imported:
                     raise _err(i, "changes", f"{f}={lv} is the baseline's own level; allowed values: a level "
                                              f"other than {lv!r} (leave unchanged factors out)")
             r["levels"] = {**base, **r["levels"]}
-    ids = {}
+    ids, arms = {}, {}
     for i, r in enumerate(rows, start=1):
-        if r["run_id"] is not None:
-            if r["run_id"] in ids:
-                raise _err(i, "run_id", f"{r['run_id']!r} repeats row {ids[r['run_id']]}; allowed values: unique ids")
-            ids[r["run_id"]] = i
-    arms = {}
+        if r["run_id"] is not None and ids.setdefault(r["run_id"], i) != i:
+            raise _err(i, "run_id", f"{r['run_id']!r} repeats row {ids[r['run_id']]}; allowed values: unique ids")
     for i, r in enumerate(rows, start=1):
-        lv = tuple(sorted(r["levels"].items()))
-        other = arms.setdefault(lv, (r["arm"], i))
+        other = arms.setdefault(tuple(sorted(r["levels"].items())), (r["arm"], i))
         if other[0] != r["arm"]:
             raise _err(i, "arm", f"arm {r['arm']!r} has the same factor levels as arm {other[0]!r} (row {other[1]}); "
                                  "allowed values: arms that differ in at least one factor")
@@ -270,6 +208,77 @@ def validate(raw: list[dict]) -> Imported:
         coding[f], why = _coding(f, rows)
         notes += why
     return Imported(rows, factors, coding, notes)
+
+
+def _columns(raw: list[dict]) -> tuple[bool, list[str]]:
+    """(levels from a `changes` column?, the factor columns), the required columns present and none clashing."""
+    cols = list(dict.fromkeys(c for r in raw for c in r))
+    for c in ("arm", "rung", "loss"):
+        if c not in cols:
+            raise _err(None, c, "missing; allowed values: a table with columns arm, rung, loss, "
+                                "and flops or params + tokens")
+    if "flops" not in cols and not {"params", "tokens"} <= set(cols):
+        col = ("flops" if "params" not in cols and "tokens" not in cols
+               else ("params" if "params" not in cols else "tokens"))
+        raise _err(None, col, "missing; allowed values: a flops column, or params and tokens columns (the compute)")
+    use_changes = "changes" in cols
+    factors = [c for c in cols if c not in COLUMNS]
+    from marin_ablate.ablations.factors import RESERVED_NAMES
+
+    for c in factors:  # a factor column named like a results column would overwrite it
+        if c in RESERVED_NAMES:
+            raise _err(None, c, "is a column of every run's results row, so no factor can take its name; allowed "
+                                f"values: a schema column ({', '.join(COLUMNS)}) or a factor named otherwise")
+    if use_changes and factors:
+        raise _err(None, "changes", f"given with factor columns {', '.join(factors)}; allowed values: one or the other")
+    return use_changes, factors
+
+
+def _row(r: dict, i: int, factors: list[str], use_changes: bool, recipe_levels: dict) -> dict:
+    """Row i's cells, checked and converted: names, status, loss, compute and throughput, seed, texts, levels."""
+    out: dict = {}
+    for c in ("arm", "rung"):
+        if _blank(r.get(c)):
+            raise _err(i, c, "empty; allowed values: a non-empty name")
+        out[c] = str(r[c]).strip()
+    status = "completed" if _blank(r.get("status")) else str(r["status"]).strip()
+    if status not in STATUSES:
+        raise _err(i, "status", f"{status!r}; allowed values: {', '.join(STATUSES)}")
+    out["status"] = status
+    out["error"] = None if _blank(r.get("error")) else str(r["error"])
+    if status == "failed" and _blank(r.get("loss")):
+        out["loss"] = None
+        out["error"] = out["error"] or "failed (imported)"
+    elif _blank(r.get("loss")):
+        raise _err(i, "loss", "empty; allowed values: a finite number > 0 (empty only with status failed)")
+    else:
+        out["loss"] = _number(r["loss"], i, "loss", hi=LOSS_MAX)  # nats per token: beyond it, damage
+    for c in ("params", "tokens", "tokens_per_s", "flops"):
+        out[c] = None if _blank(r.get(c)) else _number(r[c], i, c)
+    if out["flops"] is None:
+        for c in ("params", "tokens"):
+            if out[c] is None:
+                raise _err(i, c, "empty and no flops given; allowed values: a finite number > 0")
+        out["flops"] = 6.0 * out["params"] * out["tokens"]
+    if out["tokens_per_s"] is not None and out["tokens"] is None:
+        raise _err(i, "tokens_per_s", "given without the row's tokens (needed for FLOP/s); allowed values: "
+                                      "add a tokens column or leave tokens_per_s empty")
+    out["seed"] = 0 if _blank(r.get("seed")) else int(_number(r["seed"], i, "seed", integer=True))
+    for c, default in (("source", None), ("hardware", "imported"), ("run_id", None)):
+        out[c] = default if _blank(r.get(c)) else str(r[c]).strip()
+    if out["run_id"] is not None and not SAFE_NAME_RE.fullmatch(out["run_id"]):
+        raise _err(i, "run_id", f"{_show(out['run_id'])}; allowed values: {SAFE_NAME_TEXT}")
+    levels = _changes(r.get("changes"), i) if use_changes else {}
+    for f in factors:
+        if _blank(r.get(f)):
+            raise _err(i, f, "empty; allowed values: the arm's level of this factor")
+        levels[f] = str(r[f]).strip()
+    for f, lv in levels.items():
+        if f in recipe_levels and lv not in recipe_levels[f]:
+            raise _err(i, "changes" if use_changes else f,
+                       f"level {lv!r} of {f} is unknown; allowed values: {', '.join(recipe_levels[f])}")
+    out["levels"] = levels
+    return out
 
 
 #: The level recorded for a registered factor the `changes` column leaves at the baseline arm's (unnamed) level.
@@ -499,7 +508,7 @@ def import_file(path: str | Path, out: str | Path | None = None, study: str | No
         imp.notes = [n for n in imp.notes if n.split(":")[0] not in fixed]
     target = write_study_dir(imp, Path(out) if out else path.with_suffix(""), study or path.stem, path)
     if la.law is not None:
-        from marin_ablate.analysis.fit.reflaw import LAW_FILE, published
+        from marin_ablate.analysis.io.pinned_law import LAW_FILE, published
 
         atomic_write_json(target / LAW_FILE, published(la.law()).to_dict())
     return target

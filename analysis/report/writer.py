@@ -385,22 +385,9 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                     forecasts: list[dict] | None = None, title: str = "study", command: str | None = None,
                     backtest=None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    study_dir = out_dir.parent if out_dir is not None else None
     L = [f"# Attribution report: {title}", "", f"_generated {now}_", ""] + provenance(a, raw, command) + [""]
-    L += ["## Findings", "", f"**{rests_on(a)}**", "",
-          f"C_ref = {a.c_ref:.3g} FLOPs is the reference compute: the geometric mean of the runs' training compute "
-          "(the ladder's centre in ln C, where the factor × log C terms vanish; ◆ in the forest figure). Losses are "
-          "held-out cross-entropy in nats per token (eval_macro_loss: the mean over the evaluation domains).", "",
-          f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
-          "value of the fitted model, law uncertainty included"
-          + ("; never narrower than the between-seed interval of the per-seed estimates"
-             if "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any() else "")
-          + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
-          "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
-          "qualifiers: what each verdict rests on (details under Warnings).", "",
-          *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
-        + _coding_line(a, raw)
-    L += take_section(a, out_dir.parent if out_dir is not None else None)
-    L += paired_section(a)
+    L += findings_section(a, raw, backtest) + take_section(a, study_dir) + paired_section(a)
     # the first response's forest figure: the Findings at a glance, per rung
     lead = next((f"forest_{r.name}" for r in RESPONSES.values() if r.figure), None)
     if lead in figures:
@@ -417,74 +404,11 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
                             "agree": ["—" if v is None else ("yes" if v else "NO") for v in ch["agree"]]})
         L += ["TOTAL two ways: the model's all-on vs all-off multiplier beside the one the two arms' own runs show "
               "(where they disagree, trust the observed one: the effects model misses something).", "", md_table(tab)]
-    L += drops_section(a, out_dir.parent if out_dir is not None else None)
-    L += regime_section(a, raw)
-    L += planted_section(a)
+    L += drops_section(a, study_dir) + regime_section(a, raw) + planted_section(a)
     L += ["## Warnings", ""] + ([f"- {w}" for w in a.warnings] or ["- none"]) + [""]
     L += ["## Runs", ""] + [f"- {n}" for n in a.notes + a.lost] + [""]
     L += ["## Evaluation sets", ""] + eval_sets(a, raw) + [""]
-    L += ["## Reference law (all arms, jointly)", ""]
-    if a.law is None:
-        L += ["Not estimable: no quality multipliers (see Runs).", ""]
-    else:
-        law = a.law
-
-        pinned_law = getattr(a, "pinned_law", None)
-
-        def ci(k):
-            if k in law.pinned and pinned_law is not None:  # the ladder's own interval (its valley, if any)
-                lo, hi = pinned_law.ci(k)
-                return (f"pinned: {lo:.4g}", f"pinned: {hi:.4g}")
-            if k in law.pinned:
-                return ("pinned", "pinned")
-            lo, hi = law.ci(k)
-            if not (math.isfinite(lo) or math.isfinite(hi)):
-                return ("not identified", "not identified")
-            bound = PROFILE_BOUNDS.get(k, (None, None))[0]
-            # a profile end that reached the parameter's bound: that side is not identified by the rungs
-            top = float(a.table["eval_macro_loss"].min()) if k == "linf" else None  # L∞ lies below every loss
-            return ("not identified" if not math.isfinite(lo) else f"{lo:.4g} (bound)" if lo == bound else lo,
-                    "not identified" if not math.isfinite(hi) else f"{hi:.4g} (bound)"
-                    if top is not None and abs(hi - top) <= 1e-9 * top else hi)
-
-        def est(k):  # a parameter the rungs do not pin has no estimate either (an L∞ of −88 is not one)
-            ni = k in law.not_identified or (k == "A" and {"linf", "alpha"} & set(law.not_identified))
-            return "not identified" if ni else getattr(law, k)
-
-        rows = [{"parameter": k, "estimate": est(k),
-                 **dict(zip(("95% CI lo", "95% CI hi"), ("not identified",) * 2 if est(k) == "not identified"
-                            else ci(k), strict=True))} for k in ("linf", "A", "alpha")]
-        L += [md_table(pd.DataFrame(rows), 4),
-              f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute "
-              "multiplier M on the all-off arm's curve. "
-              + ("L∞ and α: profile-likelihood intervals (every other "
-                 "parameter refitted, F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or "
-                 "α = 0 without leaving the interval, so the rungs bound that side only by the parameter's range. "
-                 if pinned_law is None else "")
-              + "A: delta method with the larger of the HC3 and model-based variances."
-              + (f" {'A rests' if pinned_law is not None else 'L∞, α and A rest'} on the {law.between_df} df of "
-                 "the (seed × rung) cluster means: each rung's "
-                 "own init and data order shift all its arms together (docs/method.md §4.4)."
-                 if law.between_df and law.between_df > 0 else "")
-              + (f" Not identified: {law.why}." if law.why else "")
-              + (f" L∞ and α are pinned from {'a published law' if pinned_law.is_published else 'the baseline ladder'}"
-                 f", their columns its interval: {pinned_law.describe()} (docs/method.md §4.1)."
-                 if pinned_law is not None else "")
-              + " L, L∞ and A are in nats per token.", ""]
-        slope = local_slope(a)
-        if law.not_identified and slope is not None:
-            L += [f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
-                  f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
-                  f"{slope[0]:.4g} nats per token per e-fold [{slope[1]:.4g}, {slope[2]:.4g}] (the loss on ln C "
-                  "with one offset per arm, OLS with HC3, 95%). Beyond the ladder (extrapolation) they need the "
-                  "curvature the rungs do not fix.", ""]
-        if "curved" in a.joint:
-            k = a.joint["curved"]
-            lo, hi = k.wald_ci("kappa", 1.96)
-            L += [f"Law-form check: the curved form (exponent drifting with log C) has κ = {k.kappa:.3g} "
-                  f"[{lo:.3g}, {hi:.3g}]"
-                  + (" — the power law is consistent with the ladder." if lo <= 0 <= hi
-                     else " — the ladder bends."), ""]
+    L += law_section(a)
     tab, absent = informative(attribution_table(a))
     L += [f"## Attribution at the reference compute C_ref = {a.c_ref:.3g} FLOPs", "", DEFINITIONS, "",
           md_table(tab)] + ([absent, ""] if absent else [])
@@ -508,11 +432,101 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
     for k, p in figures.items():
         if k != lead:
             L += _figure(k, p, out_dir)
-    L += ["## Appendix", "", "### Second interval: bootstrap", "",
-          "The bootstrap column (\"M_flop boot CI\") refits the joint law and the effects model on resampled data. It "
-          "is the second opinion, not the recommended interval: with few runs per contrast it is too narrow (a "
-          "percentile bootstrap of a t-like statistic), so where the two differ, the Findings interval is the one "
-          "with the stated coverage (measured in benchmarks/RESULTS.md).", ""]
+    return "\n".join(L + appendix_section(a, raw))
+
+
+def findings_section(a: StudyAnalysis, raw: pd.DataFrame, backtest) -> list[str]:
+    """## Findings: what the numbers rest on, how to read them, a row per component, families, backtest, coding."""
+    between = "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any()
+    return ["## Findings", "", f"**{rests_on(a)}**", "",
+            f"C_ref = {a.c_ref:.3g} FLOPs is the reference compute: the geometric mean of the runs' training compute "
+            "(the ladder's centre in ln C, where the factor × log C terms vanish; ◆ in the forest figure). Losses are "
+            "held-out cross-entropy in nats per token (eval_macro_loss: the mean over the evaluation domains).", "",
+            f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
+            "value of the fitted model, law uncertainty included"
+            + ("; never narrower than the between-seed interval of the per-seed estimates" if between else "")
+            + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
+            "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
+            "qualifiers: what each verdict rests on (details under Warnings).", "",
+            *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
+        + _coding_line(a, raw)
+
+
+def _law_ci(a: StudyAnalysis, k: str) -> tuple:
+    """The law table's interval of parameter k: a pinned law's own, or the profile's ends, (bound) where it hit one."""
+    law, pinned_law = a.law, getattr(a, "pinned_law", None)
+    if k in law.pinned and pinned_law is not None:  # the ladder's own interval (its valley, if any)
+        lo, hi = pinned_law.ci(k)
+        return (f"pinned: {lo:.4g}", f"pinned: {hi:.4g}")
+    if k in law.pinned:
+        return ("pinned", "pinned")
+    lo, hi = law.ci(k)
+    if not (math.isfinite(lo) or math.isfinite(hi)):
+        return ("not identified", "not identified")
+    bound = PROFILE_BOUNDS.get(k, (None, None))[0]
+    # a profile end that reached the parameter's bound: that side is not identified by the rungs
+    top = float(a.table["eval_macro_loss"].min()) if k == "linf" else None  # L∞ lies below every loss
+    return ("not identified" if not math.isfinite(lo) else f"{lo:.4g} (bound)" if lo == bound else lo,
+            "not identified" if not math.isfinite(hi) else f"{hi:.4g} (bound)"
+            if top is not None and abs(hi - top) <= 1e-9 * top else hi)
+
+
+def _law_est(law, k: str):
+    """A parameter the rungs do not pin has no estimate either (an L∞ of −88 is not one)."""
+    ni = k in law.not_identified or (k == "A" and {"linf", "alpha"} & set(law.not_identified))
+    return "not identified" if ni else getattr(law, k)
+
+
+def law_section(a: StudyAnalysis) -> list[str]:
+    """## Reference law: its parameters and intervals, how they were had, the local slope, the law-form check."""
+    L = ["## Reference law (all arms, jointly)", ""]
+    if a.law is None:
+        return L + ["Not estimable: no quality multipliers (see Runs).", ""]
+    law, pinned_law = a.law, getattr(a, "pinned_law", None)
+    rows = [{"parameter": k, "estimate": _law_est(law, k),
+             **dict(zip(("95% CI lo", "95% CI hi"), ("not identified",) * 2 if _law_est(law, k) == "not identified"
+                        else _law_ci(a, k), strict=True))} for k in ("linf", "A", "alpha")]
+    L += [md_table(pd.DataFrame(rows), 4),
+          f"L = L∞ + A·(M·C)^−α fitted on all {law.n} runs ({law.dof} residual df), each arm a compute "
+          "multiplier M on the all-off arm's curve. "
+          + ("L∞ and α: profile-likelihood intervals (every other "
+             "parameter refitted, F(1, df) cut-off); an end marked (bound) reached L∞ = 0, the smallest loss or "
+             "α = 0 without leaving the interval, so the rungs bound that side only by the parameter's range. "
+             if pinned_law is None else "")
+          + "A: delta method with the larger of the HC3 and model-based variances."
+          + (f" {'A rests' if pinned_law is not None else 'L∞, α and A rest'} on the {law.between_df} df of "
+             "the (seed × rung) cluster means: each rung's "
+             "own init and data order shift all its arms together (docs/method.md §4.4)."
+             if law.between_df and law.between_df > 0 else "")
+          + (f" Not identified: {law.why}." if law.why else "")
+          + (f" L∞ and α are pinned from {'a published law' if pinned_law.is_published else 'the baseline ladder'}"
+             f", their columns its interval: {pinned_law.describe()} (docs/method.md §4.1)."
+             if pinned_law is not None else "")
+          + " L, L∞ and A are in nats per token.", ""]
+    slope = local_slope(a)
+    if law.not_identified and slope is not None:
+        L += [f"Why the multipliers stand without L∞, α and A: a multiplier needs only how much loss an e-fold of "
+              f"compute buys where the rungs are, the law's local slope dL/d ln C, which the ladder fixes: "
+              f"{slope[0]:.4g} nats per token per e-fold [{slope[1]:.4g}, {slope[2]:.4g}] (the loss on ln C "
+              "with one offset per arm, OLS with HC3, 95%). Beyond the ladder (extrapolation) they need the "
+              "curvature the rungs do not fix.", ""]
+    if "curved" in a.joint:
+        k = a.joint["curved"]
+        lo, hi = k.wald_ci("kappa", 1.96)
+        L += [f"Law-form check: the curved form (exponent drifting with log C) has κ = {k.kappa:.3g} "
+              f"[{lo:.3g}, {hi:.3g}]"
+              + (" — the power law is consistent with the ladder." if lo <= 0 <= hi
+                 else " — the ladder bends."), ""]
+    return L
+
+
+def appendix_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
+    """## Appendix: the bootstrap interval, the evaluation per arm, aliasing, each fit's coefficients and ANOVA."""
+    L = ["## Appendix", "", "### Second interval: bootstrap", "",
+         "The bootstrap column (\"M_flop boot CI\") refits the joint law and the effects model on resampled data. It "
+         "is the second opinion, not the recommended interval: with few runs per contrast it is too narrow (a "
+         "percentile bootstrap of a t-like statistic), so where the two differ, the Findings interval is the one "
+         "with the stated coverage (measured in benchmarks/RESULTS.md).", ""]
     L += ["### Evaluation per arm", "", "Every rung (compute order) and arm: mean over seeds of completed runs.", ""]
     L += eval_table(a, raw) + [""]
     L += ["### Aliasing", ""]
@@ -531,7 +545,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
               "with the same covariance (F = t² for one column), so the two tables agree.", ""]
         L += [md_table(fit.coef_table()[["term", "estimate", "se", "lo", "hi", "p"]], 4)]
         L += [md_table(a.anova[name], 4)]
-    return "\n".join(L)
+    return L
 
 
 def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, forecasts: list[dict] | None = None,
