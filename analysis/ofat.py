@@ -283,6 +283,9 @@ def analyze_ofat(df: pd.DataFrame, *, pin_linf: float | None = None, pin_alpha: 
     for k, flag in (("alpha", "--pin-alpha"), ("A", "--pin-A")):
         if k in pins and not pins[k] > 0:
             raise ValueError(f"{flag} {pins[k]}: allowed values: a number > 0")
+    if "A" in pins and "alpha" not in pins:  # A is the law's scale in units of C^α: it means nothing without α
+        raise ValueError(f"--pin-A {pins['A']:g} without --pin-alpha: A is in units of C^α; allowed values: --pin-A "
+                         "with --pin-alpha (and --pin-linf, for a published law), or no --pin-A")
     star = star or find_star(df)
     if star is None:
         raise ValueError("not a one-factor-at-a-time design: no arm that other arms differ from by one change; "

@@ -116,6 +116,16 @@ def test_two_scales_refuse_a_free_law_with_a_line_naming_the_pins():
     assert a.table["R"].notna().all()  # throughput needs no law
 
 
+def test_a_pinned_a_without_a_pinned_alpha_is_refused_in_one_line():
+    """A is the law's scale in units of C^α (L∞ + A·C^−α): pinned without α it means nothing (it was a KeyError)."""
+    df = _ofat(RUNGS4)
+    with pytest.raises(ValueError, match=r"^--pin-A 400 without --pin-alpha: A is in units of C\^α; allowed values: "
+                                         r"--pin-A with --pin-alpha"):
+        analyze_ofat(df, pin_A=400.0)
+    with pytest.raises(ValueError, match="without --pin-alpha"):
+        analyze_ofat(df, pin_linf=1.5, pin_A=400.0)
+
+
 def test_design_recognition_star_factorial_and_pooled():
     assert design_kind(_ofat(RUNGS2))[0] == "ofat"
     fact = simulate_table(_truth(), rungs=RUNGS2, seeds=1, design=design_rows(3))
