@@ -280,8 +280,8 @@ def _report_ofat(res: StudyResult, out: Path) -> StudyResult:
 
 
 def _backtest_of(opts: AnalysisOptions, a, table: pd.DataFrame, folder: Path | None, min_rungs: int):
-    """The backtest of a factorial study's own ladder (analysis/fit/backtest.py)."""
-    from marin_ablate.analysis.fit.backtest import backtest
+    """The backtest of a factorial study's own ladder (analysis/backtest.py)."""
+    from marin_ablate.analysis.backtest import backtest
 
     return backtest(table, a, min_rungs=min_rungs, **fit_kw(opts, folder, table))
 

@@ -10,7 +10,7 @@ factors' true quality multipliers (Shapley, ln scale) change with scale in four 
   sat   a logistic step from a gain at small compute to 0–40% of it at large (saturating: MuonH's fading gain);
   flip  a logistic step from a gain (or loss) to the opposite sign, its midpoint between rungs 2 and 4;
   null  no effect.
-Every study goes through `analyze_table` and the backtest (analysis/fit/backtest.py). Per shape and k, over
+Every study goes through `analyze_table` and the backtest (analysis/backtest.py). Per shape and k, over
 the k-rung fits' predictions at rung k + 1: how often the predicted interval covers the truth there, how often
 the backtest flags the prediction (not covered against the measured value), how often it flags the ones that
 miss the truth and the ones that cover it, and how often the predicted and measured verdicts agree; with the
@@ -56,7 +56,7 @@ def score_truth(rows: pd.DataFrame, truth) -> pd.DataFrame:
     """The backtest's next-rung predictions (target = k + 1, components only) with the truth at the target's
     compute: truth, covers_truth (pred_lo ≤ truth ≤ pred_hi), flagged (the backtest's `covered` is False), and
     the same two with the power-law fit's own interval (`_power`), before the union with the curved form's."""
-    from marin_ablate.analysis.fit.backtest import score
+    from marin_ablate.analysis.backtest import score
 
     r = rows[(rows["target"] == rows["k"] + 1) & (rows["component"] != "TOTAL")].copy()
     r["truth"] = [truth.shapley(c)[f] for c, f in zip(r["compute"], r["component"], strict=True)]
@@ -96,8 +96,8 @@ def tally(scored: pd.DataFrame) -> pd.DataFrame:
 
 
 def one(i: int, noise: float) -> pd.DataFrame:
+    from marin_ablate.analysis.backtest import backtest
     from marin_ablate.analysis.calibration.simulate import simulate_table
-    from marin_ablate.analysis.fit.backtest import backtest
     from marin_ablate.analysis.pipeline import analyze_table
 
     rng = np.random.default_rng(4900 + i)

@@ -1,11 +1,11 @@
 """The backtest in words: the console tables of `analyze --backtest` and the one line Findings carry beside their
-extrapolated numbers (analysis/fit/backtest.py, docs/method.md §4.10)."""
+extrapolated numbers (analysis/backtest.py, docs/method.md §4.10)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from marin_ablate.analysis.fit.backtest import Backtest
+from marin_ablate.analysis.backtest import Backtest
 
 
 def backtest_console(bt: Backtest) -> list[str]:

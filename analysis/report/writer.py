@@ -552,7 +552,7 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
                  title: str = "study", figures: bool = True, command: str | None = None,
                  backtest=None) -> tuple[Path, Path]:
     """Writes out_dir/report.md, out_dir/report.html and out_dir/figures/*.png. `backtest`: the ladder's
-    backtest (analysis/fit/backtest.py), or why it did not run, for the line under Findings."""
+    backtest (analysis/backtest.py), or why it did not run, for the line under Findings."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}

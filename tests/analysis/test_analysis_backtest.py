@@ -1,4 +1,4 @@
-"""Backtests (analysis/fit/backtest.py, docs/method.md §4.10): the scoring arithmetic, the prediction against a
+"""Backtests (analysis/backtest.py, docs/method.md §4.10): the scoring arithmetic, the prediction against a
 hand fit, a planted sign change the straight line misses and the backtest flags, Marin's MuonH ladder, the
 `analyze --backtest` mode and the report's line."""
 
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from marin_ablate.analysis.backtest import backtest, kendall_tau, score
 from marin_ablate.analysis.calibration.simulate import ScaleStep, SimTruth, simulate_table, write_study
-from marin_ablate.analysis.fit.backtest import backtest, kendall_tau, score
 from marin_ablate.analysis.pipeline import analyze_table
 
 FPT = 6e8
@@ -248,7 +248,7 @@ def test_the_muonh_backtest_in_docs_importing_is_what_the_commands_print(tmp_pat
 
 
 def test_the_summary_counts_the_widest_fits_next_rung_names_misses_and_intervals_that_say_nothing():
-    from marin_ablate.analysis.fit.backtest import Backtest
+    from marin_ablate.analysis.backtest import Backtest
 
     rows = score(_rows(k=[2, 2, 2, 2, 1], target=[3, 3, 3, 4, 2], target_rung=["c", "c", "c", "d", "b"],
                        component=["x", "y", "TOTAL", "x", "x"], pred=[0.2, 0.0, 0.3, 0.2, 0.1],
@@ -309,7 +309,7 @@ def test_on_a_resolution_iv_fraction_a_linear_truth_is_predicted_and_measured_ru
 
 
 def test_a_backtest_that_fails_is_named_in_the_reports_line_and_the_report_is_still_written(tmp_path, monkeypatch):
-    import marin_ablate.analysis.fit.backtest as bt_mod
+    import marin_ablate.analysis.backtest as bt_mod
     from marin_ablate.cli.main import main
 
     def boom(*a, **k):
