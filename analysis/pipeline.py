@@ -214,7 +214,9 @@ def _sum_fit(r: Response, parts: list[EffectsFit], both: np.ndarray, X, z) -> Ef
     return EffectsFit(response=r.column, factors=q.factors, terms=q.terms, alias=al,
                       theta=sum(p.theta for p in parts), cov=sum(p.cov for p in parts), dof=min(p.dof for p in parts),
                       n=n, resid=np.zeros(n), leverage=np.zeros(n), X=q.X, method=" + ".join(r.parts),
-                      cov_model=sum(p.cov_model if p.cov_model is not None else p.cov for p in parts))
+                      cov_model=sum(p.cov_model if p.cov_model is not None else p.cov for p in parts),
+                      cov_law=sum(p.cov_law for p in parts if p.cov_law is not None) if any(
+                          p.cov_law is not None for p in parts) else None)
 
 
 @dataclass
@@ -612,16 +614,18 @@ def _replicate(df: pd.DataFrame, prep: _Prepared, o: _Options, components, per_r
     if len(components):
         components = between_seed_interval(components, per_seed, o.level, stein=stein)
     if extrap is not None and len(extrap):
-        extrap = between_seed_interval(extrap, per_seed, o.level, table_of=lambda a: a.extrapolation)
+        extrap = between_seed_interval(extrap, per_seed, o.level, table_of=lambda a: a.extrapolation, widen_only=True)
     per_rung = between_seed_per_rung(per_rung, per_seed, o.level)
     wl = between_seed_law(prep.law, per_seed, o.level) if prep.law is not None else []
     alone = (f"{n_seeds} seeds, each also analysed alone" if len(per_seed) == n_seeds else
              f"{n_seeds} seeds, {len(per_seed)} of them also analysed alone (more cost an analysis each)")
-    prep.notes.append(f"{alone}: every Shapley interval at C_ref, per rung" + (", extrapolated" if extrap is not None
-                      else "") + (f" and the law's {' and '.join(wl)} interval" if wl else "") + " is at least as "
-                      "wide as the between-seed t interval of the per-seed estimates, and so is each scale trend in "
-                      "Findings" + (f"; Stein's two-stage interval (pilot seeds {', '.join(map(str, stein.pilot))})"
-                                    " for the values `run --until` named" if stein else ""))
+    extra = (", every extrapolated one at least that" if extrap is not None else "") + (
+        f"; the law's {' and '.join(wl)} interval at least the seeds' too" if wl else "")
+    prep.notes.append(f"{alone}: every Shapley interval at C_ref and per rung, and each scale trend in Findings, is "
+                      "the between-seed t interval of the per-seed estimates with the pinned law's own spread added "
+                      "(the seeds are the replicates)" + extra
+                      + (f"; Stein's two-stage interval (pilot seeds {', '.join(map(str, stein.pilot))}) for the "
+                         "values `run --until` named" if stein else ""))
     return per_seed, components, per_rung, extrap
 
 
@@ -660,7 +664,7 @@ def _per_rung(fits, rungs, level, boot_theta) -> pd.DataFrame:
                 c = cc["total"] if f == "TOTAL" else cc["shapley"][i]
                 est, se, lo, hi, ok = fit.contrast(c, level)
                 row = {"response": fit.response, "component": f, "rung": r.rung, "compute": r.compute,
-                       "effect": est, "lo": lo, "hi": hi, "estimable": ok}
+                       "effect": est, "lo": lo, "hi": hi, "estimable": ok, "se_law": fit.law_se(c)}
                 if boot_theta.get(name) is not None and ok:
                     q = (1 - level) / 2
                     row["boot_lo"], row["boot_hi"] = (float(v)

@@ -174,6 +174,8 @@ class EffectsFit:
     sm_cols: np.ndarray | None = None
     # The rung-shift part of cov_model (quality, analysis/fit/joint.py) and the df it rests on: see contrast_df.
     cov_between: np.ndarray | None = None
+    # The part of cov every study sharing its law shares (quality: the pinned law's spread, analysis/fit/joint.py)
+    cov_law: np.ndarray | None = None
     dof_between: int = 0
 
     def contrast_df(self, c: np.ndarray) -> float:
@@ -193,6 +195,10 @@ class EffectsFit:
     def estimable(self, c: np.ndarray) -> bool:
         V = self.alias.rowspace_V
         return bool(np.linalg.norm(c - V @ (V.T @ c)) <= 1e-7 * max(np.linalg.norm(c), 1e-12))
+
+    def law_se(self, c: np.ndarray) -> float:
+        """The standard error of c·θ that the law every study shares carries (0 without a pinned law)."""
+        return float(np.sqrt(max(c @ self.cov_law @ c, 0.0))) if self.cov_law is not None else 0.0
 
     def contrast(self, c: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float, bool]:
         """(estimate, se, lo, hi, estimable) of c·θ; NaN for a contrast the design cannot estimate."""
@@ -411,7 +417,7 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
             c = ccs["total"] if f == "TOTAL" else ccs[kind][i]
             est, se, lo, hi, ok = src.contrast(c, level)
             row.update({kind: est, f"{kind}_se": se, f"{kind}_lo": lo, f"{kind}_hi": hi, f"{kind}_estimable": ok,
-                        f"{kind}_df": src.contrast_df(c)})
+                        f"{kind}_df": src.contrast_df(c), f"{kind}_se_law": src.law_se(c)})
             if bt is not None and ok:
                 b = bt @ c
                 q = (1 - level) / 2

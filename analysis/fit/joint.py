@@ -66,6 +66,9 @@ class JointFit:
     # band and intervals reach exactly (a linear band cannot follow two laws that part off the data).
     cov_pins: np.ndarray | None = None
     cov_valley: np.ndarray | None = None
+    # What every study sharing this law shares, added to cov and cov_model (`_widen`): the pins' spread and valley and
+    # an unidentified curvature's envelope; the between-seed interval adds it to the seeds' scatter (replicates.py)
+    cov_law: np.ndarray | None = None
     valley_laws: tuple = ()
 
     def get(self, name: str) -> float:
@@ -321,17 +324,18 @@ def _widen(jf: JointFit, J: np.ndarray, bread: np.ndarray, pin_cov, pin_valley: 
         jf.cov_cluster = _cluster_term(jf, J, bread)
         jf.cov_model = jf.cov_model + jf.cov_cluster
         jf.between_df = int(between_clusters(jf)[1])
+    law = np.zeros_like(jf.cov)
     if pin_cov is not None and jf.pinned:
         extra, jf.cov_pins = pin_term(jf, np.asarray(pin_cov, float))
         if len(pin_valley):
             jf.cov_valley, jf.valley_laws = valley_term(jf, pin_valley)
             extra = extra + jf.cov_valley
-        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
+        law = law + extra
     L, ni = jf.data[1], set(jf.not_identified)
     if envelope and jf.form == "power" and "linf" in jf.names and jf.dof > 0 \
             and ({"alpha", "ln_a"} & ni or not 0.0 <= jf.linf < float(np.min(L))):
-        extra = _curvature_term(jf)
-        jf.cov, jf.cov_model = jf.cov + extra, jf.cov_model + extra
+        law = law + _curvature_term(jf)
+    jf.cov, jf.cov_model, jf.cov_law = jf.cov + law, jf.cov_model + law, law
 
 
 #: L∞ values `_curvature_term` tries, as fractions of [0, smallest loss).
@@ -539,4 +543,6 @@ def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=N
                      cov_model=cm)
     if jf.cov_cluster is not None and jf.between_df > 0 and np.any(jf.cov_cluster):
         fit.cov_between, fit.dof_between = T @ jf.cov_cluster @ T.T, jf.between_df
+    if jf.cov_law is not None:
+        fit.cov_law = T @ jf.cov_law @ T.T
     return fit, jf

@@ -117,12 +117,6 @@ def t_half(values: list[float], level: float) -> float:
     return float(hi - lo) / 2
 
 
-def stein_half(pilot: Sequence[float], n_seeds: int, level: float) -> float:
-    """Stein's half-width t(n0 − 1)·s0/√N: s0 the sd of the n0 pilot estimates, N the seeds the study ran."""
-    n0 = len(pilot)
-    return float(stats.t.ppf(0.5 + level / 2, n0 - 1)) * float(np.std(pilot, ddof=1)) / math.sqrt(n_seeds)
-
-
 def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
     """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
     fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
@@ -162,18 +156,33 @@ def seed_estimates(per_seed: dict[int, Any], table_of: Callable[[Any], pd.DataFr
     return out
 
 
+def seed_half(values: Sequence[float], se_law: float, level: float, pilot: Sequence[float] | None = None,
+              n_seeds: int | None = None) -> tuple[float, int]:
+    """(half-width, df) of the between-seed interval of K per-seed estimates: t(K−1)·√(s²/K + se_law²), s their sd
+    and se_law the shared law's standard error (the pinned law every seed reads its multipliers through, which their
+    scatter cannot see); with a Stein `pilot` (n0 estimates) and `n_seeds` N, t(n0−1)·√(s0²/N + se_law²)."""
+    if pilot is not None:
+        v, n = list(pilot), int(n_seeds or len(values))
+    else:
+        v, n = list(values), len(values)
+    df = len(v) - 1
+    return float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(float(np.var(v, ddof=1)) / n + se_law**2), df
+
+
 def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95,
                           table_of: Callable[[Any], pd.DataFrame | None] = lambda a: a.components,
-                          stein: Stein | None = None) -> pd.DataFrame:
-    """Widens each Shapley interval to at least est ± t(K−1)·sd/√K, sd the scatter of the K per-seed
-    estimates (K ≥ BETWEEN_SEEDS_MIN seeds that estimate it), or to Stein's half-width for a value a
-    `run --until` study named (its pilot's scatter, t on n0 − 1 df); adds shapley_se_between (the seeds'
-    standard error), between_seeds, shapley_model_lo/hi (the interval before widening) and shapley_df (the df
-    its verdict's p is read on when the seeds' interval is the wider).
+                          stein: Stein | None = None, widen_only: bool = False) -> pd.DataFrame:
+    """Each Shapley interval from the K ≥ BETWEEN_SEEDS_MIN seeds that estimate it, analysed alone: est ±
+    t(K−1)·√(s²/K + se_law²) (`seed_half`; Stein's half-width for a value a `run --until` study named), its verdict's
+    p read on K − 1 df. The seeds are the replicates (docs/method.md §4.4): each seed's estimate carries its run
+    noise and its component x seed variation, and nothing of the other components' (which the pooled model's
+    residuals mix into every contrast). `widen_only`: keep the model interval where it is the wider (an extrapolation,
+    whose law-form spread the seeds cannot see). Adds shapley_se_between (the seeds' standard error),
+    between_seeds, shapley_model_lo/hi (the pooled model's interval) and shapley_df.
     `table_of` picks the table of each seed's analysis that matches `components` (C_ref or an extrapolation)."""
     out = components.copy()
     out["shapley_se_between"], out["between_seeds"] = np.nan, 0
-    out["shapley_model_lo"], out["shapley_model_hi"] = out["shapley_lo"], out["shapley_hi"]  # before widening
+    out["shapley_model_lo"], out["shapley_model_hi"] = out["shapley_lo"], out["shapley_hi"]  # the pooled model's
     est = seed_estimates(per_seed, table_of)
     for i, r in out.iterrows():
         key = (r["response"], r["component"])
@@ -182,24 +191,26 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], le
         if len(v) < BETWEEN_SEEDS_MIN or not r["shapley_estimable"]:
             continue
         pilot = [est[s][key] for s in stein.pilot if key in est.get(s, {})] if stein else []
+        law = float(r.get("shapley_se_law", 0.0) or 0.0)
         if stein is not None and stein.names(r["component"]) and len(pilot) == len(stein.pilot) >= 2:
-            half, df = stein_half(pilot, stein.n_seeds, level), len(pilot) - 1
-            se = half / float(stats.t.ppf(0.5 + level / 2, df))
+            half, df = seed_half(v, law, level, pilot, stein.n_seeds)
         else:
-            half, df = t_half(v, level), len(v) - 1
-            se = float(np.std(v, ddof=1)) / math.sqrt(len(v))
-        out.at[i, "shapley_se_between"] = se
-        if r["shapley"] - half < r["shapley_lo"] and "shapley_df" in out:
-            out.at[i, "shapley_df"] = df  # the wider interval's t: so is its verdict's p
-        out.at[i, "shapley_lo"] = min(r["shapley_lo"], r["shapley"] - half)
-        out.at[i, "shapley_hi"] = max(r["shapley_hi"], r["shapley"] + half)
+            half, df = seed_half(v, law, level)
+        out.at[i, "shapley_se_between"] = float(np.std(v, ddof=1)) / math.sqrt(len(v))
+        lo, hi = r["shapley"] - half, r["shapley"] + half
+        if widen_only and lo >= r["shapley_lo"]:
+            continue
+        if "shapley_df" in out:
+            out.at[i, "shapley_df"] = df  # the seeds' t: so is its verdict's p
+        out.at[i, "shapley_lo"] = min(r["shapley_lo"], lo) if widen_only else lo
+        out.at[i, "shapley_hi"] = max(r["shapley_hi"], hi) if widen_only else hi
     return out
 
 
 def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95) -> pd.DataFrame:
-    """Widens each per-rung value's interval (component or TOTAL, response, rung) to at least
-    est ± t(K−1)·sd/√K over the K ≥ BETWEEN_SEEDS_MIN seeds whose own analysis estimates it: the
-    component x seed term reaches the smallest and largest rung Findings show as it reaches C_ref."""
+    """Each per-rung value's interval (component or TOTAL, response, rung) from the K ≥ BETWEEN_SEEDS_MIN seeds whose
+    own analysis estimates it (`seed_half`): the component x seed term reaches the smallest and largest rung Findings
+    show as it reaches C_ref."""
     out = per_rung.copy()
     if not len(out):
         return out
@@ -215,8 +226,8 @@ def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], leve
         v, e = est.get(k, []), out.at[i, "effect"]
         if len(v) < BETWEEN_SEEDS_MIN or not math.isfinite(e):
             continue
-        half = t_half(v, level)
-        out.at[i, "lo"], out.at[i, "hi"] = min(out.at[i, "lo"], e - half), max(out.at[i, "hi"], e + half)
+        half = seed_half(v, float(out.at[i, "se_law"]) if "se_law" in out else 0.0, level)[0]
+        out.at[i, "lo"], out.at[i, "hi"] = e - half, e + half
     return out
 
 

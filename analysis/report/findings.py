@@ -399,12 +399,12 @@ def scale_cells(a, f: str) -> dict[str, str]:
     if not (math.isfinite(s) and math.isfinite(lo)):
         out["scale verdict"] = "trend not estimable"
         return out
-    lo, hi, df_between = _slope_between(a, f, s, lo, hi)
+    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
+    dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
+    lo, hi, df_between = _slope_between(a, f, s, lo, hi, fit.law_se(dc * math.log(10)))
     out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
     top = ends.get("largest rung")
     tv = _verdict(*top) if top else "—"
-    c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
-    dc = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
     d = _decide(a, ("scale", f), s, lo, hi, df_between or fit.contrast_df(dc))
     if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
@@ -417,11 +417,12 @@ def scale_cells(a, f: str) -> dict[str, str]:
     return out
 
 
-def _slope_between(a, f: str, s: float, lo: float, hi: float) -> tuple[float, float, int | None]:
-    """A component's slope per decade widened, as its values at C_ref and per rung are (docs/method.md §4.4), to
-    at least the between-seed t interval of the seeds' own slopes (three or more): (lo, hi, the K − 1 df its
-    verdict is read on when the between-seed interval is the wider, else None)."""
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
+def _slope_between(a, f: str, s: float, lo: float, hi: float,
+                   se_law: float = 0.0) -> tuple[float, float, int | None]:
+    """A component's slope per decade from the seeds' own slopes, as its values at C_ref and per rung are
+    (docs/method.md §4.4; `seed_half`, the law's own spread `se_law` added): (lo, hi, the K − 1 df its verdict is
+    read on); the pooled model's interval and None below BETWEEN_SEEDS_MIN seeds."""
+    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, seed_half
 
     v = []
     for b in (getattr(a, "per_seed", None) or {}).values():
@@ -432,8 +433,8 @@ def _slope_between(a, f: str, s: float, lo: float, hi: float) -> tuple[float, fl
                 v.append(x)
     if len(v) < BETWEEN_SEEDS_MIN:
         return lo, hi, None
-    half = t_half(v, a.level)
-    return min(lo, s - half), max(hi, s + half), (len(v) - 1 if s - half < lo else None)
+    half, df = seed_half(v, se_law, a.level)
+    return s - half, s + half, df
 
 
 #: Factors whose change moves the best learning rate: a field of the train section or one naming the

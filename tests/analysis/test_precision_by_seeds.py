@@ -120,14 +120,14 @@ def test_a_until_study_reports_steins_interval_for_the_named_values_and_the_usua
              for s in range(7)}
     c = a.components.set_index("component")
     pilot = [alone[s].loc["optimizer", "shapley"] for s in (0, 1, 2)]
-    half = stats.t.ppf(0.975, 2) * np.std(pilot, ddof=1) / math.sqrt(7)
     o = c.loc["optimizer"]
-    assert o["shapley_lo"] == pytest.approx(min(o["shapley_model_lo"], o["shapley"] - half), abs=1e-12)
-    assert o["shapley_hi"] == pytest.approx(max(o["shapley_model_hi"], o["shapley"] + half), abs=1e-12)
-    every = [alone[s].loc["sconv", "shapley"] for s in range(7)]  # not named: its own 7 seeds, t on 6 df
-    half_s = stats.t.ppf(0.975, 6) * np.std(every, ddof=1) / math.sqrt(7)
-    assert c.loc["sconv", "shapley_hi"] == pytest.approx(max(c.loc["sconv", "shapley_model_hi"],
-                                                             c.loc["sconv", "shapley"] + half_s), abs=1e-12)
+    half = stats.t.ppf(0.975, 2) * math.sqrt(np.var(pilot, ddof=1) / 7 + o["shapley_se_law"] ** 2)
+    assert o["shapley_lo"] == pytest.approx(o["shapley"] - half, abs=1e-12)
+    assert o["shapley_hi"] == pytest.approx(o["shapley"] + half, abs=1e-12)
+    s = c.loc["sconv"]
+    every = [alone[k].loc["sconv", "shapley"] for k in range(7)]  # not named: its own 7 seeds, t on 6 df
+    half_s = stats.t.ppf(0.975, 6) * math.sqrt(np.var(every, ddof=1) / 7 + s["shapley_se_law"] ** 2)
+    assert s["shapley_hi"] == pytest.approx(s["shapley"] + half_s, abs=1e-12) and s["shapley_df"] == 6
     assert any("Stein's two-stage interval (pilot seeds 0, 1, 2)" in n for n in a.notes)
 
 
