@@ -171,9 +171,9 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
     the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
     pinned at the truth with this covariance (a reference ladder's, as `run` pins them), and `pin_valley` its
-    accepted (L∞, α) pairs where the ladder fixes only the slope. `between` (with two or more seeds): at least
-    the median between-seed t interval (analysis/fit/replicates.py), whose sd is one seed's model standard
-    error and the component x seed sd (`Noise.seed_sd`) in quadrature, at every ratio. Returns (table, info)."""
+    accepted (L∞, α) pairs where the ladder fixes only the slope. `between` (with two or more seeds): the median
+    between-seed t interval at C_ref and at least it at every other ratio (analysis/fit/replicates.py), its sd one
+    seed's model standard error and the component x seed sd (`Noise.seed_sd`) in quadrature. Returns (table, info)."""
     from marin_ablate.analysis.fit.attribution import component_table
     from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
 
@@ -205,9 +205,10 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     for ratio in ratios:
         t = component_table(fit, math.log(ratio), level)
         hw = np.where(t["shapley_estimable"], (t["shapley_hi"] - t["shapley_lo"]) / 2, np.nan)
-        if one is not None:
-            hw = np.fmax(hw, _between_half(one[f"hw_{ratio:g}x"].to_numpy(), one.attrs["dof"], list(t["component"]),
-                                           noise, lay.seeds, level))
+        if one is not None:  # the seeds' interval at C_ref; at least it beyond (docs/method.md §4.4)
+            seeds = _between_half(one[f"hw_{ratio:g}x"].to_numpy(), one.attrs["dof"], list(t["component"]), noise,
+                                  lay.seeds, level)
+            hw = np.where(np.isfinite(hw), seeds, np.nan) if ratio == 1 else np.fmax(hw, seeds)
         col = pd.DataFrame({"component": t["component"], f"hw_{ratio:g}x": hw})
         out = col if out is None else out.merge(col, on="component")
     out.attrs["dof"] = jf.dof
