@@ -569,7 +569,7 @@ class RunSpec:
     def to_dict(self) -> dict:
         return to_dict(self)
 
-    def with_overrides(self, items: "list[str] | tuple[str, ...]") -> "RunSpec":
+    def with_overrides(self, items: Sequence[str]) -> "RunSpec":
         """`section.field=value` items (marin.fields.split_overrides; `--section.field=value` on the command line)
         applied to this spec."""
         by_section = {s: v for s, v in split_overrides(items).items() if v}
@@ -713,23 +713,7 @@ def spec_items(argv: Sequence[str], sections: Sequence[str]) -> tuple[list[str],
 
 def spec_of_preset(name: str, overrides: Sequence[str] = (), baseline: bool = False, seed: int = 0) -> RunSpec:
     """`marin-ablate train`'s RunSpec: the preset, Recipe() (or its baseline), the `section.F=V` overrides."""
-    sets = split_overrides(list(overrides))
-    model = preset(name, sets["model"])
-    recipe = Recipe.baseline() if baseline else Recipe()
-    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
-    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"]))
-    data = apply_overrides(DataConfig(), sets["data"])
-    return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=seed)
-
-
-def _int_fields(cfg):
-    """apply_overrides parses a None-default field as float; `int | None` fields want ints (so that
-    `--train.threads=1` and threads=1 give the same run id)."""
-    fix = {}
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        if isinstance(v, float) and str(f.type).replace(" ", "") in ("int|None", "Optional[int]"):
-            if not v.is_integer():
-                raise ValueError(f"{type(cfg).__name__}.{f.name}={v!r} must be an integer")
-            fix[f.name] = int(v)
-    return replace(cfg, **fix) if fix else cfg
+    sets = split_overrides(overrides)
+    recipe = apply_overrides(Recipe.baseline() if baseline else Recipe(), sets["recipe"])
+    train, data = apply_overrides(TrainConfig(), sets["train"]), apply_overrides(DataConfig(), sets["data"])
+    return RunSpec(model=preset(name, sets["model"]), recipe=recipe, train=train, data=data, seed=seed)

@@ -20,7 +20,7 @@ def rung_specs(study: Any, overrides=()) -> dict[str, Any]:
         rung = meta.get("rung")
         if rung not in out or (spec.recipe == Recipe() and out[rung].recipe != Recipe()):
             out[rung] = spec
-    return {r: s.with_overrides(list(overrides)) if overrides else s for r, s in out.items()}
+    return {r: s.with_overrides(overrides) for r, s in out.items()}
 
 
 def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool,
@@ -126,8 +126,7 @@ def format_layouts(rows: list[dict], capacity_gib: float) -> str:
 def dry_run_study(study: Any, args: Any) -> int:
     """`plan STUDY --dry-run` (`args`: the plan's options): a GPU study's rungs (`dry_run_rungs`), else the first run
     through the dry run's three parts at the study's (or --dry-run.gpus) GPUs; exit 1 when a part fails."""
-    spec = study.runs()[0][0]
-    spec = spec.with_overrides(list(args.overrides)) if args.overrides else spec
+    spec = study.runs()[0][0].with_overrides(args.overrides)
     hero, dr = getattr(study, "hero", None), args.dry_run
     if hero is None and spec.train.device.startswith("cuda"):
         return dry_run_rungs(study, args)

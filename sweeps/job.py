@@ -44,9 +44,7 @@ class UntilOptions:
     minutes: float | None = option(None, lo=0, lo_open=True, help="wall-clock minutes this invocation may spend "
                                                                   "(none: no limit)")
 
-    def spec(self):
-        from marin_ablate.analysis.fit.stopping import Until
-
+    def spec(self) -> Until:
         names = tuple(x.strip() for x in (self.components or "").split(",") if x.strip())
         return Until(self.halfwidth, names, self.max_seeds, self.minutes)
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, check_pinned, fit_reference, published
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
-from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
+from marin_ablate.sweeps.sweep import run_planned, study_resources
 
 REFERENCE_SEED = 0
 
@@ -42,9 +42,7 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
     out = []
     for r in ladder_study.rungs:
         for seed in seeds:
-            spec = ladder_study.spec(r, lv, seed)
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
+            spec = ladder_study.spec(r, lv, seed).with_overrides(overrides)
             out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
     if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
         raise ValueError(f"the overrides {' '.join(overrides)} make the baseline ladder's rungs "
@@ -124,8 +122,6 @@ def cached_law(study: Any):
     """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
     if not getattr(study, "reference_rungs", ()):
         return None
-    from marin_ablate.marin.schema import read_json
-
     key = reference_key(reference_specs(study))
     got = read_json(cache_root() / key / LAW_FILE, strict=True)
     if not got or not got.get("valley"):  # none, or a former fit: `run` refits it

@@ -23,7 +23,6 @@ from typing import Any, Iterable, Mapping
 
 from marin_ablate.marin import plugins
 from marin_ablate.marin.config import RunSpec
-from marin_ablate.marin.runlock import RunLock  # noqa: F401  (re-exported: sweeps callers import it from here)
 from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
     SUMMARY_KEYS,
     RunSummary,
@@ -105,14 +104,6 @@ def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
     for r in runs:
         write_run_files(r)
     plugins.write_record(study_dir_)
-
-
-# ---------------------------------------------------------------------------------------------
-# Lock
-# ---------------------------------------------------------------------------------------------
-
-
-# RunLock lives in marin.runlock (torch-free), so that `marin-ablate train` takes the same lock.
 
 
 # ---------------------------------------------------------------------------------------------

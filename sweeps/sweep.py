@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from marin_ablate.marin import plugins
-from marin_ablate.marin.config import RunSpec
 from marin_ablate.marin.fields import option
 from marin_ablate.sweeps import state
 from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions, Submission, get_executor, validate, wait
@@ -58,11 +57,6 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     return build_study(getattr(module, attr), name, rungs, seeds)
 
 
-def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
-    """`--section.field=value` (marin.fields.split_overrides) applied to one spec."""
-    return spec.with_overrides(list(overrides))
-
-
 def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Mapping[str, float]] | None = None,
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = (),
                  sdir: Path | None = None, provenance: Mapping[str, Any] | None = None) -> list[PlannedRun]:
@@ -70,7 +64,7 @@ def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Ma
     ({seed: {arm: multiplier}}; `provenance`, how they were set, is recorded in each meta.json)."""
     runs = study.runs(rungs=rungs)
     if overrides:
-        runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
+        runs = [(s.with_overrides(overrides), m) for s, m in runs]
     sdir = sdir or study_dir(out, study.name)
     return at_lrs(plan_runs(runs, sdir), sdir, lr_multipliers, provenance, overrides)
 

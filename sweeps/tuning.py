@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +22,7 @@ import numpy as np
 from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW, local_window
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
+from marin_ablate.sweeps.sweep import RunReport, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
@@ -383,9 +384,7 @@ def profile_points(study: Any, groups: dict[str, dict[str, str]], grids: dict[st
     for g, lv in groups.items():
         pts = []
         for x in grids[g]:
-            spec = study.spec(rung, lv, seed, 2.0 ** x)
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
+            spec = study.spec(rung, lv, seed, 2.0 ** x).with_overrides(overrides)
             pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
         points[g] = pts
     return points
@@ -446,8 +445,6 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     grid), and per level the optimum pooled over the seeds with its interval
     (analysis/fit/lr_profile.py), recorded in `<study>/profile/lr_profile.json` with the date the
     multipliers were fitted."""
-    from datetime import datetime, timezone
-
     from marin_ablate.analysis.fit.lr_profile import optimum_interval
 
     groups = profile_groups(study)
@@ -589,8 +586,6 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     `opts` is given, else read from its file; a file without every seed of the study counts as none), or the
     heuristic (no LR-coupled factor, profile=False, or a profile `profile_skipped` refuses: the provenance then says
     why, `lr_profile_skipped`)."""
-    from datetime import datetime, timezone
-
     if tuned:
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"

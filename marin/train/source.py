@@ -141,14 +141,9 @@ def _indexed(root: str, make, verify) -> Any:
 
 
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
-    from marin_ablate.marin.data.eval import eval_domains
+    """The eval_dir's domains (checked against DataConfig.eval_domains by `validate_data`), tokenized."""
     from marin_ablate.marin.data.loading import load_eval_corpus
 
-    found = eval_domains(data.eval_dir)
-    bad = [d for d in data.eval_domains if d not in found]
-    if bad:
-        raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of DataConfig.eval_dir={data.eval_dir!r}; "
-                         f"allowed values: {', '.join(found)}")
     key = ("eval", str(Path(data.eval_dir).expanduser().resolve()), tokenizer.fingerprint, tuple(data.eval_domains))
     return _cached(key, lambda: load_eval_corpus(data.eval_dir, tokenizer, domains=tuple(data.eval_domains)))
 
@@ -198,10 +193,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     warn = vocab_warning(spec, vocab)
     if warn:
         warnings.warn(warn, stacklevel=2)
-    domains = list(data.eval_domains) or list(ev.domains)
-    unknown = [d for d in domains if d not in ev.domains]
-    if unknown:
-        raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(ev.domains)}")
+    domains = list(data.eval_domains) or list(ev.domains)  # checked against the corpus's by validate_data/load_corpus
     if data.eval_dir:
         prov["eval_dir"] = str(Path(data.eval_dir).expanduser().resolve())
     prov["eval_domains"] = domains
