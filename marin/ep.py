@@ -81,10 +81,6 @@ class EPGroups:
         return self.mesh.get_group("ep")
 
     @property
-    def dp_group(self):
-        return self.mesh.get_group("dp")
-
-    @property
     def ep_rank(self) -> int:
         return self.mesh.get_local_rank("ep")
 

@@ -23,8 +23,12 @@ Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode +
 from __future__ import annotations
 
 import dataclasses
+import math
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -108,8 +112,6 @@ def _padded_local(p: torch.Tensor) -> int:
     nothing; a plain tensor is whole."""
     if not hasattr(p, "device_mesh"):
         return p.numel()
-    import math
-
     shape = list(p.shape)
     for i, pl in enumerate(p.placements):
         if pl.is_shard():
@@ -253,18 +255,15 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     # every layer's kept activations alive: base + n_local a_local + n_global a_global, where base holds
     # that block's recompute (checkpointing on) and backward, the embedding's and the loss chunk's.
     act = {**fit_activations(spec, seqs), "recompute": ck == "block"}
-    budget = (capacity_gib - reserve_gib) * GiB
+    budget, capacity = (capacity_gib - reserve_gib) * GiB, capacity_gib * GiB
     tables = {}
     for level in levels:
-        def table() -> dict:
-            rows = memory_table(spec, state, world, act, sharding, level, gpu, extra)
-            total = sum(r["bytes"] for r in rows)
-            over = [r["line"] for r in rows if r["bytes"] > budget]
-            return {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / (capacity_gib * GiB),
-                    "host": sum(r.get("host", 0) for r in rows),
-                    "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
-
-        tables[level] = table()
+        rows = memory_table(spec, state, world, act, sharding, level, gpu, extra)
+        total = sum(r["bytes"] for r in rows)
+        over = [r["line"] for r in rows if r["bytes"] > budget]
+        tables[level] = {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / capacity,
+                         "host": sum(r.get("host", 0) for r in rows),
+                         "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "sharding": sharding.name,
             "experts_per_rank": states[0]["experts_per_rank"], "sequences_per_rank": seqs,
             "activation_checkpoint": ck, "loss_chunk_tokens": spec.train.loss_chunk_tokens,
@@ -390,8 +389,6 @@ def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str, world: int | Non
     shards (kept at its own ModelConfig.ep_shards when `ep_size` is a `world` smaller than them: each rank
     then holds ep_shards / world virtual shards), its run folder with a checkpoints/ folder, and its context
     stages (spec, run_dir, stages)."""
-    from pathlib import Path
-
     from marin_ablate.marin.train.stages import context_plan
 
     if dist.is_initialized():
@@ -444,8 +441,6 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     summary; then the distributed checkpoint's state dict. A one-GPU rung (`world` 1) trains in one
     process with virtual EP over `ep_size` shards and no process group, as its run does; its final
     checkpoint is written for real. Raises naming what is wrong."""
-    import math
-
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from marin_ablate.marin import ep
@@ -528,17 +523,12 @@ def in_fresh_process(fn, *args):
     """`fn(*args)` in a new interpreter: one process plays one rank, so nothing that torch keeps across
     process groups (device meshes held by DTensor specs and caches) leaks from one rank into the next.
     An exception raised there is raised here."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
         return ex.submit(fn, *args).result()
 
 
 def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:
     """Part (a): the first and last rank and the edges of the first EP group through `loop_rank`."""
-    from pathlib import Path
-
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
     ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})

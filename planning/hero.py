@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,8 +187,6 @@ def check_racks_dir(fabric_dir: str | Path, nodes_per_ep_group: int) -> list[tup
 
 
 def _hostnames(hostlist: str) -> list[str]:
-    import subprocess
-
     r = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise ValueError(f"scontrol show hostnames {hostlist!r} failed: {r.stderr.strip()}")
@@ -198,8 +197,6 @@ def topology_domains(nodes: Sequence[str], topology: str | None = None) -> list[
     """(node, leaf switch) per node from SLURM's topology (`scontrol show topology`, topology/tree:
     the Level=0 switches are the racks); a node under no leaf switch has no domain (None). The CPU
     cluster of tests/integration/test_slurm_nodes.py groups its nodes into racks this way."""
-    import subprocess
-
     if topology is None:
         r = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:

@@ -23,6 +23,7 @@ The layout follows torchtitan's checkpointer (pytorch/torchtitan, torchtitan/com
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import io
 import json
@@ -31,8 +32,7 @@ import pickle
 import random
 import re
 import shutil
-from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any, Callable
 
 import torch
@@ -95,24 +95,24 @@ def set_rng_state(st: dict, device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+#: DCP's metadata classes (torch.distributed.checkpoint.metadata): the dataclasses its .metadata pickle builds
+_DCP_METADATA = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+                 "BytesStorageMetadata", "ChunkStorageMetadata")
+
+
 def _metadata_classes() -> dict[tuple[str, str], Any]:
     """Every (module, name) DCP's .metadata pickle refers to, resolved here by attribute access on
     modules we import (never by the pickle's own lookup, which follows dotted names)."""
-    import pathlib
-
     import torch.distributed.checkpoint.filesystem as fs
     import torch.distributed.checkpoint.metadata as md
     import torch.serialization as ser
 
     mod = "torch.distributed.checkpoint.metadata"
-    allowed: dict[tuple[str, str], Any] = {
-        (mod, n): getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                           "TensorStorageMetadata", "BytesStorageMetadata",
-                                           "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")}
+    allowed = {(mod, n): getattr(md, n) for n in (*_DCP_METADATA, "_MEM_FORMAT_ENCODING")}
     allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = fs._StorageInfo
     allowed[("torch.serialization", "_get_layout")] = ser._get_layout  # name -> torch.layout, a dict lookup
     allowed[("torch", "Size")] = torch.Size
-    allowed[("pathlib", "PosixPath")] = pathlib.PosixPath  # StorageMeta.checkpoint_id: a path, never opened
+    allowed[("pathlib", "PosixPath")] = PosixPath  # StorageMeta.checkpoint_id: a path, never opened
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype):
             allowed[("torch", name)] = value
@@ -124,9 +124,7 @@ def _buildable() -> tuple[type, ...]:
     import torch.distributed.checkpoint.filesystem as fs
     import torch.distributed.checkpoint.metadata as md
 
-    return tuple(getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                          "TensorStorageMetadata", "BytesStorageMetadata",
-                                          "ChunkStorageMetadata")) + (fs._StorageInfo,)
+    return (*(getattr(md, n) for n in _DCP_METADATA), fs._StorageInfo)
 
 
 class _MetadataUnpickler(pickle._Unpickler):
@@ -153,8 +151,6 @@ class _MetadataUnpickler(pickle._Unpickler):
         raise pickle.UnpicklingError("checkpoint metadata holds a persistent reference: refusing to load it")
 
     def _checked_build(self) -> None:
-        import dataclasses
-
         if _MetadataUnpickler._build is None:
             _MetadataUnpickler._build = _buildable()
         state, inst = self.stack[-1], self.stack[-2]
@@ -215,7 +211,7 @@ def checkpoint_dirs(ckdir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-@dataclass
+@dataclasses.dataclass
 class PendingSave:
     """A checkpoint whose shards are being written (`begin_save`); `commit` makes it a checkpoint."""
 
@@ -518,7 +514,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-@dataclass
+@dataclasses.dataclass
 class _Fresh:
     """Model tensors (on the host), optimizer state and RNG before any load: put back after a failed
     one, so that a load is all-or-nothing (DCP writes into the live tensors, and initialises the
