@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW, local_window
+from marin_ablate.marin.fields import SEED, check_fields, option
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
 from marin_ablate.sweeps.sweep import RunReport, run_planned, study_resources
@@ -34,18 +35,20 @@ POINTS_MAX = 64
 
 @dataclass(frozen=True)
 class TuneOptions:
-    points: int = 5
-    span: float = 4.0  # multipliers from 1/span to span
-    storage: str | None = None  # None: journal file <study_dir>/tune/optuna.journal; else a journal path or RDB URL
-    rung: str | None = None  # None: the study's smallest rung
-    seed: int | None = None  # None: the study's first seed
+    """Instead of the design: the per-arm learning-rate profile at the smallest rung (the multipliers
+    `run --tuned` uses)."""
+
+    points: int = option(5, lo=3, hi=POINTS_MAX, help="LR points per arm (log-spaced; a quadratic needs three; each is "
+                                                      "one run per arm)")
+    span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
+    storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
+                                 "OUT/STUDY/tune/optuna.journal) or an RDB URL")
+    rung: str | None = option(None, help="rung to tune at (none: the smallest)")
+    seed: int | None = option(None, lo=0, hi=2**64 - 1, allowed=SEED[1], help="seed to tune with (none: the study's "
+                                                                                "first)")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.points, int) or not 3 <= self.points <= POINTS_MAX:
-            raise ValueError(f"points={self.points!r} is out of range; allowed values: an integer in 3..{POINTS_MAX} "
-                             "(a quadratic needs three; each point is one run per arm)")
-        if not (math.isfinite(self.span) and self.span > 1.0):
-            raise ValueError(f"span={self.span!r} must be > 1 (multipliers 1/span .. span)")
+        check_fields(self)
 
 
 def lr_grid(points: int, span: float) -> list[float]:

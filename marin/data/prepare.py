@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import multiprocessing as mp
@@ -267,11 +268,28 @@ def shard_paths(out: Path, i: int) -> dict[str, Path]:
 
 
 def npy_bytes(a: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, a, allow_pickle=False)
     return buf.getvalue()
+
+
+def write_shard(out: Path, i: int, rows: tuple[int, int], data: bytes, offsets: np.ndarray, domains: list[str],
+                doc_domain: np.ndarray | None, per_domain: dict, skipped: int, text_bytes: int,
+                ids: list[str] | None = None) -> dict:
+    """Shard i's files (tokens, offsets, each document's domain when given) and, last, its meta.json: a shard is
+    done exactly when its meta exists. Returns the meta."""
+    p, offsets_bytes = shard_paths(out, i), npy_bytes(offsets)
+    atomic_write_bytes(p["tokens.bin"], data)
+    atomic_write_bytes(p["offsets.npy"], offsets_bytes)
+    if doc_domain is not None:
+        atomic_write_bytes(p["domain.npy"], npy_bytes(doc_domain))
+    meta = {"index": i, "rows": list(rows), "tokens": int(offsets[-1]), "documents": len(offsets) - 1,
+            "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
+            "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains, "per_domain": per_domain}
+    if ids is not None:
+        meta["ids"] = ids
+    atomic_write_json(p["meta.json"], meta)
+    return meta
 
 
 def _domain_column(cfg: PrepareConfig) -> str | None:
@@ -321,24 +339,11 @@ def prepare_shard(i: int) -> dict:
             c[0] += 1
             c[1] += len(toks)
             c[2] += nb
-    lengths = np.array([len(a) for a in arrays], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays], dtype=np.int64)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
-    p = shard_paths(out, i)
-    atomic_write_bytes(p["tokens.bin"], data)
-    offsets_bytes = npy_bytes(offsets)
-    atomic_write_bytes(p["offsets.npy"], offsets_bytes)
-    if dcol:
-        atomic_write_bytes(p["domain.npy"], npy_bytes(np.array(doc_domain, np.int32)))
-    meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
-            "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
-            "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
-            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True))
-                           for k, v in per_domain.items()}}
-    if cfg.id_column:
-        meta["ids"] = ids
-    atomic_write_json(p["meta.json"], meta)  # last: the shard is done
-    return meta
+    counts = {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}
+    return write_shard(out, i, (lo, hi), data, offsets, domains, np.array(doc_domain, np.int32) if dcol else None,
+                       counts, skipped, text_bytes, ids if cfg.id_column else None)
 
 
 class _Terminated(KeyboardInterrupt):
