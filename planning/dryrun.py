@@ -34,8 +34,17 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin import ep
+from marin_ablate.marin.config import ContextStage, DataConfig, RunSpec
+from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, moe_layers, shard_experts
+from marin_ablate.marin.model import MarinModel
 from marin_ablate.marin.optimizers import KINDS, group_kinds
+from marin_ablate.marin.parallel import ShardingConfig, apply_fsdp
+from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout, init_dist, sharding_config
+from marin_ablate.marin.train.loop import StopFlag, Trainer
+from marin_ablate.marin.train.metrics import Sinks
+from marin_ablate.marin.train.stages import context_plan
+from marin_ablate.planning.memory import fit_activations, substitutions
 
 GiB, GB = 2**30, 1e9
 
@@ -56,10 +65,6 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
     """The trainer's sharding (marin.train.distributed.build_train_model): experts sliced over EP and
     FSDP2 over dp, everything else FSDP2 over the world, with the run's ShardingConfig; Newton-Schulz
     gathers one whole matrix at a time (marin.update_rules)."""
-    from marin_ablate.marin.ep import shard_experts
-    from marin_ablate.marin.parallel import ShardingConfig, apply_fsdp
-    from marin_ablate.marin.train.distributed import sharding_config
-
     cfg = sharding_config(spec.train) if spec is not None else ShardingConfig()
 
     def apply(model, groups):
@@ -79,8 +84,6 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
 def fsdp_units(model, ep_size: int) -> dict[str, int]:
     """Elements of each FSDP2 unit of marin.parallel.apply_fsdp when gathered (a whole unit, the
     expert stacks as this rank's EP slice), from the unsharded (meta) model."""
-    from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, moe_layers
-
     owner: dict[int, str] = {}
     for name, moe in moe_layers(model):
         for p in EXPERT_PARAM_NAMES:
@@ -124,9 +127,6 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
     `rank` of a `world`-rank fake process group; a one-GPU run (`world` 1) is the single-process model:
     every expert local (virtual EP), no process group and no sharding, as its trainer builds it."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from marin_ablate.marin import ep
-    from marin_ablate.marin.model import MarinModel
 
     if dist.is_initialized():
         raise RuntimeError("the dry run needs a process without a process group")
@@ -233,8 +233,6 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
     A GPU run gets the `gpu` allowance lines (default GpuAllowances()); `headroom` is the free fraction
     of the capacity the report asks for."""
-    from marin_ablate.planning.memory import fit_activations, substitutions
-
     t0 = time.perf_counter()
     subs = substitutions(spec)  # raises for flex without compile: that configuration is not modelled
     sharding = sharding or current_sharding(spec)
@@ -378,8 +376,6 @@ def forget_meshes() -> None:
     expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
     from torch.distributed.tensor import DTensor
 
-    from marin_ablate.marin import ep
-
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
     ep.forget_expert_meshes()
 
@@ -389,8 +385,6 @@ def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str, world: int | Non
     shards (kept at its own ModelConfig.ep_shards when `ep_size` is a `world` smaller than them: each rank
     then holds ep_shards / world virtual shards), its run folder with a checkpoints/ folder, and its context
     stages (spec, run_dir, stages)."""
-    from marin_ablate.marin.train.stages import context_plan
-
     if dist.is_initialized():
         raise RuntimeError(f"{what} needs a process without a process group")
     n = spec.model.ep_shards
@@ -410,8 +404,6 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
     Context stages are kept, one step each: n stages run at seq_len / 2^n, ..., seq_len / 2, seq_len
     (tokens per step held, so each rank still has a whole sequence at the longest), stage i from step i,
     the q multiplier by the spec's own rule at these ratios (`narrowed_stages`)."""
-    from marin_ablate.marin.config import ContextStage, DataConfig
-
     n = len(spec.train.context_stages)
     if n:  # every stage trains a step: the loader, the q multiplier and the step at each stage's shape
         seqs_per_rank, steps = max(seqs_per_rank, 2 ** n), max(steps, n + 1)
@@ -442,11 +434,6 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     process with virtual EP over `ep_size` shards and no process group, as its run does; its final
     checkpoint is written for real. Raises naming what is wrong."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from marin_ablate.marin import ep
-    from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout, init_dist
-    from marin_ablate.marin.train.loop import StopFlag, Trainer
-    from marin_ablate.marin.train.metrics import Sinks
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run", world)
     one = world == 1

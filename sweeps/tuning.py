@@ -19,8 +19,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from marin_ablate.ablations.gb200 import H100
+from marin_ablate.ablations.ladders import RUNGS, flops_per_token, params_active
 from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW, local_window
+from marin_ablate.marin.config import Recipe
 from marin_ablate.marin.fields import SEED, check_fields, option
+from marin_ablate.marin.schema import loads_json
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
 from marin_ablate.sweeps.sweep import RunReport, run_planned, study_resources
@@ -134,8 +138,6 @@ def check_journal(path: Path) -> None:
     asserts "Should not reach.") is refused naming the file, the line and its byte offset."""
     from optuna.storages.journal._storage import JournalOperation  # the operations its replay handles
 
-    from marin_ablate.marin.schema import loads_json
-
     known = sorted(int(op) for op in JournalOperation)
 
     if not path.is_file():
@@ -219,9 +221,6 @@ def profile_rung(study: Any) -> str:
     Measured on the four-rung smoke ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up
     by the heuristic, over-set its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the
     LR fair where it is read."""
-    from marin_ablate.ablations.ladders import params_active
-    from marin_ablate.marin.config import Recipe
-
     c = {r.name: math.log(params_active(r.model(), Recipe()) * r.tokens()) for r in study.rungs}
     mid = sum(c.values()) / len(c)
     return min(c, key=lambda n: (round(abs(c[n] - mid), 9), -c[n]))
@@ -298,8 +297,6 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
     """Runs and core-seconds of n_runs runs at `rung` (the rung's own wall-time assumption)."""
     r = next(x for x in study.rungs if x.name == rung) if any(x.name == rung for x in study.rungs) else None
     if r is None:
-        from marin_ablate.ablations.ladders import RUNGS
-
         r = RUNGS[rung]
     est = r.est_wall_s()
     return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
@@ -514,8 +511,6 @@ PROFILE_MAX_GPU_HOURS = 100.0
 def _profile_gpu_hours(study: Any, rung: Any, flops: float, n_runs: int) -> float:
     """GPU-hours of `n_runs` profile runs of `flops` each at the study's hardware assumption (the hero's GB200,
     a GPU study's own, H100 for a GPU rung of a study that names none); 0 for a CPU rung."""
-    from marin_ablate.ablations.gb200 import H100
-
     hw = study.hardware or getattr(getattr(study, "hero", None), "hardware", None) or (H100 if rung.gpus else None)
     return 0.0 if hw is None or not rung.gpus else n_runs * hw.gpu_hours(flops)
 
@@ -529,9 +524,6 @@ def profile_skipped(study: Any, popts: ProfileOptions = ProfileOptions()) -> str
     groups = profile_groups(study)
     if not groups:
         return None
-    from marin_ablate.ablations.ladders import flops_per_token
-    from marin_ablate.marin.config import Recipe
-
     why = []
     rows = range(study.design.n_runs)
     fixed = {f.name: sorted({study.levels(i)[f.name] for i in rows}) for f in study.lr_coupled}

@@ -29,6 +29,10 @@ from marin_ablate.marin.data.corpus import (
     verify_manifest,
 )
 from marin_ablate.marin.data.eval import eval_domains, eval_texts
+from marin_ablate.marin.data.index import build_index, has_index
+from marin_ablate.marin.data.manifest import read_manifest
+from marin_ablate.marin.data.prepare import PrepareConfig, out_lock, prepare, read_text_file
+from marin_ablate.marin.data.prepare import load_files as _read_rows
 from marin_ablate.marin.data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
@@ -90,9 +94,6 @@ class Corpus:
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
     """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
     a text file is one document."""
-    from marin_ablate.marin.data.prepare import load_files as _read_rows
-    from marin_ablate.marin.data.prepare import read_text_file
-
     if kind == "text":
         return [path.name], [read_text_file(path)]
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -364,18 +365,12 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     token shards with its tokenizer, on first use (cached beside the corpus, under the preparation
     lock), so every run reads its train stream through the one loader (marin.data.shards). The
     shuffle keys on DOMAIN/ID, so the stream depends only on (corpus, tokenizer, data_seed)."""
-    from marin_ablate.marin.data.manifest import read_manifest
-    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
-
     raw = _raw_corpus(data)
     tok = _tokenizer_for(data, raw)
     key = f"{tok.fingerprint}-{_manifest_fingerprint(raw.manifest)}"
     out = raw.derived_dir / "prepared" / key
     if (out / "manifest.json").is_file():
         read_manifest(out)
-        from marin_ablate.marin.data.index import build_index, has_index
-        from marin_ablate.marin.data.prepare import out_lock
-
         if not has_index(out):  # prepared before the loader index existed: write it once, under the lock
             with out_lock(out):
                 if not has_index(out):

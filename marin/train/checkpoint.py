@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from marin_ablate.marin import ep
 from marin_ablate.marin.schema import atomic_write_text, read_json_text
 from marin_ablate.marin.train import files as run_files
 from marin_ablate.marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
@@ -262,8 +263,6 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
     host memory and written in the background while training goes on. This rank's RNG state is
     written now. Nothing is a checkpoint until `commit`."""
-    from marin_ablate.marin import ep
-
     p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
                                                  "world_size": world,
                                                  "ep_size": groups.ep_size if groups is not None else 1},
@@ -471,8 +470,6 @@ def _check_storage(ck: Path, meta: dict) -> None:
 def load_into(ck: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
               groups=None, rank: int = 0) -> None:
     """Model, optimizer and this rank's RNG from a verified checkpoint (no code from the files runs)."""
-    from marin_ablate.marin import ep
-
     reader, planner = _safe_dcp()
     ep.load_checkpoint(model, ck / "dcp", groups, opt, storage_reader=reader(str(ck / "dcp")), planner=planner())
     rng = ck / f"rng_{rank}.pt"
