@@ -17,6 +17,7 @@ No torch import.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -34,6 +35,7 @@ from marin_ablate.ablations.ladders import (
 )
 from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
+from marin_ablate.marin.schema import check_name
 
 # ---------------------------------------------------------------------------------------------
 # The registered studies
@@ -284,8 +286,6 @@ class StudyTable(dict):
         if name in self:
             raise ValueError(f"study {name!r} is registered already; allowed values: a new name (registered: "
                              f"{', '.join(self)})")
-        from marin_ablate.marin.schema import check_name
-
         super().__setitem__(check_name(name, "study name"), study)  # `run NAME` names a folder OUT/NAME too
 
     def update(self, *args: Any, **kwargs: Any) -> None:
@@ -339,8 +339,6 @@ def build_study(obj: Any, label: str, rungs: Sequence[str] | None = None, seeds:
     if not _is_study(obj):
         if not callable(obj):
             raise ValueError(f"study {label!r} is a {type(obj).__name__}; allowed values: {STUDY_FORMS}")
-        import inspect
-
         try:
             params = inspect.signature(obj).parameters
         except (TypeError, ValueError):

@@ -30,6 +30,7 @@ from torch import Tensor
 from marin_ablate.marin.dispatch import LocalDispatcher
 from marin_ablate.marin.ep_exchange import EP_TRANSPORTS, EPDispatcher  # noqa: F401  (the exchange, re-exported)
 from marin_ablate.marin.ep_layout import check_ep_layout, check_replicas
+from marin_ablate.marin.rendezvous import from_env, init_process_group
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
@@ -51,8 +52,6 @@ def dist_env() -> DistEnv:
     """Rank and world size from the launcher's environment (marin.rendezvous.from_env): torchrun's
     variables; a SLURM task of a multi-task job (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
     master from SLURM_JOB_NODELIST, exported for init_process_group); else one process."""
-    from marin_ablate.marin.rendezvous import from_env
-
     r = from_env()
     if r.source == "slurm":
         r.export()
@@ -131,8 +130,6 @@ def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = No
         if device == "cuda":
             # modulo: a task that SLURM (or submitit) narrowed to its own GPU sees it as device 0
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-        from marin_ablate.marin.rendezvous import init_process_group
-
         init_process_group(backend or ("nccl" if device == "cuda" else "gloo"))
     return build_ep_groups(ep, device, replicas)
 

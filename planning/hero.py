@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.flops import params_breakdown
 from marin_ablate.marin.optimizers import state_bytes_by_role
+from marin_ablate.planning.slurm import SlurmOptions, sbatch_params
 
 GiB, GB = 2**30, 1e9
 
@@ -111,8 +113,6 @@ def preflight_lines(nodes_per_ep_group: int, fabric_dir: str, python: str = PYTH
 def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/hero/submitit") -> str:
     """The sbatch script `run hero --executor slurm` submits (the same `sbatch_params` path)."""
     from submitit.slurm.slurm import _make_sbatch_string
-
-    from marin_ablate.planning.slurm import SlurmOptions, sbatch_params
 
     res = hero_resources(plan, hs, folder)
     params = sbatch_params(res, SlurmOptions(), 1, hs.job_name)
@@ -230,8 +230,6 @@ _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed
 
 
 def params_by_role(spec: RunSpec) -> dict[str, int]:
-    from marin_ablate.marin.flops import params_breakdown
-
     out: dict[str, int] = {}
     for k, v in params_breakdown(spec.model, spec.recipe).items():
         out[_ROLE_OF[k]] = out.get(_ROLE_OF[k], 0) + v

@@ -28,7 +28,11 @@ from marin_ablate.analysis.fit.stopping import (
     stein_plan,
 )
 from marin_ablate.marin.fields import option
+from marin_ablate.sweeps import reference
+from marin_ablate.sweeps.executors import get_executor
 from marin_ablate.sweeps.runs import atomic_write_json, study_dir
+from marin_ablate.sweeps.sweep import plan_study, run_plan
+from marin_ablate.sweeps.tuning import lr_plan, profile_skipped, read_profile
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,6 @@ def run_design(study: Any, out: str | Path, opts: Any, d: DesignOptions, say: Ca
     """The design at the study's seeds: planned and checked once, before the LR profile or the reference ladder
     writes anything; then the profile (sweeps/tuning.py), the pinned law (sweeps/reference.py) and the runs. Returns
     the run report."""
-    from marin_ablate.sweeps import reference
-    from marin_ablate.sweeps.executors import get_executor
-    from marin_ablate.sweeps.sweep import plan_study, run_plan
-    from marin_ablate.sweeps.tuning import lr_plan, profile_skipped, read_profile
-
     plan = plan_study(study, out, opts, overrides=d.overrides, epochs=True, allow_repeat=d.allow_repeat).check()
     if d.tuned:
         lr_plan(study, out, None, tuned=True)  # a missing or damaged file: refused before any run

@@ -38,8 +38,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from marin_ablate.marin.data.index import build_index
 from marin_ablate.marin.data.manifest import FORMAT
-from marin_ablate.marin.data.tokenizer import tokenizer_info
+from marin_ablate.marin.data.tokenizer import tokenizer_info, train_bpe
 from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -393,8 +394,6 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
     if not spec.startswith("bpe:"):
         return tokenizer_info(spec)
     vocab = _bpe_vocab(spec)
-    from marin_ablate.marin.data.tokenizer import train_bpe
-
     path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
     if path.is_file() and (not made_by.is_file() or made_by.read_text() != spec):
         if made_by.is_file():
@@ -502,8 +501,6 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
     if not all(m.is_file() for m in metas):
         return None
     manifest = write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
-    from marin_ablate.marin.data.index import build_index
-
     build_index(out, log=log)  # the loader index DataConfig.shuffle="indexed" reads (marin/data/index.py)
     return manifest
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from marin_ablate.marin.data.index import build_index
 from marin_ablate.marin.data.manifest import FORMAT
 from marin_ablate.marin.data.prepare import token_dtype, write_manifest, write_shard
 
@@ -42,7 +43,5 @@ def write_synthetic_corpus(out: str | Path, n_docs: int, *, seed: int = 0, max_l
            "id_column": None, "docs_per_shard": docs_per_shard, "rows": n_docs}
     manifest = write_manifest(out, job, metas)
     if index:
-        from marin_ablate.marin.data.index import build_index
-
         build_index(out)
     return manifest

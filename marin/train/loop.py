@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from marin_ablate.marin import data as mdata
+from marin_ablate.marin import flops as mflops
 from marin_ablate.marin import schema
 from marin_ablate.marin.config import RunSpec, TrainConfig
 from marin_ablate.marin.train import checkpoint as ckpt
@@ -159,9 +161,6 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, pd: ParallelDims,
                  t0: float, keep_checkpoints: str = "final"):
-        from marin_ablate.marin import data as mdata
-        from marin_ablate.marin import flops as mflops
-
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
         self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = (
             spec, spec.train.effective(), run_dir, stages, pd, t0)
