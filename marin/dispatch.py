@@ -134,10 +134,21 @@ def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, ca
                                                     n_shards=S, waves=W, buffer=buffer)
 
 
-def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
-                   capacity_factor: float | None, n_chunks: int, check_ids: bool, waves: int = 3) -> None:
+def check_transport(transport: str, capacity_factor: float | None, **counts: int) -> None:
+    """A transport's settings, as every dispatcher and the planner check them: a known transport, a positive
+    capacity factor unless dropless, and `counts` (shards, chunks, waves) of at least 1."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+    if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
+        raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+    if any(v < 1 for v in counts.values()):
+        named = [f"{k}={v}" for k, v in counts.items()]
+        raise ValueError(f"{', '.join(named[:-1])} and {named[-1]} must be >= 1")
+
+
+def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
+                   capacity_factor: float | None, n_chunks: int, check_ids: bool, waves: int = 3) -> None:
+    check_transport(transport, capacity_factor, n_chunks=n_chunks, waves=waves)
     if expert_idx_TK.dim() != 2:
         raise ValueError(f"expert_idx_TK must be 2-D (tokens, top_k), got shape {tuple(expert_idx_TK.shape)}")
     if expert_idx_TK.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
@@ -150,10 +161,6 @@ def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transpo
     if n_experts % n_shards != 0:
         raise ValueError(f"n_experts={n_experts} is not divisible by n_shards={n_shards}; "
                          "allowed: n_experts % n_shards == 0 (experts live contiguously on receivers)")
-    if n_chunks < 1 or waves < 1:
-        raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
-    if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-        raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
     # The one check that reads values on the host (a device sync): callers passing router output skip it.
     if check_ids and expert_idx_TK.numel() and (int(expert_idx_TK.min()) < 0 or int(expert_idx_TK.max()) >= n_experts):
         raise ValueError(f"expert_idx_TK holds ids outside 0..{n_experts - 1}")
@@ -341,14 +348,7 @@ class LocalDispatcher:
 
     def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
                  kernels: KernelSet | None = None, waves: int = 3):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; "
-                             f"allowed values: {', '.join(map(repr, TRANSPORTS))}")
-        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float "
-                             f"for transport={transport!r}")
-        if n_shards < 1 or n_chunks < 1 or waves < 1:
-            raise ValueError(f"n_shards={n_shards}, n_chunks={n_chunks} and waves={waves} must be >= 1")
+        check_transport(transport, capacity_factor, n_shards=n_shards, n_chunks=n_chunks, waves=waves)
         self.transport = transport
         self.n_shards = n_shards
         self.capacity_factor = capacity_factor
