@@ -37,9 +37,7 @@ from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
 from marin_ablate.marin.schema import check_name
 
-# ---------------------------------------------------------------------------------------------
-# The registered studies
-# ---------------------------------------------------------------------------------------------
+# ---- The registered studies ----------------------------------------------------------------------
 
 #: The seven recipe switches and the six that change the trained model, listed here so that a study
 #: keeps its arms when a factor is added to the table (a new factor joins a study by name).

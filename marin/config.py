@@ -49,9 +49,7 @@ from marin_ablate.marin.switches import (  # noqa: F401
     factor_spec,
 )
 
-# ---------------------------------------------------------------------------------------------
-# Recipe: one field per row of marin.switches.RECIPE_FACTOR_SPECS, defaulting to the recipe level.
-# ---------------------------------------------------------------------------------------------
+# ---- Recipe: one field per row of marin.switches.RECIPE_FACTOR_SPECS, defaulting to the recipe level. ----
 
 
 class _RecipeMethods:
@@ -87,9 +85,7 @@ Recipe = dataclasses.make_dataclass(
                    f"{s.name} in {s.levels}" for s in RECIPE_FACTOR_SPECS)})
 
 
-# ---------------------------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------------------------
+# ---- Model ---------------------------------------------------------------------------------------
 
 QB_ESTIMATORS = ("hist", "topk")
 GATED_NORM_LEVELS = ("on", "off")
@@ -280,9 +276,7 @@ class MoEGeometry:
     latent: bool
 
 
-# ---------------------------------------------------------------------------------------------
-# Training and data
-# ---------------------------------------------------------------------------------------------
+# ---- Training and data ---------------------------------------------------------------------------
 
 LR_SCHEDULES = ("linear", "cosine", "wsd")
 #: Marin's LR heuristic fits (coefficients in marin.hparams.HEURISTICS); the first is the default.
@@ -614,9 +608,7 @@ class RunSpec:
                    train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Presets
-# ---------------------------------------------------------------------------------------------
+# ---- Presets -------------------------------------------------------------------------------------
 
 
 def tiny() -> ModelConfig:

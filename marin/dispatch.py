@@ -36,9 +36,7 @@ def _ceil(x: float) -> int:
     return int(math.ceil(x - _CEIL_EPS))
 
 
-# ---------------------------------------------------------------------------------------------
-# Capacities (shared by the planner, the EP transports and the benchmarks)
-# ---------------------------------------------------------------------------------------------
+# ---- Capacities (shared by the planner, the EP transports and the benchmarks) --------------------
 
 
 def fixed_cell_capacity(tokens_per_shard: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -244,9 +242,7 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
     return keep_N.view(T, K)
 
 
-# ---------------------------------------------------------------------------------------------
-# Experts and the grouped GEMM
-# ---------------------------------------------------------------------------------------------
+# ---- Experts and the grouped GEMM ----------------------------------------------------------------
 
 
 @dataclass
@@ -312,9 +308,7 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=
     return gmm(h_NH, experts.w_down_EHW, offsets_E)
 
 
-# ---------------------------------------------------------------------------------------------
-# Virtual EP: one process, drops as an S-shard EP run would see them
-# ---------------------------------------------------------------------------------------------
+# ---- Virtual EP: one process, drops as an S-shard EP run would see them --------------------------
 
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,

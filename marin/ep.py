@@ -35,9 +35,7 @@ from marin_ablate.marin.rendezvous import from_env, init_process_group
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout and process groups
-# ---------------------------------------------------------------------------------------------
+# ---- Layout and process groups -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -152,9 +150,7 @@ def build_ep_groups(ep_size: int, device: str = "cpu", replicas: int = 1) -> EPG
     return EPGroups(mesh, world_mesh, ep_size, world // ep_size, replicas, rack, expert_rack)
 
 
-# ---------------------------------------------------------------------------------------------
-# Building the EP model from a MarinModel (or any module holding MoE layers)
-# ---------------------------------------------------------------------------------------------
+# ---- Building the EP model from a MarinModel (or any module holding MoE layers) ------------------
 
 
 def moe_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -196,9 +192,7 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
     return model
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharded checkpoints (torch.distributed.checkpoint): any layout saves, any layout loads
-# ---------------------------------------------------------------------------------------------
+# ---- Sharded checkpoints (torch.distributed.checkpoint): any layout saves, any layout loads ------
 
 
 _EXPERT_MESHES: dict[int, object] = {}

@@ -231,9 +231,7 @@ def preset_lines(info: dict, rung: dict | None = None) -> list[str]:
     return [*out, "resolved (docs/fidelity.md):", *(f"  {k:<22} {v}" for k, v in info["resolved"].items())]
 
 
-# ---------------------------------------------------------------------------------------------
-# What a run trains, and a summary.json that says otherwise
-# ---------------------------------------------------------------------------------------------
+# ---- What a run trains, and a summary.json that says otherwise -----------------------------------
 
 #: Relative tolerance of a summary's FLOPs against its spec's: the trainer sums them step by step in floats
 FLOPS_RTOL = 1e-6

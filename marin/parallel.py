@@ -44,9 +44,7 @@ from marin_ablate.marin.optimizers import state_bytes_by_role
 INIT_BLOCK_ELEMS = 1 << 16  # elements per init block: a shard draws at most two blocks it does not keep
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout-independent init
-# ---------------------------------------------------------------------------------------------
+# ---- Layout-independent init ---------------------------------------------------------------------
 
 
 def _block_seed(seed: int, name: str, block: int) -> int:
@@ -143,9 +141,7 @@ def init_weights(model: nn.Module, seed: int, groups: EPGroups | None = None) ->
             buf.zero_()
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharding
-# ---------------------------------------------------------------------------------------------
+# ---- Sharding ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -332,9 +328,7 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
     return model
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharded gradients: the global norm without a host read
-# ---------------------------------------------------------------------------------------------
+# ---- Sharded gradients: the global norm without a host read --------------------------------------
 
 
 @torch.no_grad()
@@ -373,9 +367,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Ten
     return norm
 
 
-# ---------------------------------------------------------------------------------------------
-# Asynchronous distributed checkpoint, and its size
-# ---------------------------------------------------------------------------------------------
+# ---- Asynchronous distributed checkpoint, and its size -------------------------------------------
 
 # Optimizer state bytes per parameter element, by group kind (fp32 moments; radii and steps are O(1))
 

@@ -162,9 +162,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
                               f"{type(e).__name__}: {e}") from e
 
 
-# ---------------------------------------------------------------------------------------------
-# plugins.json: a record, compared, never imported
-# ---------------------------------------------------------------------------------------------
+# ---- plugins.json: a record, compared, never imported --------------------------------------------
 
 
 def _rows() -> list[list[str]]:

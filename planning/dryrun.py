@@ -305,9 +305,7 @@ def format_report(rep: dict) -> str:
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------
-# (a) The real training loop at the full world size, one rank at a time, at narrowed width
-# ---------------------------------------------------------------------------------------------
+# ---- (a) The real training loop at the full world size, one rank at a time, at narrowed width ----
 
 
 class FakeCollectives:

@@ -121,9 +121,7 @@ def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/he
     return _make_sbatch_string(command=command, folder=f"{folder}/%j", **params)
 
 
-# ---------------------------------------------------------------------------------------------
-# Rack locality of EP groups
-# ---------------------------------------------------------------------------------------------
+# ---- Rack locality of EP groups ------------------------------------------------------------------
 
 
 def parse_fabric(text: str) -> dict:
@@ -219,9 +217,7 @@ def check_racks_topology(nodes_per_ep_group: int, nodelist: str) -> list[tuple[s
     return pairs
 
 
-# ---------------------------------------------------------------------------------------------
-# Checkpoint bytes and bandwidth
-# ---------------------------------------------------------------------------------------------
+# ---- Checkpoint bytes and bandwidth --------------------------------------------------------------
 
 #: marin.flops.params_breakdown component -> optimizer role (marin.model `_role`)
 _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed_norm": "norm", "norms": "norm",

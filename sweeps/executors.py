@@ -48,9 +48,7 @@ from marin_ablate.sweeps.runs import PlannedRun, RunTask, atomic_write_json, exe
 from marin_ablate.sweeps.state import count_dirs, needs_run, probe
 from marin_ablate.sweeps.tracking import env_set
 
-# ---------------------------------------------------------------------------------------------
-# Options and validation
-# ---------------------------------------------------------------------------------------------
+# ---- Options and validation ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,7 @@ def validate_slurm(s: SlurmOptions) -> None:
                              f"{', '.join(partitions) or '(none)'}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker side
-# ---------------------------------------------------------------------------------------------
+# ---- Worker side ---------------------------------------------------------------------------------
 
 
 def _job_id() -> str | None:
@@ -232,9 +228,7 @@ class Worker(Requeueable):
             signal.signal(signal.SIGTERM, prev)
 
 
-# ---------------------------------------------------------------------------------------------
-# Driver side
-# ---------------------------------------------------------------------------------------------
+# ---- Driver side ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -440,9 +434,7 @@ def squeue_ids() -> set[str] | None:
     return set(q.stdout.split()) if q.returncode == 0 else None
 
 
-# ---------------------------------------------------------------------------------------------
-# The executor protocol and its registry
-# ---------------------------------------------------------------------------------------------
+# ---- The executor protocol and its registry ------------------------------------------------------
 
 
 class DebugExecutor:

@@ -32,9 +32,7 @@ from marin_ablate.sweeps.progress import Progress, eta_model, run_flops, run_liv
 from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 from marin_ablate.sweeps.tracking import set_log_to
 
-# ---------------------------------------------------------------------------------------------
-# Studies
-# ---------------------------------------------------------------------------------------------
+# ---- Studies -------------------------------------------------------------------------------------
 
 
 STUDY_NAME_FORMS = "a registered study, path/to/file.py:attribute or package.module:attribute"
@@ -218,9 +216,7 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     return resources
 
 
-# ---------------------------------------------------------------------------------------------
-# How a study's runs execute: the command line's options and the study's defaults
-# ---------------------------------------------------------------------------------------------
+# ---- How a study's runs execute: the command line's options and the study's defaults -------------
 
 
 @dataclass(frozen=True)
@@ -288,9 +284,7 @@ def exec_options(cfg: ExecConfig, study: Any, log: LogOptions | None = None):
                        gpu_mem_gib=cfg.gpu_mem_gib, wait=not cfg.no_wait, slurm=slurm, options=backend)
 
 
-# ---------------------------------------------------------------------------------------------
-# run / status
-# ---------------------------------------------------------------------------------------------
+# ---- run / status --------------------------------------------------------------------------------
 
 
 @dataclass

@@ -112,9 +112,7 @@ def fit_profile(x: Sequence[float], loss: Sequence[float], grid: Sequence[float]
                    "interior optimum")
 
 
-# ---------------------------------------------------------------------------------------------
-# Storage
-# ---------------------------------------------------------------------------------------------
+# ---- Storage -------------------------------------------------------------------------------------
 
 
 def _fs_type(path: Path) -> str:
@@ -302,9 +300,7 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
     return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
 
 
-# ---------------------------------------------------------------------------------------------
-# The profile every study that varies an LR-coupled factor runs before its design
-# ---------------------------------------------------------------------------------------------
+# ---- The profile every study that varies an LR-coupled factor runs before its design -------------
 
 PROFILE_FILE = "lr_profile.json"
 

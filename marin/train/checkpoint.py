@@ -58,9 +58,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: damaged, incomplete, or of another run."""
 
 
-# ---------------------------------------------------------------------------------------------
-# RNG state as tensors and plain containers (weights_only-loadable)
-# ---------------------------------------------------------------------------------------------
+# ---- RNG state as tensors and plain containers (weights_only-loadable) ---------------------------
 
 
 def rng_state(device: torch.device) -> dict:
@@ -91,9 +89,7 @@ def set_rng_state(st: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(st["cuda"], device)
 
 
-# ---------------------------------------------------------------------------------------------
-# DCP without arbitrary unpickling
-# ---------------------------------------------------------------------------------------------
+# ---- DCP without arbitrary unpickling ------------------------------------------------------------
 
 
 #: DCP's metadata classes (torch.distributed.checkpoint.metadata): the dataclasses its .metadata pickle builds
@@ -201,9 +197,7 @@ def _safe_dcp():
     return SafeReader, SafePlanner
 
 
-# ---------------------------------------------------------------------------------------------
-# Save
-# ---------------------------------------------------------------------------------------------
+# ---- Save ----------------------------------------------------------------------------------------
 
 
 def checkpoint_dirs(ckdir: Path) -> list[Path]:
@@ -407,9 +401,7 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
     return commit(begin_save(ckdir, step, run_id, loop, model, opt, device, groups, rank, world))
 
 
-# ---------------------------------------------------------------------------------------------
-# Load
-# ---------------------------------------------------------------------------------------------
+# ---- Load ----------------------------------------------------------------------------------------
 
 
 def read_meta(ck: Path, run_id: str) -> dict:
