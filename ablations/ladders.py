@@ -102,8 +102,7 @@ class Rung:
 
     def model(self) -> ModelConfig:
         try:
-            cfg = preset(self.preset)
-            cfg = apply_overrides(cfg, dict(self.model_overrides)) if self.model_overrides else cfg
+            cfg = apply_overrides(preset(self.preset), dict(self.model_overrides))
             if self.tokens_per_ep_shard is not None:
                 tokens = self.batch_size * cfg.seq_len
                 if tokens % self.tokens_per_ep_shard:

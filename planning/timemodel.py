@@ -226,19 +226,18 @@ def _stage_time(spec: RunSpec, plan, a: Assumptions, level: str) -> dict:
     hi, point, lo = steps
     step_s = (lo, hi)
     n_steps = t.steps
-    out = {"tokens_per_step": tokens_step, "tokens_per_rank": tokens_rank, "replica_groups": t.replica_groups,
-           "shard_group": S, "shard_group_racks": max(1, S // G), "racks": R,
-           "model_flops_per_rank": model_flops_rank, "ns_flops_per_rank": ns_rank,
-           "ns_flops_if_every_rank": opt["ns_flops"]["matrix"] + opt["ns_flops"]["expert"] / G,
-           "collectives": colls, "bytes_inside_rack": inside, "bytes_across_racks": across,
-           "params_total": n_all,
-           "step_point_s": point, "step_s": step_s, "steps_s3": steps,
-           "days_point": point * n_steps / 86400, "days": tuple(s * n_steps / 86400 for s in step_s),
-           "tokens_per_s_per_rack": tuple(tokens_step / R / s for s in (hi, lo)),
-           "mfu": tuple(model_flops_rank / s / a.peak_flops for s in (hi, lo)),
-           "mfu_point": model_flops_rank / point / a.peak_flops,
-           "assumptions": asdict(a)}
-    return out
+    return {"tokens_per_step": tokens_step, "tokens_per_rank": tokens_rank, "replica_groups": t.replica_groups,
+            "shard_group": S, "shard_group_racks": max(1, S // G), "racks": R,
+            "model_flops_per_rank": model_flops_rank, "ns_flops_per_rank": ns_rank,
+            "ns_flops_if_every_rank": opt["ns_flops"]["matrix"] + opt["ns_flops"]["expert"] / G,
+            "collectives": colls, "bytes_inside_rack": inside, "bytes_across_racks": across,
+            "params_total": n_all,
+            "step_point_s": point, "step_s": step_s, "steps_s3": steps,
+            "days_point": point * n_steps / 86400, "days": tuple(s * n_steps / 86400 for s in step_s),
+            "tokens_per_s_per_rack": tuple(tokens_step / R / s for s in (hi, lo)),
+            "mfu": tuple(model_flops_rank / s / a.peak_flops for s in (hi, lo)),
+            "mfu_point": model_flops_rank / point / a.peak_flops,
+            "assumptions": asdict(a)}
 
 
 def checkpoint_cadence(t, step_s: tuple[float, float], job_limit_s: float | None) -> dict:
