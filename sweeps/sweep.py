@@ -25,7 +25,6 @@ from marin_ablate.marin.schema import read_json
 from marin_ablate.planning import costmodel
 from marin_ablate.planning.costmodel import slowdown_now
 from marin_ablate.planning.hero import hero_resources
-from marin_ablate.planning.layout import cached_layout, with_layout
 from marin_ablate.sweeps import state
 from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions, Submission, get_executor, validate, wait
 from marin_ablate.sweeps.progress import Progress, eta_model, run_flops, run_live, rung_prior, study_eta
@@ -384,6 +383,8 @@ def with_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, study: Any) -> l
     ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs).
     One layout per rung, the larger micro-batch count of its recipe and baseline arms' (the arms' memory
     differs little; measuring each of 32 arms would take half an hour of CPU at submission)."""
+    from marin_ablate.planning.layout import cached_layout, with_layout
+
     own = {r.name: int(r.gpus) for r in getattr(study, "rungs", ())}
     by_rung: dict[Any, list[PlannedRun]] = {}
     for r in runs:
