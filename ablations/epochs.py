@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from marin_ablate.marin.data.index import read_index
 from marin_ablate.marin.data.manifest import read_manifest, setting_path
+from marin_ablate.marin.data.mixture import check_mixture_domains
 
 #: Host memory one rank holds per document under DataConfig.shuffle="documents" (four int64 arrays, the uid
 #: string, its sha256 key and the argsort; measured: 1.3 s / 337 MB at 10^6 documents, 20.2 s / 1,670 MB at
@@ -61,8 +63,6 @@ def check_loader_index(r: dict, budget: int = HOST_LOADER_BUDGET_BYTES) -> None:
     if r["corpus_documents"] is None:
         return
     if r["shuffle"] == "indexed":
-        from marin_ablate.marin.data.index import read_index
-
         read_index(r["corpus"])  # ValueError naming `marin-ablate data index DIR`
         return
     need = r["corpus_documents"] * DOC_INDEX_BYTES
@@ -118,8 +118,6 @@ def check_study_epochs(runs: Sequence[tuple[Any, dict]], rung_rows: list[dict],
                        allow_repeat: bool = False) -> list[dict]:
     """Per rung of a study's planned (spec, meta) (overrides applied): tokens needed, tokens in the corpus, epochs;
     ValueError when a rung's data is not fit for it (`check_epochs`) or a mixture names a domain its corpus lacks."""
-    from marin_ablate.marin.data.mixture import check_mixture_domains
-
     rows = study_epoch_rows(rung_rows, list(runs))
     check_epochs(rows, allow_repeat)
     for data in {sp.data for sp, _ in runs}:  # a mixture names the corpus's domains (before any run)

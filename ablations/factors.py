@@ -8,7 +8,7 @@ peer would use and +1 the Marin recipe level. This module never imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from marin_ablate.marin.config import DataConfig, ModelConfig, Recipe, TrainConfig
@@ -219,8 +219,6 @@ def apply_levels(factors: tuple[Factor, ...], levels: Mapping[str, str], *, mode
         if sections[f.section] is None:
             raise ValueError(f"factor {f.name!r} sets {f.field} but no {f.section} config was given")
         changes.setdefault(f.section, {})[f.attr] = f.value(levels[f.name])
-    from dataclasses import replace
-
     for sec, ch in changes.items():
         try:
             sections[sec] = replace(sections[sec], **ch)

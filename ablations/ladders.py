@@ -30,9 +30,7 @@ from marin_ablate.marin.config import (
 from marin_ablate.marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
 from marin_ablate.marin.hparams import OptimHparams, resolve_hparams
 
-# ---------------------------------------------------------------------------------------------
-# Rungs
-# ---------------------------------------------------------------------------------------------
+# ---- Rungs ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Rung:
@@ -104,8 +102,7 @@ class Rung:
 
     def model(self) -> ModelConfig:
         try:
-            cfg = preset(self.preset)
-            cfg = apply_overrides(cfg, dict(self.model_overrides)) if self.model_overrides else cfg
+            cfg = apply_overrides(preset(self.preset), dict(self.model_overrides))
             if self.tokens_per_ep_shard is not None:
                 tokens = self.batch_size * cfg.seq_len
                 if tokens % self.tokens_per_ep_shard:
@@ -186,9 +183,7 @@ class Rung:
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Ladders used by the studies
-# ---------------------------------------------------------------------------------------------
+# ---- Ladders used by the studies -----------------------------------------------------------------
 
 #: CPU rungs for the smoke study (presets cpu_s/cpu_m/cpu_l; seq 128, byte vocab, 16 experts top-4,
 #: batch 8 = 1024 tokens per step). They are sized by wall time, not tokens per parameter: steps are

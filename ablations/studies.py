@@ -17,6 +17,7 @@ No torch import.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -34,10 +35,9 @@ from marin_ablate.ablations.ladders import (
 )
 from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
+from marin_ablate.marin.schema import check_name
 
-# ---------------------------------------------------------------------------------------------
-# The registered studies
-# ---------------------------------------------------------------------------------------------
+# ---- The registered studies ----------------------------------------------------------------------
 
 #: The seven recipe switches and the six that change the trained model, listed here so that a study
 #: keeps its arms when a factor is added to the table (a new factor joins a study by name).
@@ -284,8 +284,6 @@ class StudyTable(dict):
         if name in self:
             raise ValueError(f"study {name!r} is registered already; allowed values: a new name (registered: "
                              f"{', '.join(self)})")
-        from marin_ablate.marin.schema import check_name
-
         super().__setitem__(check_name(name, "study name"), study)  # `run NAME` names a folder OUT/NAME too
 
     def update(self, *args: Any, **kwargs: Any) -> None:
@@ -339,8 +337,6 @@ def build_study(obj: Any, label: str, rungs: Sequence[str] | None = None, seeds:
     if not _is_study(obj):
         if not callable(obj):
             raise ValueError(f"study {label!r} is a {type(obj).__name__}; allowed values: {STUDY_FORMS}")
-        import inspect
-
         try:
             params = inspect.signature(obj).parameters
         except (TypeError, ValueError):

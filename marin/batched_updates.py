@@ -87,9 +87,7 @@ def project_all(opt: MarinOptimizer, ps: list[Tensor], g: dict, dirs: list[Tenso
     torch._foreach_copy_([local_part(p) for p in ps], [x.to(p.dtype) for p, x in zip(ps, xs, strict=True)])
 
 
-# ---------------------------------------------------------------------------------------------
-# Group kinds: the batched step of each row of marin.optimizers.KINDS that has one
-# ---------------------------------------------------------------------------------------------
+# ---- Group kinds: the batched step of each row of marin.optimizers.KINDS that has one ------------
 
 
 def muonh_updates(opt: MarinOptimizer, ps: list[Tensor], g: dict) -> None:

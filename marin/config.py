@@ -49,9 +49,7 @@ from marin_ablate.marin.switches import (  # noqa: F401
     factor_spec,
 )
 
-# ---------------------------------------------------------------------------------------------
-# Recipe: one field per row of marin.switches.RECIPE_FACTOR_SPECS, defaulting to the recipe level.
-# ---------------------------------------------------------------------------------------------
+# ---- Recipe: one field per row of marin.switches.RECIPE_FACTOR_SPECS, defaulting to the recipe level. ----
 
 
 class _RecipeMethods:
@@ -87,9 +85,7 @@ Recipe = dataclasses.make_dataclass(
                    f"{s.name} in {s.levels}" for s in RECIPE_FACTOR_SPECS)})
 
 
-# ---------------------------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------------------------
+# ---- Model ---------------------------------------------------------------------------------------
 
 QB_ESTIMATORS = ("hist", "topk")
 GATED_NORM_LEVELS = ("on", "off")
@@ -280,9 +276,7 @@ class MoEGeometry:
     latent: bool
 
 
-# ---------------------------------------------------------------------------------------------
-# Training and data
-# ---------------------------------------------------------------------------------------------
+# ---- Training and data ---------------------------------------------------------------------------
 
 LR_SCHEDULES = ("linear", "cosine", "wsd")
 #: Marin's LR heuristic fits (coefficients in marin.hparams.HEURISTICS); the first is the default.
@@ -569,7 +563,7 @@ class RunSpec:
     def to_dict(self) -> dict:
         return to_dict(self)
 
-    def with_overrides(self, items: "list[str] | tuple[str, ...]") -> "RunSpec":
+    def with_overrides(self, items: Sequence[str]) -> "RunSpec":
         """`section.field=value` items (marin.fields.split_overrides; `--section.field=value` on the command line)
         applied to this spec."""
         by_section = {s: v for s, v in split_overrides(items).items() if v}
@@ -614,9 +608,7 @@ class RunSpec:
                    train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Presets
-# ---------------------------------------------------------------------------------------------
+# ---- Presets -------------------------------------------------------------------------------------
 
 
 def tiny() -> ModelConfig:
@@ -713,23 +705,7 @@ def spec_items(argv: Sequence[str], sections: Sequence[str]) -> tuple[list[str],
 
 def spec_of_preset(name: str, overrides: Sequence[str] = (), baseline: bool = False, seed: int = 0) -> RunSpec:
     """`marin-ablate train`'s RunSpec: the preset, Recipe() (or its baseline), the `section.F=V` overrides."""
-    sets = split_overrides(list(overrides))
-    model = preset(name, sets["model"])
-    recipe = Recipe.baseline() if baseline else Recipe()
-    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
-    tr = _int_fields(apply_overrides(TrainConfig(), sets["train"]))
-    data = apply_overrides(DataConfig(), sets["data"])
-    return RunSpec(model=model, recipe=recipe, train=tr, data=data, seed=seed)
-
-
-def _int_fields(cfg):
-    """apply_overrides parses a None-default field as float; `int | None` fields want ints (so that
-    `--train.threads=1` and threads=1 give the same run id)."""
-    fix = {}
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        if isinstance(v, float) and str(f.type).replace(" ", "") in ("int|None", "Optional[int]"):
-            if not v.is_integer():
-                raise ValueError(f"{type(cfg).__name__}.{f.name}={v!r} must be an integer")
-            fix[f.name] = int(v)
-    return replace(cfg, **fix) if fix else cfg
+    sets = split_overrides(overrides)
+    recipe = apply_overrides(Recipe.baseline() if baseline else Recipe(), sets["recipe"])
+    train, data = apply_overrides(TrainConfig(), sets["train"]), apply_overrides(DataConfig(), sets["data"])
+    return RunSpec(model=preset(name, sets["model"]), recipe=recipe, train=train, data=data, seed=seed)

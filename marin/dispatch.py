@@ -36,9 +36,7 @@ def _ceil(x: float) -> int:
     return int(math.ceil(x - _CEIL_EPS))
 
 
-# ---------------------------------------------------------------------------------------------
-# Capacities (shared by the planner, the EP transports and the benchmarks)
-# ---------------------------------------------------------------------------------------------
+# ---- Capacities (shared by the planner, the EP transports and the benchmarks) --------------------
 
 
 def fixed_cell_capacity(tokens_per_shard: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -134,10 +132,21 @@ def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, ca
                                                     n_shards=S, waves=W, buffer=buffer)
 
 
-def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
-                   capacity_factor: float | None, n_chunks: int, check_ids: bool, waves: int = 3) -> None:
+def check_transport(transport: str, capacity_factor: float | None, **counts: int) -> None:
+    """A transport's settings, as every dispatcher and the planner check them: a known transport, a positive
+    capacity factor unless dropless, and `counts` (shards, chunks, waves) of at least 1."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r} is not known; allowed values: {', '.join(map(repr, TRANSPORTS))}")
+    if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
+        raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
+    if any(v < 1 for v in counts.values()):
+        named = [f"{k}={v}" for k, v in counts.items()]
+        raise ValueError(f"{', '.join(named[:-1])} and {named[-1]} must be >= 1")
+
+
+def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transport: str,
+                   capacity_factor: float | None, n_chunks: int, check_ids: bool, waves: int = 3) -> None:
+    check_transport(transport, capacity_factor, n_chunks=n_chunks, waves=waves)
     if expert_idx_TK.dim() != 2:
         raise ValueError(f"expert_idx_TK must be 2-D (tokens, top_k), got shape {tuple(expert_idx_TK.shape)}")
     if expert_idx_TK.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
@@ -150,10 +159,6 @@ def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transpo
     if n_experts % n_shards != 0:
         raise ValueError(f"n_experts={n_experts} is not divisible by n_shards={n_shards}; "
                          "allowed: n_experts % n_shards == 0 (experts live contiguously on receivers)")
-    if n_chunks < 1 or waves < 1:
-        raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
-    if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-        raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float for transport={transport!r}")
     # The one check that reads values on the host (a device sync): callers passing router output skip it.
     if check_ids and expert_idx_TK.numel() and (int(expert_idx_TK.min()) < 0 or int(expert_idx_TK.max()) >= n_experts):
         raise ValueError(f"expert_idx_TK holds ids outside 0..{n_experts - 1}")
@@ -237,9 +242,7 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
     return keep_N.view(T, K)
 
 
-# ---------------------------------------------------------------------------------------------
-# Experts and the grouped GEMM
-# ---------------------------------------------------------------------------------------------
+# ---- Experts and the grouped GEMM ----------------------------------------------------------------
 
 
 @dataclass
@@ -305,9 +308,7 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=
     return gmm(h_NH, experts.w_down_EHW, offsets_E)
 
 
-# ---------------------------------------------------------------------------------------------
-# Virtual EP: one process, drops as an S-shard EP run would see them
-# ---------------------------------------------------------------------------------------------
+# ---- Virtual EP: one process, drops as an S-shard EP run would see them --------------------------
 
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
@@ -341,14 +342,7 @@ class LocalDispatcher:
 
     def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
                  kernels: KernelSet | None = None, waves: int = 3):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; "
-                             f"allowed values: {', '.join(map(repr, TRANSPORTS))}")
-        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float "
-                             f"for transport={transport!r}")
-        if n_shards < 1 or n_chunks < 1 or waves < 1:
-            raise ValueError(f"n_shards={n_shards}, n_chunks={n_chunks} and waves={waves} must be >= 1")
+        check_transport(transport, capacity_factor, n_shards=n_shards, n_chunks=n_chunks, waves=waves)
         self.transport = transport
         self.n_shards = n_shards
         self.capacity_factor = capacity_factor

@@ -30,13 +30,12 @@ from torch import Tensor
 from marin_ablate.marin.dispatch import LocalDispatcher
 from marin_ablate.marin.ep_exchange import EP_TRANSPORTS, EPDispatcher  # noqa: F401  (the exchange, re-exported)
 from marin_ablate.marin.ep_layout import check_ep_layout, check_replicas
+from marin_ablate.marin.rendezvous import from_env, init_process_group
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout and process groups
-# ---------------------------------------------------------------------------------------------
+# ---- Layout and process groups -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,6 @@ def dist_env() -> DistEnv:
     """Rank and world size from the launcher's environment (marin.rendezvous.from_env): torchrun's
     variables; a SLURM task of a multi-task job (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
     master from SLURM_JOB_NODELIST, exported for init_process_group); else one process."""
-    from marin_ablate.marin.rendezvous import from_env
-
     r = from_env()
     if r.source == "slurm":
         r.export()
@@ -79,10 +76,6 @@ class EPGroups:
     @property
     def ep_group(self):
         return self.mesh.get_group("ep")
-
-    @property
-    def dp_group(self):
-        return self.mesh.get_group("dp")
 
     @property
     def ep_rank(self) -> int:
@@ -135,8 +128,6 @@ def init_ep(n_experts: int, ep_size: int | None = None, backend: str | None = No
         if device == "cuda":
             # modulo: a task that SLURM (or submitit) narrowed to its own GPU sees it as device 0
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-        from marin_ablate.marin.rendezvous import init_process_group
-
         init_process_group(backend or ("nccl" if device == "cuda" else "gloo"))
     return build_ep_groups(ep, device, replicas)
 
@@ -159,9 +150,7 @@ def build_ep_groups(ep_size: int, device: str = "cpu", replicas: int = 1) -> EPG
     return EPGroups(mesh, world_mesh, ep_size, world // ep_size, replicas, rack, expert_rack)
 
 
-# ---------------------------------------------------------------------------------------------
-# Building the EP model from a MarinModel (or any module holding MoE layers)
-# ---------------------------------------------------------------------------------------------
+# ---- Building the EP model from a MarinModel (or any module holding MoE layers) ------------------
 
 
 def moe_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -203,9 +192,7 @@ def shard_experts(model: nn.Module, groups: EPGroups, transport: str | None = No
     return model
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharded checkpoints (torch.distributed.checkpoint): any layout saves, any layout loads
-# ---------------------------------------------------------------------------------------------
+# ---- Sharded checkpoints (torch.distributed.checkpoint): any layout saves, any layout loads ------
 
 
 _EXPERT_MESHES: dict[int, object] = {}

@@ -28,6 +28,7 @@ from marin_ablate.marin.dispatch import (
     DispatchStats,
     ExpertWeights,
     cell_counts,
+    check_transport,
     expert_offsets,
     fixed_cell_capacity,
     plan_drops,
@@ -143,14 +144,7 @@ class EPDispatcher:
 
     def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2,
                  waves: int = 3, virtual: int = 1):
-        if transport not in EP_TRANSPORTS:
-            raise ValueError(f"transport={transport!r} is not known; "
-                             f"allowed values: {', '.join(map(repr, EP_TRANSPORTS))}")
-        if transport != "dropless" and (capacity_factor is None or not capacity_factor > 0):
-            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive float "
-                             f"for transport={transport!r}")
-        if n_chunks < 1 or waves < 1:
-            raise ValueError(f"n_chunks={n_chunks} and waves={waves} must be >= 1")
+        check_transport(transport, capacity_factor, n_chunks=n_chunks, waves=waves)
         self.group = group
         self.S = dist.get_world_size(group)
         self.rank = dist.get_rank(group)

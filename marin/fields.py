@@ -13,9 +13,7 @@ import re
 from dataclasses import fields, replace
 from typing import Any, Mapping, Sequence
 
-# ---------------------------------------------------------------------------------------------
-# Validation helpers
-# ---------------------------------------------------------------------------------------------
+# ---- Validation helpers --------------------------------------------------------------------------
 
 
 def check_level(owner: str, name: str, value: Any, allowed: tuple) -> None:
@@ -73,9 +71,7 @@ def check_ranges(owner: str, obj: Any, rules: Mapping[str, tuple]) -> None:
             raise ValueError(f"{owner}.{name}={v!r} is out of range; allowed values: {text}")
 
 
-# ---------------------------------------------------------------------------------------------
-# --section.field=value overrides
-# ---------------------------------------------------------------------------------------------
+# ---- --section.field=value overrides -------------------------------------------------------------
 
 
 def apply_overrides(cfg: Any, overrides: Mapping[str, str] | list[str]) -> Any:
@@ -201,9 +197,7 @@ def non_default(obj: Any) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Options: a field's help, allowed values and range, on the field (the command line, marin_ablate/cli/parse.py)
-# ---------------------------------------------------------------------------------------------
+# ---- Options: a field's help, allowed values and range, on the field (the command line, marin_ablate/cli/parse.py)
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str = "", choices: Sequence | None = None,  # noqa: A002

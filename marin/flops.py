@@ -31,7 +31,8 @@ import functools
 import json
 from typing import Any, Mapping
 
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, to_dict
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, apply_overrides, preset, split_overrides, to_dict
+from marin_ablate.marin.optimizers import NS_COEFFS
 from marin_ablate.marin.schema import is_number
 
 MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",
@@ -181,8 +182,6 @@ def resolved(cfg: ModelConfig, recipe: Recipe, rung: dict | None = None) -> dict
     """The values a reader compares with Marin's code (docs/fidelity.md), resolved for this preset. `rung`
     (ep_shards, batch_sequences, tokens_per_step, steps, tokens), when the preset is a ladder rung, is passed in by
     the caller (ablations.ladders.rung_of_preset): marin/ knows no ladders."""
-    from marin_ablate.marin.optimizers import NS_COEFFS
-
     out = {
         "params_active_marin": params_active_marin(cfg, recipe),
         "qb_estimator": cfg.qb_estimator, "qb_hist_bins": cfg.qb_hist_bins,
@@ -201,12 +200,9 @@ def resolved(cfg: ModelConfig, recipe: Recipe, rung: dict | None = None) -> dict
 def describe_preset(name: str, overrides: tuple[str, ...] = (), baseline: bool = False,
                     rung: dict | None = None) -> dict:
     """`plan --preset`'s record: the preset with its --model./--recipe. overrides, from Recipe() (or its baseline)."""
-    from marin_ablate.marin.config import apply_overrides, preset, split_overrides
-
     sets = split_overrides(overrides, ("model", "recipe"))  # train./data. change neither count
     cfg = preset(name, sets["model"])
-    recipe = Recipe.baseline() if baseline else Recipe()
-    recipe = apply_overrides(recipe, sets["recipe"]) if sets["recipe"] else recipe
+    recipe = apply_overrides(Recipe.baseline() if baseline else Recipe(), sets["recipe"])
     return {"preset": name, **describe(cfg, recipe), "resolved": resolved(cfg, recipe, rung)}
 
 
@@ -235,9 +231,7 @@ def preset_lines(info: dict, rung: dict | None = None) -> list[str]:
     return [*out, "resolved (docs/fidelity.md):", *(f"  {k:<22} {v}" for k, v in info["resolved"].items())]
 
 
-# ---------------------------------------------------------------------------------------------
-# What a run trains, and a summary.json that says otherwise
-# ---------------------------------------------------------------------------------------------
+# ---- What a run trains, and a summary.json that says otherwise -----------------------------------
 
 #: Relative tolerance of a summary's FLOPs against its spec's: the trainer sums them step by step in floats
 FLOPS_RTOL = 1e-6

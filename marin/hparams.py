@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from marin_ablate.marin.config import LR_HEURISTICS, RunSpec, TrainConfig
+from marin_ablate.marin.optimizers import optimizer_level
 
 #: What a peer runs with AdamW (nanoGPT / GPT-3 betas, PyTorch's default ε).
 ADAMW_BETAS = (0.9, 0.95)
@@ -117,8 +118,6 @@ HPARAM_RULES = {"hyperball": _hyperball_rule, "adamw": _adamw_rule, "muon_adamw"
 def resolve_hparams(spec: RunSpec) -> OptimHparams:
     """The run's hyperparameters: the level's rule (`HPARAM_RULES`) on the heuristic's values ×
     `lr_scale`; explicit TrainConfig values (lr, adam_lr, beta1, beta2, adam_eps) win."""
-    from marin_ablate.marin.optimizers import optimizer_level
-
     t: TrainConfig = spec.train.effective()  # D is the tokens the run trains (token_multiplier included)
     level = optimizer_level(spec.recipe.optimizer)
     rule = HPARAM_RULES[level.hparams] if isinstance(level.hparams, str) else level.hparams

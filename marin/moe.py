@@ -30,9 +30,7 @@ from marin_ablate.marin.kernels.torch_ops import count_ids
 ROUTER_STATS = ("load_cv", "max_load_ratio", "router_z", "switch_balance")
 
 
-# ---------------------------------------------------------------------------------------------
-# Pure routing functions (tested one by one)
-# ---------------------------------------------------------------------------------------------
+# ---- Pure routing functions (tested one by one) --------------------------------------------------
 
 
 def select_experts(logits_TE: Tensor, bias_E: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
@@ -141,9 +139,7 @@ def qb_bias(beta_E: Tensor) -> Tensor:
     return c_E - c_E.mean()
 
 
-# ---------------------------------------------------------------------------------------------
-# Router
-# ---------------------------------------------------------------------------------------------
+# ---- Router --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -295,23 +291,19 @@ class Router(nn.Module):
             if distributed:
                 dist.all_reduce(stat, op=dist.ReduceOp.SUM, group=group)
             self.bias_E.copy_(qb_bias(stat[:-1] / stat[-1]))
-        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._counts_EN is not None:
-            lo, hi = -self._hist_ext[0], self._hist_ext[1]  # the world's already (the routing pass reduced it)
-            counts_EN = self._counts_EN
-            tokens = counts_EN.new_tensor([self._hist_tokens])
-            if distributed:
-                dist.all_reduce(counts_EN, op=dist.ReduceOp.SUM, group=group)
-                dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
-            n_star = float(tokens) * self.top_k / self.n_experts
-            self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))
-        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:
-            margins_TE = torch.cat(self._margins)
-            ext = torch.stack([-margins_TE.min(), margins_TE.max()])
-            if distributed:
-                dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=group)
-            lo, hi = -ext[0], ext[1]
-            counts_EN = margin_histogram(margins_TE, lo, hi, self.qb_hist_bins)
-            tokens = counts_EN.new_tensor([margins_TE.shape[0]])
+        elif self.balance == "quantile" and self.qb_estimator == "hist" and (self._counts_EN is not None
+                                                                              or self._margins):
+            if self._counts_EN is not None:  # an accumulated step's, binned as it went
+                lo, hi = -self._hist_ext[0], self._hist_ext[1]  # the world's already (the routing pass reduced it)
+                counts_EN, tokens = self._counts_EN, self._counts_EN.new_tensor([self._hist_tokens])
+            else:
+                margins_TE = torch.cat(self._margins)
+                ext = torch.stack([-margins_TE.min(), margins_TE.max()])
+                if distributed:
+                    dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=group)
+                lo, hi = -ext[0], ext[1]
+                counts_EN = margin_histogram(margins_TE, lo, hi, self.qb_hist_bins)
+                tokens = counts_EN.new_tensor([margins_TE.shape[0]])
             if distributed:
                 dist.all_reduce(counts_EN, op=dist.ReduceOp.SUM, group=group)
                 dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
@@ -326,9 +318,7 @@ class Router(nn.Module):
         self.reset_pending()
 
 
-# ---------------------------------------------------------------------------------------------
-# Experts and the MoE block
-# ---------------------------------------------------------------------------------------------
+# ---- Experts and the MoE block -------------------------------------------------------------------
 
 
 class SwiGLU(nn.Module):

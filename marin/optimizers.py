@@ -14,6 +14,7 @@ Table of levels: docs/method.md §2.1.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -148,7 +149,5 @@ def resolve_update(kind: GroupKind, batched: bool = False) -> Callable | None:
     ref = kind.batched if batched else kind.update
     if ref is None or callable(ref):
         return ref
-    import importlib
-
     mod, _, fn = str(ref).partition(":")
     return getattr(importlib.import_module(mod), fn)

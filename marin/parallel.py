@@ -37,14 +37,14 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch import Tensor
 
-from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, EPGroups, moe_layers, shard_experts
+from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, EPGroups, ep_state_dict, moe_layers, shard_experts
+from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.optimizers import state_bytes_by_role
 
 INIT_BLOCK_ELEMS = 1 << 16  # elements per init block: a shard draws at most two blocks it does not keep
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout-independent init
-# ---------------------------------------------------------------------------------------------
+# ---- Layout-independent init ---------------------------------------------------------------------
 
 
 def _block_seed(seed: int, name: str, block: int) -> int:
@@ -141,9 +141,7 @@ def init_weights(model: nn.Module, seed: int, groups: EPGroups | None = None) ->
             buf.zero_()
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharding
-# ---------------------------------------------------------------------------------------------
+# ---- Sharding ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -320,8 +318,6 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
     `init=False` leaves the shards allocated but undrawn, for a checkpoint load to fill (a requeued rank
     never draws its 8.15B-element expert slice only to overwrite it). `model_kw` go to MarinModel
     (activation_checkpoint, loss_chunk_tokens)."""
-    from marin_ablate.marin.model import MarinModel
-
     with torch.device("meta"):
         model = MarinModel(model_cfg, recipe, **model_kw)
     shard_experts(model, groups, transport)
@@ -332,9 +328,7 @@ def build_sharded_model(model_cfg, recipe, groups: EPGroups, seed: int, device: 
     return model
 
 
-# ---------------------------------------------------------------------------------------------
-# Sharded gradients: the global norm without a host read
-# ---------------------------------------------------------------------------------------------
+# ---- Sharded gradients: the global norm without a host read --------------------------------------
 
 
 @torch.no_grad()
@@ -373,9 +367,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Ten
     return norm
 
 
-# ---------------------------------------------------------------------------------------------
-# Asynchronous distributed checkpoint, and its size
-# ---------------------------------------------------------------------------------------------
+# ---- Asynchronous distributed checkpoint, and its size -------------------------------------------
 
 # Optimizer state bytes per parameter element, by group kind (fp32 moments; radii and steps are O(1))
 
@@ -408,8 +400,6 @@ class AsyncCheckpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        from marin_ablate.marin.ep import ep_state_dict
-
         self.wait()
         sd = ep_state_dict(model, self.groups, optimizer)
         self._future = dcp.async_save(sd, checkpoint_id=str(path), process_group=self.pg,
@@ -429,8 +419,6 @@ def checkpoint_bytes_per_rank(model: nn.Module, level: str, groups: EPGroups | N
     group (DCP writes a replicated tensor once); other plain tensors on rank 0. Works on a meta-device
     model, so the plan sizes the hero without allocating it."""
     from torch.distributed.tensor import DTensor
-
-    from marin_ablate.marin.optimizers import state_bytes_by_role
 
     state_bytes = state_bytes_by_role(level)
     experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from marin_ablate.marin.schema import atomic_write_json, read_json_text
+
 ENTRY_POINT_GROUP = "marin_ablate.plugins"
 PLUGINS_FILE = "plugins.json"  # in a study folder: a record of the sources its rows came from (never imported)
 PACKAGE = "marin_ablate"  # built-in rows register at their own import: a module of the package is no plugin source
@@ -160,9 +162,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
                               f"{type(e).__name__}: {e}") from e
 
 
-# ---------------------------------------------------------------------------------------------
-# plugins.json: a record, compared, never imported
-# ---------------------------------------------------------------------------------------------
+# ---- plugins.json: a record, compared, never imported --------------------------------------------
 
 
 def _rows() -> list[list[str]]:
@@ -174,8 +174,6 @@ def _rows() -> list[list[str]]:
 def write_record(folder: str | Path) -> None:
     """`plugins.json` in a study folder: which rows came from which source, the old record's kept (a
     later run of the study adds, never forgets). A damaged record is refused (`read_record`)."""
-    from marin_ablate.marin.schema import atomic_write_json
-
     old = read_record(folder) or {"imports": [], "rows": []}
     srcs = old["imports"] + [s for s in sources() if s not in old["imports"]]
     rows = old["rows"] + [r for r in _rows() if r not in old["rows"]]
@@ -190,8 +188,6 @@ _RECORD_SHAPE = ('{"imports": [source, ...], "rows": [[registry, name, source], 
 def read_record(folder: str | Path) -> dict | None:
     """The study folder's `plugins.json` ({"imports": [...], "rows": [[registry, name, source]]}), None when
     absent; ValueError naming the file and what is wrong when it is not that shape. Reading it imports nothing."""
-    from marin_ablate.marin.schema import read_json_text
-
     p = Path(folder) / PLUGINS_FILE
     if not p.is_file():
         return None

@@ -151,30 +151,29 @@ def gloo_interface(addr: str, env: Mapping[str, str] | None = None) -> str | Non
     return interface_to(addr)
 
 
+def _env_seconds(var: str, default: float | None) -> float | None:
+    """Seconds from the environment variable `var` (> 0), else `default`; ValueError naming it otherwise."""
+    v = os.environ.get(var, "")
+    try:
+        t = float(v) if v else default
+    except ValueError:
+        t = -1.0
+    if t is not None and not t > 0:
+        raise ValueError(f"{var}={v!r}; allowed values: seconds > 0")
+    return t
+
+
 def rendezvous_timeout_s(world: int = 1) -> float:
     """The TCP store's deadline: MARIN_RENDEZVOUS_TIMEOUT_S, else DEFAULT_TIMEOUT_S (LARGE_STORE_TIMEOUT_S
     from LARGE_WORLD ranks on)."""
-    v = os.environ.get("MARIN_RENDEZVOUS_TIMEOUT_S", "")
-    try:
-        t = float(v) if v else LARGE_STORE_TIMEOUT_S if world >= LARGE_WORLD else DEFAULT_TIMEOUT_S
-    except ValueError:
-        t = -1.0
-    if not t > 0:
-        raise ValueError(f"MARIN_RENDEZVOUS_TIMEOUT_S={v!r}; allowed values: seconds > 0")
-    return t
+    default = LARGE_STORE_TIMEOUT_S if world >= LARGE_WORLD else DEFAULT_TIMEOUT_S
+    return _env_seconds("MARIN_RENDEZVOUS_TIMEOUT_S", default)
 
 
 def pg_timeout_s(world: int) -> float | None:
     """Every collective's deadline: MARIN_PG_TIMEOUT_S, else LARGE_PG_TIMEOUT_S from LARGE_WORLD ranks on,
     else None (torch's own: 10 min for NCCL, 30 min for gloo)."""
-    v = os.environ.get("MARIN_PG_TIMEOUT_S", "")
-    try:
-        t = float(v) if v else LARGE_PG_TIMEOUT_S if world >= LARGE_WORLD else None
-    except ValueError:
-        t = -1.0
-    if t is not None and not t > 0:
-        raise ValueError(f"MARIN_PG_TIMEOUT_S={v!r}; allowed values: seconds > 0")
-    return t
+    return _env_seconds("MARIN_PG_TIMEOUT_S", LARGE_PG_TIMEOUT_S if world >= LARGE_WORLD else None)
 
 
 def init_process_group(backend: str, rdv: Rendezvous | None = None, timeout_s: float | None = None) -> Rendezvous:

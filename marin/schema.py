@@ -24,9 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-# ---------------------------------------------------------------------------------------------
-# Atomic files
-# ---------------------------------------------------------------------------------------------
+# ---- Atomic files --------------------------------------------------------------------------------
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -126,9 +124,7 @@ def read_json(path: str | Path, *, strict: bool = False) -> dict | None:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Run identity: a run id is one safe path component, and every file of a run folder names it
-# ---------------------------------------------------------------------------------------------
+# ---- Run identity: a run id is one safe path component, and every file of a run folder names it ----
 
 #: A run id or a study name: one path component every filesystem and shell takes as it is (no `.`, `..`,
 #: separator, control character, leading dot or dash).
@@ -201,9 +197,7 @@ def foreign(run_dir: str | Path, runs_root: str | Path) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# spec.json
-# ---------------------------------------------------------------------------------------------
+# ---- spec.json -----------------------------------------------------------------------------------
 
 
 def spec_json(spec: Any) -> str:
@@ -219,9 +213,7 @@ def write_spec(run_dir: str | Path, spec: Any) -> None:
     atomic_write_text(Path(run_dir) / "spec.json", spec_json(spec))
 
 
-# ---------------------------------------------------------------------------------------------
-# meta.json: the run's place in its study and its coding
-# ---------------------------------------------------------------------------------------------
+# ---- meta.json: the run's place in its study and its coding --------------------------------------
 
 
 def seed_offset(seed_stream: int) -> int:
@@ -395,9 +387,7 @@ def _parsed(cls: Any, d: Mapping, path: Path, strict: bool) -> Any:
         return None
 
 
-# ---------------------------------------------------------------------------------------------
-# summary.json: the outcome of a run
-# ---------------------------------------------------------------------------------------------
+# ---- summary.json: the outcome of a run ----------------------------------------------------------
 
 RUN_STATUSES = ("completed", "failed")
 

@@ -70,9 +70,7 @@ WSD_DECAY_FRAC = 0.2  # WSD: linear decay over the last 20% of steps
 MUON_RMS_MATCH = 0.2  # Moonlight: update RMS 0.2 * sqrt(max(m, n)) ~ AdamW's, so one lr serves both
 
 
-# ---------------------------------------------------------------------------------------------
-# Newton–Schulz
-# ---------------------------------------------------------------------------------------------
+# ---- Newton–Schulz -------------------------------------------------------------------------------
 
 
 def ns_coefficient(schedule: tuple[tuple[float, float, float], ...], i: int) -> tuple[float, float, float]:
@@ -194,9 +192,7 @@ def sphere_norms(p: Tensor, role: str, expert_sphere: str = "bank") -> Tensor:
     return _fro(p.detach().float(), bank=role == "expert" and expert_sphere == "bank")
 
 
-# ---------------------------------------------------------------------------------------------
-# Grouping by role
-# ---------------------------------------------------------------------------------------------
+# ---- Grouping by role ----------------------------------------------------------------------------
 
 
 def _on_fake_group(p: Tensor) -> bool:
@@ -255,9 +251,7 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
     return list(buckets.values())
 
 
-# ---------------------------------------------------------------------------------------------
-# Distributed Newton–Schulz
-# ---------------------------------------------------------------------------------------------
+# ---- Distributed Newton–Schulz -------------------------------------------------------------------
 
 
 def _matrix_split(p: Tensor) -> tuple[object, int] | None:
@@ -345,9 +339,7 @@ def distributed_newton_schulz(params: list[Tensor], dirs: list[Tensor], steps: l
     return out  # type: ignore[return-value]
 
 
-# ---------------------------------------------------------------------------------------------
-# The optimizer
-# ---------------------------------------------------------------------------------------------
+# ---- The optimizer -------------------------------------------------------------------------------
 
 
 class MarinOptimizer(torch.optim.Optimizer):
@@ -494,9 +486,7 @@ def nesterov_all(opt: MarinOptimizer, ortho: list[tuple[Tensor, dict]]) -> list[
     return out  # type: ignore[return-value]
 
 
-# ---------------------------------------------------------------------------------------------
-# Group kinds: the torch step of each row of marin.optimizers.KINDS
-# ---------------------------------------------------------------------------------------------
+# ---- Group kinds: the torch step of each row of marin.optimizers.KINDS ---------------------------
 
 
 def muonh_update(opt: MarinOptimizer, p: Tensor, g: dict) -> None:
@@ -538,9 +528,7 @@ def group_assignment(opt: torch.optim.Optimizer) -> dict[str, str]:
     return {n: g["kind"] for g in opt.param_groups for n in g["names"]}
 
 
-# ---------------------------------------------------------------------------------------------
-# Schedules
-# ---------------------------------------------------------------------------------------------
+# ---- Schedules -----------------------------------------------------------------------------------
 
 
 def lr_multiplier(step: int, total_steps: int, schedule: str = "linear", warmup_frac: float = 0.01,

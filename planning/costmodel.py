@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from marin_ablate.marin.config import RunSpec
-from marin_ablate.marin.flops import flops_per_token
+from marin_ablate.marin.flops import flops_per_token, params_active, params_total
 from marin_ablate.marin.schema import read_json
 
 Z90 = 1.645  # two-sided 90%: the interval stated beside every estimate
@@ -77,9 +77,7 @@ class Estimate:
         return f"{f(self.seconds)} (90%: {f(self.lo)}-{f(self.hi)}; {basis}{note})"
 
 
-# ---------------------------------------------------------------------------------------------
-# the machine's load
-# ---------------------------------------------------------------------------------------------
+# ---- the machine's load --------------------------------------------------------------------------
 
 
 def cores() -> int:
@@ -327,8 +325,6 @@ def observations(cached: Sequence[dict], folder: Sequence[dict]) -> list[tuple[f
 
 def rungs_as_overridden(d: dict, runs: list, study: object) -> None:
     """The rung table and FLOP cost of the specs the --SECTION.F=V overrides give (the runs `run` trains)."""
-    from marin_ablate.marin.flops import flops_per_token, params_active, params_total
-
     total = 0.0
     for row in d["rungs"]:
         specs = [s for s, m in runs if m["rung"] == row["name"]]

@@ -23,15 +23,28 @@ Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode +
 from __future__ import annotations
 
 import dataclasses
+import math
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin import ep
+from marin_ablate.marin.config import ContextStage, DataConfig, RunSpec
+from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, moe_layers, shard_experts
+from marin_ablate.marin.model import MarinModel
 from marin_ablate.marin.optimizers import KINDS, group_kinds
+from marin_ablate.marin.parallel import ShardingConfig, apply_fsdp
+from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout, init_dist, sharding_config
+from marin_ablate.marin.train.loop import StopFlag, Trainer
+from marin_ablate.marin.train.metrics import Sinks
+from marin_ablate.marin.train.stages import context_plan
+from marin_ablate.planning.memory import fit_activations, substitutions
 
 GiB, GB = 2**30, 1e9
 
@@ -52,10 +65,6 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
     """The trainer's sharding (marin.train.distributed.build_train_model): experts sliced over EP and
     FSDP2 over dp, everything else FSDP2 over the world, with the run's ShardingConfig; Newton-Schulz
     gathers one whole matrix at a time (marin.update_rules)."""
-    from marin_ablate.marin.ep import shard_experts
-    from marin_ablate.marin.parallel import ShardingConfig, apply_fsdp
-    from marin_ablate.marin.train.distributed import sharding_config
-
     cfg = sharding_config(spec.train) if spec is not None else ShardingConfig()
 
     def apply(model, groups):
@@ -75,8 +84,6 @@ def current_sharding(spec: RunSpec | None = None) -> Sharding:
 def fsdp_units(model, ep_size: int) -> dict[str, int]:
     """Elements of each FSDP2 unit of marin.parallel.apply_fsdp when gathered (a whole unit, the
     expert stacks as this rank's EP slice), from the unsharded (meta) model."""
-    from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, moe_layers
-
     owner: dict[int, str] = {}
     for name, moe in moe_layers(model):
         for p in EXPERT_PARAM_NAMES:
@@ -108,8 +115,6 @@ def _padded_local(p: torch.Tensor) -> int:
     nothing; a plain tensor is whole."""
     if not hasattr(p, "device_mesh"):
         return p.numel()
-    import math
-
     shape = list(p.shape)
     for i, pl in enumerate(p.placements):
         if pl.is_shard():
@@ -122,9 +127,6 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
     `rank` of a `world`-rank fake process group; a one-GPU run (`world` 1) is the single-process model:
     every expert local (virtual EP), no process group and no sharding, as its trainer builds it."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from marin_ablate.marin import ep
-    from marin_ablate.marin.model import MarinModel
 
     if dist.is_initialized():
         raise RuntimeError("the dry run needs a process without a process group")
@@ -231,8 +233,6 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     """The dry run: per-rank tables for each optimizer level; `ok` false names the lines over budget.
     A GPU run gets the `gpu` allowance lines (default GpuAllowances()); `headroom` is the free fraction
     of the capacity the report asks for."""
-    from marin_ablate.planning.memory import fit_activations, substitutions
-
     t0 = time.perf_counter()
     subs = substitutions(spec)  # raises for flex without compile: that configuration is not modelled
     sharding = sharding or current_sharding(spec)
@@ -253,18 +253,15 @@ def dry_run(spec: RunSpec, world: int, ep_size: int, *, capacity_gib: float, res
     # every layer's kept activations alive: base + n_local a_local + n_global a_global, where base holds
     # that block's recompute (checkpointing on) and backward, the embedding's and the loss chunk's.
     act = {**fit_activations(spec, seqs), "recompute": ck == "block"}
-    budget = (capacity_gib - reserve_gib) * GiB
+    budget, capacity = (capacity_gib - reserve_gib) * GiB, capacity_gib * GiB
     tables = {}
     for level in levels:
-        def table() -> dict:
-            rows = memory_table(spec, state, world, act, sharding, level, gpu, extra)
-            total = sum(r["bytes"] for r in rows)
-            over = [r["line"] for r in rows if r["bytes"] > budget]
-            return {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / (capacity_gib * GiB),
-                    "host": sum(r.get("host", 0) for r in rows),
-                    "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
-
-        tables[level] = table()
+        rows = memory_table(spec, state, world, act, sharding, level, gpu, extra)
+        total = sum(r["bytes"] for r in rows)
+        over = [r["line"] for r in rows if r["bytes"] > budget]
+        tables[level] = {"rows": rows, "total": total, "ok": total <= budget, "headroom": 1 - total / capacity,
+                         "host": sum(r.get("host", 0) for r in rows),
+                         "over_budget": over or ([f"total ({total / GiB:.1f} GiB)"] if total > budget else [])}
     return {"world": world, "ep_size": ep_size, "ranks": ranks, "sharding": sharding.name,
             "experts_per_rank": states[0]["experts_per_rank"], "sequences_per_rank": seqs,
             "activation_checkpoint": ck, "loss_chunk_tokens": spec.train.loss_chunk_tokens,
@@ -308,9 +305,7 @@ def format_report(rep: dict) -> str:
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------
-# (a) The real training loop at the full world size, one rank at a time, at narrowed width
-# ---------------------------------------------------------------------------------------------
+# ---- (a) The real training loop at the full world size, one rank at a time, at narrowed width ----
 
 
 class FakeCollectives:
@@ -379,8 +374,6 @@ def forget_meshes() -> None:
     expert-mesh views of marin.ep are keyed by object id, which a new mesh may reuse)."""
     from torch.distributed.tensor import DTensor
 
-    from marin_ablate.marin import ep
-
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
     ep.forget_expert_meshes()
 
@@ -390,10 +383,6 @@ def start_rank(spec: RunSpec, ep_size: int, run_dir, what: str, world: int | Non
     shards (kept at its own ModelConfig.ep_shards when `ep_size` is a `world` smaller than them: each rank
     then holds ep_shards / world virtual shards), its run folder with a checkpoints/ folder, and its context
     stages (spec, run_dir, stages)."""
-    from pathlib import Path
-
-    from marin_ablate.marin.train.stages import context_plan
-
     if dist.is_initialized():
         raise RuntimeError(f"{what} needs a process without a process group")
     n = spec.model.ep_shards
@@ -413,8 +402,6 @@ def narrowed(spec: RunSpec, world: int, d_model: int = 64, n_layers: int = 2, se
     Context stages are kept, one step each: n stages run at seq_len / 2^n, ..., seq_len / 2, seq_len
     (tokens per step held, so each rank still has a whole sequence at the longest), stage i from step i,
     the q multiplier by the spec's own rule at these ratios (`narrowed_stages`)."""
-    from marin_ablate.marin.config import ContextStage, DataConfig
-
     n = len(spec.train.context_stages)
     if n:  # every stage trains a step: the loader, the q multiplier and the step at each stage's shape
         seqs_per_rank, steps = max(seqs_per_rank, 2 ** n), max(steps, n + 1)
@@ -444,14 +431,7 @@ def loop_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir) -> di
     summary; then the distributed checkpoint's state dict. A one-GPU rung (`world` 1) trains in one
     process with virtual EP over `ep_size` shards and no process group, as its run does; its final
     checkpoint is written for real. Raises naming what is wrong."""
-    import math
-
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from marin_ablate.marin import ep
-    from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout, init_dist
-    from marin_ablate.marin.train.loop import StopFlag, Trainer
-    from marin_ablate.marin.train.metrics import Sinks
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the dry run", world)
     one = world == 1
@@ -528,17 +508,12 @@ def in_fresh_process(fn, *args):
     """`fn(*args)` in a new interpreter: one process plays one rank, so nothing that torch keeps across
     process groups (device meshes held by DTensor specs and caches) leaks from one rank into the next.
     An exception raised there is raised here."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
         return ex.submit(fn, *args).result()
 
 
 def loop_dry_run(spec: RunSpec, world: int, ep_size: int, work_dir, **narrow) -> dict:
     """Part (a): the first and last rank and the edges of the first EP group through `loop_rank`."""
-    from pathlib import Path
-
     t0 = time.perf_counter()
     small = narrowed(spec, world, **narrow)
     ranks = [0] if world == 1 else sorted({0, ep_size - 1, min(ep_size, world - 1), world - 1})

@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.flops import params_breakdown
 from marin_ablate.marin.optimizers import state_bytes_by_role
+from marin_ablate.planning.slurm import SlurmOptions, sbatch_params
 
 GiB, GB = 2**30, 1e9
 
@@ -111,8 +114,6 @@ def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/he
     """The sbatch script `run hero --executor slurm` submits (the same `sbatch_params` path)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from marin_ablate.planning.slurm import SlurmOptions, sbatch_params
-
     res = hero_resources(plan, hs, folder)
     params = sbatch_params(res, SlurmOptions(), 1, hs.job_name)
     params.pop("array_parallelism", None)
@@ -120,9 +121,7 @@ def render_sbatch(plan: Any, hs: HeroSlurm = HeroSlurm(), folder: str = "runs/he
     return _make_sbatch_string(command=command, folder=f"{folder}/%j", **params)
 
 
-# ---------------------------------------------------------------------------------------------
-# Rack locality of EP groups
-# ---------------------------------------------------------------------------------------------
+# ---- Rack locality of EP groups ------------------------------------------------------------------
 
 
 def parse_fabric(text: str) -> dict:
@@ -186,8 +185,6 @@ def check_racks_dir(fabric_dir: str | Path, nodes_per_ep_group: int) -> list[tup
 
 
 def _hostnames(hostlist: str) -> list[str]:
-    import subprocess
-
     r = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise ValueError(f"scontrol show hostnames {hostlist!r} failed: {r.stderr.strip()}")
@@ -198,8 +195,6 @@ def topology_domains(nodes: Sequence[str], topology: str | None = None) -> list[
     """(node, leaf switch) per node from SLURM's topology (`scontrol show topology`, topology/tree:
     the Level=0 switches are the racks); a node under no leaf switch has no domain (None). The CPU
     cluster of tests/integration/test_slurm_nodes.py groups its nodes into racks this way."""
-    import subprocess
-
     if topology is None:
         r = subprocess.run(["scontrol", "show", "topology"], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -222,9 +217,7 @@ def check_racks_topology(nodes_per_ep_group: int, nodelist: str) -> list[tuple[s
     return pairs
 
 
-# ---------------------------------------------------------------------------------------------
-# Checkpoint bytes and bandwidth
-# ---------------------------------------------------------------------------------------------
+# ---- Checkpoint bytes and bandwidth --------------------------------------------------------------
 
 #: marin.flops.params_breakdown component -> optimizer role (marin.model `_role`)
 _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed_norm": "norm", "norms": "norm",
@@ -233,8 +226,6 @@ _ROLE_OF = {"embed": "embed", "lm_head": "lm_head", "final_norm": "norm", "embed
 
 
 def params_by_role(spec: RunSpec) -> dict[str, int]:
-    from marin_ablate.marin.flops import params_breakdown
-
     out: dict[str, int] = {}
     for k, v in params_breakdown(spec.model, spec.recipe).items():
         out[_ROLE_OF[k]] = out.get(_ROLE_OF[k], 0) + v

@@ -15,14 +15,17 @@ what accumulation keeps for the whole step (`accumulation_rows`). No torch impor
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
+from pathlib import Path
+from typing import Callable
 
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.schema import atomic_write_json, read_json
 
 GiB = 2**30
-#: Memory per GPU of the lent accelerators (what torch reports as total, in GiB): the layout default.
-GPU_MEMORY_GIB = {"h100": 79.1, "h200": 139.8, "gb200": 173.0}
 LEVELS = ("hyperball", "adamw")  # a study's arms use both; the layout must fit the larger
 #: The free fraction of the GPU a layout keeps (the dry run's wanted headroom, planning/dryrun.py): room for what
 #: the model cannot see (compiled graphs' buffers, NCCL, fragmentation over a long run). Below it, down to
@@ -133,39 +136,25 @@ def choose_layout(spec: RunSpec, gpus: int, capacity_gib: float, reserve_gib: fl
 
 
 def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps([spec.identity_json(), gpus, capacity_gib, HEADROOM, MIN_HEADROOM]).encode()
                           ).hexdigest()[:16]
 
 
-def _cache_dir():
-    import os
-    from pathlib import Path
-
+def _cache_dir() -> Path:
     return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
 
 
-def _cached(path, compute):
+def _cached(path: Path, compute: Callable[[], dict]) -> dict:
     """compute()'s JSON, kept at `path` (written atomically)."""
-    import os
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
-    out = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(path)
-    return out
+    got = read_json(path)
+    if got is None:
+        got = compute()
+        atomic_write_json(path, got)
+    return got
 
 
 def activation_key(spec: RunSpec) -> str:
     """What `cached_activations` keys its measurement by: the spec's identity (micro-batches aside)."""
-    import hashlib
-
     return hashlib.sha256(spec.identity_json().encode()).hexdigest()[:16]
 
 

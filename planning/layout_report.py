@@ -9,18 +9,22 @@ import json
 import tempfile
 from typing import Any
 
+from marin_ablate.marin.config import Recipe
+from marin_ablate.marin.train.stages import stage_specs
+from marin_ablate.planning.dryrun import dry_run, format_loop, format_report, loop_dry_run
+from marin_ablate.planning.layout import accumulation_rows, choose_layout, wall_factor, with_layout
+from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
+
 
 def rung_specs(study: Any, overrides=()) -> dict[str, Any]:
     """One run of each rung, with the command line's overrides: the recipe's arm (all switches on) where the
     design has it, else the rung's first run (`run` lays out every arm on its own: planning.layout)."""
-    from marin_ablate.marin.config import Recipe
-
     out: dict[str, Any] = {}
     for spec, meta in study.runs():
         rung = meta.get("rung")
         if rung not in out or (spec.recipe == Recipe() and out[rung].recipe != Recipe()):
             out[rung] = spec
-    return {r: s.with_overrides(list(overrides)) if overrides else s for r, s in out.items()}
+    return {r: s.with_overrides(overrides) for r, s in out.items()}
 
 
 def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool,
@@ -29,10 +33,6 @@ def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool,
     finish unless `quiet`: (c) first, since the step on an accelerator that is not the host fails where a GPU
     would; (a) raises naming what breaks; (b) at every context stage's shape (its seq_len and sequences per
     step). Returns (rehearsal, loop, one memory report per context stage)."""
-    from marin_ablate.marin.train.stages import stage_specs
-    from marin_ablate.planning.dryrun import dry_run, format_loop, loop_dry_run
-    from marin_ablate.planning.rehearsal import format_rehearsal, rehearse
-
     with tempfile.TemporaryDirectory(prefix="marin-dryrun-") as work:
         reh = rehearse(spec, gpus, ep, work)
         if not quiet:
@@ -50,8 +50,6 @@ def dry_run_parts(spec: Any, gpus: int, ep: int, dr: Any, quiet: bool,
 
 def format_stages(reps: list[dict]) -> str:
     """The memory reports of `dry_run_parts`, each headed by its context stage where there are several."""
-    from marin_ablate.planning.dryrun import format_report
-
     out = []
     for rep in reps:
         st = rep["stage"]
@@ -63,8 +61,6 @@ def format_stages(reps: list[dict]) -> str:
 
 
 def dry_run_rungs(study: Any, args: Any) -> int:
-    from marin_ablate.planning.layout import accumulation_rows, choose_layout, wall_factor, with_layout
-
     dr = args.dry_run
     hours = {r["name"]: r.get("gpu_hours_per_run") for r in study.describe().get("rungs", [])}
     own = {r.name: r.gpus for r in study.rungs}
@@ -126,8 +122,7 @@ def format_layouts(rows: list[dict], capacity_gib: float) -> str:
 def dry_run_study(study: Any, args: Any) -> int:
     """`plan STUDY --dry-run` (`args`: the plan's options): a GPU study's rungs (`dry_run_rungs`), else the first run
     through the dry run's three parts at the study's (or --dry-run.gpus) GPUs; exit 1 when a part fails."""
-    spec = study.runs()[0][0]
-    spec = spec.with_overrides(list(args.overrides)) if args.overrides else spec
+    spec = study.runs()[0][0].with_overrides(args.overrides)
     hero, dr = getattr(study, "hero", None), args.dry_run
     if hero is None and spec.train.device.startswith("cuda"):
         return dry_run_rungs(study, args)

@@ -25,7 +25,11 @@ import dataclasses
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from marin_ablate.marin import model as mmodel
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.hparams import resolve_hparams
+from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.update_rules import build_optimizer
 
 #: Largest residual of the depth fit, as a fraction of one layer's kept bytes, before the dry run
 #: refuses to extrapolate (a residual of a whole layer would make the 48-layer figure meaningless).
@@ -124,8 +128,6 @@ def activation_peak(spec: RunSpec, layers: int, seqs: int, global_every: int | N
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from marin_ablate.marin import model as mmodel
-
     # Triton kernels need CUDA tensors: torch's ops stand in (substitutions() names it in the table)
     cfg = dataclasses.replace(spec.model, n_layers=layers, global_every=global_every or spec.model.global_every,
                               kernels="torch")
@@ -209,10 +211,6 @@ def measured_step_peak(spec: RunSpec, steps: int = 2) -> dict:
     free events (torch.profiler profile_memory), plus what was live when the step began (parameters,
     optimizer state; gradients set to None)."""
     from torch.profiler import ProfilerActivity, profile
-
-    from marin_ablate.marin.hparams import resolve_hparams
-    from marin_ablate.marin.model import MarinModel
-    from marin_ablate.marin.update_rules import build_optimizer
 
     torch.manual_seed(0)
     m = spec.model

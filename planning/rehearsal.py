@@ -46,7 +46,15 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from marin_ablate.marin import ep, ep_exchange
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.ep import ep_state_dict
+from marin_ablate.marin.kernels import torch_ops
+from marin_ablate.marin.parallel import save_planner
+from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout
+from marin_ablate.marin.train.loop import Trainer
+from marin_ablate.marin.train.stages import apply_q_scale
+from marin_ablate.planning.dryrun import forget_meshes, narrowed, start_rank
 
 ACCEL, HOST = torch.device("meta"), torch.device("cpu")
 _aten = torch.ops.aten
@@ -275,8 +283,6 @@ def rehearsal_spec(spec: RunSpec, world: int, **narrow) -> tuple[RunSpec, list[s
     """The spec at narrowed width (planning.dryrun.narrowed) that keeps what the step's devices and dtypes
     depend on: precision, mixed precision, offload, the optimizer, recompute and the chunked loss; and
     the stand-ins it takes, for the output."""
-    from marin_ablate.planning.dryrun import narrowed
-
     small = narrowed(spec, world, steps=1, **narrow)
     t = dataclasses.replace(small.train, precision=spec.train.precision, mixed_precision=spec.train.mixed_precision,
                             eval_every=0)
@@ -308,9 +314,6 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
     and (one-rank) global plan, and FileSystemWriter's write of this rank's items; what ran, in words."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from marin_ablate.marin.ep import ep_state_dict
-    from marin_ablate.marin.parallel import save_planner
-
     sd = ep_state_dict(trainer.model, groups, trainer.opt)
     planner = save_planner()  # the trainer's: plan caching on
     planner.set_up_planner(sd, None, is_coordinator=True)
@@ -333,13 +336,6 @@ def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, h
     stand-in (module docstring); raises RehearsalError naming the call that would fail on a GPU."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from marin_ablate.marin import ep, ep_exchange
-    from marin_ablate.marin.kernels import torch_ops
-    from marin_ablate.marin.train.distributed import ParallelDims, check_dist_layout
-    from marin_ablate.marin.train.loop import Trainer
-    from marin_ablate.marin.train.stages import apply_q_scale
-    from marin_ablate.planning.dryrun import forget_meshes, start_rank
 
     spec, run_dir, stages = start_rank(spec, ep_size, run_dir, "the rehearsal", world)
     one = world == 1  # a one-GPU rung: the single-process trainer (virtual EP), no process group

@@ -15,7 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from marin_ablate.ablations.study import format_num
 from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.ep_layout import check_replicas
+from marin_ablate.marin.flops import flops_per_token, params_routed, params_total
+from marin_ablate.planning.hero import HeroSlurm, checkpoint_plan, format_checkpoint, render_sbatch
 
 GB = 1e9
 
@@ -108,7 +112,6 @@ def collectives(spec: RunSpec, plan, opt: dict) -> list[dict]:
     the non-expert parameters inside a rack; the expert slice, one rank per slice in a rack, is
     ZeRO-sharded across the racks (marin.parallel.ExpertShard: gathered per layer in each forward pass,
     its gradient reduce-scattered, its Newton-Schulz matrices gathered to owners and scattered back)."""
-    from marin_ablate.marin.flops import params_routed, params_total
     from marin_ablate.marin.parallel import zero_shards_experts
 
     m, t = spec.model, spec.train.effective()
@@ -169,7 +172,6 @@ def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str =
     (a HeroPlan) with the spec's own `TrainConfig.replica_groups`; the duration sums the stages and the
     restarts of a chain of jobs of `job_limit_s` (each: startup, checkpoint load, compile)."""
     from marin_ablate.marin.train.stages import stage_specs
-    from marin_ablate.planning.hero import checkpoint_plan
 
     parts = [(st, n, _stage_time(at, plan, a, level)) for st, at, n in stage_specs(spec)]
     out = dict(parts[0][2])
@@ -197,8 +199,6 @@ def time_model(spec: RunSpec, plan, a: Assumptions = Assumptions(), level: str =
 
 def _stage_time(spec: RunSpec, plan, a: Assumptions, level: str) -> dict:
     """`time_model`'s figures for one stage's shape (spec.model.seq_len, batch_size), per step."""
-    from marin_ablate.marin.ep_layout import check_replicas
-    from marin_ablate.marin.flops import flops_per_token, params_total
     from marin_ablate.marin.train.distributed import check_no_host_update
 
     check_no_host_update(spec.train)
@@ -226,19 +226,18 @@ def _stage_time(spec: RunSpec, plan, a: Assumptions, level: str) -> dict:
     hi, point, lo = steps
     step_s = (lo, hi)
     n_steps = t.steps
-    out = {"tokens_per_step": tokens_step, "tokens_per_rank": tokens_rank, "replica_groups": t.replica_groups,
-           "shard_group": S, "shard_group_racks": max(1, S // G), "racks": R,
-           "model_flops_per_rank": model_flops_rank, "ns_flops_per_rank": ns_rank,
-           "ns_flops_if_every_rank": opt["ns_flops"]["matrix"] + opt["ns_flops"]["expert"] / G,
-           "collectives": colls, "bytes_inside_rack": inside, "bytes_across_racks": across,
-           "params_total": n_all,
-           "step_point_s": point, "step_s": step_s, "steps_s3": steps,
-           "days_point": point * n_steps / 86400, "days": tuple(s * n_steps / 86400 for s in step_s),
-           "tokens_per_s_per_rack": tuple(tokens_step / R / s for s in (hi, lo)),
-           "mfu": tuple(model_flops_rank / s / a.peak_flops for s in (hi, lo)),
-           "mfu_point": model_flops_rank / point / a.peak_flops,
-           "assumptions": asdict(a)}
-    return out
+    return {"tokens_per_step": tokens_step, "tokens_per_rank": tokens_rank, "replica_groups": t.replica_groups,
+            "shard_group": S, "shard_group_racks": max(1, S // G), "racks": R,
+            "model_flops_per_rank": model_flops_rank, "ns_flops_per_rank": ns_rank,
+            "ns_flops_if_every_rank": opt["ns_flops"]["matrix"] + opt["ns_flops"]["expert"] / G,
+            "collectives": colls, "bytes_inside_rack": inside, "bytes_across_racks": across,
+            "params_total": n_all,
+            "step_point_s": point, "step_s": step_s, "steps_s3": steps,
+            "days_point": point * n_steps / 86400, "days": tuple(s * n_steps / 86400 for s in step_s),
+            "tokens_per_s_per_rack": tuple(tokens_step / R / s for s in (hi, lo)),
+            "mfu": tuple(model_flops_rank / s / a.peak_flops for s in (hi, lo)),
+            "mfu_point": model_flops_rank / point / a.peak_flops,
+            "assumptions": asdict(a)}
 
 
 def checkpoint_cadence(t, step_s: tuple[float, float], job_limit_s: float | None) -> dict:
@@ -316,8 +315,6 @@ def format_time_model(tm: dict) -> str:
 def hero_plan(h: dict, plan: object, spec: RunSpec) -> None:
     """`plan hero`: the study's hero record `h` (`HeroPlan.describe`) with its checkpoint plan, sbatch and time model
     for the first run's `spec` (the command line's overrides applied), refused when a checkpoint gap outlasts a job."""
-    from marin_ablate.planning.hero import HeroSlurm, checkpoint_plan, render_sbatch
-
     hs = HeroSlurm()
     h["checkpoint"] = checkpoint_plan(spec, plan.gpus, hs.preemption_window_s)
     h["sbatch_script"] = render_sbatch(plan, hs)
@@ -333,9 +330,6 @@ def hero_plan(h: dict, plan: object, spec: RunSpec) -> None:
 
 def hero_lines(h: dict) -> list[str]:
     """`plan hero`'s text of the record `hero_plan` completed."""
-    from marin_ablate.ablations.study import format_num
-    from marin_ablate.planning.hero import format_checkpoint
-
     return ["\nhero: " + ", ".join(f"{k}={format_num(v)}" for k, v in h.items()
                                    if k not in ("checkpoint", "sbatch_script", "layout", "time_model")),
             "layout: " + ", ".join(f"{k}={format_num(v)}" for k, v in h["layout"].items()),

@@ -27,6 +27,7 @@ a missing SLURM partition or bad resource numbers raise ValueError naming the fi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -45,10 +46,9 @@ from marin_ablate.sweeps.executor_api import EXECUTORS, Executor, get_executor, 
 from marin_ablate.sweeps.progress import Progress
 from marin_ablate.sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
 from marin_ablate.sweeps.state import count_dirs, needs_run, probe
+from marin_ablate.sweeps.tracking import env_set
 
-# ---------------------------------------------------------------------------------------------
-# Options and validation
-# ---------------------------------------------------------------------------------------------
+# ---- Options and validation ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,14 @@ def validate_slurm(s: SlurmOptions) -> None:
                              f"{', '.join(partitions) or '(none)'}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker side
-# ---------------------------------------------------------------------------------------------
+# ---- Worker side ---------------------------------------------------------------------------------
 
 
 def _job_id() -> str | None:
     import submitit
 
     try:
-        env = submitit.JobEnvironment()
-        return env.job_id
+        return submitit.JobEnvironment().job_id
     except RuntimeError:
         return None
 
@@ -231,9 +228,7 @@ class Worker(Requeueable):
             signal.signal(signal.SIGTERM, prev)
 
 
-# ---------------------------------------------------------------------------------------------
-# Driver side
-# ---------------------------------------------------------------------------------------------
+# ---- Driver side ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -264,15 +259,6 @@ def _folder(study_dir: Path, executor: str) -> Path:
     return study_dir / "submitit" / f"{executor}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
 
-def _submit_debug(runs: Sequence[PlannedRun], sub: Submission, opts: ExecOptions, on_run_done: Callable | None) -> None:
-    """In this process, one run after another: each run's task is made as it starts."""
-    _set_threads(opts.threads)
-    for r in runs:
-        execute(RunTask.of(r))
-        if on_run_done is not None:
-            on_run_done()
-
-
 def _submit_local(tasks: list[RunTask], sub: Submission, opts: ExecOptions) -> None:
     cpus = os.cpu_count() or 1
     threads = opts.threads or max(1, cpus // opts.workers)
@@ -281,24 +267,19 @@ def _submit_local(tasks: list[RunTask], sub: Submission, opts: ExecOptions) -> N
     ex = submitit.LocalExecutor(folder=sub.folder)
     # a worker runs many runs: no wall-clock limit of its own (runs have their own budget)
     ex.update_parameters(timeout_min=7 * 24 * 60)
-    env_backup = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
     # Workers start with SIGINT ignored (an ignored signal stays ignored across exec): Ctrl-C in
     # the terminal reaches the whole foreground group, and submitit's controller would die on it
     # and SIGKILL its run a second later, before the run could checkpoint. The driver catches
     # Ctrl-C alone and SIGTERMs the workers (stop_local): each run checkpoints at its next step.
-    prev_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    main = threading.current_thread() is threading.main_thread()
+    prev_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        with ex.batch():
+        with env_set({"OMP_NUM_THREADS": str(threads)}), ex.batch():  # inherited by the worker processes
             for _ in range(min(opts.workers, len(tasks))):
                 sub.jobs.append(ex.submit(Worker(threads), tasks))
     finally:
         if prev_sigint is not None:
             signal.signal(signal.SIGINT, prev_sigint)
-        if env_backup is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_backup
 
 
 def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submission, study_dir: Path,
@@ -369,8 +350,6 @@ def _log_submission(study_dir: Path, sub: Submission) -> None:
     rec = {"time": time.time(), "executor": sub.executor, "folder": str(sub.folder),
            "job_ids": sub.job_ids, "run_ids": [r.run_id for r in sub.runs]}
     with open(study_dir / "submissions.jsonl", "a") as f:
-        import json
-
         f.write(json.dumps(rec) + "\n")
 
 
@@ -401,10 +380,6 @@ def wait(sub: Submission, all_runs: Sequence[PlannedRun], *, poll_s: float = 2.0
         progress.update(counts)
         progress.close()
     return counts
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 def stop_local(sub: Submission, grace_s: float = 30.0) -> None:
@@ -459,9 +434,7 @@ def squeue_ids() -> set[str] | None:
     return set(q.stdout.split()) if q.returncode == 0 else None
 
 
-# ---------------------------------------------------------------------------------------------
-# The executor protocol and its registry
-# ---------------------------------------------------------------------------------------------
+# ---- The executor protocol and its registry ------------------------------------------------------
 
 
 class DebugExecutor:
@@ -472,9 +445,13 @@ class DebugExecutor:
         pass
 
     def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
-        sub = Submission(self.name, runs=list(runs))
-        _submit_debug(runs, sub, opts, on_run_done)
-        return sub
+        """In this process, one run after another: each run's task is made as it starts."""
+        _set_threads(opts.threads)
+        for r in runs:
+            execute(RunTask.of(r))
+            if on_run_done is not None:
+                on_run_done()
+        return Submission(self.name, runs=list(runs))
 
     def queued(self, job_ids: set[str]) -> set[str]:
         return set()

@@ -28,18 +28,19 @@ from marin_ablate.analysis.fit.stopping import (
     stein_plan,
 )
 from marin_ablate.marin.fields import option
+from marin_ablate.sweeps import reference
+from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions, get_executor
 from marin_ablate.sweeps.runs import atomic_write_json, study_dir
+from marin_ablate.sweeps.sweep import plan_study, run_plan
+from marin_ablate.sweeps.tracking import set_log_to
+from marin_ablate.sweeps.tuning import lr_plan, profile_skipped, read_profile
 
 
 def exec_options(cfg: Any, study: Any, log: Any = None) -> Any:
     """The ExecOptions of the command line's ExecConfig (sweeps/sweep.py) and the study's defaults: a `--NAME.*` section
     implies `--executor NAME`; its options reach the executor as `ExecOptions.options` (the slurm row's
     also as `ExecOptions.slurm`). `log`: the runs' metric sinks and checkpoint retention, set for the workers."""
-    from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, SlurmOptions
-
     if log is not None:
-        from marin_ablate.sweeps.tracking import set_log_to
-
         set_log_to(log.log_to, log.keep_checkpoints)
     ex = dict(getattr(study, "executor", ()) or ())
     given = dict(cfg.backends)
@@ -77,9 +78,7 @@ class UntilOptions:
     minutes: float | None = option(None, lo=0, lo_open=True, help="wall-clock minutes this invocation may spend "
                                                                   "(none: no limit)")
 
-    def spec(self):
-        from marin_ablate.analysis.fit.stopping import Until
-
+    def spec(self) -> Until:
         names = tuple(x.strip() for x in (self.components or "").split(",") if x.strip())
         return Until(self.halfwidth, names, self.max_seeds, self.minutes)
 
@@ -99,11 +98,6 @@ def run_design(study: Any, out: str | Path, opts: Any, d: DesignOptions, say: Ca
     """The design at the study's seeds: planned and checked once, before the LR profile or the reference ladder
     writes anything; then the profile (sweeps/tuning.py), the pinned law (sweeps/reference.py) and the runs. Returns
     the run report."""
-    from marin_ablate.sweeps import reference
-    from marin_ablate.sweeps.executors import get_executor
-    from marin_ablate.sweeps.sweep import plan_study, run_plan
-    from marin_ablate.sweeps.tuning import lr_plan, profile_skipped, read_profile
-
     plan = plan_study(study, out, opts, overrides=d.overrides, epochs=True, allow_repeat=d.allow_repeat).check()
     if d.tuned:
         lr_plan(study, out, None, tuned=True)  # a missing or damaged file: refused before any run
@@ -161,8 +155,6 @@ def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOpt
     """Run the pilot (`run_design` at the study's seeds), plan N from it (or read the folder's plan), then the added
     seeds in blocks of the pilot's size; returns the last block's run report. A folder planned for another pilot,
     target or set of named values is refused before anything runs."""
-    from marin_ablate.sweeps.executors import get_executor
-
     if not opts.wait:
         raise ValueError("--until adds seeds from the pilot's finished runs; allowed: --until without --no-wait")
     names = [f.name for f in study.factors] + ["TOTAL"]

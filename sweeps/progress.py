@@ -84,8 +84,6 @@ def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
 
 def run_flops(run_dir: str | Path) -> float | None:
     """Training FLOPs of the run from its spec.json (None when unreadable)."""
-    from marin_ablate.planning.costmodel import spec_flops
-
     try:
         return spec_flops(RunSpec.from_dict(read_json(Path(run_dir) / "spec.json") or {}))
     except (ValueError, KeyError, TypeError):

@@ -17,10 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from marin_ablate.ablations.ladders import ladder
+from marin_ablate.ablations.study import Study
 from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, check_pinned, fit_reference, published
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
-from marin_ablate.sweeps.sweep import apply_spec_overrides, run_planned, study_resources
+from marin_ablate.sweeps.state import survey
+from marin_ablate.sweeps.sweep import run_planned, study_resources
+from marin_ablate.sweeps.tuning import profile_cost, profile_skipped, read_profile
 
 REFERENCE_SEED = 0
 
@@ -33,8 +37,6 @@ def cache_root() -> Path:
 
 def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
     """(spec, meta) of the baseline arm at each of `study.reference_rungs` and `reference_seeds`, heuristic LR."""
-    from marin_ablate.ablations.study import Study
-
     lv = study.baseline_levels()
     seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))
     ladder_study = Study(f"{study.name}_reference", "", study.factors, study.design, study.reference_rungs,
@@ -42,9 +44,7 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
     out = []
     for r in ladder_study.rungs:
         for seed in seeds:
-            spec = ladder_study.spec(r, lv, seed)
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
+            spec = ladder_study.spec(r, lv, seed).with_overrides(overrides)
             out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
     if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
         raise ValueError(f"the overrides {' '.join(overrides)} make the baseline ladder's rungs "
@@ -55,8 +55,6 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
 
 def _wait_for_others(runs: list, poll_s: float = 5.0, limit_s: float = 4 * 3600.0) -> None:
     """Another study's `run` may be measuring the same cached ladder: wait while it holds some runs."""
-    from marin_ablate.sweeps.state import survey
-
     t0 = time.time()
     while time.time() - t0 < limit_s:
         if not any(st.state in ("running", "queued") for st in survey(r.dir for r in runs)):
@@ -124,8 +122,6 @@ def cached_law(study: Any):
     """The PinnedLaw this machine's cache holds for the study's baseline ladder, else None."""
     if not getattr(study, "reference_rungs", ()):
         return None
-    from marin_ablate.marin.schema import read_json
-
     key = reference_key(reference_specs(study))
     got = read_json(cache_root() / key / LAW_FILE, strict=True)
     if not got or not got.get("valley"):  # none, or a former fit: `run` refits it
@@ -136,8 +132,6 @@ def cached_law(study: Any):
 def before_design(study: Any, out: str) -> list[dict]:
     """The runs `run` makes before the design (docs/method.md §4.6, §4.1): the LR profile of each
     LR-coupled factor's levels and the baseline ladder that pins the reference law, with their cost."""
-    from marin_ablate.sweeps.tuning import profile_cost, profile_skipped, read_profile
-
     rows = []
     skipped = profile_skipped(study)
     if skipped:
@@ -151,8 +145,6 @@ def before_design(study: Any, out: str) -> list[dict]:
                      "rungs": pc["rung"], "core_seconds": pc["core_seconds"], "max_runs": pc["max_runs"],
                      "state": f"done ({done.get('created')})" if done else "", "n_runs": pc["runs"]})
     if getattr(study, "reference_rungs", ()):
-        from marin_ablate.ablations.ladders import ladder
-
         key = reference_key(reference_specs(study))
         cached = (cache_root() / key / "reference_law.json").exists()
         rungs = ladder(study.reference_rungs)

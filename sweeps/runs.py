@@ -23,7 +23,6 @@ from typing import Any, Iterable, Mapping
 
 from marin_ablate.marin import plugins
 from marin_ablate.marin.config import RunSpec
-from marin_ablate.marin.runlock import RunLock  # noqa: F401  (re-exported: sweeps callers import it from here)
 from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_json, spec_json, SUMMARY_KEYS re-exported)
     SUMMARY_KEYS,
     RunSummary,
@@ -39,9 +38,7 @@ from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_jso
 )
 from marin_ablate.sweeps.state import claim
 
-# ---------------------------------------------------------------------------------------------
-# Layout
-# ---------------------------------------------------------------------------------------------
+# ---- Layout --------------------------------------------------------------------------------------
 
 
 def study_dir(out: str | Path, study: str) -> Path:
@@ -107,17 +104,7 @@ def write_runs(runs: Iterable[PlannedRun], study_dir_: str | Path) -> None:
     plugins.write_record(study_dir_)
 
 
-# ---------------------------------------------------------------------------------------------
-# Lock
-# ---------------------------------------------------------------------------------------------
-
-
-# RunLock lives in marin.runlock (torch-free), so that `marin-ablate train` takes the same lock.
-
-
-# ---------------------------------------------------------------------------------------------
-# Failures (where a run stands is decided in sweeps/state.py)
-# ---------------------------------------------------------------------------------------------
+# ---- Failures (where a run stands is decided in sweeps/state.py) ---------------------------------
 
 
 def failure_summary(spec: RunSpec | str, error: str, wall_s: float | None = None,
@@ -163,9 +150,7 @@ def clear_failure(run_dir_: str | Path) -> None:
             os.replace(d / "error.txt", d / f"error.failed-{stamp}.txt")
 
 
-# ---------------------------------------------------------------------------------------------
-# Executing one run
-# ---------------------------------------------------------------------------------------------
+# ---- Executing one run ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from marin_ablate.sweeps.runs import PlannedRun
 
 STATES = ("completed", "failed", "running", "queued", "partial", "pending")
-#: States a `run` leaves to their owner (finished, or another process/job has them).
-SETTLED = ("completed", "running", "queued")
 
 
 @dataclass(frozen=True)

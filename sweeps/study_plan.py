@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from marin_ablate.ablations.epochs import check_study_epochs
+from marin_ablate.planning.costmodel import rungs_as_overridden
+from marin_ablate.planning.timemodel import hero_plan
 from marin_ablate.sweeps.executors import ExecOptions, get_executor
 from marin_ablate.sweeps.progress import rung_prior, time_estimate
 from marin_ablate.sweeps.reference import before_design
@@ -17,8 +19,6 @@ from marin_ablate.sweeps.sweep import analysis_refusal, check_layouts, check_spe
 def plan_record(study: Any, out: str, opts: ExecOptions, overrides: Sequence[str] = (),
                 allow_repeat: bool = False) -> tuple[dict, list[dict]]:
     """(the plan, one row per run: run_id, rung, arm, seed, design_row)."""
-    from marin_ablate.planning.costmodel import rungs_as_overridden
-
     d = study.describe()
     planned = planned_runs(study, out, overrides=overrides)  # the runs, ids and specs `run` makes
     runs = [(r.spec, r.meta) for r in planned]
@@ -34,7 +34,5 @@ def plan_record(study: Any, out: str, opts: ExecOptions, overrides: Sequence[str
     check_layouts(planned, opts, study_resources(study))
     d["before_design"] = before_design(study, out)
     if "hero" in d:
-        from marin_ablate.planning.timemodel import hero_plan
-
         hero_plan(d["hero"], study.hero, runs[0][0])
     return d, [{"run_id": s.run_id, **{k: m[k] for k in ("rung", "arm", "seed", "design_row")}} for s, m in runs]

@@ -16,17 +16,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from marin_ablate.ablations.epochs import check_study_epochs
+from marin_ablate.ablations.studies import STUDIES, build_study, get_study
 from marin_ablate.marin import plugins
-from marin_ablate.marin.config import RunSpec
+from marin_ablate.marin.config import Recipe
 from marin_ablate.marin.fields import option
+from marin_ablate.marin.schema import read_json
+from marin_ablate.planning import costmodel
+from marin_ablate.planning.costmodel import slowdown_now
+from marin_ablate.planning.hero import hero_resources
 from marin_ablate.sweeps import state
 from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, Submission, get_executor, validate, wait
-from marin_ablate.sweeps.progress import Progress, rung_prior
+from marin_ablate.sweeps.progress import Progress, eta_model, run_flops, run_live, rung_prior, study_eta
 from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
 
-# ---------------------------------------------------------------------------------------------
-# Studies
-# ---------------------------------------------------------------------------------------------
+# ---- Studies -------------------------------------------------------------------------------------
 
 
 STUDY_NAME_FORMS = "a registered study, path/to/file.py:attribute or package.module:attribute"
@@ -37,8 +41,6 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     loaded from where it is; no PYTHONPATH) or `package.module:attribute`. The attribute is a Study
     or a builder; `rungs`/`seeds` go to a builder that takes them, else restrict the study
     (`ablations.studies.build_study`)."""
-    from marin_ablate.ablations.studies import STUDIES, build_study, get_study
-
     if ":" not in name:
         if name not in STUDIES:
             raise ValueError(f"unknown study {name!r}; allowed values: {', '.join(STUDIES)} "
@@ -58,11 +60,6 @@ def resolve_study(name: str, rungs: Sequence[str] | None = None, seeds: Sequence
     return build_study(getattr(module, attr), name, rungs, seeds)
 
 
-def apply_spec_overrides(spec: RunSpec, overrides: Sequence[str]) -> RunSpec:
-    """`--section.field=value` (marin.fields.split_overrides) applied to one spec."""
-    return spec.with_overrides(list(overrides))
-
-
 def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Mapping[str, float]] | None = None,
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = (),
                  sdir: Path | None = None, provenance: Mapping[str, Any] | None = None) -> list[PlannedRun]:
@@ -70,7 +67,7 @@ def planned_runs(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Ma
     ({seed: {arm: multiplier}}; `provenance`, how they were set, is recorded in each meta.json)."""
     runs = study.runs(rungs=rungs)
     if overrides:
-        runs = [(apply_spec_overrides(s, overrides), m) for s, m in runs]
+        runs = [(s.with_overrides(overrides), m) for s, m in runs]
     sdir = sdir or study_dir(out, study.name)
     return at_lrs(plan_runs(runs, sdir), sdir, lr_multipliers, provenance, overrides)
 
@@ -203,8 +200,6 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     hero = getattr(study, "hero", None)
     hero_res = None
     if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (planning/hero.py)
-        from marin_ablate.planning.hero import hero_resources
-
         hero_res = hero_resources(hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
 
     def resources(run: PlannedRun) -> dict:
@@ -224,9 +219,7 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     return resources
 
 
-# ---------------------------------------------------------------------------------------------
-# How a study's runs execute: the command line's options and the study's defaults
-# ---------------------------------------------------------------------------------------------
+# ---- How a study's runs execute: the command line's options and the study's defaults -------------
 
 
 @dataclass(frozen=True)
@@ -265,9 +258,7 @@ class LogOptions:
                                                "always keeps what it resumes from")
 
 
-# ---------------------------------------------------------------------------------------------
-# run / status
-# ---------------------------------------------------------------------------------------------
+# ---- run / status --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -333,8 +324,6 @@ def plan_study(study: Any, out: str | Path, opts: ExecOptions, *, rungs: Sequenc
         raise ValueError(refused)
     runs = planned_runs(study, out, rungs=rungs, overrides=overrides, sdir=sdir)
     if epochs:
-        from marin_ablate.ablations.epochs import check_study_epochs
-
         check_study_epochs([(r.spec, r.meta) for r in runs], study.describe()["rungs"], allow_repeat)
     hero = getattr(study, "hero", None)
     for r in runs if hero is not None else ():  # the layout the hero's job shape was planned for
@@ -373,7 +362,6 @@ def with_layouts(runs: Sequence[PlannedRun], opts: ExecOptions, study: Any) -> l
     ExecOptions.gpu_mem_gib (virtual EP shards, TrainConfig.micro_batches; not in the run id: the same runs).
     One layout per rung, the larger micro-batch count of its recipe and baseline arms' (the arms' memory
     differs little; measuring each of 32 arms would take half an hour of CPU at submission)."""
-    from marin_ablate.marin.config import Recipe
     from marin_ablate.planning.layout import cached_layout, with_layout
 
     own = {r.name: int(r.gpus) for r in getattr(study, "rungs", ())}
@@ -471,8 +459,6 @@ def run_planned(runs: Sequence[PlannedRun], sdir: Path, opts: ExecOptions, *, re
     finally:
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
-        from marin_ablate.planning import costmodel
-
         # this host's measured run times, for the next plan's and ETA's cost model
         k = slots or 1
         costmodel.record(costmodel.mark_cold(costmodel.finished(r.dir for r in todo), started, k), k)
@@ -483,10 +469,6 @@ def study_status(study: Any, out: str | Path, *, lr_multipliers: Mapping[int, Ma
                  rungs: Sequence[str] | None = None, overrides: Sequence[str] = ()) -> dict:
     """`marin-ablate status`: counts by state, one row per run (run_id, rung, arm, seed, state, error, job, its
     progress: step of total, loss, elapsed), and the ETA of the runs left with its 90% interval."""
-    from marin_ablate.marin.schema import read_json
-    from marin_ablate.planning.costmodel import slowdown_now
-    from marin_ablate.sweeps.progress import eta_model, run_flops, run_live, study_eta
-
     runs = planned_runs(study, out, lr_multipliers=lr_multipliers, rungs=rungs, overrides=overrides)
     statuses = state.survey(r.dir for r in runs)
     rows = []

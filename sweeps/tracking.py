@@ -41,7 +41,8 @@ def run_tags(meta: dict) -> dict[str, str]:
 
 
 @contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
+def env_set(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the block, the old values (or their absence) restored after it."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -79,7 +80,7 @@ def write_tensorboard_tags(run_dir: str | Path, meta: dict) -> None:
     from marin_ablate.marin.train.metrics import RUN_NAME_ENV, tensorboard_dir
 
     tags = run_tags(meta)
-    with _env({RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}):
+    with env_set({RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}):
         w = SummaryWriter(str(tensorboard_dir(Path(run_dir))))
     try:
         w.add_text("tags", "  \n".join(f"{k}: {v}" for k, v in tags.items()), 0)
@@ -136,7 +137,7 @@ def tracked_train(spec: Any, run_dir: str | Path, resume: bool = True) -> dict:
     from marin_ablate.marin.train.metrics import RUN_NAME_ENV
 
     named = {RUN_NAME_ENV: run_name(meta)} if run_name(meta) else {}
-    with _env({**named, **(wandb_env(meta) if "wandb" in log_to else {})}):
+    with env_set({**named, **(wandb_env(meta) if "wandb" in log_to else {})}):
         try:
             return train(spec, run_dir, resume=resume, log_to=log_to, keep_checkpoints=keep)
         finally:

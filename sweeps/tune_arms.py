@@ -12,6 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from marin_ablate.ablations.ladders import params_active
+from marin_ablate.ablations.study import text_table
+from marin_ablate.marin.config import Recipe
 from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs
@@ -51,8 +54,6 @@ class TuneResult:
 
     def lines(self) -> list[str]:
         """`run --tune`'s account: the grid, per arm its profile's optimum, the edges and the missing points."""
-        from marin_ablate.ablations.study import text_table
-
         rows = self.rows()
         return [f"{self.study}: LR profile at rung {self.rung}, seed {self.seed}, log2 multipliers {self.grid}",
                 *([text_table(rows, ["arm", "points", "best_grid_multiplier", "multiplier", "lr", "loss_opt", "edge"])]
@@ -69,9 +70,6 @@ class TuneResult:
 
 
 def smallest_rung(study: Any) -> str:
-    from marin_ablate.ablations.ladders import params_active
-    from marin_ablate.marin.config import Recipe
-
     return min(study.rungs, key=lambda r: params_active(r.model(), Recipe())).name
 
 

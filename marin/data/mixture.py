@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -120,7 +122,6 @@ def corpus_domains(corpus: str) -> list[str] | None:
     """The domains a mixture may name, known without reading text: the embedded corpus's and a
     prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
     if corpus == "embedded":
-        from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
         return list(EMBEDDED_SOURCES)
     manifest = Path(corpus).expanduser() / "manifest.json"
     if corpus != "paloma" and manifest.is_file():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import multiprocessing as mp
@@ -37,8 +38,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from marin_ablate.marin.data.index import build_index
 from marin_ablate.marin.data.manifest import FORMAT
-from marin_ablate.marin.data.tokenizer import tokenizer_info
+from marin_ablate.marin.data.tokenizer import tokenizer_info, train_bpe
 from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json, read_json_text, sha256_file
 
 _KINDS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
@@ -245,9 +247,7 @@ def _source_record(cfg: PrepareConfig, ds: Any) -> dict:
                                                       "sha256": sha256_file(f)} for f in files]}
 
 
-# ---------------------------------------------------------------------------------------------
-# Workers: one shard each
-# ---------------------------------------------------------------------------------------------
+# ---- Workers: one shard each ---------------------------------------------------------------------
 
 _WORKER: dict[str, Any] = {}
 
@@ -267,11 +267,28 @@ def shard_paths(out: Path, i: int) -> dict[str, Path]:
 
 
 def npy_bytes(a: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, a, allow_pickle=False)
     return buf.getvalue()
+
+
+def write_shard(out: Path, i: int, rows: tuple[int, int], data: bytes, offsets: np.ndarray, domains: list[str],
+                doc_domain: np.ndarray | None, per_domain: dict, skipped: int, text_bytes: int,
+                ids: list[str] | None = None) -> dict:
+    """Shard i's files (tokens, offsets, each document's domain when given) and, last, its meta.json: a shard is
+    done exactly when its meta exists. Returns the meta."""
+    p, offsets_bytes = shard_paths(out, i), npy_bytes(offsets)
+    atomic_write_bytes(p["tokens.bin"], data)
+    atomic_write_bytes(p["offsets.npy"], offsets_bytes)
+    if doc_domain is not None:
+        atomic_write_bytes(p["domain.npy"], npy_bytes(doc_domain))
+    meta = {"index": i, "rows": list(rows), "tokens": int(offsets[-1]), "documents": len(offsets) - 1,
+            "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
+            "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains, "per_domain": per_domain}
+    if ids is not None:
+        meta["ids"] = ids
+    atomic_write_json(p["meta.json"], meta)
+    return meta
 
 
 def _domain_column(cfg: PrepareConfig) -> str | None:
@@ -321,24 +338,11 @@ def prepare_shard(i: int) -> dict:
             c[0] += 1
             c[1] += len(toks)
             c[2] += nb
-    lengths = np.array([len(a) for a in arrays], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays], dtype=np.int64)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
-    p = shard_paths(out, i)
-    atomic_write_bytes(p["tokens.bin"], data)
-    offsets_bytes = npy_bytes(offsets)
-    atomic_write_bytes(p["offsets.npy"], offsets_bytes)
-    if dcol:
-        atomic_write_bytes(p["domain.npy"], npy_bytes(np.array(doc_domain, np.int32)))
-    meta = {"index": i, "rows": [lo, hi], "tokens": int(offsets[-1]), "documents": len(arrays),
-            "skipped_empty": skipped, "text_bytes": text_bytes, "sha256": hashlib.sha256(data).hexdigest(),
-            "offsets_sha256": hashlib.sha256(offsets_bytes).hexdigest(), "domains": domains,
-            "per_domain": {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True))
-                           for k, v in per_domain.items()}}
-    if cfg.id_column:
-        meta["ids"] = ids
-    atomic_write_json(p["meta.json"], meta)  # last: the shard is done
-    return meta
+    counts = {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}
+    return write_shard(out, i, (lo, hi), data, offsets, domains, np.array(doc_domain, np.int32) if dcol else None,
+                       counts, skipped, text_bytes, ids if cfg.id_column else None)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -357,9 +361,7 @@ def _init_worker(cfg: PrepareConfig, ds: Any, tok: dict) -> None:
     _WORKER.update(cfg=cfg, ds=ds, tok=tok)
 
 
-# ---------------------------------------------------------------------------------------------
-# Driver
-# ---------------------------------------------------------------------------------------------
+# ---- Driver --------------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -388,8 +390,6 @@ def _corpus_tokenizer(cfg: PrepareConfig, ds: Any, out: Path, log: Any) -> dict:
     if not spec.startswith("bpe:"):
         return tokenizer_info(spec)
     vocab = _bpe_vocab(spec)
-    from marin_ablate.marin.data.tokenizer import train_bpe
-
     path, made_by = out / "tokenizer.json", out / ".tokenizer-spec"
     if path.is_file() and (not made_by.is_file() or made_by.read_text() != spec):
         if made_by.is_file():
@@ -497,8 +497,6 @@ def _prepare_locked(cfg: PrepareConfig, ds: Any, out: Path, shard_limit: int | N
     if not all(m.is_file() for m in metas):
         return None
     manifest = write_manifest(out, job, [json.loads(m.read_text()) for m in metas])
-    from marin_ablate.marin.data.index import build_index
-
     build_index(out, log=log)  # the loader index DataConfig.shuffle="indexed" reads (marin/data/index.py)
     return manifest
 

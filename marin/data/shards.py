@@ -371,10 +371,6 @@ class ShardedBatches:
         """Global indices of the sequences this rank reads at `step` (corpus stream; no mixture)."""
         return step * self.global_batch + self.rank * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
 
-    def stream(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, docs) of corpus-stream positions [lo, hi) (`DocStream.read`)."""
-        return self._documents().read(lo, hi)
-
     def row_domains(self, step: int) -> np.ndarray:
         """This rank's rows' domain at `step` (index into `corpus.doc_domains()[0]`); mixture only."""
         dom_G, _ = self.plan.slots(step)
@@ -390,7 +386,7 @@ class ShardedBatches:
         if self.plan is None:
             if self.length is None and not self.indexed:
                 lo = int(self.sequence_indices(step)[0]) * S
-                return _windows(*self.stream(lo, lo + B * S + 1), B, S)
+                return _windows(*self._all.read(lo, lo + B * S + 1), B, S)
             return _read_rows(self._all, self.sequence_indices(step), S, self.length)
         dom_G, idx_G = self.plan.slots(step)
         mine = slice(self.rank * B, (self.rank + 1) * B)

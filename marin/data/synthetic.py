@@ -4,14 +4,13 @@ which need corpora far larger than any text this machine has, cheaply."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
+from marin_ablate.marin.data.index import build_index
 from marin_ablate.marin.data.manifest import FORMAT
-from marin_ablate.marin.data.prepare import npy_bytes, shard_paths, token_dtype, write_manifest
-from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_json
+from marin_ablate.marin.data.prepare import token_dtype, write_manifest, write_shard
 
 
 def write_synthetic_corpus(out: str | Path, n_docs: int, *, seed: int = 0, max_len: int = 3, vocab: int = 256,
@@ -30,30 +29,19 @@ def write_synthetic_corpus(out: str | Path, n_docs: int, *, seed: int = 0, max_l
         offsets = np.zeros(k + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = rng.integers(0, vocab, size=int(offsets[-1]), dtype=np.int64).astype(dtype).tobytes()
-        p = shard_paths(out, i)
-        atomic_write_bytes(p["tokens.bin"], data)
-        off_bytes = npy_bytes(offsets)
-        atomic_write_bytes(p["offsets.npy"], off_bytes)
         names = list(domains) or [""]
         dom = (np.arange(lo, lo + k) % len(names)).astype(np.int32)
-        if domains:
-            atomic_write_bytes(p["domain.npy"], npy_bytes(dom))
         count = np.bincount(dom, minlength=len(names))
         tok = np.bincount(dom, weights=lengths, minlength=len(names)).astype(np.int64)
-        meta = {"index": i, "rows": [lo, lo + k], "tokens": int(offsets[-1]), "documents": k, "skipped_empty": 0,
-                "text_bytes": int(offsets[-1]), "sha256": hashlib.sha256(data).hexdigest(),
-                "offsets_sha256": hashlib.sha256(off_bytes).hexdigest(), "domains": names,
-                "per_domain": {n: {"documents": int(count[d]), "tokens": int(tok[d]), "text_bytes": int(tok[d])}
-                               for d, n in enumerate(names)}}
-        atomic_write_json(p["meta.json"], meta)
-        metas.append(meta)
+        per_domain = {n: {"documents": int(count[d]), "tokens": int(tok[d]), "text_bytes": int(tok[d])}
+                      for d, n in enumerate(names)}
+        metas.append(write_shard(out, i, (lo, lo + k), data, offsets, names, dom if domains else None, per_domain,
+                                 0, int(offsets[-1])))
     job = {"format": FORMAT, "source": {"source": "synthetic", "seed": seed, "files": []},
            "tokenizer": {"kind": "byte" if vocab == 256 else "synthetic", "vocab_size": vocab},
            "text_column": "text", "domain_column": "domain" if domains else None, "folder_domains": False,
            "id_column": None, "docs_per_shard": docs_per_shard, "rows": n_docs}
     manifest = write_manifest(out, job, metas)
     if index:
-        from marin_ablate.marin.data.index import build_index
-
         build_index(out)
     return manifest

@@ -21,9 +21,7 @@ import triton.language as tl
 
 from marin_ablate.marin.kernels._common import acc_dtype, check_runnable, kernel_op, needed, next_pow2, save_inputs
 
-# ---------------------------------------------------------------------------------------------
-# Permute / unpermute
-# ---------------------------------------------------------------------------------------------
+# ---- Permute / unpermute -------------------------------------------------------------------------
 
 
 @triton.jit
@@ -222,9 +220,7 @@ def unpermute_triton(y_NW: torch.Tensor, src_N: torch.Tensor, combine_TK: torch.
     return _unpermute_fwd_op(y_NW, src_N, combine_TK)
 
 
-# ---------------------------------------------------------------------------------------------
-# Grouped GEMM
-# ---------------------------------------------------------------------------------------------
+# ---- Grouped GEMM --------------------------------------------------------------------------------
 
 
 @triton.jit

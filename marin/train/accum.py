@@ -30,6 +30,9 @@ from typing import Callable
 import torch
 
 from marin_ablate.marin.data import IGNORE_INDEX
+from marin_ablate.marin.model import model_stats
+from marin_ablate.marin.parallel import clip_grad_norm_
+from marin_ablate.marin.train.world import GlobalOut, world_step
 
 
 def split_rows(x_B: torch.Tensor, k: int) -> list[torch.Tensor]:
@@ -44,9 +47,6 @@ def accumulate_step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch
                     autocast: Callable, grad_clip: float | None, k: int, pd):
     """The step of this rank's rows in `k` micro-batches -> (out, loss, ce, grad_norm), as
     `ParallelDims.forward_backward` returns them for one batch (`pd`: the run's ParallelDims)."""
-    from marin_ablate.marin.model import model_stats
-    from marin_ablate.marin.train.world import GlobalOut, world_step
-
     toks, tgts, docs = split_rows(tokens, k), split_rows(targets, k), split_rows(doc_ids, k)
     with autocast():
         routes = model(toks, docs, plan=True)
@@ -79,7 +79,5 @@ def accumulate_step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch
             torch.nn.utils.clip_grads_with_norm_(grads, grad_clip, gnorm_t)
         out = GlobalOut(st, torch.tensor(aux_v), torch.tensor(z_v))
         return out, dense_v + aux_v, ce_v, float(gnorm_t)
-    from marin_ablate.marin.parallel import clip_grad_norm_
-
     gnorm = float(clip_grad_norm_(model, grad_clip, pd.rack_group))
     return world_step(pd, st, n_loc / n_all, dense_v, ce_v, z_v, aux_v, gnorm, tokens.device)

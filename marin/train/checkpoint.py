@@ -23,6 +23,7 @@ The layout follows torchtitan's checkpointer (pytorch/torchtitan, torchtitan/com
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import io
 import json
@@ -31,13 +32,13 @@ import pickle
 import random
 import re
 import shutil
-from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from marin_ablate.marin import ep
 from marin_ablate.marin.schema import atomic_write_text, read_json_text
 from marin_ablate.marin.train import files as run_files
 from marin_ablate.marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
@@ -57,9 +58,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: damaged, incomplete, or of another run."""
 
 
-# ---------------------------------------------------------------------------------------------
-# RNG state as tensors and plain containers (weights_only-loadable)
-# ---------------------------------------------------------------------------------------------
+# ---- RNG state as tensors and plain containers (weights_only-loadable) ---------------------------
 
 
 def rng_state(device: torch.device) -> dict:
@@ -90,29 +89,27 @@ def set_rng_state(st: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(st["cuda"], device)
 
 
-# ---------------------------------------------------------------------------------------------
-# DCP without arbitrary unpickling
-# ---------------------------------------------------------------------------------------------
+# ---- DCP without arbitrary unpickling ------------------------------------------------------------
+
+
+#: DCP's metadata classes (torch.distributed.checkpoint.metadata): the dataclasses its .metadata pickle builds
+_DCP_METADATA = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+                 "BytesStorageMetadata", "ChunkStorageMetadata")
 
 
 def _metadata_classes() -> dict[tuple[str, str], Any]:
     """Every (module, name) DCP's .metadata pickle refers to, resolved here by attribute access on
     modules we import (never by the pickle's own lookup, which follows dotted names)."""
-    import pathlib
-
     import torch.distributed.checkpoint.filesystem as fs
     import torch.distributed.checkpoint.metadata as md
     import torch.serialization as ser
 
     mod = "torch.distributed.checkpoint.metadata"
-    allowed: dict[tuple[str, str], Any] = {
-        (mod, n): getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                           "TensorStorageMetadata", "BytesStorageMetadata",
-                                           "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")}
+    allowed = {(mod, n): getattr(md, n) for n in (*_DCP_METADATA, "_MEM_FORMAT_ENCODING")}
     allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = fs._StorageInfo
     allowed[("torch.serialization", "_get_layout")] = ser._get_layout  # name -> torch.layout, a dict lookup
     allowed[("torch", "Size")] = torch.Size
-    allowed[("pathlib", "PosixPath")] = pathlib.PosixPath  # StorageMeta.checkpoint_id: a path, never opened
+    allowed[("pathlib", "PosixPath")] = PosixPath  # StorageMeta.checkpoint_id: a path, never opened
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype):
             allowed[("torch", name)] = value
@@ -124,9 +121,7 @@ def _buildable() -> tuple[type, ...]:
     import torch.distributed.checkpoint.filesystem as fs
     import torch.distributed.checkpoint.metadata as md
 
-    return tuple(getattr(md, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                          "TensorStorageMetadata", "BytesStorageMetadata",
-                                          "ChunkStorageMetadata")) + (fs._StorageInfo,)
+    return (*(getattr(md, n) for n in _DCP_METADATA), fs._StorageInfo)
 
 
 class _MetadataUnpickler(pickle._Unpickler):
@@ -153,8 +148,6 @@ class _MetadataUnpickler(pickle._Unpickler):
         raise pickle.UnpicklingError("checkpoint metadata holds a persistent reference: refusing to load it")
 
     def _checked_build(self) -> None:
-        import dataclasses
-
         if _MetadataUnpickler._build is None:
             _MetadataUnpickler._build = _buildable()
         state, inst = self.stack[-1], self.stack[-2]
@@ -204,9 +197,7 @@ def _safe_dcp():
     return SafeReader, SafePlanner
 
 
-# ---------------------------------------------------------------------------------------------
-# Save
-# ---------------------------------------------------------------------------------------------
+# ---- Save ----------------------------------------------------------------------------------------
 
 
 def checkpoint_dirs(ckdir: Path) -> list[Path]:
@@ -215,7 +206,7 @@ def checkpoint_dirs(ckdir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-@dataclass
+@dataclasses.dataclass
 class PendingSave:
     """A checkpoint whose shards are being written (`begin_save`); `commit` makes it a checkpoint."""
 
@@ -266,8 +257,6 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
     host memory and written in the background while training goes on. This rank's RNG state is
     written now. Nothing is a checkpoint until `commit`."""
-    from marin_ablate.marin import ep
-
     p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
                                                  "world_size": world,
                                                  "ep_size": groups.ep_size if groups is not None else 1},
@@ -412,9 +401,7 @@ def save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module
     return commit(begin_save(ckdir, step, run_id, loop, model, opt, device, groups, rank, world))
 
 
-# ---------------------------------------------------------------------------------------------
-# Load
-# ---------------------------------------------------------------------------------------------
+# ---- Load ----------------------------------------------------------------------------------------
 
 
 def read_meta(ck: Path, run_id: str) -> dict:
@@ -475,8 +462,6 @@ def _check_storage(ck: Path, meta: dict) -> None:
 def load_into(ck: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
               groups=None, rank: int = 0) -> None:
     """Model, optimizer and this rank's RNG from a verified checkpoint (no code from the files runs)."""
-    from marin_ablate.marin import ep
-
     reader, planner = _safe_dcp()
     ep.load_checkpoint(model, ck / "dcp", groups, opt, storage_reader=reader(str(ck / "dcp")), planner=planner())
     rng = ck / f"rng_{rank}.pt"
@@ -518,7 +503,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-@dataclass
+@dataclasses.dataclass
 class _Fresh:
     """Model tensors (on the host), optimizer state and RNG before any load: put back after a failed
     one, so that a load is all-or-nothing (DCP writes into the live tensors, and initialises the

@@ -35,9 +35,19 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from marin_ablate.marin import ep
 from marin_ablate.marin.config import RunSpec, TrainConfig
 from marin_ablate.marin.data import IGNORE_INDEX
 from marin_ablate.marin.ep_layout import check_ep_layout
+from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.moe import Router
+from marin_ablate.marin.parallel import (
+    AsyncCheckpointer,
+    ShardingConfig,
+    build_sharded_model,
+    clip_grad_norm_,
+    init_weights,
+)
 from marin_ablate.marin.train.stages import Stage
 from marin_ablate.marin.train.step import forward_backward
 from marin_ablate.marin.train.world import world_step
@@ -106,8 +116,6 @@ class ParallelDims:
         """The background checkpoint writer of a distributed run (None: one process writes in place)."""
         if self.groups is None:
             return None
-        from marin_ablate.marin.parallel import AsyncCheckpointer
-
         return AsyncCheckpointer(self.groups)
 
     def describe(self) -> str:
@@ -201,8 +209,6 @@ def check_micro_batches(spec: RunSpec, stages: list[Stage], world: int) -> None:
 
 def sharding_config(t: TrainConfig):
     """The trainer's marin.parallel.ShardingConfig for a run's TrainConfig."""
-    from marin_ablate.marin.parallel import ShardingConfig
-
     check_no_host_update(t)
     return ShardingConfig(mixed_precision=t.mixed_precision == "bf16")
 
@@ -224,15 +230,10 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, in
     so every layout of a run starts from the same global weights. Built on the meta device first:
     no rank ever allocates more than it keeps. `init=False`: materialised, not drawn (`init_train_model`
     draws them; a resumed run loads its checkpoint instead)."""
-    from marin_ablate.marin.model import MarinModel
-    from marin_ablate.marin.parallel import build_sharded_model, init_weights
-
     t = spec.train.effective()
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        from marin_ablate.marin.moe import Router
-
         model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
                                     **kw)
         for mod in model.modules():  # the Switch statistic over the world's tokens (marin.moe.Router)
@@ -250,8 +251,6 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, in
 def init_train_model(spec: RunSpec, model: torch.nn.Module, groups=None) -> None:
     """Draw the initial weights of a model `build_train_model(..., init=False)` built: what a fresh start
     does, and what a resume does only when no checkpoint loads."""
-    from marin_ablate.marin.parallel import init_weights
-
     init_weights(model, spec.seed + spec.train.effective().seed_offset(), groups)
 
 
@@ -282,8 +281,6 @@ def parallel_dims(spec: RunSpec, world: int, device: torch.device) -> tuple[Para
 def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.device]:
     """Initialise torch.distributed (marin.ep.init_ep: rank and world from the launcher's environment)
     and build the meshes of ModelConfig.ep_shards and TrainConfig.replica_groups."""
-    from marin_ablate.marin import ep
-
     owns = not dist.is_initialized()
     world = dist.get_world_size() if dist.is_initialized() else ep.dist_env().world_size
     groups = ep.init_ep(spec.model.moe_geometry(spec.recipe).n_experts, ep_group_size(spec.model.ep_shards, world),
@@ -300,8 +297,6 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     CE and z-loss are reweighted by n_r W / N so that the world mean of the gradients (FSDP2's
     reduce-scatter) is the gradient of the global token mean; the grad norm (and clipping) is the
     global norm over every shard (marin.parallel.clip_grad_norm_)."""
-    from marin_ablate.marin.parallel import clip_grad_norm_
-
     dev = tokens.device
     n_loc = int((targets != IGNORE_INDEX).sum())
     n_all = torch.tensor([float(n_loc)], dtype=torch.float64, device=dev)

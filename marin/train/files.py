@@ -21,10 +21,6 @@ from marin_ablate.marin.schema import sha256_file
 TMP_MARK = ".tmp"  # temporaries are ".<name>.tmp<pid>" (schema's: ".<name>.<random>.tmp"): hidden, never a result
 
 
-def temp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-
-
 def is_disk_full(exc: BaseException) -> bool:
     """ENOSPC (or EDQUOT) anywhere in the exception chain: torch and DCP wrap the OSError."""
     seen = set()
@@ -63,7 +59,7 @@ def write_stream(f: IO[bytes], data: bytes) -> None:
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """write(f) into a temporary beside `path`, fsync, rename over `path`; nothing is left behind on
     failure, and a full disk raises OSError(ENOSPC) naming `path`."""
-    tmp = temp_path(path)
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             write(f)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import signal
 import statistics
 import time
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from marin_ablate.marin import data as mdata
+from marin_ablate.marin import flops as mflops
 from marin_ablate.marin import schema
 from marin_ablate.marin.config import RunSpec, TrainConfig
 from marin_ablate.marin.train import checkpoint as ckpt
@@ -158,9 +161,6 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, run_dir: Path, stages: list[Stage], device: torch.device, pd: ParallelDims,
                  t0: float, keep_checkpoints: str = "final"):
-        from marin_ablate.marin import data as mdata
-        from marin_ablate.marin import flops as mflops
-
         # token_multiplier: the rung trained that many times longer (the calibration study's extra compute)
         self.spec, self.t, self.run_dir, self.stages, self.pd, self.t0 = (
             spec, spec.train.effective(), run_dir, stages, pd, t0)
@@ -227,9 +227,6 @@ class Trainer:
         if self.progress is not None and "loss" in rec and not is_eval(rec):
             self.progress.update(rec)
 
-    def _rank_world(self) -> tuple[Any, int, int]:
-        return self.pd.groups, self.pd.rank, self.pd.world
-
     # -- resume and checkpoint -------------------------------------------------------------------
 
     def begin(self, resume: bool, log_to: tuple[str, ...] = ()) -> None:
@@ -249,12 +246,9 @@ class Trainer:
     def start(self, resume: bool) -> None:
         """Resume from the newest usable checkpoint into the undrawn model, or draw it and start afresh
         (metrics.jsonl emptied)."""
-        groups, rank, world = self._rank_world()
-        ckdir = self.run_dir / "checkpoints"
-        found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, groups, rank, world,
-                             self.skipped, init=self.init_model) if resume else None
-        if found is None:  # a fresh start, or no checkpoint loads: the initial weights are drawn now
-            self.init_model()
+        ckdir, pd = self.run_dir / "checkpoints", self.pd
+        found = ckpt.restore(ckdir, self.spec.run_id, self.model, self.opt, self.device, pd.groups, pd.rank,
+                             pd.world, self.skipped, init=self.init_model) if resume else None
         if found is not None:
             ck, meta = found
             self.st = LoopState(**meta["loop"])
@@ -263,20 +257,18 @@ class Trainer:
                 self.metrics.recover(self.st.step)
             self.resumed, self.resumed_from, self.saved_step = True, ck.name, self.st.step
             log.info("resumed %s from %s at step %d", self.spec.run_id, ck.name, self.st.step)
-            self._note_code_version()
-        else:
+        else:  # a fresh start, or no checkpoint loads: the initial weights are drawn now
+            self.init_model()
             if self.skipped:
                 log.warning("no checkpoint loads (%d skipped): starting fresh from step 0 with the initial "
                             "model, optimizer, RNG and data state", len(self.skipped))
             if self.main:
                 if not resume:
-                    import shutil
-
                     for p in ckdir.glob("ckpt_*"):
                         shutil.rmtree(p) if p.is_dir() else p.unlink()
                 self.metrics.reset()
             log.info("start %s: %s", self.spec.run_id, self.spec.canonical_json())
-            self._note_code_version()
+        self._note_code_version()
         self.pd.barrier()
 
     def _note_code_version(self) -> None:
@@ -293,7 +285,6 @@ class Trainer:
     def checkpoint(self, now: bool = False) -> None:
         """Checkpoint the state after the last step. The previous background write is committed first;
         `now` (a preemption) commits this one too before returning."""
-        groups, rank, world = self._rank_world()
         self.commit_pending()
         if self.saved_step == self.st.step:  # a stop right after a periodic checkpoint: it is that one
             return
@@ -301,7 +292,8 @@ class Trainer:
         loop = dict(self.st.__dict__, wall_s=self.st.wall_s + (time.perf_counter() - self.t0))
         keep = ckpt.KEEP_LAST if ckpt.RETENTION[self.keep_checkpoints] is not None else None
         self.pending = ckpt.begin_save(self.run_dir / "checkpoints", self.st.step, self.spec.run_id, loop, self.model,
-                                       self.opt, self.device, groups, rank, world, self.writer, keep)
+                                       self.opt, self.device, self.pd.groups, self.pd.rank, self.pd.world, self.writer,
+                                       keep)
         self.saved_step = self.st.step
         if now or self.writer is None:
             self.commit_pending()
@@ -315,8 +307,7 @@ class Trainer:
         if t.checkpoint_interval_s and not due:
             late = time.perf_counter() - getattr(self, "last_save_t", self.t0) >= t.checkpoint_interval_s
             flag = torch.tensor([float(late)], device=self.device)
-            late = bool(self.pd.all_reduce(flag, dist.ReduceOp.MAX).item() > 0)
-            due = late
+            due = bool(self.pd.all_reduce(flag, dist.ReduceOp.MAX).item() > 0)
         if due:
             self.last_save_t = time.perf_counter()
         return due

@@ -9,6 +9,7 @@ non-UTF-8, garbage lines), so a damaged line never fails a run (docs/architectur
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -104,8 +105,6 @@ SINK_MODULES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "torch.utils
 def check_log_to(log_to: tuple[str, ...]) -> None:
     """ValueError naming the sink and its pip extra unless every sink's modules import (installed and
     working: a broken install fails here, before any run is launched, not in every run)."""
-    import importlib
-
     for name in log_to:
         if name not in LOG_TO:
             raise ValueError(f"log_to={name!r} is not a known sink; allowed values: {', '.join(LOG_TO)}")

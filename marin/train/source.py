@@ -25,9 +25,16 @@ from typing import Any
 
 import torch
 
+from marin_ablate.marin import data as mdata
 from marin_ablate.marin.config import DataConfig, RunSpec
-from marin_ablate.marin.data.manifest import setting_path
+from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
+from marin_ablate.marin.data.eval import eval_domains, tokenizer_of
+from marin_ablate.marin.data.index import IndexedCorpus
+from marin_ablate.marin.data.loading import load_eval_corpus
+from marin_ablate.marin.data.manifest import read_manifest, setting_path
 from marin_ablate.marin.data.mixture import check_mixture_domains
+from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches, verify_once
+from marin_ablate.marin.flops import forward_flops_breakdown
 
 _CACHE: dict[tuple, Any] = {}  # per process: a sweep of short runs reuses corpora and loaders
 
@@ -57,16 +64,12 @@ def validate_data(data: DataConfig) -> None:
         raise ValueError(f"DataConfig.eval_dir={data.eval_dir!r}: no such directory; allowed values: '' (the "
                          "corpus's held-out split) or a Paloma-layout directory (DOMAIN/val/*.jsonl[.gz])")
     if data.eval_dir and data.eval_domains:  # the domains of the eval_dir given, never of the training corpus
-        from marin_ablate.marin.data.eval import eval_domains
-
         found = eval_domains(data.eval_dir)
         bad = [d for d in data.eval_domains if d not in found]
         if bad:
             raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of DataConfig.eval_dir="
                              f"{data.eval_dir!r}; allowed values: {', '.join(found)}")
     if data.corpus == "embedded" and not data.eval_dir and data.eval_domains:  # its domains are known statically
-        from marin_ablate.marin.data.corpus import EMBEDDED_SOURCES
-
         bad = [d for d in data.eval_domains if d not in EMBEDDED_SOURCES]
         if bad:
             raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of the embedded corpus; allowed values: "
@@ -88,8 +91,6 @@ def check_vocab(spec: RunSpec) -> None:
     a trained BPE's exact size once it exists)."""
     vocab, where = BYTE_SYMBOLS, f"DataConfig.tokenizer={spec.data.tokenizer!r}"
     if is_prepared(spec.data.corpus):
-        from marin_ablate.marin.data.manifest import read_manifest
-
         vocab = int(read_manifest(spec.data.corpus)["tokenizer"].get("vocab_size") or BYTE_SYMBOLS)
         where = f"the tokenizer of DataConfig.corpus={spec.data.corpus!r}"
     if spec.model.vocab_size < vocab:
@@ -141,25 +142,13 @@ def _indexed(root: str, make, verify) -> Any:
 
 
 def _eval_corpus(data: DataConfig, tokenizer) -> Any:
-    from marin_ablate.marin.data.eval import eval_domains
-    from marin_ablate.marin.data.loading import load_eval_corpus
-
-    found = eval_domains(data.eval_dir)
-    bad = [d for d in data.eval_domains if d not in found]
-    if bad:
-        raise ValueError(f"DataConfig.eval_domains: {bad} are not domains of DataConfig.eval_dir={data.eval_dir!r}; "
-                         f"allowed values: {', '.join(found)}")
+    """The eval_dir's domains (checked against DataConfig.eval_domains by `validate_data`), tokenized."""
     key = ("eval", str(Path(data.eval_dir).expanduser().resolve()), tokenizer.fingerprint, tuple(data.eval_domains))
     return _cached(key, lambda: load_eval_corpus(data.eval_dir, tokenizer, domains=tuple(data.eval_domains)))
 
 
 def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, world: int = 1) -> DataSource:
     """The data of `spec` for this rank: stages are marin.train.stages.Stage (seq_len, batch_size)."""
-    from marin_ablate.marin import data as mdata
-    from marin_ablate.marin.data.eval import tokenizer_of
-    from marin_ablate.marin.data.index import IndexedCorpus
-    from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches, verify_once
-
     data = spec.data
     validate_data(data)
     prepared = is_prepared(data.corpus)
@@ -198,10 +187,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     warn = vocab_warning(spec, vocab)
     if warn:
         warnings.warn(warn, stacklevel=2)
-    domains = list(data.eval_domains) or list(ev.domains)
-    unknown = [d for d in domains if d not in ev.domains]
-    if unknown:
-        raise ValueError(f"DataConfig.eval_domains: unknown domains {unknown}; allowed values: {', '.join(ev.domains)}")
+    domains = list(data.eval_domains) or list(ev.domains)  # checked against the corpus's by validate_data/load_corpus
     if data.eval_dir:
         prov["eval_dir"] = str(Path(data.eval_dir).expanduser().resolve())
     prov["eval_domains"] = domains
@@ -215,8 +201,6 @@ VOCAB_COST_RATIO = 4.0
 def vocab_warning(spec: RunSpec, vocab: int) -> str | None:
     """A warning when the vocabulary is far too large for the rung's width: the output layer
     (2·d·V FLOPs per token) would cost more than VOCAB_COST_RATIO times everything else."""
-    from marin_ablate.marin.flops import forward_flops_breakdown
-
     terms = forward_flops_breakdown(dataclasses.replace(spec.model, vocab_size=vocab), spec.recipe)
     head = terms.pop("lm_head")
     rest = sum(terms.values())

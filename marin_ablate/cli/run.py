@@ -12,25 +12,10 @@ from typing import ClassVar
 
 from marin_ablate.cli.common import StudyOptions, study_from_args
 from marin_ablate.cli.parse import flags_of, parse
-from marin_ablate.marin.fields import SEED, option
+from marin_ablate.marin.fields import option
 from marin_ablate.sweeps.job import UntilOptions, exec_options
 from marin_ablate.sweeps.sweep import ExecConfig, LogOptions
-
-
-@dataclass(frozen=True)
-class TuneSection:
-    """Instead of the design: the per-arm learning-rate profile at the smallest rung (the multipliers
-    `run --tuned` uses)."""
-
-    # hi: sweeps.tuning.POINTS_MAX (not imported here: it pulls Optuna into `run --help`)
-    points: int = option(5, lo=3, hi=64, help="LR points per arm (log-spaced; a quadratic needs three; each is one run "
-                                              "per arm)")
-    span: float = option(4.0, lo=1, lo_open=True, help="multipliers from 1/SPAN to SPAN of the heuristic LR")
-    storage: str | None = option(None, metavar="PATH|URL", help="Optuna storage: a journal file path (none: "
-                                 "OUT/STUDY/tune/optuna.journal) or an RDB URL")
-    rung: str | None = option(None, help="rung to tune at (none: the smallest)")
-    seed: int | None = option(None, lo=0, hi=2**64 - 1, allowed=SEED[1],
-                              help="seed to tune with (none: the study's first)")
+from marin_ablate.sweeps.tuning import TuneOptions
 
 
 @dataclass(frozen=True)
@@ -48,7 +33,7 @@ class RunOptions(StudyOptions):
     no_analyze: bool = option(False, help="do not run the analysis afterwards")
     allow_repeat: bool = option(False, help="accept a GPU rung that needs more tokens than its corpus holds "
                                             "(more than one epoch)")
-    tune: TuneSection | None = option(None, section=TuneSection, mode=True, help=TuneSection.__doc__)
+    tune: TuneOptions | None = option(None, section=TuneOptions, mode=True, help=TuneOptions.__doc__)
     until: UntilOptions | None = option(None, section=UntilOptions, help=UntilOptions.__doc__)
 
 
@@ -107,7 +92,7 @@ _DESIGN_ONLY = ("tuned", "no_profile", "no_pin", "no_analyze", "allow_repeat")
 def cmd_tune(args: RunOptions) -> int:
     """`run STUDY --tune`: every arm's LR grid at one rung, profiled; the multipliers `run --tuned` uses."""
     from marin_ablate.sweeps.tune_arms import tune_study
-    from marin_ablate.sweeps.tuning import TuneOptions, tune_dir
+    from marin_ablate.sweeps.tuning import tune_dir
 
     extra = [f"--{n.replace('_', '-')}" for n in _DESIGN_ONLY if getattr(args, n)]
     if extra:
@@ -115,10 +100,7 @@ def cmd_tune(args: RunOptions) -> int:
                          "is the design's; allowed: --tune without it, or run without --tune")
     study = study_from_args(args)
     opts = exec_options(args.execution, study, args.log)
-    t = args.tune
-    res = tune_study(study, args.out, opts,
-                     TuneOptions(points=t.points, span=t.span, storage=t.storage, rung=t.rung, seed=t.seed),
-                     overrides=args.overrides)
+    res = tune_study(study, args.out, opts, args.tune, overrides=args.overrides)
     print("\n".join(res.lines()))
     print(f"wrote {tune_dir(args.out, study.name) / 'lr_multipliers.json'}; use `{_hint(args, 'run', tuned=True)}`")
     return 0 if not res.missing else 1

@@ -53,10 +53,12 @@ def test_a_value_out_of_type_or_range_names_the_allowed_values_before_any_work(t
 
 
 def test_the_cli_bound_on_tune_points_is_the_tuners():
-    from marin_ablate.cli.run import TuneSection
+    from marin_ablate.cli.run import RunOptions
     from marin_ablate.sweeps.tuning import POINTS_MAX, TuneOptions
 
-    f = next(f for f in dataclasses.fields(TuneSection) if f.name == "points")
+    tune = next(f for f in dataclasses.fields(RunOptions) if f.name == "tune")
+    assert tune.metadata["option"]["section"] is TuneOptions  # the CLI's section is the tuner's own options
+    f = next(f for f in dataclasses.fields(TuneOptions) if f.name == "points")
     assert f.metadata["option"]["hi"] == POINTS_MAX == 64
     with pytest.raises(ValueError, match="allowed values: an integer in 3..64"):
         TuneOptions(points=10**20)

@@ -168,7 +168,7 @@ def test_run_exits_nonzero_while_another_process_holds_a_run(tmp_path, capsys):
     study = sweep_study()  # the study the CLI below runs
     run = planned_runs(study, tmp_path)[0]
     write_run_files(run)
-    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from marin_ablate.sweeps.runs import RunLock; "
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from marin_ablate.marin.runlock import RunLock; "
                              f"assert RunLock({str(run.dir)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # noqa: E501
     try:

@@ -140,9 +140,8 @@ def test_the_hero_on_one_gpu_splits_16_micro_batches_at_4k_into_4_at_16k_and_1_a
     from marin_ablate.ablations import get_study
     from marin_ablate.marin.train.distributed import check_micro_batches
     from marin_ablate.marin.train.stages import context_plan, stage_specs
-    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
-    spec = apply_spec_overrides(get_study("hero_gpu").runs()[0][0], ["train.micro_batches=16"])
+    spec = get_study("hero_gpu").runs()[0][0].with_overrides(["train.micro_batches=16"])
     stages = context_plan(spec)
     assert [(s.seq_len, s.batch_size, s.micro_batches) for s in stages] == [(4096, 16, 16), (16384, 4, 4),
                                                                            (65536, 1, 1)]

@@ -351,12 +351,11 @@ def test_hero_loop_at_a_reduced_layout_reads_rank_slices_evaluates_and_builds_it
     is complete."""
     from marin_ablate.ablations import get_study
     from marin_ablate.planning.dryrun import format_loop, loop_dry_run
-    from marin_ablate.sweeps.sweep import apply_spec_overrides
 
     corpus, paloma = prepared_corpus
-    spec = apply_spec_overrides(get_study("hero").runs()[0][0],
-                                ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2", "train.replica_groups=2",
-                                 f"data.corpus={corpus}", f"data.eval_dir={paloma}", "data.mixture="])
+    spec = get_study("hero").runs()[0][0].with_overrides(
+        ["model.n_experts=16", "model.top_k=4", "model.ep_shards=2", "train.replica_groups=2",
+         f"data.corpus={corpus}", f"data.eval_dir={paloma}", "data.mixture="])
     assert spec.model.attention == "flex" and spec.train.eval_batch_size == 704  # the hero's; narrowed below
     rep = loop_dry_run(spec, 4, 2, tmp_path, seq_len=64)
     assert rep["ranks"] == [0, 1, 2, 3]

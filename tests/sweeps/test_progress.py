@@ -12,10 +12,11 @@ from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
 from marin_ablate.ablations.study import Study
 from marin_ablate.cli import status as status_commands
+from marin_ablate.marin.runlock import RunLock
 from marin_ablate.marin.train.step_progress import StepProgress, format_line
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.progress import Progress, last_train_record, run_live, study_eta
-from marin_ablate.sweeps.runs import RunLock, write_run_files
+from marin_ablate.sweeps.runs import write_run_files
 from marin_ablate.sweeps.sweep import planned_runs, run_study
 
 

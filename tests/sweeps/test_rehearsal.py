@@ -12,7 +12,6 @@ import torch.distributed as dist
 from marin_ablate.ablations.studies import get_study
 from marin_ablate.planning.dryrun import in_fresh_process
 from marin_ablate.planning.rehearsal import Discipline, RehearsalError, rehearsal_spec, rehearse_rank
-from marin_ablate.sweeps.sweep import apply_spec_overrides
 
 
 def _meta_group(world: int = 4):
@@ -63,7 +62,7 @@ def test_a_host_accelerator_mix_fails_and_a_host_read_is_a_listed_stand_in():
 
 def _hero_rack(*overrides: str):
     study = get_study("hero_rack")
-    spec = apply_spec_overrides(study.runs()[0][0], list(overrides))
+    spec = study.runs()[0][0].with_overrides(list(overrides))
     small, _ = rehearsal_spec(spec, study.hero.gpus)
     return small, study.hero.gpus, spec.model.ep_shards
 

@@ -17,10 +17,10 @@ from marin_ablate.ablations.designs import full_factorial
 from marin_ablate.ablations.ladders import Rung
 from marin_ablate.ablations.study import Study
 from marin_ablate.marin.config import DataConfig
+from marin_ablate.marin.runlock import RunLock
 from marin_ablate.sweeps.executors import ExecOptions, SlurmOptions, validate
 from marin_ablate.sweeps.progress import Progress, format_counts
 from marin_ablate.sweeps.runs import (
-    RunLock,
     RunTask,
     atomic_write_json,
     atomic_write_text,
@@ -126,7 +126,7 @@ def test_run_lock_keeps_a_second_process_out(tmp_path):
     assert lock.acquire()
     assert not RunLock(run.dir).acquire() and probe(run.dir).state == "running"  # a second claim here
     assert RunLock(run.dir).held_elsewhere()  # probing does not drop the held lock
-    probe_src = ("import sys; from marin_ablate.sweeps.runs import RunLock; "
+    probe_src = ("import sys; from marin_ablate.marin.runlock import RunLock; "
                  "from marin_ablate.sweeps.state import probe; "
                  f"print(RunLock({str(run.dir)!r}).acquire(), probe({str(run.dir)!r}).state)")
     out = subprocess.run([sys.executable, "-c", probe_src], capture_output=True, text=True, check=True).stdout.split()
