@@ -198,8 +198,8 @@ def stopping(n: int, n0: int, n_max: int, target: float, seed: int, rungs: list[
             if k == n0:
                 est = {x: [v.components.set_index("component").loc[x, "shapley"] for v in a.per_seed.values()]
                        for x in c.index}
-                model = {x: (c.loc[x, "shapley_model_hi"] - c.loc[x, "shapley_model_lo"]) / 2 for x in c.index}
-                plan = stein_plan(tuple(range(n0)), est, model, Until(target, max_seeds=n_max))
+                law = {x: float(c.loc[x, "shapley_se_law"]) for x in c.index}
+                plan = stein_plan(tuple(range(n0)), est, law, Until(target, max_seeds=n_max))
             for x, r in c.iterrows():
                 for rule, stop in (("width", (r.shapley_hi - r.shapley_lo) / 2 <= target),
                                    ("significance", r.shapley_lo > 0 or r.shapley_hi < 0)):

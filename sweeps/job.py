@@ -120,7 +120,7 @@ def run_design(study: Any, out: str | Path, opts: Any, d: DesignOptions, say: Ca
 
 
 def pilot_plan(sdir: Path, pilot: tuple[int, ...], until: Until, workers: int, level: float = 0.95) -> SteinPlan:
-    """Stein's plan from the pilot's finished runs in `sdir`: its per-seed estimates and model half-widths at C_ref
+    """Stein's plan from the pilot's finished runs in `sdir`: its per-seed estimates and law standard errors at C_ref
     as `analyze` computes them (the folder's pinned law), and what `until.minutes` buy at the pilot's measured cost
     per seed on `workers` parallel workers."""
     from marin_ablate.analysis.fit.reflaw import read_pinned
@@ -140,13 +140,13 @@ def pilot_plan(sdir: Path, pilot: tuple[int, ...], until: Until, workers: int, l
         for r in (c[c["response"] == col].itertuples() if c is not None and len(c) else ()):
             est.setdefault(str(r.component), []).append(float(r.shapley) if r.shapley_estimable else math.nan)
     c = a.components[a.components["response"] == col]
-    model = {str(r.component): (r.shapley_model_hi - r.shapley_model_lo) / 2 for r in c.itertuples()}
+    law = {str(r.component): float(r.shapley_se_law) for r in c.itertuples()}
     est = {k: v + [math.nan] * (len(pilot) - len(v)) for k, v in est.items()}
     budget = None
     per_seed = core_seconds_per_seed(table, profile_seconds(sdir))
     if until.minutes is not None and math.isfinite(per_seed) and per_seed > 0:
         budget = int(until.minutes * 60 * max(workers, 1) // per_seed)  # seeds in all, the pilot's included
-    plan = stein_plan(pilot, est, model, until, level, budget)
+    plan = stein_plan(pilot, est, law, until, level, budget)
     return replace(plan, extra={"seconds_per_seed": per_seed, "workers": workers})
 
 

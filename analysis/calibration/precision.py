@@ -188,6 +188,7 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
                          f"{len(lay.computes)} rung(s) ({e}); a seed panel measures noise (use it as --noise PATH), "
                          "the plan to size is a factorial on at least two rungs") from None
     hc3, model, info = _covariance(jf, noise)
+    extra = np.zeros_like(hc3)  # the pinned law's part, which every seed shares
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
         from marin_ablate.analysis.fit.joint import pin_term, valley_term
 
@@ -196,7 +197,7 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
             extra = extra + valley_term(jf, pin_valley)[0]
         hc3, model = hc3 + extra, model + extra
     _, _, _, T = jf.theta_std(len(fq.terms), fq.terms)
-    fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T)
+    fit = replace(fq, cov=T @ hc3 @ T.T, cov_model=T @ model @ T.T, cov_law=T @ extra @ T.T)
     one = None
     if between and lay.seeds >= BETWEEN_SEEDS_MIN:  # one seed's model interval, for the between-seed sd
         one = predict(replace(lay, seeds=1), noise, level=level, ratios=ratios, log_m=log_m, law=law,
@@ -205,11 +206,12 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     for ratio in ratios:
         t = component_table(fit, math.log(ratio), level)
         hw = np.where(t["shapley_estimable"], (t["shapley_hi"] - t["shapley_lo"]) / 2, np.nan)
+        law_se = t["shapley_se_law"].to_numpy(float)
         if one is not None:  # the seeds' interval at C_ref; at least it beyond (docs/method.md §4.4)
             seeds = _between_half(one[f"hw_{ratio:g}x"].to_numpy(), one.attrs["dof"], list(t["component"]), noise,
-                                  lay.seeds, level)
+                                  lay.seeds, level, law_se)
             hw = np.where(np.isfinite(hw), seeds, np.nan) if ratio == 1 else np.fmax(hw, seeds)
-        col = pd.DataFrame({"component": t["component"], f"hw_{ratio:g}x": hw})
+        col = pd.DataFrame({"component": t["component"], f"hw_{ratio:g}x": hw, f"law_se_{ratio:g}x": law_se})
         out = col if out is None else out.merge(col, on="component")
     out.attrs["dof"] = jf.dof
     info.update(c_ref=c_ref, law=law, runs=lay.n_runs, main_effects_only=not any(t_.kind == "2fi" for t_ in fq.terms))
@@ -217,14 +219,14 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
 
 
 def _between_half(one_hw: np.ndarray, one_dof: int, components: list[str], noise: Noise, k: int,
-                  level: float) -> np.ndarray:
-    """The median between-seed t half-width over k seeds: t(k−1)·s/√k, s² = one seed's model variance + the
-    component x seed variance, at the median of the sample sd's χ²(k−1) scale."""
+                  level: float, law_se: np.ndarray) -> np.ndarray:
+    """The median between-seed t half-width over k seeds: t(k−1)·√(s²/k + se_law²), s² = one seed's model variance
+    less the law's share + the component x seed variance, at the median of the sample sd's χ²(k−1) scale."""
     q = float(stats.t.ppf(0.5 + level / 2, max(one_dof, 1)))
-    sd = np.sqrt((one_hw / q) ** 2 + np.array([noise.component_seed_sd(c, [x for x in components if x != "TOTAL"])
-                                                ** 2 for c in components]))
-    return (float(stats.t.ppf(0.5 + level / 2, k - 1)) * sd / math.sqrt(k)
-            * math.sqrt(float(stats.chi2.median(k - 1)) / (k - 1)))
+    seed = np.array([noise.component_seed_sd(c, [x for x in components if x != "TOTAL"]) ** 2 for c in components])
+    s2 = np.maximum((one_hw / q) ** 2 - law_se**2, 0.0) + seed
+    med = float(stats.chi2.median(k - 1)) / (k - 1)
+    return float(stats.t.ppf(0.5 + level / 2, k - 1)) * np.sqrt(s2 * med / k + law_se**2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,16 +570,16 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
               law=pin_law if noise.law is None else None, pin_valley=valley if noise.law is None or pin_law is None
               else ())
     one, _ = predict(replace(lay, seeds=1), noise, **kw)
-    pilot, _ = predict(lay, noise, **kw)
     q1 = float(stats.t.ppf(0.5 + level / 2, max(int(one.attrs["dof"]), 1)))
     factors = [c for c in one["component"] if c != "TOTAL"]
     per_seed = len(lay.design) * sum(r["cost"] for r in rows)
     out = []
-    for r, m in zip(one.itertuples(), pilot["hw_1x"], strict=True):
+    for r in one.itertuples():
         if until.components and r.component not in until.components:
             continue
-        sd = math.sqrt((r.hw_1x / q1) ** 2 + noise.component_seed_sd(r.component, factors) ** 2)
-        n = max(min(seeds_for(sd, float(m), k, until.halfwidth, level), until.max_seeds), k)
+        law = float(r.law_se_1x)
+        sd = math.sqrt(max((r.hw_1x / q1) ** 2 - law**2, 0.0) + noise.component_seed_sd(r.component, factors) ** 2)
+        n = max(min(seeds_for(sd, law, k, until.halfwidth, level), until.max_seeds), k)
         out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n})
     return pd.DataFrame(out)
 

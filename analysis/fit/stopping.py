@@ -5,9 +5,11 @@ Every interval at C_ref rests on the component x seed scatter of the per-seed es
 replicates.py): a component's sd s over seeds is real training variation, so only seeds narrow it. A study
 that stops when its interval first looks narrow enough (or first excludes 1) picks its own width: the width
 at few seeds is a random draw, and stopping on a small draw under-covers. Stein's rule (Stein 1945) does not:
-a pilot of n0 seeds measures s0; the study then runs N = max(n0, ⌈(t(n0−1)·s0/h)²⌉) seeds in all, and the
-interval est ± t(n0−1)·s0/√N has half-width at most h and exact coverage, because N depends on the pilot's
-sd only, and the mean of normal draws is independent of their sd. No torch import.
+a pilot of n0 seeds measures s0; the study then runs N = max(n0, ⌈(t(n0−1)·s0)²/(h² − (t(n0−1)·se_law)²)⌉)
+seeds in all, and the interval est ± t(n0−1)·√(s0²/N + se_law²) has half-width at most h and exact coverage,
+because N depends on the pilot's sd only, and the mean of normal draws is independent of their sd. se_law is the
+pinned law's share of the standard error (replicates.py), which no number of seeds narrows: a target at or below
+t·se_law is out of the seeds' reach, and the plan says so. No torch import.
 """
 
 from __future__ import annotations
@@ -54,14 +56,14 @@ class Until:
 
 @dataclass(frozen=True)
 class SteinPlan:
-    """What the pilot decided: per named value (component or TOTAL) its pilot sd s0, its model half-width at the
-    pilot and the seeds it needs; `seeds` the study's N (the largest need, capped by the budget)."""
+    """What the pilot decided: per named value (component or TOTAL) its pilot sd s0, the pinned law's standard
+    error se_law and the seeds it needs; `seeds` the study's N (the largest need, capped by the budget)."""
 
     pilot: tuple[int, ...]
     halfwidth: float
     level: float
     pilot_sd: dict[str, float]
-    model_half: dict[str, float]
+    law_se: dict[str, float]
     needs: dict[str, int]
     seeds: int
     capped: str = ""  # why N is below the largest need ('' when it is not)
@@ -69,10 +71,10 @@ class SteinPlan:
     extra: dict = field(default_factory=dict)
 
     def expected_half(self, name: str, n: int | None = None) -> float:
-        """The half-width at n seeds (default N) of one named value: Stein's, or the model's shrinking as 1/√n."""
+        """The half-width at n seeds (default N) of one named value: t(n0−1)·√(s0²/n + se_law²)."""
         n = self.seeds if n is None else n
-        s = stein_t(len(self.pilot), self.level) * self.pilot_sd[name] / math.sqrt(n)
-        return max(s, self.model_half[name] * math.sqrt(len(self.pilot) / n))
+        law = self.law_se.get(name, 0.0)
+        return stein_t(len(self.pilot), self.level) * math.sqrt(self.pilot_sd[name] ** 2 / n + law**2)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,7 +84,7 @@ class SteinPlan:
     @classmethod
     def from_dict(cls, d: Mapping) -> "SteinPlan":
         keys = {f for f in cls.__dataclass_fields__}
-        bad = [k for k in ("pilot", "halfwidth", "level", "pilot_sd", "model_half", "needs", "seeds") if k not in d]
+        bad = [k for k in ("pilot", "halfwidth", "level", "pilot_sd", "law_se", "needs", "seeds") if k not in d]
         if bad:
             raise ValueError(f"{UNTIL_FILE}: missing field(s) {bad}; delete the file to plan the study again")
         d = {k: v for k, v in d.items() if k in keys}
@@ -94,22 +96,25 @@ def stein_t(n0: int, level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n0 - 1))
 
 
-def seeds_for(sd: float, model_half: float, k: int, target: float, level: float = 0.95) -> int:
-    """Seeds in all that bring a value to half-width `target`, from k seeds: Stein's N for its seed sd on k − 1
-    df, and the model interval's 1/√n (it narrows with the runs); at least k."""
-    n = k
-    if math.isfinite(sd) and sd > 0:
-        n = max(n, math.ceil((stein_t(k, level) * sd / target) ** 2))
-    if math.isfinite(model_half) and model_half > target:
-        n = max(n, math.ceil(k * (model_half / target) ** 2))
-    return n
+def seeds_for(sd: float, law_se: float, k: int, target: float, level: float = 0.95) -> int:
+    """Seeds in all that bring a value to half-width `target` from k seeds (Stein's N for its seed sd on k − 1 df
+    beside the law's standard error, which seeds do not narrow): at least k; SEEDS_CAP + 1 where the law's share
+    alone is `target` or wider."""
+    t = stein_t(k, level)
+    room = target**2 - (t * law_se) ** 2 if math.isfinite(law_se) else target**2
+    if room <= 0:
+        return SEEDS_CAP + 1
+    if not (math.isfinite(sd) and sd > 0):
+        return k
+    return max(k, math.ceil((t * sd) ** 2 / room))
 
 
-def stein_plan(pilot: Sequence[int], estimates: Mapping[str, Sequence[float]], model_half: Mapping[str, float],
+def stein_plan(pilot: Sequence[int], estimates: Mapping[str, Sequence[float]], law_se: Mapping[str, float],
                until: Until, level: float = 0.95, budget_seeds: int | None = None) -> SteinPlan:
-    """The plan from the pilot: each named value's pilot estimates (one per pilot seed, in ln M) and its model
-    half-width at the pilot; N = the largest need, capped at `until.max_seeds` and at `budget_seeds` (what the
-    minutes buy). A named value without an estimate at every pilot seed is refused naming it."""
+    """The plan from the pilot: each named value's pilot estimates (one per pilot seed, in ln M) and its pinned
+    law's standard error (0 without a pinned law); N = the largest need, capped at `until.max_seeds` and at
+    `budget_seeds` (what the minutes buy). A named value without an estimate at every pilot seed is refused
+    naming it."""
     names = list(until.components or estimates)
     unknown = [c for c in names if c not in estimates]
     if unknown:
@@ -124,14 +129,14 @@ def stein_plan(pilot: Sequence[int], estimates: Mapping[str, Sequence[float]], m
         raise ValueError(f"--until: {', '.join(short)} not estimable at every pilot seed "
                          f"({', '.join(map(str, pilot))}); the pilot cannot size the study")
     sd = {c: float(np.std(estimates[c], ddof=1)) for c in names}
-    needs = {c: seeds_for(sd[c], float(model_half.get(c, math.nan)), n0, until.halfwidth, level) for c in names}
+    law = {c: float(law_se.get(c, 0.0)) for c in names}
+    needs = {c: seeds_for(sd[c], law[c], n0, until.halfwidth, level) for c in names}
     n, capped = max(needs.values()), ""
     for cap, why in ((until.max_seeds, f"until.max_seeds={until.max_seeds}"),
                      (budget_seeds, f"until.minutes={until.minutes}")):
         if cap is not None and n > max(cap, n0):
             n, capped = max(cap, n0), why
-    return SteinPlan(tuple(pilot), until.halfwidth, level, sd, {c: float(model_half.get(c, math.nan)) for c in names},
-                     needs, n, capped, tuple(until.components))
+    return SteinPlan(tuple(pilot), until.halfwidth, level, sd, law, needs, n, capped, tuple(until.components))
 
 
 def read_plan(study_dir: str | Path) -> SteinPlan | None:
@@ -176,19 +181,19 @@ def core_seconds_per_seed(table, profile_s: Mapping[int, float] | None = None) -
 
 def what_it_would_take(rows: Sequence[Mapping], k: int, study: str, seconds_per_seed: float, workers: int,
                        level: float = 0.95) -> list[dict]:
-    """Per Findings value (rows: component, est, lo, hi, verdict, seed_sd, model_half): the half-width proposed,
+    """Per Findings value (rows: component, est, lo, hi, verdict, seed_sd, law_se): the half-width proposed,
     the seeds in all it takes from k, the added minutes on `workers` parallel workers, and the `run` line."""
     out = []
     for r in rows:
         goal = target_half(r["est"], r["lo"], r["hi"], r["verdict"])
         if goal is None:
             continue
-        sd, mh = float(r.get("seed_sd", math.nan)), float(r.get("model_half", math.nan))
+        sd, law = float(r.get("seed_sd", math.nan)), float(r.get("law_se", 0.0))
         if k < 2 or not math.isfinite(sd):
             out.append({**r, "target": goal, "seeds": None, "minutes": math.nan,
                         "how": "no seed scatter measured yet (one seed): run two or more seeds first"})
             continue
-        n = seeds_for(sd, mh, k, goal, level)
+        n = seeds_for(sd, law, k, goal, level)
         minutes = (n - k) * seconds_per_seed / max(workers, 1) / 60 if math.isfinite(seconds_per_seed) else math.nan
         comp = f" --until.components {r['component']}"
         out.append({**r, "target": goal, "seeds": n if n <= SEEDS_CAP else None, "minutes": minutes,

@@ -178,8 +178,7 @@ def take_rows(a: StudyAnalysis, study_dir: Path | None = None) -> list[dict]:
         rows.append({"component": r.component, "est": est, "lo": lo, "hi": hi,
                      "verdict": finding(a, col, r.component).partition(": ")[2],
                      "seed_sd": float(r.shapley_se_between) * math.sqrt(k) if k >= 2 else math.nan,
-                     "model_half": (float(r.shapley_model_hi) - float(r.shapley_model_lo)) / 2 if k >= 2 else
-                     (hi - lo) / 2})
+                     "law_se": float(getattr(r, "shapley_se_law", 0.0))})
     t = a.table
     k = int(t["seed"].nunique()) if "seed" in t else 1
     study = str(t["study"].dropna().iloc[0]) if "study" in t and t["study"].notna().any() else "STUDY"

@@ -13,6 +13,7 @@ from scipy import stats
 from marin_ablate.analysis.calibration.simulate import SimTruth, simulate_table
 from marin_ablate.analysis.fit.replicates import Stein
 from marin_ablate.analysis.fit.stopping import (
+    SEEDS_CAP,
     SteinPlan,
     Until,
     read_plan,
@@ -39,21 +40,25 @@ def truth(**kw) -> SimTruth:
 
 def test_stein_plan_runs_the_seeds_the_pilot_sd_asks_for_and_no_fewer_than_the_pilot():
     est = {"optimizer": [0.1, 0.5, -0.2, 0.4], "xsa": [0.0, 0.01, -0.01, 0.0]}
-    plan = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.05, "xsa": 0.02}, Until(0.2))
-    s = np.std(est["optimizer"], ddof=1)
-    assert plan.needs["optimizer"] == math.ceil((stats.t.ppf(0.975, 3) * s / 0.2) ** 2)
+    plan = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.02, "xsa": 0.01}, Until(0.2))
+    s, t = np.std(est["optimizer"], ddof=1), stats.t.ppf(0.975, 3)
+    assert plan.needs["optimizer"] == math.ceil((t * s) ** 2 / (0.2**2 - (t * 0.02) ** 2))
     assert plan.needs["xsa"] == 4 and plan.seeds == plan.needs["optimizer"] and not plan.capped
     assert plan.expected_half("optimizer") <= 0.2
-    capped = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.05, "xsa": 0.02}, Until(0.2, max_seeds=6))
+    capped = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.02, "xsa": 0.01}, Until(0.2, max_seeds=6))
     assert capped.seeds == 6 and capped.capped == "until.max_seeds=6"
-    budget = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.05}, Until(0.2, components=("optimizer",), minutes=5),
+    budget = stein_plan((0, 1, 2, 3), est, {"optimizer": 0.02}, Until(0.2, components=("optimizer",), minutes=5),
                         budget_seeds=5)
     assert budget.seeds == 5 and "until.minutes" in budget.capped
     assert SteinPlan.from_dict(plan.to_dict()) == plan
 
 
-def test_a_model_interval_wider_than_the_target_asks_for_seeds_too():
-    assert seeds_for(0.0, 0.4, 4, 0.2) == 16  # the model interval narrows as 1/√n: 4·(0.4/0.2)² seeds
+def test_the_pinned_laws_share_is_beyond_the_seeds_reach():
+    t = stats.t.ppf(0.975, 3)
+    assert seeds_for(0.3, 0.0, 4, 0.2) == math.ceil((t * 0.3 / 0.2) ** 2)  # Stein's N without a pinned law
+    assert seeds_for(0.3, 0.03, 4, 0.2) == math.ceil((t * 0.3) ** 2 / (0.2**2 - (t * 0.03) ** 2))  # more with one
+    assert seeds_for(0.3, 0.2 / t, 4, 0.2) == SEEDS_CAP + 1  # the law alone fills the target: no N reaches it
+    assert seeds_for(0.0, 0.01, 4, 0.2) == 4
 
 
 def test_until_refuses_what_it_cannot_plan_naming_the_field():
@@ -160,9 +165,9 @@ def test_target_half_aims_wide_values_at_one_point_five_and_no_effect_values_at_
 
 def test_what_it_would_take_names_the_seeds_minutes_and_the_line_that_runs_them():
     rows = [{"component": "optimizer", "est": 0.26, "lo": -0.3, "hi": 0.82, "verdict": "consistent with no effect",
-             "seed_sd": 0.3, "model_half": 0.1},
+             "seed_sd": 0.3, "law_se": 0.0},
             {"component": "sconv", "est": 0.4, "lo": 0.3, "hi": 0.5, "verdict": "gain", "seed_sd": 0.1,
-             "model_half": 0.05}]
+             "law_se": 0.0}]
     out = what_it_would_take(rows, 3, "smoke", seconds_per_seed=240.0, workers=2)
     assert [r["component"] for r in out] == ["optimizer"]
     r = out[0]
