@@ -178,8 +178,11 @@ def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOpt
     else:
         plan = old
     named = ", ".join(f"{c} {plan.needs[c]}" for c in plan.needs)
+    far = ", ".join(f"{c} ±{h:.3g}" for c, h in plan.out_of_reach().items())
     say(f"{study.name}: --until.halfwidth {plan.halfwidth:g}: the pilot's {len(pilot)} seeds ask for {plan.seeds} "
-        f"in all ({named})" + (f"; capped by {plan.capped}" if plan.capped else ""))
+        f"in all ({named})" + (f"; capped by {plan.capped}" if plan.capped else "")
+        + (f"; out of the seeds' reach, the pinned law's share alone: {far} (a longer reference ladder narrows it)"
+           if far else ""))
     extra = [max(pilot) + 1 + i for i in range(plan.seeds - len(pilot))]
     done = len(pilot)
     while done < plan.seeds:

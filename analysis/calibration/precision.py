@@ -580,7 +580,8 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
         law = float(r.law_se_1x)
         sd = math.sqrt(max((r.hw_1x / q1) ** 2 - law**2, 0.0) + noise.component_seed_sd(r.component, factors) ** 2)
         n = max(min(seeds_for(sd, law, k, until.halfwidth, level), until.max_seeds), k)
-        out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n})
+        out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n,
+                    "law_half": float(stats.t.ppf(0.5 + level / 2, max(k - 1, 1))) * law})
     return pd.DataFrame(out)
 
 
@@ -592,7 +593,9 @@ def until_lines(study, until, pinned=None) -> list[str]:
     lines = [f"\n--until.halfwidth {until.halfwidth:g}: the study's {k} seeds are the pilot; Stein's rule then runs "
              "the seeds each named value is expected to need at the planner's component x seed sd (the smoke "
              "study's measured ones; the pilot measures its own):"]
-    lines += [f"  {r.component}: seed sd {r.seed_sd:.3g} in ln M, {r.seeds} seeds" for r in t.itertuples()]
+    lines += [f"  {r.component}: seed sd {r.seed_sd:.3g} in ln M, {r.seeds} seeds" + (
+        f" (out of the seeds' reach: the pinned law's share alone is ±{r.law_half:.3g}; a longer reference ladder "
+        "narrows it)" if r.law_half >= until.halfwidth else "") for r in t.itertuples()]
     total = float(t[unit].max())
     lines.append(f"expected: {n} seeds in all ({n - k} added; capped at --until.max_seeds {until.max_seeds}), "
                  f"{unit.replace('_', ' ')} {total:.4g} for the design (the LR profile's runs come on top)")

@@ -76,6 +76,11 @@ class SteinPlan:
         law = self.law_se.get(name, 0.0)
         return stein_t(len(self.pilot), self.level) * math.sqrt(self.pilot_sd[name] ** 2 / n + law**2)
 
+    def out_of_reach(self) -> dict[str, float]:
+        """Named values whose target lies inside the pinned law's own share: {name: that share's half-width}."""
+        t = stein_t(len(self.pilot), self.level)
+        return {c: t * s for c, s in self.law_se.items() if t * s >= self.halfwidth}
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["pilot"], d["components"] = list(self.pilot), list(self.components)

@@ -59,6 +59,10 @@ def test_the_pinned_laws_share_is_beyond_the_seeds_reach():
     assert seeds_for(0.3, 0.03, 4, 0.2) == math.ceil((t * 0.3) ** 2 / (0.2**2 - (t * 0.03) ** 2))  # more with one
     assert seeds_for(0.3, 0.2 / t, 4, 0.2) == SEEDS_CAP + 1  # the law alone fills the target: no N reaches it
     assert seeds_for(0.0, 0.01, 4, 0.2) == 4
+    est = {"TOTAL": [0.1, 0.5, -0.2, 0.4], "xsa": [0.0, 0.01, -0.01, 0.0]}
+    plan = stein_plan((0, 1, 2, 3), est, {"TOTAL": 0.07, "xsa": 0.001}, Until(0.2, max_seeds=40))
+    assert plan.out_of_reach() == {"TOTAL": pytest.approx(t * 0.07)} and plan.seeds == 40
+    assert plan.capped == "until.max_seeds=40"
 
 
 def test_until_refuses_what_it_cannot_plan_naming_the_field():
