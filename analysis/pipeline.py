@@ -584,9 +584,9 @@ def _law_form_spread(prep: _Prepared, o: _Options, fits: dict, reduced: dict, ex
 
 
 def _replicate(df: pd.DataFrame, prep: _Prepared, o: _Options, components, per_rung, extrap):
-    """Seeds as replicates (analysis/fit/replicates.py): each seed analysed alone, and every interval at C_ref,
-    per rung, extrapolated and the law's widened to at least the between-seed t interval of the per-seed values
-    (Stein's interval for the values a `run --until` study named). (per_seed, components, per_rung, extrap)."""
+    """Seeds as replicates (analysis/fit/replicates.py): each seed analysed alone; every interval at C_ref and per
+    rung is the between-seed t interval of the per-seed values (Stein's for the values a `run --until` study named),
+    the extrapolated and the law's widened to at least it. (per_seed, components, per_rung, extrap)."""
     from marin_ablate.analysis.fit.replicates import (
         BETWEEN_SEEDS_MIN,
         REPLICATE_SEEDS_MAX,

@@ -514,8 +514,8 @@ def rests_on(a) -> str:
     k = int(comp["between_seeds"].max()) if len(comp) and "between_seeds" in comp else 0
     if len(seeds) >= BETWEEN_SEEDS_MIN and k >= BETWEEN_SEEDS_MIN:
         what = (f"{len(seeds)} seeds ({', '.join(map(str, seeds))}), each analysed alone too: every interval at C_ref "
-                f"is at least the between-seed t interval of its per-seed estimates ({k - 1} df), so it carries the "
-                "component x seed variation")
+                f"is the between-seed t interval of its per-seed estimates ({k - 1} df, the pinned law's spread "
+                "added), so it carries the component x seed variation")
     else:
         what = (f"{len(seeds) or 1} seed(s): the intervals rest on the run residuals and omit component x seed "
                 f"variation (its init, data order and LR profile; {BETWEEN_SEEDS_MIN}+ seeds measure it)")

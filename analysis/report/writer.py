@@ -50,8 +50,8 @@ DEFINITIONS = (
     "exp(2β_i + 2γ_i·ln(C/C_ref)): the all-off → all-on change of that factor averaged over the others. "
     "LOO = leave-one-out from all-on, AOI = add-one-in from all-off; LOO − Shapley = Shapley − AOI = 2Σ_j β_ij "
     "(the interaction signal). CI: the larger of HC3 and model-based, law fitted jointly (its uncertainty "
-    "included), and with two or more seeds at least the between-seed t interval; boot: wild bootstrap refitting "
-    "law and model."
+    "included); with two or more seeds the Shapley CI is the between-seed t interval (the law's spread added); "
+    "boot: wild bootstrap refitting law and model."
 )
 
 
@@ -443,7 +443,7 @@ def findings_section(a: StudyAnalysis, raw: pd.DataFrame, backtest) -> list[str]
             "held-out cross-entropy in nats per token (eval_macro_loss: the mean over the evaluation domains).", "",
             f"One 95% interval per number (multipliers at the reference compute C_ref = {a.c_ref:.3g} FLOPs; Shapley "
             "value of the fitted model, law uncertainty included"
-            + ("; never narrower than the between-seed interval of the per-seed estimates" if between else "")
+            + ("; the between-seed interval of the per-seed estimates" if between else "")
             + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
             "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
             "qualifiers: what each verdict rests on (details under Warnings).", "",
