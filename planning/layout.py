@@ -9,8 +9,7 @@ memory and the time change. `choose_layout` picks the fewest micro-batches whose
 (10%) of the GPU free (or, stated, the most it can down to MIN_HEADROOM), from the dry run's model
 (planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at one sequence
 and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at d512), plus
-what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used.
-"""
+what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used."""
 
 from __future__ import annotations
 
@@ -18,12 +17,12 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Callable
 
 from marin_ablate.marin.config import RunSpec
 from marin_ablate.marin.schema import atomic_write_json, read_json
+from marin_ablate.planning.costmodel import cache_dir
 
 GiB = 2**30
 LEVELS = ("hyperball", "adamw")  # a study's arms use both; the layout must fit the larger
@@ -140,10 +139,6 @@ def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
                           ).hexdigest()[:16]
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
-
-
 def _cached(path: Path, compute: Callable[[], dict]) -> dict:
     """compute()'s JSON, kept at `path` (written atomically)."""
     got = read_json(path)
@@ -163,13 +158,13 @@ def cached_activations(spec: RunSpec) -> dict:
     spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
     from marin_ablate.planning.memory import fit_activations
 
-    return _cached(_cache_dir() / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
+    return _cached(cache_dir("layouts") / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
 
 
 def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
     """`choose_layout`, kept under MARIN_CACHE_DIR (the fake-tensor measurement takes ~40 s a rung): `plan
     --dry-run` and `run` choose the same micro-batches for the same spec, GPU count and capacity."""
-    return _cached(_cache_dir() / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
+    return _cached(cache_dir("layouts") / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
                    lambda: choose_layout(spec, gpus, capacity_gib))
 
 
