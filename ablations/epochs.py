@@ -7,8 +7,7 @@ runs, a GPU rung on the embedded corpus, on a corpus of unknown size, or one tha
 unless repetition is allowed explicitly (ALLOW_REPEAT). It also refuses a corpus whose per-rank loader
 index would not fit the host (`check_loader_index`): the `documents` shuffle holds ~DOC_INDEX_BYTES per
 document on every rank; the `indexed` one reads a pre-built index (marin/data/index.py) and holds
-nothing per document, but needs that index. Torch-free: the plan command runs it.
-"""
+nothing per document, but needs that index. Torch-free: the plan command runs it."""
 
 from __future__ import annotations
 
