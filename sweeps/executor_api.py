@@ -3,8 +3,7 @@
 `sweeps/executors.py` registers the built-in `local`, `debug` and `slurm` at its import (this module
 imports no implementation: `sweeps.state` asks the rows without an import cycle); `register_executor` adds
 another (docs/extending.md, "Adding an optimizer or an executor"). The driver (`sweeps/sweep.py`) and the run
-state (`sweeps/state.py`) ask the executor by name and never compare names.
-"""
+state (`sweeps/state.py`) ask the executor by name and never compare names."""
 
 from __future__ import annotations
 

@@ -44,13 +44,9 @@ class TuneResult:
     missing: dict[str, list[float]] = field(default_factory=dict)
 
     def rows(self) -> list[dict]:
-        out = []
-        for arm, p in self.profiles.items():
-            lr0 = self.heuristic_lr.get(arm)
-            out.append({"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
-                        "multiplier": p.multiplier, "lr": lr0 * p.multiplier if lr0 else None,
-                        "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason})
-        return out
+        return [{"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
+                 "multiplier": p.multiplier, "lr": lr0 * p.multiplier if (lr0 := self.heuristic_lr.get(arm)) else None,
+                 "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason} for arm, p in self.profiles.items()]
 
     def lines(self) -> list[str]:
         """`run --tune`'s account: the grid, per arm its profile's optimum, the edges and the missing points."""
