@@ -12,8 +12,7 @@ sits inside one NVLink domain, and the checkpoint arithmetic (bytes, write bandw
   and `check_ep_racks` fails the job naming the EP group that spans two domains.
 - NCCL: MNNVL forced on (1; the default 2 falls back to the network when the fabric is not ready),
   cuMem allocations (what MNNVL exports through IMEX), NVLink SHARP (NVLS) for the reductions.
-- No path of the planning machine: the job runs `${MARIN_PYTHON:-python}`.
-"""
+- No path of the planning machine: the job runs `${MARIN_PYTHON:-python}`."""
 
 from __future__ import annotations
 

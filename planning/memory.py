@@ -1,21 +1,11 @@
 """Activation memory of one rank: measured under fake tensors, fitted over depth and layer kind, and
-checked against a real CPU run (docs/hero.md).
-
-- `activation_peak`: the maximum over time (every dispatched op) of the bytes of activations +
-  temporaries (torch's MemTracker categories ACT and TEMP) of one rank's forward + backward at full
-  width; parameters, gradients and optimizer state are the state lines of the table, not counted here.
-  Read at the moment *total* memory peaks instead, the weights and gradients move the snapshot late
-  into the backward and the figure under-reports.
-- `fit_activations`: peak(n_local, n_global) = base + n_local a_local + n_global a_global, from 3-4
-  small depths (FIT_DEPTHS) (local and global blocks keep different bytes: fewer KV heads, no RoPE on global), with
-  a linearity check; extrapolated to the model's own layer pattern.
-- `measured_step_peak`: the CPU allocator's own report (profiler memory events) of a real training
-  step, the reference the estimate is checked against (tests/sweeps/test_hero_memory.py).
-- Stand-ins: a kernel the CPU cannot run under fake tensors is measured as its footprint, shape-exact
-  and never computed: `_FlexFootprint` (with `_flex_block_masks`) for compiled flex attention,
-  `_GroupedMMFootprint` for the fp32 grouped GEMM; `substitutions` names them in the table.
-Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker).
-"""
+checked against a real CPU run (docs/hero.md "Memory"). `activation_peak` is the maximum over time of
+activations + temporaries (MemTracker's ACT and TEMP) of a forward + backward: read where *total* memory
+peaks instead, the weights and gradients move the snapshot late into the backward and it under-reports.
+`fit_activations` fits base + n_local a_local + n_global a_global (local and global blocks keep different
+bytes); `measured_step_peak` is the CPU allocator's report it is checked against; a kernel the CPU cannot
+run under fake tensors is measured as its footprint (`substitutions` names them).
+Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ non-expert parameters are FSDP-sharded inside the group and replicated over the 
 holds its EP slice of the experts, replicated over groups; only the gradient reduction crosses racks.
 Newton-Schulz runs once per matrix per group, on an owner rank (round-robin by size): each rank sends
 its shard of a matrix to the owner and receives the update back.
-Assumptions are fields of `Assumptions`; every number printed follows from them and the config.
-"""
+Assumptions are fields of `Assumptions`; every number printed follows from them and the config."""
 
 from __future__ import annotations
 
