@@ -1,11 +1,12 @@
 """How long runs take on this machine: wall = overhead + seconds-per-FLOP x training FLOPs, a Bayesian linear
 fit whose prior is the plan's assumption and whose data are finished runs (the study folder's and the user's
 cache, `cache_dir`, of this host at the same number of runs at once: two runs on two cores each take longer than
-one alone), stated with a 90% interval (docs/architecture.md §4). Noise is proportional to a run's size, so one unusually short or long run moves
-the ETA only a little. The first run of each worker process pays one-time costs (imports, the embedded
-corpus: 32 s against 5 s warm on `run smoke`), so the first `slots` runs of an invocation are left out
-(`mark_cold`). Load: each finished run is fitted at its idle-equivalent time (`run_slowdown`) and a prediction
-is scaled by the slowdown measured now (`slowdown_now`); where neither can be measured the estimate says so."""
+one alone), stated with a 90% interval (docs/architecture.md §4). Noise is proportional to a run's size, so one
+unusually short or long run moves the ETA only a little. The first run of each worker process pays one-time
+costs (imports, the embedded corpus: 32 s against 5 s warm on `run smoke`), so the first `slots` runs of an
+invocation are left out (`mark_cold`). Load: each finished run is fitted at its idle-equivalent time
+(`run_slowdown`) and a prediction is scaled by the slowdown measured now (`slowdown_now`); where neither can be
+measured the estimate says so."""
 
 from __future__ import annotations
 
