@@ -1,15 +1,8 @@
-"""A rung on fewer GPUs than its own count: the EP group, virtual shards and micro-batches that fit
-(docs/architecture.md §5 "Gradient accumulation").
-
-A GPU rung holds ModelConfig.ep_shards EP shards of 65,536 tokens; on G GPUs (G divides the shards, or is a
-multiple of them) each GPU holds max(1, shards / G) of them as virtual shards in one EP group of min(G, shards)
-ranks, and its B / G sequences of a step in k micro-batches (TrainConfig.micro_batches). The drops, the
-routing statistics and the update are those of the rung's own layout (marin/train/accum.py), so only the
-memory and the time change. `choose_layout` picks the fewest micro-batches whose memory leaves HEADROOM
-(10%) of the GPU free (or, stated, the most it can down to MIN_HEADROOM), from the dry run's model
-(planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at one sequence
-and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at d512), plus
-what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used."""
+"""A rung on fewer GPUs than its own count: the EP group, virtual shards and micro-batches that fit, from the dry
+run's memory model (docs/architecture.md §5, "Fewer GPUs than EP shards" and "Choosing the layout"). The drops,
+routing statistics and update stay those of the rung's own layout (marin/train/accum.py): only memory and time
+change. The activation peak is linear in sequences (1.43 and 2.86 GiB at 1 and 2 at d512), so one measurement
+at one sequence serves every micro-batch size. No torch import until used."""
 
 from __future__ import annotations
 
