@@ -190,7 +190,6 @@ class Design:
             raise ValueError("a full factorial has no generators")
         self.verify()
 
-    # ---- algebra -----------------------------------------------------------------------------
     @property
     def letters(self) -> str:
         return LETTERS[: len(self.factors)]
@@ -259,7 +258,6 @@ class Design:
             return False
         return self.main_effects_clear and all(self.clear(a + b) for a, b in itertools.combinations(self.letters, 2))
 
-    # ---- verification ------------------------------------------------------------------------
     def verify(self) -> None:
         """Raise ValueError unless generators, matrix and label agree (see the module docstring)."""
         n, p = self.n_factors, len(self.generators)
@@ -298,7 +296,6 @@ class Design:
                     raise ValueError(f"column products disagree with the defining relation at "
                                      f"{word_str(mask, self.letters)}")
 
-    # ---- rows --------------------------------------------------------------------------------
     def describe(self, max_order: int = 3) -> dict:
         out = {"kind": self.kind, "factors": list(self.factors),
                "letters": dict(zip(self.letters, self.factors, strict=True)), "n_runs": self.n_runs,

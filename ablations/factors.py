@@ -87,7 +87,6 @@ class Factor:
                     raise ValueError(f"Factor {self.name!r}: truth[{k!r}]={v!r}; allowed values: a multiplier > 0")
             object.__setattr__(self, "truth", tuple((k, float(v)) for k, v in t.items()))
 
-    # ---- levels ------------------------------------------------------------------------------
     @property
     def section(self) -> str:
         return self.field.split(".", 1)[0]

@@ -1,12 +1,8 @@
-"""Scale ladders: rungs of one model family, each sized by tokens per active parameter.
-
-A `Rung` turns into (ModelConfig, TrainConfig): the preset plus overrides (width, depth, heads,
-experts), tokens = tokens_per_active_param x active parameters (rounded to whole steps), the batch,
-and a multiplier of the peak learning rates that `marin.hparams.resolve_hparams` (the resolver
-`train` uses too) derives from Marin's heuristic.
-
-Parameter and FLOP counts are `marin.flops`'s (analytic, torch-free; docs/method.md §2.2), re-exported
-here for the studies. No torch import."""
+"""Scale ladders: rungs of one model family, each sized by tokens per active parameter. A `Rung` turns into
+(ModelConfig, TrainConfig): the preset plus overrides, tokens = tokens_per_active_param x active parameters
+(rounded to whole steps), the batch, and a multiplier of the peak LRs that `marin.hparams.resolve_hparams` (the
+resolver `train` uses too) derives from Marin's heuristic. Parameter and FLOP counts are `marin.flops`'s
+(analytic, docs/method.md §2.2), re-exported here for the studies. No torch import."""
 
 from __future__ import annotations
 

@@ -277,15 +277,8 @@ class StudyTable(dict):
 #: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
 #: them) or a Study object; `get_study(name, rungs=, seeds=)` builds one.
 STUDIES: StudyTable = StudyTable({
-    "smoke": smoke,
-    "noise_cpu": noise_cpu,
-    "calibration": calibration,
-    "overtrain": overtrain,
-    "marin535": marin535,
-    "marin535_ep": marin535_ep,
-    "noise": noise,
-    "hero": hero,
-    "holdout": holdout,
+    "smoke": smoke, "noise_cpu": noise_cpu, "calibration": calibration, "overtrain": overtrain,
+    "marin535": marin535, "marin535_ep": marin535_ep, "noise": noise, "hero": hero, "holdout": holdout,
     # the smoke runs before the full job, first to last (docs/gpu.md, "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)

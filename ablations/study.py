@@ -1,9 +1,6 @@
-"""A study: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5).
-
-`Study.runs()` is what sweeps executes: a list of (RunSpec, meta) where meta is the run directory's
-meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor coding). `Study.describe()` is what
-`marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
-rung and seed, and cost. The registered studies are ablations/studies.py's. No torch import."""
+"""A study: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5):
+`Study.runs()` is what sweeps executes, `Study.describe()` what `marin-ablate plan --json` prints. The registered
+studies are ablations/studies.py's. No torch import."""
 
 from __future__ import annotations
 
@@ -107,7 +104,6 @@ class Study:
             changes["seeds"] = tuple(seeds)
         return replace(self, **changes) if changes else self
 
-    # ---- arms ----------------------------------------------------------------------------------
     @property
     def arm_names(self) -> list[str]:
         return [arm_name(self.design, i) for i in range(self.design.n_runs)]
@@ -199,7 +195,6 @@ class Study:
         return {(r.name, seed, row): self.spec(r, self.levels(row), seed)
                 for r in self.rungs for seed in self.seeds for row in range(self.design.n_runs)}
 
-    # ---- plan ----------------------------------------------------------------------------------
     def describe(self, alias_order: int = 3) -> dict:
         """Everything `plan --json` prints: design and alias structure, runs per rung/seed, cost."""
         d = self.design.describe(alias_order)

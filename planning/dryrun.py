@@ -89,10 +89,6 @@ def fsdp_units(model, ep_size: int) -> dict[str, int]:
     return units
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if hasattr(p, "to_local") else p
-
-
 def _padded_local(p: torch.Tensor) -> int:
     """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(size / shards) along each
     sharded dim (so every rank holds as much); a mesh dim that replicates (HSDP's racks) divides
@@ -135,8 +131,7 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         zero = max((sum(getattr(m, p).numel() for p in ep.EXPERT_PARAM_NAMES) for _, m in ep.moe_layers(model)
                     if getattr(m.dispatcher, "expert_shard", None) is not None), default=0)
         return {"rank": rank, "dp_rank": 0 if one else rank // ep_size, "ep_rank": 0 if one else rank % ep_size,
-                "by_role": by_role,
-                "experts_per_rank": experts[0], "largest_matrix": biggest,
+                "by_role": by_role, "experts_per_rank": experts[0], "largest_matrix": biggest,
                 "largest_unit": max(units.items(), key=lambda kv: kv[1]), "zero_gathered": zero}
     finally:
         if not one:

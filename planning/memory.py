@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -223,18 +224,9 @@ def measured_step_peak(spec: RunSpec, steps: int = 2) -> dict:
                                                               if isinstance(t, torch.Tensor)])
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
-    run, peak = 0, 0
-    for e in events:
-        run += e.nbytes()
-        peak = max(peak, run)
+    peak = max([0, *itertools.accumulate(e.nbytes() for e in events)])  # the running total's highest point
     return {"peak": live + peak, "live_at_start": live, "step_peak": peak}
 
 
 def _storage_bytes(ts: list[torch.Tensor]) -> int:
-    seen, n = set(), 0
-    for t in ts:
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            n += st.nbytes()
-    return n
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # each once

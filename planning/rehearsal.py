@@ -7,6 +7,8 @@ than `host_reads_allowed`. What stands in for what, and why: docs/hero.md "The r
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
+import os
 import time
 import traceback
 from collections import Counter
@@ -444,9 +446,6 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
     cores, at most 4) through `rank_fn` (default `rehearse_rank`), their collective sequences compared pair by
     pair and their host reads bounded; `ok` false with `error` naming the call that fails (a GPU would fail or
     hang there too)."""
-    import multiprocessing as mp
-    import os
-
     rank_fn = rank_fn or rehearse_rank
     t0 = time.perf_counter()
     small, subs = rehearsal_spec(spec, world, **narrow)

@@ -165,11 +165,10 @@ def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOpt
                          "same pilot and target (its plan resumes), or delete the file to plan the study again")
     started = time.time()
     rep = run_design(study, out, opts, d, say)
-    if old is None:
+    plan = old
+    if plan is None:
         plan = pilot_plan(sdir, pilot, until, get_executor(opts.executor).slots(opts) or 1)
         atomic_write_json(sdir / UNTIL_FILE, plan.to_dict())
-    else:
-        plan = old
     named = ", ".join(f"{c} {plan.needs[c]}" for c in plan.needs)
     say(f"{study.name}: --until.halfwidth {plan.halfwidth:g}: the pilot's {len(pilot)} seeds ask for {plan.seeds} "
         f"in all ({named})" + (f"; capped by {plan.capped}" if plan.capped else ""))

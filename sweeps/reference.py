@@ -1,11 +1,8 @@
 """The baseline arm's wide ladder that pins a study's reference law (docs/method.md §4.1; analysis/fit/reflaw.py).
-
-Run once per machine and configuration: its runs and fit live in the user's cache
-(`$MARIN_CACHE_DIR/reference_law/<key>/`, key = a hash of the ladder's run ids, so anything that
-changes a run — model, data, seed, heuristic — gives a new ladder), resumable and skipped when
-done; each study that uses it gets a copy of the fit (`<study>/reference_law.json`). The ladder runs
-the study's baseline levels at the heuristic LR on `reference_seeds`: the law is the baseline recipe's, and a
-study refits A on its own all-off arm (its own seed and profiled LR)."""
+Run once per machine and configuration: its runs and fit live in the user's cache (`cache_root()/<key>/`, key a
+hash of the ladder's run ids, so anything that changes a run gives a new ladder), resumable; each study that uses
+it gets a copy of the fit. The ladder runs the study's baseline levels at the heuristic LR on `reference_seeds`:
+the law is the baseline recipe's, and a study refits A on its own all-off arm (its own seed and profiled LR)."""
 
 from __future__ import annotations
 

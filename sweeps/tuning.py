@@ -4,9 +4,8 @@ when it lies on (or past) the grid's edge or the profile is not convex; the LR p
 LR-coupled factor runs before its design, per level and per seed (`profile_study`); and `lr_plan`, which gives each
 run its LR and provenance. `run --tune`'s per-arm grid is sweeps/tune_arms.py.
 
-Optuna ask-and-tell records the trials: one Optuna study per arm, the grid points enqueued, so a
-re-run of `run --tune` reuses finished trials. Storage: a journal file (`JournalFileBackend`, safe on
-shared filesystems) by default, or an RDB URL; SQLite on NFS is refused (its locking is unsafe there)."""
+Optuna ask-and-tell records the trials (one Optuna study per group, the grid points enqueued), so a re-run
+reuses finished trials; its storage is a journal file or an RDB URL, never SQLite on NFS (docs/architecture.md §5)."""
 
 from __future__ import annotations
 
