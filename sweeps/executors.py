@@ -1,8 +1,8 @@
 """Executors: how a study's runs get executed (docs/architecture.md §4-5), each an `Executor` row of the registry
 (sweeps/executor_api.py), so the driver and sweeps/state.py ask it by name and never compare names:
 `slurm` (one submitit job array per resource group, each task a checkpointable `RunJob` that SIGUSR2 requeues),
-`local` (`workers` submitit processes, each claiming runs through their run lock) and `debug` (in this process).
-Everything checkable is validated before anything is submitted, naming the field."""
+`local` (`workers` submitit processes, each claiming runs through their run lock) and `debug` (in this process:
+pdb works). Everything checkable is validated before anything is submitted, naming the field."""
 
 from __future__ import annotations
 
