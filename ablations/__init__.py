@@ -2,8 +2,7 @@
 
 Pure Python + numpy + pydoe; never imports torch, so a design can be planned and costed anywhere.
 Entry points: `get_study(name)` -> Study (`.runs()`, `.describe()`); `fraction`, `full_factorial`,
-`arms` -> Design; `Factor`, `recipe_factor`, `get_factor`; `Rung`, `get_rung`.
-"""
+`arms` -> Design; `Factor`, `recipe_factor`, `get_factor`; `Rung`, `get_rung`."""
 
 from marin_ablate.ablations.designs import Design, arm_name, arms, fraction, full_factorial
 from marin_ablate.ablations.factors import QUALITY_FACTORS, RECIPE_FACTORS, Factor, get_factor, recipe_factor

@@ -14,14 +14,14 @@ Notation: factors are lettered A, B, C, ... in design order, skipping I (the ide
 defining relation); a word is a product of factor letters; a regular fraction 2^(n-p) has p
 generators "F=ABCDE" (F's column is the product of A..E; "F=-ABCDE" its negative).
 Reference: Box, Hunter & Hunter, Statistics for Experimenters (2005), ch. 6; Montgomery,
-Design and Analysis of Experiments (2012), ch. 8.
-"""
+Design and Analysis of Experiments (2012), ch. 8."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Sequence
@@ -80,11 +80,22 @@ def parse_generator(text: str, letters: str) -> tuple[int, int, int]:
     return letters.index(lhs), rmask, -1 if sgn == "-" else 1
 
 
+def parse_generators(generators: Sequence[str], letters: str) -> list[tuple[int, int, int]]:
+    """`parse_generator` of each; a factor defined twice, or defined by a generated one, raises ValueError."""
+    parsed = [parse_generator(g, letters) for g in generators]
+    targets = [t for t, _, _ in parsed]
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"generators {list(generators)} define a factor twice")
+    for g, (_, m, _) in zip(generators, parsed, strict=True):
+        bad = [letters[t] for t in targets if m >> t & 1]
+        if bad:
+            raise ValueError(f"generator {g!r} uses generated factor(s) {bad}; write it in base factors only")
+    return parsed
+
+
 def close_words(generator_words: Sequence[tuple[int, int]]) -> dict[int, int]:
     """All products of generator words: {word mask: sign}, identity (0) included with sign +1.
-
-    Raises ValueError when the generators are dependent (a product of some of them is I or -I).
-    """
+    Raises ValueError when the generators are dependent (a product of some of them is I or -I)."""
     group = {0: 1}
     for w, s in generator_words:
         new = {}
@@ -99,11 +110,9 @@ def close_words(generator_words: Sequence[tuple[int, int]]) -> dict[int, int]:
 
 def matrix_words(matrix: np.ndarray) -> tuple[dict[int, int], list[int]]:
     """Defining relation read from a ±1 matrix: ({word mask: sign}, basis column indices).
-
     Columns are vectors over GF(2) (a -1 entry is a 1 bit), so a product of columns is an XOR and a
     constant product (a word) is a set of columns whose XOR is all-0 (+I) or all-1 (-I). Raises
-    ValueError unless the matrix is a regular two-level fraction (basis columns a full factorial).
-    """
+    ValueError unless the matrix is a regular two-level fraction (basis columns a full factorial)."""
     M = np.asarray(matrix)
     n_rows, n = M.shape
     if not np.all(np.isin(M, (-1, 1))):
@@ -138,12 +147,10 @@ def _roman_res(words: dict[int, int]) -> int | None:
 @dataclass(frozen=True)
 class Design:
     """A two-level design over named factors: rows of ±1 codes, +1 = high (recipe) level.
-
     kind "full" (2^n), "fraction" (regular 2^(n-p) from `generators`) or "arms" (an explicit list of
     rows, e.g. the seed panel's all-on / all-off; no alias structure). `label_resolution` is the
     resolution the design claims; construction raises if the defining relation does not support it.
-    Build with `full_factorial`, `fraction`, `arms`; the constructor verifies whatever it is given.
-    """
+    Build with `full_factorial`, `fraction`, `arms`; the constructor verifies whatever it is given."""
 
     factors: tuple[str, ...]
     matrix: tuple[tuple[int, ...], ...]
@@ -183,7 +190,6 @@ class Design:
             raise ValueError("a full factorial has no generators")
         self.verify()
 
-    # ---- algebra -----------------------------------------------------------------------------
     @property
     def letters(self) -> str:
         return LETTERS[: len(self.factors)]
@@ -205,19 +211,7 @@ class Design:
         """Defining relation {word mask: sign} (without I), computed from the generators."""
         if self.kind == "arms":
             raise ValueError("an 'arms' design has no defining relation")
-        gw = []
-        for g in self.generators:
-            t, m, s = parse_generator(g, self.letters)
-            gw.append((m | 1 << t, s))
-        targets = [parse_generator(g, self.letters)[0] for g in self.generators]
-        if len(set(targets)) != len(targets):
-            raise ValueError(f"generators {list(self.generators)} define a factor twice")
-        for g in self.generators:
-            _, m, _ = parse_generator(g, self.letters)
-            bad = [LETTERS[t] for t in targets if m >> t & 1]
-            if bad:
-                raise ValueError(f"generator {g!r} uses generated factor(s) {bad}; write it in base factors only")
-        w = close_words(gw)
+        w = close_words([(m | 1 << t, s) for t, m, s in parse_generators(self.generators, self.letters)])
         w.pop(0)
         return w
 
@@ -233,10 +227,7 @@ class Design:
 
     def word_length_pattern(self) -> dict[int, int]:
         """{word length: count}; the minimum-aberration criterion compares these from short to long."""
-        out: dict[int, int] = {}
-        for w in self.words:
-            out[_popcount(w)] = out.get(_popcount(w), 0) + 1
-        return dict(sorted(out.items()))
+        return dict(sorted(Counter(_popcount(w) for w in self.words).items()))
 
     def aliases(self, effect: str | int, max_order: int | None = None) -> list[str]:
         """Effects confounded with `effect` (a word like 'AB'), signed, shortest first."""
@@ -267,7 +258,6 @@ class Design:
             return False
         return self.main_effects_clear and all(self.clear(a + b) for a, b in itertools.combinations(self.letters, 2))
 
-    # ---- verification ------------------------------------------------------------------------
     def verify(self) -> None:
         """Raise ValueError unless generators, matrix and label agree (see the module docstring)."""
         n, p = self.n_factors, len(self.generators)
@@ -306,33 +296,22 @@ class Design:
                     raise ValueError(f"column products disagree with the defining relation at "
                                      f"{word_str(mask, self.letters)}")
 
-    # ---- rows --------------------------------------------------------------------------------
     def describe(self, max_order: int = 3) -> dict:
-        out = {
-            "kind": self.kind,
-            "factors": list(self.factors),
-            "letters": dict(zip(self.letters, self.factors, strict=True)),
-            "n_runs": self.n_runs,
-            "source": self.source,
-        }
+        out = {"kind": self.kind, "factors": list(self.factors),
+               "letters": dict(zip(self.letters, self.factors, strict=True)), "n_runs": self.n_runs,
+               "source": self.source}
         if self.labels:
             out["labels"] = list(self.labels)
         if self.kind == "arms":
             out.update(resolution=None, generators=[], defining_relation=None, alias_table=None,
                        all_2fi_estimable=False, main_effects_clear=False)
             return out
-        out.update(
-            resolution=self.resolution,
-            resolution_roman=roman(self.resolution),
-            label_resolution=self.label_resolution,
-            generators=list(self.generators),
-            defining_relation=self.defining_relation(),
-            word_length_pattern={str(k): v for k, v in self.word_length_pattern().items()},
-            alias_table=self.alias_table(max_order),
-            alias_max_order=max_order,
-            main_effects_clear=self.main_effects_clear,
-            all_2fi_estimable=self.all_2fi_estimable,
-        )
+        out.update(resolution=self.resolution, resolution_roman=roman(self.resolution),
+                   label_resolution=self.label_resolution, generators=list(self.generators),
+                   defining_relation=self.defining_relation(),
+                   word_length_pattern={str(k): v for k, v in self.word_length_pattern().items()},
+                   alias_table=self.alias_table(max_order), alias_max_order=max_order,
+                   main_effects_clear=self.main_effects_clear, all_2fi_estimable=self.all_2fi_estimable)
         return out
 
 
@@ -362,19 +341,13 @@ def _from_generators(names: tuple[str, ...], generators: Sequence[str], label: i
     import pydoe
 
     letters = LETTERS[: len(names)]
-    parsed = [parse_generator(g, letters) for g in generators]
+    parsed = parse_generators(generators, letters)
     targets = [t for t, _, _ in parsed]
     base = [i for i in range(len(names)) if i not in targets]
-    if len(base) + len(targets) != len(names) or len(set(targets)) != len(targets):
-        raise ValueError(f"generators {list(generators)} define a factor twice")
     pyname = {b: "abcdefghijklmnopqrstuvwxyz"[k] for k, b in enumerate(base)}
     terms = [pyname[b] for b in base]
-    for t, m, s in parsed:
-        bad = [letters[i] for i in range(len(names)) if m >> i & 1 and i not in pyname]
-        if bad:
-            raise ValueError(f"generator {letters[t]}=...: uses generated factor(s) {bad}; "
-                             "write it in base factors only")
-        terms.append(("-" if s < 0 else "") + "".join(pyname[i] for i in range(len(names)) if m >> i & 1))
+    terms += [("-" if s < 0 else "") + "".join(pyname[i] for i in range(len(names)) if m >> i & 1)
+              for _, m, s in parsed]
     gen_str = " ".join(terms)
     H = pydoe.fracfact(gen_str).astype(int)
     order = base + targets  # pydoe's column j holds factor order[j]
@@ -432,7 +405,6 @@ def _best_columns(n: int, k: int) -> tuple[int | None, list[int] | None, int]:
 def fraction(factors: Iterable, *, generators: Sequence[str] | None = None, resolution: int | None = None,
              runs: int | None = None) -> Design:
     """A regular two-level fraction, verified.
-
     - `generators=["F=ABCDE"]`: that fraction (built by pydoe.fracfact); with `resolution`, also a
       label the defining relation must support.
     - `resolution=R` alone: the smallest design of resolution >= R (pydoe.fracfact_by_res), generators
@@ -440,8 +412,7 @@ def fraction(factors: Iterable, *, generators: Sequence[str] | None = None, reso
     - `resolution=R, runs=N`: a minimum-aberration design of resolution >= R in exactly N runs, found by
       our own exhaustive generator search, matrix by pydoe.fracfact. Impossible -> ValueError with the
       best resolution N runs allow and the fewest runs resolution R needs.
-    - `runs=N` alone: the maximum-resolution minimum-aberration fraction in N runs.
-    """
+    - `runs=N` alone: the maximum-resolution minimum-aberration fraction in N runs."""
     import pydoe
 
     names = _names(factors)
@@ -506,16 +477,10 @@ def _fewest_runs(n: int, resolution: int) -> int:
 def arms(factors: Iterable, rows: Sequence[Sequence[int]] | Sequence[str], labels: Sequence[str] = ()) -> Design:
     """An explicit list of arms: rows of ±1 codes, or 'all_on' / 'all_off'; `labels` names them."""
     names = _names(factors)
-    mat = []
     for r in rows:
-        if r == "all_on":
-            mat.append([1] * len(names))
-        elif r == "all_off":
-            mat.append([-1] * len(names))
-        elif isinstance(r, str):
+        if isinstance(r, str) and r not in ("all_on", "all_off"):
             raise ValueError(f"arm {r!r}; allowed values: 'all_on', 'all_off' or a row of ±1 codes")
-        else:
-            mat.append(list(r))
+    mat = [[1] * len(names) if r == "all_on" else [-1] * len(names) if r == "all_off" else list(r) for r in rows]
     if len({tuple(r) for r in mat}) != len(mat):
         raise ValueError("arms repeat a row")
     return Design(names, mat, (), "arms", None, "explicit arms", tuple(labels))

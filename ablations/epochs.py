@@ -4,11 +4,8 @@ A GPU rung trains on billions of tokens; the embedded corpus (~12 MB, for CPU st
 hundreds of times and nothing in the loss says so. `epoch_rows` reads the token count from a
 prepared corpus's manifest (`marin-ablate data prepare`) and `check_epochs` refuses, before anything
 runs, a GPU rung on the embedded corpus, on a corpus of unknown size, or one that would repeat data
-unless repetition is allowed explicitly (ALLOW_REPEAT). It also refuses a corpus whose per-rank loader
-index would not fit the host (`check_loader_index`): the `documents` shuffle holds ~DOC_INDEX_BYTES per
-document on every rank; the `indexed` one reads a pre-built index (marin/data/index.py) and holds
-nothing per document, but needs that index. Torch-free: the plan command runs it.
-"""
+unless repetition is allowed explicitly (ALLOW_REPEAT), or a corpus whose per-rank loader index would not
+fit the host (`check_loader_index`). Torch-free: the plan command runs it."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A factor is two named levels of one field of a run: a `Recipe` switch (docs/method.md §2) or any
 `ModelConfig` / `TrainConfig` / `DataConfig` field. Coding convention (docs/method.md §4): the first level
 of `levels` is coded -1 and the second +1; for the seven recipe factors -1 is the baseline level a
-peer would use and +1 the Marin recipe level. This module never imports torch.
-"""
+peer would use and +1 the Marin recipe level. This module never imports torch."""
 
 from __future__ import annotations
 
@@ -26,15 +25,13 @@ SECTIONS: dict[str, type] = {"recipe": Recipe, "model": ModelConfig, "train": Tr
 @dataclass(frozen=True)
 class Factor:
     """Two named levels of one config field; `levels` is ordered (coded -1, coded +1).
-
     Example: ``Factor("window", field="model.window", levels={"short": 32, "long": 64})``
     codes window=32 as -1 ("short") and window=64 as +1 ("long").
 
     `truth` plants a factor of known effect (docs/calibration/): its true multipliers, high level over
     low, e.g. ``truth={"M_flop": 0.5, "R": 2.0}``; the analysis checks its intervals against them.
     `regime=True` marks a condition rather than a component (e.g. tokens per parameter): the report
-    shows every component's multiplier at each of its levels.
-    """
+    shows every component's multiplier at each of its levels."""
 
     name: str
     field: str  # "<section>.<field>", section in SECTIONS
@@ -90,7 +87,6 @@ class Factor:
                     raise ValueError(f"Factor {self.name!r}: truth[{k!r}]={v!r}; allowed values: a multiplier > 0")
             object.__setattr__(self, "truth", tuple((k, float(v)) for k, v in t.items()))
 
-    # ---- levels ------------------------------------------------------------------------------
     @property
     def section(self) -> str:
         return self.field.split(".", 1)[0]
@@ -137,23 +133,16 @@ class Factor:
         return dict(self.truth) if self.truth else None
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "field": self.field, "low": self.low, "high": self.high,
-             "values": {n: v for n, v in self.levels}}
-        if self.truth:
-            d["truth"] = self.truth_dict
-        if self.regime:
-            d["regime"] = True
-        if self.lr_coupled:
-            d["lr_coupled"] = True
-        return d
+        return {"name": self.name, "field": self.field, "low": self.low, "high": self.high,
+                "values": {n: v for n, v in self.levels},
+                **{k: v for k, v in (("truth", self.truth_dict), ("regime", self.regime),
+                                     ("lr_coupled", self.lr_coupled)) if v}}
 
 
 def recipe_factor(name: str, low: str | None = None, high: str | None = None) -> Factor:
     """One of the seven recipe switches, by default baseline level (-1) vs recipe level (+1).
-
     `low` / `high` pick other levels of the same switch, e.g. ``recipe_factor("router_balance",
-    low="aux_free")`` compares DeepSeek's aux-free bias against quantile balancing.
-    """
+    low="aux_free")`` compares DeepSeek's aux-free bias against quantile balancing."""
     if name not in RECIPE_LEVELS:
         raise ValueError(f"unknown factor {name!r}; allowed values: {', '.join(FACTORS)}")
     low = BASELINE_LEVELS[name] if low is None else low
@@ -205,11 +194,9 @@ def apply_levels(factors: tuple[Factor, ...], levels: Mapping[str, str], *, mode
                  recipe: Recipe | None = None, train: TrainConfig | None = None,
                  data: DataConfig | None = None) -> dict[str, Any]:
     """Set each factor's field to its level's value in the given config sections.
-
     Returns {"model": ..., "recipe": ..., "train": ..., "data": ...} (sections passed as None stay
     None; a factor addressing a missing section raises). Invalid combinations surface as the config's
-    own ValueError, prefixed with the factor levels that produced them.
-    """
+    own ValueError, prefixed with the factor levels that produced them."""
     check_levels(factors, levels)
     sections: dict[str, Any] = {"model": model, "recipe": recipe, "train": train, "data": data}
     changes: dict[str, dict[str, Any]] = {}

@@ -34,11 +34,9 @@ GB200 = Hardware("GB200 NVL72 (2.5 PFLOP/s bf16 dense per GPU)", 2.5e15, 0.30)
 @dataclass(frozen=True)
 class HeroPlan:
     """The hero's layout on GB200 NVL72 (what to run; how to run it, the sbatch, is planning/hero.py).
-
     Assumptions: a node is one NVL72 compute tray = 4 B200 GPUs; a rack is 18 trays = 72 GPUs in one
     NVLink domain. EP64 = 16 trays of one rack, so every all-to-all stays on NVLink (2 trays per rack
-    stay free as spares). Data parallel over the `ep_groups` replicas.
-    """
+    stay free as spares). Data parallel over the `ep_groups` replicas."""
 
     ep_groups: int = 11  # Marin: REFERENCE_RACKS = 11 (launch_checkpoint_restore_test.py), one EP64 group per rack
     gpus_per_node: int = 4
@@ -104,8 +102,7 @@ class HeroPlan:
             "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "gpus": self.gpus,
             "layout": {
                 "ep_size": self.ep_size, "ep_groups": self.ep_groups, "data_parallel_replicas": self.ep_groups,
-                "nodes_per_ep_group": self.nodes_per_ep_group,
-                "nvl72_racks": self.ep_groups,
+                "nodes_per_ep_group": self.nodes_per_ep_group, "nvl72_racks": self.ep_groups,
                 "experts_per_gpu": g.n_experts // self.ep_size,
                 "routed_params_per_gpu_unsharded": routed // self.ep_size,
                 "sequences_per_gpu_per_step": t.batch_size // self.gpus,

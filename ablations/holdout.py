@@ -1,14 +1,7 @@
-"""Marin's hold-one-feature-out study: the recipe, then each feature removed alone (docs/holdout.md).
-
-Marin ran this design on its fast ladder (experiments/grug/fast_track/launch.py `ABLATIONS`, `_ablate_model`,
-`_ablate_optimizer`; results in marin-community/marin#9288): one baseline, one arm per dropped feature,
-data-matched at d512 and d768, every arm read through the fast ladder's law L = 1.2 + A·C^(−0.0842). `HOLDOUTS`
-is one row per arm: the factor whose low level removes the feature, at the level Marin's own ablation
-uses where Marin ran it (`marin`: its ablation name), and this harness's baseline level where Marin never
-held the feature out (QK-norm ×1.3, quantile balancing, ragged EP: the factorial studies are the only
-other source). The analysis is the one-factor-at-a-time path (analysis/ofat.py) with Marin's L∞ and α
-pinned, so a per-rung multiplier here is read as Marin reads its Sc. No torch import.
-"""
+"""Marin's hold-one-feature-out study: the recipe, then each feature removed alone, data-matched at d512 and d768
+and read through Marin's fast-ladder law with its L∞ and α pinned (the one-factor-at-a-time path,
+analysis/ofat.py), so a per-rung multiplier is read as Marin reads its Sc. The arms and the source of each level:
+docs/holdout.md. No torch import."""
 
 from __future__ import annotations
 
@@ -66,14 +59,11 @@ MARIN_NOT_HELD_OUT = {
 
 def marin_arm(ablation: str) -> str:
     """Our arm for one of Marin's ablation names ("none": the recipe arm)."""
-    if ablation == "none":
-        return "recipe"
-    for h in HOLDOUTS:
-        if h.marin == ablation:
-            return h.arm
-    known = ["none", *(h.marin for h in HOLDOUTS if h.marin)]
+    ours = {"none": "recipe", **{h.marin: h.arm for h in HOLDOUTS if h.marin}}
+    if ablation in ours:
+        return ours[ablation]
     why = f" ({MARIN_NOT_HELD_OUT[ablation]}: no arm here)" if ablation in MARIN_NOT_HELD_OUT else ""
-    raise ValueError(f"Marin ablation {ablation!r}{why}; allowed values: {', '.join(known)}")
+    raise ValueError(f"Marin ablation {ablation!r}{why}; allowed values: {', '.join(ours)}")
 
 
 def holdout(rungs: Sequence[str] = ("d512", "d768"), seeds: Sequence[int] = (0,)) -> Study:

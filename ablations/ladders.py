@@ -1,13 +1,8 @@
-"""Scale ladders: rungs of one model family, each sized by tokens per active parameter.
-
-A `Rung` turns into (ModelConfig, TrainConfig): the preset plus overrides (width, depth, heads,
-experts), tokens = tokens_per_active_param x active parameters (rounded to whole steps), the batch,
-and a multiplier of the peak learning rates that `marin.hparams.resolve_hparams` (the resolver
-`train` uses too) derives from Marin's heuristic.
-
-Parameter and FLOP counts are `marin.flops`'s (analytic, torch-free; docs/method.md §2.2), re-exported
-here for the studies. No torch import.
-"""
+"""Scale ladders: rungs of one model family, each sized by tokens per active parameter. A `Rung` turns into
+(ModelConfig, TrainConfig): the preset plus overrides, tokens = tokens_per_active_param x active parameters
+(rounded to whole steps), the batch, and a multiplier of the peak LRs that `marin.hparams.resolve_hparams` (the
+resolver `train` uses too) derives from Marin's heuristic. Parameter and FLOP counts are `marin.flops`'s
+(analytic, docs/method.md §2.2), re-exported here for the studies. No torch import."""
 
 from __future__ import annotations
 
@@ -30,17 +25,14 @@ from marin_ablate.marin.config import (
 from marin_ablate.marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
 from marin_ablate.marin.hparams import OptimHparams, resolve_hparams
 
-# ---- Rungs ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Rung:
     """One scale: a preset plus model overrides, a token budget, a batch and resources.
-
     tokens = tokens_per_active_param x params_active(model, reference recipe), rounded up to whole
     steps of batch_size x seq_len tokens. The reference recipe is `Recipe()` (all on) so every arm
     of a study trains on the same tokens in the same order (paired comparisons, docs/architecture.md §3), while its
-    own FLOPs differ (docs/method.md §4.2 uses each run's own FLOPs).
-    """
+    own FLOPs differ (docs/method.md §4.2 uses each run's own FLOPs)."""
 
     name: str
     preset: str
@@ -81,19 +73,14 @@ class Rung:
         if self.tokens_per_active_param <= 0:
             raise ValueError(f"Rung {self.name!r}: tokens_per_active_param must be > 0, "
                              f"got {self.tokens_per_active_param}")
-        if self.fixed_steps is not None and self.fixed_steps < 1:
-            raise ValueError(f"Rung {self.name!r}: fixed_steps must be >= 1, got {self.fixed_steps}")
-        for attr in ("nodes", "tasks_per_node"):
-            if getattr(self, attr) < 1:
-                raise ValueError(f"Rung {self.name!r}: {attr} must be >= 1, got {getattr(self, attr)}")
-        if self.batch_size < 1:
-            raise ValueError(f"Rung {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        for attr in ("fixed_steps", "nodes", "tasks_per_node", "batch_size", "evals_per_run"):
+            v = getattr(self, attr)
+            if v is not None and v < 1:
+                raise ValueError(f"Rung {self.name!r}: {attr} must be >= 1, got {v}")
         try:
             object.__setattr__(self, "mixture", check_mixture(self.mixture))
         except ValueError as e:
             raise ValueError(f"Rung {self.name!r}: {e}") from None
-        if self.evals_per_run is not None and self.evals_per_run < 1:
-            raise ValueError(f"Rung {self.name!r}: evals_per_run must be >= 1, got {self.evals_per_run}")
         m = self.model()  # validates preset and overrides now, naming the field
         if self.gpus > 1 and self.gpus % m.ep_shards and m.ep_shards % self.gpus:
             raise ValueError(f"Rung {self.name!r}: gpus={self.gpus} neither divides nor is a multiple of "

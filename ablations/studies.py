@@ -1,19 +1,5 @@
-"""The registered studies (`STUDIES`, `get_study(name)`; a study is ablations/study.py's `Study`, docs/method.md §4–5):
-
-- smoke       CPU: the seven factors, 2^(7-3) resolution IV (16 arms), 2 CPU rungs x 8 seeds, an LR profile
-              per seed and a pinned-law baseline ladder first.
-- noise_cpu   CPU: all-on / all-off arms x 5 seeds at cpu_s (a seed panel for the precision planner).
-- marin535    GPU: the six quality factors, 2^(6-1) resolution VI (F=ABCDE, 32 arms), d512..d1024(+d1536).
-- marin535_ep GPU: the EP transport alone (ragged vs fixed), drops and throughput, 2 arms.
-- noise       GPU: all-on / all-off arms of the six quality factors x 5 seeds at d512.
-- hero        GB200: the full recipe at 535B-A23B, 18T tokens, 11 racks x EP64.
-- hero_gpu, hero_node, hero_rack, hero_2rack  GB200: the smoke runs before the full job, 200 steps at the
-              hero's per-GPU shape on 1 GPU, one 4-GPU tray, one rack and two racks (fewer layers: docs/hero.md).
-- holdout     GPU: Marin's hold-one-feature-out (the recipe, then each feature removed alone) at d512/d768,
-              read through Marin's fast-ladder law (ablations/holdout.py, docs/holdout.md).
-
-No torch import.
-"""
+"""The registered studies (`STUDIES`, `get_study(name)`; a study is ablations/study.py's `Study`, docs/method.md
+§4–5): each builder's docstring says its design and why, and `marin-ablate studies` lists them. No torch import."""
 
 from __future__ import annotations
 
@@ -36,8 +22,6 @@ from marin_ablate.ablations.ladders import (
 from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
 from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
 from marin_ablate.marin.schema import check_name
-
-# ---- The registered studies ----------------------------------------------------------------------
 
 #: The seven recipe switches and the six that change the trained model, listed here so that a study
 #: keeps its arms when a factor is added to the table (a new factor joins a study by name).
@@ -81,8 +65,7 @@ def smoke(seeds: Sequence[int] = SMOKE_SEEDS, rungs: Sequence[str] = ("cpu_s32",
     Before the design, `run` profiles the optimizer's two levels at cpu_s64 at every seed (5 LRs each, up to
     2 x 2 more when an optimum is on the grid's edge; the design at seed s uses seed s's optimum, docs/method.md
     §4.6) and, once per machine, runs the all-off arm on CPU_REFERENCE_RUNGS (cpu_s16..cpu_s1024) x
-    CPU_REFERENCE_SEEDS to pin the reference law (§4.1). `plan smoke` prints the cost on this machine.
-    """
+    CPU_REFERENCE_SEEDS to pin the reference law (§4.1). `plan smoke` prints the cost on this machine."""
     names = list(SEVEN)
     design = fraction(names, resolution=4)
     return Study("smoke", "CPU smoke: 7 recipe factors, 2^(7-3) resolution IV, a 2-rung CPU token ladder x 8 "
@@ -104,7 +87,6 @@ def noise_cpu(seeds: Sequence[int] = (0, 1, 2, 3, 4), rungs: Sequence[str] = ("c
 def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = ("cpu_s32", "cpu_s64", "cpu_s128"),
                 real: Sequence[str] = ("xsa", "qk_norm")) -> Study:
     """Planted factors of known effect beside two real ones, on the smoke ladder (docs/calibration/).
-
     - placebo: only the seed stream of model init and data order differs (true M_flop = R = 1);
     - waste: the same training with twice the FLOPs counted (true M_flop = 0.5 exactly: same losses at
       2x C, and R = 2: twice the FLOPs counted per second; waste is crossed with every other arm, so
@@ -117,8 +99,7 @@ def calibration(seeds: Sequence[int] = tuple(range(10)), rungs: Sequence[str] = 
     analysis also analyses each seed alone and reports how many replicates' intervals cover each
     planted truth (analysis/fit/replicates.py). Ten by default: a coverage rate, not one draw.
     Budget: ~16 arms x (32+64+128 steps) x 1.5 (extra_compute) x 1024 tokens / ~15k tok/s + 3 x 2 s
-    = ~30 core-s per arm; measured ~6 min per seed on 2 cores, so ~1 h for the ten.
-    """
+    = ~30 core-s per arm; measured ~6 min per seed on 2 cores, so ~1 h for the ten."""
     planted = (Factor("placebo", field="train.seed_stream", levels={"stream0": 0, "stream1": 1},
                       truth={"M_flop": 1.0, "R": 1.0}),
                Factor("extra_compute", field="train.token_multiplier", levels={"x1": 1, "x2": 2},
@@ -201,12 +182,9 @@ def hero(ep_groups: int = 11, corpus: str = "embedded", steps: int = 390_251, na
     `n_layers` / `ep_size` / `gpus_per_node` shrink it for the smoke runs (`hero_rack`, `hero_node`,
     `hero_gpu`): n_experts = max(6 x ep_size, top_k).
     `corpus` is the pretraining mix (a local path on the cluster); the embedded corpus is a placeholder.
-    EP transport: `ragged`, the recipe's level and the hero's MoE backend: Marin's hero ran the static
-    pooled-wave all-to-all only through step 81,716 (3.77T of 18T tokens) and continues on ragged
-    (docs/fidelity.md "pooled-wave transport"). `ep_transport="pooled_wave"` runs under real EP too
-    (static splits, no host read in its exchange), e.g. `--recipe.ep_transport=pooled_wave`, but is not
-    this study's level: its receive buffers are not what the hero's memory plan measures. The gate/router
-    decay switches on at step 58,014 as the hero's did (`HERO_GATE_ROUTER_DECAY_START`)."""
+    EP transport: `ragged`, the recipe's level and the hero's MoE backend since step 81,716 (docs/fidelity.md
+    "pooled-wave transport"); `--recipe.ep_transport=pooled_wave` runs too, but its receive buffers are not what
+    the hero's memory plan measures. The gate/router decay switches on at step 58,014 as the hero's did."""
     plan = HeroPlan(ep_groups=ep_groups, ep_size=ep_size, gpus_per_node=gpus_per_node)
     model = preset("hero_535b")
     per_rank_experts = model.n_experts // model.ep_shards
@@ -299,15 +277,8 @@ class StudyTable(dict):
 #: Studies by name: a builder (a function returning a Study, given `rungs`/`seeds` when it takes
 #: them) or a Study object; `get_study(name, rungs=, seeds=)` builds one.
 STUDIES: StudyTable = StudyTable({
-    "smoke": smoke,
-    "noise_cpu": noise_cpu,
-    "calibration": calibration,
-    "overtrain": overtrain,
-    "marin535": marin535,
-    "marin535_ep": marin535_ep,
-    "noise": noise,
-    "hero": hero,
-    "holdout": holdout,
+    "smoke": smoke, "noise_cpu": noise_cpu, "calibration": calibration, "overtrain": overtrain,
+    "marin535": marin535, "marin535_ep": marin535_ep, "noise": noise, "hero": hero, "holdout": holdout,
     # the smoke runs before the full job, first to last (docs/gpu.md, "Before a hero run"), each 200 steps
     # with a checkpoint every 50 at the hero's per-GPU shape: one GPU (the per-rank step), one 4-GPU
     # tray (EP4), one NVL72 rack (EP64, 16 trays: NCCL over NVLink, the pre-flight, a requeue)

@@ -1,10 +1,6 @@
-"""A study: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5).
-
-`Study.runs()` is what sweeps executes: a list of (RunSpec, meta) where meta is the run directory's
-meta.json (docs/architecture.md §3: study, rung, arm, seed, design_row, factor coding). `Study.describe()` is what
-`marin-ablate plan --json` prints: design, defining relation, alias table, estimability, runs per
-rung and seed, and cost. The registered studies are ablations/studies.py's. No torch import.
-"""
+"""A study: a design over factors, run at the rungs of a ladder with seed replicates (docs/method.md §4–5):
+`Study.runs()` is what sweeps executes, `Study.describe()` what `marin-ablate plan --json` prints. The registered
+studies are ablations/studies.py's. No torch import."""
 
 from __future__ import annotations
 
@@ -52,12 +48,10 @@ def _level_values(f: Factor) -> dict | None:
 @dataclass(frozen=True)
 class Study:
     """A design over factors x rungs x seeds.
-
     Levels of recipe switches that are not factors come from `base_recipe`. Every arm at a given
     (rung, seed) shares the data config, data seed, steps and batch (paired comparisons, docs/architecture.md §3);
     with `vary_data_seed` the data order changes with the seed replicate (data_seed + seed), so the
-    seed panel measures init and data-order noise together.
-    """
+    seed panel measures init and data-order noise together."""
 
     name: str
     description: str
@@ -110,7 +104,6 @@ class Study:
             changes["seeds"] = tuple(seeds)
         return replace(self, **changes) if changes else self
 
-    # ---- arms ----------------------------------------------------------------------------------
     @property
     def arm_names(self) -> list[str]:
         return [arm_name(self.design, i) for i in range(self.design.n_runs)]
@@ -129,11 +122,8 @@ class Study:
     def arm_multipliers(self, per_level: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
         """{arm: LR multiplier} from profiled {factor: {level: multiplier}}: an arm's multiplier is the
         product over the LR-coupled factors of its level's (docs/method.md §4.6); unprofiled levels: 1."""
-        out = {}
-        for row, arm in enumerate(self.arm_names):
-            lv = self.levels(row)
-            out[arm] = math.prod(float(per_level.get(f, {}).get(lv[f], 1.0)) for f in lv)
-        return out
+        return {arm: math.prod(float(per_level.get(f, {}).get(lv, 1.0)) for f, lv in self.levels(row).items())
+                for row, arm in enumerate(self.arm_names)}
 
     def arm_key(self) -> str:
         """What an arm code such as `+-+` says: one sign per factor, in the design's order."""
@@ -186,11 +176,9 @@ class Study:
 
     def runs(self, rungs: Sequence[str] | None = None) -> list[tuple[RunSpec, dict]]:
         """Every run at the heuristic LRs: [(RunSpec, meta)] ordered by rung, seed, design row.
-
         meta = `Study.meta`: study, rung, arm, seed, design_row, factors {factor: level} and coding. `rungs`
         restricts to some rungs (e.g. the smallest, for tuning). An arm's LR multiplier at a seed (the LR profile,
-        `run --tuned`) is `TrainConfig.lr_scale`, set by the sweep on the planned runs (sweeps/sweep.py `at_lrs`).
-        """
+        `run --tuned`) is `TrainConfig.lr_scale`, set by the sweep on the planned runs (sweeps/sweep.py `at_lrs`)."""
         names = self.arm_names
         chosen = self.rungs if rungs is None else tuple(self._rung(r) for r in rungs)
         out = [(self._grid[(r.name, seed, row)], self.meta(r.name, arm, seed, row, self.levels(row)))
@@ -207,7 +195,6 @@ class Study:
         return {(r.name, seed, row): self.spec(r, self.levels(row), seed)
                 for r in self.rungs for seed in self.seeds for row in range(self.design.n_runs)}
 
-    # ---- plan ----------------------------------------------------------------------------------
     def describe(self, alias_order: int = 3) -> dict:
         """Everything `plan --json` prints: design and alias structure, runs per rung/seed, cost."""
         d = self.design.describe(alias_order)
@@ -246,27 +233,14 @@ class Study:
         fixed = {k: getattr(self.base_recipe, k) for k in FACTORS
                  if not any(f.field == f"recipe.{k}" for f in self.factors)}
         out = {
-            "name": self.name,
-            "description": self.description,
-            "factors": [f.to_dict() for f in self.factors],
-            "fixed_recipe": fixed,
-            "design": d,
-            "kind": d["kind"],
-            "resolution": d["resolution"],
-            "defining_relation": d["defining_relation"],
-            "alias_table": d["alias_table"],
-            "all_2fi_estimable": d["all_2fi_estimable"],
-            "arms": self.arm_names,
-            "n_runs_per_rung_seed": n_rows,
-            "seeds": list(self.seeds),
-            "rungs": rung_rows,
+            "name": self.name, "description": self.description, "factors": [f.to_dict() for f in self.factors],
+            "fixed_recipe": fixed, "design": d,
+            **{k: d[k] for k in ("kind", "resolution", "defining_relation", "alias_table", "all_2fi_estimable")},
+            "arms": self.arm_names, "n_runs_per_rung_seed": n_rows, "seeds": list(self.seeds), "rungs": rung_rows,
             "n_runs": n_rows * n_seeds * len(self.rungs),
             "n_runs_by_rung": {r.name: n_rows * n_seeds for r in self.rungs},
-            "data": to_dict(self.data),
-            "vary_data_seed": self.vary_data_seed,
-            "executor": dict(self.executor),
-            "cost": cost,
-            "companions": list(self.companions),
+            "data": to_dict(self.data), "vary_data_seed": self.vary_data_seed, "executor": dict(self.executor),
+            "cost": cost, "companions": list(self.companions),
             **({"published_law": to_dict(self.published_law)} if self.published_law is not None else {}),
         }
         if self.hero is not None:

@@ -1,23 +1,12 @@
-"""How long runs take on this machine: wall = overhead + seconds-per-FLOP x training FLOPs, fitted to
-measured runs and stated with a 90% interval (docs/architecture.md §4).
-
-The prior is the plan's assumption (each rung's assumed throughput and overhead, or a GPU rung's
-hardware rate); the data are finished runs: those of the study folder and those recorded in the
-user's cache (`$MARIN_CACHE_DIR` or `~/.cache/marin-ablate/run_times.jsonl`, one line per completed
-run, appended by `run`), restricted to this host and the same number of runs at once, since two
-runs on two cores each take longer than one alone. A Bayesian linear fit with noise proportional
-to the run's size: with no data it is the assumption with a wide interval; each finished run moves
-it a little, so an ETA does not jump with the first, unusually short or long, run. The first run
-each worker process trains pays one-time costs (imports, the embedded corpus: 32 s against 5 s for
-the same run warm, measured on `run smoke`), so the first `slots` runs of an invocation are left
-out of the fit (`mark_cold`).
-
-Load: runs on a busy machine take longer. Each finished run says how much slower than idle it trained
-(its threads x wall over the CPU time it got: `run_slowdown`), so the fit is made on idle-equivalent
-times (wall / slowdown), and a prediction is scaled by the slowdown the runs would see now
-(`slowdown_now`: a probing thread's CPU share and the threads the runs add). Where neither can be
-measured, the estimate says so and is not scaled.
-"""
+"""How long runs take on this machine: wall = overhead + seconds-per-FLOP x training FLOPs, a Bayesian linear
+fit whose prior is the plan's assumption and whose data are finished runs (the study folder's and the user's
+cache, `cache_dir`, of this host at the same number of runs at once: two runs on two cores each take longer than
+one alone), stated with a 90% interval (docs/architecture.md §4). Noise is proportional to a run's size, so one
+unusually short or long run moves the ETA only a little. The first run of each worker process pays one-time
+costs (imports, the embedded corpus: 32 s against 5 s warm on `run smoke`), so the first `slots` runs of an
+invocation are left out (`mark_cold`). Load: each finished run is fitted at its idle-equivalent time
+(`run_slowdown`) and a prediction is scaled by the slowdown measured now (`slowdown_now`); where neither can be
+measured the estimate says so."""
 
 from __future__ import annotations
 
@@ -54,10 +43,12 @@ def spec_flops(spec: RunSpec) -> float:
     return float(flops_per_token(spec.model, spec.recipe)) * tr.steps * tr.batch_size * spec.model.seq_len
 
 
-def cache_path() -> Path:
+def cache_dir(name: str) -> Path:
+    """The user's cache folder `name` (run times, reference laws, layouts): under $MARIN_CACHE_DIR, else
+    $XDG_CACHE_HOME/marin-ablate or ~/.cache/marin-ablate."""
     root = (os.environ.get("MARIN_CACHE_DIR")
             or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate")
-    return Path(root) / CACHE_FILE
+    return Path(root) / name
 
 
 @dataclass
@@ -244,7 +235,7 @@ def finished(run_dirs: Iterable[str | Path]) -> list[dict]:
 
 def record(rows: Sequence[dict], slots: int, path: Path | None = None) -> int:
     """Append finished runs to the user's cache (once per run id, host and slots); returns how many."""
-    path = path or cache_path()
+    path = path or cache_dir(CACHE_FILE)
     host = socket.gethostname()
     seen = {(r.get("run_id"), r.get("host"), r.get("slots")) for r in read_cache(path)}
     new = [dict(r, host=host, slots=slots) for r in rows if (r["run_id"], host, slots) not in seen]
@@ -278,7 +269,7 @@ def _positive(v: object) -> bool:
 def read_cache(path: Path | None = None, problems: list[str] | None = None) -> list[dict]:
     """The cache's usable rows. A line that is not JSON, or whose flops / wall_s is not a positive finite
     number (or slowdown / slots of the wrong kind), is skipped and named (file, line, field), never raised."""
-    path = path or cache_path()
+    path = path or cache_dir(CACHE_FILE)
     out: list[dict] = []
     try:
         raw = path.read_bytes().splitlines()

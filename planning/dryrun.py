@@ -1,24 +1,8 @@
-"""`plan STUDY --dry_run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds.
-
-- State: the model is built on the meta device and sharded by `Sharding.apply` (the trainer's:
-  marin.parallel FSDP2 + EP, shards counted with FSDP2's padding) inside a fake process group of the
-  full world size (torch's FakeStore), for the first and last rank and the edges of the first EP group;
-  each rank's local parameters are counted by optimizer group. Gradients and optimizer state follow
-  from them (fp32 state bytes per element of each group's kind: marin.optimizers).
-- Activations (planning/memory.py): the maximum over time of activations + temporaries of one rank's
-  forward + backward at full width under FakeTensorMode, fitted over depths 2-4 and an all-global
-  model (local and global blocks keep different bytes), with a linearity check; the run's precision.
-  Kernels that cannot run on CPU are replaced by a stand-in of their footprint, and the table says so
-  (flex attention only when the configuration compiles it: eager flex is refused).
-- Transients: the backward's working set beyond the kept activations (one block recomputed and its
-  backward, the embedding, the loss chunk's fp32 logits), FSDP2's gathered units and unsharded
-  gradients, the Newton-Schulz working set of the sharding.
-- A GPU rank also holds what no tensor shows, each its own line (`GpuAllowances`, assumptions): EP
-  receive buffers at capacity, NCCL p2p and NVLS buffers, the CUDA context, allocator fragmentation.
-The table is in GB and GiB against the capacity; a line that breaks the budget is named. Nothing is
-on the host (no offload: TrainConfig.offload="cpu" is refused).
-Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker).
-"""
+"""`plan STUDY --dry_run`: will one rank of a large layout fit its GPU? Measured on CPU, in seconds
+(docs/hero.md "Memory"): the rank's state sharded by the trainer's own code in a fake process group of the
+full world size, activations under FakeTensorMode (planning/memory.py), the backward's and FSDP2's transients,
+and the GPU's own allowances (`GpuAllowances`, assumptions); part (a), the training loop at narrowed width.
+Precedent: torchtitan scripts/estimate/estimation.py (fake PG + FakeTensorMode + FSDP tracker)."""
 
 from __future__ import annotations
 
@@ -105,10 +89,6 @@ def fsdp_units(model, ep_size: int) -> dict[str, int]:
     return units
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if hasattr(p, "to_local") else p
-
-
 def _padded_local(p: torch.Tensor) -> int:
     """Elements this rank allocates for `p`: an FSDP2 shard is padded to ceil(size / shards) along each
     sharded dim (so every rank holds as much); a mesh dim that replicates (HSDP's racks) divides
@@ -151,8 +131,7 @@ def rank_state(spec: RunSpec, world: int, ep_size: int, rank: int, sharding: Sha
         zero = max((sum(getattr(m, p).numel() for p in ep.EXPERT_PARAM_NAMES) for _, m in ep.moe_layers(model)
                     if getattr(m.dispatcher, "expert_shard", None) is not None), default=0)
         return {"rank": rank, "dp_rank": 0 if one else rank // ep_size, "ep_rank": 0 if one else rank % ep_size,
-                "by_role": by_role,
-                "experts_per_rank": experts[0], "largest_matrix": biggest,
+                "by_role": by_role, "experts_per_rank": experts[0], "largest_matrix": biggest,
                 "largest_unit": max(units.items(), key=lambda kv: kv[1]), "zero_gathered": zero}
     finally:
         if not one:
@@ -181,10 +160,8 @@ def memory_table(spec: RunSpec, state: dict, world: int, act: dict, sharding: Sh
     by_role = state["by_role"]
     n = sum(by_role.values())
     rows = [{"line": "parameters (fp32 master)", "bytes": 4 * n}, {"line": "gradients (fp32)", "bytes": 4 * n}]
-    for role, k in sorted(by_role.items()):
-        kind = kinds[role]
-        b = KINDS[kind].state_bytes * k
-        rows.append({"line": f"optimizer {kind} [{role}]", "bytes": b})
+    rows += [{"line": f"optimizer {kinds[r]} [{r}]", "bytes": KINDS[kinds[r]].state_bytes * k}
+             for r, k in sorted(by_role.items())]
     rows.append({"line": f"activations kept ({act['n_local']} local x {act['per_local'] / GiB:.3f} + {act['n_global']} "
                  f"global x {act['per_global'] / GiB:.3f} GiB)",
                  "bytes": act["n_local"] * act["per_local"] + act["n_global"] * act["per_global"]})
@@ -310,12 +287,9 @@ def format_report(rep: dict) -> str:
 
 class FakeCollectives:
     """While active, the fake process group's data-moving collectives behave as if every rank held
-    what this rank holds (FakeStore collectives move no data, so exchanged counts would be garbage):
-    an all-gather copies the local input into every slot; a reduce-scatter (SUM or AVG) of identical
-    ranks gives W times (or once) this rank's chunk; an all-to-all checks its split sizes
-    against the group and the tensors and zero-fills what it receives; an object broadcast keeps each
-    rank's objects. All-reduces are left as they are (a sum over one rank). Every all-to-all's
-    (group size, input splits, output splits) is recorded."""
+    what this rank holds (FakeStore collectives move no data, so exchanged counts would be garbage);
+    all-reduces are left as they are (a sum over one rank). Every all-to-all's (group size, input
+    splits, output splits) is recorded."""
 
     def __init__(self):
         self.a2a: list[tuple[int, list[int], list[int]]] = []

@@ -12,8 +12,7 @@ sits inside one NVLink domain, and the checkpoint arithmetic (bytes, write bandw
   and `check_ep_racks` fails the job naming the EP group that spans two domains.
 - NCCL: MNNVL forced on (1; the default 2 falls back to the network when the fabric is not ready),
   cuMem allocations (what MNNVL exports through IMEX), NVLink SHARP (NVLS) for the reductions.
-- No path of the planning machine: the job runs `${MARIN_PYTHON:-python}`.
-"""
+- No path of the planning machine: the job runs `${MARIN_PYTHON:-python}`."""
 
 from __future__ import annotations
 
@@ -164,9 +163,9 @@ def check_ep_racks(node_domains: Sequence[tuple[str, str | None]], nodes_per_ep_
         raise ValueError("EP groups straddle NVL72 racks (their all-to-all would leave NVLink):\n  " + "\n  ".join(bad))
 
 
-def check_racks_dir(fabric_dir: str | Path, nodes_per_ep_group: int) -> list[tuple[str, str | None]]:
-    """The pre-flight: nodes in job order from `nodes`, each node's report `NODE.txt`; also requires an
-    IMEX channel on every node (CUDA's cross-node memory import fails without one)."""
+def fabric_domains(fabric_dir: str | Path) -> list[tuple[str, str | None]]:
+    """(node, NVLink domain) of the pre-flight's reports: nodes in job order from `nodes`, each node's report
+    `NODE.txt`; every node must have an IMEX channel (CUDA's cross-node memory import fails without one)."""
     d = Path(fabric_dir)
     nodes = [h for h in (d / "nodes").read_text().split() if h]
     reports = {}
@@ -179,9 +178,7 @@ def check_racks_dir(fabric_dir: str | Path, nodes_per_ep_group: int) -> list[tup
     if no_imex:
         raise ValueError(f"nodes {no_imex[:8]} have no IMEX channel (/dev/nvidia-caps-imex-channels/channelN): "
                          "ask the site for one per job (SLURM switch/nvidia_imex) or set HeroSlurm.network")
-    pairs = [(h, reports[h]["domain"]) for h in nodes]
-    check_ep_racks(pairs, nodes_per_ep_group)
-    return pairs
+    return [(h, reports[h]["domain"]) for h in nodes]
 
 
 def _hostnames(hostlist: str) -> list[str]:
@@ -207,14 +204,6 @@ def topology_domains(nodes: Sequence[str], topology: str | None = None) -> list[
             for h in _hostnames(f["Nodes"]):
                 leaf[h] = f["SwitchName"]
     return [(h, leaf.get(h)) for h in nodes]
-
-
-def check_racks_topology(nodes_per_ep_group: int, nodelist: str) -> list[tuple[str, str | None]]:
-    """The pre-flight on a cluster described by a SLURM topology file: the job's nodes in rank order
-    (`scontrol show hostnames` of SLURM_JOB_NODELIST) must put every EP group under one rack switch."""
-    pairs = topology_domains(_hostnames(nodelist))
-    check_ep_racks(pairs, nodes_per_ep_group)
-    return pairs
 
 
 # ---- Checkpoint bytes and bandwidth --------------------------------------------------------------
@@ -272,10 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--nodes-per-ep-group", type=int, required=True)
     args = p.parse_args(argv)
     try:
-        if args.topology is not None:
-            pairs = check_racks_topology(args.nodes_per_ep_group, args.topology)
-        else:
-            pairs = check_racks_dir(args.dir, args.nodes_per_ep_group)
+        # on a cluster described by a SLURM topology file, the job's nodes in rank order (`scontrol show hostnames`)
+        pairs = topology_domains(_hostnames(args.topology)) if args.topology is not None else fabric_domains(args.dir)
+        check_ep_racks(pairs, args.nodes_per_ep_group)
     except (ValueError, OSError) as e:
         print(f"hero pre-flight FAILED: {e}", file=sys.stderr)
         return 1

@@ -1,16 +1,8 @@
-"""A rung on fewer GPUs than its own count: the EP group, virtual shards and micro-batches that fit
-(docs/architecture.md §5 "Gradient accumulation").
-
-A GPU rung holds ModelConfig.ep_shards EP shards of 65,536 tokens; on G GPUs (G divides the shards, or is a
-multiple of them) each GPU holds max(1, shards / G) of them as virtual shards in one EP group of min(G, shards)
-ranks, and its B / G sequences of a step in k micro-batches (TrainConfig.micro_batches). The drops, the
-routing statistics and the update are those of the rung's own layout (marin/train/accum.py), so only the
-memory and the time change. `choose_layout` picks the fewest micro-batches whose memory leaves HEADROOM
-(10%) of the GPU free (or, stated, the most it can down to MIN_HEADROOM), from the dry run's model
-(planning/dryrun.py): the state lines as they are, the activations measured under fake tensors at one sequence
-and scaled by the micro-batch (the peak is linear in sequences: 1.43 and 2.86 GiB at 1 and 2 at d512), plus
-what accumulation keeps for the whole step (`accumulation_rows`). No torch import until used.
-"""
+"""A rung on fewer GPUs than its own count: the EP group, virtual shards and micro-batches that fit, from the dry
+run's memory model (docs/architecture.md §5, "Fewer GPUs than EP shards" and "Choosing the layout"). The drops,
+routing statistics and update stay those of the rung's own layout (marin/train/accum.py): only memory and time
+change. The activation peak is linear in sequences (1.43 and 2.86 GiB at 1 and 2 at d512), so one measurement
+at one sequence serves every micro-batch size. No torch import until used."""
 
 from __future__ import annotations
 
@@ -18,12 +10,12 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Callable
 
 from marin_ablate.marin.config import RunSpec
 from marin_ablate.marin.schema import atomic_write_json, read_json
+from marin_ablate.planning.costmodel import cache_dir
 
 GiB = 2**30
 LEVELS = ("hyperball", "adamw")  # a study's arms use both; the layout must fit the larger
@@ -140,10 +132,6 @@ def layout_cache_key(spec: RunSpec, gpus: int, capacity_gib: float) -> str:
                           ).hexdigest()[:16]
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MARIN_CACHE_DIR", Path.home() / ".cache" / "marin-ablate")) / "layouts"
-
-
 def _cached(path: Path, compute: Callable[[], dict]) -> dict:
     """compute()'s JSON, kept at `path` (written atomically)."""
     got = read_json(path)
@@ -163,13 +151,13 @@ def cached_activations(spec: RunSpec) -> dict:
     spec (~40 s a rung on 2 cores), the same on whatever machine asks for it."""
     from marin_ablate.planning.memory import fit_activations
 
-    return _cached(_cache_dir() / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
+    return _cached(cache_dir("layouts") / f"act1-{activation_key(spec)}.json", lambda: fit_activations(spec, 1))
 
 
 def cached_layout(spec: RunSpec, gpus: int, capacity_gib: float) -> dict:
     """`choose_layout`, kept under MARIN_CACHE_DIR (the fake-tensor measurement takes ~40 s a rung): `plan
     --dry-run` and `run` choose the same micro-batches for the same spec, GPU count and capacity."""
-    return _cached(_cache_dir() / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
+    return _cached(cache_dir("layouts") / f"{layout_cache_key(spec, gpus, capacity_gib)}.json",
                    lambda: choose_layout(spec, gpus, capacity_gib))
 
 

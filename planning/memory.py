@@ -1,26 +1,17 @@
 """Activation memory of one rank: measured under fake tensors, fitted over depth and layer kind, and
-checked against a real CPU run (docs/hero.md).
-
-- `activation_peak`: the maximum over time (every dispatched op) of the bytes of activations +
-  temporaries (torch's MemTracker categories ACT and TEMP) of one rank's forward + backward at full
-  width; parameters, gradients and optimizer state are the state lines of the table, not counted here.
-  Read at the moment *total* memory peaks instead, the weights and gradients move the snapshot late
-  into the backward and the figure under-reports.
-- `fit_activations`: peak(n_local, n_global) = base + n_local a_local + n_global a_global, from 3-4
-  small depths (FIT_DEPTHS) (local and global blocks keep different bytes: fewer KV heads, no RoPE on global), with
-  a linearity check; extrapolated to the model's own layer pattern.
-- `measured_step_peak`: the CPU allocator's own report (profiler memory events) of a real training
-  step, the reference the estimate is checked against (tests/sweeps/test_hero_memory.py).
-- Stand-ins: a kernel the CPU cannot run under fake tensors is measured as its footprint, shape-exact
-  and never computed: `_FlexFootprint` (with `_flex_block_masks`) for compiled flex attention,
-  `_GroupedMMFootprint` for the fp32 grouped GEMM; `substitutions` names them in the table.
-Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker).
-"""
+checked against a real CPU run (docs/hero.md "Memory"). `activation_peak` is the maximum over time of
+activations + temporaries (MemTracker's ACT and TEMP) of a forward + backward: read where *total* memory
+peaks instead, the weights and gradients move the snapshot late into the backward and it under-reports.
+`fit_activations` fits base + n_local a_local + n_global a_global (local and global blocks keep different
+bytes); `measured_step_peak` is the CPU allocator's report it is checked against; a kernel the CPU cannot
+run under fake tensors is measured as its footprint (`substitutions` names them).
+Precedent: torchtitan scripts/estimate/estimation.py (FakeTensorMode + FSDPMemTracker)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -233,18 +224,9 @@ def measured_step_peak(spec: RunSpec, steps: int = 2) -> dict:
                                                               if isinstance(t, torch.Tensor)])
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
-    run, peak = 0, 0
-    for e in events:
-        run += e.nbytes()
-        peak = max(peak, run)
+    peak = max([0, *itertools.accumulate(e.nbytes() for e in events)])  # the running total's highest point
     return {"peak": live + peak, "live_at_start": live, "step_peak": peak}
 
 
 def _storage_bytes(ts: list[torch.Tensor]) -> int:
-    seen, n = set(), 0
-    for t in ts:
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            n += st.nbytes()
-    return n
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # each once

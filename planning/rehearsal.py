@@ -1,41 +1,14 @@
-"""`plan STUDY --dry_run`, part (c): one whole training step of the configured layout with the accelerator
-and the host as different devices, failing where a GPU would (docs/hero.md "The rehearsal").
-
-The accelerator is the `meta` device standing in for `cuda` (fake CUDA on a CPU-only build cannot be
-indexed; meta can), the host is `cpu`, and the process group is `init_process_group("meta:fake")`: its
-only backend serves the accelerator, as NCCL serves only `cuda`, so a collective on a host tensor is
-refused as NCCL would refuse it. A run that asks for host collectives (`TrainConfig.offload="cpu"` with
-`host_backend=True`) gets `"meta:fake,cpu:fake"`, as torchtitan initialises `"cuda:nccl,cpu:gloo"`.
-
-One rank of the full world size (torch's FakeStore) builds its shards with the trainer's own code
-(`marin.train.distributed.build_train_model`: EP slice + FSDP2/HSDP, offload as configured), then runs
-`Trainer.train_step` -- forward, backward, `clip_grad_norm_`, the optimizer step (Newton-Schulz's owner
-gather/scatter and the sphere-norm all-reduces included) -- and a checkpoint save of the DCP state dict
-through DCP's save planner and file writer, for this rank's shards only (the global plan of a fake group
-holds one rank's items; metadata is not committed). `Discipline` watches every op:
-- a collective (`c10d`, `_c10d_functional`) on a host tensor fails naming the collective and the caller;
-- an op mixing host and accelerator tensors (other than a copy between them, or a 0-dim host scalar,
-  which CUDA kernels accept) fails naming the op and the caller;
-- a host read of an accelerator value (`.item()`, `float(t)`, `.tolist()`, `.cpu()`) is a stand-in:
-  the value is 1 (a scalar read) or zeros (a copy to the host), and each call site is listed;
-- an op whose meta kernel refuses its operands (a dtype mismatch of bf16 compute against fp32 state, a
-  shape that does not match) fails naming the op and the caller. bf16 autocast itself is a region
-  marker only (`AutocastStandIn`): the step's bf16 comes from FSDP2's mixed precision.
-Every collective is also recorded in order as (op, group, shapes, dtypes), and the rehearsed ranks (the first
-and last of every EP group, `rehearsal_ranks`) are compared pair by pair (`compare_ranks`): where two share a
-group their sequences must be equal, and every rank issues the first rank's sequence of collectives on its own
-groups of each size (SPMD); the first differing call fails, named, as it would hang both ranks on NCCL until
-the watchdog. Host reads are counted per step and bounded
-by `host_reads_allowed` (each one stalls the step until the GPU drains). Each context stage trains a step.
-Kernels that cannot run on CPU keep device, dtype and shape through a stand-in and are listed: the
-Triton kernels (torch's ops), compiled flex attention (sdpa), torch.compile (eager), ragged EP's split
-read (even splits, `marin.ep_exchange.read_splits`). Width is narrowed (`planning.dryrun.narrowed`); the
-full-width memory is part (b).
-"""
+"""`plan STUDY --dry_run`, part (c): one whole training step and checkpoint save of the configured layout with the
+accelerator (`meta` standing in for `cuda`) and the host (`cpu`) as different devices, failing where a GPU would:
+a collective on a host tensor, an op mixing host and accelerator tensors or refused by its meta kernel, collective
+sequences that differ between the rehearsed ranks (on NCCL they hang until the watchdog), more host reads per step
+than `host_reads_allowed`. What stands in for what, and why: docs/hero.md "The rehearsal"."""
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
+import os
 import time
 import traceback
 from collections import Counter
@@ -119,7 +92,7 @@ def _describe(t: torch.Tensor) -> str:
 
 
 class Discipline(TorchDispatchMode):
-    """Device discipline of a GPU step (module docstring): refuses host collectives and host/accelerator
+    """Device discipline of a GPU step (docs/hero.md "The rehearsal"): refuses host collectives and host/accelerator
     mixes, stands in for host reads of accelerator values and lists them by call site."""
 
     def __init__(self, host_collectives: bool = False):
@@ -225,38 +198,23 @@ def _patch_autocast(amp: AutocastStandIn | None) -> None:
     torch.get_autocast_dtype = lambda d: torch.bfloat16 if d == ACCEL.type else dtype(d)
 
 
-class _Event:
-    """A device event of the stand-in: work on the accelerator stand-in is synchronous, so every event
-    has completed."""
+class _Sync:
+    """A device stream or event of the stand-in: work on the accelerator stand-in is synchronous, so every
+    event has completed and no stream waits."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    wait = wait_stream = wait_event = synchronize = lambda self, *args, **kwargs: None
 
     def record(self, stream=None):
         return self
 
-    def wait(self, stream=None):
-        pass
+    def record_event(self, event=None):
+        return event or _Sync()
 
     def query(self) -> bool:
         return True
-
-    def synchronize(self):
-        pass
-
-
-class _Stream:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def wait_stream(self, other):
-        pass
-
-    def wait_event(self, event):
-        pass
-
-    def record_event(self, event=None):
-        return event or _Event()
-
-    def synchronize(self):
-        pass
 
 
 def _device_handle():
@@ -268,8 +226,8 @@ def _device_handle():
 
     h = types.ModuleType("torch.meta")
     h.__dict__.update({k: v for k, v in vars(torch.cpu).items() if not k.startswith("__")})
-    current = _Stream()
-    h.Stream, h.Event = _Stream, _Event
+    current = _Sync()
+    h.Stream = h.Event = _Sync
     h.current_stream = lambda device=None: current
     h.stream = lambda s=None: contextlib.nullcontext(s)
     h.current_device = lambda: 0
@@ -333,7 +291,7 @@ def _save_checkpoint(trainer, groups, path: Path) -> str:
 
 def rehearse_rank(spec: RunSpec, world: int, ep_size: int, rank: int, run_dir, host_backend: bool = False) -> dict:
     """`rank` of a `world`-rank group through one training step and a checkpoint save on the accelerator
-    stand-in (module docstring); raises RehearsalError naming the call that would fail on a GPU."""
+    stand-in (docs/hero.md "The rehearsal"); raises RehearsalError naming the call that would fail on a GPU."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -421,7 +379,7 @@ def _first_difference(ra: int, rb: int, label: str, xa: list, xb: list, key) -> 
 
 def compare_ranks(rows: list[dict]) -> str | None:
     """None when the rehearsed ranks' collective sequences agree, else one line naming the first call that
-    differs (module docstring): first, for every pair of rehearsed ranks, on the groups the two share (a
+    differs (docs/hero.md "The rehearsal"): first, for every pair of rehearsed ranks, on the groups the two share (a
     mismatch there hangs both), then each rank against the first on its own groups, compared by group size
     (the same program on every rank)."""
     members = {}  # group ranks -> the same as a set, built once (the world's tuple is long)
@@ -488,9 +446,6 @@ def rehearse(spec: RunSpec, world: int, ep_size: int, work_dir, host_backend: bo
     cores, at most 4) through `rank_fn` (default `rehearse_rank`), their collective sequences compared pair by
     pair and their host reads bounded; `ok` false with `error` naming the call that fails (a GPU would fail or
     hang there too)."""
-    import multiprocessing as mp
-    import os
-
     rank_fn = rank_fn or rehearse_rank
     t0 = time.perf_counter()
     small, subs = rehearsal_spec(spec, world, **narrow)

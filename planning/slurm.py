@@ -38,7 +38,6 @@ class SlurmOptions:
         check_fields(self, "slurm")
 
 
-
 def sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     gpus, per_node = res["gpus"], res.get("gpus_per_node") or res["gpus"]
     nodes = -(-gpus // per_node) if gpus else res.get("nodes", 1)
@@ -68,6 +67,5 @@ def sbatch_params(res: dict, s: SlurmOptions, n: int, name: str) -> dict:
     for k in ("partition", "account", "qos", "constraint", "exclude"):
         if getattr(s, k, None) or res.get(k):
             p[k] = getattr(s, k, None) or res[k]
-    setup = [f"export OMP_NUM_THREADS={res['cpus_per_task']}", *s.setup, *res.get("setup", ())]
-    p["setup"] = setup
+    p["setup"] = [f"export OMP_NUM_THREADS={res['cpus_per_task']}", *s.setup, *res.get("setup", ())]
     return p

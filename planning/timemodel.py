@@ -1,14 +1,7 @@
-"""The hero's time model (`plan hero`): FLOPs per step with the optimizer, bytes per rank per step on
-each link for the rack-local layout, a step-time and days range under stated assumptions, and the
-checkpoint cadence against the job's time limit (docs/hero.md).
-
-Layout (Marin's mesh (replica_dcn, data, expert)): a group is one NVL72 rack of G = ep_size ranks;
-non-expert parameters are FSDP-sharded inside the group and replicated over the R groups; each rank
-holds its EP slice of the experts, replicated over groups; only the gradient reduction crosses racks.
-Newton-Schulz runs once per matrix per group, on an owner rank (round-robin by size): each rank sends
-its shard of a matrix to the owner and receives the update back.
-Assumptions are fields of `Assumptions`; every number printed follows from them and the config.
-"""
+"""The hero's time model (`plan hero`, docs/hero.md "Time"): FLOPs per step with the optimizer, bytes per rank per
+step on each link of the rack-local layout (docs/architecture.md §5; Marin's mesh (replica_dcn, data, expert)), a
+step-time and days range under stated `Assumptions` (every number printed follows from them and the config), and
+the checkpoint cadence against the job's time limit."""
 
 from __future__ import annotations
 

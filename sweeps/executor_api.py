@@ -1,10 +1,6 @@
-"""The executor protocol and registry (docs/architecture.md §4): how runs get executed, by name.
-
-`sweeps/executors.py` registers the built-in `local`, `debug` and `slurm` at its import (this module
-imports no implementation: `sweeps.state` asks the rows without an import cycle); `register_executor` adds
-another (docs/extending.md, "Adding an optimizer or an executor"). The driver (`sweeps/sweep.py`) and the run
-state (`sweeps/state.py`) ask the executor by name and never compare names.
-"""
+"""The executor protocol and registry (docs/architecture.md §4): how runs get executed, by name. `sweeps/executors.py`
+registers the built-in `local`, `debug` and `slurm` at its import (this module imports no implementation, so
+`sweeps.state` asks the rows without an import cycle); `register_executor` adds another (docs/extending.md)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,8 @@
-"""Executors: how a study's runs get executed (docs/architecture.md §5): `slurm`, `local`, `debug`, via submitit.
-
-- `slurm`: one job array per resource group (runs needing the same GPUs and time limit), one array
-  task per run, `slurm_array_parallelism` at a time. Each task is a `RunJob` (a
-  submitit Checkpointable): on SIGUSR2 (submitit asks SLURM for it `signal_delay_s` before the
-  time limit; preemption tooling sends it too) train writes a checkpoint at the next step boundary
-  and hands the signal back to submitit, which calls `RunJob.checkpoint` (a DelayedSubmission of
-  itself, same task) and requeues the job; the requeued task resumes from the checkpoint. A job
-  SLURM requeues itself (`scontrol requeue`, preemption in REQUEUE mode) gets SIGTERM: train
-  checkpoints and returns "interrupted", SLURM starts the task again, and `wait` keeps waiting
-  while the job is back in the queue.
-  Multi-GPU runs get one task per GPU (srun starts them, no torchrun); a CPU run may ask for
-  `nodes` x `tasks_per_node` tasks (Rung.nodes, Rung.tasks_per_node). Every task takes its rank and
-  the rendezvous from SLURM's environment (marin.rendezvous).
-- `local`: `workers` submitit LocalExecutor processes on this machine; each pulls runs from the list
-  in order and claims one through its run lock, so no run executes twice and imports are paid once
-  per worker. CPU: one thread per worker unless told otherwise.
-- `debug`: in this process, one run after another (pdb works).
-
-Each is an object of the `Executor` protocol in the `EXECUTORS` registry (`register_executor` adds
-one); the driver (`sweeps/sweep.py`) and `sweeps/state.py` ask the executor by name and never compare
-names.
-
-Validation happens before anything is submitted: an unknown executor, an unwritable output folder,
-a missing SLURM partition or bad resource numbers raise ValueError naming the field.
-"""
+"""Executors: how a study's runs get executed (docs/architecture.md §4-5), each an `Executor` row of the registry
+(sweeps/executor_api.py), so the driver and sweeps/state.py ask it by name and never compare names:
+`slurm` (one submitit job array per resource group, each task a checkpointable `RunJob` that SIGUSR2 requeues),
+`local` (`workers` submitit processes, each claiming runs through their run lock) and `debug` (in this process:
+pdb works). Everything checkable is validated before anything is submitted, naming the field."""
 
 from __future__ import annotations
 
@@ -47,8 +26,6 @@ from marin_ablate.sweeps.progress import Progress
 from marin_ablate.sweeps.runs import PlannedRun, RunTask, atomic_write_json, execute, read_json, record_failure
 from marin_ablate.sweeps.state import count_dirs, needs_run, probe
 from marin_ablate.sweeps.tracking import env_set
-
-# ---- Options and validation ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -78,10 +55,6 @@ def _sinfo(*args: str) -> subprocess.CompletedProcess:
 def validate(opts: ExecOptions, out_dir: str | Path) -> None:
     """Everything that can be checked before a submission; raises ValueError naming the field."""
     get_executor(opts.executor).validate(opts)
-    check_writable(out_dir)
-
-
-def check_writable(out_dir: str | Path) -> None:
     p = Path(out_dir)
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -90,22 +63,6 @@ def check_writable(out_dir: str | Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"out={str(p)!r} is not a writable folder ({e.strerror or e})") from None
-
-
-def validate_slurm(s: SlurmOptions) -> None:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        raise ValueError("executor='slurm' needs the SLURM client commands (sinfo, sbatch) on PATH; "
-                         "allowed values here: local, debug")
-    r = _sinfo("-h", "-o", "%P")
-    if r.returncode != 0:
-        raise ValueError(f"executor='slurm': sinfo failed ({r.stderr.strip() or r.returncode}); "
-                         "is the cluster up and SLURM_CONF set?")
-    partitions = [p.rstrip("*") for p in r.stdout.split()]
-    if s.partition is not None:
-        q = _sinfo("-h", "-p", s.partition, "-o", "%P")
-        if q.returncode != 0 or not q.stdout.strip():
-            raise ValueError(f"slurm partition={s.partition!r} does not exist; allowed values: "
-                             f"{', '.join(partitions) or '(none)'}")
 
 
 # ---- Worker side ---------------------------------------------------------------------------------
@@ -486,10 +443,22 @@ class SlurmExecutor:
 
     name, waits, shows_jobs, in_process = "slurm", True, True, False
     trains_here = False
-    options = SlurmOptions  # its `--slurm.FIELD` section on plan and run (marin_ablate/cli/common.py ExecConfig)
+    options = SlurmOptions  # its `--slurm.FIELD` section on plan and run (sweeps/sweep.py ExecConfig)
 
     def validate(self, opts: ExecOptions) -> None:
-        validate_slurm(opts.slurm)
+        if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+            raise ValueError("executor='slurm' needs the SLURM client commands (sinfo, sbatch) on PATH; "
+                             "allowed values here: local, debug")
+        r = _sinfo("-h", "-o", "%P")
+        if r.returncode != 0:
+            raise ValueError(f"executor='slurm': sinfo failed ({r.stderr.strip() or r.returncode}); "
+                             "is the cluster up and SLURM_CONF set?")
+        partitions = [p.rstrip("*") for p in r.stdout.split()]
+        if opts.slurm.partition is not None:
+            q = _sinfo("-h", "-p", opts.slurm.partition, "-o", "%P")
+            if q.returncode != 0 or not q.stdout.strip():
+                raise ValueError(f"slurm partition={opts.slurm.partition!r} does not exist; allowed values: "
+                                 f"{', '.join(partitions) or '(none)'}")
 
     def submit(self, runs, study_dir, opts, resources, on_run_done) -> Submission:
         sub = Submission(self.name, runs=list(runs))

@@ -1,15 +1,8 @@
 """A study's job as `run` runs it: the design at the study's seeds (`run_design`: planned and checked once, then the LR
-profile, the pinned reference law and the runs), and `run STUDY --until.halfwidth H`, a study that adds seed blocks
-until its intervals are as narrow as asked (`run_until`; docs/method.md §4.11, Stein's two-stage rule; the arithmetic
-is analysis/fit/stopping.py).
-
-The study's own seeds are the pilot. Once the pilot has run (each seed a full replication, LR profile included),
-its per-seed estimates fix how many seeds the study runs in all; `<study>/until.json` records that plan, so a
-rerun resumes it and the analysis reads Stein's interval for the named values. The added seeds are the next
-integers after the pilot's, run in blocks of the pilot's size, so Ctrl-C loses at most one block's unfinished
-runs (which resume) and `--until.minutes` (the wall-clock minutes of this invocation, the pilot's included) is
-checked between blocks.
-"""
+profile, the pinned reference law and the runs), and `run STUDY --until.halfwidth H`, which adds seed blocks until
+the intervals are as narrow as asked (`run_until`; docs/method.md §4.11, Stein's two-stage rule; the arithmetic is
+analysis/fit/stopping.py). Blocks are of the pilot's size, so Ctrl-C loses at most one block's unfinished runs
+(which resume) and `--until.minutes` is checked between blocks."""
 
 from __future__ import annotations
 
@@ -172,11 +165,10 @@ def run_until(study: Any, out: str | Path, until: Until, opts: Any, d: DesignOpt
                          "same pilot and target (its plan resumes), or delete the file to plan the study again")
     started = time.time()
     rep = run_design(study, out, opts, d, say)
-    if old is None:
+    plan = old
+    if plan is None:
         plan = pilot_plan(sdir, pilot, until, get_executor(opts.executor).slots(opts) or 1)
         atomic_write_json(sdir / UNTIL_FILE, plan.to_dict())
-    else:
-        plan = old
     named = ", ".join(f"{c} {plan.needs[c]}" for c in plan.needs)
     far = ", ".join(f"{c} ±{h:.3g}" for c, h in plan.out_of_reach().items())
     say(f"{study.name}: --until.halfwidth {plan.halfwidth:g}: the pilot's {len(pilot)} seeds ask for {plan.seeds} "

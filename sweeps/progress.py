@@ -1,13 +1,7 @@
-"""Progress of a study's runs: done / running / failed / pending, elapsed time, an ETA, and per
-running run its step and last loss.
-
-On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a new line is printed
-only when something shown changes, so logs stay short. The ETA is the cost model of
-planning/costmodel.py (the plan's per-rung seconds as its prior, this host's recorded runs and the
-study's finished runs as its data) over the runs left, less the steps running runs have done, with
-a 90% interval.
-Everything here reads run directories only (spec.json, metrics.jsonl tail, summary.json, .lock).
-"""
+"""Progress of a study's runs: counts by state, elapsed time, an ETA with a 90% interval (planning/costmodel.py,
+less the steps running runs have done) and per running run its step and last loss. On a terminal the line is
+rewritten in place; otherwise a new line is printed only when something shown changes, so logs stay short.
+Everything here reads run directories only."""
 
 from __future__ import annotations
 
@@ -71,17 +65,6 @@ def run_live(run_dir: str | Path, now: float | None = None) -> dict:
             "elapsed_s": elapsed}
 
 
-def rung_estimates(rung_rows: Sequence[dict]) -> dict[str, float]:
-    """Seconds one run of each rung takes by the plan's cost model (rungs without one are left out)."""
-    out = {}
-    for r in rung_rows:
-        if r.get("est_wall_s"):
-            out[r["name"]] = float(r["est_wall_s"])
-        elif r.get("gpu_hours") and r.get("n_runs"):
-            out[r["name"]] = float(r["gpu_hours"]) * 3600 / r["n_runs"] / max(1, int(r.get("gpus") or 1))
-    return out
-
-
 def run_flops(run_dir: str | Path) -> float | None:
     """Training FLOPs of the run from its spec.json (None when unreadable)."""
     try:
@@ -91,9 +74,12 @@ def run_flops(run_dir: str | Path) -> float | None:
 
 
 def rung_prior(rung_rows: Sequence[dict]) -> tuple[float, float] | None:
-    """(overhead s, s per training FLOP) the plan assumes: each rung's seconds per run (`rung_estimates`)
-    over its FLOPs per run; the overhead is the smallest rung's assumed one (else a tenth of its run)."""
-    est = rung_estimates(rung_rows)
+    """(overhead s, s per training FLOP) the plan assumes: each rung's assumed seconds per run (its wall-time
+    assumption, else its GPU-hours per run over its GPUs) over its FLOPs per run; the overhead is the smallest
+    rung's assumed one (else a tenth of its run)."""
+    est = {r["name"]: float(r["est_wall_s"]) if r.get("est_wall_s")
+           else float(r["gpu_hours"]) * 3600 / r["n_runs"] / max(1, int(r.get("gpus") or 1))
+           for r in rung_rows if r.get("est_wall_s") or (r.get("gpu_hours") and r.get("n_runs"))}
     rows = [r for r in rung_rows if r["name"] in est and r.get("train_flops") and r.get("n_runs")]
     if not rows:
         return None

@@ -1,17 +1,12 @@
 """The baseline arm's wide ladder that pins a study's reference law (docs/method.md §4.1; analysis/fit/reflaw.py).
-
-Run once per machine and configuration: its runs and fit live in the user's cache
-(`$MARIN_CACHE_DIR/reference_law/<key>/`, key = a hash of the ladder's run ids, so anything that
-changes a run — model, data, seed, heuristic — gives a new ladder), resumable and skipped when
-done; each study that uses it gets a copy of the fit (`<study>/reference_law.json`). The ladder runs
-the study's baseline levels at the heuristic LR on `reference_seeds`: the law is the baseline recipe's, and a
-study refits A on its own all-off arm (its own seed and profiled LR).
-"""
+Run once per machine and configuration: its runs and fit live in the user's cache (`cache_root()/<key>/`, key a
+hash of the ladder's run ids, so anything that changes a run gives a new ladder), resumable; each study that uses
+it gets a copy of the fit. The ladder runs the study's baseline levels at the heuristic LR on `reference_seeds`:
+the law is the baseline recipe's, and a study refits A on its own all-off arm (its own seed and profiled LR)."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +15,7 @@ from typing import Any, Sequence
 from marin_ablate.ablations.ladders import ladder
 from marin_ablate.ablations.study import Study
 from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw, check_pinned, fit_reference, published
+from marin_ablate.planning.costmodel import cache_dir
 from marin_ablate.sweeps.executors import ExecOptions
 from marin_ablate.sweeps.runs import atomic_write_json, plan_runs, read_json
 from marin_ablate.sweeps.state import survey
@@ -30,9 +26,7 @@ REFERENCE_SEED = 0
 
 
 def cache_root() -> Path:
-    root = (os.environ.get("MARIN_CACHE_DIR")
-            or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "marin-ablate")
-    return Path(root) / "reference_law"
+    return cache_dir("reference_law")
 
 
 def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any, dict]]:
@@ -41,11 +35,9 @@ def reference_specs(study: Any, overrides: Sequence[str] = ()) -> list[tuple[Any
     seeds = tuple(getattr(study, "reference_seeds", (REFERENCE_SEED,)))
     ladder_study = Study(f"{study.name}_reference", "", study.factors, study.design, study.reference_rungs,
                          seeds, study.data, study.base_recipe, study.executor, study.hardware, study.vary_data_seed)
-    out = []
-    for r in ladder_study.rungs:
-        for seed in seeds:
-            spec = ladder_study.spec(r, lv, seed).with_overrides(overrides)
-            out.append((spec, dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True)))
+    out = [(ladder_study.spec(r, lv, seed).with_overrides(overrides),
+            dict(ladder_study.meta(r.name, "baseline", seed, None, lv), reference=True))
+           for r in ladder_study.rungs for seed in seeds]
     if len({(s.train.steps, s.train.batch_size, s.model.d_model) for s, _ in out}) < len(ladder_study.rungs):
         raise ValueError(f"the overrides {' '.join(overrides)} make the baseline ladder's rungs "
                          f"({', '.join(study.reference_rungs)}) the same run; allowed: overrides that keep their "

@@ -1,15 +1,7 @@
-"""Run identity, run directories and idempotent execution of one run (docs/architecture.md).
-
-A run's identity is `RunSpec.run_id` (a hash of the spec version and its non-default values); its
-directory is `<out>/<study>/runs/<run_id>/` with spec.json and meta.json (`marin.schema`) written
-atomically before launch.
-Executing a run is idempotent: a completed run is skipped; a partial run resumes (train resumes
-from its own checkpoint); a failed run keeps its error in summary.json and is not retried unless
-asked (`retry_failed`); an exclusive lock on `<run_dir>/.lock` makes sure two workers (processes,
-array tasks, machines sharing the filesystem) never run the same run at once.
-
-No torch import here: `marin.train` is imported only when a run actually executes.
-"""
+"""Run identity, run directories and idempotent execution of one run (docs/architecture.md §3): a completed run
+is skipped, a partial one resumes from its checkpoint, a failed one keeps its error in summary.json (rerun only
+with `retry_failed`), and the run lock makes sure two workers never run the same run at once.
+No torch import here: `marin.train` is imported only when a run actually executes."""
 
 from __future__ import annotations
 
@@ -37,8 +29,6 @@ from marin_ablate.marin.schema import (  # noqa: F401  (atomic_write_*, read_jso
     write_summary,
 )
 from marin_ablate.sweeps.state import claim
-
-# ---- Layout --------------------------------------------------------------------------------------
 
 
 def study_dir(out: str | Path, study: str) -> Path:
@@ -129,13 +119,9 @@ def record_failure(run: "PlannedRun | tuple[RunSpec | str, Path]", error: str, w
 
 
 def _last_checkpoint_step(d: Path) -> int | None:
-    steps = []
-    for p in (d / "checkpoints").glob("ckpt_*"):  # ckpt_<step>/ directories (marin.train.checkpoint)
-        try:
-            steps.append(int(p.name.split("_")[1]))
-        except (IndexError, ValueError):
-            pass
-    return max(steps) if steps else None
+    # ckpt_<step>/ directories (marin.train.checkpoint)
+    return max((int(n) for p in (d / "checkpoints").glob("ckpt_*") if (n := p.name.split("_")[1]).isdigit()),
+               default=None)
 
 
 def clear_failure(run_dir_: str | Path) -> None:

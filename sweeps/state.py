@@ -1,15 +1,7 @@
-"""Where each run of a study stands: the one place that decides it.
-
-A run is in exactly one of STATES, read from its directory and the executor that holds its job:
-  completed / failed  summary.json says so (a failed run is run again only with retry_failed);
-  running             another process holds the run lock (`marin.runlock.RunLock`);
-  queued              the executor named in its job.json says its job still waits (or was requeued);
-  partial             checkpoints exist, nothing holds or queues it: the next `run` resumes it;
-  pending             nothing yet.
-Everything that counts, selects, displays or waits on runs asks `survey` (one question per executor
-per survey, e.g. one squeue call, not one per run) or `summary_state` (the check a worker repeats under the run lock,
-`claim`).
-"""
+"""Where each run of a study stands, decided in one place (docs/architecture.md §3 "Run state"): one of STATES,
+read from its directory and the executor that holds its job. Everything that counts, selects, displays or
+waits on runs asks `survey` (one question per executor per survey, e.g. one squeue call, not one per run) or
+`summary_state` (the check a worker repeats under the run lock, `claim`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 `run_study(study, out, opts)` is the Python API behind `marin-ablate run`; `study_status` behind
 `marin-ablate status`. A study is anything with `name`, `runs(rungs=)` returning
-[(RunSpec, meta)], as `ablations.studies.Study` (docs/architecture.md §4).
-"""
+[(RunSpec, meta)], as `ablations.studies.Study` (docs/architecture.md §4)."""
 
 from __future__ import annotations
 
@@ -29,9 +28,6 @@ from marin_ablate.sweeps import state
 from marin_ablate.sweeps.executors import EXECUTORS, ExecOptions, Submission, get_executor, validate, wait
 from marin_ablate.sweeps.progress import Progress, eta_model, run_flops, run_live, rung_prior, study_eta
 from marin_ablate.sweeps.runs import PlannedRun, clear_failure, plan_runs, spec_json, study_dir, write_runs
-
-# ---- Studies -------------------------------------------------------------------------------------
-
 
 STUDY_NAME_FORMS = "a registered study, path/to/file.py:attribute or package.module:attribute"
 
@@ -184,23 +180,16 @@ def study_resources(study: Any, sdir: Path | None = None) -> Any:
     """run -> {gpus, time_min, cpus_per_task, mem_gb} from the study's rungs and executor defaults
     (the hero: its whole job shape; `sdir`, the study folder, keeps its pre-flight reports)."""
     ex = dict(getattr(study, "executor", ()) or ())
-    timeouts: dict[str, int] = {}
-    gpus_by_rung: dict[str, int] = {}
-    tasks_by_rung: dict[str, tuple[int, int]] = {}  # CPU rungs: (nodes, tasks_per_node)
-    for r in getattr(study, "rungs", ()):
-        gpus_by_rung[r.name] = int(getattr(r, "gpus", 0) or 0)
-        tasks_by_rung[r.name] = (int(getattr(r, "nodes", 1)), int(getattr(r, "tasks_per_node", 1)))
+    rungs = getattr(study, "rungs", ())
+    gpus_by_rung = {r.name: int(getattr(r, "gpus", 0) or 0) for r in rungs}
+    tasks_by_rung = {r.name: (int(getattr(r, "nodes", 1)), int(getattr(r, "tasks_per_node", 1))) for r in rungs}
     try:
-        for r in study.describe().get("rungs", []):
-            if r.get("timeout_min"):
-                timeouts[r["name"]] = int(r["timeout_min"])
+        timeouts = {r["name"]: int(r["timeout_min"]) for r in study.describe().get("rungs", []) if r.get("timeout_min")}
     except Exception:  # noqa: BLE001 - a study without describe(): executor defaults only
-        pass
-
-    hero = getattr(study, "hero", None)
-    hero_res = None
-    if hero is not None:  # the hero: its layout, 4 h jobs requeued until done (planning/hero.py)
-        hero_res = hero_resources(hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
+        timeouts = {}
+    hero = getattr(study, "hero", None)  # the hero: its layout, 4 h jobs requeued until done (planning/hero.py)
+    hero_res = None if hero is None else hero_resources(
+        hero, folder=str(Path(sdir).resolve() / "preflight") if sdir else "$SLURM_SUBMIT_DIR")
 
     def resources(run: PlannedRun) -> dict:
         rung = run.meta.get("rung")

@@ -1,15 +1,8 @@
-"""Send every run of a study to W&B and TensorBoard, grouped by study and tagged with arm, rung,
-seed and every factor's level, so arms compare side by side in the tools researchers already use.
-
-`run` (and `run --tune`) `--log-to wandb,tensorboard` put the sinks in $MARIN_LOG_TO, which the executors' worker
-processes inherit (local workers and sbatch jobs copy the environment); `execute` trains each run
-through `tracked_train`, which reads the run's meta.json, sets W&B's documented run variables
-(WANDB_PROJECT, WANDB_RUN_GROUP = study, WANDB_TAGS, WANDB_JOB_TYPE = rung) around the run, writes
-the tags as TensorBoard text and hparams next to train's scalars (run_dir/tensorboard; point
-TensorBoard at OUT/STUDY/runs to see the study's runs together), and calls marin.train.train with
-those sinks. W&B runs online when WANDB_API_KEY is set or WANDB_MODE says so, offline otherwise
-(`wandb sync` uploads later).
-"""
+"""Send every run of a study to W&B and TensorBoard, grouped by study and tagged with arm, rung, seed and every
+factor's level. `run --log-to` puts the sinks in $MARIN_LOG_TO, which the workers inherit; `tracked_train`
+sets W&B's documented run variables (WANDB_PROJECT, WANDB_RUN_GROUP = study, WANDB_TAGS, WANDB_JOB_TYPE = rung)
+around the run and writes the tags as TensorBoard text and hparams beside train's scalars. W&B runs online
+when WANDB_API_KEY is set or WANDB_MODE says so, offline otherwise (`wandb sync` uploads later)."""
 
 from __future__ import annotations
 

@@ -44,13 +44,9 @@ class TuneResult:
     missing: dict[str, list[float]] = field(default_factory=dict)
 
     def rows(self) -> list[dict]:
-        out = []
-        for arm, p in self.profiles.items():
-            lr0 = self.heuristic_lr.get(arm)
-            out.append({"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
-                        "multiplier": p.multiplier, "lr": lr0 * p.multiplier if lr0 else None,
-                        "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason})
-        return out
+        return [{"arm": arm, "points": len(p.x), "best_grid_multiplier": 2.0 ** p.x[int(np.argmin(p.loss))],
+                 "multiplier": p.multiplier, "lr": lr0 * p.multiplier if (lr0 := self.heuristic_lr.get(arm)) else None,
+                 "loss_opt": p.loss_opt, "edge": p.edge, "note": p.reason} for arm, p in self.profiles.items()]
 
     def lines(self) -> list[str]:
         """`run --tune`'s account: the grid, per arm its profile's optimum, the edges and the missing points."""
@@ -102,14 +98,10 @@ def tune_study(study: Any, out: str | Path, opts: ExecOptions, tune: TuneOptions
               + (f", ~{cost['core_seconds']:.0f} core-s" if cost["core_seconds"] else ""), flush=True)
     got, report = run_grid(study, f"{study.name}/{rung}/seed{seed}", points, tdir, opts, storage,
                             label=f"{study.name} tune", progress=progress)
-    profiles, missing, mult = {}, {}, {}
-    for arm, pts in got.items():
-        done = [x for x, _ in pts]
-        missing[arm] = [g for g in grid if not any(abs(g - d) < 1e-9 for d in done)]
-        if any(math.isfinite(y) for _, y in pts):
-            p = fit_profile([x for x, _ in pts], [y for _, y in pts], grid)
-            profiles[arm] = p
-            mult[arm] = p.multiplier
+    profiles = {arm: fit_profile([x for x, _ in pts], [y for _, y in pts], grid) for arm, pts in got.items()
+                if any(math.isfinite(y) for _, y in pts)}
+    missing = {arm: [g for g in grid if not any(abs(g - x) < 1e-9 for x, _ in pts)] for arm, pts in got.items()}
+    mult = {arm: p.multiplier for arm, p in profiles.items()}
     res = TuneResult(study.name, rung, seed, grid, profiles, heuristic, mult, report,
                      {a: m for a, m in missing.items() if m})
     atomic_write_json(tdir / "profile.json", res.to_dict())

@@ -4,10 +4,8 @@ when it lies on (or past) the grid's edge or the profile is not convex; the LR p
 LR-coupled factor runs before its design, per level and per seed (`profile_study`); and `lr_plan`, which gives each
 run its LR and provenance. `run --tune`'s per-arm grid is sweeps/tune_arms.py.
 
-Optuna ask-and-tell records the trials: one Optuna study per arm, the grid points enqueued, so a
-re-run of `run --tune` reuses finished trials. Storage: a journal file (`JournalFileBackend`, safe on
-shared filesystems) by default, or an RDB URL; SQLite on NFS is refused (its locking is unsafe there).
-"""
+Optuna ask-and-tell records the trials (one Optuna study per group, the grid points enqueued), so a re-run
+reuses finished trials; its storage is a journal file or an RDB URL, never SQLite on NFS (docs/architecture.md §5)."""
 
 from __future__ import annotations
 
@@ -293,10 +291,7 @@ def run_grid(study: Any, key: str, points: dict[str, list[tuple[float, Any, dict
 
 def grid_cost(study: Any, n_runs: int, rung: str) -> dict:
     """Runs and core-seconds of n_runs runs at `rung` (the rung's own wall-time assumption)."""
-    r = next(x for x in study.rungs if x.name == rung) if any(x.name == rung for x in study.rungs) else None
-    if r is None:
-        r = RUNGS[rung]
-    est = r.est_wall_s()
+    est = (next((x for x in study.rungs if x.name == rung), None) or RUNGS[rung]).est_wall_s()
     return {"runs": n_runs, "rung": rung, "core_seconds": None if est is None else n_runs * est}
 
 
@@ -372,18 +367,12 @@ def profile_groups(study: Any) -> dict[str, dict[str, str]]:
     return {f"{f.name}={lv}": study.baseline_levels(**{f.name: lv}) for f in study.lr_coupled for lv in f.level_names}
 
 
-def profile_points(study: Any, groups: dict[str, dict[str, str]], grids: dict[str, list[float]], rung: str,
-                   seed: int, overrides: Sequence[str] = ()) -> dict[str, list[tuple[float, Any, dict]]]:
-    """Per group ("factor=level" -> its arm's levels, `profile_groups`): the (log2 multiplier, spec, meta)
-    of each point of its grid, at `rung` and `seed`, with the `--section.field=value` overrides applied."""
-    points = {}
-    for g, lv in groups.items():
-        pts = []
-        for x in grids[g]:
-            spec = study.spec(rung, lv, seed, 2.0 ** x).with_overrides(overrides)
-            pts.append((x, spec, dict(study.meta(rung, g, seed, None, lv), profile=True)))
-        points[g] = pts
-    return points
+def profile_points(study: Any, group: str, levels: dict[str, str], grid: list[float], rung: str, seed: int,
+                   overrides: Sequence[str] = ()) -> list[tuple[float, Any, dict]]:
+    """The (log2 multiplier, spec, meta) of each point of `grid` for one group ("factor=level" and its arm's
+    levels, `profile_groups`), at `rung` and `seed`, with the `--section.field=value` overrides applied."""
+    return [(x, study.spec(rung, levels, seed, 2.0 ** x).with_overrides(overrides),
+             dict(study.meta(rung, group, seed, None, levels), profile=True)) for x in grid]
 
 
 def _extended(grid: list[float], p: Profile, n: int) -> list[float]:
@@ -433,14 +422,10 @@ def profile_loop(groups: Sequence[str], popts: ProfileOptions, run_points: Any, 
 
 def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: ProfileOptions = ProfileOptions(),
                   overrides: Sequence[str] = (), progress: bool = True) -> LRProfile:
-    """The LR profile a study runs before its design, at every seed of the study (each seed is a full
-    replication: its design uses its own profile's optimum, so the profile's noise is in the component x
-    seed scatter the intervals rest on, docs/method.md §4.4, §4.6): real runs in `<study>/profile/`
-    (resumable, done ones skipped), an interior optimum per level of each LR-coupled factor and seed (an
-    edge extends the grid, at most `max_extensions` times, then ValueError naming the level, seed and
-    grid), and per level the optimum pooled over the seeds with its interval
-    (analysis/fit/lr_profile.py), recorded in `<study>/profile/lr_profile.json` with the date the
-    multipliers were fitted."""
+    """The LR profile a study runs before its design, at every seed (each seed is a full replication: its design
+    uses its own profile's optimum, so the profile's noise is in the component x seed scatter the intervals rest
+    on, docs/method.md §4.4, §4.6): `profile_loop` over real, resumable runs in `<study>/profile/`, and per level
+    the optimum pooled over the seeds with its interval, recorded in PROFILE_FILE with the date it was fitted."""
     from marin_ablate.analysis.fit.lr_profile import optimum_interval
 
     groups = profile_groups(study)
@@ -454,8 +439,8 @@ def profile_study(study: Any, out: str | Path, opts: ExecOptions, popts: Profile
     report: list[RunReport] = []
 
     def run_points(grids: dict[str, list[float]]) -> dict[str, list[tuple[float, float]]]:
-        points = {k: profile_points(study, {keys[k][0]: groups[keys[k][0]]}, {keys[k][0]: grids[k]}, rung,
-                                    keys[k][1], overrides)[keys[k][0]] for k in grids}
+        points = {k: profile_points(study, g, groups[g], grids[k], rung, s, overrides)
+                  for k, (g, s) in keys.items() if k in grids}
         got, rep = run_grid(study, f"{study.name}/profile/{rung}", points, pdir, opts, storage,
                              label=f"{study.name} LR profile", progress=progress)
         report.append(rep)

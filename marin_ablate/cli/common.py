@@ -1,6 +1,5 @@
-"""`marin-ablate studies`, and what `plan`, `run` and `status` share: their option dataclasses (`StudyOptions`,
-`ExecConfig`, `LogOptions`), the study and execution options they resolve, the corpus check and the table layout.
-Every command that builds runs takes `--model.F=V`, `--train.F=V`, `--data.F=V`, `--recipe.F=V`."""
+"""`marin-ablate studies`, and what `plan`, `run` and `status` share: `StudyOptions` (the study, its rungs and seeds,
+the output root and the `--model.F=V`, `--train.F=V`, `--data.F=V`, `--recipe.F=V` overrides) and the study it names."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`marin-ablate plan STUDY [--json]`: a study's design, alias table, runs, cost and time, the runs made before the
 design, and per rung the tokens needed against the corpus (a hero study: its time model and sbatch); `--dry-run`
 rehearses the first run on CPU and `--precision` states the expected precision of the multipliers instead.
-`plan --preset P` prints one model preset's resolved config, parameter and FLOP counts instead of a study's.
-"""
+`plan --preset P` prints one model preset's resolved config, parameter and FLOP counts instead of a study's."""
 
 from __future__ import annotations
 

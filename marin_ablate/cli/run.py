@@ -1,8 +1,7 @@
 """`marin-ablate run STUDY [--executor local|debug|slurm] [--out DIR] [--workers N] [--slurm.FIELD V]`: the design
 planned and checked once before anything is written, the LR profile and the reference law's baseline ladder when
 the study has them, the design's runs submitted through the executor, a summary of their states, then the analysis
-of the study (analysis/study_folder.py). `run STUDY --tune` profiles every arm's LR instead (sweeps/tune_arms.py).
-"""
+of the study (analysis/study_folder.py). `run STUDY --tune` profiles every arm's LR instead (sweeps/tune_arms.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`marin-ablate train`: one run into an output directory (docs/architecture.md §4).
 
 The command takes the run directory's lock (marin.runlock, the one `marin-ablate run` takes), so two
-commands on the same --run-dir never interleave; Ctrl-C checkpoints like SIGTERM and exits 130.
-"""
+commands on the same --run-dir never interleave; Ctrl-C checkpoints like SIGTERM and exits 130."""
 
 from __future__ import annotations
 
