@@ -235,6 +235,7 @@ def main() -> int:
     ap.add_argument("--pilot", type=int, default=4, help="--stopping: the pilot's seeds")
     ap.add_argument("--max-seeds", type=int, default=24, help="--stopping: seeds at most")
     ap.add_argument("--target", type=float, default=0.2, help="--stopping: the half-width asked for (ln M)")
+    ap.add_argument("--rng-seed", type=int, default=0, help="--stopping: the simulation's random seed")
     ap.add_argument("--json", default=None, help="write the tables here")
     args, extra = ap.parse_known_args()
     extra = [x for x in extra if x != "--"]
@@ -249,7 +250,7 @@ def main() -> int:
             what = (f"coverage of the mean effect over {args.planted} simulated smoke studies ({args.planted_seeds} "
                     f"seeds x {', '.join(rungs)}; planted component x seed sd in ln M)")
         else:
-            tab = stopping(args.stopping, args.pilot, args.max_seeds, args.target, 0, rungs)
+            tab = stopping(args.stopping, args.pilot, args.max_seeds, args.target, args.rng_seed, rungs)
             what = (f"coverage at C_ref over {args.stopping} simulated smoke studies stopped three ways (pilot "
                     f"{args.pilot} seeds, at most {args.max_seeds}, target half-width {args.target})")
         print(f"\n{what}:")
