@@ -1,10 +1,6 @@
-"""What a reader must know before trusting a number: TOTAL two ways, lack of fit, lost runs, warnings.
-
-TOTAL two ways: the model's all-on vs all-off contrast beside the one observed on those two arms'
-own runs at each rung (the law response, quality: their mean losses inverted through the reference
-law; an OLS response such as throughput: the mean of its column, e.g. ln R; analysis/responses.py).
-Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on cells arm × rung,
-when cells hold replicates.
+"""What a reader must know before trusting a number (docs/method.md §4.4): TOTAL two ways (the model's all-on vs
+all-off contrast beside the two arms' own runs at each rung), the pure-error lack-of-fit F test (Box, Hunter &
+Hunter 2005, §10), lost runs and the warnings.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ from marin_ablate.analysis.fit.attribution import (
     design_matrix,
 )
 from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
+from marin_ablate.analysis.ofat import paired_ln_m
 from marin_ablate.analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
@@ -51,11 +48,9 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
     for resp in (RESPONSES[n] for n in a.fits if RESPONSES[n].total_check and RESPONSES[n].family != "sum"):
         name, col, law_family = resp.name, resp.column, resp.family == "law"
         fit = a.reduced.get(name, a.fits.get(name))
-        if law_family:
-            jf = a.joint["power"]
-            s, resid, dof = np.sqrt(float(jf.resid @ jf.resid) / max(jf.dof, 1)), jf.resid, jf.dof
-        else:
-            s, resid, dof = np.sqrt(float(fit.resid @ fit.resid) / max(fit.dof, 1)), fit.resid, fit.dof
+        src = a.joint["power"] if law_family else fit
+        resid, dof = src.resid, src.dof
+        s = np.sqrt(float(resid @ resid) / max(dof, 1))
         cells = (t["arm"].astype(str) + "|" + t["rung"].astype(str)).to_numpy() if "arm" in t else t["rung"].to_numpy()
         m = np.ones(len(t), bool) if law_family else np.isfinite(t[col].to_numpy(float))
         F, p, dlof, dpe = _lof(resid, cells[m], dof)
@@ -83,12 +78,9 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
 
 
 def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[float, float]:
-    """ln M_flop of the runs i_on against the runs i_off of the same rung through the joint law's local
-    inverse (analysis/ofat.py, paired_ln_m: Marin's per-rung convention), and its standard error: the two
-    mean losses' scatter (s, the joint fit's residual sd) plus the law's own (L∞, α) uncertainty, the
-    larger of its HC3 and model-based variances. (NaN, NaN) when a mean loss is at or below L∞."""
-    from marin_ablate.analysis.ofat import paired_ln_m
-
+    """ln M_flop of the runs i_on against the runs i_off of the same rung through the joint law's local inverse
+    (`paired_ln_m`) and its standard error, the law's own uncertainty included (docs/method.md §4.4, *TOTAL two
+    ways*); (NaN, NaN) when a mean loss is at or below L∞."""
     t, jf = a.table, a.joint["power"]
     Lv, Cv = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)
     Lo, Lf = float(Lv[i_on].mean()), float(Lv[i_off].mean())
@@ -235,10 +227,8 @@ def drop_warning(a) -> str:
 
 
 def unmeasured_shift(a) -> str:
-    """Why the quality intervals omit a (seed × rung) loss shift ('' when they include it): the
-    clusters leave the law no df to measure one (e.g. one seed on three rungs), so a shift that moves a
-    rung's cloud of runs off the law changes the local slope, and every multiplier in proportion to its
-    size, unseen (docs/method.md §4.4)."""
+    """Why the quality intervals omit a (seed × rung) loss shift ('' when they include it): the clusters leave the law
+    no df to measure one (docs/method.md §4.4)."""
     law = a.law
     if law is None or law.between_df is None or law.between_df > 0 or {"linf", "alpha"} <= set(law.pinned):
         return ""

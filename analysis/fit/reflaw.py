@@ -1,37 +1,22 @@
-"""A pinned reference law: L∞ and α fitted once on the baseline arm's own wide ladder (docs/method.md §4.1).
-
-A design's rungs span too little compute (8x on CPU) to fix the law's curvature: two seeds of one
-study then fit laws whose local slopes, and so every multiplier, differ by large factors. Marin pins
-its law (L∞, α) from a separate compute-optimal baseline sweep over a wide span; so does this
-harness: `sweeps/reference.py` runs the baseline arm on `Study.reference_rungs` once per machine and
-configuration, this module fits L = L∞ + A·C^(−α) on it, and the study's analysis pins (L∞, α), refits
-A and every effect on its own runs, and carries the pins' uncertainty into every effect.
-
-One mechanism for every ladder: the profile likelihood over L∞ (α, A refitted at each value), whose
-accepted pairs (`PinnedLaw.valley`) follow the likelihood's curved valley. A ladder that sees its loss
-bend accepts a short arc; one whose loss does not bend (every CPU ladder: 64x of compute is a
-near-straight line in ln C) fixes the local slope but not the curvature and accepts every L∞ down to 0,
-each with its own α, all agreeing on dL/dln C over the ladder's span. Either way the study fits at the
-best pair and every multiplier's interval reaches its value at both ends of the valley
-(analysis/fit/joint.py `valley_term`), plus α's spread across it (`pin_term`).
+"""A pinned reference law (docs/method.md §4.1, *Pinned reference law*): L∞ and α fitted once on the baseline
+arm's own wide ladder, along its profile likelihood over L∞ (`PinnedLaw.valley`: the accepted pairs follow the
+likelihood's curved valley, which a straight ellipse leaves), as Marin pins its law from a separate sweep.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import optimize, stats
+
+from marin_ablate.analysis.fit.joint import fit_joint
 
 # the pinned law's record and file (analysis/io/pinned_law.py), re-exported: its fit and its reading under one name
 from marin_ablate.analysis.io.pinned_law import LAW_FILE, PinnedLaw, check_pinned, published, read_pinned  # noqa: F401
 
 
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
-    """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`):
-    the (L∞, α(L∞)) pairs whose fit the data accept, at whatever width the ladder leaves them — a short
-    arc where it identifies the law, the whole range [0, smallest loss) where it fixes only the slope.
-    ValueError when no L∞ there fits a falling law (too narrow a span, too few runs, or α's interval
-    reaching 0). `seeds`: the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
-    from marin_ablate.analysis.fit.joint import fit_joint
-
+    """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`); ValueError
+    when no L∞ in [0, smallest loss) fits a falling law. `seeds`: the runs' seeds, each a sum-to-zero loss shift."""
     C, L = np.asarray(C, float), np.asarray(L, float)
     if len(C) < 4 or len(np.unique(np.round(np.log(C), 6))) < 4:
         raise ValueError(f"reference ladder: {len(np.unique(np.round(np.log(C), 6)))} distinct computes; a pinned "
@@ -66,8 +51,6 @@ class _Profile:
     and whether the data accept it."""
 
     def __init__(self, C, L, seeds, free, level: float, noise_var: float | None):
-        from scipy import stats
-
         self.C, self.L, self.seeds, self.noise_var = C, L, seeds, noise_var
         self.top = float(L.min())
         self.span = f"reference ladder over {C.min():.3g}..{C.max():.3g} FLOPs"
@@ -89,8 +72,6 @@ class _Profile:
         self.lowest = fits[self.grid[0]] or some  # what a refusal quotes
 
     def at(self, v: float):
-        from marin_ablate.analysis.fit.joint import fit_joint
-
         if v not in self.cache:
             try:
                 self.cache[v] = fit_joint(self.C, self.L, np.zeros((len(self.L), 0)), [], seeds=self.seeds,
@@ -116,15 +97,11 @@ def _rss(f) -> float:
 
 
 def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var: float | None = None) -> PinnedLaw:
-    """The ladder's profile likelihood over L∞ in [0, smallest loss): at each L∞, α, A and the seed
-    shifts refitted. A pair (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df (the
-    F(1, df) test, RSS_min the free fit's where it converges, df the ladder's residual df) and α stays
-    above 0 at `level` (its conditional interval). The accepted L∞ form one interval, located by
-    bisection between the grid's neighbours; the law is the accepted pair of least RSS (the free fit
-    where it lies in range), with α's conditional covariance; the valley is VALLEY_POINTS accepted pairs
-    from end to end. It follows the likelihood's curved valley, so every pair on it fits the ladder;
-    a straight ellipse's ends need not. No accepted pair: ValueError. `noise_var`: a run's noise variance
-    stated rather than measured (`predicted_reference`: RSS_min/df replaced by it, α's variance noise_var·(JᵀJ)⁻¹)."""
+    """The ladder's profile likelihood over L∞ in [0, smallest loss) (docs/method.md §4.1, *One mechanism*): a pair
+    (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df and α stays above 0 at `level`; the accepted
+    L∞ form one interval (its ends by bisection), the law is its pair of least RSS, with α's conditional covariance,
+    and the valley VALLEY_POINTS accepted pairs from end to end. No accepted pair: ValueError. `noise_var`: a run's
+    noise variance stated rather than measured (`predicted_reference`: in place of RSS_min/df)."""
     pr = _Profile(C, L, seeds, free, level, noise_var)
     ok = [v for v in pr.grid if pr.accepted(v)]
     if not ok:
@@ -147,8 +124,6 @@ def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var:
 
 def _least_rss(pr: _Profile, ok: list[float]) -> float:
     """The accepted L∞ of least RSS: the best grid point, refined between its neighbours (bounded Brent)."""
-    from scipy import optimize
-
     grid, at = pr.grid, pr.at
     b = min(ok, key=lambda v: _rss(at(v)))
     j = grid.index(b)
@@ -185,8 +160,6 @@ def predicted_reference(C, law: tuple[float, float, float], noise_var: float, *,
     """The law `fit_reference` would pin on a ladder at computes C (seeds: each run's) drawn from the law
     (L∞, A, α) with noise of variance `noise_var` per run, before it is run (the precision planner,
     analysis/calibration/precision.py): the same profile on the noise-free losses, with the noise stated."""
-    from marin_ablate.analysis.fit.joint import fit_joint
-
     C = np.asarray(C, float)
     linf, A, alpha = law
     L = linf + A * C ** (-alpha)
