@@ -1,16 +1,9 @@
 """One-factor-at-a-time (OFAT) studies: one baseline arm plus one arm per change (docs/method.md §4.8).
 
-The published format of ablation ladders (Marin's included): each change is run once against a common
-baseline at 2–4 scales, often with the baseline's law stated. The baseline is found from the runs —
-the arm every other arm differs from in exactly one factor — never from how the levels are coded, so
-no value moves when a study codes its levels the other way round.
-
-Per change and rung: the quality multiplier M = C_eq/C paired by rung: C_eq the compute at which the
-baseline's law L(C) = L∞ + A·C^(−α), recentred on the same rung's baseline runs, reaches the arm's
-mean loss, C the arm's own compute (docs/method.md §4.2, §4.8; Marin's convention); the
-throughput ratio R (model FLOP/s over the baseline's on the same rung and hardware) and the
-wall-clock multiplier W = M·R. The law is pinned (L∞, α, A: any subset) or fitted on the baseline
-arm's runs when its scales leave residual freedom; each interval is a t interval on the residual df.
+The baseline is found from the runs (the arm every other arm differs from in one factor), never from how the
+levels are coded, so no value moves when a study codes them the other way round. Per change and rung: M paired by
+rung through the baseline's law recentred on that rung's baseline runs (Marin's convention), R and W = M·R, each
+with a t interval on the residual df.
 """
 
 from __future__ import annotations
@@ -162,11 +155,9 @@ PARAMS = ("linf", "A", "alpha")
 
 def paired_ln_m(L_arm: float, lnC_arm: float, L_base: float, lnC_base: float, linf: float,
                 alpha: float) -> tuple[float, np.ndarray, np.ndarray]:
-    """ln M of an arm against the baseline of its own rung through the law's local inverse: the law
-    recentred on that baseline (A fitted through it), so ln M = (ln(L̄_b − L∞) − ln(L̄ − L∞))/α
-    + ln C_b − ln C — Marin's effective-speedup convention (experiments/grug/moe/agent.md). A drops out,
-    and so does the baseline's own misfit at that rung. Returns (ln M, its gradient over the law's
-    (L∞, ln A, α), its gradient over the two mean losses (arm, baseline))."""
+    """ln M of an arm against its own rung's baseline through the law's local inverse (docs/method.md §4.8; Marin's
+    convention, experiments/grug/moe/agent.md): ln M = (ln(L̄_b − L∞) − ln(L̄ − L∞))/α + ln C_b − ln C. Returns (ln M,
+    its gradient over the law's (L∞, ln A, α), its gradient over the two mean losses (arm, baseline))."""
     ga, gb = L_arm - linf, L_base - linf
     lnm = (np.log(gb) - np.log(ga)) / alpha + lnC_base - lnC_arm
     g_law = np.array([(1 / ga - 1 / gb) / alpha, 0.0, -(np.log(gb) - np.log(ga)) / alpha ** 2])
