@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from marin_ablate.marin.schema import read_json_text
+
 #: The file a study folder holds its pinned law in (a copy of the cached fit).
 LAW_FILE = "reference_law.json"
 
@@ -182,8 +184,6 @@ def check_pinned(d, where: str, *, key: str | None = None, study: str | None = N
 def read_pinned(study_dir: str | Path, study: str | None = None) -> PinnedLaw | None:
     """The pinned law a study folder holds (`run` copies it there, naming the study), checked
     (`check_pinned`, against `study` when given), else None."""
-    from marin_ablate.marin.schema import read_json_text
-
     p = Path(study_dir) / LAW_FILE
     if not p.exists():
         return None
