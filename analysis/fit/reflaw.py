@@ -6,9 +6,6 @@ likelihood's curved valley, which a straight ellipse leaves), as Marin pins its 
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize, stats
-
-from marin_ablate.analysis.fit.joint import fit_joint
 
 # the pinned law's record and file (analysis/io/pinned_law.py), re-exported: its fit and its reading under one name
 from marin_ablate.analysis.io.pinned_law import LAW_FILE, PinnedLaw, check_pinned, published, read_pinned  # noqa: F401
@@ -17,6 +14,8 @@ from marin_ablate.analysis.io.pinned_law import LAW_FILE, PinnedLaw, check_pinne
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
     """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`); ValueError
     when no L∞ in [0, smallest loss) fits a falling law. `seeds`: the runs' seeds, each a sum-to-zero loss shift."""
+    from marin_ablate.analysis.fit.joint import fit_joint
+
     C, L = np.asarray(C, float), np.asarray(L, float)
     if len(C) < 4 or len(np.unique(np.round(np.log(C), 6))) < 4:
         raise ValueError(f"reference ladder: {len(np.unique(np.round(np.log(C), 6)))} distinct computes; a pinned "
@@ -51,6 +50,8 @@ class _Profile:
     and whether the data accept it."""
 
     def __init__(self, C, L, seeds, free, level: float, noise_var: float | None):
+        from scipy import stats
+
         self.C, self.L, self.seeds, self.noise_var = C, L, seeds, noise_var
         self.top = float(L.min())
         self.span = f"reference ladder over {C.min():.3g}..{C.max():.3g} FLOPs"
@@ -72,6 +73,8 @@ class _Profile:
         self.lowest = fits[self.grid[0]] or some  # what a refusal quotes
 
     def at(self, v: float):
+        from marin_ablate.analysis.fit.joint import fit_joint
+
         if v not in self.cache:
             try:
                 self.cache[v] = fit_joint(self.C, self.L, np.zeros((len(self.L), 0)), [], seeds=self.seeds,
@@ -124,6 +127,8 @@ def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var:
 
 def _least_rss(pr: _Profile, ok: list[float]) -> float:
     """The accepted L∞ of least RSS: the best grid point, refined between its neighbours (bounded Brent)."""
+    from scipy import optimize
+
     grid, at = pr.grid, pr.at
     b = min(ok, key=lambda v: _rss(at(v)))
     j = grid.index(b)
@@ -160,6 +165,8 @@ def predicted_reference(C, law: tuple[float, float, float], noise_var: float, *,
     """The law `fit_reference` would pin on a ladder at computes C (seeds: each run's) drawn from the law
     (L∞, A, α) with noise of variance `noise_var` per run, before it is run (the precision planner,
     analysis/calibration/precision.py): the same profile on the noise-free losses, with the noise stated."""
+    from marin_ablate.analysis.fit.joint import fit_joint
+
     C = np.asarray(C, float)
     linf, A, alpha = law
     L = linf + A * C ** (-alpha)
