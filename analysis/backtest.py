@@ -63,9 +63,7 @@ def score(rows: pd.DataFrame) -> pd.DataFrame:
 def kendall_tau(pred: np.ndarray, meas: np.ndarray) -> float:
     """Kendall's τ-b between the predicted and measured values of the components (NaN below 3 pairs)."""
     ok = np.isfinite(pred) & np.isfinite(meas)
-    if ok.sum() < 3:
-        return float("nan")
-    return float(stats.kendalltau(pred[ok], meas[ok]).statistic)
+    return float(stats.kendalltau(pred[ok], meas[ok]).statistic) if ok.sum() >= 3 else float("nan")
 
 
 @dataclass

@@ -94,9 +94,7 @@ class StudyAnalysis:
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
-        if fit is None:
-            return []
-        return [fit.term_label(g[0][0]) for g in fit.alias.groups]
+        return [] if fit is None else [fit.term_label(g[0][0]) for g in fit.alias.groups]
 
     def not_estimable(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)

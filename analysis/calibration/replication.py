@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from marin_ablate.analysis.report.findings import finding, recommended_total
+
 #: Columns of a per-set table: one row per (set, component), ln-scale estimate and interval.
 SET_COLUMNS = ("set", "seeds", "component", "est", "lo", "hi", "verdict")
 VERDICTS = ("gain", "loss", "none")
@@ -122,8 +124,6 @@ def findings_rows(a, set_name: str, response: str = "ln_M") -> list[dict]:
     """One study analysis's Findings at C_ref as per-set rows (SET_COLUMNS): per component and the TOTAL
     the value Findings lead with (the observed TOTAL where the model's fails its check), its interval and
     its family-controlled verdict."""
-    from marin_ablate.analysis.report.findings import finding, recommended_total
-
     comp = a.components
     seeds = ",".join(str(int(s)) for s in sorted(a.table["seed"].dropna().unique())) if "seed" in a.table else ""
     rows = []

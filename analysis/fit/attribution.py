@@ -165,10 +165,8 @@ class EffectsFit:
     dof_between: int = 0
 
     def contrast_df(self, c: np.ndarray) -> float:
-        """The df of a contrast's t quantile: the fit's residual df, or — where the model-based variance
-        (the larger) holds a rung-shift part estimated on few cluster means — Satterthwaite's df of its two
-        parts, v_w on the residual df and v_b on the between-cluster df: (v_w + v_b)² / (v_w²/df + v_b²/df_b),
-        never more than the residual df."""
+        """The df of a contrast's t quantile: the residual df, or Satterthwaite's df of the model-based variance's
+        two parts where it is the larger and holds a rung-shift part (docs/method.md §4.4), at most the residual df."""
         if self.cov_between is None or self.dof_between <= 0 or self.dof <= 0 or self.cov_model is None:
             return float(self.dof)
         vm, vr = float(c @ self.cov_model @ c), float(c @ self.cov @ c)
@@ -272,10 +270,8 @@ def _t_quantile(level: float, dof: float) -> float:
 
 
 def _ols(Xk: np.ndarray, y: np.ndarray, hc: str, df_resid: int | None = None):
-    """statsmodels OLS with the `hc` sandwich (the estimator of record, docs/method.md §4.4): (θ, robust cov,
-    residuals, leverage, (XᵀX)⁻¹, results). A run its own column fits exactly (leverage 1, residual 0 by
-    construction) adds nothing to the sandwich's middle: statsmodels' own sandwich with those terms zeroed,
-    where its HC2/HC3 formula would divide 0 by 0."""
+    """statsmodels OLS with the `hc` sandwich (docs/method.md §4.4): (θ, robust cov, residuals, leverage, (XᵀX)⁻¹,
+    results); a run its own column fits exactly adds nothing to the sandwich (statsmodels' `_HCCM`, its term zeroed)."""
     import statsmodels.api as sm
     from statsmodels.stats.sandwich_covariance import _HCCM
 
@@ -302,11 +298,9 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
                 groups: np.ndarray | None = None, mixed: bool = False,
                 ref_groups: np.ndarray | None = None) -> EffectsFit:
-    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups`
-    (the pipeline passes the (seed × rung) cluster of each run). `ref_groups`: for a response taken
-    relative to a reference mean per group (ln R: the all-off arm's runs at the same rung and hardware),
-    each run's group; the residual df is then n − rank([group indicators, X]), since each group's
-    reference spent one (a lone reference run's residual is zero by construction, not a df)."""
+    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups` (the
+    (seed × rung) cluster of each run). `ref_groups`: each run's reference group for a response taken relative to a
+    group mean (ln R); the residual df is then n − rank([group indicators, X]) (docs/method.md §4.4)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)

@@ -98,10 +98,8 @@ def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[fl
 
 
 def paired_per_rung(a) -> pd.DataFrame:
-    """Per component and rung, the paired estimate of its quality multiplier: the mean over the pairs of
-    analysed arms at that rung that differ in this factor alone of each pair's paired_quality (the
-    authors' per-rung convention, no scale model), TOTAL the all-on vs all-off pair; NaN where no such
-    pair ran (a regular fraction holds none). Columns component, rung, paired, paired_lo, paired_hi, pairs."""
+    """Per component and rung, the mean `paired_quality` over the pairs of arms at that rung that differ in it alone
+    (TOTAL: all-on vs all-off), docs/method.md "What Findings say" (*Paired per rung*); NaN where no such pair ran."""
     t = a.table
     if a.joint.get("power") is None or not a.factors:
         return pd.DataFrame()

@@ -65,9 +65,7 @@ class JointFit:
     valley_laws: tuple = ()
 
     def get(self, name: str) -> float:
-        if name in self.pinned:
-            return self.pinned[name]
-        return float(self.params[self.names.index(name)])
+        return self.pinned[name] if name in self.pinned else float(self.params[self.names.index(name)])
 
     @property
     def linf(self) -> float:

@@ -67,8 +67,7 @@ def optimum_interval(points: Mapping[int, Sequence[tuple[float, float]]], level:
         out["lo"], out["hi"] = -math.inf, math.inf
         out["note"] = "curvature not distinguishable from 0: the optimum is not bounded by these points"
         return out
-    disc = max(b * b - 4 * a * c, 0.0)
-    r = math.sqrt(disc)
+    r = math.sqrt(max(b * b - 4 * a * c, 0.0))
     out["lo"], out["hi"] = (-b - r) / (2 * a), (-b + r) / (2 * a)
     return out
 

@@ -108,9 +108,8 @@ def t_half(values: list[float], level: float) -> float:
 
 
 def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
-    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
-    fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
-    parameters' ranges (L∞ ≥ 0, α ≥ 0). Returns the parameters widened."""
+    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own fit identifies
+    both (docs/method.md §4.4), within the parameters' ranges. Returns the parameters widened."""
     laws = [a.law for a in per_seed.values() if not isinstance(a, str) and a.law is not None
             and not {"linf", "alpha"} & set(a.law.not_identified)]
     widened = []
@@ -193,9 +192,8 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], le
 
 
 def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95) -> pd.DataFrame:
-    """Each per-rung value's interval (component or TOTAL, response, rung) from the K ≥ BETWEEN_SEEDS_MIN seeds whose
-    own analysis estimates it (`seed_half`): the component x seed term reaches the smallest and largest rung Findings
-    show as it reaches C_ref."""
+    """Each per-rung value's interval from the K ≥ BETWEEN_SEEDS_MIN seeds whose own analysis estimates it
+    (`seed_half`), as at C_ref (docs/method.md §4.4)."""
     out = per_rung.copy()
     if not len(out):
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 
 @dataclass
@@ -51,8 +52,6 @@ class LawFit:
     def band(self, C, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         """Pointwise delta-method band of the fitted curve over (linf, ln a, alpha), widened so that it
         reaches each of `ends` (their gap to the curve counted as 1.96 standard errors)."""
-        from scipy import stats
-
         C = np.asarray(C, float)
         p = self.predict(C)
         f = self.A * C ** (-self.alpha)

@@ -38,9 +38,8 @@ def arm_kinds(a) -> dict[str, str]:
 
 
 def not_varied_at(a, f: str, compute: float) -> str:
-    """'' when factor f's value at `compute` rests on rungs that vary it; else the line saying why not.
-    A factor varied at one rung only has no scale trend: its value is refused at any other compute;
-    otherwise `compute` must lie within the compute span of the rungs that vary it."""
+    """'' when factor f's value at `compute` rests on rungs that vary it, else the line saying why not
+    (docs/method.md, "What Findings say": *Not varied here*)."""
     vr = varied_rungs(a.table, a.factors).get(f, [])
     if not vr:
         return f"{f} is not varied at any rung"
@@ -129,9 +128,7 @@ def scale_trend(fit: EffectsFit, i: int | None, level: float) -> tuple[float, fl
     c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
     c = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
     est, se, lo, hi, ok = fit.contrast(c * math.log(10), level)
-    if not ok:
-        return (np.nan, np.nan, np.nan)
-    return (est, lo, hi)
+    return (est, lo, hi) if ok else (np.nan, np.nan, np.nan)
 
 
 def interval_fails(est: float, lo: float, hi: float) -> str:
@@ -409,9 +406,8 @@ def scale_cells(a, f: str) -> dict[str, str]:
 
 def _slope_between(a, f: str, s: float, lo: float, hi: float,
                    se_law: float = 0.0) -> tuple[float, float, int | None]:
-    """A component's slope per decade from the seeds' own slopes, as its values at C_ref and per rung are
-    (docs/method.md §4.4; `seed_half`, the law's own spread `se_law` added): (lo, hi, the K − 1 df its verdict is
-    read on); the pooled model's interval and None below BETWEEN_SEEDS_MIN seeds."""
+    """A component's slope per decade from the seeds' own slopes (`seed_half`, the law's spread `se_law` added), as
+    at C_ref (docs/method.md §4.4): (lo, hi, K − 1 df); the pooled model's interval and None below BETWEEN_SEEDS_MIN."""
     v = []
     for b in (getattr(a, "per_seed", None) or {}).values():
         fb = b.reduced.get(law().name, b.fits.get(law().name))
