@@ -81,11 +81,8 @@ def find_star(df: pd.DataFrame) -> Star | None:
                          f"{best} other arm(s) by one change; allowed values: a design where one arm holds every "
                          "factor's baseline (coded low) level")
     base = cands[0]
-    changes = {}
-    for a in arms:
-        if _ncomp(a, base) == 1:
-            i = next(i for i, (x, y) in enumerate(zip(a, base, strict=True)) if x != y)
-            changes[a] = (factors[i], base[i], a[i])
+    changes = {a: next((f, b, x) for f, x, b in zip(factors, a, base, strict=True) if x != b)
+               for a in arms if _ncomp(a, base) == 1}
     left = [label[a] for a in arms if a != base and a not in changes]
     return Star(factors, base, label, changes, left)
 
@@ -114,10 +111,7 @@ def design_kind(df: pd.DataFrame) -> tuple[str, Star | None, str]:
 
 def _arm_changes(star: Star) -> list[tuple[str, str, str]]:
     """(factor, baseline level, level) of every arm's differing factors, one entry per arm and factor."""
-    out = []
-    for a in star.labels:
-        out += [(f, b, x) for f, b, x in zip(star.factors, star.baseline, a, strict=True) if x != b]
-    return out
+    return [(f, b, x) for a in star.labels for f, b, x in zip(star.factors, star.baseline, a, strict=True) if x != b]
 
 
 @dataclass

@@ -415,11 +415,7 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
 
 def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
     """{factor: the rungs at which its two levels both occur among the analysed runs}."""
-    out = {}
-    for f in factors:
-        g = table.groupby("rung")[f"x_{f}"].nunique()
-        out[f] = [str(r) for r, n in g.items() if n > 1]
-    return out
+    return {f: [str(r) for r, n in table.groupby("rung")[f"x_{f}"].nunique().items() if n > 1] for f in factors}
 
 
 def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
@@ -454,13 +450,8 @@ def refuse_single_rung(a) -> list[str]:
 
 
 def _component_alias_note(fit: EffectsFit, f: str) -> str:
-    notes = []
-    for j, t in enumerate(fit.terms):
-        if f in t.factors and fit.alias.group_of(j) is not None:
-            lab = fit.term_label(j)
-            if lab not in notes:
-                notes.append(lab)
-    return "; ".join(notes)
+    return "; ".join(dict.fromkeys(fit.term_label(j) for j, t in enumerate(fit.terms)
+                                   if f in t.factors and fit.alias.group_of(j) is not None))
 
 
 def interaction_matrix(fit: EffectsFit) -> tuple[pd.DataFrame, pd.DataFrame]:

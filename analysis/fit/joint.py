@@ -53,10 +53,8 @@ class JointFit:
     # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
     cov_cluster: np.ndarray | None = None
     between_df: int = 0
-    # Where L∞ and α are pinned with a spread (a reference ladder's): the ellipse's part over (linf, ln a,
-    # alpha), pinned rows included, so the law's band and A's interval see the pins move with ln a; and the
-    # valley's part — its share of `cov` and the laws (L∞, A, α) refitted at its ends, which the law's
-    # band and intervals reach exactly (a linear band cannot follow two laws that part off the data).
+    # L∞ and α pinned with a spread: the ellipse's part over (linf, ln a, alpha), pinned rows included (the band and A
+    # see the pins move with ln a), and the valley's share of `cov` and its end laws (L∞, A, α), which they reach.
     cov_pins: np.ndarray | None = None
     cov_valley: np.ndarray | None = None
     # What every study sharing this law shares, added to cov and cov_model (`_widen`): the pins' spread and valley and
@@ -92,15 +90,12 @@ class JointFit:
         """(θ, cov, cov_model, T) in the standard basis (intercept, logC, effects) with f(all-off) ≡ 0."""
         T = np.zeros((n_terms, len(self.names)))
         for j, t in enumerate(self.effect_cols):
-            T[t, self.names.index(f"theta{j}")] = 1.0
-            kind = terms[t].kind
-            if kind == "main":
-                T[0, self.names.index(f"theta{j}")] = 1.0
-            elif kind == "2fi":
-                T[0, self.names.index(f"theta{j}")] = -1.0
+            col, kind = self.names.index(f"theta{j}"), terms[t].kind
+            T[t, col] = 1.0
+            if kind in ("main", "2fi"):  # f(all-off) ≡ 0: the intercept takes −(its value there)
+                T[0, col] = 1.0 if kind == "main" else -1.0
             elif kind == "main_x_scale":
-                s = next(i for i, tt in enumerate(terms) if tt.kind == "scale")
-                T[s, self.names.index(f"theta{j}")] = 1.0
+                T[next(i for i, tt in enumerate(terms) if tt.kind == "scale"), col] = 1.0
         return T @ self.params, T @ self.cov @ T.T, T @ self.cov_model @ T.T, T
 
     def law_block(self) -> tuple[np.ndarray, np.ndarray]:
@@ -111,10 +106,9 @@ class JointFit:
         for cv in (self.cov, self.cov_model):
             c = np.zeros((3, 3))
             cv = cv - self.cov_valley if self.cov_valley is not None else cv
-            idx = [(i, self.names.index(k)) for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
-            for i, p in idx:
-                for j, q in idx:
-                    c[i, j] = cv[p, q]
+            ii = [i for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
+            pp = [self.names.index(("linf", "ln_a", "alpha")[i]) for i in ii]
+            c[np.ix_(ii, ii)] = cv[np.ix_(pp, pp)]
             if self.cov_pins is not None:
                 for i in pinned:
                     c[i, :], c[:, i] = self.cov_pins[i, :], self.cov_pins[:, i]
@@ -466,10 +460,8 @@ def between_clusters(jf: JointFit) -> tuple[float, int]:
     n_g = np.bincount(inv, minlength=G).astype(float)
     mean = lambda v: np.bincount(inv, weights=v, minlength=G) / n_g  # noqa: E731
     r_g = mean(jf.resid)
-    cols = []
-    for j in range(E.shape[1]):  # an effect constant inside every cluster is a between-cluster parameter
-        if np.allclose(E[:, j], mean(E[:, j])[inv]):
-            cols.append(mean(E[:, j]))
+    # an effect constant inside every cluster is a between-cluster parameter
+    cols = [mean(E[:, j]) for j in range(E.shape[1]) if np.allclose(E[:, j], mean(E[:, j])[inv])]
     B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
     cols += [mean(B[:, j]) for j in range(B.shape[1])]
     p_b = sum(k in jf.names for k in LAW_PARAMS)  # the law's own free parameters, each a cluster-level one

@@ -97,10 +97,8 @@ def law_of(jf: JointFit, level: float = 0.95) -> LawFit:
                "the rungs do not pin L∞ and α")
     if why:
         ni = list(dict.fromkeys(ni + free))
-    prof = {}
-    for k in ("linf", "alpha"):
-        if k not in jf.pinned and k not in ni:
-            prof[k] = profile_ci(jf, k, q, level) if jf.dof > 0 else jf.wald_ci(k, q)
+    prof = {k: profile_ci(jf, k, q, level) if jf.dof > 0 else jf.wald_ci(k, q) for k in ("linf", "alpha")
+            if k not in jf.pinned and k not in ni}
     # ln A = ln a + α ln C0: its variance by the delta method, inflated to the between-cluster error
     g = np.array([0.0, 1.0, np.log(jf.c0)])
     se = float(np.sqrt(max(g @ cov_h @ g, g @ cov_m @ g, 0.0)))
