@@ -429,10 +429,9 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
         out += [f"Law of the baseline, {src}: L(C) = {lw.linf:.4g} + {lw.A:.4g}·C^(−{lw.alpha:.4g}).", ""]
     out += ["| change | rung | compute (FLOPs) | runs | loss | M (quality) | R (throughput) | W (wall-clock) |",
             "|---|---|---|---|---|---|---|---|"]
-    for r in a.table.to_dict("records"):
-        out.append(f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
-                   f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
-                   f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |")
+    out += [f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
+            f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
+            f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |" for r in a.table.to_dict("records")]
     if a.held_out:
         out += held_out_lines(a)
     out += ["", f"95% t intervals: quality on {a.dof} residual df, throughput on {a.dof_R}. M = C_eq/C, C_eq the "

@@ -96,11 +96,8 @@ def resolve_study(study: str | Path, lines: list[str] | None = None) -> tuple[Pa
     """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/;
     a study folder's plugin record is compared and noted in `lines`."""
     p = Path(study)
-    cands = [p]
-    if not p.is_absolute():
-        for root in (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results"):
-            if root:
-                cands.append(Path(root) / study)
+    roots = () if p.is_absolute() else (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results")
+    cands = [p] + [Path(root) / study for root in roots if root]
     for c in cands:
         if c.is_file():
             return c.parent, complete_table(load_table(c), c)

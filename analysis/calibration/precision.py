@@ -489,10 +489,9 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
         unit = cost_unit(study)
         lines.append(f"\ntarget half-width {target:g} (widest component at C_ref), "
                      f"options (seeds tried up to {MAX_SEEDS}):")
-        for r in o.itertuples():
-            lines.append(f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, "
-                         f"{r.train_flops:.3g} FLOPs, {unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"
-                         + (" (main effects only)" if r.main_effects_only else ""))
+        lines += [f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, {r.train_flops:.3g} FLOPs, "
+                  f"{unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"
+                  + (" (main effects only)" if r.main_effects_only else "") for r in o.itertuples()]
         best = o[o["reaches"]]
         lines.append(f"cheapest reaching {target:g}: {best.iloc[0]['option']}" if len(best) else
                      f"no option tried reaches {target:g}: more seeds than {MAX_SEEDS} or a lower-noise setup")

@@ -112,10 +112,8 @@ def paired_per_rung(a) -> pd.DataFrame:
     for r in a.rungs.itertuples():
         at = (t["rung"] == r.rung).to_numpy()
         for i, f in enumerate(a.factors + ["TOTAL"]):
-            if f == "TOTAL":
-                pairs = [(tuple([1.0] * len(a.factors)), tuple([-1.0] * len(a.factors)))]
-            else:
-                pairs = [(x, x[:i] + (-1.0,) + x[i + 1:]) for x in arms if x[i] == 1.0]
+            pairs = ([(tuple([1.0] * len(a.factors)), tuple([-1.0] * len(a.factors)))] if f == "TOTAL"
+                     else [(x, x[:i] + (-1.0,) + x[i + 1:]) for x in arms if x[i] == 1.0])
             ests, vars_ = [], []
             for on, off in pairs:
                 i_on = np.flatnonzero(at & np.all(X == on, 1))
@@ -249,12 +247,10 @@ def seed_warning(n_seeds: int) -> str:
 
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
-    w = []
     t = a.table
-    for name, jf in a.joint.items():
-        if not jf.converged:
-            w.append(f"the joint law fit ({name}) did not converge (iteration limit reached): every number that "
-                     "rests on it (law, quality and wall-clock multipliers) may be off its least-squares optimum")
+    w = [f"the joint law fit ({name}) did not converge (iteration limit reached): every number that rests on it "
+         "(law, quality and wall-clock multipliers) may be off its least-squares optimum"
+         for name, jf in a.joint.items() if not jf.converged]
     if a.law is not None:
         if a.law.not_identified:
             w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "
@@ -287,10 +283,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     if lr_untuned(t):
         w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised "
                  "(`marin-ablate run STUDY` profiles them unless --no-profile; `tune STUDY` then `run --tuned`)")
-    for c in ("epochs", "data_epochs"):
-        if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
-            w.append(f"some runs see their data more than once "
-                     f"(max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
+    w += [f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})"
+          for c in ("epochs", "data_epochs") if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1]
     dw = drop_warning(a)
     if dw:
         w.append(dw)
@@ -300,16 +294,13 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
                  "(see the appendix); the Shapley values assume the aliased higher-order terms are negligible")
     if a.checks is not None and len(a.checks):
         bad = a.checks[a.checks["agree"] == False]  # noqa: E712
-        for r in bad.itertuples():
-            w.append(f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
-                     f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
-                     f"effects?), trust the observed contrast; every component value of {r.response} rests on the "
-                     "same model and is suspect too")
-        lof = a.checks.drop_duplicates("response")
-        for r in lof.itertuples():
-            if np.isfinite(r.lof_p) and r.lof_p < 0.05:
-                w.append(f"lack of fit for {r.response} (F={r.lof_F:.3g}, p={r.lof_p:.2g}): replicates disagree with "
-                         "the effects model more than with each other")
+        w += [f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
+              f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
+              f"effects?), trust the observed contrast; every component value of {r.response} rests on the "
+              "same model and is suspect too" for r in bad.itertuples()]
+        w += [f"lack of fit for {r.response} (F={r.lof_F:.3g}, p={r.lof_p:.2g}): replicates disagree with the effects "
+              "model more than with each other" for r in a.checks.drop_duplicates("response").itertuples()
+              if np.isfinite(r.lof_p) and r.lof_p < 0.05]
     comp = a.components
     if len(comp):
         wide = comp[np.exp(comp["shapley_hi"] - comp["shapley_lo"]) > WIDE_RATIO]

@@ -148,10 +148,7 @@ def seed_half(values: Sequence[float], se_law: float, level: float, pilot: Seque
     """(half-width, df) of the between-seed interval of K per-seed estimates: t(K−1)·√(s²/K + se_law²), s their sd
     and se_law the shared law's standard error (the pinned law every seed reads its multipliers through, which their
     scatter cannot see); with a Stein `pilot` (n0 estimates) and `n_seeds` N, t(n0−1)·√(s0²/N + se_law²)."""
-    if pilot is not None:
-        v, n = list(pilot), int(n_seeds or len(values))
-    else:
-        v, n = list(values), len(values)
+    v, n = (list(pilot), int(n_seeds or len(values))) if pilot is not None else (list(values), len(values))
     df = len(v) - 1
     return float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(float(np.var(v, ddof=1)) / n + se_law**2), df
 

@@ -238,14 +238,9 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     """Train loss curves (summary.json loss_curve), one line per run, coloured by arm."""
     if "loss_curve" not in raw:
         return None
-    rows = []
-    for r in raw[raw["status"] == "completed"].itertuples():
-        lc = getattr(r, "loss_curve", None)
-        if not isinstance(lc, str):
-            continue
-        for step, loss in json.loads(lc):
-            rows.append({"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")),
-                         "rung": str(getattr(r, "rung", "")), "run": r.run_id})
+    rows = [{"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")), "rung": str(getattr(r, "rung", "")),
+             "run": r.run_id} for r in raw[raw["status"] == "completed"].itertuples()
+            if isinstance(r.loss_curve, str) for step, loss in json.loads(r.loss_curve)]
     if not rows:
         return None
     d = pd.DataFrame(rows)
