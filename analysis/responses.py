@@ -77,8 +77,7 @@ def by_column(column: str) -> Response | None:
 
 def ordered(names) -> list[Response]:
     """The responses named, in fitting order: law, then ols, then sums (a sum needs its parts)."""
-    rs = [RESPONSES[n] for n in names]
-    return sorted(rs, key=lambda r: FAMILIES.index(r.family))
+    return sorted((RESPONSES[n] for n in names), key=lambda r: FAMILIES.index(r.family))
 
 
 def law() -> Response:

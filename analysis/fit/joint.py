@@ -135,8 +135,7 @@ class JointFit:
 
     def wald_ci(self, name: str, q: float) -> tuple[float, float]:
         if name in self.pinned:
-            v = self.pinned[name]
-            return (v, v)
+            return (self.pinned[name],) * 2
         if name in self.not_identified or name not in self.names:
             return (np.nan, np.nan)
         i = self.names.index(name)

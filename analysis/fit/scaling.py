@@ -42,8 +42,7 @@ class LawFit:
         if name not in ("linf", "A", "alpha"):
             raise ValueError(f"name {name!r}; allowed values: linf, A, alpha")
         if name in self.pinned:
-            v = getattr(self, name)
-            return (v, v)
+            return (getattr(self, name),) * 2
         if name in self.not_identified or (name == "A" and {"linf", "alpha"} & set(self.not_identified)):
             return (float("nan"), float("nan"))
         # no interval is honest here, a zero-width one is not

@@ -102,9 +102,8 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
     for rid, idx in by_id.items():
         if len(idx) < 2:
             continue
-        keep = next((i for i in idx if dirs[i].name == rid), None)
-        if keep is None:
-            keep = next((i for i in idx if rows[i].get("status") == "completed"), idx[0])
+        keep = next((i for i in idx if dirs[i].name == rid),
+                    next((i for i in idx if rows[i].get("status") == "completed"), idx[0]))
         for i in idx:
             if i != keep:
                 rows[i]["status"] = "duplicate"
@@ -201,23 +200,17 @@ def _row(run_dir: Path) -> dict:
         "design_row": meta and meta.design_row,
     }
     factors = meta.factors if meta is not None else ()
-    for f in factors:
-        row[f.name] = f.level
+    row.update({f.name: f.level for f in factors})
     row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high,
                                          **({"truth": dict(f.truth)} if f.truth else {}),
                                          **({"regime": True} if f.regime else {})} for f in factors})
     if summ is None:
-        row["status"] = "missing"
-        row["error"] = None
-        return row
+        return {**row, "status": "missing", "error": None}
     d = summ.to_dict()
     row["status"] = summ.status
-    for c in SUMMARY_COLUMNS:
-        row[c] = d.get(c)
-    for dom, loss in (summ.eval_domain_loss or {}).items():
-        row[f"loss_{dom}"] = loss
-    for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items():
-        row[f"bpb_{dom}"] = bpb
+    row.update({c: d.get(c) for c in SUMMARY_COLUMNS})
+    row.update({f"loss_{dom}": loss for dom, loss in (summ.eval_domain_loss or {}).items()})
+    row.update({f"bpb_{dom}": bpb for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items()})
     versions = summ.extra.get("code_versions")
     if isinstance(versions, list) and len(versions) > 1:  # resumed under other code: its steps mix versions
         row["code_versions"] = " → ".join(map(str, versions))
