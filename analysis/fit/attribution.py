@@ -85,10 +85,7 @@ class AliasStructure:
     rowspace_V: np.ndarray  # (p, r) orthonormal basis of the design's row space
 
     def group_of(self, j: int) -> list[tuple[int, int]] | None:
-        for g in self.groups:
-            if any(j == t for t, _ in g):
-                return g
-        return None
+        return next((g for g in self.groups if any(j == t for t, _ in g)), None)
 
 
 def alias_structure(Xf: np.ndarray, tol: float = 1e-9) -> AliasStructure:
@@ -112,14 +109,8 @@ def alias_structure(Xf: np.ndarray, tol: float = 1e-9) -> AliasStructure:
         if norms[j] <= tol:
             not_est[int(j)] = []
             continue
-        match = None
-        for k in K:
-            for s in (1, -1):
-                if np.allclose(Xf[:, j], s * Xf[:, k], atol=1e-9 * max(norms[k], 1.0)):
-                    match = (int(k), s)
-                    break
-            if match:
-                break
+        match = next(((int(k), s) for k in K for s in (1, -1)
+                      if np.allclose(Xf[:, j], s * Xf[:, k], atol=1e-9 * max(norms[k], 1.0))), None)
         if match:
             g = next((g for g in groups if g[0][0] == match[0]), None)
             if g is None:

@@ -377,9 +377,8 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
         best = None
         for sgn in (1.0, -1.0):
             for frac in (1.0, 0.5, 0.25):
-                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
-                for j, name in enumerate(keys):
-                    kw[f"pin_{name}"] = jf.pinned[name] + sgn * frac * step[j]
+                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha"),
+                      **{f"pin_{name}": jf.pinned[name] + sgn * frac * step[j] for j, name in enumerate(keys)}}
                 try:
                     f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
                                   clusters=jf.clusters, **kw)
