@@ -432,11 +432,8 @@ def lr_coupled(field: str) -> bool:
 
 
 def _fields(a) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for coding, _ in codings(a.table):
-        for name, d in coding.items():
-            out.setdefault(name, str(d.get("field", "")))
-    return out
+    """{factor: its field}, the first coding that names it winning."""
+    return {name: str(d.get("field", "")) for coding, _ in reversed(codings(a.table)) for name, d in coding.items()}
 
 
 def qualifiers(a, f: str) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import warnings
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -234,10 +235,7 @@ def say_once(tab: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if "qualifiers" not in tab or len(tab) < 3:
         return tab, []
     parts = [[] if q in ("—", "", None) else str(q).split("; ") for q in tab["qualifiers"]]
-    counts: dict[str, int] = {}
-    for p in parts:
-        for q in dict.fromkeys(p):
-            counts[q] = counts.get(q, 0) + 1
+    counts = Counter(q for p in parts for q in dict.fromkeys(p))
     common = [q for q, n in counts.items() if n >= 3 and n > len(tab) / 2]
     if not common:
         return tab, []
