@@ -170,12 +170,6 @@ def ofat_or_none(opts: AnalysisOptions, table: pd.DataFrame, folder: Path | None
     return a
 
 
-def _study_name(table: pd.DataFrame) -> str | None:
-    """The study the table's runs name (their meta.json), None when they name none."""
-    names = table["study"].dropna().astype(str).unique() if "study" in table else []
-    return str(names[0]) if len(names) == 1 else None
-
-
 def _title(table: pd.DataFrame, folder: Path) -> str:
     return str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else folder.name
 
@@ -184,8 +178,9 @@ def fit_kw(opts: AnalysisOptions, folder: Path | None, table: pd.DataFrame) -> d
     """The fit options the report, the forecast and the backtest's refits share; a `run --until` study's pilot
     (until.json: its named values' intervals are Stein's, docs/method.md §4.11)."""
     plan = read_plan(folder) if folder is not None else None
-    return dict(pin_linf=opts.pin_linf, pin_alpha=opts.pin_alpha,
-                pinned_law=_pinned(opts, folder, _study_name(table)), hc=opts.hc, mixed=opts.mixed,
+    names = table["study"].dropna().astype(str).unique() if "study" in table else []  # the study its runs name
+    return dict(pin_linf=opts.pin_linf, pin_alpha=opts.pin_alpha, hc=opts.hc, mixed=opts.mixed,
+                pinned_law=_pinned(opts, folder, str(names[0]) if len(names) == 1 else None),
                 interactions=not opts.no_interactions, third_levels=opts.third_levels,
                 stein=Stein(plan.pilot, plan.components) if plan is not None else None)
 

@@ -352,12 +352,6 @@ def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
     return D @ D.T / (q * q)
 
 
-def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarray:
-    """(Δlinf, Δln a, Δalpha) of a refit: free parameters from d, pinned ones from their own shift."""
-    return np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
-                     for k in ("linf", "ln_a", "alpha")])
-
-
 def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
     """The pinned (L∞, α)'s covariance in every parameter (docs/method.md §4.1, *Into the study*): refit with the pins
     at the end of each principal axis of their 95% ellipse that moves the effects more and return Σ_k d_k d_kᵀ / z²
@@ -390,7 +384,9 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
                 break
         if best is not None:
             out += np.outer(best[0], best[0]) / (z * z)
-            g = _law_shift(jf, *best)
+            d, pins = best  # (Δlinf, Δln a, Δalpha): free parameters from d, pinned ones from their own shift
+            g = np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
+                          for k in ("linf", "ln_a", "alpha")])
             law += np.outer(g, g) / (z * z)
     return out, law
 
