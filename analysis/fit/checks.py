@@ -172,14 +172,10 @@ def _stream_warnings(a) -> list[str]:
     t = a.table
     if "random_stream" not in t or t["random_stream"].isna().any():
         return []
-    out = []
-    for f in a.factors:
-        x = t[f"x_{f}"]
-        if not set(t.loc[x < 0, "random_stream"]) & set(t.loc[x > 0, "random_stream"]):
-            out.append(f"{f}: its two levels never share a random stream (init seed and data order), so its "
-                       "contrast carries seed-to-seed noise that the residuals, taken between arms that share "
-                       "one, do not measure: its interval can be too narrow (replicate it over seeds)")
-    return out
+    return [f"{f}: its two levels never share a random stream (init seed and data order), so its contrast carries "
+            "seed-to-seed noise that the residuals, taken between arms that share one, do not measure: its interval "
+            "can be too narrow (replicate it over seeds)" for f in a.factors
+            if not set(t.loc[t[f"x_{f}"] < 0, "random_stream"]) & set(t.loc[t[f"x_{f}"] > 0, "random_stream"])]
 
 
 #: How a run's LR was set (analysis/io/results.py `lr_source`); every other value is the heuristic.
