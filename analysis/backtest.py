@@ -1,22 +1,9 @@
 """Backtests: how far does a small-scale answer travel? (docs/method.md §4.10)
 
-For a ladder of n ≥ 3 rungs (compute order), each k from `min_rungs` to n − 1 refits the whole analysis
-(`analysis/pipeline.py::analyze_table`) on the runs of rungs 1..k alone and extrapolates, through the
-fitted factor × log C terms, every component's quality multiplier (Shapley) and the TOTAL to the compute
-of each later rung j > k, with the interval the report gives an extrapolation (and, beside it, the power-law
-fit's own interval, before the union with the curved law form's). Each prediction is scored
-against the value measured at rung j, with its own interval: the paired per-rung estimate (each arm
-against the same rung's arm that differs in that component alone, through the law's local inverse:
-`checks.paired_per_rung`), or, where a fraction holds no such pair, rung j's runs analysed alone (main
-effects, L∞ and α pinned at the full ladder's law).
-
-Scores per (k, j, component): the ratio error e = ln M̂ − ln M (prediction minus measurement); coverage:
-|e| ≤ √(h_pred² + h_meas²), each h the half-width of its own interval on the side facing the other
-value (the level-(1 − a) test of "both estimate the same multiplier", errors independent); whether the
-predicted interval holds the measured point itself; the verdict (gain / loss / no effect, unadjusted)
-of each side and whether they agree; and per (k, j) Kendall's τ between the predicted and measured
-ranking of the components. This is the scale extrapolation's track record on its own ladder — with
-3–4 rungs a handful of correlated checks, weak evidence either way (the summary says so).
+Refit on rungs 1..k (k from `min_rungs` to n − 1), extrapolate each component's quality multiplier and the TOTAL
+to every later rung, and score each prediction against what that rung measured (its paired per-rung estimate, or
+its runs analysed alone): the ratio error, coverage |e| ≤ √(h_pred² + h_meas²), agreement of the verdicts and
+Kendall's τ of the ranking. With 3–4 rungs a handful of correlated checks: weak evidence either way.
 """
 
 from __future__ import annotations
@@ -28,7 +15,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from marin_ablate.analysis.fit.attribution import component_table
 from marin_ablate.analysis.fit.checks import WIDE_RATIO
+from marin_ablate.analysis.pipeline import analyze_table
 from marin_ablate.analysis.responses import law, law_column
 
 #: The fewest rungs a backtest fit may use: one rung has no factor × log C term, so nothing to extrapolate.
@@ -74,9 +63,7 @@ def score(rows: pd.DataFrame) -> pd.DataFrame:
 def kendall_tau(pred: np.ndarray, meas: np.ndarray) -> float:
     """Kendall's τ-b between the predicted and measured values of the components (NaN below 3 pairs)."""
     ok = np.isfinite(pred) & np.isfinite(meas)
-    if ok.sum() < 3:
-        return float("nan")
-    return float(stats.kendalltau(pred[ok], meas[ok]).statistic)
+    return float(stats.kendalltau(pred[ok], meas[ok]).statistic) if ok.sum() >= 3 else float("nan")
 
 
 @dataclass
@@ -188,8 +175,6 @@ def measured_at(raw: pd.DataFrame, full, rung: str, fit_kw: dict) -> pd.DataFram
     where same-rung pairs ran, else rung `rung`'s runs analysed alone (main effects; L∞ and α pinned at the
     full ladder's law, or its pinned law). Columns component, meas, meas_lo, meas_hi, source, why (what left a
     value unmeasured). TOTAL only with two or more factors (with one it is that factor's value again)."""
-    from marin_ablate.analysis.pipeline import analyze_table
-
     comps = [*full.factors, "TOTAL"] if len(full.factors) > 1 else list(full.factors)
     out = pd.DataFrame({"component": comps, "meas": np.nan, "meas_lo": np.nan, "meas_hi": np.nan, "source": "",
                         "why": "no same-rung pair, and no quality fit to analyse the rung alone with"})
@@ -234,8 +219,6 @@ def power_interval(a, compute: float) -> pd.DataFrame:
     """The power-law fit's own interval of each component's Shapley value (TOTAL too) at `compute`: what the
     pipeline's extrapolation holds before it takes the union with the curved law form's interval
     (`analyze_table`, docs/method.md §4.4). Index component; columns shapley_lo, shapley_hi."""
-    from marin_ablate.analysis.fit.attribution import component_table
-
     name = law().name
     fit = a.reduced.get(name, a.fits.get(name))
     if fit is None:
@@ -248,8 +231,6 @@ def backtest(raw: pd.DataFrame, full, *, min_rungs: int = MIN_RUNGS, **fit_kw) -
     """Refit on rungs 1..k for k = min_rungs..n−1 and score each later rung's predictions (module docstring).
     `full`: the analysis of the whole table (its rungs, law and paired estimates); `fit_kw`: the options it
     was fitted with (FIT_OPTIONS), passed to every refit."""
-    from marin_ablate.analysis.pipeline import analyze_table
-
     bad = [k for k in fit_kw if k not in FIT_OPTIONS]
     if bad:
         raise ValueError(f"backtest options {bad}; allowed values: {', '.join(FIT_OPTIONS)}")

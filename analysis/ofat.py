@@ -1,16 +1,9 @@
 """One-factor-at-a-time (OFAT) studies: one baseline arm plus one arm per change (docs/method.md §4.8).
 
-The published format of ablation ladders (Marin's included): each change is run once against a common
-baseline at 2–4 scales, often with the baseline's law stated. The baseline is found from the runs —
-the arm every other arm differs from in exactly one factor — never from how the levels are coded, so
-no value moves when a study codes its levels the other way round.
-
-Per change and rung: the quality multiplier M = C_eq/C paired by rung: C_eq the compute at which the
-baseline's law L(C) = L∞ + A·C^(−α), recentred on the same rung's baseline runs, reaches the arm's
-mean loss, C the arm's own compute (docs/method.md §4.2, §4.8; Marin's convention); the
-throughput ratio R (model FLOP/s over the baseline's on the same rung and hardware) and the
-wall-clock multiplier W = M·R. The law is pinned (L∞, α, A: any subset) or fitted on the baseline
-arm's runs when its scales leave residual freedom; each interval is a t interval on the residual df.
+The baseline is found from the runs (the arm every other arm differs from in one factor), never from how the
+levels are coded, so no value moves when a study codes them the other way round. Per change and rung: M paired by
+rung through the baseline's law recentred on that rung's baseline runs (Marin's convention), R and W = M·R, each
+with a t interval on the residual df.
 """
 
 from __future__ import annotations
@@ -88,11 +81,8 @@ def find_star(df: pd.DataFrame) -> Star | None:
                          f"{best} other arm(s) by one change; allowed values: a design where one arm holds every "
                          "factor's baseline (coded low) level")
     base = cands[0]
-    changes = {}
-    for a in arms:
-        if _ncomp(a, base) == 1:
-            i = next(i for i, (x, y) in enumerate(zip(a, base, strict=True)) if x != y)
-            changes[a] = (factors[i], base[i], a[i])
+    changes = {a: next((f, b, x) for f, x, b in zip(factors, a, base, strict=True) if x != b)
+               for a in arms if _ncomp(a, base) == 1}
     left = [label[a] for a in arms if a != base and a not in changes]
     return Star(factors, base, label, changes, left)
 
@@ -121,10 +111,7 @@ def design_kind(df: pd.DataFrame) -> tuple[str, Star | None, str]:
 
 def _arm_changes(star: Star) -> list[tuple[str, str, str]]:
     """(factor, baseline level, level) of every arm's differing factors, one entry per arm and factor."""
-    out = []
-    for a in star.labels:
-        out += [(f, b, x) for f, b, x in zip(star.factors, star.baseline, a, strict=True) if x != b]
-    return out
+    return [(f, b, x) for a in star.labels for f, b, x in zip(star.factors, star.baseline, a, strict=True) if x != b]
 
 
 @dataclass
@@ -162,11 +149,9 @@ PARAMS = ("linf", "A", "alpha")
 
 def paired_ln_m(L_arm: float, lnC_arm: float, L_base: float, lnC_base: float, linf: float,
                 alpha: float) -> tuple[float, np.ndarray, np.ndarray]:
-    """ln M of an arm against the baseline of its own rung through the law's local inverse: the law
-    recentred on that baseline (A fitted through it), so ln M = (ln(L̄_b − L∞) − ln(L̄ − L∞))/α
-    + ln C_b − ln C — Marin's effective-speedup convention (experiments/grug/moe/agent.md). A drops out,
-    and so does the baseline's own misfit at that rung. Returns (ln M, its gradient over the law's
-    (L∞, ln A, α), its gradient over the two mean losses (arm, baseline))."""
+    """ln M of an arm against its own rung's baseline through the law's local inverse (docs/method.md §4.8; Marin's
+    convention, experiments/grug/moe/agent.md): ln M = (ln(L̄_b − L∞) − ln(L̄ − L∞))/α + ln C_b − ln C. Returns (ln M,
+    its gradient over the law's (L∞, ln A, α), its gradient over the two mean losses (arm, baseline))."""
     ga, gb = L_arm - linf, L_base - linf
     lnm = (np.log(gb) - np.log(ga)) / alpha + lnC_base - lnC_arm
     g_law = np.array([(1 / ga - 1 / gb) / alpha, 0.0, -(np.log(gb) - np.log(ga)) / alpha ** 2])
@@ -444,10 +429,9 @@ def report_lines(a: OfatAnalysis, title: str = "") -> list[str]:
         out += [f"Law of the baseline, {src}: L(C) = {lw.linf:.4g} + {lw.A:.4g}·C^(−{lw.alpha:.4g}).", ""]
     out += ["| change | rung | compute (FLOPs) | runs | loss | M (quality) | R (throughput) | W (wall-clock) |",
             "|---|---|---|---|---|---|---|---|"]
-    for r in a.table.to_dict("records"):
-        out.append(f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
-                   f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
-                   f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |")
+    out += [f"| {r['change']} | {r['rung']} | {r['compute']:.3g} | {r['n']} | {r['loss']:.4f} | "
+            f"{_fmt(r['M'], r['M_lo'], r['M_hi'])} | {_fmt(r['R'], r['R_lo'], r['R_hi'])} | "
+            f"{_fmt(r['W'], r['W_lo'], r['W_hi'])} |" for r in a.table.to_dict("records")]
     if a.held_out:
         out += held_out_lines(a)
     out += ["", f"95% t intervals: quality on {a.dof} residual df, throughput on {a.dof_R}. M = C_eq/C, C_eq the "

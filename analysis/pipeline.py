@@ -9,6 +9,7 @@ what a reader must know before trusting a number (analysis/fit/checks.py).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -28,9 +29,22 @@ from marin_ablate.analysis.fit.attribution import (
     refuse_single_rung,
 )
 from marin_ablate.analysis.fit.bootstrap import bootstrap
+from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
 from marin_ablate.analysis.fit.joint import JointFit, quality_fit
 from marin_ablate.analysis.fit.law_intervals import law_of
-from marin_ablate.analysis.fit.replicates import Stein
+from marin_ablate.analysis.fit.replicates import (
+    BETWEEN_SEEDS_MIN,
+    REPLICATE_SEEDS_MAX,
+    Stein,
+    between_seed_interval,
+    between_seed_law,
+    between_seed_per_rung,
+    coverage_summary,
+    per_seed_analyses,
+    planted_truths,
+    replicate_checks,
+    truth_check,
+)
 from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
 from marin_ablate.analysis.io.pinned_law import PinnedLaw
 from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
@@ -80,9 +94,7 @@ class StudyAnalysis:
 
     def alias_groups(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
-        if fit is None:
-            return []
-        return [fit.term_label(g[0][0]) for g in fit.alias.groups]
+        return [] if fit is None else [fit.term_label(g[0][0]) for g in fit.alias.groups]
 
     def not_estimable(self) -> list[str]:
         fit = next(iter(self.fits.values()), None)
@@ -104,14 +116,15 @@ class StudyAnalysis:
             raise ValueError("no quality fit: the reference law was not estimable")
         x = np.array([[float(codes[f]) for f in self.factors]])
         z = float(np.log(compute / self.c_ref))
+        c = fit.predict_phi(x, z)[0] - fit.predict_phi(-np.ones_like(x), z)[0]
         out: dict = {}
         los, his, lnm = [], [], []
         for form in ("power", "curved"):
             jf = self.joint.get(form)
             if jf is None:
                 continue
-            e_row, ok = self._effect_row(jf, fit, x, z)
-            if not ok:
+            e_row = c[jf.effect_cols]
+            if not fit.estimable(c):
                 raise ValueError("the arm's prediction is not estimable from this design")
             loss, g = jf.loss_grad(compute, e_row)
             se_ln = np.sqrt(jf.contrast_var(g)) / max(loss, 1e-12)
@@ -130,11 +143,6 @@ class StudyAnalysis:
         out["law_forms"] = len(los)
         return out
 
-    def _effect_row(self, jf: JointFit, fit: EffectsFit, x: np.ndarray, z: float) -> tuple[np.ndarray, bool]:
-        c = fit.predict_phi(x, z)[0] - fit.predict_phi(-np.ones_like(x), z)[0]
-        e_row = c[jf.effect_cols]
-        return e_row, fit.estimable(c)
-
 
 def check_extrapolation(target: float, top: float, force: bool) -> None:
     if not target > 0:
@@ -144,10 +152,8 @@ def check_extrapolation(target: float, top: float, force: bool) -> None:
                          f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
 
 
-#: The joint law fit carries one loss shift per seed, so each of its steps costs about rows × seeds² (and the
-#: profile intervals and the bootstrap take hundreds of steps): measured, 8,192 rows of 32 seeds (8.4e6) take
-#: 43 CPU s with the bootstrap; 20,000 rows of 1,000 seeds (2e10) ran past 27 min, and of 250 seeds (1.25e9)
-#: past 30 min. Beyond this bound a table is refused before any fit.
+#: The joint law fit's steps cost about rows × seeds² (one loss shift per seed): beyond this bound a table is
+#: refused before any fit (docs/method.md §4.4; 8,192 rows of 32 seeds, 8.4e6, take 43 CPU s with the bootstrap).
 JOINT_COST_MAX = 5e7
 
 
@@ -185,10 +191,9 @@ def _check_rung_computes(rungs: pd.DataFrame) -> None:
     same = {}
     for name, k in zip(rungs["rung"], key, strict=True):
         same.setdefault(k, []).append(str(name))
-    clash = [v for v in same.values() if len(v) > 1]
-    if clash:
-        groups = "; ".join(f"rungs {', '.join(v)} are all at {float(np.exp(k)):.4g} FLOPs"
-                           for k, v in same.items() if len(v) > 1)
+    groups = "; ".join(f"rungs {', '.join(v)} are all at {float(np.exp(k)):.4g} FLOPs"
+                       for k, v in same.items() if len(v) > 1)
+    if groups:
         raise ValueError(f"{groups}: a rung is a scale, and rungs at one compute give the law and the scale terms "
                          "no span; allowed values: one rung label per compute (relabel the runs, or give each rung "
                          "its own training FLOPs)")
@@ -369,8 +374,6 @@ def analyze_table(df: pd.DataFrame, **kw) -> StudyAnalysis:
     """`_analyze_table` with numpy's and scipy's RuntimeWarnings (an exp that overflows where a law
     parameter is not identified, say) kept off the console and the notebook: each distinct one becomes
     one line of the report's Warnings instead (the values it concerns are shown as not identified)."""
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         a = _analyze_table(df, **kw)
@@ -400,12 +403,12 @@ class _Options:
     third_levels: str = "drop"
     level: float = 0.95
     seed: int = 0
-    responses: tuple[str, ...] | None = None
+    responses: tuple[str, ...] | None = None  # names from analysis/responses.py (default: every registered one)
     force_extrapolation: bool = False
     law_forms: tuple[str, ...] = ("power", "curved")
-    replicates: bool = True
-    pinned_law: PinnedLaw | None = None
-    stein: Stein | None = None
+    replicates: bool = True  # each seed also analysed alone (seeds as replicates; planted truths' coverage)
+    pinned_law: PinnedLaw | None = None  # a reference ladder's L∞ and α (analysis/fit/reflaw.py), pinned with spread
+    stein: Stein | None = None  # the pilot of a `run --until` study (analysis/fit/replicates.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "responses", tuple(RESPONSES) if self.responses is None else tuple(self.responses))
@@ -423,14 +426,8 @@ class _Options:
 
 def _analyze_table(df: pd.DataFrame, **kw) -> StudyAnalysis:
     """The attribution on a results table, in stages: the coded runs (`_prepare`), each response's fit
-    (`_fit_responses`), the bootstrap, the contrasts at C_ref, per rung and at the target (`_contrasts`), the
-    per-seed replication that widens them (`_replicate`), then the checks and warnings (`_check`). `responses`:
-    names from analysis/responses.py (default every registered one).
-
-    With planted factors (a truth in their coding) the result also checks them against the truth;
-    `replicates` then analyses each seed alone as well, for the coverage over replicates.
-    `pinned_law`: L∞ and α from a reference ladder (analysis/fit/reflaw.py), pinned with their covariance
-    (it overrides pin_linf / pin_alpha). `stein`: the pilot of a `run --until` study (analysis/fit/replicates.py)."""
+    (`_fit_responses`), the bootstrap, the contrasts (`_contrasts`), the per-seed replication that widens them
+    (`_replicate`), then the checks and warnings (`_check`). The keywords are `_Options`' (docs/method.md §4)."""
     o = _Options(**kw)
     prep, inv = _prepare(df, o)
     fits, reduced = _fit_responses(prep, o)
@@ -556,15 +553,14 @@ def _contrasts(prep: _Prepared, o: _Options, fits: dict, reduced: dict, boot_the
     return components, per_rung, extrap
 
 
-def _law_form_spread(prep: _Prepared, o: _Options, fits: dict, reduced: dict, extrap: pd.DataFrame,
+def _law_form_spread(p: _Prepared, o: _Options, fits: dict, reduced: dict, extrap: pd.DataFrame,
                      zt: float) -> None:
     """Widens each extrapolated interval to the union of the power-law and curved-law intervals and records
     the difference of the two Shapley estimates (law_form_spread), where the curved form is identified."""
     extrap["law_form_spread"] = np.nan
     lawr = next((RESPONSES[n] for n in fits if RESPONSES[n].family == "law"), None)
-    if "curved" not in prep.joint or lawr is None:
+    if "curved" not in p.joint or lawr is None:
         return
-    p = prep
     fq2, _ = quality_fit(p.X, p.z, p.C, p.L, p.factors, interactions=o.interactions, scale=p.scale, seeds=p.seeds,
                          pins=p.pins, form="curved", start=p.joint["curved"])
     alt = {lawr.name: fq2}  # and every sum with the law among its parts, the curved law in its place
@@ -587,16 +583,6 @@ def _replicate(df: pd.DataFrame, prep: _Prepared, o: _Options, components, per_r
     """Seeds as replicates (analysis/fit/replicates.py): each seed analysed alone; every interval at C_ref and per
     rung is the between-seed t interval of the per-seed values (Stein's for the values a `run --until` study named),
     the extrapolated and the law's widened to at least it. (per_seed, components, per_rung, extrap)."""
-    from marin_ablate.analysis.fit.replicates import (
-        BETWEEN_SEEDS_MIN,
-        REPLICATE_SEEDS_MAX,
-        between_seed_interval,
-        between_seed_law,
-        between_seed_per_rung,
-        per_seed_analyses,
-        planted_truths,
-    )
-
     ok = prep.ok
     n_seeds = ok["seed"].nunique() if "seed" in ok else 1
     if not o.replicates or n_seeds < BETWEEN_SEEDS_MIN:
@@ -631,14 +617,6 @@ def _replicate(df: pd.DataFrame, prep: _Prepared, o: _Options, components, per_r
 
 def _check(a: StudyAnalysis, df: pd.DataFrame, X: np.ndarray, o: _Options, per_seed: dict) -> None:
     """Lost runs, the TOTAL two ways, paired per-rung contrasts, warnings; planted truths against the intervals."""
-    from marin_ablate.analysis.fit.checks import lost_runs, paired_per_rung, total_checks, warnings_for
-    from marin_ablate.analysis.fit.replicates import (
-        coverage_summary,
-        planted_truths,
-        replicate_checks,
-        truth_check,
-    )
-
     a.notes += refuse_single_rung(a)
     a.lost = lost_runs(df, a, o.third_levels)
     a.checks = total_checks(a, X)

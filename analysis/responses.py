@@ -1,18 +1,8 @@
-"""The analysis responses, one table (docs/method.md §4): what each fits, from which results column,
-on which scale, and how the report names it.
-
-Every response is a ln-scale column of the analysis table (`Response.column`) whose factor effects
-are attributed the same way (Shapley, LOO, AOI, per rung). Its `family` says how it is fitted:
-
-  * "law": the joint law + quality effects fit on every run (analysis/fit/joint.py); the column is
-    ln M_flop of each run under the fitted reference law;
-  * "ols": OLS of `transform(source)` on the factor model (analysis/fit/attribution.py `fit_effects`);
-    transform "ln" is ln(source), "ln_ratio" is ln(source / mean source of the all-off arm on the
-    same rung and hardware), so the effect is a ratio to the baseline measured alongside it;
-  * "sum": the sum of `parts` (coefficients and covariances add, as for independent noise).
-
-Adding a response is one `register(Response(...))` (or one row below); the pipeline, bootstrap,
-checks, report and figures read it from here.
+"""The analysis responses, one table (docs/method.md §4.3; docs/extending.md adds one): each a ln-scale column
+(`Response.column`) whose effects are attributed alike. Its `family`: "law" (the joint law fit, ln M_flop of each
+run), "ols" (OLS of `transform(source)`: "ln", or "ln_ratio" to the all-off arm's mean on the same rung and
+hardware) or "sum" (of `parts`: coefficients and covariances add). The pipeline, bootstrap, checks, report and
+figures read it from here.
 """
 
 from __future__ import annotations
@@ -87,8 +77,7 @@ def by_column(column: str) -> Response | None:
 
 def ordered(names) -> list[Response]:
     """The responses named, in fitting order: law, then ols, then sums (a sum needs its parts)."""
-    rs = [RESPONSES[n] for n in names]
-    return sorted(rs, key=lambda r: FAMILIES.index(r.family))
+    return sorted((RESPONSES[n] for n in names), key=lambda r: FAMILIES.index(r.family))
 
 
 def law() -> Response:

@@ -14,9 +14,16 @@ from typing import Any
 
 import pandas as pd
 
-from marin_ablate.analysis.ofat import DESIGNS
+from marin_ablate.analysis.fit.replicates import Stein
+from marin_ablate.analysis.fit.stopping import read_plan
+from marin_ablate.analysis.io.importer import complete_table
+from marin_ablate.analysis.io.pinned_law import read_pinned
+from marin_ablate.analysis.io.results import DAMAGED, load_table, read_lr_profile, write_table
+from marin_ablate.analysis.ofat import DESIGNS, analyze_ofat, design_kind, find_star, report_lines
+from marin_ablate.analysis.report.spreadsheet import spreadsheet_csv
 from marin_ablate.marin import plugins
 from marin_ablate.marin.fields import SEED, option
+from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_text
 
 STUDY_ROOTS_ENV = "MARIN_ABLATE_STUDIES"
 MAX_BOOT = 1_000_000  # replicates: beyond this the bootstrap takes days and its draws no longer fit in memory
@@ -74,8 +81,6 @@ class StudyResult:
     def damaged(self) -> str:
         """One line naming the run folders left out because they contradict themselves or cannot be read
         (analysis/io/results.py DAMAGED), '' when none: `analyze` ends with it, exit 2, once the report is written."""
-        from marin_ablate.analysis.io.results import DAMAGED
-
         t = self.table
         bad = t[t["status"].isin(DAMAGED)] if "status" in t else t.iloc[:0]
         if not len(bad):
@@ -90,15 +95,9 @@ class StudyResult:
 def resolve_study(study: str | Path, lines: list[str] | None = None) -> tuple[Path, pd.DataFrame]:
     """STUDY = a study directory, a results .parquet/.csv, or a name under $MARIN_ABLATE_STUDIES, studies/, runs/;
     a study folder's plugin record is compared and noted in `lines`."""
-    from marin_ablate.analysis.io.importer import complete_table
-    from marin_ablate.analysis.io.results import load_table
-
     p = Path(study)
-    cands = [p]
-    if not p.is_absolute():
-        for root in (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results"):
-            if root:
-                cands.append(Path(root) / study)
+    roots = () if p.is_absolute() else (os.environ.get(STUDY_ROOTS_ENV), "studies", "runs", "results")
+    cands = [p] + [Path(root) / study for root in roots if root]
     for c in cands:
         if c.is_file():
             return c.parent, complete_table(load_table(c), c)
@@ -137,8 +136,6 @@ def check_boot_memory(n_boot: int, table: pd.DataFrame) -> None:
 
 def _pinned(opts: AnalysisOptions, folder: Path | None, study: str | None = None):
     """The study folder's pinned reference law, unless --no-pinned-law or a --pin-* value is given."""
-    from marin_ablate.analysis.io.pinned_law import read_pinned
-
     if folder is None or opts.no_pinned_law or opts.pin_linf is not None or opts.pin_alpha is not None:
         return None
     return read_pinned(folder, study)
@@ -149,8 +146,6 @@ def ofat_or_none(opts: AnalysisOptions, table: pd.DataFrame, folder: Path | None
     analysis), with the reason for a pooled design noted in `lines`. Without --pin-* values the study folder's
     pinned law gives L∞ and α (a baseline ladder's, or a published one: the `holdout` study reads every arm
     through Marin's fast-ladder law, as Marin reads its own)."""
-    from marin_ablate.analysis.ofat import analyze_ofat, design_kind, find_star
-
     kind, star, note = design_kind(table) if opts.design == "auto" else (opts.design, None, "")
     if note and lines is not None:
         lines.append(f"note: {note}")
@@ -175,12 +170,6 @@ def ofat_or_none(opts: AnalysisOptions, table: pd.DataFrame, folder: Path | None
     return a
 
 
-def _study_name(table: pd.DataFrame) -> str | None:
-    """The study the table's runs name (their meta.json), None when they name none."""
-    names = table["study"].dropna().astype(str).unique() if "study" in table else []
-    return str(names[0]) if len(names) == 1 else None
-
-
 def _title(table: pd.DataFrame, folder: Path) -> str:
     return str(table["study"].dropna().iloc[0]) if "study" in table and table["study"].notna().any() else folder.name
 
@@ -188,12 +177,10 @@ def _title(table: pd.DataFrame, folder: Path) -> str:
 def fit_kw(opts: AnalysisOptions, folder: Path | None, table: pd.DataFrame) -> dict:
     """The fit options the report, the forecast and the backtest's refits share; a `run --until` study's pilot
     (until.json: its named values' intervals are Stein's, docs/method.md §4.11)."""
-    from marin_ablate.analysis.fit.replicates import Stein
-    from marin_ablate.analysis.fit.stopping import read_plan
-
     plan = read_plan(folder) if folder is not None else None
-    return dict(pin_linf=opts.pin_linf, pin_alpha=opts.pin_alpha,
-                pinned_law=_pinned(opts, folder, _study_name(table)), hc=opts.hc, mixed=opts.mixed,
+    names = table["study"].dropna().astype(str).unique() if "study" in table else []  # the study its runs name
+    return dict(pin_linf=opts.pin_linf, pin_alpha=opts.pin_alpha, hc=opts.hc, mixed=opts.mixed,
+                pinned_law=_pinned(opts, folder, str(names[0]) if len(names) == 1 else None),
                 interactions=not opts.no_interactions, third_levels=opts.third_levels,
                 stein=Stein(plan.pilot, plan.components) if plan is not None else None)
 
@@ -201,7 +188,6 @@ def fit_kw(opts: AnalysisOptions, folder: Path | None, table: pd.DataFrame) -> d
 def fit_study(opts: AnalysisOptions, table: pd.DataFrame, folder: Path | None = None, *, target: float | None = None,
               n_boot: int | None = None):
     """The factorial analysis of `table` (analysis/pipeline.py) with the folder's pinned law and LR profile."""
-    from marin_ablate.analysis.io.results import read_lr_profile
     from marin_ablate.analysis.pipeline import analyze_table
 
     n_boot = opts.n_boot if n_boot is None else n_boot
@@ -226,7 +212,6 @@ def analyze_study(study: str | Path, opts: AnalysisOptions = AnalysisOptions(), 
     report; the report under `opts.report_dir` (default STUDY/report). `command`: the command line the report
     records (default: this process's)."""
     from marin_ablate.analysis.calibration.forecast import judge, read_forecasts
-    from marin_ablate.analysis.io.results import write_table
     from marin_ablate.analysis.report.findings import rests_on
     from marin_ablate.analysis.report.tables import attribution_table, informative
     from marin_ablate.analysis.report.writer import write_report
@@ -266,10 +251,6 @@ def analyze_study(study: str | Path, opts: AnalysisOptions = AnalysisOptions(), 
 
 
 def _report_ofat(res: StudyResult, out: Path) -> StudyResult:
-    from marin_ablate.analysis.ofat import report_lines
-    from marin_ablate.analysis.report.spreadsheet import spreadsheet_csv
-    from marin_ablate.marin.schema import atomic_write_bytes, atomic_write_text
-
     report = report_lines(res.ofat, _title(res.table, res.folder))
     md, csv = out / "report.md", out / "ofat.csv"
     atomic_write_text(md, "\n".join(report) + "\n")
@@ -279,20 +260,15 @@ def _report_ofat(res: StudyResult, out: Path) -> StudyResult:
     return res
 
 
-def _backtest_of(opts: AnalysisOptions, a, table: pd.DataFrame, folder: Path | None, min_rungs: int):
-    """The backtest of a factorial study's own ladder (analysis/backtest.py)."""
-    from marin_ablate.analysis.backtest import backtest
-
-    return backtest(table, a, min_rungs=min_rungs, **fit_kw(opts, folder, table))
-
-
 def _report_backtest(opts: AnalysisOptions, a, table: pd.DataFrame, folder: Path):
     """The report's backtest line's source: None below three rungs (nothing to backtest), the reason as
     text where the refits cannot run."""
+    from marin_ablate.analysis.backtest import backtest
+
     if len(a.rungs) < 3:
         return None
     try:
-        return _backtest_of(opts, a, table, folder, 2)
+        return backtest(table, a, min_rungs=2, **fit_kw(opts, folder, table))
     except ValueError as e:
         return f"not run ({e})"
     except Exception as e:  # noqa: BLE001 — a diagnostic beside the report: its failure is printed there, not fatal
@@ -302,8 +278,8 @@ def _report_backtest(opts: AnalysisOptions, a, table: pd.DataFrame, folder: Path
 def backtest_study(study: str | Path, opts: AnalysisOptions = AnalysisOptions(), min_rungs: int = 2) -> StudyResult:
     """`analyze STUDY --backtest`: the scale extrapolation's record on the study's own ladder (backtest.csv in the
     report directory)."""
+    from marin_ablate.analysis.backtest import backtest
     from marin_ablate.analysis.report.backtest import backtest_console
-    from marin_ablate.marin.schema import atomic_write_bytes
 
     if opts.target is not None:
         raise ValueError("--target with --backtest: the backtest predicts the study's own later rungs; allowed "
@@ -314,7 +290,7 @@ def backtest_study(study: str | Path, opts: AnalysisOptions = AnalysisOptions(),
         raise ValueError("--backtest needs the factorial model (a one-factor-at-a-time study is not extrapolated); "
                          "allowed values: a factorial study, or --design factorial")
     a = fit_study(opts, table, folder, n_boot=0)
-    bt = _backtest_of(opts, a, table, folder, min_rungs)
+    bt = backtest(table, a, min_rungs=min_rungs, **fit_kw(opts, folder, table))
     csv = (Path(opts.report_dir) if opts.report_dir else folder / "report") / "backtest.csv"
     atomic_write_bytes(csv, bt.rows.to_csv(index=False).encode())
     return StudyResult(folder, table, a, written=[csv], lines=[*lines, *backtest_console(bt), f"wrote {csv}"])

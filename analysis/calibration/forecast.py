@@ -1,10 +1,7 @@
 """Pre-registration (docs/method.md §4.7): an immutable, hashed, timestamped forecast of a target run.
 
-A forecast file `<study>/forecasts/forecast-<UTC>-<sha8>.json` holds {"content": ..., "sha256": ...}
-where sha256 is over the canonical JSON of content (the fit, its inputs, the predicted loss at the
-target compute). It is created exclusively (never overwritten) and made read-only. The report
-checks the hash, finds the target's outcome runs, and refuses a forecast written after the target
-run started.
+`<study>/forecasts/forecast-<UTC>-<sha8>.json` holds {"content", "sha256" of its canonical JSON}, created exclusively
+and made read-only; the report checks the hash and refuses a forecast written after the target run started.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from marin_ablate.analysis.io.results import factor_codes, factor_coding
 from marin_ablate.analysis.pipeline import StudyAnalysis
 from marin_ablate.marin.schema import DamagedFile, read_json
 
@@ -50,8 +48,6 @@ def _table_hash(df: pd.DataFrame) -> str:
 
 
 def _matching_runs(df: pd.DataFrame, factors: list[str], codes: dict[str, int], compute: float) -> pd.DataFrame:
-    from marin_ablate.analysis.io.results import factor_codes, factor_coding
-
     coding = factor_coding(df)
     m = np.ones(len(df), bool)
     for f in factors:

@@ -1,23 +1,12 @@
-"""The precision planner: each component's expected 95% half-width of ln M before a run starts
-(docs/method.md §4.9, *Precision planner*).
-
-The prediction runs the analysis's own estimator (`joint.quality_fit`: the joint law + effects
-fit, with its main-effects refit where a fraction aliases a Shapley value) on the noise-free losses
-of the planned design at a stated truth, and takes that least-squares fit's covariance at the truth
-(delta method through the law's local slope):
-
-    Var θ̂ = s²·(JᵀJ)⁻¹ + σ̂²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹
-
-J the fit's Jacobian, s_g the summed rows of a (seed × rung) cluster; the second term is the one the
-analysis adds for a loss shift shared by a cluster (analysis/fit/joint.py), at the median of its moment
-estimate on the clusters' own df (zero where they leave none: the analysis cannot include it there).
-A component's half-width is t(dof)·√(cᵀ Var c) with c its Shapley contrast, the interval
-`analyze_table(..., n_boot=0)` prints; with three or more seeds at C_ref, at least the median
-between-seed t interval (analysis/fit/replicates.py). Each number is the *median* over studies.
+"""The precision planner (docs/method.md §4.9): each component's expected 95% half-width of ln M before a run
+starts, from the analysis's own estimator (`joint.quality_fit`) on the noise-free losses of the planned design at a
+stated truth, its covariance taken at that truth (delta method, with the (seed × rung) cluster term at the median
+of its moment estimate). Each number is the *median* over studies.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +15,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from marin_ablate.analysis.fit.attribution import component_contrasts, component_table
+from marin_ablate.analysis.fit.joint import between_clusters, pin_term, quality_fit, valley_term
+from marin_ablate.analysis.fit.reflaw import predicted_reference
+from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
+from marin_ablate.analysis.fit.stopping import seeds_for
+from marin_ablate.analysis.io.results import factor_columns, load_table
+from marin_ablate.analysis.pipeline import analyze_table
+from marin_ablate.analysis.responses import law, law_column
 
 #: Stated defaults where no noise source is given: the per-run loss noise, and the calibration study's
 #: fitted law (docs/calibration/: α 0.2253, L∞ 1.736 and 1.22 nats of reducible loss at its C_ref).
@@ -118,9 +116,6 @@ def _runs(lay: Layout, law, log_m=None):
 def _fits(lay: Layout, law, log_m=None, pinned: bool = False):
     """(Shapley fit, its JointFit, c_ref): the pipeline's quality fit, or its main-effects refit where
     the full model leaves a Shapley value non-estimable (as analysis/pipeline.py does)."""
-    from marin_ablate.analysis.fit.attribution import component_contrasts
-    from marin_ablate.analysis.fit.joint import quality_fit
-
     X, z, C, L, seed, clusters, c_ref = _runs(lay, law, log_m)
     # one rung cannot fix α: the analysis then needs it pinned (--pin-alpha), and so does the prediction
     pins = (law[0], law[2]) if pinned else (None, law[2]) if len(lay.computes) < 2 else (None, None)
@@ -134,8 +129,6 @@ def _fits(lay: Layout, law, log_m=None, pinned: bool = False):
 def _covariance(jf, noise: Noise) -> tuple[np.ndarray, np.ndarray, dict]:
     """(robust, model-based) Var θ̂ over the joint fit's parameters at the truth, as the analysis
     computes them (it takes the larger per contrast), and the df they rest on."""
-    from marin_ablate.analysis.fit.joint import between_clusters
-
     J = jf.jac
     bread = np.linalg.pinv(J.T @ J)
     h = np.clip(((J @ bread) * J).sum(1), 0, 1 - 1e-9)
@@ -167,16 +160,10 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
             log_m=None, law: tuple[float, float, float] | None = None,
             pin_cov: np.ndarray | None = None, pin_valley: tuple = (),
             between: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref.
-    `log_m(X, C)`: the true ln M of each run (default: no effects); `law`: (L∞, A, α) (default:
-    the noise source's, else DEFAULT_LAW anchored at this layout's C_ref). `pin_cov`: L∞ and α
-    pinned at the truth with this covariance (a reference ladder's, as `run` pins them), and `pin_valley` its
-    accepted (L∞, α) pairs where the ladder fixes only the slope. `between` (with two or more seeds): the median
-    between-seed t interval at C_ref and at least it at every other ratio (analysis/fit/replicates.py), its sd one
-    seed's model standard error and the component x seed sd (`Noise.seed_sd`) in quadrature. Returns (table, info)."""
-    from marin_ablate.analysis.fit.attribution import component_table
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
-
+    """Per component (and TOTAL): the median 95% half-width of its ln M at each `ratios` × C_ref, and an info dict.
+    `log_m(X, C)`: each run's true ln M (default none); `law`: (L∞, A, α) (default: the noise source's, else
+    DEFAULT_LAW at this layout's C_ref); `pin_cov`, `pin_valley`: L∞ and α pinned as `run` pins them; `between` (two
+    or more seeds): at least the median between-seed t interval (docs/method.md §4.9)."""
     if lay.seeds < 1 or not lay.computes or len(lay.design) < 2:
         raise ValueError(f"layout: seeds={lay.seeds}, {len(lay.computes)} rungs, {len(lay.design)} arms; "
                          "allowed values: seeds >= 1, at least one rung and two arms")
@@ -190,8 +177,6 @@ def predict(lay: Layout, noise: Noise, *, level: float = 0.95, ratios: tuple[flo
     hc3, model, info = _covariance(jf, noise)
     extra = np.zeros_like(hc3)  # the pinned law's part, which every seed shares
     if pin_cov is not None:  # the pins' own uncertainty, by the delta method the analysis uses
-        from marin_ablate.analysis.fit.joint import pin_term, valley_term
-
         extra = pin_term(jf, np.asarray(pin_cov, float))[0]
         if len(pin_valley):
             extra = extra + valley_term(jf, pin_valley)[0]
@@ -229,9 +214,7 @@ def _between_half(one_hw: np.ndarray, one_dof: int, components: list[str], noise
     return float(stats.t.ppf(0.5 + level / 2, k - 1)) * np.sqrt(s2 * med / k + law_se**2)
 
 
-# ---------------------------------------------------------------------------------------------
 # Noise sources
-# ---------------------------------------------------------------------------------------------
 
 
 def default_noise() -> Noise:
@@ -249,8 +232,6 @@ def seed_sd_of(a) -> dict[str, float]:
     per-seed estimates' sd with one seed's model variance (the mean of theirs) taken out; {} with one seed."""
     if not getattr(a, "per_seed", None) or not len(a.components) or "between_seeds" not in a.components:
         return {}
-    from marin_ablate.analysis.responses import law_column
-
     c = a.components[a.components["response"] == law_column()]
     out = {}
     for r in c.itertuples():
@@ -267,8 +248,6 @@ def seed_sd_of(a) -> dict[str, float]:
 def noise_from(path: str | Path) -> Noise:
     """The noise of a finished study folder (or results file): a seed panel (one rung, or at most two
     arms) gives the seed-to-seed sd per rung; an analysed factorial gives its fit's residuals."""
-    from marin_ablate.analysis.io.results import factor_columns, load_table
-
     df = load_table(path)
     ok = df[df["status"] == "completed"].copy() if "status" in df else df.copy()
     ok = ok[np.isfinite(pd.to_numeric(ok.get("eval_macro_loss"), errors="coerce"))]
@@ -309,10 +288,6 @@ def _panel_noise(ok: pd.DataFrame, path) -> Noise:
 
 def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     """An analysed study: the joint fit's within-cluster residual sd and its between-cluster excess."""
-    from marin_ablate.analysis.fit.joint import between_clusters
-    from marin_ablate.analysis.pipeline import analyze_table
-    from marin_ablate.analysis.responses import law
-
     a = analyze_table(ok, n_boot=0, boot_method="none", responses=(law().name,), law_forms=("power",))
     seeds = seed_sd_of(a)
     jf = a.joint.get("power")
@@ -325,23 +300,21 @@ def _residual_noise(ok: pd.DataFrame, path) -> Noise:
     dfw = jf.dof - max(dfb, 0)
     s2w = float(np.sum((r - (np.bincount(inv, weights=r) / n_g)[inv]) ** 2)) / max(dfw, 1)
     rung = math.sqrt(max(0.0, (s2b - s2w) / float(np.mean(n_g)))) if dfb > 0 and np.isfinite(s2b) else 0.0
-    law = (jf.linf, jf.A, jf.alpha) if jf.alpha > 0 and math.isfinite(jf.A) else None
+    own = (jf.linf, jf.A, jf.alpha) if jf.alpha > 0 and math.isfinite(jf.A) else None
     src = (f"residuals of the analysed study {path}: within (seed × rung) sd {math.sqrt(s2w):.4g} nats on {dfw} df, "
            + (f"shift sd {rung:.3g} on {dfb} cluster df" if dfb > 0
               else "no cluster df to measure a (seed × rung) shift")
-           + (f"; its law L∞ {law[0]:.4g}, A {law[1]:.4g}, α {law[2]:.4g}" if law
+           + (f"; its law L∞ {own[0]:.4g}, A {own[1]:.4g}, α {own[2]:.4g}" if own
               else "; its law not used (α ≤ 0)"))
     if seeds:
         src += (f"; component x seed sd over its {int(ok['seed'].nunique())} seeds: "
                 + ", ".join(f"{c} {v:.3g}" for c, v in seeds.items()))
     other = float(np.median([v for c, v in seeds.items() if c != "TOTAL"])) if seeds else 0.0
-    return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=law, seed_sd=tuple(seeds.items()),
+    return Noise(sd=math.sqrt(s2w), rung_sd=rung, source=src, law=own, seed_sd=tuple(seeds.items()),
                  seed_sd_other=other)
 
 
-# ---------------------------------------------------------------------------------------------
 # A study's layout, its cost, and the options that reach a target
-# ---------------------------------------------------------------------------------------------
 
 
 def _per_run(study) -> list[dict]:
@@ -463,8 +436,6 @@ def study_pin(study, noise: Noise, pinned=None) -> tuple[np.ndarray | None, tupl
         return (pinned.cov_propagated, (pinned.linf, pinned.A, pinned.alpha),
                 f"reference law pinned from this machine's baseline ladder ({pinned.source}, {pinned.created}): "
                 f"{pinned.describe()}", pinned.valley)
-    from marin_ablate.analysis.fit.reflaw import predicted_reference
-
     n_seeds = len(getattr(study, "reference_seeds", (0,)))
     one = [r["compute"] for r in _per_run(replace(study, rungs=ladder(rungs), seeds=study.seeds[:1]))]
     lay, _ = study_layout(study)
@@ -520,10 +491,9 @@ def format_precision(study, noise: Noise, *, target: float | None = None, level:
         unit = cost_unit(study)
         lines.append(f"\ntarget half-width {target:g} (widest component at C_ref), "
                      f"options (seeds tried up to {MAX_SEEDS}):")
-        for r in o.itertuples():
-            lines.append(f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, "
-                         f"{r.train_flops:.3g} FLOPs, {unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"
-                         + (" (main effects only)" if r.main_effects_only else ""))
+        lines += [f"  {'reaches' if r.reaches else 'short  '}  {r.option}: {r.runs} runs, {r.train_flops:.3g} FLOPs, "
+                  f"{unit} {getattr(r, unit):.4g}, widest ±{r.widest_halfwidth:.4f}"
+                  + (" (main effects only)" if r.main_effects_only else "") for r in o.itertuples()]
         best = o[o["reaches"]]
         lines.append(f"cheapest reaching {target:g}: {best.iloc[0]['option']}" if len(best) else
                      f"no option tried reaches {target:g}: more seeds than {MAX_SEEDS} or a lower-noise setup")
@@ -534,8 +504,6 @@ def plan_precision(study, noise_path: str | None = None, target: float | None = 
                    pinned=None) -> str:
     """`plan STUDY --precision [--noise PATH] [--target-halfwidth H] [--json]`: the section, or its JSON;
     `pinned`: the PinnedLaw this machine measured for the study (else its ladder's is predicted)."""
-    import json
-
     if target is not None and not (target > 0 and math.isfinite(target)):
         raise ValueError(f"--target-halfwidth {target}; allowed values: a positive ln-scale half-width, e.g. 0.05")
     noise = noise_from(noise_path) if noise_path else default_noise()
@@ -561,8 +529,6 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
     seed sd (one seed's model standard error and the component x seed sd in quadrature), the seeds Stein's rule
     asks for at that sd from the study's seeds as the pilot, and the cost of the seeds in all (the plan's own
     per-run numbers; the LR profile's runs not included)."""
-    from marin_ablate.analysis.fit.stopping import seeds_for
-
     lay, rows = study_layout(study)
     k = lay.seeds
     pin_cov, pin_law, _, valley = study_pin(study, noise, pinned)  # the law as `run` pins it (format_precision)

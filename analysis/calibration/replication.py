@@ -1,15 +1,7 @@
-"""Does the main job's answer survive a change of seed? The arithmetic of benchmarks/seed_replication.py.
-
-The same study is run at J disjoint seed sets. Each set's Findings give, per component and the TOTAL, an
-estimate of ln M with its 95% interval and a verdict (gain / loss / none). The answer replicates
-(docs/method.md §4.11) when no component is a gain at one set and a loss at another, and the set means scatter
-as much as their intervals say they should: the variance test (`variance_test`) compares, per component,
-Cochran's Q = Σ_j (m_j − m̄)²/se_j² (se_j the set's half-width over its t quantile, m̄ the inverse-variance mean)
-summed over components with its distribution when every interval is right, drawn by Monte Carlo from the pivot
-(z_j normal, se_j² a χ²(df_j)/df_j draw: Q then depends on the df alone). Both tails fail it: intervals too
-narrow give a large Q, too wide a small one. Pairs of sets within their combined half-width √(h_i² + h_j²) are
-counted too (a description: under correct intervals a pair falls outside only when |z| > 2.8·√2, so that count
-cannot find an interval too wide). No torch import.
+"""Does the main job's answer survive a change of seed? The arithmetic of benchmarks/seed_replication.py
+(docs/method.md §4.11, "What it cannot tell"): per component the pairs of disjoint seed sets, flips, and the
+variance test (Cochran's Q of the set means summed over components, against its distribution under correct
+intervals drawn from the pivot: both tails fail it). No torch import.
 """
 
 from __future__ import annotations
@@ -20,6 +12,8 @@ import math
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from marin_ablate.analysis.report.findings import finding, recommended_total
 
 #: Columns of a per-set table: one row per (set, component), ln-scale estimate and interval.
 SET_COLUMNS = ("set", "seeds", "component", "est", "lo", "hi", "verdict")
@@ -130,8 +124,6 @@ def findings_rows(a, set_name: str, response: str = "ln_M") -> list[dict]:
     """One study analysis's Findings at C_ref as per-set rows (SET_COLUMNS): per component and the TOTAL
     the value Findings lead with (the observed TOTAL where the model's fails its check), its interval and
     its family-controlled verdict."""
-    from marin_ablate.analysis.report.findings import finding, recommended_total
-
     comp = a.components
     seeds = ",".join(str(int(s)) for s in sorted(a.table["seed"].dropna().unique())) if "seed" in a.table else ""
     rows = []

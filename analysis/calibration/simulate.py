@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from marin_ablate.analysis.io.results import SUMMARY_COLUMNS
 from marin_ablate.marin.schema import FactorCoding, RunMeta
 
 
@@ -278,11 +279,7 @@ def write_study(df: pd.DataFrame, study_dir: str | Path) -> Path:
         (d / "spec.json").write_text(json.dumps({"seed": int(row["seed"])}))
         if row["status"] == "missing":
             continue
-        summ = {k: row.get(k) for k in ("run_id", "status", "error", "params_total", "params_active",
-                                        "flops_per_token", "tokens", "train_flops", "eval_macro_loss", "macro_bpb",
-                                        "final_train_loss", "tokens_per_s", "model_flops_per_s", "mfu", "drop_rate",
-                                        "max_grad_norm", "spikes", "wall_s", "hardware", "code_version",
-                                        "started_at")}
+        summ = {k: row.get(k) for k in ("run_id", "status", *SUMMARY_COLUMNS, "started_at")}
         summ = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in summ.items()}
         summ["failed_step"] = 17 if row["status"] == "failed" else None
         summ["eval_domain_loss"] = {d_: row[f"loss_{d_}"] for d_ in ("web", "code")

@@ -1,28 +1,15 @@
-"""Effects-coded attribution of ln M to the recipe components (docs/method.md §4.3–4).
+"""Effects-coded attribution of ln M to the recipe components (docs/method.md §4.4).
 
-Model. Each study factor i is coded x_i = +1 (recipe level) / −1 (baseline level); z = ln(C/C_ref)
-with C the run's own analytic FLOPs and C_ref the geometric mean compute of the study. The response
-y (ln M_flop, ln R or ln M_flop·R) is fitted by OLS on
+Factors coded x_i = +1 (recipe level) / −1 (baseline level), z = ln(C/C_ref) of the run's rung; a response y
+(ln M_flop, ln R, ...) is fitted on
 
-    y = b0 + b_z·z + Σ_i β_i x_i + Σ_{i<j} β_ij x_i x_j + Σ_i γ_i x_i z
+    y = b0 + b_z·z + Σ_i β_i x_i + Σ_{i<j} β_ij x_i x_j + Σ_i γ_i x_i z   (z terms with ≥ 2 rungs).
 
-(z terms only when the study spans ≥ 2 rungs). Standard errors: the larger of the HC3 robust and the model-based
-one per contrast, t with n − p df. For quality the coefficients come from the joint law fit
-(analysis/fit/joint.py), which carries the reference law's uncertainty into every contrast.
-
-Per component i, with f(S) = predicted y of the arm with the factors in S on, the rest off, at z:
-  * Shapley φ_i = Σ_{S∌i} |S|!(k−|S|−1)!/k! [f(S∪i) − f(S)]; with this model φ_i = 2β_i + 2γ_i z
-    (an x_i x_j term is +1 at all-on and at all-off, so it adds nothing to the total and splits 0/0);
-  * leave-one-out LOO_i = f(N) − f(N∖i) = φ_i + 2Σ_j β_ij   (what papers report, from all-on);
-  * add-one-in AOI_i = f({i}) − f(∅) = φ_i − 2Σ_j β_ij       (from all-off).
-The component multiplier is exp(φ_i) = exp(2β_i + 2γ_i z): the all-off → all-on change of factor
-i averaged over the others. Σ_i φ_i = f(N) − f(∅), the total gain. These are computed generically by
-enumerating the 2^k arms over the fitted model; tests check the closed forms.
-
-Aliasing. Candidate columns identical up to sign (a regular fraction) form alias groups; such an
-estimate is only ever reported for the group (e.g. "xsa:sconv = −qk_norm:optimizer"). A column
-that is another linear combination (missing runs) is not estimable. A contrast is reported only if
-it lies in the row space of the design matrix (is estimable), otherwise as not estimable.
+Per component i, f(S) the predicted y of the arm with the factors in S on: Shapley φ_i = Σ_{S∌i}
+|S|!(k−|S|−1)!/k! [f(S∪i) − f(S)] = 2β_i + 2γ_i z (an x_i x_j term is +1 at all-on and at all-off);
+LOO_i = f(N) − f(N∖i) = φ_i + 2Σ_j β_ij (from all-on); AOI_i = f({i}) − f(∅) = φ_i − 2Σ_j β_ij (from all-off);
+all enumerated over the 2^k arms (tests check the closed forms). Columns identical up to sign (a regular fraction)
+form alias groups, reported only as the group; a contrast outside the design's row space is not estimable.
 """
 
 from __future__ import annotations
@@ -98,10 +85,7 @@ class AliasStructure:
     rowspace_V: np.ndarray  # (p, r) orthonormal basis of the design's row space
 
     def group_of(self, j: int) -> list[tuple[int, int]] | None:
-        for g in self.groups:
-            if any(j == t for t, _ in g):
-                return g
-        return None
+        return next((g for g in self.groups if any(j == t for t, _ in g)), None)
 
 
 def alias_structure(Xf: np.ndarray, tol: float = 1e-9) -> AliasStructure:
@@ -125,14 +109,8 @@ def alias_structure(Xf: np.ndarray, tol: float = 1e-9) -> AliasStructure:
         if norms[j] <= tol:
             not_est[int(j)] = []
             continue
-        match = None
-        for k in K:
-            for s in (1, -1):
-                if np.allclose(Xf[:, j], s * Xf[:, k], atol=1e-9 * max(norms[k], 1.0)):
-                    match = (int(k), s)
-                    break
-            if match:
-                break
+        match = next(((int(k), s) for k in K for s in (1, -1)
+                      if np.allclose(Xf[:, j], s * Xf[:, k], atol=1e-9 * max(norms[k], 1.0))), None)
         if match:
             g = next((g for g in groups if g[0][0] == match[0]), None)
             if g is None:
@@ -162,7 +140,6 @@ class EffectsFit:
     resid: np.ndarray
     leverage: np.ndarray
     X: np.ndarray  # (n, p) full candidate design
-    z_ref: float = 0.0
     method: str = "ols-HC3"
     notes: list[str] = field(default_factory=list)
     # The model-based covariance s²(XᵀX)⁻¹: each contrast uses the larger of it and the robust one, since
@@ -179,10 +156,8 @@ class EffectsFit:
     dof_between: int = 0
 
     def contrast_df(self, c: np.ndarray) -> float:
-        """The df of a contrast's t quantile: the fit's residual df, or — where the model-based variance
-        (the larger) holds a rung-shift part estimated on few cluster means — Satterthwaite's df of its two
-        parts, v_w on the residual df and v_b on the between-cluster df: (v_w + v_b)² / (v_w²/df + v_b²/df_b),
-        never more than the residual df."""
+        """The df of a contrast's t quantile: the residual df, or Satterthwaite's df of the model-based variance's
+        two parts where it is the larger and holds a rung-shift part (docs/method.md §4.4), at most the residual df."""
         if self.cov_between is None or self.dof_between <= 0 or self.dof <= 0 or self.cov_model is None:
             return float(self.dof)
         vm, vr = float(c @ self.cov_model @ c), float(c @ self.cov @ c)
@@ -286,10 +261,8 @@ def _t_quantile(level: float, dof: float) -> float:
 
 
 def _ols(Xk: np.ndarray, y: np.ndarray, hc: str, df_resid: int | None = None):
-    """statsmodels OLS with the `hc` sandwich (the estimator of record, docs/method.md §4.4): (θ, robust cov,
-    residuals, leverage, (XᵀX)⁻¹, results). A run its own column fits exactly (leverage 1, residual 0 by
-    construction) adds nothing to the sandwich's middle: statsmodels' own sandwich with those terms zeroed,
-    where its HC2/HC3 formula would divide 0 by 0."""
+    """statsmodels OLS with the `hc` sandwich (docs/method.md §4.4): (θ, robust cov, residuals, leverage, (XᵀX)⁻¹,
+    results); a run its own column fits exactly adds nothing to the sandwich (statsmodels' `_HCCM`, its term zeroed)."""
     import statsmodels.api as sm
     from statsmodels.stats.sandwich_covariance import _HCCM
 
@@ -316,11 +289,9 @@ def fit_effects(X_nk: np.ndarray, z_n: np.ndarray, y_n: np.ndarray, factors: lis
                 response: str = "ln_M", interactions: bool = True, scale: bool = False, hc: str = "HC3",
                 groups: np.ndarray | None = None, mixed: bool = False,
                 ref_groups: np.ndarray | None = None) -> EffectsFit:
-    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups`
-    (the pipeline passes the (seed × rung) cluster of each run). `ref_groups`: for a response taken
-    relative to a reference mean per group (ln R: the all-off arm's runs at the same rung and hardware),
-    each run's group; the residual df is then n − rank([group indicators, X]), since each group's
-    reference spent one (a lone reference run's residual is zero by construction, not a df)."""
+    """statsmodels OLS with the `hc` robust covariance, or `MixedLM` with a random intercept per `groups` (the
+    (seed × rung) cluster of each run). `ref_groups`: each run's reference group for a response taken relative to a
+    group mean (ln R); the residual df is then n − rank([group indicators, X]) (docs/method.md §4.4)."""
     if hc not in HC_TYPES:
         raise ValueError(f"hc {hc!r}; allowed values: {', '.join(HC_TYPES)}")
     terms = build_terms(factors, interactions=interactions, scale=scale)
@@ -381,22 +352,26 @@ def component_contrasts(fit: EffectsFit, z: float) -> dict[str, np.ndarray]:
     k = len(fit.factors)
     if k > 12:
         raise ValueError(f"factors: {k} factors; enumeration supports at most 12")
-    A = all_arms(k)
-    Phi = fit.predict_phi(A, z)  # (2^k, p)
+    Phi = fit.predict_phi(all_arms(k), z)  # (2^k, p)
+    full = 2**k - 1
+    shap = shapley_rows(Phi, k)
+    loo, aoi = np.zeros_like(shap), np.zeros_like(shap)
+    for i in range(k):
+        loo[i] = Phi[full] - Phi[full & ~(1 << i)]
+        aoi[i] = Phi[1 << i] - Phi[0]
+    return {"shapley": shap, "loo": loo, "aoi": aoi, "total": Phi[full] - Phi[0]}
+
+
+def shapley_rows(Phi: np.ndarray, k: int) -> np.ndarray:
+    """(k, p) Shapley contrasts over the model rows Phi (2^k, p) of `all_arms(k)`: φ_i = Σ_{S∌i} w_S [f(S∪i) − f(S)]."""
     m = np.arange(2**k)
     size = np.array([bin(i).count("1") for i in m])
-    full, empty = 2**k - 1, 0
-    shap = np.zeros((k, Phi.shape[1]))
-    loo = np.zeros_like(shap)
-    aoi = np.zeros_like(shap)
+    out = np.zeros((k, Phi.shape[1]))
     for i in range(k):
-        bit = 1 << i
-        S = m[(m & bit) == 0]
+        S = m[(m & (1 << i)) == 0]
         w = np.array([factorial(s) * factorial(k - s - 1) / factorial(k) for s in size[S]])
-        shap[i] = w @ (Phi[S | bit] - Phi[S])
-        loo[i] = Phi[full] - Phi[full & ~bit]
-        aoi[i] = Phi[bit] - Phi[empty]
-    return {"shapley": shap, "loo": loo, "aoi": aoi, "total": Phi[full] - Phi[empty]}
+        out[i] = w @ (Phi[S | (1 << i)] - Phi[S])
+    return out
 
 
 def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: np.ndarray | None = None,
@@ -431,11 +406,7 @@ def component_table(fit: EffectsFit, z: float, level: float = 0.95, boot_theta: 
 
 def varied_rungs(table: pd.DataFrame, factors: list[str]) -> dict[str, list[str]]:
     """{factor: the rungs at which its two levels both occur among the analysed runs}."""
-    out = {}
-    for f in factors:
-        g = table.groupby("rung")[f"x_{f}"].nunique()
-        out[f] = [str(r) for r, n in g.items() if n > 1]
-    return out
+    return {f: [str(r) for r, n in table.groupby("rung")[f"x_{f}"].nunique().items() if n > 1] for f in factors}
 
 
 def mark_not_varied(per_rung: pd.DataFrame, table: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
@@ -470,13 +441,8 @@ def refuse_single_rung(a) -> list[str]:
 
 
 def _component_alias_note(fit: EffectsFit, f: str) -> str:
-    notes = []
-    for j, t in enumerate(fit.terms):
-        if f in t.factors and fit.alias.group_of(j) is not None:
-            lab = fit.term_label(j)
-            if lab not in notes:
-                notes.append(lab)
-    return "; ".join(notes)
+    return "; ".join(dict.fromkeys(fit.term_label(j) for j, t in enumerate(fit.terms)
+                                   if f in t.factors and fit.alias.group_of(j) is not None))
 
 
 def interaction_matrix(fit: EffectsFit) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -506,6 +472,12 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
     dof = max(fit.dof, 1)
 
     def wald(cols: list[int]) -> tuple[float, float]:
+        if fit.sm_results is not None and fit.dof > 0:  # an OLS response: statsmodels' F tests
+            R = np.zeros((len(cols), len(fit.sm_cols)))
+            for i, j in enumerate(cols):
+                R[i, int(np.flatnonzero(fit.sm_cols == j)[0])] = 1.0
+            ft = fit.sm_results.f_test(R, cov_p=fit._cov_k(cols))
+            return float(np.squeeze(ft.fvalue)), float(np.squeeze(ft.pvalue))
         th = fit.theta[cols]
         cands = [fit.cov[np.ix_(cols, cols)]]
         if fit.cov_model is not None:
@@ -513,17 +485,8 @@ def anova_table(fit: EffectsFit) -> pd.DataFrame:
         V = max(cands, key=lambda m: float(np.trace(m)))  # the more conservative of robust / model-based
         if len(cols) == 1:
             V = np.array([[max(float(m[0, 0]) for m in cands)]])
-        W = float(th @ np.linalg.pinv(V) @ th)
-        F = W / len(cols)
+        F = float(th @ np.linalg.pinv(V) @ th) / len(cols)
         return F, (float(stats.f.sf(F, len(cols), dof)) if fit.dof > 0 and np.isfinite(F) else np.nan)
-
-    if fit.sm_results is not None and fit.dof > 0:  # an OLS response: statsmodels' F tests
-        def wald(cols: list[int]) -> tuple[float, float]:  # noqa: F811
-            R = np.zeros((len(cols), len(fit.sm_cols)))
-            for i, j in enumerate(cols):
-                R[i, int(np.flatnonzero(fit.sm_cols == j)[0])] = 1.0
-            ft = fit.sm_results.f_test(R, cov_p=fit._cov_k(cols))
-            return float(np.squeeze(ft.fvalue)), float(np.squeeze(ft.pvalue))
 
     for j in K:
         F, p = wald([j])

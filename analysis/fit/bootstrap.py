@@ -1,9 +1,6 @@
-"""The second interval of the report: a bootstrap that refits the joint law and every effects model.
-
-wild: Rademacher signs on leverage-scaled residuals (Davidson & Flachaire 2008), loss residuals for
-quality, the residuals of each OLS response (throughput's ln R, ...), the same signs for all; cells:
-resample runs within each arm × rung cell. A sum response's replicates (wall-clock) are the sum of
-its parts' paired replicates. Responses come from analysis/responses.py.
+"""The report's second interval (docs/method.md §4.4): a bootstrap that refits the joint law and every effects
+model, wild (Rademacher signs on leverage-scaled residuals, Davidson & Flachaire 2008; one set of signs for every
+response) or resampling runs within each arm × rung cell; a sum response's replicates add its parts'.
 """
 
 from __future__ import annotations

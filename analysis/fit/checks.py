@@ -1,10 +1,6 @@
-"""What a reader must know before trusting a number: TOTAL two ways, lack of fit, lost runs, warnings.
-
-TOTAL two ways: the model's all-on vs all-off contrast beside the one observed on those two arms'
-own runs at each rung (the law response, quality: their mean losses inverted through the reference
-law; an OLS response such as throughput: the mean of its column, e.g. ln R; analysis/responses.py).
-Lack of fit: the classical pure-error F test (Box, Hunter & Hunter 2005, §10) on cells arm × rung,
-when cells hold replicates.
+"""What a reader must know before trusting a number (docs/method.md §4.4): TOTAL two ways (the model's all-on vs
+all-off contrast beside the two arms' own runs at each rung), the pure-error lack-of-fit F test (Box, Hunter &
+Hunter 2005, §10), lost runs and the warnings.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ from marin_ablate.analysis.fit.attribution import (
     design_matrix,
 )
 from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
+from marin_ablate.analysis.ofat import paired_ln_m
 from marin_ablate.analysis.responses import RESPONSES
 
 #: An interval whose multiplier spans more than this ratio (hi/lo) is flagged as uninformative.
@@ -51,11 +48,9 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
     for resp in (RESPONSES[n] for n in a.fits if RESPONSES[n].total_check and RESPONSES[n].family != "sum"):
         name, col, law_family = resp.name, resp.column, resp.family == "law"
         fit = a.reduced.get(name, a.fits.get(name))
-        if law_family:
-            jf = a.joint["power"]
-            s, resid, dof = np.sqrt(float(jf.resid @ jf.resid) / max(jf.dof, 1)), jf.resid, jf.dof
-        else:
-            s, resid, dof = np.sqrt(float(fit.resid @ fit.resid) / max(fit.dof, 1)), fit.resid, fit.dof
+        src = a.joint["power"] if law_family else fit
+        resid, dof = src.resid, src.dof
+        s = np.sqrt(float(resid @ resid) / max(dof, 1))
         cells = (t["arm"].astype(str) + "|" + t["rung"].astype(str)).to_numpy() if "arm" in t else t["rung"].to_numpy()
         m = np.ones(len(t), bool) if law_family else np.isfinite(t[col].to_numpy(float))
         F, p, dlof, dpe = _lof(resid, cells[m], dof)
@@ -83,12 +78,9 @@ def total_checks(a, X: np.ndarray) -> pd.DataFrame:
 
 
 def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[float, float]:
-    """ln M_flop of the runs i_on against the runs i_off of the same rung through the joint law's local
-    inverse (analysis/ofat.py, paired_ln_m: Marin's per-rung convention), and its standard error: the two
-    mean losses' scatter (s, the joint fit's residual sd) plus the law's own (L∞, α) uncertainty, the
-    larger of its HC3 and model-based variances. (NaN, NaN) when a mean loss is at or below L∞."""
-    from marin_ablate.analysis.ofat import paired_ln_m
-
+    """ln M_flop of the runs i_on against the runs i_off of the same rung through the joint law's local inverse
+    (`paired_ln_m`) and its standard error, the law's own uncertainty included (docs/method.md §4.4, *TOTAL two
+    ways*); (NaN, NaN) when a mean loss is at or below L∞."""
     t, jf = a.table, a.joint["power"]
     Lv, Cv = t["eval_macro_loss"].to_numpy(float), t["train_flops"].to_numpy(float)
     Lo, Lf = float(Lv[i_on].mean()), float(Lv[i_off].mean())
@@ -106,10 +98,8 @@ def paired_quality(a, i_on: np.ndarray, i_off: np.ndarray, s: float) -> tuple[fl
 
 
 def paired_per_rung(a) -> pd.DataFrame:
-    """Per component and rung, the paired estimate of its quality multiplier: the mean over the pairs of
-    analysed arms at that rung that differ in this factor alone of each pair's paired_quality (the
-    authors' per-rung convention, no scale model), TOTAL the all-on vs all-off pair; NaN where no such
-    pair ran (a regular fraction holds none). Columns component, rung, paired, paired_lo, paired_hi, pairs."""
+    """Per component and rung, the mean `paired_quality` over the pairs of arms at that rung that differ in it alone
+    (TOTAL: all-on vs all-off), docs/method.md "What Findings say" (*Paired per rung*); NaN where no such pair ran."""
     t = a.table
     if a.joint.get("power") is None or not a.factors:
         return pd.DataFrame()
@@ -122,10 +112,8 @@ def paired_per_rung(a) -> pd.DataFrame:
     for r in a.rungs.itertuples():
         at = (t["rung"] == r.rung).to_numpy()
         for i, f in enumerate(a.factors + ["TOTAL"]):
-            if f == "TOTAL":
-                pairs = [(tuple([1.0] * len(a.factors)), tuple([-1.0] * len(a.factors)))]
-            else:
-                pairs = [(x, x[:i] + (-1.0,) + x[i + 1:]) for x in arms if x[i] == 1.0]
+            pairs = ([(tuple([1.0] * len(a.factors)), tuple([-1.0] * len(a.factors)))] if f == "TOTAL"
+                     else [(x, x[:i] + (-1.0,) + x[i + 1:]) for x in arms if x[i] == 1.0])
             ests, vars_ = [], []
             for on, off in pairs:
                 i_on = np.flatnonzero(at & np.all(X == on, 1))
@@ -184,14 +172,10 @@ def _stream_warnings(a) -> list[str]:
     t = a.table
     if "random_stream" not in t or t["random_stream"].isna().any():
         return []
-    out = []
-    for f in a.factors:
-        x = t[f"x_{f}"]
-        if not set(t.loc[x < 0, "random_stream"]) & set(t.loc[x > 0, "random_stream"]):
-            out.append(f"{f}: its two levels never share a random stream (init seed and data order), so its "
-                       "contrast carries seed-to-seed noise that the residuals, taken between arms that share "
-                       "one, do not measure: its interval can be too narrow (replicate it over seeds)")
-    return out
+    return [f"{f}: its two levels never share a random stream (init seed and data order), so its contrast carries "
+            "seed-to-seed noise that the residuals, taken between arms that share one, do not measure: its interval "
+            "can be too narrow (replicate it over seeds)" for f in a.factors
+            if not set(t.loc[t[f"x_{f}"] < 0, "random_stream"]) & set(t.loc[t[f"x_{f}"] > 0, "random_stream"])]
 
 
 #: How a run's LR was set (analysis/io/results.py `lr_source`); every other value is the heuristic.
@@ -235,10 +219,8 @@ def drop_warning(a) -> str:
 
 
 def unmeasured_shift(a) -> str:
-    """Why the quality intervals omit a (seed × rung) loss shift ('' when they include it): the
-    clusters leave the law no df to measure one (e.g. one seed on three rungs), so a shift that moves a
-    rung's cloud of runs off the law changes the local slope, and every multiplier in proportion to its
-    size, unseen (docs/method.md §4.4)."""
+    """Why the quality intervals omit a (seed × rung) loss shift ('' when they include it): the clusters leave the law
+    no df to measure one (docs/method.md §4.4)."""
     law = a.law
     if law is None or law.between_df is None or law.between_df > 0 or {"linf", "alpha"} <= set(law.pinned):
         return ""
@@ -261,12 +243,10 @@ def seed_warning(n_seeds: int) -> str:
 
 def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     """Warnings computed from the data; each says what it costs the reader."""
-    w = []
     t = a.table
-    for name, jf in a.joint.items():
-        if not jf.converged:
-            w.append(f"the joint law fit ({name}) did not converge (iteration limit reached): every number that "
-                     "rests on it (law, quality and wall-clock multipliers) may be off its least-squares optimum")
+    w = [f"the joint law fit ({name}) did not converge (iteration limit reached): every number that rests on it "
+         "(law, quality and wall-clock multipliers) may be off its least-squares optimum"
+         for name, jf in a.joint.items() if not jf.converged]
     if a.law is not None:
         if a.law.not_identified:
             w.append(f"law parameter(s) {', '.join(a.law.not_identified)} not identified: their intervals are "
@@ -299,10 +279,8 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
     if lr_untuned(t):
         w.append("learning rates are not tuned per arm: an arm that needs another LR is penalised "
                  "(`marin-ablate run STUDY` profiles them unless --no-profile; `tune STUDY` then `run --tuned`)")
-    for c in ("epochs", "data_epochs"):
-        if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1:
-            w.append(f"some runs see their data more than once "
-                     f"(max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})")
+    w += [f"some runs see their data more than once (max {c} {pd.to_numeric(t[c], errors='coerce').max():.2g})"
+          for c in ("epochs", "data_epochs") if c in t and pd.to_numeric(t[c], errors="coerce").max() > 1]
     dw = drop_warning(a)
     if dw:
         w.append(dw)
@@ -312,16 +290,13 @@ def warnings_for(a, raw: pd.DataFrame) -> list[str]:
                  "(see the appendix); the Shapley values assume the aliased higher-order terms are negligible")
     if a.checks is not None and len(a.checks):
         bad = a.checks[a.checks["agree"] == False]  # noqa: E712
-        for r in bad.itertuples():
-            w.append(f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
-                     f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
-                     f"effects?), trust the observed contrast; every component value of {r.response} rests on the "
-                     "same model and is suspect too")
-        lof = a.checks.drop_duplicates("response")
-        for r in lof.itertuples():
-            if np.isfinite(r.lof_p) and r.lof_p < 0.05:
-                w.append(f"lack of fit for {r.response} (F={r.lof_F:.3g}, p={r.lof_p:.2g}): replicates disagree with "
-                         "the effects model more than with each other")
+        w += [f"TOTAL {r.response} at rung {r.rung}: the model says {np.exp(r.model):.3g}x, the all-on vs "
+              f"all-off runs say {np.exp(r.observed):.3g}x; the effects model misses something (higher-order "
+              f"effects?), trust the observed contrast; every component value of {r.response} rests on the "
+              "same model and is suspect too" for r in bad.itertuples()]
+        w += [f"lack of fit for {r.response} (F={r.lof_F:.3g}, p={r.lof_p:.2g}): replicates disagree with the effects "
+              "model more than with each other" for r in a.checks.drop_duplicates("response").itertuples()
+              if np.isfinite(r.lof_p) and r.lof_p < 0.05]
     comp = a.components
     if len(comp):
         wide = comp[np.exp(comp["shapley_hi"] - comp["shapley_lo"]) > WIDE_RATIO]

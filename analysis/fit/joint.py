@@ -1,18 +1,11 @@
-"""One fit of the reference law and the quality effects on every run (docs/method.md §4, *Joint law*).
+"""One fit of the reference law and the quality effects on every run (docs/method.md §4.1, *Joint law*):
 
-Model, per run n with coded factors x_n, compute C_n, u_n = ln(C_n/C0) + e_n·θ:
+    L_n = L∞ + a·exp(−α·u_n − κ·u_n²/2) + δ_seed(n) + ε_n,   u_n = ln(C_n/C0) + e_n·θ,
 
-    L_n = L∞ + a·exp(−α·u_n − κ·u_n²/2) + δ_seed(n) + ε_n
-
-e_n·θ = ln M_flop of run n: the effects model (main, two-factor, factor × log C terms) minus its
-value at the all-off arm, so the all-off arm *is* the reference law (ln M ≡ 0) and every arm is a
-compute multiplier on it. Every run informs L∞, a, α; a lost baseline run costs one run, not the
-law. κ = 0 is the power law L∞ + A·C^−α (Kaplan et al. 2020; Hoffmann et al. 2022); the "curved"
-form frees κ (a power law whose exponent drifts with log C, the smooth version of a broken power law,
-Caballero et al. 2023) to measure how much an extrapolation depends on the law's form. δ are
-sum-to-zero seed blocks (a seed shifts every loss it touches). Least squares by scipy; covariance
-HC3 (MacKinnon & White 1985) and the model-based s²(JᵀJ)⁻¹, each contrast using the larger, with
-t on the fit's own residual df.
+e_n·θ = ln M_flop of run n (zero at the all-off arm, so its curve is the reference law). κ = 0 is the power law
+(Kaplan et al. 2020; Hoffmann et al. 2022); the "curved" form (Caballero et al. 2023) measures how much an
+extrapolation depends on the law's form. Covariance: HC3 (MacKinnon & White 1985) and s²(JᵀJ)⁻¹, the larger
+per contrast.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, stats
 
 from marin_ablate.analysis.fit.attribution import EffectsFit, Term, alias_structure, build_terms, design_matrix
 from marin_ablate.analysis.fit.lsq import levenberg_marquardt
@@ -60,10 +53,8 @@ class JointFit:
     # on: a contrast's t quantile takes the Satterthwaite df of its two variance parts (docs/method.md §4.4).
     cov_cluster: np.ndarray | None = None
     between_df: int = 0
-    # Where L∞ and α are pinned with a spread (a reference ladder's): the ellipse's part over (linf, ln a,
-    # alpha), pinned rows included, so the law's band and A's interval see the pins move with ln a; and the
-    # valley's part — its share of `cov` and the laws (L∞, A, α) refitted at its ends, which the law's
-    # band and intervals reach exactly (a linear band cannot follow two laws that part off the data).
+    # L∞ and α pinned with a spread: the ellipse's part over (linf, ln a, alpha), pinned rows included (the band and A
+    # see the pins move with ln a), and the valley's share of `cov` and its end laws (L∞, A, α), which they reach.
     cov_pins: np.ndarray | None = None
     cov_valley: np.ndarray | None = None
     # What every study sharing this law shares, added to cov and cov_model (`_widen`): the pins' spread and valley and
@@ -72,9 +63,7 @@ class JointFit:
     valley_laws: tuple = ()
 
     def get(self, name: str) -> float:
-        if name in self.pinned:
-            return self.pinned[name]
-        return float(self.params[self.names.index(name)])
+        return self.pinned[name] if name in self.pinned else float(self.params[self.names.index(name)])
 
     @property
     def linf(self) -> float:
@@ -101,15 +90,12 @@ class JointFit:
         """(θ, cov, cov_model, T) in the standard basis (intercept, logC, effects) with f(all-off) ≡ 0."""
         T = np.zeros((n_terms, len(self.names)))
         for j, t in enumerate(self.effect_cols):
-            T[t, self.names.index(f"theta{j}")] = 1.0
-            kind = terms[t].kind
-            if kind == "main":
-                T[0, self.names.index(f"theta{j}")] = 1.0
-            elif kind == "2fi":
-                T[0, self.names.index(f"theta{j}")] = -1.0
+            col, kind = self.names.index(f"theta{j}"), terms[t].kind
+            T[t, col] = 1.0
+            if kind in ("main", "2fi"):  # f(all-off) ≡ 0: the intercept takes −(its value there)
+                T[0, col] = 1.0 if kind == "main" else -1.0
             elif kind == "main_x_scale":
-                s = next(i for i, tt in enumerate(terms) if tt.kind == "scale")
-                T[s, self.names.index(f"theta{j}")] = 1.0
+                T[next(i for i, tt in enumerate(terms) if tt.kind == "scale"), col] = 1.0
         return T @ self.params, T @ self.cov @ T.T, T @ self.cov_model @ T.T, T
 
     def law_block(self) -> tuple[np.ndarray, np.ndarray]:
@@ -120,10 +106,9 @@ class JointFit:
         for cv in (self.cov, self.cov_model):
             c = np.zeros((3, 3))
             cv = cv - self.cov_valley if self.cov_valley is not None else cv
-            idx = [(i, self.names.index(k)) for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
-            for i, p in idx:
-                for j, q in idx:
-                    c[i, j] = cv[p, q]
+            ii = [i for i, k in enumerate(("linf", "ln_a", "alpha")) if k in self.names]
+            pp = [self.names.index(("linf", "ln_a", "alpha")[i]) for i in ii]
+            c[np.ix_(ii, ii)] = cv[np.ix_(pp, pp)]
             if self.cov_pins is not None:
                 for i in pinned:
                     c[i, :], c[:, i] = self.cov_pins[i, :], self.cov_pins[:, i]
@@ -150,8 +135,7 @@ class JointFit:
 
     def wald_ci(self, name: str, q: float) -> tuple[float, float]:
         if name in self.pinned:
-            v = self.pinned[name]
-            return (v, v)
+            return (self.pinned[name],) * 2
         if name in self.not_identified or name not in self.names:
             return (np.nan, np.nan)
         i = self.names.index(name)
@@ -226,17 +210,12 @@ def fit_joint(C, L, E, effect_cols: list[int], *, form: str = "power", seeds=Non
               pin_alpha: float | None = None, start: JointFit | None = None, warm_only: bool = False,
               clusters=None, fast_refit: bool = False, pin_cov: np.ndarray | None = None,
               pin_valley: tuple = (), envelope: bool = False) -> JointFit:
-    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute.
-    pin_cov: the 2x2 covariance of pinned (L∞, α) (a reference ladder's α across its valley,
-    analysis/fit/reflaw.py): added to every parameter's covariance (`pin_term`), so the pins' uncertainty
-    reaches each effect.
-    pin_valley: the (L∞, α) pairs the ladder's profile likelihood accepts (`valley_term`).
-    envelope: where the rungs leave the power law's curvature unidentified, widen every parameter's
-    covariance to span the fits at each L∞ the data accept (`_curvature_term`).
-    warm_only: start from `start` alone (a profile's refits move the optimum only a little).
-    fast_refit: solve by analysis/fit/lsq.py (linear in runs) instead of MINPACK, for the bootstrap's
-    warm refits; MINPACK stays the solver of every reported fit (where the rungs leave the law's
-    curvature flat, where it stops decides whether α stays positive)."""
+    """Least-squares fit of the joint law; raises ValueError when the loss does not fall with compute. The variance
+    parts beyond the sandwich (`_widen`): `pin_cov` and `pin_valley`, a reference ladder's pinned (L∞, α) covariance
+    and accepted pairs (`pin_term`, `valley_term`); `envelope`, an unidentified curvature (`_curvature_term`).
+    `warm_only`: start from `start` alone. `fast_refit`: solve by analysis/fit/lsq.py (linear in runs) for the
+    bootstrap's warm refits; MINPACK stays the solver of every reported fit (where the rungs leave the law's curvature
+    flat, where it stops decides whether α stays positive)."""
     if form not in FORMS:
         raise ValueError(f"form {form!r}; allowed values: {', '.join(FORMS)}")
     C, L, E = np.asarray(C, float), np.asarray(L, float), np.asarray(E, float)
@@ -343,15 +322,10 @@ ENVELOPE_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)
 
 
 def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
-    """Where the rungs do not fix the law's curvature (the fit runs off to α → 0, L∞ → −∞, or past
-    the losses), every multiplier rests on a local slope the curvature moves. Refit with L∞ held at
-    each value of [0, smallest loss) (ENVELOPE_GRID) the data accept — RSS within the profile test's
-    allowance (`profile_ci`: t² on the residual df, and on the between-cluster df with clusters) —
-    and return Σ_v d_v d_vᵀ / q² over the two extreme accepted fits (d_v their parameters' shift), so
-    each contrast's interval spans its value at every accepted curvature. None accepted: the fit
-    nearest the data's preference (L∞ = 0) stands for them."""
-    from scipy import stats
-
+    """Where the rungs do not fix the law's curvature: refit with L∞ held at each value of ENVELOPE_GRID the profile
+    test (`profile_ci`) accepts and return Σ_v d_v d_vᵀ / q² over the two extreme accepted fits (d_v their shift), so
+    each contrast's interval spans its value at every accepted curvature (docs/method.md §4.1). None accepted: the fit
+    nearest the data's preference stands for them."""
     C, L, E, seeds = jf.data
     q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
     rss0 = float(jf.resid @ jf.resid)
@@ -378,20 +352,11 @@ def _curvature_term(jf: JointFit, level: float = 0.95) -> np.ndarray:
     return D @ D.T / (q * q)
 
 
-def _law_shift(jf: JointFit, d: np.ndarray, pins: dict[str, float]) -> np.ndarray:
-    """(Δlinf, Δln a, Δalpha) of a refit: free parameters from d, pinned ones from their own shift."""
-    return np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
-                     for k in ("linf", "ln_a", "alpha")])
-
-
 def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-    """The pinned (L∞, α)'s covariance in every parameter (a reference ladder's: α's variance across its valley,
-    analysis/fit/reflaw.py; along the valley is `valley_term`'s): refit with the pins at both ends of each
-    principal axis of their 95% ellipse (±z·√λ_k·u_k of `pin_cov`) and return Σ_k d_k d_kᵀ / z², d_k the
-    parameters' shift at the end that moves the effects more (and the same over (linf, ln a, alpha)). Where
-    the fit is linear in the pins this is the delta method D·Σ·Dᵀ; where it bends (a multiplier grows faster
-    on one side of the law) each contrast's interval still reaches its value at that end. An end a refit
-    cannot reach (α ≤ 0, L∞ past the losses) is approached at half the step and extrapolated."""
+    """The pinned (L∞, α)'s covariance in every parameter (docs/method.md §4.1, *Into the study*): refit with the pins
+    at the end of each principal axis of their 95% ellipse that moves the effects more and return Σ_k d_k d_kᵀ / z²
+    (and the same over (linf, ln a, alpha)): the delta method where the fit is linear in the pins, each contrast's
+    value at that end where it bends. An end a refit cannot reach is approached at half the step and extrapolated."""
     keys = [k for k in ("linf", "alpha") if k in jf.pinned]
     ii = [("linf", "alpha").index(k) for k in keys]
     sig = pin_cov[np.ix_(ii, ii)]
@@ -406,9 +371,8 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
         best = None
         for sgn in (1.0, -1.0):
             for frac in (1.0, 0.5, 0.25):
-                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha")}
-                for j, name in enumerate(keys):
-                    kw[f"pin_{name}"] = jf.pinned[name] + sgn * frac * step[j]
+                kw = {"pin_linf": jf.pinned.get("linf"), "pin_alpha": jf.pinned.get("alpha"),
+                      **{f"pin_{name}": jf.pinned[name] + sgn * frac * step[j] for j, name in enumerate(keys)}}
                 try:
                     f = fit_joint(C, L, E, jf.effect_cols, form=jf.form, seeds=seeds, start=jf, warm_only=True,
                                   clusters=jf.clusters, **kw)
@@ -420,19 +384,18 @@ def pin_term(jf: JointFit, pin_cov: np.ndarray, z: float = 1.959963984540054) ->
                 break
         if best is not None:
             out += np.outer(best[0], best[0]) / (z * z)
-            g = _law_shift(jf, *best)
+            d, pins = best  # (Δlinf, Δln a, Δalpha): free parameters from d, pinned ones from their own shift
+            g = np.array([pins[k] if k in pins else d[jf.names.index(k)] if k in jf.names else 0.0
+                          for k in ("linf", "ln_a", "alpha")])
             law += np.outer(g, g) / (z * z)
     return out, law
 
 
 def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> tuple[np.ndarray, tuple]:
-    """The pinned law's valley (analysis/fit/reflaw.py: the (L∞, α) pairs the reference ladder's profile
-    likelihood accepts) in every parameter: refit with the pins at its two ends, d_lo and d_hi the
-    parameters' shifts there, and return (V, the end laws (L∞, A, α)). With s = (d_hi − d_lo)/2,
-    m = (d_hi + d_lo)/2 and r = ‖m‖/‖s‖ over the effects, V = ((1 + r)·s sᵀ + (1 + 1/r)·m mᵀ) / z²:
-    for every contrast c, z²·cᵀVc >= (|c·s| + |c·m|)² (Cauchy–Schwarz), so its 95% interval reaches its
-    value at either end; where the ends lie symmetrically about the fit (a narrow, nearly straight valley)
-    V is s sᵀ/z², the delta method, and where the fit sits at one end, d dᵀ/z² of the other."""
+    """The pinned law's valley in every parameter (docs/method.md §4.1, *Into the study*): with d_lo, d_hi the
+    parameters' shifts refitted at its two ends, s = (d_hi − d_lo)/2, m = (d_hi + d_lo)/2 and r = ‖m‖/‖s‖ over the
+    effects, (V = ((1 + r)·s sᵀ + (1 + 1/r)·m mᵀ) / z², the end laws (L∞, A, α)): z²·cᵀVc >= (|c·s| + |c·m|)²
+    (Cauchy–Schwarz), so every contrast's 95% interval reaches its value at either end."""
     C, L, E, seeds = jf.data
     ends = [valley[0]] if len(valley) == 1 else [valley[0], valley[-1]]
     ds, laws = [], []
@@ -456,11 +419,8 @@ def valley_term(jf: JointFit, valley, z: float = 1.959963984540054) -> tuple[np.
 
 
 def _cluster_term(jf: JointFit, J: np.ndarray, bread: np.ndarray) -> np.ndarray:
-    """The covariance a (seed × rung) random shift adds to the least-squares estimates:
-    σ²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹, s_g = J_gᵀ1 the cluster's summed Jacobian rows, with
-    σ²_b = max(0, (s²_b − s²_w)/n̄) by moments (s²_b the between-cluster mean square, s²_w the
-    within-cluster one). It reaches every contrast through the law's local slope. Zero when the
-    clusters leave no df to measure σ²_b."""
+    """The covariance a (seed × rung) random shift adds: σ²_b·(JᵀJ)⁻¹(Σ_g s_g s_gᵀ)(JᵀJ)⁻¹, s_g the cluster's summed
+    Jacobian rows, σ²_b = max(0, (s²_b − s²_w)/n̄) by moments (docs/method.md §4.4); zero without df for σ²_b."""
     s2b, dfb = between_clusters(jf)
     if dfb <= 0 or not np.isfinite(s2b) or jf.dof - dfb <= 0:
         return np.zeros_like(bread)
@@ -481,13 +441,10 @@ LAW_PARAMS = ("linf", "ln_a", "alpha", "kappa")
 
 
 def between_clusters(jf: JointFit) -> tuple[float, int]:
-    """(mean square, df) of the residuals' cluster means: the split-plot "whole-plot" error
-    (Box, Hunter & Hunter 2005, §9). A loss shift shared by every arm of one (seed, rung) cluster —
-    the rung's own init and data order — cancels in the arms' contrasts but not in the law, which
-    sees each cluster as one point. The law's parameters, the seed blocks and the effects of
-    factors that never vary inside a cluster are fitted on the G cluster means; what is left of them
-    (Σ n_g·r̄_g² on G − p_b df) estimates σ² + n̄·σ²_rung, the variance those parameters carry.
-    df ≤ 0: the clusters cannot separate the shifts from the law. Without clusters: (nan, 0)."""
+    """(mean square, df) of the residuals' cluster means: the split-plot "whole-plot" error (Box, Hunter & Hunter
+    2005, §9; docs/method.md §4.4, *Law parameters: rung-level shifts*) the law's parameters, the seed blocks and
+    the effects constant inside every cluster are fitted on. df ≤ 0: the clusters cannot separate the shifts from
+    the law. Without clusters: (nan, 0)."""
     if jf.clusters is None:
         return np.nan, 0
     _, L, E, seeds = jf.data
@@ -497,10 +454,8 @@ def between_clusters(jf: JointFit) -> tuple[float, int]:
     n_g = np.bincount(inv, minlength=G).astype(float)
     mean = lambda v: np.bincount(inv, weights=v, minlength=G) / n_g  # noqa: E731
     r_g = mean(jf.resid)
-    cols = []
-    for j in range(E.shape[1]):  # an effect constant inside every cluster is a between-cluster parameter
-        if np.allclose(E[:, j], mean(E[:, j])[inv]):
-            cols.append(mean(E[:, j]))
+    # an effect constant inside every cluster is a between-cluster parameter
+    cols = [mean(E[:, j]) for j in range(E.shape[1]) if np.allclose(E[:, j], mean(E[:, j])[inv])]
     B = _seed_blocks(seeds) if seeds is not None else np.zeros((len(L), 0))
     cols += [mean(B[:, j]) for j in range(B.shape[1])]
     p_b = sum(k in jf.names for k in LAW_PARAMS)  # the law's own free parameters, each a cluster-level one
@@ -526,13 +481,9 @@ def quality_fit(X, z, C, L, factors, *, interactions: bool, scale: bool, seeds=N
                 form: str = "power", start: JointFit | None = None,
                 warm_only: bool = False, design: tuple | None = None, clusters=None, pin_cov=None,
                 pin_valley: tuple = (), envelope: bool = False) -> tuple[EffectsFit, JointFit]:
-    """The joint law + quality effects fit, with its coefficients in the standard effects basis;
-    `warm_only`: start from `start` alone with the fast solver (a bootstrap refit moves the optimum
-    only a little);
-    `design`: `quality_design` of these rows, when the caller already has it (the bootstrap);
-    `pin_cov`, `pin_valley`: the pinned (L∞, α)'s covariance and valley (a reference ladder's law,
-    analysis/fit/reflaw.py);
-    `envelope`: widen for an unidentified curvature (`_curvature_term`)."""
+    """The joint law + quality effects fit, its coefficients in the standard effects basis. `warm_only`: start from
+    `start` alone with the fast solver (a bootstrap refit); `design`: `quality_design` of these rows when the caller has
+    it; `pin_cov`, `pin_valley`, `envelope`: as `fit_joint`."""
     terms, Xf, al, E, cols = design or quality_design(X, z, factors, interactions=interactions, scale=scale)
     jf = fit_joint(C, L, E, cols, form=form, seeds=seeds, pin_linf=pins[0], pin_alpha=pins[1], start=start,
                    warm_only=warm_only, fast_refit=warm_only, clusters=clusters, pin_cov=pin_cov,

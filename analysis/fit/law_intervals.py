@@ -5,26 +5,21 @@ The fit itself is analysis/fit/joint.py."""
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, stats
 
 from marin_ablate.analysis.fit.joint import JointFit, between_clusters, fit_joint
+from marin_ablate.analysis.fit.scaling import LawFit
 
 #: Where a profile stops looking: L∞ cannot be negative (a cross-entropy is >= 0) and lies below every
 #: observed loss (the upper end is set per fit in profile_ci), α must be > 0.
 PROFILE_BOUNDS = {"linf": (0.0, None), "alpha": (1e-4, None)}
 
 def profile_ci(jf: JointFit, name: str, q: float, level: float = 0.95) -> tuple[float, float]:
-    """Profile-likelihood interval of linf or alpha: {v : RSS(v) − RSS_min <= max(q²·s², q_b²·s²_b)}, RSS(v)
-    the least squares with the parameter held at v and every other parameter refitted. s² = RSS_min/dof
-    with q the t quantile on the fit's residual df (the F(1, dof) test); with clusters, also the
-    between-cluster mean square s²_b on its own df (q_b = t quantile on df_b, between_clusters): the
-    split-plot test of a whole-plot parameter, which stays honest when each rung carries its own shift.
-    Unlike a Wald interval it follows the curved, one-sided likelihood of L∞ (it cannot pass the losses;
-    it can drift far below them). An end that does not close before the parameter's range (L∞ in
-    [0, smallest loss], α > 0) is that bound; an end that does not close at all is ±inf (the report
-    then says the side is not identified)."""
-    from scipy import stats
-
+    """Profile-likelihood interval of linf or alpha (docs/method.md §4.4, *Law parameters: rung-level shifts*):
+    {v : RSS(v) − RSS_min <= max(q²·s², q_b²·s²_b)}, every other parameter refitted at v; s² = RSS_min/dof, and with
+    clusters the between-cluster mean square s²_b on its own df (`between_clusters`). An end that does not close
+    before the parameter's range (L∞ in [0, smallest loss], α > 0) is that bound; one that does not close at all is
+    ±inf (the report then says the side is not identified)."""
     if jf.data is None or jf.dof <= 0 or name not in ("linf", "alpha") or name in jf.pinned:
         raise ValueError(f"profile of {name!r} needs an unpinned linf/alpha and a fit with residual df")
     C, L, E, seeds = jf.data
@@ -82,13 +77,9 @@ def profile_ci(jf: JointFit, name: str, q: float, level: float = 0.95) -> tuple[
     return end(-1), end(+1)
 
 
-def law_of(jf: JointFit, level: float = 0.95):
+def law_of(jf: JointFit, level: float = 0.95) -> LawFit:
     """The reference law (the all-off arm's curve) of a joint fit, as a LawFit: profile-likelihood
     intervals for L∞ and α (profile_ci), a delta-method interval for A."""
-    from scipy import stats
-
-    from marin_ablate.analysis.fit.scaling import LawFit
-
     q = float(stats.t.ppf(0.5 + level / 2, max(jf.dof, 1)))
     cov_h, cov_m = jf.law_block()
     cov = cov_h if np.trace(cov_h) >= np.nan_to_num(np.trace(cov_m)) else cov_m
@@ -106,10 +97,8 @@ def law_of(jf: JointFit, level: float = 0.95):
                "the rungs do not pin L∞ and α")
     if why:
         ni = list(dict.fromkeys(ni + free))
-    prof = {}
-    for k in ("linf", "alpha"):
-        if k not in jf.pinned and k not in ni:
-            prof[k] = profile_ci(jf, k, q, level) if jf.dof > 0 else jf.wald_ci(k, q)
+    prof = {k: profile_ci(jf, k, q, level) if jf.dof > 0 else jf.wald_ci(k, q) for k in ("linf", "alpha")
+            if k not in jf.pinned and k not in ni}
     # ln A = ln a + α ln C0: its variance by the delta method, inflated to the between-cluster error
     g = np.array([0.0, 1.0, np.log(jf.c0)])
     se = float(np.sqrt(max(g @ cov_h @ g, g @ cov_m @ g, 0.0)))

@@ -1,17 +1,7 @@
-"""The LR profile's optimum as a measured quantity: a quadratic in log2 LR over every seed's points near its
-best one, its vertex and the vertex's Fieller interval, and what a choice inside that interval costs
-(docs/method.md §4.6).
-
-Each seed's profile is a few eval losses at log2 multipliers x of the heuristic LR; only the best point and its
-two neighbours (`PROFILE_WINDOW`) describe the optimum: the curves are asymmetric (Hyperball's climbs a nat at
-1/4x and stays within 0.03 nats from 2x to 16x), so a quadratic through the far points bends its vertex towards
-them (measured: curvature 0.115 nats per log2² through five points against 0.02 locally). Pooled over seeds,
-loss = c_s + b1·x + b2·x² (one intercept per seed: a seed's whole curve sits higher or lower, its shape
-is shared), the optimum is x* = −b1/(2·b2). Its interval is Fieller's (Fieller 1954): the x at which
-the fitted slope b1 + 2·b2·x is not distinguishable from 0 by a t test on the fit's residual df — exact
-under normal errors, and unbounded when the curvature itself is not distinguishable from 0 (a flat
-profile does not fix its optimum, and the interval says so rather than a delta method's finite width).
-No torch import.
+"""The LR profile's optimum as a measured quantity (docs/method.md §4.6): a quadratic in log2 LR over every
+seed's best point and its neighbours (one intercept per seed), its vertex, the vertex's Fieller interval (Fieller
+1954; unbounded where the curvature is not distinguishable from 0) and what a choice inside it costs. Only the
+local window: the curves are asymmetric, and far points bend the vertex towards them. No torch import.
 """
 
 from __future__ import annotations
@@ -77,8 +67,7 @@ def optimum_interval(points: Mapping[int, Sequence[tuple[float, float]]], level:
         out["lo"], out["hi"] = -math.inf, math.inf
         out["note"] = "curvature not distinguishable from 0: the optimum is not bounded by these points"
         return out
-    disc = max(b * b - 4 * a * c, 0.0)
-    r = math.sqrt(disc)
+    r = math.sqrt(max(b * b - 4 * a * c, 0.0))
     out["lo"], out["hi"] = (-b - r) / (2 * a), (-b + r) / (2 * a)
     return out
 

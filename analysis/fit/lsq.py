@@ -20,7 +20,6 @@ class LsqResult:
     x: np.ndarray
     cost: float  # ½‖r‖²
     success: bool  # a tolerance was met (False: the iteration limit was reached first)
-    nit: int
 
 
 def levenberg_marquardt(fun: Callable[[np.ndarray], np.ndarray], jac: Callable[[np.ndarray], np.ndarray],
@@ -37,14 +36,14 @@ def levenberg_marquardt(fun: Callable[[np.ndarray], np.ndarray], jac: Callable[[
     if not np.isfinite(cost):
         raise ValueError("non-finite residual at the starting point")
     lam, nu = 1e-3, 2.0
-    for it in range(1, max_iter + 1):
+    for _ in range(max_iter):
         J = jac(x)
         d = np.sqrt(np.maximum(np.einsum("ij,ij->j", J, J), 1e-300))  # column norms: Marquardt's scaling
         Js = J / d
         A = Js.T @ Js  # unit diagonal: the scaling takes the parameters' units out of its condition number
         g = Js.T @ r
         if cost == 0.0 or np.max(np.abs(g)) <= gtol * np.sqrt(2.0 * cost):
-            return LsqResult(x, cost, True, it)
+            return LsqResult(x, cost, True)
         while True:
             try:
                 u = np.linalg.solve(A + lam * np.eye(len(A)), -g)
@@ -61,12 +60,12 @@ def levenberg_marquardt(fun: Callable[[np.ndarray], np.ndarray], jac: Callable[[
                 break
             lam, nu = lam * nu, 2.0 * nu  # Nielsen's update: grow λ geometrically faster after each miss
             if lam > 1e16:  # no direction lowers the cost: a minimum to rounding
-                return LsqResult(x, cost, True, it)
+                return LsqResult(x, cost, True)
         rho = actual / pred
         small_f = actual <= ftol * cost and pred <= ftol * cost
         small_x = np.linalg.norm(u) <= xtol * (xtol + np.linalg.norm(d * x))
         x, r, cost = x_new, r_new, cost_new
         lam, nu = lam * max(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3), 2.0  # Nielsen (1999)
         if small_f or small_x:
-            return LsqResult(x, cost, True, it)
-    return LsqResult(x, cost, False, max_iter)
+            return LsqResult(x, cost, True)
+    return LsqResult(x, cost, False)

@@ -1,19 +1,6 @@
-"""A pinned reference law: L∞ and α fitted once on the baseline arm's own wide ladder (docs/method.md §4.1).
-
-A design's rungs span too little compute (8x on CPU) to fix the law's curvature: two seeds of one
-study then fit laws whose local slopes, and so every multiplier, differ by large factors. Marin pins
-its law (L∞, α) from a separate compute-optimal baseline sweep over a wide span; so does this
-harness: `sweeps/reference.py` runs the baseline arm on `Study.reference_rungs` once per machine and
-configuration, this module fits L = L∞ + A·C^(−α) on it, and the study's analysis pins (L∞, α), refits
-A and every effect on its own runs, and carries the pins' uncertainty into every effect.
-
-One mechanism for every ladder: the profile likelihood over L∞ (α, A refitted at each value), whose
-accepted pairs (`PinnedLaw.valley`) follow the likelihood's curved valley. A ladder that sees its loss
-bend accepts a short arc; one whose loss does not bend (every CPU ladder: 64x of compute is a
-near-straight line in ln C) fixes the local slope but not the curvature and accepts every L∞ down to 0,
-each with its own α, all agreeing on dL/dln C over the ladder's span. Either way the study fits at the
-best pair and every multiplier's interval reaches its value at both ends of the valley
-(analysis/fit/joint.py `valley_term`), plus α's spread across it (`pin_term`).
+"""A pinned reference law (docs/method.md §4.1, *Pinned reference law*): L∞ and α fitted once on the baseline
+arm's own wide ladder, along its profile likelihood over L∞ (`PinnedLaw.valley`: the accepted pairs follow the
+likelihood's curved valley, which a straight ellipse leaves), as Marin pins its law from a separate sweep.
 """
 
 from __future__ import annotations
@@ -25,11 +12,8 @@ from marin_ablate.analysis.io.pinned_law import LAW_FILE, PinnedLaw, check_pinne
 
 
 def fit_reference(C, L, *, seeds=None, key: str = "", created: str = "", level: float = 0.95) -> PinnedLaw:
-    """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`):
-    the (L∞, α(L∞)) pairs whose fit the data accept, at whatever width the ladder leaves them — a short
-    arc where it identifies the law, the whole range [0, smallest loss) where it fixes only the slope.
-    ValueError when no L∞ there fits a falling law (too narrow a span, too few runs, or α's interval
-    reaching 0). `seeds`: the runs' seeds, each a sum-to-zero loss shift (its own init and data order)."""
+    """L = L∞ + A·C^(−α) on the baseline ladder's runs, pinned along its profile likelihood (`_profile`); ValueError
+    when no L∞ in [0, smallest loss) fits a falling law. `seeds`: the runs' seeds, each a sum-to-zero loss shift."""
     from marin_ablate.analysis.fit.joint import fit_joint
 
     C, L = np.asarray(C, float), np.asarray(L, float)
@@ -116,15 +100,11 @@ def _rss(f) -> float:
 
 
 def _profile(C, L, seeds, free, key: str, created: str, level: float, noise_var: float | None = None) -> PinnedLaw:
-    """The ladder's profile likelihood over L∞ in [0, smallest loss): at each L∞, α, A and the seed
-    shifts refitted. A pair (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df (the
-    F(1, df) test, RSS_min the free fit's where it converges, df the ladder's residual df) and α stays
-    above 0 at `level` (its conditional interval). The accepted L∞ form one interval, located by
-    bisection between the grid's neighbours; the law is the accepted pair of least RSS (the free fit
-    where it lies in range), with α's conditional covariance; the valley is VALLEY_POINTS accepted pairs
-    from end to end. It follows the likelihood's curved valley, so every pair on it fits the ladder;
-    a straight ellipse's ends need not. No accepted pair: ValueError. `noise_var`: a run's noise variance
-    stated rather than measured (`predicted_reference`: RSS_min/df replaced by it, α's variance noise_var·(JᵀJ)⁻¹)."""
+    """The ladder's profile likelihood over L∞ in [0, smallest loss) (docs/method.md §4.1, *One mechanism*): a pair
+    (L∞, α(L∞)) is accepted when RSS(L∞) − RSS_min <= t²(df)·RSS_min/df and α stays above 0 at `level`; the accepted
+    L∞ form one interval (its ends by bisection), the law is its pair of least RSS, with α's conditional covariance,
+    and the valley VALLEY_POINTS accepted pairs from end to end. No accepted pair: ValueError. `noise_var`: a run's
+    noise variance stated rather than measured (`predicted_reference`: in place of RSS_min/df)."""
     pr = _Profile(C, L, seeds, free, level, noise_var)
     ok = [v for v in pr.grid if pr.accepted(v)]
     if not ok:

@@ -1,38 +1,21 @@
-"""Each component's multiplier under each level of a regime factor (docs/method.md "Effects by regime").
-
-A regime factor is a condition the components are studied under rather than a component itself,
-e.g. the tokens per parameter a rung trains (Marin's fast ladder 60, its hero ladder 791): a factor
-marked `regime=True` in its study. With the regime r held at code c, component i's Shapley value
-over the other components is, in the fitted effects model,
-
-    φ_i | r=c = 2β_i + 2γ_i z + 2c·β_ir,
-
-and the change of the effect from the low to the high regime is 4β_ir (its interval from the same
-covariance). Computed by enumerating the arms of the other factors at fixed r, like
-`analysis.fit.attribution.component_contrasts`, so every model term is accounted for.
+"""Each component's multiplier under each level of a regime factor (docs/method.md "Effects by regime"):
+φ_i | r=c = 2β_i + 2γ_i z + 2c·β_ir, enumerated over the other factors' arms at fixed r, so every term counts.
 """
 
 from __future__ import annotations
 
-import json
-from math import factorial
-
 import numpy as np
 import pandas as pd
 
-from marin_ablate.analysis.fit.attribution import EffectsFit, all_arms
-from marin_ablate.analysis.io.results import factor_coding
+from marin_ablate.analysis.fit.attribution import EffectsFit, all_arms, shapley_rows
+from marin_ablate.analysis.io.results import codings, factor_coding
 from marin_ablate.analysis.responses import RESPONSES
 
 
 def regime_factors(df: pd.DataFrame) -> list[str]:
     """Factors the runs' codings mark as regimes, in first-seen order."""
-    out: list[str] = []
-    for raw in df.get("coding", pd.Series(dtype=object)):
-        for name, d in (json.loads(raw) if isinstance(raw, str) and raw else {}).items():
-            if d.get("regime") is True and name not in out:
-                out.append(name)
-    return out
+    return list(dict.fromkeys(name for coding, _ in codings(df) for name, d in coding.items()
+                              if d.get("regime") is True))
 
 
 def regime_contrasts(fit: EffectsFit, regime: str, z: float) -> dict[int, np.ndarray]:
@@ -41,21 +24,8 @@ def regime_contrasts(fit: EffectsFit, regime: str, z: float) -> dict[int, np.nda
         raise ValueError(f"regime {regime!r} is not a factor of the fit; allowed values: {', '.join(fit.factors)}")
     j = fit.factors.index(regime)
     k = len(fit.factors) - 1
-    sub = all_arms(k)
-    m = np.arange(2**k)
-    size = np.array([bin(i).count("1") for i in m])
-    out = {}
-    for code in (-1, 1):
-        A = np.insert(sub, j, float(code), axis=1)
-        Phi = fit.predict_phi(A, z)
-        rows = np.zeros((k, Phi.shape[1]))
-        for i in range(k):
-            bit = 1 << i
-            S = m[(m & bit) == 0]
-            w = np.array([factorial(s) * factorial(k - s - 1) / factorial(k) for s in size[S]])
-            rows[i] = w @ (Phi[S | bit] - Phi[S])
-        out[code] = rows
-    return out
+    return {code: shapley_rows(fit.predict_phi(np.insert(all_arms(k), j, float(code), axis=1), z), k)
+            for code in (-1, 1)}
 
 
 def regime_table(fit: EffectsFit, regime: str, levels: tuple[str, str], z: float,

@@ -1,16 +1,6 @@
-"""Seeds as replicates: each seed analysed alone, the between-seed interval, and planted truths.
-
-Runs of one seed share their random stream (init and data order) across arms, so a contrast between
-arms cancels the noise the stream carries, and the residuals never see it (docs/method.md §4.4). Each
-seed analysed alone is one replicate of the study; over three or more, the scatter of a component's
-per-seed estimates measures its noise directly, and the recommended interval is never narrower than
-the between-seed t interval built from it.
-
-A study may also plant factors of known effect (the `calibration` study's placebo, waste and extra
-compute; docs/calibration/). Each run records the truth in its coding, so the check needs nothing but
-the results table: the study's own interval against the truth (one draw), and over the replicates
-the fraction whose 95% interval covers it (with its Clopper-Pearson interval) and the replicates'
-scatter against the standard error they report. One interval covering once is one Bernoulli draw.
+"""Seeds as replicates (docs/method.md §4.4): each seed analysed alone, the between-seed interval, and planted
+truths ("Planted truths"). A contrast between arms of one seed cancels the noise its random stream carries, so
+the residuals never see it; the scatter of the per-seed estimates measures it directly.
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
 from marin_ablate.analysis.io.results import codings
 from marin_ablate.analysis.responses import RESPONSES
 
@@ -80,9 +71,8 @@ REPLICATE_SEEDS_MAX = 32
 
 @dataclass(frozen=True)
 class Stein:
-    """Stein's two-stage rule as a study ran it (`run --until`, docs/method.md §4.8): the `pilot` seeds' scatter
-    fixed how many seeds the study runs, so a named value's interval at C_ref is est ± t(n0 − 1)·s0/√N, s0 the
-    sd of its n0 pilot estimates and N the seeds in the table: exact whatever N the pilot chose (Stein 1945).
+    """Stein's two-stage rule as a study ran it (`run --until`, docs/method.md §4.11): a named value's interval at
+    C_ref is est ± t(n0 − 1)·s0/√N, s0 the sd of its n0 pilot estimates and N the seeds in the table (Stein 1945).
     `components` () names every component and the TOTAL."""
 
     pilot: tuple[int, ...]
@@ -118,11 +108,8 @@ def t_half(values: list[float], level: float) -> float:
 
 
 def between_seed_law(law, per_seed: dict[int, Any], level: float = 0.95) -> list[str]:
-    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own
-    fit identifies the law's curvature (both L∞ and α; K ≥ BETWEEN_SEEDS_MIN), kept within the
-    parameters' ranges (L∞ ≥ 0, α ≥ 0). Returns the parameters widened."""
-    from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
-
+    """Widens the law's L∞ and α intervals to at least est ± t(K−1)·sd/√K over the K seeds whose own fit identifies
+    both (docs/method.md §4.4), within the parameters' ranges. Returns the parameters widened."""
     laws = [a.law for a in per_seed.values() if not isinstance(a, str) and a.law is not None
             and not {"linf", "alpha"} & set(a.law.not_identified)]
     widened = []
@@ -161,10 +148,7 @@ def seed_half(values: Sequence[float], se_law: float, level: float, pilot: Seque
     """(half-width, df) of the between-seed interval of K per-seed estimates: t(K−1)·√(s²/K + se_law²), s their sd
     and se_law the shared law's standard error (the pinned law every seed reads its multipliers through, which their
     scatter cannot see); with a Stein `pilot` (n0 estimates) and `n_seeds` N, t(n0−1)·√(s0²/N + se_law²)."""
-    if pilot is not None:
-        v, n = list(pilot), int(n_seeds or len(values))
-    else:
-        v, n = list(values), len(values)
+    v, n = (list(pilot), int(n_seeds or len(values))) if pilot is not None else (list(values), len(values))
     df = len(v) - 1
     return float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(float(np.var(v, ddof=1)) / n + se_law**2), df
 
@@ -172,14 +156,11 @@ def seed_half(values: Sequence[float], se_law: float, level: float, pilot: Seque
 def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95,
                           table_of: Callable[[Any], pd.DataFrame | None] = lambda a: a.components,
                           stein: Stein | None = None, widen_only: bool = False) -> pd.DataFrame:
-    """Each Shapley interval from the K ≥ BETWEEN_SEEDS_MIN seeds that estimate it, analysed alone: est ±
-    t(K−1)·√(s²/K + se_law²) (`seed_half`; Stein's half-width for a value a `run --until` study named), its verdict's
-    p read on K − 1 df. The seeds are the replicates (docs/method.md §4.4): each seed's estimate carries its run
-    noise and its component x seed variation, and nothing of the other components' (which the pooled model's
-    residuals mix into every contrast). `widen_only`: keep the model interval where it is the wider (an extrapolation,
-    whose law-form spread the seeds cannot see). Adds shapley_se_between (the seeds' standard error),
-    between_seeds, shapley_model_lo/hi (the pooled model's interval) and shapley_df.
-    `table_of` picks the table of each seed's analysis that matches `components` (C_ref or an extrapolation)."""
+    """Each Shapley interval from the K ≥ BETWEEN_SEEDS_MIN seeds that estimate it, each analysed alone (docs/method.md
+    §4.4, *The component × seed error term*): est ± `seed_half` (Stein's for a value a `run --until` study named), its
+    verdict's p read on K − 1 df. `widen_only`: keep the model interval where wider (an extrapolation, whose law-form
+    spread the seeds cannot see). Adds shapley_se_between, between_seeds, shapley_model_lo/hi and shapley_df;
+    `table_of` picks each seed's table matching `components` (C_ref or an extrapolation)."""
     out = components.copy()
     out["shapley_se_between"], out["between_seeds"] = np.nan, 0
     out["shapley_model_lo"], out["shapley_model_hi"] = out["shapley_lo"], out["shapley_hi"]  # the pooled model's
@@ -208,9 +189,8 @@ def between_seed_interval(components: pd.DataFrame, per_seed: dict[int, Any], le
 
 
 def between_seed_per_rung(per_rung: pd.DataFrame, per_seed: dict[int, Any], level: float = 0.95) -> pd.DataFrame:
-    """Each per-rung value's interval (component or TOTAL, response, rung) from the K ≥ BETWEEN_SEEDS_MIN seeds whose
-    own analysis estimates it (`seed_half`): the component x seed term reaches the smallest and largest rung Findings
-    show as it reaches C_ref."""
+    """Each per-rung value's interval from the K ≥ BETWEEN_SEEDS_MIN seeds whose own analysis estimates it
+    (`seed_half`), as at C_ref (docs/method.md §4.4)."""
     out = per_rung.copy()
     if not len(out):
         return out

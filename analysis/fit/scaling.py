@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 
 @dataclass
@@ -41,8 +42,7 @@ class LawFit:
         if name not in ("linf", "A", "alpha"):
             raise ValueError(f"name {name!r}; allowed values: linf, A, alpha")
         if name in self.pinned:
-            v = getattr(self, name)
-            return (v, v)
+            return (getattr(self, name),) * 2
         if name in self.not_identified or (name == "A" and {"linf", "alpha"} & set(self.not_identified)):
             return (float("nan"), float("nan"))
         # no interval is honest here, a zero-width one is not
@@ -51,8 +51,6 @@ class LawFit:
     def band(self, C, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         """Pointwise delta-method band of the fitted curve over (linf, ln a, alpha), widened so that it
         reaches each of `ends` (their gap to the curve counted as 1.96 standard errors)."""
-        from scipy import stats
-
         C = np.asarray(C, float)
         p = self.predict(C)
         f = self.A * C ** (-self.alpha)

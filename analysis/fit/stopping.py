@@ -1,15 +1,7 @@
 """Precision bought with seeds (docs/method.md §4.11): how many seeds a stated half-width takes, Stein's
-two-stage rule that `run STUDY --until` follows, and the report's "What it would take".
-
-Every interval at C_ref rests on the component x seed scatter of the per-seed estimates (analysis/fit/
-replicates.py): a component's sd s over seeds is real training variation, so only seeds narrow it. A study
-that stops when its interval first looks narrow enough (or first excludes 1) picks its own width: the width
-at few seeds is a random draw, and stopping on a small draw under-covers. Stein's rule (Stein 1945) does not:
-a pilot of n0 seeds measures s0; the study then runs N = max(n0, ⌈(t(n0−1)·s0)²/(h² − (t(n0−1)·se_law)²)⌉)
-seeds in all, and the interval est ± t(n0−1)·√(s0²/N + se_law²) has half-width at most h and exact coverage,
-because N depends on the pilot's sd only, and the mean of normal draws is independent of their sd. se_law is the
-pinned law's share of the standard error (replicates.py), which no number of seeds narrows: a target at or below
-t·se_law is out of the seeds' reach, and the plan says so. No torch import.
+two-stage rule that `run STUDY --until` follows (exact, where stopping on a narrow-looking interval under-covers:
+Stein 1945; the pinned law's share of the standard error, which no seed narrows, kept beside the seeds'), and the
+report's "What it would take". No torch import.
 """
 
 from __future__ import annotations
@@ -155,9 +147,7 @@ def read_plan(study_dir: str | Path) -> SteinPlan | None:
         raise ValueError(f"{p}: {e}; delete it to plan the study again (its runs are kept)") from None
 
 
-# ---------------------------------------------------------------------------------------------
 # What it would take: the report's section
-# ---------------------------------------------------------------------------------------------
 
 
 def target_half(est: float, lo: float, hi: float, verdict: str) -> float | None:

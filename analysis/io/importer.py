@@ -286,11 +286,8 @@ UNNAMED_BASELINE = "baseline"
 
 
 def _coding(f: str, rows: list[dict]) -> tuple[tuple[str, str], list[str]]:
-    """((low, high), notes) of a factor, from the levels the file holds: low is the baseline arm's level
-    (a registered factor's registry baseline if present; else the level of an arm named "baseline"; else,
-    when the registry's recipe level is present, the other level; else the level most rows hold, first
-    seen on a tie), high the recipe level if present, else the next most held. A note says when the levels
-    differ from the registry's, and names any third level (its runs are left out of a two-level analysis)."""
+    """((low, high), notes) of a factor from the levels the file holds, by the rule of docs/method.md §4.8
+    (*Imported results*); a note when they differ from the registry's, and one naming any third level."""
     specs = _recipe()[0]
     counts: dict[str, int] = {}
     for r in rows:

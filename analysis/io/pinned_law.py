@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
+
+from marin_ablate.marin.schema import read_json_text
 
 #: The file a study folder holds its pinned law in (a copy of the cached fit).
 LAW_FILE = "reference_law.json"
@@ -38,8 +41,6 @@ class PinnedLaw:
     def cov_propagated(self) -> np.ndarray:
         """The covariance the study's intervals carry: `cov` scaled by (t(dof)/z)² at 95%, so the pins'
         few residual df (a 7-rung ladder leaves 4) widen the multipliers as they widen the law's own interval."""
-        from scipy import stats
-
         return self.cov * (float(stats.t.ppf(0.975, max(self.dof, 1))) / float(stats.norm.ppf(0.975))) ** 2
 
     def se(self, name: str) -> float:
@@ -49,8 +50,6 @@ class PinnedLaw:
     def ci(self, name: str, level: float = 0.95) -> tuple[float, float]:
         """The parameter's interval: the valley's span (L∞: its profile-likelihood interval), widened by t on the
         ladder's df times the spread across it (α)."""
-        from scipy import stats
-
         q = float(stats.t.ppf(0.5 + level / 2, max(self.dof, 1)))
         i = ("linf", "alpha").index(name)
         vals = [v[i] for v in self.valley] or [getattr(self, name)]
@@ -182,8 +181,6 @@ def check_pinned(d, where: str, *, key: str | None = None, study: str | None = N
 def read_pinned(study_dir: str | Path, study: str | None = None) -> PinnedLaw | None:
     """The pinned law a study folder holds (`run` copies it there, naming the study), checked
     (`check_pinned`, against `study` when given), else None."""
-    from marin_ablate.marin.schema import read_json_text
-
     p = Path(study_dir) / LAW_FILE
     if not p.exists():
         return None

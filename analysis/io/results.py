@@ -1,15 +1,9 @@
 """Run directories -> the results table (docs/architecture.md §3).
 
-`collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,summary}.json` through `marin.schema`
-(torch-free), writes one row per run to `<study_dir>/results.parquet` and returns it. A run with
-meta.json and no summary.json gets status "missing"; a summary with status "failed" keeps its error.
-`load_table` accepts a study directory, a parquet file or a DataFrame.
-
-The factors come from the runs themselves: each run's meta.json records, for every factor of its
-study, the level and the factor's definition (field, low level coded −1, high level coded +1). The
-table keeps the level in a column named after the factor and the definitions in the `coding` column
-(JSON); `factor_coding`, `factor_columns` and `factor_codes` read them back. No list of factors
-lives in `analysis`.
+`collect(study_dir)` reads `<study_dir>/runs/<run_id>/{meta,summary}.json` through `marin.schema` (torch-free) into
+one row per run (status "missing" without a summary; a failed run keeps its error). The factors come from the runs:
+each level in a column named after its factor, each factor's definition (field, low −1, high +1) in the `coding`
+column (`factor_coding`, `factor_columns`, `factor_codes`); no list of factors lives in `analysis`.
 """
 
 from __future__ import annotations
@@ -108,9 +102,8 @@ def _dedupe(rows: list[dict], dirs: list[Path]) -> None:
     for rid, idx in by_id.items():
         if len(idx) < 2:
             continue
-        keep = next((i for i in idx if dirs[i].name == rid), None)
-        if keep is None:
-            keep = next((i for i in idx if rows[i].get("status") == "completed"), idx[0])
+        keep = next((i for i in idx if dirs[i].name == rid),
+                    next((i for i in idx if rows[i].get("status") == "completed"), idx[0]))
         for i in idx:
             if i != keep:
                 rows[i]["status"] = "duplicate"
@@ -207,23 +200,17 @@ def _row(run_dir: Path) -> dict:
         "design_row": meta and meta.design_row,
     }
     factors = meta.factors if meta is not None else ()
-    for f in factors:
-        row[f.name] = f.level
+    row.update({f.name: f.level for f in factors})
     row["coding"] = json.dumps({f.name: {"field": f.field, "low": f.low, "high": f.high,
                                          **({"truth": dict(f.truth)} if f.truth else {}),
                                          **({"regime": True} if f.regime else {})} for f in factors})
     if summ is None:
-        row["status"] = "missing"
-        row["error"] = None
-        return row
+        return {**row, "status": "missing", "error": None}
     d = summ.to_dict()
     row["status"] = summ.status
-    for c in SUMMARY_COLUMNS:
-        row[c] = d.get(c)
-    for dom, loss in (summ.eval_domain_loss or {}).items():
-        row[f"loss_{dom}"] = loss
-    for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items():
-        row[f"bpb_{dom}"] = bpb
+    row.update({c: d.get(c) for c in SUMMARY_COLUMNS})
+    row.update({f"loss_{dom}": loss for dom, loss in (summ.eval_domain_loss or {}).items()})
+    row.update({f"bpb_{dom}": bpb for dom, bpb in (summ.extra.get("eval_domain_bpb") or {}).items()})
     versions = summ.extra.get("code_versions")
     if isinstance(versions, list) and len(versions) > 1:  # resumed under other code: its steps mix versions
         row["code_versions"] = " → ".join(map(str, versions))
@@ -261,9 +248,7 @@ def collect(study_dir: str | Path, *, write: bool = True) -> pd.DataFrame:
     for c in ID_COLUMNS + SUMMARY_COLUMNS + ("status", "loss_curve", "started_at", "coding"):
         if c not in df.columns:
             df[c] = None
-    for c in ("params_total", "params_active", "flops_per_token", "tokens", "train_flops",
-              "eval_macro_loss", "macro_bpb", "final_train_loss", "tokens_per_s", "model_flops_per_s",
-              "mfu", "drop_rate", "max_grad_norm", "spikes", "wall_s", "started_at"):
+    for c in [c for c in SUMMARY_COLUMNS if c not in ("hardware", "code_version", "error")] + ["started_at"]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     if write and len(df):
         write_table(df, study_dir / "results.parquet")

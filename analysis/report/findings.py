@@ -15,6 +15,8 @@ from scipy import stats
 
 from marin_ablate.analysis.fit.attribution import EffectsFit, component_contrasts, varied_rungs
 from marin_ablate.analysis.fit.checks import DROP_FACTOR, WIDE_RATIO, drop_rates, lr_untuned, unmeasured_shift
+from marin_ablate.analysis.fit.lr_profile import choice_cost, interval_text
+from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, seed_half, t_half
 from marin_ablate.analysis.io.results import codings
 from marin_ablate.analysis.responses import RESPONSES, by_column, is_sum, law, law_column, part_columns, uses_law
 
@@ -36,9 +38,8 @@ def arm_kinds(a) -> dict[str, str]:
 
 
 def not_varied_at(a, f: str, compute: float) -> str:
-    """'' when factor f's value at `compute` rests on rungs that vary it; else the line saying why not.
-    A factor varied at one rung only has no scale trend: its value is refused at any other compute;
-    otherwise `compute` must lie within the compute span of the rungs that vary it."""
+    """'' when factor f's value at `compute` rests on rungs that vary it, else the line saying why not
+    (docs/method.md, "What Findings say": *Not varied here*)."""
     vr = varied_rungs(a.table, a.factors).get(f, [])
     if not vr:
         return f"{f} is not varied at any rung"
@@ -87,11 +88,8 @@ def observed_total(a, response: str) -> tuple[float, float, float, str]:
 
 
 def total_disagrees(a, response: str) -> str:
-    """The name of the failed check when the model's TOTAL for `response` cannot be trusted ('' when
-    it can): the model and the observed all-on vs all-off contrast disagree at some rung, or pooled
-    over rungs at C_ref (neither interval holds the other's estimate): a lack of fit the two-factor
-    model spreads over every arm. A sum response: when one of its parts fails. (The pure-error lack-of-fit
-    F test alone is not used: a rung-level shift of the baseline throughput fails it, harmlessly.)"""
+    """The name of the failed check when the model's TOTAL for `response` cannot be trusted, '' when it can
+    (docs/method.md, "What Findings say": *Lack of fit: the observed TOTAL*); a sum response fails with a part."""
     cache = a.__dict__.setdefault("_total_disagrees", {})
     if a.checks is None:
         return _total_disagrees(a, response)
@@ -130,9 +128,7 @@ def scale_trend(fit: EffectsFit, i: int | None, level: float) -> tuple[float, fl
     c0, c1 = component_contrasts(fit, 0.0), component_contrasts(fit, 1.0)
     c = (c1["total"] - c0["total"]) if i is None else (c1["shapley"][i] - c0["shapley"][i])
     est, se, lo, hi, ok = fit.contrast(c * math.log(10), level)
-    if not ok:
-        return (np.nan, np.nan, np.nan)
-    return (est, lo, hi)
+    return (est, lo, hi) if ok else (np.nan, np.nan, np.nan)
 
 
 def interval_fails(est: float, lo: float, hi: float) -> str:
@@ -185,8 +181,6 @@ def observed_between(a, resp: str, o: float, lo: float, hi: float) -> tuple[floa
     """The observed TOTAL's interval widened, as every model interval at C_ref is (docs/method.md §4.4), to at
     least the between-seed t interval of the seeds' own observed TOTALs (three or more): (lo, hi, the K − 1
     df its verdict is read on when the between-seed interval is the wider, else None)."""
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, t_half
-
     v = [x[0] for x in (observed_total(s, resp) for s in (getattr(a, "per_seed", None) or {}).values())
          if math.isfinite(x[0])]
     if len(v) < BETWEEN_SEEDS_MIN:
@@ -200,24 +194,19 @@ def _mult(est, lo, hi) -> str:
     return s + (f" [{_exp(lo):.3f}, {_exp(hi):.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
-def mult_text(est, lo, hi) -> str:
-    """A ln-scale value and interval as multipliers, "est [lo, hi]"; a runaway end prints as inf."""
-    return _mult(est, lo, hi)
-
-
 #: A ln interval wider than this ratio is not printed as numbers (its ends carry no information).
 UNREADABLE_RATIO = 1e3
 
 
 def qualified_text(est, lo, hi) -> str:
-    """`mult_text` with its "says little" qualifier; an interval spanning over UNREADABLE_RATIO is named, not
+    """`_mult` with its "says little" qualifier; an interval spanning over UNREADABLE_RATIO is named, not
     printed (a paired cell of one run through an unidentified law reaches 1e30)."""
     if math.isfinite(lo) and math.isfinite(hi) and hi - lo > math.log(UNREADABLE_RATIO):
         return f"{_exp(est):.3f} [interval spans over {UNREADABLE_RATIO:g}x: says nothing]"
     return _mult(est, lo, hi) + (_says_little(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
-def _verdict(lo: float, hi: float) -> str:
+def interval_verdict(lo: float, hi: float) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else "consistent with no effect"
 
 
@@ -239,11 +228,9 @@ def _dof(a, resp: str) -> int:
 def _p_value(est: float, lo: float, hi: float, dof: float, level: float) -> float:
     """Two-sided p of ln-effect 0 read off the t interval it is reported with (half-width = t_q·se), so a
     verdict and its interval can never disagree before adjustment."""
-    from scipy import stats as _st
-
-    q = float(_st.t.ppf(0.5 + level / 2, dof))
+    q = float(stats.t.ppf(0.5 + level / 2, dof))
     se = (hi - lo) / (2 * q)
-    return float(2 * _st.t.sf(abs(est) / se, dof)) if se > 0 else 1.0
+    return float(2 * stats.t.sf(abs(est) / se, dof)) if se > 0 else 1.0
 
 
 def family_of(key: tuple) -> str:
@@ -302,7 +289,7 @@ def _decide(a, key: tuple, est: float, lo: float, hi: float, dof: float) -> str:
     """The verdict of one Findings cell, controlled within its family: gain / loss when Holm over that
     family's verdicts rejects "no effect"; else consistent with no effect (saying so when the unadjusted
     interval alone would have excluded it)."""
-    raw = _verdict(lo, hi)
+    raw = interval_verdict(lo, hi)
     key = _key(a, key)
     pending = getattr(a, "_family_pending", None)
     if pending is not None:
@@ -404,7 +391,7 @@ def scale_cells(a, f: str) -> dict[str, str]:
     lo, hi, df_between = _slope_between(a, f, s, lo, hi, fit.law_se(dc * math.log(10)))
     out["per decade of compute"] = "×" + _mult(s, lo, hi) + _says_little(lo, hi)
     top = ends.get("largest rung")
-    tv = _verdict(*top) if top else "—"
+    tv = interval_verdict(*top) if top else "—"
     d = _decide(a, ("scale", f), s, lo, hi, df_between or fit.contrast_df(dc))
     if d == "gain":
         out["scale verdict"] = {"gain": "gain growing with scale", "loss": "loss shrinking with scale"}.get(
@@ -419,11 +406,8 @@ def scale_cells(a, f: str) -> dict[str, str]:
 
 def _slope_between(a, f: str, s: float, lo: float, hi: float,
                    se_law: float = 0.0) -> tuple[float, float, int | None]:
-    """A component's slope per decade from the seeds' own slopes, as its values at C_ref and per rung are
-    (docs/method.md §4.4; `seed_half`, the law's own spread `se_law` added): (lo, hi, the K − 1 df its verdict is
-    read on); the pooled model's interval and None below BETWEEN_SEEDS_MIN seeds."""
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN, seed_half
-
+    """A component's slope per decade from the seeds' own slopes (`seed_half`, the law's spread `se_law` added), as
+    at C_ref (docs/method.md §4.4): (lo, hi, K − 1 df); the pooled model's interval and None below BETWEEN_SEEDS_MIN."""
     v = []
     for b in (getattr(a, "per_seed", None) or {}).values():
         fb = b.reduced.get(law().name, b.fits.get(law().name))
@@ -448,11 +432,8 @@ def lr_coupled(field: str) -> bool:
 
 
 def _fields(a) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for coding, _ in codings(a.table):
-        for name, d in coding.items():
-            out.setdefault(name, str(d.get("field", "")))
-    return out
+    """{factor: its field}, the first coding that names it winning."""
+    return {name: str(d.get("field", "")) for coding, _ in reversed(codings(a.table)) for name, d in coding.items()}
 
 
 def qualifiers(a, f: str) -> str:
@@ -485,11 +466,10 @@ def qualifiers(a, f: str) -> str:
             if math.isfinite(lo) and math.isfinite(hi) and _exp(hi - lo) > WIDE_RATIO]
     if wide:
         q.append(f"{', '.join(wide)}: interval spans over {WIDE_RATIO:g}x")
-    boot = [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
-            zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []),
-                strict=False)
-            if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
-    q += boot
+    q += [f"{by_column(r).label if by_column(r) else r}: {why}" for r, e, blo, bhi in
+          zip(c.get("response", []), c.get("shapley", []), c.get("shapley_boot_lo", []), c.get("shapley_boot_hi", []),
+              strict=False)
+          if (why := boot_disagrees(float(e), float(blo), float(bhi)))]
     return "; ".join(q) or "—"
 
 
@@ -505,9 +485,6 @@ def _law_slope(a) -> float:
 def rests_on(a) -> str:
     """The report's one-line headline of what the answer rests on: how many seeds and what the intervals are
     built on, how the LRs were set and how uncertain the profiled optima are (docs/method.md §4.4, §4.6)."""
-    from marin_ablate.analysis.fit.lr_profile import choice_cost, interval_text
-    from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
-
     t = a.table
     seeds = sorted(int(s) for s in t["seed"].dropna().unique()) if "seed" in t else []
     comp = a.components

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html as html_lib
+
 # The report runs no script and loads nothing but its own figures: a name imported from someone else's
 # table cannot run code in the reader's browser even if it slipped past the escaping below.
 CSP = "default-src 'none'; script-src 'none'; object-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'"
@@ -10,8 +12,6 @@ CSP = "default-src 'none'; script-src 'none'; object-src 'none'; img-src 'self' 
 def render_html(md_text: str, title: str) -> str:
     """report.html from report.md: raw HTML in the Markdown (a `<script>` or `<img onerror=…>` in an arm,
     factor or rung name, a note, a warning) is written as text, never as markup."""
-    import html as html_lib
-
     import markdown
 
     conv = markdown.Markdown(extensions=["tables"])

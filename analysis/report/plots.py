@@ -3,6 +3,7 @@ study has nothing to draw for it (the report then says so)."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from marin_ablate.analysis.fit.attribution import interaction_matrix  # noqa: E4
 from marin_ablate.analysis.pipeline import StudyAnalysis  # noqa: E402
 from marin_ablate.analysis.report.findings import arm_kinds  # noqa: E402
 from marin_ablate.analysis.responses import RESPONSES, by_column, law_column  # noqa: E402
+from marin_ablate.marin.schema import atomic_write_bytes  # noqa: E402
 
 #: The interaction heatmap's colour scale: fixed at ±ln 2 (an interaction that doubles or halves the
 #: all-on vs all-off multiplier saturates), so noise never looks like a strong effect.
@@ -35,10 +37,6 @@ def _save(fig, path: Path) -> Path:
     """PNG of the figure's tight bounding box: titles, labels and legends are never cut off. Rendered in
     memory, then written atomically: a full disk names the file (marin.schema.atomic_write_bytes), and a
     reader never sees half a figure."""
-    import io
-
-    from marin_ablate.marin.schema import atomic_write_bytes
-
     buf = io.BytesIO()
     try:
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15, facecolor="white")
@@ -240,14 +238,9 @@ def loss_curves(a: StudyAnalysis, raw: pd.DataFrame, path: Path) -> Path | None:
     """Train loss curves (summary.json loss_curve), one line per run, coloured by arm."""
     if "loss_curve" not in raw:
         return None
-    rows = []
-    for r in raw[raw["status"] == "completed"].itertuples():
-        lc = getattr(r, "loss_curve", None)
-        if not isinstance(lc, str):
-            continue
-        for step, loss in json.loads(lc):
-            rows.append({"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")),
-                         "rung": str(getattr(r, "rung", "")), "run": r.run_id})
+    rows = [{"step": step, "loss": loss, "arm": str(getattr(r, "arm", "")), "rung": str(getattr(r, "rung", "")),
+             "run": r.run_id} for r in raw[raw["status"] == "completed"].itertuples()
+            if isinstance(r.loss_curve, str) for step, loss in json.loads(r.loss_curve)]
     if not rows:
         return None
     d = pd.DataFrame(rows)

@@ -3,6 +3,7 @@ the factors' coding, how each run's LR was set and the reference law it rests on
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +19,6 @@ def provenance(a: StudyAnalysis, raw: pd.DataFrame, command: str | None) -> list
 
     coding = factor_coding(raw) if "coding" in raw else {}
     try:
-        from importlib.metadata import version
-
         ver = version("marin-ablate")
     except Exception:  # not installed: the analysis still runs from a checkout
         ver = "unknown"

@@ -71,11 +71,8 @@ def attribution_table(a: StudyAnalysis, components: pd.DataFrame | None = None) 
                 row["M_flop boot CI"] = (
                     mult_text(c["shapley"], c["shapley_boot_lo"], c["shapley_boot_hi"]).split(" ", 1)[-1]
                     if math.isfinite(c.get("shapley_boot_lo", np.nan)) else "—")
-                if f != "TOTAL":
-                    row["M_flop LOO"] = mult_text(c["loo"], c["loo_lo"], c["loo_hi"])
-                    row["M_flop AOI"] = mult_text(c["aoi"], c["aoi_lo"], c["aoi_hi"])
-                else:
-                    row["M_flop LOO"] = row["M_flop AOI"] = ""
+                for k in ("loo", "aoi"):
+                    row[f"M_flop {k.upper()}"] = mult_text(c[k], c[f"{k}_lo"], c[f"{k}_hi"]) if f != "TOTAL" else ""
                 row["aliased"] = "yes (see Appendix)" if (c.get("aliased_with", "") or "") else ""
         rows.append(row)
     out = pd.DataFrame(rows)

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from marin_ablate.analysis.fit.checks import drop_rates
 from marin_ablate.analysis.fit.law_intervals import PROFILE_BOUNDS
 from marin_ablate.analysis.fit.regimes import regime_frames
-from marin_ablate.analysis.io.results import factor_coding
+from marin_ablate.analysis.fit.stopping import core_seconds_per_seed, what_it_would_take
+from marin_ablate.analysis.io.results import factor_coding, profile_seconds
 from marin_ablate.analysis.pipeline import StudyAnalysis
 from marin_ablate.analysis.report.backtest import backtest_lines
 from marin_ablate.analysis.report.findings import (
@@ -24,7 +29,9 @@ from marin_ablate.analysis.report.findings import (
     arm_kinds,
     family_label,
     finding,
+    interval_verdict,
     qualifiers,
+    recommended_total,
     rests_on,
     scale_cells,
     verdict_family,
@@ -39,7 +46,7 @@ from marin_ablate.analysis.report.tables import (
     paired_section,
     per_rung_table,
 )
-from marin_ablate.analysis.responses import RESPONSES
+from marin_ablate.analysis.responses import RESPONSES, law_column
 from marin_ablate.marin.schema import atomic_write_text
 
 DEFINITIONS = (
@@ -90,11 +97,6 @@ def _coding_line(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
         if parts else []
 
 
-def _findings_with_notes(a: StudyAnalysis) -> list[str]:
-    tab, notes = say_once(findings_table(a))
-    return [md_table(tab), *notes]
-
-
 def _per_decade_note(a: StudyAnalysis) -> list[str]:
     """Once under Findings: a ladder narrower than a decade states its slope per 10x beyond its own span."""
     if len(a.rungs) < 2:
@@ -114,8 +116,6 @@ def drops_section(a: StudyAnalysis, study_dir: Path | None) -> list[str]:
     """The study's own drop rates per transport beside the ones where Marin's claim is checkable (GPU rungs,
     65,536 tokens per EP shard, measured by benchmarks/ep_drops.py into STUDY/drops_at_scale.json), and why
     they differ: a pooled capacity over few tokens overflows more often than a per-cell one."""
-    from marin_ablate.analysis.fit.checks import drop_rates
-
     d = drop_rates(a)
     if not len(d) or d["drop_rate"].max() <= 0:
         return []
@@ -159,13 +159,6 @@ def take_rows(a: StudyAnalysis, study_dir: Path | None = None) -> list[dict]:
     """The report's "What it would take" (analysis/fit/stopping.py): per quality value at C_ref
     consistent with no effect or wider than ×/÷ 1.5, the seeds its measured seed scatter says would bring it to a
     stated half-width, the added minutes on this machine and the `run --until` line."""
-    import os
-
-    from marin_ablate.analysis.fit.stopping import core_seconds_per_seed, what_it_would_take
-    from marin_ablate.analysis.io.results import profile_seconds
-    from marin_ablate.analysis.report.findings import recommended_total
-    from marin_ablate.analysis.responses import law_column
-
     comp, col = a.components, law_column()
     if not len(comp) or "between_seeds" not in comp:
         return []
@@ -222,13 +215,8 @@ def family_statement(a: StudyAnalysis) -> str:
 
 def verdict(est, lo, hi) -> str:
     """gain / loss / consistent with no effect / not estimable, from a ln-scale 95% interval."""
-    if not (isinstance(est, float) and math.isfinite(est)) or not (isinstance(lo, float) and math.isfinite(lo)):
-        return "not estimable"
-    if lo > 0:
-        return "gain"
-    if hi < 0:
-        return "loss"
-    return "consistent with no effect"
+    ok = all(isinstance(v, float) and math.isfinite(v) for v in (est, lo))
+    return interval_verdict(lo, hi) if ok else "not estimable"
 
 
 def findings_table(a: StudyAnalysis) -> pd.DataFrame:
@@ -246,10 +234,7 @@ def say_once(tab: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if "qualifiers" not in tab or len(tab) < 3:
         return tab, []
     parts = [[] if q in ("—", "", None) else str(q).split("; ") for q in tab["qualifiers"]]
-    counts: dict[str, int] = {}
-    for p in parts:
-        for q in dict.fromkeys(p):
-            counts[q] = counts.get(q, 0) + 1
+    counts = Counter(q for p in parts for q in dict.fromkeys(p))
     common = [q for q, n in counts.items() if n >= 3 and n > len(tab) / 2]
     if not common:
         return tab, []
@@ -437,6 +422,7 @@ def render_markdown(a: StudyAnalysis, raw: pd.DataFrame, figures: dict[str, Path
 def findings_section(a: StudyAnalysis, raw: pd.DataFrame, backtest) -> list[str]:
     """## Findings: what the numbers rest on, how to read them, a row per component, families, backtest, coding."""
     between = "between_seeds" in a.components and (a.components["shapley_se_between"].notna()).any()
+    tab, notes = say_once(findings_table(a))
     return ["## Findings", "", f"**{rests_on(a)}**", "",
             f"C_ref = {a.c_ref:.3g} FLOPs is the reference compute: the geometric mean of the runs' training compute "
             "(the ladder's centre in ln C, where the factor × log C terms vanish; ◆ in the forest figure). Losses are "
@@ -447,7 +433,7 @@ def findings_section(a: StudyAnalysis, raw: pd.DataFrame, backtest) -> list[str]
             + "), and a verdict: gain (interval above 1), loss (below 1), consistent with no effect (contains 1), "
             "not estimable (a gain or loss stands only where the family control stated below the table keeps it); "
             "qualifiers: what each verdict rests on (details under Warnings).", "",
-            *_findings_with_notes(a), "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
+            md_table(tab), *notes, "", family_statement(a)] + _per_decade_note(a) + backtest_lines(backtest) \
         + _coding_line(a, raw)
 
 
@@ -529,15 +515,13 @@ def appendix_section(a: StudyAnalysis, raw: pd.DataFrame) -> list[str]:
     L += ["### Evaluation per arm", "", "Every rung (compute order) and arm: mean over seeds of completed runs.", ""]
     L += eval_table(a, raw) + [""]
     L += ["### Aliasing", ""]
-    groups = a.alias_groups()
-    ne = a.not_estimable()
+    groups, ne = a.alias_groups(), a.not_estimable()
     if not groups and not ne:
         L += ["Every candidate term is estimable separately.", ""]
-    else:
-        if groups:
-            L += ["Alias groups (estimated only together, never separately):", ""] + [f"- {g}" for g in groups] + [""]
-        if ne:
-            L += ["Not estimable:", ""] + [f"- {x}" for x in ne] + [""]
+    if groups:
+        L += ["Alias groups (estimated only together, never separately):", ""] + [f"- {g}" for g in groups] + [""]
+    if ne:
+        L += ["Not estimable:", ""] + [f"- {x}" for x in ne] + [""]
     for name, fit in a.fits.items():
         L += [f"### Coefficients and ANOVA: {name} ({fit.response}, {fit.method}, {fit.n} runs, {fit.dof} residual df)",
               "", "Standard errors: the larger of HC3 and model-based per coefficient. The ANOVA is the Wald F test "
@@ -556,8 +540,6 @@ def write_report(a: StudyAnalysis, raw: pd.DataFrame, out_dir: str | Path, *, fo
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {}
     if figures:
-        import warnings
-
         from marin_ablate.analysis.report.plots import all_figures
 
         with warnings.catch_warnings():  # a figure's exp of a vast interval: drawn clipped, never printed raw
