@@ -86,8 +86,8 @@ def pinned_switch_balance(logits_TE: Tensor, load_E: Tensor, tokens: int) -> Ten
 
 
 def step_router_stats(load_E: Tensor, prob_sum_E: Tensor, z_sum: Tensor, tokens: int) -> Tensor:
-    """ROUTER_STATS from sums over a step's tokens (its micro-batches'): loads, summed router
-    probabilities, summed lse² (what `Router.forward` computes from one batch)."""
+    """ROUTER_STATS from sums over a step's tokens (a batch's in `Router.forward`, or an accumulated step's
+    micro-batches'): loads, summed router probabilities, summed lse²."""
     mean = load_E.mean()
     f_E = load_E / load_E.sum()
     return torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z_sum / tokens,
@@ -242,11 +242,9 @@ class Router(nn.Module):
             self._record(logits_TE.detach(), expert_idx_TK, alpha_T, pin)
 
         with torch.no_grad():
-            load_E = expert_load(expert_idx_TK, self.n_experts)
-            mean = load_E.mean()
-            z = torch.logsumexp(logits_TE.detach(), -1).pow(2).mean()
-            stats_R = torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z,
-                                   switch_balance(logits_TE.detach(), expert_idx_TK)])
+            l_TE = logits_TE.detach()
+            stats_R = step_router_stats(expert_load(expert_idx_TK, self.n_experts), router_probs(l_TE).sum(0),
+                                        torch.logsumexp(l_TE, -1).pow(2).sum(), l_TE.shape[0])
         return RouterOutput(expert_idx_TK, combine_TK, logits_TE, aux_loss, stats_R)
 
     def world_loads(self, load_E: Tensor, tokens: int) -> tuple[Tensor, int]:

@@ -120,6 +120,4 @@ def grouped_mm_torch(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
         start = end
     if start < N:
         parts.append(x_NI.new_zeros(N - start, O))
-    if not parts:
-        return x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
-    return torch.cat(parts, 0)
+    return torch.cat(parts, 0) if parts else x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
