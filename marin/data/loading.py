@@ -90,7 +90,6 @@ class Corpus:
         return self.heldout[domain]
 
 
-
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
     """(ids, texts) of one local file, read like a `data prepare` source; rows need a "text" column;
     a text file is one document."""
@@ -290,9 +289,7 @@ def _tokenizer_for(data: DataConfig, raw: _RawCorpus) -> Tokenizer:
 
 def get_tokenizer(data: DataConfig) -> Tokenizer:
     """Byte-level (256) or the corpus' BPE of DataConfig.bpe_vocab (trained once, saved beside it)."""
-    if data.tokenizer == "byte":
-        return ByteTokenizer()
-    return _tokenizer_for(data, _raw_corpus(data))
+    return ByteTokenizer() if data.tokenizer == "byte" else _tokenizer_for(data, _raw_corpus(data))
 
 
 def _domain_split(tok: Tokenizer, ids: list[str], texts: list[str]) -> DomainSplit:
@@ -343,21 +340,16 @@ def load_corpus(data: DataConfig) -> Corpus:
     key = (str(raw.path), fp, tok.fingerprint, tuple(data.eval_domains))
     if key in _CORPUS_CACHE:
         return _CORPUS_CACHE[key]
-    domains = list(raw.eval_domains)
-    if data.eval_domains:
-        domains = [d for d in domains if d in data.eval_domains]
+    domains = [d for d in raw.eval_domains if not data.eval_domains or d in data.eval_domains]
     # BPE tokenization of a few MB costs seconds: cache it beside the tokenizer; bytes need none
     cache_dir = None if tok.name == "byte" else raw.derived_dir / "tokenizers" / f"tokens-{tok.fingerprint}-{fp}"
-    splits = {}
-    for split in SPLITS:
-        splits[split] = {d: _tokenize(tok, *getattr(raw, split)[d], None if cache_dir is None
-                                      else cache_dir / f"{d}.{split}.npz")
-                         for d in sorted(getattr(raw, split))}
+    splits = {split: {d: _tokenize(tok, *getattr(raw, split)[d], None if cache_dir is None
+                                   else cache_dir / f"{d}.{split}.npz") for d in sorted(getattr(raw, split))}
+              for split in SPLITS}
     corpus = Corpus(name=raw.name, domains=domains, manifest=raw.manifest, tokenizer=tok,
                     train=splits["train"], heldout=splits["heldout"], path=raw.path, fingerprint=fp)
     _CORPUS_CACHE[key] = corpus
     return corpus
-
 
 
 def prepared_train(data: DataConfig, log=None) -> Path:

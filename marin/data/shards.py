@@ -25,7 +25,6 @@ j mod L: the component repeats as often as it would in a run of `target` tokens 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +33,7 @@ import torch
 
 from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
 from marin_ablate.marin.data.index import FULL_VERIFY_BYTES, IndexedCorpus, IndexedStream
-from marin_ablate.marin.data.manifest import load_npy, read_manifest
+from marin_ablate.marin.data.manifest import domain_names, load_npy, manifest_fingerprint, read_manifest
 from marin_ablate.marin.data.mixture import MixturePlan
 from marin_ablate.marin.schema import sha256_file
 
@@ -51,6 +50,13 @@ def pack_stream(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tenso
     doc_ids_NS = np.cumsum(starts_NS, axis=1)
     return (torch.from_numpy(tokens_NW[:, :-1].astype(np.int64)), torch.from_numpy(targets_NS.astype(np.int64)),
             torch.from_numpy(doc_ids_NS.astype(np.int64)))
+
+
+def check_positive_ints(**values: object) -> None:
+    """ValueError naming the first of `values` that is not a positive integer."""
+    for name, v in values.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive integer")
 
 
 def shuffle_order(uids: list[str], seed: int, epoch: int) -> np.ndarray:
@@ -115,7 +121,7 @@ class PreparedCorpus:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
         self.manifest = read_manifest(self.path)
-        self.fingerprint = hashlib.sha256((self.path / "manifest.json").read_bytes()).hexdigest()[:16]
+        self.fingerprint = manifest_fingerprint(self.path)
         dtype = np.dtype(self.manifest["dtype"])
         verify_once(self.path, self.manifest, self.fingerprint)
         self._tokens, lengths, shard_of, local = [], [], [], []
@@ -164,13 +170,9 @@ class PreparedCorpus:
         m = self.manifest
         if not m.get("domain_column"):
             return [], np.zeros(0, np.int64)
-        names: list[str] = []
-        parts = []
+        names, parts = domain_names(m), []
         for sh in m["shards"]:
             local = np.asarray(load_npy(self.path / sh["domain_path"]), np.int64)
-            for name in sh["domains"]:
-                if name not in names:
-                    names.append(name)
             remap = np.array([names.index(n) for n in sh["domains"]], np.int64)
             parts.append(remap[local] if len(local) else local)
         return names, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
@@ -277,9 +279,7 @@ class ShardedBatches:
         self.indexed = isinstance(self.corpus, IndexedCorpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
-        for name, v in (("seq_len", seq_len), ("global_batch", global_batch), ("world", self.world)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+        check_positive_ints(seq_len=seq_len, global_batch=global_batch, world=self.world)
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank={self.rank} must be in 0..{self.world - 1}")
         if global_batch % self.world:
