@@ -324,11 +324,8 @@ class Trainer:
         pd, device = self.pd, self.device
         ts = time.perf_counter()
         batch = self.data.train[stage.seq_len].batch(self.st.step)
-        n_tok = global_tokens(batch, self.data.rank_rows, pd.world)
-        tokens, targets, doc_ids = batch
-        if not self.data.rank_rows:  # a global batch: keep this rank's rows
-            tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
-        tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
+        n_tok = global_tokens(batch, pd.world)
+        tokens, targets, doc_ids = (t.to(device) for t in batch)
         out, loss_v, ce_v, gnorm = pd.forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
                                                        self.t.grad_clip, stage.micro_batches)
         if math.isfinite(loss_v) and math.isfinite(gnorm):

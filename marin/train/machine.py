@@ -70,7 +70,4 @@ def peak_flops(device: torch.device, precision: str) -> float | None:  # noqa: A
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, val in PEAK_FLOPS_BF16:
-        if key in name:
-            return val
-    return None
+    return next((val for key, val in PEAK_FLOPS_BF16 if key in name), None)

@@ -44,7 +44,6 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     ckpt.check_no_symlinks(run_dir)
-    summary_path = run_dir / "summary.json"
     if resume:
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
         if done is not None and done.run_id == spec.run_id and summary_contradiction(
@@ -56,6 +55,6 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
         raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
                          "use another --run-dir, or move that directory aside first (--no-resume never deletes "
                          "another run)")
-    if not resume and summary_path.exists():
-        summary_path.unlink()
+    if not resume:
+        (run_dir / "summary.json").unlink(missing_ok=True)
     return None

@@ -66,9 +66,7 @@ class StepProgress:
 
     def eta_s(self, done: int) -> float | None:
         steps = done - self.start_step
-        if steps <= 0:
-            return None
-        return (self.clock() - self.t0) / steps * max(0, self.total - done)
+        return (self.clock() - self.t0) / steps * max(0, self.total - done) if steps > 0 else None
 
     def update(self, rec: dict) -> str:
         """Show one logged record; returns the plain line (what a log gets)."""
