@@ -234,9 +234,7 @@ class ModelConfig:
 
     def kv_heads_stored(self, layer: int) -> int:
         """KV heads the layer's W_k and W_v project to (kv_layout)."""
-        if self.kv_layout == "stored":
-            return max(self.n_kv_heads, self.n_kv_heads_global)
-        return self.kv_heads(layer)
+        return max(self.n_kv_heads, self.n_kv_heads_global) if self.kv_layout == "stored" else self.kv_heads(layer)
 
     @property
     def gated_norm_width(self) -> int:
@@ -466,10 +464,8 @@ class TrainConfig:
     def effective(self) -> "TrainConfig":
         """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
         m = self.token_multiplier
-        if m == 1:
-            return self
-        return replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
-                       checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
+        return self if m == 1 else replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
+                                           checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
 
     def seed_offset(self) -> int:
         return seed_offset(self.seed_stream)
@@ -594,18 +590,15 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunSpec":
-        train = dict(d.get("train", {}))
-        train["context_stages"] = check_context_stages(train.get("context_stages", ()))
+        # lists in JSON; context stages and mixture phases are normalised by their config's __post_init__
         model = dict(d.get("model", {}))
         if "sconv_sites" in model:
             model["sconv_sites"] = tuple(model["sconv_sites"])
         data = dict(d.get("data", {}))
         if "eval_domains" in data:
             data["eval_domains"] = tuple(data["eval_domains"])
-        if "mixture" in data:
-            data["mixture"] = check_mixture(data["mixture"])
         return cls(model=ModelConfig(**model), recipe=Recipe(**d.get("recipe", {})),
-                   train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
+                   train=TrainConfig(**d.get("train", {})), data=DataConfig(**data), seed=int(d.get("seed", 0)))
 
 
 # ---- Presets -------------------------------------------------------------------------------------

@@ -68,9 +68,7 @@ def first_host(nodelist: str) -> str:
     if not m or not m.group(1).strip():
         raise RendezvousError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
     prefix, ranges = m.group(1).strip(), m.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
 
 def node_address(host: str) -> str:
