@@ -9,10 +9,8 @@ and against torch's FlopCounterMode):
 - params_active: the non-embedding parameters one token touches: params_total minus the embedding,
   minus the lm_head, minus the (E − K) routed experts a token does not use, in every layer. On top
   of Marin's count this includes the small terms: norm gains, gates, SConv, GatedNorm.
-- params_active_marin: Marin's count exactly (experiments/grug/moe_hero_ep/small_scale_abl_launch.py
-  _active_params), the one its ladder sizes tokens by: per layer attention 2·d·H·h + 2·d·H_kv·h
-  (H_kv the stored KV heads, max of local and global), router d·E, routed K·3·ℓ·m, latent 2·d·ℓ,
-  shared n_s·3·d·m_s; no embedding, lm_head, norms, gates, SConv or GatedNorm.
+- params_active_marin: Marin's count exactly, the one its ladder sizes tokens by (docs/fidelity.md "Counting
+  convention for active parameters").
 - forward FLOPs per token: 2 × multiply-accumulates per token of every matmul (attention q/k/v/o and
   gate projections, the attention scores QKᵀ and AV over the keys a query sees, router, latent down
   and up, the K routed experts, shared experts, GatedNorm, lm_head) plus two small elementwise terms

@@ -1,18 +1,7 @@
-"""Where the ranks of a distributed run meet, from the launcher's environment, and the process-group
-init with a deadline (docs/architecture.md §5 and "Multi-node SLURM").
-
-- torchrun (or a test): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as given.
-- SLURM (srun, one task per device): RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE =
-  SLURM_NTASKS; MASTER_ADDR is the first host of SLURM_JOB_NODELIST resolved to an address (SLURM's
-  own NodeAddr for it, else the resolver), MASTER_PORT is derived from SLURM_JOB_ID (every task of
-  a job computes the same one; a requeued job keeps its id, and its old tasks are gone). Nothing is
-  set by hand, as in torchtitan's and Megatron's SLURM launchers.
-- gloo binds to the address of this host's name unless told an interface: GLOO_SOCKET_IFNAME is set
-  (when unset, whatever the backend: a CUDA run's checkpoint group is gloo) to NCCL_SOCKET_IFNAME's
-  interfaces where it names them exactly, else to the interface that routes to MASTER_ADDR, so ranks on
-  other hosts can reach it over the network NCCL uses.
-- The rendezvous has a deadline (MARIN_RENDEZVOUS_TIMEOUT_S, default 300 s): a rank that cannot
-  reach it fails with one line naming the address and port instead of waiting forever.
+"""Where the ranks of a distributed run meet, from the launcher's environment (torchrun's variables as given,
+or SLURM's: docs/architecture.md "Multi-node SLURM" says how rank, world, master address, port and the gloo
+interface follow from them), and the process-group init with a deadline (MARIN_RENDEZVOUS_TIMEOUT_S): a rank
+that cannot reach it fails with one line naming the address and port instead of waiting forever.
 """
 
 from __future__ import annotations

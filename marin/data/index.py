@@ -25,11 +25,8 @@ no memory map, no readahead) and only what its rows need (two binary searches in
 and one read per document piece per row), so its memory, file-backed pages included, and its start-up
 time are flat in the corpus size (`benchmarks/bench_loader_scale.py`; docs/architecture.md §3).
 
-The index is read like input (docs/faults.md): opening it checks index.json's fields, each array's
-dtype, shape and size, and, for an index up to FULL_VERIFY_BYTES, each array's sha256 and invariants (`cum`
-non-decreasing from 0 to the tokens, `src` within the shards, `shards` the manifest's); `data verify` checks
-them at any size. The arrays are written to temporaries and renamed only once all three are on disk, index.json
-last; a full disk names the file it was writing.
+The index is read like input (docs/faults.md; `check_index`). The arrays are written to temporaries and
+renamed only once all three are on disk, index.json last; a full disk names the file it was writing.
 """
 
 from __future__ import annotations

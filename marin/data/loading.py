@@ -5,6 +5,7 @@ process and, for BPE, on disk beside the tokenizer.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -145,20 +146,18 @@ class _RawCorpus:
     derived_dir: Path  # where tokenizers / token caches of this corpus live
     eval_domains: list[str]  # domains with a held-out split
     load: Callable[[], tuple[dict, dict]]  # -> (train, heldout): domain -> (ids, texts)
-    _texts: tuple[dict, dict] | None = None
 
-    def _loaded(self) -> tuple[dict, dict]:
-        if self._texts is None:
-            self._texts = self.load()
-        return self._texts
+    @functools.cached_property
+    def _texts(self) -> tuple[dict, dict]:
+        return self.load()
 
     @property
     def train(self) -> dict[str, tuple[list[str], list[str]]]:
-        return self._loaded()[0]
+        return self._texts[0]
 
     @property
     def heldout(self) -> dict[str, tuple[list[str], list[str]]]:
-        return self._loaded()[1]
+        return self._texts[1]
 
 
 def _manifest_fingerprint(manifest: dict) -> str:

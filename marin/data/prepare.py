@@ -127,13 +127,12 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
         if kind == "json":  # Arrow's JSON reader keeps invalid UTF-8 (failing later, naming no file) and
             check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
+    names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
     try:
         ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
-        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
-        while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                break
+        # the reader's own error says what is wrong: the innermost one, or a full disk on the way there
+        while not (isinstance(e, OSError) and e.errno == errno.ENOSPC) and (e.__cause__ or e.__context__):
             e = e.__cause__ or e.__context__
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # the cache's disk, not the source, is at fault
             raise ValueError(f"disk full (no space left on device) while writing the datasets cache {cache} from "
@@ -144,7 +143,6 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
     feature = ds.features.get(text_column)
     dtype = getattr(feature, "dtype", None)
     if feature is not None and dtype not in ("string", "large_string", "null"):  # a number or object: no text
-        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
         raise ValueError(f"{names}: column {text_column!r} holds {dtype or type(feature).__name__} values, not "
                          "text; allowed values: a string in every row")
     return ds
@@ -307,8 +305,7 @@ def prepare_shard(i: int) -> dict:
     lo, hi = i * cfg.docs_per_shard, min(len(ds), (i + 1) * cfg.docs_per_shard)
     part = ds.select(range(lo, hi))
     arrays: list[np.ndarray] = []
-    domains: list[str] = []
-    dom_index: dict[str, int] = {}
+    dom_index: dict[str, int] = {}  # domain name -> its index in the shard's meta "domains", in order of appearance
     doc_domain: list[int] = []
     ids: list[str] = []
     text_bytes = skipped = 0
@@ -328,10 +325,7 @@ def prepare_shard(i: int) -> dict:
             nb = len(text.encode("utf-8"))
             text_bytes += nb
             name = "" if label is None else str(label)
-            if name not in dom_index:
-                dom_index[name] = len(domains)
-                domains.append(name)
-            doc_domain.append(dom_index[name])
+            doc_domain.append(dom_index.setdefault(name, len(dom_index)))
             if cfg.id_column:
                 ids.append(str(rid))
             c = per_domain.setdefault(name, [0, 0, 0])
@@ -341,8 +335,9 @@ def prepare_shard(i: int) -> dict:
     offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays], dtype=np.int64)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
     counts = {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}
-    return write_shard(out, i, (lo, hi), data, offsets, domains, np.array(doc_domain, np.int32) if dcol else None,
-                       counts, skipped, text_bytes, ids if cfg.id_column else None)
+    return write_shard(out, i, (lo, hi), data, offsets, list(dom_index),
+                       np.array(doc_domain, np.int32) if dcol else None, counts, skipped, text_bytes,
+                       ids if cfg.id_column else None)
 
 
 class _Terminated(KeyboardInterrupt):

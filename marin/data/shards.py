@@ -25,6 +25,7 @@ j mod L: the component repeats as often as it would in a run of `target` tokens 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -140,29 +141,25 @@ class PreparedCorpus:
         self.doc_lengths, self._doc_shard, self._doc_local = cat(lengths), cat(shard_of), cat(local)
         self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
         self.n_tokens, self.n_docs = int(self.doc_lengths.sum()), len(self.doc_lengths)
-        self._uids: list[str] | None = None
 
     @property
     def vocab_size(self) -> int:
         return int(self.manifest["tokenizer"]["vocab_size"])
 
-    @property
+    @functools.cached_property
     def uids(self) -> list[str]:
         """Every document's shuffle key: DOMAIN/ID with an id column (DOMAIN/ only with a domain), else the index."""
-        if self._uids is None:
-            m = self.manifest
-            if m.get("id_column"):
-                uids = []
-                for sh in m["shards"]:
-                    if m.get("domain_column"):
-                        dom = load_npy(self.path / sh["domain_path"])
-                        uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"], strict=True)]
-                    else:
-                        uids += list(sh["ids"])
+        m = self.manifest
+        if not m.get("id_column"):
+            return [str(j) for j in range(self.n_docs)]
+        uids: list[str] = []
+        for sh in m["shards"]:
+            if m.get("domain_column"):
+                dom = load_npy(self.path / sh["domain_path"])
+                uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"], strict=True)]
             else:
-                uids = [str(j) for j in range(self.n_docs)]
-            self._uids = uids
-        return self._uids
+                uids += list(sh["ids"])
+        return uids
 
     def doc_domains(self) -> tuple[list[str], np.ndarray]:
         """(domain names, each document's index into them) from the shards' domain column; no domain

@@ -11,12 +11,9 @@ on their own (per-shard token count T_s = B L / W sets the capacities). A world 
 ep_shards (`ep_group_size`: one EP group of W ranks, ep_shards / W virtual shards each) drops what the
 ep_shards-rank run drops: every rank plans the drops over all ep_shards shards (marin.ep_exchange).
 Gradient accumulation (TrainConfig.micro_batches, marin.train.accum) splits each rank's rows further.
-Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
-(n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
-the global token mean, as in one process; the Switch aux loss is the world's (its loads f all-reduced,
-each rank's share of P scaled by W: marin.moe.Router.stat_group), as in one process; QB-topk thresholds
-are each shard's averaged over shards (the same under any layout of the shards), QB-hist and aux-free
-statistics are pooled over ranks.
+Losses: `dist_forward_backward` reweights each rank's CE and z-loss to the global token mean; the Switch aux
+loss is the world's (marin.moe.Router.stat_group); QB-topk thresholds are each shard's averaged over shards
+(the same under any layout of the shards), QB-hist and aux-free statistics are pooled over ranks.
 Sharding: `build_train_model` (marin.parallel, docs/architecture.md §5).
 """
 

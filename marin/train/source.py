@@ -1,18 +1,11 @@
-"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md §3).
+"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md §3 "Data").
 
-- train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading
-  its own slice: of `DataConfig.corpus` when it is a prepared directory (has manifest.json,
-  `marin-ablate data prepare`; its own tokenizer; evaluation needs `DataConfig.eval_dir`), otherwise
-  of the embedded corpus (or a local text corpus / Paloma copy) whose train split marin.data
-  prepares into the same shard format on first use (`marin.data.prepared_train`).
-- `DataConfig.eval_dir` a Paloma-layout directory: every (or each of `eval_domains`) domain's val
-  split is the evaluation set, tokenized with the training tokenizer; otherwise the corpus's
-  held-out domains.
-
-The loader is random access by step and consumes B*S tokens of one stream per step, so a resume
-or a context stage that keeps B*S continues the same stream; its state (step and what makes the
-stream this stream: seed, shape, corpus fingerprint, which covers the shards' sha256) is kept in
-the checkpoint and checked on resume.
+Train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading its own
+slice of a prepared corpus: `DataConfig.corpus` itself when it is one (its own tokenizer; evaluation needs
+`DataConfig.eval_dir`), else the train split marin.data prepares on first use (`marin.data.prepared_train`).
+Evaluation: the domains of `DataConfig.eval_dir` (a Paloma-layout directory, tokenized with the training
+tokenizer), else the corpus's held-out domains. The loader's state (step, seed, shape, corpus fingerprint,
+which covers the shards' sha256) is kept in the checkpoint and checked on resume.
 """
 
 from __future__ import annotations
