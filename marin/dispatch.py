@@ -249,18 +249,11 @@ class ExpertWeights:
 
 @dataclass
 class DispatchStats:
-    """Drop and traffic accounting of one dispatch.
-
-    bytes_moved: bytes that cross shard boundaries, dispatch plus the mirrored return (rows whose
-    receiver is another shard, times row width times element size); the fixed transport sends every
-    padded cell; the ragged (and dropless) exchange also all-gathers the S x E int64 count matrix.
-    0 with one shard.
-
-    The local dispatcher and the static real-EP exchanges (fixed, pooled_wave) leave the counts on
-    the device (0-d int64 tensors, dropped_per_shard of shape (S,)) so accounting never stalls a
-    step; the ragged real-EP exchange reports host ints derived from the split sizes it reads anyway
-    (dropped_per_shard stays on the device). ModelOutput.stats reads them once per forward.
-    """
+    """Drop and traffic accounting of one dispatch. bytes_moved: bytes that cross shard boundaries, dispatch
+    plus the mirrored return (`transport_bytes`; 0 with one shard). Counts stay on the device (0-d int64
+    tensors, dropped_per_shard of shape (S,)) so accounting never stalls a step, except the ragged real-EP
+    exchange's host ints, derived from the split sizes it reads anyway; ModelOutput.stats reads them once
+    per forward."""
 
     assigned: int
     dropped: Tensor | int
@@ -297,10 +290,10 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
                     capacity_factor: float | None, row_bytes: int, waves: int = 3) -> Tensor | int:
-    """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats.
-    The fixed and pooled-wave transports' traffic is a constant of the shapes (static pools; the
-    pooled-wave's in-band expert-id header, ceil(pool/width) rows per pool, is not counted); the
-    ragged one's a device tensor."""
+    """Bytes crossing shard boundaries, dispatch plus the mirrored return: rows whose receiver is another shard
+    times `row_bytes`. The fixed and pooled-wave transports send every padded cell or pool, a constant of the
+    shapes (the pooled-wave's in-band expert-id header, ceil(pool/width) rows per pool, is not counted); the
+    ragged (and dropless) one's is a device tensor, plus the all-gathered S x E int64 count matrix."""
     S = n_shards
     if S == 1:
         return 0

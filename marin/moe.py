@@ -174,11 +174,9 @@ class Router(nn.Module):
                  aux_weight: float, aux_free_rate: float, qb_estimator: str, qb_hist_bins: int,
                  precision: str = "fp32", qb_shards: int = 1):
         super().__init__()
-        # precision "bf16": logits from bf16 inputs and weights, then cast to fp32, as Marin's hero
-        # (its compute dtype is bf16; measured: 2.6% of expert sets differ from fp32 logits).
-        # qb_shards: the topk estimator takes each shard's threshold and averages them, as Marin's
-        # per-device top_k + pmean (levanter grug/grug_moe.py `qb_beta_topk_shard`); a real EP rank
-        # holds one shard (marin/ep.py sets 1), a virtual-EP model the cfg.ep_shards it simulates.
+        # precision "bf16" (ModelConfig.router_precision): 2.6% of expert sets differ from fp32 logits (measured).
+        # qb_shards: the topk estimator averages each shard's threshold, as Marin's per-device top_k + pmean
+        # (`qb_beta_topk_shard`): a real EP rank its own shards (marin/ep.py), a virtual-EP model cfg.ep_shards.
         self.precision, self.qb_shards = precision, qb_shards
         self.n_experts, self.top_k, self.balance = n_experts, top_k, balance
         self.combine_scale, self.aux_weight, self.aux_free_rate = combine_scale, aux_weight, aux_free_rate

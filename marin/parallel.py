@@ -89,8 +89,7 @@ def blocked_trunc_normal_(p: Tensor, name: str, seed: int, std: float, trunc: fl
         local.copy_(nn.init.trunc_normal_(torch.empty(()), std=std, a=-trunc * std, b=trunc * std, generator=g))
         return
     rpb = _rows_per_block(full_shape)
-    start = offset[0]
-    stop = start + local.shape[0]
+    start, stop = offset[0], offset[0] + local.shape[0]
     for b in range(start // rpb, (stop - 1) // rpb + 1):
         lo, hi = b * rpb, min((b + 1) * rpb, n_rows)
         g = torch.Generator().manual_seed(_block_seed(seed, name, b))
@@ -383,11 +382,9 @@ class AsyncCheckpointer:
     collectives never interleave with the training's."""
 
     def __init__(self, groups: EPGroups | None):
-        self.groups = groups
-        self.pg = None
-        if groups is not None:  # a fake process group (the plan's dry run) has no peers to meet: stay fake
-            self.pg = dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
-        self._future = None
+        self.groups, self._future = groups, None
+        # a fake process group (the plan's dry run) has no peers to meet: stay fake
+        self.pg = None if groups is None else dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
 
     def save(self, model: nn.Module, path, optimizer=None) -> None:
         import torch.distributed.checkpoint as dcp

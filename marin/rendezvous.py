@@ -6,6 +6,7 @@ that cannot reach it fails with one line naming the address and port instead of 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import os
@@ -64,17 +65,13 @@ def node_address(host: str) -> str:
     """An IPv4 address of SLURM node `host`: its NodeAddr (`scontrol show node`: what slurmctld itself
     uses to reach the node), resolved if it is a name; the resolver alone when scontrol cannot say."""
     addr = host
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         r = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True, text=True, timeout=30)
         m = re.search(r"\bNodeAddr=(\S+)", r.stdout) if r.returncode == 0 else None
         if m:
             addr = m.group(1)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
+    with contextlib.suppress(ValueError):
         return str(ipaddress.IPv4Address(addr))
-    except ValueError:
-        pass
     try:
         return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except OSError as e:

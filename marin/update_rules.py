@@ -210,14 +210,12 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         key = (kind, role)
         if key not in buckets:
             lr = hp.adam_lr if k.lr == "adam" else hp.lr
-            wd = hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0
             anneal = role in level.annealed_decay and hp.gate_router_weight_decay > 0
-            if anneal:
-                wd = hp.gate_router_weight_decay
+            wd = hp.gate_router_weight_decay if anneal else (
+                hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0)
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
                                 betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd, peak_weight_decay=wd,
-                                anneal_weight_decay=anneal,
-                                momentum=hp.momentum, ns_steps=hp.ns_steps,
+                                anneal_weight_decay=anneal, momentum=hp.momentum, ns_steps=hp.ns_steps,
                                 bank_sphere=role == "expert" and hp.expert_sphere == "bank")
         buckets[key]["params"].append(p)
         buckets[key]["names"].append(name)

@@ -5,6 +5,7 @@ process and, for BPE, on disk beside the tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -304,12 +305,11 @@ def _text_bytes(texts: list[str]) -> int:
 
 def _tokenize(tok: Tokenizer, ids: list[str], texts: list[str], cache: Path | None) -> DomainSplit:
     if cache is not None and cache.is_file():
-        try:  # numbers only (an object array would unpickle); a damaged cache is built again
-            with np.load(cache, allow_pickle=False) as z:
-                if int(z["n_docs"]) == len(ids):
-                    return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), _text_bytes(texts))
-        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile):
-            pass
+        # numbers only (an object array would unpickle); a damaged cache is built again
+        with (contextlib.suppress(ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile),
+              np.load(cache, allow_pickle=False) as z):
+            if int(z["n_docs"]) == len(ids):
+                return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), _text_bytes(texts))
     split = _domain_split(tok, ids, texts)
     if cache is not None:
         buf = io.BytesIO()

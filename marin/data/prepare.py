@@ -25,6 +25,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -199,15 +200,10 @@ def load_source(cfg: PrepareConfig) -> Any:
     else:
         root = Path(cfg.source).expanduser()
         # runs of consecutive files of one kind (and one folder domain), in sorted-file order
-        groups: list[tuple[str, str, list[Path]]] = []
-        for f in files:
-            dom = _folder_domain(root, f) if cfg.folder_domains else ""
-            if groups and groups[-1][:2] == (_kind(f), dom):
-                groups[-1][2].append(f)
-            else:
-                groups.append((_kind(f), dom, [f]))
+        runs = itertools.groupby(files, key=lambda f: (_kind(f), _folder_domain(root, f) if cfg.folder_domains else ""))
         parts = []
-        for kind, dom, fs in groups:
+        for (kind, dom), group in runs:
+            fs = list(group)
             part = load_files(kind, fs, cfg.text_column, cache)
             if cfg.text_column not in part.column_names:  # else concatenation fills it with None: text lost
                 where = f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}"

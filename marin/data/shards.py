@@ -11,10 +11,8 @@ ranks) continues at the exact next sequence from `state_dict()["step"]`. A windo
 the memory-mapped shards one document piece at a time (whole slices, never token by token).
 Documents are packed with per-sequence ids and cross-document targets masked (`pack_stream`).
 
-With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of
-this kind (its documents in the same sha256 order, so a domain's order is the corpus order restricted
-to it), and a step's sequences are drawn from the domain streams in the phase's proportions; without
-one the loader reads the single corpus stream above, unchanged.
+With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of this kind
+(the corpus order restricted to it), drawn from in the phase's proportions.
 
 Simulated epoching (`DataConfig.simulated_epoching_target`, levanter's experiment_budget /
 target_budget): each component -- the corpus stream, or each domain stream of a mixture -- of n

@@ -16,6 +16,7 @@ step-named folder, keep-last-k.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import errno
@@ -59,13 +60,11 @@ class CheckpointError(ValueError):
 def rng_state(device: torch.device) -> dict:
     st: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
     st["python_meta"] = [random.getstate()[0], random.getstate()[2]]
-    try:
+    with contextlib.suppress(ImportError):
         import numpy as np
 
         name, keys, pos, has_gauss, cached = np.random.get_state()
         st["numpy"] = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    except ImportError:
-        pass
     if device.type == "cuda":
         st["cuda"] = torch.cuda.get_rng_state(device)
     return st
@@ -327,11 +326,9 @@ def _mark_verified(ck: Path) -> None:
 
 def _verifies(ck: Path, run_id: str) -> bool | None:
     """True when `ck` is a usable checkpoint of `run_id`, False when damaged, None when another run's."""
-    try:
+    with contextlib.suppress(OSError):
         if _VERIFIED.get(ck) == (ck / META).stat().st_mtime_ns:
             return True
-    except OSError:
-        pass
     try:
         verify(ck, read_meta(ck, run_id))
     except CheckpointError:

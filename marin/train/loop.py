@@ -419,9 +419,8 @@ class Trainer:
                 st.last_eval = ev
                 self.emit({"step": st.step, **ev})
                 log.info("step %d eval macro %.4f bpb %.4f", st.step, ev["eval_macro_loss"], ev["macro_bpb"])
-            if last and ckpt.RETENTION[self.keep_checkpoints] != 0:
-                self.checkpoint()  # the final weights: what `final` (a GPU run's default) keeps
-            elif not last and self.checkpoint_due(st.step):
+            # the last step's: the final weights, what `final` (a GPU run's default) keeps
+            if (last and ckpt.RETENTION[self.keep_checkpoints] != 0) or (not last and self.checkpoint_due(st.step)):
                 self.checkpoint()
         summary = self.finish("completed", None, None)
         if self.main:  # a completed run keeps only what its retention level says (default: its newest checkpoint)
