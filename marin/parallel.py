@@ -9,14 +9,12 @@ meshes of `marin.ep.EPGroups`, `replicas` racks of consecutive ranks.
   per block, per MoE submodule (router, latent projections, shared experts), the embedding, the lm_head, the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   the rack's dp_shard ranks (`expert_fsdp_mesh`, replicated across racks) shards that slice on dim 0,
-  or on dim 1 when its experts do not split evenly (`expert_placement`). With one rank per slice in a
-  rack (the hero) the slice is instead ZeRO-sharded across the racks on dim 1 (`ExpertShard`: fp32
-  master, gradient and optimizer state 1/racks per rank, gathered per layer), as wherever FSDP2 cannot
-  split it (neither dim divides: FSDP2 refuses an uneven dim 1). The expert
-  units' gradient divide factor is the world size: the all-to-all backward already summed the EP
-  group's contributions, the reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and
-  the mean of the per-rank losses is the objective (what FSDP2 gives every other parameter). With
-  dp = 1 the slices stay plain tensors and the EP dispatcher scales their gradients by 1/W.
+  or on dim 1 when its experts do not split evenly (`expert_placement`), or ZeRO-sharded across the racks
+  by `ExpertShard` where `zero_across_dp` says FSDP2 cannot or should not. The expert units' gradient divide
+  factor is the world size: the all-to-all backward already summed the EP group's contributions, the
+  reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and the mean of the per-rank losses is
+  the objective (what FSDP2 gives every other parameter). With dp = 1 the slices stay plain tensors and the
+  EP dispatcher scales their gradients by 1/W.
 - mixed precision (`mixed_precision=True`): FSDP2 MixedPrecisionPolicy, as Marin's hero runs.
 
 Init: `init_weights` draws every parameter in row blocks, each from its own generator seeded by
@@ -165,11 +163,7 @@ def expert_placement(groups: EPGroups):
     from torch.distributed.tensor import Shard
 
     n = groups.dp_shard_size
-
-    def place(p: nn.Parameter):
-        return Shard(0) if p.shape[0] % n == 0 else Shard(1)
-
-    return place
+    return lambda p: Shard(0) if p.shape[0] % n == 0 else Shard(1)
 
 
 def zero_across_dp(groups: EPGroups, moe: nn.Module) -> bool:

@@ -471,8 +471,7 @@ class IndexedCorpus:
         self.fingerprint = manifest_fingerprint(self.path)
         self.meta = read_index(self.path)
         d = self.path / INDEX_DIR
-        self.cum = PreadArray(d / "cum.npy")
-        self.src = PreadArray(d / "src.npy")
+        self.cum, self.src = PreadArray(d / "cum.npy"), PreadArray(d / "src.npy")
         self.shard_starts = np.asarray(np.load(d / "shards.npy", allow_pickle=False), np.int64)
         self.dtype = np.dtype(self.manifest["dtype"])
         self.n_docs, self.n_tokens = int(self.meta["documents"]), int(self.meta["tokens"])

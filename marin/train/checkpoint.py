@@ -249,10 +249,9 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
     host memory and written in the background while training goes on. This rank's RNG state is
     written now. Nothing is a checkpoint until `commit`."""
-    p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
-                                                 "world_size": world,
-                                                 "ep_size": groups.ep_size if groups is not None else 1},
-                    writer, rank, world, keep)
+    meta = {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop, "world_size": world,
+            "ep_size": groups.ep_size if groups is not None else 1}
+    p = PendingSave(ckdir, f"ckpt_{step:09d}", meta, writer, rank, world, keep)
     need = state_bytes(model, opt)
     try:
         if rank == 0:

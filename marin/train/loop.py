@@ -3,11 +3,10 @@
 summary.json. The run directory is described in docs/architecture.md §3.
 
 Preemption: SIGTERM, SIGUSR2 (and SIGINT, when nobody else handles it) only set a flag; the loop
-writes a checkpoint at the next step boundary and returns {"status": "interrupted"}. TERM and USR2
-are then handed back to the handler installed before ours, if any (submitit's USR2 requeues the job;
-a local worker's TERM stops it); a handler that raises leaves the run interrupted and resumable, a warning
-in train.log, never a failed run. The loop's shape follows torchtitan's Trainer (pytorch/torchtitan,
-torchtitan/train.py): setup once, then `train_step` per step with logging, eval and checkpoint hooks.
+writes a checkpoint at the next step boundary, returns {"status": "interrupted"} and hands the signal back
+to the handler installed before ours (`train`'s last lines say why, and what a failing one leaves). The loop's
+shape follows torchtitan's Trainer (torchtitan/train.py): setup once, then `train_step` per step with logging,
+eval and checkpoint hooks.
 """
 
 from __future__ import annotations
@@ -541,10 +540,9 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             ckpt.abandon(trainer.pending)
         prev_handler = stop.hand_back()
         stop.restore()
-        if trainer is not None and trainer.sinks is not None:
-            trainer.sinks.close()
-        if trainer is not None and trainer.progress is not None:
-            trainer.progress.close()
+        for part in (trainer.sinks, trainer.progress) if trainer is not None else ():
+            if part is not None:
+                part.close()
         log.removeHandler(handler)
         handler.close()
         pd.close()

@@ -27,13 +27,11 @@ def other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str] 
         held = None
     if held is not None and held != run_id:
         return held, "spec.json"
-    done = schema.read_json(run_dir / "summary.json")
-    if done is not None and isinstance(done.get("run_id"), str) and done["run_id"] != run_id:
-        return done["run_id"], "summary.json"
-    for ck in ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else ():
-        meta = schema.read_json(ck / ckpt.META)
-        if meta is not None and isinstance(meta.get("run_id"), str) and meta["run_id"] != run_id:
-            return meta["run_id"], f"checkpoints/{ck.name}/{ckpt.META}"
+    cks = ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else []
+    for where in ["summary.json", *(f"checkpoints/{ck.name}/{ckpt.META}" for ck in cks)]:
+        d = schema.read_json(run_dir / where)
+        if d is not None and isinstance(d.get("run_id"), str) and d["run_id"] != run_id:
+            return d["run_id"], where
     return None
 
 
