@@ -342,8 +342,7 @@ class LocalDispatcher:
         E, S = experts.n_experts, self.n_shards
         if keep_TK is not None:  # the step's drops, planned over every micro-batch's tokens
             y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
-            return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_TK).sum(), dropped_per_shard=None,
-                                       bytes_moved=0)
+            return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_TK).sum(), dropped_per_shard=None, bytes_moved=0)
         transport = "dropless" if dropless else self.transport
         if transport == "dropless" and (T % S or E % S):  # an eval batch the shards do not divide: no accounting
             y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, None, experts, self.kernels)

@@ -395,11 +395,8 @@ class MarinModel(nn.Module):
     # ---- parameters ------------------------------------------------------------------------------
     def param_roles(self) -> dict[str, str]:
         """Parameter name -> role (the optimizer groups of docs/method.md §2.1 "Hyperball")."""
-        roles = {}
-        for mname, mod in self.named_modules():
-            for pname, p in mod.named_parameters(recurse=False):
-                roles[f"{mname}.{pname}" if mname else pname] = _role(self, mname, mod, p)
-        return roles
+        return {f"{mname}.{pname}" if mname else pname: _role(self, mname, mod, p)
+                for mname, mod in self.named_modules() for pname, p in mod.named_parameters(recurse=False)}
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -151,8 +151,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
 
 def _rows() -> list[list[str]]:
     """[registry, name, source] of this process's rows registered by a source outside the package."""
-    return [[reg, name, src] for (reg, name), src in REGISTERED.items()
-            if src and src.split(".")[0] != PACKAGE]
+    return [[reg, name, src] for (reg, name), src in REGISTERED.items() if src and src.split(".")[0] != PACKAGE]
 
 
 def write_record(folder: str | Path) -> None:

@@ -216,9 +216,8 @@ def _docstrings(path: Path, module: str) -> str | None:
         start = max(src.rfind("def ", 0, m.start()), src.rfind("class ", 0, m.start()))
         name = _DEF_NAME_RE.match(src, start) if start >= 0 else None
         parts.append(f"{module}.{name.group(1) if name else ''}\n\n{inspect.cleandoc(doc)}")
-    for name, _, doc in _NEWDOC_RE.findall(src):
-        if len(doc.strip()) >= 40:
-            parts.append(f"{module}.{name}\n\n{inspect.cleandoc(doc)}")
+    parts += [f"{module}.{name}\n\n{inspect.cleandoc(doc)}" for name, _, doc in _NEWDOC_RE.findall(src)
+              if len(doc.strip()) >= 40]
     text = "\n\n".join(parts)
     return text + "\n" if len(text) >= 200 else None
 

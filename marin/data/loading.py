@@ -35,13 +35,7 @@ from marin_ablate.marin.data.index import build_index, has_index
 from marin_ablate.marin.data.manifest import read_manifest
 from marin_ablate.marin.data.prepare import PrepareConfig, out_lock, prepare, read_text_file
 from marin_ablate.marin.data.prepare import load_files as _read_rows
-from marin_ablate.marin.data.tokenizer import (
-    ByteTokenizer,
-    Tokenizer,
-    bpe_sample,
-    load_tokenizer,
-    train_bpe,
-)
+from marin_ablate.marin.data.tokenizer import ByteTokenizer, Tokenizer, bpe_sample, load_tokenizer, train_bpe
 from marin_ablate.marin.schema import atomic_write_bytes
 
 
@@ -170,12 +164,8 @@ def _raw_marin_format(path: Path, name: str) -> _RawCorpus:
 
     def load():
         verify_manifest(path)  # a damaged cache fails loudly instead of training on other text
-        out: tuple[dict, dict] = ({}, {})
-        for domain in sorted(manifest["domains"]):
-            files = manifest["domains"][domain]["files"]
-            for k, split in enumerate(SPLITS):
-                out[k][domain] = _read_file(path / files[split]["path"], "json")
-        return out
+        files = {d: manifest["domains"][d]["files"] for d in sorted(manifest["domains"])}
+        return tuple({d: _read_file(path / fs[split]["path"], "json") for d, fs in files.items()} for split in SPLITS)
 
     return _RawCorpus(name, path, manifest, path, sorted(manifest["domains"]), load)
 
@@ -215,11 +205,10 @@ def _raw_local(path: Path) -> _RawCorpus:
     if not groups:
         raise ValueError(f"DataConfig.corpus={str(path)!r}: no data files ({', '.join(TEXT_SUFFIXES)}) "
                          "in the directory or its subdirectories")
-    manifest = {"format": "local", "name": path.name, "path": str(path), "domains": {}}
-    for domain, files in groups.items():
-        manifest["domains"][domain] = {"domain": domain, "source": str(path), "licence": "unknown (local files)",
-                                       "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)}
-                                                 for f in files]}
+    manifest = {"format": "local", "name": path.name, "path": str(path), "domains": {
+        domain: {"domain": domain, "source": str(path), "licence": "unknown (local files)",
+                 "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files]}
+        for domain, files in groups.items()}}
 
     def load():
         train, heldout = {}, {}
@@ -253,12 +242,11 @@ def _raw_paloma() -> _RawCorpus:
                          + ", ".join(str(p) for p in paloma_search_paths())
                          + ". Set MARIN_PALOMA_DIR, or use corpus='embedded'")
     base = _raw_marin_format(embedded_corpus_dir(), "embedded")
-    manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {}}
     domains = eval_domains(root)
-    for d, folder in domains.items():
-        manifest["domains"][d] = {"domain": d, "source": f"Paloma {d} val", "licence": "see Paloma",
-                                  "files": [{"path": str(f), "bytes": f.stat().st_size}
-                                            for f in sorted(folder.iterdir()) if f.is_file()]}
+    manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {
+        d: {"domain": d, "source": f"Paloma {d} val", "licence": "see Paloma",
+            "files": [{"path": str(f), "bytes": f.stat().st_size} for f in sorted(folder.iterdir()) if f.is_file()]}
+        for d, folder in domains.items()}}
 
     def load():
         return base.train, {d: (ids, texts) for d, (ids, texts, _) in eval_texts(root).items()}

@@ -517,10 +517,8 @@ def write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
         shards.append({"tokens_path": str(p["tokens.bin"].relative_to(out)),
                        "offsets_path": str(p["offsets.npy"].relative_to(out)),
                        "domain_path": str(p["domain.npy"].relative_to(out)) if job["domain_column"] else None,
-                       "domains": m["domains"],
-                       **{k: m[k] for k in ("tokens", "documents", "sha256", "offsets_sha256", "rows")}})
-        if job.get("id_column"):
-            shards[-1]["ids"] = m["ids"]
+                       **{k: m[k] for k in ("domains", "tokens", "documents", "sha256", "offsets_sha256", "rows",
+                                            *(("ids",) if job.get("id_column") else ()))}})
     manifest = {**job, "dtype": token_dtype(job["tokenizer"]["vocab_size"]).name,
                 "tokens": sum(m["tokens"] for m in metas), "documents": sum(m["documents"] for m in metas),
                 "skipped_empty": sum(m["skipped_empty"] for m in metas),

@@ -43,10 +43,8 @@ def check_runnable(*tensors: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: all tensors must be on one device, got {sorted(map(str, devices))}")
     for t in tensors:
         if t is not None and not t.is_cuda and not interpret:
-            raise ValueError(
-                f"{name}: kernels='triton' needs CUDA tensors (got device {t.device}); "
-                "allowed values on CPU: kernels='torch', or set TRITON_INTERPRET=1 before importing triton"
-            )
+            raise ValueError(f"{name}: kernels='triton' needs CUDA tensors (got device {t.device}); allowed values "
+                             "on CPU: kernels='torch', or set TRITON_INTERPRET=1 before importing triton")
 
 
 def acc_dtype(t: torch.Tensor):

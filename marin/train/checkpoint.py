@@ -104,9 +104,7 @@ def _metadata_classes() -> dict[tuple[str, str], Any]:
     allowed[("torch.serialization", "_get_layout")] = ser._get_layout  # name -> torch.layout, a dict lookup
     allowed[("torch", "Size")] = torch.Size
     allowed[("pathlib", "PosixPath")] = PosixPath  # StorageMeta.checkpoint_id: a path, never opened
-    for name, value in vars(torch).items():
-        if isinstance(value, torch.dtype):
-            allowed[("torch", name)] = value
+    allowed.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
     return allowed
 
 

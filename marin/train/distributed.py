@@ -221,8 +221,7 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, in
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
-                                    **kw)
+        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init, **kw)
         for mod in model.modules():  # the Switch statistic over the world's tokens (marin.moe.Router)
             if isinstance(mod, Router):
                 mod.stat_group, mod.stat_world = dist.group.WORLD, dist.get_world_size()
