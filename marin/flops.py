@@ -9,8 +9,8 @@ and against torch's FlopCounterMode):
 - params_active: the non-embedding parameters one token touches: params_total minus the embedding,
   minus the lm_head, minus the (E − K) routed experts a token does not use, in every layer. On top
   of Marin's count this includes the small terms: norm gains, gates, SConv, GatedNorm.
-- params_active_marin: Marin's count exactly, the one its ladder sizes tokens by (docs/fidelity.md "Counting
-  convention for active parameters").
+- params_active_marin: Marin's count exactly, the one its ladder sizes tokens by (docs/fidelity.md, its counting
+  convention for active parameters).
 - forward FLOPs per token: 2 × multiply-accumulates per token of every matmul (attention q/k/v/o and
   gate projections, the attention scores QKᵀ and AV over the keys a query sees, router, latent down
   and up, the K routed experts, shared experts, GatedNorm, lm_head) plus two small elementwise terms
