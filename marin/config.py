@@ -92,9 +92,8 @@ GATED_NORM_LEVELS = ("on", "off")
 KERNEL_BACKENDS = ("torch", "triton")
 ATTENTION_BACKENDS = ("sdpa", "flex")
 SCONV_SITES = ("k", "attn_out", "mlp_out", "v")
-# "stored": every layer stores max(local, global) KV heads and a global layer uses the first
-# n_kv_heads_global of them (Marin's hero: GrugModelConfig.stored_kv_heads, CausalSelfAttention
-# _logical_kv); "per_layer": each layer stores only the heads it uses.
+# "stored": every layer stores max(local, global) KV heads, a global layer uses the first n_kv_heads_global
+# (Marin's hero; docs/fidelity.md "KV layout"); "per_layer": each layer stores only the heads it uses.
 KV_LAYOUTS = ("stored", "per_layer")
 # Router logits: "bf16" = b·W_r computed in bf16 then cast to fp32 (Marin's hero under its bf16
 # compute dtype); "fp32" = fp32 throughout.
@@ -234,9 +233,7 @@ class ModelConfig:
 
     def kv_heads_stored(self, layer: int) -> int:
         """KV heads the layer's W_k and W_v project to (kv_layout)."""
-        if self.kv_layout == "stored":
-            return max(self.n_kv_heads, self.n_kv_heads_global)
-        return self.kv_heads(layer)
+        return max(self.n_kv_heads, self.n_kv_heads_global) if self.kv_layout == "stored" else self.kv_heads(layer)
 
     @property
     def gated_norm_width(self) -> int:
@@ -282,9 +279,8 @@ LR_SCHEDULES = ("linear", "cosine", "wsd")
 #: Marin's LR heuristic fits (coefficients in marin.hparams.HEURISTICS); the first is the default.
 LR_HEURISTICS = ("aug_refit", "may_5951")
 PRECISIONS = ("fp32", "bf16")
-# The hyperball sphere of an expert stack [E, in, out]: "bank" = one sphere per layer's whole bank (what
-# Marin's hero ran: experiments/grug/moe_hero_ep/optimizer.py `_scale_invariant_hyperball_updates`,
-# axes range(1, ndim) over [L, E, in, out]); "expert" = one sphere per expert matrix (Marin's later axes (-2, -1)).
+# The hyperball sphere of an expert stack [E, in, out]: "bank" = one per layer's whole bank (what Marin's hero
+# ran), "expert" = one per expert matrix (Marin's later choice); docs/fidelity.md "expert-bank sphere".
 EXPERT_SPHERES = ("bank", "expert")
 # Activation checkpointing: "none" keeps every activation; "block" keeps each block's input only and
 # recomputes the block in the backward (torchtitan's per-layer "full" AC).
@@ -298,10 +294,9 @@ MIXED_PRECISIONS = ("none", "bf16")
 OFFLOADS = ("none", "cpu")
 
 
-#: Context extension's query multiplier at a stage of length L (base length L0): q × (1 + c·ln(L/L0)), c by rule:
-#: "yarn" 0.1 (YaRN's attention scale, Peng et al. 2023, arXiv 2309.00071 eq. 20; the rule of Marin's newest hero
-#: record: 1.3·(1 + 0.1·ln 4) = 1.48 at 4k -> 16k); "yarn_x2" 0.2 (twice it, the other arm of Marin's 4k -> 16k
-#: extension sweep: 1.66 at 16k; docs/fidelity.md "context extension")
+#: Context extension's query multiplier at a stage of length L (base L0): q × (1 + c·ln(L/L0)), c by rule: "yarn"
+#: 0.1 (YaRN's attention scale, arXiv 2309.00071 eq. 20, Marin's hero's), "yarn_x2" 0.2 (the other arm of Marin's
+#: 4k -> 16k extension sweep); docs/fidelity.md "context extension"
 CONTEXT_Q_RULES = {"yarn": 0.1, "yarn_x2": 0.2}
 
 
@@ -432,10 +427,8 @@ class TrainConfig:
     # torch threads of `train` (None: SLURM_CPUS_PER_TASK under SLURM, else OMP_NUM_THREADS, else 1: a CPU worker
     # at 2 threads on a shared machine was measured 7.9x slower per step than at 1)
     threads: int | None = None
-    # Gradient accumulation: each rank's rows of a step in this many equal micro-batches, one forward +
-    # backward each, one update (marin/train/accum.py). How a batch is split is not what the run computes:
-    # the step equals the one-batch step (losses, router statistics, drops, bias update), so it is not
-    # part of the run id (NOT_IDENTITY); summary.json records it.
+    # Gradient accumulation (marin/train/accum.py): the step equals the one-batch step, so how a batch is split
+    # is not part of the run id (NOT_IDENTITY); summary.json records it.
     micro_batches: int = 1
     # Planted factors of the calibration study (docs/calibration/): FLOPs counted per FLOP spent
     # (2 = "waste": same training, twice the compute counted), an extra seed stream mixed into the
@@ -466,10 +459,8 @@ class TrainConfig:
     def effective(self) -> "TrainConfig":
         """The schedule actually trained: steps (and eval/checkpoint cadence) times token_multiplier."""
         m = self.token_multiplier
-        if m == 1:
-            return self
-        return replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
-                       checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
+        return self if m == 1 else replace(self, steps=self.steps * m, eval_every=self.eval_every * m,
+                                           checkpoint_every=self.checkpoint_every * m, token_multiplier=1)
 
     def seed_offset(self) -> int:
         return seed_offset(self.seed_stream)
@@ -594,18 +585,15 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RunSpec":
-        train = dict(d.get("train", {}))
-        train["context_stages"] = check_context_stages(train.get("context_stages", ()))
+        # lists in JSON; context stages and mixture phases are normalised by their config's __post_init__
         model = dict(d.get("model", {}))
         if "sconv_sites" in model:
             model["sconv_sites"] = tuple(model["sconv_sites"])
         data = dict(d.get("data", {}))
         if "eval_domains" in data:
             data["eval_domains"] = tuple(data["eval_domains"])
-        if "mixture" in data:
-            data["mixture"] = check_mixture(data["mixture"])
         return cls(model=ModelConfig(**model), recipe=Recipe(**d.get("recipe", {})),
-                   train=TrainConfig(**train), data=DataConfig(**data), seed=int(d.get("seed", 0)))
+                   train=TrainConfig(**d.get("train", {})), data=DataConfig(**data), seed=int(d.get("seed", 0)))
 
 
 # ---- Presets -------------------------------------------------------------------------------------

@@ -113,13 +113,9 @@ def pooled_wave_receiver_keep(sent_N: Tensor, wave_N: Tensor, e_N: Tensor, slot_
 
 def pooled_wave_keep(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, capacity_factor: float,
                      waves: int) -> tuple[Tensor, Tensor]:
-    """(sender_keep_N, receiver_keep_N) of the pooled-wave transport over flat assignments n = t·K + k.
-
-    Marin's hero transport (levanter grug/_moe/ep_fixed_pooled_wave_all_to_all.py): each sender ranks
-    its assignments per destination shard in flat order; rank r goes to wave r % W at pool slot r // W
-    and is dropped at the sender when the slot is past the pool. Each receiver, per wave and local
-    expert, fills its buffer round-robin over senders (slot p of every sender before any slot p+1,
-    `_interleaved_receiver_ranks`) and drops what overflows. A kept assignment passes both gates."""
+    """(sender_keep_N, receiver_keep_N) of the pooled-wave transport over flat assignments n = t·K + k:
+    Marin's hero transport (levanter grug/_moe/ep_fixed_pooled_wave_all_to_all.py), the sender gate
+    `pooled_wave_slots` then the receiver gate `pooled_wave_receiver_keep`; a kept assignment passes both."""
     T, K = expert_idx_TK.shape
     S, W = n_shards, waves
     Ts, El = T // S, n_experts // S
@@ -167,19 +163,11 @@ def _validate_plan(expert_idx_TK: Tensor, n_experts: int, n_shards: int, transpo
 def cell_counts(expert_idx_TK: Tensor, n_experts: int, n_shards: int) -> tuple[Tensor, Tensor]:
     """(counts_SE, rank_N): assignments per (sender shard, expert) and, for each flat assignment
     n = t*K + k, its rank inside its (shard, expert) cell in (token, k) order (0 = earliest)."""
-    T, K = expert_idx_TK.shape
-    N = T * K
-    e_N = expert_idx_TK.reshape(-1).long()
-    shard_N = torch.arange(N, device=e_N.device) // (N // n_shards)
-    key_N = shard_N * n_experts + e_N
-    # Stable sort keeps (token, k) order inside a cell: the rank is "how many earlier in my cell".
-    order_N = torch.sort(key_N, stable=True).indices
-    counts = count_ids(key_N, n_shards * n_experts)
-    starts = torch.cumsum(counts, 0) - counts
-    rank_sorted = torch.arange(N, device=e_N.device) - starts[key_N[order_N]]
-    rank_N = torch.empty_like(rank_sorted)
-    rank_N[order_N] = rank_sorted
-    return counts.view(n_shards, n_experts), rank_N
+    N = expert_idx_TK.numel()
+    shard_N = torch.arange(N, device=expert_idx_TK.device) // (N // n_shards)
+    key_N = shard_N * n_experts + expert_idx_TK.reshape(-1).long()
+    cells = n_shards * n_experts
+    return count_ids(key_N, cells).view(n_shards, n_experts), ranks_in_groups(key_N, cells)
 
 
 def ragged_accepted(counts_SE: Tensor, n_chunks: int, chunk_capacity: int) -> Tensor:
@@ -211,13 +199,9 @@ def plan_drops(expert_idx_TK: Tensor, *, n_experts: int, n_shards: int, transpor
 
     - "fixed": each (sender, expert) cell holds ceil(cf*T_s*K/E) rows (at least 1); the cell's later
       positions are dropped at the sender.
-    - "ragged": receiver capacity is pooled, max(E/S, ceil(cf*T_s*K)) rows, split evenly over the
-      chunks of local experts (n_chunks, or 1 when E/S % n_chunks != 0): a chunk gets
-      max(E_chunk, ceil(pooled/chunks)) rows, unused capacity is not carried over between chunks
-      (Marin grug `ep_ragged_all_to_all`). Only an overflowing chunk clips, taking earlier experts,
-      then earlier senders, first; a clipped cell keeps its earliest positions.
-    - "pooled_wave": the hero's static transport, `pooled_wave_keep` (sender pools per destination
-      striped over `waves` waves, per-wave receiver buffers filled round-robin over senders).
+    - "ragged": pooled receiver capacity split over chunks of local experts (`ragged_capacities`); only an
+      overflowing chunk clips (`ragged_accepted`); a clipped cell keeps its earliest positions.
+    - "pooled_wave": the hero's static transport, `pooled_wave_keep`.
     - "dropless": keeps everything.
 
     check_ids=False skips the range check of the ids, the one host sync (router output is in range).
@@ -265,18 +249,11 @@ class ExpertWeights:
 
 @dataclass
 class DispatchStats:
-    """Drop and traffic accounting of one dispatch.
-
-    bytes_moved: bytes that cross shard boundaries, dispatch plus the mirrored return (rows whose
-    receiver is another shard, times row width times element size); the fixed transport sends every
-    padded cell; the ragged (and dropless) exchange also all-gathers the S x E int64 count matrix.
-    0 with one shard.
-
-    The local dispatcher and the static real-EP exchanges (fixed, pooled_wave) leave the counts on
-    the device (0-d int64 tensors, dropped_per_shard of shape (S,)) so accounting never stalls a
-    step; the ragged real-EP exchange reports host ints derived from the split sizes it reads anyway
-    (dropped_per_shard stays on the device). ModelOutput.stats reads them once per forward.
-    """
+    """Drop and traffic accounting of one dispatch. bytes_moved: bytes that cross shard boundaries, dispatch
+    plus the mirrored return (`transport_bytes`; 0 with one shard). Counts stay on the device (0-d int64
+    tensors, dropped_per_shard of shape (S,)) so accounting never stalls a step, except the ragged real-EP
+    exchange's host ints, derived from the split sizes it reads anyway; ModelOutput.stats reads them once
+    per forward."""
 
     assigned: int
     dropped: Tensor | int
@@ -313,10 +290,10 @@ def swiglu_grouped(x_NW: Tensor, offsets_E: Tensor, experts: ExpertWeights, gmm=
 
 def transport_bytes(expert_idx_TK: Tensor, keep_TK: Tensor, *, n_experts: int, n_shards: int, transport: str,
                     capacity_factor: float | None, row_bytes: int, waves: int = 3) -> Tensor | int:
-    """Bytes crossing shard boundaries (dispatch + return) for a planned dispatch; see DispatchStats.
-    The fixed and pooled-wave transports' traffic is a constant of the shapes (static pools; the
-    pooled-wave's in-band expert-id header, ceil(pool/width) rows per pool, is not counted); the
-    ragged one's a device tensor."""
+    """Bytes crossing shard boundaries, dispatch plus the mirrored return: rows whose receiver is another shard
+    times `row_bytes`. The fixed and pooled-wave transports send every padded cell or pool, a constant of the
+    shapes (the pooled-wave's in-band expert-id header, ceil(pool/width) rows per pool, is not counted); the
+    ragged (and dropless) one's is a device tensor, plus the all-gathered S x E int64 count matrix."""
     S = n_shards
     if S == 1:
         return 0
@@ -343,9 +320,7 @@ class LocalDispatcher:
     def __init__(self, transport: str, n_shards: int, capacity_factor: float | None, n_chunks: int = 2,
                  kernels: KernelSet | None = None, waves: int = 3):
         check_transport(transport, capacity_factor, n_shards=n_shards, n_chunks=n_chunks, waves=waves)
-        self.transport = transport
-        self.n_shards = n_shards
-        self.capacity_factor = capacity_factor
+        self.transport, self.n_shards, self.capacity_factor = transport, n_shards, capacity_factor
         self.n_chunks, self.waves = n_chunks, waves
         self.kernels = kernels if kernels is not None else get_kernels("torch")
 
@@ -353,15 +328,13 @@ class LocalDispatcher:
         return (f"LocalDispatcher(transport={self.transport!r}, n_shards={self.n_shards}, "
                 f"capacity_factor={self.capacity_factor}, n_chunks={self.n_chunks}, kernels={self.kernels.backend!r})")
 
-    def plan(self, expert_idx_TK: Tensor, n_experts: int, row_bytes: int) -> tuple[Tensor, Tensor | int]:
+    def plan(self, expert_idx_TK: Tensor, n_experts: int, row_bytes: int,
+             transport: str | None = None) -> tuple[Tensor, Tensor | int]:
         """(keep_TK, bytes crossing shards) of a whole step's tokens over this dispatcher's virtual shards."""
-        E = n_experts
-        keep_TK = plan_drops(expert_idx_TK, n_experts=E, n_shards=self.n_shards, transport=self.transport,
-                             capacity_factor=self.capacity_factor, n_chunks=self.n_chunks, waves=self.waves,
-                             check_ids=False)
-        return keep_TK, transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=self.n_shards,
-                                        transport=self.transport, capacity_factor=self.capacity_factor,
-                                        row_bytes=row_bytes, waves=self.waves)
+        kw = dict(n_experts=n_experts, n_shards=self.n_shards, transport=transport or self.transport,
+                  capacity_factor=self.capacity_factor, waves=self.waves)
+        keep_TK = plan_drops(expert_idx_TK, n_chunks=self.n_chunks, check_ids=False, **kw)
+        return keep_TK, transport_bytes(expert_idx_TK, keep_TK, row_bytes=row_bytes, **kw)
 
     def __call__(self, x_TW: Tensor, expert_idx_TK: Tensor, combine_TK: Tensor, experts: ExpertWeights, *,
                  dropless: bool, keep_TK: Tensor | None = None) -> tuple[Tensor, DispatchStats]:
@@ -369,21 +342,15 @@ class LocalDispatcher:
         E, S = experts.n_experts, self.n_shards
         if keep_TK is not None:  # the step's drops, planned over every micro-batch's tokens
             y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
-            return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_TK).sum(), dropped_per_shard=None,
-                                       bytes_moved=0)
+            return y_TW, DispatchStats(assigned=T * K, dropped=(~keep_TK).sum(), dropped_per_shard=None, bytes_moved=0)
         transport = "dropless" if dropless else self.transport
-        keep_TK = None if transport == "dropless" else plan_drops(
-            expert_idx_TK, n_experts=E, n_shards=S, transport=transport, capacity_factor=self.capacity_factor,
-            n_chunks=self.n_chunks, waves=self.waves, check_ids=False)
-        y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, keep_TK, experts, self.kernels)
-        if keep_TK is None:
-            if T % S or E % S:  # an eval batch the shards do not divide: runs, with no per-shard accounting
-                return y_TW, DispatchStats(assigned=T * K, dropped=0, dropped_per_shard=None, bytes_moved=0)
-            keep_TK = torch.ones(T, K, dtype=torch.bool, device=expert_idx_TK.device)  # for the byte count
+        if transport == "dropless" and (T % S or E % S):  # an eval batch the shards do not divide: no accounting
+            y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, None, experts, self.kernels)
+            return y_TW, DispatchStats(assigned=T * K, dropped=0, dropped_per_shard=None, bytes_moved=0)
+        keep_TK, nbytes = self.plan(expert_idx_TK, E, x_TW.shape[1] * x_TW.element_size(), transport)
+        y_TW = combine_kept(x_TW, expert_idx_TK, combine_TK, None if transport == "dropless" else keep_TK, experts,
+                            self.kernels)
         dropped_S = (~keep_TK).view(S, -1).sum(1)
-        nbytes = transport_bytes(expert_idx_TK, keep_TK, n_experts=E, n_shards=S, transport=transport,
-                                 capacity_factor=self.capacity_factor, row_bytes=x_TW.shape[1] * x_TW.element_size(),
-                                 waves=self.waves)
         return y_TW, DispatchStats(assigned=T * K, dropped=dropped_S.sum(), dropped_per_shard=dropped_S,
                                    bytes_moved=nbytes)
 

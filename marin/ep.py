@@ -9,9 +9,7 @@ any collective (marin/ep_layout.py). The rest of the sharding (FSDP2 over "dp" f
 over every rank for the other parameters, gradients of the mean of the per-rank losses) is
 `marin.parallel.apply_fsdp` (docs/architecture.md §5).
 
-Exchange. `EPDispatcher` (marin/ep_exchange.py) runs every transport of the planner -- fixed,
-pooled_wave, ragged, dropless -- deciding drops with the functions `plan_drops` uses, so the result
-equals `plan_drops` on the globally gathered expert ids (pinned by tests/marin/test_ep.py).
+Exchange: `EPDispatcher` (marin/ep_exchange.py), every transport of the planner.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from marin_ablate.marin.dispatch import LocalDispatcher
 from marin_ablate.marin.ep_exchange import EP_TRANSPORTS, EPDispatcher  # noqa: F401  (the exchange, re-exported)
 from marin_ablate.marin.ep_layout import check_ep_layout, check_replicas
 from marin_ablate.marin.rendezvous import from_env, init_process_group
+from marin_ablate.marin.update_rules import local_part
 
 EXPERT_PARAM_NAMES = ("w_gate_EWH", "w_up_EWH", "w_down_EHW")
 
@@ -221,9 +220,7 @@ def _fsdp_dim(t: Tensor) -> int | None:
     """The dim FSDP2 shards a DTensor on (None for a plain tensor)."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(t, DTensor):
-        return None
-    return next(pl.dim for pl in t.placements if pl.is_shard())
+    return next(pl.dim for pl in t.placements if pl.is_shard()) if isinstance(t, DTensor) else None
 
 
 def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
@@ -233,7 +230,7 @@ def _expert_dtensor(t: Tensor, groups: EPGroups, rows: int | None = None):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if isinstance(t, DTensor) or rows is not None:
-        local = t.to_local() if isinstance(t, DTensor) else t
+        local = local_part(t)
         n = t.shape[0] if isinstance(t, DTensor) else rows
         full = tuple(t.shape[1:]) if isinstance(t, DTensor) else tuple(local.shape[1:])
         shape = torch.Size((n * groups.ep_size,) + full)
@@ -272,7 +269,7 @@ def ep_state_dict(model: nn.Module, groups: EPGroups | None, optimizer=None) -> 
                     # a copy: these dicts are the optimizer's live state (training goes on after a save)
                     osd["state"][fqn] = st = dict(st)
                     p = params[fqn]
-                    rows = p.to_local().shape[0] if isinstance(p, DTensor) else p.shape[0]
+                    rows = local_part(p).shape[0]
                     row_split = _fsdp_dim(p) == 0  # dim 1 split: per-expert states hold every local row
                     for k, v in st.items():
                         # per-expert states lead with the local expert dim too: moments, and MuonH's
@@ -323,8 +320,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, groups: EPGroups | None 
             t = own.get(name)
             if t is None:
                 continue
-            src = v.to_local() if isinstance(v, DTensor) else v
-            (t.to_local() if isinstance(t, DTensor) else t).copy_(src)
+            local_part(t).copy_(local_part(v))
     if optimizer is not None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 

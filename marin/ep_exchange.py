@@ -10,10 +10,8 @@ EP on S ranks keeps what virtual EP with S shards keeps (pinned by tests/marin/t
 - ragged first all-gathers the S x E count matrix, from which every rank computes every receiver's
   accepted cells (`ragged_accepted`).
 
-Host reads. fixed and pooled_wave exchange equal splits and never read a tensor value on the host
-(a compiled block keeps one graph, a GPU step does not stall). ragged cannot avoid one: the split
-sizes of `all_to_all_single` are host ints, so it reads every chunk's splits in one `.tolist()` per
-dispatch. Drop counts that only feed metrics stay on the device (DispatchStats).
+Host reads (docs/method.md §2.1): none for fixed and pooled_wave; ragged reads every chunk's split sizes in
+one `.tolist()` per dispatch. Drop counts that only feed metrics stay on the device (DispatchStats).
 """
 
 from __future__ import annotations
@@ -88,10 +86,7 @@ def read_splits(splits_2CS: Tensor, rows: int) -> list:
     return splits_2CS.tolist()
 
 
-def _a2a(x: Tensor, out_splits: list[int] | None, in_splits: list[int] | None, group) -> Tensor:
-    """Differentiable all_to_all_single: rows in_splits[q] go to rank q, out_splits[q] come from it
-    (None: equal splits, x.shape[0] / S rows each way)."""
-    return _AllToAll.apply(x, out_splits, in_splits, group)
+_a2a = _AllToAll.apply  # (x, out_splits, in_splits, group): rows in_splits[q] go to rank q, out_splits[q] come back
 
 
 def _a2a_equal(x: Tensor, group) -> Tensor:
@@ -118,40 +113,27 @@ def _with_zero_row(x_RW: Tensor) -> Tensor:
 
 
 class EPDispatcher:
-    """Expert-parallel Dispatcher (docs/method.md §2.1): tokens of this rank are one shard of the EP group,
-    `experts` holds this rank's E/S local experts, expert ids are global.
-
-    fixed: one dense all_to_all_single of equal splits, S x E/S cells of ceil(cf*T_s*K/E) padded rows,
-      overflow dropped at the sender, static-shape experts (bmm), mirrored return.
-    pooled_wave (Marin's hero transport): per destination and wave a static pool of
-      ceil(cf*T_s*K/(S*W)) rows (padding marked by expert id -1, sent alongside), equal splits; each
-      receiver fills per-(wave, local expert) buffers of ceil(cf*T_s*K/(E_l*W)) rows round-robin over
-      senders, static-shape experts (bmm), mirrored return plus the receiver's keep flags.
-    ragged: all-gather the S x E count matrix, then per chunk of local experts an all_to_all_single with
-      split sizes of the accepted rows (pooled receiver capacity, clipped per chunk), rows regrouped
-      expert-major for the grouped GEMM, mirrored return.
+    """Expert-parallel Dispatcher (docs/method.md §2.1 "EP transports"; the drops as in the module docstring):
+    tokens of this rank are one shard of the EP group, `experts` holds this rank's E/S local experts, expert
+    ids are global. fixed and pooled_wave send static padded cells or pools through equal splits to
+    static-shape experts (bmm); ragged all-gathers the S x E counts, then per chunk of local experts sends
+    the accepted rows with split sizes to the grouped GEMM; every return mirrors the dispatch.
     dropless=True (eval): the ragged exchange with nothing clipped, whatever the transport.
     Planned drops (`keep_TK`, a micro-batch of an accumulated step; or `virtual` > 1, a rank holding several
     of the run's ModelConfig.ep_shards shards): `plan` gathers the group's expert ids and decides the drops
     over every virtual shard with `plan_drops`, and the ragged exchange carries the kept rows unclipped,
     whatever the transport (the same kept set, so the same math; the bytes of another exchange).
-
-    Stats are this rank's: assigned = T_s*K, dropped (equals plan_drops on the gathered ids restricted to
-    this shard; a device tensor for pooled_wave), dropped_per_shard (every shard's, ragged only: it is
-    known from the counts), bytes_moved = bytes this rank sends to other ranks, dispatch + return
-    (+ its counts row for ragged). All ranks of the group must pass the same T_s.
+    Stats are this rank's (dropped_per_shard: ragged only, known from the counts; bytes_moved: what this
+    rank sends, dispatch + return). All ranks of the group must pass the same T_s.
     """
 
     def __init__(self, transport: str, group, n_experts: int, capacity_factor: float | None, n_chunks: int = 2,
                  waves: int = 3, virtual: int = 1):
         check_transport(transport, capacity_factor, n_chunks=n_chunks, waves=waves)
-        self.group = group
-        self.S = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
+        self.group, self.S, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         check_ep_layout(n_experts, self.S, self.S)
-        self.transport, self.n_experts, self.capacity_factor, self.n_chunks = (transport, n_experts, capacity_factor,
-                                                                              n_chunks)
-        self.waves = waves
+        self.transport, self.n_experts, self.capacity_factor = transport, n_experts, capacity_factor
+        self.n_chunks, self.waves = n_chunks, waves
         self.virtual = virtual  # the run's EP shards each rank holds (its tokens in that many contiguous shards)
         self.n_local = n_experts // self.S
         # Multiplies the local experts' gradients (marin.parallel sets 1/W when no FSDP unit over "dp"

@@ -9,10 +9,8 @@ and against torch's FlopCounterMode):
 - params_active: the non-embedding parameters one token touches: params_total minus the embedding,
   minus the lm_head, minus the (E − K) routed experts a token does not use, in every layer. On top
   of Marin's count this includes the small terms: norm gains, gates, SConv, GatedNorm.
-- params_active_marin: Marin's count exactly (experiments/grug/moe_hero_ep/small_scale_abl_launch.py
-  _active_params), the one its ladder sizes tokens by: per layer attention 2·d·H·h + 2·d·H_kv·h
-  (H_kv the stored KV heads, max of local and global), router d·E, routed K·3·ℓ·m, latent 2·d·ℓ,
-  shared n_s·3·d·m_s; no embedding, lm_head, norms, gates, SConv or GatedNorm.
+- params_active_marin: Marin's count exactly, the one its ladder sizes tokens by (docs/fidelity.md, its counting
+  convention for active parameters).
 - forward FLOPs per token: 2 × multiply-accumulates per token of every matmul (attention q/k/v/o and
   gate projections, the attention scores QKᵀ and AV over the keys a query sees, router, latent down
   and up, the K routed experts, shared experts, GatedNorm, lm_head) plus two small elementwise terms
@@ -124,10 +122,7 @@ def forward_flops_breakdown(cfg: ModelConfig, recipe: Recipe, seq_len: int | Non
     out = dict.fromkeys(MATMUL_TERMS + ELEMENTWISE_TERMS, 0.0)
     for layer in range(cfg.n_layers):
         Hkv = cfg.kv_heads_stored(layer)  # W_k, W_v project every stored head
-        if attention == "dense":
-            keys = S
-        else:
-            keys = mean_keys_per_query(S, None if cfg.is_global(layer) else cfg.window)
+        keys = S if attention == "dense" else mean_keys_per_query(S, None if cfg.is_global(layer) else cfg.window)
         out["attn_proj"] += 2 * (2 * d * H * h + 2 * d * Hkv * h)
         out["attn_gate"] += 2 * d * H if cfg.attn_gate else 0
         out["attn_scores"] += 2 * 2 * H * h * keys  # QKᵀ and AV
@@ -163,15 +158,10 @@ def describe(cfg: ModelConfig, recipe: Recipe) -> dict:
     """Resolved config and accounting, for `marin-ablate plan --preset` and run summaries."""
     g = cfg.moe_geometry(recipe)
     return {
-        "model": to_dict(cfg),
-        "recipe": to_dict(recipe),
-        "moe_geometry": to_dict(g),
-        "params_total": params_total(cfg, recipe),
-        "params_active": params_active(cfg, recipe),
-        "params_active_marin": params_active_marin(cfg, recipe),
-        "params_routed": params_routed(cfg, recipe),
-        "params_breakdown": params_breakdown(cfg, recipe),
-        "flops_per_token": flops_per_token(cfg, recipe),
+        "model": to_dict(cfg), "recipe": to_dict(recipe), "moe_geometry": to_dict(g),
+        "params_total": params_total(cfg, recipe), "params_active": params_active(cfg, recipe),
+        "params_active_marin": params_active_marin(cfg, recipe), "params_routed": params_routed(cfg, recipe),
+        "params_breakdown": params_breakdown(cfg, recipe), "flops_per_token": flops_per_token(cfg, recipe),
         "forward_flops_per_token": forward_flops_per_token(cfg, recipe),
         "forward_flops_breakdown": forward_flops_breakdown(cfg, recipe),
         "dispatch_bytes_per_token": dispatch_bytes_per_token(cfg, recipe),

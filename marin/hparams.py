@@ -1,20 +1,10 @@
 """One resolver for a run's optimizer hyperparameters: peak LR per group, Adam ε, betas.
 
 Studies (`ablations.ladders.Rung`), `marin-ablate train` and `marin.update_rules.build_optimizer` all call
-`resolve_hparams(spec)`; a rung or a tuned arm sets only `TrainConfig.lr_scale`. Pure arithmetic,
-never imports torch.
-
-Marin's compute-scaling heuristic (marin-community/marin, experiments/grug/moe_hero_ep/heuristic.py,
-`MoeHeuristic`), with D = steps × B training tokens, B = tokens per step, d = d_model:
-
-    adam_lr = c · D^a · d^b · √B                   (capped at 0.05)
-    η_MuonH = min(0.05, 13/3 · adam_lr)
-    ε       = 9.676e-18 · √(D / B)                 (Adam and AdamH groups)
-    β2      = clip(0.999^(B / 131072), 0.95, 0.9999)
-
-The default `aug_refit` is the August LR-sweep refit the hero used (c = 0.087571, a = −0.3461,
-b = −0.3448, β1 = 0.90); `may_5951` is the earlier May fit (c = 0.06602, a = −0.395, b = −0.150,
-β1 = 0.9062), kept as a named comparison.
+`resolve_hparams(spec)`; a rung or a tuned arm sets only `TrainConfig.lr_scale`. Pure arithmetic, never imports
+torch. Marin's compute-scaling heuristic (experiments/grug/moe_hero_ep/heuristic.py `MoeHeuristic`; its
+formulas in docs/method.md §2.1 "Hyperball"): the default `aug_refit` is the August LR-sweep refit the hero
+used, `may_5951` the earlier May fit, kept as a named comparison (`HEURISTICS` holds both fits' coefficients).
 """
 
 from __future__ import annotations

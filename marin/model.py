@@ -10,11 +10,8 @@ Memory (training only, neither changes a number): `activation_checkpoint="block"
 input and recomputes the block in the backward; `loss_chunk_tokens > 0` computes lm_head + fp32 CE +
 z-loss in checkpointed chunks of that many tokens, so the (tokens x vocab) logits never exist in full.
 
-Fixed architecture (from the hero, each with a ModelConfig field): GQA with per-layer KV heads;
-local sliding-window layers with half-RoPE, global NoPE layers; causal attention that never crosses
-a packed document; zero-initialised headwise gate 2σ(x·W_g); GatedNorm after every RMSNorm
-(ModelConfig.gated_norm, "off" only as a comparison); normal init σ = init_scale/√d truncated at
-±init_trunc·σ for every matrix (GatedNorm's included). None of this depends on the recipe.
+Fixed architecture (the hero's, docs/method.md §2 "Everything else", each with a ModelConfig field; causal
+attention never crosses a packed document): none of it depends on the recipe.
 
 Shape suffixes: B batch, S sequence, D model width, H query heads, K kv heads (in attention),
 h head dim, V vocab, R rotated dims / 2, C channels.
@@ -204,9 +201,7 @@ class Attention(nn.Module):
     def project_qkv(self, x_BSD: Tensor, ctx: ForwardContext) -> tuple[Tensor, Tensor, Tensor]:
         """q_BHSh, k_BKSh (normed, rotated, scaled as the attention sees them) and v_BKSh."""
         B, S, _ = x_BSD.shape
-        q = self.wq(x_BSD)
-        k = self.wk(x_BSD)
-        v = self.wv(x_BSD)
+        q, k, v = self.wq(x_BSD), self.wk(x_BSD), self.wv(x_BSD)
         if self.recipe.sconv == "short_conv" and "k" in self.sconv:  # after W_k, before q/k norm and RoPE
             k = self.sconv["k"](k, ctx.doc_ids_BS)
         if self.recipe.sconv == "short_conv" and "v" in self.sconv:  # optional site
@@ -224,8 +219,7 @@ class Attention(nn.Module):
         # qk_norm == "none": q and k as projected
 
         if not self.is_global:  # local layers: half-RoPE; global layers are NoPE
-            q = apply_rope(q, ctx.cos_SR, ctx.sin_SR)
-            k = apply_rope(k, ctx.cos_SR, ctx.sin_SR)
+            q, k = apply_rope(q, ctx.cos_SR, ctx.sin_SR), apply_rope(k, ctx.cos_SR, ctx.sin_SR)
 
         q_mult = ctx.q_scale * (self.cfg.qk_mult if self.recipe.qk_norm == "fixed_1.3" else 1.0)
         if q_mult != 1.0:
@@ -401,11 +395,8 @@ class MarinModel(nn.Module):
     # ---- parameters ------------------------------------------------------------------------------
     def param_roles(self) -> dict[str, str]:
         """Parameter name -> role (the optimizer groups of docs/method.md §2.1 "Hyperball")."""
-        roles = {}
-        for mname, mod in self.named_modules():
-            for pname, p in mod.named_parameters(recurse=False):
-                roles[f"{mname}.{pname}" if mname else pname] = _role(self, mname, mod, p)
-        return roles
+        return {f"{mname}.{pname}" if mname else pname: _role(self, mname, mod, p)
+                for mname, mod in self.named_modules() for pname, p in mod.named_parameters(recurse=False)}
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

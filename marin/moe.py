@@ -86,8 +86,8 @@ def pinned_switch_balance(logits_TE: Tensor, load_E: Tensor, tokens: int) -> Ten
 
 
 def step_router_stats(load_E: Tensor, prob_sum_E: Tensor, z_sum: Tensor, tokens: int) -> Tensor:
-    """ROUTER_STATS from sums over a step's tokens (its micro-batches'): loads, summed router
-    probabilities, summed lse² (what `Router.forward` computes from one batch)."""
+    """ROUTER_STATS from sums over a step's tokens (a batch's in `Router.forward`, or an accumulated step's
+    micro-batches'): loads, summed router probabilities, summed lse²."""
     mean = load_E.mean()
     f_E = load_E / load_E.sum()
     return torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z_sum / tokens,
@@ -174,11 +174,9 @@ class Router(nn.Module):
                  aux_weight: float, aux_free_rate: float, qb_estimator: str, qb_hist_bins: int,
                  precision: str = "fp32", qb_shards: int = 1):
         super().__init__()
-        # precision "bf16": logits from bf16 inputs and weights, then cast to fp32, as Marin's hero
-        # (its compute dtype is bf16; measured: 2.6% of expert sets differ from fp32 logits).
-        # qb_shards: the topk estimator takes each shard's threshold and averages them, as Marin's
-        # per-device top_k + pmean (levanter grug/grug_moe.py `qb_beta_topk_shard`); a real EP rank
-        # holds one shard (marin/ep.py sets 1), a virtual-EP model the cfg.ep_shards it simulates.
+        # precision "bf16" (ModelConfig.router_precision): 2.6% of expert sets differ from fp32 logits (measured).
+        # qb_shards: the topk estimator averages each shard's threshold, as Marin's per-device top_k + pmean
+        # (`qb_beta_topk_shard`): a real EP rank its own shards (marin/ep.py), a virtual-EP model cfg.ep_shards.
         self.precision, self.qb_shards = precision, qb_shards
         self.n_experts, self.top_k, self.balance = n_experts, top_k, balance
         self.combine_scale, self.aux_weight, self.aux_free_rate = combine_scale, aux_weight, aux_free_rate
@@ -242,11 +240,9 @@ class Router(nn.Module):
             self._record(logits_TE.detach(), expert_idx_TK, alpha_T, pin)
 
         with torch.no_grad():
-            load_E = expert_load(expert_idx_TK, self.n_experts)
-            mean = load_E.mean()
-            z = torch.logsumexp(logits_TE.detach(), -1).pow(2).mean()
-            stats_R = torch.stack([load_E.std(unbiased=False) / mean, load_E.max() / mean, z,
-                                   switch_balance(logits_TE.detach(), expert_idx_TK)])
+            l_TE = logits_TE.detach()
+            stats_R = step_router_stats(expert_load(expert_idx_TK, self.n_experts), router_probs(l_TE).sum(0),
+                                        torch.logsumexp(l_TE, -1).pow(2).sum(), l_TE.shape[0])
         return RouterOutput(expert_idx_TK, combine_TK, logits_TE, aux_loss, stats_R)
 
     def world_loads(self, load_E: Tensor, tokens: int) -> tuple[Tensor, int]:

@@ -1,9 +1,7 @@
 """The optimizer registry: one row per update rule (`GroupKind`) and one per `Recipe.optimizer` level.
 
-A level maps each parameter role (the model's `param_roles()`) to a kind; a kind says how many fp32
-state buffers it keeps per element, whether it orthogonalizes its direction (Newton–Schulz), which
-resolved peak lr it takes, whether it decays weights and whether it lives on a hyperball; a level also
-names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
+A level maps each parameter role (the model's `param_roles()`) to a kind (`GroupKind`'s fields say what a
+kind does) and names the roles whose Adam group takes Marin's annealed gate/router decay. The trainer
 (`marin.update_rules`), the hyperparameter resolver (`marin.hparams`), the plan's dry run (`planning/dryrun.py`)
 and the hero's checkpoint plan (`planning/hero.py`) all read these tables. Adding an optimizer is one
 `marin.switches.register_optimizer(...)` call (docs/extending.md, "Adding an optimizer or an executor"): it adds

@@ -5,21 +5,17 @@ init (docs/architecture.md §5).
 Layout (torchtitan's MoE parallelism: pytorch/torchtitan, torchtitan/models/llama4/infra/parallelize.py
 `apply_fsdp`, experts on the `dp_shard_mod_ep` mesh; Marin's (replica_dcn, data, expert) mesh): the
 meshes of `marin.ep.EPGroups`, `replicas` racks of consecutive ranks.
-- non-expert parameters: FSDP2 `fully_shard` over `groups.fsdp_mesh` (all W ranks, or ("replica",
-  "shard"): sharded in a rack, replicated across racks), one unit per block, per MoE submodule
-  (router, latent projections, shared experts), the embedding, the lm_head, and the root;
+- non-expert parameters: FSDP2 `fully_shard` over `groups.fsdp_mesh` (docs/architecture.md §5), one unit
+  per block, per MoE submodule (router, latent projections, shared experts), the embedding, the lm_head, the root;
 - expert stacks [E, W, H]: rank (g, q) keeps EP slice q (experts [q E/ep, (q+1) E/ep)), and FSDP2 over
   the rack's dp_shard ranks (`expert_fsdp_mesh`, replicated across racks) shards that slice on dim 0,
-  or on dim 1 when its experts do not split evenly (`expert_placement`). With one rank per slice in a
-  rack (the hero) the slice is instead ZeRO-sharded across the racks on dim 1 (`ExpertShard`: fp32
-  master, gradient and optimizer state 1/racks per rank, gathered per layer), as wherever FSDP2 cannot
-  split it (neither dim divides: FSDP2 refuses an uneven dim 1). The expert
-  units' gradient divide factor is the world size: the all-to-all backward already summed the EP
-  group's contributions, the reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and
-  the mean of the per-rank losses is the objective (what FSDP2 gives every other parameter). With
-  dp = 1 the slices stay plain tensors and the EP dispatcher scales their gradients by 1/W.
-- mixed precision (`mixed_precision=True`): bf16 compute, fp32 master weights and fp32 gradient
-  reduction (FSDP2 MixedPrecisionPolicy), as Marin's hero runs (experiments/grug/moe_hero_ep).
+  or on dim 1 when its experts do not split evenly (`expert_placement`), or ZeRO-sharded across the racks
+  by `ExpertShard` where `zero_across_dp` says FSDP2 cannot or should not. The expert units' gradient divide
+  factor is the world size: the all-to-all backward already summed the EP group's contributions, the
+  reduce-scatter (and the cross-rack all-reduce) sums the dp replicas, and the mean of the per-rank losses is
+  the objective (what FSDP2 gives every other parameter). With dp = 1 the slices stay plain tensors and the
+  EP dispatcher scales their gradients by 1/W.
+- mixed precision (`mixed_precision=True`): FSDP2 MixedPrecisionPolicy, as Marin's hero runs.
 
 Init: `init_weights` draws every parameter in row blocks, each from its own generator seeded by
 (seed, parameter name, block), so any shard generates only its own rows and the weights do not depend
@@ -40,6 +36,7 @@ from torch import Tensor
 from marin_ablate.marin.ep import EXPERT_PARAM_NAMES, EPGroups, ep_state_dict, moe_layers, shard_experts
 from marin_ablate.marin.model import MarinModel
 from marin_ablate.marin.optimizers import state_bytes_by_role
+from marin_ablate.marin.update_rules import local_part
 
 INIT_BLOCK_ELEMS = 1 << 16  # elements per init block: a shard draws at most two blocks it does not keep
 
@@ -70,9 +67,7 @@ def _global_box(p: Tensor, row_offset: int) -> tuple[Tensor, tuple[int, ...], to
         local, offset, shape = p.to_local(), tuple(offset), p.shape
     else:
         local, offset, shape = p, (0,) * p.ndim, p.shape
-    if not offset:
-        return local, offset, shape
-    return local, (offset[0] + row_offset,) + offset[1:], shape
+    return local, ((offset[0] + row_offset,) + offset[1:] if offset else offset), shape
 
 
 @torch.no_grad()
@@ -92,8 +87,7 @@ def blocked_trunc_normal_(p: Tensor, name: str, seed: int, std: float, trunc: fl
         local.copy_(nn.init.trunc_normal_(torch.empty(()), std=std, a=-trunc * std, b=trunc * std, generator=g))
         return
     rpb = _rows_per_block(full_shape)
-    start = offset[0]
-    stop = start + local.shape[0]
+    start, stop = offset[0], offset[0] + local.shape[0]
     for b in range(start // rpb, (stop - 1) // rpb + 1):
         lo, hi = b * rpb, min((b + 1) * rpb, n_rows)
         g = torch.Generator().manual_seed(_block_seed(seed, name, b))
@@ -112,15 +106,13 @@ def init_weights(model: nn.Module, seed: int, groups: EPGroups | None = None) ->
     init_scale/sqrt(d) for matrices, experts, lm_head, embedding and router; zero gates; unit norm
     gains; identity SConv taps; zero router biases) drawn layout-independently (module docstring). Works
     on one process, on EP-sliced experts (`groups` gives their global offset) and on FSDP2 shards."""
-    from torch.distributed.tensor import DTensor
-
     cfg = model.cfg
     std = cfg.init_scale / math.sqrt(cfg.d_model)
     experts = {id(getattr(m, p)) for _, m in moe_layers(model) for p in EXPERT_PARAM_NAMES}
     params = dict(model.named_parameters())
     for name, role in model.param_roles().items():
         p = params[name]
-        local = p.to_local() if isinstance(p, DTensor) else p
+        local = local_part(p)
         if role in ("matrix", "expert", "lm_head", "embed", "router"):
             rows, off = None, 0
             if id(p) in experts and groups is not None:
@@ -171,11 +163,7 @@ def expert_placement(groups: EPGroups):
     from torch.distributed.tensor import Shard
 
     n = groups.dp_shard_size
-
-    def place(p: nn.Parameter):
-        return Shard(0) if p.shape[0] % n == 0 else Shard(1)
-
-    return place
+    return lambda p: Shard(0) if p.shape[0] % n == 0 else Shard(1)
 
 
 def zero_across_dp(groups: EPGroups, moe: nn.Module) -> bool:
@@ -337,13 +325,11 @@ def clip_grad_norm_(model: nn.Module, max_norm: float | None, group=None) -> Ten
     `group`, the rack of an HSDP layout, else the world: an all-reduce of the local sums of squares
     over it is exact), clipped in place by torch's rule max_norm/(norm + 1e-6) when below 1; returns
     the norm as a 0-dim tensor (read it when logging)."""
-    from torch.distributed.tensor import DTensor
-
     # expert shards of `ExpertShard` hold each element once in the world, not once per rack
     world_sharded = {id(getattr(m, p)) for _, m in moe_layers(model)
                      if getattr(m.dispatcher, "expert_shard", None) is not None for p in EXPERT_PARAM_NAMES}
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    grads = [local_part(p.grad) for p in params]
     dev = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), dtype=torch.float32, device=dev)
     sq_world = torch.zeros((), dtype=torch.float32, device=dev)
@@ -390,11 +376,9 @@ class AsyncCheckpointer:
     collectives never interleave with the training's."""
 
     def __init__(self, groups: EPGroups | None):
-        self.groups = groups
-        self.pg = None
-        if groups is not None:  # a fake process group (the plan's dry run) has no peers to meet: stay fake
-            self.pg = dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
-        self._future = None
+        self.groups, self._future = groups, None
+        # a fake process group (the plan's dry run) has no peers to meet: stay fake
+        self.pg = None if groups is None else dist.new_group(backend="fake" if dist.get_backend() == "fake" else "gloo")
 
     def save(self, model: nn.Module, path, optimizer=None) -> None:
         import torch.distributed.checkpoint as dcp

@@ -1,22 +1,12 @@
 """Plugins: the registry rows (optimizers, responses, executors, studies) added outside this repository
-reach every process that reads the registries (docs/architecture.md §4).
+reach every process that reads the registries (docs/architecture.md §4, step 2).
 
-A row gets to a process in one of two ways, both named by the user, never by a folder's contents:
-
-  * by entry point: an installed distribution names a module (or a function, called once) in the
-    `marin_ablate.plugins` group; `load_entry_points()` imports every one, as submitit finds its
-    executors (submitit/core/plugins.py). The CLI, the driver and each worker call it; one that fails
-    is named (`failures()`), and the others still load.
-  * by the command line: a study file named by path (`FILE.py:NAME`) or module, or `analyze --plugin`.
-    Every `register_*` call notes the module whose top-level code made it; the driver passes those
-    sources to its own `local` or `slurm` workers in each run's task (`ensure`), so a worker imports
-    what the user's command imported.
-
-A study folder is data: its `plugins.json` records which rows came from which source (`write_record`),
-and a later `analyze` or `status` compares it with what this process has registered (`record_notes`),
-naming a mismatch; nothing recorded there is imported. A row registered inside a function (not at a
-module's top level) has no source to import: it lives in the registering process only, and
-`unreachable()` names it. Pure standard library, no torch.
+A row gets to a process by an entry point of the `marin_ablate.plugins` group (`load_entry_points()`, as
+submitit finds its executors: submitit/core/plugins.py; one that fails is named by `failures()`, the others
+still load) or by the command line (a study file or module; `register_*` notes the module whose top-level code
+made the row, and the driver passes those sources to its workers: `ensure`). A study folder's `plugins.json`
+is a record only (`write_record`, compared by `record_notes`), never imported; a row registered inside a
+function has no source to import (`unreachable()`). Pure standard library, no torch.
 """
 
 from __future__ import annotations
@@ -86,11 +76,7 @@ def note(registry: str, name: str) -> None:
 
 def sources() -> list[str]:
     """The modules and study files to import so that this process's registered rows exist (in order)."""
-    out: list[str] = []
-    for src in REGISTERED.values():
-        if src and src.split(".")[0] != PACKAGE and src not in out:
-            out.append(src)
-    return out
+    return list(dict.fromkeys(src for src in REGISTERED.values() if src and src.split(".")[0] != PACKAGE))
 
 
 def unreachable(registry: str, names: Iterable[str]) -> list[str]:
@@ -131,9 +117,7 @@ def failures() -> list[str]:
 
 def import_source(src: str) -> Any:
     """A recorded source: a study file path (`*.py`) or a module name."""
-    if src.endswith(".py"):
-        return load_file(src)
-    return importlib.import_module(src)
+    return load_file(src) if src.endswith(".py") else importlib.import_module(src)
 
 
 def load_named(srcs: Iterable[str], flag: str = "--plugin") -> None:
@@ -167,8 +151,7 @@ def ensure(srcs: Iterable[str] = ()) -> None:
 
 def _rows() -> list[list[str]]:
     """[registry, name, source] of this process's rows registered by a source outside the package."""
-    return [[reg, name, src] for (reg, name), src in REGISTERED.items()
-            if src and src.split(".")[0] != PACKAGE]
+    return [[reg, name, src] for (reg, name), src in REGISTERED.items() if src and src.split(".")[0] != PACKAGE]
 
 
 def write_record(folder: str | Path) -> None:

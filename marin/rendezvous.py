@@ -1,22 +1,12 @@
-"""Where the ranks of a distributed run meet, from the launcher's environment, and the process-group
-init with a deadline (docs/architecture.md §5 and "Multi-node SLURM").
-
-- torchrun (or a test): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as given.
-- SLURM (srun, one task per device): RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID, WORLD_SIZE =
-  SLURM_NTASKS; MASTER_ADDR is the first host of SLURM_JOB_NODELIST resolved to an address (SLURM's
-  own NodeAddr for it, else the resolver), MASTER_PORT is derived from SLURM_JOB_ID (every task of
-  a job computes the same one; a requeued job keeps its id, and its old tasks are gone). Nothing is
-  set by hand, as in torchtitan's and Megatron's SLURM launchers.
-- gloo binds to the address of this host's name unless told an interface: GLOO_SOCKET_IFNAME is set
-  (when unset, whatever the backend: a CUDA run's checkpoint group is gloo) to NCCL_SOCKET_IFNAME's
-  interfaces where it names them exactly, else to the interface that routes to MASTER_ADDR, so ranks on
-  other hosts can reach it over the network NCCL uses.
-- The rendezvous has a deadline (MARIN_RENDEZVOUS_TIMEOUT_S, default 300 s): a rank that cannot
-  reach it fails with one line naming the address and port instead of waiting forever.
+"""Where the ranks of a distributed run meet, from the launcher's environment (torchrun's variables as given,
+or SLURM's: docs/architecture.md "Multi-node SLURM" says how rank, world, master address, port and the gloo
+interface follow from them), and the process-group init with a deadline (MARIN_RENDEZVOUS_TIMEOUT_S): a rank
+that cannot reach it fails with one line naming the address and port instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import os
@@ -68,26 +58,20 @@ def first_host(nodelist: str) -> str:
     if not m or not m.group(1).strip():
         raise RendezvousError(f"SLURM_JOB_NODELIST={nodelist!r} names no host")
     prefix, ranges = m.group(1).strip(), m.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
 
 def node_address(host: str) -> str:
     """An IPv4 address of SLURM node `host`: its NodeAddr (`scontrol show node`: what slurmctld itself
     uses to reach the node), resolved if it is a name; the resolver alone when scontrol cannot say."""
     addr = host
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         r = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True, text=True, timeout=30)
         m = re.search(r"\bNodeAddr=(\S+)", r.stdout) if r.returncode == 0 else None
         if m:
             addr = m.group(1)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
+    with contextlib.suppress(ValueError):
         return str(ipaddress.IPv4Address(addr))
-    except ValueError:
-        pass
     try:
         return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except OSError as e:

@@ -1,11 +1,9 @@
 """The run directory's files, one writer and one reader each: spec.json, meta.json, summary.json.
 
-`<run_dir>/spec.json`     the RunSpec (`spec_json`), written before launch.
-`<run_dir>/meta.json`     `RunMeta`: study, rung, arm, seed, design row, and the run's coding: for
-                          every factor of its study the level name, the factor's definition (field,
-                          low level coded −1, high level coded +1) and the ±1 code (None for a level
-                          that is neither). The analysis reads factors from here, never from a list.
-`<run_dir>/summary.json`  `RunSummary`: the outcome of training (or of a failure).
+spec.json (the RunSpec, `spec_json`, written before launch), meta.json (`RunMeta`: the run's place in its
+study and its coding: for every factor the level, its definition (field, low −1, high +1) and the ±1 code;
+the analysis reads factors from here, never from a list) and summary.json (`RunSummary`: the outcome of
+training or of a failure); the table of docs/architecture.md §3.
 
 Writes are atomic (temp file, fsync, rename). Pure Python: no torch, no other marin module, so the
 analysis layer can read runs with it.
@@ -165,12 +163,8 @@ def _run_files(d: Path) -> list[str]:
 def named_ids(run_dir: str | Path) -> dict[str, Any]:
     """{file: the run id it names} over the run folder's files that name one (metrics.jsonl: its first line)."""
     d = Path(run_dir)
-    out = {}
-    for f in _run_files(d):
-        rid = _named_id(d / f, first_line=f == "metrics.jsonl")
-        if rid is not None:
-            out[f] = rid
-    return out
+    ids = {f: _named_id(d / f, first_line=f == "metrics.jsonl") for f in _run_files(d)}
+    return {f: rid for f, rid in ids.items() if rid is not None}
 
 
 def foreign(run_dir: str | Path, runs_root: str | Path) -> str | None:

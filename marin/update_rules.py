@@ -1,14 +1,7 @@
 """Optimizers: Hyperball (MuonH + AdamH + Adam, docs/method.md §2.1) and the peers' baselines.
 
 One `torch.optim.Optimizer` holds every parameter group; each group carries a `kind`, a row of the
-registry `marin.optimizers.KINDS` whose `update` is one of the functions at the end of this module:
-
-- ``muonh``  Muon direction projected back onto the sphere of the matrix's init Frobenius norm.
-- ``adamh``  the bias-corrected Adam direction, same projection, same eta.
-- ``adam``   Adam without weight decay (embedding, router, gates, norm gains, SConv kernels).
-- ``adamw``  decoupled weight decay (the AdamW baseline, and the AdamW half of ``muon_adamw``).
-- ``muon``   plain Muon with Moonlight's shape scaling (arXiv 2502.16982), decoupled weight decay.
-
+registry `marin.optimizers.KINDS` whose `update` is one of the functions at the end of this module.
 Which parameter lands in which group is decided only by the model's ``param_roles()``:
 
 | level        | matrix, expert | lm_head | embed, router, gate | norm, sconv |
@@ -20,28 +13,12 @@ Which parameter lands in which group is decided only by the model's ``param_role
 
 Baselines decay every weight matrix, embedding and router included (GPT-2/nanoGPT practice: decay
 every >= 2-D weight), but not RMSNorm gains (decay pulls them off 1) nor the SConv taps (identity
-at init; decay would pull the conv towards zero, i.e. switch the component off). Learning rates:
-Peak learning rates, betas and Adam ε come from `marin.hparams.resolve_hparams` (the one resolver
-studies and `train` share): MuonH/AdamH eta = min(0.05, 13/3 adam_lr); AdamW one lr with betas
-(0.9, 0.95); muon_adamw shares that lr because the Moonlight scale makes Muon's update RMS match
-AdamW's. Hyperball projections of an expert stack
-[E, in, out] use one sphere for the layer's whole bank (`TrainConfig.expert_sphere="bank"`, what
-Marin's hero ran: experiments/grug/moe_hero_ep/optimizer.py `_scale_invariant_hyperball_updates`,
-axes range(1, ndim) of the [L, E, in, out] stack), or one per expert matrix ("expert", Marin's later
-axes (-2, -1)); every other matrix has its own sphere. MuonH radius R is stored at the first step so
-round-off cannot drift it.
-
-Newton–Schulz: the quintic p_i(x) = a_i x + b_i x^3 + c_i x^5 with a different (a_i, b_i, c_i) at
-each of the 5 iterations, cycling when steps > 5: Marin's "quintic" schedule (levanter
-lib/levanter/src/levanter/optim/util.py NEWTON_SCHULZ_COEFFICIENTS["quintic"], from NVIDIA NeMo
-Emerging-Optimizers). The input is scaled to unit Frobenius norm (+`NS_EPS` = 1e-8, the ε Marin's hero path passes:
-hero/optimizer.py `GrugMoeMuonHConfig.muon_epsilon` into hero/grugmuon_hero.py's Newton–Schulz;
-levanter's own default is 1e-7), so every singular value
-starts in (0, 1]; each p_i acts on each singular value independently. `ns_band(x0_min)` is the
-interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.032] for x0 >= 1e-2,
-[0.475, 1.145] for x0 >= 1e-3 (the simple triple: [0.682, 1.134] and [0.471, 1.202]). The single repeated triple
-(3.4445, -4.7750, 2.0315) of K. Jordan's Muon (2024; levanter's "simple") stays available as
-`NS_SCHEDULES["simple"]` for comparison.
+at init; decay would pull the conv towards zero, i.e. switch the component off). Peak learning rates,
+betas and Adam ε come from `marin.hparams.resolve_hparams`. The expert-bank sphere (`TrainConfig.expert_sphere`)
+and Newton–Schulz (Marin's "quintic" schedule, Frobenius normalisation + `NS_EPS`) are docs/fidelity.md's rows;
+`ns_band(x0_min)` is the interval a singular value x0 >= x0_min lands in after the schedule: [0.978, 1.032]
+for x0 >= 1e-2, [0.475, 1.145] for x0 >= 1e-3 (Jordan's single triple, `NS_SCHEDULES["simple"]`: [0.682,
+1.134] and [0.471, 1.202]). MuonH radius R is stored at the first step so round-off cannot drift it.
 """
 
 from __future__ import annotations
@@ -174,16 +151,12 @@ def _sharded_dims(p: Tensor) -> set[int]:
 
 def shard_groups(p: Tensor) -> list:
     """The process groups of the mesh dims that shard p (none for a plain tensor)."""
-    if not _is_dtensor(p):
-        return []
-    return [p.device_mesh.get_group(i) for i, pl in enumerate(p.placements) if pl.is_shard()]
+    return [p.device_mesh.get_group(i) for i, pl in enumerate(p.placements) if pl.is_shard()] if _is_dtensor(p) else []
 
 
 def _fro(x: Tensor, bank: bool = False) -> Tensor:
     """Frobenius norm of each trailing matrix (bank: of the whole tensor), shaped for broadcasting."""
-    if bank or x.ndim < 2:
-        return x.norm().reshape((1,) * x.ndim)
-    return torch.linalg.matrix_norm(x, keepdim=True)
+    return x.norm().reshape((1,) * x.ndim) if bank or x.ndim < 2 else torch.linalg.matrix_norm(x, keepdim=True)
 
 
 def sphere_norms(p: Tensor, role: str, expert_sphere: str = "bank") -> Tensor:
@@ -237,14 +210,12 @@ def param_groups(named_params: Iterable[tuple[str, Tensor]], roles: Mapping[str,
         key = (kind, role)
         if key not in buckets:
             lr = hp.adam_lr if k.lr == "adam" else hp.lr
-            wd = hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0
             anneal = role in level.annealed_decay and hp.gate_router_weight_decay > 0
-            if anneal:
-                wd = hp.gate_router_weight_decay
+            wd = hp.gate_router_weight_decay if anneal else (
+                hp.weight_decay if k.decays and role not in NO_DECAY_ROLES else 0.0)
             buckets[key] = dict(params=[], names=[], kind=kind, role=role, lr=lr, peak_lr=lr,
                                 betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=wd, peak_weight_decay=wd,
-                                anneal_weight_decay=anneal,
-                                momentum=hp.momentum, ns_steps=hp.ns_steps,
+                                anneal_weight_decay=anneal, momentum=hp.momentum, ns_steps=hp.ns_steps,
                                 bank_sphere=role == "expert" and hp.expert_sphere == "bank")
         buckets[key]["params"].append(p)
         buckets[key]["names"].append(name)
@@ -363,15 +334,11 @@ class MarinOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        ortho = []  # (param, group) of the Newton–Schulz kinds
-        for g in self.param_groups:
-            ortho += [(p, g) for p in g["params"] if p.grad is not None and KINDS[g["kind"]].orthogonalizes]
+        ortho = [(p, g) for g in self.param_groups for p in g["params"]  # (param, group) of the Newton–Schulz kinds
+                 if p.grad is not None and KINDS[g["kind"]].orthogonalizes]
         # every matrix orthogonalized once, by one owner rank of the shards that split it (a transient
         # of the owned whole matrices, ~1/n of them per rank), before the kinds' updates read the results
-        if self.batched:
-            dirs = nesterov_all(self, ortho)
-        else:
-            dirs = [self._nesterov(p, g) for p, g in ortho]
+        dirs = nesterov_all(self, ortho) if self.batched else [self._nesterov(p, g) for p, g in ortho]
         outs = distributed_newton_schulz([p for p, _ in ortho], dirs, [g["ns_steps"] for _, g in ortho],
                                          batched=self.batched)
         self._ready = {id(p): (d, o) for (p, _), d, o in zip(ortho, dirs, outs, strict=True)}
@@ -415,9 +382,7 @@ class MarinOptimizer(torch.optim.Optimizer):
         """Newton–Schulz of this rank's part `d` of p's direction: this step's result of
         `distributed_newton_schulz` (computed for every parameter at once in `step`)."""
         ready = self._ready.get(id(p))
-        if ready is not None:
-            return ready[1]
-        return distributed_newton_schulz([p], [d], [steps])[0]
+        return ready[1] if ready is not None else distributed_newton_schulz([p], [d], [steps])[0]
 
     def _nesterov(self, p: Tensor, g: dict) -> Tensor:
         ready = self._ready.get(id(p))

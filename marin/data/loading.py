@@ -5,6 +5,8 @@ process and, for BPE, on disk beside the tokenizer.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import os
@@ -33,13 +35,7 @@ from marin_ablate.marin.data.index import build_index, has_index
 from marin_ablate.marin.data.manifest import read_manifest
 from marin_ablate.marin.data.prepare import PrepareConfig, out_lock, prepare, read_text_file
 from marin_ablate.marin.data.prepare import load_files as _read_rows
-from marin_ablate.marin.data.tokenizer import (
-    ByteTokenizer,
-    Tokenizer,
-    bpe_sample,
-    load_tokenizer,
-    train_bpe,
-)
+from marin_ablate.marin.data.tokenizer import ByteTokenizer, Tokenizer, bpe_sample, load_tokenizer, train_bpe
 from marin_ablate.marin.schema import atomic_write_bytes
 
 
@@ -88,7 +84,6 @@ class Corpus:
             raise ValueError(f"domain {domain!r} is not an eval domain of corpus {self.name!r}; "
                              f"allowed values: {', '.join(map(repr, self.domains))}")
         return self.heldout[domain]
-
 
 
 def _read_file(path: Path, kind: str) -> tuple[list[str], list[str]]:
@@ -146,20 +141,18 @@ class _RawCorpus:
     derived_dir: Path  # where tokenizers / token caches of this corpus live
     eval_domains: list[str]  # domains with a held-out split
     load: Callable[[], tuple[dict, dict]]  # -> (train, heldout): domain -> (ids, texts)
-    _texts: tuple[dict, dict] | None = None
 
-    def _loaded(self) -> tuple[dict, dict]:
-        if self._texts is None:
-            self._texts = self.load()
-        return self._texts
+    @functools.cached_property
+    def _texts(self) -> tuple[dict, dict]:
+        return self.load()
 
     @property
     def train(self) -> dict[str, tuple[list[str], list[str]]]:
-        return self._loaded()[0]
+        return self._texts[0]
 
     @property
     def heldout(self) -> dict[str, tuple[list[str], list[str]]]:
-        return self._loaded()[1]
+        return self._texts[1]
 
 
 def _manifest_fingerprint(manifest: dict) -> str:
@@ -171,12 +164,8 @@ def _raw_marin_format(path: Path, name: str) -> _RawCorpus:
 
     def load():
         verify_manifest(path)  # a damaged cache fails loudly instead of training on other text
-        out: tuple[dict, dict] = ({}, {})
-        for domain in sorted(manifest["domains"]):
-            files = manifest["domains"][domain]["files"]
-            for k, split in enumerate(SPLITS):
-                out[k][domain] = _read_file(path / files[split]["path"], "json")
-        return out
+        files = {d: manifest["domains"][d]["files"] for d in sorted(manifest["domains"])}
+        return tuple({d: _read_file(path / fs[split]["path"], "json") for d, fs in files.items()} for split in SPLITS)
 
     return _RawCorpus(name, path, manifest, path, sorted(manifest["domains"]), load)
 
@@ -216,11 +205,10 @@ def _raw_local(path: Path) -> _RawCorpus:
     if not groups:
         raise ValueError(f"DataConfig.corpus={str(path)!r}: no data files ({', '.join(TEXT_SUFFIXES)}) "
                          "in the directory or its subdirectories")
-    manifest = {"format": "local", "name": path.name, "path": str(path), "domains": {}}
-    for domain, files in groups.items():
-        manifest["domains"][domain] = {"domain": domain, "source": str(path), "licence": "unknown (local files)",
-                                       "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)}
-                                                 for f in files]}
+    manifest = {"format": "local", "name": path.name, "path": str(path), "domains": {
+        domain: {"domain": domain, "source": str(path), "licence": "unknown (local files)",
+                 "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files]}
+        for domain, files in groups.items()}}
 
     def load():
         train, heldout = {}, {}
@@ -254,12 +242,11 @@ def _raw_paloma() -> _RawCorpus:
                          + ", ".join(str(p) for p in paloma_search_paths())
                          + ". Set MARIN_PALOMA_DIR, or use corpus='embedded'")
     base = _raw_marin_format(embedded_corpus_dir(), "embedded")
-    manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {}}
     domains = eval_domains(root)
-    for d, folder in domains.items():
-        manifest["domains"][d] = {"domain": d, "source": f"Paloma {d} val", "licence": "see Paloma",
-                                  "files": [{"path": str(f), "bytes": f.stat().st_size}
-                                            for f in sorted(folder.iterdir()) if f.is_file()]}
+    manifest = {"format": "paloma", "path": str(root), "train": base.manifest, "domains": {
+        d: {"domain": d, "source": f"Paloma {d} val", "licence": "see Paloma",
+            "files": [{"path": str(f), "bytes": f.stat().st_size} for f in sorted(folder.iterdir()) if f.is_file()]}
+        for d, folder in domains.items()}}
 
     def load():
         return base.train, {d: (ids, texts) for d, (ids, texts, _) in eval_texts(root).items()}
@@ -290,9 +277,7 @@ def _tokenizer_for(data: DataConfig, raw: _RawCorpus) -> Tokenizer:
 
 def get_tokenizer(data: DataConfig) -> Tokenizer:
     """Byte-level (256) or the corpus' BPE of DataConfig.bpe_vocab (trained once, saved beside it)."""
-    if data.tokenizer == "byte":
-        return ByteTokenizer()
-    return _tokenizer_for(data, _raw_corpus(data))
+    return ByteTokenizer() if data.tokenizer == "byte" else _tokenizer_for(data, _raw_corpus(data))
 
 
 def _domain_split(tok: Tokenizer, ids: list[str], texts: list[str]) -> DomainSplit:
@@ -308,12 +293,11 @@ def _text_bytes(texts: list[str]) -> int:
 
 def _tokenize(tok: Tokenizer, ids: list[str], texts: list[str], cache: Path | None) -> DomainSplit:
     if cache is not None and cache.is_file():
-        try:  # numbers only (an object array would unpickle); a damaged cache is built again
-            with np.load(cache, allow_pickle=False) as z:
-                if int(z["n_docs"]) == len(ids):
-                    return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), _text_bytes(texts))
-        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile):
-            pass
+        # numbers only (an object array would unpickle); a damaged cache is built again
+        with (contextlib.suppress(ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile),
+              np.load(cache, allow_pickle=False) as z):
+            if int(z["n_docs"]) == len(ids):
+                return DomainSplit(ids, np.asarray(z["tokens"]), np.asarray(z["offsets"]), _text_bytes(texts))
     split = _domain_split(tok, ids, texts)
     if cache is not None:
         buf = io.BytesIO()
@@ -343,21 +327,16 @@ def load_corpus(data: DataConfig) -> Corpus:
     key = (str(raw.path), fp, tok.fingerprint, tuple(data.eval_domains))
     if key in _CORPUS_CACHE:
         return _CORPUS_CACHE[key]
-    domains = list(raw.eval_domains)
-    if data.eval_domains:
-        domains = [d for d in domains if d in data.eval_domains]
+    domains = [d for d in raw.eval_domains if not data.eval_domains or d in data.eval_domains]
     # BPE tokenization of a few MB costs seconds: cache it beside the tokenizer; bytes need none
     cache_dir = None if tok.name == "byte" else raw.derived_dir / "tokenizers" / f"tokens-{tok.fingerprint}-{fp}"
-    splits = {}
-    for split in SPLITS:
-        splits[split] = {d: _tokenize(tok, *getattr(raw, split)[d], None if cache_dir is None
-                                      else cache_dir / f"{d}.{split}.npz")
-                         for d in sorted(getattr(raw, split))}
+    splits = {split: {d: _tokenize(tok, *getattr(raw, split)[d], None if cache_dir is None
+                                   else cache_dir / f"{d}.{split}.npz") for d in sorted(getattr(raw, split))}
+              for split in SPLITS}
     corpus = Corpus(name=raw.name, domains=domains, manifest=raw.manifest, tokenizer=tok,
                     train=splits["train"], heldout=splits["heldout"], path=raw.path, fingerprint=fp)
     _CORPUS_CACHE[key] = corpus
     return corpus
-
 
 
 def prepared_train(data: DataConfig, log=None) -> Path:

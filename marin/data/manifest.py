@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,19 @@ def read_manifest(path: str | Path) -> dict:
     if missing:
         raise ValueError(f"{m}: fields {', '.join(missing)} missing; prepare the corpus again")
     return manifest
+
+
+def manifest_fingerprint(root: Path) -> str:
+    """The corpus fingerprint a loader state, a checkpoint and the loader index record: manifest.json's sha256."""
+    return hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()[:16]
+
+
+def domain_names(manifest: dict) -> list[str]:
+    """The corpus's domains in order of first appearance over the shards (`[""]` without any)."""
+    names: list[str] = []
+    for sh in manifest["shards"]:
+        names += [n for n in sh.get("domains", []) if n not in names]
+    return names or [""]
 
 
 def load_npy(path: Path) -> np.ndarray:

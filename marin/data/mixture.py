@@ -123,10 +123,8 @@ def corpus_domains(corpus: str) -> list[str] | None:
     prepared corpus's (its manifest); None for others (the loader checks them when it opens)."""
     if corpus == "embedded":
         return list(EMBEDDED_SOURCES)
-    manifest = Path(corpus).expanduser() / "manifest.json"
-    if corpus != "paloma" and manifest.is_file():
-        return list(json.loads(manifest.read_text()).get("domains", {}))
-    return None
+    m = Path(corpus).expanduser() / "manifest.json"
+    return list(json.loads(m.read_text()).get("domains", {})) if corpus != "paloma" and m.is_file() else None
 
 
 def check_mixture_domains(data: Any) -> None:

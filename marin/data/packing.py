@@ -8,13 +8,7 @@ import numpy as np
 import torch
 
 from marin_ablate.marin.data.loading import Corpus
-from marin_ablate.marin.data.shards import pack_stream
-
-
-def _check_shape(seq_len: int, batch_size: int) -> None:
-    for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+from marin_ablate.marin.data.shards import check_positive_ints, pack_stream
 
 
 def eval_batches(corpus: Corpus, domain: str, seq_len: int, batch_size: int, n_batches: int
@@ -22,7 +16,7 @@ def eval_batches(corpus: Corpus, domain: str, seq_len: int, batch_size: int, n_b
     """Up to `n_batches` batches of the domain's held-out documents in stored order (independent
     of data_seed), non-overlapping: every held-out target is scored at most once. Fewer batches come
     back when the held-out split runs out; less than one batch is an error."""
-    _check_shape(seq_len, batch_size)
+    check_positive_ints(seq_len=seq_len, batch_size=batch_size)
     ds = corpus.check_domain(domain)
     if n_batches < 1:
         raise ValueError(f"n_batches={n_batches} must be >= 1")

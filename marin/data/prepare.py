@@ -25,6 +25,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -127,13 +128,12 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
             raise ValueError(f"{f}: empty file; remove it or give it rows with a {text_column!r} column")
         if kind == "json":  # Arrow's JSON reader keeps invalid UTF-8 (failing later, naming no file) and
             check_json_file(f, text_column)  # casts a later file's numbers or objects to the first one's text
+    names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
     try:
         ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=cache)
     except Exception as e:  # noqa: BLE001 - the datasets loader raises many types for one bad file: one clear line
-        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
-        while e.__cause__ is not None or e.__context__ is not None:  # the reader's own error says what is wrong
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                break
+        # the reader's own error says what is wrong: the innermost one, or a full disk on the way there
+        while not (isinstance(e, OSError) and e.errno == errno.ENOSPC) and (e.__cause__ or e.__context__):
             e = e.__cause__ or e.__context__
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # the cache's disk, not the source, is at fault
             raise ValueError(f"disk full (no space left on device) while writing the datasets cache {cache} from "
@@ -144,7 +144,6 @@ def load_files(kind: str, files: list[Path], text_column: str, cache: str) -> An
     feature = ds.features.get(text_column)
     dtype = getattr(feature, "dtype", None)
     if feature is not None and dtype not in ("string", "large_string", "null"):  # a number or object: no text
-        names = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} {kind} files)"
         raise ValueError(f"{names}: column {text_column!r} holds {dtype or type(feature).__name__} values, not "
                          "text; allowed values: a string in every row")
     return ds
@@ -201,15 +200,10 @@ def load_source(cfg: PrepareConfig) -> Any:
     else:
         root = Path(cfg.source).expanduser()
         # runs of consecutive files of one kind (and one folder domain), in sorted-file order
-        groups: list[tuple[str, str, list[Path]]] = []
-        for f in files:
-            dom = _folder_domain(root, f) if cfg.folder_domains else ""
-            if groups and groups[-1][:2] == (_kind(f), dom):
-                groups[-1][2].append(f)
-            else:
-                groups.append((_kind(f), dom, [f]))
+        runs = itertools.groupby(files, key=lambda f: (_kind(f), _folder_domain(root, f) if cfg.folder_domains else ""))
         parts = []
-        for kind, dom, fs in groups:
+        for (kind, dom), group in runs:
+            fs = list(group)
             part = load_files(kind, fs, cfg.text_column, cache)
             if cfg.text_column not in part.column_names:  # else concatenation fills it with None: text lost
                 where = f"{fs[0]}{f' (and {len(fs) - 1} more)' if len(fs) > 1 else ''}"
@@ -307,8 +301,7 @@ def prepare_shard(i: int) -> dict:
     lo, hi = i * cfg.docs_per_shard, min(len(ds), (i + 1) * cfg.docs_per_shard)
     part = ds.select(range(lo, hi))
     arrays: list[np.ndarray] = []
-    domains: list[str] = []
-    dom_index: dict[str, int] = {}
+    dom_index: dict[str, int] = {}  # domain name -> its index in the shard's meta "domains", in order of appearance
     doc_domain: list[int] = []
     ids: list[str] = []
     text_bytes = skipped = 0
@@ -328,10 +321,7 @@ def prepare_shard(i: int) -> dict:
             nb = len(text.encode("utf-8"))
             text_bytes += nb
             name = "" if label is None else str(label)
-            if name not in dom_index:
-                dom_index[name] = len(domains)
-                domains.append(name)
-            doc_domain.append(dom_index[name])
+            doc_domain.append(dom_index.setdefault(name, len(dom_index)))
             if cfg.id_column:
                 ids.append(str(rid))
             c = per_domain.setdefault(name, [0, 0, 0])
@@ -341,8 +331,9 @@ def prepare_shard(i: int) -> dict:
     offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays], dtype=np.int64)]).astype(np.int64)
     data = (np.concatenate(arrays) if arrays else np.zeros(0, dtype)).astype(dtype).tobytes()
     counts = {k: dict(zip(("documents", "tokens", "text_bytes"), v, strict=True)) for k, v in per_domain.items()}
-    return write_shard(out, i, (lo, hi), data, offsets, domains, np.array(doc_domain, np.int32) if dcol else None,
-                       counts, skipped, text_bytes, ids if cfg.id_column else None)
+    return write_shard(out, i, (lo, hi), data, offsets, list(dom_index),
+                       np.array(doc_domain, np.int32) if dcol else None, counts, skipped, text_bytes,
+                       ids if cfg.id_column else None)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -526,10 +517,8 @@ def write_manifest(out: Path, job: dict, metas: list[dict]) -> dict:
         shards.append({"tokens_path": str(p["tokens.bin"].relative_to(out)),
                        "offsets_path": str(p["offsets.npy"].relative_to(out)),
                        "domain_path": str(p["domain.npy"].relative_to(out)) if job["domain_column"] else None,
-                       "domains": m["domains"],
-                       **{k: m[k] for k in ("tokens", "documents", "sha256", "offsets_sha256", "rows")}})
-        if job.get("id_column"):
-            shards[-1]["ids"] = m["ids"]
+                       **{k: m[k] for k in ("domains", "tokens", "documents", "sha256", "offsets_sha256", "rows",
+                                            *(("ids",) if job.get("id_column") else ()))}})
     manifest = {**job, "dtype": token_dtype(job["tokenizer"]["vocab_size"]).name,
                 "tokens": sum(m["tokens"] for m in metas), "documents": sum(m["documents"] for m in metas),
                 "skipped_empty": sum(m["skipped_empty"] for m in metas),

@@ -11,10 +11,8 @@ ranks) continues at the exact next sequence from `state_dict()["step"]`. A windo
 the memory-mapped shards one document piece at a time (whole slices, never token by token).
 Documents are packed with per-sequence ids and cross-document targets masked (`pack_stream`).
 
-With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of
-this kind (its documents in the same sha256 order, so a domain's order is the corpus order restricted
-to it), and a step's sequences are drawn from the domain streams in the phase's proportions; without
-one the loader reads the single corpus stream above, unchanged.
+With a data mixture (`DataConfig.mixture`, marin/data/mixture.py) every domain is its own stream of this kind
+(the corpus order restricted to it), drawn from in the phase's proportions.
 
 Simulated epoching (`DataConfig.simulated_epoching_target`, levanter's experiment_budget /
 target_budget): each component -- the corpus stream, or each domain stream of a mixture -- of n
@@ -25,7 +23,7 @@ j mod L: the component repeats as often as it would in a run of `target` tokens 
 
 from __future__ import annotations
 
-import hashlib
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +32,7 @@ import torch
 
 from marin_ablate.marin.data.corpus import IGNORE_INDEX, hash_hex
 from marin_ablate.marin.data.index import FULL_VERIFY_BYTES, IndexedCorpus, IndexedStream
-from marin_ablate.marin.data.manifest import load_npy, read_manifest
+from marin_ablate.marin.data.manifest import domain_names, load_npy, manifest_fingerprint, read_manifest
 from marin_ablate.marin.data.mixture import MixturePlan
 from marin_ablate.marin.schema import sha256_file
 
@@ -51,6 +49,13 @@ def pack_stream(tokens_NW: np.ndarray, docs_NW: np.ndarray) -> tuple[torch.Tenso
     doc_ids_NS = np.cumsum(starts_NS, axis=1)
     return (torch.from_numpy(tokens_NW[:, :-1].astype(np.int64)), torch.from_numpy(targets_NS.astype(np.int64)),
             torch.from_numpy(doc_ids_NS.astype(np.int64)))
+
+
+def check_positive_ints(**values: object) -> None:
+    """ValueError naming the first of `values` that is not a positive integer."""
+    for name, v in values.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive integer")
 
 
 def shuffle_order(uids: list[str], seed: int, epoch: int) -> np.ndarray:
@@ -115,7 +120,7 @@ class PreparedCorpus:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
         self.manifest = read_manifest(self.path)
-        self.fingerprint = hashlib.sha256((self.path / "manifest.json").read_bytes()).hexdigest()[:16]
+        self.fingerprint = manifest_fingerprint(self.path)
         dtype = np.dtype(self.manifest["dtype"])
         verify_once(self.path, self.manifest, self.fingerprint)
         self._tokens, lengths, shard_of, local = [], [], [], []
@@ -134,29 +139,25 @@ class PreparedCorpus:
         self.doc_lengths, self._doc_shard, self._doc_local = cat(lengths), cat(shard_of), cat(local)
         self.doc_starts = np.concatenate([[0], np.cumsum(self.doc_lengths)[:-1]]).astype(np.int64)
         self.n_tokens, self.n_docs = int(self.doc_lengths.sum()), len(self.doc_lengths)
-        self._uids: list[str] | None = None
 
     @property
     def vocab_size(self) -> int:
         return int(self.manifest["tokenizer"]["vocab_size"])
 
-    @property
+    @functools.cached_property
     def uids(self) -> list[str]:
         """Every document's shuffle key: DOMAIN/ID with an id column (DOMAIN/ only with a domain), else the index."""
-        if self._uids is None:
-            m = self.manifest
-            if m.get("id_column"):
-                uids = []
-                for sh in m["shards"]:
-                    if m.get("domain_column"):
-                        dom = load_npy(self.path / sh["domain_path"])
-                        uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"], strict=True)]
-                    else:
-                        uids += list(sh["ids"])
+        m = self.manifest
+        if not m.get("id_column"):
+            return [str(j) for j in range(self.n_docs)]
+        uids: list[str] = []
+        for sh in m["shards"]:
+            if m.get("domain_column"):
+                dom = load_npy(self.path / sh["domain_path"])
+                uids += [f"{sh['domains'][int(d)]}/{i}" for d, i in zip(dom, sh["ids"], strict=True)]
             else:
-                uids = [str(j) for j in range(self.n_docs)]
-            self._uids = uids
-        return self._uids
+                uids += list(sh["ids"])
+        return uids
 
     def doc_domains(self) -> tuple[list[str], np.ndarray]:
         """(domain names, each document's index into them) from the shards' domain column; no domain
@@ -164,13 +165,9 @@ class PreparedCorpus:
         m = self.manifest
         if not m.get("domain_column"):
             return [], np.zeros(0, np.int64)
-        names: list[str] = []
-        parts = []
+        names, parts = domain_names(m), []
         for sh in m["shards"]:
             local = np.asarray(load_npy(self.path / sh["domain_path"]), np.int64)
-            for name in sh["domains"]:
-                if name not in names:
-                    names.append(name)
             remap = np.array([names.index(n) for n in sh["domains"]], np.int64)
             parts.append(remap[local] if len(local) else local)
         return names, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
@@ -277,9 +274,7 @@ class ShardedBatches:
         self.indexed = isinstance(self.corpus, IndexedCorpus)
         r, w = _dist_rank_world()
         self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
-        for name, v in (("seq_len", seq_len), ("global_batch", global_batch), ("world", self.world)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+        check_positive_ints(seq_len=seq_len, global_batch=global_batch, world=self.world)
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank={self.rank} must be in 0..{self.world - 1}")
         if global_batch % self.world:

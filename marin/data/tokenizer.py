@@ -108,7 +108,6 @@ def bpe_sample(train_texts: dict[str, list[str]]) -> Iterator[str]:
             yield t
 
 
-
 _TOKENIZER_SPECS = "'byte', a tokenizer.json path, 'pkg:DISTRIBUTION/PATH' (shipped by an installed package)"
 
 
@@ -152,7 +151,6 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
 def tokenizer_info(spec: str) -> dict:
     """What a prepared corpus records about its tokenizer (torch-free)."""
     p = tokenizer_path(spec)
-    if p is None:
-        return {"kind": "byte", "path": None, "sha256": "byte", "vocab_size": 256}
-    return {"kind": "tokenizers", "path": str(p.resolve()), "sha256": sha256_file(p),
-            "vocab_size": _hf_tokenizer(p).get_vocab_size()}
+    return {"kind": "byte", "path": None, "sha256": "byte", "vocab_size": 256} if p is None else {
+        "kind": "tokenizers", "path": str(p.resolve()), "sha256": sha256_file(p),
+        "vocab_size": _hf_tokenizer(p).get_vocab_size()}

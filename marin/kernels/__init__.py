@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-KERNEL_BACKENDS = ("torch", "triton")
+from marin_ablate.marin.config import KERNEL_BACKENDS
 
 
 @dataclass(frozen=True)

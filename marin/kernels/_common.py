@@ -42,13 +42,9 @@ def check_runnable(*tensors: torch.Tensor, name: str) -> None:
     if len(devices) > 1:
         raise ValueError(f"{name}: all tensors must be on one device, got {sorted(map(str, devices))}")
     for t in tensors:
-        if t is None:
-            continue
-        if not t.is_cuda and not interpret:
-            raise ValueError(
-                f"{name}: kernels='triton' needs CUDA tensors (got device {t.device}); "
-                "allowed values on CPU: kernels='torch', or set TRITON_INTERPRET=1 before importing triton"
-            )
+        if t is not None and not t.is_cuda and not interpret:
+            raise ValueError(f"{name}: kernels='triton' needs CUDA tensors (got device {t.device}); allowed values "
+                             "on CPU: kernels='torch', or set TRITON_INTERPRET=1 before importing triton")
 
 
 def acc_dtype(t: torch.Tensor):

@@ -75,7 +75,7 @@ def builds() -> list[KernelBuild]:
     x_bs, x_bd = xsa.blocks(128, None)
     r_bn, r_bw = moe.row_blocks(1024, 2)
     g_bm, g_bn, g_bk, g_nw, g_ns = moe.gmm_blocks(1 << 17, 1024, 512, 2)
-    out = [
+    return [
         compile_sm90(sconv.sconv_fwd_kernel, dict(x_ptr=bf, w_ptr=bf, doc_ptr="*i64", out_ptr=bf),
                      dict(K=4, HAS_DOC=True, ACC=f32, BLOCK_S=s_bs, BLOCK_C=s_bc),
                      unit_strides=("sxc", "swc", "sds", "soc"), num_warps=s_nw),
@@ -109,7 +109,6 @@ def builds() -> list[KernelBuild]:
         compile_sm90(moe.gmm_dw_kernel, dict(x_ptr=bf, dy_ptr=bf, dw_ptr=bf, offs_ptr="*i32"),
                      dict(ACC=f32, PREC="tf32", BM=64, BN=128, BK=64), unit_strides=("sxi", "syo", "swo"), num_warps=8),
     ]
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ graph break and a GPU step no device sync.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -54,12 +56,10 @@ def _cpu_grouped_mm_dtypes() -> frozenset:
     builds none). Probed once at import: a probe inside a compiled region would be traced."""
     ok = set()
     for dt in (torch.float32, torch.bfloat16):
-        try:
+        with contextlib.suppress(AttributeError, RuntimeError, NotImplementedError, TypeError):
             torch._grouped_mm(torch.ones(2, 8, dtype=dt), torch.ones(1, 8, 8, dtype=dt),
                               offs=torch.tensor([2], dtype=torch.int32))
             ok.add(dt)
-        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
-            pass
     return frozenset(ok)
 
 
@@ -120,6 +120,4 @@ def grouped_mm_torch(x_NI: Tensor, w_EIO: Tensor, offsets_E: Tensor) -> Tensor:
         start = end
     if start < N:
         parts.append(x_NI.new_zeros(N - start, O))
-    if not parts:
-        return x_NI.new_zeros(N, O) + 0 * w_EIO.sum()
-    return torch.cat(parts, 0)
+    return torch.cat(parts, 0) if parts else x_NI.new_zeros(N, O) + 0 * w_EIO.sum()

@@ -1,26 +1,8 @@
 """Gradient accumulation (TrainConfig.micro_batches): each rank's rows of a step in k equal micro-batches, one
 forward and backward each, one update; the same step as one batch (docs/architecture.md §5 "Gradient
-accumulation").
-
-Three things tie a step's tokens together beyond a sum of per-token terms; each is kept whole here:
-- the loss normalisation: CE and z-loss are token means over the step's valid targets, so micro-batch j's are
-  weighted n_j / N (n_j its valid targets, N the step's; distributed: N the world's, times the world size W,
-  as `dist_forward_backward` weights a rank's);
-- the routing: drops depend on every shard's assignments (ragged and pooled-wave receivers pool over senders;
-  fixed cells fill in token order), and the Switch aux loss is a product of two batch means. A no-grad
-  routing pass (`MarinModel.forward(..., plan=True)`) runs the step layer by layer over all micro-batches,
-  plans the step's drops at once with the dispatcher's `plan`, and pins each micro-batch's expert ids, kept
-  assignments and the step's loads (marin.moe.RoutePin) for its forward; its aux loss is its share of the
-  step's (marin.moe.pinned_switch_balance); the logged router statistics are the step's;
-- the balancing: the router records every micro-batch's margins (QB) or loads (aux-free) and the bias update
-  runs once after the step, over all of them (Router.update_bias): a micro-batch never routes with a bias
-  its own step moved.
-Precedent: torchtitan (torchtitan/train.py, a forward and backward per microbatch, the loss rescaled to the
-step) and levanter (levanter/grad_accum.py `microbatched`: gradients summed over microbatches) accumulate over
-the step but take MoE balancing statistics per micro-batch, which this module does not: the step's statistics
-are the one-batch step's (the global-batch balancing loss of Qiu et al., arXiv 2501.11873), so a run's results
-do not depend on how its batch was split.
-The routing pass costs one extra no-grad forward per step; it runs only when k > 1.
+accumulation": the loss normalisation n_j / N, the routing pass that pins the step's routing and drops
+(`MarinModel.forward(..., plan=True)`, marin.moe.RoutePin) and one bias update per step are kept whole there,
+so a run's results do not depend on how its batch was split). The routing pass runs only when k > 1.
 """
 
 from __future__ import annotations
@@ -52,8 +34,7 @@ def accumulate_step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch
         routes = model(toks, docs, plan=True)
     n_j = torch.stack([(t != IGNORE_INDEX).sum() for t in tgts]).tolist()  # one host read for the weights
     n_loc = sum(n_j)
-    n_all = float(pd.all_reduce(torch.tensor([float(n_loc)], dtype=torch.float64, device=tokens.device)))
-    n_all = max(n_all, 1.0)
+    n_all = max(float(pd.all_reduce(torch.tensor([float(n_loc)], dtype=torch.float64, device=tokens.device))), 1.0)
     sums = torch.zeros(4, dtype=torch.float64, device=tokens.device)  # Σ n_j·(ce+z), n_j·ce, n_j·z; Σ aux
     assigned = 0
     for j in range(k):

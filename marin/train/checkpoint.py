@@ -1,27 +1,22 @@
 """Checkpoints: one format for one process and for any world size, loaded without running code.
 
-    checkpoints/ckpt_<step:09d>/
-      dcp/            model + optimizer, torch.distributed.checkpoint (any layout loads any other:
-                      DCP reshards, so one process resumes a distributed run and back)
-      rng_<rank>.pt   every rank's RNG states: tensors and plain containers only
-      meta.json       written last, by rank 0: run id, step, loop state, and the size and sha256 of
-                      every file above. A directory without it is not a checkpoint.
+`checkpoints/ckpt_<step:09d>/` holds dcp/ (model + optimizer: DCP reshards, so any layout loads any other),
+rng_<rank>.pt and, written last by rank 0, meta.json (docs/architecture.md §3): a directory without it is
+not a checkpoint.
 
 Distributed runs write asynchronously (marin.parallel.AsyncCheckpointer, DCP async_save): `begin_save`
 stages the shards in host memory and training goes on while a thread writes them; `commit` (at the
 next checkpoint, at the end of the run, or at once on a preemption) waits for every rank's write
 before meta.json is written, so a checkpoint never names data that is not on disk.
 
-Safety: the run identity is read from meta.json before any tensor file is opened; every file is
-checked against its recorded size and sha256; tensors load with `torch.load(weights_only=True)`
-and DCP's pickled metadata through an unpickler that admits only DCP's metadata classes. Resume
-takes the newest checkpoint that verifies and loads, falling back to older ones (docs/architecture.md §3).
-The layout follows torchtitan's checkpointer (pytorch/torchtitan, torchtitan/components/checkpoint.py
-`CheckpointManager`): DCP for state, a step-named folder, keep-last-k.
+Safety and resume: docs/architecture.md §3 (DCP's metadata pickle through `_MetadataUnpickler`). The layout
+follows torchtitan's checkpointer (torchtitan/components/checkpoint.py `CheckpointManager`): DCP for state, a
+step-named folder, keep-last-k.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import errno
@@ -42,6 +37,7 @@ from marin_ablate.marin import ep
 from marin_ablate.marin.schema import atomic_write_text, read_json_text
 from marin_ablate.marin.train import files as run_files
 from marin_ablate.marin.train.files import atomic_write, disk_full_error, file_digest, is_disk_full
+from marin_ablate.marin.update_rules import local_part
 
 log = logging.getLogger("marin_ablate.marin.train")
 
@@ -64,13 +60,11 @@ class CheckpointError(ValueError):
 def rng_state(device: torch.device) -> dict:
     st: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
     st["python_meta"] = [random.getstate()[0], random.getstate()[2]]
-    try:
+    with contextlib.suppress(ImportError):
         import numpy as np
 
         name, keys, pos, has_gauss, cached = np.random.get_state()
         st["numpy"] = [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    except ImportError:
-        pass
     if device.type == "cuda":
         st["cuda"] = torch.cuda.get_rng_state(device)
     return st
@@ -110,9 +104,7 @@ def _metadata_classes() -> dict[tuple[str, str], Any]:
     allowed[("torch.serialization", "_get_layout")] = ser._get_layout  # name -> torch.layout, a dict lookup
     allowed[("torch", "Size")] = torch.Size
     allowed[("pathlib", "PosixPath")] = PosixPath  # StorageMeta.checkpoint_id: a path, never opened
-    for name, value in vars(torch).items():
-        if isinstance(value, torch.dtype):
-            allowed[("torch", name)] = value
+    allowed.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
     return allowed
 
 
@@ -230,9 +222,7 @@ def _failed(p: PendingSave, e: BaseException, need: int | None = None) -> BaseEx
     full = is_disk_full(e) or (need is not None and _free_bytes(p.ckdir) + written < need)
     if p.rank == 0:
         shutil.rmtree(p.tmp, ignore_errors=True)
-    if full:
-        return disk_full_error(p.ckdir / p.name, e, need)
-    return e
+    return disk_full_error(p.ckdir / p.name, e, need) if full else e
 
 
 def _free_bytes(path: Path) -> int:
@@ -247,7 +237,7 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     ~2 KiB of zip records DCP's torch.save writes around each one."""
     tensors = [t for t in (*model.state_dict().values(), *(v for st in opt.state.values() for v in st.values()))
                if isinstance(t, torch.Tensor)]
-    return sum(_local(t).numel() * t.element_size() + 2048 for t in tensors)
+    return sum(local_part(t).numel() * t.element_size() + 2048 for t in tensors)
 
 
 def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.Module,
@@ -257,10 +247,9 @@ def begin_save(ckdir: Path, step: int, run_id: str, loop: dict, model: torch.nn.
     directory: written before returning, or (`writer`, a marin.parallel.AsyncCheckpointer) staged in
     host memory and written in the background while training goes on. This rank's RNG state is
     written now. Nothing is a checkpoint until `commit`."""
-    p = PendingSave(ckdir, f"ckpt_{step:09d}", {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop,
-                                                 "world_size": world,
-                                                 "ep_size": groups.ep_size if groups is not None else 1},
-                    writer, rank, world, keep)
+    meta = {"format": FORMAT, "run_id": run_id, "step": step, "loop": loop, "world_size": world,
+            "ep_size": groups.ep_size if groups is not None else 1}
+    p = PendingSave(ckdir, f"ckpt_{step:09d}", meta, writer, rank, world, keep)
     need = state_bytes(model, opt)
     try:
         if rank == 0:
@@ -334,11 +323,9 @@ def _mark_verified(ck: Path) -> None:
 
 def _verifies(ck: Path, run_id: str) -> bool | None:
     """True when `ck` is a usable checkpoint of `run_id`, False when damaged, None when another run's."""
-    try:
+    with contextlib.suppress(OSError):
         if _VERIFIED.get(ck) == (ck / META).stat().st_mtime_ns:
             return True
-    except OSError:
-        pass
     try:
         verify(ck, read_meta(ck, run_id))
     except CheckpointError:
@@ -371,18 +358,14 @@ def prune(ckdir: Path, run_id: str, keep: int | None, current: Path | None = Non
 def check_no_symlinks(run_dir: Path) -> None:
     """A run directory holds only its own files: a symbolic link in it (a checkpoint folder linked from
     elsewhere) would be followed by resume and cannot be pruned; refuse it, naming the path."""
-    for top in (run_dir, run_dir / "checkpoints"):
-        if not top.is_dir() or top.is_symlink() and top != run_dir:
-            continue
-        for p in top.iterdir():
+    tops = [t for t in (run_dir, run_dir / "checkpoints") if t.is_dir() and not (t.is_symlink() and t != run_dir)]
+    cks = checkpoint_dirs(run_dir / "checkpoints")
+    for what, paths in (("a run directory", (p for t in tops for p in t.iterdir())),
+                        ("a checkpoint", (p for ck in cks for p in ck.rglob("*")))):
+        for p in paths:
             if p.is_symlink():
-                raise ValueError(f"{p} is a symbolic link (to {p.readlink()}); a run directory holds only its own "
-                                 "files: replace the link with a copy, or remove it")
-    for ck in checkpoint_dirs(run_dir / "checkpoints"):
-        for p in ck.rglob("*"):
-            if p.is_symlink():
-                raise ValueError(f"{p} is a symbolic link (to {p.readlink()}); a checkpoint holds only its own "
-                                 "files: replace the link with a copy, or remove it")
+                raise ValueError(f"{p} is a symbolic link (to {p.readlink()}); {what} holds only its own files: "
+                                 "replace the link with a copy, or remove it")
 
 
 def abandon(p: PendingSave) -> None:
@@ -497,12 +480,6 @@ def candidates(ckdir: Path, run_id: str, skipped: list[str] | None = None) -> li
     return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 @dataclasses.dataclass
 class _Fresh:
     """Model tensors (on the host), optimizer state and RNG before any load: put back after a failed
@@ -518,7 +495,7 @@ class _Fresh:
     def take(cls, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
              init: Callable[[], None] | None = None) -> _Fresh:
         own = dict(model.named_parameters()) | dict(model.named_buffers())
-        tensors = None if init else {n: _local(t).detach().to("cpu", copy=True) for n, t in own.items()}
+        tensors = None if init else {n: local_part(t).detach().to("cpu", copy=True) for n, t in own.items()}
         return cls(tensors, copy.deepcopy(opt.state_dict()), rng_state(device), init)
 
     def put_back(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> None:
@@ -528,7 +505,7 @@ class _Fresh:
                 self.init()
             else:
                 for n, t in own.items():
-                    _local(t).copy_(self.tensors[n])
+                    local_part(t).copy_(self.tensors[n])
         for p in model.parameters():
             p.grad = None
         opt.state.clear()

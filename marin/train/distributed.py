@@ -11,19 +11,10 @@ on their own (per-shard token count T_s = B L / W sets the capacities). A world 
 ep_shards (`ep_group_size`: one EP group of W ranks, ep_shards / W virtual shards each) drops what the
 ep_shards-rank run drops: every rank plans the drops over all ep_shards shards (marin.ep_exchange).
 Gradient accumulation (TrainConfig.micro_batches, marin.train.accum) splits each rank's rows further.
-Losses: every rank's CE and z-loss (token means over its valid targets) are reweighted by n_r W / N
-(n_r its valid targets, N the global count) so that the all-reduced gradient mean is the gradient of
-the global token mean, as in one process; the Switch aux loss is the world's (its loads f all-reduced,
-each rank's share of P scaled by W: marin.moe.Router.stat_group), as in one process; QB-topk thresholds
-are each shard's averaged over shards (the same under any layout of the shards), QB-hist and aux-free
-statistics are pooled over ranks.
-Sharding (`build_train_model`, marin.parallel): the model is built on the meta device and each rank
-allocates only its shards: FSDP2 for non-expert parameters (over the world, or HSDP inside racks of
-TrainConfig.replica_groups), experts sliced over EP and FSDP-sharded inside the rack, or, one rank per
-slice in a rack, ZeRO-sharded across the racks (marin.parallel.ExpertShard); nothing on the host. FSDP2's
-reduce-scatter (and cross-rack all-reduce) averages gradients over the world (so no separate gradient
-sync), the global norm is reduced over one rack's shards, and the optimizer steps the shards (each
-split matrix orthogonalized once per rack by an owner rank, marin.update_rules.distributed_newton_schulz).
+Losses: `dist_forward_backward` reweights each rank's CE and z-loss to the global token mean; the Switch aux
+loss is the world's (marin.moe.Router.stat_group); QB-topk thresholds are each shard's averaged over shards
+(the same under any layout of the shards), QB-hist and aux-free statistics are pooled over ranks.
+Sharding: `build_train_model` (marin.parallel, docs/architecture.md §5).
 """
 
 from __future__ import annotations
@@ -114,9 +105,7 @@ class ParallelDims:
 
     def checkpointer(self):
         """The background checkpoint writer of a distributed run (None: one process writes in place)."""
-        if self.groups is None:
-            return None
-        return AsyncCheckpointer(self.groups)
+        return AsyncCheckpointer(self.groups) if self.groups is not None else None
 
     def describe(self) -> str:
         """The layout, for logs and the summary's hardware field ("" in one process)."""
@@ -152,9 +141,7 @@ def launch_world_size() -> int:
     if "RANK" in env and "WORLD_SIZE" in env:
         return int(env["WORLD_SIZE"])
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        from marin_ablate.marin.ep import dist_env
-
-        return dist_env().world_size
+        return ep.dist_env().world_size
     return 1
 
 
@@ -234,8 +221,7 @@ def build_train_model(spec: RunSpec, device: torch.device | str, groups=None, in
     seed = spec.seed + t.seed_offset()
     kw = dict(activation_checkpoint=t.activation_checkpoint, loss_chunk_tokens=t.loss_chunk_tokens)
     if groups is not None:
-        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init,
-                                    **kw)
+        model = build_sharded_model(spec.model, spec.recipe, groups, seed, device, sharding_config(t), init=init, **kw)
         for mod in model.modules():  # the Switch statistic over the world's tokens (marin.moe.Router)
             if isinstance(mod, Router):
                 mod.stat_group, mod.stat_world = dist.group.WORLD, dist.get_world_size()
@@ -273,9 +259,7 @@ def parallel_dims(spec: RunSpec, world: int, device: torch.device) -> tuple[Para
     """The run's ParallelDims (and its device: a rank's own GPU), built once per launch of a checked
     `world` (`check_launch`); a distributed one is initialised by `init_dist`, the one place that
     starts torch.distributed."""
-    if world == 1:
-        return ParallelDims(), device
-    return init_dist(spec, device)
+    return (ParallelDims(), device) if world == 1 else init_dist(spec, device)
 
 
 def init_dist(spec: RunSpec, device: torch.device) -> tuple[ParallelDims, torch.device]:
@@ -299,13 +283,10 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
     global norm over every shard (marin.parallel.clip_grad_norm_)."""
     dev = tokens.device
     n_loc = int((targets != IGNORE_INDEX).sum())
-    n_all = torch.tensor([float(n_loc)], dtype=torch.float64, device=dev)
-    dist.all_reduce(n_all)
-    n_all_f = max(float(n_all), 1.0)
+    n_all_f = max(float(d.all_reduce(torch.tensor([float(n_loc)], dtype=torch.float64, device=dev))), 1.0)
     with autocast():
         out = model(tokens, doc_ids, targets)
-    zero = out.aux_loss.new_zeros(())
-    z = out.z_loss if out.z_loss is not None else zero
+    z = out.z_loss if out.z_loss is not None else out.aux_loss.new_zeros(())
     dense = out.ce_loss + z
     if n_loc:
         obj = dense * (n_loc * d.world / n_all_f) + out.aux_loss
@@ -313,7 +294,5 @@ def dist_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets:
         obj = out.aux_loss + 0.0 * dense  # the model's token means are 0 (with a graph) here
     obj.backward()
     gnorm = float(clip_grad_norm_(model, grad_clip, d.rack_group))
-    dense_v = float(dense.detach()) if n_loc else 0.0
-    ce_v = float(out.ce_loss.detach()) if n_loc else 0.0
-    z_v = float(z.detach()) if n_loc else 0.0
+    dense_v, ce_v, z_v = (float(v.detach()) if n_loc else 0.0 for v in (dense, out.ce_loss, z))
     return world_step(d, out.stats, n_loc / n_all_f, dense_v, ce_v, z_v, float(out.aux_loss.detach()), gnorm, dev)

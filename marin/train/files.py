@@ -26,9 +26,8 @@ def is_disk_full(exc: BaseException) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(exc):
+        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or "No space left on device" in str(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -75,14 +74,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 def remove_stale_temps(*dirs: Path) -> list[Path]:
     """Delete temporaries (files or directories) a killed writer left in `dirs`; returns them."""
-    gone = []
-    for d in dirs:
-        if not d.is_dir():
-            continue
-        for p in d.iterdir():
-            if p.name.startswith(".") and TMP_MARK in p.name:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-                gone.append(p)
+    gone = [p for d in dirs if d.is_dir() for p in d.iterdir() if p.name.startswith(".") and TMP_MARK in p.name]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return gone
 
 

@@ -3,11 +3,10 @@
 summary.json. The run directory is described in docs/architecture.md §3.
 
 Preemption: SIGTERM, SIGUSR2 (and SIGINT, when nobody else handles it) only set a flag; the loop
-writes a checkpoint at the next step boundary and returns {"status": "interrupted"}. TERM and USR2
-are then handed back to the handler installed before ours, if any (submitit's USR2 requeues the job;
-a local worker's TERM stops it); a handler that raises leaves the run interrupted and resumable, a warning
-in train.log, never a failed run. The loop's shape follows torchtitan's Trainer (pytorch/torchtitan,
-torchtitan/train.py): setup once, then `train_step` per step with logging, eval and checkpoint hooks.
+writes a checkpoint at the next step boundary, returns {"status": "interrupted"} and hands the signal back
+to the handler installed before ours (`train`'s last lines say why, and what a failing one leaves). The loop's
+shape follows torchtitan's Trainer (torchtitan/train.py): setup once, then `train_step` per step with logging,
+eval and checkpoint hooks.
 """
 
 from __future__ import annotations
@@ -324,11 +323,8 @@ class Trainer:
         pd, device = self.pd, self.device
         ts = time.perf_counter()
         batch = self.data.train[stage.seq_len].batch(self.st.step)
-        n_tok = global_tokens(batch, self.data.rank_rows, pd.world)
-        tokens, targets, doc_ids = batch
-        if not self.data.rank_rows:  # a global batch: keep this rank's rows
-            tokens, targets, doc_ids = pd.rows(tokens), pd.rows(targets), pd.rows(doc_ids)
-        tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
+        n_tok = global_tokens(batch, pd.world)
+        tokens, targets, doc_ids = (t.to(device) for t in batch)
         out, loss_v, ce_v, gnorm = pd.forward_backward(self.model, tokens, targets, doc_ids, self.autocast,
                                                        self.t.grad_clip, stage.micro_batches)
         if math.isfinite(loss_v) and math.isfinite(gnorm):
@@ -422,9 +418,8 @@ class Trainer:
                 st.last_eval = ev
                 self.emit({"step": st.step, **ev})
                 log.info("step %d eval macro %.4f bpb %.4f", st.step, ev["eval_macro_loss"], ev["macro_bpb"])
-            if last and ckpt.RETENTION[self.keep_checkpoints] != 0:
-                self.checkpoint()  # the final weights: what `final` (a GPU run's default) keeps
-            elif not last and self.checkpoint_due(st.step):
+            # the last step's: the final weights, what `final` (a GPU run's default) keeps
+            if (last and ckpt.RETENTION[self.keep_checkpoints] != 0) or (not last and self.checkpoint_due(st.step)):
                 self.checkpoint()
         summary = self.finish("completed", None, None)
         if self.main:  # a completed run keeps only what its retention level says (default: its newest checkpoint)
@@ -545,10 +540,9 @@ def train(spec: RunSpec, run_dir: str | Path, *, resume: bool = True, stop_after
             ckpt.abandon(trainer.pending)
         prev_handler = stop.hand_back()
         stop.restore()
-        if trainer is not None and trainer.sinks is not None:
-            trainer.sinks.close()
-        if trainer is not None and trainer.progress is not None:
-            trainer.progress.close()
+        for part in (trainer.sinks, trainer.progress) if trainer is not None else ():
+            if part is not None:
+                part.close()
         log.removeHandler(handler)
         handler.close()
         pd.close()

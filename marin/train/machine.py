@@ -6,6 +6,7 @@ second over the hardware's dense peak.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -35,13 +36,11 @@ def code_version() -> str:
         h.update(p.read_bytes())
     out = f"{v}+src.{h.hexdigest()[:12]}"
     head = root.parent / ".git" / "HEAD"
-    try:
+    with contextlib.suppress(OSError):
         ref = head.read_text().strip()
         if ref.startswith("ref: "):
             ref = (root.parent / ".git" / ref[5:]).read_text().strip()
         out += f".g{ref[:10]}"
-    except OSError:
-        pass
     return out
 
 
@@ -50,13 +49,11 @@ def hardware_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     return f"cpu:{model} x{torch.get_num_threads()}"
 
 
@@ -70,7 +67,4 @@ def peak_flops(device: torch.device, precision: str) -> float | None:  # noqa: A
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, val in PEAK_FLOPS_BF16:
-        if key in name:
-            return val
-    return None
+    return next((val for key, val in PEAK_FLOPS_BF16 if key in name), None)

@@ -43,16 +43,9 @@ def _complete_lines(path: Path) -> tuple[list[dict], int]:
         return [], 0
     lines = raw.split(b"\n")
     tail = lines.pop()  # b"" when the file ends in a newline
-    recs, bad = [], int(bool(tail.strip(b"\0 \t\r")))
-    for line in lines:
-        if not line.strip():
-            continue
-        rec = _parse(line)
-        if rec is None:
-            bad += 1
-        else:
-            recs.append(rec)
-    return recs, bad
+    parsed = [_parse(line) for line in lines if line.strip()]
+    recs = [r for r in parsed if r is not None]
+    return recs, len(parsed) - len(recs) + int(bool(tail.strip(b"\0 \t\r")))
 
 
 def is_eval(rec: dict) -> bool:

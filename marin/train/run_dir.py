@@ -27,13 +27,11 @@ def other_run(run_dir: Path, run_id: str, checkpoints: bool) -> tuple[str, str] 
         held = None
     if held is not None and held != run_id:
         return held, "spec.json"
-    done = schema.read_json(run_dir / "summary.json")
-    if done is not None and isinstance(done.get("run_id"), str) and done["run_id"] != run_id:
-        return done["run_id"], "summary.json"
-    for ck in ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else ():
-        meta = schema.read_json(ck / ckpt.META)
-        if meta is not None and isinstance(meta.get("run_id"), str) and meta["run_id"] != run_id:
-            return meta["run_id"], f"checkpoints/{ck.name}/{ckpt.META}"
+    cks = ckpt.checkpoint_dirs(run_dir / "checkpoints") if checkpoints else []
+    for where in ["summary.json", *(f"checkpoints/{ck.name}/{ckpt.META}" for ck in cks)]:
+        d = schema.read_json(run_dir / where)
+        if d is not None and isinstance(d.get("run_id"), str) and d["run_id"] != run_id:
+            return d["run_id"], where
     return None
 
 
@@ -44,7 +42,6 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     ckpt.check_no_symlinks(run_dir)
-    summary_path = run_dir / "summary.json"
     if resume:
         done = schema.read_summary(run_dir)  # a damaged verdict reads as none: train (or resume) again
         if done is not None and done.run_id == spec.run_id and summary_contradiction(
@@ -56,6 +53,6 @@ def claim_dir(run_dir: Path, spec: RunSpec, resume: bool) -> dict | None:
         raise ValueError(f"run_dir {str(run_dir)!r} holds run {held} ({where}), not {spec.run_id}; "
                          "use another --run-dir, or move that directory aside first (--no-resume never deletes "
                          "another run)")
-    if not resume and summary_path.exists():
-        summary_path.unlink()
+    if not resume:
+        (run_dir / "summary.json").unlink(missing_ok=True)
     return None

@@ -1,18 +1,11 @@
-"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md §3).
+"""Where a run's tokens come from: the one place the trainer chooses its data (docs/architecture.md §3 "Data").
 
-- train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading
-  its own slice: of `DataConfig.corpus` when it is a prepared directory (has manifest.json,
-  `marin-ablate data prepare`; its own tokenizer; evaluation needs `DataConfig.eval_dir`), otherwise
-  of the embedded corpus (or a local text corpus / Paloma copy) whose train split marin.data
-  prepares into the same shard format on first use (`marin.data.prepared_train`).
-- `DataConfig.eval_dir` a Paloma-layout directory: every (or each of `eval_domains`) domain's val
-  split is the evaluation set, tokenized with the training tokenizer; otherwise the corpus's
-  held-out domains.
-
-The loader is random access by step and consumes B*S tokens of one stream per step, so a resume
-or a context stage that keeps B*S continues the same stream; its state (step and what makes the
-stream this stream: seed, shape, corpus fingerprint, which covers the shards' sha256) is kept in
-the checkpoint and checked on resume.
+Train batches always come from `marin.data.shards.ShardedBatches`, each data-parallel rank reading its own
+slice of a prepared corpus: `DataConfig.corpus` itself when it is one (its own tokenizer; evaluation needs
+`DataConfig.eval_dir`), else the train split marin.data prepares on first use (`marin.data.prepared_train`).
+Evaluation: the domains of `DataConfig.eval_dir` (a Paloma-layout directory, tokenized with the training
+tokenizer), else the corpus's held-out domains. The loader's state (step, seed, shape, corpus fingerprint,
+which covers the shards' sha256) is kept in the checkpoint and checked on resume.
 """
 
 from __future__ import annotations
@@ -102,8 +95,7 @@ def check_vocab(spec: RunSpec) -> None:
 class DataSource:
     """A run's train loaders (one per context-stage length), eval corpus and domains."""
 
-    train: dict[int, Any]  # seq_len -> loader with .batch(step) -> (tokens, targets, doc_ids)
-    rank_rows: bool  # True: .batch() gives this rank's rows; False: the global batch (the caller slices)
+    train: dict[int, Any]  # seq_len -> this rank's ShardedBatches: .batch(step) -> (tokens, targets, doc_ids)
     eval_corpus: Any  # marin.data.Corpus whose held-out splits are the eval domains
     domains: list[str]
     vocab_size: int
@@ -111,19 +103,16 @@ class DataSource:
     # a user-prepared corpus requires the loader state in a checkpoint; a derived one (embedded ...)
     # accepts checkpoints written before its train split was read through shards (same stream)
     state_required: bool = True
+    rank_rows = True  # .batch() gives this rank's rows: every loader is the sharded one (planning/dryrun.py reads it)
 
     def state(self, step: int, seq_len: int) -> dict | None:
-        """The loader state a checkpoint keeps (sharded loader only)."""
-        if not self.rank_rows:
-            return None
+        """The loader state a checkpoint keeps."""
         loader = self.train[seq_len]
         loader.step = step
         return loader.state_dict()
 
     def restore(self, state: dict | None, step: int, seq_len: int) -> None:
         """Check a checkpoint's loader state against this run's loader (same corpus, seed and shape)."""
-        if not self.rank_rows:
-            return
         if state is None and not self.state_required:
             return
         if state is None:
@@ -179,7 +168,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
         ev = mdata.load_corpus(train_data)  # its held-out split, unless eval_dir names another
         tokenizer = ev.tokenizer
         ev = _eval_corpus(data, tokenizer) if data.eval_dir else ev
-    vocab, rank_rows = corpus.vocab_size, True
+    vocab = corpus.vocab_size
     if vocab > spec.model.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size={spec.model.vocab_size} is smaller than the tokenizer's vocabulary "
                          f"({vocab}, DataConfig.corpus={data.corpus!r}, DataConfig.tokenizer={data.tokenizer!r}); "
@@ -191,7 +180,7 @@ def build_data_source(spec: RunSpec, stages: list, seed: int, rank: int = 0, wor
     if data.eval_dir:
         prov["eval_dir"] = str(Path(data.eval_dir).expanduser().resolve())
     prov["eval_domains"] = domains
-    return DataSource(train, rank_rows, ev, domains, vocab, prov, state_required=prepared)
+    return DataSource(train, ev, domains, vocab, prov, state_required=prepared)
 
 
 #: the output layer may cost this many times the rest of the model per token before a run warns
@@ -217,6 +206,6 @@ def _suggest_vocab(spec: RunSpec, rest: float) -> int:
     return max(512, 1 << max(9, v.bit_length() - 1))
 
 
-def global_tokens(batch: tuple[torch.Tensor, ...], rank_rows: bool, world: int) -> int:
-    """Tokens of the global batch, from this rank's (rank_rows) or the global batch."""
-    return batch[0].numel() * (world if rank_rows else 1)
+def global_tokens(batch: tuple[torch.Tensor, ...], world: int) -> int:
+    """Tokens of the global batch, from this rank's rows of it."""
+    return batch[0].numel() * world

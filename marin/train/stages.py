@@ -52,12 +52,11 @@ def context_plan(spec: RunSpec) -> list[Stage]:
                              f"{cs.seq_len}) starts at step round({cs.start_frac} x {t.steps}) = {start}, {at}, so "
                              f"a stage never trains; allowed values: start fractions whose steps round(start_frac x "
                              f"{t.steps}) increase and stay below {t.steps}")
-        if start <= stages[-1].start_step:
-            stages[-1] = replace(stages[-1], seq_len=cs.seq_len, batch_size=tokens // cs.seq_len,
-                                 q_scale=1.0 + c * math.log(cs.seq_len / l0), micro_batches=micro(cs.seq_len))
-            continue
-        stages.append(Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + c * math.log(cs.seq_len / l0),
-                            micro(cs.seq_len)))
+        stage = Stage(start, cs.seq_len, tokens // cs.seq_len, 1.0 + c * math.log(cs.seq_len / l0), micro(cs.seq_len))
+        if start <= stages[-1].start_step:  # from step 0 (the check above): it replaces stage 0
+            stages[-1] = stage
+        else:
+            stages.append(stage)
     return stages
 
 

@@ -32,8 +32,7 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
     for dom, bs in batches.items():
         nll, count = 0.0, 0
         for tokens, targets, doc_ids in bs:
-            tokens, targets, doc_ids = rows(tokens), rows(targets), rows(doc_ids)
-            tokens, targets, doc_ids = tokens.to(device), targets.to(device), doc_ids.to(device)
+            tokens, targets, doc_ids = (rows(t).to(device) for t in (tokens, targets, doc_ids))
             with autocast():  # the model's own fp32 CE (chunked when loss_chunk_tokens > 0)
                 out = model(tokens, doc_ids, targets)
             n = int((targets != IGNORE_INDEX).sum())
@@ -47,7 +46,6 @@ def evaluate(model: torch.nn.Module, batches: dict[str, list], bpt: dict[str, fl
     domain_bpb = {d: v / math.log(2) / bpt[d] for d, v in domain_loss.items()}
     return {"eval_macro_loss": statistics.fmean(domain_loss.values()), "eval_domain_loss": domain_loss,
             "macro_bpb": statistics.fmean(domain_bpb.values()), "eval_domain_bpb": domain_bpb}
-
 
 
 def forward_backward(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor,

@@ -15,10 +15,8 @@ from typing import TextIO
 
 
 def _si(v: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g}{unit}"
-    return f"{v:.3g}"
+    return next((f"{v / scale:.3g}{unit}" for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if abs(v) >= scale),
+                f"{v:.3g}")
 
 
 def _dur(s: float) -> str:
@@ -30,18 +28,12 @@ def _dur(s: float) -> str:
 
 def format_fields(rec: dict, total: int, eta_s: float | None) -> str:
     """`loss 3.4512 | 12.3k tok/s | mfu 31.2% | drop 0.40% | eta 1m05s` (absent fields left out)."""
-    parts = []
-    if rec.get("loss") is not None:
-        parts.append(f"loss {rec['loss']:.4f}")
-    if rec.get("tokens_per_s"):
-        parts.append(f"{_si(rec['tokens_per_s'])} tok/s")
-    if rec.get("mfu") is not None:
-        parts.append(f"mfu {100 * rec['mfu']:.1f}%")
-    if rec.get("drop_rate") is not None:
-        parts.append(f"drop {100 * rec['drop_rate']:.2f}%")
-    if eta_s is not None:
-        parts.append(f"eta {_dur(eta_s)}")
-    return " | ".join(parts)
+    parts = [rec.get("loss") is not None and f"loss {rec['loss']:.4f}",
+             rec.get("tokens_per_s") and f"{_si(rec['tokens_per_s'])} tok/s",
+             rec.get("mfu") is not None and f"mfu {100 * rec['mfu']:.1f}%",
+             rec.get("drop_rate") is not None and f"drop {100 * rec['drop_rate']:.2f}%",
+             eta_s is not None and f"eta {_dur(eta_s)}"]
+    return " | ".join(p for p in parts if p)
 
 
 def format_line(rec: dict, total: int, eta_s: float | None) -> str:
@@ -66,9 +58,7 @@ class StepProgress:
 
     def eta_s(self, done: int) -> float | None:
         steps = done - self.start_step
-        if steps <= 0:
-            return None
-        return (self.clock() - self.t0) / steps * max(0, self.total - done)
+        return (self.clock() - self.t0) / steps * max(0, self.total - done) if steps > 0 else None
 
     def update(self, rec: dict) -> str:
         """Show one logged record; returns the plain line (what a log gets)."""
