@@ -157,7 +157,7 @@ def test_the_headline_names_the_seeds_the_error_term_and_each_profiled_optimum_w
     # the verdict the report prints
     assert sconv["lo"] > 0 and "Holm" in sconv["cell"] and sconv["verdict"] == "none"
     line = rests_on(a)
-    assert line.startswith("What this rests on: 3 seeds (0, 1, 2)") and "(2 df)" in line
+    assert line.startswith("What this rests on: 3 seeds (0, 1, 2)") and "(2 df, the pinned law's spread added)" in line
     slope = a.law.alpha * (a.law.predict(a.c_ref) - a.law.linf)  # −dL/d ln C at C_ref
     cost = 0.02 * 0.5**2 / slope  # curvature × (the interval's farther end from the vertex)², in ln M
     assert (f"optimizer=hyperball 2.64, 1.3, 2.34x the heuristic (pooled 2x [1.4, 2.8]; a choice inside it costs at "
