@@ -40,23 +40,23 @@ def test_run_until_adds_the_seeds_steins_rule_asks_for_and_reports_steins_interv
     assert main(["run", name, "--no-analyze", *common]) == 0  # the pilot alone, as a plain run makes it
     pilot, _ = analysis_of(out / "tiny_until")
     s0 = float(np.std([_xsa(x)["shapley"] for x in pilot.per_seed.values()], ddof=1))
-    x = _xsa(pilot)
-    h = stats.t.ppf(0.975, 1) * s0 / math.sqrt(3.5)  # Stein's N = ceil(3.5) = 4: two seeds more
-    assert (x["shapley_model_hi"] - x["shapley_model_lo"]) / 2 * math.sqrt(2 / 4) <= h  # the model's part needs fewer
+    t, law = stats.t.ppf(0.975, 1), _xsa(pilot)["shapley_se_law"]
+    h = math.sqrt((t * s0) ** 2 / 3.5 + (t * law) ** 2)  # Stein's N = ceil(3.5) = 4: two seeds more
     capsys.readouterr()
     assert main(["run", name, "--until.halfwidth", f"{h:.17g}", "--until.components", "xsa", *common]) == 0
     said = capsys.readouterr().out
     plan = json.loads((out / "tiny_until" / "until.json").read_text())
     assert plan["pilot"] == [0, 1] and plan["seeds"] == 4 and plan["needs"] == {"xsa": 4}
     assert plan["pilot_sd"]["xsa"] == pytest.approx(s0, rel=1e-9)
+    assert plan["law_se"]["xsa"] == pytest.approx(law, rel=1e-9)
     assert "the pilot's 2 seeds ask for 4 in all (xsa 4)" in said
     a, table = analysis_of(out / "tiny_until")
     assert sorted(table["seed"].unique()) == [0, 1, 2, 3] and len(table) == 4 * 4 * 2  # 4 seeds x 4 arms x 2 rungs
     x = _xsa(a)
-    half = stats.t.ppf(0.975, 1) * s0 / math.sqrt(4)  # Stein: the pilot's sd and t on its 1 df, over N = 4
-    assert half <= h
-    assert x["shapley_hi"] == pytest.approx(max(x["shapley_model_hi"], x["shapley"] + half), abs=1e-12)
-    assert x["shapley_lo"] == pytest.approx(min(x["shapley_model_lo"], x["shapley"] - half), abs=1e-12)
+    half = t * math.sqrt(s0**2 / 4 + x["shapley_se_law"] ** 2)  # Stein: the pilot's sd, t on its 1 df, N = 4
+    assert half <= h + 1e-12 and x["shapley_df"] == 1
+    assert x["shapley_hi"] == pytest.approx(x["shapley"] + half, abs=1e-12)
+    assert x["shapley_lo"] == pytest.approx(x["shapley"] - half, abs=1e-12)
     # the same plan resumes with nothing to run; another target is refused before anything runs
     before = sorted(p.name for p in (out / "tiny_until" / "runs").iterdir())
     assert main(["run", name, "--until.halfwidth", "0.5", *common]) == 2
