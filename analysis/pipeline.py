@@ -49,10 +49,15 @@ from marin_ablate.analysis.fit.scaling import LawFit, log_multiplier
 from marin_ablate.analysis.io.pinned_law import PinnedLaw
 from marin_ablate.analysis.io.results import Inventory, factor_columns, inventory
 from marin_ablate.analysis.responses import RESPONSES, Response, ordered
+from marin_ablate.analysis.table_shape import (
+    check_extrapolation,
+    check_pinned_linf,
+    check_seed_blocks,
+    rung_labels,
+    rung_table,
+)
 
 BOOT_METHODS = ("wild", "cells", "none")
-#: Extrapolation beyond this multiple of the top rung's compute is refused unless forced.
-EXTRAPOLATION_LIMIT = 10.0
 
 
 @dataclass
@@ -144,84 +149,18 @@ class StudyAnalysis:
         return out
 
 
-def check_extrapolation(target: float, top: float, force: bool) -> None:
-    if not target > 0:
-        raise ValueError(f"target_compute must be > 0 FLOPs, got {target}")
-    if target > EXTRAPOLATION_LIMIT * top and not force:
-        raise ValueError(f"target_compute {target:.3g} FLOPs is {target / top:.0f}x the top rung ({top:.3g} FLOPs); "
-                         f"the limit is {EXTRAPOLATION_LIMIT:g}x: force it (--force-extrapolation) to go beyond")
-
-
-#: The joint law fit's steps cost about rows × seeds² (one loss shift per seed): beyond this bound a table is
-#: refused before any fit (docs/method.md §4.4; 8,192 rows of 32 seeds, 8.4e6, take 43 CPU s with the bootstrap).
-JOINT_COST_MAX = 5e7
-
-
-def _check_seed_blocks(ok: pd.DataFrame) -> None:
-    """Refuse, before any fit, a table whose joint fit would cost more than JOINT_COST_MAX (rows × seeds²)."""
-    n, rows = (int(ok["seed"].nunique()) if "seed" in ok else 1), len(ok)
-    if n > 1 and rows * n * n > JOINT_COST_MAX:
-        most = int((JOINT_COST_MAX / rows) ** 0.5)
-        raise ValueError(f"{rows:,} completed runs of {n:,} seeds: the joint law fit carries one loss shift per seed "
-                         f"and costs about rows × seeds² = {rows * n * n:.2g} per step, beyond {JOINT_COST_MAX:.0e} "
-                         f"(hours); allowed values: at most {most} seeds for {rows:,} runs (split the table by seed, "
-                         "or average each arm, rung and seed group into one row first)")
-
-
-def _check_pinned_linf(ok: pd.DataFrame, linf: float | None, pinned_law: PinnedLaw | None) -> None:
-    """A pinned L∞ at or above every kept run's loss puts the law L∞ + A·C^(−α) (A > 0) above all of them: nothing
-    to fit, and every multiplier's interval ran to 1e308. Refused before any fit, naming the largest loss and its
-    run (an L∞ above some runs only is a strained fit the law's residuals show)."""
-    if linf is None or not len(ok):
-        return
-    loss = ok["eval_macro_loss"].to_numpy(float)
-    i = int(np.argmax(loss))
-    if linf >= loss[i]:
-        what = (f"pin_linf={linf:g} (--pin-linf)" if pinned_law is None
-                else f"the pinned law's L∞ = {linf:g} ({pinned_law.origin})")
-        run = f", run {ok['run_id'].iloc[i]}" if "run_id" in ok else ""
-        raise ValueError(f"{what} is not below any loss of the runs kept (the largest {loss[i]:.6g}{run}): the law "
-                         f"L∞ + A·C^(−α) lies above every run; allowed values: 0 <= L∞ < {loss[i]:.6g}")
-
-
-def _check_rung_computes(rungs: pd.DataFrame) -> None:
-    """Rungs are scales: two rung labels at one compute (within 1e-6) leave the law and the scale terms no
-    span between them; refused naming them, before any fit."""
-    key = np.round(np.log(rungs["compute"].to_numpy(float)), 6)
-    same = {}
-    for name, k in zip(rungs["rung"], key, strict=True):
-        same.setdefault(k, []).append(str(name))
-    groups = "; ".join(f"rungs {', '.join(v)} are all at {float(np.exp(k)):.4g} FLOPs"
-                       for k, v in same.items() if len(v) > 1)
-    if groups:
-        raise ValueError(f"{groups}: a rung is a scale, and rungs at one compute give the law and the scale terms "
-                         "no span; allowed values: one rung label per compute (relabel the runs, or give each rung "
-                         "its own training FLOPs)")
-
-
-def _rungs(df: pd.DataFrame, C: np.ndarray) -> pd.Series:
-    if "rung" in df and df["rung"].notna().all():
-        return df["rung"].astype(str)
-    # No rung labels: cluster ln C with gaps wider than ln 1.5.
-    order = np.argsort(C)
-    lab = np.zeros(len(C), int)
-    lc = np.log(C[order])
-    lab[order] = np.concatenate([[0], np.cumsum(np.diff(lc) > np.log(1.5))])
-    return pd.Series([f"r{i}" for i in lab], index=df.index)
-
-
 def _sum_fit(r: Response, parts: list[EffectsFit], both: np.ndarray, X, z) -> EffectsFit:
     """A sum response (e.g. ln W = ln M + ln R): coefficients add; covariances add (the parts' noises
     are independent: loss and throughput)."""
     q = parts[0]
     al = alias_structure(design_matrix(q.terms, q.factors, X[both], z[both]))
     n = int(both.sum())
+    laws = [p.cov_law for p in parts if p.cov_law is not None]
     return EffectsFit(response=r.column, factors=q.factors, terms=q.terms, alias=al,
                       theta=sum(p.theta for p in parts), cov=sum(p.cov for p in parts), dof=min(p.dof for p in parts),
                       n=n, resid=np.zeros(n), leverage=np.zeros(n), X=q.X, method=" + ".join(r.parts),
                       cov_model=sum(p.cov_model if p.cov_model is not None else p.cov for p in parts),
-                      cov_law=sum(p.cov_law for p in parts if p.cov_law is not None) if any(
-                          p.cov_law is not None for p in parts) else None)
+                      cov_law=sum(laws) if laws else None)
 
 
 @dataclass
@@ -477,21 +416,21 @@ def _prepare(df: pd.DataFrame, o: _Options) -> tuple[_Prepared, Inventory]:
     for i, f in enumerate(factors):
         ok[f"x_{f}"] = X[:, i]
     C, L = ok["train_flops"].to_numpy(float), ok["eval_macro_loss"].to_numpy(float)
-    ok["rung"] = _rungs(ok, C).to_numpy()
+    ok["rung"] = rung_labels(ok, C).to_numpy()
     c_ref = float(np.exp(np.mean(np.log(C))))
-    rungs = _rung_table(ok, C, c_ref)
+    rungs = rung_table(ok, C, c_ref)
     # Scale terms use the rung's compute, not the run's own: a level that only changes the FLOPs
     # counted (2x, same losses) then gets M_flop = 1/2 exactly, the law carrying the run's own C.
     ok["z"] = z = rungs.set_index("rung")["z"].reindex(ok["rung"]).to_numpy(float)
     if len(rungs) < 2:
         notes.append("one rung: no factor × log C terms; multipliers assume no scale dependence")
     seeds = ok["seed"].to_numpy() if "seed" in ok and ok["seed"].nunique() > 1 else None
-    _check_seed_blocks(ok)
+    check_seed_blocks(ok)
     if o.pinned_law is not None:
         notes.append(f"reference law pinned from {o.pinned_law.origin}: {o.pinned_law.describe()}; A refitted on this "
                      "study's runs; the pins' spread is in every multiplier's interval (delta method and bootstrap "
                      "draws)")
-    _check_pinned_linf(ok, o.pin_linf, o.pinned_law)
+    check_pinned_linf(ok, o.pin_linf, o.pinned_law)
     # Runs sharing a random stream at one rung share its loss shift: the law's clusters (analysis/fit/joint.py)
     stream = (ok["random_stream"].astype(str) if "random_stream" in ok and ok["random_stream"].notna().all()
               else ok["seed"].astype(str) if "seed" in ok else pd.Series("", index=ok.index))
@@ -502,16 +441,6 @@ def _prepare(df: pd.DataFrame, o: _Options) -> tuple[_Prepared, Inventory]:
                      pin_cov=None if pl is None else pl.cov_propagated, pin_valley=() if pl is None else pl.valley,
                      c_ref=c_ref)
     return prep, inv
-
-
-def _rung_table(ok: pd.DataFrame, C: np.ndarray, c_ref: float) -> pd.DataFrame:
-    """rung, compute (the geometric mean of its runs'), z = ln(compute / C_ref); in order of compute."""
-    names = list(dict.fromkeys(ok["rung"]))
-    lab = ok["rung"].to_numpy()
-    rungs = pd.DataFrame({"rung": names, "compute": [float(np.exp(np.log(C[lab == r]).mean())) for r in names]})
-    rungs["z"] = np.log(rungs["compute"] / c_ref)
-    _check_rung_computes(rungs)
-    return rungs.sort_values("compute").reset_index(drop=True)
 
 
 def _fit_responses(prep: _Prepared, o: _Options) -> tuple[dict[str, EffectsFit], dict[str, EffectsFit]]:

@@ -135,11 +135,11 @@ def analysis_refusal(runs: Sequence[PlannedRun]) -> str | None:
 def refusal_of_counts(rows: int, n: int) -> str | None:
     """Why `analyze` would refuse a table of `rows` runs over `n` seeds before any fit, in one line, else None: its
     joint law fit carries one loss shift per seed, so it costs about rows x seeds^2 per step and refuses a table
-    beyond analysis.pipeline.JOINT_COST_MAX. `run` refuses such a study before anything is planned or written,
+    beyond analysis.table_shape.JOINT_COST_MAX. `run` refuses such a study before anything is planned or written,
     `plan` says so."""
     if n < 2:
         return None
-    from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+    from marin_ablate.analysis.table_shape import JOINT_COST_MAX
 
     if rows * n * n <= JOINT_COST_MAX:
         return None

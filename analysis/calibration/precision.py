@@ -20,7 +20,7 @@ from marin_ablate.analysis.fit.attribution import component_contrasts, component
 from marin_ablate.analysis.fit.joint import between_clusters, pin_term, quality_fit, valley_term
 from marin_ablate.analysis.fit.reflaw import predicted_reference
 from marin_ablate.analysis.fit.replicates import BETWEEN_SEEDS_MIN
-from marin_ablate.analysis.fit.stopping import seeds_for
+from marin_ablate.analysis.fit.stopping import seeds_for, stein_t
 from marin_ablate.analysis.io.results import factor_columns, load_table
 from marin_ablate.analysis.pipeline import analyze_table
 from marin_ablate.analysis.responses import law, law_column
@@ -547,7 +547,7 @@ def until_expectation(study, noise: Noise, until, level: float = 0.95, pinned=No
         sd = math.sqrt(max((r.hw_1x / q1) ** 2 - law**2, 0.0) + noise.component_seed_sd(r.component, factors) ** 2)
         n = max(min(seeds_for(sd, law, k, until.halfwidth, level), until.max_seeds), k)
         out.append({"component": r.component, "seed_sd": sd, "seeds": n, cost_unit(study): per_seed * n,
-                    "law_half": float(stats.t.ppf(0.5 + level / 2, max(k - 1, 1))) * law})
+                    "law_half": stein_t(max(k, 2), level) * law})
     return pd.DataFrame(out)
 
 

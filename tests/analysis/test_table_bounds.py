@@ -1,4 +1,4 @@
-"""A table's analysis is bounded (analysis/pipeline.py `JOINT_COST_MAX`, analysis/fit/replicates.py
+"""A table's analysis is bounded (analysis/table_shape.py `JOINT_COST_MAX`, analysis/fit/replicates.py
 `REPLICATE_SEEDS_MAX`): a table whose joint fit would cost more than rows × seeds² = 5e7 is refused before any
 fit, in one line naming how many seeds its rows allow, and without planted truths at most 32 seeds are analysed
 alone (a 20,000-row table of 1,000 seeds ran past 27 min, of 250 seeds past 30 min)."""
@@ -10,7 +10,7 @@ import itertools
 import pandas as pd
 
 from marin_ablate.analysis.fit.replicates import REPLICATE_SEEDS_MAX, per_seed_analyses
-from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+from marin_ablate.analysis.table_shape import JOINT_COST_MAX
 from marin_ablate.cli.main import main
 
 

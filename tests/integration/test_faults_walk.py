@@ -150,7 +150,7 @@ def test_run_refuses_and_plan_names_a_seed_list_whose_table_analyze_would_refuse
     anything is written (the 2-arm seed panel at 300 seeds: 600 x 300^2 = 5.4e7), plan names it; 292 seeds pass
     (2 x 292^3 <= 5e7 < 2 x 293^3)."""
     from marin_ablate.ablations.studies import get_study
-    from marin_ablate.analysis.pipeline import JOINT_COST_MAX
+    from marin_ablate.analysis.table_shape import JOINT_COST_MAX
     from marin_ablate.cli.main import main
     from marin_ablate.sweeps.sweep import analysis_refusal, planned_runs
 
