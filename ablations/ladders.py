@@ -20,10 +20,10 @@ from marin_ablate.marin.config import (
     TrainConfig,
     apply_overrides,
     check_mixture,
-    preset,
 )
 from marin_ablate.marin.flops import flops_per_token, params_active, params_active_marin, params_total  # noqa: F401  (re-exported)
 from marin_ablate.marin.hparams import OptimHparams, resolve_hparams
+from marin_ablate.marin.presets import preset
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _gpu(name: str, batch: int, gpus: int, **changes: Any) -> Rung:
     return Rung(name, **{**fields, **changes})
 
 
-#: GPU rungs with the hero's routing geometry (config._rung: 384 experts top-8, latent d/2, seq 4096)
+#: GPU rungs with the hero's routing geometry (presets._rung: 384 experts top-8, latent d/2, seq 4096)
 #: and Marin's fast-ladder batches (128 sequences at d512/d768, 256 at d1024), doubling above. One EP
 #: shard per GPU (world = EP, one data-parallel group): EP of 16 cannot run on 8 GPUs, and d512's 128
 #: sequences on one GPU need ~206 GiB (`plan marin535 --dry_run --dry_run.gpus 1`; 29 GiB per GPU at 8).

@@ -20,7 +20,8 @@ from marin_ablate.ablations.ladders import (
     params_active,
 )
 from marin_ablate.ablations.study import CPU_EXECUTOR, Study, gpu_executor
-from marin_ablate.marin.config import ContextStage, DataConfig, Recipe, preset
+from marin_ablate.marin.config import ContextStage, DataConfig, Recipe
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.schema import check_name
 
 #: The seven recipe switches and the six that change the trained model, listed here so that a study

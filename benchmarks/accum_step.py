@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train.distributed import ParallelDims
 from marin_ablate.marin.train.step import optimizer_step
 from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams

@@ -25,7 +25,8 @@ from marin_ablate.planning import costmodel as cm  # noqa: E402
 
 
 def _spec():
-    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
 
     return RunSpec(model=preset("tiny", ["seq_len=64"]),
                    train=TrainConfig(steps=20, batch_size=4, eval_every=0, eval_batches=1, checkpoint_every=0,

@@ -20,8 +20,9 @@ def bench_model_parity(dev):
 
     import torch
 
-    from marin_ablate.marin.config import PRESETS, Recipe
+    from marin_ablate.marin.config import Recipe
     from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.presets import PRESETS
 
     cfg = PRESETS["cpu_l" if dev.type == "cuda" else "tiny"]()
     B, S = (4, cfg.seq_len) if dev.type == "cuda" else (1, 32)
@@ -67,8 +68,9 @@ def bench_syncs(dev):
 
     import torch
 
-    from marin_ablate.marin.config import PRESETS, Recipe
+    from marin_ablate.marin.config import Recipe
     from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.presets import PRESETS
 
     if dev.type != "cuda":
         row("syncs", "host syncs in forward+backward", "n/a on CPU", "")
@@ -281,9 +283,10 @@ def bench_full_model(dev):
 
     import torch
 
-    from marin_ablate.marin.config import PRESETS, Recipe, RunSpec, TrainConfig
+    from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
     from marin_ablate.marin.flops import flops_per_token
     from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.presets import PRESETS
     from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 
     name = "tiny" if common.ARGS.tiny else "d1024"

@@ -18,8 +18,9 @@ import time
 import torch
 
 from marin_ablate.marin import flops
-from marin_ablate.marin.config import MODEL_FACTORS, RECIPE_LEVELS, Recipe, preset
+from marin_ablate.marin.config import MODEL_FACTORS, RECIPE_LEVELS, Recipe
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import preset
 
 
 def _sync(device: torch.device) -> None:

@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.flops import flops_per_token
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import forward_backward, hardware_name, optimizer_step, peak_flops
 from marin_ablate.marin.update_rules import build_optimizer, resolve_hparams
 

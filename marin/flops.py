@@ -29,8 +29,9 @@ import functools
 import json
 from typing import Any, Mapping
 
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, apply_overrides, preset, split_overrides, to_dict
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, apply_overrides, split_overrides, to_dict
 from marin_ablate.marin.optimizers import NS_COEFFS
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.schema import is_number
 
 MATMUL_TERMS = ("attn_proj", "attn_gate", "attn_scores", "router", "latent", "routed", "shared",

@@ -7,7 +7,7 @@
                                                              two `mode` sections at once are refused)
     a table of sections          one section per row        (the executors' `options`: --slurm.time_min 30)
     an inline dataclass          its fields at this level   (the execution options of plan and run)
-    a spec field                 --model.F=V --train.F=V --data.F=V --recipe.F=V (marin.config.spec_items)
+    a spec field                 --model.F=V --train.F=V --data.F=V --recipe.F=V (marin.presets.spec_items)
 
 tyro hands back every value as text; `parse` converts and checks it (`marin.fields.check_value`) and builds the
 command's dataclass, whose own checks run too: an error is one line naming the flag and its allowed values. An old
@@ -232,7 +232,7 @@ def parse(cls: type[T], argv: Sequence[str], prog: str | None = None) -> T:
     _refuse(argv, cls)
     items: list[str] = []
     if spec_sections(cls):  # the config's classes: imported only by a command that builds runs
-        from marin_ablate.marin.config import spec_items
+        from marin_ablate.marin.presets import spec_items
 
         argv, items = spec_items(argv, spec_sections(cls))
     prog = prog or f"marin-ablate {getattr(cls, 'command', '')}".strip()

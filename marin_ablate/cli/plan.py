@@ -12,8 +12,8 @@ from typing import ClassVar
 from marin_ablate.ablations.study import plan_lines
 from marin_ablate.cli.common import StudyOptions, study_from_args
 from marin_ablate.cli.parse import flags_of, parse
-from marin_ablate.marin.config import PRESETS
 from marin_ablate.marin.fields import option
+from marin_ablate.marin.presets import PRESETS
 from marin_ablate.sweeps.job import UntilOptions, exec_options
 from marin_ablate.sweeps.sweep import ExecConfig
 

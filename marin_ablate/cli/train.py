@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from marin_ablate.cli.parse import parse
-from marin_ablate.marin.config import spec_of_preset
 from marin_ablate.marin.fields import SEED, SPEC_SECTIONS, option
+from marin_ablate.marin.presets import spec_of_preset
 from marin_ablate.marin.runlock import RunLock
 from marin_ablate.marin.train.metrics import LOG_TO
 
@@ -24,7 +24,7 @@ class TrainOptions:
     """Train one run into a run directory."""
 
     command: ClassVar[str] = "train"
-    preset: str = option(help="model preset (marin.config.PRESETS)")
+    preset: str = option(help="model preset (marin.presets.PRESETS)")
     run_dir: str = option(metavar="DIR", help="the run directory (checkpoints, metrics, summary.json)")
     overrides: tuple[str, ...] = option((), spec=SPEC_SECTIONS,
                                         help="e.g. --train.steps=20 --recipe.qk_norm=none")

@@ -14,9 +14,10 @@ from marin_ablate.ablations.factors import RECIPE_FACTORS, Factor, get_factor, r
 from marin_ablate.ablations.ladders import GPU_RUNGS, get_rung, params_active_marin
 from marin_ablate.ablations.studies import HeroPlan, get_study
 from marin_ablate.ablations.study import Study
-from marin_ablate.marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec, preset
+from marin_ablate.marin.config import BASELINE_LEVELS, FACTORS, RECIPE_LEVELS, Recipe, RunSpec
 from marin_ablate.marin.flops import flops_per_token
 from marin_ablate.marin.hparams import HEURISTICS, resolve_hparams
+from marin_ablate.marin.presets import preset
 
 SEVEN = list(FACTORS)
 

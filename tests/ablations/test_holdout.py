@@ -14,7 +14,8 @@ import pytest
 from marin_ablate.ablations.designs import arms
 from marin_ablate.ablations.holdout import HOLDOUTS, MARIN_NOT_HELD_OUT, marin_arm
 from marin_ablate.ablations.studies import get_study
-from marin_ablate.marin.config import Recipe, preset
+from marin_ablate.marin.config import Recipe
+from marin_ablate.marin.presets import preset
 
 LINF, ALPHA = 1.2, 0.0842  # Marin experiments/grug/fast_track/README.md: L = 1.2 + 58.67·C^(−0.0842)
 

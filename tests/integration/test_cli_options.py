@@ -129,7 +129,7 @@ def test_a_model_override_reaches_the_runspec_the_same_way_for_train_and_for_stu
     from marin_ablate.ablations.studies import get_study
     from marin_ablate.cli.run import RunOptions
     from marin_ablate.cli.train import TrainOptions
-    from marin_ablate.marin.config import spec_of_preset
+    from marin_ablate.marin.presets import spec_of_preset
     from marin_ablate.sweeps.sweep import planned_runs
 
     tr = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.d_model=48",

@@ -114,7 +114,8 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
     widened by that margin."""
     import torch
 
-    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
     from marin_ablate.planning.costmodel import CostModel, finished, spec_flops
 
@@ -149,7 +150,7 @@ def test_cost_model_fitted_to_real_runs_predicts_a_fifth(tmp_path):
 def test_train_takes_the_same_override_syntax():
     from marin_ablate.cli import parse as options
     from marin_ablate.cli.train import TrainOptions
-    from marin_ablate.marin.config import spec_of_preset
+    from marin_ablate.marin.presets import spec_of_preset
 
     args = options.parse(TrainOptions, ["--preset", "tiny", "--run-dir", "x", "--model.seq_len=64",
                                         "--model.d_model=32", "--recipe.xsa=none", "--train.steps=3",
@@ -168,8 +169,9 @@ def test_a_completed_cpu_study_run_is_smaller_than_its_weights_unless_asked_to_k
     (at least the weights: 4 bytes per parameter)."""
     import torch
 
-    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig
     from marin_ablate.marin.flops import params_total
+    from marin_ablate.marin.presets import preset
     from marin_ablate.sweeps.tracking import KEEP_ENV, tracked_train
 
     torch.set_num_threads(1)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import train
 from marin_ablate.marin.train.checkpoint import _MetadataUnpickler
 from marin_ablate.marin.train.files import file_digest

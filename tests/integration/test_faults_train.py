@@ -22,7 +22,8 @@ import pytest
 from checkout import copy_checkout
 from terminal import foreground
 
-from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import train
 from marin_ablate.marin.train.files import file_digest
 
@@ -315,8 +316,9 @@ def test_a_trained_summary_agrees_with_its_spec_and_a_longer_runs_borrowed_one_i
     """What a run trains (steps, tokens, FLOPs at each context stage, token and FLOP multipliers) is what its own
     summary says; another run's summary with its run_id edited is no verdict: `train` resumes the run and
     writes its own (docs/faults.md)."""
-    from marin_ablate.marin.config import ContextStage, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import ContextStage, RunSpec, TrainConfig
     from marin_ablate.marin.flops import summary_contradiction
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
 
     def spec(steps: int, **kw) -> RunSpec:

@@ -13,8 +13,9 @@ import marin_ablate.marin.optimizers as optimizers
 import marin_ablate.marin.switches as factors
 from marin_ablate.ablations import Factor, Study, full_factorial
 from marin_ablate.ablations.ladders import Rung
-from marin_ablate.marin.config import Recipe, RunSpec, tiny
+from marin_ablate.marin.config import Recipe, RunSpec
 from marin_ablate.marin.optimizers import GroupKind, OptimizerLevel
+from marin_ablate.marin.presets import tiny
 from marin_ablate.marin.switches import register_optimizer
 
 LION_BETAS = (0.9, 0.99)

@@ -12,8 +12,9 @@ import json
 import pytest
 import torch
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import train
 from marin_ablate.marin.train.accum import accumulate_step
 from marin_ablate.marin.train.distributed import ParallelDims

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from ranks import free_port, read_results, run_ranks, write_result
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import train
 
 pytestmark = pytest.mark.slow  # forked gloo ranks: tens of seconds on 2 cores

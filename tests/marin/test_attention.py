@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_module
 
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, tiny
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.model import Attention, ForwardContext, MarinModel, attention_masks, block_masks, rope_tables
+from marin_ablate.marin.presets import tiny
 
 # Layer 0 local (window 12 < S, 2 kv heads: GQA 2:1), layer 1 global (1 kv head: GQA 4:1).
 CFG = ModelConfig(seq_len=64, window=12, n_layers=2, global_every=2, n_heads=4, n_kv_heads=2, n_kv_heads_global=1)

@@ -10,9 +10,10 @@ import copy
 import pytest
 import torch
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.model import MarinModel
 from marin_ablate.marin.optimizers import KINDS, OPTIMIZERS
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.update_rules import (
     NS_STACK_ELEMS,
     batched_newton_schulz,

@@ -12,8 +12,9 @@ import copy
 import pytest
 import torch
 
-from marin_ablate.marin.config import ModelConfig, Recipe, tiny
+from marin_ablate.marin.config import ModelConfig, Recipe
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import tiny
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs: minutes on 2 cores.
 # `python -m pytest -m "not slow"` leaves this file out of the development loop; CI runs it.
@@ -113,7 +114,8 @@ def test_trainer_compiles_each_block_once_per_layer_kind_and_matches_eager(tmp_p
 
     from torch._dynamo.utils import counters
 
-    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
 
     compile_ = torch.nn.Module.compile

@@ -17,8 +17,8 @@ from marin_ablate.marin.config import (
     RunSpec,
     TrainConfig,
     apply_overrides,
-    preset,
 )
+from marin_ablate.marin.presets import preset
 
 
 @pytest.mark.parametrize("kwargs,pattern", [

@@ -353,7 +353,8 @@ TRAIN_SEQ, TRAIN_B = 64, 4
 
 
 def _train_spec(prepared_dir: Path, paloma: Path, steps: int = 4):
-    from marin_ablate.marin.config import DataConfig, Recipe, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import DataConfig, Recipe, RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
 
     # ep_shards=2 with qb_estimator=hist: 2 ranks are the EP shards of one replica, each with 2 rows
     return RunSpec(model=preset("tiny", [f"seq_len={TRAIN_SEQ}", "vocab_size=512", "ep_shards=2",

@@ -170,7 +170,8 @@ def test_plan_refuses_a_corpus_whose_per_rank_document_index_would_not_fit(tmp_p
 def test_an_indexed_run_resumed_mid_stream_equals_the_uninterrupted_run(tmp_path):
     """The real loop on the embedded corpus read through its loader index (written on first use): a run
     stopped at step 3 and resumed reads where it stopped and ends where the uninterrupted run ends."""
-    from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["seq_len=64"]), data=DataConfig(shuffle="indexed"),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint as ckpt
 
-from marin_ablate.marin.config import FACTORS, ModelConfig, Recipe, preset
+from marin_ablate.marin.config import FACTORS, ModelConfig, Recipe
 from marin_ablate.marin.model import GatedNorm, MarinModel
 from marin_ablate.marin.moe import Router, combine_weights, router_probs
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.update_rules import build_optimizer, group_assignment
 
 CFG = ModelConfig(seq_len=16, window=8)

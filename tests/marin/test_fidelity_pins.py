@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from marin_ablate.ablations.ladders import GPU_RUNGS
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.model import Attention, ForwardContext, MarinModel, attention_masks, rope_tables
 from marin_ablate.marin.moe import MoE, qb_threshold_hist
+from marin_ablate.marin.presets import hero_535b, preset
 from marin_ablate.marin.update_rules import build_optimizer, newton_schulz, resolve_hparams
 
 EPS = 1e-5  # Marin GrugModelConfig.layer_norm_eps

@@ -15,8 +15,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from marin_ablate.cli.main import main as cli_main
 from marin_ablate.marin import flops
-from marin_ablate.marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe, preset
+from marin_ablate.marin.config import BASELINE_LEVELS, MODEL_FACTORS, RECIPE_LEVELS, ModelConfig, Recipe
 from marin_ablate.marin.model import MarinModel
+from marin_ablate.marin.presets import preset
 
 COMBOS = [Recipe(**dict(zip(MODEL_FACTORS, lv, strict=True)))
           for lv in itertools.product(*[(RECIPE_LEVELS[f][0], BASELINE_LEVELS[f]) for f in MODEL_FACTORS])]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, hero_535b, preset
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.dispatch import (
     LocalDispatcher,
     plan_drops,
@@ -19,6 +19,7 @@ from marin_ablate.marin.dispatch import (
 from marin_ablate.marin.hparams import resolve_hparams
 from marin_ablate.marin.model import MarinModel
 from marin_ablate.marin.moe import Router, qb_n_star, qb_threshold_topk
+from marin_ablate.marin.presets import hero_535b, preset
 from marin_ablate.marin.update_rules import build_optimizer, decay_fraction, set_lr
 
 

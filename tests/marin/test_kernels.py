@@ -295,8 +295,9 @@ def test_model_with_triton_kernels_matches_torch_kernels_loss_and_gradients():
     # The kernels on the tensors the model really hands them (strided k/v views, the fused gate).
     from dataclasses import replace
 
-    from marin_ablate.marin.config import Recipe, preset
+    from marin_ablate.marin.config import Recipe
     from marin_ablate.marin.model import MarinModel
+    from marin_ablate.marin.presets import preset
 
     cfg = preset("tiny")
     tokens = torch.randint(0, cfg.vocab_size, (1, 32))

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import ModelConfig, Recipe, RunSpec, TrainConfig
 from marin_ablate.marin.hparams import LRHeuristic
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.update_rules import (
     NS_COEFFS,
     NS_SCHEDULES,

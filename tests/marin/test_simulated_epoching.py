@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from marin_ablate.marin import data
-from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig
 from marin_ablate.marin.data.corpus import hash_hex
 from marin_ablate.marin.data.shards import PreparedCorpus, ShardedBatches, simulated_length
+from marin_ablate.marin.presets import preset
 
 SEQ, G, SEED, STEPS = 32, 8, 3, 10
 MIX = ((0.0, {"prose": 3.0, "code": 1.0}), (0.6, {"docs": 1.0, "scripture": 1.0, "code": 2.0}))

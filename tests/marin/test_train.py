@@ -27,9 +27,8 @@ from marin_ablate.marin.config import (
     Recipe,
     RunSpec,
     TrainConfig,
-    preset,
-    spec_of_preset,
 )
+from marin_ablate.marin.presets import preset, spec_of_preset
 from marin_ablate.marin.train import context_plan, is_spike, train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from ranks import free_port, run_ranks
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train import train
 
 # Multi-process training, torch.compile, simulated studies or real SLURM jobs (minutes on 2 cores) are marked

@@ -15,7 +15,7 @@ import pytest
 from marin_ablate.ablations.studies import STUDIES
 from marin_ablate.cli import parse as options
 from marin_ablate.cli.main import COMMANDS, MOVED
-from marin_ablate.marin.config import spec_items
+from marin_ablate.marin.presets import spec_items
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"marin-ablate +([a-z][a-z_-]*)([^`\n|;&#)]*)")

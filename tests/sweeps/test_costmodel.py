@@ -105,7 +105,8 @@ def test_the_load_scales_the_estimate_and_is_said():
 def test_a_real_run_records_the_cpu_time_and_wall_its_slowdown_is_read_from(tmp_path):
     """The fields `run_slowdown` reads are written by a real run (one thread: CPU time <= wall), and a
     model fitted on such rows predicts the same run at a load k as k times its idle estimate."""
-    from marin_ablate.marin.config import RunSpec, TrainConfig, preset
+    from marin_ablate.marin.config import RunSpec, TrainConfig
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["seq_len=64"]),

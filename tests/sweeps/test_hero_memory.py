@@ -199,7 +199,7 @@ def test_host_update_is_refused_naming_the_field_before_any_work():
 
 
 def test_wall_clock_interval_writes_temporary_checkpoints_between_checkpoint_every(tmp_path):
-    from marin_ablate.marin.config import preset
+    from marin_ablate.marin.presets import preset
     from marin_ablate.marin.train import train
 
     spec = RunSpec(model=preset("tiny", ["seq_len=32"]), recipe=Recipe(),

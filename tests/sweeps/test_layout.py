@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import Recipe, RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.planning.layout import (
     accumulation_rows,
     choose_layout,

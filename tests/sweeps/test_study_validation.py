@@ -10,7 +10,8 @@ import re
 import pytest
 
 from marin_ablate.cli.main import main
-from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig, preset
+from marin_ablate.marin.config import DataConfig, RunSpec, TrainConfig
+from marin_ablate.marin.presets import preset
 from marin_ablate.marin.train.loop import _device, check_spec
 
 
