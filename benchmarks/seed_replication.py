@@ -106,11 +106,12 @@ KW = dict(n_boot=0, boot_method="none", law_forms=("power",), responses=("qualit
 
 
 def _truth(rng, main_sd: float = 0.08, zero: tuple[str, ...] = ()):
+    """A planted truth; the `zero` components have no effect at any compute (no main effect, no trend)."""
     from marin_ablate.analysis.calibration.simulate import SimTruth
 
     sd = {f: SEED_EFFECT_SD.get(f, OTHER_SD) for f in FACTORS}
     main = {f: 0.0 if f in zero else float(rng.normal(0, main_sd)) for f in FACTORS}
-    scale = {f: float(rng.normal(0, 0.03)) for f in FACTORS}  # each component's own trend with compute
+    scale = {f: 0.0 if f in zero else float(rng.normal(0, 0.03)) for f in FACTORS}  # each one's trend with compute
     return SimTruth(FACTORS, main=main, scale=scale, linf=2.0, A=60.0, alpha=0.15, c_ref=3e12, noise_sd=0.004,
                     seed_sd=0.01, flops_per_token=6 * 2.4e5, seed_effect_sd=sd), sd
 
@@ -172,10 +173,14 @@ def stopping(n: int, n0: int, n_max: int, target: float, seed: int, rungs: list[
     """Coverage at C_ref of studies stopped three ways, each over the same simulated seeds (the first N of n_max):
     Stein's two-stage rule as `run --until` runs it (pilot n0, every component and the TOTAL named), a naive
     width rule (add a seed until each value's own interval is no wider than `target`) and a significance rule (add
-    a seed until each value's interval excludes 1). Components planted with no effect (xsa, qk_norm) show what
-    stopping on significance does. Also the mean seeds each rule ran."""
+    a seed until each value's interval excludes 1). Components planted with no effect at any compute (xsa, qk_norm)
+    show what stopping on significance does. Also the mean seeds each rule ran.
+
+    The interval at each seed count is the analysis's own: the pooled fit's estimate with `between_seed_interval`
+    over the seeds' lone analyses, as `analyze_table` builds it; a seed's lone analysis does not change as seeds
+    are added, so each is made once (checked equal to the full `analyze_table` on every study's pilot)."""
     from marin_ablate.analysis.calibration.simulate import simulate_table, study_design
-    from marin_ablate.analysis.fit.replicates import Stein
+    from marin_ablate.analysis.fit.replicates import Stein, between_seed_interval
     from marin_ablate.analysis.fit.stopping import Until, stein_plan
     from marin_ablate.analysis.pipeline import analyze_table
 
@@ -188,28 +193,36 @@ def stopping(n: int, n0: int, n_max: int, target: float, seed: int, rungs: list[
         t, _ = _truth(rng, zero=("xsa", "qk_norm"))
         df = simulate_table(t, rungs=_rungs(rungs), seeds=n_max, design=design, rng=rng)
         pins = dict(pin_linf=t.linf, pin_alpha=t.alpha)
-        first = {}  # per value: (estimate, lo, hi, seeds) at the first N each naive rule stops, else at n_max
+        alone = {s: analyze_table(df[df["seed"] == s], replicates=False, force_extrapolation=True, **pins, **KW)
+                 for s in range(n_max)}
+        first = {}  # per value: (lo, hi, seeds) at the first N each naive rule stops, else at n_max
         tr = None
         for k in range(n0, n_max + 1):
-            a = analyze_table(df[df["seed"] < k], **pins, **KW)
-            tr = t.shapley(a.c_ref)
-            tr["TOTAL"] = sum(tr.values())
-            c = a.components.set_index("component")
-            if k == n0:
-                est = {x: [v.components.set_index("component").loc[x, "shapley"] for v in a.per_seed.values()]
+            pooled = analyze_table(df[df["seed"] < k], replicates=False, **pins, **KW)
+            comps = between_seed_interval(pooled.components, {s: alone[s] for s in range(k)})
+            if k == n0:  # the shortcut is the analysis: the pilot's intervals equal the full analyze_table's
+                full = analyze_table(df[df["seed"] < k], **pins, **KW).components
+                assert np.allclose(full[["shapley_lo", "shapley_hi"]], comps[["shapley_lo", "shapley_hi"]],
+                                   rtol=0, atol=1e-9), "the stopping benchmark's intervals left the analysis's"
+                c = comps.set_index("component")
+                est = {x: [alone[s].components.set_index("component").loc[x, "shapley"] for s in range(k)]
                        for x in c.index}
                 law = {x: float(c.loc[x, "shapley_se_law"]) for x in c.index}
                 plan = stein_plan(tuple(range(n0)), est, law, Until(target, max_seeds=n_max))
-            for x, r in c.iterrows():
+            tr = t.shapley(pooled.c_ref)
+            tr["TOTAL"] = sum(tr.values())
+            for x, r in comps.set_index("component").iterrows():
                 for rule, stop in (("width", (r.shapley_hi - r.shapley_lo) / 2 <= target),
                                    ("significance", r.shapley_lo > 0 or r.shapley_hi < 0)):
                     if (rule, x) not in first and (stop or k == n_max):
-                        first[(rule, x)] = (r.shapley_lo, r.shapley_hi, k)
+                        first[(rule, x)] = (r.shapley_lo, r.shapley_hi, k, tr[x])
         s = analyze_table(df[df["seed"] < plan.seeds], stein=Stein(tuple(range(n0))), **pins, **KW)
+        tr = t.shapley(s.c_ref)
+        tr["TOTAL"] = sum(tr.values())
         for x, r in s.components.set_index("component").iterrows():
-            first[("stein", x)] = (r.shapley_lo, r.shapley_hi, plan.seeds)
-        for (rule, x), (lo, hi, k) in first.items():
-            hits.setdefault((x, rule), []).append(bool(lo <= tr[x] <= hi))
+            first[("stein", x)] = (r.shapley_lo, r.shapley_hi, plan.seeds, tr[x])
+        for (rule, x), (lo, hi, k, truth) in first.items():
+            hits.setdefault((x, rule), []).append(bool(lo <= truth <= hi))
             used.setdefault(rule, []).append(k)
         print(f"  study {i + 1}/{n} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     tab = pd.Series({k: float(np.mean(v)) for k, v in hits.items()}).unstack()[["stein", "width", "significance"]]

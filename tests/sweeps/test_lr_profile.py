@@ -168,6 +168,7 @@ def test_a_cached_law_of_the_former_ellipse_rule_is_refitted_from_its_finished_r
 
     from marin_ablate.ablations.studies import get_study
     from marin_ablate.analysis.fit.reflaw import LAW_FILE, PinnedLaw
+    from marin_ablate.marin.flops import trained_totals
     from marin_ablate.sweeps.executors import ExecOptions
     from marin_ablate.sweeps.reference import cache_root, pin_reference_law, reference_key, reference_specs
     from marin_ablate.sweeps.runs import plan_runs, read_json, write_run_files
@@ -177,18 +178,20 @@ def test_a_cached_law_of_the_former_ellipse_rule_is_refitted_from_its_finished_r
     specs = reference_specs(study)
     cdir = cache_root() / reference_key(specs)
     rng = np.random.default_rng(0)
-    for r in plan_runs(specs, cdir):  # finished runs of a planted law: L = 2 + 400·C^−0.2
+    written = {}
+    for r in plan_runs(specs, cdir):  # finished runs of a planted law L = 2 + 400·C^−0.2 at the FLOPs each trains
         write_run_files(r)
-        C = 1e9 * r.spec.train.steps
+        C = trained_totals(read_json(r.dir / "spec.json"))["flops"][0]
         loss = 2.0 + 400 * C**-0.2 + 0.01 * rng.standard_normal()
-        summary = {"status": "completed", "train_flops": C, "eval_macro_loss": loss}
-        (r.dir / "summary.json").write_text(json.dumps(summary))
+        written[r.dir] = json.dumps({"status": "completed", "train_flops": C, "eval_macro_loss": loss})
+        (r.dir / "summary.json").write_text(written[r.dir])
     old = PinnedLaw(2.0, 0.2, np.array([[0.04, 0.005], [0.005, 0.001]]), 400.0, 1.6e10, 1e12, 21, 17, "k", "then")
     (cdir / LAW_FILE).write_text(json.dumps(old.to_dict()))
     law = pin_reference_law(study, tmp_path / "study", ExecOptions(), progress=False)
     assert isinstance(law, PinnedLaw) and len(law.valley) >= 3 and law.created != "then"
     assert read_json(cdir / LAW_FILE)["valley"] == [list(v) for v in law.valley]
     assert read_json(tmp_path / "study" / LAW_FILE)["valley"] == [list(v) for v in law.valley]
+    assert all(d.joinpath("summary.json").read_text() == w for d, w in written.items())  # none trained again
 
 
 def test_the_lr_profile_never_runs_at_full_scale_the_hero_takes_the_heuristic_and_says_why(tmp_path):
