@@ -298,7 +298,12 @@ def _fit_sum(p: _Prepared, r: Response) -> None:
     p.fits[r.name] = _sum_fit(r, [p.fits[q] for q in r.parts], both, p.X, p.z)
     p.masks[r.name] = both
     if any(q in p.reduced for q in r.parts):
-        p.reduced[r.name] = _sum_fit(r, [p.reduced.get(q, p.fits[q]) for q in r.parts], both, p.X, p.z)
+        red = [p.reduced.get(q, p.fits[q]) for q in r.parts]
+        if all(f.terms == red[0].terms for f in red):
+            p.reduced[r.name] = _sum_fit(r, red, both, p.X, p.z)
+        else:  # one part kept its interactions, another lost them: their coefficients do not add
+            p.notes.append(f"{r.name}: no main-effects-only fit ({' and '.join(r.parts)} reduce to different "
+                           "terms); a value its full fit cannot estimate stays not estimable")
 
 
 def _needed(responses: tuple[str, ...]) -> list[Response]:

@@ -232,3 +232,23 @@ def test_an_interval_spanning_over_1000x_is_named_not_printed_and_one_over_10x_s
     assert qualified_text(math.log(1.4), -60.0, 70.0) == "1.400 [interval spans over 1000x: says nothing]"
     assert qualified_text(0.0, math.log(0.2), math.log(5.0)) == "1.000 [0.200, 5.000] (spans over 10x: says little)"
     assert qualified_text(0.0, math.log(0.5), math.log(2.0)) == "1.000 [0.500, 2.000]"
+
+
+def test_a_wall_response_whose_parts_reduce_to_different_terms_is_left_not_estimable_and_says_why():
+    """One seed of the smoke fraction without its all_off run at one rung: throughput falls back to a main-effects
+    fit while quality keeps its terms, so ln W = ln M + ln R has no common reduced fit (their sum used to crash
+    the analysis on mismatched shapes)."""
+    from marin_ablate.analysis.calibration.simulate import study_design
+
+    factors = ["xsa", "sconv", "qk_norm", "latent_moe", "router_balance", "ep_transport", "optimizer"]
+    t = SimTruth(factors, main=dict.fromkeys(factors, 0.1), linf=2.0, A=60.0, alpha=0.15, c_ref=3e12, noise_sd=0.004,
+                 flops_per_token=6 * 2.4e5)
+    df = simulate_table(t, rungs={"cpu_s32": 32 * 1024.0, "cpu_s64": 64 * 1024.0}, seeds=1,
+                        design=study_design("smoke", factors), rng=np.random.default_rng(0))
+    df = df[~((df["arm"] == "-" * 7) & (df["rung"] == "cpu_s32"))]
+    a = analyze_table(df, pin_linf=t.linf, pin_alpha=t.alpha, n_boot=0, boot_method="none")
+    wall = a.components[a.components["response"] == "ln_W"]
+    assert len(wall) == 8 and not wall["shapley_estimable"].any()
+    assert a.components[a.components["response"] == "ln_M"]["shapley_estimable"].all()
+    assert any(n.startswith("wall: no main-effects-only fit (quality and throughput reduce to different terms)")
+               for n in a.notes)
