@@ -239,6 +239,11 @@ def _submit_local(tasks: list[RunTask], sub: Submission, opts: ExecOptions) -> N
             signal.signal(signal.SIGINT, prev_sigint)
 
 
+#: The resources a refused sbatch names, in its one-line error (`--slurm.FIELD` and the study's executor block).
+SBATCH_ASKED = ("partition", "account", "nodes", "gpus", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min",
+                "additional")
+
+
 def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submission, study_dir: Path,
                   opts: ExecOptions, resources: Callable | None) -> None:
     """One array per resource group."""
@@ -247,6 +252,7 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
         res = slurm_resources(r, opts.slurm, resources)
         groups.setdefault(tuple(sorted(res.items())), []).append(i)
     import submitit
+    from submitit.core.utils import FailedJobError
 
     max_size = slurm_max_array_size()
     for key, idx in groups.items():
@@ -256,7 +262,15 @@ def _submit_slurm(runs: Sequence[PlannedRun], tasks: list[RunTask], sub: Submiss
             ex = submitit.SlurmExecutor(folder=sub.folder, max_num_timeout=res["max_num_timeout"],
                                         python=res.get("python"))
             ex.update_parameters(**sbatch_params(res, opts.slurm, len(chunk), study_dir.name))
-            jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
+            try:
+                jobs = ex.map_array(RunJob(None), [tasks[i] for i in chunk])
+            except FailedJobError as e:  # sbatch said no (a resource the cluster cannot give, an unknown option)
+                _log_submission(study_dir, sub)
+                said = "; ".join(ln.removeprefix("sbatch: error: ").strip() for ln in str(e).splitlines() if ln.strip())
+                asked = ", ".join(f"{k}={res[k]}" for k in SBATCH_ASKED if res.get(k) not in (None, 0, False, ()))
+                raise ValueError(f"sbatch refused an array of {len(chunk)} run(s) asking {asked}: {said}"
+                                 + (f" ({len(sub.job_ids)} run(s) went in before it and stay queued)" if sub.job_ids
+                                    else " (nothing was submitted)")) from None
             for i, j in zip(chunk, jobs, strict=True):
                 record_job(runs[i], "slurm", j.job_id, folder=str(sub.folder))
             sub.jobs.extend(jobs)

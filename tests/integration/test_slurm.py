@@ -95,6 +95,18 @@ def test_study_goes_in_as_one_array_and_a_rerun_submits_nothing(tmp_path, capsys
     assert len(list((tmp_path / "tiny_slurm" / "submitit").iterdir())) == 1
 
 
+def test_an_array_sbatch_refuses_ends_in_one_line_naming_what_it_asked_and_what_sbatch_said(tmp_path, capsys):
+    from marin_ablate.sweeps.state import count_dirs
+
+    rc = cli_main(["run", f"{__name__}:tiny_study", "--out", str(tmp_path), "--executor", "slurm",
+                   "--slurm.mem_gb", "100000", "--no-analyze"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("marin-ablate run: error:")]
+    assert rc == 2 and len(err) == 1, err
+    assert "sbatch refused an array of 2 run(s) asking" in err[0] and "mem_gb=100000" in err[0]
+    assert "Memory specification can not be satisfied" in err[0] and err[0].endswith("(nothing was submitted)")
+    assert count_dirs([r.dir for r in planned_runs(tiny_study(), tmp_path)])["pending"] == 2
+
+
 def test_a_study_larger_than_max_array_size_goes_in_as_several_arrays_runs_and_is_analysed(tmp_path, capsys):
     from marin_ablate.analysis.io.results import collect, inventory
     from marin_ablate.sweeps.executors import slurm_max_array_size
